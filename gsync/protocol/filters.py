@@ -1,0 +1,119 @@
+"""NIP-01 filters: construction, JSON form, matching and size accounting.
+
+Pure. A ``Filter`` is immutable and hashable so it can key pagination state and be compared
+in tests; ``replace`` derives the next page (``until``) or a live form (``limit=0``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+from .event import Event
+
+
+def _frozen(values) -> frozenset | None:
+    return None if values is None else frozenset(values)
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    ids: frozenset[str] | None = None
+    authors: frozenset[str] | None = None
+    kinds: frozenset[int] | None = None
+    # single-letter tag name → accepted values, e.g. {"a": {...}} for "#a"
+    tags: tuple[tuple[str, frozenset[str]], ...] = field(default=())
+    since: int | None = None
+    until: int | None = None
+    limit: int | None = None
+
+    @classmethod
+    def make(cls, *, ids=None, authors=None, kinds=None, tags=None, since=None, until=None, limit=None):
+        tag_items = tuple(sorted((k, frozenset(v)) for k, v in (tags or {}).items()))
+        return cls(_frozen(ids), _frozen(authors), _frozen(kinds), tag_items, since, until, limit)
+
+    @classmethod
+    def from_dict(cls, obj: dict) -> "Filter":
+        """Parse a filter as a relay or the INI would write it. Raises ``ValueError``."""
+        if not isinstance(obj, dict):
+            raise ValueError("filter is not an object")
+        kw: dict = {"tags": {}}
+        for key, value in obj.items():
+            if key in ("ids", "authors"):
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise ValueError(f"{key} must be a list of strings")
+                kw[key] = value
+            elif key == "kinds":
+                if not isinstance(value, list) or not all(type(v) is int for v in value):
+                    raise ValueError("kinds must be a list of integers")
+                kw[key] = value
+            elif key.startswith("#") and len(key) == 2:
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise ValueError(f"{key} must be a list of strings")
+                kw["tags"][key[1]] = value
+            elif key in ("since", "until", "limit"):
+                if type(value) is not int or value < 0:
+                    raise ValueError(f"{key} must be a non-negative integer")
+                kw[key] = value
+            else:
+                raise ValueError(f"unknown filter field {key!r}")
+        return cls.make(**kw)
+
+    def tag(self, name: str) -> frozenset[str] | None:
+        for k, v in self.tags:
+            if k == name:
+                return v
+        return None
+
+    def replace(self, **changes) -> "Filter":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """Deterministic JSON object (sorted values) so equal filters serialise equally."""
+        out: dict = {}
+        if self.ids is not None:
+            out["ids"] = sorted(self.ids)
+        if self.authors is not None:
+            out["authors"] = sorted(self.authors)
+        if self.kinds is not None:
+            out["kinds"] = sorted(self.kinds)
+        for name, values in self.tags:
+            out["#" + name] = sorted(values)
+        if self.since is not None:
+            out["since"] = self.since
+        if self.until is not None:
+            out["until"] = self.until
+        if self.limit is not None:
+            out["limit"] = self.limit
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
+
+    def tag_value_bytes(self) -> int:
+        """Serialized size of the tag values (the quantity the 32 KB budget bounds)."""
+        return sum(len(v.encode()) + 3 for _, values in self.tags for v in values)
+
+    def serialized_size(self) -> int:
+        return len(self.to_json().encode())
+
+    def matches(self, event: Event) -> bool:
+        """NIP-01 matching; ``limit`` does not affect whether an event matches."""
+        if self.ids is not None and event.id not in self.ids:
+            return False
+        if self.authors is not None and event.pubkey not in self.authors:
+            return False
+        if self.kinds is not None and event.kind not in self.kinds:
+            return False
+        if self.since is not None and event.created_at < self.since:
+            return False
+        if self.until is not None and event.created_at > self.until:
+            return False
+        for name, values in self.tags:
+            if not any(len(t) >= 2 and t[0] == name and t[1] in values for t in event.tags):
+                return False
+        return True
+
+
+def matches_any(filters, event: Event) -> bool:
+    return any(f.matches(event) for f in filters)

@@ -1,0 +1,30 @@
+"""gsync — GRASP-02 proactive sync worker for a GRASP relay."""
+from setuptools import find_packages, setup
+
+setup(
+    name="gsync",
+    version="0.1.0",
+    description="GRASP-02 proactive sync worker: keeps a GRASP relay complete",
+    packages=find_packages(include=["gsync", "gsync.*"]),
+    python_requires=">=3.11",
+    install_requires=[
+        "gevent>=24.2,<27",
+        "websocket-client>=1.7,<2",
+        "requests>=2.31,<3",
+        "coincurve>=20,<22",
+        "prometheus-client>=0.20,<1",
+        "structlog>=24.1,<27",
+    ],
+    extras_require={
+        # nostr-sdk ships LocalRelay: the real relay used by tests, benchmarks and `gsync demo`.
+        "demo": ["nostr-sdk==0.45.1"],
+        "test": [
+            "pytest>=8,<10",
+            "pytest-timeout>=2.3,<3",
+            "hypothesis>=6.100,<7",
+            "nostr-sdk==0.45.1",
+        ],
+    },
+    entry_points={"console_scripts": ["gsync=gsync.ops.cli:main"]},
+    scripts=["bin/gsync", "bin/negentropy-harness"],
+)
