@@ -1,0 +1,64 @@
+"""Every number of the sync design in one place, each with the reason it has that value.
+
+Sources: SPEC.md (§ given) and the GRASP-02 design (seeds/001). Configurable values are the
+defaults of the INI keys named beside them; the code reads the config object, not these.
+"""
+
+# -- own relay (SPEC §2) -----------------------------------------------------------------
+SELF_SUB_KINDS = (30617, 1617, 1618, 1621)  # announcements and roots; NOT 30618 / 1619
+RECONNECT_OVERLAP_SECS = 900  # since = last_connected - 900: clocks and relay lag drift
+BATCH_WINDOW_MS = 5_000  # [sync] batch_window_ms: lets a burst of discoveries share REQs
+COMPLETION_RECHECK_SECS = 6.0  # batch window + 1 s, so L2/L3 batches exist before "Connected"
+PURGATORY_TTL_SECS = 24 * 3600  # StateOnly repos live 24 h after their last purgatory: answer
+
+# -- filters and budgets (SPEC §3) -------------------------------------------------------
+LAYER1_KINDS = (30617, 10317)
+STATE_KIND = 30618
+ROOT_KINDS = (1617, 1618, 1621)
+MAX_TAG_VALUE_BYTES_PER_FILTER = 32 * 1024  # about 489 hex ids: fits common relay frame caps
+MAX_FILTERS_PER_REQ = 10  # OR-ed filters share one REQ, bounding relay-visible subscriptions
+DEFAULT_MAX_SUBSCRIPTIONS = 20  # with no NIP-11: the most common relay default
+CONTROL_PLANE_SLOTS = 2  # layer 1 live + one
+TRANSIENT_HISTORIC_SLOTS = 1
+CONSOLIDATION_EXCESS = 70  # subscriptions above the live baseline before consolidating
+DESCENDANT_OVERLAP_SECS = 15 * 60
+
+# -- historic sync (SPEC §4) -------------------------------------------------------------
+PAGE_THRESHOLD = 75  # >= this many events before EOSE means "maybe more": ask the next page
+MAX_IDS_PER_REQ = 300
+NEGENTROPY_DEADLINE_SECS = 15.0  # total wall clock for one NIP-77 exchange
+RESIDUAL_FALLBACK_MIN_ADVERTISED = 20
+RESIDUAL_FALLBACK_MAX_FRACTION = 0.10
+QUICK_RECONNECT_SECS = 15 * 60
+DAILY_MIN_SECS = 23 * 3600
+DAILY_MAX_SECS = 25 * 3600
+
+# -- missing-event recovery (SPEC §4) ----------------------------------------------------
+RECOVERY_BASE_SECS = 30.0
+RECOVERY_MAX_SECS = 15 * 60.0
+RECOVERY_MAX_ZERO_PROGRESS = 12
+
+# -- health and pacing (SPEC §5) ---------------------------------------------------------
+BASE_BACKOFF_SECS = 5.0  # [sync] base_backoff_secs
+MAX_BACKOFF_SECS = 3600.0  # [sync] max_backoff_secs
+DEAD_AFTER_SECS = 24 * 3600
+DEAD_RETRY_SECS = 24 * 3600
+STABILITY_SECS = 5 * 60
+RATE_LIMIT_COOLDOWN_SECS = 65.0  # 60 s typical relay window + 5 s margin
+REACTIVE_GATE_START_SECS = 0.6
+REACTIVE_GATE_MAX_SECS = 10.0
+PROACTIVE_GATE_SECS = 1.0
+POLICY_PROBE_SECS = 24 * 3600
+MAINTENANCE_TICK_SECS = 2.0
+DESCENDANT_TICK_SECS = 5.0
+HANDSHAKE_WORKERS = 8  # [sync] handshake_workers
+
+# -- rejected index (SPEC §5) ------------------------------------------------------------
+REJECTED_HOT_SECS = 120
+REJECTED_COLD_SECS = 7 * 24 * 3600
+
+# -- hostile input (SPEC §6) -------------------------------------------------------------
+MAX_MESSAGE_BYTES = 1024 * 1024
+JUNK_DISCONNECT_THRESHOLD = 50  # malformed frames in a row before we hang up
+MAX_RELAYS_PER_ANNOUNCEMENT = 16
+MAX_RELAYS_TOTAL = 500  # [network] max_relays
