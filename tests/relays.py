@@ -1,0 +1,173 @@
+"""Real relays for tests: nostr-sdk LocalRelay in a subprocess on a free loopback port.
+
+``start_relay(**options)`` returns a ``RelayProcess`` (see ``relay_server.py`` for the
+options). ``publish`` and ``fetch_all`` are plain blocking websocket clients used to seed and
+inspect relays; they never go through gsync's code, so they can judge it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import websocket
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RelayProcess:
+    def __init__(self, options: dict):
+        self.options = dict(options)
+        self.options.setdefault("port", free_port())
+        self.port = int(self.options["port"])
+        self.url = f"ws://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30.0) -> "RelayProcess":
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "relay_server.py"), json.dumps(self.options)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        deadline = time.monotonic() + timeout
+        line = self.proc.stdout.readline()
+        if not line.startswith("READY"):
+            self.stop()
+            raise RuntimeError(f"relay on port {self.port} did not start: {line!r}")
+        # The listener is up when READY is printed; a connect confirms it.
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"relay on port {self.port} is not accepting connections")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        """Die abruptly, as a crashed relay would (no close frames)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def restart(self) -> "RelayProcess":
+        self.stop()
+        return self.start()
+
+
+def start_relay(**options) -> RelayProcess:
+    return RelayProcess(options).start()
+
+
+def write_seed_file(events, directory: str | None = None) -> str:
+    """Events saved straight into the relay's database before it listens: fast seeding."""
+    fd, path = tempfile.mkstemp(suffix=".jsonl", dir=directory)
+    with os.fdopen(fd, "w") as fh:
+        for e in events:
+            fh.write((e if isinstance(e, str) else e.to_json()) + "\n")
+    return path
+
+
+# -- blocking clients ---------------------------------------------------------------------
+
+
+def _connect(url: str, timeout: float = 10.0) -> websocket.WebSocket:
+    return websocket.create_connection(url, timeout=timeout, enable_multithread=False)
+
+
+def publish(url: str, events, per_connection: int = 4000, timeout: float = 60.0) -> dict:
+    """Send events and wait for every OK. Returns {event_id: (accepted, message)}.
+
+    LocalRelay drops a connection after about 6,000 client frames in a burst, so large sets
+    go over several connections.
+    """
+    events = [e.to_json() if hasattr(e, "to_json") else json.dumps(e) for e in events]
+    results: dict = {}
+    for start in range(0, len(events), per_connection):
+        chunk = events[start : start + per_connection]
+        ws = _connect(url, timeout)
+        try:
+            for text in chunk:
+                ws.send('["EVENT",' + text + "]")
+            deadline = time.monotonic() + timeout
+            want = len(chunk)
+            got = 0
+            while got < want and time.monotonic() < deadline:
+                msg = json.loads(ws.recv())
+                if msg[0] == "OK":
+                    results[msg[1]] = (msg[2], msg[3])
+                    got += 1
+        finally:
+            ws.close()
+    return results
+
+
+def fetch_all(url: str, filt: dict, timeout: float = 30.0) -> list[dict]:
+    """Every event matching ``filt``, paginating with ``until`` past the relay's per-REQ cap."""
+    seen: dict[str, dict] = {}
+    ws = _connect(url, timeout)
+    try:
+        until = filt.get("until")
+        while True:
+            f = dict(filt)
+            if until is not None:
+                f["until"] = until
+            sub = uuid.uuid4().hex[:16]
+            ws.send(json.dumps(["REQ", sub, f]))
+            page: list[dict] = []
+            while True:
+                msg = json.loads(ws.recv())
+                if msg[0] == "EVENT" and msg[1] == sub:
+                    page.append(msg[2])
+                elif msg[0] == "EOSE" and msg[1] == sub:
+                    break
+                elif msg[0] == "CLOSED" and msg[1] == sub:
+                    raise RuntimeError(f"fetch refused: {msg}")
+            ws.send(json.dumps(["CLOSE", sub]))
+            new = [e for e in page if e["id"] not in seen]
+            for e in page:
+                seen[e["id"]] = e
+            if not new or "ids" in filt:
+                break
+            until = min(e["created_at"] for e in page)
+    finally:
+        ws.close()
+    return list(seen.values())
+
+
+def ids_on(url: str, filt: dict | None = None) -> set[str]:
+    return {e["id"] for e in fetch_all(url, filt or {})}
+
+
+def wait_until(predicate, timeout: float = 60.0, interval: float = 0.25, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
