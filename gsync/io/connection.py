@@ -1,0 +1,198 @@
+"""One websocket session with a remote relay: a reader and a writer greenlet.
+
+The reader turns frames into typed messages and checks every event before anything else
+sees it (SPEC §6): recomputed id, BIP-340 signature, a filter of the subscription it came on.
+Drops are counted by reason; a relay that keeps sending junk is hung up on. The writer owns
+the socket's send side, so the manager only ever enqueues text and never blocks on I/O.
+"""
+from __future__ import annotations
+
+import time
+
+import gevent
+import websocket
+from gevent.queue import Empty, Queue
+
+from .. import constants
+from ..ops import metrics
+from ..protocol import messages as wire
+from ..protocol.event import EventError, parse_event, sign_event
+from ..protocol.filters import Filter
+from .events import RelayDisconnected, RemoteEvent, RemoteMessage
+
+IDLE_PING_SECS = 30.0
+READ_IDLE_TIMEOUT_SECS = 120.0
+SEND_TIMEOUT_SECS = 30.0
+
+
+class RelayConnection:
+    """A live session. ``subscriptions`` maps sub id → filters, for the filter-match check."""
+
+    def __init__(self, relay: str, ws, session: int, post, *, auth_secret: str | None = None, clock=None):
+        self.relay = relay
+        self.ws = ws
+        self.session = session
+        self._post = post
+        self._auth_secret = auth_secret
+        self._clock = clock
+        self.subscriptions: dict[str, tuple[Filter, ...]] = {}
+        self.neg_waiters: dict[str, Queue] = {}
+        self._outbox: Queue = Queue()
+        self._challenge: str | None = None
+        self._auth_retried: set[str] = set()
+        self._junk_streak = 0
+        self._greenlets: list[gevent.Greenlet] = []
+        self.closed = False
+
+    # -- manager-facing (never blocks) --------------------------------------------------
+
+    def start(self) -> None:
+        self._greenlets = [gevent.spawn(self._read_loop), gevent.spawn(self._write_loop)]
+
+    def send(self, text: str) -> None:
+        if not self.closed:
+            self._outbox.put(text)
+
+    def subscribe(self, sub_id: str, filters) -> None:
+        filters = tuple(filters)
+        self.subscriptions[sub_id] = filters
+        self.send(wire.req(sub_id, filters))
+
+    def unsubscribe(self, sub_id: str) -> None:
+        if self.subscriptions.pop(sub_id, None) is not None:
+            self.send(wire.close(sub_id))
+
+    def forget(self, sub_id: str) -> None:
+        """The relay closed it: stop accepting its events without sending CLOSE."""
+        self.subscriptions.pop(sub_id, None)
+
+    def close(self, reason: str = "closed by gsync") -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._outbox.put(None)
+        try:
+            self.ws.close(timeout=1)
+        except Exception:
+            pass
+        current = gevent.getcurrent()
+        for g in self._greenlets:
+            if g is not current:
+                g.kill(block=False)
+
+    @property
+    def is_open(self) -> bool:
+        return not self.closed and bool(getattr(self.ws, "connected", False))
+
+    # -- greenlets ----------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while not self.closed:
+            try:
+                text = self._outbox.get(timeout=IDLE_PING_SECS)
+            except Empty:
+                text = ""
+            if text is None:
+                return
+            try:
+                with gevent.Timeout(SEND_TIMEOUT_SECS):
+                    if text:
+                        self.ws.send(text)
+                        metrics.BYTES_UP.labels(self.relay).inc(len(text))
+                    else:
+                        self.ws.ping()
+            except BaseException as exc:  # Timeout is a BaseException
+                self._finish(f"send failed: {type(exc).__name__}")
+                return
+
+    def _read_loop(self) -> None:
+        reason = "connection closed"
+        try:
+            self.ws.settimeout(READ_IDLE_TIMEOUT_SECS)
+            while not self.closed:
+                opcode, data = self.ws.recv_data(control_frame=False)
+                if opcode == websocket.ABNF.OPCODE_CLOSE:
+                    reason = "closed by relay"
+                    break
+                if opcode != websocket.ABNF.OPCODE_TEXT:
+                    self._junk("binary_frame")
+                    continue
+                metrics.BYTES_DOWN.labels(self.relay).inc(len(data))
+                self._handle_frame(data)
+        except websocket.WebSocketTimeoutException:
+            reason = "idle timeout"
+        except Exception as exc:
+            reason = f"read failed: {type(exc).__name__}"
+        self._finish(reason)
+
+    def _finish(self, reason: str) -> None:
+        if not self.closed:
+            self.close(reason)
+            self._post(RelayDisconnected(self.relay, self.session, reason))
+
+    # -- frames -------------------------------------------------------------------------
+
+    def _junk(self, reason: str) -> None:
+        metrics.DROPS.labels(reason).inc()
+        self._junk_streak += 1
+        if self._junk_streak >= constants.JUNK_DISCONNECT_THRESHOLD:
+            self._finish("too much junk")
+
+    def _handle_frame(self, data: bytes) -> None:
+        msg = wire.parse_relay_message(data)
+        if isinstance(msg, wire.Malformed):
+            self._junk(f"malformed_{msg.reason}")
+            return
+        self._junk_streak = 0
+        if isinstance(msg, wire.RelayEvent):
+            self._handle_event(msg)
+        elif isinstance(msg, (wire.NegMsg, wire.NegErr)) and msg.sub_id in self.neg_waiters:
+            self.neg_waiters[msg.sub_id].put(msg)
+        elif isinstance(msg, wire.AuthChallenge):
+            self._challenge = msg.challenge
+        elif (
+            isinstance(msg, wire.Closed)
+            and msg.prefix is wire.Prefix.AUTH_REQUIRED
+            and self._retry_after_auth(msg.sub_id)
+        ):
+            return
+        else:
+            if isinstance(msg, wire.Notice) and self.neg_waiters and wire.is_negentropy_notice(msg.text):
+                for q in self.neg_waiters.values():
+                    q.put(msg)
+            self._post(RemoteMessage(self.relay, self.session, msg))
+
+    def _handle_event(self, msg: wire.RelayEvent) -> None:
+        filters = self.subscriptions.get(msg.sub_id)
+        if filters is None:
+            metrics.DROPS.labels("unknown_subscription").inc()
+            return
+        try:
+            event = parse_event(msg.event)
+        except EventError as exc:
+            metrics.DROPS.labels(exc.reason).inc()
+            return
+        if not any(f.matches(event) for f in filters):
+            metrics.DROPS.labels("no_matching_filter").inc()
+            return
+        self._post(RemoteEvent(self.relay, self.session, msg.sub_id, event))
+
+    def _retry_after_auth(self, sub_id: str) -> bool:
+        """NIP-42: authenticate once and re-send the refused REQ. False if we cannot."""
+        filters = self.subscriptions.get(sub_id)
+        if not (self._auth_secret and self._challenge and filters) or sub_id in self._auth_retried:
+            return False
+        self._auth_retried.add(sub_id)
+        self.send(wire.auth(auth_event(self._auth_secret, self.relay, self._challenge, self._now())))
+        self.send(wire.req(sub_id, filters))
+        return True
+
+    def _now(self) -> int:
+        return int((self._clock or time.time)())
+
+
+def auth_event(secret: str, relay: str, challenge: str, now: int):
+    """NIP-42 kind 22242 answer to a challenge."""
+    return sign_event(
+        secret, created_at=now, kind=22242, tags=[["relay", relay], ["challenge", challenge]]
+    )

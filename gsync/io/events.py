@@ -1,0 +1,117 @@
+"""The messages greenlets post to the manager: one type per thing that can happen.
+
+Greenlets never touch an index; they describe what happened with one of these and put it on
+the manager's queue. ``session`` identifies one websocket session of a relay, so a message
+from a connection that has since been replaced is recognised as stale and ignored.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..protocol.event import Event
+
+
+@dataclass(slots=True)
+class HandshakeStarted:
+    relay: str
+    attempt: int
+
+
+@dataclass(slots=True)
+class HandshakeDone:
+    relay: str
+    attempt: int
+    ws: Any = None  # an open websocket on success
+    limits: Any = None  # RelayLimits
+    error: str = ""  # failure reason, for logs and the health tracker
+    refused: bool = False  # the SSRF guard refused it: do not retry
+
+
+@dataclass(slots=True)
+class RemoteEvent:
+    """A checked event (id, signature, filter match) from a remote relay's subscription."""
+
+    relay: str
+    session: int
+    sub_id: str
+    event: Event
+
+
+@dataclass(slots=True)
+class RemoteMessage:
+    """Any other parsed relay message (EOSE, CLOSED, NOTICE, OK, AUTH …)."""
+
+    relay: str
+    session: int
+    message: Any
+
+
+@dataclass(slots=True)
+class RelayDisconnected:
+    relay: str
+    session: int
+    reason: str
+
+
+@dataclass(slots=True)
+class NegentropyFinished:
+    relay: str
+    session: int
+    batch_id: int
+    result: Any  # negentropy_ws result or failure
+
+
+@dataclass(slots=True)
+class OwnEvent:
+    """An event the own relay accepted, seen through the self-subscription."""
+
+    event: Event
+
+
+@dataclass(slots=True)
+class OwnSubscribed:
+    """The self-subscription reached EOSE (READY for systemd)."""
+
+    reconnect: bool
+
+
+@dataclass(slots=True)
+class OwnRelayState:
+    """The own relay became unreachable (``up`` False, since ``at``) or reachable again."""
+
+    up: bool
+    at: float
+
+
+@dataclass(slots=True)
+class DeliveryAnswered:
+    """The own relay's final answer for one event (delivered or refused for good)."""
+
+    event: Event
+    outcome: str  # "delivered" | "purgatory" | "rejected"
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class Tick:
+    """Maintenance timer (every 2 s)."""
+
+    now: float
+
+
+@dataclass(slots=True)
+class BatchWindowClosed:
+    now: float
+
+
+@dataclass(slots=True)
+class CompletionRecheck:
+    relay: str
+    session: int
+
+
+@dataclass(slots=True)
+class Stop:
+    reason: str = "stop"
+    extra: dict = field(default_factory=dict)

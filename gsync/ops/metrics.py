@@ -1,0 +1,83 @@
+"""Prometheus metrics: the seed's ``ngit_sync_*`` names (dashboards keep working) plus gsync's own.
+
+Defined once here; the manager refreshes the gauges on its maintenance tick, counters are
+incremented where the thing happens.
+"""
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+# -- the seed's names (SPEC §7) ----------------------------------------------------------
+RELAY_CONNECTED = Gauge(
+    "ngit_sync_relay_connected",
+    "Connection status: 0 Disconnected, 1 Connecting, 2 Syncing, 3 Connected, "
+    "4 ConnectedHistoricSyncFailures",
+    ["relay"],
+    registry=REGISTRY,
+)
+CONNECTION_ATTEMPTS = Counter(
+    "ngit_sync_connection_attempts_total",
+    "Connection attempts by relay and result",
+    ["relay", "result"],
+    registry=REGISTRY,
+)
+RELAY_STATUS = Gauge(
+    "ngit_sync_relay_status",
+    "Health: 1 healthy, 2 disconnected, 3 degraded, 4 dead, 5 rate_limited",
+    ["relay"],
+    registry=REGISTRY,
+)
+RELAY_FAILURES = Gauge(
+    "ngit_sync_relay_failures", "Consecutive failures per relay", ["relay"], registry=REGISTRY
+)
+EVENTS_SYNCED = Counter(
+    "ngit_sync_events_synced_total",
+    "Events newly saved by the own relay (not duplicates, not rejected)",
+    registry=REGISTRY,
+)
+RELAYS_TRACKED = Gauge(
+    "ngit_sync_relays_tracked_total", "Relays discovered and tracked", registry=REGISTRY
+)
+RELAYS_CONNECTED = Gauge(
+    "ngit_sync_relays_connected_total", "Relays currently connected", registry=REGISTRY
+)
+RELAYS_DEAD = Gauge("ngit_sync_relays_dead_total", "Relays marked dead", registry=REGISTRY)
+
+# -- gsync's own ---------------------------------------------------------------------------
+DROPS = Counter(
+    "gsync_events_dropped_total", "Remote frames or events dropped, by reason", ["reason"],
+    registry=REGISTRY,
+)
+DELIVERIES = Counter(
+    "gsync_deliveries_total",
+    "Own-relay answers to deliveries by outcome (delivered, duplicate, purgatory, rejected, "
+    "retry_rate_limited, retry_error, retry_timeout, retry_disconnect, retry_auth)",
+    ["outcome"],
+    registry=REGISTRY,
+)
+EVENTS_RECEIVED = Counter(
+    "gsync_remote_events_total", "Checked events received from remote relays", ["relay"],
+    registry=REGISTRY,
+)
+BYTES_UP = Counter("gsync_bytes_sent_total", "Websocket bytes sent", ["relay"], registry=REGISTRY)
+BYTES_DOWN = Counter(
+    "gsync_bytes_received_total", "Websocket bytes received", ["relay"], registry=REGISTRY
+)
+NEGENTROPY_BYTES = Counter(
+    "gsync_negentropy_bytes_total", "NIP-77 message bytes", ["relay", "direction"],
+    registry=REGISTRY,
+)
+NEGENTROPY_ROUNDS = Counter(
+    "gsync_negentropy_rounds_total", "NIP-77 rounds", ["relay"], registry=REGISTRY
+)
+SUBSCRIPTIONS = Gauge(
+    "gsync_subscriptions", "Open subscriptions per relay", ["relay"], registry=REGISTRY
+)
+QUEUE_DEPTH = Gauge("gsync_queue_depth", "Queue depths", ["queue"], registry=REGISTRY)
+HANDSHAKES_IN_FLIGHT = Gauge(
+    "gsync_handshakes_in_flight", "Handshake workers busy", registry=REGISTRY
+)
+REFUSALS = Counter(
+    "gsync_relay_refusals_total", "Refusals from remote relays by category", ["category"],
+    registry=REGISTRY,
+)
