@@ -1,6 +1,7 @@
-"""Shared fixtures: real relays that are always stopped, whatever the test did."""
+"""Shared fixtures: real relays and gsync processes that are always stopped."""
 import pytest
 
+from .gsync_proc import GsyncProcess
 from .relays import RelayProcess
 
 
@@ -16,3 +17,17 @@ def relay_factory():
     yield start
     for relay in started:
         relay.stop()
+
+
+@pytest.fixture
+def gsync_factory():
+    started: list[GsyncProcess] = []
+
+    def start(own, remotes=(), **kw) -> GsyncProcess:
+        proc = GsyncProcess(own, remotes, **kw).start()
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.terminate()

@@ -1,0 +1,301 @@
+"""Delivery to the own relay: pipelined EVENTs over a small pool of connections ("lanes").
+
+Every submitted event is tracked until the own relay answers it for good (SPEC §2):
+``OK true`` (also ``duplicate:`` and GRASP's ``purgatory:``) is delivered; ``rate-limited``
+slows the lane and retries; ``auth-required`` authenticates (NIP-42) and retries; ``error``,
+a missing OK or a dropped connection retries with backoff; ``invalid``/``blocked``/
+``restricted``/``pow``/``mute`` (or a refusal after AUTH) is final and reported so the
+manager can remember it in the rejected index. Nothing is dropped silently: a relay that hangs
+up (LocalRelay does, silently, when a connection's message budget runs out) only causes a
+retry on a fresh connection. Lanes also retire a connection after ``frames_per_connection``
+frames, because some relays budget messages per connection.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections import deque
+
+import gevent
+import gevent.event
+import websocket
+
+from ..ops import metrics
+from ..protocol import messages as wire
+from ..protocol.event import Event
+from .connection import auth_event
+from .events import DeliveryAnswered, OwnRelayState
+
+FINAL_REFUSALS = {
+    wire.Prefix.INVALID,
+    wire.Prefix.BLOCKED,
+    wire.Prefix.RESTRICTED,
+    wire.Prefix.POW,
+    wire.Prefix.MUTE,
+}
+CONNECT_TIMEOUT_SECS = 10.0
+MAX_RETRY_DELAY_SECS = 60.0
+MAX_RATE_PAUSE_SECS = 30.0
+
+
+class _Lane:
+    """One connection's in-flight table and pacing."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.ws = None
+        self.session = 0
+        self.in_flight: dict[str, tuple[Event, float]] = {}
+        self.frames = 0
+        self.challenge: str | None = None
+        self.authed = False
+        self.paused_until = 0.0
+        self.rate_pause = 0.0
+        self.wake = gevent.event.Event()
+
+
+class OwnRelayDelivery:
+    def __init__(
+        self,
+        url: str,
+        post,
+        *,
+        lanes: int = 3,
+        window: int = 400,
+        frames_per_connection: int = 5000,
+        ok_timeout: float = 30.0,
+        max_backlog: int = 200_000,
+        auth_secret: str | None = None,
+        clock=time.monotonic,
+        wallclock=time.time,
+    ):
+        self.url = url
+        self._post = post
+        self._window = window
+        self._frames_per_connection = frames_per_connection
+        self._ok_timeout = ok_timeout
+        self._max_backlog = max_backlog
+        self._auth_secret = auth_secret
+        self._clock = clock
+        self._wallclock = wallclock
+        self._lanes = [_Lane(i) for i in range(lanes)]
+        self._queue: deque[Event] = deque()
+        self._tracked: dict[str, Event] = {}  # submitted, not yet answered for good
+        self._attempts: dict[str, int] = {}
+        self._retry_heap: list[tuple[float, int, Event]] = []
+        self._seq = itertools.count()
+        self._greenlets: list[gevent.Greenlet] = []
+        self._stopping = False
+        self._down_since: float | None = None
+        self._idle = gevent.event.Event()
+        self._idle.set()
+
+    # -- manager-facing -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._greenlets = [gevent.spawn(self._run_lane, lane) for lane in self._lanes]
+        self._greenlets.append(gevent.spawn(self._retry_loop))
+
+    def submit(self, event: Event) -> bool:
+        """Queue an event for delivery. False if it is already tracked or the backlog is full."""
+        if event.id in self._tracked:
+            return False
+        if len(self._tracked) >= self._max_backlog:
+            metrics.DROPS.labels("own_relay_backlog_full").inc()
+            return False
+        self._tracked[event.id] = event
+        self._queue.append(event)
+        self._idle.clear()
+        self._wake_lanes()
+        return True
+
+    def is_tracked(self, event_id: str) -> bool:
+        return event_id in self._tracked
+
+    @property
+    def tracked_items(self):
+        """(created_at, id) of everything not yet answered: part of the negentropy have-set."""
+        return [(e.created_at, e.id) for e in self._tracked.values()]
+
+    @property
+    def backlog(self) -> int:
+        return len(self._tracked)
+
+    @property
+    def is_up(self) -> bool:
+        return self._down_since is None
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every tracked event has its final answer (SIGTERM). True if drained."""
+        return self._idle.wait(timeout) and not self._tracked
+
+    def stop(self) -> None:
+        self._stopping = True
+        for lane in self._lanes:
+            self._close_lane(lane)
+        gevent.killall(self._greenlets, block=False)
+
+    # -- lanes --------------------------------------------------------------------------
+
+    def _wake_lanes(self) -> None:
+        for lane in self._lanes:
+            lane.wake.set()
+
+    def _run_lane(self, lane: _Lane) -> None:
+        backoff = 0.5
+        while not self._stopping:
+            try:
+                lane.ws = websocket.create_connection(
+                    self.url, timeout=CONNECT_TIMEOUT_SECS, enable_multithread=False
+                )
+            except Exception as exc:
+                self._lane_down(lane, f"connect failed: {type(exc).__name__}")
+                gevent.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = 0.5
+            lane.session += 1
+            lane.frames = 0
+            lane.authed = False
+            lane.challenge = None
+            self._lane_up()
+            reader = gevent.spawn(self._read_lane, lane, lane.ws, lane.session)
+            try:
+                self._send_lane(lane)
+            finally:
+                reader.kill(block=False)
+                self._close_lane(lane)
+                self._requeue_in_flight(lane, "retry_disconnect")
+
+    def _send_lane(self, lane: _Lane) -> None:
+        ws, session = lane.ws, lane.session
+        while not self._stopping and lane.ws is ws and lane.session == session:
+            now = self._clock()
+            if self._expire_in_flight(lane, now):
+                return  # a missing OK: the connection is suspect, start a fresh one
+            if lane.frames >= self._frames_per_connection:
+                if not lane.in_flight:
+                    return  # retire the connection: a fresh one has a fresh budget
+            elif now >= lane.paused_until and self._queue and len(lane.in_flight) < self._window:
+                event = self._queue.popleft()
+                if event.id not in self._tracked:
+                    continue
+                lane.in_flight[event.id] = (event, now)
+                lane.frames += 1
+                ws.settimeout(CONNECT_TIMEOUT_SECS)
+                ws.send(wire.event(event))
+                metrics.BYTES_UP.labels("own").inc()
+                continue
+            lane.wake.clear()
+            pause = lane.paused_until - now
+            lane.wake.wait(timeout=min(1.0, pause) if pause > 0 else 1.0)
+
+    def _read_lane(self, lane: _Lane, ws, session: int) -> None:
+        try:
+            ws.settimeout(None)
+            while True:
+                msg = wire.parse_relay_message(ws.recv())
+                if isinstance(msg, wire.Ok):
+                    self._on_ok(lane, msg)
+                elif isinstance(msg, wire.AuthChallenge):
+                    lane.challenge = msg.challenge
+        except Exception:
+            pass
+        if lane.session == session:
+            self._close_lane(lane)
+            lane.wake.set()
+
+    def _close_lane(self, lane: _Lane) -> None:
+        ws, lane.ws = lane.ws, None
+        if ws is not None:
+            try:
+                ws.close(timeout=1)
+            except Exception:
+                pass
+
+    # -- answers ------------------------------------------------------------------------
+
+    def _on_ok(self, lane: _Lane, ok: wire.Ok) -> None:
+        entry = lane.in_flight.pop(ok.event_id, None)
+        lane.wake.set()
+        if entry is None:
+            return
+        event = entry[0]
+        if ok.accepted:
+            lane.rate_pause = 0.0
+            outcome = {wire.Prefix.DUPLICATE: "duplicate", wire.Prefix.PURGATORY: "purgatory"}
+            self._finish(event, outcome.get(ok.prefix, "delivered"), ok.text)
+        elif ok.prefix is wire.Prefix.RATE_LIMITED or wire.is_rate_limit_text(ok.text):
+            lane.rate_pause = min(MAX_RATE_PAUSE_SECS, max(0.5, lane.rate_pause * 2))
+            lane.paused_until = self._clock() + lane.rate_pause
+            metrics.DELIVERIES.labels("retry_rate_limited").inc()
+            self._queue.appendleft(event)
+        elif ok.prefix is wire.Prefix.AUTH_REQUIRED:
+            if self._auth_secret and lane.challenge and not lane.authed and lane.ws is not None:
+                lane.authed = True
+                auth = auth_event(self._auth_secret, self.url, lane.challenge, int(self._wallclock()))
+                lane.ws.send(wire.auth(auth))
+                metrics.DELIVERIES.labels("retry_auth").inc()
+                self._queue.appendleft(event)
+                self._wake_lanes()
+            else:
+                self._finish(event, "rejected", f"auth-required: {ok.text}")
+        elif ok.prefix in FINAL_REFUSALS:
+            self._finish(event, "rejected", f"{ok.prefix.value}: {ok.text}")
+        else:
+            self._retry_later(event, "retry_error")
+
+    def _finish(self, event: Event, outcome: str, reason: str) -> None:
+        self._tracked.pop(event.id, None)
+        self._attempts.pop(event.id, None)
+        metrics.DELIVERIES.labels(outcome).inc()
+        if outcome == "delivered":
+            metrics.EVENTS_SYNCED.inc()
+        if outcome == "duplicate":
+            outcome = "delivered"
+        self._post(DeliveryAnswered(event, outcome, reason))
+        if not self._tracked:
+            self._idle.set()
+
+    def _retry_later(self, event: Event, outcome: str) -> None:
+        metrics.DELIVERIES.labels(outcome).inc()
+        attempts = self._attempts.get(event.id, 0) + 1
+        self._attempts[event.id] = attempts
+        delay = min(MAX_RETRY_DELAY_SECS, 0.5 * 2 ** (attempts - 1))
+        heapq.heappush(self._retry_heap, (self._clock() + delay, next(self._seq), event))
+
+    def _retry_loop(self) -> None:
+        while not self._stopping:
+            now = self._clock()
+            while self._retry_heap and self._retry_heap[0][0] <= now:
+                _, _, event = heapq.heappop(self._retry_heap)
+                if event.id in self._tracked:
+                    self._queue.append(event)
+                    self._wake_lanes()
+            gevent.sleep(0.2)
+
+    def _requeue_in_flight(self, lane: _Lane, outcome: str) -> None:
+        if lane.in_flight:
+            metrics.DELIVERIES.labels(outcome).inc(len(lane.in_flight))
+            # Oldest first, back at the head of the queue: order is kept where it can be.
+            for event, _ in sorted(lane.in_flight.values(), key=lambda e: e[1], reverse=True):
+                self._queue.appendleft(event)
+            lane.in_flight.clear()
+            self._wake_lanes()
+
+    def _expire_in_flight(self, lane: _Lane, now: float) -> bool:
+        oldest = min((sent for _, sent in lane.in_flight.values()), default=now)
+        return now - oldest > self._ok_timeout
+
+    # -- own relay up / down ------------------------------------------------------------
+
+    def _lane_down(self, lane: _Lane, reason: str) -> None:
+        if self._down_since is None and all(l.ws is None for l in self._lanes):
+            self._down_since = self._wallclock()
+            self._post(OwnRelayState(up=False, at=self._down_since))
+
+    def _lane_up(self) -> None:
+        if self._down_since is not None:
+            self._down_since = None
+            self._post(OwnRelayState(up=True, at=self._wallclock()))

@@ -1,0 +1,111 @@
+"""Handshake workers: DNS, the SSRF guard, TCP/TLS, the websocket handshake and NIP-11.
+
+A fixed pool (``gevent.pool.Pool``, eight by default) takes attempts from a queue, so at most
+that many handshakes are ever in flight and a queued attempt does not start its backoff clock
+until a worker takes it (the worker posts ``HandshakeStarted`` first). Workers never touch an
+index: they post ``HandshakeDone`` and only the manager applies it.
+
+The socket is connected to the address the guard checked (no second DNS lookup that a
+rebinding name could answer differently), then handed to websocket-client.
+"""
+from __future__ import annotations
+
+import socket
+import ssl
+from urllib.parse import urlsplit
+
+import gevent
+import gevent.pool
+import websocket
+from gevent.queue import Queue
+
+from ..ops import metrics
+from ..protocol.urls import AddressPolicy, SsrfRefused, UrlError, split_host_port
+from .events import HandshakeDone, HandshakeStarted
+from .nip11_fetch import fetch_relay_limits
+
+HANDSHAKE_TIMEOUT_SECS = 15.0
+NIP11_TIMEOUT_SECS = 5.0
+
+
+def open_websocket(url: str, policy: AddressPolicy, timeout: float):
+    """Resolve, check every address, connect to a checked one, and do the websocket handshake."""
+    parts = urlsplit(url)
+    host, port = split_host_port(parts.netloc)
+    port = port or (443 if parts.scheme == "wss" else 80)
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    addresses = list(dict.fromkeys(info[4][0] for info in infos))
+    policy.check(host, port, addresses)
+    last_error: Exception | None = None
+    for info in infos:
+        family, _, _, _, sockaddr = info
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(sockaddr)
+            if parts.scheme == "wss":
+                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+            return websocket.create_connection(
+                url, socket=sock, timeout=timeout, enable_multithread=False
+            )
+        except Exception as exc:
+            last_error = exc
+            sock.close()
+    raise last_error or OSError(f"no address for {host}")
+
+
+class HandshakePool:
+    def __init__(self, post, policy: AddressPolicy, *, workers: int = 8, fetch_limits=fetch_relay_limits):
+        self._post = post
+        self._policy = policy
+        self._fetch_limits = fetch_limits
+        self._requests: Queue = Queue()
+        self.pool = gevent.pool.Pool(workers)
+        self.size = workers
+        self.busy = 0
+        self.queued: set[str] = set()
+
+    def start(self) -> None:
+        for _ in range(self.size):
+            self.pool.spawn(self._work)
+
+    def stop(self) -> None:
+        self.pool.kill(block=False)
+
+    def request(self, relay: str, attempt: int) -> None:
+        """Queue an attempt; never blocks the caller."""
+        self.queued.add(relay)
+        self._requests.put((relay, attempt))
+
+    def _work(self) -> None:
+        while True:
+            relay, attempt = self._requests.get()
+            self.queued.discard(relay)
+            self.busy += 1
+            metrics.HANDSHAKES_IN_FLIGHT.set(self.busy)
+            try:
+                self._post(HandshakeStarted(relay, attempt))
+                self._post(self._attempt(relay, attempt))
+            finally:
+                self.busy -= 1
+                metrics.HANDSHAKES_IN_FLIGHT.set(self.busy)
+
+    def _attempt(self, relay: str, attempt: int) -> HandshakeDone:
+        ws = None
+        try:
+            with gevent.Timeout(HANDSHAKE_TIMEOUT_SECS):
+                ws = open_websocket(relay, self._policy, HANDSHAKE_TIMEOUT_SECS)
+                limits = self._fetch_limits(relay, timeout=NIP11_TIMEOUT_SECS)
+            return HandshakeDone(relay, attempt, ws=ws, limits=limits)
+        except (SsrfRefused, UrlError) as exc:
+            return HandshakeDone(relay, attempt, error=f"refused: {exc}", refused=True)
+        except gevent.Timeout:
+            error = "handshake timed out"
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"[:200]
+        if ws is not None:
+            try:
+                ws.close(timeout=1)
+            except Exception:
+                pass
+        return HandshakeDone(relay, attempt, error=error)

@@ -1,0 +1,636 @@
+"""The manager: the one greenlet that owns every sync index.
+
+It takes a message off its queue and hands it to the handler for that message's type (a
+table, below). Handlers are short and call the pure modules for every decision: which repos
+and relays (``sync.repos``), what each relay still owes (``sync.targets``), which filters
+(``sync.filter_plan``), what an EOSE means (``sync.pending``). Sends go through the relay's
+connection object, which queues them for its writer greenlet: the manager never blocks.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import time
+
+import gevent
+from gevent.queue import Empty, Queue
+
+from .. import constants
+from ..ops import metrics
+from ..ops.logging import get_logger
+from ..protocol import messages as wire
+from ..protocol.filters import Filter
+from ..sync import filter_plan
+from ..sync.health import RelayHealthTracker
+from ..sync.pending import PendingBatch
+from ..sync.rejected import RejectedIndex
+from ..sync.relay_state import ConnectionStatus, LiveSub, RelayState
+from ..sync.repos import RepoSyncIndex, SyncLevel, should_forward_layer1
+from ..sync.targets import PendingItems, compute_actions, derive_relay_targets
+from .connection import RelayConnection
+from .delivery import OwnRelayDelivery
+from .events import (
+    BatchWindowClosed,
+    CompletionRecheck,
+    DeliveryAnswered,
+    HandshakeDone,
+    HandshakeStarted,
+    NegentropyFinished,
+    OwnEvent,
+    OwnRelayState,
+    OwnSubscribed,
+    RelayDisconnected,
+    RemoteEvent,
+    RemoteMessage,
+    Stop,
+    Tick,
+)
+from .handshake import HandshakePool
+from .self_subscriber import SelfSubscriber
+
+log = get_logger("gsync.manager")
+
+LAYER1_LIVE_SUB = "l1-live"
+SEEN_CAPACITY = 500_000  # ids already handed to delivery: dedupe across relays
+MAX_HISTORIC_SUBS = 4  # concurrent historic REQs per relay, within the transient budget
+
+
+class SyncManager:
+    def __init__(self, config, *, clock=time.time, delivery=None, on_ready=None):
+        self.config = config
+        self.clock = clock
+        self.queue: Queue = Queue()
+        self.post = self.queue.put
+        svc, sync, net = config.service, config.sync, config.network
+        self.domains = list(svc.domains)
+        self.repos = RepoSyncIndex(svc.own_relay, self.domains)
+        self.relays: dict[str, RelayState] = {}
+        self.health = RelayHealthTracker(
+            base_backoff=sync.base_backoff_secs, max_backoff=sync.max_backoff_secs
+        )
+        self.rejected = self._load_rejected()
+        self.delivery = delivery or OwnRelayDelivery(
+            svc.own_relay, self.post, auth_secret=config.auth.secret_key
+        )
+        self.self_sub = SelfSubscriber(svc.own_relay, self.post, log, clock=clock)
+        self.handshakes = HandshakePool(
+            self.post, net.allow_private_addresses, workers=sync.handshake_workers
+        )
+        self.own_batch: list = []
+        self.own_window_open = False
+        self.own_down_since: float | None = None
+        self.ready = False
+        self.on_ready = on_ready
+        self.seen: dict[str, None] = {}
+        self._ids = itertools.count(1)
+        self._stopping = False
+        self.last_loop_at = time.monotonic()
+        self.handlers = {
+            HandshakeStarted: self.on_handshake_started,
+            HandshakeDone: self.on_handshake_done,
+            RemoteEvent: self.on_remote_event,
+            RemoteMessage: self.on_remote_message,
+            RelayDisconnected: self.on_relay_disconnected,
+            NegentropyFinished: self.on_negentropy_finished,
+            OwnEvent: self.on_own_event,
+            OwnSubscribed: self.on_own_subscribed,
+            OwnRelayState: self.on_own_relay_state,
+            DeliveryAnswered: self.on_delivery_answered,
+            BatchWindowClosed: self.on_batch_window_closed,
+            CompletionRecheck: self.on_completion_recheck,
+            Tick: self.on_tick,
+        }
+        for url in sync.bootstrap_relays:
+            self.relay(url).is_bootstrap = True
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.delivery.start()
+        self.handshakes.start()
+        self.self_sub.start()
+        self._ticker = gevent.spawn(self._tick_loop)
+
+    def run(self) -> None:
+        """Apply messages until ``Stop``. One at a time: no locks around any index."""
+        while True:
+            self.last_loop_at = time.monotonic()
+            try:
+                msg = self.queue.get(timeout=1.0)
+            except Empty:
+                continue
+            if isinstance(msg, Stop):
+                return
+            handler = self.handlers.get(type(msg))
+            try:
+                handler(msg)
+            except Exception:
+                log.exception("handler_failed", message=type(msg).__name__)
+
+    def _tick_loop(self) -> None:
+        while True:
+            gevent.sleep(constants.MAINTENANCE_TICK_SECS)
+            self.post(Tick(self.clock()))
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._ticker.kill(block=False)
+        self.self_sub.stop()
+        self.handshakes.stop()
+        for state in self.relays.values():
+            if state.conn is not None:
+                state.conn.close("shutting down")
+        self._save_rejected()
+
+    # -- relays -------------------------------------------------------------------------
+
+    def relay(self, url: str) -> RelayState:
+        state = self.relays.get(url)
+        if state is None:
+            if len(self.relays) >= self.config.network.max_relays:
+                log.warning("relay_cap_reached", relay=url, max_relays=self.config.network.max_relays)
+                return RelayState(url, refused_reason="relay cap")
+            state = self.relays[url] = RelayState(url)
+            log.info("relay_registered", relay=url)
+        return state
+
+    def wanted(self, state: RelayState, targets) -> bool:
+        return state.is_bootstrap or state.url in targets or bool(state.confirmed)
+
+    def connect_due_relays(self, now: float) -> None:
+        targets = derive_relay_targets(self.repos)
+        for url in list(targets):
+            self.relay(url)
+        for state in list(self.relays.values()):
+            if state.refused_reason or state.status != ConnectionStatus.DISCONNECTED:
+                continue
+            if not self.wanted(state, targets):
+                continue
+            if self.health.should_attempt_connection(state.url, now):
+                state.attempt += 1
+                state.status = ConnectionStatus.CONNECTING
+                self.handshakes.request(state.url, state.attempt)
+
+    def retire_unwanted_relays(self) -> None:
+        targets = derive_relay_targets(self.repos)
+        for state in list(self.relays.values()):
+            if state.connected and not self.wanted(state, targets) and not state.pending:
+                log.info("relay_retired", relay=state.url)
+                state.conn.close("no work left")
+                state.conn = None
+                state.status = ConnectionStatus.DISCONNECTED
+                del self.relays[state.url]
+
+    def on_handshake_started(self, msg: HandshakeStarted) -> None:
+        self.health.record_attempt_started(msg.relay, self.clock())
+
+    def on_handshake_done(self, msg: HandshakeDone) -> None:
+        state = self.relays.get(msg.relay)
+        now = self.clock()
+        if state is None or msg.attempt != state.attempt or self._stopping:
+            if msg.ws is not None:
+                msg.ws.close()
+            return
+        if msg.ws is not None and not getattr(msg.ws, "connected", False):
+            msg.error = "socket closed before the manager applied the handshake"
+        if msg.error:
+            metrics.CONNECTION_ATTEMPTS.labels(msg.relay, "failure").inc()
+            state.status = ConnectionStatus.DISCONNECTED
+            state.last_error = msg.error
+            if msg.refused:
+                state.refused_reason = msg.error
+                log.warning("relay_refused", relay=msg.relay, reason=msg.error)
+            else:
+                self.health.record_failure(msg.relay, now)
+                log.info("relay_connect_failed", relay=msg.relay, reason=msg.error)
+            return
+        metrics.CONNECTION_ATTEMPTS.labels(msg.relay, "success").inc()
+        self.health.record_success(msg.relay, now)
+        state.session += 1
+        state.limits = msg.limits
+        state.conn = RelayConnection(
+            msg.relay, msg.ws, state.session, self.post, auth_secret=self.config.auth.secret_key
+        )
+        state.conn.start()
+        state.status = ConnectionStatus.SYNCING
+        fresh = state.should_fresh_start(now)
+        log.info("relay_connected", relay=msg.relay, fresh_start=fresh)
+        if fresh:
+            self.fresh_start(state, now)
+        else:
+            self.quick_reconnect(state, now)
+        state.last_connected = now
+        state.disconnected_at = None
+        if state.next_daily_at is None:
+            state.next_daily_at = now + random.uniform(constants.DAILY_MIN_SECS, constants.DAILY_MAX_SECS)
+
+    def on_relay_disconnected(self, msg: RelayDisconnected) -> None:
+        state = self.relays.get(msg.relay)
+        if state is None or msg.session != state.session or state.conn is None:
+            return
+        now = self.clock()
+        log.info("relay_disconnected", relay=msg.relay, reason=msg.reason)
+        state.conn = None
+        state.status = ConnectionStatus.DISCONNECTED
+        state.disconnected_at = now
+        state.last_connected = now
+        state.last_error = msg.reason
+        state.clear_pending()
+        state.live_subs.clear()
+        self.health.record_disconnect(msg.relay, now)
+
+    # -- sync entry points (seed 001, "Sync Entry Points") --------------------------------
+
+    def fresh_start(self, state: RelayState, now: float) -> None:
+        state.clear_pending()
+        state.clear_confirmed()
+        state.historic_sync_completed_at = None
+        self.subscribe_layer1(state, since=None)
+        self.recompute(state, since=None)
+
+    def quick_reconnect(self, state: RelayState, now: float) -> None:
+        state.clear_pending()
+        since = int(state.last_connected or now) - constants.RECONNECT_OVERLAP_SECS
+        self.subscribe_layer1(state, since=since)
+        if state.confirmed:
+            # Confirmed items stay confirmed; their live filters come back and the gap is
+            # fetched with since.
+            self.start_sync(state, state.confirmed.copy(), since=since, confirm=False)
+        self.recompute(state, since=None)
+
+    def recompute(self, state: RelayState, since: int | None) -> None:
+        """derive_relay_targets → compute_actions → start_sync, for one connected relay."""
+        if not state.connected:
+            return
+        targets = derive_relay_targets(self.repos)
+        pending = {state.url: [b.items for b in state.pending.values()]}
+        confirmed = {state.url: state.confirmed}
+        for action in compute_actions(targets, pending, confirmed, {state.url}):
+            self.start_sync(state, action.items, since=since)
+
+    def subscribe_layer1(self, state: RelayState, since: int | None) -> None:
+        live = filter_plan.layer1_filter().replace(limit=0)
+        state.live_subs[LAYER1_LIVE_SUB] = LiveSub((live,), control=True)
+        state.conn.subscribe(LAYER1_LIVE_SUB, [live])
+        self.start_historic(state, PendingItems(), [filter_plan.layer1_filter(since)], layer1=True)
+
+    def start_sync(self, state: RelayState, items: PendingItems, since: int | None, confirm=True) -> None:
+        """Live and historic subscriptions for new items (``handle_new_sync_filters``)."""
+        budget = filter_plan.tag_value_budget(state.limits)
+        filters = filter_plan.build_sync_level_aware_filters(
+            items.repos, items.root_events, since=since, budget=budget
+        )
+        if not filters:
+            return
+        for group in filter_plan.pack_into_reqs(filter_plan.live(filters), state.limits):
+            sub_id = f"live-{next(self._ids)}"
+            state.live_subs[sub_id] = LiveSub(tuple(group))
+            state.conn.subscribe(sub_id, group)
+        self.start_historic(state, items if confirm else PendingItems(), filters)
+
+    def start_historic(self, state: RelayState, items: PendingItems, filters, layer1=False) -> None:
+        batch = PendingBatch(next(self._ids), items)
+        batch.layer1 = layer1
+        state.pending[batch.batch_id] = batch
+        for group in filter_plan.pack_into_reqs(filters, state.limits):
+            sub_id = f"h{batch.batch_id}-{next(self._ids)}"
+            batch.add_subscription(sub_id, group)
+            state.sub_to_batch[sub_id] = batch.batch_id
+            state.historic_queue.append((sub_id, group))
+        self.pump_historic(state)
+        if batch.is_complete:
+            self.confirm_batch(state, batch)
+
+    def pump_historic(self, state: RelayState) -> None:
+        """Start queued historic REQs while the relay's transient budget allows."""
+        open_historic = sum(1 for s in state.sub_to_batch if s in state.conn.subscriptions) if state.conn else 0
+        while state.historic_queue and state.connected and open_historic < MAX_HISTORIC_SUBS:
+            sub_id, group = state.historic_queue.pop(0)
+            if sub_id not in state.sub_to_batch:
+                continue
+            state.conn.subscribe(sub_id, group)
+            open_historic += 1
+
+    # -- remote traffic -----------------------------------------------------------------
+
+    def _current(self, relay: str, session: int) -> RelayState | None:
+        state = self.relays.get(relay)
+        if state is None or state.session != session or state.conn is None:
+            return None
+        return state
+
+    def on_remote_event(self, msg: RemoteEvent) -> None:
+        state = self._current(msg.relay, msg.session)
+        if state is None:
+            return
+        metrics.EVENTS_RECEIVED.labels(msg.relay).inc()
+        batch_id = state.sub_to_batch.get(msg.sub_id)
+        if batch_id is not None and batch_id in state.pending:
+            state.pending[batch_id].record_event(msg.sub_id, msg.event)
+        self.consider_for_delivery(msg.event, state)
+
+    def consider_for_delivery(self, event, state: RelayState | None = None) -> None:
+        if event.id in self.seen or event.id in self.rejected:
+            return
+        if event.kind in filter_plan.LAYER1_KINDS and not should_forward_layer1(
+            event, self.repos, self.domains
+        ):
+            metrics.DROPS.labels("layer1_not_ours").inc()
+            return
+        self.seen[event.id] = None
+        if len(self.seen) > SEEN_CAPACITY:
+            for old in itertools.islice(list(self.seen), SEEN_CAPACITY // 10):
+                del self.seen[old]
+        self.delivery.submit(event)
+        if state is not None:
+            state.events_delivered += 1
+
+    def on_remote_message(self, msg: RemoteMessage) -> None:
+        state = self._current(msg.relay, msg.session)
+        if state is None:
+            return
+        m = msg.message
+        if isinstance(m, wire.Eose):
+            self.on_eose(state, m.sub_id)
+        elif isinstance(m, wire.Closed):
+            self.on_closed(state, m)
+        elif isinstance(m, wire.Notice):
+            log.info("relay_notice", relay=state.url, text=m.text[:200])
+            if wire.is_rate_limit_text(m.text):
+                self.health.record_rate_limited(state.url, self.clock())
+
+    def on_eose(self, state: RelayState, sub_id: str) -> None:
+        batch_id = state.sub_to_batch.get(sub_id)
+        if batch_id is None:
+            return  # live subscriptions get an immediate EOSE: nothing to do
+        batch = state.pending.get(batch_id)
+        if batch is None:
+            return
+        next_page = batch.on_eose(sub_id)
+        state.conn.unsubscribe(sub_id)
+        state.sub_to_batch.pop(sub_id, None)
+        if next_page:
+            new_id = f"h{batch_id}-{next(self._ids)}"
+            batch.rename_subscription(sub_id, new_id)
+            state.sub_to_batch[new_id] = batch_id
+            state.historic_queue.insert(0, (new_id, next_page))
+        self.pump_historic(state)
+        if batch.is_complete:
+            self.confirm_batch(state, batch)
+
+    def on_closed(self, state: RelayState, closed: wire.Closed) -> None:
+        sub_id = closed.sub_id
+        state.conn.forget(sub_id)
+        log.warning("subscription_closed", relay=state.url, sub_id=sub_id,
+                    reason=f"{closed.prefix.value}: {closed.text}"[:200])
+        rate_limited = closed.prefix is wire.Prefix.RATE_LIMITED or wire.is_rate_limit_text(closed.text)
+        if rate_limited:
+            self.health.record_rate_limited(state.url, self.clock())
+            metrics.REFUSALS.labels("rate_limited").inc()
+        else:
+            metrics.REFUSALS.labels(closed.prefix.value).inc()
+        batch_id = state.sub_to_batch.pop(sub_id, None)
+        if batch_id is not None and batch_id in state.pending:
+            batch = state.pending[batch_id]
+            filters = batch.filters_of(sub_id)
+            if rate_limited and filters:
+                # Retry the same page later: the gate below spaces it out.
+                new_id = f"h{batch_id}-{next(self._ids)}"
+                batch.rename_subscription(sub_id, new_id)
+                state.sub_to_batch[new_id] = batch_id
+                gevent.spawn_later(constants.RATE_LIMIT_COOLDOWN_SECS / 13, self._requeue_historic,
+                                   state, state.session, new_id, filters)
+                return
+            batch.on_closed(sub_id)
+            if batch.is_complete:
+                self.confirm_batch(state, batch)
+            return
+        live = state.live_subs.pop(sub_id, None)
+        if live is not None and rate_limited:
+            gevent.spawn_later(constants.RATE_LIMIT_COOLDOWN_SECS, self._resubscribe_live,
+                               state, state.session, sub_id, live)
+
+    def _requeue_historic(self, state, session, sub_id, filters) -> None:
+        if state.session == session and state.connected and sub_id in state.sub_to_batch:
+            state.historic_queue.insert(0, (sub_id, filters))
+            self.pump_historic(state)
+
+    def _resubscribe_live(self, state, session, sub_id, live) -> None:
+        if state.session == session and state.connected:
+            state.live_subs[sub_id] = live
+            state.conn.subscribe(sub_id, live.filters)
+
+    def confirm_batch(self, state: RelayState, batch: PendingBatch) -> None:
+        state.pending.pop(batch.batch_id, None)
+        state.confirmed.add(batch.items)
+        if getattr(batch, "layer1", False):
+            state.announcements_synced = True
+        if batch.failed:
+            state.batch_failures = True
+        log.debug("batch_confirmed", relay=state.url, batch_id=batch.batch_id, failed=batch.failed)
+        self.check_historic_complete(state)
+
+    def check_historic_complete(self, state: RelayState) -> None:
+        """Double check (seed 001): no pending batch now, and still none 6 s later."""
+        if state.pending or state.completion_check_scheduled or state.status != ConnectionStatus.SYNCING:
+            return
+        state.completion_check_scheduled = True
+        delay = self.config.sync.batch_window_ms / 1000 + 1
+        gevent.spawn_later(delay, self.post, CompletionRecheck(state.url, state.session))
+
+    def on_completion_recheck(self, msg: CompletionRecheck) -> None:
+        state = self._current(msg.relay, msg.session)
+        if state is None:
+            return
+        state.completion_check_scheduled = False
+        if state.pending or state.status != ConnectionStatus.SYNCING:
+            return
+        state.status = (
+            ConnectionStatus.CONNECTED_HISTORIC_SYNC_FAILURES
+            if state.batch_failures
+            else ConnectionStatus.CONNECTED
+        )
+        state.historic_sync_completed_at = self.clock()
+        log.info("historic_sync_complete", relay=state.url, status=state.status.name)
+
+    def on_negentropy_finished(self, msg: NegentropyFinished) -> None:
+        pass  # NIP-77 historic sync lands with the negentropy-first issue
+
+    # -- own relay ----------------------------------------------------------------------
+
+    def on_own_event(self, msg: OwnEvent) -> None:
+        self.own_batch.append(msg.event)
+        self.seen.setdefault(msg.event.id, None)
+        if not self.own_window_open:
+            self.own_window_open = True
+            gevent.spawn_later(self.config.sync.batch_window_ms / 1000, self.post, BatchWindowClosed(0))
+
+    def on_batch_window_closed(self, msg: BatchWindowClosed) -> None:
+        """A closed self-subscription window updates RepoSyncIndex and emits AddFilters."""
+        events, self.own_batch, self.own_window_open = self.own_batch, [], False
+        now = self.clock()
+        dirty: set[str] = set()
+        new_maintainers: set[str] = set()
+        for event in sorted(events, key=lambda e: e.kind != 30617):  # announcements first
+            if event.kind == 30617:
+                before = self.repos.maintainers_of(event.d_tag)
+                dirty |= self.repos.apply_announcement(event, SyncLevel.FULL, now)
+                new_maintainers |= self.repos.maintainers_of(event.d_tag) - before
+            else:
+                dirty |= self.repos.apply_root_event(event)
+        self.redeliver_unblocked(new_maintainers)
+        log.info("self_batch_processed", events=len(events), repos=len(self.repos), dirty_relays=len(dirty))
+        self.apply_dirty(dirty)
+
+    def apply_dirty(self, dirty: set[str]) -> None:
+        targets = derive_relay_targets(self.repos)
+        for url in dirty:
+            state = self.relay(url)
+            if not state.connected:
+                continue
+            pending = {url: [b.items for b in state.pending.values()]}
+            for action in compute_actions(targets, pending, {url: state.confirmed}, {url}):
+                self.start_sync(state, action.items, since=None)
+        self.connect_due_relays(self.clock())
+
+    def redeliver_unblocked(self, maintainers: set[str]) -> None:
+        if not maintainers:
+            return
+        hot, cold = self.rejected.take_by_author(maintainers)
+        for event in hot:
+            self.seen.pop(event.id, None)
+            self.consider_for_delivery(event)
+        if cold:
+            for state in self.relays.values():
+                if state.connected:
+                    for start in range(0, len(cold), constants.MAX_IDS_PER_REQ):
+                        ids = cold[start:start + constants.MAX_IDS_PER_REQ]
+                        self.start_historic(state, PendingItems(), [Filter.make(ids=ids)])
+
+    def on_own_subscribed(self, msg: OwnSubscribed) -> None:
+        if not self.ready:
+            self.ready = True
+            log.info("ready", own_relay=self.config.service.own_relay)
+            if self.on_ready:
+                self.on_ready()
+
+    def on_own_relay_state(self, msg: OwnRelayState) -> None:
+        if not msg.up:
+            self.own_down_since = msg.at
+            log.warning("own_relay_down", since=msg.at)
+            return
+        since = self.own_down_since
+        self.own_down_since = None
+        log.info("own_relay_up", down_since=since)
+        if since is None:
+            return
+        # Catch up everything that may have been held back or dropped while it was down.
+        catch_up = int(since) - constants.RECONNECT_OVERLAP_SECS
+        for state in self.relays.values():
+            if state.connected:
+                self.start_historic(state, PendingItems(), [filter_plan.layer1_filter(catch_up)])
+                if state.confirmed:
+                    self.start_sync(state, state.confirmed.copy(), since=catch_up, confirm=False)
+
+    def on_delivery_answered(self, msg: DeliveryAnswered) -> None:
+        now = self.clock()
+        if msg.outcome == "rejected":
+            self.rejected.add(msg.event, now)
+            log.info("event_rejected", event_id=msg.event.id, kind=msg.event.kind, reason=msg.reason[:200])
+        elif msg.outcome == "purgatory" and msg.event.kind == 30617:
+            self.apply_dirty(self.repos.apply_announcement(msg.event, SyncLevel.STATE_ONLY, now))
+
+    # -- maintenance --------------------------------------------------------------------
+
+    def on_tick(self, msg: Tick) -> None:
+        now = self.clock()
+        self.apply_dirty(self.repos.expire_state_only(now))  # also retries due relays
+        self.retire_unwanted_relays()
+        for state in self.relays.values():
+            if state.connected and state.next_daily_at and now >= state.next_daily_at:
+                state.next_daily_at = now + random.uniform(constants.DAILY_MIN_SECS, constants.DAILY_MAX_SECS)
+                log.info("daily_sync", relay=state.url)
+                state.status = ConnectionStatus.SYNCING
+                self.fresh_start(state, now)
+        self.rejected.expire(now)
+        if self.rejected.dirty:
+            self._save_rejected()
+        self.update_metrics(now)
+
+    def update_metrics(self, now: float) -> None:
+        connected = dead = 0
+        for state in self.relays.values():
+            metrics.RELAY_CONNECTED.labels(state.url).set(int(state.status))
+            metrics.RELAY_STATUS.labels(state.url).set(self.health.status_metric(state.url, now))
+            metrics.RELAY_FAILURES.labels(state.url).set(self.health.failures(state.url, now))
+            metrics.SUBSCRIPTIONS.labels(state.url).set(len(state.conn.subscriptions) if state.conn else 0)
+            connected += state.connected
+            dead += self.health.is_dead(state.url, now)
+        metrics.RELAYS_TRACKED.set(len(self.relays))
+        metrics.RELAYS_CONNECTED.set(connected)
+        metrics.RELAYS_DEAD.set(dead)
+        metrics.QUEUE_DEPTH.labels("manager").set(self.queue.qsize())
+        metrics.QUEUE_DEPTH.labels("delivery").set(self.delivery.backlog)
+
+    # -- operators ------------------------------------------------------------------------
+
+    def alive_recently(self, within: float) -> bool:
+        return time.monotonic() - self.last_loop_at < within
+
+    def set_bootstrap_relays(self, urls) -> None:
+        for state in self.relays.values():
+            state.is_bootstrap = False
+        for url in urls:
+            self.relay(url).is_bootstrap = True
+
+    def summary(self) -> str:
+        connected = sum(1 for s in self.relays.values() if s.connected)
+        return (f"{connected}/{len(self.relays)} relays connected, {len(self.repos)} repos, "
+                f"{self.delivery.backlog} deliveries in flight")
+
+    def status_snapshot(self) -> dict:
+        now = self.clock()
+        return {
+            "own_relay": self.config.service.own_relay,
+            "own_relay_up": self.own_down_since is None,
+            "ready": self.ready,
+            "repos": len(self.repos),
+            "delivery_backlog": self.delivery.backlog,
+            "rejected": len(self.rejected),
+            "relays": [
+                {
+                    "relay": s.url,
+                    "status": s.status.name.lower(),
+                    "health": self.health.state(s.url, now).name.lower(),
+                    "subscriptions": len(s.conn.subscriptions) if s.conn else 0,
+                    "pending_batches": len(s.pending),
+                    "events_delivered": s.events_delivered,
+                    "bootstrap": s.is_bootstrap,
+                    "last_error": s.refused_reason or s.last_error,
+                }
+                for s in sorted(self.relays.values(), key=lambda s: s.url)
+            ],
+        }
+
+    # -- rejected index persistence -------------------------------------------------------
+
+    def _rejected_path(self) -> str:
+        return os.path.join(self.config.service.state_dir, "rejected.json")
+
+    def _load_rejected(self) -> RejectedIndex:
+        try:
+            with open(self._rejected_path()) as fh:
+                return RejectedIndex.loads(fh.read(), self.clock())
+        except OSError:
+            return RejectedIndex()
+
+    def _save_rejected(self) -> None:
+        path = self._rejected_path()
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path + ".tmp", "w") as fh:
+                fh.write(self.rejected.dumps())
+            os.replace(path + ".tmp", path)
+        except OSError as exc:
+            log.warning("state_save_failed", path=path, reason=str(exc))

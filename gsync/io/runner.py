@@ -1,0 +1,75 @@
+"""``gsync run``: wire the manager, the metrics endpoint and the signals, then run until told.
+
+Signal handlers only spawn the real work (as gunicorn's gevent worker does), so that work can
+block: SIGTERM drains in-flight deliveries within the deadline, then stops.
+"""
+from __future__ import annotations
+
+import signal
+
+import gevent
+
+from ..ops import metrics, sdnotify
+from ..ops.logging import get_logger
+from .events import Stop
+from .manager import SyncManager
+
+log = get_logger("gsync.runner")
+
+DRAIN_DEADLINE_SECS = 20.0  # under systemd's TimeoutStopSec (30 s in the unit)
+
+
+def start_metrics_server(listen, manager) -> None:
+    if not listen:
+        return
+    from ..ops.http import serve
+
+    serve(listen, manager)
+
+
+def run(config, *, drain_deadline: float = DRAIN_DEADLINE_SECS) -> int:
+    manager = SyncManager(config, on_ready=lambda: sdnotify.notify("READY=1\nSTATUS=own relay subscribed"))
+    start_metrics_server(config.metrics.listen, manager)
+
+    def drain():
+        log.info("stopping", reason="SIGTERM", backlog=manager.delivery.backlog)
+        sdnotify.notify("STOPPING=1")
+        manager.stop()  # no new remote traffic; deliveries keep going
+        drained = manager.delivery.drain(drain_deadline)
+        log.info("stopped", drained=drained, backlog=manager.delivery.backlog)
+        manager.delivery.stop()
+        manager.post(Stop("signal"))
+
+    gevent.signal_handler(signal.SIGTERM, gevent.spawn, drain)
+    gevent.signal_handler(signal.SIGINT, gevent.spawn, drain)
+    gevent.signal_handler(signal.SIGHUP, gevent.spawn, reload_config, config, manager)
+    interval = sdnotify.watchdog_interval()
+    if interval:
+        gevent.spawn(_watchdog, manager, interval)
+    manager.start()
+    log.info("started", own_relay=config.service.own_relay, domains=list(config.service.domains))
+    manager.run()
+    return 0
+
+
+def _watchdog(manager: SyncManager, interval: float) -> None:
+    """WATCHDOG=1 only while the manager loop keeps applying ticks."""
+    while True:
+        gevent.sleep(interval)
+        if manager.alive_recently(interval * 2):
+            sdnotify.notify("WATCHDOG=1\nSTATUS=" + manager.summary())
+
+
+def reload_config(config, manager: SyncManager) -> None:
+    """SIGHUP: re-read ``[log]`` and ``[sync] bootstrap_relays`` without a restart."""
+    from ..ops.config import ConfigErrors, load_config
+    from ..ops.logging import configure_logging
+
+    try:
+        fresh = load_config(config.path)
+    except ConfigErrors as exc:
+        log.error("reload_failed", errors=[str(e) for e in exc.errors])
+        return
+    configure_logging(fresh.log.level, fresh.log.format)
+    manager.set_bootstrap_relays(fresh.sync.bootstrap_relays)
+    log.info("reloaded", level=fresh.log.level, bootstrap_relays=list(fresh.sync.bootstrap_relays))

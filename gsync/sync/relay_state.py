@@ -1,0 +1,79 @@
+"""RelaySyncIndex entries: confirmed sync state and connection lifecycle of one relay.
+
+Pure data plus the small rules that read it (the 15-minute quick-reconnect rule, the status
+values the ``ngit_sync_relay_connected`` metric exports). The manager owns these; only it
+mutates them.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..constants import QUICK_RECONNECT_SECS
+from .pending import PendingBatch
+from .targets import ConfirmedItems
+
+
+class ConnectionStatus(enum.IntEnum):
+    """Values are the ``ngit_sync_relay_connected`` metric's."""
+
+    DISCONNECTED = 0
+    CONNECTING = 1
+    SYNCING = 2
+    CONNECTED = 3
+    CONNECTED_HISTORIC_SYNC_FAILURES = 4
+
+
+@dataclass
+class LiveSub:
+    filters: tuple
+    control: bool = False  # layer 1: never closed by consolidation
+
+
+@dataclass
+class RelayState:
+    url: str
+    is_bootstrap: bool = False
+    status: ConnectionStatus = ConnectionStatus.DISCONNECTED
+    confirmed: ConfirmedItems = field(default_factory=ConfirmedItems)
+    last_connected: float | None = None
+    disconnected_at: float | None = None
+    announcements_synced: bool = False
+    historic_sync_completed_at: float | None = None
+    # the session in use: the connection object, its number and the relay's limits
+    conn: Any = None
+    session: int = 0
+    attempt: int = 0
+    limits: Any = None
+    refused_reason: str = ""  # the SSRF guard said no: never dialled again
+    pending: dict[int, PendingBatch] = field(default_factory=dict)
+    sub_to_batch: dict[str, int] = field(default_factory=dict)
+    live_subs: dict[str, LiveSub] = field(default_factory=dict)
+    historic_queue: list = field(default_factory=list)  # (batch_id, filters) waiting for a slot
+    batch_failures: bool = False
+    negentropy_ok: bool = True
+    next_daily_at: float | None = None
+    last_error: str = ""
+    events_delivered: int = 0
+    completion_check_scheduled: bool = False
+
+    @property
+    def connected(self) -> bool:
+        return self.conn is not None and self.status >= ConnectionStatus.SYNCING
+
+    def should_fresh_start(self, now: float) -> bool:
+        """First connect, or away for more than 15 minutes: confirmed state is too stale."""
+        if self.last_connected is None or not self.announcements_synced:
+            return True
+        return self.disconnected_at is None or now - self.disconnected_at > QUICK_RECONNECT_SECS
+
+    def clear_pending(self) -> None:
+        self.pending.clear()
+        self.sub_to_batch.clear()
+        self.historic_queue.clear()
+
+    def clear_confirmed(self) -> None:
+        self.confirmed = ConfirmedItems()
+        self.announcements_synced = False
+        self.batch_failures = False

@@ -1,0 +1,113 @@
+"""gsync itself, run as operators run it: ``bin/gsync run --config FILE`` in a subprocess.
+
+Tests judge it from the outside: what lands on the own relay, what its metrics and
+``/status`` say, what it logs (JSON lines, kept in a file for the test to read).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+from .relays import free_port, wait_until
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def allow_list(*relays) -> str:
+    return ", ".join(f"127.0.0.1:{r.port}" for r in relays)
+
+
+class GsyncProcess:
+    def __init__(self, own, remotes=(), *, domain=None, bootstrap=(), extra: dict | None = None,
+                 env: dict | None = None):
+        self.dir = tempfile.mkdtemp(prefix="gsync-test-")
+        self.metrics_port = free_port()
+        self.config_path = os.path.join(self.dir, "gsync.ini")
+        sections = {
+            "service": {
+                "own_relay": own.url,
+                "domain": domain or f"127.0.0.1:{own.port}",
+                "state_dir": os.path.join(self.dir, "state"),
+            },
+            "sync": {"bootstrap_relays": " ".join(r.url for r in bootstrap), "batch_window_ms": "500"},
+            "network": {"allow_private_addresses": allow_list(*remotes, *bootstrap) or "false"},
+            "metrics": {"listen": f"127.0.0.1:{self.metrics_port}"},
+            "log": {"level": "debug", "format": "json"},
+        }
+        for section, values in (extra or {}).items():
+            sections.setdefault(section, {}).update(values)
+        with open(self.config_path, "w") as fh:
+            for section, values in sections.items():
+                fh.write(f"[{section}]\n")
+                for key, value in values.items():
+                    fh.write(f"{key} = {value}\n")
+        self.log_path = os.path.join(self.dir, "gsync.log")
+        self.env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "GsyncProcess":
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "bin", "gsync"), "run", "--config", self.config_path],
+            stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+        )
+        wait_until(self._endpoint_up, timeout=30, what="gsync metrics endpoint")
+        return self
+
+    def _endpoint_up(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"gsync exited with {self.proc.returncode}:\n{self.log_text()[-3000:]}")
+        try:
+            return self.get("/healthz").startswith("ok")
+        except OSError:
+            return False
+
+    def get(self, path: str) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}{path}", timeout=5) as r:
+            return r.read().decode()
+
+    def status(self) -> dict:
+        return json.loads(self.get("/status"))
+
+    def metric(self, name: str, **labels) -> float:
+        total = 0.0
+        for line in self.get("/metrics").splitlines():
+            if not line.startswith(name + "{") and not line.startswith(name + " "):
+                continue
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def log_text(self) -> str:
+        with open(self.log_path, "rb") as fh:
+            return fh.read().decode(errors="replace")
+
+    def log_events(self) -> list[dict]:
+        out = []
+        for line in self.log_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        code = self.proc.returncode
+        self.proc = None
+        self._log.close()
+        return code
