@@ -1,0 +1,337 @@
+"""NIP-01 / NIP-42 / NIP-45 / NIP-77 wire messages: relay→client parsing, client→relay builders.
+
+Pure: no sockets, no clock. ``parse_relay_message`` turns one text frame into a typed value and
+never raises: anything a hostile or broken relay can send comes back as ``Malformed`` with a
+``reason`` from a closed set (a metric label). Events inside ``EVENT`` are handed on as raw
+dicts; ``event.parse_event`` decides whether to trust them.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import re
+from dataclasses import dataclass
+from typing import Iterable, Union
+
+from ..constants import MAX_MESSAGE_BYTES
+from .event import Event
+from .filters import Filter
+
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+_HEX_BYTES = re.compile(r"(?:[0-9a-fA-F]{2})+\Z")
+
+
+# -- machine-readable prefixes (NIP-01 OK/CLOSED, NIP-77 NEG-ERR, GRASP-01) -----------------
+
+
+class Prefix(enum.Enum):
+    DUPLICATE = "duplicate"
+    POW = "pow"
+    BLOCKED = "blocked"
+    RATE_LIMITED = "rate-limited"
+    INVALID = "invalid"
+    RESTRICTED = "restricted"
+    MUTE = "mute"
+    ERROR = "error"
+    AUTH_REQUIRED = "auth-required"
+    UNSUPPORTED = "unsupported"
+    CLOSED = "closed"  # NIP-77: the relay ended the negentropy session itself
+    PURGATORY = "purgatory"  # GRASP-01: accepted, held until the git data arrives
+    OTHER = "other"  # a ``word:`` prefix no NIP defines; the text keeps it
+    NONE = "none"  # no prefix at all
+
+
+_KNOWN_PREFIXES = {p.value: p for p in Prefix if p not in (Prefix.OTHER, Prefix.NONE)}
+# A prefix is one short word before a colon; anything longer is prose that happens to
+# contain a colon ("Error while parsing: …" is still recognised, case-insensitively).
+_PREFIX = re.compile(r"\s*([A-Za-z][A-Za-z0-9_-]{0,31}):(.*)\Z", re.DOTALL)
+
+
+def split_prefix(message: str) -> tuple[Prefix, str]:
+    """``"blocked: spam"`` → ``(Prefix.BLOCKED, "spam")``.
+
+    For an unknown prefix (``OTHER``) or none (``NONE``) the text is the whole message, so
+    nothing the relay said is lost from logs.
+    """
+    match = _PREFIX.match(message)
+    if match is None:
+        return Prefix.NONE, message
+    prefix = _KNOWN_PREFIXES.get(match.group(1).lower())
+    if prefix is None:
+        return Prefix.OTHER, message
+    return prefix, match.group(2).strip()
+
+
+_RATE_LIMIT_MARKERS = ("rate-limited", "rate limit", "too many", "slow down", "throttl")
+_NEGENTROPY_MENTION = re.compile(r"negentropy|\bneg(?:\b|_)", re.IGNORECASE)
+
+
+def is_rate_limit_text(text: str) -> bool:
+    """Relays say "slow down" in many ways, with or without the NIP-01 prefix (SPEC §5)."""
+    lowered = text.lower()
+    return any(marker in lowered for marker in _RATE_LIMIT_MARKERS)
+
+
+def is_negentropy_notice(text: str) -> bool:
+    """A NOTICE about NEG-OPEN/negentropy: how some relays say they do not speak NIP-77."""
+    return _NEGENTROPY_MENTION.search(text) is not None
+
+
+# -- relay → client ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RelayEvent:
+    """``["EVENT", sub_id, event]``; ``event`` is the raw dict, not yet checked."""
+
+    sub_id: str
+    event: dict
+
+
+@dataclass(frozen=True, slots=True)
+class Ok:
+    event_id: str
+    accepted: bool
+    prefix: Prefix
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Eose:
+    sub_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    sub_id: str
+    prefix: Prefix
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class AuthChallenge:
+    challenge: str
+
+
+@dataclass(frozen=True, slots=True)
+class NegMsg:
+    sub_id: str
+    message_hex: str  # lower-cased
+
+
+@dataclass(frozen=True, slots=True)
+class NegErr:
+    sub_id: str
+    prefix: Prefix
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    sub_id: str
+    count: int
+    approximate: bool
+
+
+Message = Union[RelayEvent, Ok, Eose, Closed, Notice, AuthChallenge, NegMsg, NegErr, Count]
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """A frame that is not a relay message we understand. Counted, then dropped."""
+
+    REASONS = frozenset(
+        {"too_large", "bad_encoding", "bad_json", "not_array", "unknown_type", "bad_shape"}
+    )
+
+    reason: str
+    detail: str = ""
+
+
+class _Reject(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+_ABSENT = object()  # an optional item the relay left out (unlike an explicit null)
+
+
+def _args(items: list, required: int, optional: int = 0) -> list:
+    """The items after the type, padded with ``_ABSENT`` for missing optional ones."""
+    args = items[1:]
+    if not required <= len(args) <= required + optional:
+        raise _Reject("bad_shape", f"{items[0]} with {len(args)} arguments")
+    return args + [_ABSENT] * (required + optional - len(args))
+
+
+def _text(value, what: str, default: str | None = None) -> str:
+    if value is _ABSENT and default is not None:
+        return default
+    if not isinstance(value, str):
+        raise _Reject("bad_shape", f"{what} is not a string")
+    # A JSON "\ud800" escape decodes to a lone surrogate, which cannot be logged or re-sent.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _Reject("bad_encoding", f"{what} is not valid UTF-8") from None
+    return value
+
+
+def _event(items: list) -> RelayEvent:
+    sub_id, event = _args(items, 2)
+    if not isinstance(event, dict):
+        raise _Reject("bad_shape", "EVENT payload is not an object")
+    return RelayEvent(_text(sub_id, "sub_id"), event)
+
+
+def _ok(items: list) -> Ok:
+    # The message is required by NIP-01, but older relays omit it.
+    event_id, accepted, message = _args(items, 2, optional=1)
+    if not isinstance(event_id, str) or not _HEX64.match(event_id):
+        raise _Reject("bad_shape", "OK event id is not lower-case hex")
+    if type(accepted) is not bool:
+        raise _Reject("bad_shape", "OK flag is not a boolean")
+    prefix, text = split_prefix(_text(message, "OK message", default=""))
+    return Ok(event_id, accepted, prefix, text)
+
+
+def _eose(items: list) -> Eose:
+    (sub_id,) = _args(items, 1)
+    return Eose(_text(sub_id, "sub_id"))
+
+
+def _closed(items: list) -> Closed:
+    sub_id, message = _args(items, 1, optional=1)
+    prefix, text = split_prefix(_text(message, "CLOSED message", default=""))
+    return Closed(_text(sub_id, "sub_id"), prefix, text)
+
+
+def _notice(items: list) -> Notice:
+    (message,) = _args(items, 1)
+    return Notice(_text(message, "NOTICE message"))
+
+
+def _auth(items: list) -> AuthChallenge:
+    (challenge,) = _args(items, 1)
+    return AuthChallenge(_text(challenge, "AUTH challenge"))
+
+
+def _neg_msg(items: list) -> NegMsg:
+    sub_id, message = _args(items, 2)
+    if not isinstance(message, str) or not _HEX_BYTES.match(message):
+        raise _Reject("bad_shape", "NEG-MSG payload is not hex")
+    return NegMsg(_text(sub_id, "sub_id"), message.lower())
+
+
+def _neg_err(items: list) -> NegErr:
+    sub_id, reason = _args(items, 1, optional=1)
+    prefix, text = split_prefix(_text(reason, "NEG-ERR reason", default=""))
+    return NegErr(_text(sub_id, "sub_id"), prefix, text)
+
+
+def _count(items: list) -> Count:
+    sub_id, body = _args(items, 2)
+    if not isinstance(body, dict):
+        raise _Reject("bad_shape", "COUNT payload is not an object")
+    count, approximate = body.get("count"), body.get("approximate", False)
+    if type(count) is not int or count < 0 or type(approximate) is not bool:
+        raise _Reject("bad_shape", "COUNT payload has wrong types")
+    return Count(_text(sub_id, "sub_id"), count, approximate)
+
+
+_PARSERS = {
+    "EVENT": _event,
+    "OK": _ok,
+    "EOSE": _eose,
+    "CLOSED": _closed,
+    "NOTICE": _notice,
+    "AUTH": _auth,
+    "NEG-MSG": _neg_msg,
+    "NEG-ERR": _neg_err,
+    "COUNT": _count,
+}
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _decode(frame: str | bytes) -> list:
+    if len(frame) > MAX_MESSAGE_BYTES:
+        raise _Reject("too_large", f"{len(frame)} bytes")
+    if isinstance(frame, (bytes, bytearray, memoryview)):
+        try:
+            frame = bytes(frame).decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Reject("bad_encoding", "frame is not UTF-8") from None
+    # Characters never outnumber UTF-8 bytes, so only long text needs measuring.
+    elif len(frame) * 4 > MAX_MESSAGE_BYTES:
+        size = len(frame.encode("utf-8", "surrogatepass"))
+        if size > MAX_MESSAGE_BYTES:
+            raise _Reject("too_large", f"{size} bytes")
+    try:
+        items = json.loads(frame, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise _Reject("bad_json", type(exc).__name__) from None
+    if not isinstance(items, list) or not items:
+        raise _Reject("not_array", "frame is not a non-empty JSON array")
+    return items
+
+
+def parse_relay_message(frame: str | bytes) -> Message | Malformed:
+    """One websocket frame from a relay → a typed message, or ``Malformed``. Never raises."""
+    try:
+        items = _decode(frame)
+        parser = _PARSERS.get(items[0]) if isinstance(items[0], str) else None
+        if parser is None:
+            kind = items[0] if isinstance(items[0], str) else type(items[0]).__name__
+            raise _Reject("unknown_type", kind[:32])
+        return parser(items)
+    except _Reject as exc:
+        return Malformed(exc.reason, exc.detail)
+
+
+# -- client → relay ---------------------------------------------------------------------
+
+
+def _dump(items: list) -> str:
+    return json.dumps(items, ensure_ascii=False, separators=(",", ":"))
+
+
+def req(sub_id: str, filters: Iterable[Filter]) -> str:
+    filter_dicts = [f.to_dict() for f in filters]
+    if not filter_dicts:
+        raise ValueError("a REQ needs at least one filter")
+    return _dump(["REQ", sub_id, *filter_dicts])
+
+
+def close(sub_id: str) -> str:
+    return _dump(["CLOSE", sub_id])
+
+
+def event(ev: Event) -> str:
+    return _dump(["EVENT", ev.to_dict()])
+
+
+def auth(ev: Event) -> str:
+    """NIP-42 answer: the signed kind-22242 event."""
+    return _dump(["AUTH", ev.to_dict()])
+
+
+def neg_open(sub_id: str, flt: Filter, message_hex: str) -> str:
+    return _dump(["NEG-OPEN", sub_id, flt.to_dict(), message_hex])
+
+
+def neg_msg(sub_id: str, message_hex: str) -> str:
+    return _dump(["NEG-MSG", sub_id, message_hex])
+
+
+def neg_close(sub_id: str) -> str:
+    return _dump(["NEG-CLOSE", sub_id])

@@ -1,0 +1,217 @@
+"""NIP-01 filter matching, the JSON form and the tag-value budget measure."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gsync.protocol.event import Event
+from gsync.protocol.filters import Filter, matches_any
+from tests import factory as f
+
+ALICE, BOB = "a" * 64, "b" * 64
+REPO = f"30617:{ALICE}:gsync"
+
+
+def make_event(*, id="1" * 64, pubkey=ALICE, created_at=1000, kind=1621, tags=(("a", REPO),)) -> Event:
+    # Matching never looks at the signature, so these events need not be signed.
+    return Event(id, pubkey, created_at, kind, tuple(tuple(t) for t in tags), "", "0" * 128)
+
+
+ISSUE = make_event()
+
+MATCHING = [
+    # (description, filter, matches ISSUE?)
+    ("empty filter matches everything", Filter.make(), True),
+    ("id listed", Filter.make(ids=["1" * 64, "2" * 64]), True),
+    ("id not listed", Filter.make(ids=["2" * 64]), False),
+    ("no ids at all", Filter.make(ids=[]), False),
+    ("author listed", Filter.make(authors=[BOB, ALICE]), True),
+    ("author not listed", Filter.make(authors=[BOB]), False),
+    ("kind listed", Filter.make(kinds=[1617, 1621]), True),
+    ("kind not listed", Filter.make(kinds=[1617]), False),
+    ("#a value listed", Filter.make(tags={"a": [REPO]}), True),
+    ("#a value not listed", Filter.make(tags={"a": [f"30617:{BOB}:gsync"]}), False),
+    ("tag name differs by case", Filter.make(tags={"A": [REPO]}), False),
+    ("tag absent", Filter.make(tags={"e": ["1" * 64]}), False),
+    ("every tag filter must match", Filter.make(tags={"a": [REPO], "e": ["1" * 64]}), False),
+    ("since equal is inclusive", Filter.make(since=1000), True),
+    ("since after", Filter.make(since=1001), False),
+    ("until equal is inclusive", Filter.make(until=1000), True),
+    ("until before", Filter.make(until=999), False),
+    ("since == until == created_at", Filter.make(since=1000, until=1000), True),
+    ("limit does not matter", Filter.make(kinds=[1621], limit=0), True),
+    ("limit 1 still matches", Filter.make(limit=1), True),
+    ("all fields together", Filter.make(ids=["1" * 64], authors=[ALICE], kinds=[1621],
+                                        tags={"a": [REPO]}, since=1, until=2000, limit=5), True),
+    ("one field fails among many", Filter.make(authors=[ALICE], kinds=[1621], until=10), False),
+]
+
+
+@pytest.mark.parametrize("flt, expected", [c[1:] for c in MATCHING], ids=[c[0] for c in MATCHING])
+def test_matching_table(flt, expected):
+    assert flt.matches(ISSUE) is expected
+
+
+@pytest.mark.parametrize(
+    "tags, expected",
+    [
+        ((("a", "x"), ("a", REPO)), True),  # any of several same-named tags
+        ((("a",),), False),  # a tag without a value matches no value
+        ((("a", "x", REPO),), False),  # only the first value counts
+        ((("d", REPO),), False),
+        ((), False),
+    ],
+)
+def test_tag_matching_uses_the_first_value_of_any_tag_of_that_name(tags, expected):
+    assert Filter.make(tags={"a": [REPO]}).matches(make_event(tags=tags)) is expected
+
+
+def test_matches_any_is_an_or_of_filters():
+    kinds = Filter.make(kinds=[1617])
+    authors = Filter.make(authors=[ALICE])
+    assert matches_any([kinds, authors], ISSUE)
+    assert not matches_any([kinds], ISSUE)
+    assert not matches_any([], ISSUE)
+
+
+# -- JSON form ----------------------------------------------------------------------------------
+
+
+def test_to_dict_is_sorted_and_omits_unset_fields():
+    flt = Filter.make(kinds=[1621, 1617], authors=[BOB, ALICE], tags={"e": ["2", "1"], "a": [REPO]},
+                      since=5, limit=0)
+    assert flt.to_dict() == {
+        "authors": [ALICE, BOB],
+        "kinds": [1617, 1621],
+        "#a": [REPO],
+        "#e": ["1", "2"],
+        "since": 5,
+        "limit": 0,
+    }
+    assert Filter.make().to_dict() == {}
+    assert json.loads(flt.to_json()) == flt.to_dict()
+    assert " " not in flt.to_json()
+
+
+def test_equal_filters_serialise_equally_whatever_the_input_order():
+    one = Filter.make(kinds=[1, 2], tags={"a": ["x"], "e": ["y", "z"]})
+    two = Filter.make(tags={"e": ["z", "y"], "a": ["x"]}, kinds=[2, 1, 1])
+    assert one == two and hash(one) == hash(two) and one.to_json() == two.to_json()
+
+
+_hex = st.text("0123456789abcdef", min_size=64, max_size=64)
+_filters = st.builds(
+    Filter.make,
+    ids=st.none() | st.lists(_hex, max_size=3),
+    authors=st.none() | st.lists(_hex, max_size=3),
+    kinds=st.none() | st.lists(st.integers(0, 65535), max_size=3),
+    tags=st.dictionaries(st.sampled_from("aAeEqdpt"), st.lists(st.text(max_size=10), max_size=3), max_size=3),
+    since=st.none() | st.integers(0, 2**40),
+    until=st.none() | st.integers(0, 2**40),
+    limit=st.none() | st.integers(0, 1000),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_filters)
+def test_to_dict_from_dict_round_trip(flt):
+    assert Filter.from_dict(flt.to_dict()) == flt
+    assert Filter.from_dict(json.loads(flt.to_json())) == flt
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        [],
+        {"kinds": [True]},
+        {"kinds": ["1"]},
+        {"kinds": 1},
+        {"ids": "abc"},
+        {"authors": [1]},
+        {"#a": "x"},
+        {"#a": [1]},
+        {"since": -1},
+        {"until": 1.5},
+        {"limit": True},
+        {"#ab": ["x"]},
+        {"search": "x"},
+    ],
+    ids=repr,
+)
+def test_from_dict_refuses_what_a_relay_would_refuse(obj):
+    with pytest.raises(ValueError):
+        Filter.from_dict(obj)
+
+
+def test_replace_derives_pages_and_live_forms():
+    historic = Filter.make(kinds=[1621], tags={"a": [REPO]})
+    assert historic.replace(until=900).to_dict()["until"] == 900
+    assert historic.replace(limit=0).to_dict()["limit"] == 0
+    assert historic.to_dict().keys() == {"kinds", "#a"}
+
+
+# -- sizes --------------------------------------------------------------------------------------
+
+
+def test_tag_value_bytes_counts_utf8_bytes_plus_quotes_and_comma():
+    assert Filter.make(kinds=[1]).tag_value_bytes() == 0
+    assert Filter.make(tags={"e": ["1" * 64]}).tag_value_bytes() == 67
+    assert Filter.make(tags={"e": ["1" * 64, "2" * 64], "a": [REPO]}).tag_value_bytes() == 67 * 2 + len(REPO) + 3
+    assert Filter.make(tags={"t": ["漢"]}).tag_value_bytes() == 3 + 3
+    # Escapes count: d identifiers come from untrusted announcements.
+    assert Filter.make(tags={"d": ['a"\x01']}).tag_value_bytes() == len('"a\\"\\u0001"') + 1
+    # ids and authors are not tag values: the 32 KB budget is about #-filters only.
+    assert Filter.make(ids=["1" * 64], tags={"t": ["x"]}).tag_value_bytes() == 4
+
+
+def test_tag_value_bytes_bounds_the_serialised_values():
+    values = [f"{n:064x}" for n in range(489)]
+    flt = Filter.make(tags={"e": values})
+    serialised_values = len(json.dumps(sorted(values), separators=(",", ":")))
+    assert flt.tag_value_bytes() == serialised_values - 1  # brackets instead of a last comma
+    assert flt.tag_value_bytes() <= 32 * 1024  # about 489 hex ids fit the budget (SPEC §3)
+
+
+def test_serialized_size_is_the_utf8_length_of_the_json():
+    flt = Filter.make(tags={"t": ["漢字"]}, kinds=[1])
+    assert flt.serialized_size() == len(flt.to_json().encode("utf-8"))
+
+
+# -- the sync layers (SPEC §3) against NIP-34 events from the test factory ------------------------
+
+
+def test_nip34_events_match_the_layer_filters_that_should_find_them():
+    alice, bob = f.Author.named("alice"), f.Author.named("bob")
+    repo = f.announcement(alice, "gsync", clone=["https://relay.example.com/alice/gsync.git"],
+                          relays=["wss://relay.example.com"])
+    addr = f.repo_addr(alice, "gsync")
+    bug = f.issue(bob, repo)
+    root_patch = f.patch(bob, addr)
+    pull = f.pr(bob, repo)
+    layer1 = Filter.make(kinds=[30617, 10317])
+    state = Filter.make(kinds=[30618], tags={"d": ["gsync"]})
+    layer2 = [Filter.make(tags={name: [addr]}) for name in ("a", "A", "q")]
+    layer3 = [Filter.make(tags={name: [bug.id, root_patch.id, pull.id]}) for name in ("e", "E", "q")]
+
+    assert repo.address == addr and layer1.matches(repo)
+    assert state.matches(f.state(alice, "gsync"))
+    for root in (bug, root_patch, pull):
+        assert matches_any(layer2, root) and not matches_any(layer3, root)
+    assert matches_any(layer2, f.comment(bob, repo))  # NIP-22 on the repository itself: #A
+    assert matches_any(layer2, f.quote(bob, repo))
+    for reply in (
+        f.patch(bob, addr, reply_to=root_patch),
+        f.pr_update(bob, pull),
+        f.comment(alice, bug),
+        f.status(alice, bug, f.KIND_STATUS_CLOSED),
+        f.quote(alice, pull),
+    ):
+        assert matches_any(layer3, reply), reply.kind
+    # A reply to a comment is a direct-member descendant: found by the root (E), not the parent.
+    top = f.comment(alice, bug)
+    nested = f.comment(bob, bug, top)
+    assert Filter.make(tags={"E": [bug.id]}).matches(nested)
+    assert Filter.make(tags={"e": [top.id]}).matches(nested)
