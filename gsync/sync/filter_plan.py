@@ -1,0 +1,219 @@
+"""Filter builders for the three layers, and how they are packed into REQs within a relay's
+limits (SPEC §3 "Budgets"; seed 001 "Filter Building").
+
+Pure. Builders return historic filters (optional ``since``); the live form of any of them is
+``filter.replace(limit=0)`` (see ``live``). Limits are duck-typed: anything with the NIP-11
+``limitation`` attributes ``max_subscriptions``, ``max_message_length``, ``max_limit``,
+``max_subid_length``, ``max_filters`` (each may be None, or the object itself may be None).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from ..constants import (
+    CONSOLIDATION_EXCESS,
+    CONTROL_PLANE_SLOTS,
+    DEFAULT_MAX_SUBSCRIPTIONS,
+    LAYER1_KINDS,
+    MAX_FILTERS_PER_REQ,
+    MAX_TAG_VALUE_BYTES_PER_FILTER,
+    STATE_KIND,
+    TRANSIENT_HISTORIC_SLOTS,
+)
+from ..protocol.filters import Filter
+from .repos import SyncLevel, identifier_of
+
+REPO_TAGS = ("a", "A", "q")  # layer 2: events tagging a repository address
+EVENT_TAGS = ("e", "E", "q")  # layer 3 and descendants: events tagging an event id
+
+# What we assume when a relay does not publish max_subid_length: our ids are shorter.
+ASSUMED_SUBID_LENGTH = 64
+# Room left per filter for what may be added after packing: `"until":<ts>` on the next page
+# or `"limit":0` for the live form. Both fit with margin.
+PER_FILTER_SLACK = 32
+
+
+def _limit(limits, name: str) -> int | None:
+    value = getattr(limits, name, None) if limits is not None else None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+# -- layer builders ----------------------------------------------------------------------
+
+
+def layer1_filter(since: int | None = None) -> Filter:
+    """Every repository announcement and user GRASP list: how new repos are discovered."""
+    return Filter.make(kinds=LAYER1_KINDS, since=since)
+
+
+def chunk_by_tag_bytes(values: Iterable[str], budget: int = MAX_TAG_VALUE_BYTES_PER_FILTER):
+    """Split values into lists whose serialized size (as ``Filter.tag_value_bytes`` counts
+    it: the value as JSON, plus a comma) stays within ``budget``. Sorted, so the same set
+    always makes the same filters. A single value larger than the budget gets a chunk alone.
+    """
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    used = 0
+    for value in sorted(set(values)):
+        cost = len(json.dumps(value, ensure_ascii=False).encode()) + 1
+        if current and used + cost > budget:
+            chunks.append(current)
+            current, used = [], 0
+        current.append(value)
+        used += cost
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _tag_filters(values, tag_names, since, budget, kinds=None) -> list[Filter]:
+    return [
+        Filter.make(kinds=kinds, tags={name: chunk}, since=since)
+        for chunk in chunk_by_tag_bytes(values, budget)
+        for name in tag_names
+    ]
+
+
+def state_filters(identifiers, since=None, budget=MAX_TAG_VALUE_BYTES_PER_FILTER) -> list[Filter]:
+    """Repository state (30618) by ``d``: what makes the own relay fetch git data."""
+    return _tag_filters(identifiers, ("d",), since, budget, kinds=(STATE_KIND,))
+
+
+def repo_tag_filters(repo_addrs, since=None, budget=MAX_TAG_VALUE_BYTES_PER_FILTER) -> list[Filter]:
+    """Layer 2: events tagging a repo address via ``a``, ``A`` or ``q``."""
+    return _tag_filters(repo_addrs, REPO_TAGS, since, budget)
+
+
+def root_event_filters(ids, since=None, budget=MAX_TAG_VALUE_BYTES_PER_FILTER) -> list[Filter]:
+    """Layer 3: events tagging a root (issue, patch, PR) via ``e``, ``E`` or ``q``."""
+    return _tag_filters(ids, EVENT_TAGS, since, budget)
+
+
+def descendant_filters(ids, since=None, budget=MAX_TAG_VALUE_BYTES_PER_FILTER) -> list[Filter]:
+    """One more generation: events tagging a direct member of a thread. Same shape as
+    layer 3, but ``ids`` are direct members, never roots, and results never feed back in."""
+    return _tag_filters(ids, EVENT_TAGS, since, budget)
+
+
+def build_sync_level_aware_filters(
+    repos: Mapping[str, SyncLevel],
+    root_events: Iterable[str] = (),
+    since: int | None = None,
+    budget: int = MAX_TAG_VALUE_BYTES_PER_FILTER,
+) -> list[Filter]:
+    """State filters for every repo; layers 2 and 3 for Full repos only.
+
+    ``root_events`` must already be limited to Full repos' roots (``derive_relay_targets``
+    and ``compute_actions`` do that).
+    """
+    full = [address for address, level in repos.items() if level is SyncLevel.FULL]
+    return (
+        state_filters({identifier_of(a) for a in repos}, since, budget)
+        + repo_tag_filters(full, since, budget)
+        + root_event_filters(root_events, since, budget)
+    )
+
+
+def live(filters: Iterable[Filter]) -> list[Filter]:
+    """The live form: ``limit: 0`` asks for no stored events, only new ones."""
+    return [f.replace(limit=0) for f in filters]
+
+
+# -- fitting a relay's limits ------------------------------------------------------------
+
+
+def filters_per_req(limits=None) -> int:
+    """Up to 10 OR-ed filters per REQ, fewer if the relay's legacy ``max_filters`` says so."""
+    return min(MAX_FILTERS_PER_REQ, _limit(limits, "max_filters") or MAX_FILTERS_PER_REQ)
+
+
+def _subid_length(limits) -> int:
+    return min(ASSUMED_SUBID_LENGTH, _limit(limits, "max_subid_length") or ASSUMED_SUBID_LENGTH)
+
+
+def _req_overhead(limits) -> int:
+    return len(json.dumps(["REQ", "x" * _subid_length(limits)], separators=(",", ":")))
+
+
+def _filter_cost(f: Filter) -> int:
+    return f.serialized_size() + 1 + PER_FILTER_SLACK  # +1 for the separating comma
+
+
+def tag_value_budget(limits=None) -> int:
+    """Tag-value bytes one filter may carry: 32 KB, less if the relay's messages are smaller
+    (so a filter alone always fits one REQ)."""
+    max_len = _limit(limits, "max_message_length")
+    if max_len is None:
+        return MAX_TAG_VALUE_BYTES_PER_FILTER
+    # Room for the REQ frame, the filter's own keys and the slack; 128 bytes covers
+    # `{"kinds":[30618],"#d":[],"since":…}` with margin.
+    room = max_len - _req_overhead(limits) - PER_FILTER_SLACK - 128
+    return max(1, min(MAX_TAG_VALUE_BYTES_PER_FILTER, room))
+
+
+def pack_into_reqs(filters: Iterable[Filter], limits=None) -> list[list[Filter]]:
+    """Group filters into REQs: at most ``filters_per_req`` each, and the whole
+    ``["REQ",<subid>,…]`` message within ``max_message_length``.
+
+    Filters are packed in order; only filters with the same ``limit`` share a REQ, so live
+    (limit 0) and historic filters never mix. A filter too large on its own still gets a REQ
+    of its own (build it with ``tag_value_budget`` to avoid that).
+    """
+    per_req = filters_per_req(limits)
+    max_len = _limit(limits, "max_message_length")
+    overhead = _req_overhead(limits)
+    open_reqs: dict[int | None, tuple[list[Filter], int]] = {}
+    packed: list[list[Filter]] = []
+    for f in filters:
+        cost = _filter_cost(f)
+        group, size = open_reqs.get(f.limit, (None, overhead))
+        too_big = max_len is not None and size + cost > max_len
+        if group is None or len(group) >= per_req or too_big:
+            group, size = [], overhead
+            packed.append(group)
+        group.append(f)
+        open_reqs[f.limit] = (group, size + cost)
+    return packed
+
+
+# -- subscription budget -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SubscriptionBudget:
+    """How many concurrent subscriptions a relay allows us, and how they are shared.
+
+    Two slots are kept for the control plane (layer-1 live + one) and one for transient
+    historic work; the rest is for data-plane live subscriptions.
+    """
+
+    max_subscriptions: int
+
+    @classmethod
+    def from_limits(cls, limits=None) -> SubscriptionBudget:
+        return cls(_limit(limits, "max_subscriptions") or DEFAULT_MAX_SUBSCRIPTIONS)
+
+    @property
+    def reserved(self) -> int:
+        return CONTROL_PLANE_SLOTS + TRANSIENT_HISTORIC_SLOTS
+
+    @property
+    def live_slots(self) -> int:
+        """Data-plane live subscriptions that may be open at once (0 on tiny relays)."""
+        return max(0, self.max_subscriptions - self.reserved)
+
+    def fits(self, active_live: int, adding: int = 1) -> bool:
+        return active_live + adding <= self.live_slots
+
+    def needs_consolidation(self, active_live: int, baseline: int, adding: int = 1) -> bool:
+        """Consolidate when fragmentation has grown 70 past the irreducible baseline, or the
+        next subscription would break the budget."""
+        return active_live > baseline + CONSOLIDATION_EXCESS or not self.fits(active_live, adding)
+
+
+def live_baseline(filters: Iterable[Filter], limits=None) -> int:
+    """The irreducible number of live REQs the desired live filters need once packed."""
+    return len(pack_into_reqs(live(filters), limits))
+

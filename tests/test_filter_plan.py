@@ -1,0 +1,226 @@
+"""Filter builders, REQ packing and the subscription budget (SPEC §3 "Budgets")."""
+import json
+from types import SimpleNamespace
+
+from gsync.constants import MAX_TAG_VALUE_BYTES_PER_FILTER
+from gsync.protocol.filters import Filter
+from gsync.sync.filter_plan import (
+    SubscriptionBudget,
+    build_sync_level_aware_filters,
+    chunk_by_tag_bytes,
+    descendant_filters,
+    filters_per_req,
+    layer1_filter,
+    live,
+    live_baseline,
+    pack_into_reqs,
+    repo_tag_filters,
+    root_event_filters,
+    state_filters,
+    tag_value_budget,
+)
+from gsync.sync.repos import SyncLevel
+
+
+def hex_id(i: int) -> str:
+    return f"{i:064x}"
+
+
+def limits(**kw):
+    base = dict(max_subscriptions=None, max_message_length=None, max_limit=None,
+                max_subid_length=None, max_filters=None)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def req_message(filters, subid="x" * 64):
+    return json.dumps(["REQ", subid, *[f.to_dict() for f in filters]], separators=(",", ":"))
+
+
+# -- layer builders ----------------------------------------------------------------------
+
+
+def test_layer1_asks_for_announcements_and_grasp_lists():
+    assert layer1_filter().to_dict() == {"kinds": [10317, 30617]}
+    assert layer1_filter(since=100).to_dict() == {"kinds": [10317, 30617], "since": 100}
+
+
+def test_state_filter_is_kind_30618_by_d():
+    assert [f.to_dict() for f in state_filters({"b", "a"}, since=5)] == [
+        {"kinds": [30618], "#d": ["a", "b"], "since": 5}
+    ]
+
+
+def test_repo_tag_filters_use_a_A_and_q():
+    addrs = ["30617:aa:one", "30617:bb:two"]
+    assert [f.to_dict() for f in repo_tag_filters(addrs)] == [
+        {"#a": sorted(addrs)},
+        {"#A": sorted(addrs)},
+        {"#q": sorted(addrs)},
+    ]
+
+
+def test_root_event_filters_use_e_E_and_q():
+    ids = [hex_id(1), hex_id(2)]
+    assert [f.to_dict() for f in root_event_filters(ids, since=7)] == [
+        {"#e": ids, "since": 7},
+        {"#E": ids, "since": 7},
+        {"#q": ids, "since": 7},
+    ]
+
+
+def test_descendant_filters_have_the_layer3_shape():
+    ids = [hex_id(3)]
+    assert descendant_filters(ids) == root_event_filters(ids)
+
+
+def test_no_values_no_filters():
+    assert state_filters([]) == []
+    assert repo_tag_filters([]) == []
+    assert root_event_filters([]) == []
+
+
+def test_hex_ids_are_chunked_at_489_per_filter():
+    ids = [hex_id(i) for i in range(1000)]
+    chunks = chunk_by_tag_bytes(ids)
+    assert [len(c) for c in chunks] == [489, 489, 22]
+    filters = root_event_filters(ids)
+    assert len(filters) == 9
+    assert all(f.tag_value_bytes() <= MAX_TAG_VALUE_BYTES_PER_FILTER for f in filters)
+    covered = set().union(*(f.tag("e") for f in filters if f.tag("e")))
+    assert covered == set(ids)
+
+
+def test_chunk_cost_matches_the_filter_measure_for_awkward_values():
+    values = ["ünïcode", 'quote"d', "ctrl\x01char", "x" * 100]
+    for budget in (30, 60, 200):
+        for chunk in chunk_by_tag_bytes(values, budget):
+            f = Filter.make(tags={"d": chunk})
+            assert f.tag_value_bytes() <= budget or len(chunk) == 1
+
+
+def test_chunking_is_deterministic_whatever_the_input_order():
+    ids = [hex_id(i) for i in range(600)]
+    assert chunk_by_tag_bytes(reversed(ids)) == chunk_by_tag_bytes(ids)
+
+
+def test_oversized_single_value_gets_its_own_chunk():
+    assert chunk_by_tag_bytes(["a" * 50, "b"], budget=20) == [["a" * 50], ["b"]]
+
+
+def test_full_repo_gets_state_layer2_and_layer3():
+    repos = {"30617:aa:one": SyncLevel.FULL}
+    filters = build_sync_level_aware_filters(repos, [hex_id(1)], since=9)
+    assert [f.to_dict() for f in filters] == [
+        {"kinds": [30618], "#d": ["one"], "since": 9},
+        {"#a": ["30617:aa:one"], "since": 9},
+        {"#A": ["30617:aa:one"], "since": 9},
+        {"#q": ["30617:aa:one"], "since": 9},
+        {"#e": [hex_id(1)], "since": 9},
+        {"#E": [hex_id(1)], "since": 9},
+        {"#q": [hex_id(1)], "since": 9},
+    ]
+
+
+def test_state_only_repo_gets_state_filters_only():
+    repos = {"30617:aa:one": SyncLevel.STATE_ONLY, "30617:bb:two": SyncLevel.FULL}
+    filters = build_sync_level_aware_filters(repos)
+    assert [f.to_dict() for f in filters] == [
+        {"kinds": [30618], "#d": ["one", "two"]},
+        {"#a": ["30617:bb:two"]},
+        {"#A": ["30617:bb:two"]},
+        {"#q": ["30617:bb:two"]},
+    ]
+
+
+def test_live_form_is_limit_zero():
+    assert live([layer1_filter()]) == [layer1_filter().replace(limit=0)]
+
+
+# -- packing into REQs -------------------------------------------------------------------
+
+
+def test_up_to_ten_filters_share_a_req():
+    filters = [Filter.make(kinds=[k]) for k in range(25)]
+    reqs = pack_into_reqs(filters)
+    assert [len(r) for r in reqs] == [10, 10, 5]
+    assert [f for r in reqs for f in r] == filters
+
+
+def test_legacy_max_filters_lowers_filters_per_req():
+    filters = [Filter.make(kinds=[k]) for k in range(7)]
+    assert [len(r) for r in pack_into_reqs(filters, limits(max_filters=3))] == [3, 3, 1]
+    assert filters_per_req(limits(max_filters=50)) == 10
+
+
+def test_whole_req_message_respects_max_message_length():
+    ids = [hex_id(i) for i in range(2000)]
+    filters = root_event_filters(ids)  # twelve ~32 KB filters and three small ones
+    reqs = pack_into_reqs(filters, limits(max_message_length=70_000))
+    assert [len(r) for r in reqs] == [2, 2, 2, 2, 2, 3, 2]
+    for req in reqs:
+        live_req = live(req)
+        assert len(req_message(live_req).encode()) <= 70_000
+
+
+def test_live_and_historic_filters_never_share_a_req():
+    f_hist = [Filter.make(kinds=[1]), Filter.make(kinds=[2])]
+    f_live = live([Filter.make(kinds=[3])])
+    reqs = pack_into_reqs([f_hist[0], f_live[0], f_hist[1]])
+    assert reqs == [[f_hist[0], f_hist[1]], f_live]
+
+
+def test_filter_too_big_alone_still_gets_a_req():
+    big = Filter.make(tags={"e": [hex_id(i) for i in range(100)]})
+    assert pack_into_reqs([big, big], limits(max_message_length=1000)) == [[big], [big]]
+
+
+def test_tag_value_budget_shrinks_for_small_relays():
+    assert tag_value_budget() == MAX_TAG_VALUE_BYTES_PER_FILTER
+    assert tag_value_budget(limits(max_message_length=1_000_000)) == MAX_TAG_VALUE_BYTES_PER_FILTER
+    small = limits(max_message_length=8_000)
+    budget = tag_value_budget(small)
+    filters = root_event_filters([hex_id(i) for i in range(500)], since=1_700_000_000, budget=budget)
+    reqs = pack_into_reqs(filters, small)
+    for req in reqs:
+        assert len(req_message(live(req)).encode()) <= 8_000
+
+
+def test_none_limits_mean_defaults():
+    assert pack_into_reqs([layer1_filter()], None) == [[layer1_filter()]]
+    assert SubscriptionBudget.from_limits(None).max_subscriptions == 20
+    assert SubscriptionBudget.from_limits(limits()).max_subscriptions == 20
+
+
+# -- subscription budget -----------------------------------------------------------------
+
+
+def test_budget_keeps_control_plane_and_historic_slots():
+    budget = SubscriptionBudget.from_limits(limits(max_subscriptions=20))
+    assert budget.live_slots == 17
+    assert budget.fits(16)
+    assert not budget.fits(17)
+    assert not budget.fits(15, adding=3)
+
+
+def test_tiny_relay_has_no_live_slots():
+    assert SubscriptionBudget.from_limits(limits(max_subscriptions=2)).live_slots == 0
+
+
+def test_consolidation_when_next_subscription_would_break_the_budget():
+    budget = SubscriptionBudget.from_limits(limits(max_subscriptions=20))
+    assert not budget.needs_consolidation(active_live=10, baseline=5)
+    assert budget.needs_consolidation(active_live=17, baseline=5)
+
+
+def test_consolidation_when_fragmented_70_past_baseline():
+    budget = SubscriptionBudget.from_limits(limits(max_subscriptions=1000))
+    assert not budget.needs_consolidation(active_live=80, baseline=10)
+    assert budget.needs_consolidation(active_live=81, baseline=10)
+
+
+def test_live_baseline_counts_packed_live_reqs():
+    filters = build_sync_level_aware_filters({f"30617:aa:r{i}": SyncLevel.FULL for i in range(3)})
+    assert len(filters) == 4
+    assert live_baseline(filters) == 1
+    assert live_baseline(filters, limits(max_filters=1)) == 4
