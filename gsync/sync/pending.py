@@ -1,0 +1,250 @@
+"""PendingBatch: one AddFilters' worth of historic sync in flight on one relay (SPEC §4).
+
+Pure. The manager owns the batches; this module decides what each EOSE means (another
+page, or that filter is done), when a batch is complete, and what to do when an exact-id
+fetch after NIP-77 delivers less than the relay advertised. Items move to the confirmed
+index only when the whole batch completes.
+
+Pagination (REQ+EOSE fallback): a filter that got ``PAGE_THRESHOLD`` or more events before
+EOSE may have more; its next page is the same filter with ``until = min created_at`` seen.
+``until`` is inclusive, so the boundary second is fetched again: we remember the ids seen
+at it and, if a page brings nothing new and no older event, step ``until`` one second
+further. Trade-off: when more than a relay's page size of events share one second, those
+beyond the page cannot be reached by ``until`` at all; we skip that second instead of
+looping forever, and leave them to NIP-77 on the next daily sync or to live sync.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from ..constants import (
+    PAGE_THRESHOLD,
+    RESIDUAL_FALLBACK_MAX_FRACTION,
+    RESIDUAL_FALLBACK_MIN_ADVERTISED,
+)
+from ..protocol.event import Event
+from ..protocol.filters import Filter
+from .targets import PendingItems
+
+
+class SyncMethod(enum.Enum):
+    REQ_EOSE = "req_eose"
+    NEGENTROPY = "negentropy"
+
+
+# -- pagination ---------------------------------------------------------------------------
+
+
+@dataclass
+class FilterPaginationState:
+    """Progress of one OR filter of a grouped subscription, for the page being fetched."""
+
+    original_filter: Filter
+    page_filter: Filter  # original_filter with this page's until
+    event_count: int = 0
+    min_created_at: int | None = None
+    ids_at_min: set[str] = field(default_factory=set)
+    # ids already seen at page_filter.until on earlier pages: they are not progress
+    boundary_ids: set[str] = field(default_factory=set)
+
+    @classmethod
+    def start(cls, f: Filter) -> FilterPaginationState:
+        return cls(original_filter=f, page_filter=f)
+
+    def record(self, event: Event) -> bool:
+        if not self.page_filter.matches(event):
+            return False
+        self.event_count += 1
+        if self.min_created_at is None or event.created_at < self.min_created_at:
+            self.min_created_at = event.created_at
+            self.ids_at_min = {event.id}
+        elif event.created_at == self.min_created_at:
+            self.ids_at_min.add(event.id)
+        return True
+
+    def next_page(self) -> FilterPaginationState | None:
+        """The state for the next page, or None when this filter is exhausted."""
+        if self.page_filter.ids is not None:
+            return None  # an exact-id answer is complete; shortfalls are residuals
+        if self.event_count < PAGE_THRESHOLD or self.min_created_at is None:
+            return None
+        until = self.page_filter.until
+        at_boundary = until is not None and self.min_created_at >= until
+        if not at_boundary:
+            next_until, boundary = self.min_created_at, set(self.ids_at_min)
+        elif self.ids_at_min - self.boundary_ids:
+            # Still inside one crowded second but seeing new ids: ask it once more.
+            next_until, boundary = until, self.boundary_ids | self.ids_at_min
+        else:
+            # No progress: the relay keeps returning the same page. Skip that second.
+            next_until, boundary = until - 1, set()
+        since = self.original_filter.since
+        if next_until < 0 or (since is not None and next_until < since):
+            return None
+        return FilterPaginationState(
+            original_filter=self.original_filter,
+            page_filter=self.original_filter.replace(until=next_until),
+            boundary_ids=boundary,
+        )
+
+
+@dataclass
+class PaginationState:
+    """Per-filter progress for every OR filter carried by one subscription."""
+
+    filters: list[FilterPaginationState]
+
+    @property
+    def page_filters(self) -> list[Filter]:
+        return [s.page_filter for s in self.filters]
+
+
+# -- residuals after NIP-77 --------------------------------------------------------------
+
+
+class ResidualDecision(enum.Enum):
+    DONE = "done"  # everything advertised arrived
+    RETRY_RESIDUAL = "retry_residual"  # ask once more for the ids still missing
+    SEMANTIC_FALLBACK = "semantic_fallback"  # exact-id fetch is unusable here: use REQ+EOSE
+    FAIL = "fail"  # give up on the batch; missing ids go to recovery
+
+
+def decide_residual(
+    advertised: int, delivered: int, retried: bool, has_semantic_fallback: bool = True
+) -> ResidualDecision:
+    """What to do after an exact-id fetch pass delivered ``delivered`` of ``advertised``.
+
+    Semantic fallback is kept for a material first-pass incompatibility (≥ 20 advertised,
+    ≤ 10 % delivered): a relay that advertises inventory but cannot serve it by id. Small
+    residuals (expiry, indexing lag, deletion) get one retry instead, and NIP-77 stays on.
+    The layer-1 batch has no repos or roots to build semantic filters from.
+    """
+    if delivered >= advertised:
+        return ResidualDecision.DONE
+    if retried:
+        return ResidualDecision.FAIL
+    unusable = (
+        advertised >= RESIDUAL_FALLBACK_MIN_ADVERTISED
+        and delivered <= advertised * RESIDUAL_FALLBACK_MAX_FRACTION
+    )
+    if unusable and has_semantic_fallback:
+        return ResidualDecision.SEMANTIC_FALLBACK
+    return ResidualDecision.RETRY_RESIDUAL
+
+
+# -- the batch ---------------------------------------------------------------------------
+
+
+@dataclass
+class PendingBatch:
+    """Historic sync of ``items`` on one relay; complete when no subscription is outstanding.
+
+    ``outstanding_subs`` holds REQ subscription ids and, for NIP-77, any token the caller
+    uses for the negentropy exchange itself (added without filters).
+    """
+
+    batch_id: int
+    items: PendingItems
+    method: SyncMethod = SyncMethod.REQ_EOSE
+    outstanding_subs: set[str] = field(default_factory=set)
+    pagination: dict[str, PaginationState] = field(default_factory=dict)
+    failed: bool = False
+    # NIP-77 hydration: ids the relay advertised that the own relay lacks, and arrivals.
+    advertised_ids: set[str] = field(default_factory=set)
+    received_ids: set[str] = field(default_factory=set)
+    residual_retried: bool = False
+    _retry_asked: int = 0  # residual size when the retry started
+
+    # -- subscriptions
+
+    def add_subscription(self, sub_id: str, filters: Iterable[Filter] = ()) -> None:
+        self.outstanding_subs.add(sub_id)
+        states = [FilterPaginationState.start(f) for f in filters]
+        if states:
+            self.pagination[sub_id] = PaginationState(states)
+
+    def finish_subscription(self, sub_id: str) -> None:
+        """The caller's own end for a filterless entry (e.g. the NIP-77 exchange)."""
+        self.outstanding_subs.discard(sub_id)
+        self.pagination.pop(sub_id, None)
+
+    def rename_subscription(self, old: str, new: str) -> None:
+        """Carry pagination over when the next page is sent under a fresh subscription id."""
+        if old in self.outstanding_subs:
+            self.outstanding_subs.discard(old)
+            self.outstanding_subs.add(new)
+        if old in self.pagination:
+            self.pagination[new] = self.pagination.pop(old)
+
+    def filters_of(self, sub_id: str) -> list[Filter]:
+        state = self.pagination.get(sub_id)
+        return state.page_filters if state else []
+
+    def record_event(self, sub_id: str, event: Event) -> bool:
+        """Count ``event`` for every filter of the sub it matches; False if it matches none."""
+        if event.id in self.advertised_ids:
+            self.received_ids.add(event.id)
+        state = self.pagination.get(sub_id)
+        if state is None:
+            return False
+        matched = [s.record(event) for s in state.filters]
+        return any(matched)
+
+    def on_eose(self, sub_id: str) -> list[Filter]:
+        """Next-page filters to send, grouped, under the same sub (or ``rename_subscription``);
+        empty when every filter of the sub is done, and then the sub is no longer outstanding.
+        """
+        state = self.pagination.get(sub_id)
+        next_states = [n for n in (s.next_page() for s in state.filters) if n] if state else []
+        if not next_states:
+            self.finish_subscription(sub_id)
+            return []
+        self.pagination[sub_id] = PaginationState(next_states)
+        return [s.page_filter for s in next_states]
+
+    def on_closed(self, sub_id: str) -> list[Filter]:
+        """The relay ended a sub before EOSE: the batch cannot complete cleanly. Returns the
+        filters the sub was carrying, for the caller's log or rebuild."""
+        filters = self.filters_of(sub_id)
+        if sub_id in self.outstanding_subs:
+            self.failed = True
+        self.finish_subscription(sub_id)
+        return filters
+
+    @property
+    def is_complete(self) -> bool:
+        return not self.outstanding_subs
+
+    def mark_failed(self) -> None:
+        self.failed = True
+
+    # -- NIP-77 residuals
+
+    def expect_ids(self, ids: Iterable[str]) -> None:
+        """Ids the relay advertised (and the own relay lacks): fetched by id next."""
+        self.advertised_ids |= set(ids)
+
+    def residual_ids(self) -> set[str]:
+        return self.advertised_ids - self.received_ids
+
+    def residual_decision(self) -> ResidualDecision:
+        """Decision for the fetch pass just finished (first pass, or the one retry)."""
+        missing = len(self.residual_ids())
+        if self.residual_retried:
+            asked = self._retry_asked
+        else:
+            asked = len(self.advertised_ids)
+        return decide_residual(asked, asked - missing, self.residual_retried, bool(self.items))
+
+    def begin_residual_retry(self) -> set[str]:
+        """Start the one retry; returns the ids to ask for again."""
+        residual = self.residual_ids()
+        self.residual_retried = True
+        self._retry_asked = len(residual)
+        return residual
+
+    def switch_to_req_eose(self) -> None:
+        """Semantic fallback: the caller now adds REQ+EOSE subs built from ``items``."""
+        self.method = SyncMethod.REQ_EOSE

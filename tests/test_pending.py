@@ -1,0 +1,298 @@
+"""PendingBatch: grouped until-pagination, completion, and NIP-77 residual decisions."""
+import itertools
+
+import pytest
+
+from gsync.constants import PAGE_THRESHOLD
+from gsync.protocol.event import generate_secret, sign_event
+from gsync.protocol.filters import Filter
+from gsync.sync.pending import (
+    PendingBatch,
+    ResidualDecision,
+    SyncMethod,
+    decide_residual,
+)
+from gsync.sync.repos import SyncLevel
+from gsync.sync.targets import SyncItems
+
+SECRET = generate_secret()
+REPO = "30617:aa:repo"
+ISSUES = Filter.make(kinds=[1621])
+PATCHES = Filter.make(kinds=[1617])
+_content = itertools.count()
+
+
+def event(kind=1621, created_at=1000):
+    # distinct content so events with the same created_at still have distinct ids
+    return sign_event(SECRET, created_at=created_at, kind=kind, content=str(next(_content)))
+
+
+def page(kind, newest, count, step=1):
+    return [event(kind, newest - i * step) for i in range(count)]
+
+
+def batch(method=SyncMethod.REQ_EOSE, items=None):
+    return PendingBatch(
+        batch_id=1,
+        items=items if items is not None else SyncItems({REPO: SyncLevel.FULL}),
+        method=method,
+    )
+
+
+def feed(b, sub, events):
+    for e in events:
+        b.record_event(sub, e)
+
+
+# -- pagination ---------------------------------------------------------------------------
+
+
+def test_short_page_finishes_the_sub_and_completes_the_batch():
+    b = batch()
+    b.add_subscription("s1", [ISSUES])
+    feed(b, "s1", page(1621, 1000, PAGE_THRESHOLD - 1))
+    assert b.on_eose("s1") == []
+    assert "s1" not in b.outstanding_subs
+    assert b.is_complete
+    assert not b.failed
+
+
+def test_full_page_asks_next_page_with_inclusive_until():
+    b = batch()
+    b.add_subscription("s1", [ISSUES])
+    feed(b, "s1", page(1621, 1000, PAGE_THRESHOLD))
+    oldest = 1000 - (PAGE_THRESHOLD - 1)
+    assert b.on_eose("s1") == [ISSUES.replace(until=oldest)]
+    assert not b.is_complete
+    assert b.filters_of("s1") == [ISSUES.replace(until=oldest)]
+
+
+def test_each_or_filter_paginates_on_its_own_and_pages_stay_grouped():
+    b = batch()
+    b.add_subscription("s1", [ISSUES, PATCHES, Filter.make(kinds=[1618])])
+    feed(b, "s1", page(1621, 1000, 80))
+    feed(b, "s1", page(1617, 2000, 90, step=2))
+    feed(b, "s1", page(1618, 3000, 3))
+    assert b.on_eose("s1") == [ISSUES.replace(until=921), PATCHES.replace(until=1822)]
+
+
+def test_pagination_keeps_since_and_counters_reset_per_page():
+    since_filter = ISSUES.replace(since=800)
+    b = batch()
+    b.add_subscription("s1", [since_filter])
+    feed(b, "s1", page(1621, 1000, 80))
+    assert b.on_eose("s1") == [since_filter.replace(until=921)]
+    feed(b, "s1", page(1621, 921, 10))
+    assert b.on_eose("s1") == []
+    assert b.is_complete
+
+
+def test_next_page_below_since_ends_the_filter():
+    f = ISSUES.replace(since=1000)
+    b = batch()
+    b.add_subscription("s1", [f])
+    crowd = [event(1621, 1000) for _ in range(PAGE_THRESHOLD)]
+    feed(b, "s1", crowd)
+    assert b.on_eose("s1") == [f.replace(until=1000)]
+    feed(b, "s1", crowd)  # no progress: stepping to 999 would leave since behind
+    assert b.on_eose("s1") == []
+
+
+def test_event_counts_for_every_filter_it_matches():
+    both = Filter.make(kinds=[1621, 1617])
+    b = batch()
+    b.add_subscription("s1", [ISSUES, both])
+    feed(b, "s1", page(1621, 1000, PAGE_THRESHOLD))
+    assert b.on_eose("s1") == [ISSUES.replace(until=926), both.replace(until=926)]
+
+
+def test_event_matching_no_filter_is_reported_and_not_counted():
+    b = batch()
+    b.add_subscription("s1", [ISSUES])
+    assert not b.record_event("s1", event(kind=1))
+    assert b.record_event("s1", event(kind=1621))
+    assert not b.record_event("unknown", event(kind=1621))
+    assert b.pagination["s1"].filters[0].event_count == 1
+
+
+def test_events_outside_the_page_until_are_not_counted():
+    b = batch()
+    b.add_subscription("s1", [ISSUES])
+    feed(b, "s1", page(1621, 1000, PAGE_THRESHOLD))
+    b.on_eose("s1")
+    assert not b.record_event("s1", event(1621, 5000))
+
+
+def test_batch_completes_only_when_every_sub_is_done():
+    b = batch()
+    b.add_subscription("s1", [ISSUES])
+    b.add_subscription("s2", [PATCHES])
+    assert b.on_eose("s1") == []
+    assert not b.is_complete
+    assert b.on_eose("s2") == []
+    assert b.is_complete
+
+
+def test_rename_subscription_carries_pagination():
+    b = batch()
+    b.add_subscription("s1", [ISSUES])
+    feed(b, "s1", page(1621, 1000, PAGE_THRESHOLD))
+    nxt = b.on_eose("s1")
+    b.rename_subscription("s1", "s1-p2")
+    assert b.outstanding_subs == {"s1-p2"}
+    assert b.filters_of("s1-p2") == nxt
+    feed(b, "s1-p2", page(1621, nxt[0].until - 1, 3))
+    assert b.on_eose("s1-p2") == []
+    assert b.is_complete
+
+
+def test_id_filters_never_paginate():
+    events = page(1621, 1000, 100)
+    b = batch()
+    b.add_subscription("fetch", [Filter.make(ids=[e.id for e in events])])
+    feed(b, "fetch", events)
+    assert b.pagination["fetch"].filters[0].event_count == 100
+    assert b.on_eose("fetch") == []  # an exact-id answer is complete; shortfalls are residuals
+    assert b.is_complete
+
+
+def test_closed_before_eose_fails_the_batch():
+    b = batch()
+    b.add_subscription("s1", [ISSUES])
+    assert b.on_closed("s1") == [ISSUES]
+    assert b.failed
+    assert b.is_complete
+
+
+def test_eose_for_unknown_sub_is_harmless():
+    b = batch()
+    assert b.on_eose("nope") == []
+
+
+# -- the inclusive-until loop ------------------------------------------------------------
+
+
+def test_crowded_second_does_not_loop_forever():
+    """A page full of events at one second: the relay keeps returning it for until=that
+    second. After one page without progress, until steps past that second."""
+    crowd = [event(1621, 1000) for _ in range(PAGE_THRESHOLD)]
+    b = batch()
+    b.add_subscription("s1", [ISSUES])
+    feed(b, "s1", crowd)
+    assert b.on_eose("s1") == [ISSUES.replace(until=1000)]
+    feed(b, "s1", crowd)  # the same page again
+    assert b.on_eose("s1") == [ISSUES.replace(until=999)]
+    feed(b, "s1", page(1621, 999, 5))
+    assert b.on_eose("s1") == []
+
+
+def test_crowded_second_with_new_ids_is_asked_once_more():
+    first = [event(1621, 1000) for _ in range(PAGE_THRESHOLD)]
+    second = first[:40] + [event(1621, 1000) for _ in range(PAGE_THRESHOLD - 40)]
+    b = batch()
+    b.add_subscription("s1", [ISSUES])
+    feed(b, "s1", first)
+    b.on_eose("s1")
+    feed(b, "s1", second)  # some new ids at 1000: progress
+    assert b.on_eose("s1") == [ISSUES.replace(until=1000)]
+    feed(b, "s1", second)  # nothing new now
+    assert b.on_eose("s1") == [ISSUES.replace(until=999)]
+
+
+def test_boundary_second_reappearing_with_older_events_is_progress():
+    b = batch()
+    b.add_subscription("s1", [ISSUES])
+    first = page(1621, 1100, PAGE_THRESHOLD)  # down to 1026
+    feed(b, "s1", first)
+    assert b.on_eose("s1") == [ISSUES.replace(until=1026)]
+    feed(b, "s1", [first[-1]] + page(1621, 1025, PAGE_THRESHOLD - 1))
+    assert b.on_eose("s1") == [ISSUES.replace(until=1025 - (PAGE_THRESHOLD - 2))]
+
+
+def test_until_never_goes_negative():
+    b = batch()
+    b.add_subscription("s1", [ISSUES])
+    crowd = [event(1621, 0) for _ in range(PAGE_THRESHOLD)]
+    feed(b, "s1", crowd)
+    assert b.on_eose("s1") == [ISSUES.replace(until=0)]
+    feed(b, "s1", crowd)
+    assert b.on_eose("s1") == []
+
+
+# -- residuals after NIP-77 --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "advertised, delivered, retried, semantic, expected",
+    [
+        (0, 0, False, True, ResidualDecision.DONE),
+        (10, 10, False, True, ResidualDecision.DONE),
+        (10, 12, False, True, ResidualDecision.DONE),
+        (10, 9, False, True, ResidualDecision.RETRY_RESIDUAL),
+        (19, 0, False, True, ResidualDecision.RETRY_RESIDUAL),  # too few to judge the relay
+        (20, 2, False, True, ResidualDecision.SEMANTIC_FALLBACK),  # 10 %: unusable by id
+        (20, 3, False, True, ResidualDecision.RETRY_RESIDUAL),
+        (300, 0, False, True, ResidualDecision.SEMANTIC_FALLBACK),
+        (300, 0, False, False, ResidualDecision.RETRY_RESIDUAL),  # layer 1: no semantic form
+        (5, 0, True, True, ResidualDecision.FAIL),
+        (300, 0, True, True, ResidualDecision.FAIL),
+        (5, 5, True, True, ResidualDecision.DONE),
+    ],
+)
+def test_decide_residual(advertised, delivered, retried, semantic, expected):
+    assert decide_residual(advertised, delivered, retried, semantic) is expected
+
+
+def negentropy_batch(advertised, items=None):
+    b = batch(SyncMethod.NEGENTROPY, items)
+    b.expect_ids(e.id for e in advertised)
+    return b
+
+
+def test_small_residual_is_retried_once_then_fails():
+    events = page(1621, 1000, 10)
+    b = negentropy_batch(events)
+    b.add_subscription("fetch", [Filter.make(ids=[e.id for e in events])])
+    feed(b, "fetch", events[:8])
+    b.on_eose("fetch")
+    assert b.residual_decision() is ResidualDecision.RETRY_RESIDUAL
+    residual = b.begin_residual_retry()
+    assert residual == {e.id for e in events[8:]}
+    b.add_subscription("retry", [Filter.make(ids=residual)])
+    feed(b, "retry", events[8:9])  # one of two: still incomplete
+    b.on_eose("retry")
+    assert b.residual_decision() is ResidualDecision.FAIL
+    assert b.residual_ids() == {events[9].id}
+
+
+def test_residual_retry_that_delivers_everything_is_done():
+    events = page(1621, 1000, 10)
+    b = negentropy_batch(events)
+    feed(b, "fetch", events[:9])
+    b.begin_residual_retry()
+    feed(b, "retry", events[9:])
+    assert b.residual_decision() is ResidualDecision.DONE
+
+
+def test_relay_that_cannot_serve_by_id_switches_to_semantic_req():
+    events = page(1621, 1000, 30)
+    b = negentropy_batch(events)
+    feed(b, "fetch", events[:3])
+    assert b.residual_decision() is ResidualDecision.SEMANTIC_FALLBACK
+    b.switch_to_req_eose()
+    assert b.method is SyncMethod.REQ_EOSE
+
+
+def test_layer1_batch_has_no_semantic_fallback():
+    events = page(30617, 1000, 30)
+    b = negentropy_batch(events, items=SyncItems())
+    assert b.residual_decision() is ResidualDecision.RETRY_RESIDUAL
+
+
+def test_negentropy_exchange_is_an_outstanding_entry_without_filters():
+    b = negentropy_batch([])
+    b.add_subscription("neg-1")
+    assert not b.is_complete
+    b.finish_subscription("neg-1")
+    assert b.is_complete
+    assert b.residual_decision() is ResidualDecision.DONE
