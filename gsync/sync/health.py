@@ -1,0 +1,339 @@
+"""RelayHealthTracker: when to (re)connect to a relay, and how fast to ask it for things
+(SPEC §5; seed 001 "Health Tracking").
+
+Pure: every method takes ``now`` (float seconds). One tracker for all relays, keyed by
+relay URL. Time-driven transitions (a connection becoming stable, a cooldown ending) are
+applied lazily whenever the tracker is consulted, so there is no timer to forget.
+
+Three independent concerns, kept apart because they recover differently:
+
+- connection health: failure streak → exponential backoff → Dead after 24 h;
+- rate limiting: a 65 s cooldown, then Probing; plus the pacing gates for query starts;
+- policy refusals: coverage a relay refused for good, paused 24 h, then probed once.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Hashable
+
+from ..constants import (
+    BASE_BACKOFF_SECS,
+    DEAD_AFTER_SECS,
+    DEAD_RETRY_SECS,
+    MAX_BACKOFF_SECS,
+    POLICY_PROBE_SECS,
+    PROACTIVE_GATE_SECS,
+    RATE_LIMIT_COOLDOWN_SECS,
+    REACTIVE_GATE_MAX_SECS,
+    REACTIVE_GATE_START_SECS,
+    STABILITY_SECS,
+)
+
+
+class HealthState(enum.Enum):
+    HEALTHY = "healthy"
+    DISCONNECTED = "disconnected"
+    DEGRADED = "degraded"
+    DEAD = "dead"
+    RATE_LIMITED = "rate_limited"
+    PROBING = "probing"  # cooldown over; the next request tells whether it is lifted
+
+
+# ngit_sync_relay_status values, as the seed's dashboards expect. Probing has no value of its
+# own there: until a request succeeds the relay is still rate limited.
+STATUS_METRIC = {
+    HealthState.HEALTHY: 1,
+    HealthState.DISCONNECTED: 2,
+    HealthState.DEGRADED: 3,
+    HealthState.DEAD: 4,
+    HealthState.RATE_LIMITED: 5,
+    HealthState.PROBING: 5,
+}
+
+
+# -- refusals ----------------------------------------------------------------------------
+
+
+class Refusal(enum.Enum):
+    RATE_LIMIT = "rate_limit"
+    POLICY = "policy"  # blocked / restricted: this relay will not serve that coverage
+    AUTH = "auth"  # auth-required: authenticate (if we can), then retry
+    UNSUPPORTED = "unsupported"  # the relay cannot run that filter
+    OTHER = "other"
+
+
+_RATE_LIMIT_HINTS = ("too many", "slow down", "throttl", "rate limit", "rate-limit")
+_PREFIX_REFUSALS = {
+    "rate-limited": Refusal.RATE_LIMIT,
+    "blocked": Refusal.POLICY,
+    "restricted": Refusal.POLICY,
+    "auth-required": Refusal.AUTH,
+    "unsupported": Refusal.UNSUPPORTED,
+}
+
+
+def split_prefix(message: str) -> tuple[str, str]:
+    """NIP-01 machine-readable prefix: ``"blocked: you are banned"`` → ("blocked", "you are banned")."""
+    head, sep, rest = message.partition(":")
+    if sep and head and " " not in head.strip():
+        return head.strip().lower(), rest.strip()
+    return "", message.strip()
+
+
+def classify_refusal(prefix: str, text: str = "") -> Refusal:
+    """What a CLOSED / NOTICE / OK false / NEG-ERR is telling us.
+
+    Rate-limit wording wins over a policy prefix: a throttle misread as policy would pause
+    that coverage for a day, a policy refusal misread as throttle only costs a cooldown.
+    """
+    prefix = prefix.strip().lower()
+    if prefix == "rate-limited" or any(h in text.lower() for h in _RATE_LIMIT_HINTS):
+        return Refusal.RATE_LIMIT
+    return _PREFIX_REFUSALS.get(prefix, Refusal.OTHER)
+
+
+def classify_message(message: str) -> Refusal:
+    return classify_refusal(*split_prefix(message))
+
+
+# -- per-relay record --------------------------------------------------------------------
+
+
+@dataclass
+class _RelayHealth:
+    # connection health
+    failures: int = 0  # consecutive; cleared only by a stable connection
+    first_failure_at: float | None = None  # start of the continuous-failure streak
+    last_failure_at: float | None = None
+    attempt_in_flight: bool = False
+    connected: bool = False
+    connected_since: float | None = None
+    # rate limiting (outlives connections: reconnecting does not lift a relay's limit)
+    cooldown_until: float | None = None
+    probing: bool = False
+    # pacing, per connection session
+    reactive_gap: float | None = None  # None until a query-rate refusal this session
+    last_start_at: float | None = None
+    last_background_start_at: float | None = None
+    negentropy_disabled: bool = False
+    # policy refusals: coverage key → when the one probe is due
+    policy_paused_until: dict[Hashable, float] = field(default_factory=dict)
+
+
+class RelayHealthTracker:
+    def __init__(
+        self,
+        base_backoff: float = BASE_BACKOFF_SECS,
+        max_backoff: float = MAX_BACKOFF_SECS,
+    ):
+        self.base_backoff = base_backoff
+        self.max_backoff = max_backoff
+        self._relays: dict[str, _RelayHealth] = {}
+
+    def _get(self, relay: str) -> _RelayHealth:
+        return self._relays.setdefault(relay, _RelayHealth())
+
+    def _settle(self, h: _RelayHealth, now: float) -> None:
+        """Apply the transitions that only need time to pass."""
+        if h.connected and h.failures and now - h.connected_since >= STABILITY_SECS:
+            h.failures, h.first_failure_at = 0, None  # survived 5 min: the streak is over
+        if h.cooldown_until is not None and now >= h.cooldown_until:
+            h.cooldown_until, h.probing = None, True
+
+    def forget(self, relay: str) -> None:
+        self._relays.pop(relay, None)
+
+    def relays(self) -> list[str]:
+        return list(self._relays)
+
+    # -- connection health
+
+    def backoff(self, failures: int) -> float:
+        if failures <= 0:
+            return 0.0
+        return min(self.base_backoff * 2 ** (failures - 1), self.max_backoff)
+
+    def record_attempt_started(self, relay: str, now: float) -> None:
+        """A handshake worker took the attempt (queued attempts are not yet attempts)."""
+        self._get(relay).attempt_in_flight = True
+
+    def record_success(self, relay: str, now: float) -> None:
+        """Handshake succeeded: a new session. The failure streak stays until it is stable."""
+        h = self._get(relay)
+        h.attempt_in_flight = False
+        h.connected, h.connected_since = True, now
+        # Pacing gates and the NIP-77 verdict belong to the session; the cooldown does not.
+        h.reactive_gap = h.last_start_at = h.last_background_start_at = None
+        h.negentropy_disabled = False
+
+    def record_failure(self, relay: str, now: float) -> None:
+        """A connection attempt failed (including a stale success found closed)."""
+        h = self._get(relay)
+        self._settle(h, now)
+        h.attempt_in_flight = False
+        h.connected, h.connected_since = False, None
+        self._add_failure(h, now)
+
+    def record_disconnect(self, relay: str, now: float) -> None:
+        """An established connection ended. Before it was stable (5 min) that is a failure:
+        a relay that accepts and drops must back off, not be redialled in a tight loop."""
+        h = self._get(relay)
+        if not h.connected:
+            return  # already recorded (a failed attempt, or a repeated notification)
+        self._settle(h, now)
+        was_stable = now - h.connected_since >= STABILITY_SECS
+        h.connected, h.connected_since = False, None
+        if not was_stable:
+            self._add_failure(h, now)
+
+    def _add_failure(self, h: _RelayHealth, now: float) -> None:
+        h.failures += 1
+        h.last_failure_at = now
+        if h.first_failure_at is None:
+            h.first_failure_at = now
+
+    def failures(self, relay: str, now: float) -> int:
+        h = self._get(relay)
+        self._settle(h, now)
+        return h.failures
+
+    def is_dead(self, relay: str, now: float) -> bool:
+        h = self._get(relay)
+        self._settle(h, now)
+        return self._is_dead(h, now)
+
+    @staticmethod
+    def _is_dead(h: _RelayHealth, now: float) -> bool:
+        return (
+            not h.connected
+            and h.first_failure_at is not None
+            and now - h.first_failure_at >= DEAD_AFTER_SECS
+        )
+
+    def next_attempt_at(self, relay: str, now: float) -> float:
+        """Earliest time a connection attempt is allowed (``now`` if it is allowed now)."""
+        h = self._get(relay)
+        self._settle(h, now)
+        earliest = now
+        if h.failures and h.last_failure_at is not None:
+            wait = DEAD_RETRY_SECS if self._is_dead(h, now) else self.backoff(h.failures)
+            earliest = max(earliest, h.last_failure_at + wait)
+        if h.cooldown_until is not None:
+            earliest = max(earliest, h.cooldown_until)
+        return earliest
+
+    def should_attempt_connection(self, relay: str, now: float) -> bool:
+        h = self._get(relay)
+        if h.connected or h.attempt_in_flight:
+            return False
+        return self.next_attempt_at(relay, now) <= now
+
+    def state(self, relay: str, now: float) -> HealthState:
+        h = self._get(relay)
+        self._settle(h, now)
+        if h.cooldown_until is not None:
+            return HealthState.RATE_LIMITED
+        if h.probing:
+            return HealthState.PROBING
+        if self._is_dead(h, now):
+            return HealthState.DEAD
+        if h.failures:
+            return HealthState.DEGRADED  # failing, or recovered but not yet stable
+        return HealthState.HEALTHY if h.connected else HealthState.DISCONNECTED
+
+    def status_metric(self, relay: str, now: float) -> int:
+        return STATUS_METRIC[self.state(relay, now)]
+
+    # -- rate limiting and pacing
+
+    def record_rate_limited(self, relay: str, now: float, *, query_rate: bool = True) -> None:
+        """The relay refused for rate. A refusal inside the cooldown does not extend it; one
+        after it starts a new cooldown (a new episode). ``query_rate``: it limits how often
+        we start queries, so pace all starts and stop NIP-77 (whose frames we cannot pace)."""
+        h = self._get(relay)
+        self._settle(h, now)
+        if h.cooldown_until is not None:
+            return
+        h.cooldown_until, h.probing = now + RATE_LIMIT_COOLDOWN_SECS, False
+        if query_rate:
+            h.reactive_gap = (
+                REACTIVE_GATE_START_SECS
+                if h.reactive_gap is None
+                else min(h.reactive_gap * 2, REACTIVE_GATE_MAX_SECS)
+            )
+            h.negentropy_disabled = True
+
+    def record_request_succeeded(self, relay: str, now: float) -> None:
+        """A request completed normally: a probe after the cooldown has passed."""
+        h = self._get(relay)
+        self._settle(h, now)
+        h.probing = False
+
+    def is_rate_limited(self, relay: str, now: float) -> bool:
+        h = self._get(relay)
+        self._settle(h, now)
+        return h.cooldown_until is not None
+
+    def cooldown_remaining(self, relay: str, now: float) -> float:
+        h = self._get(relay)
+        self._settle(h, now)
+        return 0.0 if h.cooldown_until is None else h.cooldown_until - now
+
+    def negentropy_allowed(self, relay: str) -> bool:
+        return not self._get(relay).negentropy_disabled
+
+    def disable_negentropy(self, relay: str) -> None:
+        """NEG-ERR, no answer in 15 s, or a NOTICE about it: not for this session."""
+        self._get(relay).negentropy_disabled = True
+
+    def wait_before_start(self, relay: str, now: float, *, background: bool) -> float:
+        """Seconds to wait before starting a query (0: start now).
+
+        During a cooldown nothing starts. The reactive gate (after a query-rate refusal)
+        spaces every start; the proactive gate spaces only background starts — historic,
+        pagination, retries, NIP-77 rounds — at 1 s. Live subscriptions bypass it.
+        """
+        h = self._get(relay)
+        self._settle(h, now)
+        ready = now
+        if h.cooldown_until is not None:
+            ready = max(ready, h.cooldown_until)
+        if h.reactive_gap is not None and h.last_start_at is not None:
+            ready = max(ready, h.last_start_at + h.reactive_gap)
+        if background and h.last_background_start_at is not None:
+            ready = max(ready, h.last_background_start_at + PROACTIVE_GATE_SECS)
+        return ready - now
+
+    def may_start_background(self, relay: str, now: float) -> float:
+        return self.wait_before_start(relay, now, background=True)
+
+    def may_start_live(self, relay: str, now: float) -> float:
+        return self.wait_before_start(relay, now, background=False)
+
+    def record_start(self, relay: str, now: float, *, background: bool) -> None:
+        h = self._get(relay)
+        h.last_start_at = now
+        if background:
+            h.last_background_start_at = now
+
+    # -- policy refusals
+
+    def record_policy_refusal(self, relay: str, coverage: Hashable, now: float) -> None:
+        """Keep the connection; do not recreate ``coverage`` until its probe is due."""
+        self._get(relay).policy_paused_until[coverage] = now + POLICY_PROBE_SECS
+
+    def is_policy_paused(self, relay: str, coverage: Hashable, now: float) -> bool:
+        until = self._get(relay).policy_paused_until.get(coverage)
+        return until is not None and now < until
+
+    def due_policy_probes(self, now: float) -> list[tuple[str, Hashable]]:
+        """(relay, coverage) whose 24 h pause ended: recreate each once. A new refusal
+        pauses it again; otherwise it stays restored."""
+        due = []
+        for relay, h in self._relays.items():
+            for coverage, until in list(h.policy_paused_until.items()):
+                if now >= until:
+                    del h.policy_paused_until[coverage]
+                    due.append((relay, coverage))
+        return due

@@ -1,0 +1,336 @@
+"""RelayHealthTracker: backoff, Dead, stability, rate-limit cooldown, pacing gates, policy
+pauses and refusal classification (SPEC §5). Time is passed in; nothing sleeps."""
+import pytest
+
+from gsync.sync.health import (
+    HealthState,
+    Refusal,
+    RelayHealthTracker,
+    classify_message,
+    classify_refusal,
+    split_prefix,
+)
+
+R = "wss://relay.example"
+H = 3600.0
+DAY = 24 * H
+
+
+def tracker():
+    return RelayHealthTracker(base_backoff=5.0, max_backoff=3600.0)
+
+
+def fail(t, now, times=1):
+    for _ in range(times):
+        t.record_attempt_started(R, now)
+        t.record_failure(R, now)
+
+
+def connect(t, now):
+    t.record_attempt_started(R, now)
+    t.record_success(R, now)
+
+
+# -- connection health -------------------------------------------------------------------
+
+
+def test_new_relay_is_disconnected_and_may_connect_now():
+    t = tracker()
+    assert t.state(R, 0) is HealthState.DISCONNECTED
+    assert t.should_attempt_connection(R, 0)
+    assert t.next_attempt_at(R, 0) == 0
+    assert t.status_metric(R, 0) == 2
+
+
+def test_connected_without_failures_is_healthy():
+    t = tracker()
+    connect(t, 0)
+    assert t.state(R, 1) is HealthState.HEALTHY
+    assert t.status_metric(R, 1) == 1
+    assert not t.should_attempt_connection(R, 1)
+
+
+def test_backoff_doubles_from_base_and_is_capped():
+    t = tracker()
+    assert [t.backoff(n) for n in (0, 1, 2, 3, 4)] == [0, 5, 10, 20, 40]
+    assert t.backoff(20) == 3600
+
+
+def test_failure_backs_off_from_the_failure_time():
+    t = tracker()
+    fail(t, 100)
+    assert t.state(R, 100) is HealthState.DEGRADED
+    assert t.status_metric(R, 100) == 3
+    assert t.next_attempt_at(R, 100) == 105
+    assert not t.should_attempt_connection(R, 104.9)
+    assert t.should_attempt_connection(R, 105)
+    fail(t, 105)
+    assert t.next_attempt_at(R, 105) == 115
+    assert t.failures(R, 105) == 2
+
+
+def test_no_second_attempt_while_one_is_in_flight():
+    t = tracker()
+    t.record_attempt_started(R, 0)
+    assert not t.should_attempt_connection(R, 1000)
+
+
+def test_constructor_backoff_settings_are_used():
+    t = RelayHealthTracker(base_backoff=1.0, max_backoff=3.0)
+    for _ in range(5):
+        t.record_failure(R, 0)
+    assert t.next_attempt_at(R, 0) == 3.0
+
+
+def test_dead_after_24h_of_continuous_failure_then_daily_attempts():
+    t = tracker()
+    fail(t, 0)
+    now = 0.0
+    while now < DAY:
+        now = t.next_attempt_at(R, now)
+        fail(t, now)
+    assert t.state(R, now) is HealthState.DEAD
+    assert t.status_metric(R, now) == 4
+    assert t.next_attempt_at(R, now) == now + DAY
+    assert not t.should_attempt_connection(R, now + DAY - 1)
+    assert t.should_attempt_connection(R, now + DAY)
+
+
+def test_not_dead_before_24h():
+    t = tracker()
+    fail(t, 0)
+    fail(t, DAY - 1)
+    assert t.state(R, DAY - 1) is HealthState.DEGRADED
+
+
+def test_recovered_connection_is_degraded_until_stable():
+    t = tracker()
+    fail(t, 0, times=3)
+    connect(t, 100)
+    assert t.state(R, 100) is HealthState.DEGRADED
+    assert t.failures(R, 399) == 3
+    assert t.state(R, 400) is HealthState.HEALTHY  # survived 5 minutes
+    assert t.failures(R, 400) == 0
+
+
+def test_short_lived_recovery_continues_the_failure_streak():
+    t = tracker()
+    fail(t, 0, times=3)
+    connect(t, 100)
+    t.record_disconnect(R, 200)  # before the 5-minute stability period
+    assert t.failures(R, 200) == 4
+    assert t.next_attempt_at(R, 200) == 200 + 40
+
+
+def test_short_lived_recovery_does_not_restart_the_dead_clock():
+    t = tracker()
+    fail(t, 0)
+    connect(t, DAY - 100)
+    t.record_disconnect(R, DAY - 50)
+    assert t.state(R, DAY) is HealthState.DEAD
+
+
+def test_stable_connection_dropping_is_just_disconnected():
+    t = tracker()
+    connect(t, 0)
+    t.record_disconnect(R, 1000)
+    assert t.state(R, 1000) is HealthState.DISCONNECTED
+    assert t.should_attempt_connection(R, 1000)
+
+
+def test_repeated_disconnect_notification_counts_once():
+    t = tracker()
+    connect(t, 0)
+    t.record_disconnect(R, 10)
+    t.record_disconnect(R, 11)
+    assert t.failures(R, 11) == 1
+
+
+def test_relays_are_tracked_independently():
+    t = tracker()
+    fail(t, 0)
+    assert t.state("wss://other.example", 0) is HealthState.DISCONNECTED
+
+
+# -- rate limiting ------------------------------------------------------------------------
+
+
+def test_rate_limit_cooldown_is_65s_then_probing_until_a_success():
+    t = tracker()
+    connect(t, 0)
+    t.record_rate_limited(R, 10)
+    assert t.state(R, 10) is HealthState.RATE_LIMITED
+    assert t.status_metric(R, 10) == 5
+    assert t.cooldown_remaining(R, 10) == 65
+    assert t.state(R, 75) is HealthState.PROBING
+    assert not t.is_rate_limited(R, 75)
+    t.record_request_succeeded(R, 76)
+    assert t.state(R, 76) is HealthState.HEALTHY
+
+
+def test_repeats_inside_the_cooldown_do_not_extend_it():
+    t = tracker()
+    t.record_rate_limited(R, 0)
+    t.record_rate_limited(R, 30)
+    t.record_rate_limited(R, 64)
+    assert t.is_rate_limited(R, 64.9)
+    assert not t.is_rate_limited(R, 65)
+
+
+def test_refusal_while_probing_starts_a_new_cooldown():
+    t = tracker()
+    t.record_rate_limited(R, 0)
+    t.record_rate_limited(R, 70)
+    assert t.state(R, 70) is HealthState.RATE_LIMITED
+    assert t.cooldown_remaining(R, 70) == 65
+
+
+def test_reconnecting_does_not_lift_a_rate_limit():
+    t = tracker()
+    connect(t, 0)
+    t.record_rate_limited(R, 1)
+    t.record_disconnect(R, 2)
+    t.record_success(R, 3)
+    assert t.is_rate_limited(R, 3)
+
+
+def test_rate_limited_relay_is_not_redialled_during_cooldown():
+    t = tracker()
+    t.record_rate_limited(R, 0)
+    assert t.next_attempt_at(R, 0) == 65
+
+
+# -- pacing gates -------------------------------------------------------------------------
+
+
+def test_proactive_gate_spaces_background_starts_one_second():
+    t = tracker()
+    connect(t, 0)
+    assert t.may_start_background(R, 10) == 0
+    t.record_start(R, 10, background=True)
+    assert t.may_start_background(R, 10.25) == pytest.approx(0.75)
+    assert t.may_start_background(R, 11) == 0
+
+
+def test_live_starts_bypass_the_proactive_gate():
+    t = tracker()
+    connect(t, 0)
+    t.record_start(R, 10, background=True)
+    assert t.may_start_live(R, 10) == 0
+
+
+def test_query_rate_refusal_gates_all_starts_and_doubles_per_episode():
+    t = tracker()
+    connect(t, 0)
+    t.record_rate_limited(R, 0)
+    t.record_start(R, 65, background=False)
+    assert t.may_start_live(R, 65) == pytest.approx(0.6)
+    t.record_rate_limited(R, 70)  # a distinct later episode
+    t.record_start(R, 135, background=False)
+    assert t.may_start_live(R, 135) == pytest.approx(1.2)
+    now = 200.0
+    for _ in range(10):
+        t.record_rate_limited(R, now)
+        now += 66
+    t.record_start(R, now, background=False)
+    assert t.may_start_live(R, now) == pytest.approx(10.0)
+
+
+def test_nothing_starts_during_the_cooldown():
+    t = tracker()
+    connect(t, 0)
+    t.record_rate_limited(R, 0)
+    assert t.may_start_live(R, 5) == 60
+    assert t.may_start_background(R, 5) == 60
+
+
+def test_query_rate_refusal_disables_nip77_for_the_session():
+    t = tracker()
+    connect(t, 0)
+    assert t.negentropy_allowed(R)
+    t.record_rate_limited(R, 1)
+    assert not t.negentropy_allowed(R)
+    t.record_disconnect(R, 2)
+    t.record_success(R, 100)  # a new session
+    assert t.negentropy_allowed(R)
+    assert t.may_start_live(R, 100) == 0  # the reactive gate reset too
+
+
+def test_non_query_rate_limit_keeps_nip77_and_no_reactive_gate():
+    t = tracker()
+    connect(t, 0)
+    t.record_rate_limited(R, 1, query_rate=False)
+    assert t.negentropy_allowed(R)
+    t.record_start(R, 70, background=False)
+    assert t.may_start_live(R, 70) == 0
+
+
+def test_disable_negentropy_after_neg_err():
+    t = tracker()
+    connect(t, 0)
+    t.disable_negentropy(R)
+    assert not t.negentropy_allowed(R)
+
+
+# -- policy refusals ---------------------------------------------------------------------
+
+
+def test_policy_refusal_pauses_coverage_for_24h_then_one_probe():
+    t = tracker()
+    t.record_policy_refusal(R, "layer2", now=0)
+    assert t.is_policy_paused(R, "layer2", DAY - 1)
+    assert not t.is_policy_paused(R, "layer3", 1)
+    assert t.due_policy_probes(DAY - 1) == []
+    assert t.due_policy_probes(DAY) == [(R, "layer2")]
+    assert t.due_policy_probes(DAY + 1) == []  # only one probe
+    assert not t.is_policy_paused(R, "layer2", DAY)
+
+
+def test_probe_refused_again_pauses_another_24h():
+    t = tracker()
+    t.record_policy_refusal(R, "layer2", now=0)
+    t.due_policy_probes(DAY)
+    t.record_policy_refusal(R, "layer2", now=DAY)
+    assert t.is_policy_paused(R, "layer2", 2 * DAY - 1)
+
+
+def test_policy_refusal_does_not_touch_connection_health():
+    t = tracker()
+    connect(t, 0)
+    t.record_policy_refusal(R, "layer2", now=1)
+    assert t.state(R, 1) is HealthState.HEALTHY
+
+
+# -- refusal classification --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "message, kind",
+    [
+        ("rate-limited: slow down", Refusal.RATE_LIMIT),
+        ("error: too many concurrent REQs", Refusal.RATE_LIMIT),
+        ("Too Many Requests", Refusal.RATE_LIMIT),
+        ("you are being throttled", Refusal.RATE_LIMIT),
+        ("please slow down", Refusal.RATE_LIMIT),
+        ("blocked: too many queries", Refusal.RATE_LIMIT),  # rate wording wins over policy
+        ("blocked: you are banned", Refusal.POLICY),
+        ("restricted: members only", Refusal.POLICY),
+        ("auth-required: we only serve authenticated users", Refusal.AUTH),
+        ("unsupported: filter contains unknown elements", Refusal.UNSUPPORTED),
+        ("error: could not connect to the database", Refusal.OTHER),
+        ("", Refusal.OTHER),
+    ],
+)
+def test_classify_message(message, kind):
+    assert classify_message(message) is kind
+
+
+def test_classify_refusal_takes_prefix_and_text():
+    assert classify_refusal("BLOCKED", "nope") is Refusal.POLICY
+    assert classify_refusal("rate-limited") is Refusal.RATE_LIMIT
+
+
+def test_split_prefix():
+    assert split_prefix("blocked: you are banned") == ("blocked", "you are banned")
+    assert split_prefix("no prefix here") == ("", "no prefix here")
+    assert split_prefix("error at 10:30 today") == ("", "error at 10:30 today")
