@@ -1,0 +1,137 @@
+"""Missing-event recovery: ids a relay advertised but did not deliver, fetched again later
+(SPEC §4; seed 001 "Missing-Event Recovery for Incomplete Batches").
+
+Pure: the manager asks ``next_attempt`` on its maintenance tick, sends the ``{ids:[…]}``
+REQ itself, and reports what arrived. Per relay: one attempt in flight, at most 300 ids per
+fetch, 30 s backoff doubling to 15 min. Progress resets the backoff; 12 attempts in a row
+that recover nothing drop the relay's ids (the daily sync will find the gap again). Ids
+that arrive by other means are cleared without using an attempt. An unreachable relay
+defers its attempts instead of spending them, so it neither expires its work nor spins.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from ..constants import (
+    MAX_IDS_PER_REQ,
+    RECOVERY_BASE_SECS,
+    RECOVERY_MAX_SECS,
+    RECOVERY_MAX_ZERO_PROGRESS,
+)
+
+
+@dataclass
+class _RelayRecovery:
+    pending: dict[str, None] = field(default_factory=dict)  # ordered set: oldest asked first
+    next_attempt_at: float = 0.0
+    zero_progress_attempts: int = 0
+    in_flight: tuple[str, ...] | None = None
+
+
+class MissingEventRecovery:
+    def __init__(
+        self,
+        base_delay: float = RECOVERY_BASE_SECS,
+        max_delay: float = RECOVERY_MAX_SECS,
+        max_zero_progress: int = RECOVERY_MAX_ZERO_PROGRESS,
+        ids_per_fetch: int = MAX_IDS_PER_REQ,
+    ):
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+        self.max_zero_progress = max_zero_progress
+        self.ids_per_fetch = ids_per_fetch
+        self._relays: dict[str, _RelayRecovery] = {}
+        self._gave_up: set[str] = set()  # relays whose ids were dropped since forget()
+
+    def add_missing(self, relay: str, ids: Iterable[str], now: float) -> None:
+        """Register ids a failed batch did not get; merged with any already pending."""
+        ids = list(ids)
+        if not ids:
+            return
+        r = self._relays.get(relay)
+        if r is None:
+            r = self._relays[relay] = _RelayRecovery(next_attempt_at=now + self.base_delay)
+        r.pending.update(dict.fromkeys(ids))
+
+    def next_attempt(self, relay: str, now: float, connected: bool = True) -> list[str] | None:
+        """Ids to fetch now, marking the attempt in flight; None if nothing is due.
+
+        A disconnected relay gets None and keeps its schedule: the attempt is deferred.
+        """
+        r = self._relays.get(relay)
+        if r is None or r.in_flight is not None or not connected or now < r.next_attempt_at:
+            return None
+        ids = list(r.pending)[: self.ids_per_fetch]
+        r.in_flight = tuple(ids)
+        return ids
+
+    def due_relays(self, now: float) -> list[str]:
+        """Relays with an attempt due (the caller still checks they are connected)."""
+        return sorted(
+            relay
+            for relay, r in self._relays.items()
+            if r.in_flight is None and now >= r.next_attempt_at
+        )
+
+    def record_result(self, relay: str, delivered_ids: Iterable[str], now: float) -> set[str]:
+        """The in-flight fetch ended (EOSE). Returns the ids dropped for good, if any."""
+        r = self._relays.get(relay)
+        if r is None:
+            return set()
+        r.in_flight = None
+        recovered = [i for i in delivered_ids if i in r.pending]
+        for event_id in recovered:
+            del r.pending[event_id]
+        if not r.pending:
+            del self._relays[relay]
+            return set()
+        if recovered:
+            r.zero_progress_attempts = 0
+            r.next_attempt_at = now + self.base_delay
+            return set()
+        r.zero_progress_attempts += 1
+        if r.zero_progress_attempts >= self.max_zero_progress:
+            del self._relays[relay]
+            self._gave_up.add(relay)
+            return set(r.pending)
+        delay = self.base_delay * 2 ** (r.zero_progress_attempts - 1)
+        r.next_attempt_at = now + min(delay, self.max_delay)
+        return set()
+
+    def cancel_attempt(self, relay: str) -> None:
+        """The relay disconnected mid-attempt: deferred, not counted, schedule unchanged."""
+        r = self._relays.get(relay)
+        if r is not None:
+            r.in_flight = None
+
+    def clear_arrived(self, ids: Iterable[str]) -> set[str]:
+        """Ids that arrived by other means (live sync, another relay). Returns the relays
+        this fully recovered."""
+        ids = set(ids)
+        recovered_relays = set()
+        for relay in list(self._relays):
+            r = self._relays[relay]
+            for event_id in ids & r.pending.keys():
+                del r.pending[event_id]
+            if not r.pending:
+                del self._relays[relay]
+                recovered_relays.add(relay)
+        return recovered_relays
+
+    def pending_ids(self, relay: str) -> set[str]:
+        r = self._relays.get(relay)
+        return set(r.pending) if r else set()
+
+    def pending_count(self) -> int:
+        return sum(len(r.pending) for r in self._relays.values())
+
+    def is_fully_recovered(self, relay: str) -> bool:
+        """Nothing pending and nothing given up on since the last ``forget``: the relay may
+        go back to Connected (if no unrelated batch failed — the caller knows that)."""
+        return relay not in self._relays and relay not in self._gave_up
+
+    def forget(self, relay: str) -> None:
+        """Fresh start or daily sync: historic sync will re-detect whatever is still missing."""
+        self._relays.pop(relay, None)
+        self._gave_up.discard(relay)

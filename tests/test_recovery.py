@@ -1,0 +1,179 @@
+"""Missing-event recovery (SPEC §4): bounded, backed-off, progress-aware retries per relay."""
+from gsync.sync.recovery import MissingEventRecovery
+
+A, B = "wss://a.example", "wss://b.example"
+
+
+def ids(n, start=0):
+    return [f"{i:064x}" for i in range(start, start + n)]
+
+
+def test_first_attempt_waits_the_base_delay():
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(3), now=0)
+    assert rec.next_attempt(A, now=29) is None
+    assert rec.next_attempt(A, now=30) == ids(3)
+
+
+def test_at_most_300_ids_per_fetch_oldest_first():
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(700), now=0)
+    assert rec.next_attempt(A, now=30) == ids(300)
+
+
+def test_one_attempt_in_flight_per_relay():
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(3), now=0)
+    rec.add_missing(B, ids(3), now=0)
+    assert rec.next_attempt(A, now=30)
+    assert rec.next_attempt(A, now=31) is None
+    assert rec.next_attempt(B, now=31)  # other relays are not held up
+    assert rec.due_relays(now=31) == []
+
+
+def test_progress_clears_recovered_ids_and_resets_backoff():
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(5), now=0)
+    rec.next_attempt(A, now=30)
+    rec.record_result(A, [], now=31)  # zero progress: 30 s
+    rec.next_attempt(A, now=61)
+    rec.record_result(A, [], now=62)  # zero progress: 60 s
+    assert rec.next_attempt(A, now=121) is None
+    rec.next_attempt(A, now=122)
+    assert rec.record_result(A, ids(2), now=123) == set()
+    assert rec.pending_ids(A) == set(ids(5)[2:])
+    assert rec.next_attempt(A, now=152) is None
+    assert rec.next_attempt(A, now=153) == ids(5)[2:]
+
+
+def test_backoff_doubles_to_15_minutes():
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(1), now=0)
+    now, waits = 30.0, []
+    for _ in range(10):
+        assert rec.next_attempt(A, now) is not None
+        rec.record_result(A, [], now)
+        nxt = now
+        while rec.next_attempt(A, nxt) is None:
+            nxt += 1
+        rec.cancel_attempt(A)
+        waits.append(nxt - now)
+        now = nxt
+    assert waits == [30, 60, 120, 240, 480, 900, 900, 900, 900, 900]
+
+
+def test_dropped_after_12_zero_progress_attempts():
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(4), now=0)
+    now = 0.0
+    for attempt in range(1, 13):
+        now += 1000
+        assert rec.next_attempt(A, now) is not None
+        dropped = rec.record_result(A, [], now)
+        if attempt < 12:
+            assert dropped == set()
+    assert dropped == set(ids(4))
+    assert rec.pending_ids(A) == set()
+    assert rec.next_attempt(A, now + 10_000) is None
+    assert not rec.is_fully_recovered(A)  # gave up: stays ConnectedHistoricSyncFailures
+
+
+def test_progress_resets_the_zero_progress_count():
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(20), now=0)
+    now = 0.0
+    for i in range(11):
+        now += 1000
+        rec.next_attempt(A, now)
+        rec.record_result(A, [], now)
+    now += 1000
+    rec.next_attempt(A, now)
+    rec.record_result(A, ids(1), now)  # progress
+    for i in range(11):
+        now += 1000
+        rec.next_attempt(A, now)
+        assert rec.record_result(A, [], now) == set()
+    assert len(rec.pending_ids(A)) == 19
+
+
+def test_full_recovery():
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(3), now=0)
+    assert not rec.is_fully_recovered(A)
+    rec.next_attempt(A, now=30)
+    rec.record_result(A, ids(3), now=31)
+    assert rec.is_fully_recovered(A)
+
+
+def test_unrequested_ids_in_a_result_are_ignored():
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(2), now=0)
+    rec.next_attempt(A, now=30)
+    rec.record_result(A, ids(5, start=100), now=31)  # nothing we wanted: zero progress
+    assert rec.pending_ids(A) == set(ids(2))
+
+
+def test_ids_arriving_by_other_means_are_cleared_without_an_attempt():
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(3), now=0)
+    rec.add_missing(B, ids(3, start=2), now=0)
+    assert rec.clear_arrived(ids(3)) == {A}
+    assert rec.is_fully_recovered(A)
+    assert rec.pending_ids(B) == set(ids(2, start=3))
+
+
+def test_arrival_during_an_attempt_then_result():
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(2), now=0)
+    rec.next_attempt(A, now=30)
+    rec.clear_arrived(ids(2))
+    assert rec.record_result(A, [], now=31) == set()
+    assert rec.is_fully_recovered(A)
+
+
+def test_disconnected_relay_defers_without_counting():
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(2), now=0)
+    for now in range(30, 100_000, 1000):
+        assert rec.next_attempt(A, now, connected=False) is None
+    assert rec.next_attempt(A, now=100_000) == ids(2)
+
+
+def test_disconnect_mid_attempt_is_not_counted():
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(2), now=0)
+    for i in range(20):
+        assert rec.next_attempt(A, now=30 + i) is not None
+        rec.cancel_attempt(A)
+    assert rec.pending_ids(A) == set(ids(2))
+
+
+def test_duplicate_incomplete_reports_merge():
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(3), now=0)
+    rec.add_missing(A, ids(3, start=2), now=20)
+    assert rec.pending_ids(A) == set(ids(5))
+    assert rec.next_attempt(A, now=30) == ids(5)  # the schedule was not pushed back
+    assert rec.pending_count() == 5
+
+
+def test_forget_resets_a_relay_for_a_fresh_start():
+    rec = MissingEventRecovery(max_zero_progress=1)
+    rec.add_missing(A, ids(1), now=0)
+    rec.next_attempt(A, now=30)
+    rec.record_result(A, [], now=30)
+    assert not rec.is_fully_recovered(A)
+    rec.forget(A)
+    assert rec.is_fully_recovered(A)
+
+
+def test_result_for_unknown_relay_is_harmless():
+    assert MissingEventRecovery().record_result(A, ids(1), now=0) == set()
+
+
+def test_due_relays_lists_relays_with_an_attempt_due():
+    rec = MissingEventRecovery()
+    rec.add_missing(B, ids(1), now=0)
+    rec.add_missing(A, ids(1), now=10)
+    assert rec.due_relays(now=35) == [B]
+    assert rec.due_relays(now=40) == [A, B]
