@@ -146,6 +146,16 @@ def test_rename_subscription_carries_pagination():
     assert b.is_complete
 
 
+def test_restarted_page_does_not_count_events_twice():
+    b = batch()
+    b.add_subscription("s1", [ISSUES])
+    first_half = page(1621, 1000, 50)
+    feed(b, "s1", first_half)
+    b.restart_page("s1")  # CLOSED rate-limited: the same page goes out again
+    feed(b, "s1", first_half + page(1621, 950, 10))
+    assert b.on_eose("s1") == []  # 60 events, not 110: that was the last page
+
+
 def test_id_filters_never_paginate():
     events = page(1621, 1000, 100)
     b = batch()

@@ -64,6 +64,11 @@ class FilterPaginationState:
             self.ids_at_min.add(event.id)
         return True
 
+    def restarted(self) -> FilterPaginationState:
+        return FilterPaginationState(
+            self.original_filter, self.page_filter, boundary_ids=self.boundary_ids
+        )
+
     def next_page(self) -> FilterPaginationState | None:
         """The state for the next page, or None when this filter is exhausted."""
         if self.page_filter.ids is not None:
@@ -177,6 +182,13 @@ class PendingBatch:
             self.outstanding_subs.add(new)
         if old in self.pagination:
             self.pagination[new] = self.pagination.pop(old)
+
+    def restart_page(self, sub_id: str) -> None:
+        """The current page will be sent again (its sub was refused for rate): forget what
+        it delivered so far, or re-delivered events would be counted twice."""
+        state = self.pagination.get(sub_id)
+        if state is not None:
+            state.filters = [s.restarted() for s in state.filters]
 
     def filters_of(self, sub_id: str) -> list[Filter]:
         state = self.pagination.get(sub_id)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Iterable, Iterator
 
 from ..constants import MAX_RELAYS_PER_ANNOUNCEMENT, PURGATORY_TTL_SECS, ROOT_KINDS
@@ -79,6 +80,12 @@ def _clone_host_port(url: str) -> str | None:
 
 def normalize_domains(domains: Iterable[str]) -> frozenset[str]:
     """Configured public names in ``host_port`` form; unusable entries are skipped."""
+    return _normalize_domains(tuple(domains))
+
+
+@lru_cache(maxsize=16)
+def _normalize_domains(domains: tuple[str, ...]) -> frozenset[str]:
+    # Cached: layer 1 asks about every announcement on the network with the same config.
     out = set()
     for domain in domains:
         try:
