@@ -28,8 +28,9 @@ def nip11_http_url(ws_url: str) -> str:
 def fetch_relay_limits(ws_url: str, timeout: float = 5.0, max_bytes: int = 64 * 1024) -> RelayLimits:
     """The relay's NIP-11 limits, or defaults when they cannot be had within the bounds.
 
-    ``timeout`` bounds the whole fetch, not just each read, so a relay that trickles bytes
-    cannot hold a handshake worker.
+    ``timeout`` bounds connecting, each read, and the whole body, so a relay that trickles
+    bytes cannot hold a handshake worker. (Headers trickled byte by byte are bounded only
+    per read; the caller's own handshake deadline covers that.)
     """
     try:
         body = _fetch_body(nip11_http_url(ws_url), timeout, max_bytes)
@@ -54,8 +55,11 @@ def _fetch_body(url: str, timeout: float, max_bytes: int) -> bytes:
         declared = response.headers.get("Content-Length", "")
         if declared.isdigit() and int(declared) > max_bytes:
             raise ValueError(f"document of {declared} bytes exceeds {max_bytes}")
+        # read1 returns what has arrived, so the deadline is checked between trickled bytes;
+        # read (urllib3 < 2.3) waits for a full chunk and only the per-read timeout applies.
+        read_some = getattr(response.raw, "read1", None) or response.raw.read
         body = bytearray()
-        for chunk in response.iter_content(chunk_size=8192):
+        while chunk := read_some(8192, decode_content=True):
             body += chunk
             if len(body) > max_bytes:
                 raise ValueError(f"document exceeds {max_bytes} bytes")

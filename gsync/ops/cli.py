@@ -1,0 +1,106 @@
+"""The ``gsync`` command: run, check-config, status, demo (SPEC §7).
+
+Commands that open sockets (``run``, ``demo``) need gevent's monkey patching before anything
+imports ``socket`` or ``ssl`` — structlog and requests both do — so this module imports
+nothing at the top but argparse, and patches before importing the rest. ``status`` and
+``demo`` own their options: they get the remaining command-line arguments as a list.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+DEFAULT_CONFIG_PATH = "/etc/gsync/gsync.ini"
+_NETWORK_COMMANDS = ("run", "demo")
+_DELEGATED_COMMANDS = ("status", "demo")
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_CONFIG = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gsync", description="GRASP-02 proactive sync worker")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, help_text in (
+        ("run", "sync the own relay until stopped"),
+        ("check-config", "check a config file and print the effective configuration"),
+    ):
+        command = commands.add_parser(name, help=help_text)
+        command.add_argument("--config", default=DEFAULT_CONFIG_PATH, metavar="FILE",
+                             help=f"INI file (default {DEFAULT_CONFIG_PATH})")
+    # No help of their own: ``gsync status --help`` reaches the status command's parser.
+    commands.add_parser("status", help="show the relays of the running instance", add_help=False)
+    commands.add_parser("demo", help="sync a self-contained sandbox and show progress", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command in _NETWORK_COMMANDS:
+        _patch_for_gevent()
+    if args.command in _DELEGATED_COMMANDS:
+        return _delegate(args.command, rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "check-config":
+        return _check_config(args.config)
+    return _run(args.config)
+
+
+def _patch_for_gevent() -> None:
+    from gevent import monkey
+
+    if not monkey.is_module_patched("socket"):  # bin/gsync has already patched
+        monkey.patch_all()
+
+
+def _load(path: str):
+    """The config at ``path``, or None after printing every error to stderr."""
+    from .config import ConfigErrors, load_config
+
+    try:
+        return load_config(path)
+    except ConfigErrors as exc:
+        for error in exc.errors:
+            print(error, file=sys.stderr)
+        return None
+
+
+def _check_config(path: str) -> int:
+    config = _load(path)
+    if config is None:
+        return EXIT_BAD_CONFIG
+    sys.stdout.write(config.describe())
+    return EXIT_OK
+
+
+def _run(path: str) -> int:
+    config = _load(path)
+    if config is None:
+        return EXIT_BAD_CONFIG
+    from .logging import configure_logging
+
+    configure_logging(config.log.level, config.log.format)
+    try:
+        from ..io.runner import run
+    except ImportError as exc:
+        print(f"gsync: cannot start the sync worker: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    result = run(config)
+    return result if isinstance(result, int) else EXIT_OK
+
+
+def _delegate(command: str, rest: list[str]) -> int:
+    import importlib
+
+    try:
+        module = importlib.import_module(f"gsync.ops.{command}")
+    except ImportError as exc:
+        print(f"gsync {command}: not available: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    result = module.main(rest)
+    return result if isinstance(result, int) else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
