@@ -126,7 +126,12 @@ def publish(url: str, events, per_connection: int = 4000, timeout: float = 60.0)
 
 
 def fetch_all(url: str, filt: dict, timeout: float = 30.0) -> list[dict]:
-    """Every event matching ``filt``, paginating with ``until`` past the relay's per-REQ cap."""
+    """Every event matching ``filt``, paginating with ``until`` past the relay's per-REQ cap
+    (and asking for long id lists in chunks, which the cap applies to as well)."""
+    ids = filt.get("ids")
+    if ids is not None and len(ids) > 400:
+        chunks = [dict(filt, ids=ids[i : i + 400]) for i in range(0, len(ids), 400)]
+        return [e for chunk in chunks for e in fetch_all(url, chunk, timeout)]
     seen: dict[str, dict] = {}
     ws = _connect(url, timeout)
     try:

@@ -1,0 +1,145 @@
+"""The sync engine end to end: real LocalRelays (own + remotes) and gsync as a subprocess."""
+import pytest
+
+from gsync.sync.repos import repo_address
+
+from . import factory as f
+from .relays import ids_on, publish, wait_until
+
+alice, bob, carol = f.Author.named("alice"), f.Author.named("bob"), f.Author.named("carol")
+
+
+def our_announcement(own, remotes, d="proj", author=alice, **kw):
+    """An announcement that lists our service (clone + relay on the own relay's host:port)."""
+    host = f"127.0.0.1:{own.port}"
+    return f.announcement(
+        author, d, clone=[f"http://{host}/{author.pubkey}/{d}.git"],
+        relays=[f"ws://{host}", *(r.url for r in remotes)], **kw,
+    )
+
+
+def assert_arrives(own, events, timeout=45, what="events"):
+    want = {e.id for e in events}
+    wait_until(lambda: want <= ids_on(own.url, {"ids": sorted(want)}), timeout=timeout, what=what)
+
+
+def test_announcement_brings_full_history_from_both_remotes(relay_factory, gsync_factory):
+    own, a, b = relay_factory(), relay_factory(), relay_factory()
+    repo = our_announcement(own, [a, b])
+    state = f.state(alice, "proj")
+    bug = f.issue(bob, repo)
+    reply = f.comment(alice, bug, content="can you share logs?")
+    reply2 = f.comment(bob, bug, reply, content="sure")
+    series = f.patch(bob, repo)
+    series2 = f.patch(bob, repo, reply_to=series)
+    merged = f.status(alice, series, f.KIND_STATUS_APPLIED)
+    pull = f.pr(carol, repo)
+    pull_update = f.pr_update(carol, pull)
+    quoted = f.quote(carol, bug)
+    publish(a.url, [repo, state, bug, reply, series, merged])
+    publish(b.url, [repo, reply2, series2, pull, pull_update, quoted])
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [a, b])
+    assert_arrives(own, [state, bug, reply, reply2, series, series2, merged, pull, pull_update, quoted])
+    status = gsync.status()
+    assert {r["relay"] for r in status["relays"]} == {a.url, b.url}
+    assert gsync.metric("ngit_sync_events_synced_total") >= 10
+
+
+def _route_event(route: str, repo, root):
+    """A kind-1 note reaching the repo by exactly one tag route, nothing else."""
+    addr = repo.address
+    tags = {
+        "a": [["a", addr]],
+        "A": [["A", addr]],
+        "q-address": [["q", addr]],
+        "e": [["e", root.id]],
+        "E": [["E", root.id]],
+        "q-id": [["q", root.id]],
+    }[route]
+    return carol.sign(1, tags, f"reaches the repo by {route}")
+
+
+@pytest.mark.parametrize("route", ["a", "A", "q-address", "e", "E", "q-id"])
+def test_each_tag_route_is_synced(route, relay_factory, gsync_factory):
+    own, remote = relay_factory(), relay_factory()
+    repo = our_announcement(own, [remote], d=f"route-{route}")
+    root = f.issue(bob, repo)
+    event = _route_event(route, repo, root)
+    publish(remote.url, [repo, root, event])
+    publish(own.url, [repo])
+    gsync_factory(own, [remote])
+    assert_arrives(own, [root, event], what=f"the {route} route")
+
+
+def test_repository_found_through_layer1_is_delivered_then_synced(relay_factory, gsync_factory):
+    own, remote = relay_factory(), relay_factory()
+    # The own relay knows nothing yet; the remote (a bootstrap relay) has an announcement
+    # listing us, and its issues.
+    repo = our_announcement(own, [remote], d="found-on-remote")
+    bug = f.issue(bob, repo)
+    publish(remote.url, [repo, bug])
+    gsync_factory(own, [], bootstrap=[remote])
+    assert_arrives(own, [repo, bug], what="layer-1 discovery then layer-2 sync")
+
+
+def test_live_event_published_after_sync_arrives(relay_factory, gsync_factory):
+    own, remote = relay_factory(), relay_factory()
+    repo = our_announcement(own, [remote])
+    publish(remote.url, [repo])
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+    wait_until(
+        lambda: any(r["status"] in ("connected", "syncing") and r["subscriptions"] >= 2
+                    for r in gsync.status()["relays"]),
+        timeout=30, what="live subscriptions",
+    )
+    wait_until(lambda: gsync.status()["relays"][0]["status"] == "connected", timeout=30,
+               what="historic sync complete")
+    late = f.issue(bob, repo, subject="found after sync")
+    publish(remote.url, [late])
+    assert_arrives(own, [late], timeout=20, what="the live event")
+
+
+def test_announcement_not_listing_us_is_ignored(relay_factory, gsync_factory):
+    own, remote, elsewhere = relay_factory(), relay_factory(), relay_factory()
+    ours = our_announcement(own, [remote], d="ours")
+    theirs = f.announcement(
+        carol, "theirs", clone=["https://git.example.org/carol/theirs.git"],
+        relays=["wss://relay.example.org", elsewhere.url],
+    )
+    publish(remote.url, [ours, theirs])
+    publish(own.url, [ours])
+    gsync = gsync_factory(own, [remote, elsewhere])
+    wait_until(lambda: gsync.status()["relays"] and all(
+        r["status"] == "connected" for r in gsync.status()["relays"]), timeout=40, what="sync done")
+    assert theirs.id not in ids_on(own.url, {"kinds": [30617]})
+    dialled = {r["relay"] for r in gsync.status()["relays"]}
+    assert dialled == {remote.url}
+    assert gsync.metric("gsync_events_dropped_total", reason="layer1_not_ours") >= 1
+
+
+def test_pagination_past_localrelay_500_event_cap(relay_factory, gsync_factory):
+    own, remote = relay_factory(), relay_factory()
+    repo = our_announcement(own, [remote], d="busy")
+    issues = [f.issue(bob, repo, subject=f"issue {i}") for i in range(1500)]
+    publish(remote.url, [repo, *issues])
+    publish(own.url, [repo])
+    gsync_factory(own, [remote])
+    assert_arrives(own, issues, timeout=90, what="1,500 issues through one #a filter")
+
+
+def test_own_relay_restart_mid_sync_loses_nothing(relay_factory, gsync_factory, tmp_path):
+    own = relay_factory(lmdb=str(tmp_path / "own-db"))
+    remote = relay_factory()
+    repo = our_announcement(own, [remote], d="restart")
+    issues = [f.issue(bob, repo, subject=f"issue {i}") for i in range(3000)]
+    publish(remote.url, [repo, *issues])
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+    wait_until(lambda: len(ids_on(own.url, {"kinds": [1621]})) >= 300, timeout=60,
+               what="sync under way")
+    own.kill()
+    own.start()  # same port, same database
+    assert_arrives(own, issues, timeout=120, what="every issue after the restart")
+    assert gsync.proc.poll() is None
