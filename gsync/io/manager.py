@@ -277,17 +277,63 @@ class SyncManager:
 
     def start_sync(self, state: RelayState, items: PendingItems, since: int | None, confirm=True) -> None:
         """Live and historic subscriptions for new items (``handle_new_sync_filters``)."""
-        budget = filter_plan.tag_value_budget(state.limits)
-        filters = filter_plan.build_sync_level_aware_filters(
-            items.repos, items.root_events, since=since, budget=budget
-        )
+        filters = self.filters_for(state, items, since)
         if not filters:
             return
-        for group in filter_plan.pack_into_reqs(filter_plan.live(filters), state.limits):
+        self.subscribe_live(state, filter_plan.live(filters))
+        self.start_historic(state, items if confirm else PendingItems(), filters)
+
+    def filters_for(self, state: RelayState, items: PendingItems, since: int | None):
+        budget = filter_plan.tag_value_budget(state.limits)
+        return filter_plan.build_sync_level_aware_filters(
+            items.repos, items.root_events, since=since, budget=budget
+        )
+
+    def subscribe_live(self, state: RelayState, live_filters) -> None:
+        groups = filter_plan.pack_into_reqs(live_filters, state.limits)
+        budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
+        active = sum(1 for sub in state.live_subs.values() if not sub.control)
+        baseline = self.live_baseline(state)
+        if budget.needs_consolidation(active, baseline, adding=len(groups)):
+            self.consolidate(state)
+            return
+        for group in groups:
             sub_id = f"live-{next(self._ids)}"
             state.live_subs[sub_id] = LiveSub(tuple(group))
             state.conn.subscribe(sub_id, group)
-        self.start_historic(state, items if confirm else PendingItems(), filters)
+
+    def desired_live_items(self, state: RelayState) -> PendingItems:
+        items = state.confirmed.copy()
+        for batch in state.pending.values():
+            items.add(batch.items)
+        return items
+
+    def live_baseline(self, state: RelayState) -> int:
+        wanted = self.filters_for(state, self.desired_live_items(state), None)
+        return filter_plan.live_baseline(wanted, state.limits)
+
+    def consolidate(self, state: RelayState) -> None:
+        """Replace fragmented live subscriptions with the fewest that cover everything.
+
+        The design waits for pending batches first; here live coverage is rebuilt from
+        confirmed *and* pending items at once, so nothing in flight loses its live stream.
+        What does not fit the relay's budget is left to historic sync (logged).
+        """
+        for sub_id in [s for s, sub in state.live_subs.items() if not sub.control]:
+            del state.live_subs[sub_id]
+            state.conn.unsubscribe(sub_id)
+        live = filter_plan.live(self.filters_for(state, self.desired_live_items(state), None))
+        groups = filter_plan.pack_into_reqs(live, state.limits)
+        budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
+        if len(groups) > budget.live_slots:
+            log.warning("live_budget_exceeded", relay=state.url, wanted=len(groups),
+                        slots=budget.live_slots)
+            groups = groups[: budget.live_slots]
+        for group in groups:
+            sub_id = f"live-{next(self._ids)}"
+            state.live_subs[sub_id] = LiveSub(tuple(group))
+            state.conn.subscribe(sub_id, group)
+        log.info("consolidated", relay=state.url, live_subscriptions=len(groups))
 
     def start_historic(self, state: RelayState, items: PendingItems, filters, layer1=False) -> None:
         batch = PendingBatch(next(self._ids), items)
@@ -303,9 +349,18 @@ class SyncManager:
             self.confirm_batch(state, batch)
 
     def pump_historic(self, state: RelayState) -> None:
-        """Start queued historic REQs while the relay's transient budget allows."""
-        open_historic = sum(1 for s in state.sub_to_batch if s in state.conn.subscriptions) if state.conn else 0
-        while state.historic_queue and state.connected and open_historic < MAX_HISTORIC_SUBS:
+        """Start queued historic REQs while the relay's subscription budget allows.
+
+        Nothing starts while the own relay is down: what would be fetched could not be
+        delivered (the catch-up after the outage covers it).
+        """
+        if not state.connected or self.own_down_since is not None:
+            return
+        budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
+        room = budget.max_subscriptions - len(state.live_subs) - 1
+        limit = max(1, min(MAX_HISTORIC_SUBS, room))
+        open_historic = sum(1 for s in state.sub_to_batch if s in state.conn.subscriptions)
+        while state.historic_queue and open_historic < limit:
             sub_id, group = state.historic_queue.pop(0)
             if sub_id not in state.sub_to_batch:
                 continue
@@ -525,6 +580,8 @@ class SyncManager:
         log.info("own_relay_up", down_since=since)
         if since is None:
             return
+        for state in self.relays.values():
+            self.pump_historic(state)
         # Catch up everything that may have been held back or dropped while it was down.
         catch_up = int(since) - constants.RECONNECT_OVERLAP_SECS
         for state in self.relays.values():
