@@ -112,6 +112,14 @@ class CompletionRecheck:
 
 
 @dataclass(slots=True)
+class HistoricSlotDue:
+    """The pacing gate allows this relay's next background start now."""
+
+    relay: str
+    session: int
+
+
+@dataclass(slots=True)
 class Stop:
     reason: str = "stop"
     extra: dict = field(default_factory=dict)

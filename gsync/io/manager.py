@@ -36,6 +36,7 @@ from .events import (
     DeliveryAnswered,
     HandshakeDone,
     HandshakeStarted,
+    HistoricSlotDue,
     NegentropyFinished,
     OwnEvent,
     OwnRelayState,
@@ -99,6 +100,7 @@ class SyncManager:
             DeliveryAnswered: self.on_delivery_answered,
             BatchWindowClosed: self.on_batch_window_closed,
             CompletionRecheck: self.on_completion_recheck,
+            HistoricSlotDue: self.on_historic_slot_due,
             Tick: self.on_tick,
         }
         for url in sync.bootstrap_relays:
@@ -349,10 +351,12 @@ class SyncManager:
             self.confirm_batch(state, batch)
 
     def pump_historic(self, state: RelayState) -> None:
-        """Start queued historic REQs while the relay's subscription budget allows.
+        """Start queued historic REQs while the relay's budget and pacing allow.
 
-        Nothing starts while the own relay is down: what would be fetched could not be
-        delivered (the catch-up after the outage covers it).
+        Every historic, pagination, id-fetch and retry start is a background start: the
+        health tracker's gates space them (1 s per connection, longer after a rate-limit
+        refusal, none during a cooldown). Nothing starts while the own relay is down: what
+        would be fetched could not be delivered (the catch-up after the outage covers it).
         """
         if not state.connected or self.own_down_since is not None:
             return
@@ -361,11 +365,25 @@ class SyncManager:
         limit = max(1, min(MAX_HISTORIC_SUBS, room))
         open_historic = sum(1 for s in state.sub_to_batch if s in state.conn.subscriptions)
         while state.historic_queue and open_historic < limit:
+            now = self.clock()
+            wait = self.health.may_start_background(state.url, now)
+            if wait > 0:
+                if not state.slot_wakeup_scheduled:
+                    state.slot_wakeup_scheduled = True
+                    gevent.spawn_later(wait, self.post, HistoricSlotDue(state.url, state.session))
+                return
             sub_id, group = state.historic_queue.pop(0)
             if sub_id not in state.sub_to_batch:
                 continue
+            self.health.record_start(state.url, now, background=True)
             state.conn.subscribe(sub_id, group)
             open_historic += 1
+
+    def on_historic_slot_due(self, msg: HistoricSlotDue) -> None:
+        state = self._current(msg.relay, msg.session)
+        if state is not None:
+            state.slot_wakeup_scheduled = False
+            self.pump_historic(state)
 
     # -- remote traffic -----------------------------------------------------------------
 
@@ -450,12 +468,13 @@ class SyncManager:
             batch = state.pending[batch_id]
             filters = batch.filters_of(sub_id)
             if rate_limited and filters:
-                # Retry the same page later: the gate below spaces it out.
+                # The same page again once the cooldown and the reactive gate allow it.
                 new_id = f"h{batch_id}-{next(self._ids)}"
                 batch.rename_subscription(sub_id, new_id)
+                batch.restart_page(new_id)
                 state.sub_to_batch[new_id] = batch_id
-                gevent.spawn_later(constants.RATE_LIMIT_COOLDOWN_SECS / 13, self._requeue_historic,
-                                   state, state.session, new_id, filters)
+                state.historic_queue.insert(0, (new_id, filters))
+                self.pump_historic(state)
                 return
             batch.on_closed(sub_id)
             if batch.is_complete:
@@ -465,11 +484,6 @@ class SyncManager:
         if live is not None and rate_limited:
             gevent.spawn_later(constants.RATE_LIMIT_COOLDOWN_SECS, self._resubscribe_live,
                                state, state.session, sub_id, live)
-
-    def _requeue_historic(self, state, session, sub_id, filters) -> None:
-        if state.session == session and state.connected and sub_id in state.sub_to_batch:
-            state.historic_queue.insert(0, (sub_id, filters))
-            self.pump_historic(state)
 
     def _resubscribe_live(self, state, session, sub_id, live) -> None:
         if state.session == session and state.connected:

@@ -57,6 +57,7 @@ class RelayState:
     last_error: str = ""
     events_delivered: int = 0
     completion_check_scheduled: bool = False
+    slot_wakeup_scheduled: bool = False
 
     @property
     def connected(self) -> bool:
@@ -69,6 +70,7 @@ class RelayState:
         return self.disconnected_at is None or now - self.disconnected_at > QUICK_RECONNECT_SECS
 
     def clear_pending(self) -> None:
+        self.slot_wakeup_scheduled = False
         self.pending.clear()
         self.sub_to_batch.clear()
         self.historic_queue.clear()

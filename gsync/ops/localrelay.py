@@ -1,0 +1,149 @@
+"""A nostr-sdk ``LocalRelay`` on a loopback port, in a process of its own (for ``gsync demo``).
+
+LocalRelay runs on asyncio and must never share a process with gevent's monkey patching, so
+``LocalRelayProcess`` starts ``python -m gsync.ops.localrelay '<json options>'``; that child
+prints ``READY <url>`` once it listens and serves until SIGTERM or until its stdin closes
+(the parent died). Only the child imports ``nostr_sdk`` (the optional extra ``gsync[demo]``).
+
+Options: ``port`` (required), ``max_reqs`` and ``notes_per_minute`` (LocalRelay's own
+defaults — 60 events a minute — are far too low for seeding or for an own relay that gsync
+writes to, so they are raised unless given).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+INSTALL_HINT = "pip install 'gsync[demo]'"
+
+
+def available() -> bool:
+    """True when nostr-sdk (LocalRelay) is installed."""
+    return importlib.util.find_spec("nostr_sdk") is not None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _package_root() -> str:
+    """The directory holding the ``gsync`` package, so the child imports this same gsync."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def child_env() -> dict:
+    """The environment for child processes: this gsync first on the import path."""
+    env = dict(os.environ)
+    paths = [_package_root()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
+
+
+class LocalRelayProcess:
+    def __init__(self, port: int | None = None, *, log_path: str | None = None, **options):
+        self.port = port or free_port()
+        self.log_path = log_path
+        self.options = dict(options, port=self.port)
+        self.url = f"ws://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 20.0) -> "LocalRelayProcess":
+        # stderr goes to a file (or nowhere), never to a pipe nobody reads.
+        err = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gsync.ops.localrelay", json.dumps(self.options)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                text=True, env=child_env(),
+            )
+        finally:
+            if self.log_path:
+                err.close()
+        line = self.proc.stdout.readline()
+        if not line.startswith("READY"):
+            self.stop()
+            detail = line.strip() or "no READY line"
+            if self.log_path:
+                with open(self.log_path, errors="replace") as fh:
+                    detail = fh.read().strip()[-500:] or detail
+            raise RuntimeError(f"LocalRelay on port {self.port} did not start: {detail}")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"LocalRelay on port {self.port} is not accepting connections")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            try:
+                stream.close()
+            except Exception:
+                pass
+
+
+# -- the child ------------------------------------------------------------------------------
+
+
+async def _serve(opts: dict) -> None:
+    import asyncio
+    import signal
+
+    from nostr_sdk import LocalRelayBuilder, RateLimit
+
+    builder = LocalRelayBuilder().addr("127.0.0.1").port(int(opts["port"]))
+    builder = builder.rate_limit(
+        RateLimit(
+            max_reqs=int(opts.get("max_reqs", 100_000)),
+            notes_per_minute=int(opts.get("notes_per_minute", 10_000_000)),
+        )
+    )
+    relay = builder.build()
+    await relay.run()
+    print("READY", await relay.url(), flush=True)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    try:  # the parent closing our stdin (it died) stops us too
+        loop.add_reader(sys.stdin.fileno(), lambda: stop.set() if not sys.stdin.readline() else None)
+    except (OSError, ValueError):
+        pass
+    await stop.wait()
+    relay.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import asyncio
+
+    argv = sys.argv[1:] if argv is None else argv
+    if not available():
+        print(f"LocalRelay needs nostr-sdk: {INSTALL_HINT}", file=sys.stderr, flush=True)
+        return 1
+    asyncio.run(_serve(json.loads(argv[0]) if argv else {"port": free_port()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
