@@ -1,0 +1,586 @@
+"""A scriptable websocket relay for misbehaviour no real relay produces.
+
+A minimal RFC 6455 server on raw sockets and threads (no dependency beyond gsync's own
+protocol modules), run in-process by a test on a free 127.0.0.1 port:
+
+    relay = ScriptedRelay(events, page_size=100).start()
+    ...                                  # relay.url, relay.port
+    relay.broadcast(event)               # live: stored, and sent to matching open subs
+    relay.received                       # every client frame, decoded, in arrival order
+    relay.stop()
+
+What it does by default is plain NIP-01: ``REQ`` is answered from the store, per filter the
+newest events first, at most ``page_size`` per filter (and at most the filter's ``limit``;
+``limit: 0`` sends nothing stored), then ``EOSE``; ``CLOSE`` ends a subscription; ``EVENT``
+from the client is stored and answered with ``OK``. It never serves NIP-11 (an HTTP GET
+without an upgrade gets ``404``) unless given a document.
+
+Knobs for misbehaviour:
+
+- ``extra_frames_for_req(relay, conn, sub_id, filters) -> frames``: frames injected into a
+  subscription's answer, after the stored events and before ``EOSE`` (forged events, junk,
+  events that match no filter). ``filters`` are parsed ``Filter`` objects. A frame is a
+  ``str`` (sent as a text frame as is), a ``list``/``dict`` (JSON-encoded text frame),
+  ``bytes`` (a binary frame) or ``Raw(bytes)`` (written to the socket verbatim).
+- ``hang_handshake=True``: accept the TCP connection, read the HTTP upgrade request, never
+  answer it (until the client hangs up or the relay stops).
+- ``handshake_gauge``: a ``HandshakeGauge`` shared by several relays. Every accepted
+  connection counts as a pending handshake until its HTTP request is answered (or the client
+  hangs up), so a test can assert how many handshakes a client had in flight at once across
+  many relays. Each relay gets its own gauge when none is given.
+- ``negentropy``: how ``NEG-OPEN`` is met: ``"err"`` (``NEG-ERR``, the default), ``"ignore"``
+  (no answer at all), ``"notice"`` (a ``NOTICE`` about negentropy), or a handler object or
+  callable ``handler(relay, conn, message) -> frames`` that gets every ``NEG-OPEN``,
+  ``NEG-MSG`` and ``NEG-CLOSE`` (the hook for a real NIP-77 implementation).
+- ``on_message(relay, conn, message) -> frames | None``: sees every decoded client message
+  first; returning anything other than ``None`` means "handled" (its frames are sent).
+- ``answer_close``: answer ``CLOSE`` with ``CLOSED`` as LocalRelay does.
+- ``nip11``: a dict served as the NIP-11 document.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import itertools
+import json
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from gsync.protocol.event import Event, EventError, parse_event
+from gsync.protocol.filters import Filter
+
+WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+MAX_HTTP_REQUEST = 64 * 1024
+MAX_FRAME = 16 * 1024 * 1024
+
+OP_CONT, OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
+
+
+@dataclass(frozen=True)
+class Raw:
+    """Bytes written to the socket as they are: not even a frame header."""
+
+    data: bytes
+
+
+class HandshakeGauge:
+    """Connections accepted whose opening HTTP request is not answered yet, across relays.
+
+    ``max`` is the most ever pending at once. A healthy relay leaves the gauge before it
+    writes its answer (so a client that moves on cannot overlap itself); a hanging relay
+    leaves it when the client hangs up.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.current = 0
+        self.max = 0
+        self.total = 0
+        self.history: list[tuple[float, int]] = []  # (monotonic time, pending after change)
+
+    def enter(self) -> None:
+        with self._lock:
+            self.current += 1
+            self.total += 1
+            self.max = max(self.max, self.current)
+            self.history.append((time.monotonic(), self.current))
+
+    def leave(self) -> None:
+        with self._lock:
+            self.current -= 1
+            self.history.append((time.monotonic(), self.current))
+
+
+class _Closed(Exception):
+    pass
+
+
+def _unmask(data: bytes, mask: bytes) -> bytes:
+    n = len(data)
+    if not n:
+        return data
+    key = (mask * (n // 4 + 1))[:n]
+    return (int.from_bytes(data, "big") ^ int.from_bytes(key, "big")).to_bytes(n, "big")
+
+
+def _frame(opcode: int, payload: bytes, fin: bool = True) -> bytes:
+    head = bytearray([(0x80 if fin else 0) | opcode])
+    n = len(payload)
+    if n < 126:
+        head.append(n)
+    elif n < 1 << 16:
+        head.append(126)
+        head += struct.pack("!H", n)
+    else:
+        head.append(127)
+        head += struct.pack("!Q", n)
+    return bytes(head) + payload
+
+
+def _event_dict(event) -> dict:
+    return event.to_dict() if hasattr(event, "to_dict") else dict(event)
+
+
+class Connection:
+    """One client session (after the upgrade). ``subs`` maps sub id → parsed filters."""
+
+    def __init__(self, relay: "ScriptedRelay", conn_id: int, sock: socket.socket, rfile):
+        self.relay = relay
+        self.id = conn_id
+        self.sock = sock
+        self.rfile = rfile
+        self.subs: dict[str, list[Filter]] = {}
+        self.open = True
+        self._send_lock = threading.Lock()
+
+    # -- sending (any thread) ------------------------------------------------------------
+
+    def send_frame(self, frame) -> None:
+        if isinstance(frame, Raw):
+            data = frame.data
+        elif isinstance(frame, (bytes, bytearray)):
+            data = _frame(OP_BINARY, bytes(frame))
+        elif isinstance(frame, str):
+            data = _frame(OP_TEXT, frame.encode("utf-8", "surrogatepass"))
+        else:
+            data = _frame(OP_TEXT, json.dumps(frame, ensure_ascii=False).encode("utf-8"))
+        self._write(data)
+
+    def send_frames(self, frames: Iterable | None) -> None:
+        for frame in frames or ():
+            self.send_frame(frame)
+
+    def send(self, *message) -> None:
+        """A relay message as JSON: ``conn.send("NOTICE", "hello")``."""
+        self.send_frame(list(message))
+
+    def _write(self, data: bytes) -> None:
+        if not self.open:
+            return
+        with self._send_lock:
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                self.open = False
+
+    def close(self, code: int = 1000) -> None:
+        """A clean websocket close, then the socket."""
+        if self.open:
+            self._write(_frame(OP_CLOSE, struct.pack("!H", code)))
+        self.drop()
+
+    def drop(self) -> None:
+        """Hang up without a close frame, as a crashed relay would."""
+        self.open = False
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    # -- reading (its own thread) --------------------------------------------------------
+
+    def _read(self, n: int) -> bytes:
+        data = self.rfile.read(n) if n else b""
+        if len(data) < n:
+            raise _Closed()
+        return data
+
+    def read_message(self) -> tuple[int, bytes]:
+        """The next data message (text or binary), answering control frames on the way."""
+        parts: list[bytes] = []
+        first_opcode = None
+        while True:
+            b1, b2 = self._read(2)
+            fin, opcode = b1 & 0x80, b1 & 0x0F
+            masked, n = b2 & 0x80, b2 & 0x7F
+            if n == 126:
+                (n,) = struct.unpack("!H", self._read(2))
+            elif n == 127:
+                (n,) = struct.unpack("!Q", self._read(8))
+            if n > MAX_FRAME:
+                raise _Closed()
+            mask = self._read(4) if masked else b""
+            payload = self._read(n)
+            if masked:
+                payload = _unmask(payload, mask)
+            if opcode == OP_PING:
+                self._write(_frame(OP_PONG, payload))
+                continue
+            if opcode == OP_PONG:
+                continue
+            if opcode == OP_CLOSE:
+                self._write(_frame(OP_CLOSE, payload[:2]))
+                raise _Closed()
+            if opcode != OP_CONT:
+                first_opcode, parts = opcode, []
+            parts.append(payload)
+            if fin and first_opcode is not None:
+                return first_opcode, b"".join(parts)
+
+
+class _NegentropyRefusal:
+    """The default NIP-77 behaviour: NEG-OPEN gets NEG-ERR, a NOTICE, or nothing."""
+
+    def __init__(self, mode: str, reason: str):
+        if mode not in ("err", "ignore", "notice"):
+            raise ValueError(f"negentropy mode {mode!r}")
+        self.mode = mode
+        self.reason = reason
+
+    def __call__(self, relay, conn, message):
+        if message[0] != "NEG-OPEN" or self.mode == "ignore":
+            return []
+        sub = message[1] if len(message) > 1 else ""
+        if self.mode == "err":
+            return [["NEG-ERR", sub, self.reason]]
+        return [["NOTICE", f"ERROR: negentropy error: {self.reason}"]]
+
+
+class ScriptedRelay:
+    def __init__(
+        self,
+        events: Iterable = (),
+        *,
+        page_size: int | None = 100,
+        hang_handshake: bool = False,
+        handshake_gauge: HandshakeGauge | None = None,
+        extra_frames_for_req: Callable[..., Iterable] | None = None,
+        negentropy: str | Callable[..., Iterable] = "err",
+        neg_err_reason: str = "error: negentropy is not supported here",
+        on_message: Callable[..., Any] | None = None,
+        answer_close: bool = False,
+        accept_events: bool = True,
+        nip11: dict | None = None,
+        port: int = 0,
+    ):
+        self.page_size = page_size
+        self.hang_handshake = hang_handshake
+        self.handshake_gauge = handshake_gauge or HandshakeGauge()
+        self.extra_frames_for_req = extra_frames_for_req
+        self.negentropy = (
+            _NegentropyRefusal(negentropy, neg_err_reason) if isinstance(negentropy, str) else negentropy
+        )
+        self.on_message = on_message
+        self.answer_close = answer_close
+        self.accept_events = accept_events
+        self.nip11 = nip11
+        self._requested_port = port
+        self.port = 0
+        self.url = ""
+        self.received: list[tuple[int, Any]] = []  # (connection id, decoded client message)
+        self.connections: list[Connection] = []
+        self.http_requests: list[tuple[str, dict]] = []  # (request line, headers)
+        self._store: dict[str, tuple[dict, Event | None]] = {}
+        self._store_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._listener: socket.socket | None = None
+        self._sockets: set[socket.socket] = set()
+        self._sockets_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self.add(*events)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> "ScriptedRelay":
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self._requested_port))
+        listener.listen(128)
+        listener.settimeout(0.2)
+        self._listener = listener
+        self.port = listener.getsockname()[1]
+        self.url = f"ws://127.0.0.1:{self.port}"
+        self._spawn(self._accept_loop)
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._listener is not None:
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept() at once on Linux
+            except OSError:
+                pass
+            self._listener.close()
+        with self._sockets_lock:
+            sockets = list(self._sockets)
+        for s in sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for t in self._threads:
+            t.join(timeout=2)
+
+    def __enter__(self) -> "ScriptedRelay":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _spawn(self, target, *args) -> None:
+        t = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    # -- the store -----------------------------------------------------------------------
+
+    def add(self, *events) -> None:
+        """Store events (``Event`` objects or dicts; dicts may be forged: ids and signatures
+        are not checked here). One that cannot be parsed at all is kept but matches nothing."""
+        with self._store_lock:
+            for e in events:
+                raw = _event_dict(e)
+                try:
+                    parsed = parse_event(raw, check_id=False, check_sig=False)
+                except EventError:
+                    parsed = None
+                self._store[str(raw.get("id"))] = (raw, parsed)
+
+    @property
+    def events(self) -> list[dict]:
+        with self._store_lock:
+            return [raw for raw, _ in self._store.values()]
+
+    def query(self, f: Filter) -> list[dict]:
+        """NIP-01 for one filter: newest first (ties by id), at most ``limit`` and ``page_size``."""
+        cap = f.limit
+        if self.page_size is not None:
+            cap = self.page_size if cap is None else min(cap, self.page_size)
+        if cap == 0:
+            return []
+        with self._store_lock:
+            found = [(ev, raw) for raw, ev in self._store.values() if ev is not None and f.matches(ev)]
+        found.sort(key=lambda pair: (-pair[0].created_at, pair[0].id))
+        return [raw for _, raw in found[:cap]]
+
+    def answer(self, filters: list[Filter]) -> list[dict]:
+        """A REQ's stored events: the union over its filters, newest first."""
+        seen: dict[str, dict] = {}
+        for f in filters:
+            for raw in self.query(f):
+                seen.setdefault(raw["id"], raw)
+        return sorted(seen.values(), key=lambda r: (-r["created_at"], r["id"]))
+
+    def broadcast(self, event) -> int:
+        """Store ``event`` and send it to every open subscription it matches. Returns how
+        many subscriptions it went to."""
+        self.add(event)
+        raw = _event_dict(event)
+        try:
+            parsed = parse_event(raw, check_id=False, check_sig=False)
+        except EventError:
+            return 0
+        sent = 0
+        for conn in list(self.connections):
+            if not conn.open:
+                continue
+            for sub_id, filters in list(conn.subs.items()):
+                if any(f.replace(limit=None).matches(parsed) for f in filters):
+                    conn.send("EVENT", sub_id, raw)
+                    sent += 1
+        return sent
+
+    # -- what the client did -------------------------------------------------------------
+
+    def messages(self, kind: str | None = None) -> list[list]:
+        """Decoded client messages (lists), optionally only those of one type (``"REQ"``)."""
+        return [
+            m for _, m in list(self.received)
+            if isinstance(m, list) and m and (kind is None or m[0] == kind)
+        ]
+
+    def reqs(self) -> list[tuple[str, list[dict]]]:
+        """Every REQ as (sub id, filter dicts)."""
+        return [(m[1], m[2:]) for m in self.messages("REQ") if len(m) >= 2]
+
+    @property
+    def open_connections(self) -> list[Connection]:
+        return [c for c in self.connections if c.open]
+
+    def drop_all(self) -> None:
+        for conn in list(self.connections):
+            conn.drop()
+
+    # -- network -------------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                sock, _ = self._listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            self.handshake_gauge.enter()
+            sock.settimeout(None)
+            with self._sockets_lock:
+                self._sockets.add(sock)
+            self._spawn(self._serve, sock)
+
+    def _serve(self, sock: socket.socket) -> None:
+        pending = True
+
+        def answered():
+            nonlocal pending
+            if pending:
+                pending = False
+                self.handshake_gauge.leave()
+
+        rfile = sock.makefile("rb")
+        try:
+            request_line, headers = self._read_http_request(rfile)
+            self.http_requests.append((request_line, headers))
+            if self.hang_handshake:
+                while rfile.read(1):  # never answer: wait for the client to give up
+                    pass
+                return
+            if headers.get("upgrade", "").lower() != "websocket" or "sec-websocket-key" not in headers:
+                answered()
+                self._answer_http(sock, headers)
+                return
+            accept = base64.b64encode(
+                hashlib.sha1((headers["sec-websocket-key"] + WS_GUID).encode()).digest()
+            ).decode()
+            answered()
+            sock.sendall(
+                (
+                    "HTTP/1.1 101 Switching Protocols\r\n"
+                    "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                    f"Sec-WebSocket-Accept: {accept}\r\n\r\n"
+                ).encode()
+            )
+            conn = Connection(self, next(self._ids), sock, rfile)
+            self.connections.append(conn)
+            self._session(conn)
+        except (_Closed, OSError, ValueError):
+            pass
+        finally:
+            answered()
+            with self._sockets_lock:
+                self._sockets.discard(sock)
+            try:
+                rfile.close()
+                sock.close()
+            except OSError:
+                pass
+
+    @staticmethod
+    def _read_http_request(rfile) -> tuple[str, dict]:
+        request_line = rfile.readline(MAX_HTTP_REQUEST).decode("latin-1").strip()
+        if not request_line:
+            raise _Closed()
+        headers: dict[str, str] = {}
+        size = len(request_line)
+        while True:
+            line = rfile.readline(MAX_HTTP_REQUEST)
+            size += len(line)
+            if not line or size > MAX_HTTP_REQUEST:
+                raise _Closed()
+            line = line.decode("latin-1").strip()
+            if not line:
+                return request_line, headers
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+
+    def _answer_http(self, sock: socket.socket, headers: dict) -> None:
+        if self.nip11 is not None and "application/nostr+json" in headers.get("accept", ""):
+            body = json.dumps(self.nip11).encode()
+            status, ctype = "200 OK", "application/nostr+json"
+        else:
+            body, status, ctype = b"not found", "404 Not Found", "text/plain"
+        sock.sendall(
+            (
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+                "Access-Control-Allow-Origin: *\r\n\r\n"
+            ).encode()
+            + body
+        )
+
+    def _session(self, conn: Connection) -> None:
+        try:
+            while not self._stopping.is_set() and conn.open:
+                opcode, payload = conn.read_message()
+                if opcode == OP_BINARY:
+                    self.received.append((conn.id, payload))
+                    continue
+                try:
+                    text = payload.decode("utf-8")
+                    message = json.loads(text)
+                except ValueError:
+                    self.received.append((conn.id, payload))
+                    conn.send("NOTICE", "error: could not parse message")
+                    continue
+                self.received.append((conn.id, message))
+                self._handle(conn, message)
+        finally:
+            conn.open = False
+
+    # -- client messages -----------------------------------------------------------------
+
+    def _handle(self, conn: Connection, message) -> None:
+        if self.on_message is not None:
+            frames = self.on_message(self, conn, message)
+            if frames is not None:
+                conn.send_frames(frames)
+                return
+        if not isinstance(message, list) or not message or not isinstance(message[0], str):
+            conn.send("NOTICE", "error: message is not a JSON array")
+            return
+        kind = message[0]
+        if kind == "REQ":
+            self._on_req(conn, message)
+        elif kind == "CLOSE":
+            if len(message) >= 2:
+                conn.subs.pop(message[1], None)
+                if self.answer_close:
+                    conn.send("CLOSED", message[1], "")
+        elif kind == "EVENT":
+            self._on_event(conn, message)
+        elif kind in ("NEG-OPEN", "NEG-MSG", "NEG-CLOSE"):
+            if self.negentropy is not None:
+                conn.send_frames(self.negentropy(self, conn, message))
+        elif kind == "AUTH":
+            if len(message) >= 2 and isinstance(message[1], dict):
+                conn.send("OK", message[1].get("id", ""), True, "")
+        else:
+            conn.send("NOTICE", f"error: unknown message type {kind[:32]}")
+
+    def _on_req(self, conn: Connection, message: list) -> None:
+        if len(message) < 3 or not isinstance(message[1], str):
+            conn.send("NOTICE", "error: bad REQ")
+            return
+        sub_id = message[1]
+        try:
+            filters = [Filter.from_dict(f) for f in message[2:]]
+        except ValueError as exc:
+            conn.send("CLOSED", sub_id, f"invalid: {exc}")
+            return
+        conn.subs[sub_id] = filters
+        for raw in self.answer(filters):
+            conn.send("EVENT", sub_id, raw)
+        if self.extra_frames_for_req is not None:
+            conn.send_frames(self.extra_frames_for_req(self, conn, sub_id, filters))
+        conn.send("EOSE", sub_id)
+
+    def _on_event(self, conn: Connection, message: list) -> None:
+        if len(message) < 2 or not isinstance(message[1], dict):
+            conn.send("NOTICE", "error: bad EVENT")
+            return
+        raw = message[1]
+        eid = raw.get("id") if isinstance(raw.get("id"), str) else ""
+        if not self.accept_events:
+            conn.send("OK", eid, False, "blocked: this relay takes no events")
+            return
+        try:
+            parse_event(raw)
+        except EventError as exc:
+            conn.send("OK", eid, False, f"invalid: {exc.reason}")
+            return
+        self.broadcast(raw)
+        conn.send("OK", eid, True, "")

@@ -1,0 +1,302 @@
+"""The sync engine against relays that misbehave on purpose (scripted relays, tests/scripted_relay.py).
+
+The own relay is a real LocalRelay; the remotes are scripted relays listed by announcements
+published on the own relay. gsync runs as a subprocess and is judged from outside: what lands
+on the own relay, what its metrics say, what the scripted relays saw on the wire.
+"""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from gsync import constants
+
+from . import factory as f
+from .relays import fetch_all, ids_on, publish, wait_until
+from .scripted_relay import HandshakeGauge, ScriptedRelay
+
+alice, bob, carol = f.Author.named("alice"), f.Author.named("bob"), f.Author.named("carol")
+
+DROPS = "gsync_events_dropped_total"
+PAGE_SIZE = 100
+
+
+@pytest.fixture
+def scripted():
+    started: list[ScriptedRelay] = []
+
+    def start(*events, **knobs) -> ScriptedRelay:
+        relay = ScriptedRelay(events, **knobs).start()
+        started.append(relay)
+        return relay
+
+    yield start
+    for relay in started:
+        relay.stop()
+
+
+def our_announcement(own, remotes, d="proj", author=alice, **kw):
+    """An announcement listing our service (clone + relay on the own relay's host:port)."""
+    host = f"127.0.0.1:{own.port}"
+    return f.announcement(
+        author, d, clone=[f"http://{host}/{author.pubkey}/{d}.git"],
+        relays=[f"ws://{host}", *(r.url for r in remotes)], **kw,
+    )
+
+
+def on_own(own, events) -> set[str]:
+    """Which of ``events`` the own relay holds (asked by id, in chunks LocalRelay accepts)."""
+    ids = sorted({e.id if hasattr(e, "id") else e["id"] for e in events})
+    held: set[str] = set()
+    for start in range(0, len(ids), 400):
+        held |= ids_on(own.url, {"ids": ids[start:start + 400]})
+    return held
+
+
+def assert_arrives(own, events, timeout=60.0, what="events"):
+    want = {e.id for e in events}
+    wait_until(lambda: want <= on_own(own, events), timeout=timeout, interval=0.5, what=what)
+
+
+def once_into_repo_sub(addr: str, frames_for):
+    """An ``extra_frames_for_req`` hook injecting ``frames_for(sub_id)`` once, into the first
+    subscription that asks for the repo's events by ``#a``."""
+    done = threading.Event()
+    lock = threading.Lock()
+
+    def hook(relay, conn, sub_id, filters):
+        if not any(addr in (flt.tag("a") or ()) for flt in filters):
+            return []
+        with lock:
+            if done.is_set():
+                return []
+            done.set()
+        return frames_for(sub_id)
+
+    hook.done = done
+    return hook
+
+
+def forged_signature(event) -> dict:
+    """The genuine id of a real event with another event's (valid-looking) signature."""
+    other = f.issue(carol, "30617:" + "0" * 64 + ":x", subject="signature donor")
+    return dict(event.to_dict(), sig=other.sig)
+
+
+def tampered(event) -> dict:
+    """Content changed after signing: id and signature no longer commit to it."""
+    return dict(event.to_dict(), content=event.content + " (tampered)")
+
+
+# -- pagination ------------------------------------------------------------------------------
+
+
+def _created_ats(layout: str, n: int) -> list[int]:
+    base = f.BASE_CREATED_AT + 10_000_000
+    if layout == "distinct":
+        return [base + i for i in range(n)]
+    # Crowded seconds: groups of up to a whole page share one created_at, so page boundaries
+    # fall inside them and the inclusive `until` returns a second's events again. One group
+    # fills a page exactly. (More than a page in one second is unreachable by `until` at all:
+    # SPEC leaves that to NIP-77.)
+    sizes = [1, 7, 60, PAGE_SIZE, 33, 99, 2, 45, 75, 74, 76, 50]
+    out: list[int] = []
+    second = base
+    i = 0
+    while len(out) < n:
+        size = min(sizes[i % len(sizes)], n - len(out))
+        out += [second] * size
+        second += 1
+        i += 1
+    return out
+
+
+@pytest.mark.parametrize("layout", ["distinct", "crowded_seconds"])
+def test_pagination_brings_every_event_past_the_page_size(layout, relay_factory, scripted, gsync_factory):
+    own = relay_factory()
+    remote = scripted(page_size=PAGE_SIZE)
+    repo = our_announcement(own, [remote])
+    issues = [
+        f.issue(bob, repo, subject=f"issue {i}", content=f"report number {i}", created_at=ts)
+        for i, ts in enumerate(_created_ats(layout, 1000))
+    ]
+    assert len({e.id for e in issues}) == 1000
+    remote.add(repo, *issues)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+
+    assert_arrives(own, issues, timeout=90, what=f"1,000 issues ({layout})")
+
+    # Pagination really happened, on the layer-2 filter, and it ended: a bounded number of
+    # pages (about 1,000 / 100, plus re-asks of crowded boundary seconds).
+    addr = repo.address
+    pages = [
+        flt for _, filters in remote.reqs() for flt in filters
+        if addr in flt.get("#a", ()) and flt.get("limit") != 0
+    ]
+    assert any("until" in flt for flt in pages), pages
+    assert 10 <= len(pages) <= 30, f"{len(pages)} pages for the #a filter"
+    # Nothing was dropped on the way and nothing was counted as hostile.
+    assert gsync.metric(DROPS) == 0
+
+
+# -- forged and off-filter events -------------------------------------------------------------
+
+
+def test_forged_tampered_and_off_filter_events_are_dropped_and_counted(relay_factory, scripted, gsync_factory):
+    own = relay_factory()
+    good_candidate = f.issue(bob, "30617:" + alice.pubkey + ":proj", subject="forged signature")
+    tamper_candidate = f.issue(bob, "30617:" + alice.pubkey + ":proj", subject="tampered")
+    other_repo_issue = f.issue(bob, "30617:" + alice.pubkey + ":some-other-repo", subject="not ours")
+    hostile = [forged_signature(good_candidate), tampered(tamper_candidate), other_repo_issue.to_dict()]
+
+    hook = once_into_repo_sub(
+        "30617:" + alice.pubkey + ":proj",
+        lambda sub: [["EVENT", sub, e] for e in hostile],
+    )
+    remote = scripted(extra_frames_for_req=hook)
+    repo = our_announcement(own, [remote])
+    good = [f.issue(carol, repo, subject=f"good {i}") for i in range(20)]
+    comments = [f.comment(alice, good[0], content="a reply")]
+    remote.add(repo, *good, *comments)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+
+    assert_arrives(own, good + comments, what="the good events beside the forged ones")
+    assert hook.done.is_set()
+    wait_until(
+        lambda: gsync.metric(DROPS, reason="no_matching_filter") >= 1
+        and gsync.metric(DROPS, reason="bad_signature") >= 1
+        and gsync.metric(DROPS, reason="bad_id") >= 1,
+        timeout=10, what="the three drops counted",
+    )
+    assert gsync.metric(DROPS, reason="bad_signature") == 1
+    assert gsync.metric(DROPS, reason="bad_id") == 1
+    assert gsync.metric(DROPS, reason="no_matching_filter") == 1
+    # None of them reached the own relay, under its claimed id or any other.
+    assert on_own(own, [good_candidate, tamper_candidate, other_repo_issue]) == set()
+    held = fetch_all(own.url, {"kinds": [1621]})
+    assert not [e for e in held if "tampered" in e["content"] or "not ours" in str(e["tags"])]
+    assert gsync.proc.poll() is None
+
+
+# -- junk frames ------------------------------------------------------------------------------
+
+
+def _junk_frames(sub: str, stray_event: dict) -> list:
+    """Each junk frame and the drop reason gsync must count it under."""
+    return [
+        (b"\x00\x01binary junk", "binary_frame"),
+        ("this is not json", "malformed_bad_json"),
+        ("NaN", "malformed_bad_json"),
+        ("[" * 100_000, "malformed_bad_json"),  # recursion bomb
+        ('{"EVENT": 1}', "malformed_not_array"),
+        ("[]", "malformed_not_array"),
+        ('"EVENT"', "malformed_not_array"),
+        ('["WHATEVER", "x"]', "malformed_unknown_type"),
+        ("[42, 1]", "malformed_unknown_type"),
+        ('["EVENT"]', "malformed_bad_shape"),
+        (f'["EVENT", "{sub}", "not an object"]', "malformed_bad_shape"),
+        ('["EOSE", 5]', "malformed_bad_shape"),
+        ('["OK", "nothex", true, ""]', "malformed_bad_shape"),
+        ('["NOTICE"]', "malformed_bad_shape"),
+        ('["EVENT", "' + sub + '", {"id": "zz"}]', "malformed"),  # the event itself is malformed
+        ('["EVENT", "' + sub + '", ' + "x" * 10 + "]", "malformed_bad_json"),
+        ('["NOTICE", "' + "x" * (constants.MAX_MESSAGE_BYTES + 10) + '"]', "malformed_too_large"),
+        (["EVENT", "no-such-subscription", stray_event], "unknown_subscription"),
+    ]
+
+
+def test_junk_frames_are_counted_and_sync_continues(relay_factory, scripted, gsync_factory):
+    own = relay_factory()
+    addr = "30617:" + alice.pubkey + ":proj"
+    stray = f.issue(bob, addr, subject="sent on a subscription that does not exist")
+    expected: dict[str, int] = {}
+    for _, reason in _junk_frames("s", stray.to_dict()):
+        expected[reason] = expected.get(reason, 0) + 1
+    assert max(expected.values()) < constants.JUNK_DISCONNECT_THRESHOLD
+
+    hook = once_into_repo_sub(addr, lambda sub: [frame for frame, _ in _junk_frames(sub, stray.to_dict())])
+    remote = scripted(extra_frames_for_req=hook)
+    repo = our_announcement(own, [remote])
+    good = [f.issue(carol, repo, subject=f"good {i}") for i in range(30)]
+    remote.add(repo, *good)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+
+    assert_arrives(own, good, what="the good events around the junk")
+    assert hook.done.is_set()
+    wait_until(lambda: gsync.metric(DROPS, reason="unknown_subscription") >= 1, timeout=10,
+               what="the junk counted")
+    for reason, count in expected.items():
+        assert gsync.metric(DROPS, reason=reason) == count, reason
+    assert on_own(own, [stray]) == set()
+
+    # Still connected on the same session (the junk came in short runs), and live sync goes on.
+    assert gsync.proc.poll() is None
+    assert len(remote.connections) == 1, "gsync reconnected: the junk cost it the session"
+    later = f.issue(carol, repo, subject="after the junk")
+    assert remote.broadcast(later) >= 1, "no open subscription for the repo's live events"
+    assert_arrives(own, [later], timeout=30, what="a live event after the junk")
+
+
+def test_relay_that_keeps_sending_junk_is_hung_up_on_and_retried(relay_factory, scripted, gsync_factory):
+    own = relay_factory()
+    addr = "30617:" + alice.pubkey + ":proj"
+    flood = constants.JUNK_DISCONNECT_THRESHOLD + 10
+    hook = once_into_repo_sub(addr, lambda sub: [b"\xffjunk"] * flood)
+    remote = scripted(extra_frames_for_req=hook)
+    repo = our_announcement(own, [remote])
+    good = [f.issue(carol, repo, subject=f"good {i}") for i in range(10)]
+    remote.add(repo, *good)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"base_backoff_secs": "1"}})
+
+    assert_arrives(own, good, timeout=60, what="the good events, after a reconnect")
+    wait_until(lambda: len(remote.connections) >= 2, timeout=30, what="a second session")
+    assert any(
+        e.get("event") == "relay_disconnected" and e.get("reason") == "too much junk"
+        for e in gsync.log_events()
+    ), "gsync did not hang up on the junk flood"
+    # It stopped reading at the threshold: the rest of the flood was never counted.
+    assert gsync.metric(DROPS, reason="binary_frame") == constants.JUNK_DISCONNECT_THRESHOLD
+    assert gsync.proc.poll() is None
+
+
+# -- handshake pool under relays that never answer the upgrade --------------------------------
+
+
+def test_hanging_handshakes_never_exceed_the_pool_and_healthy_relays_sync(relay_factory, scripted, gsync_factory):
+    own = relay_factory()
+    gauge = HandshakeGauge()
+    hanging = [scripted(hang_handshake=True, handshake_gauge=gauge) for _ in range(10)]
+    healthy = [scripted(handshake_gauge=gauge) for _ in range(20)]
+    remotes = hanging + healthy
+
+    # Three repositories, ten relays each (the own relay takes an extra place; the cap is
+    # constants.MAX_RELAYS_PER_ANNOUNCEMENT), every repository mixing both kinds of relay.
+    groups = [remotes[i::3] for i in range(3)]
+    assert all(len(g) + 1 <= constants.MAX_RELAYS_PER_ANNOUNCEMENT for g in groups)
+    repos = {}
+    expected = []
+    for n, group in enumerate(groups):
+        repo = our_announcement(own, group, d=f"repo-{n}")
+        for relay in group:
+            repos[relay.port] = repo
+            if not relay.hang_handshake:
+                event = f.issue(bob, repo, subject=f"only on {relay.url}")
+                relay.add(repo, event)
+                expected.append(event)
+    assert len(expected) == 20
+    publish(own.url, list({r.id: r for r in repos.values()}.values()))
+    gsync = gsync_factory(own, remotes)
+
+    assert_arrives(own, expected, timeout=90, what="one event from each of the 20 healthy relays")
+    # Every hanging relay was dialled (the pool did not starve them either) ...
+    wait_until(lambda: all(r.http_requests for r in hanging), timeout=45, what="every hanging relay dialled")
+    # ... and never more than the pool's eight handshakes were pending at once.
+    assert gauge.max <= constants.HANDSHAKE_WORKERS, f"{gauge.max} handshakes pending at once"
+    assert gauge.max >= min(constants.HANDSHAKE_WORKERS, 10) - 1, "the pool was never busy: test is vacuous"
+    assert all(len(r.connections) >= 1 for r in healthy)
+    assert gsync.proc.poll() is None
