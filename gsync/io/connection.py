@@ -40,6 +40,7 @@ class RelayConnection:
         self._outbox: Queue = Queue()
         self._challenge: str | None = None
         self._auth_retried: set[str] = set()
+        self._closing: set[str] = set()  # CLOSE sent: the relay's CLOSED answer is expected
         self._junk_streak = 0
         self._greenlets: list[gevent.Greenlet] = []
         self.closed = False
@@ -60,6 +61,7 @@ class RelayConnection:
 
     def unsubscribe(self, sub_id: str) -> None:
         if self.subscriptions.pop(sub_id, None) is not None:
+            self._closing.add(sub_id)
             self.send(wire.close(sub_id))
 
     def forget(self, sub_id: str) -> None:
@@ -150,6 +152,9 @@ class RelayConnection:
             self.neg_waiters[msg.sub_id].put(msg)
         elif isinstance(msg, wire.AuthChallenge):
             self._challenge = msg.challenge
+        elif isinstance(msg, (wire.Closed, wire.Eose)) and msg.sub_id in self._closing:
+            if isinstance(msg, wire.Closed):
+                self._closing.discard(msg.sub_id)  # the answer to our own CLOSE
         elif (
             isinstance(msg, wire.Closed)
             and msg.prefix is wire.Prefix.AUTH_REQUIRED

@@ -56,10 +56,14 @@ class RelayDisconnected:
 
 @dataclass(slots=True)
 class NegentropyFinished:
+    """One NIP-77 exchange (one filter of a batch) ended, well or not."""
+
     relay: str
     session: int
     batch_id: int
-    result: Any  # negentropy_ws result or failure
+    token: str
+    filter: Any
+    result: Any  # negentropy_sync.NegentropyOutcome
 
 
 @dataclass(slots=True)

@@ -23,7 +23,8 @@ from ..protocol import messages as wire
 from ..protocol.filters import Filter
 from ..sync import filter_plan
 from ..sync.health import RelayHealthTracker
-from ..sync.pending import PendingBatch
+from ..sync.pending import PendingBatch, ResidualDecision, SyncMethod
+from ..sync.recovery import MissingEventRecovery
 from ..sync.rejected import RejectedIndex
 from ..sync.relay_state import ConnectionStatus, LiveSub, RelayState
 from ..sync.repos import RepoSyncIndex, SyncLevel, should_forward_layer1
@@ -47,6 +48,7 @@ from .events import (
     Stop,
     Tick,
 )
+from . import negentropy_sync
 from .handshake import HandshakePool
 from .self_subscriber import SelfSubscriber
 
@@ -71,6 +73,7 @@ class SyncManager:
             base_backoff=sync.base_backoff_secs, max_backoff=sync.max_backoff_secs
         )
         self.rejected = self._load_rejected()
+        self.recovery = MissingEventRecovery(base_delay=sync.recovery_base_secs)
         self.delivery = delivery or OwnRelayDelivery(
             svc.own_relay, self.post, auth_secret=config.auth.secret_key
         )
@@ -337,18 +340,49 @@ class SyncManager:
             state.conn.subscribe(sub_id, group)
         log.info("consolidated", relay=state.url, live_subscriptions=len(groups))
 
-    def start_historic(self, state: RelayState, items: PendingItems, filters, layer1=False) -> None:
+    def start_historic(self, state: RelayState, items: PendingItems, filters, layer1=False,
+                       recovery=False) -> PendingBatch:
+        """A PendingBatch for ``filters``: NIP-77 per filter where the relay allows it (full
+        history only: a ``since`` catch-up is cheaper as a REQ), else grouped REQ+EOSE."""
         batch = PendingBatch(next(self._ids), items)
         batch.layer1 = layer1
+        batch.recovery = recovery
+        batch.semantic_filters = list(filters)
         state.pending[batch.batch_id] = batch
-        for group in filter_plan.pack_into_reqs(filters, state.limits):
+        if self.use_negentropy(state, filters):
+            batch.method = SyncMethod.NEGENTROPY
+            for flt in filters:
+                token = f"neg{batch.batch_id}-{next(self._ids)}"
+                batch.add_subscription(token)
+                state.sub_to_batch[token] = batch.batch_id
+                state.historic_queue.append((token, [flt]))
+        else:
+            self.queue_reqs(state, batch, filters)
+        self.pump_historic(state)
+        if batch.is_complete:
+            self.finish_batch(state, batch)
+        return batch
+
+    def use_negentropy(self, state: RelayState, filters) -> bool:
+        return (
+            self.config.sync.negentropy
+            and state.negentropy_ok
+            and self.health.negentropy_allowed(state.url)
+            and all(f.since is None and f.ids is None for f in filters)
+        )
+
+    def queue_reqs(self, state: RelayState, batch: PendingBatch, filters, front=False) -> None:
+        groups = filter_plan.pack_into_reqs(filters, state.limits)
+        entries = []
+        for group in groups:
             sub_id = f"h{batch.batch_id}-{next(self._ids)}"
             batch.add_subscription(sub_id, group)
             state.sub_to_batch[sub_id] = batch.batch_id
-            state.historic_queue.append((sub_id, group))
-        self.pump_historic(state)
-        if batch.is_complete:
-            self.confirm_batch(state, batch)
+            entries.append((sub_id, group))
+        if front:
+            state.historic_queue[0:0] = entries
+        else:
+            state.historic_queue.extend(entries)
 
     def pump_historic(self, state: RelayState) -> None:
         """Start queued historic REQs while the relay's budget and pacing allow.
@@ -363,7 +397,9 @@ class SyncManager:
         budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
         room = budget.max_subscriptions - len(state.live_subs) - 1
         limit = max(1, min(MAX_HISTORIC_SUBS, room))
-        open_historic = sum(1 for s in state.sub_to_batch if s in state.conn.subscriptions)
+        open_historic = len(state.neg_running) + sum(
+            1 for s in state.sub_to_batch if s in state.conn.subscriptions
+        )
         while state.historic_queue and open_historic < limit:
             now = self.clock()
             wait = self.health.may_start_background(state.url, now)
@@ -376,8 +412,20 @@ class SyncManager:
             if sub_id not in state.sub_to_batch:
                 continue
             self.health.record_start(state.url, now, background=True)
-            state.conn.subscribe(sub_id, group)
+            if sub_id.startswith("neg"):
+                self.start_negentropy(state, sub_id, group[0])
+            else:
+                state.conn.subscribe(sub_id, group)
             open_historic += 1
+
+    def start_negentropy(self, state: RelayState, token: str, flt: Filter) -> None:
+        state.neg_running.add(token)
+        extra = self.rejected.items() + self.delivery.tracked_items
+        gevent.spawn(
+            negentropy_sync.reconcile_filter,
+            state.conn, self.config.service.own_relay, flt, extra, self.post,
+            batch_id=state.sub_to_batch[token], token=token,
+        )
 
     def on_historic_slot_due(self, msg: HistoricSlotDue) -> None:
         state = self._current(msg.relay, msg.session)
@@ -412,6 +460,8 @@ class SyncManager:
             metrics.DROPS.labels("layer1_not_ours").inc()
             return
         self.seen[event.id] = None
+        for url in self.recovery.clear_arrived((event.id,)):
+            self.promote_if_recovered(url)
         if len(self.seen) > SEEN_CAPACITY:
             for old in itertools.islice(list(self.seen), SEEN_CAPACITY // 10):
                 del self.seen[old]
@@ -450,7 +500,7 @@ class SyncManager:
             state.historic_queue.insert(0, (new_id, next_page))
         self.pump_historic(state)
         if batch.is_complete:
-            self.confirm_batch(state, batch)
+            self.finish_batch(state, batch)
 
     def on_closed(self, state: RelayState, closed: wire.Closed) -> None:
         sub_id = closed.sub_id
@@ -477,8 +527,9 @@ class SyncManager:
                 self.pump_historic(state)
                 return
             batch.on_closed(sub_id)
+            state.unrelated_failure = True
             if batch.is_complete:
-                self.confirm_batch(state, batch)
+                self.finish_batch(state, batch)
             return
         live = state.live_subs.pop(sub_id, None)
         if live is not None and rate_limited:
@@ -490,6 +541,41 @@ class SyncManager:
             state.live_subs[sub_id] = live
             state.conn.subscribe(sub_id, live.filters)
 
+    def finish_batch(self, state: RelayState, batch: PendingBatch) -> None:
+        """All subscriptions answered. After NIP-77, judge what the id fetches delivered
+        (SPEC §4 residuals) before the items are confirmed."""
+        if batch.recovery:
+            self.finish_recovery(state, batch)
+            return
+        if batch.advertised_ids and batch.method is SyncMethod.NEGENTROPY:
+            decision = batch.residual_decision()
+            if decision is ResidualDecision.RETRY_RESIDUAL:
+                self.queue_id_fetches(state, batch, batch.begin_residual_retry())
+                self.pump_historic(state)
+                return
+            if decision is ResidualDecision.SEMANTIC_FALLBACK:
+                log.warning("negentropy_ids_not_served", relay=state.url, batch_id=batch.batch_id,
+                            advertised=len(batch.advertised_ids), delivered=len(batch.received_ids))
+                batch.switch_to_req_eose()
+                self.queue_reqs(state, batch, batch.semantic_filters)
+                self.pump_historic(state)
+                return
+            if decision is ResidualDecision.FAIL:
+                missing = batch.residual_ids() - self.seen.keys()
+                if missing:
+                    batch.mark_failed()
+                    self.recovery.add_missing(state.url, missing, self.clock())
+                    log.warning("batch_incomplete", relay=state.url, batch_id=batch.batch_id,
+                                missing=len(missing))
+        self.confirm_batch(state, batch)
+
+    def queue_id_fetches(self, state: RelayState, batch: PendingBatch, ids) -> None:
+        ids = sorted(ids)
+        filters = [Filter.make(ids=ids[i:i + constants.MAX_IDS_PER_REQ])
+                   for i in range(0, len(ids), constants.MAX_IDS_PER_REQ)]
+        for flt in filters:  # one filter per REQ: relays cap results per filter and per REQ
+            self.queue_reqs(state, batch, [flt])
+
     def confirm_batch(self, state: RelayState, batch: PendingBatch) -> None:
         state.pending.pop(batch.batch_id, None)
         state.confirmed.add(batch.items)
@@ -497,7 +583,8 @@ class SyncManager:
             state.announcements_synced = True
         if batch.failed:
             state.batch_failures = True
-        log.debug("batch_confirmed", relay=state.url, batch_id=batch.batch_id, failed=batch.failed)
+        log.debug("batch_confirmed", relay=state.url, batch_id=batch.batch_id, failed=batch.failed,
+                  method=batch.method.value)
         self.check_historic_complete(state)
 
     def check_historic_complete(self, state: RelayState) -> None:
@@ -524,7 +611,83 @@ class SyncManager:
         log.info("historic_sync_complete", relay=state.url, status=state.status.name)
 
     def on_negentropy_finished(self, msg: NegentropyFinished) -> None:
-        pass  # NIP-77 historic sync lands with the negentropy-first issue
+        state = self._current(msg.relay, msg.session)
+        if state is None:
+            return
+        state.neg_running.discard(msg.token)
+        batch = state.pending.get(msg.batch_id)
+        state.sub_to_batch.pop(msg.token, None)
+        result = msg.result
+        if batch is None:
+            self.pump_historic(state)
+            return
+        batch.finish_subscription(msg.token)
+        if result.ok:
+            metrics.NEGENTROPY_BYTES.labels(state.url, "up").inc(result.bytes_up)
+            metrics.NEGENTROPY_BYTES.labels(state.url, "down").inc(result.bytes_down)
+            metrics.NEGENTROPY_ROUNDS.labels(state.url).inc(result.rounds)
+            need = set(result.need_ids) - self.seen.keys()
+            log.debug("negentropy_done", relay=state.url, batch_id=batch.batch_id, need=len(need),
+                      have=len(result.have_ids), rounds=result.rounds)
+            if need:
+                batch.expect_ids(need)
+                self.queue_id_fetches(state, batch, need)
+        else:
+            if result.own_relay_failed:
+                log.warning("negentropy_own_relay_unavailable", relay=state.url, reason=result.reason)
+            else:
+                self.disable_negentropy(state, result.reason)
+            self.queue_reqs(state, batch, [msg.filter], front=True)
+        self.pump_historic(state)
+        if batch.is_complete:
+            self.finish_batch(state, batch)
+
+    def disable_negentropy(self, state: RelayState, reason: str) -> None:
+        """NIP-77 is not usable on this relay for this session: REQ+EOSE from now on."""
+        if state.negentropy_ok:
+            log.warning("negentropy_unsupported", relay=state.url, reason=reason[:200])
+        state.negentropy_ok = False
+        self.health.disable_negentropy(state.url)
+        # Exchanges still queued become REQs.
+        queued = [(t, g) for t, g in state.historic_queue if t.startswith("neg")]
+        state.historic_queue = [e for e in state.historic_queue if not e[0].startswith("neg")]
+        for token, group in queued:
+            batch = state.pending.get(state.sub_to_batch.pop(token, -1))
+            if batch is not None:
+                batch.finish_subscription(token)
+                self.queue_reqs(state, batch, group)
+
+    # -- missing-event recovery (SPEC §4) -----------------------------------------------
+
+    def run_recovery(self, now: float) -> None:
+        for url in self.recovery.due_relays(now):
+            state = self.relays.get(url)
+            ids = self.recovery.next_attempt(url, now, connected=bool(state and state.connected))
+            if not ids:
+                continue
+            log.info("recovery_attempt", relay=url, ids=len(ids))
+            batch = self.start_historic(state, PendingItems(), [Filter.make(ids=ids)], recovery=True)
+            batch.expect_ids(ids)
+
+    def finish_recovery(self, state: RelayState, batch: PendingBatch) -> None:
+        state.pending.pop(batch.batch_id, None)
+        dropped = self.recovery.record_result(state.url, batch.received_ids, self.clock())
+        if dropped:
+            log.warning("recovery_gave_up", relay=state.url, dropped=len(dropped))
+        self.promote_if_recovered(state.url)
+        self.check_historic_complete(state)
+
+    def promote_if_recovered(self, url: str) -> None:
+        state = self.relays.get(url)
+        if (
+            state is not None
+            and state.status == ConnectionStatus.CONNECTED_HISTORIC_SYNC_FAILURES
+            and self.recovery.is_fully_recovered(url)
+            and not state.unrelated_failure
+        ):
+            state.status = ConnectionStatus.CONNECTED
+            state.batch_failures = False
+            log.info("relay_recovered", relay=url)
 
     # -- own relay ----------------------------------------------------------------------
 
@@ -624,6 +787,7 @@ class SyncManager:
                 log.info("daily_sync", relay=state.url)
                 state.status = ConnectionStatus.SYNCING
                 self.fresh_start(state, now)
+        self.run_recovery(now)
         self.rejected.expire(now)
         if self.rejected.dirty:
             self._save_rejected()

@@ -38,6 +38,7 @@ class SyncConfig:
     max_backoff_secs: float = constants.MAX_BACKOFF_SECS
     negentropy: bool = True
     handshake_workers: int = constants.HANDSHAKE_WORKERS
+    recovery_base_secs: float = constants.RECOVERY_BASE_SECS
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class Config:
                 "max_backoff_secs": _format_number(self.sync.max_backoff_secs),
                 "negentropy": str(self.sync.negentropy).lower(),
                 "handshake_workers": self.sync.handshake_workers,
+                "recovery_base_secs": _format_number(self.sync.recovery_base_secs),
             },
             "network": {
                 "allow_private_addresses": str(self.network.allow_private_addresses),
@@ -226,6 +228,7 @@ _SCHEMA: dict[str, dict[str, tuple[Callable[[str], object], str | None]]] = {
         "max_backoff_secs": (_positive_seconds, _format_number(constants.MAX_BACKOFF_SECS)),
         "negentropy": (_bool, "true"),
         "handshake_workers": (_int_in(1, 64), str(constants.HANDSHAKE_WORKERS)),
+        "recovery_base_secs": (_positive_seconds, _format_number(constants.RECOVERY_BASE_SECS)),
     },
     "network": {
         "allow_private_addresses": (AddressPolicy.parse, "false"),

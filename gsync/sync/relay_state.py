@@ -52,6 +52,8 @@ class RelayState:
     live_subs: dict[str, LiveSub] = field(default_factory=dict)
     historic_queue: list = field(default_factory=list)  # (batch_id, filters) waiting for a slot
     batch_failures: bool = False
+    unrelated_failure: bool = False  # a failure recovery cannot fix (e.g. a refused sub)
+    neg_running: set = field(default_factory=set)
     negentropy_ok: bool = True
     next_daily_at: float | None = None
     last_error: str = ""
@@ -71,6 +73,7 @@ class RelayState:
 
     def clear_pending(self) -> None:
         self.slot_wakeup_scheduled = False
+        self.neg_running.clear()
         self.pending.clear()
         self.sub_to_batch.clear()
         self.historic_queue.clear()
@@ -79,3 +82,4 @@ class RelayState:
         self.confirmed = ConfirmedItems()
         self.announcements_synced = False
         self.batch_failures = False
+        self.unrelated_failure = False
