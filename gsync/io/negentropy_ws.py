@@ -1,0 +1,160 @@
+"""One NIP-77 reconciliation, client side, over any websocket-like connection (blocking).
+
+``reconcile`` takes a ``send(text)`` and a ``receive(timeout) -> text | None`` (None: nothing
+arrived in time), so it works over websocket-client directly or inside a gevent greenlet
+with patched sockets; it imports neither. It sends NEG-OPEN with our initial message, answers
+every NEG-MSG for its sub id until the negentropy client is satisfied, sends NEG-CLOSE, and
+returns the ids each side lacks. Frames for other subscriptions are skipped, since the
+connection is shared.
+
+A relay that cannot do NIP-77 for us is a ``NegentropyFailed`` with a reason from a closed
+set (a metric label), never a hang: NEG-ERR, an answer in a protocol version we do not
+speak, a NOTICE about negentropy, a malformed message, or no conclusion before the total
+deadline. Errors raised by ``send``/``receive`` themselves propagate untouched: a dropped
+connection says nothing about the relay's NIP-77 support.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from ..constants import NEGENTROPY_DEADLINE_SECS
+from ..protocol import messages as wire
+from ..protocol.filters import Filter
+from ..protocol.negentropy import NegentropyClient, NegentropyError, Storage, UnsupportedVersion
+
+Send = Callable[[str], None]
+Receive = Callable[[float], "str | bytes | None"]
+
+
+@dataclass
+class NegentropyResult:
+    have_ids: list[str]  # we hold them, the relay does not
+    need_ids: list[str]  # the relay holds them, we do not
+    rounds: int  # messages we sent that the relay answered
+    bytes_up: int  # UTF-8 bytes of the NIP-77 frames we sent (NEG-CLOSE included)
+    bytes_down: int  # UTF-8 bytes of the NIP-77 frames the relay sent us
+
+
+class NegentropyFailed(Exception):
+    """The relay did not complete NIP-77 with us; ``reason`` says how."""
+
+    REASONS = frozenset({"neg-err", "unsupported-version", "notice", "bad-message", "timeout"})
+
+    def __init__(self, reason: str, text: str, result: NegentropyResult):
+        assert reason in self.REASONS, reason
+        super().__init__(f"{reason}: {text}")
+        self.reason = reason
+        self.text = text
+        self.result = result  # the traffic so far: rounds and bytes still count
+
+
+def reconcile(
+    send: Send,
+    receive: Receive,
+    sub_id: str,
+    flt: Filter,
+    items: Iterable[tuple[int, str]],
+    *,
+    frame_size_limit: int = 0,
+    deadline_secs: float = NEGENTROPY_DEADLINE_SECS,
+    clock: Callable[[], float] = time.monotonic,
+) -> NegentropyResult:
+    """Reconcile ``items`` (``(created_at, id hex)``) with what the relay holds for ``flt``."""
+    deadline = clock() + deadline_secs
+    unique = {}  # our sources overlap (own relay, in flight, refused): one entry per id
+    for created_at, event_id in items:
+        unique.setdefault(event_id, created_at)
+    client = NegentropyClient(
+        Storage.from_hex((t, i) for i, t in unique.items()), frame_size_limit
+    )
+    exchange = _Exchange(send, receive, sub_id)
+    try:
+        exchange.run(client, flt, deadline, clock)
+    except NegentropyFailed:
+        exchange.close()  # free the relay's state; NEG-CLOSE after NEG-ERR is harmless
+        raise
+    exchange.close()
+    return exchange.result
+
+
+class _Exchange:
+    def __init__(self, send: Send, receive: Receive, sub_id: str):
+        self.send_frame = send
+        self.receive = receive
+        self.sub_id = sub_id
+        self.result = NegentropyResult([], [], 0, 0, 0)
+
+    def send(self, text: str) -> None:
+        self.send_frame(text)
+        self.result.bytes_up += len(text.encode())
+
+    def close(self) -> None:
+        self.send(wire.neg_close(self.sub_id))
+
+    def fail(self, reason: str, text: str) -> NegentropyFailed:
+        return NegentropyFailed(reason, text, self.result)
+
+    def run(self, client: NegentropyClient, flt: Filter, deadline: float, clock) -> None:
+        self.send(wire.neg_open(self.sub_id, flt, client.initiate().hex()))
+        while True:
+            answer = self.next_answer(deadline, clock)
+            self.result.rounds += 1
+            try:
+                step = client.reconcile(answer)
+            except UnsupportedVersion as exc:
+                raise self.fail("unsupported-version", str(exc)) from None
+            except NegentropyError as exc:
+                raise self.fail("bad-message", str(exc)) from None
+            self.result.have_ids += [i.hex() for i in step.have]
+            self.result.need_ids += [i.hex() for i in step.need]
+            if step.message is None:
+                return
+            self.send(wire.neg_msg(self.sub_id, step.message.hex()))
+
+    def next_answer(self, deadline: float, clock) -> bytes:
+        """The relay's next NEG-MSG payload for us, skipping traffic that is not ours."""
+        while True:
+            remaining = deadline - clock()
+            if remaining <= 0:
+                raise self.fail("timeout", "no NIP-77 conclusion before the deadline")
+            frame = self.receive(remaining)
+            if frame is None:
+                continue  # the loop re-checks the deadline
+            message = wire.parse_relay_message(frame)
+            if isinstance(message, wire.NegMsg) and message.sub_id == self.sub_id:
+                self.count_down(frame)
+                return bytes.fromhex(message.message_hex)
+            if isinstance(message, wire.NegErr) and message.sub_id == self.sub_id:
+                self.count_down(frame)
+                raise self.fail("neg-err", _reason_text(message))
+            if isinstance(message, wire.Notice) and wire.is_negentropy_notice(message.text):
+                raise self.fail("notice", message.text)
+            if isinstance(message, wire.Malformed) and self.is_ours(frame):
+                self.count_down(frame)
+                raise self.fail("bad-message", f"unreadable NIP-77 frame ({message.reason})")
+
+    def is_ours(self, frame: str | bytes) -> bool:
+        """A frame the wire parser refused (e.g. non-hex payload) that names our sub id."""
+        try:
+            items = json.loads(frame)
+        except (ValueError, RecursionError, TypeError):
+            return False
+        return (
+            isinstance(items, list)
+            and len(items) >= 2
+            and items[0] in ("NEG-MSG", "NEG-ERR")
+            and items[1] == self.sub_id
+        )
+
+    def count_down(self, frame: str | bytes) -> None:
+        self.result.bytes_down += len(frame.encode() if isinstance(frame, str) else frame)
+
+
+def _reason_text(message: wire.NegErr) -> str:
+    """The relay's reason as it wrote it (the parser splits a known prefix off)."""
+    if message.prefix in (wire.Prefix.NONE, wire.Prefix.OTHER):
+        return message.text
+    return f"{message.prefix.value}: {message.text}"

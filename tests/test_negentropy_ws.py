@@ -1,0 +1,207 @@
+"""gsync/io/negentropy_ws.py: one NIP-77 exchange over a real websocket.
+
+The relay side is the scripted relay (tests/scripted_relay.py) with a NIP-77 handler per
+test: our own negentropy server for the happy paths, and each way a relay can fail us.
+LocalRelay's own refusal is checked too.
+"""
+import time
+
+import pytest
+import websocket
+
+from gsync.io.negentropy_ws import NegentropyFailed, reconcile
+from gsync.protocol.filters import Filter
+from gsync.protocol.negentropy import NegentropyServer, Storage
+
+from .scripted_relay import ScriptedRelay
+
+KIND_FILTER = Filter.make(kinds=[1])
+
+
+def ws_functions(ws: websocket.WebSocket):
+    """send / receive-with-timeout over a blocking websocket-client connection."""
+
+    def receive(timeout: float):
+        ws.settimeout(timeout)
+        try:
+            return ws.recv()
+        except websocket.WebSocketTimeoutException:
+            return None
+
+    return ws.send, receive
+
+
+def items(n, start=0, base=1_700_000_000):
+    """Events ``start`` … ``start + n - 1``; an event's timestamp follows from its number."""
+    return [(base + i, f"{i:064x}") for i in range(start, start + n)]
+
+
+class Nip77Server:
+    """A NIP-77 handler for the scripted relay backed by our own negentropy server."""
+
+    def __init__(self, relay_items, frame_size_limit=0, before_answer=()):
+        self.server = NegentropyServer(Storage.from_hex(relay_items), frame_size_limit)
+        self.before_answer = list(before_answer)  # frames sent ahead of every answer
+
+    def __call__(self, relay, conn, message):
+        if message[0] == "NEG-OPEN":
+            payload = message[3]
+        elif message[0] == "NEG-MSG":
+            payload = message[2]
+        else:
+            return []
+        answer = self.server.respond(bytes.fromhex(payload)).hex()
+        return self.before_answer + [["NEG-MSG", message[1], answer]]
+
+
+def run(relay, client_items, **kw):
+    ws = websocket.create_connection(relay.url, timeout=10)
+    try:
+        send, receive = ws_functions(ws)
+        return reconcile(send, receive, "neg-1", KIND_FILTER, client_items, **kw)
+    finally:
+        ws.close()
+
+
+def neg_messages(relay, kind):
+    return [m for _, m in relay.received if isinstance(m, list) and m and m[0] == kind]
+
+
+def test_reconcile_reports_have_and_need_and_closes_the_session():
+    with ScriptedRelay(negentropy=Nip77Server(items(300))) as relay:
+        result = run(relay, items(300, start=250))
+        time.sleep(0.1)  # let the relay's reader log the NEG-CLOSE
+        opened = neg_messages(relay, "NEG-OPEN")
+        closed = neg_messages(relay, "NEG-CLOSE")
+    assert sorted(result.need_ids) == [f"{i:064x}" for i in range(250)]
+    assert sorted(result.have_ids) == [f"{i:064x}" for i in range(300, 550)]
+    assert opened[0][:3] == ["NEG-OPEN", "neg-1", {"kinds": [1]}]
+    assert closed == [["NEG-CLOSE", "neg-1"]]
+    assert result.rounds >= 1 and result.bytes_up > 0 and result.bytes_down > 0
+
+
+def test_many_rounds_under_a_small_frame_limit_on_both_sides():
+    with ScriptedRelay(negentropy=Nip77Server(items(5_000), frame_size_limit=4096)) as relay:
+        result = run(relay, items(5_000, start=1_000), frame_size_limit=4096)
+    assert len(result.need_ids) == 1_000 and len(result.have_ids) == 1_000
+    assert result.rounds > 5
+
+
+def test_traffic_for_other_subscriptions_is_skipped():
+    noise = [
+        ["NEG-MSG", "someone-else", "61"],
+        ["NEG-ERR", "someone-else", "blocked: not you"],
+        ["NOTICE", "hello there"],
+        ["EOSE", "neg-1"],
+        "not json at all",
+        ["NEG-MSG", "someone-else", "zz"],
+    ]
+    with ScriptedRelay(negentropy=Nip77Server(items(40), before_answer=noise)) as relay:
+        result = run(relay, items(40, start=20))
+    assert len(result.need_ids) == 20 and len(result.have_ids) == 20
+
+
+def test_neg_err_is_a_failure_carrying_the_relays_reason():
+    with ScriptedRelay(negentropy="err", neg_err_reason="blocked: this query is too big") as relay:
+        with pytest.raises(NegentropyFailed) as info:
+            run(relay, items(10))
+        time.sleep(0.1)
+        closed = neg_messages(relay, "NEG-CLOSE")
+    assert info.value.reason == "neg-err"
+    assert info.value.text == "blocked: this query is too big"
+    assert closed == [["NEG-CLOSE", "neg-1"]]
+
+
+def test_neg_err_without_a_prefix_keeps_its_text():
+    with ScriptedRelay(negentropy="err", neg_err_reason="Could not parse your message") as relay:
+        with pytest.raises(NegentropyFailed) as info:
+            run(relay, items(10))
+    assert (info.value.reason, info.value.text) == ("neg-err", "Could not parse your message")
+
+
+def test_a_notice_about_negentropy_is_a_failure():
+    with ScriptedRelay(negentropy="notice") as relay:
+        with pytest.raises(NegentropyFailed) as info:
+            run(relay, items(10))
+    assert info.value.reason == "notice" and "negentropy" in info.value.text
+
+
+def scripted_answer(payload):
+    def handler(relay, conn, message):
+        return [["NEG-MSG", message[1], payload]] if message[0] == "NEG-OPEN" else []
+
+    return handler
+
+
+def test_an_answer_in_another_protocol_version_is_unsupported_version():
+    with ScriptedRelay(negentropy=scripted_answer("62")) as relay:
+        with pytest.raises(NegentropyFailed) as info:
+            run(relay, items(10))
+    assert info.value.reason == "unsupported-version" and "0x62" in info.value.text
+
+
+@pytest.mark.parametrize("payload", ["zz", "", "6", "61000002ff", "01"])
+def test_garbage_in_a_neg_msg_is_a_bad_message(payload):
+    with ScriptedRelay(negentropy=scripted_answer(payload)) as relay:
+        with pytest.raises(NegentropyFailed) as info:
+            run(relay, items(10))
+    assert info.value.reason == "bad-message"
+
+
+def test_silence_ends_at_the_total_deadline():
+    with ScriptedRelay(negentropy="ignore") as relay:
+        started = time.monotonic()
+        with pytest.raises(NegentropyFailed) as info:
+            run(relay, items(10), deadline_secs=0.5)
+        elapsed = time.monotonic() - started
+    assert info.value.reason == "timeout"
+    assert 0.4 < elapsed < 3
+
+
+def test_the_deadline_is_total_not_per_message():
+    # A relay that keeps talking (about other things) must not keep us forever.
+    now = [0.0]
+
+    def receive(timeout):
+        now[0] += 1.0
+        return '["NOTICE","still here"]'
+
+    sent = []
+    with pytest.raises(NegentropyFailed) as info:
+        reconcile(sent.append, receive, "s", KIND_FILTER, items(3), deadline_secs=15, clock=lambda: now[0])
+    assert info.value.reason == "timeout"
+    assert now[0] == 15.0
+    assert sent[-1] == '["NEG-CLOSE","s"]'
+
+
+def test_the_default_deadline_is_fifteen_seconds_of_the_injected_clock():
+    now = [100.0]
+
+    def receive(timeout):
+        now[0] += timeout  # a receive that waits its whole timeout
+        return None
+
+    with pytest.raises(NegentropyFailed) as info:
+        reconcile(lambda text: None, receive, "s", KIND_FILTER, [], clock=lambda: now[0])
+    assert info.value.reason == "timeout" and now[0] == 115.0
+
+
+def test_a_dropped_connection_is_not_a_verdict_on_nip77():
+    def receive(timeout):
+        raise ConnectionResetError("gone")
+
+    with pytest.raises(ConnectionResetError):
+        reconcile(lambda text: None, receive, "s", KIND_FILTER, items(3))
+
+
+def test_duplicate_items_from_overlapping_sources_count_once():
+    with ScriptedRelay(negentropy=Nip77Server(items(5))) as relay:
+        result = run(relay, items(5) + items(5) + items(2, start=5))
+    assert result.need_ids == [] and sorted(result.have_ids) == [f"{i:064x}" for i in (5, 6)]
+
+
+def test_localrelay_refusing_the_query_is_a_neg_err(relay_factory):
+    relay = relay_factory(block_queries="not today")
+    with pytest.raises(NegentropyFailed) as info:
+        run(relay, items(10))
+    assert info.value.reason == "neg-err" and info.value.text.startswith("blocked:")
