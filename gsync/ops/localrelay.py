@@ -7,7 +7,8 @@ prints ``READY <url>`` once it listens and serves until SIGTERM or until its std
 
 Options: ``port`` (required), ``max_reqs`` and ``notes_per_minute`` (LocalRelay's own
 defaults — 60 events a minute — are far too low for seeding or for an own relay that gsync
-writes to, so they are raised unless given).
+writes to, so they are raised unless given), ``write_delay_ms`` (a slow relay: every EVENT
+waits that long before it is accepted — for tests of deliveries in flight).
 """
 from __future__ import annotations
 
@@ -109,8 +110,20 @@ async def _serve(opts: dict) -> None:
     import asyncio
     import signal
 
-    from nostr_sdk import LocalRelayBuilder, RateLimit
+    from nostr_sdk import LocalRelayBuilder, RateLimit, WritePolicy, WritePolicyResult, uniffi_set_event_loop
 
+    class SlowWrites(WritePolicy):
+        def __init__(self, delay: float):
+            self.delay = delay
+
+        async def admit_event(self, event, addr):
+            try:  # an exception inside a policy panics the relay
+                await asyncio.sleep(self.delay)
+            except BaseException:
+                pass
+            return WritePolicyResult.ACCEPT()
+
+    uniffi_set_event_loop(asyncio.get_running_loop())
     builder = LocalRelayBuilder().addr("127.0.0.1").port(int(opts["port"]))
     builder = builder.rate_limit(
         RateLimit(
@@ -118,6 +131,8 @@ async def _serve(opts: dict) -> None:
             notes_per_minute=int(opts.get("notes_per_minute", 10_000_000)),
         )
     )
+    if opts.get("write_delay_ms"):
+        builder = builder.write_policy(SlowWrites(float(opts["write_delay_ms"]) / 1000))
     relay = builder.build()
     await relay.run()
     print("READY", await relay.url(), flush=True)
