@@ -72,7 +72,11 @@ class HandshakeGauge:
 
     ``max`` is the most ever pending at once. A healthy relay leaves the gauge before it
     writes its answer (so a client that moves on cannot overlap itself); a hanging relay
-    leaves it when the client hangs up.
+    leaves it when the client hangs up. Threads notice a hang-up a little late, so before
+    counting a new connection the gauge first looks (without blocking) for pending ones
+    whose client has already closed: a client that closes one attempt and then dials the
+    next is never counted twice. ``intervals`` keeps one record per connection (relay port,
+    monotonic enter and leave times, how it ended) for diagnosing a failure.
     """
 
     def __init__(self):
@@ -81,22 +85,71 @@ class HandshakeGauge:
         self.max = 0
         self.total = 0
         self.history: list[tuple[float, int]] = []  # (monotonic time, pending after change)
+        self.intervals: list[dict] = []
+        self._pending: list[tuple[dict, socket.socket | None]] = []
 
-    def enter(self) -> None:
+    def enter(self, port: int = 0, sock: socket.socket | None = None) -> dict:
         with self._lock:
+            for record, pending_sock in list(self._pending):
+                if pending_sock is not None and _peer_closed(pending_sock):
+                    self._leave_locked(record, "client hung up")
             self.current += 1
             self.total += 1
             self.max = max(self.max, self.current)
-            self.history.append((time.monotonic(), self.current))
+            now = time.monotonic()
+            self.history.append((now, self.current))
+            record = {"port": port, "enter": now, "leave": None, "how": None}
+            self.intervals.append(record)
+            self._pending.append((record, sock))
+            return record
 
-    def leave(self) -> None:
+    def leave(self, record: dict | None = None, how: str = "") -> None:
         with self._lock:
-            self.current -= 1
-            self.history.append((time.monotonic(), self.current))
+            if record is not None and record["leave"] is not None:
+                return  # already counted out by a sweep
+            self._leave_locked(record, how)
+
+    def _leave_locked(self, record: dict | None, how: str) -> None:
+        self.current -= 1
+        now = time.monotonic()
+        self.history.append((now, self.current))
+        if record is not None:
+            record["leave"], record["how"] = now, how
+            self._pending = [(r, s) for r, s in self._pending if r is not record]
+
+    def pending_at_max(self) -> list[dict]:
+        """The connections pending at the first moment the gauge reached ``max``."""
+        with self._lock:
+            for t, n in self.history:
+                if n == self.max:
+                    return [r for r in self.intervals
+                            if r["enter"] <= t and (r["leave"] is None or r["leave"] > t)]
+        return []
+
+    def describe(self) -> str:
+        if not self.history:
+            return "no connections"
+        t0 = self.history[0][0]
+        rows = [
+            f"port {r['port']}: {r['enter'] - t0:.3f}s → "
+            + (f"{r['leave'] - t0:.3f}s ({r['how']})" if r["leave"] is not None else "still pending")
+            for r in self.pending_at_max()
+        ]
+        return f"max {self.max} pending at once:\n" + "\n".join(rows)
 
 
 class _Closed(Exception):
     pass
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """True if the client has closed (EOF or reset is queued); never blocks."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
 
 
 def _unmask(data: bytes, mask: bytes) -> bytes:
@@ -416,20 +469,20 @@ class ScriptedRelay:
                 continue
             except OSError:
                 return
-            self.handshake_gauge.enter()
+            record = self.handshake_gauge.enter(self.port, sock)
             sock.settimeout(None)
             with self._sockets_lock:
                 self._sockets.add(sock)
-            self._spawn(self._serve, sock)
+            self._spawn(self._serve, sock, record)
 
-    def _serve(self, sock: socket.socket) -> None:
+    def _serve(self, sock: socket.socket, record: dict) -> None:
         pending = True
 
-        def answered():
+        def answered(how: str):
             nonlocal pending
             if pending:
                 pending = False
-                self.handshake_gauge.leave()
+                self.handshake_gauge.leave(record, how)
 
         rfile = sock.makefile("rb")
         try:
@@ -440,13 +493,13 @@ class ScriptedRelay:
                     pass
                 return
             if headers.get("upgrade", "").lower() != "websocket" or "sec-websocket-key" not in headers:
-                answered()
+                answered("http")
                 self._answer_http(sock, headers)
                 return
             accept = base64.b64encode(
                 hashlib.sha1((headers["sec-websocket-key"] + WS_GUID).encode()).digest()
             ).decode()
-            answered()
+            answered("upgraded")
             sock.sendall(
                 (
                     "HTTP/1.1 101 Switching Protocols\r\n"
@@ -460,7 +513,7 @@ class ScriptedRelay:
         except (_Closed, OSError, ValueError):
             pass
         finally:
-            answered()
+            answered("client hung up" if self.hang_handshake else "ended before an answer")
             with self._sockets_lock:
                 self._sockets.discard(sock)
             try:
