@@ -59,8 +59,7 @@ def assert_symmetric_difference(client_items, server_items, have, need):
 
 def decode_ranges(message):
     """(bound, mode, payload) triples of a message, for looking inside our own output."""
-    dec = _Decoder(message)
-    dec.pos = 1
+    dec = _Decoder(message, start=1)
     out = []
     while not dec.at_end():
         bound, mode = dec.bound(), dec.varint()
@@ -106,8 +105,7 @@ def test_bounds_round_trip_as_timestamp_deltas(raw):
     enc = _Encoder()
     for b in bounds:
         enc.bound(b)
-    dec = _Decoder(bytes(enc.out))
-    dec.pos = 1
+    dec = _Decoder(bytes(enc.out), start=1)
     assert [dec.bound() for _ in bounds] == bounds and dec.at_end()
 
 

@@ -100,13 +100,16 @@ class _Decoder:
 
     __slots__ = ("data", "pos", "last_timestamp")
 
-    def __init__(self, data: bytes):
+    def __init__(self, data: bytes, start: int = 0):
         self.data = data
-        self.pos = 0
+        self.pos = start
         self.last_timestamp = 0
 
     def at_end(self) -> bool:
         return self.pos >= len(self.data)
+
+    def remaining(self) -> int:
+        return len(self.data) - self.pos
 
     def take(self, n: int) -> bytes:
         end = self.pos + n
@@ -257,7 +260,9 @@ class ClientStep(NamedTuple):
 
 def _check_frame_size_limit(limit: int) -> int:
     if limit != 0 and limit < MIN_FRAME_SIZE_LIMIT:
-        raise ValueError(f"frame size limit must be 0 (unlimited) or at least {MIN_FRAME_SIZE_LIMIT}")
+        raise ValueError(
+            f"frame size limit must be 0 (unlimited) or at least {MIN_FRAME_SIZE_LIMIT}"
+        )
     return limit
 
 
@@ -297,7 +302,8 @@ class _Reconciler:
         if index == len(self.storage):
             enc.id_list(INFINITE_BOUND, [])
         else:
-            enc.range(INFINITE_BOUND, Mode.FINGERPRINT, self.storage.fingerprint(index, len(self.storage)))
+            rest = self.storage.fingerprint(index, len(self.storage))
+            enc.range(INFINITE_BOUND, Mode.FINGERPRINT, rest)
 
     def _process(self, message: bytes, have: list[bytes], need: list[bytes]) -> bytes:
         if not message:
@@ -309,54 +315,32 @@ class _Reconciler:
             if self.initiator:
                 raise UnsupportedVersion(version)
             return bytes([PROTOCOL_VERSION])  # tell the client which version we speak
+        return self._answer_ranges(_Decoder(message, start=1), have, need)
 
-        storage = self.storage
-        dec = _Decoder(message)
-        dec.pos = 1
+    def _answer_ranges(self, dec: _Decoder, have: list[bytes], need: list[bytes]) -> bytes:
         enc = _Encoder()
         prev_index, prev_bound = 0, Bound(0)
         # Settled ranges are only written when something follows them: a message that ends
         # early implies Skip up to infinity.
         skip_pending = False
-
         while not dec.at_end():
             bound = dec.bound()
             mode = dec.varint()
-            lower = prev_index
-            upper = storage.find_lower_bound(lower, bound)
+            lower, upper = prev_index, self.storage.find_lower_bound(prev_index, bound)
             start = enc.mark()
             if skip_pending:
                 enc.range(prev_bound, Mode.SKIP)
-            wrote = True
-            resume_at = None  # set when our answer covers only part of this range
-
-            if mode == Mode.SKIP:
-                wrote = False
-            elif mode == Mode.FINGERPRINT:
-                if dec.take(FINGERPRINT_SIZE) == storage.fingerprint(lower, upper):
-                    wrote = False
-                else:
-                    self._split_range(enc, lower, upper, bound)
-            elif mode == Mode.ID_LIST:
-                count = dec.varint()
-                if count * ID_SIZE > len(message) - dec.pos:
-                    raise NegentropyError("id list longer than the message")
-                theirs = [dec.take(ID_SIZE) for _ in range(count)]
-                if self.initiator:
-                    _compare_ids(storage.ids(lower, upper), theirs, have, need)
-                    wrote = False
-                else:
-                    resume_at = self._answer_id_list(enc, lower, upper, bound, start[0])
-            else:
-                raise NegentropyError(f"unknown range mode {mode}")
-
-            if not wrote:
+            settled, resume_at = self._answer_range(
+                dec, enc, mode, lower, upper, bound, start[0], have, need
+            )
+            if settled:
                 enc.rewind(start)
                 skip_pending = True
             elif resume_at is not None:
                 self._close_early(enc, resume_at)
                 break
             elif not self._fits(len(enc.out)):
+                # No room for this answer: leave it, and everything after, to a later round.
                 enc.rewind(start)
                 if skip_pending:
                     enc.range(prev_bound, Mode.SKIP)
@@ -365,8 +349,42 @@ class _Reconciler:
             else:
                 skip_pending = False
             prev_index, prev_bound = upper, bound
-
         return bytes(enc.out)
+
+    def _answer_range(
+        self,
+        dec: _Decoder,
+        enc: _Encoder,
+        mode: int,
+        lower: int,
+        upper: int,
+        bound: Bound,
+        used: int,
+        have: list[bytes],
+        need: list[bytes],
+    ) -> tuple[bool, int | None]:
+        """Read one range's payload and write our answer to it.
+
+        Returns (settled, resume_at): settled means we have nothing to say (a Skip);
+        ``resume_at`` is set when the frame limit cut our id list short at that index.
+        """
+        if mode == Mode.SKIP:
+            return True, None
+        if mode == Mode.FINGERPRINT:
+            if dec.take(FINGERPRINT_SIZE) == self.storage.fingerprint(lower, upper):
+                return True, None
+            self._split_range(enc, lower, upper, bound)
+            return False, None
+        if mode == Mode.ID_LIST:
+            count = dec.varint()
+            if count * ID_SIZE > dec.remaining():
+                raise NegentropyError("id list longer than the message")
+            theirs = [dec.take(ID_SIZE) for _ in range(count)]
+            if self.initiator:
+                _compare_ids(self.storage.ids(lower, upper), theirs, have, need)
+                return True, None
+            return False, self._answer_id_list(enc, lower, upper, bound, used)
+        raise NegentropyError(f"unknown range mode {mode}")
 
     def _answer_id_list(
         self, enc: _Encoder, lower: int, upper: int, bound: Bound, used: int
@@ -388,7 +406,9 @@ class _Reconciler:
         return stop
 
 
-def _compare_ids(ours: list[bytes], theirs: list[bytes], have: list[bytes], need: list[bytes]) -> None:
+def _compare_ids(
+    ours: list[bytes], theirs: list[bytes], have: list[bytes], need: list[bytes]
+) -> None:
     their_set = set(theirs)
     our_set = set(ours)
     have.extend(i for i in ours if i not in their_set)
