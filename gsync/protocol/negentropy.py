@@ -3,8 +3,10 @@
 Pure: bytes in, bytes out; no sockets, no clock. Both roles live here. A client (the
 initiator) sends ``initiate()`` and feeds every answer to ``reconcile()``, which reports the
 ids only it has (``have``), the ids only the server has (``need``) and the next message, or
-``None`` once every range is settled. A server answers each message with ``respond()`` and
-keeps no state between messages.
+``None`` once every range is settled; each id is reported once, even when a frame limit
+brings a range round again. A server answers each message with ``respond()`` and keeps no
+state between messages. Malformed input is a ``NegentropyError``, never a crash or a loop:
+every step consumes input, and the caller bounds the rounds.
 
 Theory of operation. Both sides sort their items by (timestamp, id). A message is a version
 byte and a list of adjacent ranges covering the whole (timestamp, id) space; each range
