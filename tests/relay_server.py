@@ -73,9 +73,10 @@ async def main(opts):
         db = await NostrLmdb.open(opts.get("lmdb") or opts["seed_file"] + ".lmdb")
         if opts.get("seed_file"):
             with open(opts["seed_file"]) as fh:
-                for line in fh:
-                    if line.strip():
-                        await db.save_event(Event.from_json(line))
+                lines = [line for line in fh if line.strip()]
+            for start in range(0, len(lines), 1000):  # concurrent saves share LMDB commits
+                chunk = lines[start : start + 1000]
+                await asyncio.gather(*(db.save_event(Event.from_json(line)) for line in chunk))
         builder = builder.database(db)
     if opts.get("reject"):
         builder = builder.write_policy(RejectPolicy(opts["reject"]))

@@ -35,6 +35,7 @@ class RelayProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30.0) -> "RelayProcess":
+        """Start and wait until it accepts connections (seeding happens before READY)."""
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "relay_server.py"), json.dumps(self.options)],
             stdin=subprocess.PIPE,
@@ -42,11 +43,11 @@ class RelayProcess:
             stderr=subprocess.DEVNULL,
             text=True,
         )
-        deadline = time.monotonic() + timeout
         line = self.proc.stdout.readline()
         if not line.startswith("READY"):
             self.stop()
             raise RuntimeError(f"relay on port {self.port} did not start: {line!r}")
+        deadline = time.monotonic() + timeout
         # The listener is up when READY is printed; a connect confirms it.
         while time.monotonic() < deadline:
             try:
@@ -80,6 +81,22 @@ class RelayProcess:
 
 def start_relay(**options) -> RelayProcess:
     return RelayProcess(options).start()
+
+
+def start_relays(*option_sets: dict) -> list[RelayProcess]:
+    """Start several relays at once: seeding large databases runs in parallel."""
+    import threading
+
+    relays = [RelayProcess(o) for o in option_sets]
+    threads = [threading.Thread(target=r.start) for r in relays]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in relays:
+        if r.proc is None:
+            raise RuntimeError(f"relay on port {r.port} did not start")
+    return relays
 
 
 def write_seed_file(events, directory: str | None = None) -> str:

@@ -61,6 +61,8 @@ class RelayConnection:
 
     def unsubscribe(self, sub_id: str) -> None:
         if self.subscriptions.pop(sub_id, None) is not None:
+            if len(self._closing) > 1000:  # relays that never answer CLOSE
+                self._closing.clear()
             self._closing.add(sub_id)
             self.send(wire.close(sub_id))
 

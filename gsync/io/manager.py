@@ -504,6 +504,8 @@ class SyncManager:
 
     def on_closed(self, state: RelayState, closed: wire.Closed) -> None:
         sub_id = closed.sub_id
+        if sub_id not in state.sub_to_batch and sub_id not in state.live_subs:
+            return  # already finished (some relays close an ids-only REQ after its EOSE)
         state.conn.forget(sub_id)
         log.warning("subscription_closed", relay=state.url, sub_id=sub_id,
                     reason=f"{closed.prefix.value}: {closed.text}"[:200])

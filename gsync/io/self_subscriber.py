@@ -1,8 +1,9 @@
 """The self-subscription: what the own relay accepted is what gsync should sync (SPEC §2).
 
 ``REQ {kinds:[30617,1617,1618,1621]}``, full history on first connect and
-``since = last_connected - 900`` after a reconnect. Every event is posted to the manager,
-which batches them; EOSE is posted too (it is when systemd hears READY=1).
+``since = last_connected - 900`` after a reconnect, read in pages (relays cap one REQ's
+answer). Every event is posted to the manager, which batches them; the end of the history is
+posted too (it is when systemd hears READY=1).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ..protocol import messages as wire
 from ..protocol.event import EventError, parse_event
 from ..protocol.filters import Filter
 from .events import OwnEvent, OwnSubscribed
+from .own_query import history_pages
 
 SUB_ID = "gsync-self"
 
@@ -54,31 +56,52 @@ class SelfSubscriber:
             reconnect = self.last_connected is not None
             since = int(self.last_connected) - constants.RECONNECT_OVERLAP_SECS if reconnect else None
             self.last_connected = self._clock()
+            history = None
             try:
-                ws.send(wire.req(SUB_ID, [self_filter(since)]))
+                # Live first (limit 0: only new events), then the history in pages on a
+                # second connection: relays cap one REQ's answer, and nothing may slip
+                # between the two.
+                ws.send(wire.req(SUB_ID, [self_filter(None).replace(limit=0)]))
                 self._log.info("self_subscription_started", relay=self.url, since=since)
-                self._read(ws, reconnect)
+                history = gevent.spawn(self._read_history, since, reconnect)
+                self._read(ws)
             except Exception as exc:
                 self._log.warning("self_subscription_lost", relay=self.url, reason=type(exc).__name__)
             finally:
+                if history is not None:
+                    history.kill(block=False)
                 try:
                     ws.close(timeout=1)
                 except Exception:
                     pass
             gevent.sleep(backoff)
 
-    def _read(self, ws, reconnect: bool) -> None:
+    def _read_history(self, since: int | None, reconnect: bool) -> None:
+        ws = websocket.create_connection(self.url, timeout=30, enable_multithread=False)
+        count = 0
+        try:
+            for page in history_pages(ws, self_filter(since)):
+                for raw in page:
+                    self._post_event(raw)
+                count += len(page)
+        finally:
+            ws.close(timeout=1)
+        self._log.info("self_history_read", relay=self.url, events=count, since=since)
+        self._post(OwnSubscribed(reconnect))
+
+    def _post_event(self, raw: dict) -> None:
+        try:
+            # Our own relay already checked the signature; the id check stays cheap.
+            self._post(OwnEvent(parse_event(raw, check_sig=False)))
+        except EventError as exc:
+            self._log.warning("own_relay_bad_event", reason=exc.reason)
+
+    def _read(self, ws) -> None:
         ws.settimeout(None)
         while True:
             msg = wire.parse_relay_message(ws.recv())
             if isinstance(msg, wire.RelayEvent) and msg.sub_id == SUB_ID:
-                try:
-                    # Our own relay already checked the signature; the id check stays cheap.
-                    self._post(OwnEvent(parse_event(msg.event, check_sig=False)))
-                except EventError as exc:
-                    self._log.warning("own_relay_bad_event", reason=exc.reason)
+                self._post_event(msg.event)
                 self.last_connected = self._clock()
-            elif isinstance(msg, wire.Eose) and msg.sub_id == SUB_ID:
-                self._post(OwnSubscribed(reconnect))
             elif isinstance(msg, wire.Closed) and msg.sub_id == SUB_ID:
                 raise ConnectionError(f"own relay closed the self-subscription: {msg.text}")
