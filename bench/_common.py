@@ -1,0 +1,422 @@
+"""Shared helpers for the benchmarks in ``bench/``.
+
+- ``build_dataset``: a deterministic NIP-34 data set (repositories, roots, replies) signed for
+  real, with the announcements listing our service and one remote relay.
+- ``seed_lmdb``: writes signed events into a fresh LMDB directory in a subprocess, with many
+  concurrent ``save_event`` calls (about 5x faster than the relay harness's one-at-a-time
+  ``seed_file`` path); the relay is then started with ``start_relay(lmdb=DIR)``.
+- ``Proxy``: a loopback TCP proxy subprocess in front of a relay that counts bytes in each
+  direction, one listening port per consumer, so gsync and the comparator are measured the
+  same way.
+- ``cpu_seconds``: utime + stime of a process from ``/proc/<pid>/stat``.
+- ``floor_cost``: CPU seconds of json.loads + ``parse_event`` (id + BIP-340 check) per event.
+
+Run as a script, this file is the proxy (``proxy TARGET_PORT N``) or the LMDB seeder
+(``seed-lmdb DIR JSONL``); neither mode imports gevent.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+BASE_CREATED_AT = 1_700_000_000
+ROOT_KINDS = (1617, 1618, 1621)
+
+
+# -- data set ------------------------------------------------------------------------------
+
+
+@dataclass
+class Dataset:
+    events: list = field(default_factory=list)  # gsync.protocol.event.Event, oldest first
+    announcements: list = field(default_factory=list)
+    repos: dict = field(default_factory=dict)  # address -> SyncLevel.FULL
+    root_ids: list = field(default_factory=list)
+    kinds: dict = field(default_factory=dict)  # kind -> count
+    layer2_only: int = 0  # reachable by state / #a (not needing layer 3)
+    layer3_only: int = 0  # reachable only through a root id (e/E/q)
+
+    @property
+    def ids(self) -> set:
+        return {e.id for e in self.events}
+
+    def json_lines(self, events=None) -> list[str]:
+        return [e.to_json() for e in (self.events if events is None else events)]
+
+
+def build_dataset(n_events: int, n_repos: int, domain: str, remote_url: str,
+                  n_authors: int = 24) -> Dataset:
+    """``n_events`` events in ``n_repos`` repositories: per repo one announcement (listing
+    ``domain`` as clone + relay, and ``remote_url``), one state, about a fifth roots (issues,
+    root patches, PRs; ``a``-tagged) and the rest replies reaching a root by ``e``/``E``/``q``
+    (NIP-22 comments, some nested; statuses; PR updates; kind-1 quotes).
+
+    Deterministic: fixed keys (``Author.named``), fixed unique ``created_at`` values (so
+    ``until`` pagination is exact), a seeded RNG. Only the announcements' ids depend on
+    ``domain`` and ``remote_url``. Signatures use fresh aux randomness (BIP-340 allows it).
+    """
+    from gsync.sync.repos import SyncLevel
+    from tests import factory as f
+
+    if n_events < 3 * n_repos:
+        raise ValueError("need at least 3 events per repository (announcement, state, root)")
+    people = [f.Author.named(f"bench-dev-{i:02d}") for i in range(n_authors)]
+    rng = random.Random(f"gsync-bench/{n_events}/{n_repos}")
+    clock = iter(range(BASE_CREATED_AT, BASE_CREATED_AT + 10 * n_events))
+    ds = Dataset()
+
+    per_repo = [n_events // n_repos + (1 if i < n_events % n_repos else 0) for i in range(n_repos)]
+    plans = []  # per repo: list of step kinds after announcement + state
+    for i, total in enumerate(per_repo):
+        roots = max(1, round(total / 5))
+        roots = min(roots, total - 2)
+        replies = total - 2 - roots
+        plans.append(["root"] * roots + ["reply"] * replies)
+
+    repos = []
+    for i in range(n_repos):
+        owner = people[i % n_authors]
+        d = f"bench-{i:04d}"
+        ann = f.announcement(
+            owner, d, clone=[f"http://{domain}/{owner.pubkey}/{d}.git"],
+            relays=[f"ws://{domain}", remote_url], created_at=next(clock),
+        )
+        ds.announcements.append(ann)
+        ds.events.append(ann)
+        ds.repos[ann.address] = SyncLevel.FULL
+        repos.append({"ann": ann, "owner": owner, "d": d, "roots": [], "comments": {}})
+    for r in repos:
+        ds.events.append(f.state(r["owner"], r["d"], created_at=next(clock)))
+        ds.layer2_only += 1
+
+    root_makers = (
+        lambda a, repo, n: f.issue(a, repo, subject=f"issue {n}", created_at=next(clock)),
+        lambda a, repo, n: f.patch(a, repo, content=f"From {n:040x} Mon Sep 17 00:00:00 2001\n"
+                                   f"Subject: [PATCH] change {n}\n\n---\n", created_at=next(clock)),
+        lambda a, repo, n: f.pr(a, repo, subject=f"feature {n}",
+                                commit=hashlib.sha1(f"{n}".encode()).hexdigest(),
+                                created_at=next(clock)),
+    )
+    reply_weights = [("comment", 45), ("nested", 20), ("status", 12), ("quote", 10), ("update", 13)]
+    reply_types = [t for t, w in reply_weights for _ in range(w)]
+
+    longest = max(len(p) for p in plans)
+    for step in range(longest):
+        for i, r in enumerate(repos):
+            if step >= len(plans[i]):
+                continue
+            who = people[rng.randrange(n_authors)]
+            if plans[i][step] == "root":
+                ev = root_makers[len(r["roots"]) % 3](who, r["ann"], len(ds.root_ids))
+                r["roots"].append(ev)
+                ds.root_ids.append(ev.id)
+                ds.layer2_only += 1
+            else:
+                root = r["roots"][rng.randrange(len(r["roots"]))]
+                kind = rng.choice(reply_types)
+                if kind == "update" and root.kind != 1618:
+                    kind = "comment"
+                if kind == "nested" and not r["comments"].get(root.id):
+                    kind = "comment"
+                if kind == "comment":
+                    ev = f.comment(who, root, content=f"reply {step}", created_at=next(clock))
+                    r["comments"].setdefault(root.id, []).append(ev)
+                    ds.layer3_only += 1
+                elif kind == "nested":
+                    parent = rng.choice(r["comments"][root.id])
+                    ev = f.comment(who, root, parent, content=f"nested {step}",
+                                   created_at=next(clock))
+                    r["comments"][root.id].append(ev)
+                    ds.layer3_only += 1
+                elif kind == "status":
+                    ev = f.status(who, root, rng.choice((1630, 1631, 1632, 1633)),
+                                  created_at=next(clock))
+                    ds.layer2_only += 1  # statuses carry the repo's `a` tag too
+                elif kind == "quote":
+                    ev = f.quote(who, root, content=f"see nostr:{root.id[:8]}",
+                                 created_at=next(clock))
+                    ds.layer3_only += 1
+                else:
+                    ev = f.pr_update(who, root, commit=hashlib.sha1(f"u{step}{i}".encode()).hexdigest(),
+                                     created_at=next(clock))
+                    ds.layer2_only += 1  # PR updates carry `a` as well as `E`
+            ds.events.append(ev)
+    for e in ds.events:
+        ds.kinds[e.kind] = ds.kinds.get(e.kind, 0) + 1
+    assert len(ds.events) == n_events, (len(ds.events), n_events)
+    return ds
+
+
+# -- seeding an LMDB database -----------------------------------------------------------------
+
+
+def write_jsonl(lines, directory: str) -> str:
+    path = os.path.join(directory, f"seed-{time.monotonic_ns()}.jsonl")
+    with open(path, "w") as fh:
+        for line in lines:
+            fh.write(line + "\n")
+    return path
+
+
+def seed_lmdb_start(directory: str, jsonl_path: str) -> subprocess.Popen:
+    """Start filling ``directory`` (a new LMDB) from a JSON-lines file; ``seed_lmdb_wait``."""
+    return subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "seed-lmdb", directory, jsonl_path],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def seed_lmdb_wait(proc: subprocess.Popen, expected: int, timeout: float = 120) -> None:
+    out, err = proc.communicate(timeout=timeout)
+    words = out.split()
+    if proc.returncode != 0 or len(words) < 2 or words[0] != "SEEDED" or int(words[1]) != expected:
+        raise RuntimeError(f"seeding failed (want {expected}): {out!r} {err[-2000:]!r}")
+
+
+async def _seed_lmdb_main(directory: str, jsonl_path: str) -> None:
+    import asyncio
+
+    from nostr_sdk import Event, Filter, NostrLmdb
+
+    db = await NostrLmdb.open(directory)
+    sem = asyncio.Semaphore(20000)  # concurrent saves are batched by nostr-lmdb's ingester
+
+    async def save(line):
+        async with sem:
+            await db.save_event(Event.from_json(line))
+
+    with open(jsonl_path) as fh:
+        lines = [line for line in fh if line.strip()]
+    await asyncio.gather(*(save(line) for line in lines))
+    print("SEEDED", await db.count(Filter()), flush=True)
+
+
+# -- byte-counting TCP proxy ---------------------------------------------------------------
+
+
+class Proxy:
+    """``python _common.py proxy TARGET_PORT N`` in a subprocess: N listening ports, each
+    forwarding to 127.0.0.1:TARGET_PORT with its own byte counters (``up`` = client to relay,
+    ``down`` = relay to client, TCP payload bytes, websocket framing and HTTP included)."""
+
+    def __init__(self, target_port: int, listeners: int, trace: str | None = None):
+        """``trace``: a file to write, for the first listener, one JSON line per websocket
+        text frame (``t`` is time.monotonic(), comparable across processes): client frames
+        (``up``) and relay frames (``down``) other than EVENT, which are only counted;
+        200 characters of head and 120 of tail."""
+        cmd = [sys.executable, os.path.abspath(__file__), "proxy", str(target_port), str(listeners)]
+        if trace:
+            cmd.append(trace)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        line = self.proc.stdout.readline().split()
+        if not line or line[0] != "READY":
+            self.stop()
+            raise RuntimeError(f"proxy did not start: {line!r}")
+        self.ports = [int(p) for p in line[1:]]
+        self.urls = [f"ws://127.0.0.1:{p}" for p in self.ports]
+
+    def stats(self) -> list[dict]:
+        self.proc.stdin.write("stats\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class Endpoint:
+    """Something GsyncProcess accepts as a remote (``.port``, ``.url``): a proxy port."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.url = f"ws://127.0.0.1:{port}"
+
+
+class _FrameTracer:
+    """Decodes one direction of a websocket connection (after the HTTP upgrade) enough to log
+    text frames. Best effort: a connection that is not a websocket is ignored."""
+
+    def __init__(self, out, conn: int, direction: str, t0: float):
+        self.out, self.conn, self.dir, self.t0 = out, conn, direction, t0
+        self.buf = b""
+        self.in_http = True
+        self.dead = False
+        self.events = 0
+
+    def feed(self, data: bytes) -> None:
+        if self.dead:
+            return
+        self.buf += data
+        if self.in_http:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self.buf) > 65536:
+                    self.dead = True
+                return
+            head = self.buf[:end]
+            if self.dir == "down" and b" 101 " not in head.split(b"\r\n", 1)[0]:
+                self.dead = True
+                return
+            self.buf = self.buf[end + 4:]
+            self.in_http = False
+        while len(self.buf) >= 2:
+            b0, b1 = self.buf[0], self.buf[1]
+            n, pos = b1 & 0x7F, 2
+            if n == 126:
+                if len(self.buf) < 4:
+                    return
+                n, pos = int.from_bytes(self.buf[2:4], "big"), 4
+            elif n == 127:
+                if len(self.buf) < 10:
+                    return
+                n, pos = int.from_bytes(self.buf[2:10], "big"), 10
+            mask = None
+            if b1 & 0x80:
+                if len(self.buf) < pos + 4:
+                    return
+                mask, pos = self.buf[pos:pos + 4], pos + 4
+            if len(self.buf) < pos + n:
+                return
+            payload, self.buf = self.buf[pos:pos + n], self.buf[pos + n:]
+            if b0 & 0x0F != 1 or b0 & 0x40:  # not a text frame, or compressed
+                continue
+            if self.dir == "down" and payload.startswith(b'["EVENT"'):
+                self.events += 1
+                continue
+            if mask is not None:
+                key = (mask * (n // 4 + 1))[:n]
+                payload = (int.from_bytes(payload, "big") ^ int.from_bytes(key, "big")).to_bytes(
+                    n, "big")
+            record = {"t": round(time.monotonic(), 3), "conn": self.conn,
+                      "dir": self.dir, "len": n, "head": payload[:200].decode(errors="replace")}
+            if n > 200:
+                record["tail"] = payload[-120:].decode(errors="replace")
+            self.out.write(json.dumps(record) + "\n")
+
+
+async def _proxy_main(target_port: int, listeners: int, trace_path: str | None = None) -> None:
+    import asyncio
+
+    counters = [{"up": 0, "down": 0, "connections": 0} for _ in range(listeners)]
+    trace = open(trace_path, "w") if trace_path else None
+    t0 = time.monotonic()
+
+    async def pump(reader, writer, counter, key, tracer=None):
+        try:
+            while True:
+                data = await reader.read(262144)
+                if not data:
+                    break
+                counter[key] += len(data)
+                if tracer is not None:
+                    tracer.feed(data)
+                writer.write(data)
+                await writer.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            try:
+                writer.close()
+            except OSError:
+                pass
+
+    def handler(index):
+        async def handle(client_reader, client_writer):
+            counters[index]["connections"] += 1
+            try:
+                relay_reader, relay_writer = await asyncio.open_connection("127.0.0.1", target_port)
+            except OSError:
+                client_writer.close()
+                return
+            conn = counters[index]["connections"]
+            up = down = None
+            if trace is not None and index == 0:
+                up = _FrameTracer(trace, conn, "up", t0)
+                down = _FrameTracer(trace, conn, "down", t0)
+            await asyncio.gather(
+                pump(client_reader, relay_writer, counters[index], "up", up),
+                pump(relay_reader, client_writer, counters[index], "down", down),
+            )
+            if down is not None and down.events:
+                trace.write(json.dumps({"t": round(time.monotonic(), 3), "conn": conn,
+                                        "dir": "down", "events": down.events}) + "\n")
+        return handle
+
+    servers = [await asyncio.start_server(handler(i), "127.0.0.1", 0) for i in range(listeners)]
+    ports = [s.sockets[0].getsockname()[1] for s in servers]
+    print("READY", *ports, flush=True)
+
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+
+    def on_stdin():
+        line = sys.stdin.readline()
+        if not line:
+            done.set()
+        elif line.strip() == "stats":
+            if trace is not None:
+                trace.flush()
+            sys.stdout.write(json.dumps(counters) + "\n")
+            sys.stdout.flush()
+
+    loop.add_reader(sys.stdin.fileno(), on_stdin)
+    await done.wait()
+
+
+# -- measuring ---------------------------------------------------------------------------------
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (not its children), in seconds."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def floor_cost(json_strings: list[str]) -> dict:
+    """CPU seconds per 1,000 events for what gsync must do at least for each remote event:
+    json.loads + parse_event (types, id recomputed, BIP-340 signature verified)."""
+    from gsync.protocol import event as ev
+
+    ev._xonly_key.cache_clear()
+    out = {}
+    for label, checks in (("full", {}), ("no_sig", {"check_sig": False})):
+        t = time.process_time()
+        for s in json_strings:
+            ev.parse_event(json.loads(s), **checks)
+        out[label] = (time.process_time() - t) / len(json_strings) * 1000
+    out["sig"] = out["full"] - out["no_sig"]
+    return out
+
+
+if __name__ == "__main__":
+    import asyncio
+
+    if sys.argv[1] == "proxy":
+        asyncio.run(_proxy_main(int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:5]))
+    elif sys.argv[1] == "seed-lmdb":
+        asyncio.run(_seed_lmdb_main(sys.argv[2], sys.argv[3]))
+    else:
+        raise SystemExit(f"unknown mode {sys.argv[1]!r}")
