@@ -144,14 +144,18 @@ class RelayConnection:
 
     def _handle_frame(self, data: bytes) -> None:
         msg = wire.parse_relay_message(data)
+        if self.neg_waiters and _concerns_negentropy(msg):
+            # NIP-77 exchanges read raw frames (negentropy_ws parses and judges them).
+            for inbox in self.neg_waiters.values():
+                inbox.put(data)
+            if isinstance(msg, (wire.NegMsg, wire.NegErr)):
+                return
         if isinstance(msg, wire.Malformed):
             self._junk(f"malformed_{msg.reason}")
             return
         self._junk_streak = 0
         if isinstance(msg, wire.RelayEvent):
             self._handle_event(msg)
-        elif isinstance(msg, (wire.NegMsg, wire.NegErr)) and msg.sub_id in self.neg_waiters:
-            self.neg_waiters[msg.sub_id].put(msg)
         elif isinstance(msg, wire.AuthChallenge):
             self._challenge = msg.challenge
         elif isinstance(msg, (wire.Closed, wire.Eose)) and msg.sub_id in self._closing:
@@ -164,9 +168,6 @@ class RelayConnection:
         ):
             return
         else:
-            if isinstance(msg, wire.Notice) and self.neg_waiters and wire.is_negentropy_notice(msg.text):
-                for q in self.neg_waiters.values():
-                    q.put(msg)
             self._post(RemoteMessage(self.relay, self.session, msg))
 
     def _handle_event(self, msg: wire.RelayEvent) -> None:
@@ -196,6 +197,13 @@ class RelayConnection:
 
     def _now(self) -> int:
         return int((self._clock or time.time)())
+
+
+def _concerns_negentropy(msg) -> bool:
+    """NEG-MSG / NEG-ERR, a NOTICE about negentropy, or a frame too broken to tell."""
+    if isinstance(msg, (wire.NegMsg, wire.NegErr, wire.Malformed)):
+        return True
+    return isinstance(msg, wire.Notice) and wire.is_negentropy_notice(msg.text)
 
 
 def auth_event(secret: str, relay: str, challenge: str, now: int):

@@ -19,8 +19,8 @@ from collections import deque
 
 import gevent
 import gevent.event
-import websocket
 
+from .ws import connect as ws_connect
 from ..ops import metrics
 from ..protocol import messages as wire
 from ..protocol.event import Event
@@ -146,9 +146,7 @@ class OwnRelayDelivery:
         backoff = 0.5
         while not self._stopping:
             try:
-                lane.ws = websocket.create_connection(
-                    self.url, timeout=CONNECT_TIMEOUT_SECS, enable_multithread=False
-                )
+                lane.ws = ws_connect(self.url, CONNECT_TIMEOUT_SECS)
             except Exception as exc:
                 self._lane_down(lane, f"connect failed: {type(exc).__name__}")
                 gevent.sleep(backoff)

@@ -16,9 +16,9 @@ from urllib.parse import urlsplit
 
 import gevent
 import gevent.pool
-import websocket
 from gevent.queue import Queue
 
+from .ws import connect as ws_connect
 from ..ops import metrics
 from ..protocol.urls import AddressPolicy, SsrfRefused, UrlError, split_host_port
 from .events import HandshakeDone, HandshakeStarted
@@ -45,9 +45,7 @@ def open_websocket(url: str, policy: AddressPolicy, timeout: float):
             sock.connect(sockaddr)
             if parts.scheme == "wss":
                 sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
-            return websocket.create_connection(
-                url, socket=sock, timeout=timeout, enable_multithread=False
-            )
+            return ws_connect(url, timeout, socket=sock)
         except Exception as exc:
             last_error = exc
             sock.close()

@@ -628,18 +628,23 @@ class SyncManager:
             metrics.NEGENTROPY_BYTES.labels(state.url, "up").inc(result.bytes_up)
             metrics.NEGENTROPY_BYTES.labels(state.url, "down").inc(result.bytes_down)
             metrics.NEGENTROPY_ROUNDS.labels(state.url).inc(result.rounds)
-            need = set(result.need_ids) - self.seen.keys()
+            # Several filters of a batch match the same events (a comment tags its root with
+            # both E and e): each id is fetched once, by the first batch that expects it.
+            expected = set().union(*(b.advertised_ids for b in state.pending.values()))
+            need = set(result.need_ids) - self.seen.keys() - expected
             log.debug("negentropy_done", relay=state.url, batch_id=batch.batch_id, need=len(need),
                       have=len(result.have_ids), rounds=result.rounds)
-            if need:
-                batch.expect_ids(need)
-                self.queue_id_fetches(state, batch, need)
+            batch.expect_ids(need)
         else:
             if result.own_relay_failed:
                 log.warning("negentropy_own_relay_unavailable", relay=state.url, reason=result.reason)
             else:
                 self.disable_negentropy(state, result.reason)
             self.queue_reqs(state, batch, [msg.filter], front=True)
+        if batch.advertised_ids and not any(sub.startswith("neg") for sub in batch.outstanding_subs):
+            # The batch's last exchange: fetch everything it found at once, in as few REQs
+            # as the 300-id cap allows (each REQ start is paced).
+            self.queue_id_fetches(state, batch, batch.advertised_ids - self.seen.keys())
         self.pump_historic(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
@@ -696,7 +701,9 @@ class SyncManager:
     def on_own_event(self, msg: OwnEvent) -> None:
         self.own_batch.append(msg.event)
         self.seen.setdefault(msg.event.id, None)
-        if not self.own_window_open:
+        # The first history read is one batch, however long it takes: one AddFilters per
+        # relay instead of a drip of them.
+        if not self.own_window_open and self.ready:
             self.own_window_open = True
             gevent.spawn_later(self.config.sync.batch_window_ms / 1000, self.post, BatchWindowClosed(0))
 
@@ -745,6 +752,7 @@ class SyncManager:
     def on_own_subscribed(self, msg: OwnSubscribed) -> None:
         if not self.ready:
             self.ready = True
+            self.on_batch_window_closed(BatchWindowClosed(self.clock()))
             log.info("ready", own_relay=self.config.service.own_relay)
             if self.on_ready:
                 self.on_ready()

@@ -9,15 +9,13 @@ outcome, not an exception: the manager falls back to REQ+EOSE.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from gevent.queue import Empty, Queue
 
 from ..constants import NEGENTROPY_DEADLINE_SECS
-from ..protocol import messages as wire
 from ..protocol.filters import Filter
-from ..protocol.negentropy import NegentropyClient, NegentropyError, Storage
+from . import negentropy_ws
 from .events import NegentropyFinished
 from .own_query import own_holdings
 
@@ -50,60 +48,25 @@ def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batc
 
 
 def exchange(conn, sub_id: str, flt: Filter, items, deadline_secs: float,
-             frame_size_limit: int = FRAME_SIZE_LIMIT, clock=time.monotonic) -> NegentropyOutcome:
-    """Reconcile ``items`` with the relay behind ``conn`` for ``flt``."""
-    unique = {eid: ts for ts, eid in items}  # the have-set's sources overlap
-    storage = Storage.from_hex((ts, eid) for eid, ts in unique.items())
-    client = NegentropyClient(storage, frame_size_limit)
+             frame_size_limit: int = FRAME_SIZE_LIMIT) -> NegentropyOutcome:
+    """Reconcile ``items`` with the relay behind ``conn`` for ``flt``; the connection's
+    reader hands this exchange the NIP-77 frames (and NOTICEs) through a queue."""
     inbox: Queue = Queue()
     conn.neg_waiters[sub_id] = inbox
-    outcome = NegentropyOutcome(True)
-    need: list[bytes] = []
-    have: list[bytes] = []
-    deadline = clock() + deadline_secs
+
+    def receive(timeout: float):
+        try:
+            return inbox.get(timeout=timeout)
+        except Empty:
+            return None
+
     try:
-        message = client.initiate().hex()
-        text = wire.neg_open(sub_id, flt, message)
-        while True:
-            conn.send(text)
-            outcome.bytes_up += len(message) // 2
-            outcome.rounds += 1
-            reply = _next_reply(inbox, deadline - clock())
-            if reply is None:
-                return _failed(outcome, "no NIP-77 answer within the deadline")
-            if isinstance(reply, wire.NegErr):
-                return _failed(outcome, f"NEG-ERR {reply.prefix.value}: {reply.text}")
-            if isinstance(reply, wire.Notice):
-                return _failed(outcome, f"NOTICE: {reply.text}")
-            outcome.bytes_down += len(reply.message_hex) // 2
-            try:
-                step = client.reconcile(bytes.fromhex(reply.message_hex))
-            except NegentropyError as exc:
-                return _failed(outcome, f"bad NIP-77 message: {exc}")
-            have += step.have
-            need += step.need
-            if step.message is None:
-                break
-            message = step.message.hex()
-            text = wire.neg_msg(sub_id, message)
+        r = negentropy_ws.reconcile(conn.send, receive, sub_id, flt, items,
+                                    frame_size_limit=frame_size_limit, deadline_secs=deadline_secs)
+        return NegentropyOutcome(True, r.need_ids, r.have_ids, r.rounds, r.bytes_up, r.bytes_down)
+    except negentropy_ws.NegentropyFailed as exc:
+        r = exc.result
+        return NegentropyOutcome(False, rounds=r.rounds, bytes_up=r.bytes_up, bytes_down=r.bytes_down,
+                                 reason=f"{exc.reason}: {exc.text}")
     finally:
         conn.neg_waiters.pop(sub_id, None)
-        conn.send(wire.neg_close(sub_id))
-    outcome.need_ids = [i.hex() for i in need]
-    outcome.have_ids = [i.hex() for i in have]
-    return outcome
-
-
-def _next_reply(inbox: Queue, timeout: float):
-    if timeout <= 0:
-        return None
-    try:
-        return inbox.get(timeout=timeout)
-    except Empty:
-        return None
-
-
-def _failed(outcome: NegentropyOutcome, reason: str) -> NegentropyOutcome:
-    outcome.ok = False
-    outcome.reason = reason
-    return outcome

@@ -13,8 +13,8 @@ from __future__ import annotations
 import uuid
 from typing import Iterator
 
-import websocket
 
+from .ws import connect as ws_connect
 from ..constants import PAGE_THRESHOLD
 from ..protocol import messages as wire
 from ..protocol.filters import Filter
@@ -49,7 +49,7 @@ def own_holdings(url: str, flt: Filter, timeout: float = QUERY_TIMEOUT_SECS) -> 
 
     Raises ``OSError``/``websocket`` errors when the relay cannot be asked.
     """
-    ws = websocket.create_connection(url, timeout=timeout, enable_multithread=False)
+    ws = ws_connect(url, timeout)
     try:
         return [(e["created_at"], e["id"]) for page in history_pages(ws, flt) for e in page]
     finally:

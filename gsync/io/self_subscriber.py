@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 
 import gevent
-import websocket
 
+from .ws import connect as ws_connect
 from .. import constants
 from ..protocol import messages as wire
 from ..protocol.event import EventError, parse_event
@@ -46,7 +46,7 @@ class SelfSubscriber:
         backoff = 0.5
         while True:
             try:
-                ws = websocket.create_connection(self.url, timeout=10, enable_multithread=False)
+                ws = ws_connect(self.url, 10)
             except Exception as exc:
                 self._log.warning("own_relay_unreachable", relay=self.url, reason=type(exc).__name__)
                 gevent.sleep(backoff)
@@ -77,7 +77,7 @@ class SelfSubscriber:
             gevent.sleep(backoff)
 
     def _read_history(self, since: int | None, reconnect: bool) -> None:
-        ws = websocket.create_connection(self.url, timeout=30, enable_multithread=False)
+        ws = ws_connect(self.url, 30)
         count = 0
         try:
             for page in history_pages(ws, self_filter(since)):

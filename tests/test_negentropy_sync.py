@@ -1,0 +1,62 @@
+"""Negentropy-first historic sync against real relays: move only what the own relay lacks."""
+from . import factory as f
+from .relays import ids_on, start_relays, wait_until, write_seed_file
+from .test_engine_sync import our_announcement
+
+alice, bob = f.Author.named("alice"), f.Author.named("bob")
+
+
+def _history(own, remote, repos=20, issues_per_repo=200, comments_per_issue=4):
+    """About 20,000 events: announcements, issues (layer 2) and comments (layer 3)."""
+    events = []
+    for r in range(repos):
+        repo = our_announcement(own, [remote], d=f"neg-{r}")
+        events.append(repo)
+        for i in range(issues_per_repo):
+            bug = f.issue(bob, repo, subject=f"{r}/{i}")
+            events.append(bug)
+            events += [f.comment(alice, bug, content=f"{r}/{i}/{c}") for c in range(comments_per_issue)]
+    return events
+
+
+def _synced(gsync):
+    relays = gsync.status()["relays"]
+    return relays and all(r["status"] == "connected" for r in relays)
+
+
+def test_only_the_missing_one_percent_is_downloaded_and_a_rerun_downloads_nothing(
+    gsync_factory, tmp_path
+):
+    from .relays import RelayProcess, free_port
+
+    own_port, remote_port = free_port(), free_port()
+    own_stub = RelayProcess({"port": own_port})
+    remote_stub = RelayProcess({"port": remote_port})
+    events = _history(own_stub, remote_stub)
+    assert len(events) == 20 * (1 + 200 * 5)
+    missing = events[5::100]  # 1 %: spread over issues and comments, not announcements
+    held = [e for e in events if e not in set(missing)]
+    own, remote = start_relays(
+        {"port": own_port, "seed_file": write_seed_file(held, str(tmp_path)),
+         "lmdb": str(tmp_path / "own")},
+        {"port": remote_port, "seed_file": write_seed_file(events, str(tmp_path))},
+    )
+    try:
+        gsync = gsync_factory(own, [remote])
+        want = {e.id for e in missing}
+        wait_until(lambda: want <= ids_on(own.url, {"ids": sorted(want)}), timeout=150,
+                   what="the missing 1 %")
+        wait_until(lambda: _synced(gsync), timeout=60, what="historic sync complete")
+        received = gsync.metric("gsync_remote_events_total", relay=remote.url)
+        assert received <= len(missing) + len(events) // 100, received
+        assert gsync.metric("gsync_negentropy_rounds_total") > 0
+        assert len(ids_on(own.url, {"kinds": [1621, 1111]})) == len(events) - 20
+        gsync.terminate()
+
+        rerun = gsync_factory(own, [remote])  # a fresh start: nothing has changed
+        wait_until(lambda: _synced(rerun), timeout=150, what="the re-run's historic sync")
+        assert rerun.metric("gsync_remote_events_total", relay=remote.url) == 0
+        assert rerun.metric("gsync_negentropy_rounds_total") > 0
+    finally:
+        own.stop()
+        remote.stop()
