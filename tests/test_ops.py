@@ -295,9 +295,6 @@ def test_metrics_after_a_real_sync(synced):
     assert sum(r["events_delivered"] for r in g.status()["relays"]) == new
 
 
-@pytest.mark.xfail(strict=True, reason="manager.retire_unwanted_relays deletes the relay but not its "
-                   "per-relay gauges: ngit_sync_relay_connected stays 3 (reported to the lead; drop "
-                   "this mark once the labels are removed on retirement)")
 def test_per_relay_metrics_go_when_the_relay_is_retired():
     own, extra = RelayProcess({}).start(), RelayProcess({}).start()
     g = GsyncProcess(own, [], bootstrap=[extra]).start()

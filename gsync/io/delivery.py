@@ -20,12 +20,12 @@ from collections import deque
 import gevent
 import gevent.event
 
-from .ws import connect as ws_connect
 from ..ops import metrics
 from ..protocol import messages as wire
 from ..protocol.event import Event
 from .connection import auth_event
 from .events import DeliveryAnswered, OwnRelayState
+from .ws import connect as ws_connect
 
 FINAL_REFUSALS = {
     wire.Prefix.INVALID,

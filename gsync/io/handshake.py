@@ -18,11 +18,11 @@ import gevent
 import gevent.pool
 from gevent.queue import Queue
 
-from .ws import connect as ws_connect
 from ..ops import metrics
 from ..protocol.urls import AddressPolicy, SsrfRefused, UrlError, split_host_port
 from .events import HandshakeDone, HandshakeStarted
 from .nip11_fetch import fetch_relay_limits
+from .ws import connect as ws_connect
 
 HANDSHAKE_TIMEOUT_SECS = 15.0
 NIP11_TIMEOUT_SECS = 5.0
@@ -49,6 +49,9 @@ def open_websocket(url: str, policy: AddressPolicy, timeout: float):
         except Exception as exc:
             last_error = exc
             sock.close()
+        except BaseException:  # the handshake deadline (gevent.Timeout): close, then go on
+            sock.close()
+            raise
     raise last_error or OSError(f"no address for {host}")
 
 

@@ -186,6 +186,8 @@ class SyncManager:
                 state.conn = None
                 state.status = ConnectionStatus.DISCONNECTED
                 del self.relays[state.url]
+                self.health.forget(state.url)
+                metrics.forget_relay(state.url)
 
     def on_handshake_started(self, msg: HandshakeStarted) -> None:
         self.health.record_attempt_started(msg.relay, self.clock())

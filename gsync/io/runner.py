@@ -72,4 +72,4 @@ def reload_config(config, manager: SyncManager) -> None:
         return
     configure_logging(fresh.log.level, fresh.log.format)
     manager.set_bootstrap_relays(fresh.sync.bootstrap_relays)
-    log.info("reloaded", level=fresh.log.level, bootstrap_relays=list(fresh.sync.bootstrap_relays))
+    log.info("reloaded", log_level=fresh.log.level, bootstrap_relays=list(fresh.sync.bootstrap_relays))

@@ -81,3 +81,15 @@ REFUSALS = Counter(
     "gsync_relay_refusals_total", "Refusals from remote relays by category", ["category"],
     registry=REGISTRY,
 )
+
+
+PER_RELAY_GAUGES = (RELAY_CONNECTED, RELAY_STATUS, RELAY_FAILURES, SUBSCRIPTIONS)
+
+
+def forget_relay(relay: str) -> None:
+    """A retired relay's gauges go, so they neither lie nor pile up as relays come and go."""
+    for gauge in PER_RELAY_GAUGES:
+        try:
+            gauge.remove(relay)
+        except KeyError:
+            pass
