@@ -1,0 +1,141 @@
+"""NIP-77 historic sync against relays that advertise more than they serve, or never answer.
+
+The remotes are scripted relays (tests/scripted_relay.py) that speak real NIP-77 with gsync's
+own negentropy server over their stored events, and can withhold ids from exact-id REQs while
+still serving them to semantic REQs — a relay whose index and id lookup disagree.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from gsync.protocol.filters import Filter
+from gsync.protocol.negentropy import NegentropyServer, Storage
+
+from . import factory as f
+from .relays import publish, wait_until
+from .test_engine_hostile import assert_arrives, on_own, our_announcement, scripted  # noqa: F401
+
+alice, bob = f.Author.named("alice"), f.Author.named("bob")
+
+
+class Nip77Server:
+    """A scripted relay's NIP-77 answers, computed by gsync's pure negentropy server."""
+
+    def __init__(self):
+        self.opened = 0
+        self._sessions: dict[tuple[int, str], NegentropyServer] = {}
+
+    def __call__(self, relay, conn, message):
+        kind, sub = message[0], message[1]
+        key = (id(conn), sub)
+        if kind == "NEG-OPEN":
+            self.opened += 1
+            flt = Filter.from_dict(message[2])
+            with relay._store_lock:
+                items = [(ev.created_at, ev.id) for _, ev in relay._store.values()
+                         if ev is not None and flt.matches(ev)]
+            self._sessions[key] = NegentropyServer(Storage.from_hex(items))
+            payload = message[3]
+        elif kind == "NEG-MSG":
+            payload = message[2]
+        else:
+            self._sessions.pop(key, None)
+            return []
+        server = self._sessions.get(key)
+        if server is None:
+            return [["NEG-ERR", sub, "closed: unknown subscription"]]
+        return [["NEG-MSG", sub, server.respond(bytes.fromhex(payload)).hex()]]
+
+
+class Withholding:
+    """Exact-id REQs do not return ``withheld`` ids (until ``release()``); semantic REQs do."""
+
+    def __init__(self, ids):
+        self.withheld = set(ids)
+        self.id_reqs = 0
+        self._lock = threading.Lock()
+
+    def release(self):
+        with self._lock:
+            self.withheld.clear()
+
+    def install(self, relay):
+        answer = relay.answer
+
+        def answer_hiding(filters):
+            if all(flt.ids is not None for flt in filters):
+                with self._lock:
+                    self.id_reqs += 1
+                    hidden = set(self.withheld)
+                return [e for e in answer(filters) if e["id"] not in hidden]
+            return answer(filters)
+
+        relay.answer = answer_hiding
+
+
+def _repo_with_issues(own, remote_stub, n, d):
+    repo = our_announcement(own, [remote_stub], d=d)
+    return repo, [f.issue(bob, repo, subject=f"{d} {i}") for i in range(n)]
+
+
+def _remote_status(gsync, url):
+    return next((r for r in gsync.status()["relays"] if r["relay"] == url), {}).get("status")
+
+
+def test_ids_advertised_but_not_served_fall_back_to_semantic_req(relay_factory, gsync_factory,
+                                                                   scripted):
+    own = relay_factory()
+    nip77 = Nip77Server()
+    remote = scripted(negentropy=nip77, page_size=500)
+    repo, issues = _repo_with_issues(own, remote, 40, "hidden-by-id")
+    remote.add(repo, *issues)
+    # 38 of 40 withheld from id lookups: 5 % delivered, well under the 10 % threshold.
+    Withholding(e.id for e in issues[2:]).install(remote)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, issues, timeout=90, what="every issue through the semantic fallback")
+    wait_until(lambda: _remote_status(gsync, remote.url) == "connected", timeout=30,
+               what="the batch completing (Connected, not failed)")
+    assert nip77.opened > 0
+    assert any(e["event"] == "negentropy_ids_not_served" for e in gsync.log_events())
+
+
+def test_small_residual_fails_the_batch_then_recovery_fetches_it(relay_factory, gsync_factory,
+                                                                   scripted):
+    own = relay_factory()
+    nip77 = Nip77Server()
+    remote = scripted(negentropy=nip77, page_size=500)
+    repo, issues = _repo_with_issues(own, remote, 30, "small-residual")
+    remote.add(repo, *issues)
+    withheld = issues[:3]  # 10 % missing by id: a residual, not an incompatibility
+    hiding = Withholding(e.id for e in withheld)
+    hiding.install(remote)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"recovery_base_secs": "1"}})
+    assert_arrives(own, issues[3:], timeout=90, what="the served issues")
+    wait_until(lambda: _remote_status(gsync, remote.url) == "connected_historic_sync_failures",
+               timeout=60, what="ConnectedHistoricSyncFailures")
+    assert not on_own(own, withheld)
+    time.sleep(3)  # a recovery attempt or two find nothing yet
+    hiding.release()
+    assert_arrives(own, withheld, timeout=60, what="recovery fetching the residual")
+    wait_until(lambda: _remote_status(gsync, remote.url) == "connected", timeout=30,
+               what="the relay promoted back to Connected")
+    assert any(e["event"] == "recovery_attempt" for e in gsync.log_events())
+
+
+def test_relay_that_never_answers_neg_open_falls_back_within_15s(relay_factory, gsync_factory,
+                                                                 scripted):
+    own = relay_factory()
+    remote = scripted(negentropy="ignore", page_size=500)
+    repo, issues = _repo_with_issues(own, remote, 20, "silent-nip77")
+    remote.add(repo, *issues)
+    publish(own.url, [repo])
+    started = time.monotonic()
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, issues, timeout=60, what="the issues via REQ+EOSE")
+    assert time.monotonic() - started < 45
+    unsupported = [e for e in gsync.log_events() if e["event"] == "negentropy_unsupported"]
+    assert len(unsupported) == 1 and "timeout" in unsupported[0]["reason"]
+    assert remote.reqs(), "the fallback used plain REQs"
