@@ -15,10 +15,13 @@ from gevent.queue import Empty, Queue
 
 from .. import constants
 from ..ops import metrics
+from ..ops.logging import get_logger
 from ..protocol import messages as wire
 from ..protocol.event import EventError, parse_event, sign_event
 from ..protocol.filters import Filter
 from .events import RelayDisconnected, RemoteEvent, RemoteMessage
+
+log = get_logger("gsync.connection")
 
 IDLE_PING_SECS = 30.0
 READ_IDLE_TIMEOUT_SECS = 120.0
@@ -136,8 +139,13 @@ class RelayConnection:
 
     # -- frames -------------------------------------------------------------------------
 
-    def _junk(self, reason: str) -> None:
+    def _drop(self, reason: str, event_id=None) -> None:
+        """Every dropped frame or event is counted by reason, and logged (debug)."""
         metrics.DROPS.labels(reason).inc()
+        log.debug("event_dropped", relay=self.relay, reason=reason, event_id=event_id)
+
+    def _junk(self, reason: str) -> None:
+        self._drop(reason)
         self._junk_streak += 1
         if self._junk_streak >= constants.JUNK_DISCONNECT_THRESHOLD:
             self._finish("too much junk")
@@ -172,16 +180,17 @@ class RelayConnection:
 
     def _handle_event(self, msg: wire.RelayEvent) -> None:
         filters = self.subscriptions.get(msg.sub_id)
+        event_id = msg.event.get("id") if isinstance(msg.event.get("id"), str) else None
         if filters is None:
-            metrics.DROPS.labels("unknown_subscription").inc()
+            self._drop("unknown_subscription", event_id)
             return
         try:
             event = parse_event(msg.event)
         except EventError as exc:
-            metrics.DROPS.labels(exc.reason).inc()
+            self._drop(exc.reason, event_id)
             return
         if not any(f.matches(event) for f in filters):
-            metrics.DROPS.labels("no_matching_filter").inc()
+            self._drop("no_matching_filter", event_id)
             return
         self._post(RemoteEvent(self.relay, self.session, msg.sub_id, event))
 

@@ -56,7 +56,8 @@ log = get_logger("gsync.manager")
 
 LAYER1_LIVE_SUB = "l1-live"
 SEEN_CAPACITY = 500_000  # ids already handed to delivery: dedupe across relays
-MAX_HISTORIC_SUBS = 4  # concurrent historic REQs per relay, within the transient budget
+MAX_HISTORIC_SUBS = 4
+REJECTED_SAVE_SECS = 60.0  # the cold tier is written at most this often (and at stop)  # concurrent historic REQs per relay, within the transient budget
 
 
 class SyncManager:
@@ -73,6 +74,7 @@ class SyncManager:
             base_backoff=sync.base_backoff_secs, max_backoff=sync.max_backoff_secs
         )
         self.rejected = self._load_rejected()
+        self.rejected_saved_at = 0.0
         self.recovery = MissingEventRecovery(base_delay=sync.recovery_base_secs)
         self.delivery = delivery or OwnRelayDelivery(
             svc.own_relay, self.post, auth_secret=config.auth.secret_key
@@ -460,6 +462,10 @@ class SyncManager:
             event, self.repos, self.domains
         ):
             metrics.DROPS.labels("layer1_not_ours").inc()
+            log.debug("event_dropped", reason="layer1_not_ours", event_id=event.id, kind=event.kind)
+            # Remembered like a refusal, so NIP-77 does not fetch it again; a maintainer added
+            # later re-delivers it (redeliver_unblocked).
+            self.rejected.add(event, self.clock())
             return
         self.seen[event.id] = None
         for url in self.recovery.clear_arrived((event.id,)):
@@ -483,7 +489,7 @@ class SyncManager:
         elif isinstance(m, wire.Notice):
             log.info("relay_notice", relay=state.url, text=m.text[:200])
             if wire.is_rate_limit_text(m.text):
-                self.health.record_rate_limited(state.url, self.clock())
+                self.note_rate_limited(state, m.text)
 
     def on_eose(self, state: RelayState, sub_id: str) -> None:
         batch_id = state.sub_to_batch.get(sub_id)
@@ -513,7 +519,7 @@ class SyncManager:
                     reason=f"{closed.prefix.value}: {closed.text}"[:200])
         rate_limited = closed.prefix is wire.Prefix.RATE_LIMITED or wire.is_rate_limit_text(closed.text)
         if rate_limited:
-            self.health.record_rate_limited(state.url, self.clock())
+            self.note_rate_limited(state, closed.text)
             metrics.REFUSALS.labels("rate_limited").inc()
         else:
             metrics.REFUSALS.labels(closed.prefix.value).inc()
@@ -539,6 +545,13 @@ class SyncManager:
         if live is not None and rate_limited:
             gevent.spawn_later(constants.RATE_LIMIT_COOLDOWN_SECS, self._resubscribe_live,
                                state, state.session, sub_id, live)
+
+    def note_rate_limited(self, state: RelayState, text: str) -> None:
+        now = self.clock()
+        if not self.health.is_rate_limited(state.url, now):
+            log.warning("relay_rate_limited", relay=state.url, text=text[:200],
+                        cooldown_secs=constants.RATE_LIMIT_COOLDOWN_SECS)
+        self.health.record_rate_limited(state.url, now)
 
     def _resubscribe_live(self, state, session, sub_id, live) -> None:
         if state.session == session and state.connected:
@@ -801,7 +814,7 @@ class SyncManager:
                 self.fresh_start(state, now)
         self.run_recovery(now)
         self.rejected.expire(now)
-        if self.rejected.dirty:
+        if self.rejected.dirty and now - self.rejected_saved_at >= REJECTED_SAVE_SECS:
             self._save_rejected()
         self.update_metrics(now)
 
@@ -873,6 +886,7 @@ class SyncManager:
             return RejectedIndex()
 
     def _save_rejected(self) -> None:
+        self.rejected_saved_at = self.clock()
         path = self._rejected_path()
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
