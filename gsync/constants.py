@@ -22,6 +22,13 @@ CONTROL_PLANE_SLOTS = 2  # layer 1 live + one
 TRANSIENT_HISTORIC_SLOTS = 1
 CONSOLIDATION_EXCESS = 70  # subscriptions above the live baseline before consolidating
 DESCENDANT_OVERLAP_SECS = 15 * 60
+# Serialized filter JSON we keep open on one connection. Relays bound it (LocalRelay refuses
+# past 1 MiB: "active subscriptions exceed max size"); NIP-11 has no field for it. Live
+# coverage gets 512 KiB, historic work the rest; what live cannot hold is polled instead.
+MAX_OPEN_FILTER_BYTES = 768 * 1024
+MAX_LIVE_FILTER_BYTES = 512 * 1024
+POLL_SECS = 5.0  # live coverage that did not fit is asked for again on this cadence
+POLL_OVERLAP_SECS = 15 * 60
 
 # -- historic sync (SPEC §4) -------------------------------------------------------------
 PAGE_THRESHOLD = 75  # >= this many events before EOSE means "maybe more": ask the next page

@@ -39,6 +39,8 @@ class RelayConnection:
         self._auth_secret = auth_secret
         self._clock = clock
         self.subscriptions: dict[str, tuple[Filter, ...]] = {}
+        self.filter_bytes: dict[str, int] = {}  # REQ size per open subscription
+        self.open_filter_bytes = 0
         self.neg_waiters: dict[str, Queue] = {}
         self._outbox: Queue = Queue()
         self._challenge: str | None = None
@@ -47,6 +49,8 @@ class RelayConnection:
         self._junk_streak = 0
         self._greenlets: list[gevent.Greenlet] = []
         self.closed = False
+        self._bytes_up = metrics.BYTES_UP.labels(relay)
+        self._bytes_down = metrics.BYTES_DOWN.labels(relay)
 
     # -- manager-facing (never blocks) --------------------------------------------------
 
@@ -59,11 +63,15 @@ class RelayConnection:
 
     def subscribe(self, sub_id: str, filters) -> None:
         filters = tuple(filters)
+        self.forget(sub_id)
         self.subscriptions[sub_id] = filters
-        self.send(wire.req(sub_id, filters))
+        text = wire.req(sub_id, filters)
+        self.filter_bytes[sub_id] = len(text)
+        self.open_filter_bytes += len(text)
+        self.send(text)
 
     def unsubscribe(self, sub_id: str) -> None:
-        if self.subscriptions.pop(sub_id, None) is not None:
+        if self._drop_sub(sub_id):
             if len(self._closing) > 1000:  # relays that never answer CLOSE
                 self._closing.clear()
             self._closing.add(sub_id)
@@ -71,7 +79,11 @@ class RelayConnection:
 
     def forget(self, sub_id: str) -> None:
         """The relay closed it: stop accepting its events without sending CLOSE."""
-        self.subscriptions.pop(sub_id, None)
+        self._drop_sub(sub_id)
+
+    def _drop_sub(self, sub_id: str) -> bool:
+        self.open_filter_bytes -= self.filter_bytes.pop(sub_id, 0)
+        return self.subscriptions.pop(sub_id, None) is not None
 
     def close(self, reason: str = "closed by gsync") -> None:
         if self.closed:
@@ -105,7 +117,7 @@ class RelayConnection:
                 with gevent.Timeout(SEND_TIMEOUT_SECS):
                     if text:
                         self.ws.send(text)
-                        metrics.BYTES_UP.labels(self.relay).inc(len(text))
+                        self._bytes_up.inc(len(text))
                     else:
                         self.ws.ping()
             except BaseException as exc:  # Timeout is a BaseException
@@ -124,7 +136,7 @@ class RelayConnection:
                 if opcode != websocket.ABNF.OPCODE_TEXT:
                     self._junk("binary_frame")
                     continue
-                metrics.BYTES_DOWN.labels(self.relay).inc(len(data))
+                self._bytes_down.inc(len(data))
                 self._handle_frame(data)
         except websocket.WebSocketTimeoutException:
             reason = "idle timeout"

@@ -90,6 +90,7 @@ class OwnRelayDelivery:
         self._down_since: float | None = None
         self._idle = gevent.event.Event()
         self._idle.set()
+        self._bytes_up = metrics.BYTES_UP.labels("own")
 
     # -- manager-facing -----------------------------------------------------------------
 
@@ -182,8 +183,9 @@ class OwnRelayDelivery:
                 lane.in_flight[event.id] = (event, now)
                 lane.frames += 1
                 ws.settimeout(CONNECT_TIMEOUT_SECS)
-                ws.send(wire.event(event))
-                metrics.BYTES_UP.labels("own").inc()
+                text = wire.event(event)
+                ws.send(text)
+                self._bytes_up.inc(len(text))
                 continue
             lane.wake.clear()
             pause = lane.paused_until - now
@@ -283,7 +285,8 @@ class OwnRelayDelivery:
             self._wake_lanes()
 
     def _expire_in_flight(self, lane: _Lane, now: float) -> bool:
-        oldest = min((sent for _, sent in lane.in_flight.values()), default=now)
+        # Insertion-ordered: the first entry is the oldest still waiting for its OK.
+        oldest = next(iter(lane.in_flight.values()), (None, now))[1]
         return now - oldest > self._ok_timeout
 
     # -- own relay up / down ------------------------------------------------------------

@@ -60,6 +60,12 @@ MAX_HISTORIC_SUBS = 4
 REJECTED_SAVE_SECS = 60.0  # the cold tier is written at most this often (and at stop)  # concurrent historic REQs per relay, within the transient budget
 
 
+def _is_capacity_refusal(text: str) -> bool:
+    """"active subscriptions exceed max size": too much open at once, not too fast."""
+    lowered = text.lower()
+    return "exceed" in lowered and ("size" in lowered or "max" in lowered)
+
+
 class SyncManager:
     def __init__(self, config, *, clock=time.time, delivery=None, on_ready=None):
         self.config = config
@@ -71,7 +77,8 @@ class SyncManager:
         self.repos = RepoSyncIndex(svc.own_relay, self.domains)
         self.relays: dict[str, RelayState] = {}
         self.health = RelayHealthTracker(
-            base_backoff=sync.base_backoff_secs, max_backoff=sync.max_backoff_secs
+            base_backoff=sync.base_backoff_secs, max_backoff=sync.max_backoff_secs,
+            proactive_gap=sync.background_start_interval_ms / 1000,
         )
         self.rejected = self._load_rejected()
         self.rejected_saved_at = 0.0
@@ -159,6 +166,7 @@ class SyncManager:
                 log.warning("relay_cap_reached", relay=url, max_relays=self.config.network.max_relays)
                 return RelayState(url, refused_reason="relay cap")
             state = self.relays[url] = RelayState(url)
+            state.received_metric = metrics.EVENTS_RECEIVED.labels(url)
             log.info("relay_registered", relay=url)
         return state
 
@@ -246,12 +254,15 @@ class SyncManager:
         state.last_connected = now
         state.last_error = msg.reason
         state.clear_pending()
-        state.live_subs.clear()
+        state.clear_live()
         self.health.record_disconnect(msg.relay, now)
 
     # -- sync entry points (seed 001, "Sync Entry Points") --------------------------------
 
     def fresh_start(self, state: RelayState, now: float) -> None:
+        for sub_id in list(state.live_subs):  # the daily sync runs on a live connection
+            state.conn.unsubscribe(sub_id)
+        state.clear_live()
         state.clear_pending()
         state.clear_confirmed()
         state.historic_sync_completed_at = None
@@ -306,10 +317,45 @@ class SyncManager:
         if budget.needs_consolidation(active, baseline, adding=len(groups)):
             self.consolidate(state)
             return
+        self.open_live_groups(state, groups)
+
+    def open_live_groups(self, state: RelayState, groups, slots: int | None = None) -> None:
+        """Open live REQs while the relay's subscription and filter-size budgets allow;
+        coverage that does not fit is polled on the maintenance cadence instead."""
+        live_bytes = sum(state.conn.filter_bytes.get(s, 0) for s in state.live_subs)
         for group in groups:
+            size = len(wire.req("live-00000000", group))
+            if (slots is not None and slots <= 0) or live_bytes + size > constants.MAX_LIVE_FILTER_BYTES:
+                self.poll_instead(state, group)
+                continue
             sub_id = f"live-{next(self._ids)}"
             state.live_subs[sub_id] = LiveSub(tuple(group))
             state.conn.subscribe(sub_id, group)
+            live_bytes += size
+            if slots is not None:
+                slots -= 1
+
+    def poll_instead(self, state: RelayState, filters) -> None:
+        if not state.polled:
+            log.warning("live_coverage_polled", relay=state.url, reason="relay budget",
+                        poll_secs=constants.POLL_SECS)
+        state.polled.extend(f.replace(limit=None) for f in filters)
+        if state.poll_cursor is None:
+            state.poll_cursor = self.clock()
+
+    def run_polls(self, now: float) -> None:
+        """Live coverage that did not fit: one EOSE-closing batch per relay on the cadence,
+        from the last successful poll with an overlap (SPEC §3, direct-member fallback)."""
+        for state in self.relays.values():
+            if not (state.connected and state.polled) or state.poll_batch in state.pending:
+                continue
+            if now - (state.poll_started_at or 0) < constants.POLL_SECS:
+                continue
+            since = int(state.poll_cursor or now) - constants.POLL_OVERLAP_SECS
+            state.poll_started_at = now
+            batch = self.start_historic(state, PendingItems(), [f.replace(since=since) for f in state.polled])
+            batch.poll_started_at = now
+            state.poll_batch = batch.batch_id
 
     def desired_live_items(self, state: RelayState) -> PendingItems:
         items = state.confirmed.copy()
@@ -331,18 +377,13 @@ class SyncManager:
         for sub_id in [s for s, sub in state.live_subs.items() if not sub.control]:
             del state.live_subs[sub_id]
             state.conn.unsubscribe(sub_id)
+        state.polled = []
         live = filter_plan.live(self.filters_for(state, self.desired_live_items(state), None))
         groups = filter_plan.pack_into_reqs(live, state.limits)
         budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
-        if len(groups) > budget.live_slots:
-            log.warning("live_budget_exceeded", relay=state.url, wanted=len(groups),
-                        slots=budget.live_slots)
-            groups = groups[: budget.live_slots]
-        for group in groups:
-            sub_id = f"live-{next(self._ids)}"
-            state.live_subs[sub_id] = LiveSub(tuple(group))
-            state.conn.subscribe(sub_id, group)
-        log.info("consolidated", relay=state.url, live_subscriptions=len(groups))
+        self.open_live_groups(state, groups, slots=budget.live_slots)
+        log.info("consolidated", relay=state.url, live_subscriptions=len(state.live_subs) - 1,
+                 polled_filters=len(state.polled))
 
     def start_historic(self, state: RelayState, items: PendingItems, filters, layer1=False,
                        recovery=False) -> PendingBatch:
@@ -376,7 +417,7 @@ class SyncManager:
         )
 
     def queue_reqs(self, state: RelayState, batch: PendingBatch, filters, front=False) -> None:
-        groups = filter_plan.pack_into_reqs(filters, state.limits)
+        groups = filter_plan.pack_into_reqs(filters, state.limits, key=filter_plan.paging_key)
         entries = []
         for group in groups:
             sub_id = f"h{batch.batch_id}-{next(self._ids)}"
@@ -412,9 +453,14 @@ class SyncManager:
                     state.slot_wakeup_scheduled = True
                     gevent.spawn_later(wait, self.post, HistoricSlotDue(state.url, state.session))
                 return
-            sub_id, group = state.historic_queue.pop(0)
+            sub_id, group = state.historic_queue[0]
             if sub_id not in state.sub_to_batch:
+                state.historic_queue.pop(0)
                 continue
+            size = len(wire.req(sub_id, group))
+            if open_historic and state.conn.open_filter_bytes + size > constants.MAX_OPEN_FILTER_BYTES:
+                return  # wait for a historic REQ to finish and free room
+            state.historic_queue.pop(0)
             self.health.record_start(state.url, now, background=True)
             if sub_id.startswith("neg"):
                 self.start_negentropy(state, sub_id, group[0])
@@ -449,7 +495,7 @@ class SyncManager:
         state = self._current(msg.relay, msg.session)
         if state is None:
             return
-        metrics.EVENTS_RECEIVED.labels(msg.relay).inc()
+        state.received_metric.inc()
         batch_id = state.sub_to_batch.get(msg.sub_id)
         if batch_id is not None and batch_id in state.pending:
             state.pending[batch_id].record_event(msg.sub_id, msg.event)
@@ -517,8 +563,13 @@ class SyncManager:
         state.conn.forget(sub_id)
         log.warning("subscription_closed", relay=state.url, sub_id=sub_id,
                     reason=f"{closed.prefix.value}: {closed.text}"[:200])
-        rate_limited = closed.prefix is wire.Prefix.RATE_LIMITED or wire.is_rate_limit_text(closed.text)
-        if rate_limited:
+        capacity = _is_capacity_refusal(closed.text)
+        rate_limited = not capacity and (
+            closed.prefix is wire.Prefix.RATE_LIMITED or wire.is_rate_limit_text(closed.text)
+        )
+        if capacity:
+            metrics.REFUSALS.labels("capacity").inc()
+        elif rate_limited:
             self.note_rate_limited(state, closed.text)
             metrics.REFUSALS.labels("rate_limited").inc()
         else:
@@ -527,7 +578,7 @@ class SyncManager:
         if batch_id is not None and batch_id in state.pending:
             batch = state.pending[batch_id]
             filters = batch.filters_of(sub_id)
-            if rate_limited and filters:
+            if (rate_limited or capacity) and filters:
                 # The same page again once the cooldown and the reactive gate allow it.
                 new_id = f"h{batch_id}-{next(self._ids)}"
                 batch.rename_subscription(sub_id, new_id)
@@ -542,7 +593,9 @@ class SyncManager:
                 self.finish_batch(state, batch)
             return
         live = state.live_subs.pop(sub_id, None)
-        if live is not None and rate_limited:
+        if live is not None and capacity:
+            self.poll_instead(state, live.filters)
+        elif live is not None and rate_limited:
             gevent.spawn_later(constants.RATE_LIMIT_COOLDOWN_SECS, self._resubscribe_live,
                                state, state.session, sub_id, live)
 
@@ -595,6 +648,8 @@ class SyncManager:
 
     def confirm_batch(self, state: RelayState, batch: PendingBatch) -> None:
         state.pending.pop(batch.batch_id, None)
+        if batch.batch_id == state.poll_batch and not batch.failed:
+            state.poll_cursor = batch.poll_started_at
         state.confirmed.add(batch.items)
         if getattr(batch, "layer1", False):
             state.announcements_synced = True
@@ -813,6 +868,7 @@ class SyncManager:
                 state.status = ConnectionStatus.SYNCING
                 self.fresh_start(state, now)
         self.run_recovery(now)
+        self.run_polls(now)
         self.rejected.expire(now)
         if self.rejected.dirty and now - self.rejected_saved_at >= REJECTED_SAVE_SECS:
             self._save_rejected()

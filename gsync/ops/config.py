@@ -39,6 +39,7 @@ class SyncConfig:
     negentropy: bool = True
     handshake_workers: int = constants.HANDSHAKE_WORKERS
     recovery_base_secs: float = constants.RECOVERY_BASE_SECS
+    background_start_interval_ms: int = int(constants.PROACTIVE_GATE_SECS * 1000)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class Config:
                 "negentropy": str(self.sync.negentropy).lower(),
                 "handshake_workers": self.sync.handshake_workers,
                 "recovery_base_secs": _format_number(self.sync.recovery_base_secs),
+                "background_start_interval_ms": self.sync.background_start_interval_ms,
             },
             "network": {
                 "allow_private_addresses": str(self.network.allow_private_addresses),
@@ -229,6 +231,9 @@ _SCHEMA: dict[str, dict[str, tuple[Callable[[str], object], str | None]]] = {
         "negentropy": (_bool, "true"),
         "handshake_workers": (_int_in(1, 64), str(constants.HANDSHAKE_WORKERS)),
         "recovery_base_secs": (_positive_seconds, _format_number(constants.RECOVERY_BASE_SECS)),
+        "background_start_interval_ms": (
+            _int_in(0, 60_000), str(int(constants.PROACTIVE_GATE_SECS * 1000))
+        ),
     },
     "network": {
         "allow_private_addresses": (AddressPolicy.parse, "false"),

@@ -153,28 +153,42 @@ def tag_value_budget(limits=None) -> int:
     return max(1, min(MAX_TAG_VALUE_BYTES_PER_FILTER, room))
 
 
-def pack_into_reqs(filters: Iterable[Filter], limits=None) -> list[list[Filter]]:
+def paging_key(f: Filter):
+    """Filters with the same key may share a paginated (historic) REQ.
+
+    A relay caps each filter of a REQ separately and sends the de-duplicated union, so an
+    event that two filters match may arrive "for" the wrong one; counting it there would
+    move that filter's ``until`` past events it has not returned yet. Filters on the same
+    single tag name (``#E`` over different root ids) practically never match one event
+    together; ``#e`` and ``#E`` often do (a NIP-22 comment tags its root with both).
+    """
+    return (f.limit, tuple(name for name, _ in f.tags), f.kinds, f.authors, f.ids is None)
+
+
+def pack_into_reqs(filters: Iterable[Filter], limits=None, key=lambda f: f.limit) -> list[list[Filter]]:
     """Group filters into REQs: at most ``filters_per_req`` each, and the whole
     ``["REQ",<subid>,…]`` message within ``max_message_length``.
 
-    Filters are packed in order; only filters with the same ``limit`` share a REQ, so live
-    (limit 0) and historic filters never mix. A filter too large on its own still gets a REQ
-    of its own (build it with ``tag_value_budget`` to avoid that).
+    Filters are packed in order; only filters with the same ``key`` share a REQ. The default
+    (``limit``) keeps live (limit 0) and historic filters apart; historic REQs that paginate
+    pass ``paging_key``. A filter too large on its own still gets a REQ of its own (build it
+    with ``tag_value_budget`` to avoid that).
     """
     per_req = filters_per_req(limits)
     max_len = _limit(limits, "max_message_length")
     overhead = _req_overhead(limits)
-    open_reqs: dict[int | None, tuple[list[Filter], int]] = {}
+    open_reqs: dict[object, tuple[list[Filter], int]] = {}
     packed: list[list[Filter]] = []
     for f in filters:
         cost = _filter_cost(f)
-        group, size = open_reqs.get(f.limit, (None, overhead))
+        k = key(f)
+        group, size = open_reqs.get(k, (None, overhead))
         too_big = max_len is not None and size + cost > max_len
         if group is None or len(group) >= per_req or too_big:
             group, size = [], overhead
             packed.append(group)
         group.append(f)
-        open_reqs[f.limit] = (group, size + cost)
+        open_reqs[k] = (group, size + cost)
     return packed
 
 

@@ -126,9 +126,11 @@ class RelayHealthTracker:
         self,
         base_backoff: float = BASE_BACKOFF_SECS,
         max_backoff: float = MAX_BACKOFF_SECS,
+        proactive_gap: float = PROACTIVE_GATE_SECS,
     ):
         self.base_backoff = base_backoff
         self.max_backoff = max_backoff
+        self.proactive_gap = proactive_gap
         self._relays: dict[str, _RelayHealth] = {}
 
     def _get(self, relay: str) -> _RelayHealth:
@@ -302,7 +304,7 @@ class RelayHealthTracker:
         if h.reactive_gap is not None and h.last_start_at is not None:
             ready = max(ready, h.last_start_at + h.reactive_gap)
         if background and h.last_background_start_at is not None:
-            ready = max(ready, h.last_background_start_at + PROACTIVE_GATE_SECS)
+            ready = max(ready, h.last_background_start_at + self.proactive_gap)
         return ready - now
 
     def may_start_background(self, relay: str, now: float) -> float:

@@ -54,10 +54,16 @@ class RelayState:
     batch_failures: bool = False
     unrelated_failure: bool = False  # a failure recovery cannot fix (e.g. a refused sub)
     neg_running: set = field(default_factory=set)
+    # live coverage that did not fit the relay's budget, polled instead (manager.run_polls)
+    polled: list = field(default_factory=list)
+    poll_cursor: float | None = None
+    poll_started_at: float | None = None
+    poll_batch: int | None = None
     negentropy_ok: bool = True
     next_daily_at: float | None = None
     last_error: str = ""
     events_delivered: int = 0
+    received_metric: Any = None  # the relay's gsync_remote_events_total child, kept
     completion_check_scheduled: bool = False
     slot_wakeup_scheduled: bool = False
 
@@ -77,6 +83,11 @@ class RelayState:
         self.pending.clear()
         self.sub_to_batch.clear()
         self.historic_queue.clear()
+
+    def clear_live(self) -> None:
+        self.live_subs.clear()
+        self.polled = []
+        self.poll_cursor = self.poll_started_at = self.poll_batch = None
 
     def clear_confirmed(self) -> None:
         self.confirmed = ConfirmedItems()
