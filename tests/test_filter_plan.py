@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 from gsync.constants import MAX_TAG_VALUE_BYTES_PER_FILTER
 from gsync.protocol.filters import Filter
+from gsync.sync import filter_plan
 from gsync.sync.filter_plan import (
     SubscriptionBudget,
     build_sync_level_aware_filters,
@@ -224,3 +225,22 @@ def test_live_baseline_counts_packed_live_reqs():
     assert len(filters) == 4
     assert live_baseline(filters) == 1
     assert live_baseline(filters, limits(max_filters=1)) == 4
+
+
+def test_historic_reqs_never_group_filters_that_can_match_one_event():
+    # A NIP-22 comment tags its root with both E and e: paged together, one filter's
+    # results would move the other's until past events it has not returned yet.
+    roots = [f"{i:064x}" for i in range(1200)]
+    filters = filter_plan.root_event_filters(roots)
+    groups = filter_plan.pack_into_reqs(filters, key=filter_plan.paging_key)
+    for group in groups:
+        assert len({tuple(name for name, _ in f.tags) for f in group}) == 1
+    # ... while chunks over the same tag name still share REQs.
+    assert len(groups) == 3
+    assert sum(len(g) for g in groups) == len(filters)
+
+
+def test_live_reqs_may_group_any_tags():
+    roots = [f"{i:064x}" for i in range(10)]
+    live = filter_plan.live(filter_plan.root_event_filters(roots))
+    assert len(filter_plan.pack_into_reqs(live)) == 1
