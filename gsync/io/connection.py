@@ -31,13 +31,15 @@ SEND_TIMEOUT_SECS = 30.0
 class RelayConnection:
     """A live session. ``subscriptions`` maps sub id → filters, for the filter-match check."""
 
-    def __init__(self, relay: str, ws, session: int, post, *, auth_secret: str | None = None, clock=None):
+    def __init__(self, relay: str, ws, session: int, post, *, auth_secret: str | None = None,
+                 clock=None, known_ids=frozenset()):
         self.relay = relay
         self.ws = ws
         self.session = session
         self._post = post
         self._auth_secret = auth_secret
         self._clock = clock
+        self._known_ids = known_ids  # the manager's dedupe set: only ever read here
         self.subscriptions: dict[str, tuple[Filter, ...]] = {}
         self.filter_bytes: dict[str, int] = {}  # REQ size per open subscription
         self.open_filter_bytes = 0
@@ -196,15 +198,19 @@ class RelayConnection:
         if filters is None:
             self._drop("unknown_subscription", event_id)
             return
+        # An id already handed to delivery (or held by the own relay) is never delivered
+        # again, so its signature need not be checked twice; the event still counts for
+        # pagination. Relays send many such duplicates (a comment matches #e and #E).
+        known = event_id is not None and event_id in self._known_ids
         try:
-            event = parse_event(msg.event)
+            event = parse_event(msg.event, check_id=not known, check_sig=not known)
         except EventError as exc:
             self._drop(exc.reason, event_id)
             return
         if not any(f.matches(event) for f in filters):
             self._drop("no_matching_filter", event_id)
             return
-        self._post(RemoteEvent(self.relay, self.session, msg.sub_id, event))
+        self._post(RemoteEvent(self.relay, self.session, msg.sub_id, event, verified=not known))
 
     def _retry_after_auth(self, sub_id: str) -> bool:
         """NIP-42: authenticate once and re-send the refused REQ. False if we cannot."""

@@ -36,6 +36,7 @@ class RemoteEvent:
     session: int
     sub_id: str
     event: Event
+    verified: bool = True  # False: a known id whose checks were skipped (never delivered)
 
 
 @dataclass(slots=True)

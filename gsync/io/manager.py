@@ -227,7 +227,8 @@ class SyncManager:
         state.session += 1
         state.limits = msg.limits
         state.conn = RelayConnection(
-            msg.relay, msg.ws, state.session, self.post, auth_secret=self.config.auth.secret_key
+            msg.relay, msg.ws, state.session, self.post, auth_secret=self.config.auth.secret_key,
+            known_ids=self.seen,
         )
         state.conn.start()
         state.status = ConnectionStatus.SYNCING
@@ -499,7 +500,8 @@ class SyncManager:
         batch_id = state.sub_to_batch.get(msg.sub_id)
         if batch_id is not None and batch_id in state.pending:
             state.pending[batch_id].record_event(msg.sub_id, msg.event)
-        self.consider_for_delivery(msg.event, state)
+        if msg.verified:
+            self.consider_for_delivery(msg.event, state)
 
     def consider_for_delivery(self, event, state: RelayState | None = None) -> None:
         if event.id in self.seen or event.id in self.rejected:

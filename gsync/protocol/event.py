@@ -10,7 +10,7 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import coincurve
@@ -55,6 +55,18 @@ class Event:
     tags: Tags
     content: str
     sig: str
+    # name → values of its tags, built on first use (filters match against it)
+    _tag_index: dict | None = field(default=None, compare=False, repr=False, hash=False)
+
+    def tag_index(self) -> dict[str, set[str]]:
+        index = self._tag_index
+        if index is None:
+            index = {}
+            for t in self.tags:
+                if len(t) >= 2:
+                    index.setdefault(t[0], set()).add(t[1])
+            object.__setattr__(self, "_tag_index", index)
+        return index
 
     def to_dict(self) -> dict:
         return {

@@ -117,9 +117,12 @@ class Filter:
             return False
         if self.until is not None and event.created_at > self.until:
             return False
-        for name, values in self.tags:
-            if not any(len(t) >= 2 and t[0] == name and t[1] in values for t in event.tags):
-                return False
+        if self.tags:
+            index = event.tag_index()
+            for name, values in self.tags:
+                present = index.get(name)
+                if not present or values.isdisjoint(present):
+                    return False
         return True
 
 
