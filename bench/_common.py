@@ -78,7 +78,7 @@ def build_dataset(n_events: int, n_repos: int, domain: str, remote_url: str,
 
     per_repo = [n_events // n_repos + (1 if i < n_events % n_repos else 0) for i in range(n_repos)]
     plans = []  # per repo: list of step kinds after announcement + state
-    for i, total in enumerate(per_repo):
+    for total in per_repo:
         roots = max(1, round(total / 5))
         roots = min(roots, total - 2)
         replies = total - 2 - roots

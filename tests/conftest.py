@@ -3,6 +3,7 @@ import pytest
 
 from .gsync_proc import GsyncProcess
 from .relays import RelayProcess
+from .scripted_relay import ScriptedRelay
 
 
 @pytest.fixture
@@ -31,3 +32,18 @@ def gsync_factory():
     yield start
     for proc in started:
         proc.terminate()
+
+
+@pytest.fixture
+def scripted():
+    """Scripted relays (tests/scripted_relay.py) for misbehaviour no real relay produces."""
+    started: list[ScriptedRelay] = []
+
+    def start(*events, **knobs) -> ScriptedRelay:
+        relay = ScriptedRelay(events, **knobs).start()
+        started.append(relay)
+        return relay
+
+    yield start
+    for relay in started:
+        relay.stop()

@@ -44,7 +44,7 @@ class Author:
         object.__setattr__(self, "pubkey", public_key(self.secret))
 
     @classmethod
-    def named(cls, name: str) -> "Author":
+    def named(cls, name: str) -> Author:
         """The same key for the same name in every run: readable, reproducible tests."""
         return cls(hashlib.sha256(f"gsync-test-author:{name}".encode()).hexdigest())
 

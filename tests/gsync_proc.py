@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 
 from .relays import free_port, wait_until
@@ -51,7 +50,7 @@ class GsyncProcess:
         self.env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "GsyncProcess":
+    def start(self) -> GsyncProcess:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(ROOT, "bin", "gsync"), "run", "--config", self.config_path],

@@ -1,71 +1,27 @@
 """Real relays for tests: nostr-sdk LocalRelay in a subprocess on a free loopback port.
 
-``start_relay(**options)`` returns a ``RelayProcess`` (see ``relay_server.py`` for the
-options). ``publish`` and ``fetch_all`` are plain blocking websocket clients used to seed and
+``start_relay(**options)`` returns a ``RelayProcess`` (options: ``gsync/ops/localrelay.py``). ``publish`` and ``fetch_all`` are plain blocking websocket clients used to seed and
 inspect relays; they never go through gsync's code, so they can judge it.
 """
 from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
 
 import websocket
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from gsync.ops.localrelay import LocalRelayProcess, free_port  # noqa: F401 (re-exported)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class RelayProcess(LocalRelayProcess):
+    """gsync's LocalRelay launcher (``gsync.ops.localrelay``), plus what tests do to relays."""
 
-
-class RelayProcess:
     def __init__(self, options: dict):
-        self.options = dict(options)
-        self.options.setdefault("port", free_port())
-        self.port = int(self.options["port"])
-        self.url = f"ws://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout: float = 30.0) -> "RelayProcess":
-        """Start and wait until it accepts connections (seeding happens before READY)."""
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "relay_server.py"), json.dumps(self.options)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        line = self.proc.stdout.readline()
-        if not line.startswith("READY"):
-            self.stop()
-            raise RuntimeError(f"relay on port {self.port} did not start: {line!r}")
-        deadline = time.monotonic() + timeout
-        # The listener is up when READY is printed; a connect confirms it.
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"relay on port {self.port} is not accepting connections")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+        options = dict(options)
+        super().__init__(options.pop("port", None), **options)
 
     def kill(self) -> None:
         """Die abruptly, as a crashed relay would (no close frames)."""
@@ -74,7 +30,7 @@ class RelayProcess:
             self.proc.wait()
         self.proc = None
 
-    def restart(self) -> "RelayProcess":
+    def restart(self) -> RelayProcess:
         self.stop()
         return self.start()
 

@@ -47,8 +47,9 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from gsync.protocol.event import Event, EventError, parse_event
 from gsync.protocol.filters import Filter
@@ -181,7 +182,7 @@ def _event_dict(event) -> dict:
 class Connection:
     """One client session (after the upgrade). ``subs`` maps sub id → parsed filters."""
 
-    def __init__(self, relay: "ScriptedRelay", conn_id: int, sock: socket.socket, rfile):
+    def __init__(self, relay: ScriptedRelay, conn_id: int, sock: socket.socket, rfile):
         self.relay = relay
         self.id = conn_id
         self.sock = sock
@@ -339,7 +340,7 @@ class ScriptedRelay:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def start(self) -> "ScriptedRelay":
+    def start(self) -> ScriptedRelay:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", self._requested_port))
@@ -369,7 +370,7 @@ class ScriptedRelay:
         for t in self._threads:
             t.join(timeout=2)
 
-    def __enter__(self) -> "ScriptedRelay":
+    def __enter__(self) -> ScriptedRelay:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -465,7 +466,7 @@ class ScriptedRelay:
         while not self._stopping.is_set():
             try:
                 sock, _ = self._listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

@@ -237,7 +237,7 @@ def test_check_config_lists_every_error_and_exits_2(broken_file):
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     assert len(lines) == len(BROKEN_ERRORS)
-    for line, (section, key, value) in zip(lines, BROKEN_ERRORS):
+    for line, (section, key, value) in zip(lines, BROKEN_ERRORS, strict=False):
         where = f"[{section}] {key} = {value.format(key_file=key_file)!r}: " if key else f"[{section}]: "
         assert line.startswith(f"{path}: {where}"), line
     assert result.stdout == ""

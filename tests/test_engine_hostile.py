@@ -13,50 +13,14 @@ import pytest
 from gsync import constants
 
 from . import factory as f
-from .relays import fetch_all, ids_on, publish, wait_until
-from .scripted_relay import HandshakeGauge, ScriptedRelay
+from .relays import fetch_all, publish, wait_until
+from .scenario import assert_arrives, on_own, our_announcement
+from .scripted_relay import HandshakeGauge
 
 alice, bob, carol = f.Author.named("alice"), f.Author.named("bob"), f.Author.named("carol")
 
 DROPS = "gsync_events_dropped_total"
 PAGE_SIZE = 100
-
-
-@pytest.fixture
-def scripted():
-    started: list[ScriptedRelay] = []
-
-    def start(*events, **knobs) -> ScriptedRelay:
-        relay = ScriptedRelay(events, **knobs).start()
-        started.append(relay)
-        return relay
-
-    yield start
-    for relay in started:
-        relay.stop()
-
-
-def our_announcement(own, remotes, d="proj", author=alice, **kw):
-    """An announcement listing our service (clone + relay on the own relay's host:port)."""
-    host = f"127.0.0.1:{own.port}"
-    return f.announcement(
-        author, d, clone=[f"http://{host}/{author.pubkey}/{d}.git"],
-        relays=[f"ws://{host}", *(r.url for r in remotes)], **kw,
-    )
-
-
-def on_own(own, events) -> set[str]:
-    """Which of ``events`` the own relay holds (asked by id, in chunks LocalRelay accepts)."""
-    ids = sorted({e.id if hasattr(e, "id") else e["id"] for e in events})
-    held: set[str] = set()
-    for start in range(0, len(ids), 400):
-        held |= ids_on(own.url, {"ids": ids[start:start + 400]})
-    return held
-
-
-def assert_arrives(own, events, timeout=60.0, what="events"):
-    want = {e.id for e in events}
-    wait_until(lambda: want <= on_own(own, events), timeout=timeout, interval=0.5, what=what)
 
 
 def once_into_repo_sub(addr: str, frames_for):

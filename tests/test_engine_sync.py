@@ -1,26 +1,11 @@
 """The sync engine end to end: real LocalRelays (own + remotes) and gsync as a subprocess."""
 import pytest
 
-from gsync.sync.repos import repo_address
-
 from . import factory as f
 from .relays import ids_on, publish, wait_until
+from .scenario import assert_arrives, our_announcement
 
 alice, bob, carol = f.Author.named("alice"), f.Author.named("bob"), f.Author.named("carol")
-
-
-def our_announcement(own, remotes, d="proj", author=alice, **kw):
-    """An announcement that lists our service (clone + relay on the own relay's host:port)."""
-    host = f"127.0.0.1:{own.port}"
-    return f.announcement(
-        author, d, clone=[f"http://{host}/{author.pubkey}/{d}.git"],
-        relays=[f"ws://{host}", *(r.url for r in remotes)], **kw,
-    )
-
-
-def assert_arrives(own, events, timeout=45, what="events"):
-    want = {e.id for e in events}
-    wait_until(lambda: want <= ids_on(own.url, {"ids": sorted(want)}), timeout=timeout, what=what)
 
 
 def test_announcement_brings_full_history_from_both_remotes(relay_factory, gsync_factory):

@@ -14,7 +14,7 @@ from gsync.protocol.negentropy import NegentropyServer, Storage
 
 from . import factory as f
 from .relays import publish, wait_until
-from .test_engine_hostile import assert_arrives, on_own, our_announcement, scripted  # noqa: F401
+from .scenario import assert_arrives, on_own, our_announcement
 
 alice, bob = f.Author.named("alice"), f.Author.named("bob")
 

@@ -53,7 +53,7 @@ def make_groups(seed: int = 77) -> list[tuple[int, str, list[str]]]:
         ]
         return [
             (size, public_key(secret), [e for f in group for e in f.result()])
-            for (size, secret, _), group in zip(jobs, futures)
+            for (size, secret, _), group in zip(jobs, futures, strict=False)
         ]
 
 

@@ -1,7 +1,7 @@
 """Negentropy-first historic sync against real relays: move only what the own relay lacks."""
 from . import factory as f
 from .relays import ids_on, start_relays, wait_until, write_seed_file
-from .test_engine_sync import our_announcement
+from .scenario import our_announcement
 
 alice, bob = f.Author.named("alice"), f.Author.named("bob")
 

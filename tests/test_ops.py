@@ -58,7 +58,7 @@ class NotifyListener:
         while not self._stop.is_set():
             try:
                 data = self.sock.recv(4096)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -121,7 +121,7 @@ class Synced:
         self.notify = NotifyListener()
         self.gsync: GsyncProcess | None = None
 
-    def start(self) -> "Synced":
+    def start(self) -> Synced:
         own, a, b = (RelayProcess({}).start() for _ in range(3))
         self.relays = [own, a, b]
         self.own, self.a, self.b = own, a, b
@@ -342,7 +342,7 @@ def test_sd_notify_ready_status_and_watchdog(synced):
     assert statuses and "2/2 relays connected" in statuses[-1] and "1 repos" in statuses[-1]
     # Pings come about every second (half of WATCHDOG_USEC), not in a burst.
     times = [t for t, _ in watchdog]
-    assert all(0.5 <= b - a <= 2.0 for a, b in zip(times, times[1:])), times
+    assert all(0.5 <= b - a <= 2.0 for a, b in zip(times, times[1:], strict=False)), times
 
 
 # -- SIGHUP -------------------------------------------------------------------------------------

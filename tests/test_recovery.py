@@ -82,14 +82,14 @@ def test_progress_resets_the_zero_progress_count():
     rec = MissingEventRecovery()
     rec.add_missing(A, ids(20), now=0)
     now = 0.0
-    for i in range(11):
+    for _i in range(11):
         now += 1000
         rec.next_attempt(A, now)
         rec.record_result(A, [], now)
     now += 1000
     rec.next_attempt(A, now)
     rec.record_result(A, ids(1), now)  # progress
-    for i in range(11):
+    for _i in range(11):
         now += 1000
         rec.next_attempt(A, now)
         assert rec.record_result(A, [], now) == set()

@@ -1,7 +1,7 @@
 """derive_relay_targets and compute_actions: the pure three-way diff of seed 001."""
+from gsync.protocol.event import generate_secret, sign_event
 from gsync.sync.repos import RepoSyncIndex, RepoSyncNeeds, SyncLevel
 from gsync.sync.targets import AddFilters, SyncItems, compute_actions, derive_relay_targets
-from gsync.protocol.event import generate_secret, sign_event
 
 FULL, STATE = SyncLevel.FULL, SyncLevel.STATE_ONLY
 A, B = "wss://a.example", "wss://b.example"

@@ -292,7 +292,7 @@ class OwnRelayDelivery:
     # -- own relay up / down ------------------------------------------------------------
 
     def _lane_down(self, lane: _Lane, reason: str) -> None:
-        if self._down_since is None and all(l.ws is None for l in self._lanes):
+        if self._down_since is None and all(other.ws is None for other in self._lanes):
             self._down_since = self._wallclock()
             self._post(OwnRelayState(up=False, at=self._down_since))
 

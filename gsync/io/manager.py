@@ -29,6 +29,7 @@ from ..sync.rejected import RejectedIndex
 from ..sync.relay_state import ConnectionStatus, LiveSub, RelayState
 from ..sync.repos import RepoSyncIndex, SyncLevel, should_forward_layer1
 from ..sync.targets import PendingItems, compute_actions, derive_relay_targets
+from . import negentropy_sync
 from .connection import RelayConnection
 from .delivery import OwnRelayDelivery
 from .events import (
@@ -48,7 +49,6 @@ from .events import (
     Stop,
     Tick,
 )
-from . import negentropy_sync
 from .handshake import HandshakePool
 from .self_subscriber import SelfSubscriber
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from ..constants import NEGENTROPY_DEADLINE_SECS
 from ..protocol import messages as wire

@@ -11,13 +11,12 @@ cheaper on the wire but yields only ids, not the timestamps the remote exchange 
 from __future__ import annotations
 
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
-
-from .ws import connect as ws_connect
 from ..constants import PAGE_THRESHOLD
 from ..protocol import messages as wire
 from ..protocol.filters import Filter
+from .ws import connect as ws_connect
 
 QUERY_TIMEOUT_SECS = 30.0
 

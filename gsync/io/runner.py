@@ -9,7 +9,7 @@ import signal
 
 import gevent
 
-from ..ops import metrics, sdnotify
+from ..ops import sdnotify
 from ..ops.logging import get_logger
 from .events import Stop
 from .manager import SyncManager

@@ -11,13 +11,13 @@ import time
 
 import gevent
 
-from .ws import connect as ws_connect
 from .. import constants
 from ..protocol import messages as wire
 from ..protocol.event import EventError, parse_event
 from ..protocol.filters import Filter
 from .events import OwnEvent, OwnSubscribed
 from .own_query import history_pages
+from .ws import connect as ws_connect
 
 SUB_ID = "gsync-self"
 

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import configparser
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .. import constants
-from ..protocol.urls import AddressPolicy, UrlError, normalize_domain, normalize_relay_url, split_host_port
+from ..protocol.urls import (
+    AddressPolicy,
+    UrlError,
+    normalize_domain,
+    normalize_relay_url,
+    split_host_port,
+)
 
 DEFAULT_CONFIG_PATH = "/etc/gsync/gsync.ini"
 LOG_LEVELS = ("debug", "info", "warning", "error")

@@ -347,7 +347,7 @@ class Demo:
         publish(a.url, seed.remote_a)
         publish(b.url, seed.remote_b)
         publish(own.url, seed.own)
-        kinds = Counter(seed.expected.values())
+        Counter(seed.expected.values())
         self.say(f"seeded {len(seed.repos)} repositories listing this relay: {len(seed.remote_a)} events "
                  f"on remote A, {len(seed.remote_b)} on remote B ({len(seed.expected)} distinct), plus "
                  f"1 repository that lists another relay; the own relay holds only the "
@@ -450,7 +450,7 @@ class Demo:
         seeded = {}
         if status:
             remotes = sorted(status.get("relays", []), key=lambda r: r["relay"])
-            ports = {r.port: ids for r, ids in zip(self.relays[1:], (a_ids, b_ids))}
+            ports = {r.port: ids for r, ids in zip(self.relays[1:], (a_ids, b_ids), strict=False)}
             self.say(f"  {'remote relay':<24} {'status':<11} {'health':<10} {'holds':>6} {'delivered':>10}")
             for r in remotes:
                 port = int(r["relay"].rsplit(":", 1)[-1])

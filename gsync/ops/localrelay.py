@@ -8,7 +8,11 @@ prints ``READY <url>`` once it listens and serves until SIGTERM or until its std
 Options: ``port`` (required), ``max_reqs`` and ``notes_per_minute`` (LocalRelay's own
 defaults — 60 events a minute — are far too low for seeding or for an own relay that gsync
 writes to, so they are raised unless given), ``write_delay_ms`` (a slow relay: every EVENT
-waits that long before it is accepted — for tests of deliveries in flight).
+waits that long before it is accepted), ``nip42`` (``read`` | ``write`` | ``both``),
+``lmdb`` (a database directory that survives restarts; default in memory), ``seed_file``
+(JSON lines of signed events saved before the relay listens), ``reject`` (``{"kinds",
+"ids", "authors", "message"}``: refused with ``blocked:``) and ``block_queries`` (every REQ
+and NEG-OPEN refused with that text). The test suite uses all of them.
 """
 from __future__ import annotations
 
@@ -55,7 +59,7 @@ class LocalRelayProcess:
         self.url = f"ws://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 20.0) -> "LocalRelayProcess":
+    def start(self, timeout: float = 20.0) -> LocalRelayProcess:
         # stderr goes to a file (or nowhere), never to a pipe nobody reads.
         err = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
@@ -110,18 +114,49 @@ async def _serve(opts: dict) -> None:
     import asyncio
     import signal
 
-    from nostr_sdk import LocalRelayBuilder, RateLimit, WritePolicy, WritePolicyResult, uniffi_set_event_loop
+    from nostr_sdk import (
+        Event,
+        LocalRelayBuilder,
+        LocalRelayBuilderNip42,
+        LocalRelayBuilderNip42Mode,
+        NostrLmdb,
+        QueryPolicy,
+        QueryPolicyResult,
+        RateLimit,
+        WritePolicy,
+        WritePolicyResult,
+        uniffi_set_event_loop,
+    )
 
-    class SlowWrites(WritePolicy):
-        def __init__(self, delay: float):
+    class Writes(WritePolicy):
+        """Slow writes (``write_delay_ms``) and refusals (``reject``). An exception inside a
+        policy panics the relay, so every path is guarded."""
+
+        def __init__(self, delay: float, reject: dict):
             self.delay = delay
+            self.kinds = set(reject.get("kinds", []))
+            self.ids = set(reject.get("ids", []))
+            self.authors = set(reject.get("authors", []))
+            self.message = reject.get("message", "not wanted here")
 
         async def admit_event(self, event, addr):
-            try:  # an exception inside a policy panics the relay
-                await asyncio.sleep(self.delay)
+            try:
+                if self.delay:
+                    await asyncio.sleep(self.delay)
+                if self.kinds or self.ids or self.authors:
+                    e = json.loads(event.as_json())
+                    if e["kind"] in self.kinds or e["id"] in self.ids or e["pubkey"] in self.authors:
+                        return WritePolicyResult.REJECT(self.message)
             except BaseException:
                 pass
             return WritePolicyResult.ACCEPT()
+
+    class BlockQueries(QueryPolicy):
+        def __init__(self, message: str):
+            self.message = message
+
+        async def admit_query(self, query, addr):
+            return QueryPolicyResult.REJECT(self.message)
 
     uniffi_set_event_loop(asyncio.get_running_loop())
     builder = LocalRelayBuilder().addr("127.0.0.1").port(int(opts["port"]))
@@ -131,8 +166,23 @@ async def _serve(opts: dict) -> None:
             notes_per_minute=int(opts.get("notes_per_minute", 10_000_000)),
         )
     )
-    if opts.get("write_delay_ms"):
-        builder = builder.write_policy(SlowWrites(float(opts["write_delay_ms"]) / 1000))
+    if opts.get("nip42"):
+        mode = getattr(LocalRelayBuilderNip42Mode, opts["nip42"].upper())
+        builder = builder.nip42(LocalRelayBuilderNip42(mode=mode))
+    if opts.get("lmdb") or opts.get("seed_file"):
+        db = await NostrLmdb.open(opts.get("lmdb") or opts["seed_file"] + ".lmdb")
+        if opts.get("seed_file"):
+            with open(opts["seed_file"]) as fh:
+                lines = [line for line in fh if line.strip()]
+            for start in range(0, len(lines), 1000):  # concurrent saves share LMDB commits
+                chunk = lines[start : start + 1000]
+                await asyncio.gather(*(db.save_event(Event.from_json(line)) for line in chunk))
+        builder = builder.database(db)
+    if opts.get("write_delay_ms") or opts.get("reject"):
+        delay = float(opts.get("write_delay_ms", 0)) / 1000
+        builder = builder.write_policy(Writes(delay, opts.get("reject") or {}))
+    if opts.get("block_queries"):
+        builder = builder.query_policy(BlockQueries(opts["block_queries"]))
     relay = builder.build()
     await relay.run()
     print("READY", await relay.url(), flush=True)

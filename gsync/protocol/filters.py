@@ -33,7 +33,7 @@ class Filter:
         return cls(_frozen(ids), _frozen(authors), _frozen(kinds), tag_items, since, until, limit)
 
     @classmethod
-    def from_dict(cls, obj: dict) -> "Filter":
+    def from_dict(cls, obj: dict) -> Filter:
         """Parse a filter as a relay or the INI would write it. Raises ``ValueError``."""
         if not isinstance(obj, dict):
             raise ValueError("filter is not an object")
@@ -65,7 +65,7 @@ class Filter:
                 return v
         return None
 
-    def replace(self, **changes) -> "Filter":
+    def replace(self, **changes) -> Filter:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:

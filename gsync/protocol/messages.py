@@ -10,8 +10,8 @@ from __future__ import annotations
 import enum
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Union
 
 from ..constants import MAX_MESSAGE_BYTES
 from .event import Event
@@ -138,7 +138,7 @@ class Count:
     approximate: bool
 
 
-Message = Union[RelayEvent, Ok, Eose, Closed, Notice, AuthChallenge, NegMsg, NegErr, Count]
+Message = RelayEvent | Ok | Eose | Closed | Notice | AuthChallenge | NegMsg | NegErr | Count
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,8 +28,9 @@ from __future__ import annotations
 import bisect
 import hashlib
 import itertools
+from collections.abc import Iterable
 from enum import IntEnum
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 PROTOCOL_VERSION = 0x61
 ID_SIZE = 32
@@ -203,7 +204,7 @@ class Storage:
                 raise ValueError(f"timestamp {timestamp!r} out of range")
             if len(item_id) != ID_SIZE:
                 raise ValueError("an id is not 32 bytes")
-        if any(a == b for a, b in zip(keys, itertools.islice(keys, 1, None))):
+        if any(a == b for a, b in zip(keys, itertools.islice(keys, 1, None), strict=False)):
             raise ValueError("duplicate item")
         self._keys = [(t, bytes(i)) for t, i in keys]
         self._sums = list(
@@ -211,7 +212,7 @@ class Storage:
         )
 
     @classmethod
-    def from_hex(cls, items: Iterable[tuple[int, str]]) -> "Storage":
+    def from_hex(cls, items: Iterable[tuple[int, str]]) -> Storage:
         try:
             return cls((t, bytes.fromhex(i)) for t, i in items)
         except (TypeError, ValueError) as exc:

@@ -9,8 +9,8 @@ Pure. Builders return historic filters (optional ``since``); the live form of an
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from ..constants import (
     CONSOLIDATION_EXCESS,

@@ -14,8 +14,8 @@ Three independent concerns, kept apart because they recover differently:
 from __future__ import annotations
 
 import enum
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Hashable
 
 from ..constants import (
     BASE_BACKOFF_SECS,

@@ -16,8 +16,8 @@ looping forever, and leave them to NIP-77 on the next daily sync or to live sync
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from ..constants import (
     PAGE_THRESHOLD,

@@ -10,8 +10,8 @@ defers its attempts instead of spending them, so it neither expires its work nor
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from ..constants import (
     MAX_IDS_PER_REQ,

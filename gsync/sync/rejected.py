@@ -70,7 +70,7 @@ class RejectedIndex:
         return json.dumps({"version": 1, "cold": self._cold}, separators=(",", ":"))
 
     @classmethod
-    def loads(cls, text: str, now: float, **kw) -> "RejectedIndex":
+    def loads(cls, text: str, now: float, **kw) -> RejectedIndex:
         """A saved index; anything unreadable gives an empty one (losing it costs bandwidth,
         never events)."""
         index = cls(**kw)

@@ -11,9 +11,9 @@ events use one tag per value. Both spellings are read everywhere here.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Iterable, Iterator
 
 from ..constants import MAX_RELAYS_PER_ANNOUNCEMENT, PURGATORY_TTL_SECS, ROOT_KINDS
 from ..protocol.event import Event

@@ -10,8 +10,8 @@ confirmed StateOnly and now Full still owes its layer-2/3 filters.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 from .repos import RepoSyncNeeds, SyncLevel
 
