@@ -1,0 +1,6 @@
+"""The manager: one greenlet owning every sync index (see ``core``); its concerns live in
+mixins, one module each: ``lifecycle``, ``live``, ``historic``, ``own_relay``.
+"""
+from .core import SyncManager
+
+__all__ = ["SyncManager"]

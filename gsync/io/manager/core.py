@@ -1,0 +1,312 @@
+"""The manager: the one greenlet that owns every sync index.
+
+It takes a message off its queue and hands it to the handler for that message's type (a
+table, below). Handlers are short and call the pure modules for every decision: which repos
+and relays (``sync.repos``), what each relay still owes (``sync.targets``), which filters
+(``sync.filter_plan``), what an EOSE means (``sync.pending``). Sends go through the relay's
+connection object, which queues them for its writer greenlet: the manager never blocks.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+import time
+
+import gevent
+from gevent.queue import Empty, Queue
+
+from ... import constants
+from ...ops import metrics
+from ...ops.logging import get_logger
+from ...protocol import messages as wire
+from ...sync.health import RelayHealthTracker
+from ...sync.recovery import MissingEventRecovery
+from ...sync.relay_state import ConnectionStatus, RelayState
+from ...sync.repos import RepoSyncIndex
+from ..delivery import OwnRelayDelivery
+from ..events import (
+    BatchWindowClosed,
+    CompletionRecheck,
+    DeliveryAnswered,
+    HandshakeDone,
+    HandshakeStarted,
+    HistoricSlotDue,
+    NegentropyFinished,
+    OwnEvent,
+    OwnRelayState,
+    OwnSubscribed,
+    RelayDisconnected,
+    RemoteEvent,
+    RemoteMessage,
+    Stop,
+    Tick,
+)
+from ..handshake import HandshakePool
+from ..self_subscriber import SelfSubscriber
+from .historic import HistoricSync
+from .lifecycle import RelayLifecycle
+from .live import LiveCoverage
+from .own_relay import REJECTED_SAVE_SECS, OwnRelaySide
+
+log = get_logger("gsync.manager")
+
+
+
+class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide):
+    def __init__(self, config, *, clock=time.time, delivery=None, on_ready=None):
+        self.config = config
+        self.clock = clock
+        self.queue: Queue = Queue()
+        self.post = self.queue.put
+        svc, sync, net = config.service, config.sync, config.network
+        self.domains = list(svc.domains)
+        self.repos = RepoSyncIndex(svc.own_relay, self.domains)
+        self.relays: dict[str, RelayState] = {}
+        self.health = RelayHealthTracker(
+            base_backoff=sync.base_backoff_secs, max_backoff=sync.max_backoff_secs,
+            proactive_gap=sync.background_start_interval_ms / 1000,
+        )
+        self.rejected = self._load_rejected()
+        self.rejected_saved_at = 0.0
+        self.recovery = MissingEventRecovery(base_delay=sync.recovery_base_secs)
+        self.delivery = delivery or OwnRelayDelivery(
+            svc.own_relay, self.post, auth_secret=config.auth.secret_key
+        )
+        self.self_sub = SelfSubscriber(svc.own_relay, self.post, log, clock=clock)
+        self.handshakes = HandshakePool(
+            self.post, net.allow_private_addresses, workers=sync.handshake_workers
+        )
+        self.own_batch: list = []
+        self.own_window_open = False
+        self.own_down_since: float | None = None
+        self.ready = False
+        self.on_ready = on_ready
+        self.seen: dict[str, None] = {}
+        self._ids = itertools.count(1)
+        self._stopping = False
+        self.last_loop_at = time.monotonic()
+        self.handlers = {
+            HandshakeStarted: self.on_handshake_started,
+            HandshakeDone: self.on_handshake_done,
+            RemoteEvent: self.on_remote_event,
+            RemoteMessage: self.on_remote_message,
+            RelayDisconnected: self.on_relay_disconnected,
+            NegentropyFinished: self.on_negentropy_finished,
+            OwnEvent: self.on_own_event,
+            OwnSubscribed: self.on_own_subscribed,
+            OwnRelayState: self.on_own_relay_state,
+            DeliveryAnswered: self.on_delivery_answered,
+            BatchWindowClosed: self.on_batch_window_closed,
+            CompletionRecheck: self.on_completion_recheck,
+            HistoricSlotDue: self.on_historic_slot_due,
+            Tick: self.on_tick,
+        }
+        for url in sync.bootstrap_relays:
+            self.relay(url).is_bootstrap = True
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.delivery.start()
+        self.handshakes.start()
+        self.self_sub.start()
+        self._ticker = gevent.spawn(self._tick_loop)
+
+    def run(self) -> None:
+        """Apply messages until ``Stop``. One at a time: no locks around any index."""
+        while True:
+            self.last_loop_at = time.monotonic()
+            try:
+                msg = self.queue.get(timeout=1.0)
+            except Empty:
+                continue
+            if isinstance(msg, Stop):
+                return
+            handler = self.handlers.get(type(msg))
+            try:
+                handler(msg)
+            except Exception:
+                log.exception("handler_failed", message=type(msg).__name__)
+
+    def _tick_loop(self) -> None:
+        while True:
+            gevent.sleep(constants.MAINTENANCE_TICK_SECS)
+            self.post(Tick(self.clock()))
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._ticker.kill(block=False)
+        self.self_sub.stop()
+        self.handshakes.stop()
+        for state in self.relays.values():
+            if state.conn is not None:
+                state.conn.close("shutting down")
+        self._save_rejected()
+
+    # -- relays -------------------------------------------------------------------------
+
+
+
+
+
+
+
+
+    # -- sync entry points (seed 001, "Sync Entry Points") --------------------------------
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+    # -- remote traffic -----------------------------------------------------------------
+
+    def _current(self, relay: str, session: int) -> RelayState | None:
+        state = self.relays.get(relay)
+        if state is None or state.session != session or state.conn is None:
+            return None
+        return state
+
+    def on_remote_event(self, msg: RemoteEvent) -> None:
+        state = self._current(msg.relay, msg.session)
+        if state is None:
+            return
+        state.received_metric.inc()
+        batch_id = state.sub_to_batch.get(msg.sub_id)
+        if batch_id is not None and batch_id in state.pending:
+            state.pending[batch_id].record_event(msg.sub_id, msg.event)
+        if msg.verified:
+            self.consider_for_delivery(msg.event, state)
+
+
+    def on_remote_message(self, msg: RemoteMessage) -> None:
+        state = self._current(msg.relay, msg.session)
+        if state is None:
+            return
+        m = msg.message
+        if isinstance(m, wire.Eose):
+            self.on_eose(state, m.sub_id)
+        elif isinstance(m, wire.Closed):
+            self.on_closed(state, m)
+        elif isinstance(m, wire.Notice):
+            log.info("relay_notice", relay=state.url, text=m.text[:200])
+            if wire.is_rate_limit_text(m.text):
+                self.note_rate_limited(state, m.text)
+
+
+
+
+
+
+
+
+
+
+
+
+    # -- missing-event recovery (SPEC §4) -----------------------------------------------
+
+
+
+
+    # -- own relay ----------------------------------------------------------------------
+
+
+
+
+
+
+
+
+    # -- maintenance --------------------------------------------------------------------
+
+    def on_tick(self, msg: Tick) -> None:
+        now = self.clock()
+        self.apply_dirty(self.repos.expire_state_only(now))  # also retries due relays
+        self.retire_unwanted_relays()
+        for state in self.relays.values():
+            if state.connected and state.next_daily_at and now >= state.next_daily_at:
+                state.next_daily_at = now + random.uniform(constants.DAILY_MIN_SECS, constants.DAILY_MAX_SECS)
+                log.info("daily_sync", relay=state.url)
+                state.status = ConnectionStatus.SYNCING
+                self.fresh_start(state, now)
+        self.run_recovery(now)
+        self.run_polls(now)
+        self.rejected.expire(now)
+        if self.rejected.dirty and now - self.rejected_saved_at >= REJECTED_SAVE_SECS:
+            self._save_rejected()
+        self.update_metrics(now)
+
+    def update_metrics(self, now: float) -> None:
+        connected = dead = 0
+        for state in self.relays.values():
+            metrics.RELAY_CONNECTED.labels(state.url).set(int(state.status))
+            metrics.RELAY_STATUS.labels(state.url).set(self.health.status_metric(state.url, now))
+            metrics.RELAY_FAILURES.labels(state.url).set(self.health.failures(state.url, now))
+            metrics.SUBSCRIPTIONS.labels(state.url).set(len(state.conn.subscriptions) if state.conn else 0)
+            connected += state.connected
+            dead += self.health.is_dead(state.url, now)
+        metrics.RELAYS_TRACKED.set(len(self.relays))
+        metrics.RELAYS_CONNECTED.set(connected)
+        metrics.RELAYS_DEAD.set(dead)
+        metrics.QUEUE_DEPTH.labels("manager").set(self.queue.qsize())
+        metrics.QUEUE_DEPTH.labels("delivery").set(self.delivery.backlog)
+
+    # -- operators ------------------------------------------------------------------------
+
+    def alive_recently(self, within: float) -> bool:
+        return time.monotonic() - self.last_loop_at < within
+
+    def set_bootstrap_relays(self, urls) -> None:
+        for state in self.relays.values():
+            state.is_bootstrap = False
+        for url in urls:
+            self.relay(url).is_bootstrap = True
+
+    def summary(self) -> str:
+        connected = sum(1 for s in self.relays.values() if s.connected)
+        return (f"{connected}/{len(self.relays)} relays connected, {len(self.repos)} repos, "
+                f"{self.delivery.backlog} deliveries in flight")
+
+    def status_snapshot(self) -> dict:
+        now = self.clock()
+        return {
+            "own_relay": self.config.service.own_relay,
+            "own_relay_up": self.own_down_since is None,
+            "ready": self.ready,
+            "repos": len(self.repos),
+            "delivery_backlog": self.delivery.backlog,
+            "rejected": len(self.rejected),
+            "relays": [
+                {
+                    "relay": s.url,
+                    "status": s.status.name.lower(),
+                    "health": self.health.state(s.url, now).name.lower(),
+                    "subscriptions": len(s.conn.subscriptions) if s.conn else 0,
+                    "pending_batches": len(s.pending),
+                    "events_delivered": s.events_delivered,
+                    "bootstrap": s.is_bootstrap,
+                    "last_error": s.refused_reason or s.last_error,
+                }
+                for s in sorted(self.relays.values(), key=lambda s: s.url)
+            ],
+        }
+
+    # -- rejected index persistence -------------------------------------------------------
+
+
+

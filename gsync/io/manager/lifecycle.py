@@ -1,0 +1,177 @@
+"""Relay lifecycle (seed 001, "Connection Lifecycle" and "Sync Entry Points"): discover,
+connect through the handshake pool, fresh start or quick reconnect, retire.
+"""
+from __future__ import annotations
+
+import random
+
+from ... import constants
+from ...ops import metrics
+from ...ops.logging import get_logger
+from ...sync import filter_plan
+from ...sync.relay_state import ConnectionStatus, LiveSub, RelayState
+from ...sync.targets import PendingItems, compute_actions, derive_relay_targets
+from ..connection import RelayConnection
+from ..events import (
+    HandshakeDone,
+    HandshakeStarted,
+    RelayDisconnected,
+)
+
+log = get_logger("gsync.manager")
+
+LAYER1_LIVE_SUB = "l1-live"
+
+
+class RelayLifecycle:
+    """Mixin of ``SyncManager``: its state lives on the manager (see ``manager/__init__``)."""
+
+    def relay(self, url: str) -> RelayState:
+        state = self.relays.get(url)
+        if state is None:
+            if len(self.relays) >= self.config.network.max_relays:
+                log.warning("relay_cap_reached", relay=url, max_relays=self.config.network.max_relays)
+                return RelayState(url, refused_reason="relay cap")
+            state = self.relays[url] = RelayState(url)
+            state.received_metric = metrics.EVENTS_RECEIVED.labels(url)
+            log.info("relay_registered", relay=url)
+        return state
+
+    def wanted(self, state: RelayState, targets) -> bool:
+        return state.is_bootstrap or state.url in targets or bool(state.confirmed)
+
+    def connect_due_relays(self, now: float) -> None:
+        targets = derive_relay_targets(self.repos)
+        for url in list(targets):
+            self.relay(url)
+        for state in list(self.relays.values()):
+            if state.refused_reason or state.status != ConnectionStatus.DISCONNECTED:
+                continue
+            if not self.wanted(state, targets):
+                continue
+            if self.health.should_attempt_connection(state.url, now):
+                state.attempt += 1
+                state.status = ConnectionStatus.CONNECTING
+                self.handshakes.request(state.url, state.attempt)
+
+    def retire_unwanted_relays(self) -> None:
+        targets = derive_relay_targets(self.repos)
+        for state in list(self.relays.values()):
+            if state.connected and not self.wanted(state, targets) and not state.pending:
+                log.info("relay_retired", relay=state.url)
+                state.conn.close("no work left")
+                state.conn = None
+                state.status = ConnectionStatus.DISCONNECTED
+                del self.relays[state.url]
+                self.health.forget(state.url)
+                metrics.forget_relay(state.url)
+
+    def on_handshake_started(self, msg: HandshakeStarted) -> None:
+        self.health.record_attempt_started(msg.relay, self.clock())
+
+    def on_handshake_done(self, msg: HandshakeDone) -> None:
+        state = self.relays.get(msg.relay)
+        now = self.clock()
+        if state is None or msg.attempt != state.attempt or self._stopping:
+            if msg.ws is not None:
+                msg.ws.close()
+            return
+        if msg.ws is not None and not getattr(msg.ws, "connected", False):
+            msg.error = "socket closed before the manager applied the handshake"
+        if msg.error:
+            metrics.CONNECTION_ATTEMPTS.labels(msg.relay, "failure").inc()
+            state.status = ConnectionStatus.DISCONNECTED
+            state.last_error = msg.error
+            if msg.refused:
+                state.refused_reason = msg.error
+                log.warning("relay_refused", relay=msg.relay, reason=msg.error)
+            else:
+                self.health.record_failure(msg.relay, now)
+                log.info("relay_connect_failed", relay=msg.relay, reason=msg.error)
+            return
+        metrics.CONNECTION_ATTEMPTS.labels(msg.relay, "success").inc()
+        self.health.record_success(msg.relay, now)
+        state.session += 1
+        state.limits = msg.limits
+        state.conn = RelayConnection(
+            msg.relay, msg.ws, state.session, self.post, auth_secret=self.config.auth.secret_key,
+            known_ids=self.seen,
+        )
+        state.conn.start()
+        state.status = ConnectionStatus.SYNCING
+        fresh = state.should_fresh_start(now)
+        log.info("relay_connected", relay=msg.relay, fresh_start=fresh)
+        if fresh:
+            self.fresh_start(state, now)
+        else:
+            self.quick_reconnect(state, now)
+        state.last_connected = now
+        state.disconnected_at = None
+        if state.next_daily_at is None:
+            state.next_daily_at = now + random.uniform(constants.DAILY_MIN_SECS, constants.DAILY_MAX_SECS)
+
+    def on_relay_disconnected(self, msg: RelayDisconnected) -> None:
+        state = self.relays.get(msg.relay)
+        if state is None or msg.session != state.session or state.conn is None:
+            return
+        now = self.clock()
+        log.info("relay_disconnected", relay=msg.relay, reason=msg.reason)
+        state.conn = None
+        state.status = ConnectionStatus.DISCONNECTED
+        state.disconnected_at = now
+        state.last_connected = now
+        state.last_error = msg.reason
+        state.clear_pending()
+        state.clear_live()
+        self.health.record_disconnect(msg.relay, now)
+
+    def fresh_start(self, state: RelayState, now: float) -> None:
+        for sub_id in list(state.live_subs):  # the daily sync runs on a live connection
+            state.conn.unsubscribe(sub_id)
+        state.clear_live()
+        state.clear_pending()
+        state.clear_confirmed()
+        state.historic_sync_completed_at = None
+        self.subscribe_layer1(state, since=None)
+        self.recompute(state, since=None)
+
+    def quick_reconnect(self, state: RelayState, now: float) -> None:
+        state.clear_pending()
+        since = int(state.last_connected or now) - constants.RECONNECT_OVERLAP_SECS
+        self.subscribe_layer1(state, since=since)
+        if state.confirmed:
+            # Confirmed items stay confirmed; their live filters come back and the gap is
+            # fetched with since.
+            self.start_sync(state, state.confirmed.copy(), since=since, confirm=False)
+        self.recompute(state, since=None)
+
+    def recompute(self, state: RelayState, since: int | None) -> None:
+        """derive_relay_targets → compute_actions → start_sync, for one connected relay."""
+        if not state.connected:
+            return
+        targets = derive_relay_targets(self.repos)
+        pending = {state.url: [b.items for b in state.pending.values()]}
+        confirmed = {state.url: state.confirmed}
+        for action in compute_actions(targets, pending, confirmed, {state.url}):
+            self.start_sync(state, action.items, since=since)
+
+    def subscribe_layer1(self, state: RelayState, since: int | None) -> None:
+        live = filter_plan.layer1_filter().replace(limit=0)
+        state.live_subs[LAYER1_LIVE_SUB] = LiveSub((live,), control=True)
+        state.conn.subscribe(LAYER1_LIVE_SUB, [live])
+        self.start_historic(state, PendingItems(), [filter_plan.layer1_filter(since)], layer1=True)
+
+    def start_sync(self, state: RelayState, items: PendingItems, since: int | None, confirm=True) -> None:
+        """Live and historic subscriptions for new items (``handle_new_sync_filters``)."""
+        filters = self.filters_for(state, items, since)
+        if not filters:
+            return
+        self.subscribe_live(state, filter_plan.live(filters))
+        self.start_historic(state, items if confirm else PendingItems(), filters)
+
+    def filters_for(self, state: RelayState, items: PendingItems, since: int | None):
+        budget = filter_plan.tag_value_budget(state.limits)
+        return filter_plan.build_sync_level_aware_filters(
+            items.repos, items.root_events, since=since, budget=budget
+        )
+

@@ -1,0 +1,99 @@
+"""Live coverage (``limit: 0``) within the relay's subscription and filter-size budgets:
+packing, consolidation, and polling what does not fit.
+"""
+from __future__ import annotations
+
+from ... import constants
+from ...ops.logging import get_logger
+from ...protocol import messages as wire
+from ...sync import filter_plan
+from ...sync.relay_state import LiveSub, RelayState
+from ...sync.targets import PendingItems
+
+log = get_logger("gsync.manager")
+
+
+class LiveCoverage:
+    """Mixin of ``SyncManager``: its state lives on the manager (see ``manager/__init__``)."""
+
+    def subscribe_live(self, state: RelayState, live_filters) -> None:
+        groups = filter_plan.pack_into_reqs(live_filters, state.limits)
+        budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
+        active = sum(1 for sub in state.live_subs.values() if not sub.control)
+        baseline = self.live_baseline(state)
+        if budget.needs_consolidation(active, baseline, adding=len(groups)):
+            self.consolidate(state)
+            return
+        self.open_live_groups(state, groups)
+
+    def open_live_groups(self, state: RelayState, groups, slots: int | None = None) -> None:
+        """Open live REQs while the relay's subscription and filter-size budgets allow;
+        coverage that does not fit is polled on the maintenance cadence instead."""
+        live_bytes = sum(state.conn.filter_bytes.get(s, 0) for s in state.live_subs)
+        for group in groups:
+            size = len(wire.req("live-00000000", group))
+            if (slots is not None and slots <= 0) or live_bytes + size > constants.MAX_LIVE_FILTER_BYTES:
+                self.poll_instead(state, group)
+                continue
+            sub_id = f"live-{next(self._ids)}"
+            state.live_subs[sub_id] = LiveSub(tuple(group))
+            state.conn.subscribe(sub_id, group)
+            live_bytes += size
+            if slots is not None:
+                slots -= 1
+
+    def poll_instead(self, state: RelayState, filters) -> None:
+        if not state.polled:
+            log.warning("live_coverage_polled", relay=state.url, reason="relay budget",
+                        poll_secs=constants.POLL_SECS)
+        state.polled.extend(f.replace(limit=None) for f in filters)
+        if state.poll_cursor is None:
+            state.poll_cursor = self.clock()
+
+    def run_polls(self, now: float) -> None:
+        """Live coverage that did not fit: one EOSE-closing batch per relay on the cadence,
+        from the last successful poll with an overlap (SPEC §3, direct-member fallback)."""
+        for state in self.relays.values():
+            if not (state.connected and state.polled) or state.poll_batch in state.pending:
+                continue
+            if now - (state.poll_started_at or 0) < constants.POLL_SECS:
+                continue
+            since = int(state.poll_cursor or now) - constants.POLL_OVERLAP_SECS
+            state.poll_started_at = now
+            batch = self.start_historic(state, PendingItems(), [f.replace(since=since) for f in state.polled])
+            batch.poll_started_at = now
+            state.poll_batch = batch.batch_id
+
+    def desired_live_items(self, state: RelayState) -> PendingItems:
+        items = state.confirmed.copy()
+        for batch in state.pending.values():
+            items.add(batch.items)
+        return items
+
+    def live_baseline(self, state: RelayState) -> int:
+        wanted = self.filters_for(state, self.desired_live_items(state), None)
+        return filter_plan.live_baseline(wanted, state.limits)
+
+    def consolidate(self, state: RelayState) -> None:
+        """Replace fragmented live subscriptions with the fewest that cover everything.
+
+        The design waits for pending batches first; here live coverage is rebuilt from
+        confirmed *and* pending items at once, so nothing in flight loses its live stream.
+        What does not fit the relay's budget is left to historic sync (logged).
+        """
+        for sub_id in [s for s, sub in state.live_subs.items() if not sub.control]:
+            del state.live_subs[sub_id]
+            state.conn.unsubscribe(sub_id)
+        state.polled = []
+        live = filter_plan.live(self.filters_for(state, self.desired_live_items(state), None))
+        groups = filter_plan.pack_into_reqs(live, state.limits)
+        budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
+        self.open_live_groups(state, groups, slots=budget.live_slots)
+        log.info("consolidated", relay=state.url, live_subscriptions=len(state.live_subs) - 1,
+                 polled_filters=len(state.polled))
+
+    def _resubscribe_live(self, state, session, sub_id, live) -> None:
+        if state.session == session and state.connected:
+            state.live_subs[sub_id] = live
+            state.conn.subscribe(sub_id, live.filters)
+
