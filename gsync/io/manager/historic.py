@@ -33,7 +33,7 @@ def _is_capacity_refusal(text: str) -> bool:
 
 
 class HistoricSync:
-    """Mixin of ``SyncManager``: its state lives on the manager (see ``manager/__init__``)."""
+    """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
 
     def start_historic(self, state: RelayState, items: PendingItems, filters, layer1=False,
                        recovery=False) -> PendingBatch:

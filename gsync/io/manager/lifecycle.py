@@ -24,7 +24,7 @@ LAYER1_LIVE_SUB = "l1-live"
 
 
 class RelayLifecycle:
-    """Mixin of ``SyncManager``: its state lives on the manager (see ``manager/__init__``)."""
+    """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
 
     def relay(self, url: str) -> RelayState:
         state = self.relays.get(url)

@@ -14,7 +14,7 @@ log = get_logger("gsync.manager")
 
 
 class LiveCoverage:
-    """Mixin of ``SyncManager``: its state lives on the manager (see ``manager/__init__``)."""
+    """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
 
     def subscribe_live(self, state: RelayState, live_filters) -> None:
         groups = filter_plan.pack_into_reqs(live_filters, state.limits)

@@ -32,7 +32,7 @@ REJECTED_SAVE_SECS = 60.0  # the cold tier is written at most this often (and at
 
 
 class OwnRelaySide:
-    """Mixin of ``SyncManager``: its state lives on the manager (see ``manager/__init__``)."""
+    """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
 
     def consider_for_delivery(self, event, state: RelayState | None = None) -> None:
         if event.id in self.seen or event.id in self.rejected:
