@@ -26,5 +26,5 @@ setup(
         ],
     },
     entry_points={"console_scripts": ["gsync=gsync.ops.cli:main"]},
-    scripts=["bin/gsync", "bin/negentropy-harness"],
+    scripts=["bin/negentropy-harness"],  # `gsync` itself is the console script
 )
