@@ -26,6 +26,7 @@ log = get_logger("gsync.connection")
 IDLE_PING_SECS = 30.0
 READ_IDLE_TIMEOUT_SECS = 120.0
 SEND_TIMEOUT_SECS = 30.0
+CHECKED_CAPACITY = 50_000
 
 
 class RelayConnection:
@@ -40,6 +41,7 @@ class RelayConnection:
         self._auth_secret = auth_secret
         self._clock = clock
         self._known_ids = known_ids  # the manager's dedupe set: only ever read here
+        self._checked: dict[str, None] = {}  # ids this session verified, oldest first
         self.subscriptions: dict[str, tuple[Filter, ...]] = {}
         self.filter_bytes: dict[str, int] = {}  # REQ size per open subscription
         self.open_filter_bytes = 0
@@ -201,12 +203,18 @@ class RelayConnection:
         # An id already handed to delivery (or held by the own relay) is never delivered
         # again, so its signature need not be checked twice; the event still counts for
         # pagination. Relays send many such duplicates (a comment matches #e and #E).
-        known = event_id is not None and event_id in self._known_ids
+        known = event_id is not None and (event_id in self._known_ids or event_id in self._checked)
         try:
             event = parse_event(msg.event, check_id=not known, check_sig=not known)
         except EventError as exc:
             self._drop(exc.reason, event_id)
             return
+        if not known:
+            # The manager learns of it only when it takes the event off its queue; copies
+            # arriving before that (other filters of the same REQ) are recognised here.
+            self._checked[event.id] = None
+            if len(self._checked) > CHECKED_CAPACITY:
+                del self._checked[next(iter(self._checked))]
         if not any(f.matches(event) for f in filters):
             self._drop("no_matching_filter", event_id)
             return
