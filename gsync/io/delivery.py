@@ -91,6 +91,7 @@ class OwnRelayDelivery:
         self._idle = gevent.event.Event()
         self._idle.set()
         self._bytes_up = metrics.BYTES_UP.labels("own")
+        self._outcomes: dict = {}
 
     # -- manager-facing -----------------------------------------------------------------
 
@@ -229,14 +230,14 @@ class OwnRelayDelivery:
         elif ok.prefix is wire.Prefix.RATE_LIMITED or wire.is_rate_limit_text(ok.text):
             lane.rate_pause = min(MAX_RATE_PAUSE_SECS, max(0.5, lane.rate_pause * 2))
             lane.paused_until = self._clock() + lane.rate_pause
-            metrics.DELIVERIES.labels("retry_rate_limited").inc()
+            self._outcome("retry_rate_limited").inc()
             self._queue.appendleft(event)
         elif ok.prefix is wire.Prefix.AUTH_REQUIRED:
             if self._auth_secret and lane.challenge and not lane.authed and lane.ws is not None:
                 lane.authed = True
                 auth = auth_event(self._auth_secret, self.url, lane.challenge, int(self._wallclock()))
                 lane.ws.send(wire.auth(auth))
-                metrics.DELIVERIES.labels("retry_auth").inc()
+                self._outcome("retry_auth").inc()
                 self._queue.appendleft(event)
                 self._wake_lanes()
             else:
@@ -249,7 +250,7 @@ class OwnRelayDelivery:
     def _finish(self, event: Event, outcome: str, reason: str) -> None:
         self._tracked.pop(event.id, None)
         self._attempts.pop(event.id, None)
-        metrics.DELIVERIES.labels(outcome).inc()
+        self._outcome(outcome).inc()
         if outcome == "delivered":
             metrics.EVENTS_SYNCED.inc()
         if outcome == "duplicate":
@@ -258,8 +259,15 @@ class OwnRelayDelivery:
         if not self._tracked:
             self._idle.set()
 
+    def _outcome(self, outcome: str):
+        """The outcome's counter child, looked up once (this runs for every event)."""
+        child = self._outcomes.get(outcome)
+        if child is None:
+            child = self._outcomes[outcome] = metrics.DELIVERIES.labels(outcome)
+        return child
+
     def _retry_later(self, event: Event, outcome: str) -> None:
-        metrics.DELIVERIES.labels(outcome).inc()
+        self._outcome(outcome).inc()
         attempts = self._attempts.get(event.id, 0) + 1
         self._attempts[event.id] = attempts
         delay = min(MAX_RETRY_DELAY_SECS, 0.5 * 2 ** (attempts - 1))
@@ -277,7 +285,7 @@ class OwnRelayDelivery:
 
     def _requeue_in_flight(self, lane: _Lane, outcome: str) -> None:
         if lane.in_flight:
-            metrics.DELIVERIES.labels(outcome).inc(len(lane.in_flight))
+            self._outcome(outcome).inc(len(lane.in_flight))
             # Oldest first, back at the head of the queue: order is kept where it can be.
             for event, _ in sorted(lane.in_flight.values(), key=lambda e: e[1], reverse=True):
                 self._queue.appendleft(event)

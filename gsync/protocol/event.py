@@ -57,6 +57,8 @@ class Event:
     sig: str
     # name → values of its tags, built on first use (filters match against it)
     _tag_index: dict | None = field(default=None, compare=False, repr=False, hash=False)
+    # (tags, content) as JSON, kept from the id check so delivery does not encode them again
+    _json_parts: tuple[str, str] | None = field(default=None, compare=False, repr=False, hash=False)
 
     def tag_index(self) -> dict[str, set[str]]:
         index = self._tag_index
@@ -80,7 +82,11 @@ class Event:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
+        tags_json, content_json = self._json_parts or (_dumps(self.tags), _dumps(self.content))
+        return (
+            f'{{"id":"{self.id}","pubkey":"{self.pubkey}","created_at":{self.created_at},'
+            f'"kind":{self.kind},"tags":{tags_json},"content":{content_json},"sig":"{self.sig}"}}'
+        )
 
     def tag_values(self, name: str) -> list[str]:
         """Values (second element) of every tag called ``name``, in order."""
@@ -115,9 +121,16 @@ def serialize_for_id(pubkey: str, created_at: int, kind: int, tags, content: str
     which most relays use) escape: ``"``, ``\\``, the short forms ``\\n \\r \\t \\b \\f`` and the
     other C0 controls as ``\\u00xx``; everything else is written verbatim as UTF-8.
     """
-    text = json.dumps(
-        [0, pubkey, created_at, kind, tags, content], ensure_ascii=False, separators=(",", ":")
-    )
+    return _commitment(pubkey, created_at, kind, _dumps(tags), _dumps(content))
+
+
+def _dumps(value) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _commitment(pubkey: str, created_at: int, kind: int, tags_json: str, content_json: str) -> bytes:
+    # Exactly json.dumps of the array: its elements joined by "," (pubkey is checked hex).
+    text = f'[0,{_dumps(pubkey)},{created_at},{kind},{tags_json},{content_json}]'
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError as exc:  # lone surrogates from a "\ud800" escape
@@ -194,9 +207,10 @@ def parse_event(obj, *, check_id: bool = True, check_sig: bool = True) -> Event:
     if len(content) > MAX_EVENT_BYTES:
         raise EventError("too_large", f"content of {len(content)} characters")
     tags = _as_str_tags(raw_tags)
-    event = Event(eid, pubkey, created_at, kind, tags, content, sig)
+    parts = (_dumps(raw_tags), _dumps(content)) if check_id else None
+    event = Event(eid, pubkey, created_at, kind, tags, content, sig, _json_parts=parts)
     if check_id:
-        data = serialize_for_id(pubkey, created_at, kind, raw_tags, content)
+        data = _commitment(pubkey, created_at, kind, *parts)
         if len(data) > MAX_EVENT_BYTES:
             raise EventError("too_large", f"{len(data)} bytes")
         if hashlib.sha256(data).hexdigest() != eid:
