@@ -5,7 +5,7 @@ from __future__ import annotations
 from . import factory as f
 from .relays import ids_on, wait_until
 
-alice = f.Author.named("alice")
+alice, bob, carol = f.Author.named("alice"), f.Author.named("bob"), f.Author.named("carol")
 
 
 def our_announcement(own, remotes, d="proj", author=alice, **kw):
@@ -26,3 +26,21 @@ def on_own(own, events) -> set[str]:
 def assert_arrives(own, events, timeout=60.0, what="events"):
     want = {e.id for e in events}
     wait_until(lambda: want <= on_own(own, events), timeout=timeout, interval=0.5, what=what)
+
+
+def two_remote_history(own, a, b, d="proj"):
+    """One repository's whole history split over remotes ``a`` and ``b``: state, an issue with
+    a reply chain, a patch series with a status, a PR with an update, a quote. Returns the
+    announcement and what each remote holds (both hold the announcement)."""
+    repo = our_announcement(own, [a, b], d=d)
+    state = f.state(alice, d)
+    bug = f.issue(bob, repo)
+    reply = f.comment(alice, bug, content="can you share logs?")
+    reply2 = f.comment(bob, bug, reply, content="sure")
+    series = f.patch(bob, repo)
+    series2 = f.patch(bob, repo, reply_to=series)
+    merged = f.status(alice, series, f.KIND_STATUS_APPLIED)
+    pull = f.pr(carol, repo)
+    pull_update = f.pr_update(carol, pull)
+    quoted = f.quote(carol, bug)
+    return repo, [repo, state, bug, reply, series, merged], [repo, reply2, series2, pull, pull_update, quoted]

@@ -3,29 +3,19 @@ import pytest
 
 from . import factory as f
 from .relays import ids_on, publish, wait_until
-from .scenario import assert_arrives, our_announcement
+from .scenario import assert_arrives, our_announcement, two_remote_history
 
 alice, bob, carol = f.Author.named("alice"), f.Author.named("bob"), f.Author.named("carol")
 
 
 def test_announcement_brings_full_history_from_both_remotes(relay_factory, gsync_factory):
     own, a, b = relay_factory(), relay_factory(), relay_factory()
-    repo = our_announcement(own, [a, b])
-    state = f.state(alice, "proj")
-    bug = f.issue(bob, repo)
-    reply = f.comment(alice, bug, content="can you share logs?")
-    reply2 = f.comment(bob, bug, reply, content="sure")
-    series = f.patch(bob, repo)
-    series2 = f.patch(bob, repo, reply_to=series)
-    merged = f.status(alice, series, f.KIND_STATUS_APPLIED)
-    pull = f.pr(carol, repo)
-    pull_update = f.pr_update(carol, pull)
-    quoted = f.quote(carol, bug)
-    publish(a.url, [repo, state, bug, reply, series, merged])
-    publish(b.url, [repo, reply2, series2, pull, pull_update, quoted])
+    repo, on_a, on_b = two_remote_history(own, a, b)
+    publish(a.url, on_a)
+    publish(b.url, on_b)
     publish(own.url, [repo])
     gsync = gsync_factory(own, [a, b])
-    assert_arrives(own, [state, bug, reply, reply2, series, series2, merged, pull, pull_update, quoted])
+    assert_arrives(own, [e for e in on_a + on_b if e is not repo])
     status = gsync.status()
     assert {r["relay"] for r in status["relays"]} == {a.url, b.url}
     assert gsync.metric("ngit_sync_events_synced_total") >= 10

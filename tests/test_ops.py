@@ -29,7 +29,7 @@ from gsync.ops.localrelay import LocalRelayProcess
 from . import factory as f
 from .gsync_proc import ROOT, GsyncProcess
 from .relays import RelayProcess, free_port, ids_on, publish, wait_until, write_seed_file
-from .test_engine_sync import our_announcement
+from .scenario import our_announcement, two_remote_history
 
 GSYNC = os.path.join(ROOT, "bin", "gsync")
 ENV = dict(os.environ, PYTHONPATH=ROOT)
@@ -125,19 +125,7 @@ class Synced:
         own, a, b = (RelayProcess({}).start() for _ in range(3))
         self.relays = [own, a, b]
         self.own, self.a, self.b = own, a, b
-        repo = our_announcement(own, [a, b], d="ops")
-        state = f.state(alice, "ops")
-        bug = f.issue(bob, repo)
-        reply = f.comment(alice, bug, content="can you share logs?")
-        reply2 = f.comment(bob, bug, reply, content="sure")
-        series = f.patch(bob, repo)
-        series2 = f.patch(bob, repo, reply_to=series)
-        merged = f.status(alice, series, f.KIND_STATUS_APPLIED)
-        pull = f.pr(carol, repo)
-        pull_update = f.pr_update(carol, pull)
-        quoted = f.quote(carol, bug)
-        self.on_a = [repo, state, bug, reply, series, merged]
-        self.on_b = [repo, reply2, series2, pull, pull_update, quoted]
+        repo, self.on_a, self.on_b = two_remote_history(own, a, b, d="ops")
         publish(a.url, self.on_a)
         publish(b.url, self.on_b)
         publish(own.url, [repo])
