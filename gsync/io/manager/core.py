@@ -62,6 +62,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide):
         self.domains = list(svc.domains)
         self.repos = RepoSyncIndex(svc.own_relay, self.domains)
         self.relays: dict[str, RelayState] = {}
+        self.capped_relays: set[str] = set()  # over [network] max_relays, already logged
         self.health = RelayHealthTracker(
             base_backoff=sync.base_backoff_secs, max_backoff=sync.max_backoff_secs,
             proactive_gap=sync.background_start_interval_ms / 1000,

@@ -30,7 +30,10 @@ class RelayLifecycle:
         state = self.relays.get(url)
         if state is None:
             if len(self.relays) >= self.config.network.max_relays:
-                log.warning("relay_cap_reached", relay=url, max_relays=self.config.network.max_relays)
+                if url not in self.capped_relays:  # asked again every tick: say it once
+                    self.capped_relays.add(url)
+                    log.warning("relay_cap_reached", relay=url,
+                                max_relays=self.config.network.max_relays)
                 return RelayState(url, refused_reason="relay cap")
             state = self.relays[url] = RelayState(url)
             state.received_metric = metrics.EVENTS_RECEIVED.labels(url)
