@@ -1,0 +1,56 @@
+"""Relays that ask for NIP-42 authentication, and an own relay that refuses events for good."""
+import os
+
+from gsync.protocol.event import generate_secret
+
+from . import factory as f
+from .relays import ids_on, publish, wait_until
+from .scenario import assert_arrives, our_announcement
+
+bob = f.Author.named("bob")
+
+
+def _key_file(tmp_path) -> str:
+    path = os.path.join(tmp_path, "gsync.key")
+    with open(path, "w") as fh:
+        fh.write(generate_secret() + "\n")
+    return path
+
+
+def test_nip42_on_the_own_relay_and_on_a_remote(relay_factory, gsync_factory, tmp_path):
+    own = relay_factory(nip42="write")  # EVENT → OK false "auth-required: …" until AUTH
+    remote = relay_factory(nip42="read")  # REQ → CLOSED "auth-required: …" until AUTH
+    repo = our_announcement(own, [remote], d="authed")
+    issues = [f.issue(bob, repo, subject=f"issue {i}") for i in range(5)]
+    publish(remote.url, [repo, *issues])  # LocalRelay's READ mode does not gate writes
+    gsync_factory(own, [], bootstrap=[remote], extra={"auth": {"key_file": _key_file(tmp_path)}})
+    assert_arrives(own, [repo, *issues], what="events through two NIP-42 relays")
+
+
+def test_refused_events_are_counted_remembered_and_not_fetched_again(relay_factory, gsync_factory,
+                                                                       tmp_path):
+    own = relay_factory(reject={"kinds": [1], "message": "no notes here"})
+    remote = relay_factory()
+    repo = our_announcement(own, [remote], d="picky")
+    bug = f.issue(bob, repo)
+    quotes = [f.quote(bob, bug, content=f"look {i}") for i in range(3)]
+    publish(remote.url, [repo, bug, *quotes])
+    publish(own.url, [repo])
+    state_dir = os.path.join(tmp_path, "state")
+    settings = {"service": {"state_dir": state_dir}}
+    first = gsync_factory(own, [remote], extra=settings)
+    assert_arrives(own, [bug], what="the issue")
+    wait_until(lambda: first.metric("gsync_deliveries_total", outcome="rejected") == 3, timeout=60,
+               what="three refusals")
+    rejected = [e for e in first.log_events() if e["event"] == "event_rejected"]
+    assert {e["event_id"] for e in rejected} == {q.id for q in quotes}
+    assert all("blocked: no notes here" in e["reason"] for e in rejected)
+    assert not ids_on(own.url, {"kinds": [1]})
+    first.terminate()  # the cold tier of the rejected index is saved in state_dir
+
+    second = gsync_factory(own, [remote], extra=settings)
+    wait_until(lambda: [r["status"] for r in second.status()["relays"]] == ["connected"],
+               timeout=60, what="the second run's historic sync")
+    # NIP-77 counted the refused ids as held: nothing was downloaded again.
+    assert second.metric("gsync_remote_events_total", relay=remote.url) == 0
+    assert second.metric("gsync_deliveries_total", outcome="rejected") == 0
