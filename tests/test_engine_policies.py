@@ -54,3 +54,31 @@ def test_refused_events_are_counted_remembered_and_not_fetched_again(relay_facto
     # NIP-77 counted the refused ids as held: nothing was downloaded again.
     assert second.metric("gsync_remote_events_total", relay=remote.url) == 0
     assert second.metric("gsync_deliveries_total", outcome="rejected") == 0
+
+
+def test_announcement_in_purgatory_gets_state_only(relay_factory, gsync_factory, scripted):
+    """A GRASP own relay holds an announcement in purgatory until its git data arrives
+    (``OK true "purgatory: …"``): gsync then syncs that repository's state, nothing more."""
+    remote = relay_factory()
+    held: list[str] = []
+
+    def purgatory(relay, conn, message):
+        if (isinstance(message, list) and message[:1] == ["EVENT"] and isinstance(message[1], dict)
+                and message[1].get("kind") == 30617):
+            held.append(message[1]["id"])
+            return [["OK", message[1]["id"], True, "purgatory: waiting for git data"]]
+        return None  # everything else: an ordinary relay
+
+    own = scripted(page_size=None, on_message=purgatory)
+    repo = our_announcement(own, [remote], d="in-purgatory")
+    state = f.state(f.Author.named("alice"), "in-purgatory")
+    bug = f.issue(bob, repo)
+    publish(remote.url, [repo, state, bug])
+    gsync = gsync_factory(own, [], bootstrap=[remote])  # found through layer 1 on the remote
+    wait_until(lambda: repo.id in held, timeout=30, what="the announcement delivered")
+    wait_until(lambda: any(e["id"] == state.id for e in own.events), timeout=30,
+               what="the state event (StateOnly sync)")
+    wait_until(lambda: [r["status"] for r in gsync.status()["relays"]] == ["connected"],
+               timeout=30, what="historic sync complete")
+    assert not any(e["id"] == bug.id for e in own.events), "layer 2 is not synced for StateOnly"
+    assert gsync.metric("gsync_deliveries_total", outcome="purgatory") >= 1
