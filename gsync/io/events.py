@@ -91,10 +91,11 @@ class OwnRelayState:
 
 @dataclass(slots=True)
 class DeliveryAnswered:
-    """The own relay's final answer for one event (delivered or refused for good)."""
+    """The own relay's final answer for one event, when the manager must act on it: refused
+    for good, or held in purgatory (a plain delivery is only counted)."""
 
     event: Event
-    outcome: str  # "delivered" | "purgatory" | "rejected"
+    outcome: str  # "purgatory" | "rejected"
     reason: str = ""
 
 
