@@ -1,5 +1,7 @@
 """Relays that ask for NIP-42 authentication, and an own relay that refuses events for good."""
 import os
+import threading
+import time
 
 from gsync.protocol.event import generate_secret
 
@@ -82,3 +84,41 @@ def test_announcement_in_purgatory_gets_state_only(relay_factory, gsync_factory,
                timeout=30, what="historic sync complete")
     assert not any(e["id"] == bug.id for e in own.events), "layer 2 is not synced for StateOnly"
     assert gsync.metric("gsync_deliveries_total", outcome="purgatory") >= 1
+
+
+def test_subscription_budget_is_kept_by_consolidating(relay_factory, gsync_factory, scripted):
+    """A relay allowing 6 subscriptions (NIP-11): new roots keep adding live coverage, gsync
+    consolidates instead of exceeding the budget, and live events still arrive."""
+    peak = {"open": 0}
+    lock = threading.Lock()
+
+    def count_open(relay, conn, message):
+        if isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 1:
+            with lock:
+                peak["open"] = max(peak["open"], len(set(conn.subs) | {message[1]}))
+        return None
+
+    own = relay_factory()
+    remote = scripted(nip11={"limitation": {"max_subscriptions": 6}}, page_size=500,
+                      on_message=count_open)
+    repo = our_announcement(own, [remote], d="budgeted")
+    remote.add(repo)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+    wait_until(lambda: [r["status"] for r in gsync.status()["relays"]] == ["connected"],
+               timeout=40, what="first sync")
+    roots = []
+    for round_ in range(6):  # each round: new roots on the own relay → new live coverage
+        batch = [f.issue(bob, repo, subject=f"round {round_} issue {i}") for i in range(2)]
+        publish(own.url, batch)
+        roots += batch
+        time.sleep(1.5)  # past the 0.5 s batch window: one AddFilters per round
+    wait_until(lambda: any(e["event"] == "consolidated" for e in gsync.log_events()),
+               timeout=30, what="a consolidation")
+    time.sleep(3)
+    late = f.comment(f.Author.named("carol"), roots[-1], content="live, after consolidating")
+    early = f.comment(f.Author.named("carol"), roots[0], content="live, on the first root")
+    remote.broadcast(late)
+    remote.broadcast(early)
+    assert_arrives(own, [late, early], timeout=30, what="live comments after consolidation")
+    assert 4 <= peak["open"] <= 6, peak  # the budget was used, never exceeded
