@@ -122,3 +122,24 @@ def test_subscription_budget_is_kept_by_consolidating(relay_factory, gsync_facto
     remote.broadcast(early)
     assert_arrives(own, [late, early], timeout=30, what="live comments after consolidation")
     assert 4 <= peak["open"] <= 6, peak  # the budget was used, never exceeded
+
+
+def test_quick_reconnect_catches_up_what_was_published_while_away(relay_factory, gsync_factory,
+                                                                  tmp_path):
+    own = relay_factory()
+    remote = relay_factory(lmdb=str(tmp_path / "remote-db"))
+    repo = our_announcement(own, [remote], d="comes-back")
+    publish(remote.url, [repo])
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"base_backoff_secs": "3"}})
+    wait_until(lambda: [r["status"] for r in gsync.status()["relays"]] == ["connected"],
+               timeout=40, what="first sync")
+    remote.kill()
+    remote.start()  # same port and database, back before gsync's backoff has run out
+    # Written now (the factory's default timestamps are from 2023, older than since).
+    missed = f.issue(bob, repo, subject="published while gsync was away",
+                     created_at=int(time.time()))
+    publish(remote.url, [missed])
+    assert_arrives(own, [missed], timeout=40, what="the catch-up after a quick reconnect")
+    connects = [e for e in gsync.log_events() if e["event"] == "relay_connected"]
+    assert [e["fresh_start"] for e in connects] == [True, False]
