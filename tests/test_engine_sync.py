@@ -118,3 +118,20 @@ def test_own_relay_restart_mid_sync_loses_nothing(relay_factory, gsync_factory, 
     own.start()  # same port, same database
     assert_arrives(own, issues, timeout=120, what="every issue after the restart")
     assert gsync.proc.poll() is None
+
+
+def test_replies_to_a_thread_member_are_synced_one_generation_deep(relay_factory, gsync_factory):
+    own, remote = relay_factory(), relay_factory()
+    repo = our_announcement(own, [remote], d="threads")
+    bug = f.issue(bob, repo)
+    member = f.comment(alice, bug, content="tags the root: layer 3 finds it")
+    child = carol.sign(1, [["e", member.id]], "tags only the member: a descendant")
+    grandchild = carol.sign(1, [["e", child.id]], "two generations down: out of scope")
+    publish(remote.url, [repo, bug, member, child, grandchild])
+    publish(own.url, [repo])
+    gsync_factory(own, [remote])
+    assert_arrives(own, [bug, member, child], what="root, member and descendant")
+    late = carol.sign(1, [["q", member.id]], "a live descendant")
+    publish(remote.url, [late])
+    assert_arrives(own, [late], timeout=20, what="the live descendant")
+    assert grandchild.id not in ids_on(own.url, {"ids": [grandchild.id]})

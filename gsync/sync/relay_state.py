@@ -54,6 +54,10 @@ class RelayState:
     batch_failures: bool = False
     unrelated_failure: bool = False  # a failure recovery cannot fix (e.g. a refused sub)
     neg_running: set = field(default_factory=set)
+    # direct members of threads seen from this relay (their replies are fetched too)
+    members: set = field(default_factory=set)
+    new_members: set = field(default_factory=set)
+    descendants_started_at: float | None = None
     # live coverage that did not fit the relay's budget, polled instead (manager.run_polls)
     polled: list = field(default_factory=list)
     poll_cursor: float | None = None
@@ -85,6 +89,10 @@ class RelayState:
         self.historic_queue.clear()
 
     def clear_live(self) -> None:
+        """Live coverage is gone (disconnect, fresh start): descendant coverage is rebuilt
+        for every known member on the next descendants tick."""
+        self.new_members |= self.members
+        self.members = set()
         self.live_subs.clear()
         self.polled = []
         self.poll_cursor = self.poll_started_at = self.poll_batch = None

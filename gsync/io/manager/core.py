@@ -43,6 +43,7 @@ from ..events import (
 )
 from ..handshake import HandshakePool
 from ..self_subscriber import SelfSubscriber
+from .descendants import Descendants
 from .historic import HistoricSync
 from .lifecycle import RelayLifecycle
 from .live import LiveCoverage
@@ -52,7 +53,7 @@ log = get_logger("gsync.manager")
 
 
 
-class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide):
+class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Descendants):
     def __init__(self, config, *, clock=time.time, delivery=None, on_ready=None):
         self.config = config
         self.clock = clock
@@ -83,6 +84,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide):
         self.ready = False
         self.on_ready = on_ready
         self.seen: dict[str, None] = {}
+        self.root_ids: set[str] = set()  # of Full repos: who is a direct member
         self._ids = itertools.count(1)
         self._stopping = False
         self.last_loop_at = time.monotonic()
@@ -192,6 +194,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide):
             state.pending[batch_id].record_event(msg.sub_id, msg.event)
         if msg.verified:
             self.consider_for_delivery(msg.event, state)
+            self.note_direct_member(state, msg.event)
 
 
     def on_remote_message(self, msg: RemoteMessage) -> None:
@@ -247,6 +250,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide):
                 self.fresh_start(state, now)
         self.run_recovery(now)
         self.run_polls(now)
+        self.run_descendants(now)
         self.rejected.expire(now)
         if self.rejected.dirty and now - self.rejected_saved_at >= REJECTED_SAVE_SECS:
             self._save_rejected()

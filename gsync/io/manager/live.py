@@ -86,6 +86,8 @@ class LiveCoverage:
             state.conn.unsubscribe(sub_id)
         state.polled = []
         live = filter_plan.live(self.filters_for(state, self.desired_live_items(state), None))
+        if state.members:  # thread replies after the core coverage: they give way first
+            live += filter_plan.live(self.descendant_filters_for(state, state.members))
         groups = filter_plan.pack_into_reqs(live, state.limits)
         budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
         self.open_live_groups(state, groups, slots=budget.live_slots)

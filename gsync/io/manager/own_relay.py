@@ -13,6 +13,7 @@ from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol.filters import Filter
 from ...sync import filter_plan
+from ...sync.descendants import full_root_ids
 from ...sync.rejected import RejectedIndex
 from ...sync.relay_state import RelayState
 from ...sync.repos import SyncLevel, should_forward_layer1
@@ -78,6 +79,7 @@ class OwnRelaySide:
                 new_maintainers |= self.repos.maintainers_of(event.d_tag) - before
             else:
                 dirty |= self.repos.apply_root_event(event)
+        self.root_ids = full_root_ids(self.repos)
         self.redeliver_unblocked(new_maintainers)
         log.info("self_batch_processed", events=len(events), repos=len(self.repos), dirty_relays=len(dirty))
         self.apply_dirty(dirty)

@@ -1,0 +1,36 @@
+"""Direct-member descendants (SPEC §3): events that reply to a thread member without tagging
+the root, one generation deep. Members are learned from what each relay sends; every 5 s the
+new ones get descendant filters on that relay: live while the budget allows (else polled, as
+``live`` does for any overflow) and one historic batch for what already exists.
+"""
+from __future__ import annotations
+
+from ... import constants
+from ...sync import filter_plan
+from ...sync.descendants import is_direct_member
+from ...sync.relay_state import RelayState
+from ...sync.targets import PendingItems
+
+
+class Descendants:
+    """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
+
+    def note_direct_member(self, state: RelayState, event) -> None:
+        if event.id not in state.members and is_direct_member(event, self.root_ids):
+            state.new_members.add(event.id)
+
+    def run_descendants(self, now: float) -> None:
+        for state in self.relays.values():
+            if not (state.connected and state.new_members):
+                continue
+            if now - (state.descendants_started_at or 0) < constants.DESCENDANT_TICK_SECS:
+                continue
+            state.descendants_started_at = now
+            ids, state.new_members = state.new_members, set()
+            state.members |= ids
+            filters = self.descendant_filters_for(state, ids)
+            self.open_live_groups(state, filter_plan.pack_into_reqs(filter_plan.live(filters), state.limits))
+            self.start_historic(state, PendingItems(), filters)
+
+    def descendant_filters_for(self, state: RelayState, ids):
+        return filter_plan.descendant_filters(ids, budget=filter_plan.tag_value_budget(state.limits))

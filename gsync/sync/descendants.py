@@ -1,0 +1,37 @@
+"""Direct-member descendants (SPEC §3): one generation below the thread.
+
+A *direct member* is an event that tags a root (issue, patch, PR) by ``e``/``E``/``q``:
+layer 3 finds those. Some replies tag only their parent, a direct member, and no root; they
+are fetched with ``descendant_filters`` over the members' ids. Membership is decided by
+tagging a root directly, so what descendant filters bring in never becomes a member: the
+traversal stops after one generation by construction. Pure.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..protocol.event import Event
+from .repos import SyncLevel
+
+REFERENCE_TAGS = ("e", "E", "q")
+
+
+def full_root_ids(repo_index) -> set[str]:
+    """Root event ids of every Full repository (StateOnly repos get no thread sync)."""
+    return {
+        root
+        for _, needs in repo_index.items()
+        if needs.sync_level is SyncLevel.FULL
+        for root in needs.root_events
+    }
+
+
+def is_direct_member(event: Event, root_ids: set[str]) -> bool:
+    if event.id in root_ids:
+        return False
+    index = event.tag_index()
+    return any(not root_ids.isdisjoint(index.get(name, ())) for name in REFERENCE_TAGS)
+
+
+def new_members(events: Iterable[Event], root_ids: set[str], known: set[str]) -> set[str]:
+    return {e.id for e in events if e.id not in known and is_direct_member(e, root_ids)}

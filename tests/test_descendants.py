@@ -1,0 +1,48 @@
+"""Direct members and their descendants: one generation, decided by tagging a root."""
+from gsync.sync.descendants import full_root_ids, is_direct_member, new_members
+from gsync.sync.repos import RepoSyncIndex, SyncLevel
+
+from . import factory as f
+
+alice, bob = f.Author.named("alice"), f.Author.named("bob")
+REPO = f.announcement(alice, "tree", clone=["https://relay.example.com/a/tree.git"],
+                      relays=["wss://relay.example.com", "wss://other.example.org"])
+ROOT = f.issue(bob, REPO)
+
+
+def _reply(parent, tag="e", **kw):
+    return bob.sign(1, [[tag, parent.id]], "reply", **kw)
+
+
+def test_an_event_tagging_a_root_by_e_E_or_q_is_a_direct_member():
+    for tag in ("e", "E", "q"):
+        assert is_direct_member(_reply(ROOT, tag), {ROOT.id})
+
+
+def test_a_reply_to_a_member_only_is_not_a_member():
+    member = f.comment(alice, ROOT)
+    grandchild = _reply(member)
+    assert is_direct_member(member, {ROOT.id})
+    assert not is_direct_member(grandchild, {ROOT.id})
+
+
+def test_the_root_itself_and_unrelated_tags_are_not_members():
+    assert not is_direct_member(ROOT, {ROOT.id})
+    assert not is_direct_member(bob.sign(1, [["a", REPO.address], ["p", ROOT.id]]), {ROOT.id})
+
+
+def test_new_members_skips_known_ones():
+    a, b = _reply(ROOT), _reply(ROOT, "E")
+    assert new_members([a, b, ROOT], {ROOT.id}, known={a.id}) == {b.id}
+
+
+def test_only_full_repositories_give_root_ids():
+    index = RepoSyncIndex("wss://relay.example.com", ["relay.example.com"])
+    index.apply_announcement(REPO, SyncLevel.FULL, now=0)
+    index.apply_root_event(ROOT)
+    assert full_root_ids(index) == {ROOT.id}
+    waiting = f.announcement(alice, "waiting", clone=["https://relay.example.com/a/w.git"],
+                             relays=["wss://relay.example.com"])
+    index.apply_announcement(waiting, SyncLevel.STATE_ONLY, now=0)
+    index.apply_root_event(f.issue(bob, waiting))
+    assert full_root_ids(index) == {ROOT.id}
