@@ -1,4 +1,6 @@
-"""Shared fixtures: real relays and gsync processes that are always stopped."""
+"""Shared fixtures: real relays, scripted relays and gsync processes, always stopped."""
+import contextlib
+
 import pytest
 
 from .gsync_proc import GsyncProcess
@@ -6,44 +8,43 @@ from .relays import RelayProcess
 from .scripted_relay import ScriptedRelay
 
 
+@contextlib.contextmanager
+def _started(make, stop):
+    """A factory ``make(...)`` whose products are all stopped with ``stop`` at teardown."""
+    started = []
+
+    def start(*args, **kwargs):
+        thing = make(*args, **kwargs)
+        started.append(thing)
+        return thing
+
+    try:
+        yield start
+    finally:
+        for thing in started:
+            stop(thing)
+
+
 @pytest.fixture
 def relay_factory():
-    started: list[RelayProcess] = []
-
-    def start(**options) -> RelayProcess:
-        relay = RelayProcess(options).start()
-        started.append(relay)
-        return relay
-
-    yield start
-    for relay in started:
-        relay.stop()
+    with _started(lambda **options: RelayProcess(options).start(), RelayProcess.stop) as start:
+        yield start
 
 
 @pytest.fixture
 def gsync_factory():
-    started: list[GsyncProcess] = []
+    def make(own, remotes=(), **kw):
+        return GsyncProcess(own, remotes, **kw).start()
 
-    def start(own, remotes=(), **kw) -> GsyncProcess:
-        proc = GsyncProcess(own, remotes, **kw).start()
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        proc.terminate()
+    with _started(make, GsyncProcess.terminate) as start:
+        yield start
 
 
 @pytest.fixture
 def scripted():
     """Scripted relays (tests/scripted_relay.py) for misbehaviour no real relay produces."""
-    started: list[ScriptedRelay] = []
+    def make(*events, **knobs):
+        return ScriptedRelay(events, **knobs).start()
 
-    def start(*events, **knobs) -> ScriptedRelay:
-        relay = ScriptedRelay(events, **knobs).start()
-        started.append(relay)
-        return relay
-
-    yield start
-    for relay in started:
-        relay.stop()
+    with _started(make, ScriptedRelay.stop) as start:
+        yield start
