@@ -50,7 +50,8 @@ class RelayState:
     pending: dict[int, PendingBatch] = field(default_factory=dict)
     sub_to_batch: dict[str, int] = field(default_factory=dict)
     live_subs: dict[str, LiveSub] = field(default_factory=dict)
-    historic_queue: list = field(default_factory=list)  # (sub id or NIP-77 token, filters) waiting for a slot
+    # (sub id or NIP-77 token, filters) waiting for a slot
+    historic_queue: list = field(default_factory=list)
     batch_failures: bool = False
     unrelated_failure: bool = False  # a failure recovery cannot fix (e.g. a refused sub)
     neg_running: set = field(default_factory=set)
