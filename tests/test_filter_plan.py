@@ -227,17 +227,16 @@ def test_live_baseline_counts_packed_live_reqs():
     assert live_baseline(filters, limits(max_filters=1)) == 4
 
 
-def test_historic_reqs_never_group_filters_that_can_match_one_event():
-    # A NIP-22 comment tags its root with both E and e: paged together, one filter's
-    # results would move the other's until past events it has not returned yet.
+def test_historic_reqs_group_semantic_filters_and_keep_id_fetches_apart():
+    # Overlapping filters (a NIP-22 comment tags its root with both E and e) may share a
+    # historic REQ: PendingBatch paginates each on the events only it matched.
     roots = [f"{i:064x}" for i in range(1200)]
     filters = filter_plan.root_event_filters(roots)
-    groups = filter_plan.pack_into_reqs(filters, key=filter_plan.paging_key)
-    for group in groups:
-        assert len({tuple(name for name, _ in f.tags) for f in group}) == 1
-    # ... while chunks over the same tag name still share REQs.
-    assert len(groups) == 3
-    assert sum(len(g) for g in groups) == len(filters)
+    fetch = Filter.make(ids=roots[:300])
+    groups = filter_plan.pack_into_reqs(filters + [fetch], key=filter_plan.paging_key)
+    assert len(filters) == 9
+    assert [len(g) for g in groups] == [9, 1]
+    assert groups[1] == [fetch]
 
 
 def test_live_reqs_may_group_any_tags():

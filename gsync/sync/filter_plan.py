@@ -154,15 +154,10 @@ def tag_value_budget(limits=None) -> int:
 
 
 def paging_key(f: Filter):
-    """Filters with the same key may share a paginated (historic) REQ.
-
-    A relay caps each filter of a REQ separately and sends the de-duplicated union, so an
-    event that two filters match may arrive "for" the wrong one; counting it there would
-    move that filter's ``until`` past events it has not returned yet. Filters on the same
-    single tag name (``#E`` over different root ids) practically never match one event
-    together; ``#e`` and ``#E`` often do (a NIP-22 comment tags its root with both).
-    """
-    return (f.limit, tuple(name for name, _ in f.tags), f.kinds, f.authors, f.ids is None)
+    """Filters with the same key may share a historic REQ: semantic filters with each
+    other (``PendingBatch`` paginates each safely however much they overlap), exact-id
+    fetches only with each other."""
+    return (f.limit, f.ids is None)
 
 
 def pack_into_reqs(filters: Iterable[Filter], limits=None, key=lambda f: f.limit) -> list[list[Filter]]:

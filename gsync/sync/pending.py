@@ -6,12 +6,26 @@ fetch after NIP-77 delivers less than the relay advertised. Items move to the co
 index only when the whole batch completes.
 
 Pagination (REQ+EOSE fallback): a filter that got ``PAGE_THRESHOLD`` or more events before
-EOSE may have more; its next page is the same filter with ``until = min created_at`` seen.
-``until`` is inclusive, so the boundary second is fetched again: we remember the ids seen
-at it and, if a page brings nothing new and no older event, step ``until`` one second
-further. Trade-off: when more than a relay's page size of events share one second, those
-beyond the page cannot be reached by ``until`` at all; we skip that second instead of
-looping forever, and leave them to NIP-77 on the next daily sync or to live sync.
+EOSE may have more; its next page is the same filter with ``until`` = the oldest
+``created_at`` it certainly returned. ``until`` is inclusive, so the boundary second is
+fetched again: we remember the ids seen at it and, if a page brings nothing new and no older
+event, step ``until`` one second further. Trade-off: when more than a relay's page size of
+events share one second, those beyond the page cannot be reached by ``until`` at all; we skip
+that second instead of looping forever, and leave them to NIP-77 on the next daily sync or to
+live sync.
+
+Several filters share a REQ. A relay caps each filter separately and sends the union,
+de-duplicated, so an event two filters match may have been sent "for" the other one, from
+further back in time than this filter's own page reached. Only events that match no other
+filter of the REQ were certainly sent for this one: the oldest of those is a safe ``until``.
+A filter that got many events but none of its own (everything it matched, another filter
+matched too) is asked again alone, where every event is its own. Counting all matches for the
+"maybe more" threshold errs towards one more page, never one fewer.
+
+Relays cap events per filter, and the proactive gate paces REQ starts, so a REQ of ten
+filters moves up to ten times what a REQ of one does for the same start. A filter that needs
+another page and carries many tag values is therefore split, by value, to fill the next REQ
+(``split_for_throughput``).
 """
 from __future__ import annotations
 
@@ -20,6 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..constants import (
+    MAX_FILTERS_PER_REQ,
     PAGE_THRESHOLD,
     RESIDUAL_FALLBACK_MAX_FRACTION,
     RESIDUAL_FALLBACK_MIN_ADVERTISED,
@@ -43,26 +58,28 @@ class FilterPaginationState:
 
     original_filter: Filter
     page_filter: Filter  # original_filter with this page's until
-    event_count: int = 0
+    event_count: int = 0  # every event that matched, its own or shared
+    # the oldest of its own events (matched by no other filter of the REQ) and their ids
     min_created_at: int | None = None
     ids_at_min: set[str] = field(default_factory=set)
     # ids already seen at page_filter.until on earlier pages: they are not progress
     boundary_ids: set[str] = field(default_factory=set)
+    alone: bool = False  # the next page must be a REQ of its own
 
     @classmethod
     def start(cls, f: Filter) -> FilterPaginationState:
         return cls(original_filter=f, page_filter=f)
 
-    def record(self, event: Event) -> bool:
-        if not self.page_filter.matches(event):
-            return False
+    def record(self, event: Event, own: bool) -> None:
+        """Count a matching event; ``own`` when no other filter of the REQ matches it."""
         self.event_count += 1
+        if not own:
+            return
         if self.min_created_at is None or event.created_at < self.min_created_at:
             self.min_created_at = event.created_at
             self.ids_at_min = {event.id}
         elif event.created_at == self.min_created_at:
             self.ids_at_min.add(event.id)
-        return True
 
     def restarted(self) -> FilterPaginationState:
         return FilterPaginationState(
@@ -73,8 +90,13 @@ class FilterPaginationState:
         """The state for the next page, or None when this filter is exhausted."""
         if self.page_filter.ids is not None:
             return None  # an exact-id answer is complete; shortfalls are residuals
-        if self.event_count < PAGE_THRESHOLD or self.min_created_at is None:
+        if self.event_count < PAGE_THRESHOLD:
             return None
+        if self.min_created_at is None:
+            # Everything it matched, another filter matched too: none of it is certainly
+            # this filter's own page. The same page again, alone, where all of it is.
+            return FilterPaginationState(self.original_filter, self.page_filter,
+                                         boundary_ids=self.boundary_ids, alone=True)
         until = self.page_filter.until
         at_boundary = until is not None and self.min_created_at >= until
         if not at_boundary:
@@ -94,6 +116,40 @@ class FilterPaginationState:
             boundary_ids=boundary,
         )
 
+    def split(self, parts: int) -> list[FilterPaginationState]:
+        """This page as up to ``parts`` filters over disjoint slices of its one tag's
+        values, each with the same ``until`` (everything newer arrived already, for every
+        slice). Filters with ids, several tags or a single value stay whole."""
+        f = self.page_filter
+        if parts < 2 or f.ids is not None or len(f.tags) != 1 or self.alone:
+            return [self]
+        name, values = f.tags[0]
+        ordered = sorted(values)
+        parts = min(parts, len(ordered))
+        if parts < 2:
+            return [self]
+        size, extra = divmod(len(ordered), parts)
+        pieces, start = [], 0
+        for i in range(parts):
+            end = start + size + (1 if i < extra else 0)
+            original = self.original_filter.replace(tags=((name, frozenset(ordered[start:end])),))
+            pieces.append(FilterPaginationState(
+                original_filter=original,
+                page_filter=original.replace(until=f.until),
+                boundary_ids=set(self.boundary_ids),
+            ))
+            start = end
+        return pieces
+
+
+def split_for_throughput(states: list[FilterPaginationState], per_req: int):
+    """Split the filters that need another page so that together they fill one REQ of
+    ``per_req`` filters: each gets an equal share of the slots."""
+    if not states:
+        return []
+    share = per_req // len(states)
+    return [piece for s in states for piece in s.split(share)]
+
 
 @dataclass
 class PaginationState:
@@ -104,6 +160,14 @@ class PaginationState:
     @property
     def page_filters(self) -> list[Filter]:
         return [s.page_filter for s in self.filters]
+
+    def record(self, event: Event) -> bool:
+        """Count ``event`` for every filter it matches; False if it matches none."""
+        matched = [s for s in self.filters if s.page_filter.matches(event)]
+        own = len(matched) == 1
+        for s in matched:
+            s.record(event, own)
+        return bool(matched)
 
 
 # -- residuals after NIP-77 --------------------------------------------------------------
@@ -137,6 +201,16 @@ def decide_residual(
     if unusable and has_semantic_fallback:
         return ResidualDecision.SEMANTIC_FALLBACK
     return ResidualDecision.RETRY_RESIDUAL
+
+
+def _first_then_numbered(sub_id: str):
+    count = 0
+
+    def name() -> str:
+        nonlocal count
+        count += 1
+        return sub_id if count == 1 else f"{sub_id}.{count}"
+    return name
 
 
 # -- the batch ---------------------------------------------------------------------------
@@ -199,22 +273,34 @@ class PendingBatch:
         if event.id in self.advertised_ids:
             self.received_ids.add(event.id)
         state = self.pagination.get(sub_id)
-        if state is None:
-            return False
-        matched = [s.record(event) for s in state.filters]
-        return any(matched)
+        return state is not None and state.record(event)
 
-    def on_eose(self, sub_id: str) -> list[Filter]:
-        """Next-page filters to send, grouped, under the same sub (or ``rename_subscription``);
-        empty when every filter of the sub is done, and then the sub is no longer outstanding.
+    def on_eose(self, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ, pack=None,
+                new_sub_id=None) -> list[tuple[str, list[Filter]]]:
+        """The next pages after ``sub_id``'s EOSE, as ``(sub_id, filters)`` REQs to send;
+        empty when every filter of the sub is done. Each REQ is an outstanding sub of the
+        batch. The first keeps ``sub_id`` unless ``new_sub_id`` (a callable) names them all;
+        ``pack`` groups filters into REQs (default: one REQ, ``per_req`` filters at most).
         """
         state = self.pagination.get(sub_id)
-        next_states = [n for n in (s.next_page() for s in state.filters) if n] if state else []
-        if not next_states:
-            self.finish_subscription(sub_id)
+        self.finish_subscription(sub_id)
+        if state is None:
             return []
-        self.pagination[sub_id] = PaginationState(next_states)
-        return [s.page_filter for s in next_states]
+        continuing = [n for n in (s.next_page() for s in state.filters) if n]
+        shared = split_for_throughput([s for s in continuing if not s.alone], per_req)
+        by_filter = {s.page_filter: s for s in shared}
+        pack = pack or (lambda fs: [fs[i:i + per_req] for i in range(0, len(fs), per_req)])
+        groups = [[s] for s in continuing if s.alone]
+        if by_filter:
+            groups += [[by_filter[f] for f in group] for group in pack(list(by_filter))]
+        names = new_sub_id or _first_then_numbered(sub_id)
+        pages = []
+        for group in groups:
+            name = names()
+            self.outstanding_subs.add(name)
+            self.pagination[name] = PaginationState(group)
+            pages.append((name, [s.page_filter for s in group]))
+        return pages
 
     def on_closed(self, sub_id: str) -> list[Filter]:
         """The relay ended a sub before EOSE: the batch cannot complete cleanly. Returns the

@@ -140,14 +140,17 @@ class HistoricSync:
         batch = state.pending.get(batch_id)
         if batch is None:
             return
-        next_page = batch.on_eose(sub_id)
+        pages = batch.on_eose(
+            sub_id,
+            per_req=filter_plan.filters_per_req(state.limits),
+            pack=lambda filters: filter_plan.pack_into_reqs(filters, state.limits),
+            new_sub_id=lambda: f"h{batch_id}-{next(self._ids)}",
+        )
         state.conn.unsubscribe(sub_id)
         state.sub_to_batch.pop(sub_id, None)
-        if next_page:
-            new_id = f"h{batch_id}-{next(self._ids)}"
-            batch.rename_subscription(sub_id, new_id)
+        for new_id, _ in pages:
             state.sub_to_batch[new_id] = batch_id
-            state.historic_queue.insert(0, (new_id, next_page))
+        state.historic_queue[0:0] = pages  # next pages first: they finish what was started
         self.pump_historic(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
