@@ -66,6 +66,9 @@ REJECTED_COLD_SECS = 7 * 24 * 3600
 
 # -- hostile input (SPEC §6) -------------------------------------------------------------
 MAX_MESSAGE_BYTES = 1024 * 1024
+# A websocket message this large ends the connection (one larger than MAX_MESSAGE_BYTES is
+# only dropped and counted): past it, a peer is streaming junk into our memory.
+MAX_FRAME_BYTES = 4 * MAX_MESSAGE_BYTES
 JUNK_DISCONNECT_THRESHOLD = 50  # malformed frames in a row before we hang up
 MAX_RELAYS_PER_ANNOUNCEMENT = 16
 MAX_RELAYS_TOTAL = 500  # [network] max_relays

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gsync.protocol.event import Event
-from gsync.protocol.filters import Filter, matches_any
+from gsync.protocol.filters import Filter, FilterSet, matches_any
 from tests import factory as f
 
 ALICE, BOB = "a" * 64, "b" * 64
@@ -215,3 +215,48 @@ def test_nip34_events_match_the_layer_filters_that_should_find_them():
     nested = f.comment(bob, bug, top)
     assert Filter.make(tags={"E": [bug.id]}).matches(nested)
     assert Filter.make(tags={"e": [top.id]}).matches(nested)
+
+
+# -- FilterSet: the indexed form of one subscription's filters ---------------------------
+
+_small_ids = st.sampled_from(["1" * 64, "2" * 64, "3" * 64])
+_small_values = st.sampled_from(["x", "y", "z", REPO])
+_set_filters = st.builds(
+    Filter.make,
+    ids=st.none() | st.lists(_small_ids, max_size=2),
+    authors=st.none() | st.lists(st.sampled_from([ALICE, BOB]), max_size=2),
+    kinds=st.none() | st.lists(st.sampled_from([1, 1621, 1111]), max_size=2),
+    tags=st.dictionaries(st.sampled_from("aeEq"), st.lists(_small_values, max_size=3), max_size=2),
+    since=st.none() | st.integers(990, 1010),
+    until=st.none() | st.integers(990, 1010),
+)
+_set_events = st.builds(
+    lambda id_, pubkey, created_at, kind, tags: make_event(
+        id=id_, pubkey=pubkey, created_at=created_at, kind=kind, tags=tags),
+    _small_ids, st.sampled_from([ALICE, BOB]), st.integers(990, 1010),
+    st.sampled_from([1, 1621, 1111]),
+    st.lists(st.tuples(st.sampled_from("aeEqp"), _small_values), max_size=4),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_set_filters, max_size=10), _set_events)
+def test_filter_set_matches_exactly_like_each_filter(filters, event):
+    expected = tuple(i for i, flt in enumerate(filters) if flt.matches(event))
+    assert FilterSet(filters).matching(event) == expected
+
+
+def test_filter_set_checks_only_candidate_filters():
+    filters = [Filter.make(tags={"E": [f"{i:064x}" for i in range(k * 10, k * 10 + 10)]})
+               for k in range(10)]
+    event = make_event(tags=(("E", f"{42:064x}"),))
+    checked = []
+
+    class Counting(Filter):
+        def matches(self, e):
+            checked.append(self)
+            return super().matches(e)
+
+    counting = [Counting(*(getattr(f, n) for n in Filter.__slots__)) for f in filters]
+    assert FilterSet(counting).matching(event) == (4,)
+    assert checked == [counting[4]]

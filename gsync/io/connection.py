@@ -10,15 +10,16 @@ from __future__ import annotations
 import time
 
 import gevent
-import websocket
 from gevent.queue import Empty, Queue
 
 from .. import constants
 from ..ops import metrics
 from ..ops.logging import get_logger
 from ..protocol import messages as wire
+from ..protocol import wsframes
 from ..protocol.event import EventError, parse_event, sign_event
-from ..protocol.filters import Filter
+from ..protocol.filters import FilterSet
+from . import ws as ws_stream
 from .events import RelayDisconnected, RemoteEvent, RemoteMessage
 
 log = get_logger("gsync.connection")
@@ -26,6 +27,7 @@ log = get_logger("gsync.connection")
 IDLE_PING_SECS = 30.0
 READ_IDLE_TIMEOUT_SECS = 120.0
 SEND_TIMEOUT_SECS = 30.0
+SEND_BATCH = 64  # queued messages joined into one socket write
 CHECKED_CAPACITY = 50_000
 
 
@@ -42,7 +44,7 @@ class RelayConnection:
         self._clock = clock
         self._known_ids = known_ids  # the manager's dedupe set: only ever read here
         self._checked: dict[str, None] = {}  # ids this session verified, oldest first
-        self.subscriptions: dict[str, tuple[Filter, ...]] = {}
+        self.subscriptions: dict[str, FilterSet] = {}
         self.filter_bytes: dict[str, int] = {}  # REQ size per open subscription
         self.open_filter_bytes = 0
         self.neg_waiters: dict[str, Queue] = {}
@@ -68,7 +70,7 @@ class RelayConnection:
     def subscribe(self, sub_id: str, filters) -> None:
         filters = tuple(filters)
         self.forget(sub_id)
-        self.subscriptions[sub_id] = filters
+        self.subscriptions[sub_id] = FilterSet(filters)
         text = wire.req(sub_id, filters)
         self.filter_bytes[sub_id] = len(text)
         self.open_filter_bytes += len(text)
@@ -117,11 +119,18 @@ class RelayConnection:
                 text = ""
             if text is None:
                 return
+            batch = [text] if text else []
+            while batch and not self._outbox.empty() and len(batch) < SEND_BATCH:
+                more = self._outbox.get_nowait()
+                if more is None:
+                    self._outbox.put(None)  # ends the loop after this send
+                    break
+                batch.append(more)
             try:
                 with gevent.Timeout(SEND_TIMEOUT_SECS):
-                    if text:
-                        self.ws.send(text)
-                        self._bytes_up.inc(len(text))
+                    if batch:
+                        self.ws.send_many(batch)
+                        self._bytes_up.inc(sum(map(len, batch)))
                     else:
                         self.ws.ping()
             except BaseException as exc:  # Timeout is a BaseException
@@ -133,17 +142,19 @@ class RelayConnection:
         try:
             self.ws.settimeout(READ_IDLE_TIMEOUT_SECS)
             while not self.closed:
-                opcode, data = self.ws.recv_data(control_frame=False)
-                if opcode == websocket.ABNF.OPCODE_CLOSE:
+                opcode, data = self.ws.recv_message()
+                if opcode == wsframes.OP_CLOSE:
                     reason = "closed by relay"
                     break
-                if opcode != websocket.ABNF.OPCODE_TEXT:
+                if opcode != wsframes.OP_TEXT:
                     self._junk("binary_frame")
                     continue
                 self._bytes_down.inc(len(data))
                 self._handle_frame(data)
-        except websocket.WebSocketTimeoutException:
+        except ws_stream.Timeout:
             reason = "idle timeout"
+        except ws_stream.ConnectionClosed as exc:
+            reason = str(exc) or "connection closed"
         except Exception as exc:
             reason = f"read failed: {type(exc).__name__}"
         self._finish(reason)
@@ -215,10 +226,11 @@ class RelayConnection:
             self._checked[event.id] = None
             if len(self._checked) > CHECKED_CAPACITY:
                 del self._checked[next(iter(self._checked))]
-        if not any(f.matches(event) for f in filters):
+        matched = filters.matching(event)
+        if not matched:
             self._drop("no_matching_filter", event_id)
             return
-        self._post(RemoteEvent(self.relay, self.session, msg.sub_id, event, verified=not known))
+        self._post(RemoteEvent(self.relay, self.session, msg.sub_id, event, not known, matched))
 
     def _retry_after_auth(self, sub_id: str) -> bool:
         """NIP-42: authenticate once and re-send the refused REQ. False if we cannot."""
@@ -227,7 +239,7 @@ class RelayConnection:
             return False
         self._auth_retried.add(sub_id)
         self.send(wire.auth(auth_event(self._auth_secret, self.relay, self._challenge, self._now())))
-        self.send(wire.req(sub_id, filters))
+        self.send(wire.req(sub_id, filters.filters))
         return True
 
     def _now(self) -> int:

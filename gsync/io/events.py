@@ -37,6 +37,7 @@ class RemoteEvent:
     sub_id: str
     event: Event
     verified: bool = True  # False: a known id whose checks were skipped (never delivered)
+    matched: tuple[int, ...] = ()  # indices of the subscription's filters it matches
 
 
 @dataclass(slots=True)

@@ -1,13 +1,116 @@
-"""Opening a websocket the way every gsync connection does.
+"""Opening a websocket the way every gsync connection does, and the frames over it.
 
-websocket-client validates UTF-8 in pure Python on every frame (about 70 ms for a 120 kB
-NIP-77 message); skipping that is safe because ``recv`` still decodes text frames strictly
-and every message then goes through the protocol parser.
+websocket-client performs the opening handshake (over a socket we may have connected
+ourselves, see ``handshake``); after that, ``WsStream`` reads and writes frames with
+``protocol.wsframes``: one ``recv`` call for a whole burst of EVENT frames rather than two or
+three per frame, and one ``send`` for many frames. Pings are answered, pongs ignored; a
+close frame or a broken frame ends the stream.
 """
+from __future__ import annotations
+
 import websocket
 
+from ..constants import MAX_FRAME_BYTES
+from ..protocol import wsframes
 
-def connect(url: str, timeout: float, **options) -> websocket.WebSocket:
-    return websocket.create_connection(
+RECV_CHUNK = 256 * 1024
+
+# What a closed or broken stream raises, and what an idle one does (both websocket-client's,
+# so callers catch one family whichever layer noticed).
+ConnectionClosed = websocket.WebSocketConnectionClosedException
+Timeout = websocket.WebSocketTimeoutException
+
+
+class WsStream:
+    """A connected client websocket. Not for two greenlets writing at once: every gsync
+    connection has one writer (the reader only answers pings, with a short frame)."""
+
+    def __init__(self, ws: websocket.WebSocket, max_message: int = MAX_FRAME_BYTES):
+        self._ws = ws
+        self._sock = ws.sock
+        self._decoder = wsframes.FrameDecoder(max_message)
+        self.connected = True
+
+    # -- reading
+
+    def recv_message(self) -> tuple[int, bytes]:
+        """The next data message ``(opcode, payload)``; ``(OP_CLOSE, payload)`` when the
+        peer closes. Raises ``Timeout`` after the socket timeout with nothing complete,
+        ``ConnectionClosed`` on EOF or a broken frame."""
+        decoder = self._decoder
+        while True:
+            try:
+                message = decoder.next_message()
+            except wsframes.FrameError as exc:
+                self.connected = False
+                raise ConnectionClosed(f"bad frame: {exc}") from None
+            if message is None:
+                try:
+                    chunk = self._sock.recv(RECV_CHUNK)
+                except TimeoutError:  # socket.timeout
+                    raise Timeout("timed out") from None
+                except OSError as exc:
+                    self.connected = False
+                    raise ConnectionClosed(f"recv failed: {exc}") from None
+                if not chunk:
+                    self.connected = False
+                    raise ConnectionClosed("connection closed by peer")
+                decoder.feed(chunk)
+                continue
+            opcode, payload = message
+            if opcode == wsframes.OP_PING:
+                self._sock.sendall(wsframes.encode(wsframes.OP_PONG, payload))
+            elif opcode != wsframes.OP_PONG:
+                return opcode, payload
+
+    def recv(self) -> bytes:
+        """The next text message's bytes (binary messages are skipped: Nostr is text).
+        Raises ``ConnectionClosed`` when the peer closes."""
+        while True:
+            opcode, payload = self.recv_message()
+            if opcode == wsframes.OP_CLOSE:
+                self.connected = False
+                raise ConnectionClosed("closed by peer")
+            if opcode == wsframes.OP_TEXT:
+                return payload
+
+    # -- writing
+
+    def send(self, text: str) -> None:
+        self._sock.sendall(wsframes.encode_text(text))
+
+    def send_many(self, texts) -> int:
+        """Several text messages in one socket write; returns the bytes sent."""
+        data = b"".join(wsframes.encode_text(t) for t in texts)
+        self._sock.sendall(data)
+        return len(data)
+
+    def ping(self) -> None:
+        self._sock.sendall(wsframes.encode(wsframes.OP_PING, b""))
+
+    # -- the socket
+
+    def settimeout(self, timeout: float | None) -> None:
+        self._sock.settimeout(timeout)
+
+    def close(self, timeout: float = 1) -> None:
+        """Send a close frame and shut the socket (websocket-client waits up to ``timeout``
+        for the peer's close frame)."""
+        self.connected = False
+        try:
+            self._ws.close(timeout=timeout)
+        except Exception:
+            pass
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+
+def connect(url: str, timeout: float, **options) -> WsStream:
+    """Handshake with websocket-client (``socket=`` an already connected socket, as the
+    SSRF-checked handshake passes), then hand the socket to a ``WsStream``."""
+    ws = websocket.create_connection(
         url, timeout=timeout, enable_multithread=False, skip_utf8_validation=True, **options
     )
+    return WsStream(ws)

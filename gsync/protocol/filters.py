@@ -128,3 +128,50 @@ class Filter:
 
 def matches_any(filters, event: Event) -> bool:
     return any(f.matches(event) for f in filters)
+
+
+class FilterSet:
+    """The filters of one subscription, indexed so that an event is checked only against
+    those that could match it: by id for id filters, by their first tag for tag filters
+    (a relay sends thousands of events for a REQ of ten filters with hundreds of values).
+    ``matching`` gives the same answer as ``[i for i, f in enumerate(filters) if f.matches(e)]``.
+    """
+
+    __slots__ = ("filters", "_by_id", "_by_tag", "_always")
+
+    def __init__(self, filters):
+        self.filters = tuple(filters)
+        self._by_id: dict[str, list[int]] = {}
+        self._by_tag: dict[str, dict[str, list[int]]] = {}
+        self._always: list[int] = []
+        for i, f in enumerate(self.filters):
+            if f.ids is not None:
+                for value in f.ids:
+                    self._by_id.setdefault(value, []).append(i)
+            elif f.tags:
+                name, values = f.tags[0]
+                index = self._by_tag.setdefault(name, {})
+                for value in values:
+                    index.setdefault(value, []).append(i)
+            else:
+                self._always.append(i)
+
+    def __len__(self) -> int:
+        return len(self.filters)
+
+    def matching(self, event: Event) -> tuple[int, ...]:
+        """Indices of the filters ``event`` matches, in order."""
+        candidates = set(self._always)
+        found = self._by_id.get(event.id)
+        if found:
+            candidates.update(found)
+        if self._by_tag:
+            for name, values in event.tag_index().items():
+                index = self._by_tag.get(name)
+                if index:
+                    for value in values:
+                        found = index.get(value)
+                        if found:
+                            candidates.update(found)
+        filters = self.filters
+        return tuple(i for i in sorted(candidates) if filters[i].matches(event))

@@ -161,9 +161,13 @@ class PaginationState:
     def page_filters(self) -> list[Filter]:
         return [s.page_filter for s in self.filters]
 
-    def record(self, event: Event) -> bool:
-        """Count ``event`` for every filter it matches; False if it matches none."""
-        matched = [s for s in self.filters if s.page_filter.matches(event)]
+    def record(self, event: Event, matched_indices: tuple[int, ...] | None = None) -> bool:
+        """Count ``event`` for every filter it matches; False if it matches none.
+        ``matched_indices``: which of ``page_filters`` it matches, when already known."""
+        if matched_indices is None:
+            matched = [s for s in self.filters if s.page_filter.matches(event)]
+        else:
+            matched = [self.filters[i] for i in matched_indices]
         own = len(matched) == 1
         for s in matched:
             s.record(event, own)
@@ -268,12 +272,15 @@ class PendingBatch:
         state = self.pagination.get(sub_id)
         return state.page_filters if state else []
 
-    def record_event(self, sub_id: str, event: Event) -> bool:
-        """Count ``event`` for every filter of the sub it matches; False if it matches none."""
+    def record_event(self, sub_id: str, event: Event,
+                     matched_indices: tuple[int, ...] | None = None) -> bool:
+        """Count ``event`` for every filter of the sub it matches; False if it matches none.
+        ``matched_indices`` saves matching again: which of ``filters_of(sub_id)`` it matches
+        (the connection checked that already)."""
         if event.id in self.advertised_ids:
             self.received_ids.add(event.id)
         state = self.pagination.get(sub_id)
-        return state is not None and state.record(event)
+        return state is not None and state.record(event, matched_indices)
 
     def on_eose(self, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ, pack=None,
                 new_sub_id=None) -> list[tuple[str, list[Filter]]]:

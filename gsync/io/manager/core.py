@@ -52,7 +52,6 @@ from .own_relay import REJECTED_SAVE_SECS, OwnRelaySide
 log = get_logger("gsync.manager")
 
 
-
 class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Descendants):
     def __init__(self, config, *, clock=time.time, delivery=None, on_ready=None):
         self.config = config
@@ -149,31 +148,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
     # -- relays -------------------------------------------------------------------------
 
 
-
-
-
-
-
-
     # -- sync entry points (seed 001, "Sync Entry Points") --------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
     # -- remote traffic -----------------------------------------------------------------
@@ -191,7 +166,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         state.received_metric.inc()
         batch_id = state.sub_to_batch.get(msg.sub_id)
         if batch_id is not None and batch_id in state.pending:
-            state.pending[batch_id].record_event(msg.sub_id, msg.event)
+            state.pending[batch_id].record_event(msg.sub_id, msg.event, msg.matched)
         if msg.verified:
             self.consider_for_delivery(msg.event, state)
             self.note_direct_member(state, msg.event)
@@ -212,28 +187,10 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
                 self.note_rate_limited(state, m.text)
 
 
-
-
-
-
-
-
-
-
-
-
     # -- missing-event recovery (SPEC §4) -----------------------------------------------
 
 
-
-
     # -- own relay ----------------------------------------------------------------------
-
-
-
-
-
-
 
 
     # -- maintenance --------------------------------------------------------------------
@@ -312,6 +269,5 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         }
 
     # -- rejected index persistence -------------------------------------------------------
-
 
 

@@ -169,7 +169,7 @@ class RelayLifecycle:
         filters = self.filters_for(state, items, since)
         if not filters:
             return
-        self.subscribe_live(state, filter_plan.live(filters))
+        self.subscribe_live(state, filter_plan.live(filters), items)
         self.start_historic(state, items if confirm else PendingItems(), filters)
 
     def filters_for(self, state: RelayState, items: PendingItems, since: int | None):

@@ -16,13 +16,15 @@ log = get_logger("gsync.manager")
 class LiveCoverage:
     """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
 
-    def subscribe_live(self, state: RelayState, live_filters) -> None:
+    def subscribe_live(self, state: RelayState, live_filters, items: PendingItems) -> None:
+        """Live coverage for new ``items`` (``live_filters`` is their live form). Called
+        before their historic batch exists, so a consolidation must add them itself."""
         groups = filter_plan.pack_into_reqs(live_filters, state.limits)
         budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
         active = sum(1 for sub in state.live_subs.values() if not sub.control)
         baseline = self.live_baseline(state)
         if budget.needs_consolidation(active, baseline, adding=len(groups)):
-            self.consolidate(state)
+            self.consolidate(state, items)
             return
         self.open_live_groups(state, groups)
 
@@ -74,18 +76,22 @@ class LiveCoverage:
         wanted = self.filters_for(state, self.desired_live_items(state), None)
         return filter_plan.live_baseline(wanted, state.limits)
 
-    def consolidate(self, state: RelayState) -> None:
+    def consolidate(self, state: RelayState, adding: PendingItems | None = None) -> None:
         """Replace fragmented live subscriptions with the fewest that cover everything.
 
         The design waits for pending batches first; here live coverage is rebuilt from
-        confirmed *and* pending items at once, so nothing in flight loses its live stream.
-        What does not fit the relay's budget is left to historic sync (logged).
+        confirmed *and* pending items at once (plus ``adding``, the items whose arrival
+        triggered this), so nothing in flight loses its live stream. What does not fit the
+        relay's budget is polled (logged).
         """
         for sub_id in [s for s, sub in state.live_subs.items() if not sub.control]:
             del state.live_subs[sub_id]
             state.conn.unsubscribe(sub_id)
         state.polled = []
-        live = filter_plan.live(self.filters_for(state, self.desired_live_items(state), None))
+        wanted = self.desired_live_items(state)
+        if adding is not None:
+            wanted.add(adding)
+        live = filter_plan.live(self.filters_for(state, wanted, None))
         if state.members:  # thread replies after the core coverage: they give way first
             live += filter_plan.live(self.descendant_filters_for(state, state.members))
         groups = filter_plan.pack_into_reqs(live, state.limits)
