@@ -20,7 +20,7 @@ from ..protocol import wsframes
 from ..protocol.event import EventError, parse_event, sign_event
 from ..protocol.filters import FilterSet
 from . import ws as ws_stream
-from .events import RelayDisconnected, RemoteEvent, RemoteMessage
+from .events import RelayDisconnected, RemoteEvent, RemoteEvents, RemoteMessage
 
 log = get_logger("gsync.connection")
 
@@ -53,6 +53,7 @@ class RelayConnection:
         self._auth_retried: set[str] = set()
         self._closing: set[str] = set()  # CLOSE sent: the relay's CLOSED answer is expected
         self._junk_streak = 0
+        self._events: list[RemoteEvent] = []  # checked, not yet posted (see _flush_events)
         self._greenlets: list[gevent.Greenlet] = []
         self.closed = False
         self._bytes_up = metrics.BYTES_UP.labels(relay)
@@ -142,15 +143,21 @@ class RelayConnection:
         try:
             self.ws.settimeout(READ_IDLE_TIMEOUT_SECS)
             while not self.closed:
-                opcode, data = self.ws.recv_message()
-                if opcode == wsframes.OP_CLOSE:
+                received = 0
+                burst = self.ws.recv_burst()  # a close message can only be the last
+                for opcode, data in burst:
+                    if self.closed:
+                        break  # hung up on (junk) halfway through the burst
+                    if opcode == wsframes.OP_TEXT:
+                        received += len(data)
+                        self._handle_frame(data)
+                    elif opcode != wsframes.OP_CLOSE:
+                        self._junk("binary_frame")
+                self._bytes_down.inc(received)
+                self._flush_events()  # the burst's events: one message to the manager
+                if burst[-1][0] == wsframes.OP_CLOSE:
                     reason = "closed by relay"
                     break
-                if opcode != wsframes.OP_TEXT:
-                    self._junk("binary_frame")
-                    continue
-                self._bytes_down.inc(len(data))
-                self._handle_frame(data)
         except ws_stream.Timeout:
             reason = "idle timeout"
         except ws_stream.ConnectionClosed as exc:
@@ -162,7 +169,17 @@ class RelayConnection:
     def _finish(self, reason: str) -> None:
         if not self.closed:
             self.close(reason)
-            self._post(RelayDisconnected(self.relay, self.session, reason))
+            self._emit(RelayDisconnected(self.relay, self.session, reason))
+
+    def _emit(self, message) -> None:
+        """Post to the manager, after the events read before it (order is kept)."""
+        self._flush_events()
+        self._post(message)
+
+    def _flush_events(self) -> None:
+        if self._events:
+            events, self._events = self._events, []
+            self._post(RemoteEvents(self.relay, self.session, events))
 
     # -- frames -------------------------------------------------------------------------
 
@@ -203,7 +220,7 @@ class RelayConnection:
         ):
             return
         else:
-            self._post(RemoteMessage(self.relay, self.session, msg))
+            self._emit(RemoteMessage(self.relay, self.session, msg))
 
     def _handle_event(self, msg: wire.RelayEvent) -> None:
         filters = self.subscriptions.get(msg.sub_id)
@@ -230,7 +247,7 @@ class RelayConnection:
         if not matched:
             self._drop("no_matching_filter", event_id)
             return
-        self._post(RemoteEvent(self.relay, self.session, msg.sub_id, event, not known, matched))
+        self._events.append(RemoteEvent(self.relay, self.session, msg.sub_id, event, not known, matched))
 
     def _retry_after_auth(self, sub_id: str) -> bool:
         """NIP-42: authenticate once and re-send the refused REQ. False if we cannot."""

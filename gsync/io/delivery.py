@@ -22,6 +22,7 @@ import gevent.event
 
 from ..ops import metrics
 from ..protocol import messages as wire
+from ..protocol import wsframes
 from ..protocol.event import Event
 from .connection import auth_event
 from .events import DeliveryAnswered, OwnRelayState
@@ -92,6 +93,7 @@ class OwnRelayDelivery:
         self._idle.set()
         self._bytes_up = metrics.BYTES_UP.labels("own")
         self._outcomes: dict = {}
+        self._delivered_uncounted = 0
 
     # -- manager-facing -----------------------------------------------------------------
 
@@ -205,13 +207,19 @@ class OwnRelayDelivery:
         try:
             ws.settimeout(None)
             while True:
-                msg = wire.parse_relay_message(ws.recv())
-                if isinstance(msg, wire.Ok):
-                    self._on_ok(lane, msg)
-                elif isinstance(msg, wire.AuthChallenge):
-                    lane.challenge = msg.challenge
+                for opcode, data in ws.recv_burst():
+                    if opcode == wsframes.OP_CLOSE:
+                        raise ConnectionError("closed by the own relay")
+                    msg = wire.parse_relay_message(data)
+                    if isinstance(msg, wire.Ok):
+                        self._on_ok(lane, msg)
+                    elif isinstance(msg, wire.AuthChallenge):
+                        lane.challenge = msg.challenge
+                self._count_delivered()
         except Exception:
             pass
+        finally:
+            self._count_delivered()
         if lane.session == session:
             self._close_lane(lane)
             lane.wake.set()
@@ -259,15 +267,22 @@ class OwnRelayDelivery:
     def _finish(self, event: Event, outcome: str, reason: str) -> None:
         self._tracked.pop(event.id, None)
         self._attempts.pop(event.id, None)
-        self._outcome(outcome).inc()
         if outcome == "delivered":
-            metrics.EVENTS_SYNCED.inc()
+            self._delivered_uncounted += 1  # counted once per read burst (_count_delivered)
+        else:
+            self._outcome(outcome).inc()
         if outcome in ("rejected", "purgatory"):
             # The manager acts on these (rejected index, StateOnly); a plain delivery needs
             # nothing from it, so it is not told (one queue round trip less per event).
             self._post(DeliveryAnswered(event, outcome, reason))
         if not self._tracked:
             self._idle.set()
+
+    def _count_delivered(self) -> None:
+        if self._delivered_uncounted:
+            self._outcome("delivered").inc(self._delivered_uncounted)
+            metrics.EVENTS_SYNCED.inc(self._delivered_uncounted)
+            self._delivered_uncounted = 0
 
     def _outcome(self, outcome: str):
         """The outcome's counter child, looked up once (this runs for every event)."""

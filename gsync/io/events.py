@@ -41,6 +41,16 @@ class RemoteEvent:
 
 
 @dataclass(slots=True)
+class RemoteEvents:
+    """The checked events of one read burst from one connection, in order (one queue
+    message instead of hundreds)."""
+
+    relay: str
+    session: int
+    events: list[RemoteEvent]
+
+
+@dataclass(slots=True)
 class RemoteMessage:
     """Any other parsed relay message (EOSE, CLOSED, NOTICE, OK, AUTH …)."""
 

@@ -33,35 +33,52 @@ class WsStream:
 
     # -- reading
 
-    def recv_message(self) -> tuple[int, bytes]:
-        """The next data message ``(opcode, payload)``; ``(OP_CLOSE, payload)`` when the
-        peer closes. Raises ``Timeout`` after the socket timeout with nothing complete,
-        ``ConnectionClosed`` on EOF or a broken frame."""
-        decoder = self._decoder
+    def recv_burst(self) -> list[tuple[int, bytes]]:
+        """Every data message already received, at least one (waiting for it like
+        ``recv_message``). A close message ends the list."""
+        messages = [self.recv_message()]
+        while messages[-1][0] != wsframes.OP_CLOSE:
+            message = self._buffered_message()
+            if message is None:
+                break
+            messages.append(message)
+        return messages
+
+    def _buffered_message(self) -> tuple[int, bytes] | None:
+        """The next data message if it is complete in the buffer, without reading."""
         while True:
             try:
-                message = decoder.next_message()
+                message = self._decoder.next_message()
             except wsframes.FrameError as exc:
                 self.connected = False
                 raise ConnectionClosed(f"bad frame: {exc}") from None
             if message is None:
-                try:
-                    chunk = self._sock.recv(RECV_CHUNK)
-                except TimeoutError:  # socket.timeout
-                    raise Timeout("timed out") from None
-                except OSError as exc:
-                    self.connected = False
-                    raise ConnectionClosed(f"recv failed: {exc}") from None
-                if not chunk:
-                    self.connected = False
-                    raise ConnectionClosed("connection closed by peer")
-                decoder.feed(chunk)
-                continue
+                return None
             opcode, payload = message
             if opcode == wsframes.OP_PING:
                 self._sock.sendall(wsframes.encode(wsframes.OP_PONG, payload))
             elif opcode != wsframes.OP_PONG:
-                return opcode, payload
+                return message
+
+    def recv_message(self) -> tuple[int, bytes]:
+        """The next data message ``(opcode, payload)``; ``(OP_CLOSE, payload)`` when the
+        peer closes. Raises ``Timeout`` after the socket timeout with nothing complete,
+        ``ConnectionClosed`` on EOF or a broken frame."""
+        while True:
+            message = self._buffered_message()
+            if message is not None:
+                return message
+            try:
+                chunk = self._sock.recv(RECV_CHUNK)
+            except TimeoutError:  # socket.timeout
+                raise Timeout("timed out") from None
+            except OSError as exc:
+                self.connected = False
+                raise ConnectionClosed(f"recv failed: {exc}") from None
+            if not chunk:
+                self.connected = False
+                raise ConnectionClosed("connection closed by peer")
+            self._decoder.feed(chunk)
 
     def recv(self) -> bytes:
         """The next text message's bytes (binary messages are skipped: Nostr is text).

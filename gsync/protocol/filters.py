@@ -161,10 +161,10 @@ class FilterSet:
 
     def matching(self, event: Event) -> tuple[int, ...]:
         """Indices of the filters ``event`` matches, in order."""
-        candidates = set(self._always)
+        candidates = list(self._always)
         found = self._by_id.get(event.id)
         if found:
-            candidates.update(found)
+            candidates += found
         if self._by_tag:
             for name, values in event.tag_index().items():
                 index = self._by_tag.get(name)
@@ -172,6 +172,8 @@ class FilterSet:
                     for value in values:
                         found = index.get(value)
                         if found:
-                            candidates.update(found)
+                            candidates += found
+        if len(candidates) > 1:
+            candidates = sorted(set(candidates))
         filters = self.filters
-        return tuple(i for i in sorted(candidates) if filters[i].matches(event))
+        return tuple(i for i in candidates if filters[i].matches(event))

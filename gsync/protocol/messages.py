@@ -263,6 +263,10 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
+# One decoder for every frame (``json.loads`` with options builds a new one per call).
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def _decode(frame: str | bytes) -> list:
     if len(frame) > MAX_MESSAGE_BYTES:
         raise _Reject("too_large", f"{len(frame)} bytes")
@@ -277,7 +281,7 @@ def _decode(frame: str | bytes) -> list:
         if size > MAX_MESSAGE_BYTES:
             raise _Reject("too_large", f"{size} bytes")
     try:
-        items = json.loads(frame, parse_constant=_reject_constant)
+        items = _DECODER.decode(frame)
     except (ValueError, RecursionError) as exc:
         raise _Reject("bad_json", type(exc).__name__) from None
     if not isinstance(items, list) or not items:
@@ -317,7 +321,8 @@ def close(sub_id: str) -> str:
 
 
 def event(ev: Event) -> str:
-    return _dump(["EVENT", ev.to_dict()])
+    # The event's own JSON, reusing the tags and content encoded for its id check.
+    return f'["EVENT",{ev.to_json()}]'
 
 
 def auth(ev: Event) -> str:

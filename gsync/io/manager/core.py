@@ -37,6 +37,7 @@ from ..events import (
     OwnSubscribed,
     RelayDisconnected,
     RemoteEvent,
+    RemoteEvents,
     RemoteMessage,
     Stop,
     Tick,
@@ -90,7 +91,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.handlers = {
             HandshakeStarted: self.on_handshake_started,
             HandshakeDone: self.on_handshake_done,
-            RemoteEvent: self.on_remote_event,
+            RemoteEvents: self.on_remote_events,
             RemoteMessage: self.on_remote_message,
             RelayDisconnected: self.on_relay_disconnected,
             NegentropyFinished: self.on_negentropy_finished,
@@ -159,11 +160,18 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             return None
         return state
 
-    def on_remote_event(self, msg: RemoteEvent) -> None:
+    def on_remote_events(self, msg: RemoteEvents) -> None:
         state = self._current(msg.relay, msg.session)
         if state is None:
             return
-        state.received_metric.inc()
+        state.received_metric.inc(len(msg.events))
+        for event in msg.events:
+            try:
+                self.apply_remote_event(state, event)
+            except Exception:  # one bad apple must not cost the rest of the burst
+                log.exception("handler_failed", message="RemoteEvent", event_id=event.event.id)
+
+    def apply_remote_event(self, state: RelayState, msg: RemoteEvent) -> None:
         batch_id = state.sub_to_batch.get(msg.sub_id)
         if batch_id is not None and batch_id in state.pending:
             state.pending[batch_id].record_event(msg.sub_id, msg.event, msg.matched)
