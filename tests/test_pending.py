@@ -10,6 +10,7 @@ from gsync.constants import PAGE_THRESHOLD
 from gsync.protocol.event import generate_secret, sign_event
 from gsync.protocol.filters import Filter
 from gsync.sync.pending import (
+    PageCap,
     PendingBatch,
     ResidualDecision,
     SyncMethod,
@@ -106,7 +107,7 @@ def test_next_page_below_since_ends_the_filter():
     assert flat(b.on_eose("s1")) == []
 
 
-def test_shared_events_count_for_every_filter_but_only_own_events_set_until():
+def test_shared_events_count_for_every_filter_but_only_certain_ones_set_until():
     # A relay caps each filter and sends the de-duplicated union: an event both filters
     # match may have come from the other one's page, from further back than this one's.
     issues_or_patches = Filter.make(kinds=[1621, 1617])
@@ -115,16 +116,40 @@ def test_shared_events_count_for_every_filter_but_only_own_events_set_until():
     feed(b, "s1", page(1621, 1000, 40))  # shared: down to 961
     feed(b, "s1", page(1617, 2000, 40))  # only the second filter's: down to 1961
     assert b.pagination["s1"].filters[1].event_count == 80
-    # ISSUES saw 40 (no next page); the other saw 80, and its own page reached only 1961.
-    assert flat(b.on_eose("s1")) == [issues_or_patches.replace(until=1961)]
+    # ISSUES saw 40 (no next page). The other saw 80: its own events reach 1961, and, with
+    # a page size of at least 75, its 75 newest matches (down to 966) were its own page.
+    assert flat(b.on_eose("s1")) == [issues_or_patches.replace(until=966)]
 
 
-def test_filter_without_own_events_is_asked_again_alone():
+def test_with_a_larger_known_page_size_only_own_events_bound_the_page():
+    issues_or_patches = Filter.make(kinds=[1621, 1617])
+    b = batch()
+    b.add_subscription("s1", [ISSUES, issues_or_patches])
+    feed(b, "s1", page(1621, 1000, 40))
+    feed(b, "s1", page(1617, 2000, 40))
+    # 80 < 500: the shared events may all have been sent for ISSUES.
+    assert flat(b.on_eose("s1", cap=PageCap(500))) == [issues_or_patches.replace(until=1961)]
+
+
+def test_page_cap_learns_from_own_events_and_never_shrinks():
+    cap = PageCap()
+    assert cap.floor == PAGE_THRESHOLD
+    b = batch()
+    b.add_subscription("s1", [ISSUES, PATCHES])
+    feed(b, "s1", page(1621, 1000, 120))  # all its own: the relay's page holds >= 120
+    feed(b, "s1", page(1617, 1000, 90))
+    b.on_eose("s1", cap=cap)
+    assert cap.floor == 120
+    cap.observe(80)
+    assert cap.floor == 120
+
+
+def test_filter_without_certain_events_is_asked_again_alone():
     both = Filter.make(kinds=[1621, 1617])
     b = batch()
     b.add_subscription("s1", [ISSUES, both])
     feed(b, "s1", page(1621, 1000, PAGE_THRESHOLD))
-    pages = b.on_eose("s1")
+    pages = b.on_eose("s1", cap=PageCap(500))
     # Neither can tell which events were its own: each repeats its page in a REQ of its own.
     assert sorted(map(str, (filters for _, filters in pages))) == sorted(
         map(str, ([ISSUES], [both])))
@@ -133,7 +158,7 @@ def test_filter_without_own_events_is_asked_again_alone():
     # Alone, every event is its own: the next page moves on.
     name = next(n for n, filters in pages if filters == [ISSUES])
     feed(b, name, page(1621, 1000, PAGE_THRESHOLD))
-    assert flat(b.on_eose(name)) == [ISSUES.replace(until=926)]
+    assert flat(b.on_eose(name, cap=PageCap(500))) == [ISSUES.replace(until=926)]
 
 
 def test_full_page_of_many_values_is_split_to_fill_the_next_req():
@@ -405,6 +430,7 @@ def sync_all(store, filters, per_req=10):
     b.add_subscription("s0", filters)
     received, reqs = {}, 0
     counter = itertools.count(1)
+    cap = PageCap()  # learnt across pages, as the manager keeps it per connection
     while queue:
         sub, page_filters = queue.pop(0)
         reqs += 1
@@ -413,7 +439,9 @@ def sync_all(store, filters, per_req=10):
         for e in capped_relay_answer(store, page_filters):
             received[e.id] = e
             b.record_event(sub, e)
-        queue += b.on_eose(sub, per_req=per_req, new_sub_id=lambda: f"s{next(counter)}")
+        queue += b.on_eose(sub, per_req=per_req, new_sub_id=lambda: f"s{next(counter)}",
+                           cap=cap)
+    assert cap.floor <= CAP
     assert b.is_complete
     return received, reqs
 

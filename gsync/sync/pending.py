@@ -16,11 +16,13 @@ live sync.
 
 Several filters share a REQ. A relay caps each filter separately and sends the union,
 de-duplicated, so an event two filters match may have been sent "for" the other one, from
-further back in time than this filter's own page reached. Only events that match no other
-filter of the REQ were certainly sent for this one: the oldest of those is a safe ``until``.
-A filter that got many events but none of its own (everything it matched, another filter
-matched too) is asked again alone, where every event is its own. Counting all matches for the
-"maybe more" threshold errs towards one more page, never one fewer.
+further back in time than this filter's own page reached. Two things are certain: events
+that match no other filter of the REQ were sent for this one, and the filter's own page is
+its newest events, newer than any other event of it that arrived. So the oldest "own" event
+is a safe ``until``, and so is the N-th newest matching event when the relay's page size is
+at least N (``PageCap`` learns that bound from the own events of earlier pages). A filter
+with neither is asked again alone, where every event is its own. Counting all matches for
+the "maybe more" threshold errs towards one more page, never one fewer.
 
 Relays cap events per filter, and the proactive gate paces REQ starts, so a REQ of ten
 filters moves up to ten times what a REQ of one does for the same start. A filter that needs
@@ -53,15 +55,27 @@ class SyncMethod(enum.Enum):
 
 
 @dataclass
+class PageCap:
+    """What we know of a relay's page size (events per filter per REQ): at least the most
+    events one filter certainly returned in one page (its own events, below), and at least
+    ``PAGE_THRESHOLD``, which the "fewer means done" rule assumes already."""
+
+    floor: int = PAGE_THRESHOLD
+
+    def observe(self, own_events: int) -> None:
+        self.floor = max(self.floor, own_events)
+
+
+@dataclass
 class FilterPaginationState:
     """Progress of one OR filter of a grouped subscription, for the page being fetched."""
 
     original_filter: Filter
     page_filter: Filter  # original_filter with this page's until
-    event_count: int = 0  # every event that matched, its own or shared
-    # the oldest of its own events (matched by no other filter of the REQ) and their ids
-    min_created_at: int | None = None
-    ids_at_min: set[str] = field(default_factory=set)
+    # (created_at, id) of every event that matched, its own or shared
+    seen: list[tuple[int, str]] = field(default_factory=list)
+    own_count: int = 0  # matched by no other filter of the REQ: certainly sent for this one
+    own_min: int | None = None  # the oldest of those
     # ids already seen at page_filter.until on earlier pages: they are not progress
     boundary_ids: set[str] = field(default_factory=set)
     alone: bool = False  # the next page must be a REQ of its own
@@ -70,40 +84,60 @@ class FilterPaginationState:
     def start(cls, f: Filter) -> FilterPaginationState:
         return cls(original_filter=f, page_filter=f)
 
+    @property
+    def event_count(self) -> int:
+        return len(self.seen)
+
     def record(self, event: Event, own: bool) -> None:
         """Count a matching event; ``own`` when no other filter of the REQ matches it."""
-        self.event_count += 1
-        if not own:
-            return
-        if self.min_created_at is None or event.created_at < self.min_created_at:
-            self.min_created_at = event.created_at
-            self.ids_at_min = {event.id}
-        elif event.created_at == self.min_created_at:
-            self.ids_at_min.add(event.id)
+        self.seen.append((event.created_at, event.id))
+        if own:
+            self.own_count += 1
+            if self.own_min is None or event.created_at < self.own_min:
+                self.own_min = event.created_at
 
     def restarted(self) -> FilterPaginationState:
         return FilterPaginationState(
             self.original_filter, self.page_filter, boundary_ids=self.boundary_ids
         )
 
-    def next_page(self) -> FilterPaginationState | None:
-        """The state for the next page, or None when this filter is exhausted."""
+    def covered_until(self, cap: int) -> int | None:
+        """The oldest ``created_at`` down to which this page certainly holds every event of
+        the filter, or None if nothing is certain.
+
+        The relay sent this filter's newest events, up to its page size, and the union
+        brought some of other filters' too. Two bounds are safe: the oldest event no other
+        filter matched (it was sent for this one), and, when the page size is at least
+        ``cap``, the ``cap``-th newest event that matched (the filter's own newest events
+        are newer than every other event of it that arrived). The older of the two wins.
+        """
+        bounds = [] if self.own_min is None else [self.own_min]
+        if len(self.seen) >= cap:
+            newest_first = sorted((t for t, _ in self.seen), reverse=True)
+            bounds.append(newest_first[cap - 1])
+        return min(bounds) if bounds else None
+
+    def next_page(self, cap: int = PAGE_THRESHOLD) -> FilterPaginationState | None:
+        """The state for the next page, or None when this filter is exhausted. ``cap``: a
+        lower bound of the relay's page size (``PageCap.floor``)."""
         if self.page_filter.ids is not None:
             return None  # an exact-id answer is complete; shortfalls are residuals
-        if self.event_count < PAGE_THRESHOLD:
+        if len(self.seen) < PAGE_THRESHOLD:
             return None
-        if self.min_created_at is None:
-            # Everything it matched, another filter matched too: none of it is certainly
-            # this filter's own page. The same page again, alone, where all of it is.
+        covered = self.covered_until(cap)
+        if covered is None:
+            # Everything it matched, another filter matched too, and too little of it to
+            # use the page size: the same page again, alone, where all of it is its own.
             return FilterPaginationState(self.original_filter, self.page_filter,
                                          boundary_ids=self.boundary_ids, alone=True)
+        ids_at = {i for t, i in self.seen if t == covered}
         until = self.page_filter.until
-        at_boundary = until is not None and self.min_created_at >= until
+        at_boundary = until is not None and covered >= until
         if not at_boundary:
-            next_until, boundary = self.min_created_at, set(self.ids_at_min)
-        elif self.ids_at_min - self.boundary_ids:
+            next_until, boundary = covered, ids_at
+        elif ids_at - self.boundary_ids:
             # Still inside one crowded second but seeing new ids: ask it once more.
-            next_until, boundary = until, self.boundary_ids | self.ids_at_min
+            next_until, boundary = until, self.boundary_ids | ids_at
         else:
             # No progress: the relay keeps returning the same page. Skip that second.
             next_until, boundary = until - 1, set()
@@ -283,17 +317,21 @@ class PendingBatch:
         return state is not None and state.record(event, matched_indices)
 
     def on_eose(self, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ, pack=None,
-                new_sub_id=None) -> list[tuple[str, list[Filter]]]:
+                new_sub_id=None, cap: PageCap | None = None) -> list[tuple[str, list[Filter]]]:
         """The next pages after ``sub_id``'s EOSE, as ``(sub_id, filters)`` REQs to send;
         empty when every filter of the sub is done. Each REQ is an outstanding sub of the
         batch. The first keeps ``sub_id`` unless ``new_sub_id`` (a callable) names them all;
         ``pack`` groups filters into REQs (default: one REQ, ``per_req`` filters at most).
+        ``cap`` is the relay's ``PageCap``, kept per connection: this page teaches it too.
         """
         state = self.pagination.get(sub_id)
         self.finish_subscription(sub_id)
         if state is None:
             return []
-        continuing = [n for n in (s.next_page() for s in state.filters) if n]
+        cap = cap or PageCap()
+        for s in state.filters:
+            cap.observe(s.own_count)
+        continuing = [n for n in (s.next_page(cap.floor) for s in state.filters) if n]
         shared = split_for_throughput([s for s in continuing if not s.alone], per_req)
         by_filter = {s.page_filter: s for s in shared}
         pack = pack or (lambda fs: [fs[i:i + per_req] for i in range(0, len(fs), per_req)])

@@ -46,6 +46,7 @@ class RelayState:
     session: int = 0
     attempt: int = 0
     limits: Any = None
+    page_cap: Any = None  # pending.PageCap: what this session taught us of its page size
     refused_reason: str = ""  # the SSRF guard said no: never dialled again
     pending: dict[int, PendingBatch] = field(default_factory=dict)
     sub_to_batch: dict[str, int] = field(default_factory=dict)

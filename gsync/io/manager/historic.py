@@ -145,6 +145,7 @@ class HistoricSync:
             per_req=filter_plan.filters_per_req(state.limits),
             pack=lambda filters: filter_plan.pack_into_reqs(filters, state.limits),
             new_sub_id=lambda: f"h{batch_id}-{next(self._ids)}",
+            cap=state.page_cap,
         )
         state.conn.unsubscribe(sub_id)
         state.sub_to_batch.pop(sub_id, None)

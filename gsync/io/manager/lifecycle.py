@@ -9,6 +9,7 @@ from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
 from ...sync import filter_plan
+from ...sync.pending import PageCap
 from ...sync.relay_state import ConnectionStatus, LiveSub, RelayState
 from ...sync.targets import PendingItems, compute_actions, derive_relay_targets
 from ..connection import RelayConnection
@@ -96,6 +97,7 @@ class RelayLifecycle:
         self.health.record_success(msg.relay, now)
         state.session += 1
         state.limits = msg.limits
+        state.page_cap = PageCap()  # learnt again: the relay may have changed
         state.conn = RelayConnection(
             msg.relay, msg.ws, state.session, self.post, auth_secret=self.config.auth.secret_key,
             known_ids=self.seen,

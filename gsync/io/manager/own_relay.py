@@ -85,7 +85,7 @@ class OwnRelaySide:
         self.apply_dirty(dirty)
 
     def apply_dirty(self, dirty: set[str]) -> None:
-        targets = derive_relay_targets(self.repos)
+        targets = derive_relay_targets(self.repos) if dirty else {}
         for url in dirty:
             state = self.relay(url)
             if not state.connected:
