@@ -189,6 +189,7 @@ class Connection:
         self.rfile = rfile
         self.subs: dict[str, list[Filter]] = {}
         self.open = True
+        self.pongs: list[bytes] = []  # payloads of the client's pong frames
         self._send_lock = threading.Lock()
 
     # -- sending (any thread) ------------------------------------------------------------
@@ -265,6 +266,7 @@ class Connection:
                 self._write(_frame(OP_PONG, payload))
                 continue
             if opcode == OP_PONG:
+                self.pongs.append(payload)
                 continue
             if opcode == OP_CLOSE:
                 self._write(_frame(OP_CLOSE, payload[:2]))

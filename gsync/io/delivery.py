@@ -74,6 +74,7 @@ class OwnRelayDelivery:
         self.url = url
         self._post = post
         self._window = window
+        self._refill_at = window // 2
         self._frames_per_connection = frames_per_connection
         self._ok_timeout = ok_timeout
         self._max_backlog = max_backlog
@@ -179,8 +180,10 @@ class OwnRelayDelivery:
             if lane.frames >= self._frames_per_connection:
                 if not lane.in_flight:
                     return  # retire the connection: a fresh one has a fresh budget
-            elif now >= lane.paused_until and self._queue and len(lane.in_flight) < self._window:
-                # Everything the window and the frame budget allow, in one socket write.
+            elif now >= lane.paused_until and self._queue and len(lane.in_flight) <= self._refill_at:
+                # Everything the window and the frame budget allow, in one socket write. The
+                # window is refilled only once half of it is answered: a few large writes
+                # instead of one per burst of OKs, with half a window still in flight.
                 room = min(self._window - len(lane.in_flight),
                            self._frames_per_connection - lane.frames)
                 texts = []

@@ -5,6 +5,7 @@ block: SIGTERM drains in-flight deliveries within the deadline, then stops.
 """
 from __future__ import annotations
 
+import gc
 import signal
 
 import gevent
@@ -17,6 +18,7 @@ from .manager import SyncManager
 log = get_logger("gsync.runner")
 
 DRAIN_DEADLINE_SECS = 20.0  # under systemd's TimeoutStopSec (30 s in the unit)
+GC_GEN0_THRESHOLD = 50_000  # Python's default is 700 allocations
 
 
 def start_metrics_server(listen, manager) -> None:
@@ -46,6 +48,12 @@ def run(config, *, drain_deadline: float = DRAIN_DEADLINE_SECS) -> int:
     interval = sdnotify.watchdog_interval()
     if interval:
         gevent.spawn(_watchdog, manager, interval)
+    # Everything built so far (modules, config) lives as long as the process: keep it out of
+    # the cyclic collector's scans. Sync allocates millions of short-lived containers (event
+    # dicts, tag tuples) that reference counting frees; a larger first generation runs the
+    # collector less often over them.
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
     manager.start()
     log.info("started", own_relay=config.service.own_relay, domains=list(config.service.domains))
     manager.run()

@@ -73,6 +73,8 @@ class WsStream:
             except TimeoutError:  # socket.timeout
                 raise Timeout("timed out") from None
             except OSError as exc:
+                if "timed out" in str(exc):  # gevent's SSL sockets time out with an SSLError
+                    raise Timeout("timed out") from None
                 self.connected = False
                 raise ConnectionClosed(f"recv failed: {exc}") from None
             if not chunk:

@@ -1,0 +1,87 @@
+"""gsync/io/ws.py: WsStream over a real socket, against the scripted relay's own framing."""
+import json
+import struct
+
+import pytest
+
+from gsync.io import ws as ws_stream
+from gsync.protocol import wsframes
+from tests.relays import wait_until
+from tests.scripted_relay import OP_BINARY, OP_CLOSE, OP_CONT, OP_PING, OP_TEXT, Raw, _frame
+
+
+def on_ping_req(frames):
+    """A scripted relay that answers the REQ "x" with ``frames`` (then its EOSE)."""
+    def on_message(relay, conn, message):
+        if message[:2] == ["REQ", "x"]:
+            return [*frames, ["EOSE", "x"]]
+        return None
+    return on_message
+
+
+def test_bursts_fragments_pings_and_binary_frames(scripted):
+    relay = scripted(on_message=on_ping_req([
+        Raw(_frame(OP_PING, b"are you there")),
+        Raw(_frame(OP_TEXT, b'["NOTICE","frag', fin=False)),
+        Raw(_frame(OP_CONT, b'mented"]')),
+        Raw(_frame(OP_BINARY, b"\x00\x01")),
+        ["NOTICE", "whole"],
+    ]))
+    stream = ws_stream.connect(relay.url, 10)
+    try:
+        stream.send_many([json.dumps(["REQ", "x", {}])])
+        got = []
+        while not got or got[-1] != (OP_TEXT, ["EOSE", "x"]):
+            got += [(op, json.loads(data) if op == OP_TEXT else data)
+                    for op, data in stream.recv_burst()]
+        assert got == [
+            (OP_TEXT, ["NOTICE", "fragmented"]),
+            (OP_BINARY, b"\x00\x01"),
+            (OP_TEXT, ["NOTICE", "whole"]),
+            (OP_TEXT, ["EOSE", "x"]),
+        ]  # the ping was answered, not returned:
+        wait_until(lambda: relay.connections[0].pongs == [b"are you there"], timeout=5,
+                   what="the pong")
+    finally:
+        stream.close()
+
+
+def test_many_messages_in_one_write_arrive_in_order(scripted):
+    relay = scripted()
+    stream = ws_stream.connect(relay.url, 10)
+    try:
+        texts = [json.dumps(["REQ", f"s{i}", {"kinds": [i]}]) for i in range(50)]
+        assert stream.send_many(texts) > sum(map(len, texts))  # headers and masks
+        eose = [stream.recv() for _ in range(50)]
+        assert [json.loads(m)[1] for m in eose] == [f"s{i}" for i in range(50)]
+        assert [m[1] for m in relay.messages("REQ")] == [f"s{i}" for i in range(50)]
+    finally:
+        stream.close()
+
+
+def test_close_frame_ends_recv(scripted):
+    relay = scripted(on_message=on_ping_req([Raw(_frame(OP_CLOSE, struct.pack("!H", 1000)))]))
+    stream = ws_stream.connect(relay.url, 10)
+    stream.send(json.dumps(["REQ", "x", {}]))
+    assert stream.recv_message()[0] == wsframes.OP_CLOSE
+    stream.close()
+
+
+def test_masked_server_frame_ends_the_stream(scripted):
+    masked = bytes([0x81, 0x82]) + b"abcd" + bytes([ord("h") ^ ord("a"), ord("i") ^ ord("b")])
+    relay = scripted(on_message=on_ping_req([Raw(masked)]))
+    stream = ws_stream.connect(relay.url, 10)
+    stream.send(json.dumps(["REQ", "x", {}]))
+    with pytest.raises(ws_stream.ConnectionClosed, match="masked"):
+        stream.recv()
+    assert not stream.connected
+    stream.close()
+
+
+def test_idle_stream_times_out(scripted):
+    relay = scripted()
+    stream = ws_stream.connect(relay.url, 10)
+    stream.settimeout(0.3)
+    with pytest.raises(ws_stream.Timeout):
+        stream.recv()
+    stream.close()
