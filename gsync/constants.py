@@ -36,6 +36,10 @@ MAX_IDS_PER_REQ = 300
 NEGENTROPY_DEADLINE_SECS = 15.0  # total wall clock for one NIP-77 exchange
 RESIDUAL_FALLBACK_MIN_ADVERTISED = 20
 RESIDUAL_FALLBACK_MAX_FRACTION = 0.10
+# After NIP-77, a filter whose events the own relay mostly lacks (more than one id fetch
+# missing, holding at most this fraction of that) is fetched by its REQ pages instead of by
+# id: ten filters of up to 500 events share one paced start, against 300 ids per id fetch.
+FETCH_BY_FILTER_MAX_HELD_FRACTION = 0.10
 QUICK_RECONNECT_SECS = 15 * 60
 DAILY_MIN_SECS = 23 * 3600
 DAILY_MAX_SECS = 25 * 3600

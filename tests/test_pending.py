@@ -15,6 +15,7 @@ from gsync.sync.pending import (
     ResidualDecision,
     SyncMethod,
     decide_residual,
+    fetch_by_filter,
 )
 from gsync.sync.repos import SyncLevel
 from gsync.sync.targets import SyncItems
@@ -478,3 +479,15 @@ def test_splitting_moves_a_large_history_in_few_reqs():
     assert len(received) == 4_000
     # Unsplit, one filter at 80 per page needs 50 REQs; split ten ways about one tenth.
     assert reqs <= 12
+
+
+@pytest.mark.parametrize("need, held, expected", [
+    (0, 0, False),
+    (300, 0, False),  # one id fetch does it
+    (301, 0, True),  # a fresh own relay: pages
+    (1000, 100, True),
+    (1000, 101, False),  # the REQ would bring back too much of what is held
+    (19_800, 20_000, False),  # the 99 % case: by id
+])
+def test_fetch_by_filter_when_the_own_relay_lacks_most_of_it(need, held, expected):
+    assert fetch_by_filter(need, held) is expected

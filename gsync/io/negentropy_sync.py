@@ -33,6 +33,7 @@ class NegentropyOutcome:
     bytes_down: int = 0
     reason: str = ""
     own_relay_failed: bool = False
+    held: int = 0  # events of the filter the own relay holds
 
 
 def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batch_id: int,
@@ -44,6 +45,7 @@ def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batc
                                     own_relay_failed=True)
     else:
         outcome = exchange(conn, token, flt, items + list(extra_items), deadline_secs)
+        outcome.held = len(items)
     post(NegentropyFinished(conn.relay, conn.session, batch_id, token, flt, outcome))
 
 

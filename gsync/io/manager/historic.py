@@ -11,7 +11,7 @@ from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...protocol.filters import Filter
 from ...sync import filter_plan
-from ...sync.pending import PendingBatch, ResidualDecision, SyncMethod
+from ...sync.pending import PendingBatch, ResidualDecision, SyncMethod, fetch_by_filter
 from ...sync.relay_state import ConnectionStatus, RelayState
 from ...sync.targets import PendingItems
 from .. import negentropy_sync
@@ -298,18 +298,28 @@ class HistoricSync:
             expected = set().union(*(b.advertised_ids for b in state.pending.values()))
             need = set(result.need_ids) - self.seen.keys() - expected
             log.debug("negentropy_done", relay=state.url, batch_id=batch.batch_id, need=len(need),
-                      have=len(result.have_ids), rounds=result.rounds)
-            batch.expect_ids(need)
+                      have=len(result.have_ids), rounds=result.rounds, held=result.held)
+            if fetch_by_filter(len(need), result.held):
+                log.debug("negentropy_fetch_by_filter", relay=state.url, batch_id=batch.batch_id,
+                          need=len(need), held=result.held)
+                batch.fetch_by_filter.append(msg.filter)
+            else:
+                batch.expect_ids(need)
         else:
             if result.own_relay_failed:
                 log.warning("negentropy_own_relay_unavailable", relay=state.url, reason=result.reason)
             else:
                 self.disable_negentropy(state, result.reason)
             self.queue_reqs(state, batch, [msg.filter], front=True)
-        if batch.advertised_ids and not any(sub.startswith("neg") for sub in batch.outstanding_subs):
+        if not any(sub.startswith("neg") for sub in batch.outstanding_subs):
             # The batch's last exchange: fetch everything it found at once, in as few REQs
-            # as the 300-id cap allows (each REQ start is paced).
-            self.queue_id_fetches(state, batch, batch.advertised_ids - self.seen.keys())
+            # as the caps allow (each REQ start is paced): mostly-missing filters by their
+            # pages, sharing REQs, the rest by id, 300 a REQ.
+            if batch.fetch_by_filter:
+                filters, batch.fetch_by_filter = batch.fetch_by_filter, []
+                self.queue_reqs(state, batch, filters)
+            if batch.advertised_ids:
+                self.queue_id_fetches(state, batch, batch.advertised_ids - self.seen.keys())
         self.pump_historic(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
