@@ -312,3 +312,26 @@ def test_fuzz_message_shaped_json(items):
 @given(st.text(alphabet=st.characters(exclude_categories=()) | st.sampled_from('[]{}",:\\')))
 def test_fuzz_json_punctuation_soup(text):
     _assert_total(text)
+
+
+# -- the plain OK shortcut agrees with the full parser ----------------------------------
+
+_ok_ids = st.text("0123456789abcdefABCDEF", min_size=63, max_size=65)
+_ok_texts = st.sampled_from(['""', '"duplicate: have it"', '"x"', "null", '""'])
+_ok_flags = st.sampled_from(["true", "false", "1", '"true"'])
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ok_ids, _ok_flags, _ok_texts, st.booleans())
+def test_plain_ok_shortcut_gives_what_the_full_parser_gives(event_id, flag, text, as_bytes):
+    frame = f'["OK","{event_id}",{flag},{text}]'
+    full = m.parse_relay_message(" " + frame)  # leading space: JSON, never the shortcut
+    fast = m.parse_relay_message(frame.encode() if as_bytes else frame)
+    assert fast == full
+
+
+def test_plain_ok_shortcut_takes_the_common_answer():
+    frame = f'["OK","{EID}",true,""]'
+    assert m._plain_ok(frame) == m.Ok(EID, True, m.Prefix.NONE, "")
+    assert m._plain_ok(frame.encode()) == m.Ok(EID, True, m.Prefix.NONE, "")
+    assert m._plain_ok(frame.replace("true", "false")[:-1] + "]") is None

@@ -289,8 +289,29 @@ def _decode(frame: str | bytes) -> list:
     return items
 
 
+# The own relay answers every delivered event with exactly this: read it without JSON.
+_PLAIN_OK_HEAD, _PLAIN_OK_TAIL, _PLAIN_OK_SIZE = '["OK","', '",true,""]', 7 + 64 + 10
+
+
+def _plain_ok(frame: str | bytes) -> Ok | None:
+    """``["OK","<id>",true,""]`` exactly, or None (then the full parser decides)."""
+    if len(frame) != _PLAIN_OK_SIZE:
+        return None
+    if isinstance(frame, (bytes, bytearray)):
+        frame = frame.decode("ascii", "replace")
+    elif not isinstance(frame, str):
+        return None
+    if not (frame.startswith(_PLAIN_OK_HEAD) and frame.endswith(_PLAIN_OK_TAIL)):
+        return None
+    event_id = frame[7:71]
+    return Ok(event_id, True, Prefix.NONE, "") if _HEX64.match(event_id) else None
+
+
 def parse_relay_message(frame: str | bytes) -> Message | Malformed:
     """One websocket frame from a relay → a typed message, or ``Malformed``. Never raises."""
+    ok = _plain_ok(frame)
+    if ok is not None:
+        return ok
     try:
         items = _decode(frame)
         parser = _PARSERS.get(items[0]) if isinstance(items[0], str) else None
