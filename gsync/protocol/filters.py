@@ -156,9 +156,6 @@ class FilterSet:
             else:
                 self._always.append(i)
 
-    def __len__(self) -> int:
-        return len(self.filters)
-
     def matching(self, event: Event) -> tuple[int, ...]:
         """Indices of the filters ``event`` matches, in order."""
         candidates = list(self._always)
