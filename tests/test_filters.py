@@ -247,9 +247,10 @@ def test_filter_set_matches_exactly_like_each_filter(filters, event):
 
 
 def test_filter_set_checks_only_candidate_filters():
-    filters = [Filter.make(tags={"E": [f"{i:064x}" for i in range(k * 10, k * 10 + 10)]})
+    # kinds make each filter more than its index can decide, so a candidate is checked
+    filters = [Filter.make(kinds=[1], tags={"E": [f"{i:064x}" for i in range(k * 10, k * 10 + 10)]})
                for k in range(10)]
-    event = make_event(tags=(("E", f"{42:064x}"),))
+    event = make_event(kind=1, tags=(("E", f"{42:064x}"),))
     checked = []
 
     class Counting(Filter):
@@ -260,3 +261,15 @@ def test_filter_set_checks_only_candidate_filters():
     counting = [Counting(*(getattr(f, n) for n in Filter.__slots__)) for f in filters]
     assert FilterSet(counting).matching(event) == (4,)
     assert checked == [counting[4]]
+
+
+def test_filter_set_decides_single_tag_filters_from_its_index():
+    one_tag = Filter.make(tags={"e": ["1" * 64]}, since=995, until=1005)
+    filters = FilterSet([one_tag, Filter.make(ids=["2" * 64], until=1000)])
+    assert filters.matching(make_event(id="2" * 64, created_at=1000, tags=(("e", "1" * 64),))) == (0, 1)
+    assert filters.matching(make_event(id="2" * 64, created_at=1001, tags=(("e", "1" * 64),))) == (0,)
+    assert filters.matching(make_event(created_at=995, tags=(("e", "1" * 64),))) == (0,)
+    assert filters.matching(make_event(created_at=1005, tags=(("e", "1" * 64),))) == (0,)
+    assert filters.matching(make_event(created_at=1006, tags=(("e", "1" * 64),))) == ()
+    assert filters.matching(make_event(created_at=994, tags=(("e", "1" * 64), ("e", "2" * 64)))) == ()
+    assert filters.matching(make_event(created_at=1000, tags=(("E", "1" * 64),))) == ()

@@ -38,6 +38,9 @@ FINAL_REFUSALS = {
 CONNECT_TIMEOUT_SECS = 10.0
 MAX_RETRY_DELAY_SECS = 60.0
 MAX_RATE_PAUSE_SECS = 30.0
+# While more than half a lane's window is unanswered, its reader pauses this long between
+# reads so that OKs are handled in bursts (a relay writes them one by one as it stores).
+OK_COALESCE_SECS = 0.025
 
 
 class _Lane:
@@ -219,6 +222,10 @@ class OwnRelayDelivery:
                     elif isinstance(msg, wire.AuthChallenge):
                         lane.challenge = msg.challenge
                 self._count_delivered()
+                if len(lane.in_flight) > self._refill_at:
+                    # Nothing waits on these answers until half the window is back: let a
+                    # few more arrive and read them together (one wake-up instead of many).
+                    gevent.sleep(OK_COALESCE_SECS)
         except Exception:
             pass
         finally:
@@ -239,7 +246,8 @@ class OwnRelayDelivery:
 
     def _on_ok(self, lane: _Lane, ok: wire.Ok) -> None:
         entry = lane.in_flight.pop(ok.event_id, None)
-        lane.wake.set()
+        if len(lane.in_flight) <= self._refill_at:
+            lane.wake.set()  # the sender refills only then: waking it earlier is wasted work
         if entry is None:
             return
         event = entry[0]

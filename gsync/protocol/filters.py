@@ -137,24 +137,31 @@ class FilterSet:
     ``matching`` gives the same answer as ``[i for i, f in enumerate(filters) if f.matches(e)]``.
     """
 
-    __slots__ = ("filters", "_by_id", "_by_tag", "_always")
+    __slots__ = ("filters", "_by_id", "_by_tag", "_always", "_left")
 
     def __init__(self, filters):
         self.filters = tuple(filters)
         self._by_id: dict[str, list[int]] = {}
         self._by_tag: dict[str, dict[str, list[int]]] = {}
         self._always: list[int] = []
+        # What is left to check once the index found a filter: (since, until) when that is
+        # all (the usual historic filter: one tag, perhaps a page's until), else None.
+        self._left: list[tuple[int | None, int | None] | None] = []
         for i, f in enumerate(self.filters):
             if f.ids is not None:
                 for value in f.ids:
                     self._by_id.setdefault(value, []).append(i)
+                decided = f.authors is None and f.kinds is None and not f.tags
             elif f.tags:
                 name, values = f.tags[0]
                 index = self._by_tag.setdefault(name, {})
                 for value in values:
                     index.setdefault(value, []).append(i)
+                decided = f.authors is None and f.kinds is None and len(f.tags) == 1
             else:
                 self._always.append(i)
+                decided = False
+            self._left.append((f.since, f.until) if decided else None)
 
     def matching(self, event: Event) -> tuple[int, ...]:
         """Indices of the filters ``event`` matches, in order."""
@@ -162,15 +169,26 @@ class FilterSet:
         found = self._by_id.get(event.id)
         if found:
             candidates += found
-        if self._by_tag:
-            for name, values in event.tag_index().items():
-                index = self._by_tag.get(name)
-                if index:
-                    for value in values:
-                        found = index.get(value)
+        by_tag = self._by_tag
+        if by_tag:
+            for tag in event.tags:
+                if len(tag) >= 2:
+                    index = by_tag.get(tag[0])
+                    if index is not None:
+                        found = index.get(tag[1])
                         if found:
                             candidates += found
+        if not candidates:
+            return ()
         if len(candidates) > 1:
             candidates = sorted(set(candidates))
-        filters = self.filters
-        return tuple(i for i in candidates if filters[i].matches(event))
+        created_at = event.created_at
+        out = []
+        for i in candidates:
+            left = self._left[i]
+            if left is None:
+                if self.filters[i].matches(event):
+                    out.append(i)
+            elif (left[0] is None or created_at >= left[0]) and (left[1] is None or created_at <= left[1]):
+                out.append(i)
+        return tuple(out)
