@@ -1,6 +1,7 @@
 """NIP-01 filter matching, the JSON form and the tag-value budget measure."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -258,7 +259,8 @@ def test_filter_set_checks_only_candidate_filters():
             checked.append(self)
             return super().matches(e)
 
-    counting = [Counting(*(getattr(f, n) for n in Filter.__slots__)) for f in filters]
+    counting = [Counting(*(getattr(f, fl.name) for fl in dataclasses.fields(Filter) if fl.init))
+                for f in filters]
     assert FilterSet(counting).matching(event) == (4,)
     assert checked == [counting[4]]
 
@@ -273,3 +275,11 @@ def test_filter_set_decides_single_tag_filters_from_its_index():
     assert filters.matching(make_event(created_at=1006, tags=(("e", "1" * 64),))) == ()
     assert filters.matching(make_event(created_at=994, tags=(("e", "1" * 64), ("e", "2" * 64)))) == ()
     assert filters.matching(make_event(created_at=1000, tags=(("E", "1" * 64),))) == ()
+
+
+def test_a_replaced_filter_is_encoded_afresh():
+    first = Filter.make(kinds=[1], tags={"e": ["1" * 64]})
+    assert first.to_json() == '{"kinds":[1],"#e":["' + "1" * 64 + '"]}'
+    page = first.replace(until=5)
+    assert json.loads(page.to_json()) == {"kinds": [1], "#e": ["1" * 64], "until": 5}
+    assert page != first and first.replace(until=None) == first

@@ -243,6 +243,25 @@ def test_builders_write_compact_json():
     assert m.neg_close("n1") == '["NEG-CLOSE","n1"]'
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.text(max_size=20),
+    st.lists(st.builds(
+        Filter.make,
+        kinds=st.none() | st.lists(st.integers(0, 40000), max_size=3),
+        tags=st.dictionaries(st.sampled_from("adeEq"), st.lists(st.text(max_size=8), max_size=3), max_size=2),
+        until=st.none() | st.integers(0, 2**40),
+    ), min_size=1, max_size=4),
+)
+def test_req_is_the_json_array_of_its_parts(sub_id, filters):
+    for flt in filters[:1]:
+        flt.to_json()  # a filter encoded earlier (cached) reads the same
+    expected = json.dumps(["REQ", sub_id, *(f.to_dict() for f in filters)],
+                          ensure_ascii=False, separators=(",", ":"))
+    assert m.req(sub_id, filters) == expected
+    assert json.loads(m.neg_open(sub_id, filters[0], "61")) == ["NEG-OPEN", sub_id, filters[0].to_dict(), "61"]
+
+
 def test_req_needs_a_filter():
     with pytest.raises(ValueError):
         m.req("s1", [])

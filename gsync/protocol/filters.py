@@ -26,6 +26,9 @@ class Filter:
     since: int | None = None
     until: int | None = None
     limit: int | None = None
+    # the JSON form, made on first use: a filter of 489 ids is sized, packed and sent as a
+    # REQ, and encoding it each time showed in profiles (``replace`` starts without it)
+    _json: str | None = field(default=None, init=False, compare=False, hash=False, repr=False)
 
     @classmethod
     def make(cls, *, ids=None, authors=None, kinds=None, tags=None, since=None, until=None, limit=None):
@@ -88,7 +91,11 @@ class Filter:
         return out
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
+        text = self._json
+        if text is None:
+            text = json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
+            object.__setattr__(self, "_json", text)
+        return text
 
     def tag_value_bytes(self) -> int:
         """Serialized size of the tag values (the quantity the 32 KB budget bounds).

@@ -326,15 +326,15 @@ def parse_relay_message(frame: str | bytes) -> Message | Malformed:
 # -- client → relay ---------------------------------------------------------------------
 
 
-def _dump(items: list) -> str:
-    return json.dumps(items, ensure_ascii=False, separators=(",", ":"))
+def _dump(value) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def req(sub_id: str, filters: Iterable[Filter]) -> str:
-    filter_dicts = [f.to_dict() for f in filters]
-    if not filter_dicts:
+    filter_texts = [f.to_json() for f in filters]
+    if not filter_texts:
         raise ValueError("a REQ needs at least one filter")
-    return _dump(["REQ", sub_id, *filter_dicts])
+    return f'["REQ",{_dump(sub_id)},{",".join(filter_texts)}]'
 
 
 def close(sub_id: str) -> str:
@@ -352,7 +352,7 @@ def auth(ev: Event) -> str:
 
 
 def neg_open(sub_id: str, flt: Filter, message_hex: str) -> str:
-    return _dump(["NEG-OPEN", sub_id, flt.to_dict(), message_hex])
+    return f'["NEG-OPEN",{_dump(sub_id)},{flt.to_json()},{_dump(message_hex)}]'
 
 
 def neg_msg(sub_id: str, message_hex: str) -> str:

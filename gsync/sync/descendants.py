@@ -29,8 +29,9 @@ def full_root_ids(repo_index) -> set[str]:
 def is_direct_member(event: Event, root_ids: set[str]) -> bool:
     if event.id in root_ids:
         return False
-    index = event.tag_index()
-    return any(not root_ids.isdisjoint(index.get(name, ())) for name in REFERENCE_TAGS)
+    return any(
+        len(tag) >= 2 and tag[0] in REFERENCE_TAGS and tag[1] in root_ids for tag in event.tags
+    )
 
 
 def new_members(events: Iterable[Event], root_ids: set[str], known: set[str]) -> set[str]:
