@@ -76,3 +76,13 @@ MAX_FRAME_BYTES = 4 * MAX_MESSAGE_BYTES
 JUNK_DISCONNECT_THRESHOLD = 50  # malformed frames in a row before we hang up
 MAX_RELAYS_PER_ANNOUNCEMENT = 16
 MAX_RELAYS_TOTAL = 500  # [network] max_relays
+
+# Delivery backlog (events received, not yet answered by the own relay; INI
+# sync.delivery_max_backlog). Relay connections stop reading at the limit (their sockets
+# then push back on the relays) and read again below 90 % of it; historic starts wait while
+# it is above a quarter of it. Each connection may have one read burst (256 KiB, a few
+# hundred events) in hand when the limit is reached, so an event is dropped for backlog
+# only past twice the limit plus DELIVERY_BACKLOG_SLACK: a safety net, not a path.
+DELIVERY_MAX_BACKLOG = 200_000
+DELIVERY_HIGH_WATER_FRACTION = 0.25
+DELIVERY_BACKLOG_SLACK = 10_000

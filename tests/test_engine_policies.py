@@ -88,14 +88,23 @@ def test_announcement_in_purgatory_gets_state_only(relay_factory, gsync_factory,
 
 def test_subscription_budget_is_kept_by_consolidating(relay_factory, gsync_factory, scripted):
     """A relay allowing 6 subscriptions (NIP-11): new roots keep adding live coverage, gsync
-    consolidates instead of exceeding the budget, and live events still arrive."""
+    consolidates instead of exceeding the budget, and live events still arrive. An event
+    stored while the live subscriptions are swapped (after our CLOSE, before the new REQ)
+    reaches no live subscription: the catch-up after the consolidation must fetch it."""
     peak = {"open": 0}
     lock = threading.Lock()
+    in_the_gap = []
 
     def count_open(relay, conn, message):
         if isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 1:
             with lock:
                 peak["open"] = max(peak["open"], len(set(conn.subs) | {message[1]}))
+        if (isinstance(message, list) and message[:1] == ["CLOSE"] and len(message) > 1
+                and str(message[1]).startswith("live-") and roots and not in_the_gap):
+            gap = f.comment(f.Author.named("dave"), roots[0], content="stored during the swap",
+                            created_at=int(time.time()))
+            in_the_gap.append(gap)
+            relay.add(gap)  # stored only: no open subscription is sent it
         return None
 
     own = relay_factory()
@@ -104,10 +113,10 @@ def test_subscription_budget_is_kept_by_consolidating(relay_factory, gsync_facto
     repo = our_announcement(own, [remote], d="budgeted")
     remote.add(repo)
     publish(own.url, [repo])
+    roots = []
     gsync = gsync_factory(own, [remote])
     wait_until(lambda: [r["status"] for r in gsync.status()["relays"]] == ["connected"],
                timeout=40, what="first sync")
-    roots = []
     for round_ in range(6):  # each round: new roots on the own relay → new live coverage
         batch = [f.issue(bob, repo, subject=f"round {round_} issue {i}") for i in range(2)]
         publish(own.url, batch)
@@ -122,6 +131,8 @@ def test_subscription_budget_is_kept_by_consolidating(relay_factory, gsync_facto
     remote.broadcast(early)
     assert_arrives(own, [late, early], timeout=30, what="live comments after consolidation")
     assert 4 <= peak["open"] <= 6, peak  # the budget was used, never exceeded
+    assert in_the_gap, "no live subscription was closed"
+    assert_arrives(own, in_the_gap, timeout=30, what="the comment stored during the swap")
 
 
 def test_quick_reconnect_catches_up_what_was_published_while_away(relay_factory, gsync_factory,

@@ -69,7 +69,7 @@ def test_live_event_published_after_sync_arrives(relay_factory, gsync_factory):
                     for r in gsync.status()["relays"]),
         timeout=30, what="live subscriptions",
     )
-    wait_until(lambda: gsync.status()["relays"][0]["status"] == "connected", timeout=30,
+    wait_until(lambda: gsync.status()["relays"][0]["status"] == "connected", timeout=120,
                what="historic sync complete")
     late = f.issue(bob, repo, subject="found after sync")
     publish(remote.url, [late])
@@ -118,6 +118,45 @@ def test_own_relay_restart_mid_sync_loses_nothing(relay_factory, gsync_factory, 
     own.start()  # same port, same database
     assert_arrives(own, issues, timeout=120, what="every issue after the restart")
     assert gsync.proc.poll() is None
+
+
+def test_a_full_delivery_backlog_pushes_back_instead_of_dropping(relay_factory, gsync_factory):
+    # An own relay slower than the remote and a backlog limit below one page. Historic
+    # pages wait while delivery is behind; a live flood, which no start gates, must be held
+    # by the connection itself: it stops reading at the limit (one read burst of at most
+    # 256 KiB past it) until the own relay catches up. Nothing is dropped.
+    own, remote = relay_factory(write_delay_ms=8), relay_factory()
+    repo = our_announcement(own, [remote], d="backlog")
+    history = [f.issue(bob, repo, subject=f"issue {i}") for i in range(700)]
+    flood = [f.issue(carol, repo, subject=f"live issue {i}") for i in range(1500)]
+    publish(remote.url, [repo, *history])
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"delivery_max_backlog": "100",
+                                                         "negentropy": "false"}})
+    smallest = min(len(e.to_json()) for e in history + flood)
+    bound = 100 + 256 * 1024 // smallest + 1
+    peak = 0
+
+    def delivered(count):
+        def check():
+            nonlocal peak
+            status = gsync.status()
+            peak = max(peak, status["delivery_backlog"])
+            submitted = sum(r["events_delivered"] for r in status["relays"])
+            return submitted >= count and status["delivery_backlog"] == 0
+        return check
+
+    wait_until(delivered(len(history)), timeout=120, interval=0.05, what="the history")
+    assert peak <= bound, f"historic sync: the backlog reached {peak} (bound {bound})"
+    wait_until(lambda: gsync.status()["relays"][0]["status"] == "connected", timeout=120,
+               what="historic sync complete")
+    peak = 0
+    publish(remote.url, flood)
+    wait_until(delivered(len(history) + len(flood)), timeout=120, interval=0.05, what="the flood")
+    assert peak <= bound, f"live flood: the backlog reached {peak} (bound {bound})"
+    assert_arrives(own, history + flood, timeout=30, what="every issue on the own relay")
+    assert gsync.metric("gsync_events_dropped_total", reason="own_relay_backlog_full") == 0
+    assert any(e.get("event") == "delivery_backlog_full" for e in gsync.log_events())
 
 
 def test_replies_to_a_thread_member_are_synced_one_generation_deep(relay_factory, gsync_factory):

@@ -29,13 +29,14 @@ READ_IDLE_TIMEOUT_SECS = 120.0
 SEND_TIMEOUT_SECS = 30.0
 SEND_BATCH = 64  # queued messages joined into one socket write
 CHECKED_CAPACITY = 50_000
+CLOSING_CAPACITY = 1_000  # subscriptions closed by us, awaiting the relay's CLOSED
 
 
 class RelayConnection:
     """A live session. ``subscriptions`` maps sub id → filters, for the filter-match check."""
 
     def __init__(self, relay: str, ws, session: int, post, *, auth_secret: str | None = None,
-                 clock=None, known_ids=frozenset()):
+                 clock=None, known_ids=frozenset(), room=None):
         self.relay = relay
         self.ws = ws
         self.session = session
@@ -43,6 +44,7 @@ class RelayConnection:
         self._auth_secret = auth_secret
         self._clock = clock
         self._known_ids = known_ids  # the manager's dedupe set: only ever read here
+        self._room = room  # set while delivery can take more: reading waits for it
         self._checked: dict[str, None] = {}  # ids this session verified, oldest first
         self.subscriptions: dict[str, FilterSet] = {}
         self.filter_bytes: dict[str, int] = {}  # REQ size per open subscription
@@ -51,7 +53,10 @@ class RelayConnection:
         self._outbox: Queue = Queue()
         self._challenge: str | None = None
         self._auth_retried: set[str] = set()
-        self._closing: set[str] = set()  # CLOSE sent: the relay's CLOSED answer is expected
+        # CLOSE sent, the relay's CLOSED not yet seen: events it sent before reading our
+        # CLOSE (or that were waiting in our socket) are still checked against these filters
+        # and kept, not dropped as "unknown subscription"
+        self._closing: dict[str, FilterSet] = {}
         self._junk_streak = 0
         self._events: list[RemoteEvent] = []  # checked, not yet posted (see _flush_events)
         self._greenlets: list[gevent.Greenlet] = []
@@ -78,10 +83,11 @@ class RelayConnection:
         self.send(text)
 
     def unsubscribe(self, sub_id: str) -> None:
+        filters = self.subscriptions.get(sub_id)
         if self._drop_sub(sub_id):
-            if len(self._closing) > 1000:  # relays that never answer CLOSE
-                self._closing.clear()
-            self._closing.add(sub_id)
+            if len(self._closing) >= CLOSING_CAPACITY:  # relays that never answer CLOSE
+                del self._closing[next(iter(self._closing))]
+            self._closing[sub_id] = filters
             self.send(wire.close(sub_id))
 
     def forget(self, sub_id: str) -> None:
@@ -155,6 +161,12 @@ class RelayConnection:
                         self._junk("binary_frame")
                 self._bytes_down.inc(received)
                 self._flush_events()  # the burst's events: one message to the manager
+                if self._room is not None:
+                    # Let the manager take this burst to delivery first (reading on would
+                    # not yield while the socket has data), then stop reading while
+                    # delivery is full: the socket pushes back on the relay.
+                    gevent.sleep(0)
+                    self._room.wait()
                 if burst[-1][0] == wsframes.OP_CLOSE:
                     reason = "closed by relay"
                     break
@@ -212,7 +224,7 @@ class RelayConnection:
             self._challenge = msg.challenge
         elif isinstance(msg, (wire.Closed, wire.Eose)) and msg.sub_id in self._closing:
             if isinstance(msg, wire.Closed):
-                self._closing.discard(msg.sub_id)  # the answer to our own CLOSE
+                del self._closing[msg.sub_id]  # the answer to our own CLOSE
         elif (
             isinstance(msg, wire.Closed)
             and msg.prefix is wire.Prefix.AUTH_REQUIRED
@@ -223,7 +235,7 @@ class RelayConnection:
             self._emit(RemoteMessage(self.relay, self.session, msg))
 
     def _handle_event(self, msg: wire.RelayEvent) -> None:
-        filters = self.subscriptions.get(msg.sub_id)
+        filters = self.subscriptions.get(msg.sub_id) or self._closing.get(msg.sub_id)
         event_id = msg.event.get("id") if isinstance(msg.event.get("id"), str) else None
         if filters is None:
             self._drop("unknown_subscription", event_id)

@@ -20,13 +20,17 @@ from collections import deque
 import gevent
 import gevent.event
 
+from .. import constants
 from ..ops import metrics
+from ..ops.logging import get_logger
 from ..protocol import messages as wire
 from ..protocol import wsframes
 from ..protocol.event import Event
 from .connection import auth_event
 from .events import DeliveryAnswered, OwnRelayState
 from .ws import connect as ws_connect
+
+log = get_logger("gsync.delivery")
 
 FINAL_REFUSALS = {
     wire.Prefix.INVALID,
@@ -69,7 +73,7 @@ class OwnRelayDelivery:
         window: int = 400,
         frames_per_connection: int = 5000,
         ok_timeout: float = 30.0,
-        max_backlog: int = 200_000,
+        max_backlog: int = constants.DELIVERY_MAX_BACKLOG,
         auth_secret: str | None = None,
         clock=time.monotonic,
         wallclock=time.time,
@@ -81,6 +85,7 @@ class OwnRelayDelivery:
         self._frames_per_connection = frames_per_connection
         self._ok_timeout = ok_timeout
         self._max_backlog = max_backlog
+        self._hard_limit = 2 * max_backlog + constants.DELIVERY_BACKLOG_SLACK
         self._auth_secret = auth_secret
         self._clock = clock
         self._wallclock = wallclock
@@ -95,6 +100,9 @@ class OwnRelayDelivery:
         self._down_since: float | None = None
         self._idle = gevent.event.Event()
         self._idle.set()
+        # Set while the backlog has room: relay connections wait on it before reading more.
+        self.room = gevent.event.Event()
+        self.room.set()
         self._bytes_up = metrics.BYTES_UP.labels("own")
         self._outcomes: dict = {}
         self._delivered_uncounted = 0
@@ -106,12 +114,21 @@ class OwnRelayDelivery:
         self._greenlets.append(gevent.spawn(self._retry_loop))
 
     def submit(self, event: Event) -> bool:
-        """Queue an event for delivery. False if it is already tracked or the backlog is full."""
+        """Queue an event for delivery. False if it is already tracked, or if the backlog is
+        past its hard limit (connections stop reading at ``max_backlog``, so beyond it come
+        only bursts already read, one per connection at most): that drop is counted and
+        logged."""
         if event.id in self._tracked:
             return False
-        if len(self._tracked) >= self._max_backlog:
-            metrics.DROPS.labels("own_relay_backlog_full").inc()
-            return False
+        backlog = len(self._tracked)
+        if backlog >= self._max_backlog:
+            if self.room.is_set():
+                log.warning("delivery_backlog_full", backlog=backlog, limit=self._max_backlog)
+                self.room.clear()
+            if backlog >= self._hard_limit:
+                metrics.DROPS.labels("own_relay_backlog_full").inc()
+                log.warning("event_dropped", reason="own_relay_backlog_full", event_id=event.id)
+                return False
         self._tracked[event.id] = event
         self._queue.append(event)
         self._idle.clear()
@@ -278,6 +295,9 @@ class OwnRelayDelivery:
     def _finish(self, event: Event, outcome: str, reason: str) -> None:
         self._tracked.pop(event.id, None)
         self._attempts.pop(event.id, None)
+        if not self.room.is_set() and len(self._tracked) < self._max_backlog * 0.9:
+            log.info("delivery_backlog_has_room", backlog=len(self._tracked))
+            self.room.set()
         if outcome == "delivered":
             self._delivered_uncounted += 1  # counted once per read burst (_count_delivered)
         else:

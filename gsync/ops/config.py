@@ -46,6 +46,7 @@ class SyncConfig:
     handshake_workers: int = constants.HANDSHAKE_WORKERS
     recovery_base_secs: float = constants.RECOVERY_BASE_SECS
     background_start_interval_ms: int = int(constants.PROACTIVE_GATE_SECS * 1000)
+    delivery_max_backlog: int = constants.DELIVERY_MAX_BACKLOG
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class Config:
                 "handshake_workers": self.sync.handshake_workers,
                 "recovery_base_secs": _format_number(self.sync.recovery_base_secs),
                 "background_start_interval_ms": self.sync.background_start_interval_ms,
+                "delivery_max_backlog": self.sync.delivery_max_backlog,
             },
             "network": {
                 "allow_private_addresses": str(self.network.allow_private_addresses),
@@ -240,6 +242,7 @@ _SCHEMA: dict[str, dict[str, tuple[Callable[[str], object], str | None]]] = {
         "background_start_interval_ms": (
             _int_in(0, 60_000), str(int(constants.PROACTIVE_GATE_SECS * 1000))
         ),
+        "delivery_max_backlog": (_int_in(100, 10_000_000), str(constants.DELIVERY_MAX_BACKLOG)),
     },
     "network": {
         "allow_private_addresses": (AddressPolicy.parse, "false"),

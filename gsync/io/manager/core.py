@@ -72,8 +72,11 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.rejected_saved_at = 0.0
         self.recovery = MissingEventRecovery(base_delay=sync.recovery_base_secs)
         self.delivery = delivery or OwnRelayDelivery(
-            svc.own_relay, self.post, auth_secret=config.auth.secret_key
+            svc.own_relay, self.post, auth_secret=config.auth.secret_key,
+            max_backlog=sync.delivery_max_backlog,
         )
+        # historic starts wait while delivery is this far behind
+        self.backlog_high_water = int(sync.delivery_max_backlog * constants.DELIVERY_HIGH_WATER_FRACTION)
         self.self_sub = SelfSubscriber(svc.own_relay, self.post, log, clock=clock)
         self.handshakes = HandshakePool(
             self.post, net.allow_private_addresses, workers=sync.handshake_workers
@@ -81,6 +84,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.own_batch: list = []
         self.own_window_open = False
         self.own_down_since: float | None = None
+        self.historic_held = False  # historic starts wait for delivery to catch up
         self.ready = False
         self.on_ready = on_ready
         self.seen: dict[str, None] = {}
@@ -213,6 +217,10 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
                 log.info("daily_sync", relay=state.url)
                 state.status = ConnectionStatus.SYNCING
                 self.fresh_start(state, now)
+        if self.historic_held and self.delivery.backlog < self.backlog_high_water:
+            self.historic_held = False
+            for state in self.relays.values():
+                self.pump_historic(state)
         self.run_recovery(now)
         self.run_polls(now)
         self.run_descendants(now)

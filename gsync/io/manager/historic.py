@@ -85,9 +85,13 @@ class HistoricSync:
         Every historic, pagination, id-fetch and retry start is a background start: the
         health tracker's gates space them (1 s per connection, longer after a rate-limit
         refusal, none during a cooldown). Nothing starts while the own relay is down: what
-        would be fetched could not be delivered (the catch-up after the outage covers it).
+        would be fetched could not be delivered (the catch-up after the outage covers it);
+        nor while delivery is more than a quarter of its backlog limit behind.
         """
         if not state.connected or self.own_down_since is not None:
+            return
+        if self.delivery.backlog >= self.backlog_high_water:
+            self.historic_held = True  # the tick pumps again once delivery caught up
             return
         budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
         room = budget.max_subscriptions - len(state.live_subs) - 1

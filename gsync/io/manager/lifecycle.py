@@ -100,7 +100,7 @@ class RelayLifecycle:
         state.page_cap = PageCap()  # learnt again: the relay may have changed
         state.conn = RelayConnection(
             msg.relay, msg.ws, state.session, self.post, auth_secret=self.config.auth.secret_key,
-            known_ids=self.seen,
+            known_ids=self.seen, room=self.delivery.room,
         )
         state.conn.start()
         state.status = ConnectionStatus.SYNCING
@@ -173,6 +173,16 @@ class RelayLifecycle:
             return
         self.subscribe_live(state, filter_plan.live(filters), items)
         self.start_historic(state, items if confirm else PendingItems(), filters)
+
+    def catch_up(self, state: RelayState, items: PendingItems, since: int) -> None:
+        """Historic only, confirming nothing: what ``items``' live subscriptions (still open,
+        or just replaced) may have missed since ``since``, and layer 1 with it."""
+        self.start_historic(state, PendingItems(), [filter_plan.layer1_filter(since)])
+        filters = self.filters_for(state, items, since)
+        if state.members:
+            filters += [f.replace(since=since) for f in self.descendant_filters_for(state, state.members)]
+        if filters:
+            self.start_historic(state, PendingItems(), filters)
 
     def filters_for(self, state: RelayState, items: PendingItems, since: int | None):
         budget = filter_plan.tag_value_budget(state.limits)

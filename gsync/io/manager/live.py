@@ -82,7 +82,9 @@ class LiveCoverage:
         The design waits for pending batches first; here live coverage is rebuilt from
         confirmed *and* pending items at once (plus ``adding``, the items whose arrival
         triggered this), so nothing in flight loses its live stream. What does not fit the
-        relay's budget is polled (logged).
+        relay's budget is polled (logged). Events the old subscriptions had already sent are
+        kept (the connection still knows their filters until the relay's CLOSED); the
+        moment between the swap is fetched again, with the usual 15-minute overlap.
         """
         for sub_id in [s for s, sub in state.live_subs.items() if not sub.control]:
             del state.live_subs[sub_id]
@@ -97,6 +99,9 @@ class LiveCoverage:
         groups = filter_plan.pack_into_reqs(live, state.limits)
         budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
         self.open_live_groups(state, groups, slots=budget.live_slots)
+        # Between our CLOSEs and the new REQs the relay sends nothing new: fetch that gap
+        # (SPEC §4 asks this of layer 1; every layer has the same gap).
+        self.catch_up(state, wanted, int(self.clock()) - constants.RECONNECT_OVERLAP_SECS)
         log.info("consolidated", relay=state.url, live_subscriptions=len(state.live_subs) - 1,
                  polled_filters=len(state.polled))
 

@@ -53,7 +53,9 @@ class OwnRelaySide:
         if len(self.seen) > SEEN_CAPACITY:
             for old in itertools.islice(list(self.seen), SEEN_CAPACITY // 10):
                 del self.seen[old]
-        self.delivery.submit(event)
+        if not self.delivery.submit(event) and not self.delivery.is_tracked(event.id):
+            del self.seen[event.id]  # dropped for backlog (counted): a later copy may go through
+            return
         if state is not None:
             state.events_delivered += 1
 
@@ -132,10 +134,8 @@ class OwnRelaySide:
         # Catch up everything that may have been held back or dropped while it was down.
         catch_up = int(since) - constants.RECONNECT_OVERLAP_SECS
         for state in self.relays.values():
-            if state.connected:
-                self.start_historic(state, PendingItems(), [filter_plan.layer1_filter(catch_up)])
-                if state.confirmed:
-                    self.start_sync(state, state.confirmed.copy(), since=catch_up, confirm=False)
+            if state.connected:  # its live subscriptions stayed open: history only
+                self.catch_up(state, state.confirmed.copy(), catch_up)
 
     def on_delivery_answered(self, msg: DeliveryAnswered) -> None:
         now = self.clock()
