@@ -154,3 +154,36 @@ def test_quick_reconnect_catches_up_what_was_published_while_away(relay_factory,
     assert_arrives(own, [missed], timeout=40, what="the catch-up after a quick reconnect")
     connects = [e for e in gsync.log_events() if e["event"] == "relay_connected"]
     assert [e["fresh_start"] for e in connects] == [True, False]
+
+
+def test_addfilters_waiting_for_the_pacing_gate_share_their_reqs(relay_factory, gsync_factory, scripted):
+    """Roots arriving in two self-subscription batches while the relay's pacing gate holds
+    the first batch's REQ: the second joins it, and one historic REQ carries both."""
+    own = relay_factory()
+    remote = scripted(page_size=500)
+    repo = our_announcement(own, [remote], d="coalesce")
+    remote.add(repo)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"background_start_interval_ms": "6000",
+                                                         "negentropy": "false"}})
+    wait_until(lambda: [r["status"] for r in gsync.status()["relays"]] == ["connected"],
+               timeout=60, what="first sync")
+    rounds = []
+    for round_ in range(3):  # the first starts at once and closes the gate for 6 s
+        batch = [f.issue(bob, repo, subject=f"round {round_} issue {i}") for i in range(3)]
+        publish(own.url, batch)
+        rounds.append({e.id for e in batch})
+        time.sleep(1.5)  # past the 0.5 s batch window: one AddFilters per round
+    late = rounds[1] | rounds[2]
+
+    def historic_reqs_with_late_roots():
+        found = []
+        for _, filters in remote.reqs():
+            values = {v for flt in filters if "limit" not in flt for v in flt.get("#e", [])}
+            if values & late:
+                found.append(values)
+        return found
+
+    wait_until(lambda: historic_reqs_with_late_roots(), timeout=30, what="a historic REQ for the later roots")
+    assert any(late <= values for values in historic_reqs_with_late_roots()), \
+        "the second and third batch did not share the REQ that waited for the gate"

@@ -284,6 +284,10 @@ class PendingBatch:
     residual_retried: bool = False
     # filters NIP-77 found mostly missing: fetched by REQ after the last exchange
     fetch_by_filter: list[Filter] = field(default_factory=list)
+    # An AddFilters batch whose REQs all still wait for the pacing gate may take in the next
+    # AddFilters (``coalescable``), so that their filters share REQs; ``started`` ends that.
+    coalescable: bool = False
+    started: bool = False
     _retry_asked: int = 0  # residual size when the retry started
 
     # -- subscriptions

@@ -36,10 +36,22 @@ class HistoricSync:
     """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
 
     def start_historic(self, state: RelayState, items: PendingItems, filters, layer1=False,
-                       recovery=False) -> PendingBatch:
+                       recovery=False, coalesce=False) -> PendingBatch:
         """A PendingBatch for ``filters``: NIP-77 per filter where the relay allows it (full
-        history only: a ``since`` catch-up is cheaper as a REQ), else grouped REQ+EOSE."""
+        history only: a ``since`` catch-up is cheaper as a REQ), else grouped REQ+EOSE.
+
+        ``coalesce`` (AddFilters): when an earlier AddFilters batch on this relay has not
+        started any REQ yet (the pacing gate holds it), this one joins it instead, and their
+        filters are packed together: fewer, fuller REQs for the same paced starts. Its items
+        then confirm with that batch, as if both had come in one AddFilters."""
+        if coalesce and not self.use_negentropy(state, filters):
+            waiting = next((b for b in reversed(state.pending.values())
+                            if b.coalescable and not b.started), None)
+            if waiting is not None:
+                self.coalesce_into(state, waiting, items, filters)
+                return waiting
         batch = PendingBatch(next(self._ids), items)
+        batch.coalescable = coalesce
         batch.layer1 = layer1
         batch.recovery = recovery
         batch.semantic_filters = list(filters)
@@ -57,6 +69,19 @@ class HistoricSync:
         if batch.is_complete:
             self.finish_batch(state, batch)
         return batch
+
+    def coalesce_into(self, state: RelayState, batch: PendingBatch, items: PendingItems, filters) -> None:
+        """Add an AddFilters to a batch none of whose REQs started, and pack them anew."""
+        batch.items.add(items)
+        batch.semantic_filters += filters
+        queued = set(batch.outstanding_subs)
+        state.historic_queue = [e for e in state.historic_queue if e[0] not in queued]
+        for sub_id in queued:
+            batch.finish_subscription(sub_id)
+            state.sub_to_batch.pop(sub_id, None)
+        self.queue_reqs(state, batch, batch.semantic_filters)
+        log.debug("batch_coalesced", relay=state.url, batch_id=batch.batch_id,
+                  filters=len(batch.semantic_filters))
 
     def use_negentropy(self, state: RelayState, filters) -> bool:
         return (
@@ -115,6 +140,9 @@ class HistoricSync:
             if open_historic and state.conn.open_filter_bytes + size > constants.MAX_OPEN_FILTER_BYTES:
                 return  # wait for a historic REQ to finish and free room
             state.historic_queue.pop(0)
+            started = state.pending.get(state.sub_to_batch[sub_id])
+            if started is not None:
+                started.started = True  # from now on it takes in no other AddFilters
             self.health.record_start(state.url, now, background=True)
             if sub_id.startswith("neg"):
                 self.start_negentropy(state, sub_id, group[0])

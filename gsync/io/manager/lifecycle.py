@@ -172,7 +172,7 @@ class RelayLifecycle:
         if not filters:
             return
         self.subscribe_live(state, filter_plan.live(filters), items)
-        self.start_historic(state, items if confirm else PendingItems(), filters)
+        self.start_historic(state, items if confirm else PendingItems(), filters, coalesce=True)
 
     def catch_up(self, state: RelayState, items: PendingItems, since: int) -> None:
         """Historic only, confirming nothing: what ``items``' live subscriptions (still open,
