@@ -51,7 +51,6 @@ class HistoricSync:
                 self.coalesce_into(state, waiting, items, filters)
                 return waiting
         batch = PendingBatch(next(self._ids), items)
-        batch.coalescable = coalesce
         batch.layer1 = layer1
         batch.recovery = recovery
         batch.semantic_filters = list(filters)
@@ -64,6 +63,7 @@ class HistoricSync:
                 state.sub_to_batch[token] = batch.batch_id
                 state.historic_queue.append((token, [flt]))
         else:
+            batch.coalescable = coalesce  # NIP-77 batches never take in REQ work
             self.queue_reqs(state, batch, filters)
         self.pump_historic(state)
         if batch.is_complete:
