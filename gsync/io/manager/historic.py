@@ -140,9 +140,9 @@ class HistoricSync:
             if open_historic and state.conn.open_filter_bytes + size > constants.MAX_OPEN_FILTER_BYTES:
                 return  # wait for a historic REQ to finish and free room
             state.historic_queue.pop(0)
-            started = state.pending.get(state.sub_to_batch[sub_id])
-            if started is not None:
-                started.started = True  # from now on it takes in no other AddFilters
+            batch = state.pending.get(state.sub_to_batch[sub_id])
+            if batch is not None:
+                batch.started = True  # from now on it takes in no other AddFilters
             self.health.record_start(state.url, now, background=True)
             if sub_id.startswith("neg"):
                 self.start_negentropy(state, sub_id, group[0])
