@@ -86,3 +86,47 @@ MAX_RELAYS_TOTAL = 500  # [network] max_relays
 DELIVERY_MAX_BACKLOG = 200_000
 DELIVERY_HIGH_WATER_FRACTION = 0.25
 DELIVERY_BACKLOG_SLACK = 10_000
+
+# -- test-only timers ----------------------------------------------------------------------
+# End-to-end tests cannot wait a 24 h policy probe or a 65 s cooldown. The environment
+# variable GSYNC_TEST_TIMERS ("NAME=seconds,NAME=seconds") replaces the timers named in
+# TEST_TIMER_NAMES, and only those, when the process starts; GSYNC_TEST_TIME_SCALE (a factor)
+# multiplies all of them first. Both are for tests only: they are read nowhere else, are not
+# INI keys, and gsync logs ``test_timers_active`` at start whenever either is set. (The seed
+# has the same idea: sub-second backoffs under its test mode.) Overlaps such as the 900 s of
+# ``since`` are not timers: they are compared with events' created_at and never change.
+TEST_TIMER_NAMES = (
+    "COMPLETION_RECHECK_SECS", "PURGATORY_TTL_SECS", "POLL_SECS", "NEGENTROPY_DEADLINE_SECS",
+    "QUICK_RECONNECT_SECS", "DAILY_MIN_SECS", "DAILY_MAX_SECS", "RECOVERY_BASE_SECS",
+    "RECOVERY_MAX_SECS", "DEAD_AFTER_SECS", "DEAD_RETRY_SECS", "STABILITY_SECS",
+    "RATE_LIMIT_COOLDOWN_SECS", "REACTIVE_GATE_START_SECS", "REACTIVE_GATE_MAX_SECS",
+    "POLICY_PROBE_SECS", "MAINTENANCE_TICK_SECS", "DESCENDANT_TICK_SECS",
+    "REJECTED_HOT_SECS", "REJECTED_COLD_SECS",
+)
+
+
+def _test_timers(environ) -> dict[str, float]:
+    """The overrides ``environ`` asks for (empty in production). Malformed text is an error:
+    a test that believes it shortened a timer must not silently wait the real one."""
+    scale = float(environ.get("GSYNC_TEST_TIME_SCALE", "1") or 1)
+    if not 0 < scale <= 1:
+        raise ValueError("GSYNC_TEST_TIME_SCALE must be in (0, 1]")
+    out = {name: globals()[name] * scale for name in TEST_TIMER_NAMES} if scale != 1 else {}
+    for entry in filter(None, (e.strip() for e in environ.get("GSYNC_TEST_TIMERS", "").split(","))):
+        name, sep, value = entry.partition("=")
+        name = name.strip().upper()
+        if not sep or name not in TEST_TIMER_NAMES:
+            raise ValueError(f"GSYNC_TEST_TIMERS: unknown timer {name!r} (known: {', '.join(TEST_TIMER_NAMES)})")
+        out[name] = float(value)
+    return out
+
+
+def _apply_test_timers() -> dict[str, float]:
+    import os
+
+    overrides = _test_timers(os.environ)
+    globals().update(overrides)
+    return overrides
+
+
+TEST_TIMERS_ACTIVE = _apply_test_timers()  # {} unless a test asked

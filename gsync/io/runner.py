@@ -10,6 +10,7 @@ import signal
 
 import gevent
 
+from .. import constants
 from ..ops import sdnotify
 from ..ops.logging import get_logger
 from .events import Stop
@@ -56,6 +57,8 @@ def run(config, *, drain_deadline: float = DRAIN_DEADLINE_SECS) -> int:
     gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
     manager.start()
     log.info("started", own_relay=config.service.own_relay, domains=list(config.service.domains))
+    if constants.TEST_TIMERS_ACTIVE:
+        log.warning("test_timers_active", timers=constants.TEST_TIMERS_ACTIVE)
     manager.run()
     return 0
 
