@@ -112,6 +112,12 @@ class WsStream:
     def settimeout(self, timeout: float | None) -> None:
         self._sock.settimeout(timeout)
 
+    @property
+    def peer(self) -> tuple[int, tuple]:
+        """(address family, socket address) this stream is connected to: for a remote relay,
+        the address the SSRF guard checked, so NIP-11 can be fetched from the same one."""
+        return self._sock.family, self._sock.getpeername()
+
     def close(self, timeout: float = 1) -> None:
         """Send a close frame and shut the socket (websocket-client waits up to ``timeout``
         for the peer's close frame)."""
@@ -128,8 +134,13 @@ class WsStream:
 
 def connect(url: str, timeout: float, **options) -> WsStream:
     """Handshake with websocket-client (``socket=`` an already connected socket, as the
-    SSRF-checked handshake passes), then hand the socket to a ``WsStream``."""
+    SSRF-checked handshake passes), then hand the socket to a ``WsStream``.
+
+    No redirect is followed (``redirect_limit=0``: a 3xx answer is an error). websocket-client
+    would otherwise dial the ``Location`` itself, resolving a name nobody checked.
+    """
     ws = websocket.create_connection(
-        url, timeout=timeout, enable_multithread=False, skip_utf8_validation=True, **options
+        url, timeout=timeout, enable_multithread=False, skip_utf8_validation=True,
+        redirect_limit=0, **options
     )
     return WsStream(ws)
