@@ -9,8 +9,8 @@ import pytest
 
 from gsync.constants import DEFAULT_MAX_SUBSCRIPTIONS
 from gsync.io.nip11_fetch import fetch_relay_limits, nip11_http_url
-from gsync.protocol.urls import split_host_port
 from gsync.protocol.nip11 import RelayLimits, parse_nip11
+from gsync.protocol.urls import split_host_port
 
 DEFAULTS = RelayLimits()
 
