@@ -201,6 +201,7 @@ class Connection:
         self.rfile = rfile
         self.subs: dict[str, list[Filter]] = {}
         self.open = True
+        self.opened_at = time.monotonic()
         self.pongs: list[bytes] = []  # payloads of the client's pong frames
         self._send_lock = threading.Lock()
 
@@ -471,6 +472,10 @@ class ScriptedRelay:
     def reqs(self) -> list[tuple[str, list[dict]]]:
         """Every REQ as (sub id, filter dicts)."""
         return [(m[1], m[2:]) for m in self.messages("REQ") if len(m) >= 2]
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        """Block (a hook's thread) until the relay stops: how a hook stalls its session."""
+        return self._stopping.wait(timeout)
 
     @property
     def open_connections(self) -> list[Connection]:

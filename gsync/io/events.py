@@ -64,6 +64,7 @@ class RelayDisconnected:
     relay: str
     session: int
     reason: str
+    misbehaved: bool = False  # gsync hung up on it: back off as after a failure
 
 
 @dataclass(slots=True)

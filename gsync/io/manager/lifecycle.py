@@ -128,7 +128,7 @@ class RelayLifecycle:
         state.last_error = msg.reason
         state.clear_pending()
         state.clear_live()
-        self.health.record_disconnect(msg.relay, now)
+        self.health.record_disconnect(msg.relay, now, misbehaved=msg.misbehaved)
 
     def fresh_start(self, state: RelayState, now: float) -> None:
         for sub_id in list(state.live_subs):  # the daily sync runs on a live connection
