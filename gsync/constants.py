@@ -110,6 +110,10 @@ MAX_RELAYS_TOTAL = 500  # [network] max_relays
 DELIVERY_MAX_BACKLOG = 200_000
 DELIVERY_HIGH_WATER_FRACTION = 0.25
 DELIVERY_BACKLOG_SLACK = 10_000
+# While the backlog is full, a relay with fewer events than this waiting in it still reads
+# (delivery takes sources in turn): one relay's flood must not stop another's live events.
+# 500 relays at once would add 25,000 events, inside the hard limit's headroom.
+DELIVERY_SOURCE_ALLOWANCE = 50
 
 # -- test-only timers ----------------------------------------------------------------------
 # End-to-end tests cannot wait a 24 h policy probe or a 65 s cooldown. The environment

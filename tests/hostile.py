@@ -13,6 +13,8 @@ misbehaving on every session, so reconnecting does not make it go away:
   that were never opened.
 - ``floods_duplicates``: every REQ is answered with its own events (those it asked for),
   sent again and again.
+- ``floods_new``: every REQ is answered with all of a great many genuine events it matches,
+  at once (events gsync did ask for, each new: only the delivery backlog bounds them).
 - ``oversized_frames``: every REQ gets a 2 MiB message (over gsync's 1 MiB message bound),
   then the header of a 64 MiB frame (over its 4 MiB frame bound).
 - ``prefix_storm``: every REQ gets a NOTICE with each standard prefix, and a CLOSED whose
@@ -133,16 +135,23 @@ def oversized_frames(sent: Counter | None = None) -> dict:
 # -- floods ---------------------------------------------------------------------------------
 
 
+def _hold(relay, delay: float, gate) -> None:
+    if gate is not None:
+        while not gate.wait(0.2) and not relay.wait_stopped(0):
+            pass
+    if delay:
+        relay.wait_stopped(delay)
+
+
 def floods_unrequested(notes: list[str], total: int | None = None, sent: Counter | None = None,
-                       delay: float = 0.0) -> dict:
+                       delay: float = 0.0, gate: threading.Event | None = None) -> dict:
     """Each REQ is answered with ``notes`` over and over (on its own sub id and on one never
-    opened), ``delay`` seconds after it arrived, until the connection closes or ``total``
-    events were sent in all."""
+    opened), ``delay`` seconds after it arrived (and once ``gate`` is set), until the
+    connection closes or ``total`` events were sent in all."""
     sent = sent or Counter()
 
     def frames(relay, conn, sub_id, filters):
-        if delay:
-            relay.wait_stopped(delay)
+        _hold(relay, delay, gate)
         for i, note in enumerate(itertools.cycle(notes)):
             if not conn.open or (total is not None and sent.value >= total):
                 return
@@ -152,11 +161,14 @@ def floods_unrequested(notes: list[str], total: int | None = None, sent: Counter
     return {"extra_frames_for_req": frames}
 
 
-def floods_duplicates(total: int | None = None, sent: Counter | None = None) -> dict:
-    """Each REQ is answered with the events it asked for, then with them again and again."""
+def floods_duplicates(total: int | None = None, sent: Counter | None = None,
+                      gate: threading.Event | None = None) -> dict:
+    """Each REQ is answered with the events it asked for, then (once ``gate`` is set) with
+    them again and again."""
     sent = sent or Counter()
 
     def frames(relay, conn, sub_id, filters):
+        _hold(relay, 0.0, gate)
         own = [json.dumps(e) for e in relay.answer([flt.replace(limit=None) for flt in filters])]
         if not own:
             return
@@ -165,6 +177,26 @@ def floods_duplicates(total: int | None = None, sent: Counter | None = None) -> 
                 return
             sent.add()
             yield _event_frame(sub_id, event_json)
+
+    return {"extra_frames_for_req": frames}
+
+
+def floods_new(events: list, sent: Counter | None = None,
+               gate: threading.Event | None = None) -> dict:
+    """Each REQ (once ``gate`` is set) is answered with every one of ``events`` (Event
+    objects) its filters match, all at once, whatever its ``limit``: a relay holding a
+    great many genuine events that belong to a repository (spam, or just a big one)."""
+    sent = sent or Counter()
+
+    def frames(relay, conn, sub_id, filters):
+        _hold(relay, 0.0, gate)
+        unlimited = [flt.replace(limit=None) for flt in filters]
+        for event in events:
+            if not conn.open:
+                return
+            if any(flt.matches(event) for flt in unlimited):
+                sent.add()
+                yield _event_frame(sub_id, event.to_json())
 
     return {"extra_frames_for_req": frames}
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 import gevent
+import gevent.event
 from gevent.queue import Empty, Queue
 
 from .. import constants
@@ -31,7 +32,10 @@ log = get_logger("gsync.connection")
 IDLE_PING_SECS = 30.0
 SEND_TIMEOUT_SECS = 30.0
 SEND_BATCH = 64  # queued messages joined into one socket write
-CHECKED_CAPACITY = 50_000
+# Ids this session verified, so a copy arriving before the manager applied the first is not
+# verified again. The reader waits for the manager after every burst, so a few bursts' worth
+# is plenty; about 1 MB.
+CHECKED_CAPACITY = 10_000
 CLOSING_CAPACITY = 1_000  # subscriptions closed by us, awaiting the relay's CLOSED
 NEG_INBOX_FRAMES = 16  # NIP-77 frames waiting for one exchange (it is owed one at a time)
 
@@ -66,6 +70,7 @@ class RelayConnection:
             constants.MISBEHAVIOUR_BUDGET, constants.MISBEHAVIOUR_REFILL_PER_SEC, time.monotonic()
         )
         self._events: list[RemoteEvent] = []  # checked, not yet posted (see _flush_events)
+        self._last_burst: gevent.event.Event | None = None  # set once the manager applied it
         self._greenlets: list[gevent.Greenlet] = []
         self.closed = False
         self._bytes_up = metrics.BYTES_UP.labels(relay)
@@ -169,12 +174,9 @@ class RelayConnection:
                         self._junk("binary_frame")
                 self._bytes_down.inc(received)
                 self._flush_events()  # the burst's events: one message to the manager
+                self._wait_for_manager()
                 if self._room is not None:
-                    # Let the manager take this burst to delivery first (reading on would
-                    # not yield while the socket has data), then stop reading while
-                    # delivery is full: the socket pushes back on the relay.
-                    gevent.sleep(0)
-                    self._room.wait()
+                    self._room.wait()  # delivery is full: the socket pushes back on the relay
                 if burst[-1][0] == wsframes.OP_CLOSE:
                     reason = "closed by relay"
                     break
@@ -209,7 +211,19 @@ class RelayConnection:
     def _flush_events(self) -> None:
         if self._events:
             events, self._events = self._events, []
-            self._post(RemoteEvents(self.relay, self.session, events))
+            self._last_burst = gevent.event.Event()
+            self._post(RemoteEvents(self.relay, self.session, events, self._last_burst))
+
+    def _wait_for_manager(self) -> None:
+        """Read no further until the manager has applied this burst (and taken its events
+        to delivery): a connection never has more than one burst waiting in the manager's
+        queue, however fast its relay sends, so memory per connection is bounded by design.
+        (Reading on would not even yield while the socket has data.)"""
+        burst, self._last_burst = self._last_burst, None
+        if burst is None:
+            gevent.sleep(0)  # nothing posted: still let the others run
+        else:
+            burst.wait()
 
     # -- frames -------------------------------------------------------------------------
 

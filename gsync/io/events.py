@@ -48,6 +48,7 @@ class RemoteEvents:
     relay: str
     session: int
     events: list[RemoteEvent]
+    applied: Any = None  # a gevent Event the manager sets once it applied them
 
 
 @dataclass(slots=True)

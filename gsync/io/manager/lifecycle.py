@@ -100,7 +100,7 @@ class RelayLifecycle:
         state.page_cap = PageCap()  # learnt again: the relay may have changed
         state.conn = RelayConnection(
             msg.relay, msg.ws, state.session, self.post, auth_secret=self.config.auth.secret_key,
-            known_ids=self.seen, room=self.delivery.room,
+            known_ids=self.seen, room=self.delivery.room_for(msg.relay),
         )
         state.conn.start()
         state.status = ConnectionStatus.SYNCING

@@ -53,7 +53,8 @@ class OwnRelaySide:
         if len(self.seen) > SEEN_CAPACITY:
             for old in itertools.islice(list(self.seen), SEEN_CAPACITY // 10):
                 del self.seen[old]
-        if not self.delivery.submit(event) and not self.delivery.is_tracked(event.id):
+        source = state.url if state is not None else None
+        if not self.delivery.submit(event, source) and not self.delivery.is_tracked(event.id):
             del self.seen[event.id]  # dropped for backlog (counted): a later copy may go through
             return
         if state is not None:
