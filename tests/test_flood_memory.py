@@ -2,7 +2,7 @@
 
 - unrequested: valid signed events no filter asked for (dropped before any signature check,
   each costing the relay a misbehaviour point: it is hung up on, again and again);
-- duplicates: the event gsync asked for, sent 300,000 times over (read and dropped as known);
+- duplicates: the event gsync asked for, sent 150,000 times over (read and dropped as known);
 - new: 20,000 genuine state events of the repository (kind 30618, five refs each),
   all at once: requested and new, they must be delivered, so only the delivery backlog's
   pushback keeps them out of memory. (State events, not issues: every new issue is a new
@@ -31,6 +31,7 @@ from .relays import publish, wait_until
 from .scenario import assert_arrives, on_own, our_announcement
 
 BACKLOG = 1_000
+DUPLICATES = 150_000
 PER_CONNECTION_MB = 2.0
 SLACK_MB = 8.0
 
@@ -57,7 +58,7 @@ def test_floods_leave_memory_bounded_and_the_honest_relay_on_time(relay_factory,
     spam: list = []  # filled once the repository exists
     unrequested = scripted(**hostile.floods_unrequested(
         hostile.unrequested_notes(1_000), total=1_000_000, sent=unrequested_sent, gate=gate))
-    duplicates = scripted(**hostile.floods_duplicates(total=300_000, sent=dup_sent, gate=gate))
+    duplicates = scripted(**hostile.floods_duplicates(total=DUPLICATES, sent=dup_sent, gate=gate))
     new = scripted(**hostile.floods_new(spam, sent=new_sent, gate=gate))
     repo = our_announcement(own, [honest, unrequested, duplicates, new], d="flooded")
     spammer = f.Author.named("spammer")
@@ -80,7 +81,7 @@ def test_floods_leave_memory_bounded_and_the_honest_relay_on_time(relay_factory,
     delays = []
     live_author = f.Author.named("honest-live")
     started = time.monotonic()
-    while dup_sent.value < 300_000 or time.monotonic() - started < 8:
+    while dup_sent.value < DUPLICATES or time.monotonic() - started < 5:
         assert time.monotonic() - started < 90, f"the duplicates flood stalled at {dup_sent.value:,}"
         comment = f.comment(live_author, history[0], content=f"live {len(delays)}")
         publish(honest.url, [comment])
@@ -91,15 +92,12 @@ def test_floods_leave_memory_bounded_and_the_honest_relay_on_time(relay_factory,
     peak = memory_kb(gsync.proc.pid)["hwm"]
 
     growth_mb = (peak - before) / 1024
-    print(f"RSS before {before / 1024:.1f} MB, peak {peak / 1024:.1f} MB, growth {growth_mb:.1f} MB "
-          f"(bound {bound_mb:.1f}); "
-          f"live delays max {max(delays):.2f} s over {len(delays)}; flood took {time.monotonic() - started:.1f} s")
     assert growth_mb < bound_mb, (
         f"RSS grew {growth_mb:.1f} MB (bound {bound_mb:.1f}); new events sent "
         f"{new_sent.value:,}, backlog {gsync.status()['delivery_backlog']}")
     assert max(delays) < 5.0, delays
     # The floods did happen, and went where they should.
-    wait_until(lambda: gsync.metric("gsync_remote_events_total", relay=duplicates.url) >= 300_000,
+    wait_until(lambda: gsync.metric("gsync_remote_events_total", relay=duplicates.url) >= DUPLICATES,
                timeout=30, what="every duplicate read")
     assert new_sent.value >= 5 * BACKLOG  # far more than the backlog holds were offered
     assert gsync.metric("gsync_relay_hangups_total", reason="misbehaving") >= 1

@@ -78,7 +78,7 @@ def test_a_remote_killed_and_restarted_during_its_historic_sync_loses_nothing(
     own = relay_factory()
     port = free_port()
     repo = our_announcement(own, [_Endpoint(port)], d="restart-remote")
-    issues = [f.issue(bob, repo, subject=f"issue {i}") for i in range(5000)]
+    issues = [f.issue(bob, repo, subject=f"issue {i}") for i in range(3000)]
     remote = relay_factory(port=port, lmdb=str(tmp_path / "remote-db"),
                            seed_file=write_seed_file([repo, *issues], str(tmp_path)))
     publish(own.url, [repo])
