@@ -59,8 +59,8 @@ def test_a_co_maintainer_refused_first_is_delivered_once_the_owner_lists_them(
     accepted) her patch go to the own relay again: from the hot tier at once, or, when that
     has expired, fetched again by id from the relay they came from."""
     own = GraspRelay.start(scripted)
-    remote = scripted(page_size=500)
-    repo = our_announcement(own, [remote], d="proj")
+    remote, other = scripted(page_size=500), scripted(page_size=500)
+    repo = our_announcement(own, [remote, other], d="proj")
     root = f.patch(alice, repo)
     own.host(repo, root)
     carols = f.announcement(carol, "proj", clone=["https://git.example.com/carol/proj.git"],
@@ -68,7 +68,7 @@ def test_a_co_maintainer_refused_first_is_delivered_once_the_owner_lists_them(
     carols_state = f.state(carol, "proj")
     carols_patch = f.patch(carol, f.repo_addr(carol, "proj"), reply_to=root)
     remote.add(repo, root, carols, carols_state, carols_patch)
-    gsync = gsync_factory(own, [remote], timers={"REJECTED_HOT_SECS": 1 if tier == "cold" else 600})
+    gsync = gsync_factory(own, [remote, other], timers={"REJECTED_HOT_SECS": 1 if tier == "cold" else 600})
     wait_until(lambda: gsync.status()["rejected"] == 3, timeout=30, what="carol's three refusals")
     assert own.refused(carols_state) and own.refused(carols_patch)
     assert not own.offered(carols)  # gsync's own layer-1 check refused it
@@ -76,7 +76,7 @@ def test_a_co_maintainer_refused_first_is_delivered_once_the_owner_lists_them(
         time.sleep(1.5)  # past the (test-scaled) hot tier: only the ids are left
     before = remote.sent_count(carols.id)
 
-    listed = our_announcement(own, [remote], d="proj", maintainers=[carol])
+    listed = our_announcement(own, [remote, other], d="proj", maintainers=[carol])
     remote.broadcast(listed)
     started = time.monotonic()
     wait_until(lambda: all(own.stores(e) for e in (listed, carols, carols_state, carols_patch)),
@@ -87,6 +87,8 @@ def test_a_co_maintainer_refused_first_is_delivered_once_the_owner_lists_them(
         assert took < 10, f"took {took:.1f}s"
     else:
         assert remote.sent_count(carols.id) == before + 1, "fetched again by id from its relay"
+    refetches_elsewhere = [m for m in other.messages("REQ") if any("ids" in flt for flt in m[2:])]
+    assert not refetches_elsewhere, "asked only the relay each refused event came from"
     assert gsync.status()["rejected"] == 0
 
 
@@ -110,6 +112,7 @@ def test_a_refused_event_is_not_downloaded_again_by_a_fresh_start_nor_after_a_re
         return "daily_sync" in names and "historic_sync_complete" in names[names.index("daily_sync"):]
 
     wait_until(fresh_start_done, timeout=30, what="a daily fresh start completing")
+    assert remote.sent_count(intruder.id) == 1, "downloaded again by the fresh start"
     first.terminate()  # the cold tier is saved in state_dir
     second = gsync_factory(own, [remote], extra=settings)
     wait_until(lambda: _connected(second), timeout=30, what="the second run's historic sync")
