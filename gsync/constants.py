@@ -9,7 +9,10 @@ SELF_SUB_KINDS = (30617, 1617, 1618, 1621)  # announcements and roots; NOT 30618
 RECONNECT_OVERLAP_SECS = 900  # since = last_connected - 900: clocks and relay lag drift
 BATCH_WINDOW_MS = 5_000  # [sync] batch_window_ms: lets a burst of discoveries share REQs
 COMPLETION_RECHECK_SECS = 6.0  # batch window + 1 s, so L2/L3 batches exist before "Connected"
-PURGATORY_TTL_SECS = 24 * 3600  # StateOnly repos live 24 h after their last purgatory: answer
+# StateOnly repos live 24 h after the own relay last answered ``purgatory:`` about them (to
+# their announcement, or to one of their state events: what restarts a GRASP relay's own
+# purgatory clock), like the relay's 24 h revival window.
+PURGATORY_TTL_SECS = 24 * 3600
 
 # -- filters and budgets (SPEC §3) -------------------------------------------------------
 LAYER1_KINDS = (30617, 10317)
@@ -67,6 +70,10 @@ HANDSHAKE_WORKERS = 8  # [sync] handshake_workers
 # -- rejected index (SPEC §5) ------------------------------------------------------------
 REJECTED_HOT_SECS = 120
 REJECTED_COLD_SECS = 7 * 24 * 3600
+# Release keys kept per refused event (what it may be waiting for: a maintainer listing, a
+# repository, a referenced event): enough for any real NIP-34 event, and a hostile one
+# cannot make its entry large.
+MAX_DEPENDENCIES = 8
 
 # -- hostile input (SPEC §6) -------------------------------------------------------------
 MAX_MESSAGE_BYTES = 1024 * 1024

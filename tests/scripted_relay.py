@@ -7,6 +7,7 @@ protocol modules), run in-process by a test on a free 127.0.0.1 port:
     ...                                  # relay.url, relay.port
     relay.broadcast(event)               # live: stored, and sent to matching open subs
     relay.received                       # every client frame, decoded, in arrival order
+    relay.sent_count(event_id)           # how many EVENT frames carried that event to clients
     relay.stop()
 
 What it does by default is plain NIP-01: ``REQ`` is answered from the store, per filter the
@@ -29,7 +30,8 @@ Knobs for misbehaviour:
   hangs up), so a test can assert how many handshakes a client had in flight at once across
   many relays. Each relay gets its own gauge when none is given.
 - ``negentropy``: how ``NEG-OPEN`` is met: ``"err"`` (``NEG-ERR``, the default), ``"ignore"``
-  (no answer at all), ``"notice"`` (a ``NOTICE`` about negentropy), or a handler object or
+  (no answer at all), ``"notice"`` (a ``NOTICE`` about negentropy), ``"serve"`` (real NIP-77
+  over the store, by gsync's pure negentropy server), or a handler object or
   callable ``handler(relay, conn, message) -> frames`` that gets every ``NEG-OPEN``,
   ``NEG-MSG`` and ``NEG-CLOSE`` (the hook for a real NIP-77 implementation).
 - ``on_message(relay, conn, message) -> frames | None``: sees every decoded client message
@@ -53,6 +55,7 @@ from typing import Any
 
 from gsync.protocol.event import Event, EventError, parse_event
 from gsync.protocol.filters import Filter
+from gsync.protocol.negentropy import NegentropyServer, Storage
 
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 MAX_HTTP_REQUEST = 64 * 1024
@@ -211,6 +214,8 @@ class Connection:
 
     def send(self, *message) -> None:
         """A relay message as JSON: ``conn.send("NOTICE", "hello")``."""
+        if message[0] == "EVENT" and len(message) >= 3 and isinstance(message[2], dict):
+            self.relay.count_sent(message[2].get("id"))
         self.send_frame(list(message))
 
     def _write(self, data: bytes) -> None:
@@ -296,6 +301,33 @@ class _NegentropyRefusal:
         return [["NOTICE", f"ERROR: negentropy error: {self.reason}"]]
 
 
+class _Nip77Serve:
+    """NIP-77 over the relay's store: a ``NegentropyServer`` per open subscription."""
+
+    def __init__(self):
+        self._sessions: dict[tuple[int, str], Any] = {}
+
+    def __call__(self, relay, conn, message):
+        kind, sub = message[0], message[1] if len(message) > 1 else ""
+        key = (conn.id, sub)
+        if kind == "NEG-OPEN":
+            flt = Filter.from_dict(message[2])
+            with relay._store_lock:
+                items = [(ev.created_at, ev.id) for _, ev in relay._store.values()
+                         if ev is not None and flt.matches(ev)]
+            self._sessions[key] = NegentropyServer(Storage.from_hex(items))
+            payload = message[3]
+        elif kind == "NEG-MSG":
+            payload = message[2]
+        else:
+            self._sessions.pop(key, None)
+            return []
+        server = self._sessions.get(key)
+        if server is None:
+            return [["NEG-ERR", sub, "closed: unknown subscription"]]
+        return [["NEG-MSG", sub, server.respond(bytes.fromhex(payload)).hex()]]
+
+
 class ScriptedRelay:
     def __init__(
         self,
@@ -317,9 +349,12 @@ class ScriptedRelay:
         self.hang_handshake = hang_handshake
         self.handshake_gauge = handshake_gauge or HandshakeGauge()
         self.extra_frames_for_req = extra_frames_for_req
-        self.negentropy = (
-            _NegentropyRefusal(negentropy, neg_err_reason) if isinstance(negentropy, str) else negentropy
-        )
+        if negentropy == "serve":
+            self.negentropy = _Nip77Serve()
+        elif isinstance(negentropy, str):
+            self.negentropy = _NegentropyRefusal(negentropy, neg_err_reason)
+        else:
+            self.negentropy = negentropy
         self.on_message = on_message
         self.answer_close = answer_close
         self.accept_events = accept_events
@@ -332,6 +367,7 @@ class ScriptedRelay:
         self.http_requests: list[tuple[str, dict]] = []  # (request line, headers)
         self._store: dict[str, tuple[dict, Event | None]] = {}
         self._store_lock = threading.Lock()
+        self._sent: dict[str, int] = {}  # event id → EVENT frames sent with it
         self._ids = itertools.count(1)
         self._listener: socket.socket | None = None
         self._sockets: set[socket.socket] = set()
@@ -442,6 +478,15 @@ class ScriptedRelay:
         return sent
 
     # -- what the client did -------------------------------------------------------------
+
+    def count_sent(self, event_id) -> None:
+        with self._store_lock:
+            self._sent[event_id] = self._sent.get(event_id, 0) + 1
+
+    def sent_count(self, event_id: str) -> int:
+        """How many times an EVENT frame carried ``event_id`` to a client (any connection)."""
+        with self._store_lock:
+            return self._sent.get(event_id, 0)
 
     def messages(self, kind: str | None = None) -> list[list]:
         """Decoded client messages (lists), optionally only those of one type (``"REQ"``)."""

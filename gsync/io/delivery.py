@@ -92,6 +92,7 @@ class OwnRelayDelivery:
         self._lanes = [_Lane(i) for i in range(lanes)]
         self._queue: deque[Event] = deque()
         self._tracked: dict[str, Event] = {}  # submitted, not yet answered for good
+        self._sources: dict[str, str] = {}  # id → the remote it came from, while tracked
         self._attempts: dict[str, int] = {}
         self._retry_heap: list[tuple[float, int, Event]] = []
         self._seq = itertools.count()
@@ -113,11 +114,11 @@ class OwnRelayDelivery:
         self._greenlets = [gevent.spawn(self._run_lane, lane) for lane in self._lanes]
         self._greenlets.append(gevent.spawn(self._retry_loop))
 
-    def submit(self, event: Event) -> bool:
+    def submit(self, event: Event, source: str = "") -> bool:
         """Queue an event for delivery. False if it is already tracked, or if the backlog is
         past its hard limit (connections stop reading at ``max_backlog``, so beyond it come
         only bursts already read, one per connection at most): that drop is counted and
-        logged."""
+        logged. ``source`` (the remote it came from) comes back with a refusal."""
         if event.id in self._tracked:
             return False
         backlog = len(self._tracked)
@@ -130,6 +131,8 @@ class OwnRelayDelivery:
                 log.warning("event_dropped", reason="own_relay_backlog_full", event_id=event.id)
                 return False
         self._tracked[event.id] = event
+        if source:
+            self._sources[event.id] = source
         self._queue.append(event)
         self._idle.clear()
         self._wake_lanes()
@@ -295,6 +298,7 @@ class OwnRelayDelivery:
     def _finish(self, event: Event, outcome: str, reason: str) -> None:
         self._tracked.pop(event.id, None)
         self._attempts.pop(event.id, None)
+        source = self._sources.pop(event.id, "")
         if not self.room.is_set() and len(self._tracked) < self._max_backlog * 0.9:
             log.info("delivery_backlog_has_room", backlog=len(self._tracked))
             self.room.set()
@@ -305,7 +309,7 @@ class OwnRelayDelivery:
         if outcome in ("rejected", "purgatory"):
             # The manager acts on these (rejected index, StateOnly); a plain delivery needs
             # nothing from it, so it is not told (one queue round trip less per event).
-            self._post(DeliveryAnswered(event, outcome, reason))
+            self._post(DeliveryAnswered(event, outcome, reason, source))
         if not self._tracked:
             self._idle.set()
 

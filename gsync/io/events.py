@@ -108,6 +108,7 @@ class DeliveryAnswered:
     event: Event
     outcome: str  # "purgatory" | "rejected"
     reason: str = ""
+    source: str = ""  # the remote it was fetched from ("" unknown): a re-fetch asks there
 
 
 @dataclass(slots=True)
@@ -120,6 +121,9 @@ class Tick:
 @dataclass(slots=True)
 class BatchWindowClosed:
     now: float
+    # The self-subscription's first history read: what the own relay held all along, so
+    # nothing in it counts as a dependency that has just arrived.
+    first_read: bool = False
 
 
 @dataclass(slots=True)

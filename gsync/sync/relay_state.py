@@ -65,6 +65,8 @@ class RelayState:
     poll_cursor: float | None = None
     poll_started_at: float | None = None
     poll_batch: int | None = None
+    # refused ids released meanwhile, to fetch again by id once this relay is connected
+    refetch_ids: set = field(default_factory=set)
     negentropy_ok: bool = True
     next_daily_at: float | None = None
     last_error: str = ""
@@ -92,12 +94,13 @@ class RelayState:
 
     def clear_live(self) -> None:
         """Live coverage is gone (disconnect, fresh start): descendant coverage is rebuilt
-        for every known member on the next descendants tick."""
+        for every known member on the next descendants tick. The poll cursor stays: what
+        the new session polls is asked from the last successful poll, with the overlap."""
         self.new_members |= self.members
         self.members = set()
         self.live_subs.clear()
         self.polled = []
-        self.poll_cursor = self.poll_started_at = self.poll_batch = None
+        self.poll_started_at = self.poll_batch = None
 
     def clear_confirmed(self) -> None:
         self.confirmed = ConfirmedItems()

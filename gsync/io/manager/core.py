@@ -179,7 +179,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         batch_id = state.sub_to_batch.get(msg.sub_id)
         if batch_id is not None and batch_id in state.pending:
             state.pending[batch_id].record_event(msg.sub_id, msg.event, msg.matched)
-        if msg.verified:
+        if msg.verified or self.checked_late(msg.event):
             self.consider_for_delivery(msg.event, state)
             self.note_direct_member(state, msg.event)
 

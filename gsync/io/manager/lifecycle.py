@@ -110,6 +110,7 @@ class RelayLifecycle:
             self.fresh_start(state, now)
         else:
             self.quick_reconnect(state, now)
+        self.fetch_waiting_refetches(state)
         state.last_connected = now
         state.disconnected_at = None
         if state.next_daily_at is None:
