@@ -12,6 +12,7 @@ from typing import Any
 
 from ..constants import QUICK_RECONNECT_SECS
 from .pending import PendingBatch
+from .policy import CoveragePauses
 from .targets import ConfirmedItems
 
 
@@ -29,6 +30,7 @@ class ConnectionStatus(enum.IntEnum):
 class LiveSub:
     filters: tuple
     control: bool = False  # layer 1: never closed by consolidation
+    rebuilt_at: float | None = None  # opened again after the relay closed it
 
 
 @dataclass
@@ -51,11 +53,18 @@ class RelayState:
     pending: dict[int, PendingBatch] = field(default_factory=dict)
     sub_to_batch: dict[str, int] = field(default_factory=dict)
     live_subs: dict[str, LiveSub] = field(default_factory=dict)
+    # live sub ids registered in live_subs, waiting for the pacing gate (cooldown, reactive)
+    live_queue: list = field(default_factory=list)
     # (sub id or NIP-77 token, filters) waiting for a slot
     historic_queue: list = field(default_factory=list)
     batch_failures: bool = False
     unrelated_failure: bool = False  # a failure recovery cannot fix (e.g. a refused sub)
     neg_running: set = field(default_factory=set)
+    # historic sub id → when it last showed life (sent, or an event): stalled ones time out
+    sub_activity: dict = field(default_factory=dict)
+    # coverage this relay refused by policy (outlives sessions), and the probes out for it
+    paused: CoveragePauses = field(default_factory=CoveragePauses)
+    probes: dict = field(default_factory=dict)  # batch id → the coverage key it probes
     # direct members of threads seen from this relay (their replies are fetched too)
     members: set = field(default_factory=set)
     new_members: set = field(default_factory=set)
@@ -89,6 +98,10 @@ class RelayState:
         self.pending.clear()
         self.sub_to_batch.clear()
         self.historic_queue.clear()
+        self.sub_activity.clear()
+        if self.probes:  # their answers will never come: probe again on the next chance
+            self.paused.abandon_probes()
+            self.probes.clear()
 
     def clear_live(self) -> None:
         """Live coverage is gone (disconnect, fresh start): descendant coverage is rebuilt
@@ -96,6 +109,7 @@ class RelayState:
         self.new_members |= self.members
         self.members = set()
         self.live_subs.clear()
+        self.live_queue.clear()
         self.polled = []
         self.poll_cursor = self.poll_started_at = self.poll_batch = None
 
