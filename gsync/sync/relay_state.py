@@ -62,6 +62,7 @@ class RelayState:
     neg_running: set = field(default_factory=set)
     # historic sub id → when it last showed life (sent, or an event): stalled ones time out
     sub_activity: dict = field(default_factory=dict)
+    stalled_shapes: set = field(default_factory=set)  # coverage keys that stalled alone
     # coverage this relay refused by policy (outlives sessions), and the probes out for it
     paused: CoveragePauses = field(default_factory=CoveragePauses)
     probes: dict = field(default_factory=dict)  # batch id → the coverage key it probes
@@ -99,6 +100,7 @@ class RelayState:
         self.sub_to_batch.clear()
         self.historic_queue.clear()
         self.sub_activity.clear()
+        self.stalled_shapes.clear()
         if self.probes:  # their answers will never come: probe again on the next chance
             self.paused.abandon_probes()
             self.probes.clear()

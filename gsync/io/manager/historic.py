@@ -12,6 +12,7 @@ from ...protocol import messages as wire
 from ...protocol.filters import Filter
 from ...sync import filter_plan
 from ...sync.pending import PendingBatch, ResidualDecision, SyncMethod, fetch_by_filter
+from ...sync.policy import coverage_key
 from ...sync.relay_state import ConnectionStatus, RelayState
 from ...sync.targets import PendingItems
 from .. import negentropy_sync
@@ -132,7 +133,7 @@ class HistoricSync:
             if sub_id not in state.sub_to_batch:
                 state.historic_queue.pop(0)
                 continue
-            if state.paused and self.leave_out_paused(state, sub_id, group):
+            if (state.paused or state.stalled_shapes) and self.regroup_before_start(state, sub_id, group):
                 continue
             size = len(wire.req(sub_id, group))
             if open_historic and state.conn.open_filter_bytes + size > constants.MAX_OPEN_FILTER_BYTES:
@@ -155,23 +156,26 @@ class HistoricSync:
             state.slot_wakeup_scheduled = True
             gevent.spawn_later(wait, self.post, HistoricSlotDue(state.url, state.session))
 
-    def leave_out_paused(self, state: RelayState, sub_id: str, group) -> bool:
-        """A queued start carrying a shape paused since it was queued: the shape goes,
-        the rest goes out as it was (a probe's own filter stays). True if it changed."""
+    def regroup_before_start(self, state: RelayState, sub_id: str, group) -> bool:
+        """A queued REQ meets what the relay taught us since it was queued: shapes it
+        refused by policy go (a probe's own filter stays), and a shape that stalled on this
+        connection goes alone, so that it cannot hold the rest. True if it changed."""
         batch_id = state.sub_to_batch[sub_id]
         if batch_id in state.probes:
             return False
         keep = [i for i, f in enumerate(group) if not state.paused.is_filter_paused(f)]
-        if len(keep) == len(group):
+        alone = [i for i in keep if coverage_key(group[i]) in state.stalled_shapes]
+        if len(keep) == len(group) and (len(keep) < 2 or not alone or len(alone) == len(keep)):
             return False
+        parts = [[i for i in keep if i not in alone]] + [[i] for i in alone] if len(alone) < len(keep) else [keep]
         state.historic_queue.pop(0)
         del state.sub_to_batch[sub_id]
         batch = state.pending[batch_id]
         if sub_id.startswith("neg"):
             batch.finish_subscription(sub_id)
         else:
-            parts = [(f"h{batch_id}-{next(self._ids)}", keep)] if keep else []
-            entries = batch.split_subscription(sub_id, parts)
+            entries = batch.split_subscription(
+                sub_id, [(f"h{batch_id}-{next(self._ids)}", part) for part in parts if part])
             for new_id, _ in entries:
                 state.sub_to_batch[new_id] = batch_id
             state.historic_queue[0:0] = entries
@@ -272,18 +276,26 @@ class HistoricSync:
 
     def check_historic_complete(self, state: RelayState) -> None:
         """Double check (seed 001): no pending batch now, and still none 6 s later."""
-        if state.pending or state.completion_check_scheduled or state.status != ConnectionStatus.SYNCING:
+        if self.syncing_batches(state) or state.completion_check_scheduled or state.status != ConnectionStatus.SYNCING:
             return
         state.completion_check_scheduled = True
         delay = self.config.sync.batch_window_ms / 1000 + 1
         gevent.spawn_later(delay, self.post, CompletionRecheck(state.url, state.session))
+
+    def syncing_batches(self, state: RelayState) -> bool:
+        """Historic sync still running: a batch other than a recovery attempt, a poll or a
+        policy probe (those run for as long as a relay is connected: they are upkeep)."""
+        return any(
+            not getattr(b, "recovery", False) and b.batch_id != state.poll_batch and b.batch_id not in state.probes
+            for b in state.pending.values()
+        )
 
     def on_completion_recheck(self, msg: CompletionRecheck) -> None:
         state = self._current(msg.relay, msg.session)
         if state is None:
             return
         state.completion_check_scheduled = False
-        if state.pending or state.status != ConnectionStatus.SYNCING:
+        if self.syncing_batches(state) or state.status != ConnectionStatus.SYNCING:
             return
         state.status = (
             ConnectionStatus.CONNECTED_HISTORIC_SYNC_FAILURES

@@ -17,7 +17,7 @@
   index (obsolete items dropped) and the gap fetched with ``since``.
 - **Stalls.** A historic REQ with neither EOSE nor events for ``REQ_STALL_SECS`` is closed
   on the relay; one of several filters is split like a refusal, a single filter fails its
-  batch into missing-event recovery.
+  batch into missing-event recovery, and its shape goes alone in later REQs of the session.
 """
 from __future__ import annotations
 
@@ -339,6 +339,7 @@ class Refusals:
         """The batch failed; what the stalled REQ owed goes to missing-event recovery: its
         ids (not the residual retry's any more), or the filter itself."""
         batch.on_closed(sub_id)
+        state.stalled_shapes.update(coverage_key(f) for f in filters)  # later REQs send it alone
         if getattr(batch, "recovery", False):
             return  # a recovery attempt: finish_recovery counts it as one without progress
         now = self.clock()
