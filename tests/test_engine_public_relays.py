@@ -12,6 +12,8 @@ import json
 import threading
 import time
 
+import pytest
+
 from . import factory as f
 from .relays import publish, wait_until
 from .scenario import assert_arrives, on_own, our_announcement
@@ -245,3 +247,224 @@ def test_a_relay_that_never_ends_one_filter_fails_that_batch_into_recovery(relay
     recovered_after = time.monotonic() - healed
     print(f"\nno-EOSE relay: batch failed {failed_after:.1f} s after start (stall bound {STALL} s); "
           f"Connected {recovered_after:.1f} s after the relay answered again")
+
+
+# -- budgets -------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # about 25 s: 6,000 events through a scripted relay with 16 KB messages
+def test_descendants_of_2000_repositories_keep_within_20_subscriptions(relay_factory, gsync_factory,
+                                                                        scripted):
+    """2,000 repositories, each with an issue and a reply (a direct member: its replies are
+    followed too), on a relay allowing 20 subscriptions (NIP-11). New direct members keep
+    arriving live, one per descendant tick, each asking for more live coverage: open
+    subscriptions on the wire never pass 20, and a reply in the last repository still
+    arrives."""
+    peak = {"open": 0}
+    lock = threading.Lock()
+
+    def count_open(relay, conn, message):
+        if isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 1:
+            with lock:
+                peak["open"] = max(peak["open"], len(set(conn.subs) | {message[1]}))
+        return None
+
+    own = relay_factory()
+    # 16 KB messages (a common relay limit): filters are small, so subscriptions, not the
+    # bytes of live filters gsync keeps open, are what runs out.
+    remote = scripted(nip11={"limitation": {"max_subscriptions": 20, "max_message_length": 16384}},
+                      page_size=500, on_message=count_open)
+    repos = [our_announcement(own, [remote], d=f"r{n}") for n in range(2000)]
+    bugs = [f.issue(bob, repo, subject="bug") for repo in repos]
+    members = [f.comment(alice, bug, content="a reply") for bug in bugs]
+    remote.add(*repos, *bugs, *members)
+    publish(own.url, [*repos, *bugs])
+    gsync = gsync_factory(own, [remote], timers={"DESCENDANT_TICK_SECS": 0.25, "MAINTENANCE_TICK_SECS": 0.25})
+    assert_arrives(own, members, timeout=90, what="2,000 replies")
+    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=30,
+               what="historic sync complete")
+    live_members = []
+    for n in range(8):  # a new direct member per tick, each wanting live coverage of its own
+        live_members.append(f.comment(carol, bugs[n], content=f"live reply {n}", created_at=int(time.time())))
+        remote.broadcast(live_members[-1])
+        time.sleep(0.3)
+    assert_arrives(own, live_members, timeout=30, what="the live replies")
+    time.sleep(1)
+    last = f.comment(carol, bugs[-1], members[-1], content="a reply to the reply, in the last repository",
+                     created_at=int(time.time()))
+    remote.broadcast(last)
+    assert_arrives(own, [last], timeout=30, what="a descendant in the last repository")
+    assert peak["open"] <= 20, peak
+    assert peak["open"] >= 17, f"the budget was never filled: {peak}"
+
+
+# -- relays that say less than they do -----------------------------------------------------------
+
+
+def test_nip11_without_77_skips_nip77_at_once(relay_factory, gsync_factory, scripted):
+    """A relay whose NIP-11 ``supported_nips`` lacks 77 and that would never answer a
+    NEG-OPEN: gsync asks it by REQ from the start, with no 15 s wait."""
+    own = relay_factory()
+    remote = scripted(nip11={"supported_nips": [1, 11, 42]}, negentropy="ignore", page_size=500)
+    repo = our_announcement(own, [remote], d="no-nip77")
+    issues = [f.issue(bob, repo, subject=f"issue {i}") for i in range(20)]
+    remote.add(repo, *issues)
+    publish(own.url, [repo])
+    started = time.monotonic()
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, issues, timeout=30, what="the issues by REQ")
+    assert time.monotonic() - started < 10
+    assert not remote.messages("NEG-OPEN")
+    assert [e["reason"] for e in events_named(gsync, "negentropy_unsupported")] == \
+        ["NIP-11 supported_nips does not list 77"]
+
+
+# -- NIP-42 ----------------------------------------------------------------------------------------
+
+
+def test_auth_required_without_a_key_is_a_policy_refusal_and_nothing_loops(relay_factory, gsync_factory):
+    """A relay that serves reads only after NIP-42 AUTH, and gsync without a key: each
+    refused shape is paused as a policy refusal; REQs to it stop; the connection stays."""
+    own = relay_factory()
+    remote = relay_factory(nip42="read")
+    repo = our_announcement(own, [remote], d="members-only")
+    bug = f.issue(bob, repo)
+    publish(remote.url, [repo, bug])
+    publish(own.url, [repo, bug])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"batch_window_ms": "100"}})
+
+    def closed():
+        return [e for e in events_named(gsync, "subscription_closed", remote.url)
+                if e["reason"].startswith("auth-required")]
+
+    wait_until(lambda: events_named(gsync, "coverage_paused", remote.url), timeout=20,
+               what="a policy pause")
+    # More work for that relay: a new root, so new live and historic REQs are derived.
+    publish(own.url, [f.issue(bob, repo, subject="another", created_at=int(time.time()))])
+    time.sleep(3)
+    settled = len(closed())
+    publish(own.url, [f.issue(bob, repo, subject="and another", created_at=int(time.time()))])
+    time.sleep(3)
+    assert len(closed()) == settled, "REQs kept going to a relay that refuses them all"
+    paused = events_named(gsync, "coverage_paused", remote.url)
+    assert all(e["reason"].startswith("auth-required") for e in paused)
+    assert settled <= 2 * len(paused) + 2, (settled, len(paused))
+    assert [e["fresh_start"] for e in events_named(gsync, "relay_connected", remote.url)] == [True]
+    assert status_of(gsync, remote.url)["paused_coverage"] == len(paused)
+    print(f"\nNIP-42 relay without a key: {settled} refusals, {len(paused)} shapes paused")
+
+
+def test_an_auth_challenge_is_answered_when_it_arrives(relay_factory, gsync_factory, scripted, tmp_path):
+    """A relay that challenges on connect (as many do) and refuses nothing: with a key,
+    gsync answers the challenge at once, not only after a refusal."""
+    from gsync.protocol.event import parse_event
+
+    from .test_engine_policies import _key_file
+
+    def greet(relay, conn, message):
+        if not getattr(conn, "challenged", False):
+            conn.challenged = True
+            conn.send("AUTH", f"challenge-{conn.id}")
+        return None
+
+    own = relay_factory()
+    remote = scripted(page_size=500, on_message=greet)
+    repo = our_announcement(own, [remote], d="greets")
+    remote.add(repo)
+    publish(own.url, [repo])
+    gsync_factory(own, [remote], extra={"auth": {"key_file": _key_file(tmp_path)}})
+    auth = wait_until(lambda: remote.messages("AUTH"), timeout=20, what="an AUTH")
+    event = parse_event(auth[0][1])  # a real signature over a kind-22242 answer
+    assert event.kind == 22242
+    assert ["challenge", "challenge-1"] in [list(t) for t in event.tags]
+    assert ["relay", remote.url] in [list(t) for t in event.tags]
+
+
+def test_a_live_subscription_the_relay_closes_is_rebuilt(relay_factory, gsync_factory, scripted):
+    """A relay ends a live subscription for its own reasons (``error:``): gsync opens its
+    replacement from the current index, and live events for that coverage arrive again."""
+    own = relay_factory()
+    remote = scripted(page_size=500)
+    repo = our_announcement(own, [remote], d="closes-live")
+    remote.add(repo)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=30,
+               what="first sync")
+    conn = remote.open_connections[0]
+    live_sub = next(sub for sub, filters in list(conn.subs.items())
+                    if any(repo.address in (flt.tag("a") or ()) and flt.limit == 0 for flt in filters))
+    del conn.subs[live_sub]
+    conn.send("CLOSED", live_sub, "error: idle subscriptions are closed after a while")
+    wait_until(lambda: any(repo.address in (flt.tag("a") or ()) and flt.limit == 0
+                           for sub, filters in list(conn.subs.items()) for flt in filters),
+               timeout=10, what="the live subscription rebuilt")
+    later = f.issue(bob, repo, subject="after the relay closed our subscription", created_at=int(time.time()))
+    assert remote.broadcast(later) >= 1
+    assert_arrives(own, [later], timeout=20, what="a live event on the rebuilt subscription")
+    assert events_named(gsync, "live_rebuilt", remote.url)
+
+
+def test_a_recovery_attempt_cut_by_a_disconnect_is_tried_again(relay_factory, gsync_factory, scripted):
+    """NIP-77 advertises ids whose fetch the relay never answers: the fetch stalls into
+    missing-event recovery; the relay drops the connection while a recovery attempt is out.
+    That attempt is not left in flight: after the reconnect recovery asks again, gets the
+    ids, and the relay is Connected."""
+    from .test_negentropy_fallbacks import Nip77Server
+
+    hanging = {"on": True}
+    held: set[str] = set()
+
+    def never_serves_held(relay, conn, message):
+        if (hanging["on"] and isinstance(message, list) and message[:1] == ["REQ"]
+                and any(isinstance(flt, dict) and held & set(flt.get("ids", ())) for flt in message[2:])):
+            return []  # an id fetch that is never answered
+        return None
+
+    own = relay_factory()
+    remote = scripted(negentropy=Nip77Server(), page_size=500, on_message=never_serves_held)
+    repo = our_announcement(own, [remote], d="drops-mid-recovery")
+    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(10)]
+    held.update(b.id for b in bugs[:2])
+    remote.add(repo, *bugs)
+    publish(own.url, [repo, *bugs[2:]])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"recovery_base_secs": "1", "base_backoff_secs": "1"}},
+                          timers={"REQ_STALL_SECS": 3, "MAINTENANCE_TICK_SECS": 0.25})
+    wait_until(lambda: events_named(gsync, "recovery_attempt", remote.url), timeout=30,
+               what="a recovery attempt")
+    remote.drop_all()  # while the attempt waits for an answer that is not coming
+    wait_until(lambda: len(events_named(gsync, "relay_connected", remote.url)) == 2, timeout=20,
+               what="the reconnect")
+    hanging["on"] = False
+    assert_arrives(own, bugs[:2], timeout=30, what="the ids, by a recovery attempt after the reconnect")
+    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=30,
+               what="the relay back to Connected")
+
+
+def test_the_daily_fresh_start_closes_the_historic_reqs_it_abandons(relay_factory, gsync_factory,
+                                                                   scripted):
+    """A historic REQ still open when the daily fresh start comes: its CLOSE goes to the
+    relay with the live ones', so the relay's subscription does not leak."""
+    silent: list[str] = []
+
+    def never_ends_E(relay, conn, message):
+        if _is_historic_req_with(message, "#E"):
+            silent.append(message[1])
+            conn.subs[message[1]] = []  # open on the relay, never answered
+            return []
+        return None
+
+    own = relay_factory()
+    remote = scripted(page_size=500, on_message=never_ends_E)
+    repo = our_announcement(own, [remote], d="daily-closes")
+    bug = f.issue(bob, repo)
+    remote.add(repo, bug)
+    publish(own.url, [repo, bug])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"negentropy": "false"}},
+                          timers={"DAILY_MIN_SECS": 3, "DAILY_MAX_SECS": 3.5})
+    wait_until(lambda: events_named(gsync, "daily_sync", remote.url), timeout=20, what="the daily sync")
+    assert silent, "no historic REQ was left open"
+    wait_until(lambda: silent[0] in {m[1] for m in remote.messages("CLOSE")}, timeout=5,
+               what="a CLOSE for the historic REQ the daily sync abandoned")
+    conn = remote.open_connections[0]
+    assert silent[0] not in conn.subs

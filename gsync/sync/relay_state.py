@@ -94,7 +94,10 @@ class RelayState:
         return self.disconnected_at is None or now - self.disconnected_at > QUICK_RECONNECT_SECS
 
     def clear_pending(self) -> None:
+        # Timers of the session that scheduled them: their messages will be ignored as
+        # stale, so they must not keep the flags set (a relay stuck in Syncing for ever).
         self.slot_wakeup_scheduled = False
+        self.completion_check_scheduled = False
         self.neg_running.clear()
         self.pending.clear()
         self.sub_to_batch.clear()
