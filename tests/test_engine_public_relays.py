@@ -468,3 +468,49 @@ def test_the_daily_fresh_start_closes_the_historic_reqs_it_abandons(relay_factor
                what="a CLOSE for the historic REQ the daily sync abandoned")
     conn = remote.open_connections[0]
     assert silent[0] not in conn.subs
+
+
+@pytest.mark.parametrize("where", ["NEG-ERR", "OK"])
+def test_rate_limit_answers_in_neg_err_and_ok_start_the_cooldown(where, relay_factory, gsync_factory,
+                                                                 scripted, tmp_path):
+    """"Slow down" can come as a NEG-ERR (NIP-77) or as the OK to our AUTH: either starts
+    the cooldown, and nothing is started on that relay until it is over."""
+    from .test_engine_policies import _key_file
+
+    answered: list[float] = []
+    reqs: list[float] = []
+
+    def slow_down(relay, conn, message):
+        if not isinstance(message, list) or not message:
+            return None
+        if message[0] == "REQ":
+            reqs.append(time.time())
+        if where == "NEG-ERR" and message[0] == "NEG-OPEN":
+            answered.append(time.time())
+            return [["NEG-ERR", message[1], "rate-limited: too many negentropy sessions"]]
+        if where == "OK" and not getattr(conn, "challenged", False):
+            conn.challenged = True
+            conn.send("AUTH", "challenge")
+        if where == "OK" and message[0] == "AUTH":
+            answered.append(time.time())
+            return [["OK", message[1].get("id", ""), False, "rate-limited: too many authentication attempts"]]
+        return None
+
+    own = relay_factory()
+    remote = scripted(page_size=500, on_message=slow_down)
+    repo = our_announcement(own, [remote], d="slow-down")
+    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(5)]
+    remote.add(repo, *bugs)
+    publish(own.url, [repo])
+    extra = {"auth": {"key_file": _key_file(tmp_path)}} if where == "OK" else {}
+    gsync = gsync_factory(own, [remote], extra=extra, timers={"RATE_LIMIT_COOLDOWN_SECS": COOLDOWN})
+    limited = wait_until(lambda: events_named(gsync, "relay_rate_limited", remote.url), timeout=20,
+                         what="the cooldown")
+    assert "too many" in limited[0]["text"]
+    assert_arrives(own, bugs, timeout=30, what="the issues after the cooldown")
+    during = [t - answered[0] for t in reqs if answered[0] + 0.3 < t < answered[0] + COOLDOWN - 0.2]
+    assert not during, during
+    assert any(t > answered[0] + COOLDOWN - 0.2 for t in reqs), "nothing was left for after the cooldown"
+    assert [e["event"] for e in gsync.log_events() if e.get("relay") == remote.url and e["event"]
+            in ("relay_rate_limited", "relay_probing", "relay_rate_limit_lifted")][:2] == \
+        ["relay_rate_limited", "relay_probing"]
