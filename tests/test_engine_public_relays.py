@@ -281,8 +281,6 @@ def test_descendants_of_2000_repositories_keep_within_20_subscriptions(relay_fac
     publish(own.url, [*repos, *bugs])
     gsync = gsync_factory(own, [remote], timers={"DESCENDANT_TICK_SECS": 0.25, "MAINTENANCE_TICK_SECS": 0.25})
     assert_arrives(own, members, timeout=90, what="2,000 replies")
-    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=30,
-               what="historic sync complete")
     live_members = []
     for n in range(8):  # a new direct member per tick, each wanting live coverage of its own
         live_members.append(f.comment(carol, bugs[n], content=f"live reply {n}", created_at=int(time.time())))
@@ -341,10 +339,10 @@ def test_auth_required_without_a_key_is_a_policy_refusal_and_nothing_loops(relay
                what="a policy pause")
     # More work for that relay: a new root, so new live and historic REQs are derived.
     publish(own.url, [f.issue(bob, repo, subject="another", created_at=int(time.time()))])
-    time.sleep(3)
+    time.sleep(2)
     settled = len(closed())
     publish(own.url, [f.issue(bob, repo, subject="and another", created_at=int(time.time()))])
-    time.sleep(3)
+    time.sleep(2)
     assert len(closed()) == settled, "REQs kept going to a relay that refuses them all"
     paused = events_named(gsync, "coverage_paused", remote.url)
     assert all(e["reason"].startswith("auth-required") for e in paused)
@@ -461,7 +459,7 @@ def test_the_daily_fresh_start_closes_the_historic_reqs_it_abandons(relay_factor
     remote.add(repo, bug)
     publish(own.url, [repo, bug])
     gsync = gsync_factory(own, [remote], extra={"sync": {"negentropy": "false"}},
-                          timers={"DAILY_MIN_SECS": 3, "DAILY_MAX_SECS": 3.5})
+                          timers={"DAILY_MIN_SECS": 1.5, "DAILY_MAX_SECS": 2})
     wait_until(lambda: events_named(gsync, "daily_sync", remote.url), timeout=20, what="the daily sync")
     assert silent, "no historic REQ was left open"
     wait_until(lambda: silent[0] in {m[1] for m in remote.messages("CLOSE")}, timeout=5,
@@ -503,14 +501,14 @@ def test_rate_limit_answers_in_neg_err_and_ok_start_the_cooldown(where, relay_fa
     remote.add(repo, *bugs)
     publish(own.url, [repo])
     extra = {"auth": {"key_file": _key_file(tmp_path)}} if where == "OK" else {}
-    gsync = gsync_factory(own, [remote], extra=extra, timers={"RATE_LIMIT_COOLDOWN_SECS": COOLDOWN})
+    gsync = gsync_factory(own, [remote], extra=extra, timers={"RATE_LIMIT_COOLDOWN_SECS": 2})
     limited = wait_until(lambda: events_named(gsync, "relay_rate_limited", remote.url), timeout=20,
                          what="the cooldown")
     assert "too many" in limited[0]["text"]
     assert_arrives(own, bugs, timeout=30, what="the issues after the cooldown")
-    during = [t - answered[0] for t in reqs if answered[0] + 0.3 < t < answered[0] + COOLDOWN - 0.2]
+    during = [t - answered[0] for t in reqs if answered[0] + 0.3 < t < answered[0] + 2 - 0.2]
     assert not during, during
-    assert any(t > answered[0] + COOLDOWN - 0.2 for t in reqs), "nothing was left for after the cooldown"
+    assert any(t > answered[0] + 2 - 0.2 for t in reqs), "nothing was left for after the cooldown"
     assert [e["event"] for e in gsync.log_events() if e.get("relay") == remote.url and e["event"]
             in ("relay_rate_limited", "relay_probing", "relay_rate_limit_lifted")][:2] == \
         ["relay_rate_limited", "relay_probing"]
