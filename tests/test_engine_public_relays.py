@@ -147,8 +147,8 @@ def test_a_refused_tag_is_paused_through_consolidation_reconnect_and_daily_then_
     publish(remote.url, [repo, *bugs, *replies, quoted])
     publish(own.url, [repo])
     gsync = gsync_factory(
-        own, [remote],
-        extra={"sync": {"batch_window_ms": "100", "base_backoff_secs": "1"}},
+        own, [remote],  # REQs only: the historic REQ packs #q with the rest, as the live one does
+        extra={"sync": {"batch_window_ms": "100", "base_backoff_secs": "1", "negentropy": "false"}},
         timers={"POLICY_PROBE_SECS": PROBE, "DAILY_MIN_SECS": 6, "DAILY_MAX_SECS": 6.5},
     )
     assert_arrives(own, [*bugs, *replies], timeout=30, what="everything but the refused #q coverage")
@@ -347,9 +347,34 @@ def test_auth_required_without_a_key_is_a_policy_refusal_and_nothing_loops(relay
     paused = events_named(gsync, "coverage_paused", remote.url)
     assert all(e["reason"].startswith("auth-required") for e in paused)
     assert settled <= 2 * len(paused) + 2, (settled, len(paused))
+    assert status_of(gsync, remote.url)["status"] == "connected"  # refused is not failed
     assert [e["fresh_start"] for e in events_named(gsync, "relay_connected", remote.url)] == [True]
     assert status_of(gsync, remote.url)["paused_coverage"] == len(paused)
     print(f"\nNIP-42 relay without a key: {settled} refusals, {len(paused)} shapes paused")
+
+
+def test_a_nip42_relay_with_a_key_is_synced_live_and_nothing_is_paused(relay_factory, gsync_factory,
+                                                                        tmp_path):
+    """With ``[auth] key_file``: the REQs the relay refused before our AUTH are sent again
+    after it, so no coverage is lost to a refusal, and live events arrive."""
+    from .test_engine_policies import _key_file
+
+    own = relay_factory()
+    remote = relay_factory(nip42="read")
+    repo = our_announcement(own, [remote], d="authed-live")
+    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(3)]
+    publish(remote.url, [repo, *bugs])
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], extra={"auth": {"key_file": _key_file(tmp_path)}})
+    assert_arrives(own, bugs, timeout=30, what="history from a NIP-42 relay")
+    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=30,
+               what="historic sync complete")
+    later = [f.issue(bob, repo, subject="live", created_at=int(time.time())),
+             our_announcement(own, [remote], d="announced-live", created_at=int(time.time()))]
+    publish(remote.url, later)
+    assert_arrives(own, later, timeout=20, what="live events (layer 2 and layer 1)")
+    assert not events_named(gsync, "coverage_paused")
+    assert status_of(gsync, remote.url)["paused_coverage"] == 0
 
 
 def test_an_auth_challenge_is_answered_when_it_arrives(relay_factory, gsync_factory, scripted, tmp_path):
