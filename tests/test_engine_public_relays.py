@@ -279,7 +279,7 @@ def test_descendants_of_2000_repositories_keep_within_20_subscriptions(relay_fac
     members = [f.comment(alice, bug, content="a reply") for bug in bugs]
     remote.add(*repos, *bugs, *members)
     publish(own.url, [*repos, *bugs])
-    gsync = gsync_factory(own, [remote], timers={"DESCENDANT_TICK_SECS": 0.25, "MAINTENANCE_TICK_SECS": 0.25})
+    gsync_factory(own, [remote], timers={"DESCENDANT_TICK_SECS": 0.25, "MAINTENANCE_TICK_SECS": 0.25})
     assert_arrives(own, members, timeout=90, what="2,000 replies")
     live_members = []
     for n in range(8):  # a new direct member per tick, each wanting live coverage of its own
