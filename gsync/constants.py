@@ -28,6 +28,10 @@ DESCENDANT_OVERLAP_SECS = 15 * 60
 MAX_OPEN_FILTER_BYTES = 768 * 1024
 MAX_LIVE_FILTER_BYTES = 512 * 1024
 POLL_SECS = 5.0  # live coverage that did not fit is asked for again on this cadence
+# A live REQ the relay closed for no stated reason (not rate, policy or size) is opened again
+# from the current index; closed again within this long of that, it is polled instead: a
+# relay that closes every live REQ at once must not get a REQ/CLOSED loop.
+LIVE_REBUILD_MIN_SECS = 60.0
 POLL_OVERLAP_SECS = 15 * 60
 
 # -- historic sync (SPEC §4) -------------------------------------------------------------

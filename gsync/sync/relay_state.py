@@ -93,6 +93,19 @@ class RelayState:
             return True
         return self.disconnected_at is None or now - self.disconnected_at > QUICK_RECONNECT_SECS
 
+    def start_priority(self, sub_id: str) -> tuple:
+        """Where a queued historic start goes when queued work is re-derived (after a
+        rate-limit cooldown): discovery (layer 1) first, then what was started (pages of
+        running batches), then new batches oldest first, then recovery, polls and probes."""
+        batch = self.pending.get(self.sub_to_batch.get(sub_id, -1))
+        if batch is None:
+            return (4, 0)
+        if getattr(batch, "layer1", False):
+            return (0, batch.batch_id)
+        if getattr(batch, "recovery", False) or batch.batch_id == self.poll_batch or batch.batch_id in self.probes:
+            return (3, batch.batch_id)
+        return (1 if batch.started else 2, batch.batch_id)
+
     def clear_pending(self) -> None:
         # Timers of the session that scheduled them: their messages will be ignored as
         # stale, so they must not keep the flags set (a relay stuck in Syncing for ever).

@@ -41,7 +41,6 @@ from .lifecycle import LAYER1_LIVE_SUB
 log = get_logger("gsync.manager")
 
 CAPACITY = "capacity"  # too much open at once: not a rate, not a policy
-LIVE_REBUILD_MIN_SECS = 60.0  # a rebuilt live REQ closed again sooner than this is polled
 
 
 def _is_capacity_refusal(text: str) -> bool:
@@ -158,7 +157,7 @@ class Refusals:
         filters = state.paused.allowed(filter_plan.restrict_to(live.filters, self.wanted_live_filters(state)))
         if not filters:
             return
-        if live.rebuilt_at is not None and now - live.rebuilt_at < LIVE_REBUILD_MIN_SECS:
+        if live.rebuilt_at is not None and now - live.rebuilt_at < constants.LIVE_REBUILD_MIN_SECS:
             self.poll_instead(state, filters)
             return
         log.info("live_rebuilt", relay=state.url, sub_id=sub_id, filters=len(filters))
@@ -272,19 +271,7 @@ class Refusals:
                     state.live_subs[sub_id] = dataclasses.replace(live, filters=tuple(filters))
                 else:
                     del state.live_subs[sub_id]
-        state.historic_queue.sort(key=lambda entry: self.start_priority(state, entry[0]))
-
-    def start_priority(self, state: RelayState, sub_id: str) -> tuple:
-        """Discovery first, then what was started (pages of running batches), then new
-        batches oldest first, then recovery, polls and probes."""
-        batch = state.pending.get(state.sub_to_batch.get(sub_id, -1))
-        if batch is None:
-            return (4, 0)
-        if getattr(batch, "layer1", False):
-            return (0, batch.batch_id)
-        if getattr(batch, "recovery", False) or batch.batch_id in (state.poll_batch, *state.probes):
-            return (3, batch.batch_id)
-        return (1 if batch.started else 2, batch.batch_id)
+        state.historic_queue.sort(key=lambda entry: state.start_priority(entry[0]))
 
     def note_request_succeeded(self, state: RelayState) -> None:
         """A request was served: a relay Probing after its cooldown is back to its state."""
