@@ -165,9 +165,10 @@ class HistoricSync:
             return False
         keep = [i for i, f in enumerate(group) if not state.paused.is_filter_paused(f)]
         alone = [i for i in keep if coverage_key(group[i]) in state.stalled_shapes]
-        if len(keep) == len(group) and (len(keep) < 2 or not alone or len(alone) == len(keep)):
+        rest = [i for i in keep if i not in alone]
+        parts = [rest, *([i] for i in alone)] if rest else [keep]
+        if parts == [list(range(len(group)))]:
             return False
-        parts = [[i for i in keep if i not in alone]] + [[i] for i in alone] if len(alone) < len(keep) else [keep]
         state.historic_queue.pop(0)
         del state.sub_to_batch[sub_id]
         batch = state.pending[batch_id]
