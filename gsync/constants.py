@@ -31,12 +31,23 @@ DESCENDANT_OVERLAP_SECS = 15 * 60
 MAX_OPEN_FILTER_BYTES = 768 * 1024
 MAX_LIVE_FILTER_BYTES = 512 * 1024
 POLL_SECS = 5.0  # live coverage that did not fit is asked for again on this cadence
+# A live REQ the relay closed for no stated reason (not rate, policy or size) is opened again
+# from the current index; closed again within this long of that, it is polled instead: a
+# relay that closes every live REQ at once must not get a REQ/CLOSED loop.
+LIVE_REBUILD_MIN_SECS = 60.0
 POLL_OVERLAP_SECS = 15 * 60
 
 # -- historic sync (SPEC §4) -------------------------------------------------------------
 PAGE_THRESHOLD = 75  # >= this many events before EOSE means "maybe more": ask the next page
 MAX_IDS_PER_REQ = 300
 NEGENTROPY_DEADLINE_SECS = 15.0  # total wall clock for one NIP-77 exchange
+# A historic REQ (a page, an id fetch) with no sign of life (neither its EOSE nor an event)
+# for this long has stalled. Relays answer a page in well under a second (LocalRelay at
+# 20,000 events: 40-200 ms), slow public ones in a few seconds; past 30 s of silence the
+# relay is not slow but never going to finish, and its batch, its slot and its subscription
+# must not wait for ever. Events keep a REQ alive, so a slow page still streaming is never
+# cut; while delivery holds our reading back, nothing stalls (the silence is ours).
+REQ_STALL_SECS = 30.0
 RESIDUAL_FALLBACK_MIN_ADVERTISED = 20
 RESIDUAL_FALLBACK_MAX_FRACTION = 0.10
 # After NIP-77, a filter whose events the own relay mostly lacks (more than one id fetch
@@ -104,6 +115,7 @@ DELIVERY_BACKLOG_SLACK = 10_000
 # ``since`` are not timers: they are compared with events' created_at and never change.
 TEST_TIMER_NAMES = (
     "COMPLETION_RECHECK_SECS", "PURGATORY_TTL_SECS", "POLL_SECS", "NEGENTROPY_DEADLINE_SECS",
+    "REQ_STALL_SECS",
     "QUICK_RECONNECT_SECS", "DAILY_MIN_SECS", "DAILY_MAX_SECS", "RECOVERY_BASE_SECS",
     "RECOVERY_MAX_SECS", "DEAD_AFTER_SECS", "DEAD_RETRY_SECS", "STABILITY_SECS",
     "RATE_LIMIT_COOLDOWN_SECS", "REACTIVE_GATE_START_SECS", "REACTIVE_GATE_MAX_SECS",

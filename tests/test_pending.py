@@ -258,6 +258,21 @@ def test_restarted_page_does_not_count_events_twice():
     assert flat(b.on_eose("s1")) == []  # 60 events, not 110: that was the last page
 
 
+def test_split_subscription_sends_parts_again_on_the_same_page():
+    later = ISSUES.replace(until=900)
+    b = batch()
+    b.add_subscription("s1", [later, PATCHES, Filter.make(kinds=[1618])])
+    feed(b, "s1", page(1621, 900, 10))  # a refusal may follow events: they do not count twice
+    parts = b.split_subscription("s1", [("s2", [0, 1]), ("s3", [2]), ("s4", [])])
+    assert parts == [("s2", [later, PATCHES]), ("s3", [Filter.make(kinds=[1618])])]
+    assert b.outstanding_subs == {"s2", "s3"}
+    assert b.pagination["s2"].filters[0].event_count == 0
+    assert b.split_subscription("s3", []) == []  # a filter dropped: the sub is done
+    feed(b, "s2", page(1621, 900, 5))
+    assert flat(b.on_eose("s2")) == []
+    assert b.is_complete and not b.failed
+
+
 def test_id_filters_never_paginate():
     events = page(1621, 1000, 100)
     b = batch()

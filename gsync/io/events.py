@@ -141,6 +141,13 @@ class HistoricSlotDue:
 
 
 @dataclass(slots=True)
+class CooldownEnded:
+    """A relay's rate-limit cooldown is over: it is Probing, and the queued work goes out."""
+
+    relay: str
+
+
+@dataclass(slots=True)
 class Stop:
     reason: str = "stop"
     extra: dict = field(default_factory=dict)

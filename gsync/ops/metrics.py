@@ -81,9 +81,15 @@ REFUSALS = Counter(
     "gsync_relay_refusals_total", "Refusals from remote relays by category", ["category"],
     registry=REGISTRY,
 )
+PAUSED_COVERAGE = Gauge(
+    "gsync_paused_coverage",
+    "Filter shapes a relay refused by policy, not asked again until their 24 h probe",
+    ["relay"],
+    registry=REGISTRY,
+)
 
 
-PER_RELAY_GAUGES = (RELAY_CONNECTED, RELAY_STATUS, RELAY_FAILURES, SUBSCRIPTIONS)
+PER_RELAY_GAUGES = (RELAY_CONNECTED, RELAY_STATUS, RELAY_FAILURES, SUBSCRIPTIONS, PAUSED_COVERAGE)
 
 
 def forget_relay(relay: str) -> None:

@@ -318,6 +318,23 @@ class PendingBatch:
         if state is not None:
             state.filters = [s.restarted() for s in state.filters]
 
+    def split_subscription(self, sub_id: str, parts) -> list[tuple[str, list[Filter]]]:
+        """Send ``sub_id``'s filters again as several REQs: ``parts`` is ``(new sub id,
+        indices into its filters)`` each; filters in no part are dropped. For a REQ the
+        relay refused or never finished as a whole, to find the filter at fault. Each
+        part restarts the page it was on. Returns ``(new sub id, filters)`` to queue."""
+        state = self.pagination.pop(sub_id, None)
+        self.outstanding_subs.discard(sub_id)
+        out = []
+        for new_id, indices in parts:
+            group = [state.filters[i].restarted() for i in indices] if state else []
+            if not group:
+                continue
+            self.outstanding_subs.add(new_id)
+            self.pagination[new_id] = PaginationState(group)
+            out.append((new_id, [s.page_filter for s in group]))
+        return out
+
     def filters_of(self, sub_id: str) -> list[Filter]:
         state = self.pagination.get(sub_id)
         return state.page_filters if state else []

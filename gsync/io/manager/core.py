@@ -27,6 +27,7 @@ from ..delivery import OwnRelayDelivery
 from ..events import (
     BatchWindowClosed,
     CompletionRecheck,
+    CooldownEnded,
     DeliveryAnswered,
     HandshakeDone,
     HandshakeStarted,
@@ -49,11 +50,12 @@ from .historic import HistoricSync
 from .lifecycle import RelayLifecycle
 from .live import LiveCoverage
 from .own_relay import REJECTED_SAVE_SECS, OwnRelaySide
+from .refusals import Refusals
 
 log = get_logger("gsync.manager")
 
 
-class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Descendants):
+class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Descendants, Refusals):
     def __init__(self, config, *, clock=time.time, delivery=None, on_ready=None):
         self.config = config
         self.clock = clock
@@ -106,6 +108,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             BatchWindowClosed: self.on_batch_window_closed,
             CompletionRecheck: self.on_completion_recheck,
             HistoricSlotDue: self.on_historic_slot_due,
+            CooldownEnded: self.on_cooldown_ended,
             Tick: self.on_tick,
         }
         for url in sync.bootstrap_relays:
@@ -169,6 +172,10 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         if state is None:
             return
         state.received_metric.inc(len(msg.events))
+        if state.sub_activity:  # historic REQs that sent something are not stalled
+            now = self.clock()
+            for sub_id in {e.sub_id for e in msg.events} & state.sub_activity.keys():
+                state.sub_activity[sub_id] = now
         for event in msg.events:
             try:
                 self.apply_remote_event(state, event)
@@ -197,6 +204,8 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             log.info("relay_notice", relay=state.url, text=m.text[:200])
             if wire.is_rate_limit_text(m.text):
                 self.note_rate_limited(state, m.text)
+        elif isinstance(m, (wire.Ok, wire.NegErr)):
+            self.note_rate_limit_answer(state, m)
 
 
     # -- missing-event recovery (SPEC §4) -----------------------------------------------
@@ -222,6 +231,8 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             for state in self.relays.values():
                 self.pump_historic(state)
         self.run_recovery(now)
+        self.expire_stalled(now)
+        self.run_policy_probes(now)
         self.run_polls(now)
         self.run_descendants(now)
         self.rejected.expire(now)
@@ -276,6 +287,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
                     "health": self.health.state(s.url, now).name.lower(),
                     "subscriptions": len(s.conn.subscriptions) if s.conn else 0,
                     "pending_batches": len(s.pending),
+                    "paused_coverage": len(s.paused),
                     "events_delivered": s.events_delivered,
                     "bootstrap": s.is_bootstrap,
                     "last_error": s.refused_reason or s.last_error,

@@ -12,6 +12,7 @@ from ...protocol import messages as wire
 from ...protocol.filters import Filter
 from ...sync import filter_plan
 from ...sync.pending import PendingBatch, ResidualDecision, SyncMethod, fetch_by_filter
+from ...sync.policy import coverage_key
 from ...sync.relay_state import ConnectionStatus, RelayState
 from ...sync.targets import PendingItems
 from .. import negentropy_sync
@@ -26,12 +27,6 @@ log = get_logger("gsync.manager")
 MAX_HISTORIC_SUBS = 4  # concurrent historic REQs per relay, within the transient budget
 
 
-def _is_capacity_refusal(text: str) -> bool:
-    """"active subscriptions exceed max size": too much open at once, not too fast."""
-    lowered = text.lower()
-    return "exceed" in lowered and ("size" in lowered or "max" in lowered)
-
-
 class HistoricSync:
     """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
 
@@ -43,7 +38,10 @@ class HistoricSync:
         ``coalesce`` (AddFilters): when an earlier AddFilters batch on this relay has not
         started any REQ yet (the pacing gate holds it), this one joins it instead, and their
         filters are packed together: fewer, fuller REQs for the same paced starts. Its items
-        then confirm with that batch, as if both had come in one AddFilters."""
+        then confirm with that batch, as if both had come in one AddFilters.
+
+        Filters whose shape the relay refused by policy are left out (``refusals``)."""
+        filters = state.paused.allowed(filters)
         if coalesce and not self.use_negentropy(state, filters):
             waiting = next((b for b in reversed(state.pending.values())
                             if b.coalescable and not b.started), None)
@@ -55,7 +53,7 @@ class HistoricSync:
         batch.recovery = recovery
         batch.semantic_filters = list(filters)
         state.pending[batch.batch_id] = batch
-        if self.use_negentropy(state, filters):
+        if not recovery and self.use_negentropy(state, filters):
             batch.method = SyncMethod.NEGENTROPY
             for flt in filters:
                 token = f"neg{batch.batch_id}-{next(self._ids)}"
@@ -111,9 +109,10 @@ class HistoricSync:
         health tracker's gates space them (1 s per connection, longer after a rate-limit
         refusal, none during a cooldown). Nothing starts while the own relay is down: what
         would be fetched could not be delivered (the catch-up after the outage covers it);
-        nor while delivery is more than a quarter of its backlog limit behind.
+        nor while delivery is more than a quarter of its backlog limit behind. Live REQs
+        waiting for the gates go first (``live.pump_live``).
         """
-        if not state.connected or self.own_down_since is not None:
+        if not state.connected or not self.pump_live(state) or self.own_down_since is not None:
             return
         if self.delivery.backlog >= self.backlog_high_water:
             self.historic_held = True  # the tick pumps again once delivery caught up
@@ -128,13 +127,13 @@ class HistoricSync:
             now = self.clock()
             wait = self.health.may_start_background(state.url, now)
             if wait > 0:
-                if not state.slot_wakeup_scheduled:
-                    state.slot_wakeup_scheduled = True
-                    gevent.spawn_later(wait, self.post, HistoricSlotDue(state.url, state.session))
+                self.wake_pump_in(state, wait)
                 return
             sub_id, group = state.historic_queue[0]
             if sub_id not in state.sub_to_batch:
                 state.historic_queue.pop(0)
+                continue
+            if (state.paused or state.stalled_shapes) and self.regroup_before_start(state, sub_id, group):
                 continue
             size = len(wire.req(sub_id, group))
             if open_historic and state.conn.open_filter_bytes + size > constants.MAX_OPEN_FILTER_BYTES:
@@ -148,7 +147,42 @@ class HistoricSync:
                 self.start_negentropy(state, sub_id, group[0])
             else:
                 state.conn.subscribe(sub_id, group)
+                state.sub_activity[sub_id] = now
             open_historic += 1
+
+    def wake_pump_in(self, state: RelayState, wait: float) -> None:
+        """Pump this relay again when its pacing gate (or cooldown) opens."""
+        if not state.slot_wakeup_scheduled:
+            state.slot_wakeup_scheduled = True
+            gevent.spawn_later(wait, self.post, HistoricSlotDue(state.url, state.session))
+
+    def regroup_before_start(self, state: RelayState, sub_id: str, group) -> bool:
+        """A queued REQ meets what the relay taught us since it was queued: shapes it
+        refused by policy go (a probe's own filter stays), and a shape that stalled on this
+        connection goes alone, so that it cannot hold the rest. True if it changed."""
+        batch_id = state.sub_to_batch[sub_id]
+        if batch_id in state.probes:
+            return False
+        keep = [i for i, f in enumerate(group) if not state.paused.is_filter_paused(f)]
+        alone = [i for i in keep if coverage_key(group[i]) in state.stalled_shapes]
+        rest = [i for i in keep if i not in alone]
+        parts = [rest, *([i] for i in alone)] if rest else [keep]
+        if parts == [list(range(len(group)))]:
+            return False
+        state.historic_queue.pop(0)
+        del state.sub_to_batch[sub_id]
+        batch = state.pending[batch_id]
+        if sub_id.startswith("neg"):
+            batch.finish_subscription(sub_id)
+        else:
+            entries = batch.split_subscription(
+                sub_id, [(f"h{batch_id}-{next(self._ids)}", part) for part in parts if part])
+            for new_id, _ in entries:
+                state.sub_to_batch[new_id] = batch_id
+            state.historic_queue[0:0] = entries
+        if batch.is_complete:
+            self.finish_batch(state, batch)
+        return True
 
     def start_negentropy(self, state: RelayState, token: str, flt: Filter) -> None:
         state.neg_running.add(token)
@@ -166,9 +200,11 @@ class HistoricSync:
             self.pump_historic(state)
 
     def on_eose(self, state: RelayState, sub_id: str) -> None:
+        self.note_request_succeeded(state)
+        state.sub_activity.pop(sub_id, None)
         batch_id = state.sub_to_batch.get(sub_id)
         if batch_id is None:
-            return  # live subscriptions get an immediate EOSE: nothing to do
+            return  # live subscriptions get an immediate EOSE: nothing more to do
         batch = state.pending.get(batch_id)
         if batch is None:
             return
@@ -187,56 +223,6 @@ class HistoricSync:
         self.pump_historic(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
-
-    def on_closed(self, state: RelayState, closed: wire.Closed) -> None:
-        sub_id = closed.sub_id
-        if sub_id not in state.sub_to_batch and sub_id not in state.live_subs:
-            return  # already finished (some relays close an ids-only REQ after its EOSE)
-        state.conn.forget(sub_id)
-        log.warning("subscription_closed", relay=state.url, sub_id=sub_id,
-                    reason=f"{closed.prefix.value}: {closed.text}"[:200])
-        capacity = _is_capacity_refusal(closed.text)
-        rate_limited = not capacity and (
-            closed.prefix is wire.Prefix.RATE_LIMITED or wire.is_rate_limit_text(closed.text)
-        )
-        if capacity:
-            metrics.REFUSALS.labels("capacity").inc()
-        elif rate_limited:
-            self.note_rate_limited(state, closed.text)
-            metrics.REFUSALS.labels("rate_limited").inc()
-        else:
-            metrics.REFUSALS.labels(closed.prefix.value).inc()
-        batch_id = state.sub_to_batch.pop(sub_id, None)
-        if batch_id is not None and batch_id in state.pending:
-            batch = state.pending[batch_id]
-            filters = batch.filters_of(sub_id)
-            if (rate_limited or capacity) and filters:
-                # The same page again once the cooldown and the reactive gate allow it.
-                new_id = f"h{batch_id}-{next(self._ids)}"
-                batch.rename_subscription(sub_id, new_id)
-                batch.restart_page(new_id)
-                state.sub_to_batch[new_id] = batch_id
-                state.historic_queue.insert(0, (new_id, filters))
-                self.pump_historic(state)
-                return
-            batch.on_closed(sub_id)
-            state.unrelated_failure = True
-            if batch.is_complete:
-                self.finish_batch(state, batch)
-            return
-        live = state.live_subs.pop(sub_id, None)
-        if live is not None and capacity:
-            self.poll_instead(state, live.filters)
-        elif live is not None and rate_limited:
-            gevent.spawn_later(constants.RATE_LIMIT_COOLDOWN_SECS, self._resubscribe_live,
-                               state, state.session, sub_id, live)
-
-    def note_rate_limited(self, state: RelayState, text: str) -> None:
-        now = self.clock()
-        if not self.health.is_rate_limited(state.url, now):
-            log.warning("relay_rate_limited", relay=state.url, text=text[:200],
-                        cooldown_secs=constants.RATE_LIMIT_COOLDOWN_SECS)
-        self.health.record_rate_limited(state.url, now)
 
     def finish_batch(self, state: RelayState, batch: PendingBatch) -> None:
         """All subscriptions answered. After NIP-77, judge what the id fetches delivered
@@ -284,22 +270,33 @@ class HistoricSync:
             state.batch_failures = True
         log.debug("batch_confirmed", relay=state.url, batch_id=batch.batch_id, failed=batch.failed,
                   method=batch.method.value)
+        probed = state.probes.pop(batch.batch_id, None)
+        if probed is not None:
+            self.probe_answered(state, probed, batch)
         self.check_historic_complete(state)
 
     def check_historic_complete(self, state: RelayState) -> None:
         """Double check (seed 001): no pending batch now, and still none 6 s later."""
-        if state.pending or state.completion_check_scheduled or state.status != ConnectionStatus.SYNCING:
+        if self.syncing_batches(state) or state.completion_check_scheduled or state.status != ConnectionStatus.SYNCING:
             return
         state.completion_check_scheduled = True
         delay = self.config.sync.batch_window_ms / 1000 + 1
         gevent.spawn_later(delay, self.post, CompletionRecheck(state.url, state.session))
+
+    def syncing_batches(self, state: RelayState) -> bool:
+        """Historic sync still running: a batch other than a recovery attempt, a poll or a
+        policy probe (those run for as long as a relay is connected: they are upkeep)."""
+        return any(
+            not getattr(b, "recovery", False) and b.batch_id != state.poll_batch and b.batch_id not in state.probes
+            for b in state.pending.values()
+        )
 
     def on_completion_recheck(self, msg: CompletionRecheck) -> None:
         state = self._current(msg.relay, msg.session)
         if state is None:
             return
         state.completion_check_scheduled = False
-        if state.pending or state.status != ConnectionStatus.SYNCING:
+        if self.syncing_batches(state) or state.status != ConnectionStatus.SYNCING:
             return
         state.status = (
             ConnectionStatus.CONNECTED_HISTORIC_SYNC_FAILURES
@@ -308,6 +305,7 @@ class HistoricSync:
         )
         state.historic_sync_completed_at = self.clock()
         log.info("historic_sync_complete", relay=state.url, status=state.status.name)
+        self.promote_if_recovered(state.url)  # recovery may have finished before this check
 
     def on_negentropy_finished(self, msg: NegentropyFinished) -> None:
         state = self._current(msg.relay, msg.session)
@@ -322,6 +320,7 @@ class HistoricSync:
             return
         batch.finish_subscription(msg.token)
         if result.ok:
+            self.note_request_succeeded(state)
             metrics.NEGENTROPY_BYTES.labels(state.url, "up").inc(result.bytes_up)
             metrics.NEGENTROPY_BYTES.labels(state.url, "down").inc(result.bytes_down)
             metrics.NEGENTROPY_ROUNDS.labels(state.url).inc(result.rounds)
@@ -341,6 +340,8 @@ class HistoricSync:
             if result.own_relay_failed:
                 log.warning("negentropy_own_relay_unavailable", relay=state.url, reason=result.reason)
             else:
+                if wire.is_rate_limit_text(result.reason):  # NEG-ERR "rate-limited: …"
+                    self.note_rate_limited(state, result.reason)
                 self.disable_negentropy(state, result.reason)
             self.queue_reqs(state, batch, [msg.filter], front=True)
         if not any(sub.startswith("neg") for sub in batch.outstanding_subs):
@@ -362,7 +363,10 @@ class HistoricSync:
             log.warning("negentropy_unsupported", relay=state.url, reason=reason[:200])
         state.negentropy_ok = False
         self.health.disable_negentropy(state.url)
-        # Exchanges still queued become REQs.
+        self.requeue_negentropy_as_reqs(state)
+
+    def requeue_negentropy_as_reqs(self, state: RelayState) -> None:
+        """NIP-77 is off: exchanges still queued become REQs."""
         queued = [(t, g) for t, g in state.historic_queue if t.startswith("neg")]
         state.historic_queue = [e for e in state.historic_queue if not e[0].startswith("neg")]
         for token, group in queued:
@@ -375,15 +379,19 @@ class HistoricSync:
         for url in self.recovery.due_relays(now):
             state = self.relays.get(url)
             ids = self.recovery.next_attempt(url, now, connected=bool(state and state.connected))
-            if not ids:
+            if ids is None:
                 continue
-            log.info("recovery_attempt", relay=url, ids=len(ids))
-            batch = self.start_historic(state, PendingItems(), [Filter.make(ids=ids)], recovery=True)
+            filters = self.recovery.attempt_filters(url)
+            log.info("recovery_attempt", relay=url, ids=len(ids), filters=len(filters))
+            if ids:
+                filters = [Filter.make(ids=ids), *filters]
+            batch = self.start_historic(state, PendingItems(), filters, recovery=True)
             batch.expect_ids(ids)
 
     def finish_recovery(self, state: RelayState, batch: PendingBatch) -> None:
         state.pending.pop(batch.batch_id, None)
-        dropped = self.recovery.record_result(state.url, batch.received_ids, self.clock())
+        dropped = self.recovery.record_result(state.url, batch.received_ids, self.clock(),
+                                              filters_done=not batch.failed)
         if dropped:
             log.warning("recovery_gave_up", relay=state.url, dropped=len(dropped))
         self.promote_if_recovered(state.url)
