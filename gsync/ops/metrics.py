@@ -77,6 +77,11 @@ QUEUE_DEPTH = Gauge("gsync_queue_depth", "Queue depths", ["queue"], registry=REG
 HANDSHAKES_IN_FLIGHT = Gauge(
     "gsync_handshakes_in_flight", "Handshake workers busy", registry=REGISTRY
 )
+BACKGROUND_STARTS = Counter(
+    "gsync_background_starts_total",
+    "Paced starts spent on a remote: historic REQs and pages (req), NIP-77 exchanges (negentropy)",
+    ["relay", "kind"], registry=REGISTRY,
+)
 REFUSALS = Counter(
     "gsync_relay_refusals_total", "Refusals from remote relays by category", ["category"],
     registry=REGISTRY,

@@ -53,6 +53,7 @@ class RelayState:
     live_subs: dict[str, LiveSub] = field(default_factory=dict)
     # (sub id or NIP-77 token, filters) waiting for a slot
     historic_queue: list = field(default_factory=list)
+    historic_sent_at: dict = field(default_factory=dict)  # historic sub id -> when its REQ went
     batch_failures: bool = False
     unrelated_failure: bool = False  # a failure recovery cannot fix (e.g. a refused sub)
     neg_running: set = field(default_factory=set)
@@ -89,6 +90,7 @@ class RelayState:
         self.pending.clear()
         self.sub_to_batch.clear()
         self.historic_queue.clear()
+        self.historic_sent_at.clear()
 
     def clear_live(self) -> None:
         """Live coverage is gone (disconnect, fresh start): descendant coverage is rebuilt

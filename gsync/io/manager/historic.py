@@ -11,7 +11,13 @@ from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...protocol.filters import Filter
 from ...sync import filter_plan
-from ...sync.pending import PendingBatch, ResidualDecision, SyncMethod, fetch_by_filter
+from ...sync.pending import (
+    PendingBatch,
+    ResidualDecision,
+    SyncMethod,
+    fetch_by_filter,
+    negentropy_pays,
+)
 from ...sync.relay_state import ConnectionStatus, RelayState
 from ...sync.targets import PendingItems
 from .. import negentropy_sync
@@ -19,6 +25,7 @@ from ..events import (
     CompletionRecheck,
     HistoricSlotDue,
     NegentropyFinished,
+    OwnHoldingsRead,
 )
 
 log = get_logger("gsync.manager")
@@ -37,16 +44,18 @@ class HistoricSync:
 
     def start_historic(self, state: RelayState, items: PendingItems, filters, layer1=False,
                        recovery=False, coalesce=False) -> PendingBatch:
-        """A PendingBatch for ``filters``: NIP-77 per filter where the relay allows it (full
-        history only: a ``since`` catch-up is cheaper as a REQ), else grouped REQ+EOSE.
+        """A PendingBatch for ``filters``. Where the relay allows NIP-77 (full history only:
+        a ``since`` catch-up is cheaper as a REQ), the own relay's holdings are read first
+        and each filter gets the method that spends fewer paced starts on what it lacks
+        (``on_own_holdings_read``); otherwise grouped REQ+EOSE at once.
 
         ``coalesce`` (AddFilters): when an earlier AddFilters batch on this relay has not
         started any REQ yet (the pacing gate holds it), this one joins it instead, and their
         filters are packed together: fewer, fuller REQs for the same paced starts. Its items
         then confirm with that batch, as if both had come in one AddFilters."""
-        if coalesce and not self.use_negentropy(state, filters):
-            waiting = next((b for b in reversed(state.pending.values())
-                            if b.coalescable and not b.started), None)
+        asks_own = self.use_negentropy(state, filters)
+        if coalesce and not asks_own:
+            waiting = self.waiting_req_batch(state)
             if waiting is not None:
                 self.coalesce_into(state, waiting, items, filters)
                 return waiting
@@ -55,13 +64,8 @@ class HistoricSync:
         batch.recovery = recovery
         batch.semantic_filters = list(filters)
         state.pending[batch.batch_id] = batch
-        if self.use_negentropy(state, filters):
-            batch.method = SyncMethod.NEGENTROPY
-            for flt in filters:
-                token = f"neg{batch.batch_id}-{next(self._ids)}"
-                batch.add_subscription(token)
-                state.sub_to_batch[token] = batch.batch_id
-                state.historic_queue.append((token, [flt]))
+        if asks_own:
+            self.read_own_holdings(state, batch, filters, coalesce)
         else:
             batch.coalescable = coalesce  # NIP-77 batches never take in REQ work
             self.queue_reqs(state, batch, filters)
@@ -69,6 +73,69 @@ class HistoricSync:
         if batch.is_complete:
             self.finish_batch(state, batch)
         return batch
+
+    @staticmethod
+    def waiting_req_batch(state: RelayState, besides: PendingBatch | None = None):
+        """The latest AddFilters batch none of whose REQs started, if any."""
+        return next((b for b in reversed(state.pending.values())
+                     if b.coalescable and not b.started and b is not besides), None)
+
+    def read_own_holdings(self, state: RelayState, batch: PendingBatch, filters, coalesce: bool) -> None:
+        """Ask the own relay what it holds of each filter, before any paced start is spent
+        on them (loopback, unpaced), in a greenlet: the answer comes back as a message."""
+        token = f"own{batch.batch_id}-{next(self._ids)}"
+        batch.add_subscription(token)  # the batch is not complete while its methods are open
+        batch.coalesce_wanted = coalesce
+        gevent.spawn(negentropy_sync.read_holdings, self.config.service.own_relay, list(filters),
+                     self.post, relay=state.url, session=state.session, batch_id=batch.batch_id,
+                     token=token)
+
+    def on_own_holdings_read(self, msg: OwnHoldingsRead) -> None:
+        """Per filter: NIP-77 where the own relay holds enough of it for NIP-77 to pay for
+        its start, REQ pages (ten filters a start) otherwise (``negentropy_pays``)."""
+        state = self._current(msg.relay, msg.session)
+        batch = state and state.pending.get(msg.batch_id)
+        if batch is None or msg.token not in batch.outstanding_subs:
+            return
+        batch.finish_subscription(msg.token)
+        if msg.holdings is None:
+            log.warning("negentropy_own_relay_unavailable", relay=state.url, reason=msg.reason)
+            holdings = [[] for _ in msg.filters]
+        else:
+            holdings = msg.holdings
+        allowed = self.use_negentropy(state, msg.filters)  # it may have been turned off meanwhile
+        by_neg = [(f, held) for f, held in zip(msg.filters, holdings, strict=True)
+                  if allowed and negentropy_pays(len(held))]
+        by_req = [f for f, held in zip(msg.filters, holdings, strict=True)
+                  if not (allowed and negentropy_pays(len(held)))]
+        log.debug("historic_methods_chosen", relay=state.url, batch_id=batch.batch_id,
+                  negentropy=len(by_neg), req=len(by_req), held=sum(map(len, holdings)))
+        for flt, held in by_neg:
+            self.queue_negentropy(state, batch, flt, held)
+        if by_neg:
+            batch.method = SyncMethod.NEGENTROPY
+        elif by_req and batch.coalesce_wanted:
+            waiting = self.waiting_req_batch(state, besides=batch)
+            if waiting is not None:  # as start_historic would have, had it known at once
+                state.pending.pop(batch.batch_id, None)
+                self.coalesce_into(state, waiting, batch.items, by_req)
+                self.pump_historic(state)
+                return
+            batch.coalescable = True
+        if by_req:
+            self.queue_reqs(state, batch, by_req)
+        self.pump_historic(state)
+        if batch.is_complete:
+            self.finish_batch(state, batch)
+
+    def queue_negentropy(self, state: RelayState, batch: PendingBatch, flt: Filter, held) -> None:
+        """One NIP-77 exchange for ``flt``, waiting for its paced start; ``held`` (what the
+        own relay holds of it, just read) is kept for it, so it is not asked again."""
+        token = f"neg{batch.batch_id}-{next(self._ids)}"
+        batch.add_subscription(token)
+        batch.own_holdings[token] = held
+        state.sub_to_batch[token] = batch.batch_id
+        state.historic_queue.append((token, [flt]))
 
     def coalesce_into(self, state: RelayState, batch: PendingBatch, items: PendingItems, filters) -> None:
         """Add an AddFilters to a batch none of whose REQs started, and pack them anew."""
@@ -144,20 +211,31 @@ class HistoricSync:
             if batch is not None:
                 batch.started = True  # from now on it takes in no other AddFilters
             self.health.record_start(state.url, now, background=True)
+            log.debug("historic_started", relay=state.url, sub_id=sub_id, filters=len(group),
+                      batch_id=state.sub_to_batch[sub_id])
             if sub_id.startswith("neg"):
+                metrics.BACKGROUND_STARTS.labels(state.url, "negentropy").inc()
                 self.start_negentropy(state, sub_id, group[0])
             else:
+                metrics.BACKGROUND_STARTS.labels(state.url, "req").inc()
+                state.historic_sent_at[sub_id] = now
                 state.conn.subscribe(sub_id, group)
             open_historic += 1
 
     def start_negentropy(self, state: RelayState, token: str, flt: Filter) -> None:
         state.neg_running.add(token)
-        extra = self.rejected.items() + self.delivery.tracked_items
+        batch = state.pending.get(state.sub_to_batch[token])
+        held = batch.own_holdings.pop(token, None) if batch is not None else None
         gevent.spawn(
             negentropy_sync.reconcile_filter,
-            state.conn, self.config.service.own_relay, flt, extra, self.post,
-            batch_id=state.sub_to_batch[token], token=token,
+            state.conn, self.config.service.own_relay, flt, self.negentropy_extra(state, flt),
+            self.post, batch_id=state.sub_to_batch[token], token=token, held=held,
         )
+
+    def negentropy_extra(self, state: RelayState, flt: Filter):
+        """What the "already have" set adds to the own relay's holdings for ``flt``: events
+        refused for good (never fetched again) and events on their way to it."""
+        return self.rejected.items() + self.delivery.tracked_items
 
     def on_historic_slot_due(self, msg: HistoricSlotDue) -> None:
         state = self._current(msg.relay, msg.session)
@@ -172,12 +250,18 @@ class HistoricSync:
         batch = state.pending.get(batch_id)
         if batch is None:
             return
+        sent_at = state.historic_sent_at.pop(sub_id, None)
+        if sent_at is not None:
+            log.debug("historic_page_done", relay=state.url, sub_id=sub_id, batch_id=batch_id,
+                      events=batch.pagination[sub_id].total if sub_id in batch.pagination else 0,
+                      secs=round(self.clock() - sent_at, 3))
         pages = batch.on_eose(
             sub_id,
             per_req=filter_plan.filters_per_req(state.limits),
             pack=lambda filters: filter_plan.pack_into_reqs(filters, state.limits),
             new_sub_id=lambda: f"h{batch_id}-{next(self._ids)}",
             cap=state.page_cap,
+            elapsed=None if sent_at is None else self.clock() - sent_at,
         )
         state.conn.unsubscribe(sub_id)
         state.sub_to_batch.pop(sub_id, None)
@@ -369,6 +453,7 @@ class HistoricSync:
             batch = state.pending.get(state.sub_to_batch.pop(token, -1))
             if batch is not None:
                 batch.finish_subscription(token)
+                batch.own_holdings.pop(token, None)
                 self.queue_reqs(state, batch, group)
 
     def run_recovery(self, now: float) -> None:
