@@ -75,13 +75,14 @@ class PageCap:
     which kind it is, a page is complete only when both say so: the first page of a
     connection is always confirmed (learning costs that one page).
 
-    The confirming pages tell the kinds apart. A page proven cut (its next page brought an
-    event it lacked) with fewer matches than ``filter_served`` was not cut per filter; one
+    The confirming pages tell the kinds apart. A fast page proven cut (its next page brought
+    an event it lacked) with fewer matches than ``filter_served`` was not cut per filter; one
     with a smaller total than ``req_served`` was not cut per REQ. Once one kind is ruled out
     the other alone decides: on a per-filter relay a small filter riding in a large REQ is
     done, on a per-REQ relay a small REQ is done. A relay whose cuts neither kind explains
     (both caps at once) keeps both tests. A relay that stops slow queries cuts anywhere:
-    every slow page is confirmed (``constants.TIME_CUT_SUSPECT_SECS``).
+    every slow page is confirmed (``constants.TIME_CUT_SUSPECT_SECS``), and the cut of a
+    slow page teaches nothing of the caps.
     """
 
     filter_served: int = 0
@@ -148,6 +149,7 @@ class PreviousPage:
     ids: frozenset
     matched: int
     total: int
+    slow: bool = False  # a cut of a slow page may be a time budget's: it says nothing of caps
 
 
 @dataclass
@@ -214,17 +216,17 @@ class FilterPaginationState:
 
         ``cap``: the connection's ``PageCap`` (already taught this page); ``total``: events
         the whole REQ brought (default: this filter's); ``elapsed``: seconds from REQ to
-        EOSE, None if unknown. A slow page is confirmed unless it was itself a confirming
-        page that brought nothing new: a relay that is slow every time must not loop us."""
+        EOSE, None if unknown. A slow page is confirmed unless the whole REQ brought nothing
+        (its time went on finding nothing): so a relay slow every time still ends, with
+        ``until`` moving back each page until one comes back empty."""
         if self.page_filter.ids is not None:
             return None  # an exact-id answer is complete; shortfalls are residuals
         cap = cap or PageCap()
         total = len(self.seen) if total is None else total
-        slow = (elapsed is not None and elapsed >= constants.TIME_CUT_SUSPECT_SECS
-                and (self.previous is None or self.brought_new()))
+        slow = elapsed is not None and elapsed >= constants.TIME_CUT_SUSPECT_SECS and total > 0
         if not cap.maybe_cut(len(self.seen), total, slow):
             return None
-        previous = PreviousPage(frozenset(i for _, i in self.seen), len(self.seen), total)
+        previous = PreviousPage(frozenset(i for _, i in self.seen), len(self.seen), total, slow)
         covered = self.covered_until(cap.per_filter_bound(total, slow))
         if not self.seen:
             # A REQ that may have been cut before reaching it: the same page again, in any
@@ -245,6 +247,12 @@ class FilterPaginationState:
         elif ids_at - self.boundary_ids:
             # Still inside one crowded second but seeing new ids: ask it once more.
             next_until, boundary = until, self.boundary_ids | ids_at
+        elif not self.alone and cap.req_maybe_cut(total, slow):
+            # No progress, but the REQ's cap or its time may have stopped it inside this
+            # second: once more alone, where the whole answer is this filter's.
+            return FilterPaginationState(self.original_filter, self.page_filter,
+                                         boundary_ids=self.boundary_ids | ids_at, alone=True,
+                                         previous=previous)
         else:
             # No progress: the relay keeps returning the same page. Skip that second.
             next_until, boundary = until - 1, set()
@@ -322,7 +330,7 @@ class PaginationState:
         """What this page shows of the relay's caps: what it served, and, for a page
         confirming an earlier one, whether that one was cut."""
         for s in self.filters:
-            if s.brought_new():
+            if s.brought_new() and not s.previous.slow:
                 cap.note_cut(s.previous.matched, s.previous.total)
             cap.observe(s.own_count)
         cap.observe(0, self.total)
