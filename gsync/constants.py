@@ -38,6 +38,10 @@ POLL_OVERLAP_SECS = 15 * 60
 # slow queries cuts anywhere, but only a slow answer: one from REQ to EOSE in more than this
 # (relays' query budgets are seconds; loopback pages take milliseconds) is confirmed too.
 TIME_CUT_SUSPECT_SECS = 2.0
+# The one cap gsync assumes without seeing it: no relay serves a page of fewer than this many
+# events (per filter or per REQ) while holding more. It spares the confirming page (and the
+# empty one that would step past the boundary second) to the many filters of a few events.
+MIN_PAGE_CAP = 10
 MAX_IDS_PER_REQ = 300
 NEGENTROPY_DEADLINE_SECS = 15.0  # total wall clock for one NIP-77 exchange
 RESIDUAL_FALLBACK_MIN_ADVERTISED = 20

@@ -607,9 +607,16 @@ def test_a_connection_learns_a_per_req_cap_and_then_ends_small_reqs_at_once():
 def test_a_page_at_the_most_a_fresh_connection_has_served_is_confirmed():
     b = batch()
     b.add_subscription("s1", [ISSUES])
-    feed(b, "s1", page(1621, 1000, 3))
-    # A relay capping at 3 would look just like this: the next page says which it is.
-    assert flat(b.on_eose("s1", cap=PageCap())) == [ISSUES.replace(until=998)]
+    feed(b, "s1", page(1621, 1000, 12))
+    # A relay capping at 12 would look just like this: the next page says which it is.
+    assert flat(b.on_eose("s1", cap=PageCap())) == [ISSUES.replace(until=989)]
+
+
+def test_fewer_events_than_any_relay_caps_a_page_at_are_complete():
+    b = batch()
+    b.add_subscription("s1", [ISSUES, PATCHES])
+    feed(b, "s1", page(1621, 1000, 5) + page(1617, 1000, constants.MIN_PAGE_CAP - 6))
+    assert flat(b.on_eose("s1", cap=PageCap())) == []
 
 
 def test_an_empty_filter_in_a_req_that_may_have_been_cut_is_asked_again():
@@ -629,9 +636,7 @@ def test_a_slow_page_is_confirmed_until_a_slow_page_brings_nothing():
     cap = learnt()
     # 10 < 80: complete, unless the relay stopped a slow query early.
     assert flat(b.on_eose("s1", cap=cap, elapsed=SLOW)) == [ISSUES.replace(until=991)]
-    feed(b, "s1", issues[-1:])  # slow again, only the boundary second: once more, alone
-    assert flat(b.on_eose("s1", cap=cap, elapsed=SLOW)) == [ISSUES.replace(until=991)]
-    feed(b, "s1", issues[-1:])  # the same: step past that second
+    feed(b, "s1", issues[-1:])  # slow again, only the boundary second: step past it
     assert flat(b.on_eose("s1", cap=cap, elapsed=SLOW)) == [ISSUES.replace(until=990)]
     # slow, and nothing at all: a relay that is slow every time, not one that cut
     assert flat(b.on_eose("s1", cap=cap, elapsed=SLOW)) == []

@@ -46,6 +46,7 @@ from ..constants import (
     FETCH_BY_FILTER_MAX_HELD_FRACTION,
     MAX_FILTERS_PER_REQ,
     MAX_IDS_PER_REQ,
+    MIN_PAGE_CAP,
     NEGENTROPY_MIN_HELD,
     RESIDUAL_FALLBACK_MAX_FRACTION,
     RESIDUAL_FALLBACK_MIN_ADVERTISED,
@@ -71,9 +72,10 @@ class PageCap:
     certainly got in one page (its own events: no other filter of the REQ matched them), and
     ``req_served``, the most events one REQ brought. A relay capping per filter at P has
     P >= filter_served, so a filter that matched fewer was not cut; one capping per REQ at T
-    has T >= req_served, so a REQ that brought fewer was not cut. Before the relay has shown
-    which kind it is, a page is complete only when both say so: the first page of a
-    connection is always confirmed (learning costs that one page).
+    has T >= req_served, so a REQ that brought fewer was not cut. Both are assumed to be at
+    least ``MIN_PAGE_CAP``. Before the relay has shown which kind it is, a page is complete
+    only when both say so: the first full page of a connection is confirmed (learning costs
+    that one page).
 
     The confirming pages tell the kinds apart. A fast page proven cut (its next page brought
     an event it lacked) with fewer matches than ``filter_served`` was not cut per filter; one
@@ -124,13 +126,13 @@ class PageCap:
 
     def req_maybe_cut(self, total: int, slow: bool = False) -> bool:
         """Could a per-REQ cap (or a time budget) have cut this REQ's answer?"""
-        return slow or (self._rules()[1] and total >= max(1, self.req_served))
+        return slow or (self._rules()[1] and total >= max(MIN_PAGE_CAP, self.req_served))
 
     def maybe_cut(self, matched: int, total: int, slow: bool = False) -> bool:
         """Could this filter's page (``matched`` events, in a REQ of ``total``) be cut?"""
         per_filter, _ = self._rules()
         return self.req_maybe_cut(total, slow) or (
-            per_filter and matched >= max(1, self.filter_served))
+            per_filter and matched >= max(MIN_PAGE_CAP, self.filter_served))
 
     def per_filter_bound(self, total: int, slow: bool = False) -> int:
         """How many of its newest events every filter of this REQ certainly got (0: no
@@ -211,11 +213,12 @@ class FilterPaginationState:
         return min(bounds) if bounds else None
 
     def next_page(self, cap: PageCap | None = None, total: int | None = None,
-                  elapsed: float | None = None) -> FilterPaginationState | None:
+                  elapsed: float | None = None, by_itself: bool = True) -> FilterPaginationState | None:
         """The state for the next page, or None when this filter is exhausted.
 
         ``cap``: the connection's ``PageCap`` (already taught this page); ``total``: events
-        the whole REQ brought (default: this filter's); ``elapsed``: seconds from REQ to
+        the whole REQ brought (default: this filter's); ``by_itself``: it was the REQ's one
+        filter (its answer was all its own); ``elapsed``: seconds from REQ to
         EOSE, None if unknown. A slow page is confirmed unless the whole REQ brought nothing
         (its time went on finding nothing): so a relay slow every time still ends, with
         ``until`` moving back each page until one comes back empty."""
@@ -247,7 +250,7 @@ class FilterPaginationState:
         elif ids_at - self.boundary_ids:
             # Still inside one crowded second but seeing new ids: ask it once more.
             next_until, boundary = until, self.boundary_ids | ids_at
-        elif not self.alone and cap.req_maybe_cut(total, slow):
+        elif not (self.alone or by_itself) and cap.req_maybe_cut(total, slow):
             # No progress, but the REQ's cap or its time may have stopped it inside this
             # second: once more alone, where the whole answer is this filter's.
             return FilterPaginationState(self.original_filter, self.page_filter,
@@ -485,7 +488,9 @@ class PendingBatch:
             return []
         cap = cap or PageCap()
         state.teach(cap)
-        continuing = [n for n in (s.next_page(cap, state.total, elapsed) for s in state.filters) if n]
+        by_itself = len(state.filters) == 1
+        continuing = [n for n in (s.next_page(cap, state.total, elapsed, by_itself)
+                                  for s in state.filters) if n]
         shared = split_for_throughput([s for s in continuing if not s.alone], per_req)
         by_filter = {s.page_filter: s for s in shared}
         pack = pack or (lambda fs: [fs[i:i + per_req] for i in range(0, len(fs), per_req)])
