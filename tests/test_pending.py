@@ -207,8 +207,10 @@ def test_split_shares_the_req_between_the_filters_that_continue():
             b.record_event("s1", sign_event(SECRET, created_at=2000 - i, kind=1, content=name,
                                             tags=[[name, vals[i % 30]]]))
     pieces = flat(b.on_eose("s1", per_req=10, cap=learnt()))
-    assert sorted(len(p.tags[0][1]) for p in pieces) == [10] * 9  # 3 filters × 3 slices
-    assert len(pieces) == 9
+    assert len(pieces) == 10  # 3 filters: 4 + 3 + 3 slices of their 30 values
+    assert sorted(len(p.tags[0][1]) for p in pieces) == [7, 7, 8, 8] + [10] * 6
+    for name in ("e", "E", "q"):
+        assert sorted(v for p in pieces if p.tags[0][0] == name for v in p.tags[0][1]) == vals
 
 
 def test_next_pages_are_packed_and_named_by_the_caller():

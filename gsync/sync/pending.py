@@ -128,11 +128,14 @@ class PageCap:
         """Could a per-REQ cap (or a time budget) have cut this REQ's answer?"""
         return slow or (self._rules()[1] and total >= max(MIN_PAGE_CAP, self.req_served))
 
+    def filled(self, matched: int) -> bool:
+        """Did a filter that matched this many fill a page the relay caps per filter (it
+        likely has far more: worth splitting across a REQ)?"""
+        return self._rules()[0] and matched >= max(MIN_PAGE_CAP, self.filter_served)
+
     def maybe_cut(self, matched: int, total: int, slow: bool = False) -> bool:
         """Could this filter's page (``matched`` events, in a REQ of ``total``) be cut?"""
-        per_filter, _ = self._rules()
-        return self.req_maybe_cut(total, slow) or (
-            per_filter and matched >= max(MIN_PAGE_CAP, self.filter_served))
+        return self.req_maybe_cut(total, slow) or self.filled(matched)
 
     def per_filter_bound(self, total: int, slow: bool = False) -> int:
         """How many of its newest events every filter of this REQ certainly got (0: no
@@ -168,6 +171,7 @@ class FilterPaginationState:
     boundary_ids: set[str] = field(default_factory=set)
     alone: bool = False  # the next page must be a REQ of its own
     previous: PreviousPage | None = None  # the page this one confirms
+    full: bool = False  # the page it continues filled a per-filter cap: more pages likely
 
     @classmethod
     def start(cls, f: Filter) -> FilterPaginationState:
@@ -267,6 +271,7 @@ class FilterPaginationState:
             page_filter=self.original_filter.replace(until=next_until),
             boundary_ids=boundary,
             previous=previous,
+            full=cap.filled(len(self.seen)),
         )
 
     def split(self, parts: int) -> list[FilterPaginationState]:
@@ -291,18 +296,22 @@ class FilterPaginationState:
                 page_filter=original.replace(until=f.until),
                 boundary_ids=set(self.boundary_ids),
                 previous=self.previous,
+                full=self.full,
             ))
             start = end
         return pieces
 
 
 def split_for_throughput(states: list[FilterPaginationState], per_req: int):
-    """Split the filters that need another page so that together they fill one REQ of
-    ``per_req`` filters: each gets an equal share of the slots."""
-    if not states:
-        return []
-    share = per_req // len(states)
-    return [piece for s in states for piece in s.split(share)]
+    """Split the filters that filled a page so that, with the ones only confirming theirs
+    (kept whole), they fill one REQ of ``per_req`` filters: the full ones share the slots
+    left as evenly as they divide."""
+    full = [s for s in states if s.full]
+    rest = [s for s in states if not s.full]
+    if not full:
+        return rest
+    share, extra = divmod(max(0, per_req - len(rest)), len(full))
+    return [piece for i, s in enumerate(full) for piece in s.split(share + (i < extra))] + rest
 
 
 @dataclass
