@@ -467,6 +467,18 @@ class PendingBatch:
         if state is not None:
             state.filters = [s.restarted() for s in state.filters]
 
+    def may_share(self, sub_id: str) -> bool:
+        """May this (queued) subscription share a REQ with others of the batch? Not an
+        exact-id fetch (relays cap those per REQ too), nor a page that must go alone."""
+        state = self.pagination.get(sub_id)
+        return state is not None and not any(
+            s.alone or s.page_filter.ids is not None for s in state.filters)
+
+    def absorb(self, host: str, rider: str) -> None:
+        """Two queued subscriptions become one REQ (``host``); neither has started."""
+        self.pagination[host].filters += self.pagination.pop(rider).filters
+        self.outstanding_subs.discard(rider)
+
     def filters_of(self, sub_id: str) -> list[Filter]:
         state = self.pagination.get(sub_id)
         return state.page_filters if state else []

@@ -49,10 +49,11 @@ class HistoricSync:
         and each filter gets the method that spends fewer paced starts on what it lacks
         (``on_own_holdings_read``); otherwise grouped REQ+EOSE at once.
 
-        ``coalesce`` (AddFilters): when an earlier AddFilters batch on this relay has not
-        started any REQ yet (the pacing gate holds it), this one joins it instead, and their
-        filters are packed together: fewer, fuller REQs for the same paced starts. Its items
-        then confirm with that batch, as if both had come in one AddFilters."""
+        ``coalesce`` (AddFilters): when an earlier REQ+EOSE batch of AddFilters (or of
+        layer 1) on this relay is still pending, this one joins it instead, and their
+        filters share REQs with its queued ones: fewer, fuller REQs for the same paced
+        starts. Its items then confirm with that batch, as if both had come in one
+        AddFilters."""
         asks_own = self.use_negentropy(state, filters)
         if coalesce and not asks_own:
             waiting = self.waiting_req_batch(state)
@@ -67,7 +68,7 @@ class HistoricSync:
         if asks_own:
             self.read_own_holdings(state, batch, filters, coalesce)
         else:
-            batch.coalescable = coalesce  # NIP-77 batches never take in REQ work
+            batch.coalescable = coalesce or layer1  # NIP-77 batches never take in REQ work
             self.queue_reqs(state, batch, filters)
         self.pump_historic(state)
         if batch.is_complete:
@@ -76,9 +77,9 @@ class HistoricSync:
 
     @staticmethod
     def waiting_req_batch(state: RelayState, besides: PendingBatch | None = None):
-        """The latest AddFilters batch none of whose REQs started, if any."""
+        """The latest pending batch that takes in AddFilters, if any."""
         return next((b for b in reversed(state.pending.values())
-                     if b.coalescable and not b.started and b is not besides), None)
+                     if b.coalescable and b is not besides), None)
 
     def read_own_holdings(self, state: RelayState, batch: PendingBatch, filters, coalesce: bool) -> None:
         """Ask the own relay what it holds of each filter, before any paced start is spent
@@ -104,29 +105,35 @@ class HistoricSync:
         else:
             holdings = msg.holdings
         allowed = self.use_negentropy(state, msg.filters)  # it may have been turned off meanwhile
-        by_neg = [(f, held) for f, held in zip(msg.filters, holdings, strict=True)
-                  if allowed and negentropy_pays(len(held))]
-        by_req = [f for f, held in zip(msg.filters, holdings, strict=True)
-                  if not (allowed and negentropy_pays(len(held)))]
+        chosen = [(f, held, allowed and self.by_negentropy(f, held))
+                  for f, held in zip(msg.filters, holdings, strict=True)]
+        by_neg = [(f, held) for f, held, neg in chosen if neg]
+        by_req = [f for f, _, neg in chosen if not neg]
         log.debug("historic_methods_chosen", relay=state.url, batch_id=batch.batch_id,
                   negentropy=len(by_neg), req=len(by_req), held=sum(map(len, holdings)))
         for flt, held in by_neg:
             self.queue_negentropy(state, batch, flt, held)
         if by_neg:
             batch.method = SyncMethod.NEGENTROPY
-        elif by_req and batch.coalesce_wanted:
-            waiting = self.waiting_req_batch(state, besides=batch)
+        else:
+            waiting = self.waiting_req_batch(state, besides=batch) if batch.coalesce_wanted else None
             if waiting is not None:  # as start_historic would have, had it known at once
                 state.pending.pop(batch.batch_id, None)
                 self.coalesce_into(state, waiting, batch.items, by_req)
                 self.pump_historic(state)
                 return
-            batch.coalescable = True
+            batch.coalescable = batch.coalesce_wanted or batch.layer1
         if by_req:
             self.queue_reqs(state, batch, by_req)
         self.pump_historic(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
+
+    def by_negentropy(self, flt: Filter, held) -> bool:
+        """NIP-77 for ``flt``? When the own relay holds some of it (``negentropy_pays``),
+        or the rejected index may: a REQ would bring refused events back, NIP-77 counts
+        them as held (SPEC §5: never fetched again)."""
+        return negentropy_pays(len(held)) or self.rejected.any_may_match(flt)
 
     def queue_negentropy(self, state: RelayState, batch: PendingBatch, flt: Filter, held) -> None:
         """One NIP-77 exchange for ``flt``, waiting for its paced start; ``held`` (what the
@@ -138,15 +145,19 @@ class HistoricSync:
         state.historic_queue.append((token, [flt]))
 
     def coalesce_into(self, state: RelayState, batch: PendingBatch, items: PendingItems, filters) -> None:
-        """Add an AddFilters to a batch none of whose REQs started, and pack them anew."""
+        """Add an AddFilters to a pending REQ+EOSE batch. None of its REQs started: pack them
+        all anew; some did: queue the new filters, sharing REQs with its queued pages."""
         batch.items.add(items)
         batch.semantic_filters += filters
-        queued = set(batch.outstanding_subs)
-        state.historic_queue = [e for e in state.historic_queue if e[0] not in queued]
-        for sub_id in queued:
-            batch.finish_subscription(sub_id)
-            state.sub_to_batch.pop(sub_id, None)
-        self.queue_reqs(state, batch, batch.semantic_filters)
+        if batch.started:
+            self.queue_reqs(state, batch, filters)
+        else:
+            queued = set(batch.outstanding_subs)
+            state.historic_queue = [e for e in state.historic_queue if e[0] not in queued]
+            for sub_id in queued:
+                batch.finish_subscription(sub_id)
+                state.sub_to_batch.pop(sub_id, None)
+            self.queue_reqs(state, batch, batch.semantic_filters)
         log.debug("batch_coalesced", relay=state.url, batch_id=batch.batch_id,
                   filters=len(batch.semantic_filters))
 
@@ -170,6 +181,32 @@ class HistoricSync:
             state.historic_queue[0:0] = entries
         else:
             state.historic_queue.extend(entries)
+        self.share_queued_reqs(state, batch)
+
+    def share_queued_reqs(self, state: RelayState, batch: PendingBatch) -> None:
+        """Queued REQs of one batch (pages of different filters, filters of a later
+        AddFilters) merge, in queue order, while ten filters and the relay's message size
+        allow: every start carries as much as it can. Exact-id fetches and pages that must
+        go alone stay as they are."""
+        per_req = filter_plan.filters_per_req(state.limits)
+        max_len = getattr(state.limits, "max_message_length", None) or constants.MAX_MESSAGE_BYTES
+        host = None
+        kept = []
+        for sub_id, group in state.historic_queue:
+            if state.sub_to_batch.get(sub_id) != batch.batch_id or not batch.may_share(sub_id):
+                kept.append((sub_id, group))
+                continue
+            if host is not None:
+                host_id, host_group = kept[host]
+                merged = host_group + group
+                if len(merged) <= per_req and len(wire.req(host_id, merged)) <= max_len:
+                    batch.absorb(host_id, sub_id)
+                    state.sub_to_batch.pop(sub_id, None)
+                    kept[host] = (host_id, merged)
+                    continue
+            host = len(kept)
+            kept.append((sub_id, group))
+        state.historic_queue = kept
 
     def pump_historic(self, state: RelayState) -> None:
         """Start queued historic REQs while the relay's budget and pacing allow.
@@ -268,6 +305,7 @@ class HistoricSync:
         for new_id, _ in pages:
             state.sub_to_batch[new_id] = batch_id
         state.historic_queue[0:0] = pages  # next pages first: they finish what was started
+        self.share_queued_reqs(state, batch)
         self.pump_historic(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
