@@ -172,6 +172,7 @@ class FilterPaginationState:
     alone: bool = False  # the next page must be a REQ of its own
     previous: PreviousPage | None = None  # the page this one confirms
     full: bool = False  # the page it continues filled a per-filter cap: more pages likely
+    stalled: bool = False  # it repeats a page that made no progress
 
     @classmethod
     def start(cls, f: Filter) -> FilterPaginationState:
@@ -192,7 +193,7 @@ class FilterPaginationState:
     def restarted(self) -> FilterPaginationState:
         return FilterPaginationState(
             self.original_filter, self.page_filter, boundary_ids=self.boundary_ids,
-            previous=self.previous,
+            alone=self.alone, previous=self.previous, full=self.full, stalled=self.stalled,
         )
 
     def brought_new(self) -> bool:
@@ -256,10 +257,11 @@ class FilterPaginationState:
             next_until, boundary = until, self.boundary_ids | ids_at
         elif not (self.alone or by_itself) and cap.req_maybe_cut(total, slow):
             # No progress, but the REQ's cap or its time may have stopped it inside this
-            # second: once more alone, where the whole answer is this filter's.
+            # second: once more, riding in the batch's next REQ (the others' pages move on,
+            # and what they teach may settle it), then alone, where the answer is all its own.
             return FilterPaginationState(self.original_filter, self.page_filter,
-                                         boundary_ids=self.boundary_ids | ids_at, alone=True,
-                                         previous=previous)
+                                         boundary_ids=self.boundary_ids | ids_at,
+                                         alone=self.stalled, stalled=True, previous=previous)
         else:
             # No progress: the relay keeps returning the same page. Skip that second.
             next_until, boundary = until - 1, set()
