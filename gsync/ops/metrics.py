@@ -79,8 +79,10 @@ HANDSHAKES_IN_FLIGHT = Gauge(
 )
 BACKGROUND_STARTS = Counter(
     "gsync_background_starts_total",
-    "Paced starts spent on a remote: historic REQs and pages (req), NIP-77 exchanges (negentropy)",
-    ["relay", "kind"], registry=REGISTRY,
+    "Paced starts spent on a remote, by method (req: historic REQs and their pages; "
+    "negentropy: NIP-77 exchanges) and purpose (sync: layers 1-3; recovery; other: "
+    "descendants, polled live coverage, catch-ups)",
+    ["relay", "method", "purpose"], registry=REGISTRY,
 )
 REFUSALS = Counter(
     "gsync_relay_refusals_total", "Refusals from remote relays by category", ["category"],

@@ -469,6 +469,14 @@ class PendingBatch:
         if state is not None:
             state.filters = [s.restarted() for s in state.filters]
 
+    @property
+    def purpose(self) -> str:
+        """What its starts are for, for the metric: ``sync`` (layer 1 and AddFilters, which
+        carry items to confirm), ``recovery``, or ``other`` (descendants, polls, catch-ups)."""
+        if getattr(self, "recovery", False):
+            return "recovery"
+        return "sync" if getattr(self, "layer1", False) or self.items else "other"
+
     def may_share(self, sub_id: str) -> bool:
         """May this (queued) subscription share a REQ with others of the batch? Not an
         exact-id fetch (relays cap those per REQ too), nor a page that must go alone."""

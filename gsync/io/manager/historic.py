@@ -250,11 +250,12 @@ class HistoricSync:
             self.health.record_start(state.url, now, background=True)
             log.debug("historic_started", relay=state.url, sub_id=sub_id, filters=len(group),
                       batch_id=state.sub_to_batch[sub_id])
+            purpose = batch.purpose if batch is not None else "other"
             if sub_id.startswith("neg"):
-                metrics.BACKGROUND_STARTS.labels(state.url, "negentropy").inc()
+                metrics.BACKGROUND_STARTS.labels(state.url, "negentropy", purpose).inc()
                 self.start_negentropy(state, sub_id, group[0])
             else:
-                metrics.BACKGROUND_STARTS.labels(state.url, "req").inc()
+                metrics.BACKGROUND_STARTS.labels(state.url, "req", purpose).inc()
                 state.historic_sent_at[sub_id] = now
                 state.conn.subscribe(sub_id, group)
             open_historic += 1
