@@ -88,7 +88,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.historic_held = False  # historic starts wait for delivery to catch up
         self.ready = False
         self.on_ready = on_ready
-        self.seen: dict[str, None] = {}
+        self.seen: dict[str, float | None] = {}  # id -> when gsync fetched it (None: seen on the own relay)
         self.root_ids: set[str] = set()  # of Full repos: who is a direct member
         self._ids = itertools.count(1)
         self._stopping = False

@@ -60,6 +60,8 @@ class HistoricSync:
             if waiting is not None:
                 self.coalesce_into(state, waiting, items, filters)
                 return waiting
+        if layer1:  # every fresh start, quick reconnect and daily sync begins with layer 1
+            state.round_started_at = self.clock()
         batch = PendingBatch(next(self._ids), items)
         batch.layer1 = layer1
         batch.recovery = recovery
@@ -105,7 +107,7 @@ class HistoricSync:
         else:
             holdings = msg.holdings
         allowed = self.use_negentropy(state, msg.filters)  # it may have been turned off meanwhile
-        chosen = [(f, held, allowed and self.by_negentropy(f, held))
+        chosen = [(f, held, allowed and self.by_negentropy(state, f, held))
                   for f, held in zip(msg.filters, holdings, strict=True)]
         by_neg = [(f, held) for f, held, neg in chosen if neg]
         by_req = [f for f, _, neg in chosen if not neg]
@@ -129,11 +131,16 @@ class HistoricSync:
         if batch.is_complete:
             self.finish_batch(state, batch)
 
-    def by_negentropy(self, flt: Filter, held) -> bool:
-        """NIP-77 for ``flt``? When the own relay holds some of it (``negentropy_pays``),
-        or the rejected index may: a REQ would bring refused events back, NIP-77 counts
+    def by_negentropy(self, state: RelayState, flt: Filter, held) -> bool:
+        """NIP-77 for ``flt``? When the own relay held some of it before this sync round
+        began (``negentropy_pays``): what it holds only because gsync just fetched it (from
+        this relay's other filters, or from another relay syncing at the same time) is a
+        first sync filling up, not a sign that this filter is mostly held. Or when the
+        rejected index may match it: a REQ would bring refused events back, NIP-77 counts
         them as held (SPEC §5: never fetched again)."""
-        return negentropy_pays(len(held)) or self.rejected.any_may_match(flt)
+        since = state.round_started_at
+        prior = sum(1 for _, event_id in held if (self.seen.get(event_id) or -1.0) < since)
+        return negentropy_pays(prior) or self.rejected.any_may_match(flt)
 
     def queue_negentropy(self, state: RelayState, batch: PendingBatch, flt: Filter, held) -> None:
         """One NIP-77 exchange for ``flt``, waiting for its paced start; ``held`` (what the
