@@ -147,21 +147,23 @@ def test_relay_that_never_answers_neg_open_falls_back_within_15s(relay_factory, 
 
 def test_a_first_sync_opens_nip77_only_for_filters_the_own_relay_holds_something_of(
         relay_factory, gsync_factory, scripted):
-    """Issues, comments and state: the own relay holds the announcements and one issue.
-    Layer 1 and the issues' filter go by NIP-77; every filter it holds nothing of (state,
-    the other repository tags, every comment filter) goes by REQ pages, ten to a start."""
+    """Issues with statuses and comments, and state: the own relay holds the announcements
+    and one issue. Layer 1 and the issues' filter go by NIP-77; every filter it held nothing
+    of (state, the other repository tags, every thread filter) goes by REQ pages, ten to a
+    start, even the one that matches the statuses gsync has just delivered with the issues."""
     own = relay_factory()
     nip77 = Nip77Server()
     remote = scripted(negentropy=nip77, page_size=500)
     repos = [our_announcement(own, [remote], d=f"first-sync-{i}") for i in range(2)]
     issues = [f.issue(bob, repo, subject=f"{repo.address} {i}") for repo in repos for i in range(5)]
+    statuses = [f.status(alice, bug) for bug in issues]  # `a` and `e`: layer 2 brings them
     comments = [f.comment(alice, bug, content="me too") for bug in issues]
     states = [f.state(alice, f"first-sync-{i}") for i in range(2)]
-    remote.add(*repos, *issues, *comments, *states)
+    remote.add(*repos, *issues, *statuses, *comments, *states)
     held = [*repos, issues[0]]
     publish(own.url, held)
     gsync_factory(own, [remote])
-    assert_arrives(own, issues + comments + states, timeout=60, what="the whole history")
+    assert_arrives(own, issues + statuses + comments + states, timeout=60, what="the whole history")
     assert nip77.opened >= 2  # layer 1 and the issues' #a filter
     unheld = [flt for flt in nip77.filters if not any(flt.matches(e) for e in held)]
     assert unheld == [], f"NEG-OPEN for filters the own relay held nothing of: {unheld}"
