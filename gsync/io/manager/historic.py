@@ -1,5 +1,7 @@
-"""Historic sync: PendingBatches, NIP-77 first then REQ+EOSE with pagination, the pacing
-gate, residuals after NIP-77, missing-event recovery, and the Syncing → Connected check.
+"""Historic sync: PendingBatches, the method per filter (NIP-77 where the own relay already
+holds some of it, REQ+EOSE pages otherwise), pagination on the page caps each connection
+learns, the pacing gate, residuals after NIP-77, missing-event recovery, and the Syncing →
+Connected check.
 """
 from __future__ import annotations
 
@@ -94,8 +96,9 @@ class HistoricSync:
                      token=token)
 
     def on_own_holdings_read(self, msg: OwnHoldingsRead) -> None:
-        """Per filter: NIP-77 where the own relay holds enough of it for NIP-77 to pay for
-        its start, REQ pages (ten filters a start) otherwise (``negentropy_pays``)."""
+        """Per filter: NIP-77 where what is already held makes it pay for its start
+        (``by_negentropy``), REQ pages (ten filters a start) otherwise. A batch left with
+        REQ pages only may join a pending one, as in ``start_historic``."""
         state = self._current(msg.relay, msg.session)
         batch = state and state.pending.get(msg.batch_id)
         if batch is None or msg.token not in batch.outstanding_subs:
@@ -253,7 +256,7 @@ class HistoricSync:
             state.historic_queue.pop(0)
             batch = state.pending.get(state.sub_to_batch[sub_id])
             if batch is not None:
-                batch.started = True  # from now on it takes in no other AddFilters
+                batch.started = True  # a later AddFilters now queues beside it, not re-packing it
             self.health.record_start(state.url, now, background=True)
             log.debug("historic_started", relay=state.url, sub_id=sub_id, filters=len(group),
                       batch_id=state.sub_to_batch[sub_id])
