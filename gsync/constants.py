@@ -38,7 +38,17 @@ LIVE_REBUILD_MIN_SECS = 60.0
 POLL_OVERLAP_SECS = 15 * 60
 
 # -- historic sync (SPEC §4) -------------------------------------------------------------
-PAGE_THRESHOLD = 75  # >= this many events before EOSE means "maybe more": ask the next page
+# A REQ's answer may be cut short: per filter (LocalRelay, strfry: 500), per REQ (all filters
+# together), below the 75 the design once assumed, or by a query time budget; NIP-11 rarely
+# says which. gsync learns the caps from the pages each connection serves (pending.PageCap)
+# and confirms a page with the next one only where a cap may have cut it. A relay that stops
+# slow queries cuts anywhere, but only a slow answer: one from REQ to EOSE in more than this
+# (relays' query budgets are seconds; loopback pages take milliseconds) is confirmed too.
+TIME_CUT_SUSPECT_SECS = 2.0
+# The one cap gsync assumes without seeing it: no relay serves a page of fewer than this many
+# events (per filter or per REQ) while holding more. It spares the confirming page (and the
+# empty one that would step past the boundary second) to the many filters of a few events.
+MIN_PAGE_CAP = 10
 MAX_IDS_PER_REQ = 300
 NEGENTROPY_DEADLINE_SECS = 15.0  # total wall clock for one NIP-77 exchange
 # A historic REQ (a page, an id fetch) with no sign of life (neither its EOSE nor an event)
@@ -54,6 +64,15 @@ RESIDUAL_FALLBACK_MAX_FRACTION = 0.10
 # missing, holding at most this fraction of that) is fetched by its REQ pages instead of by
 # id: ten filters of up to 500 events share one paced start, against 300 ids per id fetch.
 FETCH_BY_FILTER_MAX_HELD_FRACTION = 0.10
+# Which method a filter gets, before any paced start is spent on it: the own relay's holdings
+# are read first (loopback, unpaced). A REQ carries ten filters per start, a NEG-OPEN one:
+# NIP-77 costs about a start more per filter (then one per 300 missing ids), and in return
+# moves only what is missing, where REQ pages bring everything again. Nothing held (a first
+# sync, or a filter nobody answered yet): REQ pages, fewer starts for the same bytes. Held
+# at all: most of the filter, as on every re-sync (the remote rarely lacks what we hold),
+# so NIP-77; a filter it then finds mostly missing still goes by pages
+# (FETCH_BY_FILTER_MAX_HELD_FRACTION), at the cost of that one start.
+NEGENTROPY_MIN_HELD = 1
 QUICK_RECONNECT_SECS = 15 * 60
 DAILY_MIN_SECS = 23 * 3600
 DAILY_MAX_SECS = 25 * 3600
@@ -120,7 +139,7 @@ TEST_TIMER_NAMES = (
     "RECOVERY_MAX_SECS", "DEAD_AFTER_SECS", "DEAD_RETRY_SECS", "STABILITY_SECS",
     "RATE_LIMIT_COOLDOWN_SECS", "REACTIVE_GATE_START_SECS", "REACTIVE_GATE_MAX_SECS",
     "POLICY_PROBE_SECS", "MAINTENANCE_TICK_SECS", "DESCENDANT_TICK_SECS",
-    "REJECTED_HOT_SECS", "REJECTED_COLD_SECS",
+    "REJECTED_HOT_SECS", "REJECTED_COLD_SECS", "TIME_CUT_SUSPECT_SECS",
 )
 
 

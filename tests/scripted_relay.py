@@ -38,6 +38,13 @@ Knobs for misbehaviour:
   first; returning anything other than ``None`` means "handled" (its frames are sent).
 - ``answer_close``: answer ``CLOSE`` with ``CLOSED`` as LocalRelay does.
 - ``nip11``: a dict served as the NIP-11 document.
+- ``req_cap``: at most this many stored events per REQ in total, all its filters together
+  (the newest of the union), as relays that run one query per REQ do; ``page_size`` still
+  caps each filter. Neither is said in NIP-11.
+- ``query_budget=(events, secs)``: a query stopped by a time budget: a REQ whose answer has
+  more than ``events`` stored events gets only the newest ``events`` of it, after ``secs``.
+  ``events`` may be a list, taken in turn by successive REQs (a budget reaches further on
+  some queries than on others).
 """
 from __future__ import annotations
 
@@ -343,9 +350,16 @@ class ScriptedRelay:
         answer_close: bool = False,
         accept_events: bool = True,
         nip11: dict | None = None,
+        req_cap: int | None = None,
+        query_budget: tuple | None = None,
         port: int = 0,
     ):
         self.page_size = page_size
+        self.req_cap = req_cap
+        self.query_budget = query_budget
+        self._budgets = itertools.cycle(
+            [query_budget[0]] if query_budget and isinstance(query_budget[0], int)
+            else (query_budget[0] if query_budget else [0]))
         self.hang_handshake = hang_handshake
         self.handshake_gauge = handshake_gauge or HandshakeGauge()
         self.extra_frames_for_req = extra_frames_for_req
@@ -451,12 +465,14 @@ class ScriptedRelay:
         return [raw for _, raw in found[:cap]]
 
     def answer(self, filters: list[Filter]) -> list[dict]:
-        """A REQ's stored events: the union over its filters, newest first."""
+        """A REQ's stored events: the union over its filters, newest first (at most
+        ``req_cap`` of them)."""
         seen: dict[str, dict] = {}
         for f in filters:
             for raw in self.query(f):
                 seen.setdefault(raw["id"], raw)
-        return sorted(seen.values(), key=lambda r: (-r["created_at"], r["id"]))
+        union = sorted(seen.values(), key=lambda r: (-r["created_at"], r["id"]))
+        return union if self.req_cap is None else union[:self.req_cap]
 
     def broadcast(self, event) -> int:
         """Store ``event`` and send it to every open subscription it matches. Returns how
@@ -663,7 +679,12 @@ class ScriptedRelay:
             conn.send("CLOSED", sub_id, f"invalid: {exc}")
             return
         conn.subs[sub_id] = filters
-        for raw in self.answer(filters):
+        stored = self.answer(filters)
+        budget = next(self._budgets)
+        if self.query_budget is not None and len(stored) > budget:
+            time.sleep(self.query_budget[1])  # out of time: what it found so far
+            stored = stored[:budget]
+        for raw in stored:
             conn.send("EVENT", sub_id, raw)
         if self.extra_frames_for_req is not None:
             conn.send_frames(self.extra_frames_for_req(self, conn, sub_id, filters))

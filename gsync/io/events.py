@@ -79,6 +79,20 @@ class NegentropyFinished:
 
 
 @dataclass(slots=True)
+class OwnHoldingsRead:
+    """The own relay's holdings for a historic batch's filters were read, before any paced
+    start was spent on them: the manager now picks NIP-77 or REQ pages per filter."""
+
+    relay: str
+    session: int
+    batch_id: int
+    token: str
+    filters: list
+    holdings: list | None  # per filter, [(created_at, id)]; None: the own relay failed
+    reason: str = ""  # why it failed
+
+
+@dataclass(slots=True)
 class OwnEvent:
     """An event the own relay accepted, seen through the self-subscription."""
 

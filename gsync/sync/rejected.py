@@ -22,6 +22,7 @@ import re
 
 from ..constants import MAX_DEPENDENCIES, REJECTED_COLD_SECS, REJECTED_HOT_SECS
 from ..protocol.event import Event
+from ..protocol.filters import Filter
 
 ANNOUNCEMENT_KIND = 30617
 STATE_KIND = 30618
@@ -29,6 +30,11 @@ REPO_TAGS = ("a", "A", "q")  # values `30617:<pubkey>:<d>` name a repository
 EVENT_TAGS = ("e", "E", "q")  # hex values reference an event
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 FORMAT_VERSION = 2
+# The tags gsync's sync filters select by (state ``d``; repositories ``a``/``A``/``q``;
+# threads ``e``/``E``/``q``): a cold entry keeps their values, so whether a filter could
+# match it is known after the full event is gone, across restarts too.
+FILTER_TAGS = frozenset("aAqeEd")
+MAX_REFS = 32  # tag values kept per entry: a hostile event cannot make an entry large
 
 
 def maintainer_key(pubkey: str, identifier: str) -> str:
@@ -74,16 +80,43 @@ def dependencies(event: Event, cap: int = MAX_DEPENDENCIES) -> tuple[str, ...]:
     return tuple(keys)[:cap]
 
 
+def filter_refs(event: Event) -> tuple[tuple[str, str], ...]:
+    """The (name, value) pairs of ``event``'s tags that sync filters select by."""
+    refs = [(t[0], t[1]) for t in event.tags if len(t) >= 2 and t[0] in FILTER_TAGS]
+    return tuple(refs[:MAX_REFS])
+
+
 class _Cold:
-    """One cold entry: enough for the negentropy have-set, a re-fetch and a release."""
+    """One cold entry: enough for the negentropy have-set, a re-fetch, a release, and to
+    tell which filters may match it (``kind``, ``pubkey``, ``refs``; None when saved by an
+    older gsync that kept none: then it may match any filter)."""
 
-    __slots__ = ("created_at", "rejected_at", "relay", "keys")
+    __slots__ = ("created_at", "rejected_at", "relay", "keys", "kind", "pubkey", "refs")
 
-    def __init__(self, created_at: int, rejected_at: float, relay: str, keys: tuple[str, ...]):
+    def __init__(self, created_at: int, rejected_at: float, relay: str, keys: tuple[str, ...],
+                 kind: int | None = None, pubkey: str | None = None, refs=None):
         self.created_at = created_at
         self.rejected_at = rejected_at
         self.relay = relay  # where it came from ("" unknown): a re-fetch asks there
         self.keys = keys
+        self.kind = kind
+        self.pubkey = pubkey
+        self.refs = refs
+
+    def may_match(self, event_id: str, flt: Filter) -> bool:
+        """Could ``flt`` match this entry? Unknown parts count as a match (conservative:
+        a filter that may match goes by NIP-77, which counts the entry as held)."""
+        if flt.ids is not None and event_id not in flt.ids:
+            return False
+        if flt.kinds is not None and self.kind is not None and self.kind not in flt.kinds:
+            return False
+        if flt.authors is not None and self.pubkey is not None and self.pubkey not in flt.authors:
+            return False
+        if (flt.since is not None and self.created_at < flt.since) or (
+                flt.until is not None and self.created_at > flt.until):
+            return False
+        return self.refs is None or all(
+            any(n == name and v in values for n, v in self.refs) for name, values in flt.tags)
 
 
 class RejectedIndex:
@@ -104,7 +137,8 @@ class RejectedIndex:
     def add(self, event: Event, now: float, relay: str = "") -> None:
         self.remove(event.id)
         self._hot[event.id] = (event, now + self.hot_secs)
-        self._put(event.id, _Cold(event.created_at, now, relay, dependencies(event)))
+        self._put(event.id, _Cold(event.created_at, now, relay, dependencies(event),
+                                  event.kind, event.pubkey, filter_refs(event)))
 
     def _put(self, event_id: str, entry: _Cold) -> None:
         self._cold[event_id] = entry
@@ -128,6 +162,11 @@ class RejectedIndex:
     def items(self) -> list[tuple[int, str]]:
         """(created_at, id) pairs: they belong in every negentropy "already have" set."""
         return [(entry.created_at, eid) for eid, entry in self._cold.items()]
+
+    def any_may_match(self, flt: Filter) -> bool:
+        """Could ``flt`` match an entry? Then fetching it by REQ would bring refused events
+        back: NIP-77 counts them as held (SPEC §5: never fetched again)."""
+        return any(entry.may_match(eid, flt) for eid, entry in self._cold.items())
 
     def relay_of(self, event_id: str) -> str | None:
         entry = self._cold.get(event_id)
@@ -159,14 +198,15 @@ class RejectedIndex:
     # -- persistence (cold tier only) --------------------------------------------------
 
     def dumps(self) -> str:
-        """Format 2: relay URLs once in a table, entries
-        ``id: [created_at, rejected_at, relay index or -1, [keys]]``."""
+        """Format 2: relay URLs once in a table, entries ``id: [created_at, rejected_at,
+        relay index or -1, [keys], kind, pubkey, [[tag, value], …]]``."""
         self.dirty = False
         relays: dict[str, int] = {}
         cold = {}
         for eid, entry in self._cold.items():
             index = relays.setdefault(entry.relay, len(relays)) if entry.relay else -1
-            cold[eid] = [entry.created_at, entry.rejected_at, index, list(entry.keys)]
+            cold[eid] = [entry.created_at, entry.rejected_at, index, list(entry.keys),
+                         entry.kind, entry.pubkey, None if entry.refs is None else list(entry.refs)]
         return json.dumps({"version": FORMAT_VERSION, "relays": list(relays), "cold": cold},
                           separators=(",", ":"))
 
@@ -194,10 +234,12 @@ class RejectedIndex:
 
 
 def _load_entry(fields, version: int, relays: list) -> _Cold:
-    if version == 1:  # (created_at, kind, pubkey, rejected_at): released by author
-        created_at, _kind, pubkey, at = fields
-        return _Cold(int(created_at), float(at), "", (author_key(str(pubkey)),))
-    created_at, at, relay_index, keys = fields
+    if version == 1:  # (created_at, kind, pubkey, rejected_at): released by author, no tags
+        created_at, kind, pubkey, at = fields
+        return _Cold(int(created_at), float(at), "", (author_key(str(pubkey)),), int(kind), str(pubkey))
+    created_at, at, relay_index, keys, kind, pubkey, refs = fields
     relay = relays[relay_index] if relay_index >= 0 else ""
     return _Cold(int(created_at), float(at), str(relay),
-                 tuple(str(k) for k in keys[:MAX_DEPENDENCIES]))
+                 tuple(str(k) for k in keys[:MAX_DEPENDENCIES]),
+                 None if kind is None else int(kind), None if pubkey is None else str(pubkey),
+                 None if refs is None else tuple((str(n), str(v)) for n, v in refs[:MAX_REFS]))

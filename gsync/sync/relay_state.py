@@ -57,6 +57,8 @@ class RelayState:
     live_queue: list = field(default_factory=list)
     # (sub id or NIP-77 token, filters) waiting for a slot
     historic_queue: list = field(default_factory=list)
+    historic_sent_at: dict = field(default_factory=dict)  # historic sub id -> when its REQ went
+    round_started_at: float = 0.0  # the latest fresh start, quick reconnect or daily sync
     batch_failures: bool = False
     unrelated_failure: bool = False  # a failure recovery cannot fix (e.g. a refused sub)
     neg_running: set = field(default_factory=set)
@@ -122,6 +124,7 @@ class RelayState:
         if self.probes:  # their answers will never come: probe again on the next chance
             self.paused.abandon_probes()
             self.probes.clear()
+        self.historic_sent_at.clear()
 
     def clear_live(self) -> None:
         """Live coverage is gone (disconnect, fresh start): descendant coverage is rebuilt

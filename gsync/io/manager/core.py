@@ -34,6 +34,7 @@ from ..events import (
     HistoricSlotDue,
     NegentropyFinished,
     OwnEvent,
+    OwnHoldingsRead,
     OwnRelayState,
     OwnSubscribed,
     RelayDisconnected,
@@ -89,7 +90,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.historic_held = False  # historic starts wait for delivery to catch up
         self.ready = False
         self.on_ready = on_ready
-        self.seen: dict[str, None] = {}
+        self.seen: dict[str, float | None] = {}  # id -> when gsync fetched it (None: seen on the own relay)
         self.root_ids: set[str] = set()  # of Full repos: who is a direct member
         self._ids = itertools.count(1)
         self._stopping = False
@@ -101,6 +102,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             RemoteMessage: self.on_remote_message,
             RelayDisconnected: self.on_relay_disconnected,
             NegentropyFinished: self.on_negentropy_finished,
+            OwnHoldingsRead: self.on_own_holdings_read,
             OwnEvent: self.on_own_event,
             OwnSubscribed: self.on_own_subscribed,
             OwnRelayState: self.on_own_relay_state,

@@ -49,7 +49,9 @@ class OwnRelaySide:
             # later re-delivers it (release_dependents).
             self.rejected.add(event, self.clock(), source)
             return
-        self.seen[event.id] = None
+        # when it was fetched: what the own relay holds only thanks to this sync round's own
+        # fetches says nothing of what the next filter lacks (HistoricSync.by_negentropy)
+        self.seen[event.id] = self.clock()
         for url in self.recovery.clear_arrived((event.id,)):
             self.promote_if_recovered(url)
         if len(self.seen) > SEEN_CAPACITY:
