@@ -537,7 +537,12 @@ def test_rate_limit_answers_in_neg_err_and_ok_start_the_cooldown(where, relay_fa
     limited = wait_until(lambda: events_named(gsync, "relay_rate_limited", remote.url), timeout=20,
                          what="the cooldown")
     assert "too many" in limited[0]["text"]
-    assert_arrives(own, bugs, timeout=30, what="the issues after the cooldown")
+    # A root found during the cooldown: its REQs must wait for the end of it.
+    late = f.issue(carol, repo, subject="found during the cooldown", created_at=int(time.time()))
+    reply = f.comment(bob, late, content="a reply only the remote has")
+    remote.add(late, reply)
+    publish(own.url, [late])
+    assert_arrives(own, [*bugs, reply], timeout=30, what="the issues after the cooldown")
     during = [t - answered[0] for t in reqs if answered[0] + 0.3 < t < answered[0] + 2 - 0.2]
     assert not during, during
     assert any(t > answered[0] + 2 - 0.2 for t in reqs), "nothing was left for after the cooldown"
