@@ -155,6 +155,17 @@ def test_relays_are_tracked_independently():
 # -- rate limiting ------------------------------------------------------------------------
 
 
+def test_a_query_rate_refusal_marks_the_session_until_the_next_connection():
+    t = tracker()
+    connect(t, 0)
+    assert not t.limits_query_rate(R)
+    t.record_rate_limited(R, 10)
+    assert t.limits_query_rate(R)
+    t.record_disconnect(R, 20)
+    connect(t, 400)
+    assert not t.limits_query_rate(R)
+
+
 def test_rate_limit_cooldown_is_65s_then_probing_until_a_success():
     t = tracker()
     connect(t, 0)

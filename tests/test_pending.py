@@ -195,6 +195,27 @@ def test_full_page_of_many_values_is_split_to_fill_the_next_req():
     assert {len(p.tag("E")) for p in pieces} == {2, 3}
 
 
+def test_a_relay_limiting_query_rate_gets_full_pages_unsplit():
+    """Towards a relay that refused us for query rate, more filters for the same events
+    only bring its next refusal sooner: the next page keeps the filter whole."""
+    roots = [f"{i:064x}" for i in range(25)]
+    f = Filter.make(tags={"E": roots})
+    b = batch()
+    b.add_subscription("s1", [f])
+    feed(b, "s1", [sign_event(SECRET, created_at=1000 - i, kind=1111, content=str(i),
+                              tags=[["E", roots[i % 25]]]) for i in range(P)])
+    assert flat(b.on_eose("s1", per_req=10, cap=learnt(), split=False)) == [f.replace(until=1000 - (P - 1))]
+
+
+def test_split_parts_are_never_merged_back_into_one_req():
+    b = batch()
+    b.add_subscription("s1", [ISSUES, PATCHES])
+    b.add_subscription("s9", [Filter.make(kinds=[1618])])
+    b.split_subscription("s1", [("s2", [0]), ("s3", [1])])
+    assert not b.may_share("s2") and not b.may_share("s3")
+    assert b.may_share("s9")
+
+
 def test_split_shares_the_req_between_the_filters_that_continue():
     def tagged(name, values):
         return Filter.make(tags={name: values})

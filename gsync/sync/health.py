@@ -281,6 +281,10 @@ class RelayHealthTracker:
         self._settle(h, now)
         return 0.0 if h.cooldown_until is None else h.cooldown_until - now
 
+    def limits_query_rate(self, relay: str) -> bool:
+        """Did this session's connection refuse us for query rate (the reactive gate is on)?"""
+        return self._get(relay).reactive_gap is not None
+
     def negentropy_allowed(self, relay: str) -> bool:
         return not self._get(relay).negentropy_disabled
 

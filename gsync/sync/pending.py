@@ -526,13 +526,16 @@ class PendingBatch:
 
     def on_eose(self, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ, pack=None,
                 new_sub_id=None, cap: PageCap | None = None,
-                elapsed: float | None = None) -> list[tuple[str, list[Filter]]]:
+                elapsed: float | None = None, split: bool = True) -> list[tuple[str, list[Filter]]]:
         """The next pages after ``sub_id``'s EOSE, as ``(sub_id, filters)`` REQs to send;
         empty when every filter of the sub is done. Each REQ is an outstanding sub of the
         batch. The first keeps ``sub_id`` unless ``new_sub_id`` (a callable) names them all;
         ``pack`` groups filters into REQs (default: one REQ, ``per_req`` filters at most).
         ``cap`` is the relay's ``PageCap``, kept per connection: this page teaches it too.
         ``elapsed``: seconds from the REQ to its EOSE (a slow page may have been cut).
+        ``split``: full pages may be split to fill the next REQ (``split_for_throughput``);
+        not towards a relay that limits how many filters we ask for, where more filters
+        for the same events only bring the next refusal sooner.
         """
         state = self.pagination.get(sub_id)
         self.finish_subscription(sub_id)
@@ -543,7 +546,8 @@ class PendingBatch:
         by_itself = len(state.filters) == 1
         continuing = [n for n in (s.next_page(cap, state.total, elapsed, by_itself)
                                   for s in state.filters) if n]
-        shared = split_for_throughput([s for s in continuing if not s.alone], per_req)
+        together = [s for s in continuing if not s.alone]
+        shared = split_for_throughput(together, per_req) if split else together
         by_filter = {s.page_filter: s for s in shared}
         pack = pack or (lambda fs: [fs[i:i + per_req] for i in range(0, len(fs), per_req)])
         groups = [[s] for s in continuing if s.alone]

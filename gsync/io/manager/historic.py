@@ -346,6 +346,7 @@ class HistoricSync:
             new_sub_id=lambda: f"h{batch_id}-{next(self._ids)}",
             cap=state.page_cap,
             elapsed=None if sent_at is None else self.clock() - sent_at,
+            split=not self.health.limits_query_rate(state.url),
         )
         state.conn.unsubscribe(sub_id)
         state.sub_to_batch.pop(sub_id, None)
