@@ -9,7 +9,10 @@ SELF_SUB_KINDS = (30617, 1617, 1618, 1621)  # announcements and roots; NOT 30618
 RECONNECT_OVERLAP_SECS = 900  # since = last_connected - 900: clocks and relay lag drift
 BATCH_WINDOW_MS = 5_000  # [sync] batch_window_ms: lets a burst of discoveries share REQs
 COMPLETION_RECHECK_SECS = 6.0  # batch window + 1 s, so L2/L3 batches exist before "Connected"
-PURGATORY_TTL_SECS = 24 * 3600  # StateOnly repos live 24 h after their last purgatory: answer
+# StateOnly repos live 24 h after the own relay last answered ``purgatory:`` about them (to
+# their announcement, or to one of their state events: what restarts a GRASP relay's own
+# purgatory clock), like the relay's 24 h revival window.
+PURGATORY_TTL_SECS = 24 * 3600
 
 # -- filters and budgets (SPEC §3) -------------------------------------------------------
 LAYER1_KINDS = (30617, 10317)
@@ -28,18 +31,48 @@ DESCENDANT_OVERLAP_SECS = 15 * 60
 MAX_OPEN_FILTER_BYTES = 768 * 1024
 MAX_LIVE_FILTER_BYTES = 512 * 1024
 POLL_SECS = 5.0  # live coverage that did not fit is asked for again on this cadence
+# A live REQ the relay closed for no stated reason (not rate, policy or size) is opened again
+# from the current index; closed again within this long of that, it is polled instead: a
+# relay that closes every live REQ at once must not get a REQ/CLOSED loop.
+LIVE_REBUILD_MIN_SECS = 60.0
 POLL_OVERLAP_SECS = 15 * 60
 
 # -- historic sync (SPEC §4) -------------------------------------------------------------
-PAGE_THRESHOLD = 75  # >= this many events before EOSE means "maybe more": ask the next page
+# A REQ's answer may be cut short: per filter (LocalRelay, strfry: 500), per REQ (all filters
+# together), below the 75 the design once assumed, or by a query time budget; NIP-11 rarely
+# says which. gsync learns the caps from the pages each connection serves (pending.PageCap)
+# and confirms a page with the next one only where a cap may have cut it. A relay that stops
+# slow queries cuts anywhere, but only a slow answer: one from REQ to EOSE in more than this
+# (relays' query budgets are seconds; loopback pages take milliseconds) is confirmed too.
+TIME_CUT_SUSPECT_SECS = 2.0
+# The one cap gsync assumes without seeing it: no relay serves a page of fewer than this many
+# events (per filter or per REQ) while holding more. It spares the confirming page (and the
+# empty one that would step past the boundary second) to the many filters of a few events.
+MIN_PAGE_CAP = 10
 MAX_IDS_PER_REQ = 300
 NEGENTROPY_DEADLINE_SECS = 15.0  # total wall clock for one NIP-77 exchange
+# A historic REQ (a page, an id fetch) with no sign of life (neither its EOSE nor an event)
+# for this long has stalled. Relays answer a page in well under a second (LocalRelay at
+# 20,000 events: 40-200 ms), slow public ones in a few seconds; past 30 s of silence the
+# relay is not slow but never going to finish, and its batch, its slot and its subscription
+# must not wait for ever. Events keep a REQ alive, so a slow page still streaming is never
+# cut; while delivery holds our reading back, nothing stalls (the silence is ours).
+REQ_STALL_SECS = 30.0
 RESIDUAL_FALLBACK_MIN_ADVERTISED = 20
 RESIDUAL_FALLBACK_MAX_FRACTION = 0.10
 # After NIP-77, a filter whose events the own relay mostly lacks (more than one id fetch
 # missing, holding at most this fraction of that) is fetched by its REQ pages instead of by
 # id: ten filters of up to 500 events share one paced start, against 300 ids per id fetch.
 FETCH_BY_FILTER_MAX_HELD_FRACTION = 0.10
+# Which method a filter gets, before any paced start is spent on it: the own relay's holdings
+# are read first (loopback, unpaced). A REQ carries ten filters per start, a NEG-OPEN one:
+# NIP-77 costs about a start more per filter (then one per 300 missing ids), and in return
+# moves only what is missing, where REQ pages bring everything again. Nothing held (a first
+# sync, or a filter nobody answered yet): REQ pages, fewer starts for the same bytes. Held
+# at all: most of the filter, as on every re-sync (the remote rarely lacks what we hold),
+# so NIP-77; a filter it then finds mostly missing still goes by pages
+# (FETCH_BY_FILTER_MAX_HELD_FRACTION), at the cost of that one start.
+NEGENTROPY_MIN_HELD = 1
 QUICK_RECONNECT_SECS = 15 * 60
 DAILY_MIN_SECS = 23 * 3600
 DAILY_MAX_SECS = 25 * 3600
@@ -67,6 +100,10 @@ HANDSHAKE_WORKERS = 8  # [sync] handshake_workers
 # -- rejected index (SPEC §5) ------------------------------------------------------------
 REJECTED_HOT_SECS = 120
 REJECTED_COLD_SECS = 7 * 24 * 3600
+# Release keys kept per refused event (what it may be waiting for: a maintainer listing, a
+# repository, a referenced event): enough for any real NIP-34 event, and a hostile one
+# cannot make its entry large.
+MAX_DEPENDENCIES = 8
 
 # -- hostile input (SPEC §6) -------------------------------------------------------------
 MAX_MESSAGE_BYTES = 1024 * 1024
@@ -125,11 +162,13 @@ DELIVERY_SOURCE_ALLOWANCE = 50
 # ``since`` are not timers: they are compared with events' created_at and never change.
 TEST_TIMER_NAMES = (
     "COMPLETION_RECHECK_SECS", "PURGATORY_TTL_SECS", "POLL_SECS", "NEGENTROPY_DEADLINE_SECS",
+    "REQ_STALL_SECS",
     "QUICK_RECONNECT_SECS", "DAILY_MIN_SECS", "DAILY_MAX_SECS", "RECOVERY_BASE_SECS",
     "RECOVERY_MAX_SECS", "DEAD_AFTER_SECS", "DEAD_RETRY_SECS", "STABILITY_SECS",
     "RATE_LIMIT_COOLDOWN_SECS", "REACTIVE_GATE_START_SECS", "REACTIVE_GATE_MAX_SECS",
     "POLICY_PROBE_SECS", "MAINTENANCE_TICK_SECS", "DESCENDANT_TICK_SECS",
-    "REJECTED_HOT_SECS", "REJECTED_COLD_SECS", "MESSAGE_STALL_SECS", "READ_IDLE_TIMEOUT_SECS",
+    "REJECTED_HOT_SECS", "REJECTED_COLD_SECS", "TIME_CUT_SUSPECT_SECS", "MESSAGE_STALL_SECS",
+    "READ_IDLE_TIMEOUT_SECS",
 )
 
 

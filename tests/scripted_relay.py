@@ -7,6 +7,7 @@ protocol modules), run in-process by a test on a free 127.0.0.1 port:
     ...                                  # relay.url, relay.port
     relay.broadcast(event)               # live: stored, and sent to matching open subs
     relay.received                       # every client frame, decoded, in arrival order
+    relay.sent_count(event_id)           # how many EVENT frames carried that event to clients
     relay.stop()
 
 What it does by default is plain NIP-01: ``REQ`` is answered from the store, per filter the
@@ -29,13 +30,21 @@ Knobs for misbehaviour:
   hangs up), so a test can assert how many handshakes a client had in flight at once across
   many relays. Each relay gets its own gauge when none is given.
 - ``negentropy``: how ``NEG-OPEN`` is met: ``"err"`` (``NEG-ERR``, the default), ``"ignore"``
-  (no answer at all), ``"notice"`` (a ``NOTICE`` about negentropy), or a handler object or
+  (no answer at all), ``"notice"`` (a ``NOTICE`` about negentropy), ``"serve"`` (real NIP-77
+  over the store, by gsync's pure negentropy server), or a handler object or
   callable ``handler(relay, conn, message) -> frames`` that gets every ``NEG-OPEN``,
   ``NEG-MSG`` and ``NEG-CLOSE`` (the hook for a real NIP-77 implementation).
 - ``on_message(relay, conn, message) -> frames | None``: sees every decoded client message
   first; returning anything other than ``None`` means "handled" (its frames are sent).
 - ``answer_close``: answer ``CLOSE`` with ``CLOSED`` as LocalRelay does.
 - ``nip11``: a dict served as the NIP-11 document.
+- ``req_cap``: at most this many stored events per REQ in total, all its filters together
+  (the newest of the union), as relays that run one query per REQ do; ``page_size`` still
+  caps each filter. Neither is said in NIP-11.
+- ``query_budget=(events, secs)``: a query stopped by a time budget: a REQ whose answer has
+  more than ``events`` stored events gets only the newest ``events`` of it, after ``secs``.
+  ``events`` may be a list, taken in turn by successive REQs (a budget reaches further on
+  some queries than on others).
 - ``redirect_to``: answer every websocket upgrade with ``301`` to that URL;
   ``nip11_redirect_to``: answer every plain HTTP GET (NIP-11) with ``302`` to that URL.
 - ``host``: the loopback address to listen on (default ``127.0.0.1``; all of 127.0.0.0/8 is
@@ -59,6 +68,7 @@ from typing import Any
 
 from gsync.protocol.event import Event, EventError, parse_event
 from gsync.protocol.filters import Filter
+from gsync.protocol.negentropy import NegentropyServer, Storage
 
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 MAX_HTTP_REQUEST = 64 * 1024
@@ -224,6 +234,8 @@ class Connection:
 
     def send(self, *message) -> None:
         """A relay message as JSON: ``conn.send("NOTICE", "hello")``."""
+        if message[0] == "EVENT" and len(message) >= 3 and isinstance(message[2], dict):
+            self.relay.count_sent(message[2].get("id"))
         self.send_frame(list(message))
 
     def _write(self, data: bytes) -> None:
@@ -309,6 +321,33 @@ class _NegentropyRefusal:
         return [["NOTICE", f"ERROR: negentropy error: {self.reason}"]]
 
 
+class _Nip77Serve:
+    """NIP-77 over the relay's store: a ``NegentropyServer`` per open subscription."""
+
+    def __init__(self):
+        self._sessions: dict[tuple[int, str], Any] = {}
+
+    def __call__(self, relay, conn, message):
+        kind, sub = message[0], message[1] if len(message) > 1 else ""
+        key = (conn.id, sub)
+        if kind == "NEG-OPEN":
+            flt = Filter.from_dict(message[2])
+            with relay._store_lock:
+                items = [(ev.created_at, ev.id) for _, ev in relay._store.values()
+                         if ev is not None and flt.matches(ev)]
+            self._sessions[key] = NegentropyServer(Storage.from_hex(items))
+            payload = message[3]
+        elif kind == "NEG-MSG":
+            payload = message[2]
+        else:
+            self._sessions.pop(key, None)
+            return []
+        server = self._sessions.get(key)
+        if server is None:
+            return [["NEG-ERR", sub, "closed: unknown subscription"]]
+        return [["NEG-MSG", sub, server.respond(bytes.fromhex(payload)).hex()]]
+
+
 class ScriptedRelay:
     def __init__(
         self,
@@ -324,18 +363,28 @@ class ScriptedRelay:
         answer_close: bool = False,
         accept_events: bool = True,
         nip11: dict | None = None,
+        req_cap: int | None = None,
+        query_budget: tuple | None = None,
         redirect_to: str | None = None,
         nip11_redirect_to: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ):
         self.page_size = page_size
+        self.req_cap = req_cap
+        self.query_budget = query_budget
+        self._budgets = itertools.cycle(
+            [query_budget[0]] if query_budget and isinstance(query_budget[0], int)
+            else (query_budget[0] if query_budget else [0]))
         self.hang_handshake = hang_handshake
         self.handshake_gauge = handshake_gauge or HandshakeGauge()
         self.extra_frames_for_req = extra_frames_for_req
-        self.negentropy = (
-            _NegentropyRefusal(negentropy, neg_err_reason) if isinstance(negentropy, str) else negentropy
-        )
+        if negentropy == "serve":
+            self.negentropy = _Nip77Serve()
+        elif isinstance(negentropy, str):
+            self.negentropy = _NegentropyRefusal(negentropy, neg_err_reason)
+        else:
+            self.negentropy = negentropy
         self.on_message = on_message
         self.answer_close = answer_close
         self.accept_events = accept_events
@@ -351,6 +400,7 @@ class ScriptedRelay:
         self.http_requests: list[tuple[str, dict]] = []  # (request line, headers)
         self._store: dict[str, tuple[dict, Event | None]] = {}
         self._store_lock = threading.Lock()
+        self._sent: dict[str, int] = {}  # event id → EVENT frames sent with it
         self._ids = itertools.count(1)
         self._listener: socket.socket | None = None
         self._sockets: set[socket.socket] = set()
@@ -434,12 +484,14 @@ class ScriptedRelay:
         return [raw for _, raw in found[:cap]]
 
     def answer(self, filters: list[Filter]) -> list[dict]:
-        """A REQ's stored events: the union over its filters, newest first."""
+        """A REQ's stored events: the union over its filters, newest first (at most
+        ``req_cap`` of them)."""
         seen: dict[str, dict] = {}
         for f in filters:
             for raw in self.query(f):
                 seen.setdefault(raw["id"], raw)
-        return sorted(seen.values(), key=lambda r: (-r["created_at"], r["id"]))
+        union = sorted(seen.values(), key=lambda r: (-r["created_at"], r["id"]))
+        return union if self.req_cap is None else union[:self.req_cap]
 
     def broadcast(self, event) -> int:
         """Store ``event`` and send it to every open subscription it matches. Returns how
@@ -461,6 +513,15 @@ class ScriptedRelay:
         return sent
 
     # -- what the client did -------------------------------------------------------------
+
+    def count_sent(self, event_id) -> None:
+        with self._store_lock:
+            self._sent[event_id] = self._sent.get(event_id, 0) + 1
+
+    def sent_count(self, event_id: str) -> int:
+        """How many times an EVENT frame carried ``event_id`` to a client (any connection)."""
+        with self._store_lock:
+            return self._sent.get(event_id, 0)
 
     def messages(self, kind: str | None = None) -> list[list]:
         """Decoded client messages (lists), optionally only those of one type (``"REQ"``)."""
@@ -648,7 +709,12 @@ class ScriptedRelay:
             conn.send("CLOSED", sub_id, f"invalid: {exc}")
             return
         conn.subs[sub_id] = filters
-        for raw in self.answer(filters):
+        stored = self.answer(filters)
+        budget = next(self._budgets)
+        if self.query_budget is not None and len(stored) > budget:
+            time.sleep(self.query_budget[1])  # out of time: what it found so far
+            stored = stored[:budget]
+        for raw in stored:
             conn.send("EVENT", sub_id, raw)
         if self.extra_frames_for_req is not None:
             conn.send_frames(self.extra_frames_for_req(self, conn, sub_id, filters))

@@ -1,5 +1,6 @@
 """Direct members and their descendants: one generation, decided by tagging a root."""
 from gsync.sync.descendants import full_root_ids, is_direct_member, new_members
+from gsync.sync.relay_state import RelayState
 from gsync.sync.repos import RepoSyncIndex, SyncLevel
 
 from . import factory as f
@@ -46,3 +47,14 @@ def test_only_full_repositories_give_root_ids():
     index.apply_announcement(waiting, SyncLevel.STATE_ONLY, now=0)
     index.apply_root_event(f.issue(bob, waiting))
     assert full_root_ids(index) == {ROOT.id}
+
+
+def test_a_lost_session_keeps_the_poll_cursor_and_forgets_the_rest_of_its_polling():
+    """Polling resumes from the last successful poll (with its overlap), not from the
+    reconnect: whatever came in between is asked for again."""
+    state = RelayState("wss://relay.example.com", members={"m"}, polled=["f"], poll_cursor=100.0,
+                       poll_started_at=104.0, poll_batch=7)
+    state.clear_live()
+    assert state.poll_cursor == 100.0
+    assert (state.polled, state.poll_started_at, state.poll_batch) == ([], None, None)
+    assert state.new_members == {"m"} and not state.members

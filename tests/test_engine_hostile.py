@@ -105,6 +105,53 @@ def test_pagination_brings_every_event_past_the_page_size(layout, relay_factory,
     assert gsync.metric(DROPS) == 0
 
 
+def _issues_and_comments(repo, issues=60, commented=20):
+    bugs = [f.issue(bob, repo, subject=f"issue {i}") for i in range(issues)]
+    return bugs + [f.comment(alice, bug, content="me too") for bug in bugs[:commented]]
+
+
+def test_a_relay_capping_each_req_at_20_in_total_yields_every_event(relay_factory, scripted,
+                                                                      gsync_factory):
+    """No NIP-11, 20 events a REQ whatever its filters (so each filter of a full REQ gets
+    two or none): gsync learns that the REQ is what is capped and pages on it."""
+    own = relay_factory()
+    remote = scripted(page_size=500, req_cap=20)
+    repo = our_announcement(own, [remote])
+    history = [f.state(alice, "proj"), *_issues_and_comments(repo)]
+    remote.add(repo, *history)
+    publish(own.url, [repo])
+    gsync_factory(own, [remote])
+    assert_arrives(own, history, timeout=60, what="every event, 20 a REQ")
+
+
+def test_a_relay_capping_each_filter_at_30_yields_every_event(relay_factory, scripted,
+                                                                gsync_factory):
+    """Below the 75 the design once assumed: a page of 30 is a full page here."""
+    own = relay_factory()
+    remote = scripted(page_size=30)
+    repo = our_announcement(own, [remote])
+    history = [f.state(alice, "proj"), *_issues_and_comments(repo, issues=100, commented=40)]
+    remote.add(repo, *history)
+    publish(own.url, [repo])
+    gsync_factory(own, [remote])
+    assert_arrives(own, history, timeout=60, what="every event, 30 a filter")
+
+
+def test_a_relay_that_stops_slow_queries_yields_every_event(relay_factory, scripted,
+                                                              gsync_factory):
+    """A REQ whose answer takes too long is cut, after 15, 45 or 25 events in turn (no cap
+    explains that), and says nothing: only its slowness tells, and such a page is confirmed
+    by the next one."""
+    own = relay_factory()
+    remote = scripted(page_size=500, query_budget=([15, 45, 25], 0.6))
+    repo = our_announcement(own, [remote])
+    history = _issues_and_comments(repo, issues=40, commented=10)
+    remote.add(repo, *history)
+    publish(own.url, [repo])
+    gsync_factory(own, [remote], timers={"TIME_CUT_SUSPECT_SECS": 0.4})
+    assert_arrives(own, history, timeout=60, what="every event past the slow cuts")
+
+
 # -- forged and off-filter events -------------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ from gsync.protocol.event import (
     MAX_TIMESTAMP,
     EventError,
     compute_id,
+    is_authentic,
     parse_event,
     parse_event_json,
     public_key,
@@ -263,6 +264,18 @@ def test_verify_event_keeps_the_json_delivery_sends(signed):
 def test_checks_can_be_skipped_for_events_we_made(signed):
     obj = {**signed.to_dict(), "content": "changed"}
     assert parse_event(obj, check_id=False, check_sig=False).content == "changed"
+
+
+@pytest.mark.parametrize("field", TAMPERINGS)
+def test_skipped_checks_can_be_made_later(signed, field):
+    """A copy parsed unchecked (its id was known) is checked when it is wanted after all."""
+    assert is_authentic(parse_event(signed.to_dict(), check_id=False, check_sig=False))
+    name, value = TAMPERINGS[field]
+    tampered = {**signed.to_dict(), name: value}
+    assert not is_authentic(parse_event(tampered, check_id=False, check_sig=False))
+    tampered["id"] = compute_id(tampered["pubkey"], tampered["created_at"], tampered["kind"],
+                                tampered["tags"], tampered["content"])
+    assert not is_authentic(parse_event(tampered, check_id=False, check_sig=False))
 
 
 # -- strict types and bounds ------------------------------------------------------------------

@@ -243,3 +243,21 @@ def test_live_reqs_may_group_any_tags():
     roots = [f"{i:064x}" for i in range(10)]
     live = filter_plan.live(filter_plan.root_event_filters(roots))
     assert len(filter_plan.pack_into_reqs(live)) == 1
+
+
+def test_restrict_to_keeps_only_what_the_index_still_wants():
+    from gsync.sync.filter_plan import restrict_to
+
+    a, b, c = ("30617:" + p * 64 + ":x" for p in "abc")
+    closed = [
+        Filter.make(tags={"a": [a, b]}, limit=0),
+        Filter.make(tags={"q": [c]}, limit=0),
+        Filter.make(kinds=[30617, 10317], limit=0),
+        Filter.make(kinds=[30618], tags={"d": ["x"]}, limit=0),
+    ]
+    wanted = [Filter.make(tags={"a": [a]}, limit=0), Filter.make(kinds=[30617, 10317], limit=0),
+              Filter.make(tags={"d": ["x"]}, limit=0)]  # #d without the kinds: another shape
+    assert restrict_to(closed, wanted) == [
+        Filter.make(tags={"a": [a]}, limit=0),  # b is obsolete
+        Filter.make(kinds=[30617, 10317], limit=0),
+    ]

@@ -1,5 +1,5 @@
-"""RelayHealthTracker: backoff, Dead, stability, rate-limit cooldown, pacing gates, policy
-pauses and refusal classification (SPEC §5). Time is passed in; nothing sleeps."""
+"""RelayHealthTracker: backoff, Dead, stability, rate-limit cooldown, pacing gates
+and refusal classification (SPEC §5). Time is passed in; nothing sleeps."""
 import pytest
 
 from gsync.sync.health import (
@@ -186,6 +186,17 @@ def test_relays_are_tracked_independently():
 # -- rate limiting ------------------------------------------------------------------------
 
 
+def test_a_query_rate_refusal_marks_the_session_until_the_next_connection():
+    t = tracker()
+    connect(t, 0)
+    assert not t.limits_query_rate(R)
+    t.record_rate_limited(R, 10)
+    assert t.limits_query_rate(R)
+    t.record_disconnect(R, 20)
+    connect(t, 400)
+    assert not t.limits_query_rate(R)
+
+
 def test_rate_limit_cooldown_is_65s_then_probing_until_a_success():
     t = tracker()
     connect(t, 0)
@@ -303,35 +314,6 @@ def test_disable_negentropy_after_neg_err():
     assert not t.negentropy_allowed(R)
 
 
-# -- policy refusals ---------------------------------------------------------------------
-
-
-def test_policy_refusal_pauses_coverage_for_24h_then_one_probe():
-    t = tracker()
-    t.record_policy_refusal(R, "layer2", now=0)
-    assert t.is_policy_paused(R, "layer2", DAY - 1)
-    assert not t.is_policy_paused(R, "layer3", 1)
-    assert t.due_policy_probes(DAY - 1) == []
-    assert t.due_policy_probes(DAY) == [(R, "layer2")]
-    assert t.due_policy_probes(DAY + 1) == []  # only one probe
-    assert not t.is_policy_paused(R, "layer2", DAY)
-
-
-def test_probe_refused_again_pauses_another_24h():
-    t = tracker()
-    t.record_policy_refusal(R, "layer2", now=0)
-    t.due_policy_probes(DAY)
-    t.record_policy_refusal(R, "layer2", now=DAY)
-    assert t.is_policy_paused(R, "layer2", 2 * DAY - 1)
-
-
-def test_policy_refusal_does_not_touch_connection_health():
-    t = tracker()
-    connect(t, 0)
-    t.record_policy_refusal(R, "layer2", now=1)
-    assert t.state(R, 1) is HealthState.HEALTHY
-
-
 # -- refusal classification --------------------------------------------------------------
 
 
@@ -348,6 +330,7 @@ def test_policy_refusal_does_not_touch_connection_health():
         ("restricted: members only", Refusal.POLICY),
         ("auth-required: we only serve authenticated users", Refusal.AUTH),
         ("unsupported: filter contains unknown elements", Refusal.UNSUPPORTED),
+        ("invalid: unindexed tag", Refusal.UNSUPPORTED),
         ("error: could not connect to the database", Refusal.OTHER),
         ("", Refusal.OTHER),
     ],

@@ -347,3 +347,21 @@ def test_fifty_thousand_items_reconcile_quickly(client_limit, server_limit):
     have, need, rounds = reconcile(client_items, server_items, client_limit, server_limit)
     assert_symmetric_difference(client_items, server_items, have, need)
     assert rounds < 200
+
+
+def test_a_whole_id_list_that_takes_the_frame_past_its_limit_is_kept():
+    # The server answers three id-list ranges: its 100 ids in the first, its 22 in the
+    # second (room was left for 21 and a bit: the list ends past limit - slack, within the
+    # slack), and the third no longer fits. Like the reference, the second list is kept
+    # whole and the rest closed after it: dropping it would cost a round for ids written.
+    items = [(t, t.to_bytes(2, "big") + bytes(30)) for t in range(1, 301)]
+    enc = _Encoder()
+    for bound in (Bound(101), Bound(123), INFINITE_BOUND):
+        enc.id_list(bound, [])
+    answer = NegentropyServer(Storage(items), 4096).respond(bytes(enc.out))
+    assert 4096 - 200 < len(answer) <= 4096
+    ranges = decode_ranges(answer)
+    assert [(mode, len(payload) if mode == Mode.ID_LIST else None) for _, mode, payload in ranges] == [
+        (Mode.ID_LIST, 100), (Mode.ID_LIST, 22), (Mode.FINGERPRINT, None)]
+    assert ranges[1][0] == Bound(123)
+    assert ranges[2][2] == Storage(items).fingerprint(122, 300)

@@ -2,7 +2,9 @@
 
 The remotes are scripted relays (tests/scripted_relay.py) that speak real NIP-77 with gsync's
 own negentropy server over their stored events, and can withhold ids from exact-id REQs while
-still serving them to semantic REQs — a relay whose index and id lookup disagree.
+still serving them to semantic REQs — a relay whose index and id lookup disagree. The own
+relay holds one issue of each repository besides its announcement: gsync uses NIP-77 only
+for filters the own relay holds something of (nothing held: REQ pages, fewer starts).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ class Nip77Server:
 
     def __init__(self):
         self.opened = 0
+        self.filters: list[Filter] = []  # of every NEG-OPEN, in order
         self._sessions: dict[tuple[int, str], NegentropyServer] = {}
 
     def __call__(self, relay, conn, message):
@@ -32,6 +35,7 @@ class Nip77Server:
         if kind == "NEG-OPEN":
             self.opened += 1
             flt = Filter.from_dict(message[2])
+            self.filters.append(flt)
             with relay._store_lock:
                 items = [(ev.created_at, ev.id) for _, ev in relay._store.values()
                          if ev is not None and flt.matches(ev)]
@@ -92,7 +96,7 @@ def test_ids_advertised_but_not_served_fall_back_to_semantic_req(relay_factory, 
     remote.add(repo, *issues)
     # 38 of 40 withheld from id lookups: 5 % delivered, well under the 10 % threshold.
     Withholding(e.id for e in issues[2:]).install(remote)
-    publish(own.url, [repo])
+    publish(own.url, [repo, issues[0]])
     gsync = gsync_factory(own, [remote])
     assert_arrives(own, issues, timeout=90, what="every issue through the semantic fallback")
     wait_until(lambda: _remote_status(gsync, remote.url) == "connected", timeout=30,
@@ -111,7 +115,7 @@ def test_small_residual_fails_the_batch_then_recovery_fetches_it(relay_factory, 
     withheld = issues[:3]  # 10 % missing by id: a residual, not an incompatibility
     hiding = Withholding(e.id for e in withheld)
     hiding.install(remote)
-    publish(own.url, [repo])
+    publish(own.url, [repo, issues[3]])
     gsync = gsync_factory(own, [remote], extra={"sync": {"recovery_base_secs": "1"}})
     assert_arrives(own, issues[3:], timeout=90, what="the served issues")
     wait_until(lambda: _remote_status(gsync, remote.url) == "connected_historic_sync_failures",
@@ -131,7 +135,7 @@ def test_relay_that_never_answers_neg_open_falls_back_within_15s(relay_factory, 
     remote = scripted(negentropy="ignore", page_size=500)
     repo, issues = _repo_with_issues(own, remote, 20, "silent-nip77")
     remote.add(repo, *issues)
-    publish(own.url, [repo])
+    publish(own.url, [repo, issues[0]])
     started = time.monotonic()
     gsync = gsync_factory(own, [remote])
     assert_arrives(own, issues, timeout=60, what="the issues via REQ+EOSE")
@@ -139,3 +143,29 @@ def test_relay_that_never_answers_neg_open_falls_back_within_15s(relay_factory, 
     unsupported = [e for e in gsync.log_events() if e["event"] == "negentropy_unsupported"]
     assert len(unsupported) == 1 and "timeout" in unsupported[0]["reason"]
     assert remote.reqs(), "the fallback used plain REQs"
+
+
+def test_a_first_sync_opens_nip77_only_for_filters_the_own_relay_holds_something_of(
+        relay_factory, gsync_factory, scripted):
+    """Issues with statuses and comments, and state: the own relay holds the announcements
+    and one issue. Layer 1 and the issues' filter go by NIP-77; every filter it held nothing
+    of (state, the other repository tags, every thread filter) goes by REQ pages, ten to a
+    start, even the one that matches the statuses gsync has just delivered with the issues."""
+    own = relay_factory()
+    nip77 = Nip77Server()
+    remote = scripted(negentropy=nip77, page_size=500)
+    repos = [our_announcement(own, [remote], d=f"first-sync-{i}") for i in range(2)]
+    issues = [f.issue(bob, repo, subject=f"{repo.address} {i}") for repo in repos for i in range(5)]
+    statuses = [f.status(alice, bug) for bug in issues]  # `a` and `e`: layer 2 brings them
+    comments = [f.comment(alice, bug, content="me too") for bug in issues]
+    states = [f.state(alice, f"first-sync-{i}") for i in range(2)]
+    remote.add(*repos, *issues, *statuses, *comments, *states)
+    held = [*repos, issues[0]]
+    publish(own.url, held)
+    gsync_factory(own, [remote])
+    assert_arrives(own, issues + statuses + comments + states, timeout=60, what="the whole history")
+    assert nip77.opened >= 2  # layer 1 and the issues' #a filter
+    unheld = [flt for flt in nip77.filters if not any(flt.matches(e) for e in held)]
+    assert unheld == [], f"NEG-OPEN for filters the own relay held nothing of: {unheld}"
+    req_filters = [flt for _, filters in remote.reqs() for flt in filters]
+    assert any("#e" in flt or "#E" in flt for flt in req_filters), "comments came by REQ"

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gsync.constants import PAGE_THRESHOLD
-from gsync.protocol.event import generate_secret, sign_event
+from gsync import constants
+from gsync.protocol.event import Event, generate_secret, sign_event
 from gsync.protocol.filters import Filter
 from gsync.sync.pending import (
     PageCap,
@@ -54,14 +54,22 @@ def feed(b, sub, events):
         b.record_event(sub, e)
 
 
+P = 80  # the page size per filter of the relay in most tests below
+
+
+def learnt(size=P):
+    """A connection that has seen its relay cap each filter at ``size`` (and not per REQ)."""
+    return PageCap.per_filter(size)
+
+
 # -- pagination ---------------------------------------------------------------------------
 
 
 def test_short_page_finishes_the_sub_and_completes_the_batch():
     b = batch()
     b.add_subscription("s1", [ISSUES])
-    feed(b, "s1", page(1621, 1000, PAGE_THRESHOLD - 1))
-    assert flat(b.on_eose("s1")) == []
+    feed(b, "s1", page(1621, 1000, P - 1))
+    assert flat(b.on_eose("s1", cap=learnt())) == []
     assert "s1" not in b.outstanding_subs
     assert b.is_complete
     assert not b.failed
@@ -70,9 +78,9 @@ def test_short_page_finishes_the_sub_and_completes_the_batch():
 def test_full_page_asks_next_page_with_inclusive_until():
     b = batch()
     b.add_subscription("s1", [ISSUES])
-    feed(b, "s1", page(1621, 1000, PAGE_THRESHOLD))
-    oldest = 1000 - (PAGE_THRESHOLD - 1)
-    assert flat(b.on_eose("s1")) == [ISSUES.replace(until=oldest)]
+    feed(b, "s1", page(1621, 1000, P))
+    oldest = 1000 - (P - 1)
+    assert flat(b.on_eose("s1", cap=learnt())) == [ISSUES.replace(until=oldest)]
     assert not b.is_complete
     assert b.filters_of("s1") == [ISSUES.replace(until=oldest)]
 
@@ -80,20 +88,22 @@ def test_full_page_asks_next_page_with_inclusive_until():
 def test_each_or_filter_paginates_on_its_own_and_pages_stay_grouped():
     b = batch()
     b.add_subscription("s1", [ISSUES, PATCHES, Filter.make(kinds=[1618])])
-    feed(b, "s1", page(1621, 1000, 80))
-    feed(b, "s1", page(1617, 2000, 90, step=2))
+    feed(b, "s1", page(1621, 1000, P))
+    feed(b, "s1", page(1617, 2000, P, step=2))
     feed(b, "s1", page(1618, 3000, 3))
-    assert flat(b.on_eose("s1")) == [ISSUES.replace(until=921), PATCHES.replace(until=1822)]
+    assert flat(b.on_eose("s1", cap=learnt())) == [
+        ISSUES.replace(until=1000 - (P - 1)), PATCHES.replace(until=2000 - 2 * (P - 1))]
 
 
 def test_pagination_keeps_since_and_counters_reset_per_page():
     since_filter = ISSUES.replace(since=800)
     b = batch()
     b.add_subscription("s1", [since_filter])
-    feed(b, "s1", page(1621, 1000, 80))
-    assert flat(b.on_eose("s1")) == [since_filter.replace(until=921)]
-    feed(b, "s1", page(1621, 921, 10))
-    assert flat(b.on_eose("s1")) == []
+    cap = learnt()
+    feed(b, "s1", page(1621, 1000, P))
+    assert flat(b.on_eose("s1", cap=cap)) == [since_filter.replace(until=1000 - (P - 1))]
+    feed(b, "s1", page(1621, 1000 - P, 10))
+    assert flat(b.on_eose("s1", cap=cap)) == []
     assert b.is_complete
 
 
@@ -101,11 +111,11 @@ def test_next_page_below_since_ends_the_filter():
     f = ISSUES.replace(since=1000)
     b = batch()
     b.add_subscription("s1", [f])
-    crowd = [event(1621, 1000) for _ in range(PAGE_THRESHOLD)]
+    crowd = [event(1621, 1000) for _ in range(P)]
     feed(b, "s1", crowd)
-    assert flat(b.on_eose("s1")) == [f.replace(until=1000)]
+    assert flat(b.on_eose("s1", cap=learnt())) == [f.replace(until=1000)]
     feed(b, "s1", crowd)  # no progress: stepping to 999 would leave since behind
-    assert flat(b.on_eose("s1")) == []
+    assert flat(b.on_eose("s1", cap=learnt())) == []
 
 
 def test_shared_events_count_for_every_filter_but_only_certain_ones_set_until():
@@ -114,43 +124,49 @@ def test_shared_events_count_for_every_filter_but_only_certain_ones_set_until():
     issues_or_patches = Filter.make(kinds=[1621, 1617])
     b = batch()
     b.add_subscription("s1", [ISSUES, issues_or_patches])
-    feed(b, "s1", page(1621, 1000, 40))  # shared: down to 961
-    feed(b, "s1", page(1617, 2000, 40))  # only the second filter's: down to 1961
-    assert b.pagination["s1"].filters[1].event_count == 80
-    # ISSUES saw 40 (no next page). The other saw 80: its own events reach 1961, and, with
-    # a page size of at least 75, its 75 newest matches (down to 966) were its own page.
-    assert flat(b.on_eose("s1")) == [issues_or_patches.replace(until=966)]
+    feed(b, "s1", page(1621, 1000, 45))  # shared: down to 956
+    feed(b, "s1", page(1617, 2000, 45))  # only the second filter's: down to 1956
+    assert b.pagination["s1"].filters[1].event_count == 90
+    # ISSUES saw 45, under the relay's 80 a filter: done. The other matched 90: its own
+    # events reach 1956, and, since the relay serves each filter 80, its 80 newest matches
+    # (down to 966) were its own page.
+    assert flat(b.on_eose("s1", cap=learnt())) == [issues_or_patches.replace(until=966)]
 
 
-def test_with_a_larger_known_page_size_only_own_events_bound_the_page():
+def test_when_a_per_req_cap_may_have_cut_the_page_only_own_events_bound_it():
     issues_or_patches = Filter.make(kinds=[1621, 1617])
     b = batch()
     b.add_subscription("s1", [ISSUES, issues_or_patches])
     feed(b, "s1", page(1621, 1000, 40))
     feed(b, "s1", page(1617, 2000, 40))
-    # 80 < 500: the shared events may all have been sent for ISSUES.
-    assert flat(b.on_eose("s1", cap=PageCap(500))) == [issues_or_patches.replace(until=1961)]
+    # The connection's first page: the relay may cap per REQ at 80, and then the shared
+    # events say nothing of either filter's page. The second filter's own events bound it;
+    # ISSUES has none, and is asked again alone.
+    pages = b.on_eose("s1", cap=PageCap())
+    assert sorted(map(str, (filters for _, filters in pages))) == sorted(
+        map(str, ([ISSUES], [issues_or_patches.replace(until=1961)])))
 
 
-def test_page_cap_learns_from_own_events_and_never_shrinks():
+def test_page_cap_learns_what_the_relay_served_and_never_shrinks():
     cap = PageCap()
-    assert cap.floor == PAGE_THRESHOLD
+    assert (cap.filter_served, cap.req_served) == (0, 0)
     b = batch()
     b.add_subscription("s1", [ISSUES, PATCHES])
-    feed(b, "s1", page(1621, 1000, 120))  # all its own: the relay's page holds >= 120
+    feed(b, "s1", page(1621, 1000, 120))  # all its own: the relay serves a filter >= 120
     feed(b, "s1", page(1617, 1000, 90))
     b.on_eose("s1", cap=cap)
-    assert cap.floor == 120
-    cap.observe(80)
-    assert cap.floor == 120
+    assert (cap.filter_served, cap.req_served) == (120, 210)
+    cap.observe(80, 100)
+    assert (cap.filter_served, cap.req_served) == (120, 210)
 
 
 def test_filter_without_certain_events_is_asked_again_alone():
     both = Filter.make(kinds=[1621, 1617])
     b = batch()
     b.add_subscription("s1", [ISSUES, both])
-    feed(b, "s1", page(1621, 1000, PAGE_THRESHOLD))
-    pages = b.on_eose("s1", cap=PageCap(500))
+    cap = PageCap()
+    feed(b, "s1", page(1621, 1000, 75))
+    pages = b.on_eose("s1", cap=cap)
     # Neither can tell which events were its own: each repeats its page in a REQ of its own.
     assert sorted(map(str, (filters for _, filters in pages))) == sorted(
         map(str, ([ISSUES], [both])))
@@ -158,8 +174,8 @@ def test_filter_without_certain_events_is_asked_again_alone():
     assert b.outstanding_subs == {name for name, _ in pages}
     # Alone, every event is its own: the next page moves on.
     name = next(n for n, filters in pages if filters == [ISSUES])
-    feed(b, name, page(1621, 1000, PAGE_THRESHOLD))
-    assert flat(b.on_eose(name, cap=PageCap(500))) == [ISSUES.replace(until=926)]
+    feed(b, name, page(1621, 1000, 75))
+    assert flat(b.on_eose(name, cap=cap)) == [ISSUES.replace(until=926)]
 
 
 def test_full_page_of_many_values_is_split_to_fill_the_next_req():
@@ -168,15 +184,36 @@ def test_full_page_of_many_values_is_split_to_fill_the_next_req():
     b = batch()
     b.add_subscription("s1", [f])
     feed(b, "s1", [sign_event(SECRET, created_at=1000 - i, kind=1111, content=str(i),
-                              tags=[["E", roots[i % 25]]]) for i in range(PAGE_THRESHOLD)])
-    pages = b.on_eose("s1", per_req=10)
+                              tags=[["E", roots[i % 25]]]) for i in range(P)])
+    pages = b.on_eose("s1", per_req=10, cap=learnt())
     assert [name for name, _ in pages] == ["s1"]
     pieces = pages[0][1]
     assert len(pieces) == 10
-    assert {p.until for p in pieces} == {1000 - (PAGE_THRESHOLD - 1)}
+    assert {p.until for p in pieces} == {1000 - (P - 1)}
     values = [v for p in pieces for v in p.tag("E")]
     assert sorted(values) == roots  # disjoint slices covering every value
     assert {len(p.tag("E")) for p in pieces} == {2, 3}
+
+
+def test_a_relay_limiting_query_rate_gets_full_pages_unsplit():
+    """Towards a relay that refused us for query rate, more filters for the same events
+    only bring its next refusal sooner: the next page keeps the filter whole."""
+    roots = [f"{i:064x}" for i in range(25)]
+    f = Filter.make(tags={"E": roots})
+    b = batch()
+    b.add_subscription("s1", [f])
+    feed(b, "s1", [sign_event(SECRET, created_at=1000 - i, kind=1111, content=str(i),
+                              tags=[["E", roots[i % 25]]]) for i in range(P)])
+    assert flat(b.on_eose("s1", per_req=10, cap=learnt(), split=False)) == [f.replace(until=1000 - (P - 1))]
+
+
+def test_split_parts_are_never_merged_back_into_one_req():
+    b = batch()
+    b.add_subscription("s1", [ISSUES, PATCHES])
+    b.add_subscription("s9", [Filter.make(kinds=[1618])])
+    b.split_subscription("s1", [("s2", [0]), ("s3", [1])])
+    assert not b.may_share("s2") and not b.may_share("s3")
+    assert b.may_share("s9")
 
 
 def test_split_shares_the_req_between_the_filters_that_continue():
@@ -186,13 +223,15 @@ def test_split_shares_the_req_between_the_filters_that_continue():
     filters = [tagged("e", vals), tagged("E", vals), tagged("q", vals), ISSUES]
     b = batch()
     b.add_subscription("s1", filters)
-    for i in range(PAGE_THRESHOLD):  # each event carries one tag: all are their filter's own
+    for i in range(P):  # each event carries one tag: all are their filter's own
         for name in ("e", "E", "q"):
             b.record_event("s1", sign_event(SECRET, created_at=2000 - i, kind=1, content=name,
                                             tags=[[name, vals[i % 30]]]))
-    pieces = flat(b.on_eose("s1", per_req=10))
-    assert sorted(len(p.tags[0][1]) for p in pieces) == [10] * 9  # 3 filters × 3 slices
-    assert len(pieces) == 9
+    pieces = flat(b.on_eose("s1", per_req=10, cap=learnt()))
+    assert len(pieces) == 10  # 3 filters: 4 + 3 + 3 slices of their 30 values
+    assert sorted(len(p.tags[0][1]) for p in pieces) == [7, 7, 8, 8] + [10] * 6
+    for name in ("e", "E", "q"):
+        assert sorted(v for p in pieces if p.tags[0][0] == name for v in p.tags[0][1]) == vals
 
 
 def test_next_pages_are_packed_and_named_by_the_caller():
@@ -200,12 +239,13 @@ def test_next_pages_are_packed_and_named_by_the_caller():
     b = batch()
     b.add_subscription("s1", filters)
     for k in range(1, 5):
-        feed(b, "s1", page(k, 1000, PAGE_THRESHOLD))
+        feed(b, "s1", page(k, 1000, P))
     names = iter(["p1", "p2"])
-    pages = b.on_eose("s1", pack=lambda fs: [fs[:3], fs[3:]], new_sub_id=lambda: next(names))
+    pages = b.on_eose("s1", pack=lambda fs: [fs[:3], fs[3:]], new_sub_id=lambda: next(names),
+                      cap=learnt())
     assert [(n, len(fs)) for n, fs in pages] == [("p1", 3), ("p2", 1)]
     assert b.outstanding_subs == {"p1", "p2"}
-    assert flat(pages) == [f.replace(until=926) for f in filters]
+    assert flat(pages) == [f.replace(until=1000 - (P - 1)) for f in filters]
 
 
 def test_event_matching_no_filter_is_reported_and_not_counted():
@@ -220,8 +260,8 @@ def test_event_matching_no_filter_is_reported_and_not_counted():
 def test_events_outside_the_page_until_are_not_counted():
     b = batch()
     b.add_subscription("s1", [ISSUES])
-    feed(b, "s1", page(1621, 1000, PAGE_THRESHOLD))
-    b.on_eose("s1")
+    feed(b, "s1", page(1621, 1000, P))
+    b.on_eose("s1", cap=learnt())
     assert not b.record_event("s1", event(1621, 5000))
 
 
@@ -238,13 +278,13 @@ def test_batch_completes_only_when_every_sub_is_done():
 def test_rename_subscription_carries_pagination():
     b = batch()
     b.add_subscription("s1", [ISSUES])
-    feed(b, "s1", page(1621, 1000, PAGE_THRESHOLD))
-    nxt = flat(b.on_eose("s1"))
+    feed(b, "s1", page(1621, 1000, P))
+    nxt = flat(b.on_eose("s1", cap=learnt()))
     b.rename_subscription("s1", "s1-p2")
     assert b.outstanding_subs == {"s1-p2"}
     assert b.filters_of("s1-p2") == nxt
     feed(b, "s1-p2", page(1621, nxt[0].until - 1, 3))
-    assert flat(b.on_eose("s1-p2")) == []
+    assert flat(b.on_eose("s1-p2", cap=learnt())) == []
     assert b.is_complete
 
 
@@ -255,7 +295,22 @@ def test_restarted_page_does_not_count_events_twice():
     feed(b, "s1", first_half)
     b.restart_page("s1")  # CLOSED rate-limited: the same page goes out again
     feed(b, "s1", first_half + page(1621, 950, 10))
-    assert flat(b.on_eose("s1")) == []  # 60 events, not 110: that was the last page
+    assert flat(b.on_eose("s1", cap=learnt())) == []  # 60 events, not 110: that was the last page
+
+
+def test_split_subscription_sends_parts_again_on_the_same_page():
+    later = ISSUES.replace(until=900)
+    b = batch()
+    b.add_subscription("s1", [later, PATCHES, Filter.make(kinds=[1618])])
+    feed(b, "s1", page(1621, 900, 10))  # a refusal may follow events: they do not count twice
+    parts = b.split_subscription("s1", [("s2", [0, 1]), ("s3", [2]), ("s4", [])])
+    assert parts == [("s2", [later, PATCHES]), ("s3", [Filter.make(kinds=[1618])])]
+    assert b.outstanding_subs == {"s2", "s3"}
+    assert b.pagination["s2"].filters[0].event_count == 0
+    assert b.split_subscription("s3", []) == []  # a filter dropped: the sub is done
+    feed(b, "s2", page(1621, 900, 5))
+    assert flat(b.on_eose("s2")) == []
+    assert b.is_complete and not b.failed
 
 
 def test_id_filters_never_paginate():
@@ -287,48 +342,49 @@ def test_eose_for_unknown_sub_is_harmless():
 def test_crowded_second_does_not_loop_forever():
     """A page full of events at one second: the relay keeps returning it for until=that
     second. After one page without progress, until steps past that second."""
-    crowd = [event(1621, 1000) for _ in range(PAGE_THRESHOLD)]
+    crowd = [event(1621, 1000) for _ in range(P)]
     b = batch()
     b.add_subscription("s1", [ISSUES])
     feed(b, "s1", crowd)
-    assert flat(b.on_eose("s1")) == [ISSUES.replace(until=1000)]
+    assert flat(b.on_eose("s1", cap=learnt())) == [ISSUES.replace(until=1000)]
     feed(b, "s1", crowd)  # the same page again
-    assert flat(b.on_eose("s1")) == [ISSUES.replace(until=999)]
+    assert flat(b.on_eose("s1", cap=learnt())) == [ISSUES.replace(until=999)]
     feed(b, "s1", page(1621, 999, 5))
-    assert flat(b.on_eose("s1")) == []
+    assert flat(b.on_eose("s1", cap=learnt())) == []
 
 
 def test_crowded_second_with_new_ids_is_asked_once_more():
-    first = [event(1621, 1000) for _ in range(PAGE_THRESHOLD)]
-    second = first[:40] + [event(1621, 1000) for _ in range(PAGE_THRESHOLD - 40)]
+    first = [event(1621, 1000) for _ in range(P)]
+    second = first[:40] + [event(1621, 1000) for _ in range(P - 40)]
     b = batch()
     b.add_subscription("s1", [ISSUES])
     feed(b, "s1", first)
-    b.on_eose("s1")
+    b.on_eose("s1", cap=learnt())
     feed(b, "s1", second)  # some new ids at 1000: progress
-    assert flat(b.on_eose("s1")) == [ISSUES.replace(until=1000)]
+    assert flat(b.on_eose("s1", cap=learnt())) == [ISSUES.replace(until=1000)]
     feed(b, "s1", second)  # nothing new now
-    assert flat(b.on_eose("s1")) == [ISSUES.replace(until=999)]
+    assert flat(b.on_eose("s1", cap=learnt())) == [ISSUES.replace(until=999)]
 
 
 def test_boundary_second_reappearing_with_older_events_is_progress():
     b = batch()
     b.add_subscription("s1", [ISSUES])
-    first = page(1621, 1100, PAGE_THRESHOLD)  # down to 1026
+    first = page(1621, 1100, P)  # down to 1100 - (P - 1)
+    oldest = 1100 - (P - 1)
     feed(b, "s1", first)
-    assert flat(b.on_eose("s1")) == [ISSUES.replace(until=1026)]
-    feed(b, "s1", [first[-1]] + page(1621, 1025, PAGE_THRESHOLD - 1))
-    assert flat(b.on_eose("s1")) == [ISSUES.replace(until=1025 - (PAGE_THRESHOLD - 2))]
+    assert flat(b.on_eose("s1", cap=learnt())) == [ISSUES.replace(until=oldest)]
+    feed(b, "s1", [first[-1]] + page(1621, oldest - 1, P - 1))
+    assert flat(b.on_eose("s1", cap=learnt())) == [ISSUES.replace(until=oldest - 1 - (P - 2))]
 
 
 def test_until_never_goes_negative():
     b = batch()
     b.add_subscription("s1", [ISSUES])
-    crowd = [event(1621, 0) for _ in range(PAGE_THRESHOLD)]
+    crowd = [event(1621, 0) for _ in range(P)]
     feed(b, "s1", crowd)
-    assert flat(b.on_eose("s1")) == [ISSUES.replace(until=0)]
+    assert flat(b.on_eose("s1", cap=learnt())) == [ISSUES.replace(until=0)]
     feed(b, "s1", crowd)
-    assert flat(b.on_eose("s1")) == []
+    assert flat(b.on_eose("s1", cap=learnt())) == []
 
 
 # -- residuals after NIP-77 --------------------------------------------------------------
@@ -410,62 +466,126 @@ def test_negentropy_exchange_is_an_outstanding_entry_without_filters():
     assert b.residual_decision() is ResidualDecision.DONE
 
 
-# -- against a relay that caps each filter and sends the union ----------------------------
+# -- against simulated relays of each kind -------------------------------------------------
+#
+# NIP-01 as relays implement it, with the caps they use (none of them says so in NIP-11 here):
+# each filter's newest N, union, de-duplicated (LocalRelay, strfry, at 500; some at 30); the
+# whole REQ's newest N (one query over the OR of the filters), or filter after filter until
+# N; and a relay that stops a slow query on a time budget, after a varying number of events,
+# but only after a slow answer (``constants.TIME_CUT_SUSPECT_SECS``).
 
-CAP = 80  # per filter, as LocalRelay's 500 but smaller; at least PAGE_THRESHOLD
-
-
-def capped_relay_answer(store, filters):
-    """NIP-01 as relays implement it: each filter's newest CAP, union, de-duplicated."""
-    sent = {}
-    for f in filters:
-        hits = sorted((e for e in store if f.matches(e)), key=lambda e: (-e.created_at, e.id))
-        for e in hits[:CAP]:
-            sent[e.id] = e
-    return list(sent.values())
+FAST, SLOW = 0.01, constants.TIME_CUT_SUSPECT_SECS + 0.5
 
 
-def sync_all(store, filters, per_req=10):
+def newest_first(events):
+    return sorted(events, key=lambda e: (-e.created_at, e.id))
+
+
+def per_filter_relay(size):
+    def answer(store, filters, rng):
+        sent = {}
+        for f in filters:
+            for e in newest_first(e for e in store if f.matches(e))[:size]:
+                sent[e.id] = e
+        return newest_first(sent.values()), FAST
+    return answer
+
+
+def per_req_relay(size, order="time"):
+    def answer(store, filters, rng):
+        if order == "time":  # one query: ORDER BY created_at DESC LIMIT size
+            return newest_first(e for e in store if any(f.matches(e) for f in filters))[:size], FAST
+        sent = {}  # filter after filter, each newest first, until the REQ has size events
+        for f in filters:
+            for e in newest_first(e for e in store if f.matches(e)):
+                if len(sent) == size:
+                    return list(sent.values()), FAST
+                sent.setdefault(e.id, e)
+        return list(sent.values()), FAST
+    return answer
+
+
+def time_cut_relay(size, least=5):
+    """Caps each filter at ``size``, and stops a query when its time is up: after a random
+    number of events, never fewer than ``least`` (its budget always reaches a few more than
+    one second holds), always slowly. Some slow answers are complete all the same."""
+    inner = per_filter_relay(size)
+
+    def answer(store, filters, rng):
+        events, _ = inner(store, filters, rng)
+        budget = rng.randint(least, 2 * size)
+        if len(events) > budget:  # out of time: what it had found so far
+            return events[:budget], SLOW
+        return events, SLOW if rng.random() < 0.3 else FAST
+    return answer
+
+
+RELAYS = {
+    "per filter 80": per_filter_relay(80),
+    "per filter 30, below 75": per_filter_relay(30),
+    "per REQ 20, newest of all": per_req_relay(20, "time"),
+    "per REQ 20, filter by filter": per_req_relay(20, "filters"),
+    "per REQ 150": per_req_relay(150),
+    "per filter 50, stops slow queries": time_cut_relay(50),
+}
+
+_fake_ids = itertools.count(1)
+
+
+def fake_event(created_at, tags, kind=1111):
+    """An Event for pagination only: a unique id, no signature (nothing here checks it)."""
+    return Event(id=f"{next(_fake_ids):064x}", pubkey="0" * 64, created_at=created_at, kind=kind,
+                 tags=tuple(tuple(t) for t in tags), content="", sig="")
+
+
+def sync_all(store, filters, relay=RELAYS["per filter 80"], per_req=10, seed=0, cap=None):
+    """Historic sync of ``filters`` against a simulated relay, as the manager drives it:
+    pages queued first, the connection's PageCap kept across REQs. Returns what arrived
+    and how many REQs it took."""
+    rng = random.Random(seed)
     b = batch()
-    queue = [("s0", filters)]
     b.add_subscription("s0", filters)
+    queue = [("s0", filters)]
     received, reqs = {}, 0
     counter = itertools.count(1)
-    cap = PageCap()  # learnt across pages, as the manager keeps it per connection
+    cap = cap or PageCap()
     while queue:
         sub, page_filters = queue.pop(0)
         reqs += 1
-        assert reqs < 500, "pagination does not terminate"
+        assert reqs < 2_000, "pagination does not terminate"
         assert len(page_filters) <= per_req
-        for e in capped_relay_answer(store, page_filters):
+        events, elapsed = relay(store, page_filters, rng)
+        for e in events:
             received[e.id] = e
             b.record_event(sub, e)
-        queue += b.on_eose(sub, per_req=per_req, new_sub_id=lambda: f"s{next(counter)}",
-                           cap=cap)
-    assert cap.floor <= CAP
+        queue[0:0] = b.on_eose(sub, per_req=per_req, new_sub_id=lambda: f"s{next(counter)}",
+                               cap=cap, elapsed=elapsed)
     assert b.is_complete
     return received, reqs
 
 
-@settings(max_examples=60, deadline=None)
+def random_store(rng, n, values, crowd):
+    """``n`` events tagging random ``values`` by e/E/q, at most ``crowd`` in one second."""
+    seconds = rng.sample([t for t in range(1, n // crowd + 2) for _ in range(crowd)], n)
+    return [fake_event(t, [[rng.choice("eEq"), rng.choice(values)] for _ in range(rng.randint(1, 3))])
+            for t in seconds]
+
+
+@settings(max_examples=150, deadline=None)
 @given(st.data())
-def test_grouped_overlapping_filters_with_splits_fetch_everything(data):
-    """Random overlapping tag filters in one REQ: whatever was sent for which filter,
-    pagination (with splits) reaches every matching event. No second holds more than CAP
-    events, the documented limit of until-pagination."""
+def test_every_event_arrives_from_every_kind_of_relay(data):
+    """Random overlapping tag filters, packed ten to a REQ, against each kind of relay:
+    whatever each cap cut and whatever was sent for which filter, pagination (with splits)
+    reaches every matching event. No second holds more events than one page of the relay,
+    the documented limit of until-pagination."""
+    name = data.draw(st.sampled_from(sorted(RELAYS)), label="relay")
     rng = random.Random(data.draw(st.integers(0, 2**32 - 1)))
     values = [f"v{i}" for i in range(12)]
-    n = data.draw(st.integers(0, 700))
-    store = []
-    for i in range(n):
-        tags = [[rng.choice("eEq"), rng.choice(values)] for _ in range(rng.randint(1, 3))]
-        store.append(sign_event(SECRET, created_at=rng.randint(1, n // 3 + 1), kind=1111,
-                                content=str(i), tags=tags))
-    filters = []
-    for name in "eEq":
-        chosen = data.draw(st.sets(st.sampled_from(values), min_size=1))
-        filters.append(Filter.make(tags={name: chosen}))
-    received, _ = sync_all(store, filters)
+    n = data.draw(st.integers(0, 600), label="events")
+    store = random_store(rng, n, values, crowd=2)
+    filters = [Filter.make(tags={tag: data.draw(st.sets(st.sampled_from(values), min_size=1))})
+               for tag in data.draw(st.lists(st.sampled_from("eEq"), min_size=1, max_size=10))]
+    received, _ = sync_all(store, filters, RELAYS[name], seed=rng.randrange(1 << 30))
     wanted = {e.id for e in store if any(f.matches(e) for f in filters)}
     assert wanted <= received.keys()
 
@@ -473,12 +593,107 @@ def test_grouped_overlapping_filters_with_splits_fetch_everything(data):
 def test_splitting_moves_a_large_history_in_few_reqs():
     rng = random.Random(7)
     values = [f"r{i}" for i in range(50)]
-    store = [sign_event(SECRET, created_at=100_000 - i, kind=1621, content=str(i),
-                        tags=[["a", rng.choice(values)]]) for i in range(4_000)]
+    store = [fake_event(100_000 - i, [["a", rng.choice(values)]], kind=1621) for i in range(4_000)]
     received, reqs = sync_all(store, [Filter.make(tags={"a": values})])
     assert len(received) == 4_000
     # Unsplit, one filter at 80 per page needs 50 REQs; split ten ways about one tenth.
     assert reqs <= 12
+
+
+def small_and_large(rng):
+    """Ten tag filters: two match 300 events each, eight match 5 each."""
+    store, filters = [], []
+    for i in range(10):
+        value = f"thread-{i}"
+        store += [fake_event(rng.randint(1, 100_000), [["e", value]]) for _ in range(300 if i < 2 else 5)]
+        filters.append(Filter.make(tags={"e": [value]}))
+    return store, filters
+
+
+def test_on_a_relay_capping_each_filter_small_filters_are_not_asked_twice():
+    """Once the connection has seen the relay cap a filter at 80 (not the REQ: it brought
+    more), a filter that matched fewer is done: no confirming page rides along for it."""
+    store, filters = small_and_large(random.Random(1))
+    received, reqs = sync_all(store, filters, per_filter_relay(80), cap=learnt(80))
+    assert len(received) == len(store)
+    # 300 at 80 a page: four full pages and a short one for each large filter, which split
+    # after the first; the eight small ones end with the first page.
+    assert reqs <= 4
+
+
+def test_a_connection_learns_the_per_filter_cap_from_its_pages():
+    store, filters = small_and_large(random.Random(2))
+    cap = PageCap()
+    sync_all(store, filters[:1], per_filter_relay(80), cap=cap)  # one large filter first
+    sync_all(store, filters, per_filter_relay(80), cap=cap)
+    assert cap.filter_served == 80
+    assert cap.per_req_ruled_out and not cap.per_filter_ruled_out
+
+
+def test_a_connection_learns_a_per_req_cap_and_then_ends_small_reqs_at_once():
+    store, filters = small_and_large(random.Random(3))
+    cap = PageCap()
+    received, _ = sync_all(store, filters, per_req_relay(20), cap=cap)
+    assert len(received) == len(store)
+    assert (cap.req_served, cap.per_filter_ruled_out, cap.per_req_ruled_out) == (20, True, False)
+    # Now a REQ that brings fewer than 20 is complete, whatever its filters matched.
+    few = [fake_event(5, [["e", "lonely"]]) for _ in range(12)]
+    _, reqs = sync_all(few, [Filter.make(tags={"e": ["lonely"]})], per_req_relay(20), cap=cap)
+    assert reqs == 1
+
+
+def test_a_page_at_the_most_a_fresh_connection_has_served_is_confirmed():
+    b = batch()
+    b.add_subscription("s1", [ISSUES])
+    feed(b, "s1", page(1621, 1000, 12))
+    # A relay capping at 12 would look just like this: the next page says which it is.
+    assert flat(b.on_eose("s1", cap=PageCap())) == [ISSUES.replace(until=989)]
+
+
+def test_fewer_events_than_any_relay_caps_a_page_at_are_complete():
+    b = batch()
+    b.add_subscription("s1", [ISSUES, PATCHES])
+    feed(b, "s1", page(1621, 1000, 5) + page(1617, 1000, constants.MIN_PAGE_CAP - 6))
+    assert flat(b.on_eose("s1", cap=PageCap())) == []
+
+
+def test_an_empty_filter_in_a_req_that_may_have_been_cut_is_asked_again():
+    b = batch()
+    b.add_subscription("s1", [ISSUES, PATCHES])
+    feed(b, "s1", page(1621, 1000, 20))
+    # A relay capping each REQ at 20 may have stopped before any patch: PATCHES again,
+    # unchanged (not alone: it has no events another filter could have taken).
+    assert flat(b.on_eose("s1", cap=PageCap())) == [ISSUES.replace(until=981), PATCHES]
+
+
+def test_a_slow_page_is_confirmed_until_a_slow_page_brings_nothing():
+    b = batch()
+    b.add_subscription("s1", [ISSUES])
+    issues = page(1621, 1000, 10)
+    feed(b, "s1", issues)
+    cap = learnt()
+    # 10 < 80: complete, unless the relay stopped a slow query early.
+    assert flat(b.on_eose("s1", cap=cap, elapsed=SLOW)) == [ISSUES.replace(until=991)]
+    feed(b, "s1", issues[-1:])  # slow again, only the boundary second: step past it
+    assert flat(b.on_eose("s1", cap=cap, elapsed=SLOW)) == [ISSUES.replace(until=990)]
+    # slow, and nothing at all: a relay that is slow every time, not one that cut
+    assert flat(b.on_eose("s1", cap=cap, elapsed=SLOW)) == []
+    assert b.is_complete
+
+
+def test_a_confirming_page_that_brings_news_proves_the_cut_and_what_cut_it():
+    cap = PageCap()
+    b = batch()
+    b.add_subscription("s1", [ISSUES, PATCHES])
+    feed(b, "s1", page(1621, 1000, 15) + page(1617, 1000, 5))  # 20 in all
+    pages = b.on_eose("s1", cap=cap)
+    name, filters = pages[0]
+    assert set(filters) == {ISSUES.replace(until=986), PATCHES.replace(until=996)}
+    feed(b, name, page(1621, 986, 15) + page(1617, 996, 5))  # both had more
+    b.on_eose(name, cap=cap)
+    # PATCHES was cut at 5 matches, fewer than the 15 the relay served one filter: not a
+    # per-filter cap. Both pages had 20 in all, the most it served a REQ: a per-REQ cap.
+    assert cap.per_filter_ruled_out and not cap.per_req_ruled_out
 
 
 @pytest.mark.parametrize("need, held, expected", [

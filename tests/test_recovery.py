@@ -177,3 +177,38 @@ def test_due_relays_lists_relays_with_an_attempt_due():
     rec.add_missing(A, ids(1), now=10)
     assert rec.due_relays(now=35) == [B]
     assert rec.due_relays(now=40) == [A, B]
+
+
+# -- filters whose REQ never finished -----------------------------------------------------
+
+
+def test_a_filter_that_never_finished_is_asked_again_until_a_req_for_it_finishes():
+    from gsync.protocol.filters import Filter
+
+    stalled = Filter.make(tags={"E": ["ab" * 32]})
+    rec = MissingEventRecovery()
+    rec.add_missing_filters(A, [stalled], now=0)
+    assert not rec.is_fully_recovered(A)
+    assert rec.next_attempt(A, now=29) is None
+    assert rec.next_attempt(A, now=30) == []  # no ids: the attempt is the filter
+    assert rec.attempt_filters(A) == [stalled]
+    rec.record_result(A, [], now=31)  # it stalled again: zero progress, 30 s more
+    assert rec.next_attempt(A, now=60) is None
+    assert rec.next_attempt(A, now=61) == []
+    rec.record_result(A, [], now=62, filters_done=True)
+    assert rec.is_fully_recovered(A)
+
+
+def test_filters_and_ids_share_one_attempt():
+    from gsync.protocol.filters import Filter
+
+    stalled = Filter.make(tags={"q": ["x"]})
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(2), now=0)
+    rec.add_missing_filters(A, [stalled], now=0)
+    assert rec.next_attempt(A, now=30) == ids(2)
+    assert rec.attempt_filters(A) == [stalled]
+    rec.record_result(A, ids(2), now=31)  # ids came, the filter's REQ did not finish
+    assert rec.pending_ids(A) == set() and not rec.is_fully_recovered(A)
+    rec.cancel_attempt(A)
+    assert rec.attempt_filters(A) == []

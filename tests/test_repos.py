@@ -301,6 +301,41 @@ def test_purgatory_answer_again_keeps_state_only_alive():
     assert event.address in index
 
 
+def state_event(secret=ALICE, d="repo"):
+    return sign_event(secret, created_at=T0 + 20, kind=30618, tags=[["d", d]])
+
+
+def test_state_events_held_in_purgatory_keep_their_repo_alive():
+    """The own relay answering ``purgatory:`` to a state event still holds its repository
+    (and a GRASP relay restarts its own clock for it then)."""
+    index = new_index()
+    event = ours(relays=["wss://a.example"])
+    index.apply_announcement(event, SyncLevel.STATE_ONLY, now=0)
+    assert index.note_state_in_purgatory(state_event(), now=PURGATORY_TTL_SECS - 10) == {event.address}
+    assert index.expire_state_only(now=PURGATORY_TTL_SECS + 10) == set()
+    assert index.expire_state_only(now=2 * PURGATORY_TTL_SECS - 10) == {"wss://a.example"}
+
+
+def test_only_state_by_the_owner_or_a_maintainer_of_that_d_keeps_a_repo_alive():
+    index = new_index()
+    event = ours(relays=["wss://a.example"], maintainers=[public_key(BOB)])
+    index.apply_announcement(event, SyncLevel.STATE_ONLY, now=0)
+    stranger = generate_secret()
+    assert index.note_state_in_purgatory(state_event(stranger), now=5) == set()
+    assert index.note_state_in_purgatory(state_event(d="other"), now=5) == set()
+    assert index.note_state_in_purgatory(state_event(BOB), now=5) == {event.address}
+    assert index.note_state_in_purgatory(ours(), now=5) == set()  # not a state event
+
+
+def test_state_in_purgatory_changes_nothing_for_full_repos():
+    index = new_index()
+    event = ours(relays=["wss://a.example"])
+    index.apply_announcement(event, SyncLevel.FULL, now=0)
+    assert index.note_state_in_purgatory(state_event(), now=5) == set()
+    assert index.get(event.address).purgatory_seen_at is None
+    assert index.is_full(event.address) and not index.is_full("30617:x:y")
+
+
 # -- RepoSyncIndex: root events ----------------------------------------------------------
 
 

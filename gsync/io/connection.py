@@ -60,6 +60,9 @@ class RelayConnection:
         self.neg_waiters: dict[str, Queue] = {}
         self._outbox: Queue = Queue()
         self._challenge: str | None = None
+        self._answered: str | None = None  # the challenge our last AUTH answered
+        self._auth_event_id: str | None = None
+        self._auth_refused = False  # the relay said OK false to our AUTH
         self._auth_retried: set[str] = set()
         # CLOSE sent, the relay's CLOSED not yet seen: events it sent before reading our
         # CLOSE (or that were waiting in our socket) are still checked against these filters
@@ -261,6 +264,13 @@ class RelayConnection:
             return
         elif isinstance(msg, wire.AuthChallenge):
             self._challenge = msg.challenge
+            self._answer_challenge()  # now, so that what we send next is already allowed
+        elif isinstance(msg, wire.Ok) and msg.event_id == self._auth_event_id:
+            if not msg.accepted:
+                self._auth_refused = True
+                log.warning("relay_auth_refused", relay=self.relay,
+                            reason=f"{msg.prefix.value}: {msg.text}"[:200])
+            self._emit(RemoteMessage(self.relay, self.session, msg))  # it may say "slow down"
         elif isinstance(msg, (wire.Closed, wire.Eose)) and msg.sub_id in self._closing:
             if isinstance(msg, wire.Closed):
                 del self._closing[msg.sub_id]  # the answer to our own CLOSE
@@ -322,13 +332,27 @@ class RelayConnection:
                 del self._checked[next(iter(self._checked))]
         self._events.append(RemoteEvent(self.relay, self.session, msg.sub_id, event, not known, matched))
 
+    def _answer_challenge(self) -> None:
+        """NIP-42: answer the relay's current challenge with our key, once."""
+        if not self._auth_secret or not self._challenge or self._challenge == self._answered:
+            return
+        self._answered = self._challenge
+        event = auth_event(self._auth_secret, self.relay, self._challenge, self._now())
+        self._auth_event_id = event.id
+        self.send(wire.auth(event))
+
     def _retry_after_auth(self, sub_id: str) -> bool:
-        """NIP-42: authenticate once and re-send the refused REQ. False if we cannot."""
+        """A REQ refused with ``auth-required:``: with a key, authenticate (if the challenge
+        is not answered yet) and send it again, once; the AUTH goes out first, so the relay
+        reads it first. False — the manager hears the refusal, a policy refusal — without
+        a key or a challenge, once the relay refused our AUTH, or the second time."""
         filters = self.subscriptions.get(sub_id)
-        if not (self._auth_secret and self._challenge and filters) or sub_id in self._auth_retried:
+        if not (self._auth_secret and self._challenge and filters):
+            return False
+        if self._auth_refused or sub_id in self._auth_retried:
             return False
         self._auth_retried.add(sub_id)
-        self.send(wire.auth(auth_event(self._auth_secret, self.relay, self._challenge, self._now())))
+        self._answer_challenge()
         self.send(wire.req(sub_id, filters.filters))
         return True
 

@@ -58,13 +58,13 @@ class _FairQueue:
 
     def __init__(self):
         self._front: deque[Event] = deque()
-        self._by_source: dict[str | None, deque[Event]] = {}
-        self._turns: deque[str | None] = deque()  # sources with events, next first
+        self._by_source: dict[str, deque[Event]] = {}
+        self._turns: deque[str] = deque()  # sources with events, next first
 
     def __bool__(self) -> bool:
         return bool(self._front or self._turns)
 
-    def append(self, event: Event, source: str | None = None) -> None:
+    def append(self, event: Event, source: str = "") -> None:
         queue = self._by_source.get(source)
         if queue is None:
             queue = self._by_source[source] = deque()
@@ -149,8 +149,8 @@ class OwnRelayDelivery:
         self._lanes = [_Lane(i) for i in range(lanes)]
         self._queue = _FairQueue()
         self._tracked: dict[str, Event] = {}  # submitted, not yet answered for good
-        self._source_of: dict[str, str | None] = {}  # of each tracked event
-        self._held: dict[str | None, int] = {}  # tracked events per source
+        self._sources: dict[str, str] = {}  # id → the remote it came from ("": none), while tracked
+        self._held: dict[str, int] = {}  # tracked events per source
         self._attempts: dict[str, int] = {}
         self._retry_heap: list[tuple[float, int, Event]] = []
         self._seq = itertools.count()
@@ -172,11 +172,12 @@ class OwnRelayDelivery:
         self._greenlets = [gevent.spawn(self._run_lane, lane) for lane in self._lanes]
         self._greenlets.append(gevent.spawn(self._retry_loop))
 
-    def submit(self, event: Event, source: str | None = None) -> bool:
-        """Queue an event for delivery (``source``: the relay it came from). False if it is
-        already tracked, or if the backlog is past its hard limit (connections stop reading
-        at ``max_backlog``, so beyond it come only bursts already read, one per connection
-        at most, and sources' allowances): that drop is counted and logged."""
+    def submit(self, event: Event, source: str = "") -> bool:
+        """Queue an event for delivery. False if it is already tracked, or if the backlog is
+        past its hard limit (connections stop reading at ``max_backlog``, so beyond it come
+        only bursts already read, one per connection at most, and sources' allowances): that
+        drop is counted and logged. ``source`` (the remote it came from) decides whose turn
+        it waits for, and comes back with a refusal."""
         if event.id in self._tracked:
             return False
         backlog = len(self._tracked)
@@ -189,7 +190,7 @@ class OwnRelayDelivery:
                 log.warning("event_dropped", reason="own_relay_backlog_full", event_id=event.id)
                 return False
         self._tracked[event.id] = event
-        self._source_of[event.id] = source
+        self._sources[event.id] = source
         self._held[source] = self._held.get(source, 0) + 1
         self._queue.append(event, source)
         self._idle.clear()
@@ -199,7 +200,7 @@ class OwnRelayDelivery:
     def is_tracked(self, event_id: str) -> bool:
         return event_id in self._tracked
 
-    def held_by(self, source: str | None) -> int:
+    def held_by(self, source: str) -> int:
         """Tracked events that came from ``source``."""
         return self._held.get(source, 0)
 
@@ -361,8 +362,8 @@ class OwnRelayDelivery:
             self._retry_later(event, "retry_error")
 
     def _finish(self, event: Event, outcome: str, reason: str) -> None:
+        source = self._sources.pop(event.id, "")
         if self._tracked.pop(event.id, None) is not None:
-            source = self._source_of.pop(event.id, None)
             left = self._held[source] - 1
             if left:
                 self._held[source] = left
@@ -379,7 +380,7 @@ class OwnRelayDelivery:
         if outcome in ("rejected", "purgatory"):
             # The manager acts on these (rejected index, StateOnly); a plain delivery needs
             # nothing from it, so it is not told (one queue round trip less per event).
-            self._post(DeliveryAnswered(event, outcome, reason))
+            self._post(DeliveryAnswered(event, outcome, reason, source))
         if not self._tracked:
             self._idle.set()
 
@@ -409,7 +410,7 @@ class OwnRelayDelivery:
             while self._retry_heap and self._retry_heap[0][0] <= now:
                 _, _, event = heapq.heappop(self._retry_heap)
                 if event.id in self._tracked:
-                    self._queue.append(event, self._source_of.get(event.id))
+                    self._queue.append(event, self._sources.get(event.id, ""))
                     self._wake_lanes()
             gevent.sleep(0.2)
 

@@ -81,6 +81,20 @@ class NegentropyFinished:
 
 
 @dataclass(slots=True)
+class OwnHoldingsRead:
+    """The own relay's holdings for a historic batch's filters were read, before any paced
+    start was spent on them: the manager now picks NIP-77 or REQ pages per filter."""
+
+    relay: str
+    session: int
+    batch_id: int
+    token: str
+    filters: list
+    holdings: list | None  # per filter, [(created_at, id)]; None: the own relay failed
+    reason: str = ""  # why it failed
+
+
+@dataclass(slots=True)
 class OwnEvent:
     """An event the own relay accepted, seen through the self-subscription."""
 
@@ -110,6 +124,7 @@ class DeliveryAnswered:
     event: Event
     outcome: str  # "purgatory" | "rejected"
     reason: str = ""
+    source: str = ""  # the remote it was fetched from ("" unknown): a re-fetch asks there
 
 
 @dataclass(slots=True)
@@ -122,6 +137,9 @@ class Tick:
 @dataclass(slots=True)
 class BatchWindowClosed:
     now: float
+    # The self-subscription's first history read: what the own relay held all along, so
+    # nothing in it counts as a dependency that has just arrived.
+    first_read: bool = False
 
 
 @dataclass(slots=True)
@@ -136,6 +154,13 @@ class HistoricSlotDue:
 
     relay: str
     session: int
+
+
+@dataclass(slots=True)
+class CooldownEnded:
+    """A relay's rate-limit cooldown is over: it is Probing, and the queued work goes out."""
+
+    relay: str
 
 
 @dataclass(slots=True)

@@ -1,7 +1,8 @@
 """One NIP-77 exchange for one filter of a historic batch, run in its own greenlet.
 
-It asks the own relay what it already holds for the filter (``own_query``), adds the ids the
-manager knows are refused for good or still in flight, reconciles that set with the remote
+It takes what the own relay holds for the filter (read by the manager before it chose NIP-77
+for the filter, or asked here with ``own_query``), adds the ids the manager knows are
+refused for good or still in flight, reconciles that set with the remote
 over the relay's existing connection (NEG-OPEN / NEG-MSG / NEG-CLOSE), and posts the outcome
 to the manager. It touches no index. Any failure of the remote's NIP-77 (NEG-ERR, a NOTICE
 about negentropy, a version we do not speak, garbage, no answer within 15 s in total) is an
@@ -17,8 +18,8 @@ from ..constants import NEGENTROPY_DEADLINE_SECS
 from ..ops import metrics
 from ..protocol.filters import Filter
 from . import negentropy_ws
-from .events import NegentropyFinished
-from .own_query import own_holdings
+from .events import NegentropyFinished, OwnHoldingsRead
+from .own_query import own_holdings, own_holdings_of
 
 # LocalRelay's NIP-77 frame limit is 60,000 bytes; staying under it suits most relays.
 FRAME_SIZE_LIMIT = 50_000
@@ -37,10 +38,23 @@ class NegentropyOutcome:
     held: int = 0  # events of the filter the own relay holds
 
 
-def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batch_id: int,
-                     token: str, deadline_secs: float = NEGENTROPY_DEADLINE_SECS) -> None:
+def read_holdings(own_url: str, filters, post, *, relay: str, session: int, batch_id: int,
+                  token: str) -> None:
+    """What the own relay holds of each of ``filters``, posted to the manager, which picks
+    each filter's method from it (a failure is an outcome too: REQ pages then)."""
     try:
-        items = own_holdings(own_url, flt)
+        holdings, reason = own_holdings_of(own_url, filters), ""
+    except Exception as exc:
+        holdings, reason = None, f"own relay query failed: {type(exc).__name__}"
+    post(OwnHoldingsRead(relay, session, batch_id, token, list(filters), holdings, reason))
+
+
+def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batch_id: int,
+                     token: str, deadline_secs: float = NEGENTROPY_DEADLINE_SECS,
+                     held=None) -> None:
+    """``held``: the own relay's (created_at, id) for ``flt``, if already read."""
+    try:
+        items = own_holdings(own_url, flt) if held is None else held
     except Exception as exc:
         outcome = NegentropyOutcome(False, reason=f"own relay query failed: {type(exc).__name__}",
                                     own_relay_failed=True)

@@ -2,7 +2,9 @@
 
 Relays cap how many events one REQ returns (LocalRelay: 500 per filter), so history is read
 in pages, ``until`` = the oldest ``created_at`` of the previous page (inclusive; a crowded
-second that brings nothing new is stepped past). Used by the self-subscription (full events)
+second that brings nothing new is stepped past). A page smaller than the largest the
+connection has served is the last (``PageCap``; the first page is always confirmed, which
+on loopback costs milliseconds). Used by the self-subscription (full events)
 and for the NIP-77 "already have" set (``own_holdings``). A REQ answer is exactly what the own
 relay stores, so that set can never claim an event it lacks — the one property that matters,
 because a wrongly claimed event is never fetched. (NIP-77 against the own relay would be
@@ -13,16 +15,18 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
-from ..constants import PAGE_THRESHOLD
 from ..protocol import messages as wire
 from ..protocol.filters import Filter
+from ..sync.pending import PageCap
 from .ws import connect as ws_connect
 
 QUERY_TIMEOUT_SECS = 30.0
 
 
-def history_pages(ws, flt: Filter) -> Iterator[list[dict]]:
-    """Pages of raw events (newest first) until the relay has nothing older for ``flt``."""
+def history_pages(ws, flt: Filter, cap: PageCap | None = None) -> Iterator[list[dict]]:
+    """Pages of raw events (newest first) until the relay has nothing older for ``flt``.
+    ``cap``: what this connection taught of its page size so far (learnt here too)."""
+    cap = cap if cap is not None else PageCap()
     flt = flt.replace(limit=None)
     seen: set[str] = set()
     until = flt.until
@@ -32,8 +36,9 @@ def history_pages(ws, flt: Filter) -> Iterator[list[dict]]:
         seen.update(e["id"] for e in new)
         if new:
             yield new
-        if len(page) < PAGE_THRESHOLD:
-            return  # fewer than a page: exhausted (the design's assumption about page sizes)
+        cap.observe(len(page), len(page))  # one filter a REQ: its events are all its own
+        if not cap.maybe_cut(len(page), len(page)):
+            return  # fewer than the connection has served in one page: exhausted
         oldest = min(e["created_at"] for e in page)
         if new and (until is None or oldest < until or len(new) == len(page)):
             until = oldest
@@ -48,9 +53,17 @@ def own_holdings(url: str, flt: Filter, timeout: float = QUERY_TIMEOUT_SECS) -> 
 
     Raises ``OSError``/``websocket`` errors when the relay cannot be asked.
     """
+    return own_holdings_of(url, [flt], timeout)[0]
+
+
+def own_holdings_of(url: str, filters, timeout: float = QUERY_TIMEOUT_SECS) -> list[list[tuple[int, str]]]:
+    """``own_holdings`` for each of ``filters``, over one connection (its page size is
+    learnt once for all of them)."""
     ws = ws_connect(url, timeout)
+    cap = PageCap()
     try:
-        return [(e["created_at"], e["id"]) for page in history_pages(ws, flt) for e in page]
+        return [[(e["created_at"], e["id"]) for page in history_pages(ws, flt, cap) for e in page]
+                for flt in filters]
     finally:
         try:
             ws.close(timeout=1)

@@ -13,6 +13,14 @@ waits that long before it is accepted), ``nip42`` (``read`` | ``write`` | ``both
 (JSON lines of signed events saved before the relay listens), ``reject`` (``{"kinds",
 "ids", "authors", "message"}``: refused with ``blocked:``) and ``block_queries`` (every REQ
 and NEG-OPEN refused with that text). The test suite uses all of them.
+
+Query policies, for relays that are not friendly (LocalRelay sends each refusal as
+``CLOSED``/``NEG-ERR`` ``"blocked: <text>"``, and refuses a whole REQ for one filter):
+``refuse_tags`` (``{"tags": ["q"], "message": …}``: every filter using one of those tags),
+``query_rate`` (``{"max": N, "window_secs": W, "message": …}``: per connection, a filter
+beyond N admitted in the last W seconds is refused, by default with
+``rate-limited: too many queries``) and ``query_log`` (a file that gets one JSON line per
+filter asked, ``{"t", "addr", "filter", "ok"}``: what the relay saw, for a test to judge).
 """
 from __future__ import annotations
 
@@ -151,12 +159,49 @@ async def _serve(opts: dict) -> None:
                 pass
             return WritePolicyResult.ACCEPT()
 
-    class BlockQueries(QueryPolicy):
-        def __init__(self, message: str):
-            self.message = message
+    class Queries(QueryPolicy):
+        """``block_queries``, ``refuse_tags``, ``query_rate`` and ``query_log``. LocalRelay
+        asks once per filter of a REQ (and per NEG-OPEN); every path is guarded."""
+
+        def __init__(self, opts: dict):
+            self.block = opts.get("block_queries")
+            refuse = opts.get("refuse_tags") or {}
+            self.tags = {"#" + t for t in refuse.get("tags", [])}
+            self.tags_message = refuse.get("message", "this relay does not serve that tag")
+            rate = opts.get("query_rate") or {}
+            self.max = int(rate.get("max", 0))
+            self.window = float(rate.get("window_secs", 60))
+            self.rate_message = rate.get("message", "rate-limited: too many queries")
+            self.admitted: dict[str, list[float]] = {}
+            self.log = open(opts["query_log"], "a", buffering=1) if opts.get("query_log") else None
+
+        def decide(self, flt: dict, addr: str) -> str | None:
+            if self.block:
+                return self.block
+            if self.tags & flt.keys():
+                return self.tags_message
+            if self.max:
+                now = time.monotonic()
+                recent = [t for t in self.admitted.get(addr, []) if now - t < self.window]
+                if len(recent) >= self.max:
+                    self.admitted[addr] = recent
+                    return self.rate_message
+                self.admitted[addr] = recent + [now]
+            return None
 
         async def admit_query(self, query, addr):
-            return QueryPolicyResult.REJECT(self.message)
+            refusal = None
+            try:
+                flt = json.loads(query.as_json())
+                refusal = self.decide(flt, str(addr))
+                if self.log is not None:
+                    self.log.write(json.dumps({"t": time.time(), "addr": str(addr), "filter": flt,
+                                               "ok": refusal is None}) + "\n")
+            except BaseException:
+                pass
+            if refusal is not None:
+                return QueryPolicyResult.REJECT(refusal)
+            return QueryPolicyResult.ACCEPT()
 
     uniffi_set_event_loop(asyncio.get_running_loop())
     builder = LocalRelayBuilder().addr("127.0.0.1").port(int(opts["port"]))
@@ -181,8 +226,8 @@ async def _serve(opts: dict) -> None:
     if opts.get("write_delay_ms") or opts.get("reject"):
         delay = float(opts.get("write_delay_ms", 0)) / 1000
         builder = builder.write_policy(Writes(delay, opts.get("reject") or {}))
-    if opts.get("block_queries"):
-        builder = builder.query_policy(BlockQueries(opts["block_queries"]))
+    if any(opts.get(k) for k in ("block_queries", "refuse_tags", "query_rate", "query_log")):
+        builder = builder.query_policy(Queries(opts))
     relay = builder.build()
     await relay.run()
     print("READY", await relay.url(), flush=True)

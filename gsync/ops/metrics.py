@@ -77,6 +77,13 @@ QUEUE_DEPTH = Gauge("gsync_queue_depth", "Queue depths", ["queue"], registry=REG
 HANDSHAKES_IN_FLIGHT = Gauge(
     "gsync_handshakes_in_flight", "Handshake workers busy", registry=REGISTRY
 )
+BACKGROUND_STARTS = Counter(
+    "gsync_background_starts_total",
+    "Paced starts spent on a remote, by method (req: historic REQs and their pages; "
+    "negentropy: NIP-77 exchanges) and purpose (sync: layers 1-3; recovery; other: "
+    "descendants, polled live coverage, catch-ups)",
+    ["relay", "method", "purpose"], registry=REGISTRY,
+)
 REFUSALS = Counter(
     "gsync_relay_refusals_total", "Refusals from remote relays by category", ["category"],
     registry=REGISTRY,
@@ -99,9 +106,15 @@ NEGENTROPY_FAILURES = Counter(
     ["reason"],
     registry=REGISTRY,
 )
+PAUSED_COVERAGE = Gauge(
+    "gsync_paused_coverage",
+    "Filter shapes a relay refused by policy, not asked again until their 24 h probe",
+    ["relay"],
+    registry=REGISTRY,
+)
 
 
-PER_RELAY_GAUGES = (RELAY_CONNECTED, RELAY_STATUS, RELAY_FAILURES, SUBSCRIPTIONS)
+PER_RELAY_GAUGES = (RELAY_CONNECTED, RELAY_STATUS, RELAY_FAILURES, SUBSCRIPTIONS, PAUSED_COVERAGE)
 
 
 def forget_relay(relay: str) -> None:

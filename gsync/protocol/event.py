@@ -160,6 +160,16 @@ def verify_signature(event: Event) -> bool:
         return False
 
 
+def is_authentic(event: Event) -> bool:
+    """Id and signature of an event parsed without its checks (``check_id=False``)."""
+    try:
+        if compute_id(event.pubkey, event.created_at, event.kind, event.tags, event.content) != event.id:
+            return False
+    except EventError:
+        return False
+    return verify_signature(event)
+
+
 def _as_str_tags(raw) -> Tags:
     if not isinstance(raw, list):
         raise EventError("malformed", "tags is not a list")

@@ -342,6 +342,13 @@ class _Reconciler:
             elif resume_at is not None:
                 self._close_early(enc, resume_at)
                 break
+            elif not self._fits(len(enc.out)) and mode == Mode.ID_LIST:
+                # Our whole id list for that range went out, and took the frame past its
+                # limit by less than the slack (``_answer_id_list`` adds ids while there is
+                # room): keep it, as the reference does, and continue after it next round.
+                if not dec.at_end():
+                    self._close_early(enc, upper)
+                break
             elif not self._fits(len(enc.out)):
                 # No room for this answer: leave it, and everything after, to a later round.
                 enc.rewind(start)

@@ -121,6 +121,39 @@ def live(filters: Iterable[Filter]) -> list[Filter]:
     return [f.replace(limit=0) for f in filters]
 
 
+def restrict_to(filters: Iterable[Filter], wanted: Iterable[Filter]) -> list[Filter]:
+    """``filters`` narrowed to what ``wanted`` (the coverage the current index asks for)
+    still asks: the replacement of a subscription a relay closed, without obsolete items.
+
+    A tag filter keeps the values that some wanted filter of the same kinds and tag carries;
+    a filter without tags stays if one of the same kinds is wanted; id filters are not
+    derived from the index and stay as they are. Filters left with nothing are dropped.
+    """
+    values: dict[tuple, set[str]] = {}
+    plain: set = set()
+    for w in wanted:
+        if w.ids is None and len(w.tags) == 1:
+            name, vals = w.tags[0]
+            values.setdefault((w.kinds, name), set()).update(vals)
+        elif w.ids is None and not w.tags:
+            plain.add(w.kinds)
+    out = []
+    for f in filters:
+        if f.ids is not None or len(f.tags) > 1:
+            out.append(f)
+        elif not f.tags:
+            if f.kinds in plain:
+                out.append(f)
+        else:
+            name, vals = f.tags[0]
+            keep = vals & values.get((f.kinds, name), set())
+            if keep == vals:
+                out.append(f)
+            elif keep:
+                out.append(f.replace(tags=((name, frozenset(keep)),)))
+    return out
+
+
 # -- fitting a relay's limits ------------------------------------------------------------
 
 

@@ -5,11 +5,13 @@ Pure: every method takes ``now`` (float seconds). One tracker for all relays, ke
 relay URL. Time-driven transitions (a connection becoming stable, a cooldown ending) are
 applied lazily whenever the tracker is consulted, so there is no timer to forget.
 
-Three independent concerns, kept apart because they recover differently:
+Two independent concerns, kept apart because they recover differently:
 
 - connection health: failure streak → exponential backoff → Dead after 24 h;
-- rate limiting: a 65 s cooldown, then Probing; plus the pacing gates for query starts;
-- policy refusals: coverage a relay refused for good, paused 24 h, then probed once.
+- rate limiting: a 65 s cooldown, then Probing; plus the pacing gates for query starts.
+
+Policy refusals (coverage a relay refused for good) are ``policy``'s: they pause a filter's
+shape, not the relay.
 
 ``MisbehaviourBudget`` is the per-session rule that decides when a misbehaving relay is hung
 up on (its hang-up then counts as a connection failure here).
@@ -17,15 +19,13 @@ up on (its hang-up then counts as a connection failure here).
 from __future__ import annotations
 
 import enum
-from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..constants import (
     BASE_BACKOFF_SECS,
     DEAD_AFTER_SECS,
     DEAD_RETRY_SECS,
     MAX_BACKOFF_SECS,
-    POLICY_PROBE_SECS,
     PROACTIVE_GATE_SECS,
     RATE_LIMIT_COOLDOWN_SECS,
     REACTIVE_GATE_MAX_SECS,
@@ -73,6 +73,7 @@ _PREFIX_REFUSALS = {
     "restricted": Refusal.POLICY,
     "auth-required": Refusal.AUTH,
     "unsupported": Refusal.UNSUPPORTED,
+    "invalid": Refusal.UNSUPPORTED,  # a filter this relay cannot run
 }
 
 
@@ -123,8 +124,6 @@ class _RelayHealth:
     last_start_at: float | None = None
     last_background_start_at: float | None = None
     negentropy_disabled: bool = False
-    # policy refusals: coverage key → when the one probe is due
-    policy_paused_until: dict[Hashable, float] = field(default_factory=dict)
 
 
 class RelayHealthTracker:
@@ -297,6 +296,10 @@ class RelayHealthTracker:
         self._settle(h, now)
         return 0.0 if h.cooldown_until is None else h.cooldown_until - now
 
+    def limits_query_rate(self, relay: str) -> bool:
+        """Did this session's connection refuse us for query rate (the reactive gate is on)?"""
+        return self._get(relay).reactive_gap is not None
+
     def negentropy_allowed(self, relay: str) -> bool:
         return not self._get(relay).negentropy_disabled
 
@@ -333,27 +336,6 @@ class RelayHealthTracker:
         h.last_start_at = now
         if background:
             h.last_background_start_at = now
-
-    # -- policy refusals
-
-    def record_policy_refusal(self, relay: str, coverage: Hashable, now: float) -> None:
-        """Keep the connection; do not recreate ``coverage`` until its probe is due."""
-        self._get(relay).policy_paused_until[coverage] = now + POLICY_PROBE_SECS
-
-    def is_policy_paused(self, relay: str, coverage: Hashable, now: float) -> bool:
-        until = self._get(relay).policy_paused_until.get(coverage)
-        return until is not None and now < until
-
-    def due_policy_probes(self, now: float) -> list[tuple[str, Hashable]]:
-        """(relay, coverage) whose 24 h pause ended: recreate each once. A new refusal
-        pauses it again; otherwise it stays restored."""
-        due = []
-        for relay, h in self._relays.items():
-            for coverage, until in list(h.policy_paused_until.items()):
-                if now >= until:
-                    del h.policy_paused_until[coverage]
-                    due.append((relay, coverage))
-        return due
 
 
 # -- misbehaviour --------------------------------------------------------------------------

@@ -5,24 +5,30 @@ page, or that filter is done), when a batch is complete, and what to do when an 
 fetch after NIP-77 delivers less than the relay advertised. Items move to the confirmed
 index only when the whole batch completes.
 
-Pagination (REQ+EOSE fallback): a filter that got ``PAGE_THRESHOLD`` or more events before
-EOSE may have more; its next page is the same filter with ``until`` = the oldest
-``created_at`` it certainly returned. ``until`` is inclusive, so the boundary second is
-fetched again: we remember the ids seen at it and, if a page brings nothing new and no older
-event, step ``until`` one second further. Trade-off: when more than a relay's page size of
-events share one second, those beyond the page cannot be reached by ``until`` at all; we skip
-that second instead of looping forever, and leave them to NIP-77 on the next daily sync or to
-live sync.
+Pagination (REQ+EOSE fallback): a filter whose page may have been cut short may have more;
+its next page is the same filter with ``until`` = the oldest ``created_at`` it certainly
+returned. ``until`` is inclusive, so the boundary second is fetched again: we remember the
+ids seen at it and, if a page brings nothing new and no older event, step ``until`` one
+second further. Trade-off: when more than a relay's page size of events share one second,
+those beyond the page cannot be reached by ``until`` at all; we skip that second instead of
+looping forever, and leave them to NIP-77 on the next daily sync or to live sync.
+
+Whether a page may have been cut short is what ``PageCap`` learns, per connection, from the
+pages themselves (relays rarely say it in NIP-11): how many events the relay served one
+filter, and one REQ, at most; and, from the confirming pages, which kind of cap cut a page.
+A relay caps per filter (most: LocalRelay and strfry at 500), per REQ (all filters
+together), or stops a slow query on a time budget. A page below every cap the relay has
+shown is complete; a page at one of them, or a slow one, is confirmed by the next page.
 
 Several filters share a REQ. A relay caps each filter separately and sends the union,
 de-duplicated, so an event two filters match may have been sent "for" the other one, from
 further back in time than this filter's own page reached. Two things are certain: events
 that match no other filter of the REQ were sent for this one, and the filter's own page is
 its newest events, newer than any other event of it that arrived. So the oldest "own" event
-is a safe ``until``, and so is the N-th newest matching event when the relay's page size is
-at least N (``PageCap`` learns that bound from the own events of earlier pages). A filter
-with neither is asked again alone, where every event is its own. Counting all matches for
-the "maybe more" threshold errs towards one more page, never one fewer.
+is a safe ``until``, and so is the N-th newest matching event when the relay serves every
+filter of the REQ at least N (``PageCap.per_filter_bound``: not when a per-REQ cap may have
+cut the page). A filter with neither is asked again alone, where every event is its own.
+Counting all matches for the "maybe cut" test errs towards one more page, never one fewer.
 
 Relays cap events per filter, and the proactive gate paces REQ starts, so a REQ of ten
 filters moves up to ten times what a REQ of one does for the same start. A filter that needs
@@ -35,11 +41,13 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .. import constants
 from ..constants import (
     FETCH_BY_FILTER_MAX_HELD_FRACTION,
     MAX_FILTERS_PER_REQ,
     MAX_IDS_PER_REQ,
-    PAGE_THRESHOLD,
+    MIN_PAGE_CAP,
+    NEGENTROPY_MIN_HELD,
     RESIDUAL_FALLBACK_MAX_FRACTION,
     RESIDUAL_FALLBACK_MIN_ADVERTISED,
 )
@@ -58,14 +66,95 @@ class SyncMethod(enum.Enum):
 
 @dataclass
 class PageCap:
-    """What we know of a relay's page size (events per filter per REQ): at least the most
-    events one filter certainly returned in one page (its own events, below), and at least
-    ``PAGE_THRESHOLD``, which the "fewer means done" rule assumes already."""
+    """How one relay connection cuts a REQ's answer short, learnt from its pages.
 
-    floor: int = PAGE_THRESHOLD
+    Two lower bounds, from what it served: ``filter_served``, the most events one filter
+    certainly got in one page (its own events: no other filter of the REQ matched them), and
+    ``req_served``, the most events one REQ brought. A relay capping per filter at P has
+    P >= filter_served, so a filter that matched fewer was not cut; one capping per REQ at T
+    has T >= req_served, so a REQ that brought fewer was not cut. Both are assumed to be at
+    least ``MIN_PAGE_CAP``. Before the relay has shown which kind it is, a page is complete
+    only when both say so: the first full page of a connection is confirmed (learning costs
+    that one page).
 
-    def observe(self, own_events: int) -> None:
-        self.floor = max(self.floor, own_events)
+    The confirming pages tell the kinds apart. A fast page proven cut (its next page brought
+    an event it lacked) with fewer matches than ``filter_served`` was not cut per filter; one
+    with a smaller total than ``req_served`` was not cut per REQ. Once one kind is ruled out
+    the other alone decides: on a per-filter relay a small filter riding in a large REQ is
+    done, on a per-REQ relay a small REQ is done. A relay whose cuts neither kind explains
+    (both caps at once) keeps both tests. A relay that stops slow queries cuts anywhere:
+    every slow page is confirmed (``constants.TIME_CUT_SUSPECT_SECS``), and the cut of a
+    slow page teaches nothing of the caps.
+    """
+
+    filter_served: int = 0
+    req_served: int = 0
+    # the smallest match count and REQ total among pages proven cut (None: none yet)
+    cut_matched: int | None = None
+    cut_total: int | None = None
+
+    @classmethod
+    def per_filter(cls, size: int) -> PageCap:
+        """What a connection knows once it has seen a relay cap each filter at ``size``."""
+        return cls(filter_served=size, req_served=size + 1, cut_matched=size, cut_total=size)
+
+    def observe(self, own_events: int, total: int | None = None) -> None:
+        """One filter's own events in one page (and, once per page, the REQ's total)."""
+        self.filter_served = max(self.filter_served, own_events)
+        if total is not None:
+            self.req_served = max(self.req_served, total)
+
+    def note_cut(self, matched: int, total: int) -> None:
+        """A page of one filter that matched ``matched`` events, in a REQ that brought
+        ``total``, proved cut: the next page brought an event it should have held."""
+        self.cut_matched = matched if self.cut_matched is None else min(self.cut_matched, matched)
+        self.cut_total = total if self.cut_total is None else min(self.cut_total, total)
+
+    @property
+    def per_filter_ruled_out(self) -> bool:
+        return self.cut_matched is not None and self.cut_matched < self.filter_served
+
+    @property
+    def per_req_ruled_out(self) -> bool:
+        return self.cut_total is not None and self.cut_total < self.req_served
+
+    def _rules(self) -> tuple[bool, bool]:
+        """Which caps may still cut a page: (per filter, per REQ). Both when the evidence
+        rules both out: the relay has both kinds (or cuts by time) and either may bite."""
+        per_filter, per_req = not self.per_filter_ruled_out, not self.per_req_ruled_out
+        return (per_filter, per_req) if per_filter or per_req else (True, True)
+
+    def req_maybe_cut(self, total: int, slow: bool = False) -> bool:
+        """Could a per-REQ cap (or a time budget) have cut this REQ's answer?"""
+        return slow or (self._rules()[1] and total >= max(MIN_PAGE_CAP, self.req_served))
+
+    def filled(self, matched: int) -> bool:
+        """Did a filter that matched this many fill a page the relay caps per filter (it
+        likely has far more: worth splitting across a REQ)?"""
+        return self._rules()[0] and matched >= max(MIN_PAGE_CAP, self.filter_served)
+
+    def maybe_cut(self, matched: int, total: int, slow: bool = False) -> bool:
+        """Could this filter's page (``matched`` events, in a REQ of ``total``) be cut?"""
+        return self.req_maybe_cut(total, slow) or self.filled(matched)
+
+    def per_filter_bound(self, total: int, slow: bool = False) -> int:
+        """How many of its newest events every filter of this REQ certainly got (0: no
+        bound): ``filter_served`` on a relay capping per filter, unless a per-REQ cap or a
+        time budget may have cut the REQ."""
+        if self.req_maybe_cut(total, slow) or not self._rules()[0]:
+            return 0
+        return self.filter_served
+
+
+@dataclass(frozen=True)
+class PreviousPage:
+    """The page a continuation page confirms: if the continuation brings an id this page
+    lacked, this page was cut, and its counts teach ``PageCap`` which cap cut it."""
+
+    ids: frozenset
+    matched: int
+    total: int
+    slow: bool = False  # a cut of a slow page may be a time budget's: it says nothing of caps
 
 
 @dataclass
@@ -81,6 +170,9 @@ class FilterPaginationState:
     # ids already seen at page_filter.until on earlier pages: they are not progress
     boundary_ids: set[str] = field(default_factory=set)
     alone: bool = False  # the next page must be a REQ of its own
+    previous: PreviousPage | None = None  # the page this one confirms
+    full: bool = False  # the page it continues filled a per-filter cap: more pages likely
+    stalled: bool = False  # it repeats a page that made no progress
 
     @classmethod
     def start(cls, f: Filter) -> FilterPaginationState:
@@ -100,38 +192,61 @@ class FilterPaginationState:
 
     def restarted(self) -> FilterPaginationState:
         return FilterPaginationState(
-            self.original_filter, self.page_filter, boundary_ids=self.boundary_ids
+            self.original_filter, self.page_filter, boundary_ids=self.boundary_ids,
+            alone=self.alone, previous=self.previous, full=self.full, stalled=self.stalled,
         )
+
+    def brought_new(self) -> bool:
+        """Did this page bring an event the page it confirms lacked (so that one was cut)?"""
+        return self.previous is not None and any(i not in self.previous.ids for _, i in self.seen)
 
     def covered_until(self, cap: int) -> int | None:
         """The oldest ``created_at`` down to which this page certainly holds every event of
         the filter, or None if nothing is certain.
 
-        The relay sent this filter's newest events, up to its page size, and the union
+        The relay sent this filter's newest events, as many as it would, and the union
         brought some of other filters' too. Two bounds are safe: the oldest event no other
-        filter matched (it was sent for this one), and, when the page size is at least
-        ``cap``, the ``cap``-th newest event that matched (the filter's own newest events
-        are newer than every other event of it that arrived). The older of the two wins.
+        filter matched (it was sent for this one), and, when the relay served every filter
+        of the REQ at least ``cap`` (``PageCap.per_filter_bound``; 0 when unknown), the
+        ``cap``-th newest event that matched (the filter's own newest events are newer than
+        every other event of it that arrived). The older of the two wins.
         """
         bounds = [] if self.own_min is None else [self.own_min]
-        if len(self.seen) >= cap:
+        if cap and len(self.seen) >= cap:
             newest_first = sorted((t for t, _ in self.seen), reverse=True)
             bounds.append(newest_first[cap - 1])
         return min(bounds) if bounds else None
 
-    def next_page(self, cap: int = PAGE_THRESHOLD) -> FilterPaginationState | None:
-        """The state for the next page, or None when this filter is exhausted. ``cap``: a
-        lower bound of the relay's page size (``PageCap.floor``)."""
+    def next_page(self, cap: PageCap | None = None, total: int | None = None,
+                  elapsed: float | None = None, by_itself: bool = True) -> FilterPaginationState | None:
+        """The state for the next page, or None when this filter is exhausted.
+
+        ``cap``: the connection's ``PageCap`` (already taught this page); ``total``: events
+        the whole REQ brought (default: this filter's); ``by_itself``: it was the REQ's one
+        filter (its answer was all its own); ``elapsed``: seconds from REQ to
+        EOSE, None if unknown. A slow page is confirmed unless the whole REQ brought nothing
+        (its time went on finding nothing): so a relay slow every time still ends, with
+        ``until`` moving back each page until one comes back empty."""
         if self.page_filter.ids is not None:
             return None  # an exact-id answer is complete; shortfalls are residuals
-        if len(self.seen) < PAGE_THRESHOLD:
+        cap = cap or PageCap()
+        total = len(self.seen) if total is None else total
+        slow = elapsed is not None and elapsed >= constants.TIME_CUT_SUSPECT_SECS and total > 0
+        if not cap.maybe_cut(len(self.seen), total, slow):
             return None
-        covered = self.covered_until(cap)
-        if covered is None:
-            # Everything it matched, another filter matched too, and too little of it to
-            # use the page size: the same page again, alone, where all of it is its own.
+        previous = PreviousPage(frozenset(i for _, i in self.seen), len(self.seen), total, slow)
+        covered = self.covered_until(cap.per_filter_bound(total, slow))
+        if not self.seen:
+            # A REQ that may have been cut before reaching it: the same page again, in any
+            # REQ (the others' pages move on, so it is not cut off again for ever).
             return FilterPaginationState(self.original_filter, self.page_filter,
-                                         boundary_ids=self.boundary_ids, alone=True)
+                                         boundary_ids=self.boundary_ids, previous=previous)
+        if covered is None:
+            # Everything it matched, another filter matched too, and the page size says
+            # nothing: the same page again, alone, where all of it is its own.
+            return FilterPaginationState(self.original_filter, self.page_filter,
+                                         boundary_ids=self.boundary_ids, alone=True,
+                                         previous=previous)
         ids_at = {i for t, i in self.seen if t == covered}
         until = self.page_filter.until
         at_boundary = until is not None and covered >= until
@@ -140,6 +255,13 @@ class FilterPaginationState:
         elif ids_at - self.boundary_ids:
             # Still inside one crowded second but seeing new ids: ask it once more.
             next_until, boundary = until, self.boundary_ids | ids_at
+        elif not (self.alone or by_itself) and cap.req_maybe_cut(total, slow):
+            # No progress, but the REQ's cap or its time may have stopped it inside this
+            # second: once more, riding in the batch's next REQ (the others' pages move on,
+            # and what they teach may settle it), then alone, where the answer is all its own.
+            return FilterPaginationState(self.original_filter, self.page_filter,
+                                         boundary_ids=self.boundary_ids | ids_at,
+                                         alone=self.stalled, stalled=True, previous=previous)
         else:
             # No progress: the relay keeps returning the same page. Skip that second.
             next_until, boundary = until - 1, set()
@@ -150,6 +272,8 @@ class FilterPaginationState:
             original_filter=self.original_filter,
             page_filter=self.original_filter.replace(until=next_until),
             boundary_ids=boundary,
+            previous=previous,
+            full=cap.filled(len(self.seen)),
         )
 
     def split(self, parts: int) -> list[FilterPaginationState]:
@@ -173,18 +297,23 @@ class FilterPaginationState:
                 original_filter=original,
                 page_filter=original.replace(until=f.until),
                 boundary_ids=set(self.boundary_ids),
+                previous=self.previous,
+                full=self.full,
             ))
             start = end
         return pieces
 
 
 def split_for_throughput(states: list[FilterPaginationState], per_req: int):
-    """Split the filters that need another page so that together they fill one REQ of
-    ``per_req`` filters: each gets an equal share of the slots."""
-    if not states:
-        return []
-    share = per_req // len(states)
-    return [piece for s in states for piece in s.split(share)]
+    """Split the filters that filled a page so that, with the ones only confirming theirs
+    (kept whole), they fill one REQ of ``per_req`` filters: the full ones share the slots
+    left as evenly as they divide."""
+    full = [s for s in states if s.full]
+    rest = [s for s in states if not s.full]
+    if not full:
+        return rest
+    share, extra = divmod(max(0, per_req - len(rest)), len(full))
+    return [piece for i, s in enumerate(full) for piece in s.split(share + (i < extra))] + rest
 
 
 @dataclass
@@ -192,6 +321,7 @@ class PaginationState:
     """Per-filter progress for every OR filter carried by one subscription."""
 
     filters: list[FilterPaginationState]
+    total: int = 0  # events this page brought that matched a filter (once each)
 
     @property
     def page_filters(self) -> list[Filter]:
@@ -207,7 +337,17 @@ class PaginationState:
         own = len(matched) == 1
         for s in matched:
             s.record(event, own)
+        self.total += bool(matched)
         return bool(matched)
+
+    def teach(self, cap: PageCap) -> None:
+        """What this page shows of the relay's caps: what it served, and, for a page
+        confirming an earlier one, whether that one was cut."""
+        for s in self.filters:
+            if s.brought_new() and not s.previous.slow:
+                cap.note_cut(s.previous.matched, s.previous.total)
+            cap.observe(s.own_count)
+        cap.observe(0, self.total)
 
 
 # -- residuals after NIP-77 --------------------------------------------------------------
@@ -253,6 +393,13 @@ def _first_then_numbered(sub_id: str):
     return name
 
 
+def negentropy_pays(held: int) -> bool:
+    """Before any paced start is spent on a filter: NIP-77 (one filter per start, then only
+    what is missing) when the own relay holds at least ``NEGENTROPY_MIN_HELD`` events of it,
+    REQ pages (ten filters per start, everything again) otherwise. See the constant."""
+    return held >= NEGENTROPY_MIN_HELD
+
+
 def fetch_by_filter(need: int, held: int) -> bool:
     """After NIP-77 over one filter: fetch what is missing with the filter's own REQ pages
     rather than by id? Yes when more than one id fetch (300) is missing and the own relay
@@ -287,7 +434,14 @@ class PendingBatch:
     # An AddFilters batch whose REQs all still wait for the pacing gate may take in the next
     # AddFilters (``coalescable``), so that their filters share REQs; ``started`` ends that.
     coalescable: bool = False
+    coalesce_wanted: bool = False  # an AddFilters batch whose methods are still being chosen
     started: bool = False
+    # NIP-77 token -> the own relay's (created_at, id) for its filter, read when NIP-77 was
+    # chosen for it: the exchange starts from these instead of asking again
+    own_holdings: dict[str, list] = field(default_factory=dict)
+    # parts of a REQ split to find a filter at fault: merged again they would only be
+    # refused (or stall) as a whole once more
+    split_parts: set[str] = field(default_factory=set)
     _retry_asked: int = 0  # residual size when the retry started
 
     # -- subscriptions
@@ -318,6 +472,44 @@ class PendingBatch:
         if state is not None:
             state.filters = [s.restarted() for s in state.filters]
 
+    def split_subscription(self, sub_id: str, parts) -> list[tuple[str, list[Filter]]]:
+        """Send ``sub_id``'s filters again as several REQs: ``parts`` is ``(new sub id,
+        indices into its filters)`` each; filters in no part are dropped. For a REQ the
+        relay refused or never finished as a whole, to find the filter at fault. Each
+        part restarts the page it was on. Returns ``(new sub id, filters)`` to queue."""
+        state = self.pagination.pop(sub_id, None)
+        self.outstanding_subs.discard(sub_id)
+        out = []
+        for new_id, indices in parts:
+            group = [state.filters[i].restarted() for i in indices] if state else []
+            if not group:
+                continue
+            self.outstanding_subs.add(new_id)
+            self.pagination[new_id] = PaginationState(group)
+            self.split_parts.add(new_id)
+            out.append((new_id, [s.page_filter for s in group]))
+        return out
+
+    @property
+    def purpose(self) -> str:
+        """What its starts are for, for the metric: ``sync`` (layer 1 and AddFilters, which
+        carry items to confirm), ``recovery``, or ``other`` (descendants, polls, catch-ups)."""
+        if getattr(self, "recovery", False):
+            return "recovery"
+        return "sync" if getattr(self, "layer1", False) or self.items else "other"
+
+    def may_share(self, sub_id: str) -> bool:
+        """May this (queued) subscription share a REQ with others of the batch? Not an
+        exact-id fetch (relays cap those per REQ too), nor a page that must go alone."""
+        state = self.pagination.get(sub_id)
+        return state is not None and sub_id not in self.split_parts and not any(
+            s.alone or s.page_filter.ids is not None for s in state.filters)
+
+    def absorb(self, host: str, rider: str) -> None:
+        """Two queued subscriptions become one REQ (``host``); neither has started."""
+        self.pagination[host].filters += self.pagination.pop(rider).filters
+        self.outstanding_subs.discard(rider)
+
     def filters_of(self, sub_id: str) -> list[Filter]:
         state = self.pagination.get(sub_id)
         return state.page_filters if state else []
@@ -333,22 +525,29 @@ class PendingBatch:
         return state is not None and state.record(event, matched_indices)
 
     def on_eose(self, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ, pack=None,
-                new_sub_id=None, cap: PageCap | None = None) -> list[tuple[str, list[Filter]]]:
+                new_sub_id=None, cap: PageCap | None = None,
+                elapsed: float | None = None, split: bool = True) -> list[tuple[str, list[Filter]]]:
         """The next pages after ``sub_id``'s EOSE, as ``(sub_id, filters)`` REQs to send;
         empty when every filter of the sub is done. Each REQ is an outstanding sub of the
         batch. The first keeps ``sub_id`` unless ``new_sub_id`` (a callable) names them all;
         ``pack`` groups filters into REQs (default: one REQ, ``per_req`` filters at most).
         ``cap`` is the relay's ``PageCap``, kept per connection: this page teaches it too.
+        ``elapsed``: seconds from the REQ to its EOSE (a slow page may have been cut).
+        ``split``: full pages may be split to fill the next REQ (``split_for_throughput``);
+        not towards a relay that limits how many filters we ask for, where more filters
+        for the same events only bring the next refusal sooner.
         """
         state = self.pagination.get(sub_id)
         self.finish_subscription(sub_id)
         if state is None:
             return []
         cap = cap or PageCap()
-        for s in state.filters:
-            cap.observe(s.own_count)
-        continuing = [n for n in (s.next_page(cap.floor) for s in state.filters) if n]
-        shared = split_for_throughput([s for s in continuing if not s.alone], per_req)
+        state.teach(cap)
+        by_itself = len(state.filters) == 1
+        continuing = [n for n in (s.next_page(cap, state.total, elapsed, by_itself)
+                                  for s in state.filters) if n]
+        together = [s for s in continuing if not s.alone]
+        shared = split_for_throughput(together, per_req) if split else together
         by_filter = {s.page_filter: s for s in shared}
         pack = pack or (lambda fs: [fs[i:i + per_req] for i in range(0, len(fs), per_req)])
         groups = [[s] for s in continuing if s.alone]

@@ -7,6 +7,10 @@ fetch, 30 s backoff doubling to 15 min. Progress resets the backoff; 12 attempts
 that recover nothing drop the relay's ids (the daily sync will find the gap again). Ids
 that arrive by other means are cleared without using an attempt. An unreachable relay
 defers its attempts instead of spending them, so it neither expires its work nor spins.
+
+A historic REQ that never finished (no EOSE) leaves no ids to ask for: its filter is kept
+instead (``add_missing_filters``) and asked again with the same schedule; it is recovered
+when a REQ for it finishes.
 """
 from __future__ import annotations
 
@@ -19,14 +23,20 @@ from ..constants import (
     RECOVERY_MAX_SECS,
     RECOVERY_MAX_ZERO_PROGRESS,
 )
+from ..protocol.filters import Filter
 
 
 @dataclass
 class _RelayRecovery:
     pending: dict[str, None] = field(default_factory=dict)  # ordered set: oldest asked first
+    filters: dict[Filter, None] = field(default_factory=dict)  # REQs that never finished
     next_attempt_at: float = 0.0
     zero_progress_attempts: int = 0
     in_flight: tuple[str, ...] | None = None
+    filters_in_flight: tuple[Filter, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.pending or self.filters)
 
 
 class MissingEventRecovery:
@@ -47,15 +57,25 @@ class MissingEventRecovery:
     def add_missing(self, relay: str, ids: Iterable[str], now: float) -> None:
         """Register ids a failed batch did not get; merged with any already pending."""
         ids = list(ids)
-        if not ids:
-            return
+        if ids:
+            self._relay(relay, now).pending.update(dict.fromkeys(ids))
+
+    def add_missing_filters(self, relay: str, filters: Iterable[Filter], now: float) -> None:
+        """Register filters whose REQ never finished (the relay sent no EOSE)."""
+        filters = list(filters)
+        if filters:
+            self._relay(relay, now).filters.update(dict.fromkeys(filters))
+
+    def _relay(self, relay: str, now: float) -> _RelayRecovery:
         r = self._relays.get(relay)
         if r is None:
             r = self._relays[relay] = _RelayRecovery(next_attempt_at=now + self.base_delay)
-        r.pending.update(dict.fromkeys(ids))
+        return r
 
     def next_attempt(self, relay: str, now: float, connected: bool = True) -> list[str] | None:
-        """Ids to fetch now, marking the attempt in flight; None if nothing is due.
+        """Ids to fetch now, marking the attempt in flight; None if nothing is due. The
+        attempt also carries every pending filter (``attempt_filters``); the id list is
+        empty when only filters are pending.
 
         A disconnected relay gets None and keeps its schedule: the attempt is deferred.
         """
@@ -64,7 +84,13 @@ class MissingEventRecovery:
             return None
         ids = list(r.pending)[: self.ids_per_fetch]
         r.in_flight = tuple(ids)
+        r.filters_in_flight = tuple(r.filters)
         return ids
+
+    def attempt_filters(self, relay: str) -> list[Filter]:
+        """The filters of the attempt in flight."""
+        r = self._relays.get(relay)
+        return list(r.filters_in_flight) if r is not None else []
 
     def due_relays(self, now: float) -> list[str]:
         """Relays with an attempt due (the caller still checks they are connected)."""
@@ -74,8 +100,10 @@ class MissingEventRecovery:
             if r.in_flight is None and now >= r.next_attempt_at
         )
 
-    def record_result(self, relay: str, delivered_ids: Iterable[str], now: float) -> set[str]:
-        """The in-flight fetch ended (EOSE). Returns the ids dropped for good, if any."""
+    def record_result(self, relay: str, delivered_ids: Iterable[str], now: float,
+                      filters_done: bool = False) -> set[str]:
+        """The in-flight fetch ended (EOSE). ``filters_done``: its filters' REQs finished
+        this time. Returns the ids dropped for good, if any."""
         r = self._relays.get(relay)
         if r is None:
             return set()
@@ -83,10 +111,14 @@ class MissingEventRecovery:
         recovered = [i for i in delivered_ids if i in r.pending]
         for event_id in recovered:
             del r.pending[event_id]
-        if not r.pending:
+        finished = r.filters_in_flight if filters_done else ()
+        for f in finished:
+            r.filters.pop(f, None)
+        r.filters_in_flight = ()
+        if not r:
             del self._relays[relay]
             return set()
-        if recovered:
+        if recovered or finished:
             r.zero_progress_attempts = 0
             r.next_attempt_at = now + self.base_delay
             return set()
@@ -104,6 +136,7 @@ class MissingEventRecovery:
         r = self._relays.get(relay)
         if r is not None:
             r.in_flight = None
+            r.filters_in_flight = ()
 
     def clear_arrived(self, ids: Iterable[str]) -> set[str]:
         """Ids that arrived by other means (live sync, another relay). Returns the relays
@@ -114,7 +147,7 @@ class MissingEventRecovery:
             r = self._relays[relay]
             for event_id in ids & r.pending.keys():
                 del r.pending[event_id]
-            if not r.pending:
+            if not r:
                 del self._relays[relay]
                 recovered_relays.add(relay)
         return recovered_relays

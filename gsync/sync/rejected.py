@@ -1,26 +1,131 @@
 """Rejected index: events the own relay refused for good, so they are never fetched again.
 
 Pure (time passed in; persistence is text in and out). Hot tier: full events for two minutes,
-so a dependency that arrives soon after (a new announcement adding a maintainer) can have them
-re-delivered at once. Cold tier: ids for seven days, saved in ``state_dir`` across restarts;
-cold ids whose event is gone are re-fetched by id when a dependency arrives (SPEC §5).
+so a dependency that arrives soon after can have them re-delivered at once. Cold tier: ids
+for seven days, saved in ``state_dir`` across restarts, each with the relay it came from;
+cold ids whose event is gone are re-fetched from that relay when a dependency arrives
+(SPEC §5).
+
+**Dependencies.** A GRASP-01 relay refuses some events only for now: an announcement or a
+state event whose author is not (yet) a maintainer of a repository with that ``d``, and an
+event that names no repository it hosts, or replies to no event it holds ("orphans"). Each
+entry keeps the keys of what it may be waiting for (``dependencies``), and the manager
+releases a key when that thing is accepted by the own relay: ``maintainer_key(p, d)`` when
+an announcement for ``d`` lists ``p`` as a maintainer, ``repo_key(address)`` when that
+repository is accepted, ``event_key(id)`` when that root event is. A released entry leaves
+the index, so nothing excludes it from sync any more; a new refusal puts it back.
 """
 from __future__ import annotations
 
 import json
+import re
 
-from ..constants import REJECTED_COLD_SECS, REJECTED_HOT_SECS
+from ..constants import MAX_DEPENDENCIES, REJECTED_COLD_SECS, REJECTED_HOT_SECS
 from ..protocol.event import Event
+from ..protocol.filters import Filter
+
+ANNOUNCEMENT_KIND = 30617
+STATE_KIND = 30618
+REPO_TAGS = ("a", "A", "q")  # values `30617:<pubkey>:<d>` name a repository
+EVENT_TAGS = ("e", "E", "q")  # hex values reference an event
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+FORMAT_VERSION = 2
+# The tags gsync's sync filters select by (state ``d``; repositories ``a``/``A``/``q``;
+# threads ``e``/``E``/``q``): a cold entry keeps their values, so whether a filter could
+# match it is known after the full event is gone, across restarts too.
+FILTER_TAGS = frozenset("aAqeEd")
+MAX_REFS = 32  # tag values kept per entry: a hostile event cannot make an entry large
+
+
+def maintainer_key(pubkey: str, identifier: str) -> str:
+    return f"maintainer:{pubkey}:{identifier}"
+
+
+def repo_key(address: str) -> str:
+    return f"repo:{address}"
+
+
+def event_key(event_id: str) -> str:
+    return f"event:{event_id}"
+
+
+def author_key(pubkey: str) -> str:
+    """Entries saved before dependencies were recorded (format 1) wait on their author."""
+    return f"author:{pubkey}"
+
+
+def dependencies(event: Event, cap: int = MAX_DEPENDENCIES) -> tuple[str, ...]:
+    """What the own relay may be missing to accept ``event``, as release keys.
+
+    An announcement or state event waits for its author to become a maintainer of ``d``; a
+    state event also for its own repository to be accepted. Any event waits for the
+    repositories it names and the events it references. Bounded: a hostile event cannot
+    make an entry large.
+    """
+    keys: dict[str, None] = {}
+    if event.kind in (ANNOUNCEMENT_KIND, STATE_KIND):
+        keys[maintainer_key(event.pubkey, event.d_tag)] = None
+    if event.kind == STATE_KIND:
+        keys[repo_key(f"{ANNOUNCEMENT_KIND}:{event.pubkey}:{event.d_tag}")] = None
+    for tag in event.tags:
+        if len(keys) >= cap:
+            break
+        if len(tag) < 2:
+            continue
+        name, value = tag[0], tag[1]
+        if name in REPO_TAGS and value.startswith(f"{ANNOUNCEMENT_KIND}:"):
+            keys[repo_key(value)] = None
+        elif name in EVENT_TAGS and _HEX64.match(value):
+            keys[event_key(value)] = None
+    return tuple(keys)[:cap]
+
+
+def filter_refs(event: Event) -> tuple[tuple[str, str], ...]:
+    """The (name, value) pairs of ``event``'s tags that sync filters select by."""
+    refs = [(t[0], t[1]) for t in event.tags if len(t) >= 2 and t[0] in FILTER_TAGS]
+    return tuple(refs[:MAX_REFS])
+
+
+class _Cold:
+    """One cold entry: enough for the negentropy have-set, a re-fetch, a release, and to
+    tell which filters may match it (``kind``, ``pubkey``, ``refs``; None when saved by an
+    older gsync that kept none: then it may match any filter)."""
+
+    __slots__ = ("created_at", "rejected_at", "relay", "keys", "kind", "pubkey", "refs")
+
+    def __init__(self, created_at: int, rejected_at: float, relay: str, keys: tuple[str, ...],
+                 kind: int | None = None, pubkey: str | None = None, refs=None):
+        self.created_at = created_at
+        self.rejected_at = rejected_at
+        self.relay = relay  # where it came from ("" unknown): a re-fetch asks there
+        self.keys = keys
+        self.kind = kind
+        self.pubkey = pubkey
+        self.refs = refs
+
+    def may_match(self, event_id: str, flt: Filter) -> bool:
+        """Could ``flt`` match this entry? Unknown parts count as a match (conservative:
+        a filter that may match goes by NIP-77, which counts the entry as held)."""
+        if flt.ids is not None and event_id not in flt.ids:
+            return False
+        if flt.kinds is not None and self.kind is not None and self.kind not in flt.kinds:
+            return False
+        if flt.authors is not None and self.pubkey is not None and self.pubkey not in flt.authors:
+            return False
+        if (flt.since is not None and self.created_at < flt.since) or (
+                flt.until is not None and self.created_at > flt.until):
+            return False
+        return self.refs is None or all(
+            any(n == name and v in values for n, v in self.refs) for name, values in flt.tags)
 
 
 class RejectedIndex:
     def __init__(self, hot_secs: float = REJECTED_HOT_SECS, cold_secs: float = REJECTED_COLD_SECS):
         self.hot_secs = hot_secs
         self.cold_secs = cold_secs
-        self._hot: dict[str, tuple[Event, float]] = {}
-        # id → (created_at, kind, pubkey, rejected_at): enough for the negentropy have-set
-        # and to find the entries a new announcement may unblock.
-        self._cold: dict[str, tuple[int, int, str, float]] = {}
+        self._hot: dict[str, tuple[Event, float]] = {}  # id → (event, hot until)
+        self._cold: dict[str, _Cold] = {}
+        self._by_key: dict[str, set[str]] = {}  # release key → ids waiting on it
         self.dirty = False
 
     def __contains__(self, event_id: str) -> bool:
@@ -29,56 +134,112 @@ class RejectedIndex:
     def __len__(self) -> int:
         return len(self._cold)
 
-    def add(self, event: Event, now: float) -> None:
+    def add(self, event: Event, now: float, relay: str = "") -> None:
+        self.remove(event.id)
         self._hot[event.id] = (event, now + self.hot_secs)
-        self._cold[event.id] = (event.created_at, event.kind, event.pubkey, now)
+        self._put(event.id, _Cold(event.created_at, now, relay, dependencies(event),
+                                  event.kind, event.pubkey, filter_refs(event)))
+
+    def _put(self, event_id: str, entry: _Cold) -> None:
+        self._cold[event_id] = entry
+        for key in entry.keys:
+            self._by_key.setdefault(key, set()).add(event_id)
         self.dirty = True
 
     def remove(self, event_id: str) -> None:
         self._hot.pop(event_id, None)
-        if self._cold.pop(event_id, None) is not None:
-            self.dirty = True
+        entry = self._cold.pop(event_id, None)
+        if entry is None:
+            return
+        for key in entry.keys:
+            waiting = self._by_key.get(key)
+            if waiting is not None:
+                waiting.discard(event_id)
+                if not waiting:
+                    del self._by_key[key]
+        self.dirty = True
 
     def items(self) -> list[tuple[int, str]]:
         """(created_at, id) pairs: they belong in every negentropy "already have" set."""
-        return [(meta[0], eid) for eid, meta in self._cold.items()]
+        return [(entry.created_at, eid) for eid, entry in self._cold.items()]
 
-    def take_by_author(self, pubkeys) -> tuple[list[Event], list[str]]:
-        """Entries a dependency may have unblocked: full hot events to re-deliver now, and
-        cold-only ids to re-fetch. Both leave the index (a new refusal puts them back)."""
-        pubkeys = set(pubkeys)
+    def any_may_match(self, flt: Filter) -> bool:
+        """Could ``flt`` match an entry? Then fetching it by REQ would bring refused events
+        back: NIP-77 counts them as held (SPEC §5: never fetched again)."""
+        return any(entry.may_match(eid, flt) for eid, entry in self._cold.items())
+
+    def relay_of(self, event_id: str) -> str | None:
+        entry = self._cold.get(event_id)
+        return entry.relay if entry is not None else None
+
+    def take_dependents(self, keys, now: float) -> tuple[list[tuple[Event, str]], list[tuple[str, str]]]:
+        """Entries waiting on any of ``keys``: ``(event, relay)`` still hot, to re-deliver
+        now, and ``(id, relay)`` cold only, to re-fetch. Both leave the index."""
+        ids = set()
+        for key in keys:
+            ids |= self._by_key.get(key, set())
         hot, cold = [], []
-        for eid, (_, _, pubkey, _) in list(self._cold.items()):
-            if pubkey in pubkeys:
-                entry = self._hot.get(eid)
-                (hot if entry else cold).append(entry[0] if entry else eid)
-                self.remove(eid)
+        for eid in sorted(ids):
+            relay = self._cold[eid].relay
+            entry = self._hot.get(eid)
+            if entry is not None and entry[1] > now:
+                hot.append((entry[0], relay))
+            else:
+                cold.append((eid, relay))
+            self.remove(eid)
         return hot, cold
 
     def expire(self, now: float) -> None:
         for eid in [e for e, (_, until) in self._hot.items() if until <= now]:
             del self._hot[eid]
-        stale = [e for e, meta in self._cold.items() if now - meta[3] >= self.cold_secs]
-        for eid in stale:
-            del self._cold[eid]
-        self.dirty = self.dirty or bool(stale)
+        for eid in [e for e, entry in self._cold.items() if now - entry.rejected_at >= self.cold_secs]:
+            self.remove(eid)
 
     # -- persistence (cold tier only) --------------------------------------------------
 
     def dumps(self) -> str:
+        """Format 2: relay URLs once in a table, entries ``id: [created_at, rejected_at,
+        relay index or -1, [keys], kind, pubkey, [[tag, value], …]]``."""
         self.dirty = False
-        return json.dumps({"version": 1, "cold": self._cold}, separators=(",", ":"))
+        relays: dict[str, int] = {}
+        cold = {}
+        for eid, entry in self._cold.items():
+            index = relays.setdefault(entry.relay, len(relays)) if entry.relay else -1
+            cold[eid] = [entry.created_at, entry.rejected_at, index, list(entry.keys),
+                         entry.kind, entry.pubkey, None if entry.refs is None else list(entry.refs)]
+        return json.dumps({"version": FORMAT_VERSION, "relays": list(relays), "cold": cold},
+                          separators=(",", ":"))
 
     @classmethod
     def loads(cls, text: str, now: float, **kw) -> RejectedIndex:
-        """A saved index; anything unreadable gives an empty one (losing it costs bandwidth,
-        never events)."""
+        """A saved index (format 1 or 2); anything unreadable gives an empty one (losing it
+        costs bandwidth, never events), an unreadable entry is skipped."""
         index = cls(**kw)
         try:
-            cold = json.loads(text)["cold"]
-            for eid, (created_at, kind, pubkey, at) in cold.items():
-                if isinstance(eid, str) and len(eid) == 64 and now - float(at) < index.cold_secs:
-                    index._cold[eid] = (int(created_at), int(kind), str(pubkey), float(at))
+            saved = json.loads(text)
+            cold, version = saved["cold"], saved.get("version", 1)
+            relays = saved.get("relays", [])
+            items = cold.items()
         except (ValueError, KeyError, TypeError, AttributeError):
-            pass
+            return index
+        for eid, fields in items:
+            try:
+                entry = _load_entry(fields, version, relays)
+            except (ValueError, KeyError, TypeError, IndexError):
+                continue
+            if isinstance(eid, str) and _HEX64.match(eid) and now - entry.rejected_at < index.cold_secs:
+                index._put(eid, entry)
+        index.dirty = False
         return index
+
+
+def _load_entry(fields, version: int, relays: list) -> _Cold:
+    if version == 1:  # (created_at, kind, pubkey, rejected_at): released by author, no tags
+        created_at, kind, pubkey, at = fields
+        return _Cold(int(created_at), float(at), "", (author_key(str(pubkey)),), int(kind), str(pubkey))
+    created_at, at, relay_index, keys, kind, pubkey, refs = fields
+    relay = relays[relay_index] if relay_index >= 0 else ""
+    return _Cold(int(created_at), float(at), str(relay),
+                 tuple(str(k) for k in keys[:MAX_DEPENDENCIES]),
+                 None if kind is None else int(kind), None if pubkey is None else str(pubkey),
+                 None if refs is None else tuple((str(n), str(v)) for n, v in refs[:MAX_REFS]))

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..constants import QUICK_RECONNECT_SECS
 from .pending import PendingBatch
+from .policy import CoveragePauses
 from .targets import ConfirmedItems
 
 
@@ -29,6 +30,7 @@ class ConnectionStatus(enum.IntEnum):
 class LiveSub:
     filters: tuple
     control: bool = False  # layer 1: never closed by consolidation
+    rebuilt_at: float | None = None  # opened again after the relay closed it
 
 
 @dataclass
@@ -51,11 +53,21 @@ class RelayState:
     pending: dict[int, PendingBatch] = field(default_factory=dict)
     sub_to_batch: dict[str, int] = field(default_factory=dict)
     live_subs: dict[str, LiveSub] = field(default_factory=dict)
+    # live sub ids registered in live_subs, waiting for the pacing gate (cooldown, reactive)
+    live_queue: list = field(default_factory=list)
     # (sub id or NIP-77 token, filters) waiting for a slot
     historic_queue: list = field(default_factory=list)
+    historic_sent_at: dict = field(default_factory=dict)  # historic sub id -> when its REQ went
+    round_started_at: float = 0.0  # the latest fresh start, quick reconnect or daily sync
     batch_failures: bool = False
     unrelated_failure: bool = False  # a failure recovery cannot fix (e.g. a refused sub)
     neg_running: set = field(default_factory=set)
+    # historic sub id → when it last showed life (sent, or an event): stalled ones time out
+    sub_activity: dict = field(default_factory=dict)
+    stalled_shapes: set = field(default_factory=set)  # coverage keys that stalled alone
+    # coverage this relay refused by policy (outlives sessions), and the probes out for it
+    paused: CoveragePauses = field(default_factory=CoveragePauses)
+    probes: dict = field(default_factory=dict)  # batch id → the coverage key it probes
     # direct members of threads seen from this relay (their replies are fetched too)
     members: set = field(default_factory=set)
     new_members: set = field(default_factory=set)
@@ -65,6 +77,8 @@ class RelayState:
     poll_cursor: float | None = None
     poll_started_at: float | None = None
     poll_batch: int | None = None
+    # refused ids released meanwhile, to fetch again by id once this relay is connected
+    refetch_ids: set = field(default_factory=set)
     negentropy_ok: bool = True
     next_daily_at: float | None = None
     last_error: str = ""
@@ -83,21 +97,45 @@ class RelayState:
             return True
         return self.disconnected_at is None or now - self.disconnected_at > QUICK_RECONNECT_SECS
 
+    def start_priority(self, sub_id: str) -> tuple:
+        """Where a queued historic start goes when queued work is re-derived (after a
+        rate-limit cooldown): discovery (layer 1) first, then what was started (pages of
+        running batches), then new batches oldest first, then recovery, polls and probes."""
+        batch = self.pending.get(self.sub_to_batch.get(sub_id, -1))
+        if batch is None:
+            return (4, 0)
+        if getattr(batch, "layer1", False):
+            return (0, batch.batch_id)
+        if getattr(batch, "recovery", False) or batch.batch_id == self.poll_batch or batch.batch_id in self.probes:
+            return (3, batch.batch_id)
+        return (1 if batch.started else 2, batch.batch_id)
+
     def clear_pending(self) -> None:
+        # Timers of the session that scheduled them: their messages will be ignored as
+        # stale, so they must not keep the flags set (a relay stuck in Syncing for ever).
         self.slot_wakeup_scheduled = False
+        self.completion_check_scheduled = False
         self.neg_running.clear()
         self.pending.clear()
         self.sub_to_batch.clear()
         self.historic_queue.clear()
+        self.sub_activity.clear()
+        self.stalled_shapes.clear()
+        if self.probes:  # their answers will never come: probe again on the next chance
+            self.paused.abandon_probes()
+            self.probes.clear()
+        self.historic_sent_at.clear()
 
     def clear_live(self) -> None:
         """Live coverage is gone (disconnect, fresh start): descendant coverage is rebuilt
-        for every known member on the next descendants tick."""
+        for every known member on the next descendants tick. The poll cursor stays: what
+        the new session polls is asked from the last successful poll, with the overlap."""
         self.new_members |= self.members
         self.members = set()
         self.live_subs.clear()
+        self.live_queue.clear()
         self.polled = []
-        self.poll_cursor = self.poll_started_at = self.poll_batch = None
+        self.poll_started_at = self.poll_batch = None
 
     def clear_confirmed(self) -> None:
         self.confirmed = ConfirmedItems()

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ..constants import MAX_RELAYS_PER_ANNOUNCEMENT, PURGATORY_TTL_SECS, ROOT_KINDS
+from ..constants import MAX_RELAYS_PER_ANNOUNCEMENT, PURGATORY_TTL_SECS, ROOT_KINDS, STATE_KIND
 from ..protocol.event import Event
 from ..protocol.urls import (
     UrlError,
@@ -230,6 +230,10 @@ class RepoSyncIndex:
     def is_known_maintainer(self, pubkey: str, identifier: str) -> bool:
         return pubkey in self.maintainers_of(identifier)
 
+    def is_full(self, address: str) -> bool:
+        needs = self._repos.get(address)
+        return needs is not None and needs.sync_level is SyncLevel.FULL
+
     # -- writing
 
     def apply_announcement(self, event: Event, level: SyncLevel, now: float) -> set[str]:
@@ -264,6 +268,24 @@ class RepoSyncIndex:
             needs.purgatory_seen_at = now  # still in purgatory: keep it alive
         # A Full entry is never downgraded by a later purgatory answer.
         return dirty
+
+    def note_state_in_purgatory(self, state_event: Event, now: float) -> set[str]:
+        """The own relay answered ``purgatory:`` to a state event (30618): it still holds
+        the repository it belongs to, and has just restarted its own clock for it (a GRASP
+        relay keeps a held announcement alive while its state events arrive). Every
+        StateOnly repo with that ``d`` whose owner or maintainer wrote it is kept alive.
+        Returns their addresses."""
+        if state_event.kind != STATE_KIND:
+            return set()
+        kept = set()
+        for address in self._by_identifier.get(state_event.d_tag, ()):
+            needs = self._repos[address]
+            if needs.sync_level is not SyncLevel.STATE_ONLY:
+                continue
+            if state_event.pubkey == address.split(":", 2)[1] or state_event.pubkey in needs.maintainers:
+                needs.purgatory_seen_at = now
+                kept.add(address)
+        return kept
 
     def _replace_announcement(self, needs: RepoSyncNeeds, event: Event) -> None:
         needs.relays = announcement_relays(
@@ -302,7 +324,8 @@ class RepoSyncIndex:
         self._waiting_roots.setdefault(address, set()).add(event_id)
 
     def expire_state_only(self, now: float, ttl: float = PURGATORY_TTL_SECS) -> set[str]:
-        """Drop StateOnly repos whose last ``purgatory:`` answer is ``ttl`` old. Dirty relays."""
+        """Drop StateOnly repos whose last ``purgatory:`` answer (to the announcement or to
+        one of its state events) is ``ttl`` old. Dirty relays."""
         dirty: set[str] = set()
         for address in list(self._repos):
             needs = self._repos[address]

@@ -27,12 +27,14 @@ from ..delivery import OwnRelayDelivery
 from ..events import (
     BatchWindowClosed,
     CompletionRecheck,
+    CooldownEnded,
     DeliveryAnswered,
     HandshakeDone,
     HandshakeStarted,
     HistoricSlotDue,
     NegentropyFinished,
     OwnEvent,
+    OwnHoldingsRead,
     OwnRelayState,
     OwnSubscribed,
     RelayDisconnected,
@@ -49,11 +51,12 @@ from .historic import HistoricSync
 from .lifecycle import RelayLifecycle
 from .live import LiveCoverage
 from .own_relay import REJECTED_SAVE_SECS, OwnRelaySide
+from .refusals import Refusals
 
 log = get_logger("gsync.manager")
 
 
-class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Descendants):
+class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Descendants, Refusals):
     def __init__(self, config, *, clock=time.time, delivery=None, on_ready=None):
         self.config = config
         self.clock = clock
@@ -87,7 +90,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.historic_held = False  # historic starts wait for delivery to catch up
         self.ready = False
         self.on_ready = on_ready
-        self.seen: dict[str, None] = {}
+        self.seen: dict[str, float | None] = {}  # id -> when gsync fetched it (None: seen on the own relay)
         self.root_ids: set[str] = set()  # of Full repos: who is a direct member
         self._ids = itertools.count(1)
         self._stopping = False
@@ -99,6 +102,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             RemoteMessage: self.on_remote_message,
             RelayDisconnected: self.on_relay_disconnected,
             NegentropyFinished: self.on_negentropy_finished,
+            OwnHoldingsRead: self.on_own_holdings_read,
             OwnEvent: self.on_own_event,
             OwnSubscribed: self.on_own_subscribed,
             OwnRelayState: self.on_own_relay_state,
@@ -106,6 +110,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             BatchWindowClosed: self.on_batch_window_closed,
             CompletionRecheck: self.on_completion_recheck,
             HistoricSlotDue: self.on_historic_slot_due,
+            CooldownEnded: self.on_cooldown_ended,
             Tick: self.on_tick,
         }
         for url in sync.bootstrap_relays:
@@ -176,6 +181,10 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         if state is None:
             return
         state.received_metric.inc(len(msg.events))
+        if state.sub_activity:  # historic REQs that sent something are not stalled
+            now = self.clock()
+            for sub_id in {e.sub_id for e in msg.events} & state.sub_activity.keys():
+                state.sub_activity[sub_id] = now
         for event in msg.events:
             try:
                 self.apply_remote_event(state, event)
@@ -186,7 +195,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         batch_id = state.sub_to_batch.get(msg.sub_id)
         if batch_id is not None and batch_id in state.pending:
             state.pending[batch_id].record_event(msg.sub_id, msg.event, msg.matched)
-        if msg.verified:
+        if msg.verified or self.checked_late(msg.event):
             self.consider_for_delivery(msg.event, state)
             self.note_direct_member(state, msg.event)
 
@@ -204,6 +213,8 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             log.info("relay_notice", relay=state.url, text=m.text[:200])
             if wire.is_rate_limit_text(m.text):
                 self.note_rate_limited(state, m.text)
+        elif isinstance(m, (wire.Ok, wire.NegErr)):
+            self.note_rate_limit_answer(state, m)
 
 
     # -- missing-event recovery (SPEC §4) -----------------------------------------------
@@ -229,6 +240,8 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             for state in self.relays.values():
                 self.pump_historic(state)
         self.run_recovery(now)
+        self.expire_stalled(now)
+        self.run_policy_probes(now)
         self.run_polls(now)
         self.run_descendants(now)
         self.rejected.expire(now)
@@ -283,6 +296,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
                     "health": self.health.state(s.url, now).name.lower(),
                     "subscriptions": len(s.conn.subscriptions) if s.conn else 0,
                     "pending_batches": len(s.pending),
+                    "paused_coverage": len(s.paused),
                     "events_delivered": s.events_delivered,
                     "bootstrap": s.is_bootstrap,
                     "last_error": s.refused_reason or s.last_error,

@@ -29,8 +29,11 @@ class Descendants:
             ids, state.new_members = state.new_members, set()
             state.members |= ids
             filters = self.descendant_filters_for(state, ids)
+            # Within the subscription budget (open_live_groups counts what is open): what
+            # does not fit is polled, so the 5 s tick never opens past it.
             self.open_live_groups(state, filter_plan.pack_into_reqs(filter_plan.live(filters), state.limits))
             self.start_historic(state, PendingItems(), filters)
 
-    def descendant_filters_for(self, state: RelayState, ids):
-        return filter_plan.descendant_filters(ids, budget=filter_plan.tag_value_budget(state.limits))
+    def descendant_filters_for(self, state: RelayState, ids, allowed_only: bool = True):
+        filters = filter_plan.descendant_filters(ids, budget=filter_plan.tag_value_budget(state.limits))
+        return state.paused.allowed(filters) if allowed_only else filters

@@ -1,5 +1,7 @@
-"""Historic sync: PendingBatches, NIP-77 first then REQ+EOSE with pagination, the pacing
-gate, residuals after NIP-77, missing-event recovery, and the Syncing → Connected check.
+"""Historic sync: PendingBatches, the method per filter (NIP-77 where the own relay already
+holds some of it, REQ+EOSE pages otherwise), pagination on the page caps each connection
+learns, the pacing gate, residuals after NIP-77, missing-event recovery, and the Syncing →
+Connected check.
 """
 from __future__ import annotations
 
@@ -11,7 +13,14 @@ from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...protocol.filters import Filter
 from ...sync import filter_plan
-from ...sync.pending import PendingBatch, ResidualDecision, SyncMethod, fetch_by_filter
+from ...sync.pending import (
+    PendingBatch,
+    ResidualDecision,
+    SyncMethod,
+    fetch_by_filter,
+    negentropy_pays,
+)
+from ...sync.policy import coverage_key
 from ...sync.relay_state import ConnectionStatus, RelayState
 from ...sync.targets import PendingItems
 from .. import negentropy_sync
@@ -19,6 +28,7 @@ from ..events import (
     CompletionRecheck,
     HistoricSlotDue,
     NegentropyFinished,
+    OwnHoldingsRead,
 )
 
 log = get_logger("gsync.manager")
@@ -26,60 +36,136 @@ log = get_logger("gsync.manager")
 MAX_HISTORIC_SUBS = 4  # concurrent historic REQs per relay, within the transient budget
 
 
-def _is_capacity_refusal(text: str) -> bool:
-    """"active subscriptions exceed max size": too much open at once, not too fast."""
-    lowered = text.lower()
-    return "exceed" in lowered and ("size" in lowered or "max" in lowered)
-
-
 class HistoricSync:
     """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
 
     def start_historic(self, state: RelayState, items: PendingItems, filters, layer1=False,
                        recovery=False, coalesce=False) -> PendingBatch:
-        """A PendingBatch for ``filters``: NIP-77 per filter where the relay allows it (full
-        history only: a ``since`` catch-up is cheaper as a REQ), else grouped REQ+EOSE.
+        """A PendingBatch for ``filters``. Where the relay allows NIP-77 (full history only:
+        a ``since`` catch-up is cheaper as a REQ), the own relay's holdings are read first
+        and each filter gets the method that spends fewer paced starts on what it lacks
+        (``on_own_holdings_read``); otherwise grouped REQ+EOSE at once.
 
-        ``coalesce`` (AddFilters): when an earlier AddFilters batch on this relay has not
-        started any REQ yet (the pacing gate holds it), this one joins it instead, and their
-        filters are packed together: fewer, fuller REQs for the same paced starts. Its items
-        then confirm with that batch, as if both had come in one AddFilters."""
-        if coalesce and not self.use_negentropy(state, filters):
-            waiting = next((b for b in reversed(state.pending.values())
-                            if b.coalescable and not b.started), None)
+        ``coalesce`` (AddFilters): when an earlier REQ+EOSE batch of AddFilters (or of
+        layer 1) on this relay is still pending, this one joins it instead, and their
+        filters share REQs with its queued ones: fewer, fuller REQs for the same paced
+        starts. Its items then confirm with that batch, as if both had come in one
+        AddFilters.
+
+        Filters whose shape the relay refused by policy are left out (``refusals``)."""
+        filters = state.paused.allowed(filters)
+        asks_own = not recovery and self.use_negentropy(state, filters)
+        if coalesce and not asks_own:
+            waiting = self.waiting_req_batch(state)
             if waiting is not None:
                 self.coalesce_into(state, waiting, items, filters)
                 return waiting
+        if layer1:  # every fresh start, quick reconnect and daily sync begins with layer 1
+            state.round_started_at = self.clock()
         batch = PendingBatch(next(self._ids), items)
         batch.layer1 = layer1
         batch.recovery = recovery
         batch.semantic_filters = list(filters)
         state.pending[batch.batch_id] = batch
-        if self.use_negentropy(state, filters):
-            batch.method = SyncMethod.NEGENTROPY
-            for flt in filters:
-                token = f"neg{batch.batch_id}-{next(self._ids)}"
-                batch.add_subscription(token)
-                state.sub_to_batch[token] = batch.batch_id
-                state.historic_queue.append((token, [flt]))
+        if asks_own:
+            self.read_own_holdings(state, batch, filters, coalesce)
         else:
-            batch.coalescable = coalesce  # NIP-77 batches never take in REQ work
+            batch.coalescable = coalesce or layer1  # NIP-77 batches never take in REQ work
             self.queue_reqs(state, batch, filters)
         self.pump_historic(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
         return batch
 
+    @staticmethod
+    def waiting_req_batch(state: RelayState, besides: PendingBatch | None = None):
+        """The latest pending batch that takes in AddFilters, if any."""
+        return next((b for b in reversed(state.pending.values())
+                     if b.coalescable and b is not besides), None)
+
+    def read_own_holdings(self, state: RelayState, batch: PendingBatch, filters, coalesce: bool) -> None:
+        """Ask the own relay what it holds of each filter, before any paced start is spent
+        on them (loopback, unpaced), in a greenlet: the answer comes back as a message."""
+        token = f"own{batch.batch_id}-{next(self._ids)}"
+        batch.add_subscription(token)  # the batch is not complete while its methods are open
+        batch.coalesce_wanted = coalesce
+        gevent.spawn(negentropy_sync.read_holdings, self.config.service.own_relay, list(filters),
+                     self.post, relay=state.url, session=state.session, batch_id=batch.batch_id,
+                     token=token)
+
+    def on_own_holdings_read(self, msg: OwnHoldingsRead) -> None:
+        """Per filter: NIP-77 where what is already held makes it pay for its start
+        (``by_negentropy``), REQ pages (ten filters a start) otherwise. A batch left with
+        REQ pages only may join a pending one, as in ``start_historic``."""
+        state = self._current(msg.relay, msg.session)
+        batch = state and state.pending.get(msg.batch_id)
+        if batch is None or msg.token not in batch.outstanding_subs:
+            return
+        batch.finish_subscription(msg.token)
+        if msg.holdings is None:
+            log.warning("negentropy_own_relay_unavailable", relay=state.url, reason=msg.reason)
+            holdings = [[] for _ in msg.filters]
+        else:
+            holdings = msg.holdings
+        allowed = self.use_negentropy(state, msg.filters)  # it may have been turned off meanwhile
+        chosen = [(f, held, allowed and self.by_negentropy(state, f, held))
+                  for f, held in zip(msg.filters, holdings, strict=True)]
+        by_neg = [(f, held) for f, held, neg in chosen if neg]
+        by_req = [f for f, _, neg in chosen if not neg]
+        log.debug("historic_methods_chosen", relay=state.url, batch_id=batch.batch_id,
+                  negentropy=len(by_neg), req=len(by_req), held=sum(map(len, holdings)))
+        for flt, held in by_neg:
+            self.queue_negentropy(state, batch, flt, held)
+        if by_neg:
+            batch.method = SyncMethod.NEGENTROPY
+        else:
+            waiting = self.waiting_req_batch(state, besides=batch) if batch.coalesce_wanted else None
+            if waiting is not None:  # as start_historic would have, had it known at once
+                state.pending.pop(batch.batch_id, None)
+                self.coalesce_into(state, waiting, batch.items, by_req)
+                self.pump_historic(state)
+                return
+            batch.coalescable = batch.coalesce_wanted or batch.layer1
+        if by_req:
+            self.queue_reqs(state, batch, by_req)
+        self.pump_historic(state)
+        if batch.is_complete:
+            self.finish_batch(state, batch)
+
+    def by_negentropy(self, state: RelayState, flt: Filter, held) -> bool:
+        """NIP-77 for ``flt``? When the own relay held some of it before this sync round
+        began (``negentropy_pays``): what it holds only because gsync just fetched it (from
+        this relay's other filters, or from another relay syncing at the same time) is a
+        first sync filling up, not a sign that this filter is mostly held. Or when the
+        rejected index may match it: a REQ would bring refused events back, NIP-77 counts
+        them as held (SPEC §5: never fetched again)."""
+        since = state.round_started_at
+        prior = sum(1 for _, event_id in held if (self.seen.get(event_id) or -1.0) < since)
+        return negentropy_pays(prior) or self.rejected.any_may_match(flt)
+
+    def queue_negentropy(self, state: RelayState, batch: PendingBatch, flt: Filter, held) -> None:
+        """One NIP-77 exchange for ``flt``, waiting for its paced start; ``held`` (what the
+        own relay holds of it, just read) is kept for it, so it is not asked again."""
+        token = f"neg{batch.batch_id}-{next(self._ids)}"
+        batch.add_subscription(token)
+        batch.own_holdings[token] = held
+        state.sub_to_batch[token] = batch.batch_id
+        state.historic_queue.append((token, [flt]))
+
     def coalesce_into(self, state: RelayState, batch: PendingBatch, items: PendingItems, filters) -> None:
-        """Add an AddFilters to a batch none of whose REQs started, and pack them anew."""
+        """Add an AddFilters to a pending REQ+EOSE batch. None of its REQs started: pack them
+        all anew; some did: queue the new filters, sharing REQs with its queued pages."""
         batch.items.add(items)
         batch.semantic_filters += filters
-        queued = set(batch.outstanding_subs)
-        state.historic_queue = [e for e in state.historic_queue if e[0] not in queued]
-        for sub_id in queued:
-            batch.finish_subscription(sub_id)
-            state.sub_to_batch.pop(sub_id, None)
-        self.queue_reqs(state, batch, batch.semantic_filters)
+        if batch.started:
+            self.queue_reqs(state, batch, filters)
+        else:
+            queued = set(batch.outstanding_subs)
+            state.historic_queue = [e for e in state.historic_queue if e[0] not in queued]
+            for sub_id in queued:
+                batch.finish_subscription(sub_id)
+                state.sub_to_batch.pop(sub_id, None)
+            self.queue_reqs(state, batch, batch.semantic_filters)
         log.debug("batch_coalesced", relay=state.url, batch_id=batch.batch_id,
                   filters=len(batch.semantic_filters))
 
@@ -103,6 +189,32 @@ class HistoricSync:
             state.historic_queue[0:0] = entries
         else:
             state.historic_queue.extend(entries)
+        self.share_queued_reqs(state, batch)
+
+    def share_queued_reqs(self, state: RelayState, batch: PendingBatch) -> None:
+        """Queued REQs of one batch (pages of different filters, filters of a later
+        AddFilters) merge, in queue order, while ten filters and the relay's message size
+        allow: every start carries as much as it can. Exact-id fetches and pages that must
+        go alone stay as they are."""
+        per_req = filter_plan.filters_per_req(state.limits)
+        max_len = getattr(state.limits, "max_message_length", None) or constants.MAX_MESSAGE_BYTES
+        host = None
+        kept = []
+        for sub_id, group in state.historic_queue:
+            if state.sub_to_batch.get(sub_id) != batch.batch_id or not batch.may_share(sub_id):
+                kept.append((sub_id, group))
+                continue
+            if host is not None:
+                host_id, host_group = kept[host]
+                merged = host_group + group
+                if len(merged) <= per_req and len(wire.req(host_id, merged)) <= max_len:
+                    batch.absorb(host_id, sub_id)
+                    state.sub_to_batch.pop(sub_id, None)
+                    kept[host] = (host_id, merged)
+                    continue
+            host = len(kept)
+            kept.append((sub_id, group))
+        state.historic_queue = kept
 
     def pump_historic(self, state: RelayState) -> None:
         """Start queued historic REQs while the relay's budget and pacing allow.
@@ -111,9 +223,10 @@ class HistoricSync:
         health tracker's gates space them (1 s per connection, longer after a rate-limit
         refusal, none during a cooldown). Nothing starts while the own relay is down: what
         would be fetched could not be delivered (the catch-up after the outage covers it);
-        nor while delivery is more than a quarter of its backlog limit behind.
+        nor while delivery is more than a quarter of its backlog limit behind. Live REQs
+        waiting for the gates go first (``live.pump_live``).
         """
-        if not state.connected or self.own_down_since is not None:
+        if not state.connected or not self.pump_live(state) or self.own_down_since is not None:
             return
         if self.delivery.backlog >= self.backlog_high_water:
             self.historic_held = True  # the tick pumps again once delivery caught up
@@ -128,13 +241,13 @@ class HistoricSync:
             now = self.clock()
             wait = self.health.may_start_background(state.url, now)
             if wait > 0:
-                if not state.slot_wakeup_scheduled:
-                    state.slot_wakeup_scheduled = True
-                    gevent.spawn_later(wait, self.post, HistoricSlotDue(state.url, state.session))
+                self.wake_pump_in(state, wait)
                 return
             sub_id, group = state.historic_queue[0]
             if sub_id not in state.sub_to_batch:
                 state.historic_queue.pop(0)
+                continue
+            if (state.paused or state.stalled_shapes) and self.regroup_before_start(state, sub_id, group):
                 continue
             size = len(wire.req(sub_id, group))
             if open_historic and state.conn.open_filter_bytes + size > constants.MAX_OPEN_FILTER_BYTES:
@@ -142,22 +255,69 @@ class HistoricSync:
             state.historic_queue.pop(0)
             batch = state.pending.get(state.sub_to_batch[sub_id])
             if batch is not None:
-                batch.started = True  # from now on it takes in no other AddFilters
+                batch.started = True  # a later AddFilters now queues beside it, not re-packing it
             self.health.record_start(state.url, now, background=True)
+            log.debug("historic_started", relay=state.url, sub_id=sub_id, filters=len(group),
+                      batch_id=state.sub_to_batch[sub_id])
+            purpose = batch.purpose if batch is not None else "other"
             if sub_id.startswith("neg"):
+                metrics.BACKGROUND_STARTS.labels(state.url, "negentropy", purpose).inc()
                 self.start_negentropy(state, sub_id, group[0])
             else:
+                metrics.BACKGROUND_STARTS.labels(state.url, "req", purpose).inc()
+                state.historic_sent_at[sub_id] = now
                 state.conn.subscribe(sub_id, group)
+                state.sub_activity[sub_id] = now
             open_historic += 1
+
+    def wake_pump_in(self, state: RelayState, wait: float) -> None:
+        """Pump this relay again when its pacing gate (or cooldown) opens."""
+        if not state.slot_wakeup_scheduled:
+            state.slot_wakeup_scheduled = True
+            gevent.spawn_later(wait, self.post, HistoricSlotDue(state.url, state.session))
+
+    def regroup_before_start(self, state: RelayState, sub_id: str, group) -> bool:
+        """A queued REQ meets what the relay taught us since it was queued: shapes it
+        refused by policy go (a probe's own filter stays), and a shape that stalled on this
+        connection goes alone, so that it cannot hold the rest. True if it changed."""
+        batch_id = state.sub_to_batch[sub_id]
+        if batch_id in state.probes:
+            return False
+        keep = [i for i, f in enumerate(group) if not state.paused.is_filter_paused(f)]
+        alone = [i for i in keep if coverage_key(group[i]) in state.stalled_shapes]
+        rest = [i for i in keep if i not in alone]
+        parts = [rest, *([i] for i in alone)] if rest else [keep]
+        if parts == [list(range(len(group)))]:
+            return False
+        state.historic_queue.pop(0)
+        del state.sub_to_batch[sub_id]
+        batch = state.pending[batch_id]
+        if sub_id.startswith("neg"):
+            batch.finish_subscription(sub_id)
+        else:
+            entries = batch.split_subscription(
+                sub_id, [(f"h{batch_id}-{next(self._ids)}", part) for part in parts if part])
+            for new_id, _ in entries:
+                state.sub_to_batch[new_id] = batch_id
+            state.historic_queue[0:0] = entries
+        if batch.is_complete:
+            self.finish_batch(state, batch)
+        return True
 
     def start_negentropy(self, state: RelayState, token: str, flt: Filter) -> None:
         state.neg_running.add(token)
-        extra = self.rejected.items() + self.delivery.tracked_items
+        batch = state.pending.get(state.sub_to_batch[token])
+        held = batch.own_holdings.pop(token, None) if batch is not None else None
         gevent.spawn(
             negentropy_sync.reconcile_filter,
-            state.conn, self.config.service.own_relay, flt, extra, self.post,
-            batch_id=state.sub_to_batch[token], token=token,
+            state.conn, self.config.service.own_relay, flt, self.negentropy_extra(state, flt),
+            self.post, batch_id=state.sub_to_batch[token], token=token, held=held,
         )
+
+    def negentropy_extra(self, state: RelayState, flt: Filter):
+        """What the "already have" set adds to the own relay's holdings for ``flt``: events
+        refused for good (never fetched again) and events on their way to it."""
+        return self.rejected.items() + self.delivery.tracked_items
 
     def on_historic_slot_due(self, msg: HistoricSlotDue) -> None:
         state = self._current(msg.relay, msg.session)
@@ -166,77 +326,37 @@ class HistoricSync:
             self.pump_historic(state)
 
     def on_eose(self, state: RelayState, sub_id: str) -> None:
+        self.note_request_succeeded(state)
+        state.sub_activity.pop(sub_id, None)
         batch_id = state.sub_to_batch.get(sub_id)
         if batch_id is None:
-            return  # live subscriptions get an immediate EOSE: nothing to do
+            return  # live subscriptions get an immediate EOSE: nothing more to do
         batch = state.pending.get(batch_id)
         if batch is None:
             return
+        sent_at = state.historic_sent_at.pop(sub_id, None)
+        if sent_at is not None:
+            log.debug("historic_page_done", relay=state.url, sub_id=sub_id, batch_id=batch_id,
+                      events=batch.pagination[sub_id].total if sub_id in batch.pagination else 0,
+                      secs=round(self.clock() - sent_at, 3))
         pages = batch.on_eose(
             sub_id,
             per_req=filter_plan.filters_per_req(state.limits),
             pack=lambda filters: filter_plan.pack_into_reqs(filters, state.limits),
             new_sub_id=lambda: f"h{batch_id}-{next(self._ids)}",
             cap=state.page_cap,
+            elapsed=None if sent_at is None else self.clock() - sent_at,
+            split=not self.health.limits_query_rate(state.url),
         )
         state.conn.unsubscribe(sub_id)
         state.sub_to_batch.pop(sub_id, None)
         for new_id, _ in pages:
             state.sub_to_batch[new_id] = batch_id
         state.historic_queue[0:0] = pages  # next pages first: they finish what was started
+        self.share_queued_reqs(state, batch)
         self.pump_historic(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
-
-    def on_closed(self, state: RelayState, closed: wire.Closed) -> None:
-        sub_id = closed.sub_id
-        if sub_id not in state.sub_to_batch and sub_id not in state.live_subs:
-            return  # already finished (some relays close an ids-only REQ after its EOSE)
-        state.conn.forget(sub_id)
-        log.warning("subscription_closed", relay=state.url, sub_id=sub_id,
-                    reason=f"{closed.prefix.value}: {closed.text}"[:200])
-        capacity = _is_capacity_refusal(closed.text)
-        rate_limited = not capacity and (
-            closed.prefix is wire.Prefix.RATE_LIMITED or wire.is_rate_limit_text(closed.text)
-        )
-        if capacity:
-            metrics.REFUSALS.labels("capacity").inc()
-        elif rate_limited:
-            self.note_rate_limited(state, closed.text)
-            metrics.REFUSALS.labels("rate_limited").inc()
-        else:
-            metrics.REFUSALS.labels(closed.prefix.value).inc()
-        batch_id = state.sub_to_batch.pop(sub_id, None)
-        if batch_id is not None and batch_id in state.pending:
-            batch = state.pending[batch_id]
-            filters = batch.filters_of(sub_id)
-            if (rate_limited or capacity) and filters:
-                # The same page again once the cooldown and the reactive gate allow it.
-                new_id = f"h{batch_id}-{next(self._ids)}"
-                batch.rename_subscription(sub_id, new_id)
-                batch.restart_page(new_id)
-                state.sub_to_batch[new_id] = batch_id
-                state.historic_queue.insert(0, (new_id, filters))
-                self.pump_historic(state)
-                return
-            batch.on_closed(sub_id)
-            state.unrelated_failure = True
-            if batch.is_complete:
-                self.finish_batch(state, batch)
-            return
-        live = state.live_subs.pop(sub_id, None)
-        if live is not None and capacity:
-            self.poll_instead(state, live.filters)
-        elif live is not None and rate_limited:
-            gevent.spawn_later(constants.RATE_LIMIT_COOLDOWN_SECS, self._resubscribe_live,
-                               state, state.session, sub_id, live)
-
-    def note_rate_limited(self, state: RelayState, text: str) -> None:
-        now = self.clock()
-        if not self.health.is_rate_limited(state.url, now):
-            log.warning("relay_rate_limited", relay=state.url, text=text[:200],
-                        cooldown_secs=constants.RATE_LIMIT_COOLDOWN_SECS)
-        self.health.record_rate_limited(state.url, now)
 
     def finish_batch(self, state: RelayState, batch: PendingBatch) -> None:
         """All subscriptions answered. After NIP-77, judge what the id fetches delivered
@@ -286,22 +406,33 @@ class HistoricSync:
             state.batch_failures = True
         log.debug("batch_confirmed", relay=state.url, batch_id=batch.batch_id, failed=batch.failed,
                   method=batch.method.value)
+        probed = state.probes.pop(batch.batch_id, None)
+        if probed is not None:
+            self.probe_answered(state, probed, batch)
         self.check_historic_complete(state)
 
     def check_historic_complete(self, state: RelayState) -> None:
         """Double check (seed 001): no pending batch now, and still none 6 s later."""
-        if state.pending or state.completion_check_scheduled or state.status != ConnectionStatus.SYNCING:
+        if self.syncing_batches(state) or state.completion_check_scheduled or state.status != ConnectionStatus.SYNCING:
             return
         state.completion_check_scheduled = True
         delay = self.config.sync.batch_window_ms / 1000 + 1
         gevent.spawn_later(delay, self.post, CompletionRecheck(state.url, state.session))
+
+    def syncing_batches(self, state: RelayState) -> bool:
+        """Historic sync still running: a batch other than a recovery attempt, a poll or a
+        policy probe (those run for as long as a relay is connected: they are upkeep)."""
+        return any(
+            not getattr(b, "recovery", False) and b.batch_id != state.poll_batch and b.batch_id not in state.probes
+            for b in state.pending.values()
+        )
 
     def on_completion_recheck(self, msg: CompletionRecheck) -> None:
         state = self._current(msg.relay, msg.session)
         if state is None:
             return
         state.completion_check_scheduled = False
-        if state.pending or state.status != ConnectionStatus.SYNCING:
+        if self.syncing_batches(state) or state.status != ConnectionStatus.SYNCING:
             return
         state.status = (
             ConnectionStatus.CONNECTED_HISTORIC_SYNC_FAILURES
@@ -310,6 +441,7 @@ class HistoricSync:
         )
         state.historic_sync_completed_at = self.clock()
         log.info("historic_sync_complete", relay=state.url, status=state.status.name)
+        self.promote_if_recovered(state.url)  # recovery may have finished before this check
 
     def on_negentropy_finished(self, msg: NegentropyFinished) -> None:
         state = self._current(msg.relay, msg.session)
@@ -324,6 +456,7 @@ class HistoricSync:
             return
         batch.finish_subscription(msg.token)
         if result.ok:
+            self.note_request_succeeded(state)
             metrics.NEGENTROPY_BYTES.labels(state.url, "up").inc(result.bytes_up)
             metrics.NEGENTROPY_BYTES.labels(state.url, "down").inc(result.bytes_down)
             metrics.NEGENTROPY_ROUNDS.labels(state.url).inc(result.rounds)
@@ -343,6 +476,8 @@ class HistoricSync:
             if result.own_relay_failed:
                 log.warning("negentropy_own_relay_unavailable", relay=state.url, reason=result.reason)
             else:
+                if wire.is_rate_limit_text(result.reason):  # NEG-ERR "rate-limited: …"
+                    self.note_rate_limited(state, result.reason)
                 self.disable_negentropy(state, result.reason)
             self.queue_reqs(state, batch, [msg.filter], front=True)
         if not any(sub.startswith("neg") for sub in batch.outstanding_subs):
@@ -364,28 +499,36 @@ class HistoricSync:
             log.warning("negentropy_unsupported", relay=state.url, reason=reason[:200])
         state.negentropy_ok = False
         self.health.disable_negentropy(state.url)
-        # Exchanges still queued become REQs.
+        self.requeue_negentropy_as_reqs(state)
+
+    def requeue_negentropy_as_reqs(self, state: RelayState) -> None:
+        """NIP-77 is off: exchanges still queued become REQs."""
         queued = [(t, g) for t, g in state.historic_queue if t.startswith("neg")]
         state.historic_queue = [e for e in state.historic_queue if not e[0].startswith("neg")]
         for token, group in queued:
             batch = state.pending.get(state.sub_to_batch.pop(token, -1))
             if batch is not None:
                 batch.finish_subscription(token)
+                batch.own_holdings.pop(token, None)
                 self.queue_reqs(state, batch, group)
 
     def run_recovery(self, now: float) -> None:
         for url in self.recovery.due_relays(now):
             state = self.relays.get(url)
             ids = self.recovery.next_attempt(url, now, connected=bool(state and state.connected))
-            if not ids:
+            if ids is None:
                 continue
-            log.info("recovery_attempt", relay=url, ids=len(ids))
-            batch = self.start_historic(state, PendingItems(), [Filter.make(ids=ids)], recovery=True)
+            filters = self.recovery.attempt_filters(url)
+            log.info("recovery_attempt", relay=url, ids=len(ids), filters=len(filters))
+            if ids:
+                filters = [Filter.make(ids=ids), *filters]
+            batch = self.start_historic(state, PendingItems(), filters, recovery=True)
             batch.expect_ids(ids)
 
     def finish_recovery(self, state: RelayState, batch: PendingBatch) -> None:
         state.pending.pop(batch.batch_id, None)
-        dropped = self.recovery.record_result(state.url, batch.received_ids, self.clock())
+        dropped = self.recovery.record_result(state.url, batch.received_ids, self.clock(),
+                                              filters_done=not batch.failed)
         if dropped:
             log.warning("recovery_gave_up", relay=state.url, dropped=len(dropped))
         self.promote_if_recovered(state.url)

@@ -10,7 +10,7 @@ from ...ops import metrics
 from ...ops.logging import get_logger
 from ...sync import filter_plan
 from ...sync.pending import PageCap
-from ...sync.relay_state import ConnectionStatus, LiveSub, RelayState
+from ...sync.relay_state import ConnectionStatus, RelayState
 from ...sync.targets import PendingItems, compute_actions, derive_relay_targets
 from ..connection import RelayConnection
 from ..events import (
@@ -103,6 +103,9 @@ class RelayLifecycle:
             known_ids=self.seen, room=self.delivery.room_for(msg.relay),
         )
         state.conn.start()
+        nips = getattr(msg.limits, "supported_nips", None)
+        if nips and 77 not in nips:  # it says so itself: no NEG-OPEN, no 15 s wait
+            self.disable_negentropy(state, "NIP-11 supported_nips does not list 77")
         state.status = ConnectionStatus.SYNCING
         fresh = state.should_fresh_start(now)
         log.info("relay_connected", relay=msg.relay, fresh_start=fresh)
@@ -110,6 +113,7 @@ class RelayLifecycle:
             self.fresh_start(state, now)
         else:
             self.quick_reconnect(state, now)
+        self.fetch_waiting_refetches(state)
         state.last_connected = now
         state.disconnected_at = None
         if state.next_daily_at is None:
@@ -128,14 +132,18 @@ class RelayLifecycle:
         state.last_error = msg.reason
         state.clear_pending()
         state.clear_live()
+        self.recovery.cancel_attempt(msg.relay)  # its batch is gone: not left in flight
         self.health.record_disconnect(msg.relay, now, misbehaved=msg.misbehaved)
 
     def fresh_start(self, state: RelayState, now: float) -> None:
-        for sub_id in list(state.live_subs):  # the daily sync runs on a live connection
+        # The daily sync runs on a live connection: close every subscription it abandons,
+        # historic ones included (a NIP-77 exchange closes itself when it ends).
+        for sub_id in list(state.conn.subscriptions):
             state.conn.unsubscribe(sub_id)
         state.clear_live()
         state.clear_pending()
         state.clear_confirmed()
+        self.recovery.forget(state.url)  # the full history below finds whatever is missing
         state.historic_sync_completed_at = None
         self.subscribe_layer1(state, since=None)
         self.recompute(state, since=None)
@@ -162,8 +170,8 @@ class RelayLifecycle:
 
     def subscribe_layer1(self, state: RelayState, since: int | None) -> None:
         live = filter_plan.layer1_filter().replace(limit=0)
-        state.live_subs[LAYER1_LIVE_SUB] = LiveSub((live,), control=True)
-        state.conn.subscribe(LAYER1_LIVE_SUB, [live])
+        if not state.paused.is_filter_paused(live):
+            self.open_live(state, LAYER1_LIVE_SUB, [live], control=True)
         self.start_historic(state, PendingItems(), [filter_plan.layer1_filter(since)], layer1=True)
 
     def start_sync(self, state: RelayState, items: PendingItems, since: int | None, confirm=True) -> None:
@@ -184,9 +192,13 @@ class RelayLifecycle:
         if filters:
             self.start_historic(state, PendingItems(), filters)
 
-    def filters_for(self, state: RelayState, items: PendingItems, since: int | None):
+    def filters_for(self, state: RelayState, items: PendingItems, since: int | None,
+                    allowed_only: bool = True):
+        """Layers 2 and 3 and state for ``items``; without the shapes this relay refused by
+        policy unless ``allowed_only`` is False (what a probe looks for)."""
         budget = filter_plan.tag_value_budget(state.limits)
-        return filter_plan.build_sync_level_aware_filters(
+        filters = filter_plan.build_sync_level_aware_filters(
             items.repos, items.root_events, since=since, budget=budget
         )
+        return state.paused.allowed(filters) if allowed_only else filters
 

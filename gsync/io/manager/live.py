@@ -1,5 +1,7 @@
 """Live coverage (``limit: 0``) within the relay's subscription and filter-size budgets:
-packing, consolidation, and polling what does not fit.
+packing, consolidation, and polling what does not fit. Live REQs bypass the proactive
+pacing gate, not the rate-limit cooldown nor the reactive gate (SPEC §5: it is shared):
+they wait in the relay's live queue for those.
 """
 from __future__ import annotations
 
@@ -28,21 +30,57 @@ class LiveCoverage:
             return
         self.open_live_groups(state, groups)
 
-    def open_live_groups(self, state: RelayState, groups, slots: int | None = None) -> None:
+    def open_live_groups(self, state: RelayState, groups, slots: int | None = None,
+                         rebuilt_at: float | None = None) -> None:
         """Open live REQs while the relay's subscription and filter-size budgets allow;
-        coverage that does not fit is polled on the maintenance cadence instead."""
+        coverage that does not fit is polled on the maintenance cadence instead. ``slots``:
+        the data-plane subscriptions still free (default: what the budget leaves beside the
+        live subscriptions already open), so no caller can open past it."""
+        if slots is None:
+            budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
+            slots = budget.live_slots - sum(1 for sub in state.live_subs.values() if not sub.control)
         live_bytes = sum(state.conn.filter_bytes.get(s, 0) for s in state.live_subs)
         for group in groups:
+            group = state.paused.allowed(group)
+            if not group:
+                continue
             size = len(wire.req("live-00000000", group))
-            if (slots is not None and slots <= 0) or live_bytes + size > constants.MAX_LIVE_FILTER_BYTES:
+            if slots <= 0 or live_bytes + size > constants.MAX_LIVE_FILTER_BYTES:
                 self.poll_instead(state, group)
                 continue
-            sub_id = f"live-{next(self._ids)}"
-            state.live_subs[sub_id] = LiveSub(tuple(group))
-            state.conn.subscribe(sub_id, group)
+            self.open_live(state, f"live-{next(self._ids)}", group, rebuilt_at=rebuilt_at)
             live_bytes += size
-            if slots is not None:
-                slots -= 1
+            slots -= 1
+
+    def open_live(self, state: RelayState, sub_id: str, filters, control: bool = False,
+                  rebuilt_at: float | None = None) -> None:
+        """Register a live subscription and send it as soon as the gates allow."""
+        state.live_subs[sub_id] = LiveSub(tuple(filters), control, rebuilt_at)
+        state.live_queue.append(sub_id)
+        self.pump_live(state)
+
+    def pump_live(self, state: RelayState) -> bool:
+        """Send queued live REQs while no cooldown holds them and the reactive gate allows
+        (no proactive gate: live coverage is not background work). False while they wait."""
+        while state.live_queue:
+            now = self.clock()
+            wait = self.health.may_start_live(state.url, now)
+            if wait > 0:
+                self.wake_pump_in(state, wait)
+                return False
+            sub_id = state.live_queue.pop(0)
+            live = state.live_subs.get(sub_id)
+            if live is None or sub_id in state.conn.subscriptions:
+                continue  # closed by a consolidation while it waited, or already out
+            filters = state.paused.allowed(live.filters)
+            if not filters:
+                del state.live_subs[sub_id]
+                continue
+            if len(filters) < len(live.filters):
+                state.live_subs[sub_id] = LiveSub(tuple(filters), live.control, live.rebuilt_at)
+            self.health.record_start(state.url, now, background=False)
+            state.conn.subscribe(sub_id, filters)
+        return True
 
     def poll_instead(self, state: RelayState, filters) -> None:
         if not state.polled:
@@ -62,6 +100,7 @@ class LiveCoverage:
                 continue
             since = int(state.poll_cursor or now) - constants.POLL_OVERLAP_SECS
             state.poll_started_at = now
+            state.polled = state.paused.allowed(state.polled)
             batch = self.start_historic(state, PendingItems(), [f.replace(since=since) for f in state.polled])
             batch.poll_started_at = now
             state.poll_batch = batch.batch_id
@@ -104,9 +143,3 @@ class LiveCoverage:
         self.catch_up(state, wanted, int(self.clock()) - constants.RECONNECT_OVERLAP_SECS)
         log.info("consolidated", relay=state.url, live_subscriptions=len(state.live_subs) - 1,
                  polled_filters=len(state.polled))
-
-    def _resubscribe_live(self, state, session, sub_id, live) -> None:
-        if state.session == session and state.connected:
-            state.live_subs[sub_id] = live
-            state.conn.subscribe(sub_id, live.filters)
-

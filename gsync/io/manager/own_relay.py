@@ -11,12 +11,13 @@ import gevent
 from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
+from ...protocol.event import is_authentic
 from ...protocol.filters import Filter
 from ...sync import filter_plan
 from ...sync.descendants import full_root_ids
-from ...sync.rejected import RejectedIndex
+from ...sync.rejected import RejectedIndex, author_key, event_key, maintainer_key, repo_key
 from ...sync.relay_state import RelayState
-from ...sync.repos import SyncLevel, should_forward_layer1
+from ...sync.repos import SyncLevel, list_tag_values, should_forward_layer1
 from ...sync.targets import PendingItems, compute_actions, derive_relay_targets
 from ..events import (
     BatchWindowClosed,
@@ -38,22 +39,24 @@ class OwnRelaySide:
     def consider_for_delivery(self, event, state: RelayState | None = None) -> None:
         if event.id in self.seen or event.id in self.rejected:
             return
+        source = state.url if state is not None else ""
         if event.kind in filter_plan.LAYER1_KINDS and not should_forward_layer1(
             event, self.repos, self.domains
         ):
             metrics.DROPS.labels("layer1_not_ours").inc()
             log.debug("event_dropped", reason="layer1_not_ours", event_id=event.id, kind=event.kind)
             # Remembered like a refusal, so NIP-77 does not fetch it again; a maintainer added
-            # later re-delivers it (redeliver_unblocked).
-            self.rejected.add(event, self.clock())
+            # later re-delivers it (release_dependents).
+            self.rejected.add(event, self.clock(), source)
             return
-        self.seen[event.id] = None
+        # when it was fetched: what the own relay holds only thanks to this sync round's own
+        # fetches says nothing of what the next filter lacks (HistoricSync.by_negentropy)
+        self.seen[event.id] = self.clock()
         for url in self.recovery.clear_arrived((event.id,)):
             self.promote_if_recovered(url)
         if len(self.seen) > SEEN_CAPACITY:
             for old in itertools.islice(list(self.seen), SEEN_CAPACITY // 10):
                 del self.seen[old]
-        source = state.url if state is not None else None
         if not self.delivery.submit(event, source) and not self.delivery.is_tracked(event.id):
             del self.seen[event.id]  # dropped for backlog (counted): a later copy may go through
             return
@@ -74,18 +77,31 @@ class OwnRelaySide:
         events, self.own_batch, self.own_window_open = self.own_batch, [], False
         now = self.clock()
         dirty: set[str] = set()
-        new_maintainers: set[str] = set()
+        arrived: set[str] = set()  # release keys of what the own relay now accepts
         for event in sorted(events, key=lambda e: e.kind != 30617):  # announcements first
             if event.kind == 30617:
-                before = self.repos.maintainers_of(event.d_tag)
+                arrived |= self.announcement_arrivals(event)
                 dirty |= self.repos.apply_announcement(event, SyncLevel.FULL, now)
-                new_maintainers |= self.repos.maintainers_of(event.d_tag) - before
             else:
                 dirty |= self.repos.apply_root_event(event)
-        self.root_ids = full_root_ids(self.repos)
-        self.redeliver_unblocked(new_maintainers)
+        roots_before, self.root_ids = self.root_ids, full_root_ids(self.repos)
+        arrived |= {event_key(root) for root in self.root_ids - roots_before}
+        if not msg.first_read:
+            self.release_dependents(arrived)
         log.info("self_batch_processed", events=len(events), repos=len(self.repos), dirty_relays=len(dirty))
         self.apply_dirty(dirty)
+
+    def announcement_arrivals(self, event) -> set[str]:
+        """Release keys an accepted announcement satisfies (call before applying it): its
+        repository, if it was not accepted before, and maintainers it adds for its ``d``."""
+        keys = set() if self.repos.is_full(event.address) else {repo_key(event.address)}
+        return keys | self.maintainer_arrivals(event)
+
+    def maintainer_arrivals(self, event) -> set[str]:
+        added = set(list_tag_values(event, "maintainers")) - self.repos.maintainers_of(event.d_tag)
+        return {maintainer_key(pubkey, event.d_tag) for pubkey in added} | {
+            author_key(pubkey) for pubkey in added  # entries saved before keys existed
+        }
 
     def apply_dirty(self, dirty: set[str]) -> None:
         targets = derive_relay_targets(self.repos) if dirty else {}
@@ -98,24 +114,61 @@ class OwnRelaySide:
                 self.start_sync(state, action.items, since=None)
         self.connect_due_relays(self.clock())
 
-    def redeliver_unblocked(self, maintainers: set[str]) -> None:
-        if not maintainers:
+    def release_dependents(self, arrived: set[str]) -> None:
+        """Refused events that were waiting for what just ``arrived`` (release keys, see
+        ``sync.rejected``) go to the own relay again: at once while their full event is in
+        the hot tier, else fetched again by id from the relay each came from."""
+        if not arrived:
             return
-        hot, cold = self.rejected.take_by_author(maintainers)
-        for event in hot:
+        hot, cold = self.rejected.take_dependents(arrived, self.clock())
+        for event, relay in hot:
             self.seen.pop(event.id, None)
-            self.consider_for_delivery(event)
-        if cold:
-            for state in self.relays.values():
-                if state.connected:
-                    for start in range(0, len(cold), constants.MAX_IDS_PER_REQ):
-                        ids = cold[start:start + constants.MAX_IDS_PER_REQ]
-                        self.start_historic(state, PendingItems(), [Filter.make(ids=ids)])
+            self.consider_for_delivery(event, self.relays.get(relay))
+        by_relay: dict[str, list[str]] = {}
+        for event_id, relay in cold:
+            self.seen.pop(event_id, None)  # else the copy fetched again counts as known
+            by_relay.setdefault(relay, []).append(event_id)
+        for relay, ids in by_relay.items():
+            self.refetch_refused(relay, ids)
+        if hot or cold:
+            log.info("refused_released", redelivered=len(hot), refetched=len(cold))
+
+    def refetch_refused(self, relay: str, ids: list[str]) -> None:
+        """Fetch released cold ids from the relay they came from; if it is not connected,
+        when it connects. Entries saved without their relay ask every connected relay."""
+        state = self.relays.get(relay)
+        if state is None:
+            targets = [s for s in self.relays.values() if s.connected]
+        elif not state.connected:
+            state.refetch_ids.update(ids)
+            return
+        else:
+            targets = [state]
+        for target in targets:
+            self.fetch_ids(target, ids)
+
+    def fetch_ids(self, state: RelayState, ids) -> None:
+        ids = sorted(ids)
+        for start in range(0, len(ids), constants.MAX_IDS_PER_REQ):
+            self.start_historic(state, PendingItems(), [Filter.make(ids=ids[start:start + constants.MAX_IDS_PER_REQ])])
+
+    def fetch_waiting_refetches(self, state: RelayState) -> None:
+        """On (re)connect: released ids that waited for this relay."""
+        if state.refetch_ids:
+            ids, state.refetch_ids = state.refetch_ids, set()
+            self.fetch_ids(state, ids)
+
+    def checked_late(self, event) -> bool:
+        """The connection skips the checks of ids it knows (delivered, or refused). One
+        wanted again since (released from the rejected index) is checked here instead."""
+        if event.id in self.seen or event.id in self.rejected:
+            return False
+        return is_authentic(event)
 
     def on_own_subscribed(self, msg: OwnSubscribed) -> None:
         if not self.ready:
             self.ready = True
-            self.on_batch_window_closed(BatchWindowClosed(self.clock()))
+            self.on_batch_window_closed(BatchWindowClosed(self.clock(), first_read=True))
             log.info("ready", own_relay=self.config.service.own_relay)
             if self.on_ready:
                 self.on_ready()
@@ -141,10 +194,16 @@ class OwnRelaySide:
     def on_delivery_answered(self, msg: DeliveryAnswered) -> None:
         now = self.clock()
         if msg.outcome == "rejected":
-            self.rejected.add(msg.event, now)
+            self.rejected.add(msg.event, now, msg.source)
             log.info("event_rejected", event_id=msg.event.id, kind=msg.event.kind, reason=msg.reason[:200])
         elif msg.outcome == "purgatory" and msg.event.kind == 30617:
+            # A GRASP relay counts announcements it holds when it checks maintainers.
+            arrived = self.maintainer_arrivals(msg.event)
             self.apply_dirty(self.repos.apply_announcement(msg.event, SyncLevel.STATE_ONLY, now))
+            self.release_dependents(arrived)
+        elif msg.outcome == "purgatory":
+            # The relay still holds the repository (and restarted its clock for it).
+            self.repos.note_state_in_purgatory(msg.event, now)
 
     def _rejected_path(self) -> str:
         return os.path.join(self.config.service.state_dir, "rejected.json")
@@ -163,6 +222,8 @@ class OwnRelaySide:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path + ".tmp", "w") as fh:
                 fh.write(self.rejected.dumps())
+                fh.flush()
+                os.fsync(fh.fileno())  # on disk before it replaces the old file
             os.replace(path + ".tmp", path)
         except OSError as exc:
             log.warning("state_save_failed", path=path, reason=str(exc))

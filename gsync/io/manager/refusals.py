@@ -1,0 +1,338 @@
+"""Relays that refuse, throttle or go silent (SPEC §5): what the manager does about it.
+
+- **Rate limits.** A ``rate-limited:`` / "too many" answer (NOTICE, CLOSED, OK, NEG-ERR)
+  starts the 65 s cooldown; a repeat inside it changes nothing. Meanwhile nothing starts,
+  live or historic (``live.pump_live`` and ``historic.pump_historic`` ask the health
+  tracker's gates, whose reactive gap then spaces every later start), and queued NIP-77
+  exchanges become REQs: NIP-77 is off for the session. When it ends the relay is Probing,
+  its queued work is re-derived — live REQs narrowed to what the index still wants, history
+  in priority order — and the first request the relay serves lifts the state.
+- **Policy refusals.** CLOSED ``blocked:``, ``restricted:``, ``unsupported:``/``invalid:``,
+  and ``auth-required:`` that the connection could not answer (no key, or AUTH refused). A
+  relay refuses a whole REQ for one filter: the REQ is split in halves, each sent again
+  through the gates, until the refused filter is alone; its shape is paused on that relay
+  (``sync.policy``), everything packed with it completes, and one probe asks again after
+  24 h. An ``auth-required:`` is about us, not a filter: every filter of the REQ is paused.
+- **Any other CLOSED** of a live subscription: its replacement is rebuilt from the current
+  index (obsolete items dropped) and the gap fetched with ``since``.
+- **Stalls.** A historic REQ with neither EOSE nor events for ``REQ_STALL_SECS`` is closed
+  on the relay; one of several filters is split like a refusal, a single filter fails its
+  batch into missing-event recovery, and its shape goes alone in later REQs of the session.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import gevent
+
+from ... import constants
+from ...ops import metrics
+from ...ops.logging import get_logger
+from ...protocol import messages as wire
+from ...sync import filter_plan
+from ...sync.health import HealthState, Refusal, classify_refusal
+from ...sync.pending import PendingBatch
+from ...sync.policy import coverage_key, describe, halves
+from ...sync.relay_state import RelayState
+from ...sync.targets import PendingItems, derive_relay_targets
+from ..events import CooldownEnded
+from .lifecycle import LAYER1_LIVE_SUB
+
+log = get_logger("gsync.manager")
+
+CAPACITY = "capacity"  # too much open at once: not a rate, not a policy
+
+
+def _is_capacity_refusal(text: str) -> bool:
+    """"active subscriptions exceed max size": too much open at once, not too fast."""
+    lowered = text.lower()
+    return "exceed" in lowered and ("size" in lowered or "max" in lowered)
+
+
+def says_rate_limited(prefix: wire.Prefix, text: str) -> bool:
+    return prefix is wire.Prefix.RATE_LIMITED or wire.is_rate_limit_text(text)
+
+
+def refusal_of(closed: wire.Closed) -> Refusal | str:
+    """What a CLOSED tells: CAPACITY, or a ``Refusal`` (rate wording wins over a prefix)."""
+    if _is_capacity_refusal(closed.text):
+        return CAPACITY
+    return classify_refusal(closed.prefix.value, closed.text)
+
+
+class Refusals:
+    """Mixin of ``SyncManager``: its state lives on the manager and on each ``RelayState``."""
+
+    # -- CLOSED ---------------------------------------------------------------------------
+
+    def on_closed(self, state: RelayState, closed: wire.Closed) -> None:
+        sub_id = closed.sub_id
+        if sub_id not in state.sub_to_batch and sub_id not in state.live_subs:
+            return  # already finished (some relays close an ids-only REQ after its EOSE)
+        state.conn.forget(sub_id)
+        state.sub_activity.pop(sub_id, None)
+        reason = f"{closed.prefix.value}: {closed.text}"[:200]
+        log.warning("subscription_closed", relay=state.url, sub_id=sub_id, reason=reason)
+        kind = refusal_of(closed)
+        if kind is CAPACITY:
+            metrics.REFUSALS.labels("capacity").inc()
+        elif kind is Refusal.RATE_LIMIT:
+            metrics.REFUSALS.labels("rate_limited").inc()
+            self.note_rate_limited(state, closed.text)
+        else:
+            metrics.REFUSALS.labels(closed.prefix.value).inc()
+        batch_id = state.sub_to_batch.pop(sub_id, None)
+        if batch_id is not None:
+            self.historic_closed(state, batch_id, sub_id, kind, reason)
+        else:
+            self.live_closed(state, sub_id, kind, reason)
+
+    def historic_closed(self, state: RelayState, batch_id: int, sub_id: str, kind, reason: str) -> None:
+        batch = state.pending.get(batch_id)
+        if batch is None:
+            return
+        filters = batch.filters_of(sub_id)
+        if kind in (CAPACITY, Refusal.RATE_LIMIT) and filters:
+            # The same page again once the cooldown and the reactive gate allow it.
+            new_id = f"h{batch_id}-{next(self._ids)}"
+            batch.rename_subscription(sub_id, new_id)
+            batch.restart_page(new_id)
+            state.sub_to_batch[new_id] = batch_id
+            state.historic_queue.insert(0, (new_id, filters))
+            self.pump_historic(state)
+            return
+        if kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH) and filters:
+            if kind is Refusal.AUTH or len(filters) == 1:
+                for f in filters:
+                    self.pause_coverage(state, f, reason)
+                batch.finish_subscription(sub_id)  # not a failure: the relay will not serve it
+            else:
+                self.split_historic(state, batch, sub_id, filters)
+        else:
+            batch.on_closed(sub_id)
+            if batch_id not in state.probes:
+                state.unrelated_failure = True
+        self.pump_historic(state)
+        if batch.is_complete:
+            self.finish_batch(state, batch)
+
+    def split_historic(self, state: RelayState, batch: PendingBatch, sub_id: str, filters) -> None:
+        """Send a refused or stalled REQ of several filters again as two, to find the one at
+        fault (filters whose shape was paused meanwhile are left out)."""
+        keep = [i for i, f in enumerate(filters) if not state.paused.is_filter_paused(f)]
+        parts = [(f"h{batch.batch_id}-{next(self._ids)}", half) for half in halves(keep) if half]
+        entries = batch.split_subscription(sub_id, parts)
+        for new_id, _ in entries:
+            state.sub_to_batch[new_id] = batch.batch_id
+        state.historic_queue[0:0] = entries
+        log.info("subscription_split", relay=state.url, sub_id=sub_id,
+                 parts=[len(group) for _, group in entries])
+
+    def live_closed(self, state: RelayState, sub_id: str, kind, reason: str) -> None:
+        live = state.live_subs.pop(sub_id, None)
+        if live is None:
+            return
+        if kind is CAPACITY:
+            self.poll_instead(state, live.filters)
+        elif kind is Refusal.RATE_LIMIT:
+            # It waits out the cooldown in the live queue; the cooldown's end rebuilds it.
+            state.live_subs[sub_id] = live
+            state.live_queue.append(sub_id)
+            self.pump_live(state)
+        elif kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH):
+            if kind is Refusal.AUTH or len(live.filters) == 1:
+                for f in live.filters:
+                    self.pause_coverage(state, f, reason)
+            else:
+                keep = state.paused.allowed(live.filters)
+                self.open_live_groups(state, [half for half in halves(keep) if half])
+        else:
+            self.rebuild_live(state, sub_id, live)
+
+    def rebuild_live(self, state: RelayState, sub_id: str, live) -> None:
+        """A live REQ the relay closed (not for rate, policy or size): its replacement from
+        the current index, and the gap fetched with ``since``. One closed again within a
+        minute of its rebuild is polled instead: no REQ/CLOSED loop."""
+        now = self.clock()
+        filters = state.paused.allowed(filter_plan.restrict_to(live.filters, self.wanted_live_filters(state)))
+        if not filters:
+            return
+        if live.rebuilt_at is not None and now - live.rebuilt_at < constants.LIVE_REBUILD_MIN_SECS:
+            self.poll_instead(state, filters)
+            return
+        log.info("live_rebuilt", relay=state.url, sub_id=sub_id, filters=len(filters))
+        if live.control:
+            self.open_live(state, sub_id, filters, control=True, rebuilt_at=now)
+        else:
+            self.open_live_groups(state, filter_plan.pack_into_reqs(filters, state.limits), rebuilt_at=now)
+        since = int(now) - constants.RECONNECT_OVERLAP_SECS
+        self.start_historic(state, PendingItems(), [f.replace(limit=None, since=since) for f in filters])
+
+    def wanted_live_filters(self, state: RelayState):
+        """The live coverage the current index asks of this relay (policy pauses aside)."""
+        targets = derive_relay_targets(self.repos).get(state.url)
+        wanted = filter_plan.live(self.filters_for(state, targets, None, allowed_only=False)) if targets else []
+        if state.members:
+            wanted += filter_plan.live(self.descendant_filters_for(state, state.members, allowed_only=False))
+        return wanted + [filter_plan.layer1_filter().replace(limit=0)]
+
+    # -- policy pauses and their probe ------------------------------------------------------
+
+    def pause_coverage(self, state: RelayState, f, reason: str) -> None:
+        key = coverage_key(f)
+        if state.paused.pause(key, self.clock()):
+            log.warning("coverage_paused", relay=state.url, coverage=describe(key), reason=reason,
+                        probe_secs=constants.POLICY_PROBE_SECS)
+        metrics.PAUSED_COVERAGE.labels(state.url).set(len(state.paused))
+
+    def run_policy_probes(self, now: float) -> None:
+        for state in self.relays.values():
+            if state.connected and state.paused:
+                for key in state.paused.due_probes(now):
+                    self.probe_coverage(state, key)
+
+    def coverage_filters(self, state: RelayState, key):
+        """Every historic filter of shape ``key`` the current index asks of this relay."""
+        targets = derive_relay_targets(self.repos).get(state.url)
+        filters = self.filters_for(state, targets, None, allowed_only=False) if targets else []
+        if state.members:
+            filters += self.descendant_filters_for(state, state.members, allowed_only=False)
+        filters.append(filter_plan.layer1_filter())
+        return [f for f in filters if coverage_key(f) == key]
+
+    def probe_coverage(self, state: RelayState, key) -> None:
+        """One REQ, of one filter of the paused shape: served, the shape is restored."""
+        filters = self.coverage_filters(state, key)
+        if not filters:
+            state.paused.probe_passed(key)  # nothing of that shape is wanted any more
+            metrics.PAUSED_COVERAGE.labels(state.url).set(len(state.paused))
+            return
+        log.info("coverage_probe", relay=state.url, coverage=describe(key))
+        batch = PendingBatch(next(self._ids), PendingItems())
+        state.pending[batch.batch_id] = batch
+        state.probes[batch.batch_id] = key
+        self.queue_reqs(state, batch, filters[:1])
+        self.pump_historic(state)
+
+    def probe_answered(self, state: RelayState, key, batch: PendingBatch) -> None:
+        if not state.paused.is_probing(key):
+            return  # refused again: paused another day (pause_coverage said so)
+        if batch.failed:
+            state.paused.pause(key, self.clock())  # no answer is no yes: another day
+            return
+        state.paused.probe_passed(key)
+        metrics.PAUSED_COVERAGE.labels(state.url).set(len(state.paused))
+        log.info("coverage_restored", relay=state.url, coverage=describe(key))
+        filters = self.coverage_filters(state, key)
+        if key == coverage_key(filter_plan.layer1_filter()):
+            self.open_live(state, LAYER1_LIVE_SUB, filter_plan.live(filters), control=True)
+        else:
+            self.open_live_groups(state, filter_plan.pack_into_reqs(filter_plan.live(filters), state.limits))
+        self.start_historic(state, PendingItems(), filters)
+
+    # -- rate limits ------------------------------------------------------------------------
+
+    def note_rate_limited(self, state: RelayState, text: str) -> None:
+        """A new episode starts the cooldown; a refusal inside it changes nothing."""
+        now = self.clock()
+        if self.health.is_rate_limited(state.url, now):
+            return
+        self.health.record_rate_limited(state.url, now)
+        log.warning("relay_rate_limited", relay=state.url, text=text[:200],
+                    cooldown_secs=constants.RATE_LIMIT_COOLDOWN_SECS)
+        self.update_health_metric(state, now)
+        if state.conn is not None:
+            self.requeue_negentropy_as_reqs(state)  # NIP-77 is off for the session
+        gevent.spawn_later(constants.RATE_LIMIT_COOLDOWN_SECS, self.post, CooldownEnded(state.url))
+
+    def on_cooldown_ended(self, msg: CooldownEnded) -> None:
+        state = self.relays.get(msg.relay)
+        if state is None:
+            return
+        now = self.clock()
+        if self.health.state(state.url, now) is not HealthState.PROBING:
+            return
+        log.info("relay_probing", relay=state.url)
+        self.update_health_metric(state, now)
+        if state.connected:
+            self.rederive_queued(state)
+            self.pump_historic(state)
+
+    def rederive_queued(self, state: RelayState) -> None:
+        """What waited out the cooldown goes out anew: live REQs narrowed to what the index
+        still wants (first: they carry new events), then history in priority order."""
+        queued = [s for s in state.live_queue if s in state.live_subs]
+        if queued:
+            wanted = self.wanted_live_filters(state)
+            for sub_id in queued:
+                live = state.live_subs[sub_id]
+                filters = state.paused.allowed(filter_plan.restrict_to(live.filters, wanted))
+                if filters:
+                    state.live_subs[sub_id] = dataclasses.replace(live, filters=tuple(filters))
+                else:
+                    del state.live_subs[sub_id]
+        state.historic_queue.sort(key=lambda entry: state.start_priority(entry[0]))
+
+    def note_request_succeeded(self, state: RelayState) -> None:
+        """A request was served: a relay Probing after its cooldown is back to its state."""
+        now = self.clock()
+        if self.health.state(state.url, now) is HealthState.PROBING:
+            self.health.record_request_succeeded(state.url, now)
+            log.info("relay_rate_limit_lifted", relay=state.url,
+                     health=self.health.state(state.url, now).value)
+            self.update_health_metric(state, now)
+
+    def note_rate_limit_answer(self, state: RelayState, message) -> None:
+        """OK (to our AUTH) and NEG-ERR after its exchange ended can say "slow down" too."""
+        if says_rate_limited(message.prefix, message.text):
+            self.note_rate_limited(state, f"{message.prefix.value}: {message.text}")
+
+    def update_health_metric(self, state: RelayState, now: float) -> None:
+        metrics.RELAY_STATUS.labels(state.url).set(self.health.status_metric(state.url, now))
+
+    # -- stalls ---------------------------------------------------------------------------
+
+    def expire_stalled(self, now: float) -> None:
+        """Historic REQs silent for ``REQ_STALL_SECS``. While delivery holds reading back,
+        the silence is ours: nothing stalls then."""
+        held = not self.delivery.room.is_set()
+        for state in self.relays.values():
+            if not (state.connected and state.sub_activity):
+                continue
+            for sub_id, last in list(state.sub_activity.items()):
+                if held:
+                    state.sub_activity[sub_id] = now
+                elif now - last >= constants.REQ_STALL_SECS:
+                    self.on_stalled(state, sub_id)
+
+    def on_stalled(self, state: RelayState, sub_id: str) -> None:
+        state.sub_activity.pop(sub_id, None)
+        batch_id = state.sub_to_batch.pop(sub_id, None)
+        state.conn.unsubscribe(sub_id)  # the relay frees it, and so do we
+        log.warning("subscription_stalled", relay=state.url, sub_id=sub_id, batch_id=batch_id,
+                    secs=constants.REQ_STALL_SECS)
+        batch = state.pending.get(batch_id)
+        if batch is not None:
+            filters = batch.filters_of(sub_id)
+            if len(filters) > 1:
+                self.split_historic(state, batch, sub_id, filters)
+            else:
+                self.fail_into_recovery(state, batch, sub_id, filters)
+        self.pump_historic(state)
+        if batch is not None and batch.is_complete:
+            self.finish_batch(state, batch)
+
+    def fail_into_recovery(self, state: RelayState, batch: PendingBatch, sub_id: str, filters) -> None:
+        """The batch failed; what the stalled REQ owed goes to missing-event recovery: its
+        ids (not the residual retry's any more), or the filter itself."""
+        batch.on_closed(sub_id)
+        state.stalled_shapes.update(coverage_key(f) for f in filters)  # later REQs send it alone
+        if getattr(batch, "recovery", False):
+            return  # a recovery attempt: finish_recovery counts it as one without progress
+        now = self.clock()
+        ids = set().union(*(f.ids for f in filters if f.ids is not None))
+        if ids:
+            missing = ids - batch.received_ids - self.seen.keys()
+            batch.advertised_ids -= missing
+            self.recovery.add_missing(state.url, missing, now)
+        self.recovery.add_missing_filters(state.url, [f for f in filters if f.ids is None], now)

@@ -1,0 +1,112 @@
+"""Policy refusals (SPEC §5): coverage a relay will not serve is paused for 24 h, then probed
+once.
+
+Pure: the ledger takes ``now``; the manager asks it before it sends any filter (live,
+historic, poll, NIP-77), so no path of derivation — consolidation, quick reconnect, the
+daily fresh start, a new batch, descendants — asks a relay again for what it refused.
+
+**What "that coverage" is.** A relay refuses a filter for what it asks, not for which values
+it carries: a tag it does not index (``#q``, uppercase ``#E``), a kind it does not keep, id
+lookups it does not allow. So the pause is keyed by the filter's *shape* (``coverage_key``):
+its kinds, the names of its tags, whether it names ids or authors — never its values, its
+window (``since``/``until``) or ``limit``. The same key then covers the historic and the
+live form of a filter, every chunk of values and every chunk built later, across
+reconnects and fresh starts: a relay that refuses ``#q`` is asked for ``#q`` once a day, not
+once per new root. The price: a relay refusing only some values of a shape (one banned
+repository) pauses the whole shape on it for a day.
+
+**Finding the filter at fault.** A relay refuses a whole REQ when one of its filters breaks
+its policy. ``halves`` splits the refused REQ in two; each half goes out as a REQ of its own
+(through the usual pacing), until the refused one is a single filter. The others complete.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ..constants import POLICY_PROBE_SECS
+from ..protocol.filters import Filter
+
+CoverageKey = tuple  # (kinds, tag names, has ids, has authors)
+
+
+def coverage_key(f: Filter) -> CoverageKey:
+    """The shape a relay's policy judges: what the filter asks, not its values or window."""
+    kinds = tuple(sorted(f.kinds)) if f.kinds is not None else None
+    return (kinds, tuple(name for name, _ in f.tags), f.ids is not None, f.authors is not None)
+
+
+def describe(key: CoverageKey) -> str:
+    """A key for logs: ``{"kinds":[30618],"#d":…}`` → ``kinds=30618 #d``."""
+    kinds, tags, ids, authors = key
+    parts = [f"kinds={','.join(map(str, kinds))}"] if kinds is not None else []
+    parts += [f"#{name}" for name in tags]
+    parts += ["ids"] if ids else []
+    parts += ["authors"] if authors else []
+    return " ".join(parts) or "all"
+
+
+def halves(items: Sequence) -> tuple[list, list]:
+    """A refused group split in two (the first half the larger), to find its culprit."""
+    middle = (len(items) + 1) // 2
+    return list(items[:middle]), list(items[middle:])
+
+
+@dataclass
+class CoveragePauses:
+    """One relay's paused coverage. It outlives connections (a reconnect asks nothing
+    again) and ends only through its probe: after ``POLICY_PROBE_SECS`` ``due_probes``
+    hands a key out once; until the probe's answer (``probe_passed`` or a new ``pause``)
+    the key still counts as paused, so nothing else recreates it meanwhile."""
+
+    _until: dict[CoverageKey, float] = field(default_factory=dict)
+    _probing: set[CoverageKey] = field(default_factory=set)
+
+    def pause(self, key: CoverageKey, now: float) -> bool:
+        """The relay refused ``key`` by policy. True if that is news (a refusal of a REQ
+        sent before the first one came back does not move the probe)."""
+        self._probing.discard(key)
+        if key in self._until:
+            return False
+        self._until[key] = now + POLICY_PROBE_SECS
+        return True
+
+    def is_paused(self, key: CoverageKey) -> bool:
+        return key in self._until or key in self._probing
+
+    def is_probing(self, key: CoverageKey) -> bool:
+        return key in self._probing
+
+    def is_filter_paused(self, f: Filter) -> bool:
+        return self.is_paused(coverage_key(f))
+
+    def allowed(self, filters: Iterable[Filter]) -> list[Filter]:
+        """``filters`` without the paused ones."""
+        if not self:
+            return list(filters)
+        return [f for f in filters if not self.is_paused(coverage_key(f))]
+
+    def due_probes(self, now: float) -> list[CoverageKey]:
+        """Keys whose pause is over: probe each once now (they stay paused meanwhile)."""
+        due = [key for key, until in self._until.items() if now >= until]
+        for key in due:
+            del self._until[key]
+            self._probing.add(key)
+        return due
+
+    def probe_passed(self, key: CoverageKey) -> None:
+        """The probe was served: the coverage is restored."""
+        self._probing.discard(key)
+
+    def abandon_probes(self) -> None:
+        """The probes' answers will never come (the connection ended, or the daily fresh
+        start dropped them): each is due again at once."""
+        for key in self._probing:
+            self._until[key] = 0.0
+        self._probing.clear()
+
+    def keys(self) -> list[CoverageKey]:
+        return list(self._until) + list(self._probing)
+
+    def __len__(self) -> int:
+        return len(self._until) + len(self._probing)

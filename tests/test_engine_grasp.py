@@ -1,0 +1,183 @@
+"""GRASP semantics end to end: what makes gsync right for a GRASP relay rather than a plain
+event mirror. The own relay is ``GraspRelay`` (tests/grasp_relay.py): purgatory for new
+announcements until the test says their git data arrived, refusals for events of
+repositories it does not host and for announcements by non-maintainers."""
+import os
+import time
+
+import pytest
+
+from . import factory as f
+from .grasp_relay import PURGATORY, GraspRelay
+from .relays import publish, wait_until
+from .scenario import alice, assert_arrives, bob, carol, our_announcement
+
+dave = f.Author.named("dave")
+
+
+def _connected(gsync) -> bool:
+    return [r["status"] for r in gsync.status()["relays"]] == ["connected"]
+
+
+def test_a_repository_in_purgatory_gets_its_state_until_accepted_then_its_whole_history(
+        relay_factory, gsync_factory, scripted):
+    own = GraspRelay.start(scripted)
+    remote = relay_factory()
+    repo = our_announcement(own, [remote], d="held")
+    bug = f.issue(bob, repo)
+    reply = f.comment(alice, bug)
+    series = f.patch(bob, repo)
+    state = f.state(alice, "held")
+    publish(remote.url, [repo, state, bug, reply, series])
+    gsync = gsync_factory(own, [], bootstrap=[remote], timers={"PURGATORY_TTL_SECS": 3})
+    wait_until(lambda: own.answers.get(repo.id) == [(True, PURGATORY)], timeout=30,
+               what="the announcement held in purgatory")
+    wait_until(lambda: _connected(gsync), timeout=30, what="historic sync complete")
+    wait_until(lambda: own.answers.get(state.id) == [(True, PURGATORY)], timeout=10,
+               what="the state event (StateOnly sync), held with it")
+    assert not any(own.offered(e) for e in (bug, reply, series)), "StateOnly syncs state only"
+
+    # The relay keeps the repository while its state events keep arriving (each answered
+    # purgatory: restarts its clock): gsync keeps it StateOnly past 3 s from the announcement.
+    for i in range(4):
+        newer = f.state(alice, "held", refs={"refs/heads/main": f"{i + 1:040x}"})
+        publish(remote.url, [newer])
+        wait_until(lambda newer=newer: own.offered(newer), timeout=10, what=f"state update {i}")
+        time.sleep(1)
+    assert gsync.status()["repos"] == 1, "still registered while the relay holds it"
+
+    own.git_data_arrived(repo.address)  # accepted: stored, and seen by the self-subscription
+    assert_arrives(own, [repo, bug, reply, series], timeout=30, what="the whole history once Full")
+
+
+@pytest.mark.parametrize("tier", ["hot", "cold"])
+def test_a_co_maintainer_refused_first_is_delivered_once_the_owner_lists_them(
+        tier, gsync_factory, scripted):
+    """Carol's announcement (not listing us) and state for "proj", and her patch on her own
+    repository, are refused: carol maintains nothing here yet. Alice's newer announcement
+    makes her a maintainer; then her announcement, her state and (once her repository is
+    accepted) her patch go to the own relay again: from the hot tier at once, or, when that
+    has expired, fetched again by id from the relay they came from."""
+    own = GraspRelay.start(scripted)
+    remote, other = scripted(page_size=500), scripted(page_size=500)
+    repo = our_announcement(own, [remote, other], d="proj")
+    root = f.patch(alice, repo)
+    own.host(repo, root)
+    carols = f.announcement(carol, "proj", clone=["https://git.example.com/carol/proj.git"],
+                            relays=[remote.url])
+    carols_state = f.state(carol, "proj")
+    carols_patch = f.patch(carol, f.repo_addr(carol, "proj"), reply_to=root)
+    remote.add(repo, root, carols, carols_state, carols_patch)
+    gsync = gsync_factory(own, [remote, other], timers={"REJECTED_HOT_SECS": 1 if tier == "cold" else 600})
+    wait_until(lambda: gsync.status()["rejected"] == 3, timeout=30, what="carol's three refusals")
+    assert own.refused(carols_state) and own.refused(carols_patch)
+    assert not own.offered(carols)  # gsync's own layer-1 check refused it
+    if tier == "cold":
+        time.sleep(1.5)  # past the (test-scaled) hot tier: only the ids are left
+    before = remote.sent_count(carols.id)
+
+    listed = our_announcement(own, [remote, other], d="proj", maintainers=[carol])
+    remote.broadcast(listed)
+    started = time.monotonic()
+    wait_until(lambda: all(own.stores(e) for e in (listed, carols, carols_state, carols_patch)),
+               timeout=30, interval=0.1, what="carol's events re-delivered")
+    took = time.monotonic() - started
+    if tier == "hot":
+        assert remote.sent_count(carols.id) == before, "re-delivered from the hot tier"
+        assert took < 10, f"took {took:.1f}s"
+    else:
+        assert remote.sent_count(carols.id) == before + 1, "fetched again by id from its relay"
+    refetches_elsewhere = [m for m in other.messages("REQ") if any("ids" in flt for flt in m[2:])]
+    assert not refetches_elsewhere, "asked only the relay each refused event came from"
+    assert gsync.status()["rejected"] == 0
+
+
+def test_a_refused_event_is_not_downloaded_again_by_a_fresh_start_nor_after_a_restart(
+        gsync_factory, scripted, tmp_path):
+    own = GraspRelay.start(scripted)
+    remote = scripted(negentropy="serve", page_size=500)
+    repo = our_announcement(own, [remote], d="proj")
+    own.host(repo)
+    bug = f.issue(bob, repo)
+    intruder = f.state(carol, "proj")  # carol maintains nothing here: refused
+    remote.add(repo, bug, intruder)
+    settings = {"service": {"state_dir": os.path.join(tmp_path, "state")}}
+    first = gsync_factory(own, [remote], extra=settings,
+                          timers={"DAILY_MIN_SECS": 2, "DAILY_MAX_SECS": 2})
+    wait_until(lambda: own.stores(bug) and own.refused(intruder), timeout=30, what="first sync")
+    assert remote.sent_count(intruder.id) == 1
+
+    def fresh_start_done():
+        names = [e["event"] for e in first.log_events()]
+        return "daily_sync" in names and "historic_sync_complete" in names[names.index("daily_sync"):]
+
+    wait_until(fresh_start_done, timeout=30, what="a daily fresh start completing")
+    assert remote.sent_count(intruder.id) == 1, "downloaded again by the fresh start"
+    first.terminate()  # the cold tier is saved in state_dir
+    second = gsync_factory(own, [remote], extra=settings)
+    wait_until(lambda: _connected(second), timeout=30, what="the second run's historic sync")
+    assert remote.sent_count(intruder.id) == 1, "downloaded again"
+    assert own.offered(intruder) == 1
+    assert remote.sent_count(bug.id) >= 1
+
+
+def _live_budget(limit: int):
+    """A relay that keeps at most ``limit`` live (``limit: 0``) subscriptions per connection
+    and says so, as LocalRelay does for its filter-size budget."""
+    def refuse_past_budget(relay, conn, message):
+        if not (isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 2):
+            return None
+        if not all(isinstance(flt, dict) and flt.get("limit") == 0 for flt in message[2:]):
+            return None
+        live = sum(1 for sub, filters in conn.subs.items()
+                   if sub != message[1] and all(flt.limit == 0 for flt in filters))
+        if live >= limit:
+            return [["CLOSED", message[1], f"blocked: active subscriptions exceed max {limit} live"]]
+        return None
+    return refuse_past_budget
+
+
+def _descendant_polls(remote, member_id):
+    """(connection, since) of every REQ polling for replies to ``member_id``."""
+    polls = []
+    for conn, message in list(remote.received):
+        if isinstance(message, list) and message[:1] == ["REQ"]:
+            for flt in message[2:]:
+                if member_id in flt.get("#e", ()) and "since" in flt and flt.get("limit") != 0:
+                    polls.append((conn, flt["since"]))
+                    break
+    return polls
+
+
+def test_descendants_on_a_full_relay_are_polled_from_a_cursor_that_survives_a_reconnect(
+        gsync_factory, scripted):
+    own = GraspRelay.start(scripted)
+    # Room for layer 1 and the thread coverage live; a live REQ for replies does not fit.
+    remote = scripted(nip11={"limitation": {"max_subscriptions": 4}}, page_size=500,
+                      on_message=_live_budget(2))
+    repo = our_announcement(own, [remote], d="threads")
+    bug = f.issue(bob, repo)
+    own.host(repo, bug)
+    member = f.comment(alice, bug, content="tags the root: a direct member")
+    now = int(time.time())  # new replies: what polling (since the cursor) is for
+    child = carol.sign(1, [["e", member.id]], "tags only the member: a descendant", now)
+    grandchild = dave.sign(1, [["e", child.id]], "a reply to the reply: out of scope", now)
+    remote.add(repo, bug, member, grandchild)
+    gsync_factory(own, [remote], extra={"sync": {"base_backoff_secs": "2"}},
+                  timers={"POLL_SECS": 1, "DESCENDANT_TICK_SECS": 1, "MAINTENANCE_TICK_SECS": 0.5})
+    wait_until(lambda: own.stores(member), timeout=30, what="the direct member")
+    wait_until(lambda: len(_descendant_polls(remote, member.id)) >= 2, timeout=30,
+               what="replies to the member polled")
+    remote.add(child)  # stored only: no live subscription is sent it, a poll must find it
+    wait_until(lambda: own.stores(child), timeout=30, what="the descendant, by polling")
+
+    before = _descendant_polls(remote, member.id)
+    dropped_at = int(time.time())
+    remote.drop_all()
+    wait_until(lambda: {c for c, _ in _descendant_polls(remote, member.id)} - {c for c, _ in before},
+               timeout=30, what="polling again after the reconnect")
+    after = [since for conn, since in _descendant_polls(remote, member.id)
+             if conn not in {c for c, _ in before}]
+    # From the last successful poll before the drop, 15 minutes back: not from the reconnect.
+    assert max(since for _, since in before) <= after[0] <= dropped_at - 900
+    assert not own.offered(grandchild) and remote.sent_count(grandchild.id) == 0

@@ -1,0 +1,551 @@
+"""Public relays are not friendly (issue #11, SPEC §4-§5): they rate-limit queries, refuse
+filters by policy, require NIP-42, cap subscriptions, and some never answer.
+
+Real LocalRelays with query policies (``gsync.ops.localrelay``: ``query_rate``,
+``refuse_tags``, ``query_log`` — the relay's own record of every filter it was asked) where
+a real relay can do it; scripted relays for the rest. Long timers are shortened with the
+test-only ``GSYNC_TEST_TIMERS`` (``gsync_factory(timers=…)``), never through ``conf/``.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from . import factory as f
+from .relays import publish, wait_until
+from .scenario import assert_arrives, on_own, our_announcement
+
+alice, bob, carol = f.Author.named("alice"), f.Author.named("bob"), f.Author.named("carol")
+
+
+def relay_queries(path) -> list[dict]:
+    """Every filter the relay was asked, in order: ``{"t", "addr", "filter", "ok"}``."""
+    try:
+        with open(path) as fh:
+            return [json.loads(line) for line in fh if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def status_of(gsync, url) -> dict:
+    return next((r for r in gsync.status()["relays"] if r["relay"] == url), {})
+
+
+def events_named(gsync, name, relay=None) -> list[dict]:
+    return [e for e in gsync.log_events()
+            if e.get("event") == name and (relay is None or e.get("relay") == relay)]
+
+
+class Sampler:
+    """Samples ``probe()`` every ``interval`` seconds in a thread until stopped."""
+
+    def __init__(self, probe, interval=0.1):
+        self.samples: list[tuple[float, object]] = []
+        self._probe, self._interval = probe, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                self.samples.append((time.time(), self._probe()))
+            except Exception:
+                pass
+            time.sleep(self._interval)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return self.samples
+
+
+# -- rate limits -------------------------------------------------------------------------------
+
+COOLDOWN = 3.0  # RATE_LIMIT_COOLDOWN_SECS under test (65 s in production)
+
+
+def test_rate_limited_relay_cools_down_paces_its_starts_and_converges(relay_factory, gsync_factory,
+                                                                       tmp_path):
+    """A relay admitting 20 filters a second per connection. gsync's first burst goes past
+    it; from the first refusal nothing at all is asked — live REQs included — until the
+    cooldown is over, and then the reactive gate (one start per 0.6 s, at most ten filters
+    each) stays under the limit: refusals stop after the first episode. The relay is rate
+    limited (5), then Probing, then healthy again, and every event arrives."""
+    queries = tmp_path / "queries.jsonl"
+    own = relay_factory()
+    remote = relay_factory(query_rate={"max": 20, "window_secs": 1}, query_log=str(queries))
+    repos = [our_announcement(own, [remote], d=f"busy-{n}") for n in range(40)]
+    issues = [f.issue(bob, repo, subject=f"issue {i}") for repo in repos for i in range(40)]
+    publish(remote.url, [*repos, *issues])
+    publish(own.url, repos)
+    started = time.time()
+    gsync = gsync_factory(own, [remote], timers={"RATE_LIMIT_COOLDOWN_SECS": COOLDOWN})
+    health = Sampler(lambda: gsync.metric("ngit_sync_relay_status", relay=remote.url))
+
+    refused = wait_until(lambda: [q for q in relay_queries(queries) if not q["ok"]], timeout=30,
+                         what="the relay's first rate-limit refusal")
+    first_refusal = refused[0]["t"]
+    # A new root while the relay cools down: its live REQ must wait for the cooldown too.
+    late = f.issue(carol, repos[-1], subject="found during the cooldown", created_at=int(time.time()))
+    publish(remote.url, [late])
+    publish(own.url, [late])
+
+    assert_arrives(own, [*issues, late], timeout=90, what="every issue through the rate limit")
+    converged = time.time() - started
+
+    def late_live_reqs():
+        return [q for q in relay_queries(queries)
+                if late.id in json.dumps(q["filter"]) and q["filter"].get("limit") == 0]
+
+    # Live REQs after the cooldown keep the reactive gate's pace: the late root's may be in
+    # a later one than the first.
+    wait_until(late_live_reqs, timeout=20, what="a live REQ for the late root")
+    wait_until(lambda: status_of(gsync, remote.url).get("health") == "healthy", timeout=20,
+               what="the relay healthy again")
+    samples = health.stop()
+
+    asked = relay_queries(queries)
+    refusals = [q["t"] for q in asked if not q["ok"]]
+    # One episode: what was already on its way when the first refusal was sent, nothing after.
+    assert max(refusals) - first_refusal < 0.5, [round(t - first_refusal, 2) for t in refusals]
+    # The cooldown held everything, live REQs too (the late root's live REQ among them).
+    during = [q for q in asked if first_refusal + 0.5 < q["t"] < first_refusal + COOLDOWN - 0.2]
+    assert not during, during[:3]
+    assert all(q["t"] > first_refusal + COOLDOWN - 0.2 for q in late_live_reqs()), \
+        "a live REQ for the late root went out during the cooldown"
+    # 5 (rate limited) while cooling down, then Probing, then back to healthy (1).
+    assert 5 in [v for _, v in samples], samples[-5:]
+    names = [e["event"] for e in gsync.log_events() if e.get("relay") == remote.url
+             and e["event"] in ("relay_rate_limited", "relay_probing", "relay_rate_limit_lifted")]
+    assert names == ["relay_rate_limited", "relay_probing", "relay_rate_limit_lifted"], names
+    assert gsync.metric("ngit_sync_relay_status", relay=remote.url) == 1
+    print(f"\nrate-limited relay: {len(refusals)} refusals, all within "
+          f"{max(refusals) - first_refusal:.2f} s of the first; converged in {converged:.1f} s; "
+          f"{len(asked)} filters asked")
+
+
+# -- policy refusals ---------------------------------------------------------------------------
+
+PROBE = 8.0  # POLICY_PROBE_SECS under test (24 h in production)
+
+
+def _asks_for(q: dict, tag: str) -> bool:
+    return f"#{tag}" in q["filter"]
+
+
+def test_a_refused_tag_is_paused_through_consolidation_reconnect_and_daily_then_probed_once(
+        relay_factory, gsync_factory, tmp_path):
+    """A relay that refuses every filter with ``#q`` (and so every REQ carrying one). The
+    REQs are split until the ``#q`` filter is alone; everything packed beside it completes;
+    the ``#q`` shape is never asked again — not by a consolidation, a quick reconnect or the
+    daily fresh start — until its one probe after the (shortened) 24 h."""
+    queries = tmp_path / "queries.jsonl"
+    own = relay_factory()
+    remote = relay_factory(refuse_tags={"tags": ["q"], "message": "no quotes here"},
+                           query_log=str(queries), lmdb=str(tmp_path / "remote-db"))
+    repo = our_announcement(own, [remote], d="no-quotes")
+    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(3)]
+    replies = [f.comment(alice, bug, content="seen it") for bug in bugs]
+    quoted = f.quote(carol, repo.address, content="only reachable by #q")
+    publish(remote.url, [repo, *bugs, *replies, quoted])
+    publish(own.url, [repo])
+    gsync = gsync_factory(
+        own, [remote],  # REQs only: the historic REQ packs #q with the rest, as the live one does
+        extra={"sync": {"batch_window_ms": "100", "base_backoff_secs": "1", "negentropy": "false"}},
+        timers={"POLICY_PROBE_SECS": PROBE, "DAILY_MIN_SECS": 6, "DAILY_MAX_SECS": 6.5},
+    )
+    assert_arrives(own, [*bugs, *replies], timeout=30, what="everything but the refused #q coverage")
+    first_q = next(q["t"] for q in relay_queries(queries) if _asks_for(q, "q"))
+
+    # New roots, one self-subscription batch each, until the live budget (20, LocalRelay
+    # serves no NIP-11) makes gsync consolidate.
+    news = []
+    while not events_named(gsync, "consolidated") and len(news) < 30:
+        news.append(f.issue(bob, repo, subject=f"new {len(news)}", created_at=int(time.time())))
+        publish(own.url, news[-1:])
+        time.sleep(0.25)
+    assert events_named(gsync, "consolidated"), "no consolidation"
+    remote.kill()
+    remote.start()  # same port, same database: a quick reconnect
+    wait_until(lambda: [e["fresh_start"] for e in events_named(gsync, "relay_connected")] == [True, False],
+               timeout=20, what="a quick reconnect")
+    wait_until(lambda: events_named(gsync, "daily_sync"), timeout=20, what="the daily fresh start")
+    late = f.comment(alice, news[-1], content="after the daily sync", created_at=int(time.time()))
+    publish(remote.url, [late])
+    assert_arrives(own, [late], timeout=20, what="live coverage after all that")
+    wait_until(lambda: [q for q in relay_queries(queries) if _asks_for(q, "q") and q["t"] > first_q + 3],
+               timeout=PROBE + 10, what="the probe after the pause")
+    time.sleep(2)
+
+    asked_q = [q["t"] - first_q for q in relay_queries(queries) if _asks_for(q, "q")]
+    assert all(not q["ok"] for q in relay_queries(queries) if _asks_for(q, "q"))
+    discovery = [t for t in asked_q if t < 1.5]
+    probes = [t for t in asked_q if t >= 1.5]
+    assert len(discovery) <= 8, asked_q  # the halving, in the live and the historic REQ
+    assert len(probes) == 1 and probes[0] >= PROBE - 0.5, asked_q
+    assert len(events_named(gsync, "coverage_probe")) == 1
+    paused = events_named(gsync, "coverage_paused")
+    assert {e["coverage"] for e in paused} == {"#q"}, paused
+    assert status_of(gsync, remote.url)["status"] == "connected"
+    assert not on_own(own, [quoted])
+    print(f"\n#q asked {len(asked_q)} times, at {[round(t, 2) for t in asked_q]} s")
+
+
+# -- nothing waits forever -----------------------------------------------------------------------
+
+STALL = 1.5  # REQ_STALL_SECS under test (30 s in production)
+
+
+def _is_historic_req_with(message, key: str) -> bool:
+    return (isinstance(message, list) and message[:1] == ["REQ"]
+            and any(isinstance(flt, dict) and key in flt and flt.get("limit") != 0 for flt in message[2:]))
+
+
+def test_a_relay_that_never_ends_one_filter_fails_that_batch_into_recovery(relay_factory, gsync_factory,
+                                                                         scripted):
+    """A relay that never answers a historic REQ carrying ``#E`` (no events, no EOSE). The
+    REQ is closed after the stall bound and split until ``#E`` is alone; everything packed
+    with it completes; the batch fails (not stuck in Syncing) into recovery, which gets it
+    once the relay answers again, and the relay is Connected."""
+    hanging = {"on": True}
+    silent: list[str] = []
+
+    def never_ends_E(relay, conn, message):
+        if hanging["on"] and _is_historic_req_with(message, "#E"):
+            silent.append(message[1])
+            return []  # no events, no EOSE: ever
+        return None
+
+    own = relay_factory()
+    remote = scripted(page_size=500, on_message=never_ends_E)
+    repo = our_announcement(own, [remote], d="no-eose")
+    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(3)]
+    # Reachable only by #E: NIP-22 tags of the thread root, without the lowercase parent.
+    upper_only = [alice.sign(1111, [["E", bug.id, "", bob.pubkey], ["K", "1621"]], "root only")
+                  for bug in bugs]
+    replies = [f.comment(alice, bug, content="seen it") for bug in bugs]
+    remote.add(repo, *bugs, *upper_only, *replies)
+    publish(own.url, [repo, *bugs])
+    started = time.monotonic()
+    gsync = gsync_factory(own, [remote], extra={"sync": {"recovery_base_secs": "1", "negentropy": "false"}},
+                          timers={"REQ_STALL_SECS": STALL, "MAINTENANCE_TICK_SECS": 0.25})
+
+    assert_arrives(own, replies, timeout=30, what="the coverage packed beside #E")
+    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected_historic_sync_failures",
+               timeout=30, what="the batch failed (not stuck in Syncing)")
+    failed_after = time.monotonic() - started
+    wait_until(lambda: events_named(gsync, "recovery_attempt"), timeout=15, what="recovery taking over")
+    assert not on_own(own, upper_only)
+    # Every REQ the relay left silent was closed by gsync (its slot and the relay's freed).
+    wait_until(lambda: set(silent) <= {m[1] for m in remote.messages("CLOSE")}, timeout=10,
+               what="a CLOSE for every silent REQ")
+    assert any(len(m) == 3 for m in remote.messages("REQ") if m[1] in silent), \
+        "the silent REQ was never split down to the #E filter alone"
+
+    healed = time.monotonic()
+    hanging["on"] = False
+    assert_arrives(own, upper_only, timeout=30, what="recovery fetching the #E coverage")
+    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=30,
+               what="the relay promoted back to Connected")
+    recovered_after = time.monotonic() - healed
+    print(f"\nno-EOSE relay: batch failed {failed_after:.1f} s after start (stall bound {STALL} s); "
+          f"Connected {recovered_after:.1f} s after the relay answered again")
+
+
+# -- budgets -------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # about 25 s: 6,000 events through a scripted relay with 16 KB messages
+def test_descendants_of_2000_repositories_keep_within_20_subscriptions(relay_factory, gsync_factory,
+                                                                        scripted):
+    """2,000 repositories, each with an issue and a reply (a direct member: its replies are
+    followed too), on a relay allowing 20 subscriptions (NIP-11). New direct members keep
+    arriving live, one per descendant tick, each asking for more live coverage: open
+    subscriptions on the wire never pass 20, and a reply in the last repository still
+    arrives."""
+    peak = {"open": 0}
+    lock = threading.Lock()
+
+    def count_open(relay, conn, message):
+        if isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 1:
+            with lock:
+                peak["open"] = max(peak["open"], len(set(conn.subs) | {message[1]}))
+        return None
+
+    own = relay_factory()
+    # 16 KB messages (a common relay limit): filters are small, so subscriptions, not the
+    # bytes of live filters gsync keeps open, are what runs out.
+    remote = scripted(nip11={"limitation": {"max_subscriptions": 20, "max_message_length": 16384}},
+                      page_size=500, on_message=count_open)
+    repos = [our_announcement(own, [remote], d=f"r{n}") for n in range(2000)]
+    bugs = [f.issue(bob, repo, subject="bug") for repo in repos]
+    members = [f.comment(alice, bug, content="a reply") for bug in bugs]
+    remote.add(*repos, *bugs, *members)
+    publish(own.url, [*repos, *bugs])
+    gsync_factory(own, [remote], timers={"DESCENDANT_TICK_SECS": 0.25, "MAINTENANCE_TICK_SECS": 0.25})
+    assert_arrives(own, members, timeout=90, what="2,000 replies")
+    live_members = []
+    for n in range(8):  # a new direct member per tick, each wanting live coverage of its own
+        live_members.append(f.comment(carol, bugs[n], content=f"live reply {n}", created_at=int(time.time())))
+        remote.broadcast(live_members[-1])
+        time.sleep(0.3)
+    assert_arrives(own, live_members, timeout=30, what="the live replies")
+    time.sleep(1)
+    last = f.comment(carol, bugs[-1], members[-1], content="a reply to the reply, in the last repository",
+                     created_at=int(time.time()))
+    remote.broadcast(last)
+    assert_arrives(own, [last], timeout=30, what="a descendant in the last repository")
+    assert peak["open"] <= 20, peak
+    assert peak["open"] >= 17, f"the budget was never filled: {peak}"
+
+
+# -- relays that say less than they do -----------------------------------------------------------
+
+
+def test_nip11_without_77_skips_nip77_at_once(relay_factory, gsync_factory, scripted):
+    """A relay whose NIP-11 ``supported_nips`` lacks 77 and that would never answer a
+    NEG-OPEN: gsync asks it by REQ from the start, with no 15 s wait."""
+    own = relay_factory()
+    remote = scripted(nip11={"supported_nips": [1, 11, 42]}, negentropy="ignore", page_size=500)
+    repo = our_announcement(own, [remote], d="no-nip77")
+    issues = [f.issue(bob, repo, subject=f"issue {i}") for i in range(20)]
+    remote.add(repo, *issues)
+    publish(own.url, [repo])
+    started = time.monotonic()
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, issues, timeout=30, what="the issues by REQ")
+    assert time.monotonic() - started < 10
+    assert not remote.messages("NEG-OPEN")
+    assert [e["reason"] for e in events_named(gsync, "negentropy_unsupported")] == \
+        ["NIP-11 supported_nips does not list 77"]
+
+
+# -- NIP-42 ----------------------------------------------------------------------------------------
+
+
+def test_auth_required_without_a_key_is_a_policy_refusal_and_nothing_loops(relay_factory, gsync_factory):
+    """A relay that serves reads only after NIP-42 AUTH, and gsync without a key: each
+    refused shape is paused as a policy refusal; REQs to it stop; the connection stays."""
+    own = relay_factory()
+    remote = relay_factory(nip42="read")
+    repo = our_announcement(own, [remote], d="members-only")
+    bug = f.issue(bob, repo)
+    publish(remote.url, [repo, bug])
+    publish(own.url, [repo, bug])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"batch_window_ms": "100"}})
+
+    def closed():
+        return [e for e in events_named(gsync, "subscription_closed", remote.url)
+                if e["reason"].startswith("auth-required")]
+
+    wait_until(lambda: events_named(gsync, "coverage_paused", remote.url), timeout=20,
+               what="a policy pause")
+    # More work for that relay: a new root, so new live and historic REQs are derived.
+    publish(own.url, [f.issue(bob, repo, subject="another", created_at=int(time.time()))])
+    time.sleep(2)
+    settled = len(closed())
+    publish(own.url, [f.issue(bob, repo, subject="and another", created_at=int(time.time()))])
+    time.sleep(2)
+    assert len(closed()) == settled, "REQs kept going to a relay that refuses them all"
+    paused = events_named(gsync, "coverage_paused", remote.url)
+    assert all(e["reason"].startswith("auth-required") for e in paused)
+    assert settled <= 2 * len(paused) + 2, (settled, len(paused))
+    assert status_of(gsync, remote.url)["status"] == "connected"  # refused is not failed
+    assert [e["fresh_start"] for e in events_named(gsync, "relay_connected", remote.url)] == [True]
+    assert status_of(gsync, remote.url)["paused_coverage"] == len(paused)
+    print(f"\nNIP-42 relay without a key: {settled} refusals, {len(paused)} shapes paused")
+
+
+def test_a_nip42_relay_with_a_key_is_synced_live_and_nothing_is_paused(relay_factory, gsync_factory,
+                                                                        tmp_path):
+    """With ``[auth] key_file``: the REQs the relay refused before our AUTH are sent again
+    after it, so no coverage is lost to a refusal, and live events arrive."""
+    from .test_engine_policies import _key_file
+
+    own = relay_factory()
+    remote = relay_factory(nip42="read")
+    repo = our_announcement(own, [remote], d="authed-live")
+    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(3)]
+    publish(remote.url, [repo, *bugs])
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], extra={"auth": {"key_file": _key_file(tmp_path)}})
+    assert_arrives(own, bugs, timeout=30, what="history from a NIP-42 relay")
+    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=30,
+               what="historic sync complete")
+    later = [f.issue(bob, repo, subject="live", created_at=int(time.time())),
+             our_announcement(own, [remote], d="announced-live", created_at=int(time.time()))]
+    publish(remote.url, later)
+    assert_arrives(own, later, timeout=20, what="live events (layer 2 and layer 1)")
+    assert not events_named(gsync, "coverage_paused")
+    assert status_of(gsync, remote.url)["paused_coverage"] == 0
+
+
+def test_an_auth_challenge_is_answered_when_it_arrives(relay_factory, gsync_factory, scripted, tmp_path):
+    """A relay that challenges on connect (as many do) and refuses nothing: with a key,
+    gsync answers the challenge at once, not only after a refusal."""
+    from gsync.protocol.event import parse_event
+
+    from .test_engine_policies import _key_file
+
+    def greet(relay, conn, message):
+        if not getattr(conn, "challenged", False):
+            conn.challenged = True
+            conn.send("AUTH", f"challenge-{conn.id}")
+        return None
+
+    own = relay_factory()
+    remote = scripted(page_size=500, on_message=greet)
+    repo = our_announcement(own, [remote], d="greets")
+    remote.add(repo)
+    publish(own.url, [repo])
+    gsync_factory(own, [remote], extra={"auth": {"key_file": _key_file(tmp_path)}})
+    auth = wait_until(lambda: remote.messages("AUTH"), timeout=20, what="an AUTH")
+    event = parse_event(auth[0][1])  # a real signature over a kind-22242 answer
+    assert event.kind == 22242
+    assert ["challenge", "challenge-1"] in [list(t) for t in event.tags]
+    assert ["relay", remote.url] in [list(t) for t in event.tags]
+
+
+def test_a_live_subscription_the_relay_closes_is_rebuilt(relay_factory, gsync_factory, scripted):
+    """A relay ends a live subscription for its own reasons (``error:``): gsync opens its
+    replacement from the current index, and live events for that coverage arrive again."""
+    own = relay_factory()
+    remote = scripted(page_size=500)
+    repo = our_announcement(own, [remote], d="closes-live")
+    remote.add(repo)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=30,
+               what="first sync")
+    conn = remote.open_connections[0]
+    live_sub = next(sub for sub, filters in list(conn.subs.items())
+                    if any(repo.address in (flt.tag("a") or ()) and flt.limit == 0 for flt in filters))
+    del conn.subs[live_sub]
+    conn.send("CLOSED", live_sub, "error: idle subscriptions are closed after a while")
+    wait_until(lambda: any(repo.address in (flt.tag("a") or ()) and flt.limit == 0
+                           for sub, filters in list(conn.subs.items()) for flt in filters),
+               timeout=10, what="the live subscription rebuilt")
+    later = f.issue(bob, repo, subject="after the relay closed our subscription", created_at=int(time.time()))
+    assert remote.broadcast(later) >= 1
+    assert_arrives(own, [later], timeout=20, what="a live event on the rebuilt subscription")
+    assert events_named(gsync, "live_rebuilt", remote.url)
+
+
+def test_a_recovery_attempt_cut_by_a_disconnect_is_tried_again(relay_factory, gsync_factory, scripted):
+    """NIP-77 advertises ids whose fetch the relay never answers: the fetch stalls into
+    missing-event recovery; the relay drops the connection while a recovery attempt is out.
+    That attempt is not left in flight: after the reconnect recovery asks again, gets the
+    ids, and the relay is Connected."""
+    from .test_negentropy_fallbacks import Nip77Server
+
+    hanging = {"on": True}
+    held: set[str] = set()
+
+    def never_serves_held(relay, conn, message):
+        if (hanging["on"] and isinstance(message, list) and message[:1] == ["REQ"]
+                and any(isinstance(flt, dict) and held & set(flt.get("ids", ())) for flt in message[2:])):
+            return []  # an id fetch that is never answered
+        return None
+
+    own = relay_factory()
+    remote = scripted(negentropy=Nip77Server(), page_size=500, on_message=never_serves_held)
+    repo = our_announcement(own, [remote], d="drops-mid-recovery")
+    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(10)]
+    held.update(b.id for b in bugs[:2])
+    remote.add(repo, *bugs)
+    publish(own.url, [repo, *bugs[2:]])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"recovery_base_secs": "1", "base_backoff_secs": "1"}},
+                          timers={"REQ_STALL_SECS": 3, "MAINTENANCE_TICK_SECS": 0.25})
+    wait_until(lambda: events_named(gsync, "recovery_attempt", remote.url), timeout=30,
+               what="a recovery attempt")
+    remote.drop_all()  # while the attempt waits for an answer that is not coming
+    wait_until(lambda: len(events_named(gsync, "relay_connected", remote.url)) == 2, timeout=20,
+               what="the reconnect")
+    hanging["on"] = False
+    assert_arrives(own, bugs[:2], timeout=30, what="the ids, by a recovery attempt after the reconnect")
+    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=30,
+               what="the relay back to Connected")
+
+
+def test_the_daily_fresh_start_closes_the_historic_reqs_it_abandons(relay_factory, gsync_factory,
+                                                                   scripted):
+    """A historic REQ still open when the daily fresh start comes: its CLOSE goes to the
+    relay with the live ones', so the relay's subscription does not leak."""
+    silent: list[str] = []
+
+    def never_ends_E(relay, conn, message):
+        if _is_historic_req_with(message, "#E"):
+            silent.append(message[1])
+            conn.subs[message[1]] = []  # open on the relay, never answered
+            return []
+        return None
+
+    own = relay_factory()
+    remote = scripted(page_size=500, on_message=never_ends_E)
+    repo = our_announcement(own, [remote], d="daily-closes")
+    bug = f.issue(bob, repo)
+    remote.add(repo, bug)
+    publish(own.url, [repo, bug])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"negentropy": "false"}},
+                          timers={"DAILY_MIN_SECS": 1.5, "DAILY_MAX_SECS": 2})
+    wait_until(lambda: events_named(gsync, "daily_sync", remote.url), timeout=20, what="the daily sync")
+    assert silent, "no historic REQ was left open"
+    wait_until(lambda: silent[0] in {m[1] for m in remote.messages("CLOSE")}, timeout=5,
+               what="a CLOSE for the historic REQ the daily sync abandoned")
+    conn = remote.open_connections[0]
+    assert silent[0] not in conn.subs
+
+
+@pytest.mark.parametrize("where", ["NEG-ERR", "OK"])
+def test_rate_limit_answers_in_neg_err_and_ok_start_the_cooldown(where, relay_factory, gsync_factory,
+                                                                 scripted, tmp_path):
+    """"Slow down" can come as a NEG-ERR (NIP-77) or as the OK to our AUTH: either starts
+    the cooldown, and nothing is started on that relay until it is over."""
+    from .test_engine_policies import _key_file
+
+    answered: list[float] = []
+    reqs: list[float] = []
+
+    def slow_down(relay, conn, message):
+        if not isinstance(message, list) or not message:
+            return None
+        if message[0] == "REQ":
+            reqs.append(time.time())
+        if where == "NEG-ERR" and message[0] == "NEG-OPEN":
+            answered.append(time.time())
+            return [["NEG-ERR", message[1], "rate-limited: too many negentropy sessions"]]
+        if where == "OK" and not getattr(conn, "challenged", False):
+            conn.challenged = True
+            conn.send("AUTH", "challenge")
+        if where == "OK" and message[0] == "AUTH":
+            answered.append(time.time())
+            return [["OK", message[1].get("id", ""), False, "rate-limited: too many authentication attempts"]]
+        return None
+
+    own = relay_factory()
+    remote = scripted(page_size=500, on_message=slow_down)
+    repo = our_announcement(own, [remote], d="slow-down")
+    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(5)]
+    remote.add(repo, *bugs)
+    publish(own.url, [repo])
+    extra = {"auth": {"key_file": _key_file(tmp_path)}} if where == "OK" else {}
+    gsync = gsync_factory(own, [remote], extra=extra, timers={"RATE_LIMIT_COOLDOWN_SECS": 2})
+    limited = wait_until(lambda: events_named(gsync, "relay_rate_limited", remote.url), timeout=20,
+                         what="the cooldown")
+    assert "too many" in limited[0]["text"]
+    # A root found during the cooldown: its REQs must wait for the end of it.
+    late = f.issue(carol, repo, subject="found during the cooldown", created_at=int(time.time()))
+    reply = f.comment(bob, late, content="a reply only the remote has")
+    remote.add(late, reply)
+    publish(own.url, [late])
+    assert_arrives(own, [*bugs, reply], timeout=30, what="the issues after the cooldown")
+    during = [t - answered[0] for t in reqs if answered[0] + 0.3 < t < answered[0] + 2 - 0.2]
+    assert not during, during
+    assert any(t > answered[0] + 2 - 0.2 for t in reqs), "nothing was left for after the cooldown"
+    assert [e["event"] for e in gsync.log_events() if e.get("relay") == remote.url and e["event"]
+            in ("relay_rate_limited", "relay_probing", "relay_rate_limit_lifted")][:2] == \
+        ["relay_rate_limited", "relay_probing"]

@@ -1,0 +1,75 @@
+"""Policy refusals (gsync.sync.policy): which coverage a relay refused, the 24 h pause, the
+one probe after it, and splitting a refused REQ to find its culprit. Time is passed in."""
+from gsync.protocol.filters import Filter
+from gsync.sync.policy import CoveragePauses, coverage_key, describe, halves
+
+DAY = 24 * 3600.0
+
+quotes = Filter.make(tags={"q": ["30617:aa:x"]})
+more_quotes = Filter.make(tags={"q": ["30617:bb:y", "30617:cc:z"]}, since=5, limit=0)
+replies = Filter.make(tags={"e": ["ab" * 32]})
+state = Filter.make(kinds=[30618], tags={"d": ["x"]})
+ids = Filter.make(ids=["cd" * 32])
+
+
+def test_the_key_is_the_shape_not_the_values_window_or_limit():
+    assert coverage_key(quotes) == coverage_key(more_quotes)  # live form, other chunk
+    assert coverage_key(quotes) != coverage_key(replies)
+    assert coverage_key(state) != coverage_key(Filter.make(tags={"d": ["x"]}))  # kinds count
+    assert coverage_key(ids) != coverage_key(Filter.make())
+    assert describe(coverage_key(state)) == "kinds=30618 #d"
+    assert describe(coverage_key(ids)) == "ids"
+
+
+def test_a_refusal_pauses_the_shape_for_24h_then_one_probe():
+    p = CoveragePauses()
+    assert p.pause(coverage_key(quotes), now=0)
+    assert p.is_filter_paused(more_quotes)
+    assert not p.is_filter_paused(replies)
+    assert p.allowed([quotes, replies, more_quotes]) == [replies]
+    assert p.due_probes(DAY - 1) == []
+    assert p.due_probes(DAY) == [coverage_key(quotes)]
+    assert p.due_probes(DAY + 1) == []  # only one probe
+    assert p.is_filter_paused(quotes), "nothing but the probe may ask while it is out"
+    p.probe_passed(coverage_key(quotes))
+    assert not p.is_filter_paused(quotes)
+    assert len(p) == 0
+
+
+def test_a_refused_probe_pauses_another_24h():
+    p = CoveragePauses()
+    p.pause(coverage_key(quotes), now=0)
+    p.due_probes(DAY)
+    assert p.pause(coverage_key(quotes), now=DAY)
+    assert p.due_probes(2 * DAY - 1) == []
+    assert p.due_probes(2 * DAY) == [coverage_key(quotes)]
+
+
+def test_repeated_refusals_do_not_move_the_probe():
+    p = CoveragePauses()
+    assert p.pause(coverage_key(quotes), now=0)
+    assert not p.pause(coverage_key(more_quotes), now=100)  # a REQ sent before the first answer
+    assert p.due_probes(DAY) == [coverage_key(quotes)]
+
+
+def test_a_probe_lost_with_its_connection_is_due_again():
+    p = CoveragePauses()
+    p.pause(coverage_key(quotes), now=0)
+    p.due_probes(DAY)
+    p.abandon_probes()
+    assert p.is_filter_paused(quotes)
+    assert p.due_probes(DAY + 5) == [coverage_key(quotes)]
+
+
+def test_halves_split_a_group_until_one_filter_is_left():
+    group = [1, 2, 3, 4, 5, 6, 7]
+    first, second = halves(group)
+    assert (first, second) == ([1, 2, 3, 4], [5, 6, 7])
+    assert halves([9]) == ([9], [])
+    # Bisecting a group of ten for one culprit takes at most four splits.
+    culprit, rounds, group = 7, 0, list(range(10))
+    while len(group) > 1:
+        first, second = halves(group)
+        group = first if culprit in first else second
+        rounds += 1
+    assert group == [culprit] and rounds <= 4

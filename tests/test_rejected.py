@@ -1,0 +1,173 @@
+"""The rejected index: what the own relay refused, what each refusal may wait for, and what
+survives a restart (the cold tier on disk)."""
+import json
+
+from gsync.protocol.filters import Filter
+from gsync.sync.rejected import (
+    RejectedIndex,
+    author_key,
+    dependencies,
+    event_key,
+    maintainer_key,
+    repo_key,
+)
+
+from . import factory as f
+
+alice, carol = f.Author.named("alice"), f.Author.named("carol")
+REMOTE = "wss://remote.example.com"
+REPO = f.repo_addr(alice, "proj")
+CAROLS_REPO = f.repo_addr(carol, "proj")
+
+
+def test_a_refused_announcement_waits_for_its_author_to_become_a_maintainer():
+    ann = f.announcement(carol, "proj")
+    assert dependencies(ann) == (maintainer_key(carol.pubkey, "proj"),)
+
+
+def test_a_refused_state_event_waits_for_a_maintainer_listing_or_its_own_repository():
+    st = f.state(carol, "proj")
+    assert set(dependencies(st)) == {maintainer_key(carol.pubkey, "proj"), repo_key(CAROLS_REPO)}
+
+
+def test_other_events_wait_for_the_repositories_they_name_and_the_events_they_reference():
+    root = f.patch(alice, REPO)
+    follow_up = f.patch(carol, CAROLS_REPO, reply_to=root)
+    comment = f.comment(carol, f.issue(alice, REPO))
+    assert set(dependencies(follow_up)) == {repo_key(CAROLS_REPO), event_key(root.id)}
+    assert set(dependencies(comment)) == {event_key(comment.tag_values("E")[0])}
+
+
+def test_dependencies_are_bounded_and_skip_what_names_nothing():
+    many = carol.sign(1, [["e", f"{i:064x}"] for i in range(50)] + [["e", "not-an-id"], ["a", "1:x:y"]])
+    keys = dependencies(many)
+    assert len(keys) == 8 and all(k.startswith("event:") for k in keys)
+    assert dependencies(carol.sign(1, [["t", "x"]])) == ()
+
+
+def test_released_entries_come_back_hot_with_their_relay_then_leave_the_index():
+    index = RejectedIndex(hot_secs=120)
+    ann, other = f.announcement(carol, "proj"), f.announcement(carol, "elsewhere")
+    index.add(ann, now=0, relay=REMOTE)
+    index.add(other, now=0, relay=REMOTE)
+    hot, cold = index.take_dependents({maintainer_key(carol.pubkey, "proj")}, now=10)
+    assert hot == [(ann, REMOTE)] and cold == []
+    assert ann.id not in index and other.id in index  # keyed by (author, d), not by author
+    assert index.take_dependents({maintainer_key(carol.pubkey, "proj")}, now=10) == ([], [])
+
+
+def test_past_the_hot_tier_only_the_id_and_its_relay_remain_to_fetch_again():
+    index = RejectedIndex(hot_secs=120)
+    follow_up = f.patch(carol, CAROLS_REPO)
+    index.add(follow_up, now=0, relay=REMOTE)
+    # Not expired by the tick yet: its hot time is what counts.
+    hot, cold = index.take_dependents({repo_key(CAROLS_REPO)}, now=121)
+    assert hot == [] and cold == [(follow_up.id, REMOTE)]
+
+
+def test_an_entry_waiting_on_several_things_is_released_by_any_of_them_once():
+    index = RejectedIndex()
+    st = f.state(carol, "proj")
+    index.add(st, now=0)
+    hot, _ = index.take_dependents({maintainer_key(carol.pubkey, "proj"), repo_key(CAROLS_REPO)}, now=1)
+    assert [e.id for e, _ in hot] == [st.id]
+    assert index.take_dependents({repo_key(CAROLS_REPO)}, now=1) == ([], [])
+
+
+def test_cold_entries_expire_after_seven_days_and_take_their_keys_along():
+    index = RejectedIndex(hot_secs=120, cold_secs=7 * 86400)
+    ann = f.announcement(carol, "proj")
+    index.add(ann, now=0)
+    index.expire(now=7 * 86400 - 1)
+    assert ann.id in index
+    index.expire(now=7 * 86400)
+    assert ann.id not in index and index.take_dependents({maintainer_key(carol.pubkey, "proj")}, 0) == ([], [])
+
+
+def test_a_new_refusal_replaces_the_old_entry():
+    index = RejectedIndex()
+    ann = f.announcement(carol, "proj")
+    index.add(ann, now=0, relay="wss://a.example.com")
+    index.add(ann, now=5, relay="wss://b.example.com")
+    assert len(index) == 1 and index.relay_of(ann.id) == "wss://b.example.com"
+
+
+def test_the_cold_tier_survives_a_restart_with_relays_and_keys():
+    index = RejectedIndex()
+    st, ann = f.state(carol, "proj"), f.announcement(carol, "proj")
+    index.add(st, now=100, relay=REMOTE)
+    index.add(ann, now=100)
+    loaded = RejectedIndex.loads(index.dumps(), now=200)
+    assert sorted(loaded.items()) == sorted(index.items())
+    assert loaded.relay_of(st.id) == REMOTE and loaded.relay_of(ann.id) == ""
+    _, cold = loaded.take_dependents({repo_key(CAROLS_REPO)}, now=200)
+    assert cold == [(st.id, REMOTE)]  # hot events are not saved: fetched again by id
+
+
+def test_each_relay_is_written_once():
+    index = RejectedIndex()
+    for i in range(20):
+        index.add(f.issue(carol, REPO, subject=str(i)), now=0, relay=REMOTE)
+    assert index.dumps().count(REMOTE) == 1
+
+
+def test_a_format_1_file_still_loads_and_its_entries_wait_on_their_author():
+    st = f.state(carol, "proj")
+    old = json.dumps({"version": 1, "cold": {st.id: [st.created_at, st.kind, st.pubkey, 100.0]}})
+    index = RejectedIndex.loads(old, now=200)
+    assert index.items() == [(st.created_at, st.id)]
+    assert index.take_dependents({author_key(carol.pubkey)}, now=200) == ([], [(st.id, "")])
+
+
+def test_unreadable_files_and_entries_cost_nothing_but_themselves():
+    st = f.state(carol, "proj")
+    good = RejectedIndex()
+    good.add(st, now=100)
+    saved = json.loads(good.dumps())
+    saved["cold"]["f" * 64] = ["junk"]
+    saved["cold"]["not-an-id"] = [1, 100.0, -1, []]
+    assert RejectedIndex.loads(json.dumps(saved), now=200).items() == [(st.created_at, st.id)]
+    for text in ("", "{", "[]", '{"cold": 5}', '{"version": 2}'):
+        assert len(RejectedIndex.loads(text, now=0)) == 0
+
+
+def test_entries_older_than_the_cold_tier_are_not_loaded():
+    index = RejectedIndex(cold_secs=1000)
+    index.add(f.state(carol, "proj"), now=0)
+    assert len(RejectedIndex.loads(index.dumps(), now=999, cold_secs=1000)) == 1
+    assert len(RejectedIndex.loads(index.dumps(), now=1000, cold_secs=1000)) == 0
+
+
+# -- which filters may match an entry (the NIP-77 method choice) --
+
+bob = f.Author.named("bob")
+OTHER_REPO = "30617:" + "a" * 64 + ":proj"
+
+
+def test_a_refused_event_is_matched_by_its_tags_after_the_full_event_is_gone():
+    bug = f.issue(bob, OTHER_REPO)
+    quote = f.quote(bob, bug, content="look")
+    index = RejectedIndex(hot_secs=1)
+    index.add(quote, now=0)
+    index.expire(now=5)  # the hot tier (full events) is gone: only the cold entry is left
+    assert index.any_may_match(Filter.make(tags={"q": [bug.id]}))
+    assert not index.any_may_match(Filter.make(tags={"q": ["f" * 64]}))
+    assert not index.any_may_match(Filter.make(tags={"e": [bug.id]}))  # it tags the root by q only
+    assert not index.any_may_match(Filter.make(kinds=[1621], tags={"q": [bug.id]}))
+    assert not index.any_may_match(Filter.make(tags={"q": [bug.id]}, until=quote.created_at - 1))
+
+
+def test_tags_survive_a_restart_and_an_older_file_matches_conservatively():
+    bug = f.issue(bob, OTHER_REPO)
+    quote = f.quote(bob, bug, content="look")
+    index = RejectedIndex()
+    index.add(quote, now=0)
+    again = RejectedIndex.loads(index.dumps(), now=1)
+    assert quote.id in again and again.items() == [(quote.created_at, quote.id)]
+    assert again.any_may_match(Filter.make(tags={"q": [bug.id]}))
+    assert not again.any_may_match(Filter.make(tags={"a": [OTHER_REPO]}))
+    # Version 1 kept no tags: any filter that allows the kind may match.
+    old = json.dumps({"version": 1, "cold": {quote.id: [quote.created_at, 1, quote.pubkey, 0]}})
+    legacy = RejectedIndex.loads(old, now=1)
+    assert legacy.any_may_match(Filter.make(tags={"a": [OTHER_REPO]}))
+    assert not legacy.any_may_match(Filter.make(kinds=[1621], tags={"a": [OTHER_REPO]}))

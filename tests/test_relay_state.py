@@ -1,0 +1,31 @@
+"""RelayState's small rules: the order queued starts go out in after a cooldown."""
+from gsync.sync.pending import PendingBatch
+from gsync.sync.relay_state import RelayState
+from gsync.sync.targets import PendingItems
+
+
+def _batch(state, batch_id, sub_id, **marks):
+    batch = PendingBatch(batch_id, PendingItems())
+    for name, value in marks.items():
+        setattr(batch, name, value)
+    state.pending[batch_id] = batch
+    state.sub_to_batch[sub_id] = batch_id
+    state.historic_queue.append((sub_id, []))
+    return batch
+
+
+def test_after_a_cooldown_discovery_then_started_work_then_new_batches_then_upkeep():
+    state = RelayState("wss://r.example")
+    _batch(state, 7, "recovery", recovery=True)
+    _batch(state, 5, "new-later")
+    _batch(state, 3, "new-earlier")
+    _batch(state, 9, "page", started=True)
+    _batch(state, 8, "discovery", layer1=True)
+    _batch(state, 6, "poll")
+    state.poll_batch = 6
+    _batch(state, 4, "probe")
+    state.probes[4] = ("key",)
+    state.historic_queue.append(("gone", []))  # its batch ended meanwhile
+    state.historic_queue.sort(key=lambda entry: state.start_priority(entry[0]))
+    assert [sub for sub, _ in state.historic_queue] == [
+        "discovery", "page", "new-earlier", "new-later", "probe", "poll", "recovery", "gone"]
