@@ -10,7 +10,6 @@ setup(
     install_requires=[
         "gevent>=24.2,<27",
         "websocket-client>=1.7,<2",
-        "requests>=2.31,<3",
         "coincurve>=20,<22",
         "prometheus-client>=0.20,<1",
         "structlog>=24.1,<27",

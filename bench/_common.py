@@ -8,7 +8,10 @@
 - ``Proxy``: a loopback TCP proxy subprocess in front of a relay that counts bytes in each
   direction, one listening port per consumer, so gsync and the comparator are measured the
   same way.
-- ``cpu_seconds``: utime + stime of a process from ``/proc/<pid>/stat``.
+- ``cpu_seconds``: utime + stime of a process from ``/proc/<pid>/stat``; ``memory_kb``:
+  its resident set now and at its peak (``VmRSS``, ``VmHWM`` from ``/proc/<pid>/status``).
+- ``ArrivalWatcher``: a live subscription on the own relay that notes when each event first
+  appears there (re-subscribing across own-relay outages), for delivery delays.
 - ``floor_cost``: CPU seconds of json.loads + ``parse_event`` (id + BIP-340 check) per event.
 
 Run as a script, this file is the proxy (``proxy TARGET_PORT N``) or the LMDB seeder
@@ -393,6 +396,71 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def memory_kb(pid: int) -> dict:
+    """``{"rss": VmRSS, "hwm": VmHWM}`` of ``pid`` in KiB (HWM: the peak resident set)."""
+    out = {}
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                out[line[2:5].lower()] = int(line.split()[1])
+    return out
+
+
+class ArrivalWatcher:
+    """When each expected event first appears on a relay: a thread asks the relay for the
+    ids still missing every ``interval`` seconds (by id, so an outage of the relay or any
+    ``created_at`` does not matter). Arrival times are known to within ``interval`` plus
+    one query."""
+
+    def __init__(self, url: str, interval: float = 0.25):
+        import threading
+
+        self.url = url
+        self.interval = interval
+        self.published: dict[str, float] = {}  # id -> monotonic time it was published
+        self.first_seen: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> ArrivalWatcher:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def expect(self, event_id: str, published_at: float) -> None:
+        with self._lock:
+            self.published[event_id] = published_at
+
+    @property
+    def missing(self) -> set[str]:
+        with self._lock:
+            return set(self.published) - set(self.first_seen)
+
+    def delays(self) -> list[float]:
+        with self._lock:
+            return [self.first_seen[i] - t for i, t in self.published.items() if i in self.first_seen]
+
+    def _run(self) -> None:
+        from tests.relays import fetch_all
+
+        while not self._stop.wait(self.interval):
+            missing = sorted(self.missing)
+            if not missing:
+                continue
+            try:
+                found = fetch_all(self.url, {"ids": missing}, timeout=5)
+            except Exception:
+                continue  # the relay is down: ask again next time
+            now = time.monotonic()
+            with self._lock:
+                for event in found:
+                    self.first_seen.setdefault(event["id"], now)
 
 
 def floor_cost(json_strings: list[str]) -> dict:

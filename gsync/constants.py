@@ -111,6 +111,30 @@ MAX_MESSAGE_BYTES = 1024 * 1024
 # only dropped and counted): past it, a peer is streaming junk into our memory.
 MAX_FRAME_BYTES = 4 * MAX_MESSAGE_BYTES
 JUNK_DISCONNECT_THRESHOLD = 50  # malformed frames in a row before we hang up
+# "A relay that keeps misbehaving" (SPEC §6), as a rule: every relay session has a budget of
+# misbehaviour points, refilled over time. Each frame or event gsync drops costs one (junk,
+# forged, oversized, off-filter, on a subscription we never opened, NIP-77 frames for no
+# exchange of ours) and so does each NOTICE (log lines). Overdrawn, gsync hangs up and the
+# relay backs off as after a failed connection, however long the session had lasted. An
+# honest relay costs a handful (a stray event after CLOSE, a filter field it ignores); a
+# hostile one thousands a second. What a relay can make us do is then bounded: at most
+# BUDGET + REFILL x seconds drops per session (each at most one signature check), and every
+# exhausted session doubles its backoff. JUNK_DISCONNECT_THRESHOLD still ends a pure junk
+# stream sooner.
+MISBEHAVIOUR_BUDGET = 1_000
+MISBEHAVIOUR_REFILL_PER_SEC = 10.0
+# A websocket message begun must be finished within this much time spent reading. Relays send
+# messages of a few hundred KiB at most; a peer that stops half-way through a frame, or
+# trickles it byte by byte under the idle timeout, would hold the session and up to
+# MAX_FRAME_BYTES of our memory for nothing. 30 s carries a full 1 MiB message at 35 KB/s.
+MESSAGE_STALL_SECS = 30.0
+READ_IDLE_TIMEOUT_SECS = 120.0  # nothing at all from a relay (our pings get pongs every 30 s)
+# One NIP-77 exchange may report at most this many ids we lack; past it, it fails
+# ("too-many-ids") and the filter is fetched by REQ pages instead, whose memory the delivery
+# backlog bounds. Relays refuse NEG-OPEN past about this many items themselves (LocalRelay:
+# 50,000), and a relay streaming fresh ids each round could otherwise fill our memory until
+# the deadline. About 10 MB at the cap.
+NEGENTROPY_MAX_NEED_IDS = 50_000
 MAX_RELAYS_PER_ANNOUNCEMENT = 16
 MAX_RELAYS_TOTAL = 500  # [network] max_relays
 
@@ -123,6 +147,10 @@ MAX_RELAYS_TOTAL = 500  # [network] max_relays
 DELIVERY_MAX_BACKLOG = 200_000
 DELIVERY_HIGH_WATER_FRACTION = 0.25
 DELIVERY_BACKLOG_SLACK = 10_000
+# While the backlog is full, a relay with fewer events than this waiting in it still reads
+# (delivery takes sources in turn): one relay's flood must not stop another's live events.
+# 500 relays at once would add 25,000 events, inside the hard limit's headroom.
+DELIVERY_SOURCE_ALLOWANCE = 50
 
 # -- test-only timers ----------------------------------------------------------------------
 # End-to-end tests cannot wait a 24 h policy probe or a 65 s cooldown. The environment
@@ -139,7 +167,8 @@ TEST_TIMER_NAMES = (
     "RECOVERY_MAX_SECS", "DEAD_AFTER_SECS", "DEAD_RETRY_SECS", "STABILITY_SECS",
     "RATE_LIMIT_COOLDOWN_SECS", "REACTIVE_GATE_START_SECS", "REACTIVE_GATE_MAX_SECS",
     "POLICY_PROBE_SECS", "MAINTENANCE_TICK_SECS", "DESCENDANT_TICK_SECS",
-    "REJECTED_HOT_SECS", "REJECTED_COLD_SECS", "TIME_CUT_SUSPECT_SECS",
+    "REJECTED_HOT_SECS", "REJECTED_COLD_SECS", "TIME_CUT_SUSPECT_SECS", "MESSAGE_STALL_SECS",
+    "READ_IDLE_TIMEOUT_SECS",
 )
 
 

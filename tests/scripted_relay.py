@@ -45,6 +45,12 @@ Knobs for misbehaviour:
   more than ``events`` stored events gets only the newest ``events`` of it, after ``secs``.
   ``events`` may be a list, taken in turn by successive REQs (a budget reaches further on
   some queries than on others).
+- ``redirect_to``: answer every websocket upgrade with ``301`` to that URL;
+  ``nip11_redirect_to``: answer every plain HTTP GET (NIP-11) with ``302`` to that URL.
+- ``host``: the loopback address to listen on (default ``127.0.0.1``; all of 127.0.0.0/8 is
+  loopback on Linux).
+
+``handshake_gauge.total`` counts every TCP connection the relay accepted, upgraded or not.
 """
 from __future__ import annotations
 
@@ -185,6 +191,12 @@ def _frame(opcode: int, payload: bytes, fin: bool = True) -> bytes:
     return bytes(head) + payload
 
 
+def _redirect(status: int, location: str) -> bytes:
+    reason = {301: "Moved Permanently", 302: "Found"}[status]
+    return (f"HTTP/1.1 {status} {reason}\r\nLocation: {location}\r\nContent-Length: 0\r\n"
+            "Connection: close\r\n\r\n").encode()
+
+
 def _event_dict(event) -> dict:
     return event.to_dict() if hasattr(event, "to_dict") else dict(event)
 
@@ -199,6 +211,7 @@ class Connection:
         self.rfile = rfile
         self.subs: dict[str, list[Filter]] = {}
         self.open = True
+        self.opened_at = time.monotonic()
         self.pongs: list[bytes] = []  # payloads of the client's pong frames
         self._send_lock = threading.Lock()
 
@@ -352,6 +365,9 @@ class ScriptedRelay:
         nip11: dict | None = None,
         req_cap: int | None = None,
         query_budget: tuple | None = None,
+        redirect_to: str | None = None,
+        nip11_redirect_to: str | None = None,
+        host: str = "127.0.0.1",
         port: int = 0,
     ):
         self.page_size = page_size
@@ -373,6 +389,9 @@ class ScriptedRelay:
         self.answer_close = answer_close
         self.accept_events = accept_events
         self.nip11 = nip11
+        self.redirect_to = redirect_to
+        self.nip11_redirect_to = nip11_redirect_to
+        self.host = host
         self._requested_port = port
         self.port = 0
         self.url = ""
@@ -395,12 +414,12 @@ class ScriptedRelay:
     def start(self) -> ScriptedRelay:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self._requested_port))
+        listener.bind((self.host, self._requested_port))
         listener.listen(128)
         listener.settimeout(0.2)
         self._listener = listener
         self.port = listener.getsockname()[1]
-        self.url = f"ws://127.0.0.1:{self.port}"
+        self.url = f"ws://{self.host}:{self.port}"
         self._spawn(self._accept_loop)
         return self
 
@@ -515,6 +534,10 @@ class ScriptedRelay:
         """Every REQ as (sub id, filter dicts)."""
         return [(m[1], m[2:]) for m in self.messages("REQ") if len(m) >= 2]
 
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        """Block (a hook's thread) until the relay stops: how a hook stalls its session."""
+        return self._stopping.wait(timeout)
+
     @property
     def open_connections(self) -> list[Connection]:
         return [c for c in self.connections if c.open]
@@ -559,6 +582,10 @@ class ScriptedRelay:
             if headers.get("upgrade", "").lower() != "websocket" or "sec-websocket-key" not in headers:
                 answered("http")
                 self._answer_http(sock, headers)
+                return
+            if self.redirect_to is not None:
+                answered("redirected")
+                sock.sendall(_redirect(301, self.redirect_to))
                 return
             accept = base64.b64encode(
                 hashlib.sha1((headers["sec-websocket-key"] + WS_GUID).encode()).digest()
@@ -605,6 +632,9 @@ class ScriptedRelay:
             headers[name.strip().lower()] = value.strip()
 
     def _answer_http(self, sock: socket.socket, headers: dict) -> None:
+        if self.nip11_redirect_to is not None:
+            sock.sendall(_redirect(302, self.nip11_redirect_to))
+            return
         if self.nip11 is not None and "application/nostr+json" in headers.get("accept", ""):
             body = json.dumps(self.nip11).encode()
             status, ctype = "200 OK", "application/nostr+json"

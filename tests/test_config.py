@@ -290,3 +290,106 @@ def test_check_config_in_process(capsys, broken_file):
     assert capsys.readouterr().out == load_config(str(EXAMPLE)).describe()
     assert main(["check-config", "--config", broken_file[0]]) == 2
     assert len(capsys.readouterr().err.splitlines()) == len(BROKEN_ERRORS)
+
+
+# -- fuzzing: any INI text is a clear error or a config, never a traceback ------------------
+
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from gsync.ops.config import _SCHEMA, Config  # noqa: E402
+
+_KEYS = sorted({k for keys in _SCHEMA.values() for k in keys}) + ["retries", "DEFAULT", ""]
+_VALUES = [
+    "", "0", "-1", "1e309", "nan", "inf", "1" * 5000, "true", "maybe", "ws://127.0.0.1:7000",
+    "wss://relay.example.com/", "http://x", "ws://user@host", "ws://[::1", "relay.example.com:99999",
+    "127.0.0.1/33", "10.0.0.0/8, 127.0.0.1:7000", "::1", "[::1]:9464", "%(x)s", "%", "debug",
+    "console", "/nonexistent/key", "/", "a\0b", "\ud800", "é", "ws://ex\u0430mple.com",
+]
+
+
+def _check(path: str) -> None:
+    """The loader's whole contract: a Config, or ConfigErrors whose every line names the file."""
+    try:
+        config = load_config(path)
+    except ConfigErrors as exc:
+        assert exc.errors, "ConfigErrors without an error"
+        for line in str(exc).splitlines():
+            assert line.startswith(f"{path}: "), line
+    else:
+        assert isinstance(config, Config)
+
+
+def _write(tmp_path_factory, data: bytes) -> str:
+    path = tmp_path_factory.mktemp("fuzz") / "gsync.ini"
+    path.write_bytes(data)
+    return str(path)
+
+
+_lines = st.one_of(
+    st.builds(lambda s: f"[{s}]", st.sampled_from([*_SCHEMA, "DEFAULT", "nope", "", " service"]) | st.text(max_size=12)),
+    st.builds(lambda k, sep, v: f"{k}{sep}{v}", st.sampled_from(_KEYS) | st.text(max_size=12),
+              st.sampled_from([" = ", "=", ": ", " "]), st.sampled_from(_VALUES) | st.text(max_size=40)),
+    st.builds(lambda v: f"    {v}", st.sampled_from(_VALUES) | st.text(max_size=20)),  # continuation
+    st.sampled_from(["# comment", "; comment", "", "[service]\nown_relay = ws://127.0.0.1:7000\ndomain = a.example"]),
+)
+
+
+_value = st.one_of(st.sampled_from(_VALUES), st.sampled_from(_VALUES), st.text(max_size=40))
+
+
+def _pairs(section: str):
+    """Mostly the section's own keys (so each parser is reached), sometimes any key."""
+    key = st.one_of(st.sampled_from(list(_SCHEMA[section])), st.sampled_from(list(_SCHEMA[section])),
+                    st.sampled_from(_KEYS))
+    return st.lists(st.tuples(key, _value), max_size=5)
+
+
+_sections = st.lists(st.sampled_from(list(_SCHEMA)), unique=True).flatmap(
+    lambda names: st.fixed_dictionaries({name: _pairs(name) for name in names})
+)
+
+
+def _ini(sections: dict, own_relay: bool, domain: bool) -> str:
+    """A file of schema sections, with the required keys present or not."""
+    sections = {name: list(pairs) for name, pairs in sections.items()}
+    service = sections.setdefault("service", [])
+    if own_relay:
+        service.insert(0, ("own_relay", "ws://127.0.0.1:7000"))
+    if domain:
+        service.insert(0, ("domain", "relay.example.com"))
+    out = []
+    for name, pairs in sections.items():
+        out.append(f"[{name}]")
+        keys = set()
+        for key, value in pairs:
+            if key in keys:
+                continue  # a repeated key is its own (tested) error: let the rest be reached
+            keys.add(key)
+            out.append(f"{key} = {value}")
+    return "\n".join(out)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(_lines, max_size=25))
+def test_any_ini_shaped_text_loads_or_names_its_errors(tmp_path_factory, lines):
+    text = "\n".join(lines)
+    _check(_write(tmp_path_factory, text.encode("utf-8", "surrogatepass")))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_sections, st.booleans(), st.booleans())
+# What the search found once, kept so that it is always tried:
+@example({"auth": [("key_file", "a\0b")]}, True, True)  # NUL in a path: ValueError, not OSError
+@example({"auth": [("key_file", "/")]}, True, True)  # a directory
+@example({"log": [("level", "\x1e")]}, True, False)  # a line break inside a value
+def test_any_values_under_the_known_keys_load_or_name_their_errors(tmp_path_factory, sections,
+                                                                   own_relay, domain):
+    text = _ini(sections, own_relay, domain)
+    _check(_write(tmp_path_factory, text.encode("utf-8", "surrogatepass")))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=400) | st.text(max_size=400).map(lambda t: t.encode("utf-8", "surrogatepass")))
+def test_any_bytes_at_all_load_or_name_their_errors(tmp_path_factory, data):
+    _check(_write(tmp_path_factory, data))

@@ -25,6 +25,7 @@ from gsync.protocol.event import (
     parse_event_json,
     public_key,
     sign_event,
+    verify_event,
 )
 from tests import factory as f
 
@@ -240,6 +241,24 @@ def test_a_pubkey_that_is_not_a_curve_point_fails_the_signature(signed):
     obj = {**signed.to_dict(), "pubkey": "f" * 64}
     obj["id"] = compute_id(obj["pubkey"], obj["created_at"], obj["kind"], obj["tags"], obj["content"])
     assert _reason(obj) == "bad_signature"
+
+
+def test_verify_event_does_the_checks_parse_event_skipped(signed):
+    assert verify_event(parse_event(signed.to_dict(), check_id=False, check_sig=False)) == signed
+    for name, value in TAMPERINGS.values():
+        with pytest.raises(EventError) as info:
+            verify_event(parse_event({**signed.to_dict(), name: value}, check_id=False, check_sig=False))
+        assert info.value.reason == "bad_id"
+    forged = {**signed.to_dict(), "sig": _flip_hex(signed.sig, 3)}
+    with pytest.raises(EventError) as info:
+        verify_event(parse_event(forged, check_id=False, check_sig=False))
+    assert info.value.reason == "bad_signature"
+
+
+def test_verify_event_keeps_the_json_delivery_sends(signed):
+    event = verify_event(parse_event(signed.to_dict(), check_id=False, check_sig=False))
+    assert event.to_json() == parse_event(signed.to_dict()).to_json()
+    assert event._json_parts is not None
 
 
 def test_checks_can_be_skipped_for_events_we_made(signed):

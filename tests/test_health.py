@@ -4,6 +4,7 @@ import pytest
 
 from gsync.sync.health import (
     HealthState,
+    MisbehaviourBudget,
     Refusal,
     RelayHealthTracker,
     classify_message,
@@ -136,6 +137,36 @@ def test_stable_connection_dropping_is_just_disconnected():
     t.record_disconnect(R, 1000)
     assert t.state(R, 1000) is HealthState.DISCONNECTED
     assert t.should_attempt_connection(R, 1000)
+
+
+def test_a_hang_up_for_misbehaviour_is_a_failure_even_after_a_stable_session():
+    t = tracker()
+    connect(t, 0)
+    t.record_disconnect(R, 1000, misbehaved=True)
+    assert t.failures(R, 1000) == 1
+    assert not t.should_attempt_connection(R, 1004)
+    assert t.should_attempt_connection(R, 1005)
+    connect(t, 1005)
+    t.record_disconnect(R, 1006, misbehaved=True)  # and again: the backoff doubles
+    assert t.next_attempt_at(R, 1006) == 1006 + 10
+
+
+def test_misbehaving_only_once_settled_still_backs_off_further_each_time():
+    t = tracker()
+    now = 0
+    for streak in range(1, 5):
+        connect(t, now)
+        now += 600  # stable (5 min) before it misbehaves: the failure streak is cleared ...
+        assert t.failures(R, now) == 0
+        t.record_disconnect(R, now, misbehaved=True)
+        # ... but not the misbehaviour streak
+        assert t.next_attempt_at(R, now) == now + 5 * 2 ** (streak - 1)
+        now = t.next_attempt_at(R, now)
+    connect(t, now)
+    t.record_disconnect(R, now + 600)  # a session that ends without misbehaving
+    connect(t, now + 601)
+    t.record_disconnect(R, now + 1201, misbehaved=True)
+    assert t.next_attempt_at(R, now + 1201) == now + 1201 + 5  # the streak started over
 
 
 def test_repeated_disconnect_notification_counts_once():
@@ -317,3 +348,26 @@ def test_split_prefix():
     assert split_prefix("blocked: you are banned") == ("blocked", "you are banned")
     assert split_prefix("no prefix here") == ("", "no prefix here")
     assert split_prefix("error at 10:30 today") == ("", "error at 10:30 today")
+
+
+# -- misbehaviour budget ------------------------------------------------------------------
+
+
+def test_the_budget_allows_a_burst_then_refuses():
+    b = MisbehaviourBudget(capacity=5, refill_per_sec=1.0, now=0)
+    assert all(b.spend(0) for _ in range(5))
+    assert not b.spend(0)
+
+
+def test_the_budget_refills_with_time_up_to_its_capacity():
+    b = MisbehaviourBudget(capacity=5, refill_per_sec=2.0, now=0)
+    for _ in range(5):
+        b.spend(0)
+    assert b.spend(0.5) and not b.spend(0.5)  # one point back after half a second
+    assert all(b.spend(1000) for _ in range(5))  # long quiet: full again, not more
+    assert not b.spend(1000)
+
+
+def test_a_slow_steady_trickle_never_overdraws_the_budget():
+    b = MisbehaviourBudget(capacity=10, refill_per_sec=10.0, now=0)
+    assert all(b.spend(i * 0.1) for i in range(10_000))  # 10 a second, for 1,000 s

@@ -4,6 +4,7 @@ The relay side is the scripted relay (tests/scripted_relay.py) with a NIP-77 han
 test: our own negentropy server for the happy paths, and each way a relay can fail us.
 LocalRelay's own refusal is checked too.
 """
+import os
 import time
 
 import pytest
@@ -99,6 +100,45 @@ def test_traffic_for_other_subscriptions_is_skipped():
     with ScriptedRelay(negentropy=Nip77Server(items(40), before_answer=noise)) as relay:
         result = run(relay, items(40, start=20))
     assert len(result.need_ids) == 20 and len(result.have_ids) == 20
+
+
+class FreshIdsEveryRound:
+    """A relay that never concludes: every answer lists ids we lack, new ones each time."""
+
+    def __init__(self, per_round=100):
+        self.per_round = per_round
+        self.next = 0
+
+    def __call__(self, relay, conn, message):
+        if message[0] not in ("NEG-OPEN", "NEG-MSG"):
+            return []
+        ids = [f"{self.next + i:064x}" for i in range(self.per_round)]
+        self.next += self.per_round
+        # Version; a range up to timestamp 1 listing the ids (id-list mode); then the rest
+        # of the space to infinity with a fingerprint that never matches ours, so there is
+        # always another round.
+        id_range = "02" + "00" + "02" + _varint(len(ids)) + "".join(ids)
+        rest = "00" + "00" + "01" + os.urandom(16).hex()
+        return [["NEG-MSG", message[1], "61" + id_range + rest]]
+
+
+def _varint(n: int) -> str:
+    out = [n & 0x7F]
+    n >>= 7
+    while n:
+        out.append(0x80 | (n & 0x7F))
+        n >>= 7
+    return bytes(reversed(out)).hex()
+
+
+def test_a_relay_streaming_fresh_ids_fails_at_the_need_cap_long_before_the_deadline():
+    with ScriptedRelay(negentropy=FreshIdsEveryRound(per_round=100)) as relay:
+        started = time.monotonic()
+        with pytest.raises(NegentropyFailed) as info:
+            run(relay, items(5), max_need_ids=1_000, deadline_secs=30)
+    assert info.value.reason == "too-many-ids"
+    assert time.monotonic() - started < 10
+    assert 1_000 < len(info.value.result.need_ids) <= 1_100
 
 
 def test_neg_err_is_a_failure_carrying_the_relays_reason():

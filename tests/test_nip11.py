@@ -10,6 +10,7 @@ import pytest
 from gsync.constants import DEFAULT_MAX_SUBSCRIPTIONS
 from gsync.io.nip11_fetch import fetch_relay_limits, nip11_http_url
 from gsync.protocol.nip11 import RelayLimits, parse_nip11
+from gsync.protocol.urls import split_host_port
 
 DEFAULTS = RelayLimits()
 
@@ -80,6 +81,14 @@ def test_nip11_is_fetched_from_the_http_form_of_the_relay_url(ws, http):
 
 
 # -- fetch against a real local HTTP server ---------------------------------------------
+
+
+def fetch(url: str, **bounds):
+    """The fetch as a handshake worker runs it, over a socket dialled to the URL's own
+    (literal, loopback) address: the one the guard would have checked."""
+    host, port = split_host_port(url.split("://", 1)[1].split("/", 1)[0])
+    return fetch_relay_limits(url, lambda timeout: socket.create_connection((host, port), timeout), **bounds)
+
 
 HUGE = b'{"limitation": {"max_limit": 7}, "pad": "' + b"x" * (1024 * 1024) + b'"}'
 
@@ -152,25 +161,25 @@ def nip11_server():
 
 
 def test_fetch_reads_a_good_document(nip11_server):
-    assert fetch_relay_limits(f"{nip11_server}/good") == GOOD_LIMITS
+    assert fetch(f"{nip11_server}/good") == GOOD_LIMITS
 
 
 @pytest.mark.parametrize("path", ["/huge", "/huge-unannounced"])
 def test_fetch_refuses_documents_over_the_size_cap(nip11_server, path):
-    assert fetch_relay_limits(f"{nip11_server}{path}", max_bytes=64 * 1024) == DEFAULTS
+    assert fetch(f"{nip11_server}{path}", max_bytes=64 * 1024) == DEFAULTS
     # The same document under a cap it fits is read: the cap, not the document, refused it.
-    assert fetch_relay_limits(f"{nip11_server}{path}", max_bytes=2 * 1024 * 1024).max_limit == 7
+    assert fetch(f"{nip11_server}{path}", max_bytes=2 * 1024 * 1024).max_limit == 7
 
 
 @pytest.mark.parametrize("path", ["/missing", "/empty-200", "/no-reply", "/redirect"])
 def test_fetch_falls_back_to_defaults(nip11_server, path):
-    assert fetch_relay_limits(f"{nip11_server}{path}") == DEFAULTS
+    assert fetch(f"{nip11_server}{path}") == DEFAULTS
 
 
 @pytest.mark.parametrize("path", ["/slow", "/trickle"])
 def test_fetch_gives_up_at_the_timeout(nip11_server, path):
     started = time.monotonic()
-    assert fetch_relay_limits(f"{nip11_server}{path}", timeout=0.5) == DEFAULTS
+    assert fetch(f"{nip11_server}{path}", timeout=0.5) == DEFAULTS
     assert time.monotonic() - started < 1.5
 
 
@@ -178,8 +187,8 @@ def test_fetch_of_a_closed_port_gives_defaults():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    assert fetch_relay_limits(f"ws://127.0.0.1:{port}", timeout=1.0) == DEFAULTS
+    assert fetch(f"ws://127.0.0.1:{port}", timeout=1.0) == DEFAULTS
 
 
 def test_fetch_of_a_non_ws_url_gives_defaults():
-    assert fetch_relay_limits("ftp://127.0.0.1/x") == DEFAULTS
+    assert fetch("ftp://127.0.0.1/x") == DEFAULTS

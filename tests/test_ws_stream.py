@@ -1,6 +1,8 @@
 """gsync/io/ws.py: WsStream over a real socket, against the scripted relay's own framing."""
 import json
 import struct
+import threading
+import time
 
 import pytest
 
@@ -84,4 +86,85 @@ def test_idle_stream_times_out(scripted):
     stream.settimeout(0.3)
     with pytest.raises(ws_stream.Timeout):
         stream.recv()
+    stream.close()
+
+
+def _half_a_frame(size=1000):
+    """The header of a ``size``-byte text frame and half its payload: a message begun."""
+    return Raw(bytes([0x81, 126]) + struct.pack("!H", size) + b"x" * (size // 2))
+
+
+def test_a_message_stalled_half_way_ends_at_the_stall_bound_not_the_idle_timeout(scripted):
+    relay = scripted(on_message=on_ping_req([_half_a_frame()]))
+    stream = ws_stream.connect(relay.url, 10)
+    stream.settimeout(30)
+    stream.stall_timeout = 0.5
+    stream.send(json.dumps(["REQ", "x", {}]))
+    started = time.monotonic()
+    with pytest.raises(ws_stream.StalledMessage):
+        stream.recv()
+    assert time.monotonic() - started < 5
+    stream.close()
+
+
+def test_a_trickled_message_ends_at_the_stall_bound_although_bytes_keep_coming(scripted):
+    relay = scripted()
+    stream = ws_stream.connect(relay.url, 10)
+    stream.settimeout(0.4)  # each byte arrives well inside the idle timeout
+    stream.stall_timeout = 1.0
+    wait_until(lambda: relay.connections, timeout=5, what="the session")
+    conn = relay.connections[0]
+    conn.send_frame(Raw(bytes([0x81, 126]) + struct.pack("!H", 1000)))
+    stop = threading.Event()
+
+    def trickle():
+        while not stop.is_set() and conn.open:
+            conn.send_frame(Raw(b"x"))
+            time.sleep(0.1)
+
+    threading.Thread(target=trickle, daemon=True).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(ws_stream.StalledMessage):
+            stream.recv()
+        assert 0.9 < time.monotonic() - started < 5
+    finally:
+        stop.set()
+        stream.close()
+
+
+def test_waiting_between_messages_is_idle_not_stalled(scripted):
+    relay = scripted(on_message=on_ping_req([["NOTICE", "whole"]]))
+    stream = ws_stream.connect(relay.url, 10)
+    stream.settimeout(0.6)
+    stream.stall_timeout = 0.2
+    stream.send(json.dumps(["REQ", "x", {}]))
+    assert json.loads(stream.recv()) == ["NOTICE", "whole"]
+    assert json.loads(stream.recv()) == ["EOSE", "x"]
+    with pytest.raises(ws_stream.Timeout) as info:
+        stream.recv()  # nothing begun: the idle timeout applies, not the stall bound
+    assert not isinstance(info.value, ws_stream.StalledMessage)
+    stream.close()
+
+
+def test_a_message_over_the_size_bound_is_a_broken_frame(scripted):
+    huge = Raw(bytes([0x81, 127]) + struct.pack("!Q", 64 * 1024 * 1024))
+    relay = scripted(on_message=on_ping_req([huge]))
+    stream = ws_stream.connect(relay.url, 10)
+    stream.send(json.dumps(["REQ", "x", {}]))
+    with pytest.raises(ws_stream.BrokenFrame, match="too large"):
+        stream.recv()
+    stream.close()
+
+
+def test_messages_before_a_broken_frame_are_returned_before_it_raises(scripted):
+    masked = bytes([0x81, 0x82]) + b"abcd" + b"xx"
+    relay = scripted(on_message=on_ping_req([["NOTICE", "whole"], Raw(masked)]))
+    stream = ws_stream.connect(relay.url, 10)
+    stream.send(json.dumps(["REQ", "x", {}]))
+    wait_until(lambda: relay.connections and relay.connections[0].subs is not None, timeout=5)
+    time.sleep(0.2)  # both frames in our socket: one read takes them together
+    assert [json.loads(m) for _, m in stream.recv_burst()] == [["NOTICE", "whole"]]
+    with pytest.raises(ws_stream.BrokenFrame, match="masked"):
+        stream.recv_burst()
     stream.close()

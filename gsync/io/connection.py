@@ -1,15 +1,19 @@
 """One websocket session with a remote relay: a reader and a writer greenlet.
 
 The reader turns frames into typed messages and checks every event before anything else
-sees it (SPEC §6): recomputed id, BIP-340 signature, a filter of the subscription it came on.
-Drops are counted by reason; a relay that keeps sending junk is hung up on. The writer owns
-the socket's send side, so the manager only ever enqueues text and never blocks on I/O.
+sees it (SPEC §6): a filter of the subscription it came on (the cheap check, first), then
+the recomputed id and the BIP-340 signature. Drops are counted by reason. A relay that keeps
+misbehaving is hung up on (``gsync_relay_hangups_total``): 50 junk frames in a row, an
+overdrawn misbehaviour budget (constants.MISBEHAVIOUR_BUDGET), a message stalled half-way
+(constants.MESSAGE_STALL_SECS) or a broken frame; the manager then backs it off. The writer
+owns the socket's send side, so the manager only ever enqueues text and never blocks on I/O.
 """
 from __future__ import annotations
 
 import time
 
 import gevent
+import gevent.event
 from gevent.queue import Empty, Queue
 
 from .. import constants
@@ -17,19 +21,23 @@ from ..ops import metrics
 from ..ops.logging import get_logger
 from ..protocol import messages as wire
 from ..protocol import wsframes
-from ..protocol.event import EventError, parse_event, sign_event
+from ..protocol.event import EventError, parse_event, sign_event, verify_event
 from ..protocol.filters import FilterSet
+from ..sync.health import MisbehaviourBudget
 from . import ws as ws_stream
 from .events import RelayDisconnected, RemoteEvent, RemoteEvents, RemoteMessage
 
 log = get_logger("gsync.connection")
 
 IDLE_PING_SECS = 30.0
-READ_IDLE_TIMEOUT_SECS = 120.0
 SEND_TIMEOUT_SECS = 30.0
 SEND_BATCH = 64  # queued messages joined into one socket write
-CHECKED_CAPACITY = 50_000
+# Ids this session verified, so a copy arriving before the manager applied the first is not
+# verified again. The reader waits for the manager after every burst, so a few bursts' worth
+# is plenty; about 1 MB.
+CHECKED_CAPACITY = 10_000
 CLOSING_CAPACITY = 1_000  # subscriptions closed by us, awaiting the relay's CLOSED
+NEG_INBOX_FRAMES = 16  # NIP-77 frames waiting for one exchange (it is owed one at a time)
 
 
 class RelayConnection:
@@ -61,7 +69,11 @@ class RelayConnection:
         # and kept, not dropped as "unknown subscription"
         self._closing: dict[str, FilterSet] = {}
         self._junk_streak = 0
+        self._budget = MisbehaviourBudget(
+            constants.MISBEHAVIOUR_BUDGET, constants.MISBEHAVIOUR_REFILL_PER_SEC, time.monotonic()
+        )
         self._events: list[RemoteEvent] = []  # checked, not yet posted (see _flush_events)
+        self._last_burst: gevent.event.Event | None = None  # set once the manager applied it
         self._greenlets: list[gevent.Greenlet] = []
         self.closed = False
         self._bytes_up = metrics.BYTES_UP.labels(relay)
@@ -150,7 +162,8 @@ class RelayConnection:
     def _read_loop(self) -> None:
         reason = "connection closed"
         try:
-            self.ws.settimeout(READ_IDLE_TIMEOUT_SECS)
+            self.ws.settimeout(constants.READ_IDLE_TIMEOUT_SECS)
+            self.ws.stall_timeout = constants.MESSAGE_STALL_SECS
             while not self.closed:
                 received = 0
                 burst = self.ws.recv_burst()  # a close message can only be the last
@@ -164,27 +177,34 @@ class RelayConnection:
                         self._junk("binary_frame")
                 self._bytes_down.inc(received)
                 self._flush_events()  # the burst's events: one message to the manager
+                self._wait_for_manager()
                 if self._room is not None:
-                    # Let the manager take this burst to delivery first (reading on would
-                    # not yield while the socket has data), then stop reading while
-                    # delivery is full: the socket pushes back on the relay.
-                    gevent.sleep(0)
-                    self._room.wait()
+                    self._room.wait()  # delivery is full: the socket pushes back on the relay
                 if burst[-1][0] == wsframes.OP_CLOSE:
                     reason = "closed by relay"
                     break
+        except ws_stream.StalledMessage as exc:
+            self._hang_up("stalled_message", str(exc))
         except ws_stream.Timeout:
             reason = "idle timeout"
+        except ws_stream.BrokenFrame as exc:
+            self._hang_up("bad_frame", str(exc))
         except ws_stream.ConnectionClosed as exc:
             reason = str(exc) or "connection closed"
         except Exception as exc:
             reason = f"read failed: {type(exc).__name__}"
         self._finish(reason)
 
-    def _finish(self, reason: str) -> None:
+    def _finish(self, reason: str, misbehaved: bool = False) -> None:
         if not self.closed:
             self.close(reason)
-            self._emit(RelayDisconnected(self.relay, self.session, reason))
+            self._emit(RelayDisconnected(self.relay, self.session, reason, misbehaved))
+
+    def _hang_up(self, label: str, reason: str) -> None:
+        """End the session because the relay misbehaved: counted, and backed off."""
+        if not self.closed:
+            metrics.HANGUPS.labels(label).inc()
+            self._finish(reason, misbehaved=True)
 
     def _emit(self, message) -> None:
         """Post to the manager, after the events read before it (order is kept)."""
@@ -194,35 +214,54 @@ class RelayConnection:
     def _flush_events(self) -> None:
         if self._events:
             events, self._events = self._events, []
-            self._post(RemoteEvents(self.relay, self.session, events))
+            self._last_burst = gevent.event.Event()
+            self._post(RemoteEvents(self.relay, self.session, events, self._last_burst))
+
+    def _wait_for_manager(self) -> None:
+        """Read no further until the manager has applied this burst (and taken its events
+        to delivery): a connection never has more than one burst waiting in the manager's
+        queue, however fast its relay sends, so memory per connection is bounded by design.
+        (Reading on would not even yield while the socket has data.)"""
+        burst, self._last_burst = self._last_burst, None
+        if burst is None:
+            gevent.sleep(0)  # nothing posted: still let the others run
+        else:
+            burst.wait()
 
     # -- frames -------------------------------------------------------------------------
 
     def _drop(self, reason: str, event_id=None) -> None:
-        """Every dropped frame or event is counted by reason, and logged (debug)."""
+        """Every dropped frame or event is counted by reason, logged (debug), and spends a
+        misbehaviour point."""
         metrics.DROPS.labels(reason).inc()
         log.debug("event_dropped", relay=self.relay, reason=reason, event_id=event_id)
+        self._misbehaved()
+
+    def _misbehaved(self) -> None:
+        if not self._budget.spend(time.monotonic()):
+            self._hang_up("misbehaving", "misbehaviour budget exhausted")
 
     def _junk(self, reason: str) -> None:
         self._drop(reason)
         self._junk_streak += 1
         if self._junk_streak >= constants.JUNK_DISCONNECT_THRESHOLD:
-            self._finish("too much junk")
+            self._hang_up("junk", "too much junk")
 
     def _handle_frame(self, data: bytes) -> None:
         msg = wire.parse_relay_message(data)
+        if isinstance(msg, (wire.NegMsg, wire.NegErr)):
+            self._to_negentropy([self.neg_waiters.get(msg.sub_id)], data)
+            return
         if self.neg_waiters and _concerns_negentropy(msg):
-            # NIP-77 exchanges read raw frames (negentropy_ws parses and judges them).
-            for inbox in self.neg_waiters.values():
-                inbox.put(data)
-            if isinstance(msg, (wire.NegMsg, wire.NegErr)):
-                return
+            self._to_negentropy(list(self.neg_waiters.values()), data)
         if isinstance(msg, wire.Malformed):
             self._junk(f"malformed_{msg.reason}")
             return
         self._junk_streak = 0
         if isinstance(msg, wire.RelayEvent):
             self._handle_event(msg)
+        elif isinstance(msg, wire.Notice) and not self._count_notice(msg):
+            return
         elif isinstance(msg, wire.AuthChallenge):
             self._challenge = msg.challenge
             self._answer_challenge()  # now, so that what we send next is already allowed
@@ -244,6 +283,25 @@ class RelayConnection:
         else:
             self._emit(RemoteMessage(self.relay, self.session, msg))
 
+    def _to_negentropy(self, inboxes, data: bytes) -> None:
+        """Hand a raw frame to NIP-77 exchanges (negentropy_ws parses and judges it): a
+        NEG-MSG/NEG-ERR to the one exchange it names, a NOTICE or unreadable frame to all.
+        A relay answers each of our messages once, so an exchange never has more than a
+        few frames waiting; frames past NEG_INBOX_FRAMES, or for no exchange of ours, are a
+        stream to nowhere: dropped and counted, not queued."""
+        for inbox in inboxes:
+            if inbox is None or inbox.qsize() >= NEG_INBOX_FRAMES:
+                self._drop("unsolicited_negentropy")
+            else:
+                inbox.put(data)
+
+    def _count_notice(self, msg: wire.Notice) -> bool:
+        """Counted by prefix; each spends a misbehaviour point (a relay says little this way:
+        a stream of NOTICEs is a stream of log lines). False if that hung up."""
+        metrics.NOTICES.labels(wire.split_prefix(msg.text)[0].value).inc()
+        self._misbehaved()
+        return not self.closed
+
     def _handle_event(self, msg: wire.RelayEvent) -> None:
         filters = self.subscriptions.get(msg.sub_id) or self._closing.get(msg.sub_id)
         event_id = msg.event.get("id") if isinstance(msg.event.get("id"), str) else None
@@ -255,9 +313,16 @@ class RelayConnection:
         # pagination. Relays send many such duplicates (a comment matches #e and #E).
         known = event_id is not None and (event_id in self._known_ids or event_id in self._checked)
         try:
-            event = parse_event(msg.event, check_id=not known, check_sig=not known)
+            event = parse_event(msg.event, check_id=False, check_sig=False)
+            # What we did not ask for is dropped before its signature costs anything.
+            matched = filters.matching(event)
+            if matched and not known:
+                verify_event(event)
         except EventError as exc:
             self._drop(exc.reason, event_id)
+            return
+        if not matched:
+            self._drop("no_matching_filter", event_id)
             return
         if not known:
             # The manager learns of it only when it takes the event off its queue; copies
@@ -265,10 +330,6 @@ class RelayConnection:
             self._checked[event.id] = None
             if len(self._checked) > CHECKED_CAPACITY:
                 del self._checked[next(iter(self._checked))]
-        matched = filters.matching(event)
-        if not matched:
-            self._drop("no_matching_filter", event_id)
-            return
         self._events.append(RemoteEvent(self.relay, self.session, msg.sub_id, event, not known, matched))
 
     def _answer_challenge(self) -> None:

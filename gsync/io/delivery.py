@@ -9,6 +9,11 @@ manager can remember it in the rejected index. Nothing is dropped silently: a re
 up (LocalRelay does, silently, when a connection's message budget runs out) only causes a
 retry on a fresh connection. Lanes also retire a connection after ``frames_per_connection``
 frames, because some relays budget messages per connection.
+
+Delivery is fair between the remote relays events come from (their *source*): waiting
+events are taken from each source in turn, and when the backlog is full only sources holding
+more than a small allowance stop reading. A relay pouring thousands of genuine events in
+(a spammer, or one big history) costs another relay's next event one turn, not thousands.
 """
 from __future__ import annotations
 
@@ -45,6 +50,58 @@ MAX_RATE_PAUSE_SECS = 30.0
 # While more than half a lane's window is unanswered, its reader pauses this long between
 # reads so that OKs are handled in bursts (a relay writes them one by one as it stores).
 OK_COALESCE_SECS = 0.025
+
+
+class _FairQueue:
+    """Events waiting for a lane: one FIFO per source, served in turn; events put back
+    (a retry, a lane that dropped) go before all of them."""
+
+    def __init__(self):
+        self._front: deque[Event] = deque()
+        self._by_source: dict[str, deque[Event]] = {}
+        self._turns: deque[str] = deque()  # sources with events, next first
+
+    def __bool__(self) -> bool:
+        return bool(self._front or self._turns)
+
+    def append(self, event: Event, source: str = "") -> None:
+        queue = self._by_source.get(source)
+        if queue is None:
+            queue = self._by_source[source] = deque()
+            self._turns.append(source)
+        queue.append(event)
+
+    def appendleft(self, event: Event) -> None:
+        self._front.appendleft(event)
+
+    def popleft(self) -> Event:
+        if self._front:
+            return self._front.popleft()
+        source = self._turns[0]
+        queue = self._by_source[source]
+        event = queue.popleft()
+        if queue:
+            self._turns.rotate(-1)  # its next event waits for the others' turns
+        else:
+            del self._by_source[source]
+            self._turns.popleft()
+        return event
+
+
+class SourceRoom:
+    """What a relay connection waits on before reading more (``wait``): while the backlog
+    is full, a source holding DELIVERY_SOURCE_ALLOWANCE events or more waits for room; one
+    holding fewer reads on, so a flood from one relay never holds up another's live events."""
+
+    def __init__(self, delivery: OwnRelayDelivery, source: str):
+        self._delivery = delivery
+        self._source = source
+
+    def wait(self) -> None:
+        delivery = self._delivery
+        while (not delivery.room.is_set()
+               and delivery.held_by(self._source) >= constants.DELIVERY_SOURCE_ALLOWANCE):
+            delivery.room.wait()
 
 
 class _Lane:
@@ -90,9 +147,10 @@ class OwnRelayDelivery:
         self._clock = clock
         self._wallclock = wallclock
         self._lanes = [_Lane(i) for i in range(lanes)]
-        self._queue: deque[Event] = deque()
+        self._queue = _FairQueue()
         self._tracked: dict[str, Event] = {}  # submitted, not yet answered for good
-        self._sources: dict[str, str] = {}  # id → the remote it came from, while tracked
+        self._sources: dict[str, str] = {}  # id → the remote it came from ("": none), while tracked
+        self._held: dict[str, int] = {}  # tracked events per source
         self._attempts: dict[str, int] = {}
         self._retry_heap: list[tuple[float, int, Event]] = []
         self._seq = itertools.count()
@@ -117,8 +175,9 @@ class OwnRelayDelivery:
     def submit(self, event: Event, source: str = "") -> bool:
         """Queue an event for delivery. False if it is already tracked, or if the backlog is
         past its hard limit (connections stop reading at ``max_backlog``, so beyond it come
-        only bursts already read, one per connection at most): that drop is counted and
-        logged. ``source`` (the remote it came from) comes back with a refusal."""
+        only bursts already read, one per connection at most, and sources' allowances): that
+        drop is counted and logged. ``source`` (the remote it came from) decides whose turn
+        it waits for, and comes back with a refusal."""
         if event.id in self._tracked:
             return False
         backlog = len(self._tracked)
@@ -131,15 +190,22 @@ class OwnRelayDelivery:
                 log.warning("event_dropped", reason="own_relay_backlog_full", event_id=event.id)
                 return False
         self._tracked[event.id] = event
-        if source:
-            self._sources[event.id] = source
-        self._queue.append(event)
+        self._sources[event.id] = source
+        self._held[source] = self._held.get(source, 0) + 1
+        self._queue.append(event, source)
         self._idle.clear()
         self._wake_lanes()
         return True
 
     def is_tracked(self, event_id: str) -> bool:
         return event_id in self._tracked
+
+    def held_by(self, source: str) -> int:
+        """Tracked events that came from ``source``."""
+        return self._held.get(source, 0)
+
+    def room_for(self, source: str) -> SourceRoom:
+        return SourceRoom(self, source)
 
     @property
     def tracked_items(self):
@@ -296,9 +362,14 @@ class OwnRelayDelivery:
             self._retry_later(event, "retry_error")
 
     def _finish(self, event: Event, outcome: str, reason: str) -> None:
-        self._tracked.pop(event.id, None)
-        self._attempts.pop(event.id, None)
         source = self._sources.pop(event.id, "")
+        if self._tracked.pop(event.id, None) is not None:
+            left = self._held[source] - 1
+            if left:
+                self._held[source] = left
+            else:
+                del self._held[source]
+        self._attempts.pop(event.id, None)
         if not self.room.is_set() and len(self._tracked) < self._max_backlog * 0.9:
             log.info("delivery_backlog_has_room", backlog=len(self._tracked))
             self.room.set()
@@ -339,7 +410,7 @@ class OwnRelayDelivery:
             while self._retry_heap and self._retry_heap[0][0] <= now:
                 _, _, event = heapq.heappop(self._retry_heap)
                 if event.id in self._tracked:
-                    self._queue.append(event)
+                    self._queue.append(event, self._sources.get(event.id, ""))
                     self._wake_lanes()
             gevent.sleep(0.2)
 

@@ -48,6 +48,7 @@ class RemoteEvents:
     relay: str
     session: int
     events: list[RemoteEvent]
+    applied: Any = None  # a gevent Event the manager sets once it applied them
 
 
 @dataclass(slots=True)
@@ -64,6 +65,7 @@ class RelayDisconnected:
     relay: str
     session: int
     reason: str
+    misbehaved: bool = False  # gsync hung up on it: back off as after a failure
 
 
 @dataclass(slots=True)

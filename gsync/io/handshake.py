@@ -6,7 +6,8 @@ until a worker takes it (the worker posts ``HandshakeStarted`` first). Workers n
 index: they post ``HandshakeDone`` and only the manager applies it.
 
 The socket is connected to the address the guard checked (no second DNS lookup that a
-rebinding name could answer differently), then handed to websocket-client.
+rebinding name could answer differently), then handed to websocket-client, which follows no
+redirect. The NIP-11 GET goes to the same address the websocket reached (``same_address``).
 """
 from __future__ import annotations
 
@@ -55,6 +56,24 @@ def open_websocket(url: str, policy: AddressPolicy, timeout: float):
     raise last_error or OSError(f"no address for {host}")
 
 
+def same_address(ws):
+    """A ``connect(timeout)`` for NIP-11 that dials the address ``ws`` is connected to: one
+    the guard checked, whatever the relay's name resolves to now."""
+    family, sockaddr = ws.peer
+
+    def connect(timeout: float) -> socket.socket:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(sockaddr)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    return connect
+
+
 class HandshakePool:
     def __init__(self, post, policy: AddressPolicy, *, workers: int = 8, fetch_limits=fetch_relay_limits):
         self._post = post
@@ -96,7 +115,7 @@ class HandshakePool:
         try:
             with gevent.Timeout(HANDSHAKE_TIMEOUT_SECS):
                 ws = open_websocket(relay, self._policy, HANDSHAKE_TIMEOUT_SECS)
-                limits = self._fetch_limits(relay, timeout=NIP11_TIMEOUT_SECS)
+                limits = self._fetch_limits(relay, same_address(ws), timeout=NIP11_TIMEOUT_SECS)
             return HandshakeDone(relay, attempt, ws=ws, limits=limits)
         except (SsrfRefused, UrlError) as exc:
             return HandshakeDone(relay, attempt, error=f"refused: {exc}", refused=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from gevent.queue import Empty, Queue
 
 from ..constants import NEGENTROPY_DEADLINE_SECS
+from ..ops import metrics
 from ..protocol.filters import Filter
 from . import negentropy_ws
 from .events import NegentropyFinished, OwnHoldingsRead
@@ -81,6 +82,7 @@ def exchange(conn, sub_id: str, flt: Filter, items, deadline_secs: float,
                                     frame_size_limit=frame_size_limit, deadline_secs=deadline_secs)
         return NegentropyOutcome(True, r.need_ids, r.have_ids, r.rounds, r.bytes_up, r.bytes_down)
     except negentropy_ws.NegentropyFailed as exc:
+        metrics.NEGENTROPY_FAILURES.labels(exc.reason).inc()
         r = exc.result
         return NegentropyOutcome(False, rounds=r.rounds, bytes_up=r.bytes_up, bytes_down=r.bytes_down,
                                  reason=f"{exc.reason}: {exc.text}")

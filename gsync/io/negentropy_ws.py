@@ -9,8 +9,9 @@ connection is shared.
 
 A relay that cannot do NIP-77 for us is a ``NegentropyFailed`` with a reason from a closed
 set (a metric label), never a hang: NEG-ERR, an answer in a protocol version we do not
-speak, a NOTICE about negentropy, a malformed message, or no conclusion before the total
-deadline. Errors raised by ``send``/``receive`` themselves propagate untouched: a dropped
+speak, a NOTICE about negentropy, a malformed message, no conclusion before the total
+deadline, or more ids we lack than one exchange may report (constants.NEGENTROPY_MAX_NEED_IDS:
+a relay streaming fresh ids every round must not fill our memory until the deadline). Errors raised by ``send``/``receive`` themselves propagate untouched: a dropped
 connection says nothing about the relay's NIP-77 support.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ..constants import NEGENTROPY_DEADLINE_SECS
+from ..constants import NEGENTROPY_DEADLINE_SECS, NEGENTROPY_MAX_NEED_IDS
 from ..protocol import messages as wire
 from ..protocol.filters import Filter
 from ..protocol.negentropy import NegentropyClient, NegentropyError, Storage, UnsupportedVersion
@@ -41,7 +42,9 @@ class NegentropyResult:
 class NegentropyFailed(Exception):
     """The relay did not complete NIP-77 with us; ``reason`` says how."""
 
-    REASONS = frozenset({"neg-err", "unsupported-version", "notice", "bad-message", "timeout"})
+    REASONS = frozenset(
+        {"neg-err", "unsupported-version", "notice", "bad-message", "timeout", "too-many-ids"}
+    )
 
     def __init__(self, reason: str, text: str, result: NegentropyResult):
         assert reason in self.REASONS, reason
@@ -60,6 +63,7 @@ def reconcile(
     *,
     frame_size_limit: int = 0,
     deadline_secs: float = NEGENTROPY_DEADLINE_SECS,
+    max_need_ids: int = NEGENTROPY_MAX_NEED_IDS,
     clock: Callable[[], float] = time.monotonic,
 ) -> NegentropyResult:
     """Reconcile ``items`` (``(created_at, id hex)``) with what the relay holds for ``flt``."""
@@ -70,7 +74,7 @@ def reconcile(
     client = NegentropyClient(
         Storage.from_hex((t, i) for i, t in unique.items()), frame_size_limit
     )
-    exchange = _Exchange(send, receive, sub_id)
+    exchange = _Exchange(send, receive, sub_id, max_need_ids)
     try:
         exchange.run(client, flt, deadline, clock)
     except NegentropyFailed:
@@ -81,10 +85,11 @@ def reconcile(
 
 
 class _Exchange:
-    def __init__(self, send: Send, receive: Receive, sub_id: str):
+    def __init__(self, send: Send, receive: Receive, sub_id: str, max_need_ids: int):
         self.send_frame = send
         self.receive = receive
         self.sub_id = sub_id
+        self.max_need_ids = max_need_ids
         self.result = NegentropyResult([], [], 0, 0, 0)
 
     def send(self, text: str) -> None:
@@ -110,6 +115,8 @@ class _Exchange:
                 raise self.fail("bad-message", str(exc)) from None
             self.result.have_ids += [i.hex() for i in step.have]
             self.result.need_ids += [i.hex() for i in step.need]
+            if len(self.result.need_ids) > self.max_need_ids:
+                raise self.fail("too-many-ids", f"more than {self.max_need_ids} ids to fetch")
             if step.message is None:
                 return
             self.send(wire.neg_msg(self.sub_id, step.message.hex()))

@@ -5,8 +5,15 @@ ourselves, see ``handshake``); after that, ``WsStream`` reads and writes frames 
 ``protocol.wsframes``: one ``recv`` call for a whole burst of EVENT frames rather than two or
 three per frame, and one ``send`` for many frames. Pings are answered, pongs ignored; a
 close frame or a broken frame ends the stream.
+
+Two read bounds: ``settimeout`` (nothing at all arrives: idle), and ``stall_timeout``
+(a message has begun and is not finished after that long spent waiting for the rest). The
+second catches a peer that stops half-way through a frame, or trickles one byte at a time so
+that the idle timeout never fires; time the caller spends not reading does not count.
 """
 from __future__ import annotations
+
+import time
 
 import websocket
 
@@ -21,6 +28,14 @@ ConnectionClosed = websocket.WebSocketConnectionClosedException
 Timeout = websocket.WebSocketTimeoutException
 
 
+class StalledMessage(Timeout):
+    """A message begun was not finished within ``stall_timeout`` seconds of reading."""
+
+
+class BrokenFrame(ConnectionClosed):
+    """Bytes that break RFC 6455, or a message over the size bound: the stream is lost."""
+
+
 class WsStream:
     """A connected client websocket. Not for two greenlets writing at once: every gsync
     connection has one writer (the reader only answers pings, with a short frame)."""
@@ -30,6 +45,9 @@ class WsStream:
         self._sock = ws.sock
         self._decoder = wsframes.FrameDecoder(max_message)
         self.connected = True
+        self.stall_timeout: float | None = None  # None: a half message may wait forever
+        self._idle_timeout: float | None = ws.sock.gettimeout()
+        self._stalled_for = 0.0  # seconds spent waiting for the rest of the current message
 
     # -- reading
 
@@ -38,7 +56,10 @@ class WsStream:
         ``recv_message``). A close message ends the list."""
         messages = [self.recv_message()]
         while messages[-1][0] != wsframes.OP_CLOSE:
-            message = self._buffered_message()
+            try:
+                message = self._buffered_message()
+            except BrokenFrame:
+                break  # the messages before it are whole: the next call raises again
             if message is None:
                 break
             messages.append(message)
@@ -51,7 +72,7 @@ class WsStream:
                 message = self._decoder.next_message()
             except wsframes.FrameError as exc:
                 self.connected = False
-                raise ConnectionClosed(f"bad frame: {exc}") from None
+                raise BrokenFrame(f"bad frame: {exc}") from None
             if message is None:
                 return None
             opcode, payload = message
@@ -67,20 +88,47 @@ class WsStream:
         while True:
             message = self._buffered_message()
             if message is not None:
+                if message[0] != wsframes.OP_CLOSE:
+                    self._stalled_for = 0.0
                 return message
-            try:
-                chunk = self._sock.recv(RECV_CHUNK)
-            except TimeoutError:  # socket.timeout
-                raise Timeout("timed out") from None
-            except OSError as exc:
-                if "timed out" in str(exc):  # gevent's SSL sockets time out with an SSLError
-                    raise Timeout("timed out") from None
-                self.connected = False
-                raise ConnectionClosed(f"recv failed: {exc}") from None
+            if self.stall_timeout is not None and self._decoder.mid_message:
+                chunk = self._recv_rest_of_message()
+            else:
+                chunk = self._recv()
             if not chunk:
                 self.connected = False
                 raise ConnectionClosed("connection closed by peer")
             self._decoder.feed(chunk)
+
+    def _recv(self) -> bytes:
+        try:
+            return self._sock.recv(RECV_CHUNK)
+        except TimeoutError:  # socket.timeout
+            raise Timeout("timed out") from None
+        except OSError as exc:
+            if "timed out" in str(exc):  # gevent's SSL sockets time out with an SSLError
+                raise Timeout("timed out") from None
+            self.connected = False
+            raise ConnectionClosed(f"recv failed: {exc}") from None
+
+    def _recv_rest_of_message(self) -> bytes:
+        """``_recv`` while a message is unfinished: waits at most what is left of the stall
+        bound (and never longer than the idle timeout)."""
+        left = self.stall_timeout - self._stalled_for
+        if left <= 0:
+            raise StalledMessage(f"message unfinished after {self.stall_timeout:g} s")
+        idle = self._idle_timeout
+        self._sock.settimeout(left if idle is None else min(left, idle))
+        started = time.monotonic()
+        try:
+            return self._recv()
+        except Timeout:
+            if idle is None or left < idle:
+                raise StalledMessage(f"message unfinished after {self.stall_timeout:g} s") from None
+            raise
+        finally:
+            self._stalled_for += time.monotonic() - started
+            self._sock.settimeout(idle)
 
     def recv(self) -> bytes:
         """The next text message's bytes (binary messages are skipped: Nostr is text).
@@ -110,7 +158,14 @@ class WsStream:
     # -- the socket
 
     def settimeout(self, timeout: float | None) -> None:
+        self._idle_timeout = timeout
         self._sock.settimeout(timeout)
+
+    @property
+    def peer(self) -> tuple[int, tuple]:
+        """(address family, socket address) this stream is connected to: for a remote relay,
+        the address the SSRF guard checked, so NIP-11 can be fetched from the same one."""
+        return self._sock.family, self._sock.getpeername()
 
     def close(self, timeout: float = 1) -> None:
         """Send a close frame and shut the socket (websocket-client waits up to ``timeout``
@@ -128,8 +183,13 @@ class WsStream:
 
 def connect(url: str, timeout: float, **options) -> WsStream:
     """Handshake with websocket-client (``socket=`` an already connected socket, as the
-    SSRF-checked handshake passes), then hand the socket to a ``WsStream``."""
+    SSRF-checked handshake passes), then hand the socket to a ``WsStream``.
+
+    No redirect is followed (``redirect_limit=0``: a 3xx answer is an error). websocket-client
+    would otherwise dial the ``Location`` itself, resolving a name nobody checked.
+    """
     ws = websocket.create_connection(
-        url, timeout=timeout, enable_multithread=False, skip_utf8_validation=True, **options
+        url, timeout=timeout, enable_multithread=False, skip_utf8_validation=True,
+        redirect_limit=0, **options
     )
     return WsStream(ws)

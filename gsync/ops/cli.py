@@ -1,7 +1,7 @@
 """The ``gsync`` command: run, check-config, status, demo (SPEC §7).
 
 Commands that open sockets (``run``, ``demo``) need gevent's monkey patching before anything
-imports ``socket`` or ``ssl`` — structlog and requests both do — so this module imports
+imports ``socket`` or ``ssl`` — structlog and http.client both do — so this module imports
 nothing at the top but argparse, and patches before importing the rest. ``status`` and
 ``demo`` own their options: they get the remaining command-line arguments as a list.
 """

@@ -130,15 +130,23 @@ class ConfigError:
     value: str | None = None
 
     def __str__(self) -> str:
+        """One line, starting with the file: names with control characters are quoted, a
+        message of several lines (configparser's) is joined."""
         where = ""
         if self.section is not None:
-            where = f"[{self.section}]"
+            where = f"[{_shown(self.section)}]"
             if self.key is not None:
-                where += f" {self.key}"
+                where += f" {_shown(self.key)}"
                 if self.value is not None:
                     where += f" = {self.value!r}"
             where += ": "
-        return f"{self.file}: {where}{self.message}"
+        message = "; ".join(line.strip() for line in self.message.splitlines() if line.strip())
+        return f"{self.file}: {where}{_shown(message) if message else message}"
+
+
+def _shown(text: str) -> str:
+    """``text`` as it is if it prints on one line, else its Python repr (quoted, escaped)."""
+    return text if text.isprintable() else repr(text)
 
 
 class ConfigErrors(Exception):
@@ -322,8 +330,9 @@ class _Reader:
         try:
             with open(key_file, "rb") as f:
                 data = f.read(_MAX_KEY_FILE_BYTES + 1)
-        except OSError as exc:
-            self.error(f"cannot read key file: {exc.strerror or exc}", "auth", "key_file", key_file)
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+            self.error(f"cannot read key file: {getattr(exc, 'strerror', None) or exc}",
+                       "auth", "key_file", key_file)
             return None
         # The message never includes the file's contents: they may be a real key.
         text = data.decode("ascii", errors="replace").strip()

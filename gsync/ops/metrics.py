@@ -88,6 +88,24 @@ REFUSALS = Counter(
     "gsync_relay_refusals_total", "Refusals from remote relays by category", ["category"],
     registry=REGISTRY,
 )
+HANGUPS = Counter(
+    "gsync_relay_hangups_total",
+    "Relay sessions gsync ended because the relay misbehaved, by reason (junk, misbehaving, "
+    "stalled_message, bad_frame)",
+    ["reason"],
+    registry=REGISTRY,
+)
+NOTICES = Counter(
+    "gsync_relay_notices_total", "NOTICE messages from remote relays, by prefix", ["prefix"],
+    registry=REGISTRY,
+)
+NEGENTROPY_FAILURES = Counter(
+    "gsync_negentropy_failures_total",
+    "NIP-77 exchanges a remote did not complete, by reason (neg-err, unsupported-version, "
+    "notice, bad-message, timeout, too-many-ids)",
+    ["reason"],
+    registry=REGISTRY,
+)
 PAUSED_COVERAGE = Gauge(
     "gsync_paused_coverage",
     "Filter shapes a relay refused by policy, not asked again until their 24 h probe",

@@ -220,14 +220,30 @@ def parse_event(obj, *, check_id: bool = True, check_sig: bool = True) -> Event:
     parts = (_dumps(raw_tags), _dumps(content)) if check_id else None
     event = Event(eid, pubkey, created_at, kind, tags, content, sig, _json_parts=parts)
     if check_id:
-        data = _commitment(pubkey, created_at, kind, *parts)
-        if len(data) > MAX_EVENT_BYTES:
-            raise EventError("too_large", f"{len(data)} bytes")
-        if hashlib.sha256(data).hexdigest() != eid:
-            raise EventError("bad_id")
+        _check_id(event, parts)
     if check_sig and not verify_signature(event):
         raise EventError("bad_signature")
     return event
+
+
+def verify_event(event: Event) -> Event:
+    """``event`` (parsed with the checks off) with its id recomputed and its signature
+    verified, or ``EventError``. Lets a reader run the cheap checks (does it match what we
+    asked for?) before the costly ones."""
+    parts = (_dumps(event.tags), _dumps(event.content))  # tuples encode as the lists they were
+    _check_id(event, parts)
+    object.__setattr__(event, "_json_parts", parts)
+    if not verify_signature(event):
+        raise EventError("bad_signature")
+    return event
+
+
+def _check_id(event: Event, parts: tuple[str, str]) -> None:
+    data = _commitment(event.pubkey, event.created_at, event.kind, *parts)
+    if len(data) > MAX_EVENT_BYTES:
+        raise EventError("too_large", f"{len(data)} bytes")
+    if hashlib.sha256(data).hexdigest() != event.id:
+        raise EventError("bad_id")
 
 
 def parse_event_json(text: str | bytes, **checks) -> Event:

@@ -55,6 +55,11 @@ class FrameDecoder:
     def buffered(self) -> int:
         return len(self._buf) - self._pos
 
+    @property
+    def mid_message(self) -> bool:
+        """Part of a message has arrived, not all of it (after ``next_message`` said None)."""
+        return self.buffered > 0 or self._fragment_opcode is not None
+
     def next_message(self) -> tuple[int, bytes] | None:
         while True:
             frame = self._next_frame()

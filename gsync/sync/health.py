@@ -12,6 +12,9 @@ Two independent concerns, kept apart because they recover differently:
 
 Policy refusals (coverage a relay refused for good) are ``policy``'s: they pause a filter's
 shape, not the relay.
+
+``MisbehaviourBudget`` is the per-session rule that decides when a misbehaving relay is hung
+up on (its hang-up then counts as a connection failure here).
 """
 from __future__ import annotations
 
@@ -108,6 +111,9 @@ class _RelayHealth:
     first_failure_at: float | None = None  # start of the continuous-failure streak
     last_failure_at: float | None = None
     attempt_in_flight: bool = False
+    # sessions in a row gsync hung up on for misbehaviour; a stable session does not clear
+    # it (a relay may misbehave only once it is settled), a session that ends otherwise does
+    misbehaviour_streak: int = 0
     connected: bool = False
     connected_since: float | None = None
     # rate limiting (outlives connections: reconnecting does not lift a relay's limit)
@@ -176,15 +182,24 @@ class RelayHealthTracker:
         h.connected, h.connected_since = False, None
         self._add_failure(h, now)
 
-    def record_disconnect(self, relay: str, now: float) -> None:
+    def record_disconnect(self, relay: str, now: float, *, misbehaved: bool = False) -> None:
         """An established connection ended. Before it was stable (5 min) that is a failure:
-        a relay that accepts and drops must back off, not be redialled in a tight loop."""
+        a relay that accepts and drops must back off, not be redialled in a tight loop. So
+        is a hang-up for misbehaviour, however long the session lasted, and the backoff
+        grows with every such hang-up in a row: a relay that keeps misbehaving is dialled
+        less and less often."""
         h = self._get(relay)
         if not h.connected:
             return  # already recorded (a failed attempt, or a repeated notification)
         self._settle(h, now)
         was_stable = now - h.connected_since >= STABILITY_SECS
         h.connected, h.connected_since = False, None
+        if misbehaved:
+            h.misbehaviour_streak += 1
+            self._add_failure(h, now)
+            h.failures = max(h.failures, h.misbehaviour_streak)
+            return
+        h.misbehaviour_streak = 0
         if not was_stable:
             self._add_failure(h, now)
 
@@ -321,3 +336,27 @@ class RelayHealthTracker:
         h.last_start_at = now
         if background:
             h.last_background_start_at = now
+
+
+# -- misbehaviour --------------------------------------------------------------------------
+
+
+class MisbehaviourBudget:
+    """Misbehaviour points of one relay session: a token bucket (constants.MISBEHAVIOUR_*).
+
+    It starts full; every dropped frame or event (and every NOTICE) spends a point; it
+    refills at ``refill_per_sec`` up to ``capacity``. ``spend`` says False once it is
+    overdrawn: the connection hangs up.
+    """
+
+    def __init__(self, capacity: float, refill_per_sec: float, now: float):
+        self.capacity = capacity
+        self.refill_per_sec = refill_per_sec
+        self.points = float(capacity)
+        self._at = now
+
+    def spend(self, now: float, points: float = 1.0) -> bool:
+        self.points = min(self.capacity, self.points + (now - self._at) * self.refill_per_sec)
+        self._at = now
+        self.points -= points
+        return self.points >= 0

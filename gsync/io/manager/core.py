@@ -170,6 +170,13 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         return state
 
     def on_remote_events(self, msg: RemoteEvents) -> None:
+        try:
+            self.apply_remote_events(msg)
+        finally:
+            if msg.applied is not None:
+                msg.applied.set()  # its connection may read the next burst
+
+    def apply_remote_events(self, msg: RemoteEvents) -> None:
         state = self._current(msg.relay, msg.session)
         if state is None:
             return

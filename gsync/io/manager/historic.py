@@ -387,11 +387,13 @@ class HistoricSync:
         self.confirm_batch(state, batch)
 
     def queue_id_fetches(self, state: RelayState, batch: PendingBatch, ids) -> None:
+        """Id fetches finish a batch already started: they go before newer work, as the next
+        pages do (appended, a steady stream of new batches would starve them)."""
         ids = sorted(ids)
         filters = [Filter.make(ids=ids[i:i + constants.MAX_IDS_PER_REQ])
                    for i in range(0, len(ids), constants.MAX_IDS_PER_REQ)]
-        for flt in filters:  # one filter per REQ: relays cap results per filter and per REQ
-            self.queue_reqs(state, batch, [flt])
+        for flt in reversed(filters):  # one filter per REQ: relays cap per filter and per REQ
+            self.queue_reqs(state, batch, [flt], front=True)
 
     def confirm_batch(self, state: RelayState, batch: PendingBatch) -> None:
         state.pending.pop(batch.batch_id, None)
@@ -484,7 +486,7 @@ class HistoricSync:
             # pages, sharing REQs, the rest by id, 300 a REQ.
             if batch.fetch_by_filter:
                 filters, batch.fetch_by_filter = batch.fetch_by_filter, []
-                self.queue_reqs(state, batch, filters)
+                self.queue_reqs(state, batch, filters, front=True)
             if batch.advertised_ids:
                 self.queue_id_fetches(state, batch, batch.advertised_ids - self.seen.keys())
         self.pump_historic(state)

@@ -100,7 +100,7 @@ class RelayLifecycle:
         state.page_cap = PageCap()  # learnt again: the relay may have changed
         state.conn = RelayConnection(
             msg.relay, msg.ws, state.session, self.post, auth_secret=self.config.auth.secret_key,
-            known_ids=self.seen, room=self.delivery.room,
+            known_ids=self.seen, room=self.delivery.room_for(msg.relay),
         )
         state.conn.start()
         nips = getattr(msg.limits, "supported_nips", None)
@@ -133,7 +133,7 @@ class RelayLifecycle:
         state.clear_pending()
         state.clear_live()
         self.recovery.cancel_attempt(msg.relay)  # its batch is gone: not left in flight
-        self.health.record_disconnect(msg.relay, now)
+        self.health.record_disconnect(msg.relay, now, misbehaved=msg.misbehaved)
 
     def fresh_start(self, state: RelayState, now: float) -> None:
         # The daily sync runs on a live connection: close every subscription it abandons,

@@ -1,0 +1,111 @@
+"""gsync/io/connection.py without a socket: what one relay session does with each frame.
+
+Frames are fed to ``RelayConnection._handle_frame`` as the reader would; what the manager
+would receive is collected from ``post``, and drops are read from the metrics.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+from gevent.queue import Queue
+
+from gsync import constants
+from gsync.io.connection import NEG_INBOX_FRAMES, RelayConnection
+from gsync.io.events import RelayDisconnected, RemoteEvents
+from gsync.ops import metrics
+from gsync.protocol.filters import Filter, FilterSet
+
+from . import factory as f
+
+URL = "wss://relay.example"
+REPO = "30617:" + "ab" * 32 + ":proj"
+
+
+class FakeWs:
+    connected = True
+
+    def close(self, timeout=1):
+        self.connected = False
+
+
+def dropped(reason: str) -> float:
+    return metrics.DROPS.labels(reason)._value.get()
+
+
+def hangups(reason: str) -> float:
+    return metrics.HANGUPS.labels(reason)._value.get()
+
+
+@pytest.fixture
+def session():
+    posted = []
+    conn = RelayConnection(URL, FakeWs(), 1, posted.append)
+    conn.subscriptions["s"] = FilterSet([Filter.make(kinds=[1621], tags={"a": [REPO]})])
+    conn.posted = posted
+    return conn
+
+
+def frame(*items) -> bytes:
+    return json.dumps(list(items)).encode()
+
+
+def events_posted(conn) -> list:
+    conn._flush_events()
+    return [e.event.id for m in conn.posted if isinstance(m, RemoteEvents) for e in m.events]
+
+
+def test_an_off_filter_event_is_dropped_before_its_signature_is_checked(session):
+    note = f.Author.named("x").sign(1, [], "not for us").to_dict()
+    forged = dict(note, sig="0" * 128)
+    before_sig, before_off = dropped("bad_signature"), dropped("no_matching_filter")
+    session._handle_frame(frame("EVENT", "s", forged))
+    assert dropped("no_matching_filter") == before_off + 1
+    assert dropped("bad_signature") == before_sig  # never checked: it was not asked for
+
+
+def test_a_matching_forgery_is_checked_and_dropped(session):
+    issue = f.issue(f.Author.named("y"), REPO, subject="forged").to_dict()
+    before = dropped("bad_signature")
+    session._handle_frame(frame("EVENT", "s", dict(issue, sig="0" * 128)))
+    assert dropped("bad_signature") == before + 1
+    assert events_posted(session) == []
+    genuine = f.issue(f.Author.named("y"), REPO, subject="genuine")
+    session._handle_frame(frame("EVENT", "s", genuine.to_dict()))
+    assert events_posted(session) == [genuine.id]
+
+
+def test_nip77_frames_go_to_their_exchange_and_a_stream_past_its_inbox_is_dropped(session):
+    mine, other = Queue(), Queue()
+    session.neg_waiters.update({"neg-a": mine, "neg-b": other})
+    before = dropped("unsolicited_negentropy")
+    for _ in range(NEG_INBOX_FRAMES + 10):
+        session._handle_frame(frame("NEG-MSG", "neg-a", "61"))
+    assert mine.qsize() == NEG_INBOX_FRAMES and other.qsize() == 0
+    assert dropped("unsolicited_negentropy") == before + 10
+    session._handle_frame(frame("NEG-ERR", "neg-zzz", "error: who are you"))
+    assert dropped("unsolicited_negentropy") == before + 11
+    session._handle_frame(frame("NOTICE", "error: bad negentropy message"))
+    assert other.qsize() == 1  # a NOTICE about NIP-77 may concern any exchange
+
+
+def test_an_overdrawn_budget_hangs_up_and_asks_for_backoff(session):
+    before = hangups("misbehaving")
+    stray = f.Author.named("z").sign(1, [], "stray").to_dict()
+    for _ in range(constants.MISBEHAVIOUR_BUDGET + 5):
+        session._handle_frame(frame("EVENT", "never-opened", stray))
+        if session.closed:
+            break
+    assert session.closed
+    assert hangups("misbehaving") == before + 1
+    gone = [m for m in session.posted if isinstance(m, RelayDisconnected)]
+    assert len(gone) == 1 and gone[0].misbehaved
+
+
+def test_notices_are_counted_by_prefix_and_spend_the_budget(session):
+    before = metrics.NOTICES.labels("rate-limited")._value.get()
+    session._handle_frame(frame("NOTICE", "rate-limited: slow down"))
+    assert metrics.NOTICES.labels("rate-limited")._value.get() == before + 1
+    for _ in range(constants.MISBEHAVIOUR_BUDGET + 5):
+        session._handle_frame(frame("NOTICE", "hello"))
+    assert session.closed
