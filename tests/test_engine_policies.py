@@ -86,6 +86,17 @@ def test_announcement_in_purgatory_gets_state_only(relay_factory, gsync_factory,
     assert gsync.metric("gsync_deliveries_total", outcome="purgatory") >= 1
 
 
+def _batches_processed(gsync) -> int:
+    return sum(1 for e in gsync.log_events() if e["event"] == "self_batch_processed")
+
+
+def _live_on(remote, root_id: str) -> bool:
+    """Is a live (``limit: 0``) subscription open on ``remote`` for replies to ``root_id``?"""
+    return any(flt.limit == 0 and root_id in (flt.tag("e") or ())
+               for conn in remote.open_connections for filters in list(conn.subs.values())
+               for flt in filters)
+
+
 def test_subscription_budget_is_kept_by_consolidating(relay_factory, gsync_factory, scripted):
     """A relay allowing 6 subscriptions (NIP-11): new roots keep adding live coverage, gsync
     consolidates instead of exceeding the budget, and live events still arrive. An event
@@ -119,12 +130,15 @@ def test_subscription_budget_is_kept_by_consolidating(relay_factory, gsync_facto
                timeout=40, what="first sync")
     for round_ in range(6):  # each round: new roots on the own relay → new live coverage
         batch = [f.issue(bob, repo, subject=f"round {round_} issue {i}") for i in range(2)]
+        seen = _batches_processed(gsync)
         publish(own.url, batch)
         roots += batch
-        time.sleep(1.5)  # past the 0.5 s batch window: one AddFilters per round
+        # its own self-subscription batch window: one AddFilters per round
+        wait_until(lambda seen=seen: _batches_processed(gsync) > seen, timeout=10, what="the round's batch")
     wait_until(lambda: any(e["event"] == "consolidated" for e in gsync.log_events()),
                timeout=30, what="a consolidation")
-    time.sleep(3)
+    wait_until(lambda: _live_on(remote, roots[-1].id) and _live_on(remote, roots[0].id), timeout=30,
+               what="live coverage of the first and last roots after consolidating")
     late = f.comment(f.Author.named("carol"), roots[-1], content="live, after consolidating")
     early = f.comment(f.Author.named("carol"), roots[0], content="live, on the first root")
     remote.broadcast(late)
@@ -171,9 +185,11 @@ def test_addfilters_waiting_for_the_pacing_gate_share_their_reqs(relay_factory, 
     rounds = []
     for round_ in range(3):  # the first starts at once and closes the gate for 6 s
         batch = [f.issue(bob, repo, subject=f"round {round_} issue {i}") for i in range(3)]
+        seen = _batches_processed(gsync)
         publish(own.url, batch)
         rounds.append({e.id for e in batch})
-        time.sleep(1.5)  # past the 0.5 s batch window: one AddFilters per round
+        # its own self-subscription batch window: one AddFilters per round
+        wait_until(lambda seen=seen: _batches_processed(gsync) > seen, timeout=10, what="the round's batch")
     late = rounds[1] | rounds[2]
 
     def historic_reqs_with_late_roots():

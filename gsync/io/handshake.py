@@ -19,13 +19,13 @@ import gevent
 import gevent.pool
 from gevent.queue import Queue
 
+from .. import constants
 from ..ops import metrics
 from ..protocol.urls import AddressPolicy, SsrfRefused, UrlError, split_host_port
 from .events import HandshakeDone, HandshakeStarted
 from .nip11_fetch import fetch_relay_limits
 from .ws import connect as ws_connect
 
-HANDSHAKE_TIMEOUT_SECS = 15.0
 NIP11_TIMEOUT_SECS = 5.0
 
 
@@ -113,8 +113,8 @@ class HandshakePool:
     def _attempt(self, relay: str, attempt: int) -> HandshakeDone:
         ws = None
         try:
-            with gevent.Timeout(HANDSHAKE_TIMEOUT_SECS):
-                ws = open_websocket(relay, self._policy, HANDSHAKE_TIMEOUT_SECS)
+            with gevent.Timeout(constants.HANDSHAKE_TIMEOUT_SECS):
+                ws = open_websocket(relay, self._policy, constants.HANDSHAKE_TIMEOUT_SECS)
                 limits = self._fetch_limits(relay, same_address(ws), timeout=NIP11_TIMEOUT_SECS)
             return HandshakeDone(relay, attempt, ws=ws, limits=limits)
         except (SsrfRefused, UrlError) as exc:
