@@ -125,10 +125,10 @@ def test_a_full_delivery_backlog_pushes_back_instead_of_dropping(relay_factory, 
     # pages wait while delivery is behind; a live flood, which no start gates, must be held
     # by the connection itself: it stops reading at the limit (one read burst of at most
     # 256 KiB past it) until the own relay catches up. Nothing is dropped.
-    own, remote = relay_factory(write_delay_ms=8), relay_factory()
+    own, remote = relay_factory(write_delay_ms=5), relay_factory()
     repo = our_announcement(own, [remote], d="backlog")
     history = [f.issue(bob, repo, subject=f"issue {i}") for i in range(700)]
-    flood = [f.issue(carol, repo, subject=f"live issue {i}") for i in range(1500)]
+    flood = [f.issue(carol, repo, subject=f"live issue {i}") for i in range(1000)]
     publish(remote.url, [repo, *history])
     publish(own.url, [repo])
     gsync = gsync_factory(own, [remote], extra={"sync": {"delivery_max_backlog": "100",
