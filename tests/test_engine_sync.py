@@ -108,7 +108,7 @@ def test_own_relay_restart_mid_sync_loses_nothing(relay_factory, gsync_factory, 
     own = relay_factory(lmdb=str(tmp_path / "own-db"))
     remote = relay_factory()
     repo = our_announcement(own, [remote], d="restart")
-    issues = [f.issue(bob, repo, subject=f"issue {i}") for i in range(3000)]
+    issues = [f.issue(bob, repo, subject=f"issue {i}") for i in range(1500)]
     publish(remote.url, [repo, *issues])
     publish(own.url, [repo])
     gsync = gsync_factory(own, [remote])
