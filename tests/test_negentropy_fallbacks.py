@@ -172,3 +172,32 @@ def test_a_first_sync_opens_nip77_only_for_filters_the_own_relay_holds_something
     assert unheld == [], f"NEG-OPEN for filters the own relay held nothing of: {unheld}"
     req_filters = [flt for _, filters in remote.reqs() for flt in filters]
     assert any("#e" in flt or "#E" in flt for flt in req_filters), "comments came by REQ"
+
+
+def test_a_nip77_verdict_lasts_one_session(relay_factory, gsync_factory, scripted):
+    """SPEC §4: a NEG-ERR marks the relay as not supporting NIP-77 *for this session*. The
+    next session (here a fresh start) tries NIP-77 again, and it works."""
+    nip77 = Nip77Server()
+    first_session = []
+
+    def err_then_serve(relay, conn, message):
+        if not first_session:
+            first_session.append(conn)
+        if conn is first_session[0]:
+            return [["NEG-ERR", message[1], "error: not today"]] if message[0] == "NEG-OPEN" else []
+        return nip77(relay, conn, message)
+
+    own = relay_factory()
+    remote = scripted(negentropy=err_then_serve, page_size=500)
+    repo, issues = _repo_with_issues(own, remote, 5, "verdict")
+    remote.add(repo, *issues)
+    publish(own.url, [repo, issues[0]])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"base_backoff_secs": "0.5"}},
+                          timers={"QUICK_RECONNECT_SECS": 0})  # every reconnect a fresh start
+    assert_arrives(own, issues, timeout=30, what="the issues via REQ+EOSE")
+    wait_until(lambda: _remote_status(gsync, remote.url) == "connected", timeout=30, what="synced")
+    assert nip77.opened == 0
+    remote.drop_all()
+    wait_until(lambda: nip77.opened >= 1, timeout=30, what="a NEG-OPEN in the next session")
+    unsupported = [e for e in gsync.log_events() if e["event"] == "negentropy_unsupported"]
+    assert len(unsupported) == 1

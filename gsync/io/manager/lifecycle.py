@@ -98,6 +98,7 @@ class RelayLifecycle:
         state.session += 1
         state.limits = msg.limits
         state.page_cap = PageCap()  # learnt again: the relay may have changed
+        state.negentropy_ok = True  # a NIP-77 verdict holds for one session (SPEC §4)
         state.conn = RelayConnection(
             msg.relay, msg.ws, state.session, self.post, auth_secret=self.config.auth.secret_key,
             known_ids=self.seen, room=self.delivery.room_for(msg.relay),
