@@ -421,3 +421,35 @@ def test_other_kinds_are_not_forwarded_by_layer1():
 
 def test_identifier_of_keeps_colons_in_d():
     assert identifier_of("30617:abc:my:repo") == "my:repo"
+
+
+def test_version_moves_with_every_change_the_relay_targets_can_see():
+    """The manager keeps ``derive_relay_targets`` until ``version`` moves: any change that
+    alters the derivation must move it (a stale cache would connect or sync the wrong relays)."""
+    import copy
+    import random
+
+    from gsync.sync.targets import derive_relay_targets
+
+    rng = random.Random(3)
+    index = RepoSyncIndex(OWN, [DOMAIN])
+    relays = [f"wss://r{i}.example" for i in range(5)]
+    keys = [ALICE, BOB]
+    roots = []
+    for step in range(300):
+        before, version = copy.deepcopy(derive_relay_targets(index)), index.version
+        action = rng.choice(("announce", "announce", "purgatory", "root", "expire"))
+        now = T0 + step * 3600
+        if action in ("announce", "purgatory"):
+            ev = ours(secret=rng.choice(keys), d=f"d{rng.randint(0, 3)}",
+                      relays=rng.sample(relays, rng.randint(0, 3)), created_at=T0 + rng.randint(0, 50))
+            index.apply_announcement(ev, SyncLevel.FULL if action == "announce" else SyncLevel.STATE_ONLY, now)
+        elif action == "root":
+            addr = f"30617:{public_key(rng.choice(keys))}:d{rng.randint(0, 3)}"
+            ev = sign_event(BOB, created_at=T0 + step, kind=1621, tags=[["a", addr]])
+            roots.append(ev.id)
+            index.apply_root_event(ev)
+        else:
+            index.expire_state_only(now, ttl=rng.choice((0, 10 ** 9)))
+        if derive_relay_targets(index) != before:
+            assert index.version != version, action

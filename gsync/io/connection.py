@@ -49,6 +49,7 @@ class RelayConnection:
         self.subscriptions: dict[str, FilterSet] = {}
         self.filter_bytes: dict[str, int] = {}  # REQ size per open subscription
         self.open_filter_bytes = 0
+        self.peak_subscriptions = 0  # the most REQs open at once: checked against the budget
         self.neg_waiters: dict[str, Queue] = {}
         self._outbox: Queue = Queue()
         self._challenge: str | None = None
@@ -77,6 +78,7 @@ class RelayConnection:
         filters = tuple(filters)
         self.forget(sub_id)
         self.subscriptions[sub_id] = FilterSet(filters)
+        self.peak_subscriptions = max(self.peak_subscriptions, len(self.subscriptions))
         text = wire.req(sub_id, filters)
         self.filter_bytes[sub_id] = len(text)
         self.open_filter_bytes += len(text)

@@ -26,6 +26,8 @@ from ..ops.logging import get_logger
 from ..protocol import messages as wire
 from ..protocol import wsframes
 from ..protocol.event import Event
+from ..protocol.filters import Filter
+from ..sync.have_index import HaveIndex
 from .connection import auth_event
 from .events import DeliveryAnswered, OwnRelayState
 from .ws import connect as ws_connect
@@ -92,6 +94,7 @@ class OwnRelayDelivery:
         self._lanes = [_Lane(i) for i in range(lanes)]
         self._queue: deque[Event] = deque()
         self._tracked: dict[str, Event] = {}  # submitted, not yet answered for good
+        self._tracked_index = HaveIndex()  # the same events, by what filters select on
         self._attempts: dict[str, int] = {}
         self._retry_heap: list[tuple[float, int, Event]] = []
         self._seq = itertools.count()
@@ -130,6 +133,7 @@ class OwnRelayDelivery:
                 log.warning("event_dropped", reason="own_relay_backlog_full", event_id=event.id)
                 return False
         self._tracked[event.id] = event
+        self._tracked_index.add(event)
         self._queue.append(event)
         self._idle.clear()
         self._wake_lanes()
@@ -138,10 +142,10 @@ class OwnRelayDelivery:
     def is_tracked(self, event_id: str) -> bool:
         return event_id in self._tracked
 
-    @property
-    def tracked_items(self):
-        """(created_at, id) of everything not yet answered: part of the negentropy have-set."""
-        return [(e.created_at, e.id) for e in self._tracked.values()]
+    def tracked_matching(self, flt: Filter) -> list[tuple[int, str]]:
+        """(created_at, id) of the events not yet answered that ``flt`` matches: part of a
+        NIP-77 have-set for that filter (the own relay will hold them)."""
+        return self._tracked_index.matching(flt)
 
     @property
     def backlog(self) -> int:
@@ -294,6 +298,7 @@ class OwnRelayDelivery:
 
     def _finish(self, event: Event, outcome: str, reason: str) -> None:
         self._tracked.pop(event.id, None)
+        self._tracked_index.discard(event.id)
         self._attempts.pop(event.id, None)
         if not self.room.is_set() and len(self._tracked) < self._max_backlog * 0.9:
             log.info("delivery_backlog_has_room", backlog=len(self._tracked))

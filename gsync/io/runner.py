@@ -56,7 +56,8 @@ def run(config, *, drain_deadline: float = DRAIN_DEADLINE_SECS) -> int:
     gc.freeze()
     gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
     manager.start()
-    log.info("started", own_relay=config.service.own_relay, domains=list(config.service.domains))
+    log.info("started", own_relay=config.service.own_relay, domains=list(config.service.domains),
+             shard=str(config.cluster.shard))
     if constants.TEST_TIMERS_ACTIVE:
         log.warning("test_timers_active", timers=constants.TEST_TIMERS_ACTIVE)
     manager.run()

@@ -195,6 +195,9 @@ class RepoSyncIndex:
         self._waiting_roots: dict[str, set[str]] = {}  # address → root ids seen too early
         # d → addresses: layer 1 asks "maintainer of any repo called d?" for every event.
         self._by_identifier: dict[str, set[str]] = {}
+        # Bumped by every change a derivation (``derive_relay_targets``) can see, so callers
+        # can keep what they derived until it moves.
+        self.version = 0
 
     # -- reading
 
@@ -247,6 +250,7 @@ class RepoSyncIndex:
             needs.root_events |= self._waiting_roots.pop(address, set())
             if level is SyncLevel.STATE_ONLY:
                 needs.purgatory_seen_at = now
+            self.version += 1
             return set(needs.relays)
 
         dirty: set[str] = set()
@@ -263,6 +267,8 @@ class RepoSyncIndex:
         elif level is SyncLevel.STATE_ONLY and needs.sync_level is SyncLevel.STATE_ONLY:
             needs.purgatory_seen_at = now  # still in purgatory: keep it alive
         # A Full entry is never downgraded by a later purgatory answer.
+        if dirty:
+            self.version += 1
         return dirty
 
     def _replace_announcement(self, needs: RepoSyncNeeds, event: Event) -> None:
@@ -287,9 +293,11 @@ class RepoSyncIndex:
             elif event.id not in needs.root_events:
                 needs.root_events.add(event.id)
                 dirty |= needs.relays
+                self.version += 1
         return dirty
 
     def _forget(self, address: str) -> None:
+        self.version += 1
         del self._repos[address]
         same_name = self._by_identifier[identifier_of(address)]
         same_name.discard(address)

@@ -19,6 +19,7 @@ from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
+from ...sync.claims import FetchClaims
 from ...sync.health import RelayHealthTracker
 from ...sync.recovery import MissingEventRecovery
 from ...sync.relay_state import ConnectionStatus, RelayState
@@ -62,6 +63,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         svc, sync, net = config.service, config.sync, config.network
         self.domains = list(svc.domains)
         self.repos = RepoSyncIndex(svc.own_relay, self.domains)
+        self._targets: tuple | None = None  # (repos.version, derive_relay_targets): relay_targets()
         self.relays: dict[str, RelayState] = {}
         self.capped_relays: set[str] = set()  # over [network] max_relays, already logged
         self.health = RelayHealthTracker(
@@ -71,6 +73,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.rejected = self._load_rejected()
         self.rejected_saved_at = 0.0
         self.recovery = MissingEventRecovery(base_delay=sync.recovery_base_secs)
+        self.claims = FetchClaims()  # which batch fetches which missing event, across relays
         self.delivery = delivery or OwnRelayDelivery(
             svc.own_relay, self.post, auth_secret=config.auth.secret_key,
             max_backlog=sync.delivery_max_backlog,
@@ -92,6 +95,8 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self._ids = itertools.count(1)
         self._stopping = False
         self.last_loop_at = time.monotonic()
+        self.queue_peak = 0  # the deepest the inbox has been (a 2 s gauge would miss bursts)
+        self.delivery_peak = 0
         self.handlers = {
             HandshakeStarted: self.on_handshake_started,
             HandshakeDone: self.on_handshake_done,
@@ -127,6 +132,9 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
                 msg = self.queue.get(timeout=1.0)
             except Empty:
                 continue
+            depth = self.queue.qsize()
+            if depth > self.queue_peak:
+                self.queue_peak = depth
             if isinstance(msg, Stop):
                 return
             handler = self.handlers.get(type(msg))
@@ -243,6 +251,9 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         metrics.RELAYS_DEAD.set(dead)
         metrics.QUEUE_DEPTH.labels("manager").set(self.queue.qsize())
         metrics.QUEUE_DEPTH.labels("delivery").set(self.delivery.backlog)
+        self.delivery_peak = max(self.delivery_peak, self.delivery.backlog)
+        metrics.QUEUE_DEPTH_PEAK.labels("manager").set(self.queue_peak)
+        metrics.QUEUE_DEPTH_PEAK.labels("delivery").set(self.delivery_peak)
 
     # -- operators ------------------------------------------------------------------------
 
@@ -269,12 +280,14 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             "repos": len(self.repos),
             "delivery_backlog": self.delivery.backlog,
             "rejected": len(self.rejected),
+            "peaks": {"manager_queue": self.queue_peak, "handshakes": self.handshakes.peak},
             "relays": [
                 {
                     "relay": s.url,
                     "status": s.status.name.lower(),
                     "health": self.health.state(s.url, now).name.lower(),
                     "subscriptions": len(s.conn.subscriptions) if s.conn else 0,
+                    "subscriptions_peak": s.conn.peak_subscriptions if s.conn else 0,
                     "pending_batches": len(s.pending),
                     "events_delivered": s.events_delivered,
                     "bootstrap": s.is_bootstrap,

@@ -152,12 +152,18 @@ class HistoricSync:
 
     def start_negentropy(self, state: RelayState, token: str, flt: Filter) -> None:
         state.neg_running.add(token)
-        extra = self.rejected.items() + self.delivery.tracked_items
+        extra = self.have_beyond_holdings(flt)
         gevent.spawn(
             negentropy_sync.reconcile_filter,
             state.conn, self.config.service.own_relay, flt, extra, self.post,
             batch_id=state.sub_to_batch[token], token=token,
         )
+
+    def have_beyond_holdings(self, flt: Filter) -> list[tuple[int, str]]:
+        """What a NIP-77 have-set for ``flt`` claims besides the own relay's holdings: the
+        refused events and those in flight to the own relay that ``flt`` matches (indexed:
+        the cost follows the filter, not everything in flight)."""
+        return self.rejected.items_matching(flt) + self.delivery.tracked_matching(flt)
 
     def on_historic_slot_due(self, msg: HistoricSlotDue) -> None:
         state = self._current(msg.relay, msg.session)
@@ -273,7 +279,21 @@ class HistoricSync:
         for flt in filters:  # one filter per REQ: relays cap results per filter and per REQ
             self.queue_reqs(state, batch, [flt])
 
+    def release_claims(self, state: RelayState, batch: PendingBatch) -> None:
+        """The batch is done with: what it claimed and did not get goes, for recovery, to
+        the relays that skipped it (never lost because one relay failed)."""
+        now = self.clock()
+        for relay, ids in self.claims.release(state.url, batch.batch_id).items():
+            self.recovery.add_missing(relay, ids, now)
+
+    def drop_pending(self, state: RelayState) -> None:
+        """Every batch of the relay is abandoned (disconnect, fresh start, reconnect)."""
+        for batch in state.pending.values():
+            self.release_claims(state, batch)
+        state.clear_pending()
+
     def confirm_batch(self, state: RelayState, batch: PendingBatch) -> None:
+        self.release_claims(state, batch)
         state.pending.pop(batch.batch_id, None)
         if batch.batch_id == state.poll_batch and not batch.failed:
             state.poll_cursor = batch.poll_started_at
@@ -325,10 +345,11 @@ class HistoricSync:
             metrics.NEGENTROPY_BYTES.labels(state.url, "up").inc(result.bytes_up)
             metrics.NEGENTROPY_BYTES.labels(state.url, "down").inc(result.bytes_down)
             metrics.NEGENTROPY_ROUNDS.labels(state.url).inc(result.rounds)
-            # Several filters of a batch match the same events (a comment tags its root with
-            # both E and e): each id is fetched once, by the first batch that expects it.
-            expected = set().union(*(b.advertised_ids for b in state.pending.values()))
-            need = set(result.need_ids) - self.seen.keys() - expected
+            # Several filters match the same events (a comment tags its root with both E
+            # and e; repositories list several relays): each id is fetched once, by the
+            # first batch that claims it; the others wait for it (``FetchClaims``).
+            need = self.claims.claim(state.url, batch.batch_id,
+                                     (i for i in result.need_ids if i not in self.seen))
             log.debug("negentropy_done", relay=state.url, batch_id=batch.batch_id, need=len(need),
                       have=len(result.have_ids), rounds=result.rounds, held=result.held)
             if fetch_by_filter(len(need), result.held):
@@ -382,6 +403,7 @@ class HistoricSync:
             batch.expect_ids(ids)
 
     def finish_recovery(self, state: RelayState, batch: PendingBatch) -> None:
+        self.release_claims(state, batch)
         state.pending.pop(batch.batch_id, None)
         dropped = self.recovery.record_result(state.url, batch.received_ids, self.clock())
         if dropped:

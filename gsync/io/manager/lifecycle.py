@@ -30,6 +30,9 @@ class RelayLifecycle:
     def relay(self, url: str) -> RelayState:
         state = self.relays.get(url)
         if state is None:
+            if not self.config.cluster.shard.owns(url):
+                # Another instance's relay ([cluster] shard): never registered, never dialled.
+                return RelayState(url, refused_reason="another shard")
             if len(self.relays) >= self.config.network.max_relays:
                 if url not in self.capped_relays:  # asked again every tick: say it once
                     self.capped_relays.add(url)
@@ -41,11 +44,19 @@ class RelayLifecycle:
             log.info("relay_registered", relay=url)
         return state
 
+    def relay_targets(self) -> dict:
+        """``derive_relay_targets`` of the current RepoSyncIndex, derived again only when it
+        changed (it walks every repository; relays connect and ticks come far more often)."""
+        cached = self._targets
+        if cached is None or cached[0] != self.repos.version:
+            cached = self._targets = (self.repos.version, derive_relay_targets(self.repos))
+        return cached[1]
+
     def wanted(self, state: RelayState, targets) -> bool:
         return state.is_bootstrap or state.url in targets or bool(state.confirmed)
 
     def connect_due_relays(self, now: float) -> None:
-        targets = derive_relay_targets(self.repos)
+        targets = self.relay_targets()
         for url in list(targets):
             self.relay(url)
         for state in list(self.relays.values()):
@@ -59,7 +70,7 @@ class RelayLifecycle:
                 self.handshakes.request(state.url, state.attempt)
 
     def retire_unwanted_relays(self) -> None:
-        targets = derive_relay_targets(self.repos)
+        targets = self.relay_targets()
         for state in list(self.relays.values()):
             if state.connected and not self.wanted(state, targets) and not state.pending:
                 log.info("relay_retired", relay=state.url)
@@ -126,7 +137,7 @@ class RelayLifecycle:
         state.disconnected_at = now
         state.last_connected = now
         state.last_error = msg.reason
-        state.clear_pending()
+        self.drop_pending(state)
         state.clear_live()
         self.health.record_disconnect(msg.relay, now)
 
@@ -134,14 +145,14 @@ class RelayLifecycle:
         for sub_id in list(state.live_subs):  # the daily sync runs on a live connection
             state.conn.unsubscribe(sub_id)
         state.clear_live()
-        state.clear_pending()
+        self.drop_pending(state)
         state.clear_confirmed()
         state.historic_sync_completed_at = None
         self.subscribe_layer1(state, since=None)
         self.recompute(state, since=None)
 
     def quick_reconnect(self, state: RelayState, now: float) -> None:
-        state.clear_pending()
+        self.drop_pending(state)
         since = int(state.last_connected or now) - constants.RECONNECT_OVERLAP_SECS
         self.subscribe_layer1(state, since=since)
         if state.confirmed:
@@ -154,7 +165,7 @@ class RelayLifecycle:
         """derive_relay_targets → compute_actions → start_sync, for one connected relay."""
         if not state.connected:
             return
-        targets = derive_relay_targets(self.repos)
+        targets = self.relay_targets()
         pending = {state.url: [b.items for b in state.pending.values()]}
         confirmed = {state.url: state.confirmed}
         for action in compute_actions(targets, pending, confirmed, {state.url}):

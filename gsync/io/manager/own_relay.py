@@ -14,10 +14,10 @@ from ...ops.logging import get_logger
 from ...protocol.filters import Filter
 from ...sync import filter_plan
 from ...sync.descendants import full_root_ids
-from ...sync.rejected import RejectedIndex
+from ...sync.have_index import RejectedHave
 from ...sync.relay_state import RelayState
 from ...sync.repos import SyncLevel, should_forward_layer1
-from ...sync.targets import PendingItems, compute_actions, derive_relay_targets
+from ...sync.targets import PendingItems, compute_actions
 from ..events import (
     BatchWindowClosed,
     DeliveryAnswered,
@@ -48,6 +48,7 @@ class OwnRelaySide:
             self.rejected.add(event, self.clock())
             return
         self.seen[event.id] = None
+        self.claims.arrived(event.id)
         for url in self.recovery.clear_arrived((event.id,)):
             self.promote_if_recovered(url)
         if len(self.seen) > SEEN_CAPACITY:
@@ -87,7 +88,7 @@ class OwnRelaySide:
         self.apply_dirty(dirty)
 
     def apply_dirty(self, dirty: set[str]) -> None:
-        targets = derive_relay_targets(self.repos) if dirty else {}
+        targets = self.relay_targets() if dirty else {}
         for url in dirty:
             state = self.relay(url)
             if not state.connected:
@@ -148,12 +149,12 @@ class OwnRelaySide:
     def _rejected_path(self) -> str:
         return os.path.join(self.config.service.state_dir, "rejected.json")
 
-    def _load_rejected(self) -> RejectedIndex:
+    def _load_rejected(self) -> RejectedHave:
         try:
             with open(self._rejected_path()) as fh:
-                return RejectedIndex.loads(fh.read(), self.clock())
+                return RejectedHave.loads(fh.read(), self.clock())
         except OSError:
-            return RejectedIndex()
+            return RejectedHave()
 
     def _save_rejected(self) -> None:
         self.rejected_saved_at = self.clock()
