@@ -187,7 +187,7 @@ def test_thread_members_arriving_one_by_one_stay_within_the_subscription_budget(
     publish(own.url, [repo])
     gsync = gsync_factory(own, [remote], timers={"DESCENDANT_TICK_SECS": 0.1, "MAINTENANCE_TICK_SECS": 0.2,
                                                  "POLL_SECS": 1})
-    wait_until(lambda: gsync.status()["relays"][0]["status"] == "connected", timeout=60,
+    wait_until(lambda: [r["status"] for r in gsync.status()["relays"]] == ["connected"], timeout=60,
                what="historic sync complete")
 
     def batches():
@@ -199,7 +199,7 @@ def test_thread_members_arriving_one_by_one_stay_within_the_subscription_budget(
         members.append(f.comment(alice, bug, content=f"member {i}"))
         publish(remote.url, members[-1:])
         # the tick that takes the member in also starts its descendants' historic batch
-        wait_until(lambda: batches() > done, timeout=20, interval=0.1, what=f"member {i} taken in")
+        wait_until(lambda done=done: batches() > done, timeout=20, interval=0.1, what=f"member {i} taken in")
     child = carol.sign(1, [["e", members[-1].id]], "replies to the newest member")
     publish(remote.url, [child])
     assert_arrives(own, [child], timeout=30, what="a descendant of the newest member")

@@ -87,3 +87,37 @@ def test_an_own_relay_lacking_most_of_a_filter_fetches_it_by_pages(gsync_factory
     finally:
         own.stop()
         remote.stop()
+
+
+def test_a_repository_on_two_relays_is_fetched_from_one_of_them(gsync_factory, tmp_path):
+    """Both remotes hold the whole history of the same repositories; NIP-77 on each finds it
+    all missing. Each event is fetched once: the first exchange to find it claims it, the
+    other relay waits for it (events received close to events wanted, not twice as many)."""
+    from .relays import RelayProcess, free_port
+
+    own_port, a_port, b_port = free_port(), free_port(), free_port()
+    stubs = [RelayProcess({"port": p}) for p in (a_port, b_port)]
+    events = []
+    for r in range(2):
+        repo = our_announcement(RelayProcess({"port": own_port}), stubs, d=f"twice-{r}")
+        events.append(repo)
+        for i in range(100):
+            bug = f.issue(bob, repo, subject=f"{r}/{i}")
+            events += [bug, f.comment(alice, bug, content=f"{r}/{i}")]
+    announcements = [e for e in events if e.kind == 30617]
+    history = write_seed_file(events, str(tmp_path))
+    own, a, b = start_relays(
+        {"port": own_port, "seed_file": write_seed_file(announcements, str(tmp_path))},
+        {"port": a_port, "seed_file": history}, {"port": b_port, "seed_file": history},
+    )
+    try:
+        gsync = gsync_factory(own, [a, b])
+        want = {e.id for e in events if e.kind != 30617}
+        wait_until(lambda: want <= ids_on(own.url, {"kinds": [1621, 1111]}), timeout=120,
+                   what="the whole history")
+        wait_until(lambda: _synced(gsync), timeout=60, what="historic sync complete on both")
+        received = gsync.metric("gsync_remote_events_total")
+        assert received <= 1.2 * len(want), f"{received} events received for {len(want)} wanted"
+    finally:
+        for relay in (own, a, b):
+            relay.stop()

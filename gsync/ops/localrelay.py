@@ -11,8 +11,10 @@ writes to, so they are raised unless given), ``write_delay_ms`` (a slow relay: e
 waits that long before it is accepted), ``nip42`` (``read`` | ``write`` | ``both``),
 ``lmdb`` (a database directory that survives restarts; default in memory), ``seed_file``
 (JSON lines of signed events saved before the relay listens), ``reject`` (``{"kinds",
-"ids", "authors", "message"}``: refused with ``blocked:``) and ``block_queries`` (every REQ
-and NEG-OPEN refused with that text). The test suite uses all of them.
+"ids", "authors", "message"}``: refused with ``blocked:``), ``block_queries`` (every REQ
+and NEG-OPEN refused with that text), ``block_id_queries`` (only filters with ``ids``
+refused, with that text: a relay that advertises events but will not serve them by id) and
+``query_delay_ms`` (every REQ and NEG-OPEN waits that long: a slow relay). The test suite uses all of them.
 
 ``relays`` (a list of option sets, each with its own ``port``; the other top-level options
 apply to every one unless it sets its own) runs several LocalRelays in one child, seeded
@@ -202,12 +204,24 @@ async def _build(opts: dict):
                 pass
             return WritePolicyResult.ACCEPT()
 
-    class BlockQueries(QueryPolicy):
-        def __init__(self, message: str):
-            self.message = message
+    class Queries(QueryPolicy):
+        """Refusals (``block_queries``, ``block_id_queries``) and slow answers
+        (``query_delay_ms``). Guarded like ``Writes``."""
+
+        def __init__(self, block: str, block_ids: str, delay: float):
+            self.block, self.block_ids, self.delay = block, block_ids, delay
 
         async def admit_query(self, query, addr):
-            return QueryPolicyResult.REJECT(self.message)
+            try:
+                if self.delay:
+                    await asyncio.sleep(self.delay)
+                if self.block:
+                    return QueryPolicyResult.REJECT(self.block)
+                if self.block_ids and "ids" in json.loads(query.as_json()):
+                    return QueryPolicyResult.REJECT(self.block_ids)
+            except BaseException:
+                pass
+            return QueryPolicyResult.ACCEPT()
 
     builder = LocalRelayBuilder().addr("127.0.0.1").port(int(opts["port"]))
     builder = builder.rate_limit(
@@ -231,8 +245,9 @@ async def _build(opts: dict):
     if opts.get("write_delay_ms") or opts.get("reject"):
         delay = float(opts.get("write_delay_ms", 0)) / 1000
         builder = builder.write_policy(Writes(delay, opts.get("reject") or {}))
-    if opts.get("block_queries"):
-        builder = builder.query_policy(BlockQueries(opts["block_queries"]))
+    if opts.get("block_queries") or opts.get("block_id_queries") or opts.get("query_delay_ms"):
+        builder = builder.query_policy(Queries(opts.get("block_queries", ""), opts.get("block_id_queries", ""),
+                                               float(opts.get("query_delay_ms", 0)) / 1000))
     return builder.build()
 
 

@@ -29,6 +29,7 @@ class ConnectionStatus(enum.IntEnum):
 class LiveSub:
     filters: tuple
     control: bool = False  # layer 1: never closed by consolidation
+    descendants: bool = False  # thread replies: give their room to core coverage when short
 
 
 @dataclass

@@ -280,7 +280,8 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             "repos": len(self.repos),
             "delivery_backlog": self.delivery.backlog,
             "rejected": len(self.rejected),
-            "peaks": {"manager_queue": self.queue_peak, "handshakes": self.handshakes.peak},
+            "peaks": {"manager_queue": self.queue_peak, "handshakes": self.handshakes.peak,
+                      "delivery_backlog": self.delivery_peak},
             "relays": [
                 {
                     "relay": s.url,

@@ -42,14 +42,14 @@ class Descendants:
         active = sum(1 for sub in state.live_subs.values() if not sub.control)
         free = budget.live_slots - active
         if len(groups) <= free:
-            self.open_live_groups(state, groups)
+            self.open_live_groups(state, groups, descendants=True)
             return
         wanted = self.filters_for(state, self.desired_live_items(state), None)
         wanted += self.descendant_filters_for(state, state.members)
         if filter_plan.live_baseline(wanted, state.limits) < active:
             self.consolidate(state)  # covers state.members, the new ones included
         else:
-            self.open_live_groups(state, groups, slots=max(0, free))
+            self.open_live_groups(state, groups, slots=max(0, free), descendants=True)
 
     def descendant_filters_for(self, state: RelayState, ids):
         return filter_plan.descendant_filters(ids, budget=filter_plan.tag_value_budget(state.limits))

@@ -28,21 +28,40 @@ class LiveCoverage:
             return
         self.open_live_groups(state, groups)
 
-    def open_live_groups(self, state: RelayState, groups, slots: int | None = None) -> None:
+    def open_live_groups(self, state: RelayState, groups, slots: int | None = None,
+                         descendants: bool = False) -> None:
         """Open live REQs while the relay's subscription and filter-size budgets allow;
-        coverage that does not fit is polled on the maintenance cadence instead."""
+        coverage that does not fit is polled on the maintenance cadence instead. Core
+        coverage (not ``descendants``) that does not fit takes the room of descendant
+        subscriptions first, which are polled instead (SPEC §3: they give way)."""
         live_bytes = sum(state.conn.filter_bytes.get(s, 0) for s in state.live_subs)
         for group in groups:
             size = len(wire.req("live-00000000", group))
+            if not descendants and live_bytes + size > constants.MAX_LIVE_FILTER_BYTES:
+                live_bytes -= self.evict_descendants(state, live_bytes + size - constants.MAX_LIVE_FILTER_BYTES)
             if (slots is not None and slots <= 0) or live_bytes + size > constants.MAX_LIVE_FILTER_BYTES:
                 self.poll_instead(state, group)
                 continue
             sub_id = f"live-{next(self._ids)}"
-            state.live_subs[sub_id] = LiveSub(tuple(group))
+            state.live_subs[sub_id] = LiveSub(tuple(group), descendants=descendants)
             state.conn.subscribe(sub_id, group)
             live_bytes += size
             if slots is not None:
                 slots -= 1
+
+    def evict_descendants(self, state: RelayState, needed: int) -> int:
+        """Close descendant live subscriptions (largest first, polled from now on) until
+        ``needed`` filter bytes are free, or none is left. Returns the bytes freed."""
+        freed = 0
+        subs = sorted((s for s, sub in state.live_subs.items() if sub.descendants),
+                      key=lambda s: -state.conn.filter_bytes.get(s, 0))
+        for sub_id in subs:
+            if freed >= needed:
+                break
+            freed += state.conn.filter_bytes.get(sub_id, 0)
+            self.poll_instead(state, state.live_subs.pop(sub_id).filters)
+            state.conn.unsubscribe(sub_id)
+        return freed
 
     def poll_instead(self, state: RelayState, filters) -> None:
         if not state.polled:
@@ -94,11 +113,13 @@ class LiveCoverage:
         if adding is not None:
             wanted.add(adding)
         live = filter_plan.live(self.filters_for(state, wanted, None))
-        if state.members:  # thread replies after the core coverage: they give way first
-            live += filter_plan.live(self.descendant_filters_for(state, state.members))
         groups = filter_plan.pack_into_reqs(live, state.limits)
         budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
         self.open_live_groups(state, groups, slots=budget.live_slots)
+        if state.members:  # thread replies after the core coverage: they give way first
+            replies = filter_plan.live(self.descendant_filters_for(state, state.members))
+            self.open_live_groups(state, filter_plan.pack_into_reqs(replies, state.limits),
+                                  slots=budget.live_slots - (len(state.live_subs) - 1), descendants=True)
         # Between our CLOSEs and the new REQs the relay sends nothing new: fetch that gap
         # (SPEC §4 asks this of layer 1; every layer has the same gap).
         self.catch_up(state, wanted, int(self.clock()) - constants.RECONNECT_OVERLAP_SECS)
