@@ -83,7 +83,10 @@ MAX_RELAYS_TOTAL = 500  # [network] max_relays
 # it is above a quarter of it. Each connection may have one read burst (256 KiB, a few
 # hundred events) in hand when the limit is reached, so an event is dropped for backlog
 # only past twice the limit plus DELIVERY_BACKLOG_SLACK: a safety net, not a path.
-DELIVERY_MAX_BACKLOG = 200_000
+# 20,000 events (about 50 MB held) is over ten seconds of what an own relay stores (LMDB
+# LocalRelay: ~1,500 events/s): a larger backlog does not sync faster, it only holds memory
+# (200,000 made a 100,000-event sync peak near 1 GB, bench/scale).
+DELIVERY_MAX_BACKLOG = 20_000
 DELIVERY_HIGH_WATER_FRACTION = 0.25
 DELIVERY_BACKLOG_SLACK = 10_000
 

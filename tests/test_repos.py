@@ -423,13 +423,13 @@ def test_identifier_of_keeps_colons_in_d():
     assert identifier_of("30617:abc:my:repo") == "my:repo"
 
 
-def test_version_moves_with_every_change_the_relay_targets_can_see():
+def test_version_and_relay_listing_follow_every_change_the_relay_targets_can_see():
     """The manager keeps ``derive_relay_targets`` until ``version`` moves: any change that
     alters the derivation must move it (a stale cache would connect or sync the wrong relays)."""
     import copy
     import random
 
-    from gsync.sync.targets import derive_relay_targets
+    from gsync.sync.targets import SyncItems, derive_relay_targets, relay_needs
 
     rng = random.Random(3)
     index = RepoSyncIndex(OWN, [DOMAIN])
@@ -451,5 +451,8 @@ def test_version_moves_with_every_change_the_relay_targets_can_see():
             index.apply_root_event(ev)
         else:
             index.expire_state_only(now, ttl=rng.choice((0, 10 ** 9)))
-        if derive_relay_targets(index) != before:
+        targets = derive_relay_targets(index)
+        if targets != before:
             assert index.version != version, action
+        for relay in relays:  # one relay's targets, from the relay → repos listing
+            assert relay_needs(index, relay) == targets.get(relay, SyncItems()), (action, relay)

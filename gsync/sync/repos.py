@@ -198,6 +198,9 @@ class RepoSyncIndex:
         # Bumped by every change a derivation (``derive_relay_targets``) can see, so callers
         # can keep what they derived until it moves.
         self.version = 0
+        # relay → addresses of the repos listing it: one relay's targets without a walk
+        # over every repository (``targets.relay_needs``)
+        self._by_relay: dict[str, set[str]] = {}
 
     # -- reading
 
@@ -221,6 +224,10 @@ class RepoSyncIndex:
 
     def all_relays(self) -> set[str]:
         return {relay for needs in self._repos.values() for relay in needs.relays}
+
+    def repos_listing(self, relay: str) -> set[str]:
+        """Addresses of the repos whose announcement lists ``relay`` (do not modify)."""
+        return self._by_relay.get(relay, set())
 
     def maintainers_of(self, identifier: str) -> set[str]:
         """Pubkeys in the ``maintainers`` tags of every known repo called ``identifier``."""
@@ -272,9 +279,12 @@ class RepoSyncIndex:
         return dirty
 
     def _replace_announcement(self, needs: RepoSyncNeeds, event: Event) -> None:
+        self._unlist(event.address, needs.relays)
         needs.relays = announcement_relays(
             event, self.max_relays_per_announcement, exclude=self.own_relay.matches
         )
+        for relay in needs.relays:
+            self._by_relay.setdefault(relay, set()).add(event.address)
         needs.announcement_created_at = event.created_at
         needs.announcement_id = event.id
         needs.maintainers = frozenset(list_tag_values(event, "maintainers"))
@@ -296,8 +306,17 @@ class RepoSyncIndex:
                 self.version += 1
         return dirty
 
+    def _unlist(self, address: str, relays) -> None:
+        for relay in relays:
+            listing = self._by_relay.get(relay)
+            if listing is not None:
+                listing.discard(address)
+                if not listing:
+                    del self._by_relay[relay]
+
     def _forget(self, address: str) -> None:
         self.version += 1
+        self._unlist(address, self._repos[address].relays)
         del self._repos[address]
         same_name = self._by_identifier[identifier_of(address)]
         same_name.discard(address)

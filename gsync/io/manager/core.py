@@ -217,7 +217,8 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
 
     def on_tick(self, msg: Tick) -> None:
         now = self.clock()
-        self.apply_dirty(self.repos.expire_state_only(now))  # also retries due relays
+        self.apply_dirty(self.repos.expire_state_only(now))
+        self.connect_due_relays(now)  # retries relays whose backoff is over
         self.retire_unwanted_relays()
         for state in self.relays.values():
             if state.connected and state.next_daily_at and now >= state.next_daily_at:

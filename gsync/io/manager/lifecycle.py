@@ -11,7 +11,7 @@ from ...ops.logging import get_logger
 from ...sync import filter_plan
 from ...sync.pending import PageCap
 from ...sync.relay_state import ConnectionStatus, LiveSub, RelayState
-from ...sync.targets import PendingItems, compute_actions, derive_relay_targets
+from ...sync.targets import PendingItems, compute_actions, derive_relay_targets, relay_needs
 from ..connection import RelayConnection
 from ..events import (
     HandshakeDone,
@@ -165,7 +165,7 @@ class RelayLifecycle:
         """derive_relay_targets → compute_actions → start_sync, for one connected relay."""
         if not state.connected:
             return
-        targets = self.relay_targets()
+        targets = {state.url: relay_needs(self.repos, state.url)}
         pending = {state.url: [b.items for b in state.pending.values()]}
         confirmed = {state.url: state.confirmed}
         for action in compute_actions(targets, pending, confirmed, {state.url}):

@@ -15,9 +15,9 @@ from ...protocol.filters import Filter
 from ...sync import filter_plan
 from ...sync.descendants import full_root_ids
 from ...sync.have_index import RejectedHave
-from ...sync.relay_state import RelayState
+from ...sync.relay_state import ConnectionStatus, RelayState
 from ...sync.repos import SyncLevel, should_forward_layer1
-from ...sync.targets import PendingItems, compute_actions
+from ...sync.targets import PendingItems, compute_actions, relay_needs
 from ..events import (
     BatchWindowClosed,
     DeliveryAnswered,
@@ -88,15 +88,19 @@ class OwnRelaySide:
         self.apply_dirty(dirty)
 
     def apply_dirty(self, dirty: set[str]) -> None:
-        targets = self.relay_targets() if dirty else {}
+        """New work for the relays whose targets changed; new relays get dialled. The cost
+        follows the dirty relays' repos (a purgatory answer must not walk every repo)."""
         for url in dirty:
             state = self.relay(url)
             if not state.connected:
                 continue
+            targets = {url: relay_needs(self.repos, url)}
             pending = {url: [b.items for b in state.pending.values()]}
             for action in compute_actions(targets, pending, {url: state.confirmed}, {url}):
                 self.start_sync(state, action.items, since=None)
-        self.connect_due_relays(self.clock())
+        if any(s.status is ConnectionStatus.DISCONNECTED and not s.refused_reason
+               for s in map(self.relay, dirty)):
+            self.connect_due_relays(self.clock())  # now, not at the next maintenance tick
 
     def redeliver_unblocked(self, maintainers: set[str]) -> None:
         if not maintainers:
