@@ -34,6 +34,12 @@ POLL_OVERLAP_SECS = 15 * 60
 PAGE_THRESHOLD = 75  # >= this many events before EOSE means "maybe more": ask the next page
 MAX_IDS_PER_REQ = 300
 NEGENTROPY_DEADLINE_SECS = 15.0  # total wall clock for one NIP-77 exchange
+# NIP-77 exchanges running at once over all relays: each holds its filter's have-set (layer
+# 1: every announcement the own relay holds, a few MB at 10,000), so memory stays bounded
+# however many relays sync at once; queued ones start as others end.
+MAX_RUNNING_EXCHANGES = 16
+# An own-relay holdings read is shared by exchanges over the same filter for this long.
+SHARED_HOLDINGS_SECS = 5.0
 RESIDUAL_FALLBACK_MIN_ADVERTISED = 20
 RESIDUAL_FALLBACK_MAX_FRACTION = 0.10
 # After NIP-77, a filter whose events the own relay mostly lacks (more than one id fetch

@@ -121,3 +121,40 @@ def test_a_repository_on_two_relays_is_fetched_from_one_of_them(gsync_factory, t
     finally:
         for relay in (own, a, b):
             relay.stop()
+
+
+def test_identical_holdings_reads_at_about_the_same_time_are_shared():
+    """Layer 1 is the same filter on every relay: one own-relay read serves them all."""
+    import gevent
+    import pytest
+
+    from gsync.io.negentropy_sync import SharedHoldings
+    from gsync.protocol.filters import Filter
+
+    reads = []
+    now = [0.0]
+
+    def read(url, flt):
+        reads.append(flt)
+        gevent.sleep(0.05)
+        if flt.kinds == frozenset({666}):
+            raise OSError("own relay gone")
+        return [(1, "a" * 64)]
+
+    shared = SharedHoldings(read, reuse_secs=5, clock=lambda: now[0])
+    layer1, other = Filter.make(kinds=[30617, 10317]), Filter.make(kinds=[1])
+    results = [g.get() for g in gevent.joinall([gevent.spawn(shared.get, "ws://own", f)
+                                                for f in (layer1, layer1, layer1, other)])]
+    assert results == [[(1, "a" * 64)]] * 4 and reads == [layer1, other]
+    now[0] = 4.9
+    shared.get("ws://own", layer1)
+    assert len(reads) == 2  # still fresh
+    now[0] = 5.0
+    shared.get("ws://own", layer1)
+    assert len(reads) == 3  # read again once the snapshot is as old as reuse_secs
+    broken = Filter.make(kinds=[666])
+    waiters = [gevent.spawn(shared.get, "ws://own", broken) for _ in range(2)]
+    gevent.joinall(waiters)
+    assert all(isinstance(g.exception, OSError) for g in waiters)
+    with pytest.raises(OSError):
+        shared.get("ws://own", broken)  # a failure is not remembered: asked again

@@ -9,11 +9,15 @@ outcome, not an exception: the manager falls back to REQ+EOSE.
 """
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from gevent.event import AsyncResult
+from gevent.lock import BoundedSemaphore
 from gevent.queue import Empty, Queue
 
-from ..constants import NEGENTROPY_DEADLINE_SECS
+from ..constants import MAX_RUNNING_EXCHANGES, NEGENTROPY_DEADLINE_SECS, SHARED_HOLDINGS_SECS
 from ..protocol.filters import Filter
 from . import negentropy_ws
 from .events import NegentropyFinished
@@ -36,16 +40,60 @@ class NegentropyOutcome:
     held: int = 0  # events of the filter the own relay holds
 
 
+class SharedHoldings:
+    """The own relay's holdings for a filter, read once for every exchange that asks for the
+    same filter at about the same time. Layer 1 is the same filter on every relay and
+    matches every announcement the own relay holds: read per relay, hundreds of relays
+    meant hundreds of identical full reads. A read is shared while it runs and reused for
+    ``reuse_secs`` after: a snapshot that old can only miss events stored since, never
+    claim one the own relay lacks (those come back as needed and are recognised by id)."""
+
+    def __init__(self, read=own_holdings, reuse_secs: float = SHARED_HOLDINGS_SECS, clock=time.monotonic):
+        self._read = read
+        self._reuse = reuse_secs
+        self._clock = clock
+        self._reading: dict[str, AsyncResult] = {}
+        self._done: OrderedDict[str, tuple[float, list]] = OrderedDict()  # oldest first
+
+    def get(self, url: str, flt: Filter) -> list[tuple[int, str]]:
+        now = self._clock()
+        while self._done and now - next(iter(self._done.values()))[0] >= self._reuse:
+            self._done.popitem(last=False)
+        key = flt.to_json()
+        if key in self._done:
+            return self._done[key][1]
+        if key in self._reading:
+            return self._reading[key].get()  # waits; a failed read fails its waiters too
+        result = self._reading[key] = AsyncResult()
+        try:
+            items = self._read(url, flt)
+        except BaseException as exc:
+            result.set_exception(exc)
+            raise
+        finally:
+            del self._reading[key]
+        result.set(items)
+        self._done[key] = (self._clock(), items)
+        return items
+
+
+# Every exchange holds its filter's have-set while it runs (layer 1: every announcement the
+# own relay holds): at most this many run at once, whatever the number of relays.
+_running = BoundedSemaphore(MAX_RUNNING_EXCHANGES)
+_holdings = SharedHoldings()
+
+
 def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batch_id: int,
                      token: str, deadline_secs: float = NEGENTROPY_DEADLINE_SECS) -> None:
-    try:
-        items = own_holdings(own_url, flt)
-    except Exception as exc:
-        outcome = NegentropyOutcome(False, reason=f"own relay query failed: {type(exc).__name__}",
-                                    own_relay_failed=True)
-    else:
-        outcome = exchange(conn, token, flt, items + list(extra_items), deadline_secs)
-        outcome.held = len(items)
+    with _running:
+        try:
+            items = _holdings.get(own_url, flt)
+        except Exception as exc:
+            outcome = NegentropyOutcome(False, reason=f"own relay query failed: {type(exc).__name__}",
+                                        own_relay_failed=True)
+        else:
+            outcome = exchange(conn, token, flt, items + list(extra_items), deadline_secs)
+            outcome.held = len(items)
     post(NegentropyFinished(conn.relay, conn.session, batch_id, token, flt, outcome))
 
 

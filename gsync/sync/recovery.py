@@ -114,6 +114,8 @@ class MissingEventRecovery:
     def clear_arrived(self, ids: Iterable[str]) -> set[str]:
         """Ids that arrived by other means (live sync, another relay). Returns the relays
         this fully recovered. The cost follows ``ids``, not the relays in recovery."""
+        if not self._owners:
+            return set()  # the common case (nothing in recovery): one check per event
         recovered_relays = set()
         for event_id in ids:
             for relay in self._owners.pop(event_id, ()):
