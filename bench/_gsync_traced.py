@@ -15,7 +15,7 @@ import gevent  # noqa: E402
 
 def _watch(path: str) -> None:
     while True:
-        gevent.sleep(20)
+        gevent.sleep(float(os.environ.get("GSYNC_TRACEMALLOC_SECS", "20")))
         snap = tracemalloc.take_snapshot().filter_traces(
             [tracemalloc.Filter(False, tracemalloc.__file__)])
         stats = snap.statistics("traceback")
@@ -24,12 +24,12 @@ def _watch(path: str) -> None:
             fh.write(f"== {time.strftime('%H:%M:%S')} traced {total / 2**20:.1f} MiB\n")
             for s in stats[:20]:
                 fh.write(f"{s.size / 2**20:8.1f} MiB {s.count:9d} blocks\n")
-                for line in s.traceback.format()[-6:]:
+                for line in s.traceback.format()[-12:]:
                     fh.write(f"      {line}\n")
 
 
 if __name__ == "__main__":
-    tracemalloc.start(3)
+    tracemalloc.start(int(os.environ.get("GSYNC_TRACEMALLOC_FRAMES", "3")))
     gevent.spawn(_watch, os.environ["GSYNC_TRACEMALLOC_OUT"])
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from gsync.ops.cli import main

@@ -103,11 +103,7 @@ class Filter:
         Measured as JSON, quotes and comma included: values such as ``d`` identifiers come
         from untrusted events, and each control character in one costs six bytes on the wire.
         """
-        return sum(
-            len(json.dumps(v, ensure_ascii=False).encode()) + 1
-            for _, values in self.tags
-            for v in values
-        )
+        return sum(json_size(v) + 1 for _, values in self.tags for v in values)
 
     def serialized_size(self) -> int:
         return len(self.to_json().encode())
@@ -131,6 +127,15 @@ class Filter:
                 if not present or values.isdisjoint(present):
                     return False
         return True
+
+
+def json_size(value: str) -> int:
+    """Bytes of ``value`` as a JSON string, quotes included. Ids and addresses (printable
+    ASCII, nothing to escape) are counted without encoding: filter building sizes every
+    value of every filter."""
+    if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+        return len(value) + 2
+    return len(json.dumps(value, ensure_ascii=False).encode())
 
 
 def matches_any(filters, event: Event) -> bool:

@@ -33,23 +33,14 @@ class Descendants:
             self.start_historic(state, PendingItems(), filters)
 
     def open_descendant_live(self, state: RelayState, filters) -> None:
-        """Live coverage for new members within the subscription budget: in free slots;
-        with none free, rebuilt (consolidated) if that packs it into fewer REQs, else polled
-        on the 5 s cadence (SPEC §3). Members trickle in during historic sync, one small REQ
-        per tick: opening each would overrun the relay's budget."""
+        """Live coverage for new members in the subscription slots still free, the rest
+        polled on the 5 s cadence (SPEC §3). Members trickle in during historic sync, one
+        small REQ per tick: opening each would overrun the relay's budget. (A consolidation
+        for new core coverage packs them again.)"""
         groups = filter_plan.pack_into_reqs(filter_plan.live(filters), state.limits)
         budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
         active = sum(1 for sub in state.live_subs.values() if not sub.control)
-        free = budget.live_slots - active
-        if len(groups) <= free:
-            self.open_live_groups(state, groups, descendants=True)
-            return
-        wanted = self.filters_for(state, self.desired_live_items(state), None)
-        wanted += self.descendant_filters_for(state, state.members)
-        if filter_plan.live_baseline(wanted, state.limits) < active:
-            self.consolidate(state)  # covers state.members, the new ones included
-        else:
-            self.open_live_groups(state, groups, slots=max(0, free), descendants=True)
+        self.open_live_groups(state, groups, slots=max(0, budget.live_slots - active), descendants=True)
 
     def descendant_filters_for(self, state: RelayState, ids):
         return filter_plan.descendant_filters(ids, budget=filter_plan.tag_value_budget(state.limits))

@@ -351,7 +351,8 @@ class HistoricSync:
             need = self.claims.claim(state.url, batch.batch_id,
                                      (i for i in result.need_ids if i not in self.seen))
             log.debug("negentropy_done", relay=state.url, batch_id=batch.batch_id, need=len(need),
-                      have=len(result.have_ids), rounds=result.rounds, held=result.held)
+                      advertised=len(result.need_ids), have=len(result.have_ids),
+                      rounds=result.rounds, held=result.held)
             if fetch_by_filter(len(need), result.held):
                 log.debug("negentropy_fetch_by_filter", relay=state.url, batch_id=batch.batch_id,
                           need=len(need), held=result.held)
