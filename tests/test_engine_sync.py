@@ -1,4 +1,6 @@
 """The sync engine end to end: real LocalRelays (own + remotes) and gsync as a subprocess."""
+import time
+
 import pytest
 
 from . import factory as f
@@ -200,7 +202,9 @@ def test_thread_members_arriving_one_by_one_stay_within_the_subscription_budget(
         publish(remote.url, members[-1:])
         # the tick that takes the member in also starts its descendants' historic batch
         wait_until(lambda done=done: batches() > done, timeout=20, interval=0.1, what=f"member {i} taken in")
-    child = carol.sign(1, [["e", members[-1].id]], "replies to the newest member")
+    # created now, as a live event is: polled coverage asks from the last poll, minus 15 min
+    child = carol.sign(1, [["e", members[-1].id]], "replies to the newest member",
+                       created_at=int(time.time()))
     publish(remote.url, [child])
     assert_arrives(own, [child], timeout=30, what="a descendant of the newest member")
     peak = gsync.status()["relays"][0]["subscriptions_peak"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import gevent
+import gevent.event
 from gevent.queue import Empty, Queue
 
 from .. import constants
@@ -30,6 +31,10 @@ SEND_TIMEOUT_SECS = 30.0
 SEND_BATCH = 64  # queued messages joined into one socket write
 CHECKED_CAPACITY = 50_000
 CLOSING_CAPACITY = 1_000  # subscriptions closed by us, awaiting the relay's CLOSED
+# Read bursts posted to the manager and not yet applied: the reader waits beyond this, so
+# the manager's queue holds at most this many bursts per connection however many relays
+# send at once (the socket pushes back on the relay meanwhile).
+MAX_UNAPPLIED_BURSTS = 2
 
 
 class RelayConnection:
@@ -60,6 +65,8 @@ class RelayConnection:
         self._closing: dict[str, FilterSet] = {}
         self._junk_streak = 0
         self._events: list[RemoteEvent] = []  # checked, not yet posted (see _flush_events)
+        self._unapplied = 0  # RemoteEvents posted, not yet applied by the manager
+        self._applied = gevent.event.Event()
         self._greenlets: list[gevent.Greenlet] = []
         self.closed = False
         self._bytes_up = metrics.BYTES_UP.labels(relay)
@@ -114,6 +121,11 @@ class RelayConnection:
             if g is not current:
                 g.kill(block=False)
 
+    def burst_applied(self) -> None:
+        """The manager applied one of this connection's RemoteEvents: reading may go on."""
+        self._unapplied -= 1
+        self._applied.set()
+
     @property
     def is_open(self) -> bool:
         return not self.closed and bool(getattr(self.ws, "connected", False))
@@ -163,6 +175,9 @@ class RelayConnection:
                         self._junk("binary_frame")
                 self._bytes_down.inc(received)
                 self._flush_events()  # the burst's events: one message to the manager
+                while self._unapplied >= MAX_UNAPPLIED_BURSTS and not self.closed:
+                    self._applied.clear()
+                    self._applied.wait(1.0)
                 if self._room is not None:
                     # Let the manager take this burst to delivery first (reading on would
                     # not yield while the socket has data), then stop reading while
@@ -193,6 +208,7 @@ class RelayConnection:
     def _flush_events(self) -> None:
         if self._events:
             events, self._events = self._events, []
+            self._unapplied += 1
             self._post(RemoteEvents(self.relay, self.session, events))
 
     # -- frames -------------------------------------------------------------------------

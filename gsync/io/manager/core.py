@@ -176,6 +176,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         state = self._current(msg.relay, msg.session)
         if state is None:
             return
+        state.conn.burst_applied()  # its reader may read the next burst
         state.received_metric.inc(len(msg.events))
         for event in msg.events:
             try:
