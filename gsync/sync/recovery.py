@@ -114,8 +114,6 @@ class MissingEventRecovery:
     def clear_arrived(self, ids: Iterable[str]) -> set[str]:
         """Ids that arrived by other means (live sync, another relay). Returns the relays
         this fully recovered. The cost follows ``ids``, not the relays in recovery."""
-        if not self._owners:
-            return set()  # the common case (nothing in recovery): one check per event
         recovered_relays = set()
         for event_id in ids:
             for relay in self._owners.pop(event_id, ()):
@@ -125,6 +123,11 @@ class MissingEventRecovery:
                     del self._relays[relay]
                     recovered_relays.add(relay)
         return recovered_relays
+
+    def is_missing(self, event_id: str) -> bool:
+        """Is ``event_id`` waiting for recovery on any relay? (Asked for every delivered
+        event: a lookup, so the common case allocates nothing.)"""
+        return event_id in self._owners
 
     def _disown(self, event_id: str, relay: str) -> None:
         owners = self._owners.get(event_id)

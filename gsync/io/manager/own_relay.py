@@ -49,10 +49,11 @@ class OwnRelaySide:
             return
         self.seen[event.id] = None
         self.claims.arrived(event.id)
-        for url in self.recovery.clear_arrived((event.id,)):
-            self.promote_if_recovered(url)
+        if self.recovery.is_missing(event.id):
+            for url in self.recovery.clear_arrived((event.id,)):
+                self.promote_if_recovered(url)
         if len(self.seen) > SEEN_CAPACITY:
-            for old in itertools.islice(list(self.seen), SEEN_CAPACITY // 10):
+            for old in list(itertools.islice(self.seen, SEEN_CAPACITY // 10)):  # oldest tenth
                 del self.seen[old]
         if not self.delivery.submit(event) and not self.delivery.is_tracked(event.id):
             del self.seen[event.id]  # dropped for backlog (counted): a later copy may go through
