@@ -190,3 +190,31 @@ def test_events_in_flight_to_the_own_relay_count_as_held(relay_factory, gsync_fa
         assert advertised <= 5, [(e["advertised"], e["held"]) for e in done()]
     finally:
         late.stop()
+
+
+def test_holdings_reads_keep_their_connection_and_survive_its_loss(relay_factory):
+    """Tens of thousands of exchanges read the own relay's holdings: on kept connections,
+    not one websocket per read; a kept one the relay dropped is replaced, the read retried."""
+    from gsync.io.own_query import KeptConnections
+    from gsync.io.ws import connect
+    from gsync.protocol.filters import Filter
+
+    from .relays import publish
+
+    own = relay_factory()
+    notes = [alice.sign(1, [], f"held {i}") for i in range(3)]
+    publish(own.url, notes)
+    opened = []
+
+    def counting(url, timeout):
+        opened.append(connect(url, timeout))
+        return opened[-1]
+
+    reader = KeptConnections(keep=2, connect=counting)
+    want = sorted((e.created_at, e.id) for e in notes)
+    for _ in range(3):
+        assert sorted(reader.holdings(own.url, Filter.make(kinds=[1]))) == want
+    assert len(opened) == 1
+    opened[0].close()  # as a relay closing an idle connection would
+    assert sorted(reader.holdings(own.url, Filter.make(kinds=[1]))) == want
+    assert len(opened) == 2

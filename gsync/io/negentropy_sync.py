@@ -21,7 +21,7 @@ from ..constants import MAX_RUNNING_EXCHANGES, NEGENTROPY_DEADLINE_SECS, SHARED_
 from ..protocol.filters import Filter
 from . import negentropy_ws
 from .events import NegentropyFinished
-from .own_query import own_holdings
+from .own_query import KeptConnections
 
 # LocalRelay's NIP-77 frame limit is 60,000 bytes; staying under it suits most relays.
 FRAME_SIZE_LIMIT = 50_000
@@ -48,7 +48,7 @@ class SharedHoldings:
     ``reuse_secs`` after: a snapshot that old can only miss events stored since, never
     claim one the own relay lacks (those come back as needed and are recognised by id)."""
 
-    def __init__(self, read=own_holdings, reuse_secs: float = SHARED_HOLDINGS_SECS, clock=time.monotonic):
+    def __init__(self, read, reuse_secs: float = SHARED_HOLDINGS_SECS, clock=time.monotonic):
         self._read = read
         self._reuse = reuse_secs
         self._clock = clock
@@ -80,7 +80,7 @@ class SharedHoldings:
 # Every exchange holds its filter's have-set while it runs (layer 1: every announcement the
 # own relay holds): at most this many run at once, whatever the number of relays.
 _running = BoundedSemaphore(MAX_RUNNING_EXCHANGES)
-_holdings = SharedHoldings()
+_holdings = SharedHoldings(KeptConnections(keep=MAX_RUNNING_EXCHANGES).holdings)
 
 
 def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batch_id: int,

@@ -195,9 +195,6 @@ class RepoSyncIndex:
         self._waiting_roots: dict[str, set[str]] = {}  # address → root ids seen too early
         # d → addresses: layer 1 asks "maintainer of any repo called d?" for every event.
         self._by_identifier: dict[str, set[str]] = {}
-        # Bumped by every change a derivation (``derive_relay_targets``) can see, so callers
-        # can keep what they derived until it moves.
-        self.version = 0
         # relay → addresses of the repos listing it: one relay's targets without a walk
         # over every repository (``targets.relay_needs``)
         self._by_relay: dict[str, set[str]] = {}
@@ -224,6 +221,10 @@ class RepoSyncIndex:
 
     def all_relays(self) -> set[str]:
         return {relay for needs in self._repos.values() for relay in needs.relays}
+
+    def listed_relays(self):
+        """Every relay some repo's announcement lists (a view)."""
+        return self._by_relay.keys()
 
     def repos_listing(self, relay: str) -> set[str]:
         """Addresses of the repos whose announcement lists ``relay`` (do not modify)."""
@@ -257,7 +258,6 @@ class RepoSyncIndex:
             needs.root_events |= self._waiting_roots.pop(address, set())
             if level is SyncLevel.STATE_ONLY:
                 needs.purgatory_seen_at = now
-            self.version += 1
             return set(needs.relays)
 
         dirty: set[str] = set()
@@ -274,8 +274,6 @@ class RepoSyncIndex:
         elif level is SyncLevel.STATE_ONLY and needs.sync_level is SyncLevel.STATE_ONLY:
             needs.purgatory_seen_at = now  # still in purgatory: keep it alive
         # A Full entry is never downgraded by a later purgatory answer.
-        if dirty:
-            self.version += 1
         return dirty
 
     def _replace_announcement(self, needs: RepoSyncNeeds, event: Event) -> None:
@@ -303,7 +301,6 @@ class RepoSyncIndex:
             elif event.id not in needs.root_events:
                 needs.root_events.add(event.id)
                 dirty |= needs.relays
-                self.version += 1
         return dirty
 
     def _unlist(self, address: str, relays) -> None:
@@ -315,7 +312,6 @@ class RepoSyncIndex:
                     del self._by_relay[relay]
 
     def _forget(self, address: str) -> None:
-        self.version += 1
         self._unlist(address, self._repos[address].relays)
         del self._repos[address]
         same_name = self._by_identifier[identifier_of(address)]

@@ -63,7 +63,6 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         svc, sync, net = config.service, config.sync, config.network
         self.domains = list(svc.domains)
         self.repos = RepoSyncIndex(svc.own_relay, self.domains)
-        self._targets: tuple | None = None  # (repos.version, derive_relay_targets): relay_targets()
         self.relays: dict[str, RelayState] = {}
         self.capped_relays: set[str] = set()  # over [network] max_relays, already logged
         self.health = RelayHealthTracker(

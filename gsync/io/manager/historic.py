@@ -159,6 +159,12 @@ class HistoricSync:
             batch_id=state.sub_to_batch[token], token=token,
         )
 
+    def not_seen(self, ids) -> set[str]:
+        """``ids`` not yet handed to delivery. (``set - dict.keys()`` would walk the whole
+        dedupe index, hundreds of thousands of ids, for a batch's few hundred.)"""
+        seen = self.seen
+        return {i for i in ids if i not in seen}
+
     def have_beyond_holdings(self, flt: Filter) -> list[tuple[int, str]]:
         """What a NIP-77 have-set for ``flt`` claims besides the own relay's holdings: the
         refused events and those in flight to the own relay that ``flt`` matches (indexed:
@@ -264,7 +270,7 @@ class HistoricSync:
                 self.pump_historic(state)
                 return
             if decision is ResidualDecision.FAIL:
-                missing = batch.residual_ids() - self.seen.keys()
+                missing = self.not_seen(batch.residual_ids())
                 if missing:
                     batch.mark_failed()
                     self.recovery.add_missing(state.url, missing, self.clock())
@@ -373,7 +379,7 @@ class HistoricSync:
                 filters, batch.fetch_by_filter = batch.fetch_by_filter, []
                 self.queue_reqs(state, batch, filters)
             if batch.advertised_ids:
-                self.queue_id_fetches(state, batch, batch.advertised_ids - self.seen.keys())
+                self.queue_id_fetches(state, batch, self.not_seen(batch.advertised_ids))
         self.pump_historic(state)
         if batch.is_complete:
             self.finish_batch(state, batch)

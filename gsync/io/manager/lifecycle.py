@@ -11,7 +11,7 @@ from ...ops.logging import get_logger
 from ...sync import filter_plan
 from ...sync.pending import PageCap
 from ...sync.relay_state import ConnectionStatus, LiveSub, RelayState
-from ...sync.targets import PendingItems, compute_actions, derive_relay_targets, relay_needs
+from ...sync.targets import PendingItems, compute_actions, relay_needs
 from ..connection import RelayConnection
 from ..events import (
     HandshakeDone,
@@ -44,25 +44,19 @@ class RelayLifecycle:
             log.info("relay_registered", relay=url)
         return state
 
-    def relay_targets(self) -> dict:
-        """``derive_relay_targets`` of the current RepoSyncIndex, derived again only when it
-        changed (it walks every repository; relays connect and ticks come far more often)."""
-        cached = self._targets
-        if cached is None or cached[0] != self.repos.version:
-            cached = self._targets = (self.repos.version, derive_relay_targets(self.repos))
-        return cached[1]
-
-    def wanted(self, state: RelayState, targets) -> bool:
-        return state.is_bootstrap or state.url in targets or bool(state.confirmed)
+    def wanted(self, state: RelayState) -> bool:
+        """A bootstrap relay, one some repo lists (a ``derive_relay_targets`` target, read
+        from the relay → repos listing), or one with confirmed work."""
+        return state.is_bootstrap or bool(self.repos.repos_listing(state.url)) or bool(state.confirmed)
 
     def connect_due_relays(self, now: float) -> None:
-        targets = self.relay_targets()
-        for url in list(targets):
-            self.relay(url)
+        for url in list(self.repos.listed_relays()):
+            if url not in self.relays:
+                self.relay(url)
         for state in list(self.relays.values()):
             if state.refused_reason or state.status != ConnectionStatus.DISCONNECTED:
                 continue
-            if not self.wanted(state, targets):
+            if not self.wanted(state):
                 continue
             if self.health.should_attempt_connection(state.url, now):
                 state.attempt += 1
@@ -70,9 +64,8 @@ class RelayLifecycle:
                 self.handshakes.request(state.url, state.attempt)
 
     def retire_unwanted_relays(self) -> None:
-        targets = self.relay_targets()
         for state in list(self.relays.values()):
-            if state.connected and not self.wanted(state, targets) and not state.pending:
+            if state.connected and not self.wanted(state) and not state.pending:
                 log.info("relay_retired", relay=state.url)
                 state.conn.close("no work left")
                 state.conn = None
