@@ -450,7 +450,10 @@ def test_one_relays_targets_from_the_relay_listing_equal_the_full_derivation():
             roots.append(ev.id)
             index.apply_root_event(ev)
         else:
-            index.expire_state_only(now, ttl=rng.choice((0, 10 ** 9)))
+            ttl = rng.choice((0, 10 ** 9))
+            index.expire_state_only(now, ttl=ttl)
+            if ttl == 0:  # every StateOnly repo has had its last purgatory answer by now
+                assert all(n.sync_level is SyncLevel.FULL for _, n in index.items())
         targets = derive_relay_targets(index)
         assert set(index.listed_relays()) == set(targets), action
         for relay in relays:  # one relay's targets, from the relay → repos listing

@@ -87,6 +87,8 @@ class RelayConnection:
         self.subscriptions[sub_id] = FilterSet(filters)
         self.peak_subscriptions = max(self.peak_subscriptions, len(self.subscriptions))
         text = wire.req(sub_id, filters)
+        for f in filters:  # kept for matching; their JSON now lives in ``text`` only
+            f.drop_json()
         self.filter_bytes[sub_id] = len(text)
         self.open_filter_bytes += len(text)
         self.send(text)

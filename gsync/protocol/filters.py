@@ -97,6 +97,11 @@ class Filter:
             object.__setattr__(self, "_json", text)
         return text
 
+    def drop_json(self) -> None:
+        """Forget the cached JSON form: a filter kept for matching once its REQ is sent
+        need not hold a copy of up to 32 KB (it is made again if ever needed)."""
+        object.__setattr__(self, "_json", None)
+
     def tag_value_bytes(self) -> int:
         """Serialized size of the tag values (the quantity the 32 KB budget bounds).
 

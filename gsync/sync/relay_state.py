@@ -71,6 +71,7 @@ class RelayState:
     last_error: str = ""
     events_delivered: int = 0
     received_metric: Any = None  # the relay's gsync_remote_events_total child, kept
+    gauges: Any = None  # its children of metrics.PER_RELAY_GAUGES, kept
     completion_check_scheduled: bool = False
     slot_wakeup_scheduled: bool = False
 

@@ -198,6 +198,8 @@ class RepoSyncIndex:
         # relay → addresses of the repos listing it: one relay's targets without a walk
         # over every repository (``targets.relay_needs``)
         self._by_relay: dict[str, set[str]] = {}
+        self._state_only: set[str] = set()  # what the per-tick expiry looks at
+        self._waiting_count = 0  # root ids in _waiting_roots
 
     # -- reading
 
@@ -255,9 +257,12 @@ class RepoSyncIndex:
             self._by_identifier.setdefault(identifier_of(address), set()).add(address)
             self._replace_announcement(needs, event)
             needs.sync_level = level
-            needs.root_events |= self._waiting_roots.pop(address, set())
+            waiting = self._waiting_roots.pop(address, set())
+            self._waiting_count -= len(waiting)
+            needs.root_events |= waiting
             if level is SyncLevel.STATE_ONLY:
                 needs.purgatory_seen_at = now
+                self._state_only.add(address)
             return set(needs.relays)
 
         dirty: set[str] = set()
@@ -270,6 +275,7 @@ class RepoSyncIndex:
             # Promoted from purgatory: every relay now owes layers 2 and 3 as well.
             needs.sync_level = SyncLevel.FULL
             needs.purgatory_seen_at = None
+            self._state_only.discard(address)
             dirty |= needs.relays
         elif level is SyncLevel.STATE_ONLY and needs.sync_level is SyncLevel.STATE_ONLY:
             needs.purgatory_seen_at = now  # still in purgatory: keep it alive
@@ -312,6 +318,7 @@ class RepoSyncIndex:
                     del self._by_relay[relay]
 
     def _forget(self, address: str) -> None:
+        self._state_only.discard(address)
         self._unlist(address, self._repos[address].relays)
         del self._repos[address]
         same_name = self._by_identifier[identifier_of(address)]
@@ -320,17 +327,19 @@ class RepoSyncIndex:
             del self._by_identifier[identifier_of(address)]
 
     def _park_root(self, address: str, event_id: str) -> None:
-        if sum(len(ids) for ids in self._waiting_roots.values()) >= MAX_WAITING_ROOTS:
+        if self._waiting_count >= MAX_WAITING_ROOTS:
             return
-        self._waiting_roots.setdefault(address, set()).add(event_id)
+        waiting = self._waiting_roots.setdefault(address, set())
+        if event_id not in waiting:
+            waiting.add(event_id)
+            self._waiting_count += 1
 
     def expire_state_only(self, now: float, ttl: float = PURGATORY_TTL_SECS) -> set[str]:
-        """Drop StateOnly repos whose last ``purgatory:`` answer is ``ttl`` old. Dirty relays."""
+        """Drop StateOnly repos whose last ``purgatory:`` answer is ``ttl`` old. Dirty relays.
+        (Asked every tick: it looks at StateOnly repos only.)"""
         dirty: set[str] = set()
-        for address in list(self._repos):
+        for address in list(self._state_only):
             needs = self._repos[address]
-            if needs.sync_level is not SyncLevel.STATE_ONLY:
-                continue
             if needs.purgatory_seen_at is not None and now - needs.purgatory_seen_at >= ttl:
                 self._forget(address)
                 dirty |= needs.relays

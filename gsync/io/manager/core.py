@@ -241,10 +241,13 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
     def update_metrics(self, now: float) -> None:
         connected = dead = 0
         for state in self.relays.values():
-            metrics.RELAY_CONNECTED.labels(state.url).set(int(state.status))
-            metrics.RELAY_STATUS.labels(state.url).set(self.health.status_metric(state.url, now))
-            metrics.RELAY_FAILURES.labels(state.url).set(self.health.failures(state.url, now))
-            metrics.SUBSCRIPTIONS.labels(state.url).set(len(state.conn.subscriptions) if state.conn else 0)
+            if state.gauges is None:  # the relay's children, looked up once (every 2 s × relays)
+                state.gauges = tuple(g.labels(state.url) for g in metrics.PER_RELAY_GAUGES)
+            connected_g, status_g, failures_g, subscriptions_g = state.gauges
+            connected_g.set(int(state.status))
+            status_g.set(self.health.status_metric(state.url, now))
+            failures_g.set(self.health.failures(state.url, now))
+            subscriptions_g.set(len(state.conn.subscriptions) if state.conn else 0)
             connected += state.connected
             dead += self.health.is_dead(state.url, now)
         metrics.RELAYS_TRACKED.set(len(self.relays))
