@@ -218,3 +218,20 @@ def test_holdings_reads_keep_their_connection_and_survive_its_loss(relay_factory
     opened[0].close()  # as a relay closing an idle connection would
     assert sorted(reader.holdings(own.url, Filter.make(kinds=[1]))) == want
     assert len(opened) == 2
+
+
+def test_a_large_shared_read_is_reconciled_from_one_storage():
+    """Layer 1 on hundreds of relays: the same thousands of announcements, built into a
+    NIP-77 storage once for the exchanges that add nothing of their own."""
+    from gsync.io.negentropy_sync import SHARED_STORAGE_MIN_ITEMS, SharedHoldings
+    from gsync.protocol.filters import Filter
+
+    big = [(i, f"{i:064x}") for i in range(SHARED_STORAGE_MIN_ITEMS)]
+    shared = SharedHoldings(lambda url, flt: big if flt.kinds == frozenset({30617}) else big[:5])
+    layer1, small = Filter.make(kinds=[30617]), Filter.make(kinds=[1])
+    items = shared.get("ws://own", layer1)
+    storage = shared.storage(layer1, items)
+    assert storage is not None and len(storage) == len(big)
+    assert shared.storage(layer1, shared.get("ws://own", layer1)) is storage
+    assert shared.storage(layer1, list(items)) is None  # not the shared read itself
+    assert shared.storage(small, shared.get("ws://own", small)) is None  # small: per exchange

@@ -19,6 +19,7 @@ from gevent.queue import Empty, Queue
 
 from ..constants import MAX_RUNNING_EXCHANGES, NEGENTROPY_DEADLINE_SECS, SHARED_HOLDINGS_SECS
 from ..protocol.filters import Filter
+from ..protocol.negentropy import Storage
 from . import negentropy_ws
 from .events import NegentropyFinished
 from .own_query import KeptConnections
@@ -53,7 +54,7 @@ class SharedHoldings:
         self._reuse = reuse_secs
         self._clock = clock
         self._reading: dict[str, AsyncResult] = {}
-        self._done: OrderedDict[str, tuple[float, list]] = OrderedDict()  # oldest first
+        self._done: OrderedDict[str, list] = OrderedDict()  # [read at, items, Storage]; oldest first
 
     def get(self, url: str, flt: Filter) -> list[tuple[int, str]]:
         now = self._clock()
@@ -73,9 +74,26 @@ class SharedHoldings:
         finally:
             del self._reading[key]
         result.set(items)
-        self._done[key] = (self._clock(), items)
+        self._done[key] = [self._clock(), items, None]
         return items
 
+    def storage(self, flt: Filter, items) -> Storage | None:
+        """The NIP-77 storage of a shared read ``items`` (as ``get`` returned them), built
+        once and shared by the exchanges that add nothing to it (read-only): layer 1 on
+        every relay reconciles the same thousands of announcements. None for small reads,
+        which are cheaper built per exchange than kept."""
+        if len(items) < SHARED_STORAGE_MIN_ITEMS:
+            return None
+        entry = self._done.get(flt.to_json())
+        if entry is None or entry[1] is not items:
+            return None
+        if entry[2] is None:
+            unique = {event_id: created_at for created_at, event_id in items}
+            entry[2] = Storage.from_hex((t, i) for i, t in unique.items())
+        return entry[2]
+
+
+SHARED_STORAGE_MIN_ITEMS = 1_000  # a shared read this large is reconciled from one storage
 
 # Every exchange holds its filter's have-set while it runs (layer 1: every announcement the
 # own relay holds): at most this many run at once, whatever the number of relays.
@@ -92,13 +110,16 @@ def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batc
             outcome = NegentropyOutcome(False, reason=f"own relay query failed: {type(exc).__name__}",
                                         own_relay_failed=True)
         else:
-            outcome = exchange(conn, token, flt, items + list(extra_items), deadline_secs)
+            extra = list(extra_items)
+            shared = None if extra else _holdings.storage(flt, items)
+            outcome = exchange(conn, token, flt, items + extra if extra else items, deadline_secs,
+                               storage=shared)
             outcome.held = len(items)
     post(NegentropyFinished(conn.relay, conn.session, batch_id, token, flt, outcome))
 
 
 def exchange(conn, sub_id: str, flt: Filter, items, deadline_secs: float,
-             frame_size_limit: int = FRAME_SIZE_LIMIT) -> NegentropyOutcome:
+             frame_size_limit: int = FRAME_SIZE_LIMIT, storage: Storage | None = None) -> NegentropyOutcome:
     """Reconcile ``items`` with the relay behind ``conn`` for ``flt``; the connection's
     reader hands this exchange the NIP-77 frames (and NOTICEs) through a queue."""
     inbox: Queue = Queue()
@@ -111,7 +132,7 @@ def exchange(conn, sub_id: str, flt: Filter, items, deadline_secs: float,
             return None
 
     try:
-        r = negentropy_ws.reconcile(conn.send, receive, sub_id, flt, items,
+        r = negentropy_ws.reconcile(conn.send, receive, sub_id, flt, items, storage=storage,
                                     frame_size_limit=frame_size_limit, deadline_secs=deadline_secs)
         return NegentropyOutcome(True, r.need_ids, r.have_ids, r.rounds, r.bytes_up, r.bytes_down)
     except negentropy_ws.NegentropyFailed as exc:
