@@ -58,6 +58,12 @@ NEGENTROPY_DEADLINE_SECS = 15.0  # total wall clock for one NIP-77 exchange
 # must not wait for ever. Events keep a REQ alive, so a slow page still streaming is never
 # cut; while delivery holds our reading back, nothing stalls (the silence is ours).
 REQ_STALL_SECS = 30.0
+# NIP-77 exchanges running at once over all relays: each holds its filter's have-set (layer
+# 1: every announcement the own relay holds, a few MB at 10,000), so memory stays bounded
+# however many relays sync at once; queued ones start as others end.
+MAX_RUNNING_EXCHANGES = 16
+# An own-relay holdings read is shared by exchanges over the same filter for this long.
+SHARED_HOLDINGS_SECS = 5.0
 RESIDUAL_FALLBACK_MIN_ADVERTISED = 20
 RESIDUAL_FALLBACK_MAX_FRACTION = 0.10
 # After NIP-77, a filter whose events the own relay mostly lacks (more than one id fetch
@@ -103,6 +109,10 @@ HANDSHAKE_TIMEOUT_SECS = 15.0
 # -- rejected index (SPEC §5) ------------------------------------------------------------
 REJECTED_HOT_SECS = 120
 REJECTED_COLD_SECS = 7 * 24 * 3600
+# Cold entries kept at most (the oldest refusal makes room): about 1 KB each with its index
+# entries, so a relay that feeds us refusable events cannot grow memory or the saved file
+# without bound. Forgetting one costs a fetch (refused again), never an event.
+REJECTED_MAX_ENTRIES = 50_000
 # Release keys kept per refused event (what it may be waiting for: a maintainer listing, a
 # repository, a referenced event): enough for any real NIP-34 event, and a hostile one
 # cannot make its entry large.
@@ -147,7 +157,10 @@ MAX_RELAYS_TOTAL = 500  # [network] max_relays
 # it is above a quarter of it. Each connection may have one read burst (256 KiB, a few
 # hundred events) in hand when the limit is reached, so an event is dropped for backlog
 # only past twice the limit plus DELIVERY_BACKLOG_SLACK: a safety net, not a path.
-DELIVERY_MAX_BACKLOG = 200_000
+# 20,000 events (about 50 MB held) is over ten seconds of what an own relay stores (LMDB
+# LocalRelay: ~1,500 events/s): a larger backlog does not sync faster, it only holds memory
+# (200,000 made a 100,000-event sync peak near 1 GB, bench/scale).
+DELIVERY_MAX_BACKLOG = 20_000
 DELIVERY_HIGH_WATER_FRACTION = 0.25
 DELIVERY_BACKLOG_SLACK = 10_000
 # While the backlog is full, a relay with fewer events than this waiting in it still reads

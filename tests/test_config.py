@@ -89,6 +89,7 @@ def test_example_config_loads_with_the_documented_defaults():
     assert config.sync.negentropy is True
     assert config.network.allow_private_addresses == AddressPolicy()
     assert config.network.max_relays == 500
+    assert str(config.cluster.shard) == "0/1"
     assert config.auth.key_file is None and config.auth.secret_key is None
     assert config.metrics.listen == ("127.0.0.1", 9464)
     assert (config.log.level, config.log.format) == ("info", "json")
@@ -271,6 +272,8 @@ def ini(sections: dict[str, dict[str, str]]) -> str:
     ("sync", "batch_window_ms", "1.5", "whole number"),
     ("network", "allow_private_addresses", "10.0.0.0/33", "bad CIDR"),
     ("metrics", "listen", "127.0.0.1:70000", "out of range"),
+    ("cluster", "shard", "2/2", "0 <= i < N"),
+    ("cluster", "shard", "half", "must be i/N"),
     ("auth", "key_file", "/nonexistent/gsync.key", "cannot read key file"),
 ])
 def test_each_bad_value_is_named(tmp_path, section, key, value, message):

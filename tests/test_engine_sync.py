@@ -1,4 +1,6 @@
 """The sync engine end to end: real LocalRelays (own + remotes) and gsync as a subprocess."""
+import time
+
 import pytest
 
 from . import factory as f
@@ -174,3 +176,62 @@ def test_replies_to_a_thread_member_are_synced_one_generation_deep(relay_factory
     publish(remote.url, [late])
     assert_arrives(own, [late], timeout=20, what="the live descendant")
     assert grandchild.id not in ids_on(own.url, {"ids": [grandchild.id]})
+
+
+def test_thread_members_arriving_one_by_one_stay_within_the_subscription_budget(relay_factory,
+                                                                               gsync_factory):
+    """Each new direct member gets descendant coverage on the next descendants tick: live while
+    a slot is free, then consolidated or polled, never past the relay's 20 subscriptions."""
+    own, remote = relay_factory(), relay_factory()
+    repo = our_announcement(own, [remote], d="busy-threads")
+    bug = f.issue(bob, repo)
+    publish(remote.url, [repo, bug])
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], timers={"DESCENDANT_TICK_SECS": 0.1, "MAINTENANCE_TICK_SECS": 0.2,
+                                                 "POLL_SECS": 1})
+    wait_until(lambda: [r["status"] for r in gsync.status()["relays"]] == ["connected"], timeout=60,
+               what="historic sync complete")
+
+    def batches():
+        return sum(1 for e in gsync.log_events() if e.get("event") == "batch_confirmed")
+
+    members = []
+    for i in range(30):  # one member per descendants tick: one small live REQ each
+        done = batches()
+        members.append(f.comment(alice, bug, content=f"member {i}"))
+        publish(remote.url, members[-1:])
+        # the tick that takes the member in also starts its descendants' historic batch
+        wait_until(lambda done=done: batches() > done, timeout=20, interval=0.1, what=f"member {i} taken in")
+    # created now, as a live event is: polled coverage asks from the last poll, minus 15 min
+    child = carol.sign(1, [["e", members[-1].id]], "replies to the newest member",
+                       created_at=int(time.time()))
+    publish(remote.url, [child])
+    assert_arrives(own, [child], timeout=30, what="a descendant of the newest member")
+    peak = gsync.status()["relays"][0]["subscriptions_peak"]
+    assert peak <= 20, f"{peak} subscriptions open at once on a relay that allows 20"
+
+
+def test_two_sharded_instances_split_the_relays_and_together_sync_everything(relay_factory,
+                                                                             gsync_factory):
+    """[cluster] shard = 0/2 and 1/2 on the same own relay: each instance dials only its
+    relays, every relay is dialled by one of them, and the own relay gets everything."""
+    from gsync.sync.shard import Shard
+
+    own = relay_factory()
+    remotes = [relay_factory() for _ in range(3)]
+    while len({Shard(0, 2).owns(r.url) for r in remotes}) < 2:  # both shards get work
+        remotes.append(relay_factory())
+    events, repos = [], []
+    for i, remote in enumerate(remotes):
+        repo = our_announcement(own, [remote], d=f"sharded-{i}")
+        bug = f.issue(bob, repo)
+        publish(remote.url, [repo, bug, f.comment(alice, bug)])
+        events += [bug]
+        repos.append(repo)
+    publish(own.url, repos)
+    instances = [gsync_factory(own, remotes, extra={"cluster": {"shard": f"{i}/2"}}) for i in range(2)]
+    assert_arrives(own, events, what="every relay's events, from one instance or the other")
+    dialled = [{r["relay"] for r in g.status()["relays"]} for g in instances]
+    assert dialled[0].isdisjoint(dialled[1])
+    assert dialled[0] | dialled[1] == {r.url for r in remotes}
+    assert all(dialled), "each instance has relays of its own"

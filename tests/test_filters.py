@@ -283,3 +283,10 @@ def test_a_replaced_filter_is_encoded_afresh():
     page = first.replace(until=5)
     assert json.loads(page.to_json()) == {"kinds": [1], "#e": ["1" * 64], "until": 5}
     assert page != first and first.replace(until=None) == first
+
+
+@given(st.text(max_size=40))
+def test_json_size_is_the_size_of_the_json_string(value):
+    from gsync.protocol.filters import json_size
+
+    assert json_size(value) == len(json.dumps(value, ensure_ascii=False).encode())

@@ -13,7 +13,7 @@ floods, and an honest relay's live events keep arriving within seconds. bench/fl
 unrequested and duplicate floods at 1,000,000 events.
 
 The bound, from the design (README, "Hostile relays and memory"): per flooding connection
-one read (256 KiB), its parsed burst (the reader reads on only once the manager applied it),
+one read (256 KiB), its parsed bursts (the reader reads on only while fewer than two wait in the manager),
 ids it verified: about 2 MB each; plus the delivery backlog, 1,000 events and at most one
 burst (256 KiB of frames) per connection past it, each event in memory about four times its
 JSON; plus ids delivered (``seen``) and the allocator's slack: 8 MB.

@@ -201,3 +201,38 @@ def test_a_nip77_verdict_lasts_one_session(relay_factory, gsync_factory, scripte
     wait_until(lambda: nip77.opened >= 1, timeout=30, what="a NEG-OPEN in the next session")
     unsupported = [e for e in gsync.log_events() if e["event"] == "negentropy_unsupported"]
     assert len(unsupported) == 1
+
+
+def test_what_one_relay_claimed_and_never_served_comes_from_the_other(relay_factory, gsync_factory,
+                                                                      scripted):
+    """Two relays hold the same issues. The quicker one's NIP-77 claims them all, then never
+    serves three of them by id; the other relay skipped them (someone was fetching them).
+    When the first relay's batch fails, those three go to recovery on the other relay too,
+    which serves them: skipping never loses an event."""
+    own = relay_factory()
+    quick, slow_nip77 = Nip77Server(), Nip77Server()
+
+    def slow(relay, conn, message):
+        time.sleep(1)  # its exchanges end after the quick relay's: the quick one claims first
+        return slow_nip77(relay, conn, message)
+
+    claimer = scripted(negentropy=quick, page_size=500)
+    other = scripted(negentropy=slow, page_size=500)
+    repo = our_announcement(own, [claimer, other], d="claimed-elsewhere")
+    issues = [f.issue(bob, repo, subject=f"claimed {i}") for i in range(30)]
+    for relay in (claimer, other):
+        relay.add(repo, *issues)
+    Withholding(e.id for e in issues[:3]).install(claimer)  # never released
+    answer = claimer.answer
+
+    def slowly_by_id(filters):  # the claim is held (its fetch running) while the other ends
+        if all(flt.ids is not None for flt in filters):
+            time.sleep(2)
+        return answer(filters)
+
+    claimer.answer = slowly_by_id
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [claimer, other], extra={"sync": {"recovery_base_secs": "1"}})
+    assert_arrives(own, issues, timeout=60, what="every issue, the withheld ones from the other relay")
+    other_sent = gsync.metric("gsync_remote_events_total", relay=other.url)
+    assert 3 <= other_sent <= 10, f"the other relay sent {other_sent}: only what the first could not"

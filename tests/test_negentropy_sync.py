@@ -89,3 +89,151 @@ def test_an_own_relay_lacking_most_of_a_filter_fetches_it_by_pages(gsync_factory
     finally:
         own.stop()
         remote.stop()
+
+
+def test_a_repository_on_two_relays_is_fetched_from_one_of_them(gsync_factory, tmp_path):
+    """Both remotes hold the whole history of the same repositories; NIP-77 on each finds it
+    all missing. Each event is fetched once: the first exchange to find it claims it, the
+    other relay waits for it (events received close to events wanted, not twice as many)."""
+    from .relays import RelayProcess, free_port
+
+    own_port, a_port, b_port = free_port(), free_port(), free_port()
+    stubs = [RelayProcess({"port": p}) for p in (a_port, b_port)]
+    events = []
+    for r in range(2):
+        repo = our_announcement(RelayProcess({"port": own_port}), stubs, d=f"twice-{r}")
+        events.append(repo)
+        for i in range(100):
+            bug = f.issue(bob, repo, subject=f"{r}/{i}")
+            events += [bug, f.comment(alice, bug, content=f"{r}/{i}")]
+    announcements = [e for e in events if e.kind == 30617]
+    history = write_seed_file(events, str(tmp_path))
+    own, a, b = start_relays(
+        {"port": own_port, "seed_file": write_seed_file(announcements, str(tmp_path))},
+        {"port": a_port, "seed_file": history}, {"port": b_port, "seed_file": history},
+    )
+    try:
+        gsync = gsync_factory(own, [a, b])
+        want = {e.id for e in events if e.kind != 30617}
+        wait_until(lambda: want <= ids_on(own.url, {"kinds": [1621, 1111]}), timeout=120,
+                   what="the whole history")
+        wait_until(lambda: _synced(gsync), timeout=60, what="historic sync complete on both")
+        received = gsync.metric("gsync_remote_events_total")
+        assert received <= 1.2 * len(want), f"{received} events received for {len(want)} wanted"
+    finally:
+        for relay in (own, a, b):
+            relay.stop()
+
+
+def test_identical_holdings_reads_at_about_the_same_time_are_shared():
+    """Layer 1 is the same filter on every relay: one own-relay read serves them all."""
+    import gevent
+    import pytest
+
+    from gsync.io.negentropy_sync import SharedHoldings
+    from gsync.protocol.filters import Filter
+
+    reads = []
+    now = [0.0]
+
+    def read(url, flt):
+        reads.append(flt)
+        gevent.sleep(0.05)
+        if flt.kinds == frozenset({666}):
+            raise OSError("own relay gone")
+        return [(1, "a" * 64)]
+
+    shared = SharedHoldings(read, reuse_secs=5, clock=lambda: now[0])
+    layer1, other = Filter.make(kinds=[30617, 10317]), Filter.make(kinds=[1])
+    results = [g.get() for g in gevent.joinall([gevent.spawn(shared.get, "ws://own", f)
+                                                for f in (layer1, layer1, layer1, other)])]
+    assert results == [[(1, "a" * 64)]] * 4 and reads == [layer1, other]
+    now[0] = 4.9
+    shared.get("ws://own", layer1)
+    assert len(reads) == 2  # still fresh
+    now[0] = 5.0
+    shared.get("ws://own", layer1)
+    assert len(reads) == 3  # read again once the snapshot is as old as reuse_secs
+    broken = Filter.make(kinds=[666])
+    waiters = [gevent.spawn(shared.get, "ws://own", broken) for _ in range(2)]
+    gevent.joinall(waiters)
+    assert all(isinstance(g.exception, OSError) for g in waiters)
+    with pytest.raises(OSError):
+        shared.get("ws://own", broken)  # a failure is not remembered: asked again
+
+
+def test_events_in_flight_to_the_own_relay_count_as_held(relay_factory, gsync_factory):
+    """The own relay is slow to store: while a relay's events wait for its OK, a second
+    relay's NIP-77 over the same filter does not list them as missing (the have-set holds
+    the events in flight that the filter matches)."""
+    from .relays import RelayProcess, free_port
+
+    own = relay_factory(write_delay_ms=400)
+    quick = relay_factory()
+    late = RelayProcess({"port": free_port()})  # listed, but up only once the first relay's events are in flight
+    repo = our_announcement(own, [quick, late], d="in-flight")
+    issues = [f.issue(bob, repo, subject=f"slow {i}") for i in range(40)]
+    from .relays import publish
+    publish(quick.url, [repo, *issues])
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [quick, late], extra={"sync": {"base_backoff_secs": "0.5"}})
+    try:
+        wait_until(lambda: gsync.metric("gsync_remote_events_total", relay=quick.url) >= 40, timeout=30,
+                   what="the quick relay's issues in flight")
+        late.start()
+        publish(late.url, [repo, *issues])
+        done = lambda: [e for e in gsync.log_events()  # noqa: E731
+                        if e.get("event") == "negentropy_done" and e["relay"] == late.url]
+        wait_until(lambda: len(done()) >= 2, timeout=30, what="the late relay's exchanges")
+        stored = len(ids_on(own.url, {"kinds": [1621]}))
+        assert stored < 30, f"the own relay stored {stored} already: the test needs them in flight"
+        # (a holdings read shared with an earlier exchange may miss a few stored since)
+        advertised = sum(e["advertised"] for e in done())
+        assert advertised <= 5, [(e["advertised"], e["held"]) for e in done()]
+    finally:
+        late.stop()
+
+
+def test_holdings_reads_keep_their_connection_and_survive_its_loss(relay_factory):
+    """Tens of thousands of exchanges read the own relay's holdings: on kept connections,
+    not one websocket per read; a kept one the relay dropped is replaced, the read retried."""
+    from gsync.io.own_query import KeptConnections
+    from gsync.io.ws import connect
+    from gsync.protocol.filters import Filter
+
+    from .relays import publish
+
+    own = relay_factory()
+    notes = [alice.sign(1, [], f"held {i}") for i in range(3)]
+    publish(own.url, notes)
+    opened = []
+
+    def counting(url, timeout):
+        opened.append(connect(url, timeout))
+        return opened[-1]
+
+    reader = KeptConnections(keep=2, connect=counting)
+    want = sorted((e.created_at, e.id) for e in notes)
+    for _ in range(3):
+        assert sorted(reader.holdings(own.url, Filter.make(kinds=[1]))) == want
+    assert len(opened) == 1
+    opened[0].close()  # as a relay closing an idle connection would
+    assert sorted(reader.holdings(own.url, Filter.make(kinds=[1]))) == want
+    assert len(opened) == 2
+
+
+def test_a_large_shared_read_is_reconciled_from_one_storage():
+    """Layer 1 on hundreds of relays: the same thousands of announcements, built into a
+    NIP-77 storage once for the exchanges that add nothing of their own."""
+    from gsync.io.negentropy_sync import SHARED_STORAGE_MIN_ITEMS, SharedHoldings
+    from gsync.protocol.filters import Filter
+
+    big = [(i, f"{i:064x}") for i in range(SHARED_STORAGE_MIN_ITEMS)]
+    shared = SharedHoldings(lambda url, flt: big if flt.kinds == frozenset({30617}) else big[:5])
+    layer1, small = Filter.make(kinds=[30617]), Filter.make(kinds=[1])
+    items = shared.get("ws://own", layer1)
+    storage = shared.storage(layer1, items)
+    assert storage is not None and len(storage) == len(big)
+    assert shared.storage(layer1, shared.get("ws://own", layer1)) is storage
+    assert shared.storage(layer1, list(items)) is None  # not the shared read itself
+    assert shared.storage(small, shared.get("ws://own", small)) is None  # small: per exchange

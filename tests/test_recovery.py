@@ -212,3 +212,45 @@ def test_filters_and_ids_share_one_attempt():
     assert rec.pending_ids(A) == set() and not rec.is_fully_recovered(A)
     rec.cancel_attempt(A)
     assert rec.attempt_filters(A) == []
+
+
+def test_arrivals_are_cleared_by_id_whatever_happened_to_the_relays_before():
+    """``clear_arrived`` runs for every delivered event: it looks ids up, and stays right
+    after results, give-ups and fresh starts."""
+    import random
+
+    rng = random.Random(7)
+    rec = MissingEventRecovery(max_zero_progress=2)
+    relays = [f"wss://r{i}.example" for i in range(6)]
+    model: dict[str, set] = {}  # what each relay still waits for
+    now = 0
+    for _ in range(400):
+        relay = rng.choice(relays)
+        action = rng.choice(("add", "add", "arrive", "attempt", "forget"))
+        now += 100
+        if action == "add":
+            new = ids(rng.randint(1, 5), start=rng.randint(0, 30))
+            rec.add_missing(relay, new, now)
+            model.setdefault(relay, set()).update(new)
+        elif action == "arrive":
+            arrived = ids(rng.randint(1, 4), start=rng.randint(0, 30))
+            done = rec.clear_arrived(arrived)
+            for r in list(model):
+                model[r] -= set(arrived)
+                if not model[r]:
+                    assert r in done
+                    del model[r]
+        elif action == "attempt":
+            asked = rec.next_attempt(relay, now)
+            if asked:
+                got = asked[: rng.randint(0, len(asked))]
+                dropped = rec.record_result(relay, got, now)
+                model[relay] -= set(got)
+                if dropped or not model[relay]:
+                    del model[relay]
+        else:
+            rec.forget(relay)
+            model.pop(relay, None)
+        for r in relays:
+            assert rec.pending_ids(r) == model.get(r, set())
+    assert set(rec._owners) == set().union(*model.values()) if model else not rec._owners

@@ -456,3 +456,40 @@ def test_other_kinds_are_not_forwarded_by_layer1():
 
 def test_identifier_of_keeps_colons_in_d():
     assert identifier_of("30617:abc:my:repo") == "my:repo"
+
+
+def test_one_relays_targets_from_the_relay_listing_equal_the_full_derivation():
+    """The manager asks one relay's targets (``relay_needs``, from the relay → repos
+    listing) and whether a relay is listed at all: after any change they must agree with
+    ``derive_relay_targets`` over every repository (a stale listing would connect or sync
+    the wrong relays)."""
+    import random
+
+    from gsync.sync.targets import SyncItems, derive_relay_targets, relay_needs
+
+    rng = random.Random(3)
+    index = RepoSyncIndex(OWN, [DOMAIN])
+    relays = [f"wss://r{i}.example" for i in range(5)]
+    keys = [ALICE, BOB]
+    roots = []
+    for step in range(300):
+        action = rng.choice(("announce", "announce", "purgatory", "root", "expire"))
+        now = T0 + step * 3600
+        if action in ("announce", "purgatory"):
+            ev = ours(secret=rng.choice(keys), d=f"d{rng.randint(0, 3)}",
+                      relays=rng.sample(relays, rng.randint(0, 3)), created_at=T0 + rng.randint(0, 50))
+            index.apply_announcement(ev, SyncLevel.FULL if action == "announce" else SyncLevel.STATE_ONLY, now)
+        elif action == "root":
+            addr = f"30617:{public_key(rng.choice(keys))}:d{rng.randint(0, 3)}"
+            ev = sign_event(BOB, created_at=T0 + step, kind=1621, tags=[["a", addr]])
+            roots.append(ev.id)
+            index.apply_root_event(ev)
+        else:
+            ttl = rng.choice((0, 10 ** 9))
+            index.expire_state_only(now, ttl=ttl)
+            if ttl == 0:  # every StateOnly repo has had its last purgatory answer by now
+                assert all(n.sync_level is SyncLevel.FULL for _, n in index.items())
+        targets = derive_relay_targets(index)
+        assert set(index.listed_relays()) == set(targets), action
+        for relay in relays:  # one relay's targets, from the relay → repos listing
+            assert relay_needs(index, relay) == targets.get(relay, SyncItems()), (action, relay)

@@ -168,3 +168,20 @@ def test_messages_before_a_broken_frame_are_returned_before_it_raises(scripted):
     with pytest.raises(ws_stream.BrokenFrame, match="masked"):
         stream.recv_burst()
     stream.close()
+
+
+def test_sockets_gsync_dials_itself_send_small_frames_without_delay(scripted):
+    """The handshake connects to the address the SSRF guard checked, on a socket of its own:
+    it must set TCP_NODELAY as websocket-client does for the sockets it opens, or a lone
+    small frame (a live REQ, a CLOSE) waits for the peer's delayed ACK."""
+    import socket
+
+    from gsync.io.handshake import open_websocket
+    from gsync.protocol.urls import AddressPolicy
+
+    relay = scripted()
+    stream = open_websocket(relay.url, AddressPolicy.parse(f"127.0.0.1:{relay.port}"), 10)
+    try:
+        assert stream._sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        stream.close()

@@ -11,6 +11,7 @@ owns the socket's send side, so the manager only ever enqueues text and never bl
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import gevent
 import gevent.event
@@ -38,6 +39,10 @@ SEND_BATCH = 64  # queued messages joined into one socket write
 CHECKED_CAPACITY = 10_000
 CLOSING_CAPACITY = 1_000  # subscriptions closed by us, awaiting the relay's CLOSED
 NEG_INBOX_FRAMES = 16  # NIP-77 frames waiting for one exchange (it is owed one at a time)
+# Read bursts posted to the manager and not yet applied: the reader waits beyond this, so
+# the manager's queue holds at most this many bursts per connection however many relays
+# send at once (the socket pushes back on the relay meanwhile).
+MAX_UNAPPLIED_BURSTS = 2
 
 
 class RelayConnection:
@@ -57,6 +62,7 @@ class RelayConnection:
         self.subscriptions: dict[str, FilterSet] = {}
         self.filter_bytes: dict[str, int] = {}  # REQ size per open subscription
         self.open_filter_bytes = 0
+        self.peak_subscriptions = 0  # the most REQs open at once: checked against the budget
         self.neg_waiters: dict[str, Queue] = {}
         self._outbox: Queue = Queue()
         self._challenge: str | None = None
@@ -73,7 +79,7 @@ class RelayConnection:
             constants.MISBEHAVIOUR_BUDGET, constants.MISBEHAVIOUR_REFILL_PER_SEC, time.monotonic()
         )
         self._events: list[RemoteEvent] = []  # checked, not yet posted (see _flush_events)
-        self._last_burst: gevent.event.Event | None = None  # set once the manager applied it
+        self._unapplied: deque[gevent.event.Event] = deque()  # bursts posted, each set once applied
         self._greenlets: list[gevent.Greenlet] = []
         self.closed = False
         self._bytes_up = metrics.BYTES_UP.labels(relay)
@@ -92,7 +98,10 @@ class RelayConnection:
         filters = tuple(filters)
         self.forget(sub_id)
         self.subscriptions[sub_id] = FilterSet(filters)
+        self.peak_subscriptions = max(self.peak_subscriptions, len(self.subscriptions))
         text = wire.req(sub_id, filters)
+        for f in filters:  # kept for matching; their JSON now lives in ``text`` only
+            f.drop_json()
         self.filter_bytes[sub_id] = len(text)
         self.open_filter_bytes += len(text)
         self.send(text)
@@ -214,19 +223,22 @@ class RelayConnection:
     def _flush_events(self) -> None:
         if self._events:
             events, self._events = self._events, []
-            self._last_burst = gevent.event.Event()
-            self._post(RemoteEvents(self.relay, self.session, events, self._last_burst))
+            applied = gevent.event.Event()
+            self._unapplied.append(applied)
+            self._post(RemoteEvents(self.relay, self.session, events, applied))
 
     def _wait_for_manager(self) -> None:
-        """Read no further until the manager has applied this burst (and taken its events
-        to delivery): a connection never has more than one burst waiting in the manager's
-        queue, however fast its relay sends, so memory per connection is bounded by design.
+        """Read no further while MAX_UNAPPLIED_BURSTS of this connection's bursts wait in
+        the manager's queue: however fast its relay sends, memory per connection is bounded
+        by design, and the next burst is read while the manager applies the last one.
         (Reading on would not even yield while the socket has data.)"""
-        burst, self._last_burst = self._last_burst, None
-        if burst is None:
-            gevent.sleep(0)  # nothing posted: still let the others run
-        else:
-            burst.wait()
+        unapplied = self._unapplied
+        while unapplied and unapplied[0].is_set():
+            unapplied.popleft()
+        if len(unapplied) < MAX_UNAPPLIED_BURSTS:
+            gevent.sleep(0)  # still let the others run
+        while len(unapplied) >= MAX_UNAPPLIED_BURSTS:
+            unapplied.popleft().wait()
 
     # -- frames -------------------------------------------------------------------------
 

@@ -31,6 +31,8 @@ from ..ops.logging import get_logger
 from ..protocol import messages as wire
 from ..protocol import wsframes
 from ..protocol.event import Event
+from ..protocol.filters import Filter
+from ..sync.have_index import HaveIndex
 from .connection import auth_event
 from .events import DeliveryAnswered, OwnRelayState
 from .ws import connect as ws_connect
@@ -151,6 +153,7 @@ class OwnRelayDelivery:
         self._tracked: dict[str, Event] = {}  # submitted, not yet answered for good
         self._sources: dict[str, str] = {}  # id → the remote it came from ("": none), while tracked
         self._held: dict[str, int] = {}  # tracked events per source
+        self._tracked_index = HaveIndex()  # the same events, by what filters select on
         self._attempts: dict[str, int] = {}
         self._retry_heap: list[tuple[float, int, Event]] = []
         self._seq = itertools.count()
@@ -192,6 +195,7 @@ class OwnRelayDelivery:
         self._tracked[event.id] = event
         self._sources[event.id] = source
         self._held[source] = self._held.get(source, 0) + 1
+        self._tracked_index.add(event.id, event)
         self._queue.append(event, source)
         self._idle.clear()
         self._wake_lanes()
@@ -207,10 +211,10 @@ class OwnRelayDelivery:
     def room_for(self, source: str) -> SourceRoom:
         return SourceRoom(self, source)
 
-    @property
-    def tracked_items(self):
-        """(created_at, id) of everything not yet answered: part of the negentropy have-set."""
-        return [(e.created_at, e.id) for e in self._tracked.values()]
+    def tracked_matching(self, flt: Filter) -> list[tuple[int, str]]:
+        """(created_at, id) of the events not yet answered that ``flt`` matches: part of a
+        NIP-77 have-set for that filter (the own relay will hold them)."""
+        return self._tracked_index.matching(flt)
 
     @property
     def backlog(self) -> int:
@@ -369,6 +373,7 @@ class OwnRelayDelivery:
                 self._held[source] = left
             else:
                 del self._held[source]
+        self._tracked_index.discard(event.id)
         self._attempts.pop(event.id, None)
         if not self.room.is_set() and len(self._tracked) < self._max_backlog * 0.9:
             log.info("delivery_backlog_has_room", backlog=len(self._tracked))

@@ -10,16 +10,21 @@ outcome, not an exception: the manager falls back to REQ+EOSE.
 """
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from gevent.event import AsyncResult
+from gevent.lock import BoundedSemaphore
 from gevent.queue import Empty, Queue
 
-from ..constants import NEGENTROPY_DEADLINE_SECS
+from ..constants import MAX_RUNNING_EXCHANGES, NEGENTROPY_DEADLINE_SECS, SHARED_HOLDINGS_SECS
 from ..ops import metrics
 from ..protocol.filters import Filter
+from ..protocol.negentropy import Storage
 from . import negentropy_ws
 from .events import NegentropyFinished, OwnHoldingsRead
-from .own_query import own_holdings, own_holdings_of
+from .own_query import KeptConnections
 
 # LocalRelay's NIP-77 frame limit is 60,000 bytes; staying under it suits most relays.
 FRAME_SIZE_LIMIT = 50_000
@@ -38,12 +43,72 @@ class NegentropyOutcome:
     held: int = 0  # events of the filter the own relay holds
 
 
+class SharedHoldings:
+    """The own relay's holdings for a filter, read once for every exchange that asks for the
+    same filter at about the same time. Layer 1 is the same filter on every relay and
+    matches every announcement the own relay holds: read per relay, hundreds of relays
+    meant hundreds of identical full reads. A read is shared while it runs and reused for
+    ``reuse_secs`` after: a snapshot that old can only miss events stored since, never
+    claim one the own relay lacks (those come back as needed and are recognised by id)."""
+
+    def __init__(self, read, reuse_secs: float = SHARED_HOLDINGS_SECS, clock=time.monotonic):
+        self._read = read
+        self._reuse = reuse_secs
+        self._clock = clock
+        self._reading: dict[str, AsyncResult] = {}
+        self._done: OrderedDict[str, list] = OrderedDict()  # [read at, items, Storage]; oldest first
+
+    def get(self, url: str, flt: Filter) -> list[tuple[int, str]]:
+        now = self._clock()
+        while self._done and now - next(iter(self._done.values()))[0] >= self._reuse:
+            self._done.popitem(last=False)
+        key = flt.to_json()
+        if key in self._done:
+            return self._done[key][1]
+        if key in self._reading:
+            return self._reading[key].get()  # waits; a failed read fails its waiters too
+        result = self._reading[key] = AsyncResult()
+        try:
+            items = self._read(url, flt)
+        except BaseException as exc:
+            result.set_exception(exc)
+            raise
+        finally:
+            del self._reading[key]
+        result.set(items)
+        self._done[key] = [self._clock(), items, None]
+        return items
+
+    def storage(self, flt: Filter, items) -> Storage | None:
+        """The NIP-77 storage of a shared read ``items`` (as ``get`` returned them), built
+        once and shared by the exchanges that add nothing to it (read-only): layer 1 on
+        every relay reconciles the same thousands of announcements. None for small reads,
+        which are cheaper built per exchange than kept."""
+        if len(items) < SHARED_STORAGE_MIN_ITEMS:
+            return None
+        entry = self._done.get(flt.to_json())
+        if entry is None or entry[1] is not items:
+            return None
+        if entry[2] is None:
+            unique = {event_id: created_at for created_at, event_id in items}
+            entry[2] = Storage.from_hex((t, i) for i, t in unique.items())
+        return entry[2]
+
+
+SHARED_STORAGE_MIN_ITEMS = 1_000  # a shared read this large is reconciled from one storage
+
+# Every exchange holds its filter's have-set while it runs (layer 1: every announcement the
+# own relay holds): at most this many run at once, whatever the number of relays.
+_running = BoundedSemaphore(MAX_RUNNING_EXCHANGES)
+_holdings = SharedHoldings(KeptConnections(keep=MAX_RUNNING_EXCHANGES).holdings)
+
+
 def read_holdings(own_url: str, filters, post, *, relay: str, session: int, batch_id: int,
                   token: str) -> None:
     """What the own relay holds of each of ``filters``, posted to the manager, which picks
     each filter's method from it (a failure is an outcome too: REQ pages then)."""
     try:
-        holdings, reason = own_holdings_of(own_url, filters), ""
+        holdings, reason = [_holdings.get(own_url, flt) for flt in filters], ""
     except Exception as exc:
         holdings, reason = None, f"own relay query failed: {type(exc).__name__}"
     post(OwnHoldingsRead(relay, session, batch_id, token, list(filters), holdings, reason))
@@ -53,19 +118,23 @@ def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batc
                      token: str, deadline_secs: float = NEGENTROPY_DEADLINE_SECS,
                      held=None) -> None:
     """``held``: the own relay's (created_at, id) for ``flt``, if already read."""
-    try:
-        items = own_holdings(own_url, flt) if held is None else held
-    except Exception as exc:
-        outcome = NegentropyOutcome(False, reason=f"own relay query failed: {type(exc).__name__}",
-                                    own_relay_failed=True)
-    else:
-        outcome = exchange(conn, token, flt, items + list(extra_items), deadline_secs)
-        outcome.held = len(items)
+    with _running:
+        try:
+            items = _holdings.get(own_url, flt) if held is None else held
+        except Exception as exc:
+            outcome = NegentropyOutcome(False, reason=f"own relay query failed: {type(exc).__name__}",
+                                        own_relay_failed=True)
+        else:
+            extra = list(extra_items)
+            shared = None if extra else _holdings.storage(flt, items)
+            outcome = exchange(conn, token, flt, items + extra if extra else items, deadline_secs,
+                               storage=shared)
+            outcome.held = len(items)
     post(NegentropyFinished(conn.relay, conn.session, batch_id, token, flt, outcome))
 
 
 def exchange(conn, sub_id: str, flt: Filter, items, deadline_secs: float,
-             frame_size_limit: int = FRAME_SIZE_LIMIT) -> NegentropyOutcome:
+             frame_size_limit: int = FRAME_SIZE_LIMIT, storage: Storage | None = None) -> NegentropyOutcome:
     """Reconcile ``items`` with the relay behind ``conn`` for ``flt``; the connection's
     reader hands this exchange the NIP-77 frames (and NOTICEs) through a queue."""
     inbox: Queue = Queue()
@@ -78,7 +147,7 @@ def exchange(conn, sub_id: str, flt: Filter, items, deadline_secs: float,
             return None
 
     try:
-        r = negentropy_ws.reconcile(conn.send, receive, sub_id, flt, items,
+        r = negentropy_ws.reconcile(conn.send, receive, sub_id, flt, items, storage=storage,
                                     frame_size_limit=frame_size_limit, deadline_secs=deadline_secs)
         return NegentropyOutcome(True, r.need_ids, r.have_ids, r.rounds, r.bytes_up, r.bytes_down)
     except negentropy_ws.NegentropyFailed as exc:

@@ -65,15 +65,17 @@ def reconcile(
     deadline_secs: float = NEGENTROPY_DEADLINE_SECS,
     max_need_ids: int = NEGENTROPY_MAX_NEED_IDS,
     clock: Callable[[], float] = time.monotonic,
+    storage: Storage | None = None,
 ) -> NegentropyResult:
-    """Reconcile ``items`` (``(created_at, id hex)``) with what the relay holds for ``flt``."""
+    """Reconcile ``items`` (``(created_at, id hex)``) with what the relay holds for ``flt``.
+    ``storage``: those items already built (read-only, so it may be shared by exchanges)."""
     deadline = clock() + deadline_secs
-    unique = {}  # our sources overlap (own relay, in flight, refused): one entry per id
-    for created_at, event_id in items:
-        unique.setdefault(event_id, created_at)
-    client = NegentropyClient(
-        Storage.from_hex((t, i) for i, t in unique.items()), frame_size_limit
-    )
+    if storage is None:
+        unique = {}  # our sources overlap (own relay, in flight, refused): one entry per id
+        for created_at, event_id in items:
+            unique.setdefault(event_id, created_at)
+        storage = Storage.from_hex((t, i) for i, t in unique.items())
+    client = NegentropyClient(storage, frame_size_limit)
     exchange = _Exchange(send, receive, sub_id, max_need_ids)
     try:
         exchange.run(client, flt, deadline, clock)

@@ -71,6 +71,51 @@ def own_holdings_of(url: str, filters, timeout: float = QUERY_TIMEOUT_SECS) -> l
             pass
 
 
+class KeptConnections:
+    """``own_holdings`` over connections kept open between reads, a few per own relay.
+
+    NIP-77 reads the own relay's holdings once per exchange, tens of thousands of times in
+    a large sync: a websocket opened per read cost more than the read (TCP, the HTTP
+    upgrade read byte by byte). A kept connection that fails is dropped and the read
+    retried once on a fresh one (relays close idle connections)."""
+
+    def __init__(self, keep: int, connect=ws_connect, timeout: float = QUERY_TIMEOUT_SECS):
+        self._keep = keep
+        self._connect = connect
+        self._timeout = timeout
+        self._idle: dict[str, list] = {}  # url → idle connections
+
+    def holdings(self, url: str, flt: Filter) -> list[tuple[int, str]]:
+        idle = self._idle.setdefault(url, [])
+        if idle:
+            ws = idle.pop()
+            try:
+                return self._read_and_keep(url, ws, flt)
+            except Exception:
+                pass  # kept too long, or closed by the relay: once more on a fresh one
+        return self._read_and_keep(url, self._connect(url, self._timeout), flt)
+
+    def _read_and_keep(self, url: str, ws, flt: Filter) -> list[tuple[int, str]]:
+        try:
+            items = [(e["created_at"], e["id"]) for page in history_pages(ws, flt) for e in page]
+        except BaseException:
+            _close(ws)
+            raise
+        idle = self._idle.setdefault(url, [])
+        if len(idle) < self._keep:
+            idle.append(ws)
+        else:
+            _close(ws)
+        return items
+
+
+def _close(ws) -> None:
+    try:
+        ws.close(timeout=1)
+    except Exception:
+        pass
+
+
 def _one_page(ws, flt: Filter) -> list[dict]:
     sub = "own-" + uuid.uuid4().hex[:12]
     ws.send(wire.req(sub, [flt]))

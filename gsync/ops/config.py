@@ -19,6 +19,7 @@ from ..protocol.urls import (
     normalize_relay_url,
     split_host_port,
 )
+from ..sync.shard import Shard
 
 DEFAULT_CONFIG_PATH = "/etc/gsync/gsync.ini"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -56,6 +57,11 @@ class NetworkConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    shard: Shard = field(default_factory=Shard)
+
+
+@dataclass(frozen=True)
 class AuthConfig:
     key_file: str | None = None
     secret_key: str | None = field(default=None, repr=False)  # 64 lower-case hex
@@ -77,6 +83,7 @@ class Config:
     service: ServiceConfig
     sync: SyncConfig = field(default_factory=SyncConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log: LogConfig = field(default_factory=LogConfig)
@@ -106,6 +113,7 @@ class Config:
                 "allow_private_addresses": str(self.network.allow_private_addresses),
                 "max_relays": self.network.max_relays,
             },
+            "cluster": {"shard": str(self.cluster.shard)},
             "auth": {"key_file": self.auth.key_file or ""},
             "metrics": {"listen": _format_listen(listen) if listen else ""},
             "log": {"level": self.log.level, "format": self.log.format},
@@ -256,6 +264,7 @@ _SCHEMA: dict[str, dict[str, tuple[Callable[[str], object], str | None]]] = {
         "allow_private_addresses": (AddressPolicy.parse, "false"),
         "max_relays": (_int_in(1, 100_000), str(constants.MAX_RELAYS_TOTAL)),
     },
+    "cluster": {"shard": (Shard.parse, "0/1")},
     "auth": {"key_file": (str, "")},
     "metrics": {"listen": (_listen, "127.0.0.1:9464")},
     "log": {"level": (_one_of(LOG_LEVELS), "info"), "format": (_one_of(LOG_FORMATS), "json")},
@@ -378,6 +387,7 @@ def load_config(path: str) -> Config:
         service=ServiceConfig(service["own_relay"], service["domain"], service["state_dir"]),
         sync=SyncConfig(bootstrap_relays=bootstrap, **sync),
         network=NetworkConfig(**net),
+        cluster=ClusterConfig(**v["cluster"]),
         auth=AuthConfig(key_file=key_file or None, secret_key=secret_key),
         metrics=MetricsConfig(**v["metrics"]),
         log=LogConfig(**v["log"]),

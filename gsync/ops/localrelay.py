@@ -11,8 +11,11 @@ writes to, so they are raised unless given), ``write_delay_ms`` (a slow relay: e
 waits that long before it is accepted), ``nip42`` (``read`` | ``write`` | ``both``),
 ``lmdb`` (a database directory that survives restarts; default in memory), ``seed_file``
 (JSON lines of signed events saved before the relay listens), ``reject`` (``{"kinds",
-"ids", "authors", "message"}``: refused with ``blocked:``) and ``block_queries`` (every REQ
-and NEG-OPEN refused with that text). The test suite uses all of them.
+"ids", "authors", "message"}``: refused with ``blocked:``), ``block_queries`` (every REQ
+and NEG-OPEN refused with that text), ``block_id_queries`` (only filters with ``ids``
+refused, with that text: a relay that advertises events but will not serve them by id) and
+``query_delay_ms`` (every REQ and NEG-OPEN waits that long: a slow relay). The test suite
+uses all of them.
 
 Query policies, for relays that are not friendly (LocalRelay sends each refusal as
 ``CLOSED``/``NEG-ERR`` ``"blocked: <text>"``, and refuses a whole REQ for one filter):
@@ -21,6 +24,11 @@ Query policies, for relays that are not friendly (LocalRelay sends each refusal 
 beyond N admitted in the last W seconds is refused, by default with
 ``rate-limited: too many queries``) and ``query_log`` (a file that gets one JSON line per
 filter asked, ``{"t", "addr", "filter", "ok"}``: what the relay saw, for a test to judge).
+
+``relays`` (a list of option sets, each with its own ``port``; the other top-level options
+apply to every one unless it sets its own) runs several LocalRelays in one child, seeded
+concurrently: a benchmark with hundreds of relays (``bench/scale``) needs tens of processes,
+not hundreds. Its READY line lists every URL. ``LocalRelayGroup`` starts such a child.
 """
 from __future__ import annotations
 
@@ -66,6 +74,7 @@ class LocalRelayProcess:
         self.options = dict(options, port=self.port)
         self.url = f"ws://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
+        self.ports = [self.port]
 
     def start(self, timeout: float = 20.0) -> LocalRelayProcess:
         # stderr goes to a file (or nowhere), never to a pipe nobody reads.
@@ -88,14 +97,17 @@ class LocalRelayProcess:
                     detail = fh.read().strip()[-500:] or detail
             raise RuntimeError(f"LocalRelay on port {self.port} did not start: {detail}")
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        waiting = list(self.ports)
+        while waiting and time.monotonic() < deadline:
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return self
+                socket.create_connection(("127.0.0.1", waiting[0]), timeout=1).close()
+                waiting.pop(0)
             except OSError:
                 time.sleep(0.05)
+        if not waiting:
+            return self
         self.stop()
-        raise RuntimeError(f"LocalRelay on port {self.port} is not accepting connections")
+        raise RuntimeError(f"LocalRelay on port {waiting[0]} is not accepting connections")
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self.proc = self.proc, None
@@ -115,12 +127,55 @@ class LocalRelayProcess:
                 pass
 
 
+class LocalRelayGroup(LocalRelayProcess):
+    """Several LocalRelays in one child process (option ``relays``): ``urls``, ``ports``.
+    ``relays`` is a list of option sets; each gets a free port unless it names one."""
+
+    def __init__(self, relays: list[dict], *, log_path: str | None = None, **options):
+        relays = [dict(r, port=r.get("port") or free_port()) for r in relays]
+        super().__init__(relays[0]["port"], log_path=log_path, **options)
+        self.options["relays"] = relays
+        self.ports = [r["port"] for r in relays]
+        self.urls = [f"ws://127.0.0.1:{p}" for p in self.ports]
+
+
 # -- the child ------------------------------------------------------------------------------
 
 
 async def _serve(opts: dict) -> None:
     import asyncio
     import signal
+
+    from nostr_sdk import uniffi_set_event_loop
+
+    uniffi_set_event_loop(asyncio.get_running_loop())
+    if opts.get("relays"):
+        common = {k: v for k, v in opts.items() if k not in ("relays", "port")}
+        relays = await asyncio.gather(*(_build(dict(common, **one)) for one in opts["relays"]))
+    else:
+        relays = [await _build(opts)]
+    urls = []
+    for relay in relays:
+        await relay.run()
+        urls.append(await relay.url())
+    print("READY", *urls, flush=True)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    try:  # the parent closing our stdin (it died) stops us too
+        loop.add_reader(sys.stdin.fileno(), lambda: stop.set() if not sys.stdin.readline() else None)
+    except (OSError, ValueError):
+        pass
+    await stop.wait()
+    for relay in relays:
+        relay.shutdown()
+
+
+async def _build(opts: dict):
+    """One LocalRelay from its options, seeded, not yet running."""
+    import asyncio
 
     from nostr_sdk import (
         Event,
@@ -133,7 +188,6 @@ async def _serve(opts: dict) -> None:
         RateLimit,
         WritePolicy,
         WritePolicyResult,
-        uniffi_set_event_loop,
     )
 
     class Writes(WritePolicy):
@@ -160,11 +214,14 @@ async def _serve(opts: dict) -> None:
             return WritePolicyResult.ACCEPT()
 
     class Queries(QueryPolicy):
-        """``block_queries``, ``refuse_tags``, ``query_rate`` and ``query_log``. LocalRelay
-        asks once per filter of a REQ (and per NEG-OPEN); every path is guarded."""
+        """``block_queries``, ``block_id_queries``, ``query_delay_ms``, ``refuse_tags``,
+        ``query_rate`` and ``query_log``. LocalRelay asks once per filter of a REQ (and per
+        NEG-OPEN); every path is guarded (an exception inside a policy panics the relay)."""
 
         def __init__(self, opts: dict):
             self.block = opts.get("block_queries")
+            self.block_ids = opts.get("block_id_queries")
+            self.delay = float(opts.get("query_delay_ms", 0)) / 1000
             refuse = opts.get("refuse_tags") or {}
             self.tags = {"#" + t for t in refuse.get("tags", [])}
             self.tags_message = refuse.get("message", "this relay does not serve that tag")
@@ -178,6 +235,8 @@ async def _serve(opts: dict) -> None:
         def decide(self, flt: dict, addr: str) -> str | None:
             if self.block:
                 return self.block
+            if self.block_ids and "ids" in flt:
+                return self.block_ids
             if self.tags & flt.keys():
                 return self.tags_message
             if self.max:
@@ -192,6 +251,8 @@ async def _serve(opts: dict) -> None:
         async def admit_query(self, query, addr):
             refusal = None
             try:
+                if self.delay:
+                    await asyncio.sleep(self.delay)
                 flt = json.loads(query.as_json())
                 refusal = self.decide(flt, str(addr))
                 if self.log is not None:
@@ -203,7 +264,6 @@ async def _serve(opts: dict) -> None:
                 return QueryPolicyResult.REJECT(refusal)
             return QueryPolicyResult.ACCEPT()
 
-    uniffi_set_event_loop(asyncio.get_running_loop())
     builder = LocalRelayBuilder().addr("127.0.0.1").port(int(opts["port"]))
     builder = builder.rate_limit(
         RateLimit(
@@ -226,22 +286,10 @@ async def _serve(opts: dict) -> None:
     if opts.get("write_delay_ms") or opts.get("reject"):
         delay = float(opts.get("write_delay_ms", 0)) / 1000
         builder = builder.write_policy(Writes(delay, opts.get("reject") or {}))
-    if any(opts.get(k) for k in ("block_queries", "refuse_tags", "query_rate", "query_log")):
+    if any(opts.get(k) for k in ("block_queries", "block_id_queries", "query_delay_ms",
+                                  "refuse_tags", "query_rate", "query_log")):
         builder = builder.query_policy(Queries(opts))
-    relay = builder.build()
-    await relay.run()
-    print("READY", await relay.url(), flush=True)
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_signal_handler(signal.SIGINT, stop.set)
-    try:  # the parent closing our stdin (it died) stops us too
-        loop.add_reader(sys.stdin.fileno(), lambda: stop.set() if not sys.stdin.readline() else None)
-    except (OSError, ValueError):
-        pass
-    await stop.wait()
-    relay.shutdown()
+    return builder.build()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,6 +74,9 @@ SUBSCRIPTIONS = Gauge(
     "gsync_subscriptions", "Open subscriptions per relay", ["relay"], registry=REGISTRY
 )
 QUEUE_DEPTH = Gauge("gsync_queue_depth", "Queue depths", ["queue"], registry=REGISTRY)
+QUEUE_DEPTH_PEAK = Gauge(
+    "gsync_queue_depth_peak", "Highest queue depth since start", ["queue"], registry=REGISTRY
+)
 HANDSHAKES_IN_FLIGHT = Gauge(
     "gsync_handshakes_in_flight", "Handshake workers busy", registry=REGISTRY
 )

@@ -97,17 +97,18 @@ class Filter:
             object.__setattr__(self, "_json", text)
         return text
 
+    def drop_json(self) -> None:
+        """Forget the cached JSON form: a filter kept for matching once its REQ is sent
+        need not hold a copy of up to 32 KB (it is made again if ever needed)."""
+        object.__setattr__(self, "_json", None)
+
     def tag_value_bytes(self) -> int:
         """Serialized size of the tag values (the quantity the 32 KB budget bounds).
 
         Measured as JSON, quotes and comma included: values such as ``d`` identifiers come
         from untrusted events, and each control character in one costs six bytes on the wire.
         """
-        return sum(
-            len(json.dumps(v, ensure_ascii=False).encode()) + 1
-            for _, values in self.tags
-            for v in values
-        )
+        return sum(json_size(v) + 1 for _, values in self.tags for v in values)
 
     def serialized_size(self) -> int:
         return len(self.to_json().encode())
@@ -133,6 +134,15 @@ class Filter:
         return True
 
 
+def json_size(value: str) -> int:
+    """Bytes of ``value`` as a JSON string, quotes included. Ids and addresses (printable
+    ASCII, nothing to escape) are counted without encoding: filter building sizes every
+    value of every filter."""
+    if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+        return len(value) + 2
+    return len(json.dumps(value, ensure_ascii=False).encode())
+
+
 def matches_any(filters, event: Event) -> bool:
     return any(f.matches(event) for f in filters)
 
@@ -142,14 +152,18 @@ class FilterSet:
     those that could match it: by id for id filters, by their first tag for tag filters
     (a relay sends thousands of events for a REQ of ten filters with hundreds of values).
     ``matching`` gives the same answer as ``[i for i, f in enumerate(filters) if f.matches(e)]``.
+
+    An index entry is the filter's number, or a tuple of numbers when several filters share
+    the value: open subscriptions carry hundreds of thousands of values, and a list per value
+    was most of their memory.
     """
 
     __slots__ = ("filters", "_by_id", "_by_tag", "_always", "_left")
 
     def __init__(self, filters):
         self.filters = tuple(filters)
-        self._by_id: dict[str, list[int]] = {}
-        self._by_tag: dict[str, dict[str, list[int]]] = {}
+        self._by_id: dict[str, int | tuple[int, ...]] = {}
+        self._by_tag: dict[str, dict[str, int | tuple[int, ...]]] = {}
         self._always: list[int] = []
         # What is left to check once the index found a filter: (since, until) when that is
         # all (the usual historic filter: one tag, perhaps a page's until), else None.
@@ -157,13 +171,13 @@ class FilterSet:
         for i, f in enumerate(self.filters):
             if f.ids is not None:
                 for value in f.ids:
-                    self._by_id.setdefault(value, []).append(i)
+                    _index(self._by_id, value, i)
                 decided = f.authors is None and f.kinds is None and not f.tags
             elif f.tags:
                 name, values = f.tags[0]
                 index = self._by_tag.setdefault(name, {})
                 for value in values:
-                    index.setdefault(value, []).append(i)
+                    _index(index, value, i)
                 decided = f.authors is None and f.kinds is None and len(f.tags) == 1
             else:
                 self._always.append(i)
@@ -174,8 +188,11 @@ class FilterSet:
         """Indices of the filters ``event`` matches, in order."""
         candidates = list(self._always)
         found = self._by_id.get(event.id)
-        if found:
-            candidates += found
+        if found is not None:
+            if type(found) is int:
+                candidates.append(found)
+            else:
+                candidates += found
         by_tag = self._by_tag
         if by_tag:
             for tag in event.tags:
@@ -183,8 +200,11 @@ class FilterSet:
                     index = by_tag.get(tag[0])
                     if index is not None:
                         found = index.get(tag[1])
-                        if found:
-                            candidates += found
+                        if found is not None:
+                            if type(found) is int:
+                                candidates.append(found)
+                            else:
+                                candidates += found
         if not candidates:
             return ()
         if len(candidates) > 1:
@@ -199,3 +219,15 @@ class FilterSet:
             elif (left[0] is None or created_at >= left[0]) and (left[1] is None or created_at <= left[1]):
                 out.append(i)
         return tuple(out)
+
+
+def _index(index: dict, value: str, i: int) -> None:
+    """Add filter ``i`` under ``value``: a bare number, a tuple once shared."""
+    found = index.get(value)
+    if found is None:
+        index[value] = i
+    elif type(found) is int:
+        if found != i:
+            index[value] = (found, i)
+    elif i not in found:
+        index[value] = (*found, i)

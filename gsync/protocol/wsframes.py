@@ -46,6 +46,13 @@ class FrameDecoder:
         self._fragment_size = 0
 
     def feed(self, data: bytes) -> None:
+        if self._pos == len(self._buf):
+            # Everything read so far is consumed: start a fresh buffer, because a bytearray
+            # keeps the capacity of its largest burst (a few hundred KB on each of hundreds
+            # of idle connections).
+            self._buf = bytearray(data)
+            self._pos = 0
+            return
         if self._pos >= _COMPACT_AT:
             del self._buf[:self._pos]
             self._pos = 0

@@ -22,7 +22,7 @@ from ..constants import (
     STATE_KIND,
     TRANSIENT_HISTORIC_SLOTS,
 )
-from ..protocol.filters import Filter
+from ..protocol.filters import Filter, json_size
 from .repos import SyncLevel, identifier_of
 
 REPO_TAGS = ("a", "A", "q")  # layer 2: events tagging a repository address
@@ -57,7 +57,7 @@ def chunk_by_tag_bytes(values: Iterable[str], budget: int = MAX_TAG_VALUE_BYTES_
     current: list[str] = []
     used = 0
     for value in sorted(set(values)):
-        cost = len(json.dumps(value, ensure_ascii=False).encode()) + 1
+        cost = json_size(value) + 1
         if current and used + cost > budget:
             chunks.append(current)
             current, used = [], 0

@@ -53,12 +53,17 @@ class MissingEventRecovery:
         self.ids_per_fetch = ids_per_fetch
         self._relays: dict[str, _RelayRecovery] = {}
         self._gave_up: set[str] = set()  # relays whose ids were dropped since forget()
+        # id → relays it is pending on: every delivered event asks ``clear_arrived``, which
+        # must not cost a walk over every relay in recovery
+        self._owners: dict[str, set[str]] = {}
 
     def add_missing(self, relay: str, ids: Iterable[str], now: float) -> None:
         """Register ids a failed batch did not get; merged with any already pending."""
         ids = list(ids)
         if ids:
             self._relay(relay, now).pending.update(dict.fromkeys(ids))
+            for event_id in ids:
+                self._owners.setdefault(event_id, set()).add(relay)
 
     def add_missing_filters(self, relay: str, filters: Iterable[Filter], now: float) -> None:
         """Register filters whose REQ never finished (the relay sent no EOSE)."""
@@ -111,6 +116,7 @@ class MissingEventRecovery:
         recovered = [i for i in delivered_ids if i in r.pending]
         for event_id in recovered:
             del r.pending[event_id]
+            self._disown(event_id, relay)
         finished = r.filters_in_flight if filters_done else ()
         for f in finished:
             r.filters.pop(f, None)
@@ -124,7 +130,7 @@ class MissingEventRecovery:
             return set()
         r.zero_progress_attempts += 1
         if r.zero_progress_attempts >= self.max_zero_progress:
-            del self._relays[relay]
+            self._drop(relay)
             self._gave_up.add(relay)
             return set(r.pending)
         delay = self.base_delay * 2 ** (r.zero_progress_attempts - 1)
@@ -140,17 +146,34 @@ class MissingEventRecovery:
 
     def clear_arrived(self, ids: Iterable[str]) -> set[str]:
         """Ids that arrived by other means (live sync, another relay). Returns the relays
-        this fully recovered."""
-        ids = set(ids)
+        this fully recovered. The cost follows ``ids``, not the relays in recovery."""
         recovered_relays = set()
-        for relay in list(self._relays):
-            r = self._relays[relay]
-            for event_id in ids & r.pending.keys():
-                del r.pending[event_id]
-            if not r:
-                del self._relays[relay]
-                recovered_relays.add(relay)
+        for event_id in ids:
+            for relay in self._owners.pop(event_id, ()):
+                r = self._relays[relay]
+                r.pending.pop(event_id, None)
+                if not r:
+                    del self._relays[relay]
+                    recovered_relays.add(relay)
         return recovered_relays
+
+    def is_missing(self, event_id: str) -> bool:
+        """Is ``event_id`` waiting for recovery on any relay? (Asked for every delivered
+        event: a lookup, so the common case allocates nothing.)"""
+        return event_id in self._owners
+
+    def _disown(self, event_id: str, relay: str) -> None:
+        owners = self._owners.get(event_id)
+        if owners is not None:
+            owners.discard(relay)
+            if not owners:
+                del self._owners[event_id]
+
+    def _drop(self, relay: str) -> None:
+        r = self._relays.pop(relay, None)
+        if r is not None:
+            for event_id in r.pending:
+                self._disown(event_id, relay)
 
     def pending_ids(self, relay: str) -> set[str]:
         r = self._relays.get(relay)
@@ -166,5 +189,5 @@ class MissingEventRecovery:
 
     def forget(self, relay: str) -> None:
         """Fresh start or daily sync: historic sync will re-detect whatever is still missing."""
-        self._relays.pop(relay, None)
+        self._drop(relay)
         self._gave_up.discard(relay)

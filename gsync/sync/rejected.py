@@ -20,9 +20,15 @@ from __future__ import annotations
 import json
 import re
 
-from ..constants import MAX_DEPENDENCIES, REJECTED_COLD_SECS, REJECTED_HOT_SECS
+from ..constants import (
+    MAX_DEPENDENCIES,
+    REJECTED_COLD_SECS,
+    REJECTED_HOT_SECS,
+    REJECTED_MAX_ENTRIES,
+)
 from ..protocol.event import Event
 from ..protocol.filters import Filter
+from .have_index import HaveIndex
 
 ANNOUNCEMENT_KIND = 30617
 STATE_KIND = 30618
@@ -80,52 +86,43 @@ def dependencies(event: Event, cap: int = MAX_DEPENDENCIES) -> tuple[str, ...]:
     return tuple(keys)[:cap]
 
 
-def filter_refs(event: Event) -> tuple[tuple[str, str], ...]:
-    """The (name, value) pairs of ``event``'s tags that sync filters select by."""
-    refs = [(t[0], t[1]) for t in event.tags if len(t) >= 2 and t[0] in FILTER_TAGS]
-    return tuple(refs[:MAX_REFS])
+def filter_refs(event: Event) -> tuple[tuple[str, str], ...] | None:
+    """The (name, value) pairs of ``event``'s tags that sync filters select by; None (may
+    match any filter) past MAX_REFS of them."""
+    refs = tuple((t[0], t[1]) for t in event.tags if len(t) >= 2 and t[0] in FILTER_TAGS)
+    return refs if len(refs) <= MAX_REFS else None
 
 
 class _Cold:
     """One cold entry: enough for the negentropy have-set, a re-fetch, a release, and to
-    tell which filters may match it (``kind``, ``pubkey``, ``refs``; None when saved by an
-    older gsync that kept none: then it may match any filter)."""
+    tell which filters may match it (``kind``, ``pubkey``, ``tags``: the filter tags'
+    values; None when unknown — saved by an older gsync, or too many tags to keep — then it
+    may match any filter)."""
 
-    __slots__ = ("created_at", "rejected_at", "relay", "keys", "kind", "pubkey", "refs")
+    __slots__ = ("created_at", "rejected_at", "relay", "keys", "kind", "pubkey", "tags")
+    compact = True  # tags outside FILTER_TAGS are not kept (have_index.may_match)
 
     def __init__(self, created_at: int, rejected_at: float, relay: str, keys: tuple[str, ...],
-                 kind: int | None = None, pubkey: str | None = None, refs=None):
+                 kind: int | None = None, pubkey: str | None = None, tags=None):
         self.created_at = created_at
         self.rejected_at = rejected_at
         self.relay = relay  # where it came from ("" unknown): a re-fetch asks there
         self.keys = keys
         self.kind = kind
         self.pubkey = pubkey
-        self.refs = refs
-
-    def may_match(self, event_id: str, flt: Filter) -> bool:
-        """Could ``flt`` match this entry? Unknown parts count as a match (conservative:
-        a filter that may match goes by NIP-77, which counts the entry as held)."""
-        if flt.ids is not None and event_id not in flt.ids:
-            return False
-        if flt.kinds is not None and self.kind is not None and self.kind not in flt.kinds:
-            return False
-        if flt.authors is not None and self.pubkey is not None and self.pubkey not in flt.authors:
-            return False
-        if (flt.since is not None and self.created_at < flt.since) or (
-                flt.until is not None and self.created_at > flt.until):
-            return False
-        return self.refs is None or all(
-            any(n == name and v in values for n, v in self.refs) for name, values in flt.tags)
+        self.tags = tags
 
 
 class RejectedIndex:
-    def __init__(self, hot_secs: float = REJECTED_HOT_SECS, cold_secs: float = REJECTED_COLD_SECS):
+    def __init__(self, hot_secs: float = REJECTED_HOT_SECS, cold_secs: float = REJECTED_COLD_SECS,
+                 max_entries: int = REJECTED_MAX_ENTRIES):
         self.hot_secs = hot_secs
         self.cold_secs = cold_secs
+        self.max_entries = max_entries
         self._hot: dict[str, tuple[Event, float]] = {}  # id → (event, hot until)
         self._cold: dict[str, _Cold] = {}
         self._by_key: dict[str, set[str]] = {}  # release key → ids waiting on it
+        self._index = HaveIndex()  # the cold entries, by what filters select on
         self.dirty = False
 
     def __contains__(self, event_id: str) -> bool:
@@ -141,7 +138,10 @@ class RejectedIndex:
                                   event.kind, event.pubkey, filter_refs(event)))
 
     def _put(self, event_id: str, entry: _Cold) -> None:
+        while len(self._cold) >= self.max_entries:  # the oldest refusal makes room
+            self.remove(next(iter(self._cold)))
         self._cold[event_id] = entry
+        self._index.add(event_id, entry)
         for key in entry.keys:
             self._by_key.setdefault(key, set()).add(event_id)
         self.dirty = True
@@ -151,6 +151,7 @@ class RejectedIndex:
         entry = self._cold.pop(event_id, None)
         if entry is None:
             return
+        self._index.discard(event_id)
         for key in entry.keys:
             waiting = self._by_key.get(key)
             if waiting is not None:
@@ -160,13 +161,18 @@ class RejectedIndex:
         self.dirty = True
 
     def items(self) -> list[tuple[int, str]]:
-        """(created_at, id) pairs: they belong in every negentropy "already have" set."""
+        """(created_at, id) of every entry."""
         return [(entry.created_at, eid) for eid, entry in self._cold.items()]
+
+    def items_matching(self, flt: Filter) -> list[tuple[int, str]]:
+        """(created_at, id) of the entries ``flt`` may match: they belong in its NIP-77
+        "already have" set (indexed: the cost follows the filter, not the index)."""
+        return self._index.matching(flt)
 
     def any_may_match(self, flt: Filter) -> bool:
         """Could ``flt`` match an entry? Then fetching it by REQ would bring refused events
         back: NIP-77 counts them as held (SPEC §5: never fetched again)."""
-        return any(entry.may_match(eid, flt) for eid, entry in self._cold.items())
+        return self._index.any_matching(flt)
 
     def relay_of(self, event_id: str) -> str | None:
         entry = self._cold.get(event_id)
@@ -206,7 +212,7 @@ class RejectedIndex:
         for eid, entry in self._cold.items():
             index = relays.setdefault(entry.relay, len(relays)) if entry.relay else -1
             cold[eid] = [entry.created_at, entry.rejected_at, index, list(entry.keys),
-                         entry.kind, entry.pubkey, None if entry.refs is None else list(entry.refs)]
+                         entry.kind, entry.pubkey, None if entry.tags is None else list(entry.tags)]
         return json.dumps({"version": FORMAT_VERSION, "relays": list(relays), "cold": cold},
                           separators=(",", ":"))
 

@@ -31,6 +31,7 @@ class LiveSub:
     filters: tuple
     control: bool = False  # layer 1: never closed by consolidation
     rebuilt_at: float | None = None  # opened again after the relay closed it
+    descendants: bool = False  # thread replies: give their room to core coverage when short
 
 
 @dataclass
@@ -84,6 +85,7 @@ class RelayState:
     last_error: str = ""
     events_delivered: int = 0
     received_metric: Any = None  # the relay's gsync_remote_events_total child, kept
+    gauges: Any = None  # its children of metrics.PER_RELAY_GAUGES, kept
     completion_check_scheduled: bool = False
     slot_wakeup_scheduled: bool = False
 

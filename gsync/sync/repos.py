@@ -195,6 +195,11 @@ class RepoSyncIndex:
         self._waiting_roots: dict[str, set[str]] = {}  # address → root ids seen too early
         # d → addresses: layer 1 asks "maintainer of any repo called d?" for every event.
         self._by_identifier: dict[str, set[str]] = {}
+        # relay → addresses of the repos listing it: one relay's targets without a walk
+        # over every repository (``targets.relay_needs``)
+        self._by_relay: dict[str, set[str]] = {}
+        self._state_only: set[str] = set()  # what the per-tick expiry looks at
+        self._waiting_count = 0  # root ids in _waiting_roots
 
     # -- reading
 
@@ -218,6 +223,14 @@ class RepoSyncIndex:
 
     def all_relays(self) -> set[str]:
         return {relay for needs in self._repos.values() for relay in needs.relays}
+
+    def listed_relays(self):
+        """Every relay some repo's announcement lists (a view)."""
+        return self._by_relay.keys()
+
+    def repos_listing(self, relay: str) -> set[str]:
+        """Addresses of the repos whose announcement lists ``relay`` (do not modify)."""
+        return self._by_relay.get(relay, set())
 
     def maintainers_of(self, identifier: str) -> set[str]:
         """Pubkeys in the ``maintainers`` tags of every known repo called ``identifier``."""
@@ -248,9 +261,12 @@ class RepoSyncIndex:
             self._by_identifier.setdefault(identifier_of(address), set()).add(address)
             self._replace_announcement(needs, event)
             needs.sync_level = level
-            needs.root_events |= self._waiting_roots.pop(address, set())
+            waiting = self._waiting_roots.pop(address, set())
+            self._waiting_count -= len(waiting)
+            needs.root_events |= waiting
             if level is SyncLevel.STATE_ONLY:
                 needs.purgatory_seen_at = now
+                self._state_only.add(address)
             return set(needs.relays)
 
         dirty: set[str] = set()
@@ -263,6 +279,7 @@ class RepoSyncIndex:
             # Promoted from purgatory: every relay now owes layers 2 and 3 as well.
             needs.sync_level = SyncLevel.FULL
             needs.purgatory_seen_at = None
+            self._state_only.discard(address)
             dirty |= needs.relays
         elif level is SyncLevel.STATE_ONLY and needs.sync_level is SyncLevel.STATE_ONLY:
             needs.purgatory_seen_at = now  # still in purgatory: keep it alive
@@ -288,9 +305,12 @@ class RepoSyncIndex:
         return kept
 
     def _replace_announcement(self, needs: RepoSyncNeeds, event: Event) -> None:
+        self._unlist(event.address, needs.relays)
         needs.relays = announcement_relays(
             event, self.max_relays_per_announcement, exclude=self.own_relay.matches
         )
+        for relay in needs.relays:
+            self._by_relay.setdefault(relay, set()).add(event.address)
         needs.announcement_created_at = event.created_at
         needs.announcement_id = event.id
         needs.maintainers = frozenset(list_tag_values(event, "maintainers"))
@@ -311,7 +331,17 @@ class RepoSyncIndex:
                 dirty |= needs.relays
         return dirty
 
+    def _unlist(self, address: str, relays) -> None:
+        for relay in relays:
+            listing = self._by_relay.get(relay)
+            if listing is not None:
+                listing.discard(address)
+                if not listing:
+                    del self._by_relay[relay]
+
     def _forget(self, address: str) -> None:
+        self._state_only.discard(address)
+        self._unlist(address, self._repos[address].relays)
         del self._repos[address]
         same_name = self._by_identifier[identifier_of(address)]
         same_name.discard(address)
@@ -319,18 +349,20 @@ class RepoSyncIndex:
             del self._by_identifier[identifier_of(address)]
 
     def _park_root(self, address: str, event_id: str) -> None:
-        if sum(len(ids) for ids in self._waiting_roots.values()) >= MAX_WAITING_ROOTS:
+        if self._waiting_count >= MAX_WAITING_ROOTS:
             return
-        self._waiting_roots.setdefault(address, set()).add(event_id)
+        waiting = self._waiting_roots.setdefault(address, set())
+        if event_id not in waiting:
+            waiting.add(event_id)
+            self._waiting_count += 1
 
     def expire_state_only(self, now: float, ttl: float = PURGATORY_TTL_SECS) -> set[str]:
         """Drop StateOnly repos whose last ``purgatory:`` answer (to the announcement or to
-        one of its state events) is ``ttl`` old. Dirty relays."""
+        one of its state events) is ``ttl`` old. Dirty relays. (Asked every tick: it looks
+        at StateOnly repos only.)"""
         dirty: set[str] = set()
-        for address in list(self._repos):
+        for address in list(self._state_only):
             needs = self._repos[address]
-            if needs.sync_level is not SyncLevel.STATE_ONLY:
-                continue
             if needs.purgatory_seen_at is not None and now - needs.purgatory_seen_at >= ttl:
                 self._forget(address)
                 dirty |= needs.relays

@@ -81,6 +81,18 @@ def derive_relay_targets(
     return targets
 
 
+def relay_needs(repo_index, relay: str) -> RelaySyncNeeds:
+    """``derive_relay_targets(repo_index).get(relay)`` (empty if absent) for one relay,
+    from the index's relay → repos listing: the cost follows that relay's repos."""
+    target = RelaySyncNeeds()
+    for address in repo_index.repos_listing(relay):
+        needs = repo_index.get(address)
+        target.repos[address] = _higher(target.repos.get(address), needs.sync_level)
+        if needs.sync_level is SyncLevel.FULL:
+            target.root_events |= needs.root_events
+    return target
+
+
 def compute_actions(
     targets: Mapping[str, RelaySyncNeeds],
     pending: Mapping[str, Iterable[PendingItems]],

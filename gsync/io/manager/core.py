@@ -19,6 +19,7 @@ from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
+from ...sync.claims import FetchClaims
 from ...sync.health import RelayHealthTracker
 from ...sync.recovery import MissingEventRecovery
 from ...sync.relay_state import ConnectionStatus, RelayState
@@ -74,6 +75,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.rejected = self._load_rejected()
         self.rejected_saved_at = 0.0
         self.recovery = MissingEventRecovery(base_delay=sync.recovery_base_secs)
+        self.claims = FetchClaims()  # which batch fetches which missing event, across relays
         self.delivery = delivery or OwnRelayDelivery(
             svc.own_relay, self.post, auth_secret=config.auth.secret_key,
             max_backlog=sync.delivery_max_backlog,
@@ -95,6 +97,8 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self._ids = itertools.count(1)
         self._stopping = False
         self.last_loop_at = time.monotonic()
+        self.queue_peak = 0  # the deepest the inbox has been (a 2 s gauge would miss bursts)
+        self.delivery_peak = 0
         self.handlers = {
             HandshakeStarted: self.on_handshake_started,
             HandshakeDone: self.on_handshake_done,
@@ -132,6 +136,9 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
                 msg = self.queue.get(timeout=1.0)
             except Empty:
                 continue
+            depth = self.queue.qsize()
+            if depth > self.queue_peak:
+                self.queue_peak = depth
             if isinstance(msg, Stop):
                 return
             handler = self.handlers.get(type(msg))
@@ -227,7 +234,8 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
 
     def on_tick(self, msg: Tick) -> None:
         now = self.clock()
-        self.apply_dirty(self.repos.expire_state_only(now))  # also retries due relays
+        self.apply_dirty(self.repos.expire_state_only(now))
+        self.connect_due_relays(now)  # retries relays whose backoff is over
         self.retire_unwanted_relays()
         for state in self.relays.values():
             if state.connected and state.next_daily_at and now >= state.next_daily_at:
@@ -252,10 +260,13 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
     def update_metrics(self, now: float) -> None:
         connected = dead = 0
         for state in self.relays.values():
-            metrics.RELAY_CONNECTED.labels(state.url).set(int(state.status))
-            metrics.RELAY_STATUS.labels(state.url).set(self.health.status_metric(state.url, now))
-            metrics.RELAY_FAILURES.labels(state.url).set(self.health.failures(state.url, now))
-            metrics.SUBSCRIPTIONS.labels(state.url).set(len(state.conn.subscriptions) if state.conn else 0)
+            if state.gauges is None:  # the relay's children, looked up once (every 2 s × relays)
+                state.gauges = tuple(g.labels(state.url) for g in metrics.PER_RELAY_GAUGES)
+            connected_g, status_g, failures_g, subscriptions_g = state.gauges[:4]  # paused: where it changes
+            connected_g.set(int(state.status))
+            status_g.set(self.health.status_metric(state.url, now))
+            failures_g.set(self.health.failures(state.url, now))
+            subscriptions_g.set(len(state.conn.subscriptions) if state.conn else 0)
             connected += state.connected
             dead += self.health.is_dead(state.url, now)
         metrics.RELAYS_TRACKED.set(len(self.relays))
@@ -263,6 +274,9 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         metrics.RELAYS_DEAD.set(dead)
         metrics.QUEUE_DEPTH.labels("manager").set(self.queue.qsize())
         metrics.QUEUE_DEPTH.labels("delivery").set(self.delivery.backlog)
+        self.delivery_peak = max(self.delivery_peak, self.delivery.backlog)
+        metrics.QUEUE_DEPTH_PEAK.labels("manager").set(self.queue_peak)
+        metrics.QUEUE_DEPTH_PEAK.labels("delivery").set(self.delivery_peak)
 
     # -- operators ------------------------------------------------------------------------
 
@@ -289,12 +303,15 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             "repos": len(self.repos),
             "delivery_backlog": self.delivery.backlog,
             "rejected": len(self.rejected),
+            "peaks": {"manager_queue": self.queue_peak, "handshakes": self.handshakes.peak,
+                      "delivery_backlog": self.delivery_peak},
             "relays": [
                 {
                     "relay": s.url,
                     "status": s.status.name.lower(),
                     "health": self.health.state(s.url, now).name.lower(),
                     "subscriptions": len(s.conn.subscriptions) if s.conn else 0,
+                    "subscriptions_peak": s.conn.peak_subscriptions if s.conn else 0,
                     "pending_batches": len(s.pending),
                     "paused_coverage": len(s.paused),
                     "events_delivered": s.events_delivered,

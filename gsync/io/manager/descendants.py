@@ -29,10 +29,16 @@ class Descendants:
             ids, state.new_members = state.new_members, set()
             state.members |= ids
             filters = self.descendant_filters_for(state, ids)
-            # Within the subscription budget (open_live_groups counts what is open): what
-            # does not fit is polled, so the 5 s tick never opens past it.
-            self.open_live_groups(state, filter_plan.pack_into_reqs(filter_plan.live(filters), state.limits))
+            self.open_descendant_live(state, filters)
             self.start_historic(state, PendingItems(), filters)
+
+    def open_descendant_live(self, state: RelayState, filters) -> None:
+        """Live coverage for new members in the subscription slots still free (the
+        default of open_live_groups), the rest polled on the 5 s cadence (SPEC §3). Members
+        trickle in during historic sync, one small REQ per tick: opening each would overrun
+        the relay's budget. (A consolidation for new core coverage packs them again.)"""
+        groups = filter_plan.pack_into_reqs(filter_plan.live(filters), state.limits)
+        self.open_live_groups(state, groups, descendants=True)
 
     def descendant_filters_for(self, state: RelayState, ids, allowed_only: bool = True):
         filters = filter_plan.descendant_filters(ids, budget=filter_plan.tag_value_budget(state.limits))

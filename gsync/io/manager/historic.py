@@ -108,7 +108,8 @@ class HistoricSync:
         else:
             holdings = msg.holdings
         allowed = self.use_negentropy(state, msg.filters)  # it may have been turned off meanwhile
-        chosen = [(f, held, allowed and self.by_negentropy(state, f, held))
+        shared = allowed and self.listed_elsewhere(state, batch)
+        chosen = [(f, held, allowed and (shared or self.by_negentropy(state, f, held)))
                   for f, held in zip(msg.filters, holdings, strict=True)]
         by_neg = [(f, held) for f, held, neg in chosen if neg]
         by_req = [f for f, _, neg in chosen if not neg]
@@ -142,6 +143,18 @@ class HistoricSync:
         since = state.round_started_at
         prior = sum(1 for _, event_id in held if (self.seen.get(event_id) or -1.0) < since)
         return negentropy_pays(prior) or self.rejected.any_may_match(flt)
+
+    def listed_elsewhere(self, state: RelayState, batch: PendingBatch) -> bool:
+        """Does another relay list a repository of this batch (of this relay, for a batch
+        of roots only)? Then its filters go by NIP-77 whatever the own relay holds: the
+        relays sync at the same time, and NIP-77 lets each missing event be fetched by the
+        first exchange to find it (``FetchClaims``), where REQ pages would bring every copy
+        from every relay. (A relay no other one shares keeps the fewest starts.)"""
+        for address in batch.items.repos or self.repos.repos_listing(state.url):
+            needs = self.repos.get(address)
+            if needs is not None and len(needs.relays) > 1:
+                return True
+        return False
 
     def queue_negentropy(self, state: RelayState, batch: PendingBatch, flt: Filter, held) -> None:
         """One NIP-77 exchange for ``flt``, waiting for its paced start; ``held`` (what the
@@ -310,14 +323,21 @@ class HistoricSync:
         held = batch.own_holdings.pop(token, None) if batch is not None else None
         gevent.spawn(
             negentropy_sync.reconcile_filter,
-            state.conn, self.config.service.own_relay, flt, self.negentropy_extra(state, flt),
+            state.conn, self.config.service.own_relay, flt, self.have_beyond_holdings(flt),
             self.post, batch_id=state.sub_to_batch[token], token=token, held=held,
         )
 
-    def negentropy_extra(self, state: RelayState, flt: Filter):
-        """What the "already have" set adds to the own relay's holdings for ``flt``: events
-        refused for good (never fetched again) and events on their way to it."""
-        return self.rejected.items() + self.delivery.tracked_items
+    def not_seen(self, ids) -> set[str]:
+        """``ids`` not yet handed to delivery. (``set - dict.keys()`` would walk the whole
+        dedupe index, hundreds of thousands of ids, for a batch's few hundred.)"""
+        seen = self.seen
+        return {i for i in ids if i not in seen}
+
+    def have_beyond_holdings(self, flt: Filter) -> list[tuple[int, str]]:
+        """What a NIP-77 have-set for ``flt`` claims besides the own relay's holdings: the
+        refused events and those in flight to the own relay that ``flt`` matches (indexed:
+        the cost follows the filter, not everything in flight)."""
+        return self.rejected.items_matching(flt) + self.delivery.tracked_matching(flt)
 
     def on_historic_slot_due(self, msg: HistoricSlotDue) -> None:
         state = self._current(msg.relay, msg.session)
@@ -378,7 +398,7 @@ class HistoricSync:
                 self.pump_historic(state)
                 return
             if decision is ResidualDecision.FAIL:
-                missing = batch.residual_ids() - self.seen.keys()
+                missing = self.not_seen(batch.residual_ids())
                 if missing:
                     batch.mark_failed()
                     self.recovery.add_missing(state.url, missing, self.clock())
@@ -395,7 +415,21 @@ class HistoricSync:
         for flt in reversed(filters):  # one filter per REQ: relays cap per filter and per REQ
             self.queue_reqs(state, batch, [flt], front=True)
 
+    def release_claims(self, state: RelayState, batch: PendingBatch) -> None:
+        """The batch is done with: what it claimed and did not get goes, for recovery, to
+        the relays that skipped it (never lost because one relay failed)."""
+        now = self.clock()
+        for relay, ids in self.claims.release(state.url, batch.batch_id).items():
+            self.recovery.add_missing(relay, ids, now)
+
+    def drop_pending(self, state: RelayState) -> None:
+        """Every batch of the relay is abandoned (disconnect, fresh start, reconnect)."""
+        for batch in state.pending.values():
+            self.release_claims(state, batch)
+        state.clear_pending()
+
     def confirm_batch(self, state: RelayState, batch: PendingBatch) -> None:
+        self.release_claims(state, batch)
         state.pending.pop(batch.batch_id, None)
         if batch.batch_id == state.poll_batch and not batch.failed:
             state.poll_cursor = batch.poll_started_at
@@ -460,12 +494,14 @@ class HistoricSync:
             metrics.NEGENTROPY_BYTES.labels(state.url, "up").inc(result.bytes_up)
             metrics.NEGENTROPY_BYTES.labels(state.url, "down").inc(result.bytes_down)
             metrics.NEGENTROPY_ROUNDS.labels(state.url).inc(result.rounds)
-            # Several filters of a batch match the same events (a comment tags its root with
-            # both E and e): each id is fetched once, by the first batch that expects it.
-            expected = set().union(*(b.advertised_ids for b in state.pending.values()))
-            need = set(result.need_ids) - self.seen.keys() - expected
+            # Several filters match the same events (a comment tags its root with both E
+            # and e; repositories list several relays): each id is fetched once, by the
+            # first batch that claims it; the others wait for it (``FetchClaims``).
+            need = self.claims.claim(state.url, batch.batch_id,
+                                     (i for i in result.need_ids if i not in self.seen))
             log.debug("negentropy_done", relay=state.url, batch_id=batch.batch_id, need=len(need),
-                      have=len(result.have_ids), rounds=result.rounds, held=result.held)
+                      advertised=len(result.need_ids), have=len(result.have_ids),
+                      rounds=result.rounds, held=result.held)
             if fetch_by_filter(len(need), result.held):
                 log.debug("negentropy_fetch_by_filter", relay=state.url, batch_id=batch.batch_id,
                           need=len(need), held=result.held)
@@ -488,7 +524,7 @@ class HistoricSync:
                 filters, batch.fetch_by_filter = batch.fetch_by_filter, []
                 self.queue_reqs(state, batch, filters, front=True)
             if batch.advertised_ids:
-                self.queue_id_fetches(state, batch, batch.advertised_ids - self.seen.keys())
+                self.queue_id_fetches(state, batch, self.not_seen(batch.advertised_ids))
         self.pump_historic(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
@@ -526,6 +562,7 @@ class HistoricSync:
             batch.expect_ids(ids)
 
     def finish_recovery(self, state: RelayState, batch: PendingBatch) -> None:
+        self.release_claims(state, batch)
         state.pending.pop(batch.batch_id, None)
         dropped = self.recovery.record_result(state.url, batch.received_ids, self.clock(),
                                               filters_done=not batch.failed)

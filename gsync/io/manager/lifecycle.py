@@ -11,7 +11,7 @@ from ...ops.logging import get_logger
 from ...sync import filter_plan
 from ...sync.pending import PageCap
 from ...sync.relay_state import ConnectionStatus, RelayState
-from ...sync.targets import PendingItems, compute_actions, derive_relay_targets
+from ...sync.targets import PendingItems, compute_actions, relay_needs
 from ..connection import RelayConnection
 from ..events import (
     HandshakeDone,
@@ -30,6 +30,9 @@ class RelayLifecycle:
     def relay(self, url: str) -> RelayState:
         state = self.relays.get(url)
         if state is None:
+            if not self.config.cluster.shard.owns(url):
+                # Another instance's relay ([cluster] shard): never registered, never dialled.
+                return RelayState(url, refused_reason="another shard")
             if len(self.relays) >= self.config.network.max_relays:
                 if url not in self.capped_relays:  # asked again every tick: say it once
                     self.capped_relays.add(url)
@@ -41,17 +44,19 @@ class RelayLifecycle:
             log.info("relay_registered", relay=url)
         return state
 
-    def wanted(self, state: RelayState, targets) -> bool:
-        return state.is_bootstrap or state.url in targets or bool(state.confirmed)
+    def wanted(self, state: RelayState) -> bool:
+        """A bootstrap relay, one some repo lists (a ``derive_relay_targets`` target, read
+        from the relay → repos listing), or one with confirmed work."""
+        return state.is_bootstrap or bool(self.repos.repos_listing(state.url)) or bool(state.confirmed)
 
     def connect_due_relays(self, now: float) -> None:
-        targets = derive_relay_targets(self.repos)
-        for url in list(targets):
-            self.relay(url)
+        for url in list(self.repos.listed_relays()):
+            if url not in self.relays:
+                self.relay(url)
         for state in list(self.relays.values()):
             if state.refused_reason or state.status != ConnectionStatus.DISCONNECTED:
                 continue
-            if not self.wanted(state, targets):
+            if not self.wanted(state):
                 continue
             if self.health.should_attempt_connection(state.url, now):
                 state.attempt += 1
@@ -59,9 +64,8 @@ class RelayLifecycle:
                 self.handshakes.request(state.url, state.attempt)
 
     def retire_unwanted_relays(self) -> None:
-        targets = derive_relay_targets(self.repos)
         for state in list(self.relays.values()):
-            if state.connected and not self.wanted(state, targets) and not state.pending:
+            if state.connected and not self.wanted(state) and not state.pending:
                 log.info("relay_retired", relay=state.url)
                 state.conn.close("no work left")
                 state.conn = None
@@ -131,7 +135,7 @@ class RelayLifecycle:
         state.disconnected_at = now
         state.last_connected = now
         state.last_error = msg.reason
-        state.clear_pending()
+        self.drop_pending(state)
         state.clear_live()
         self.recovery.cancel_attempt(msg.relay)  # its batch is gone: not left in flight
         self.health.record_disconnect(msg.relay, now, misbehaved=msg.misbehaved)
@@ -142,7 +146,7 @@ class RelayLifecycle:
         for sub_id in list(state.conn.subscriptions):
             state.conn.unsubscribe(sub_id)
         state.clear_live()
-        state.clear_pending()
+        self.drop_pending(state)
         state.clear_confirmed()
         self.recovery.forget(state.url)  # the full history below finds whatever is missing
         state.historic_sync_completed_at = None
@@ -150,7 +154,7 @@ class RelayLifecycle:
         self.recompute(state, since=None)
 
     def quick_reconnect(self, state: RelayState, now: float) -> None:
-        state.clear_pending()
+        self.drop_pending(state)
         since = int(state.last_connected or now) - constants.RECONNECT_OVERLAP_SECS
         self.subscribe_layer1(state, since=since)
         if state.confirmed:
@@ -163,7 +167,7 @@ class RelayLifecycle:
         """derive_relay_targets → compute_actions → start_sync, for one connected relay."""
         if not state.connected:
             return
-        targets = derive_relay_targets(self.repos)
+        targets = {state.url: relay_needs(self.repos, state.url)}
         pending = {state.url: [b.items for b in state.pending.values()]}
         confirmed = {state.url: state.confirmed}
         for action in compute_actions(targets, pending, confirmed, {state.url}):

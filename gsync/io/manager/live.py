@@ -5,6 +5,8 @@ they wait in the relay's live queue for those.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from ... import constants
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
@@ -31,11 +33,13 @@ class LiveCoverage:
         self.open_live_groups(state, groups)
 
     def open_live_groups(self, state: RelayState, groups, slots: int | None = None,
-                         rebuilt_at: float | None = None) -> None:
+                         rebuilt_at: float | None = None, descendants: bool = False) -> None:
         """Open live REQs while the relay's subscription and filter-size budgets allow;
         coverage that does not fit is polled on the maintenance cadence instead. ``slots``:
         the data-plane subscriptions still free (default: what the budget leaves beside the
-        live subscriptions already open), so no caller can open past it."""
+        live subscriptions already open), so no caller can open past it. Core coverage (not
+        ``descendants``) that does not fit takes the room of descendant subscriptions first,
+        which are polled instead (SPEC §3: they give way)."""
         if slots is None:
             budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
             slots = budget.live_slots - sum(1 for sub in state.live_subs.values() if not sub.control)
@@ -45,17 +49,23 @@ class LiveCoverage:
             if not group:
                 continue
             size = len(wire.req("live-00000000", group))
+            if not descendants and (slots <= 0 or live_bytes + size > constants.MAX_LIVE_FILTER_BYTES):
+                freed_bytes, freed_slots = self.evict_descendants(
+                    state, live_bytes + size - constants.MAX_LIVE_FILTER_BYTES, 1 - slots)
+                live_bytes -= freed_bytes
+                slots += freed_slots
             if slots <= 0 or live_bytes + size > constants.MAX_LIVE_FILTER_BYTES:
                 self.poll_instead(state, group)
                 continue
-            self.open_live(state, f"live-{next(self._ids)}", group, rebuilt_at=rebuilt_at)
+            self.open_live(state, f"live-{next(self._ids)}", group, rebuilt_at=rebuilt_at,
+                           descendants=descendants)
             live_bytes += size
             slots -= 1
 
     def open_live(self, state: RelayState, sub_id: str, filters, control: bool = False,
-                  rebuilt_at: float | None = None) -> None:
+                  rebuilt_at: float | None = None, descendants: bool = False) -> None:
         """Register a live subscription and send it as soon as the gates allow."""
-        state.live_subs[sub_id] = LiveSub(tuple(filters), control, rebuilt_at)
+        state.live_subs[sub_id] = LiveSub(tuple(filters), control, rebuilt_at, descendants)
         state.live_queue.append(sub_id)
         self.pump_live(state)
 
@@ -77,10 +87,26 @@ class LiveCoverage:
                 del state.live_subs[sub_id]
                 continue
             if len(filters) < len(live.filters):
-                state.live_subs[sub_id] = LiveSub(tuple(filters), live.control, live.rebuilt_at)
+                state.live_subs[sub_id] = dataclasses.replace(live, filters=tuple(filters))
             self.health.record_start(state.url, now, background=False)
             state.conn.subscribe(sub_id, filters)
         return True
+
+    def evict_descendants(self, state: RelayState, bytes_needed: int, slots_needed: int) -> tuple[int, int]:
+        """Close descendant live subscriptions (largest first, polled from now on) until
+        ``bytes_needed`` filter bytes and ``slots_needed`` subscriptions are free, or none is
+        left. Returns the bytes and subscriptions freed."""
+        freed = closed = 0
+        subs = sorted((s for s, sub in state.live_subs.items() if sub.descendants),
+                      key=lambda s: -state.conn.filter_bytes.get(s, 0))
+        for sub_id in subs:
+            if freed >= bytes_needed and closed >= slots_needed:
+                break
+            freed += state.conn.filter_bytes.get(sub_id, 0)
+            closed += 1
+            self.poll_instead(state, state.live_subs.pop(sub_id).filters)
+            state.conn.unsubscribe(sub_id)  # not sent yet: pump_live skips it
+        return freed, closed
 
     def poll_instead(self, state: RelayState, filters) -> None:
         if not state.polled:
@@ -133,11 +159,13 @@ class LiveCoverage:
         if adding is not None:
             wanted.add(adding)
         live = filter_plan.live(self.filters_for(state, wanted, None))
-        if state.members:  # thread replies after the core coverage: they give way first
-            live += filter_plan.live(self.descendant_filters_for(state, state.members))
         groups = filter_plan.pack_into_reqs(live, state.limits)
         budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
         self.open_live_groups(state, groups, slots=budget.live_slots)
+        if state.members:  # thread replies after the core coverage: they give way first
+            replies = filter_plan.live(self.descendant_filters_for(state, state.members))
+            self.open_live_groups(state, filter_plan.pack_into_reqs(replies, state.limits),
+                                  slots=budget.live_slots - (len(state.live_subs) - 1), descendants=True)
         # Between our CLOSEs and the new REQs the relay sends nothing new: fetch that gap
         # (SPEC §4 asks this of layer 1; every layer has the same gap).
         self.catch_up(state, wanted, int(self.clock()) - constants.RECONNECT_OVERLAP_SECS)

@@ -16,9 +16,9 @@ from ...protocol.filters import Filter
 from ...sync import filter_plan
 from ...sync.descendants import full_root_ids
 from ...sync.rejected import RejectedIndex, author_key, event_key, maintainer_key, repo_key
-from ...sync.relay_state import RelayState
+from ...sync.relay_state import ConnectionStatus, RelayState
 from ...sync.repos import SyncLevel, list_tag_values, should_forward_layer1
-from ...sync.targets import PendingItems, compute_actions, derive_relay_targets
+from ...sync.targets import PendingItems, compute_actions, relay_needs
 from ..events import (
     BatchWindowClosed,
     DeliveryAnswered,
@@ -52,10 +52,12 @@ class OwnRelaySide:
         # when it was fetched: what the own relay holds only thanks to this sync round's own
         # fetches says nothing of what the next filter lacks (HistoricSync.by_negentropy)
         self.seen[event.id] = self.clock()
-        for url in self.recovery.clear_arrived((event.id,)):
-            self.promote_if_recovered(url)
+        self.claims.arrived(event.id)
+        if self.recovery.is_missing(event.id):
+            for url in self.recovery.clear_arrived((event.id,)):
+                self.promote_if_recovered(url)
         if len(self.seen) > SEEN_CAPACITY:
-            for old in itertools.islice(list(self.seen), SEEN_CAPACITY // 10):
+            for old in list(itertools.islice(self.seen, SEEN_CAPACITY // 10)):  # oldest tenth
                 del self.seen[old]
         if not self.delivery.submit(event, source) and not self.delivery.is_tracked(event.id):
             del self.seen[event.id]  # dropped for backlog (counted): a later copy may go through
@@ -104,15 +106,19 @@ class OwnRelaySide:
         }
 
     def apply_dirty(self, dirty: set[str]) -> None:
-        targets = derive_relay_targets(self.repos) if dirty else {}
+        """New work for the relays whose targets changed; new relays get dialled. The cost
+        follows the dirty relays' repos (a purgatory answer must not walk every repo)."""
         for url in dirty:
             state = self.relay(url)
             if not state.connected:
                 continue
+            targets = {url: relay_needs(self.repos, url)}
             pending = {url: [b.items for b in state.pending.values()]}
             for action in compute_actions(targets, pending, {url: state.confirmed}, {url}):
                 self.start_sync(state, action.items, since=None)
-        self.connect_due_relays(self.clock())
+        if any(s.status is ConnectionStatus.DISCONNECTED and not s.refused_reason
+               for s in map(self.relay, dirty)):
+            self.connect_due_relays(self.clock())  # now, not at the next maintenance tick
 
     def release_dependents(self, arrived: set[str]) -> None:
         """Refused events that were waiting for what just ``arrived`` (release keys, see

@@ -1,0 +1,54 @@
+"""gsync/io/connection.py without sockets: what a relay connection hands the manager."""
+import gevent
+
+from gsync.io.connection import MAX_UNAPPLIED_BURSTS, RelayConnection
+from gsync.io.events import RemoteEvents
+from gsync.protocol import wsframes
+from gsync.protocol.filters import Filter, FilterSet
+from tests import factory as f
+
+
+class _Bursts:
+    """A websocket whose every read is a burst of one EVENT for subscription "s"."""
+
+    def __init__(self, events):
+        self.frames = [(wsframes.OP_TEXT, f'["EVENT","s",{e.to_json()}]'.encode()) for e in events]
+        self.reads = 0
+        self.connected = True
+
+    def settimeout(self, timeout):
+        pass
+
+    def recv_burst(self):
+        self.reads += 1
+        if not self.frames:
+            gevent.sleep(60)
+        return [self.frames.pop(0)]
+
+    def close(self, timeout=1):
+        self.connected = False
+
+
+def test_a_reader_waits_while_its_bursts_are_not_applied():
+    """However many relays send at once, the manager's queue holds at most a couple of
+    bursts per connection: the reader stops reading (the socket pushes back) until the
+    manager has taken them."""
+    alice = f.Author.named("alice")
+    events = [alice.sign(1, [], f"note {i}") for i in range(10)]
+    posted = []
+    conn = RelayConnection("ws://relay.example", _Bursts(events), 1, posted.append)
+    conn.subscriptions["s"] = FilterSet([Filter.make(kinds=[1])])
+    conn.start()
+    gevent.sleep(0.05)
+    bursts = [m for m in posted if isinstance(m, RemoteEvents)]
+    assert len(bursts) == MAX_UNAPPLIED_BURSTS
+    bursts[0].applied.set()  # the manager applied the oldest
+    gevent.sleep(0.05)
+    assert len([m for m in posted if isinstance(m, RemoteEvents)]) == MAX_UNAPPLIED_BURSTS + 1
+    for _ in range(10):
+        for m in posted:
+            if isinstance(m, RemoteEvents):
+                m.applied.set()
+        gevent.sleep(0.01)
+    assert sum(len(m.events) for m in posted if isinstance(m, RemoteEvents)) == 10
+    conn.close()
