@@ -5,15 +5,46 @@ inspect relays; they never go through gsync's code, so they can judge it.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import socket
 import tempfile
 import time
 import uuid
 
 import websocket
 
-from gsync.ops.localrelay import LocalRelayProcess, free_port  # noqa: F401 (re-exported)
+from gsync.ops import localrelay
+from gsync.ops.localrelay import LocalRelayProcess
+
+# Ports for relays and gsync's metrics endpoint. Alone, the kernel picks a free one (bind to
+# port 0). Under pytest-xdist, workers pick at the same time, and a port chosen that way is
+# only free until someone binds it: each worker takes ports from a range of its own below
+# the ephemeral range (32768-60999 on Linux), which neither the other workers nor any
+# outgoing connection can be handed.
+PORTS_PER_WORKER = 1000
+_WORKER_PORTS_BASE = 21000
+_next = itertools.count()
+
+
+def free_port() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return localrelay.free_port()
+    base = _WORKER_PORTS_BASE + int(worker[2:]) * PORTS_PER_WORKER
+    for _ in range(PORTS_PER_WORKER):
+        port = base + next(_next) % PORTS_PER_WORKER
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # still held by an earlier test's relay (or its TIME_WAIT)
+        return port
+    raise RuntimeError(f"no free port in {base}-{base + PORTS_PER_WORKER - 1}")
+
+
+localrelay.free_port = free_port  # LocalRelayProcess without a port picks it here too
 
 
 class RelayProcess(LocalRelayProcess):

@@ -19,6 +19,7 @@ def _connected(gsync) -> bool:
     return [r["status"] for r in gsync.status()["relays"]] == ["connected"]
 
 
+@pytest.mark.slow
 def test_a_repository_in_purgatory_gets_its_state_until_accepted_then_its_whole_history(
         relay_factory, gsync_factory, scripted):
     own = GraspRelay.start(scripted)
@@ -92,6 +93,7 @@ def test_a_co_maintainer_refused_first_is_delivered_once_the_owner_lists_them(
     assert gsync.status()["rejected"] == 0
 
 
+@pytest.mark.slow
 def test_a_refused_event_is_not_downloaded_again_by_a_fresh_start_nor_after_a_restart(
         gsync_factory, scripted, tmp_path):
     own = GraspRelay.start(scripted)
@@ -149,6 +151,7 @@ def _descendant_polls(remote, member_id):
     return polls
 
 
+@pytest.mark.slow
 def test_descendants_on_a_full_relay_are_polled_from_a_cursor_that_survives_a_reconnect(
         gsync_factory, scripted):
     own = GraspRelay.start(scripted)

@@ -3,6 +3,8 @@ import os
 import threading
 import time
 
+import pytest
+
 from gsync.protocol.event import generate_secret
 
 from . import factory as f
@@ -149,6 +151,7 @@ def test_subscription_budget_is_kept_by_consolidating(relay_factory, gsync_facto
     assert_arrives(own, in_the_gap, timeout=30, what="the comment stored during the swap")
 
 
+@pytest.mark.slow
 def test_quick_reconnect_catches_up_what_was_published_while_away(relay_factory, gsync_factory,
                                                                   tmp_path):
     own = relay_factory()
@@ -170,6 +173,7 @@ def test_quick_reconnect_catches_up_what_was_published_while_away(relay_factory,
     assert [e["fresh_start"] for e in connects] == [True, False]
 
 
+@pytest.mark.slow
 def test_addfilters_waiting_for_the_pacing_gate_share_their_reqs(relay_factory, gsync_factory, scripted):
     """Roots arriving in two self-subscription batches while the relay's pacing gate holds
     the first batch's REQ: the second joins it, and one historic REQ carries both."""

@@ -137,6 +137,7 @@ def _asks_for(q: dict, tag: str) -> bool:
     return f"#{tag}" in q["filter"]
 
 
+@pytest.mark.slow
 def test_a_refused_tag_is_paused_through_consolidation_reconnect_and_daily_then_probed_once(
         relay_factory, gsync_factory, tmp_path):
     """A relay that refuses every filter with ``#q`` (and so every REQ carrying one). The
@@ -205,6 +206,7 @@ def _is_historic_req_with(message, key: str) -> bool:
             and any(isinstance(flt, dict) and key in flt and flt.get("limit") != 0 for flt in message[2:]))
 
 
+@pytest.mark.slow
 def test_a_relay_that_never_ends_one_filter_fails_that_batch_into_recovery(relay_factory, gsync_factory,
                                                                          scripted):
     """A relay that never answers a historic REQ carrying ``#E`` (no events, no EOSE). The
@@ -435,6 +437,7 @@ def test_a_live_subscription_the_relay_closes_is_rebuilt(relay_factory, gsync_fa
     assert events_named(gsync, "live_rebuilt", remote.url)
 
 
+@pytest.mark.slow
 def test_a_recovery_attempt_cut_by_a_disconnect_is_tried_again(relay_factory, gsync_factory, scripted):
     """NIP-77 advertises ids whose fetch the relay never answers: the fetch stalls into
     missing-event recovery; the relay drops the connection while a recovery attempt is out.

@@ -122,6 +122,7 @@ def test_own_relay_restart_mid_sync_loses_nothing(relay_factory, gsync_factory, 
     assert gsync.proc.poll() is None
 
 
+@pytest.mark.slow
 def test_a_full_delivery_backlog_pushes_back_instead_of_dropping(relay_factory, gsync_factory):
     # An own relay slower than the remote and a backlog limit below one page. Historic
     # pages wait while delivery is behind; a live flood, which no start gates, must be held
@@ -178,6 +179,7 @@ def test_replies_to_a_thread_member_are_synced_one_generation_deep(relay_factory
     assert grandchild.id not in ids_on(own.url, {"ids": [grandchild.id]})
 
 
+@pytest.mark.slow
 def test_thread_members_arriving_one_by_one_stay_within_the_subscription_budget(relay_factory,
                                                                                gsync_factory):
     """Each new direct member gets descendant coverage on the next descendants tick: live while

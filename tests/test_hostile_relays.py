@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from . import factory as f
 from . import hostile
 from .relays import publish, wait_until
@@ -45,6 +47,7 @@ def session_gaps(relay) -> list[float]:
     return [b - a for a, b in zip(opened, opened[1:], strict=False)]
 
 
+@pytest.mark.slow
 def test_misbehaving_relays_are_counted_and_hung_up_on_while_an_honest_one_syncs(
         relay_factory, scripted, gsync_factory):
     own, honest = relay_factory(), relay_factory()

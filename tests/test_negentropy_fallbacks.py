@@ -11,6 +11,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from gsync.protocol.filters import Filter
 from gsync.protocol.negentropy import NegentropyServer, Storage
 
@@ -105,6 +107,7 @@ def test_ids_advertised_but_not_served_fall_back_to_semantic_req(relay_factory, 
     assert any(e["event"] == "negentropy_ids_not_served" for e in gsync.log_events())
 
 
+@pytest.mark.slow
 def test_small_residual_fails_the_batch_then_recovery_fetches_it(relay_factory, gsync_factory,
                                                                    scripted):
     own = relay_factory()
@@ -203,6 +206,7 @@ def test_a_nip77_verdict_lasts_one_session(relay_factory, gsync_factory, scripte
     assert len(unsupported) == 1
 
 
+@pytest.mark.slow
 def test_what_one_relay_claimed_and_never_served_comes_from_the_other(relay_factory, gsync_factory,
                                                                       scripted):
     """Two relays hold the same issues. The quicker one's NIP-77 claims them all, then never

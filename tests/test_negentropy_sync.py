@@ -1,4 +1,6 @@
 """Negentropy-first historic sync against real relays: move only what the own relay lacks."""
+import pytest
+
 from . import factory as f
 from .relays import ids_on, start_relays, wait_until, write_seed_file
 from .scenario import our_announcement
@@ -24,6 +26,7 @@ def _synced(gsync):
     return relays and all(r["status"] == "connected" for r in relays)
 
 
+@pytest.mark.slow
 def test_only_the_missing_one_percent_is_downloaded_and_a_rerun_downloads_nothing(
     gsync_factory, tmp_path
 ):
@@ -162,6 +165,7 @@ def test_identical_holdings_reads_at_about_the_same_time_are_shared():
         shared.get("ws://own", broken)  # a failure is not remembered: asked again
 
 
+@pytest.mark.slow
 def test_events_in_flight_to_the_own_relay_count_as_held(relay_factory, gsync_factory):
     """The own relay is slow to store: while a relay's events wait for its OK, a second
     relay's NIP-77 over the same filter does not list them as missing (the have-set holds

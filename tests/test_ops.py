@@ -368,6 +368,7 @@ def test_sighup_switches_the_log_level(synced):
 # -- SIGTERM during a sync ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sigterm_during_a_sync_drains_and_exits_cleanly(tmp_path):
     total = 2000
     # A slow own relay (5 ms a write) keeps deliveries in flight when SIGTERM arrives.
@@ -417,6 +418,7 @@ def test_sigterm_during_a_sync_drains_and_exits_cleanly(tmp_path):
 # -- gsync demo ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_demo_syncs_the_sandbox_and_prints_a_summary():
     began = time.monotonic()
     result = subprocess.run([sys.executable, GSYNC, "demo"], capture_output=True, text=True,
