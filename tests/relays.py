@@ -26,12 +26,13 @@ from gsync.ops.localrelay import LocalRelayProcess
 PORTS_PER_WORKER = 1000
 _WORKER_PORTS_BASE = 21000
 _next = itertools.count()
+_kernel_port = localrelay.free_port  # bind to port 0
 
 
 def free_port() -> int:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if not worker.startswith("gw"):
-        return localrelay.free_port()
+        return _kernel_port()
     base = _WORKER_PORTS_BASE + int(worker[2:]) * PORTS_PER_WORKER
     for _ in range(PORTS_PER_WORKER):
         port = base + next(_next) % PORTS_PER_WORKER
