@@ -237,3 +237,34 @@ def test_two_sharded_instances_split_the_relays_and_together_sync_everything(rel
     assert dialled[0].isdisjoint(dialled[1])
     assert dialled[0] | dialled[1] == {r.url for r in remotes}
     assert all(dialled), "each instance has relays of its own"
+
+
+def test_shards_split_the_remotes_and_together_sync_everything(relay_factory, gsync_factory):
+    """[cluster] shard = i/N: two instances beside one own relay each dial only the remotes
+    their shard owns (a hash of the URL); together they bring every repository's history,
+    and no remote is read by both."""
+    from gsync.protocol.urls import normalize_relay_url
+    from gsync.sync.shard import shard_of
+
+    own = relay_factory()
+    remotes = [relay_factory() for _ in range(3)]
+    while len({shard_of(normalize_relay_url(r.url), 2) for r in remotes}) < 2:  # both get some
+        remotes.append(relay_factory())
+    announcements, history = [], []
+    for i, remote in enumerate(remotes):
+        repo = our_announcement(own, [remote], d=f"sharded-{i}")
+        issue = f.issue(bob, repo, subject=f"only on {remote.url}")
+        reply = f.comment(alice, issue)
+        publish(remote.url, [repo, issue, reply])
+        announcements.append(repo)
+        history += [issue, reply]
+    publish(own.url, announcements)
+    instances = [gsync_factory(own, remotes, extra={"cluster": {"shard": f"{i}/2"}}) for i in range(2)]
+    assert_arrives(own, history, what="every remote's history, through one instance or the other")
+    for i, gsync in enumerate(instances):
+        for remote in remotes:
+            read = gsync.metric("gsync_remote_events_total", relay=remote.url)
+            if shard_of(normalize_relay_url(remote.url), 2) == i:
+                assert read >= 2, f"shard {i}/2 did not sync its remote {remote.url}"
+            else:
+                assert read == 0, f"shard {i}/2 read {read} events from another shard's {remote.url}"
