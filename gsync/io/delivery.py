@@ -153,7 +153,10 @@ class OwnRelayDelivery:
         self._tracked: dict[str, Event] = {}  # submitted, not yet answered for good
         self._sources: dict[str, str] = {}  # id → the remote it came from ("": none), while tracked
         self._held: dict[str, int] = {}  # tracked events per source
-        self._tracked_index = HaveIndex()  # the same events, by what filters select on
+        # The same events by what filters select on, for NIP-77 have-sets. Indexed when an
+        # exchange asks (most events are answered before any does), not on submit.
+        self._tracked_index = HaveIndex()
+        self._unindexed: dict[str, Event] = {}
         self._attempts: dict[str, int] = {}
         self._retry_heap: list[tuple[float, int, Event]] = []
         self._seq = itertools.count()
@@ -195,7 +198,7 @@ class OwnRelayDelivery:
         self._tracked[event.id] = event
         self._sources[event.id] = source
         self._held[source] = self._held.get(source, 0) + 1
-        self._tracked_index.add(event.id, event)
+        self._unindexed[event.id] = event
         self._queue.append(event, source)
         self._idle.clear()
         self._wake_lanes()
@@ -214,7 +217,11 @@ class OwnRelayDelivery:
     def tracked_matching(self, flt: Filter) -> list[tuple[int, str]]:
         """(created_at, id) of the events not yet answered that ``flt`` matches: part of a
         NIP-77 have-set for that filter (the own relay will hold them)."""
-        return self._tracked_index.matching(flt)
+        index = self._tracked_index
+        for event_id, event in self._unindexed.items():
+            index.add(event_id, event)
+        self._unindexed.clear()
+        return index.matching(flt)
 
     @property
     def backlog(self) -> int:
@@ -373,7 +380,8 @@ class OwnRelayDelivery:
                 self._held[source] = left
             else:
                 del self._held[source]
-        self._tracked_index.discard(event.id)
+        if self._unindexed.pop(event.id, None) is None:
+            self._tracked_index.discard(event.id)
         self._attempts.pop(event.id, None)
         if not self.room.is_set() and len(self._tracked) < self._max_backlog * 0.9:
             log.info("delivery_backlog_has_room", backlog=len(self._tracked))
