@@ -33,6 +33,8 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from tests.gsync_proc import memory_kb  # noqa: E402, F401 (re-exported)
+
 BASE_CREATED_AT = 1_700_000_000
 ROOT_KINDS = (1617, 1618, 1621)
 
@@ -396,16 +398,6 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def memory_kb(pid: int) -> dict:
-    """``{"rss": VmRSS, "hwm": VmHWM}`` of ``pid`` in KiB (HWM: the peak resident set)."""
-    out = {}
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                out[line[2:5].lower()] = int(line.split()[1])
-    return out
 
 
 class ArrivalWatcher:

@@ -120,3 +120,13 @@ class GsyncProcess:
         self.proc = None
         self._log.close()
         return code
+
+
+def memory_kb(pid: int) -> dict:
+    """``{"rss": VmRSS, "hwm": VmHWM}`` of ``pid`` in KiB (HWM: the peak resident set)."""
+    out = {}
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                out[line[2:5].lower()] = int(line.split()[1])
+    return out

@@ -321,17 +321,22 @@ class _NegentropyRefusal:
         return [["NOTICE", f"ERROR: negentropy error: {self.reason}"]]
 
 
-class _Nip77Serve:
-    """NIP-77 over the relay's store: a ``NegentropyServer`` per open subscription."""
+class Nip77Serve:
+    """NIP-77 over the relay's store: a ``NegentropyServer`` per open subscription. Counts
+    NEG-OPENs (``opened``) and keeps their filters, in order (``filters``)."""
 
     def __init__(self):
+        self.opened = 0
+        self.filters: list[Filter] = []
         self._sessions: dict[tuple[int, str], Any] = {}
 
     def __call__(self, relay, conn, message):
         kind, sub = message[0], message[1] if len(message) > 1 else ""
         key = (conn.id, sub)
         if kind == "NEG-OPEN":
+            self.opened += 1
             flt = Filter.from_dict(message[2])
+            self.filters.append(flt)
             with relay._store_lock:
                 items = [(ev.created_at, ev.id) for _, ev in relay._store.values()
                          if ev is not None and flt.matches(ev)]
@@ -380,7 +385,7 @@ class ScriptedRelay:
         self.handshake_gauge = handshake_gauge or HandshakeGauge()
         self.extra_frames_for_req = extra_frames_for_req
         if negentropy == "serve":
-            self.negentropy = _Nip77Serve()
+            self.negentropy = Nip77Serve()
         elif isinstance(negentropy, str):
             self.negentropy = _NegentropyRefusal(negentropy, neg_err_reason)
         else:

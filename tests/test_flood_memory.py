@@ -27,6 +27,7 @@ import pytest
 
 from . import factory as f
 from . import hostile
+from .gsync_proc import memory_kb
 from .relays import publish, wait_until
 from .scenario import assert_arrives, on_own, our_announcement
 
@@ -39,15 +40,6 @@ SLACK_MB = 8.0
 def growth_bound_mb(connections: int, event_json_bytes: float) -> float:
     backlog_events = BACKLOG + connections * (256 * 1024 / event_json_bytes)
     return connections * PER_CONNECTION_MB + backlog_events * 4 * event_json_bytes / 2**20 + SLACK_MB
-
-
-def memory_kb(pid: int) -> dict:
-    out = {}
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                out[line[2:5].lower()] = int(line.split()[1])
-    return out
 
 
 @pytest.mark.slow

@@ -13,45 +13,12 @@ import time
 
 import pytest
 
-from gsync.protocol.filters import Filter
-from gsync.protocol.negentropy import NegentropyServer, Storage
-
 from . import factory as f
 from .relays import publish, wait_until
 from .scenario import assert_arrives, on_own, our_announcement
+from .scripted_relay import Nip77Serve as Nip77Server  # NIP-77 over a scripted relay's store
 
 alice, bob = f.Author.named("alice"), f.Author.named("bob")
-
-
-class Nip77Server:
-    """A scripted relay's NIP-77 answers, computed by gsync's pure negentropy server."""
-
-    def __init__(self):
-        self.opened = 0
-        self.filters: list[Filter] = []  # of every NEG-OPEN, in order
-        self._sessions: dict[tuple[int, str], NegentropyServer] = {}
-
-    def __call__(self, relay, conn, message):
-        kind, sub = message[0], message[1]
-        key = (id(conn), sub)
-        if kind == "NEG-OPEN":
-            self.opened += 1
-            flt = Filter.from_dict(message[2])
-            self.filters.append(flt)
-            with relay._store_lock:
-                items = [(ev.created_at, ev.id) for _, ev in relay._store.values()
-                         if ev is not None and flt.matches(ev)]
-            self._sessions[key] = NegentropyServer(Storage.from_hex(items))
-            payload = message[3]
-        elif kind == "NEG-MSG":
-            payload = message[2]
-        else:
-            self._sessions.pop(key, None)
-            return []
-        server = self._sessions.get(key)
-        if server is None:
-            return [["NEG-ERR", sub, "closed: unknown subscription"]]
-        return [["NEG-MSG", sub, server.respond(bytes.fromhex(payload)).hex()]]
 
 
 class Withholding:

@@ -178,13 +178,19 @@ def test_filter_without_certain_events_is_asked_again_alone():
     assert flat(b.on_eose(name, cap=cap)) == [ISSUES.replace(until=926)]
 
 
-def test_full_page_of_many_values_is_split_to_fill_the_next_req():
+def _full_page_over_25_roots():
+    """A batch whose one filter (25 root ids) just filled its page."""
     roots = [f"{i:064x}" for i in range(25)]
     f = Filter.make(tags={"E": roots})
     b = batch()
     b.add_subscription("s1", [f])
     feed(b, "s1", [sign_event(SECRET, created_at=1000 - i, kind=1111, content=str(i),
                               tags=[["E", roots[i % 25]]]) for i in range(P)])
+    return roots, f, b
+
+
+def test_full_page_of_many_values_is_split_to_fill_the_next_req():
+    roots, _, b = _full_page_over_25_roots()
     pages = b.on_eose("s1", per_req=10, cap=learnt())
     assert [name for name, _ in pages] == ["s1"]
     pieces = pages[0][1]
@@ -198,12 +204,7 @@ def test_full_page_of_many_values_is_split_to_fill_the_next_req():
 def test_a_relay_limiting_query_rate_gets_full_pages_unsplit():
     """Towards a relay that refused us for query rate, more filters for the same events
     only bring its next refusal sooner: the next page keeps the filter whole."""
-    roots = [f"{i:064x}" for i in range(25)]
-    f = Filter.make(tags={"E": roots})
-    b = batch()
-    b.add_subscription("s1", [f])
-    feed(b, "s1", [sign_event(SECRET, created_at=1000 - i, kind=1111, content=str(i),
-                              tags=[["E", roots[i % 25]]]) for i in range(P)])
+    _, f, b = _full_page_over_25_roots()
     assert flat(b.on_eose("s1", per_req=10, cap=learnt(), split=False)) == [f.replace(until=1000 - (P - 1))]
 
 
