@@ -207,3 +207,21 @@ def test_addfilters_waiting_for_the_pacing_gate_share_their_reqs(relay_factory, 
     wait_until(lambda: historic_reqs_with_late_roots(), timeout=30, what="a historic REQ for the later roots")
     assert any(late <= values for values in historic_reqs_with_late_roots()), \
         "the second and third batch did not share the REQ that waited for the gate"
+
+
+def test_a_fresh_start_sends_layer_1_in_one_req_with_the_repositories_filters(relay_factory, gsync_factory,
+                                                                             scripted):
+    """A connection's first batches are built before anything starts: layer 1 (every
+    announcement) and the AddFilters for the repositories the relay lists go out in one
+    REQ, not one paced start for layer 1 alone and another for the rest."""
+    own = relay_factory()
+    remote = scripted(page_size=500)
+    repo = our_announcement(own, [remote], d="one-start")
+    remote.add(repo, f.issue(bob, repo))
+    publish(own.url, [repo])
+    gsync_factory(own, [remote], extra={"sync": {"negentropy": "false"}})
+    historic = lambda: [flts for _, flts in remote.reqs() if all("limit" not in x for x in flts)]  # noqa: E731
+    wait_until(historic, timeout=30, what="a historic REQ")
+    first = historic()[0]
+    assert any(30617 in x.get("kinds", []) and len(x) == 1 for x in first), first  # layer 1
+    assert any(repo.address in x.get("#a", []) for x in first), f"layer 2 waited for a start of its own: {first}"

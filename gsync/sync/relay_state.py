@@ -88,6 +88,9 @@ class RelayState:
     gauges: Any = None  # its children of metrics.PER_RELAY_GAUGES, kept
     completion_check_scheduled: bool = False
     slot_wakeup_scheduled: bool = False
+    # While a (re)connection builds its first batches (layer 1, then AddFilters): nothing
+    # starts, so layer 1 shares its first REQ with what follows instead of going alone.
+    pump_held: bool = False
 
     @property
     def connected(self) -> bool:

@@ -239,7 +239,7 @@ class HistoricSync:
         nor while delivery is more than a quarter of its backlog limit behind. Live REQs
         waiting for the gates go first (``live.pump_live``).
         """
-        if not state.connected or not self.pump_live(state) or self.own_down_since is not None:
+        if state.pump_held or not state.connected or not self.pump_live(state) or self.own_down_since is not None:
             return
         if self.delivery.backlog >= self.backlog_high_water:
             self.historic_held = True  # the tick pumps again once delivery caught up

@@ -3,6 +3,7 @@ connect through the handshake pool, fresh start or quick reconnect, retire.
 """
 from __future__ import annotations
 
+import contextlib
 import random
 
 from ... import constants
@@ -150,18 +151,31 @@ class RelayLifecycle:
         state.clear_confirmed()
         self.recovery.forget(state.url)  # the full history below finds whatever is missing
         state.historic_sync_completed_at = None
-        self.subscribe_layer1(state, since=None)
-        self.recompute(state, since=None)
+        with self.pump_held(state):
+            self.subscribe_layer1(state, since=None)
+            self.recompute(state, since=None)
 
     def quick_reconnect(self, state: RelayState, now: float) -> None:
         self.drop_pending(state)
         since = int(state.last_connected or now) - constants.RECONNECT_OVERLAP_SECS
-        self.subscribe_layer1(state, since=since)
-        if state.confirmed:
-            # Confirmed items stay confirmed; their live filters come back and the gap is
-            # fetched with since.
-            self.start_sync(state, state.confirmed.copy(), since=since, confirm=False)
-        self.recompute(state, since=None)
+        with self.pump_held(state):
+            self.subscribe_layer1(state, since=since)
+            if state.confirmed:
+                # Confirmed items stay confirmed; their live filters come back and the gap
+                # is fetched with since.
+                self.start_sync(state, state.confirmed.copy(), since=since, confirm=False)
+            self.recompute(state, since=None)
+
+    @contextlib.contextmanager
+    def pump_held(self, state: RelayState):
+        """Build a (re)connection's batches, then start them: queued together, layer 1
+        and the AddFilters after it share REQs (one paced start less per connection)."""
+        state.pump_held = True
+        try:
+            yield
+        finally:
+            state.pump_held = False
+        self.pump_historic(state)
 
     def recompute(self, state: RelayState, since: int | None) -> None:
         """derive_relay_targets → compute_actions → start_sync, for one connected relay."""
