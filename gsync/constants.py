@@ -109,7 +109,7 @@ HANDSHAKE_TIMEOUT_SECS = 15.0
 # -- rejected index (SPEC §5) ------------------------------------------------------------
 REJECTED_HOT_SECS = 120
 REJECTED_COLD_SECS = 7 * 24 * 3600
-# Cold entries kept at most (the oldest refusal makes room): about 1 KB each with its index
+# Cold entries kept at most (the oldest refusal makes room): about 1.4 KB each with its index
 # entries, so a relay that feeds us refusable events cannot grow memory or the saved file
 # without bound. Forgetting one costs a fetch (refused again), never an event.
 REJECTED_MAX_ENTRIES = 50_000
