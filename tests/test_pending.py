@@ -707,3 +707,23 @@ def test_a_confirming_page_that_brings_news_proves_the_cut_and_what_cut_it():
 ])
 def test_fetch_by_filter_when_the_own_relay_lacks_most_of_it(need, held, expected):
     assert fetch_by_filter(need, held) is expected
+
+
+def test_queued_reqs_of_a_batch_fill_the_room_earlier_reqs_left():
+    """Groups of 7, 7, 3 and 3 filters queued in that order: first fit makes two full REQs
+    (two paced starts), where merging only into the last REQ made three (7, 10, 3)."""
+    from gsync.io.manager.historic import HistoricSync
+    from gsync.sync.relay_state import RelayState
+
+    state = RelayState("wss://relay.example")
+    b = batch()
+    n = itertools.count()
+    for sub_id, size in (("a", 7), ("b", 7), ("c", 3), ("d", 3)):
+        group = [Filter.make(kinds=[1], authors=[f"{next(n):064x}"]) for _ in range(size)]
+        b.add_subscription(sub_id, group)
+        state.sub_to_batch[sub_id] = b.batch_id
+        state.historic_queue.append((sub_id, group))
+    HistoricSync.share_queued_reqs(None, state, b)
+    assert [(sub_id, len(group)) for sub_id, group in state.historic_queue] == [("a", 10), ("b", 10)]
+    assert b.outstanding_subs == {"a", "b"}
+    assert len(b.filters_of("a")) == 10 and len(b.filters_of("b")) == 10

@@ -206,27 +206,32 @@ class HistoricSync:
 
     def share_queued_reqs(self, state: RelayState, batch: PendingBatch) -> None:
         """Queued REQs of one batch (pages of different filters, filters of a later
-        AddFilters) merge, in queue order, while ten filters and the relay's message size
-        allow: every start carries as much as it can. Exact-id fetches and pages that must
-        go alone stay as they are."""
+        AddFilters) merge, first fit in queue order, while ten filters and the relay's
+        message size allow: every start carries as much as it can, and a later group fills
+        the room an earlier REQ left. Exact-id fetches and pages that must go alone stay as
+        they are."""
         per_req = filter_plan.filters_per_req(state.limits)
         max_len = getattr(state.limits, "max_message_length", None) or constants.MAX_MESSAGE_BYTES
-        host = None
+        hosts: list[int] = []  # indexes in ``kept`` of this batch's REQs that may take more
         kept = []
         for sub_id, group in state.historic_queue:
             if state.sub_to_batch.get(sub_id) != batch.batch_id or not batch.may_share(sub_id):
                 kept.append((sub_id, group))
                 continue
-            if host is not None:
+            for host in hosts:
                 host_id, host_group = kept[host]
                 merged = host_group + group
                 if len(merged) <= per_req and len(wire.req(host_id, merged)) <= max_len:
                     batch.absorb(host_id, sub_id)
                     state.sub_to_batch.pop(sub_id, None)
                     kept[host] = (host_id, merged)
-                    continue
-            host = len(kept)
-            kept.append((sub_id, group))
+                    if len(merged) == per_req:
+                        hosts.remove(host)
+                    break
+            else:
+                if len(group) < per_req:
+                    hosts.append(len(kept))
+                kept.append((sub_id, group))
         state.historic_queue = kept
 
     def pump_historic(self, state: RelayState) -> None:
