@@ -90,8 +90,7 @@ class SharedHoldings:
         if entry is None or entry[1] is not items:
             return None
         if entry[2] is None:
-            unique = {event_id: created_at for created_at, event_id in items}
-            entry[2] = Storage.from_hex((t, i) for i, t in unique.items())
+            entry[2] = negentropy_ws.storage_of(items)
         return entry[2]
 
 

@@ -54,6 +54,15 @@ class NegentropyFailed(Exception):
         self.result = result  # the traffic so far: rounds and bytes still count
 
 
+def storage_of(items) -> Storage:
+    """A NIP-77 storage of ``(created_at, id hex)`` items, one entry per id (our sources
+    overlap: own relay, in flight, refused)."""
+    unique = {}
+    for created_at, event_id in items:
+        unique.setdefault(event_id, created_at)
+    return Storage.from_hex((t, i) for i, t in unique.items())
+
+
 def reconcile(
     send: Send,
     receive: Receive,
@@ -70,12 +79,7 @@ def reconcile(
     """Reconcile ``items`` (``(created_at, id hex)``) with what the relay holds for ``flt``.
     ``storage``: those items already built (read-only, so it may be shared by exchanges)."""
     deadline = clock() + deadline_secs
-    if storage is None:
-        unique = {}  # our sources overlap (own relay, in flight, refused): one entry per id
-        for created_at, event_id in items:
-            unique.setdefault(event_id, created_at)
-        storage = Storage.from_hex((t, i) for i, t in unique.items())
-    client = NegentropyClient(storage, frame_size_limit)
+    client = NegentropyClient(storage if storage is not None else storage_of(items), frame_size_limit)
     exchange = _Exchange(send, receive, sub_id, max_need_ids)
     try:
         exchange.run(client, flt, deadline, clock)

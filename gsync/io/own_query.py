@@ -5,7 +5,7 @@ in pages, ``until`` = the oldest ``created_at`` of the previous page (inclusive;
 second that brings nothing new is stepped past). A page smaller than the largest the
 connection has served is the last (``PageCap``; the first page is always confirmed, which
 on loopback costs milliseconds). Used by the self-subscription (full events)
-and for the NIP-77 "already have" set (``own_holdings``). A REQ answer is exactly what the own
+and for the NIP-77 "already have" set (``KeptConnections``). A REQ answer is exactly what the own
 relay stores, so that set can never claim an event it lacks — the one property that matters,
 because a wrongly claimed event is never fetched. (NIP-77 against the own relay would be
 cheaper on the wire but yields only ids, not the timestamps the remote exchange needs.)
@@ -48,62 +48,41 @@ def history_pages(ws, flt: Filter, cap: PageCap | None = None) -> Iterator[list[
             return
 
 
-def own_holdings(url: str, flt: Filter, timeout: float = QUERY_TIMEOUT_SECS) -> list[tuple[int, str]]:
-    """Every (created_at, id) the relay at ``url`` holds that matches ``flt``.
-
-    Raises ``OSError``/``websocket`` errors when the relay cannot be asked.
-    """
-    return own_holdings_of(url, [flt], timeout)[0]
-
-
-def own_holdings_of(url: str, filters, timeout: float = QUERY_TIMEOUT_SECS) -> list[list[tuple[int, str]]]:
-    """``own_holdings`` for each of ``filters``, over one connection (its page size is
-    learnt once for all of them)."""
-    ws = ws_connect(url, timeout)
-    cap = PageCap()
-    try:
-        return [[(e["created_at"], e["id"]) for page in history_pages(ws, flt, cap) for e in page]
-                for flt in filters]
-    finally:
-        try:
-            ws.close(timeout=1)
-        except Exception:
-            pass
-
-
 class KeptConnections:
-    """``own_holdings`` over connections kept open between reads, a few per own relay.
+    """The own relay's holdings for a filter (every (created_at, id) it stores that the
+    filter matches), read over connections kept open between reads, a few per own relay.
 
     NIP-77 reads the own relay's holdings once per exchange, tens of thousands of times in
     a large sync: a websocket opened per read cost more than the read (TCP, the HTTP
-    upgrade read byte by byte). A kept connection that fails is dropped and the read
-    retried once on a fresh one (relays close idle connections)."""
+    upgrade read byte by byte). Each connection keeps the page size it has taught
+    (``PageCap``). A kept connection that fails is dropped and the read retried once on a
+    fresh one (relays close idle connections); a fresh one that fails raises
+    ``OSError``/``websocket`` errors."""
 
     def __init__(self, keep: int, connect=ws_connect, timeout: float = QUERY_TIMEOUT_SECS):
         self._keep = keep
         self._connect = connect
         self._timeout = timeout
-        self._idle: dict[str, list] = {}  # url → idle connections
+        self._idle: dict[str, list[tuple]] = {}  # url → idle (connection, its PageCap)
 
     def holdings(self, url: str, flt: Filter) -> list[tuple[int, str]]:
         idle = self._idle.setdefault(url, [])
         if idle:
-            ws = idle.pop()
             try:
-                return self._read_and_keep(url, ws, flt)
+                return self._read_and_keep(url, *idle.pop(), flt)
             except Exception:
                 pass  # kept too long, or closed by the relay: once more on a fresh one
-        return self._read_and_keep(url, self._connect(url, self._timeout), flt)
+        return self._read_and_keep(url, self._connect(url, self._timeout), PageCap(), flt)
 
-    def _read_and_keep(self, url: str, ws, flt: Filter) -> list[tuple[int, str]]:
+    def _read_and_keep(self, url: str, ws, cap: PageCap, flt: Filter) -> list[tuple[int, str]]:
         try:
-            items = [(e["created_at"], e["id"]) for page in history_pages(ws, flt) for e in page]
+            items = [(e["created_at"], e["id"]) for page in history_pages(ws, flt, cap) for e in page]
         except BaseException:
             _close(ws)
             raise
         idle = self._idle.setdefault(url, [])
         if len(idle) < self._keep:
-            idle.append(ws)
+            idle.append((ws, cap))
         else:
             _close(ws)
         return items

@@ -45,9 +45,6 @@ class FetchClaims:
             self._by_batch.setdefault(key, set()).update(mine)
         return mine
 
-    def is_claimed(self, event_id: str) -> bool:
-        return event_id in self._owner
-
     def arrived(self, event_id: str) -> None:
         """The event reached delivery: nobody needs to fetch it any more."""
         owner = self._owner.pop(event_id, None)

@@ -28,7 +28,7 @@ from ..constants import (
 )
 from ..protocol.event import Event
 from ..protocol.filters import Filter
-from .have_index import HaveIndex
+from .have_index import INDEXED_TAGS, HaveIndex
 
 ANNOUNCEMENT_KIND = 30617
 STATE_KIND = 30618
@@ -38,8 +38,9 @@ _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 FORMAT_VERSION = 2
 # The tags gsync's sync filters select by (state ``d``; repositories ``a``/``A``/``q``;
 # threads ``e``/``E``/``q``): a cold entry keeps their values, so whether a filter could
-# match it is known after the full event is gone, across restarts too.
-FILTER_TAGS = frozenset("aAqeEd")
+# match it is known after the full event is gone, across restarts too (the have index
+# indexes the same tags).
+FILTER_TAGS = INDEXED_TAGS
 MAX_REFS = 32  # tag values kept per entry: a hostile event cannot make an entry large
 
 

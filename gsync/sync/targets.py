@@ -74,10 +74,7 @@ def derive_relay_targets(
     targets: dict[str, RelaySyncNeeds] = {}
     for address, needs in repo_index.items():
         for relay in needs.relays:
-            target = targets.setdefault(relay, RelaySyncNeeds())
-            target.repos[address] = _higher(target.repos.get(address), needs.sync_level)
-            if needs.sync_level is SyncLevel.FULL:
-                target.root_events |= needs.root_events
+            _add_repo(targets.setdefault(relay, RelaySyncNeeds()), address, needs)
     return targets
 
 
@@ -86,11 +83,15 @@ def relay_needs(repo_index, relay: str) -> RelaySyncNeeds:
     from the index's relay → repos listing: the cost follows that relay's repos."""
     target = RelaySyncNeeds()
     for address in repo_index.repos_listing(relay):
-        needs = repo_index.get(address)
-        target.repos[address] = _higher(target.repos.get(address), needs.sync_level)
-        if needs.sync_level is SyncLevel.FULL:
-            target.root_events |= needs.root_events
+        _add_repo(target, address, repo_index.get(address))
     return target
+
+
+def _add_repo(target: RelaySyncNeeds, address: str, needs: RepoSyncNeeds) -> None:
+    """A repo listing the relay: its level, and its root events if it is Full."""
+    target.repos[address] = _higher(target.repos.get(address), needs.sync_level)
+    if needs.sync_level is SyncLevel.FULL:
+        target.root_events |= needs.root_events
 
 
 def compute_actions(

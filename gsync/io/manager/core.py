@@ -262,7 +262,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         for state in self.relays.values():
             if state.gauges is None:  # the relay's children, looked up once (every 2 s × relays)
                 state.gauges = tuple(g.labels(state.url) for g in metrics.PER_RELAY_GAUGES)
-            connected_g, status_g, failures_g, subscriptions_g = state.gauges[:4]  # paused: where it changes
+            connected_g, status_g, failures_g, subscriptions_g, _paused = state.gauges  # paused: set where it changes
             connected_g.set(int(state.status))
             status_g.set(self.health.status_metric(state.url, now))
             failures_g.set(self.health.failures(state.url, now))

@@ -163,9 +163,7 @@ class LiveCoverage:
         budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
         self.open_live_groups(state, groups, slots=budget.live_slots)
         if state.members:  # thread replies after the core coverage: they give way first
-            replies = filter_plan.live(self.descendant_filters_for(state, state.members))
-            self.open_live_groups(state, filter_plan.pack_into_reqs(replies, state.limits),
-                                  slots=budget.live_slots - (len(state.live_subs) - 1), descendants=True)
+            self.open_descendant_live(state, self.descendant_filters_for(state, state.members))
         # Between our CLOSEs and the new REQs the relay sends nothing new: fetch that gap
         # (SPEC §4 asks this of layer 1; every layer has the same gap).
         self.catch_up(state, wanted, int(self.clock()) - constants.RECONNECT_OVERLAP_SECS)

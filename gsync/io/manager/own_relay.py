@@ -18,7 +18,7 @@ from ...sync.descendants import full_root_ids
 from ...sync.rejected import RejectedIndex, author_key, event_key, maintainer_key, repo_key
 from ...sync.relay_state import ConnectionStatus, RelayState
 from ...sync.repos import SyncLevel, list_tag_values, should_forward_layer1
-from ...sync.targets import PendingItems, compute_actions, relay_needs
+from ...sync.targets import PendingItems
 from ..events import (
     BatchWindowClosed,
     DeliveryAnswered,
@@ -108,16 +108,10 @@ class OwnRelaySide:
     def apply_dirty(self, dirty: set[str]) -> None:
         """New work for the relays whose targets changed; new relays get dialled. The cost
         follows the dirty relays' repos (a purgatory answer must not walk every repo)."""
-        for url in dirty:
-            state = self.relay(url)
-            if not state.connected:
-                continue
-            targets = {url: relay_needs(self.repos, url)}
-            pending = {url: [b.items for b in state.pending.values()]}
-            for action in compute_actions(targets, pending, {url: state.confirmed}, {url}):
-                self.start_sync(state, action.items, since=None)
-        if any(s.status is ConnectionStatus.DISCONNECTED and not s.refused_reason
-               for s in map(self.relay, dirty)):
+        states = [self.relay(url) for url in dirty]
+        for state in states:
+            self.recompute(state, since=None)
+        if any(s.status is ConnectionStatus.DISCONNECTED and not s.refused_reason for s in states):
             self.connect_due_relays(self.clock())  # now, not at the next maintenance tick
 
     def release_dependents(self, arrived: set[str]) -> None:
