@@ -257,6 +257,23 @@ class Endpoint:
         self.url = f"ws://127.0.0.1:{port}"
 
 
+def _filter_shapes(payload: bytes) -> list[str]:
+    """A REQ's (or NEG-OPEN's) filters in short: tag names with their value counts, since,
+    until, limit; enough to see how starts were spent without the ids."""
+    try:
+        msg = json.loads(payload)
+    except ValueError:
+        return []
+    shapes = []
+    for f in msg[2:]:
+        if not isinstance(f, dict):
+            continue
+        shapes.append(" ".join(
+            f"{k}={len(v)}" if isinstance(v, list) and k != "kinds" else f"{k}={v}"
+            for k, v in f.items()))
+    return shapes
+
+
 class _FrameTracer:
     """Decodes one direction of a websocket connection (after the HTTP upgrade) enough to log
     text frames. Best effort: a connection that is not a websocket is ignored."""
@@ -267,6 +284,7 @@ class _FrameTracer:
         self.in_http = True
         self.dead = False
         self.events = 0
+        self.per_sub: dict[str, int] = {}  # EVENTs by subscription, reported with its EOSE
 
     def feed(self, data: bytes) -> None:
         if self.dead:
@@ -307,6 +325,8 @@ class _FrameTracer:
                 continue
             if self.dir == "down" and payload.startswith(b'["EVENT"'):
                 self.events += 1
+                sub = payload[10:payload.find(b'"', 10)].decode(errors="replace")
+                self.per_sub[sub] = self.per_sub.get(sub, 0) + 1
                 continue
             if mask is not None:
                 key = (mask * (n // 4 + 1))[:n]
@@ -316,6 +336,11 @@ class _FrameTracer:
                       "dir": self.dir, "len": n, "head": payload[:200].decode(errors="replace")}
             if n > 200:
                 record["tail"] = payload[-120:].decode(errors="replace")
+            if payload.startswith((b'["REQ"', b'["NEG-OPEN"')):
+                record["filters"] = _filter_shapes(payload)
+            elif payload.startswith(b'["EOSE"'):
+                sub = record["head"][9:record["head"].find('"', 9)]
+                record["events"] = self.per_sub.pop(sub, 0)
             self.out.write(json.dumps(record) + "\n")
 
 

@@ -36,6 +36,11 @@ POLL_SECS = 5.0  # live coverage that did not fit is asked for again on this cad
 # relay that closes every live REQ at once must not get a REQ/CLOSED loop.
 LIVE_REBUILD_MIN_SECS = 60.0
 POLL_OVERLAP_SECS = 15 * 60
+# While a relay's historic sync runs, its batches fetch the polled filters' history up to
+# their own start anyway: a poll then only repeats them and takes their paced starts. Polls
+# wait for the sync to finish, but never longer than this after the last one (or after the
+# coverage was first polled); the cursor still reaches back to then, so nothing is missed.
+POLL_DEFER_SECS = 60.0
 
 # -- historic sync (SPEC §4) -------------------------------------------------------------
 # A REQ's answer may be cut short: per filter (LocalRelay, strfry: 500), per REQ (all filters
@@ -62,6 +67,9 @@ REQ_STALL_SECS = 30.0
 # 1: every announcement the own relay holds, a few MB at 10,000), so memory stays bounded
 # however many relays sync at once; queued ones start as others end.
 MAX_RUNNING_EXCHANGES = 16
+# Own-relay holdings reads (before a batch's methods are chosen) running at once, over all
+# batches: loopback round trips side by side, without flooding the own relay.
+OWN_READS_AT_ONCE = 4
 # An own-relay holdings read is shared by exchanges over the same filter for this long.
 SHARED_HOLDINGS_SECS = 5.0
 RESIDUAL_FALLBACK_MIN_ADVERTISED = 20
@@ -177,7 +185,7 @@ DELIVERY_SOURCE_ALLOWANCE = 50
 # has the same idea: sub-second backoffs under its test mode.) Overlaps such as the 900 s of
 # ``since`` are not timers: they are compared with events' created_at and never change.
 TEST_TIMER_NAMES = (
-    "COMPLETION_RECHECK_SECS", "PURGATORY_TTL_SECS", "POLL_SECS", "NEGENTROPY_DEADLINE_SECS",
+    "COMPLETION_RECHECK_SECS", "PURGATORY_TTL_SECS", "POLL_SECS", "POLL_DEFER_SECS", "NEGENTROPY_DEADLINE_SECS",
     "REQ_STALL_SECS",
     "QUICK_RECONNECT_SECS", "DAILY_MIN_SECS", "DAILY_MAX_SECS", "RECOVERY_BASE_SECS",
     "RECOVERY_MAX_SECS", "DEAD_AFTER_SECS", "DEAD_RETRY_SECS", "STABILITY_SECS",

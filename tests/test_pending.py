@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gsync import constants
+from gsync.protocol import messages as wire
 from gsync.protocol.event import Event, generate_secret, sign_event
 from gsync.protocol.filters import Filter
 from gsync.sync.pending import (
@@ -190,10 +191,11 @@ def _full_page_over_25_roots():
 
 
 def test_full_page_of_many_values_is_split_to_fill_the_next_req():
-    roots, _, b = _full_page_over_25_roots()
+    roots, f, b = _full_page_over_25_roots()
     pages = b.on_eose("s1", per_req=10, cap=learnt())
-    assert [name for name, _ in pages] == ["s1"]
-    pieces = pages[0][1]
+    assert pages == [("s1", [f.replace(until=1000 - (P - 1))])]  # whole until it starts
+    pieces = b.fill_by_splitting("s1", per_req=10)
+    assert b.filters_of("s1") == pieces
     assert len(pieces) == 10
     assert {p.until for p in pieces} == {1000 - (P - 1)}
     values = [v for p in pieces for v in p.tag("E")]
@@ -201,11 +203,28 @@ def test_full_page_of_many_values_is_split_to_fill_the_next_req():
     assert {len(p.tag("E")) for p in pieces} == {2, 3}
 
 
-def test_a_relay_limiting_query_rate_gets_full_pages_unsplit():
-    """Towards a relay that refused us for query rate, more filters for the same events
-    only bring its next refusal sooner: the next page keeps the filter whole."""
+def test_a_split_takes_only_the_room_the_req_has_left():
+    roots, f, b = _full_page_over_25_roots()
+    b.on_eose("s1", per_req=10, cap=learnt())
+    b.add_subscription("s2", [ISSUES, PATCHES])
+    b.repack(["s1", "s2"])  # two first pages of a later AddFilters ride along
+    pieces = b.fill_by_splitting("s1", per_req=10)
+    assert len(pieces) == 10 and pieces[-2:] == [ISSUES, PATCHES]
+    assert sorted(v for p in pieces[:8] for v in p.tag("E")) == roots
+    # With the room taken by whole filters, nothing is split.
     _, f, b = _full_page_over_25_roots()
-    assert flat(b.on_eose("s1", per_req=10, cap=learnt(), split=False)) == [f.replace(until=1000 - (P - 1))]
+    b.on_eose("s1", per_req=10, cap=learnt())
+    b.add_subscription("s2", [Filter.make(kinds=[k]) for k in range(1, 10)])
+    b.repack(["s1", "s2"])
+    assert b.fill_by_splitting("s1", per_req=10)[0] == f.replace(until=1000 - (P - 1))
+
+
+def test_a_split_stays_within_what_fits():
+    roots, f, b = _full_page_over_25_roots()
+    b.on_eose("s1", per_req=10, cap=learnt())
+    pieces = b.fill_by_splitting("s1", per_req=10, fits=lambda filters: len(filters) <= 4)
+    assert len(pieces) == 4
+    assert sorted(v for p in pieces for v in p.tag("E")) == roots
 
 
 def test_split_parts_are_never_merged_back_into_one_req():
@@ -228,7 +247,8 @@ def test_split_shares_the_req_between_the_filters_that_continue():
         for name in ("e", "E", "q"):
             b.record_event("s1", sign_event(SECRET, created_at=2000 - i, kind=1, content=name,
                                             tags=[[name, vals[i % 30]]]))
-    pieces = flat(b.on_eose("s1", per_req=10, cap=learnt()))
+    b.on_eose("s1", per_req=10, cap=learnt())
+    pieces = b.fill_by_splitting("s1", per_req=10)
     assert len(pieces) == 10  # 3 filters: 4 + 3 + 3 slices of their 30 values
     assert sorted(len(p.tags[0][1]) for p in pieces) == [7, 7, 8, 8] + [10] * 6
     for name in ("e", "E", "q"):
@@ -551,7 +571,8 @@ def sync_all(store, filters, relay=RELAYS["per filter 80"], per_req=10, seed=0, 
     counter = itertools.count(1)
     cap = cap or PageCap()
     while queue:
-        sub, page_filters = queue.pop(0)
+        sub, _ = queue.pop(0)
+        page_filters = b.fill_by_splitting(sub, per_req)  # as the manager does at its start
         reqs += 1
         assert reqs < 2_000, "pagination does not terminate"
         assert len(page_filters) <= per_req
@@ -709,21 +730,48 @@ def test_fetch_by_filter_when_the_own_relay_lacks_most_of_it(need, held, expecte
     assert fetch_by_filter(need, held) is expected
 
 
-def test_queued_reqs_of_a_batch_fill_the_room_earlier_reqs_left():
-    """Groups of 7, 7, 3 and 3 filters queued in that order: first fit makes two full REQs
-    (two paced starts), where merging only into the last REQ made three (7, 10, 3)."""
-    from gsync.io.manager.historic import HistoricSync
+def _queue(sizes):
     from gsync.sync.relay_state import RelayState
 
     state = RelayState("wss://relay.example")
     b = batch()
     n = itertools.count()
-    for sub_id, size in (("a", 7), ("b", 7), ("c", 3), ("d", 3)):
+    for sub_id, size in sizes:
         group = [Filter.make(kinds=[1], authors=[f"{next(n):064x}"]) for _ in range(size)]
         b.add_subscription(sub_id, group)
         state.sub_to_batch[sub_id] = b.batch_id
         state.historic_queue.append((sub_id, group))
+    return state, b
+
+
+def test_queued_reqs_of_a_batch_fill_the_room_earlier_reqs_left():
+    """Groups of 7, 7, 3 and 3 filters queued in that order make two full REQs (two paced
+    starts), where merging only into the last REQ made three (7, 10, 3)."""
+    from gsync.io.manager.historic import HistoricSync
+
+    state, b = _queue((("a", 7), ("b", 7), ("c", 3), ("d", 3)))
+    order = [f for _, group in state.historic_queue for f in group]
     HistoricSync.share_queued_reqs(None, state, b)
     assert [(sub_id, len(group)) for sub_id, group in state.historic_queue] == [("a", 10), ("b", 10)]
     assert b.outstanding_subs == {"a", "b"}
-    assert len(b.filters_of("a")) == 10 and len(b.filters_of("b")) == 10
+    assert b.filters_of("a") + b.filters_of("b") == order  # queue order kept
+
+
+def test_a_next_page_takes_first_pages_along_instead_of_waiting_for_a_split():
+    """One next page at the front, then a full REQ of first pages (the trace of
+    bench/historic: the page was split ten ways for 926 events while 3,000 waited): the
+    first REQ takes nine of them, and the tenth follows."""
+    from gsync.io.manager.historic import HistoricSync
+
+    state, b = _queue((("next", 1), ("first", 10)))
+    HistoricSync.share_queued_reqs(None, state, b)
+    assert [(sub_id, len(group)) for sub_id, group in state.historic_queue] == [
+        ("next", 10), ("first", 1)]
+
+
+def test_repacking_keeps_within_the_relays_message_size():
+    state, b = _queue((("a", 3), ("b", 3)))
+    size = len(wire.req("a", b.filters_of("a")))
+    groups = b.repack(["a", "b"], per_req=10, max_chars=size)
+    assert [len(g) for g in groups.values()] == [3, 3]
+    assert all(len(wire.req(s, g)) <= size for s, g in groups.items())

@@ -31,9 +31,13 @@ cut the page). A filter with neither is asked again alone, where every event is 
 Counting all matches for the "maybe cut" test errs towards one more page, never one fewer.
 
 Relays cap events per filter, and the proactive gate paces REQ starts, so a REQ of ten
-filters moves up to ten times what a REQ of one does for the same start. A filter that needs
-another page and carries many tag values is therefore split, by value, to fill the next REQ
-(``split_for_throughput``).
+filters moves up to ten times what a REQ of one does for the same start. A filter that filled
+its page and carries many tag values is therefore split, by value, into the room its next REQ
+has left (``PendingBatch.fill_by_splitting``). Only just before that REQ starts: by then the
+batch's other queued pages (a later AddFilters' first pages, say) have taken what room they
+need, and a split only fills the slots nothing else would use. (Split earlier, the pieces
+would take every slot and push those pages to later starts; and pieces of a filter with few
+events left each cost a slot for little.)
 """
 from __future__ import annotations
 
@@ -305,9 +309,9 @@ class FilterPaginationState:
 
 
 def split_for_throughput(states: list[FilterPaginationState], per_req: int):
-    """Split the filters that filled a page so that, with the ones only confirming theirs
-    (kept whole), they fill one REQ of ``per_req`` filters: the full ones share the slots
-    left as evenly as they divide."""
+    """Split the filters that filled a page so that, with the others of their REQ (kept
+    whole), they fill one REQ of ``per_req`` filters: the full ones share the slots left
+    as evenly as they divide."""
     full = [s for s in states if s.full]
     rest = [s for s in states if not s.full]
     if not full:
@@ -505,10 +509,33 @@ class PendingBatch:
         return state is not None and sub_id not in self.split_parts and not any(
             s.alone or s.page_filter.ids is not None for s in state.filters)
 
-    def absorb(self, host: str, rider: str) -> None:
-        """Two queued subscriptions become one REQ (``host``); neither has started."""
-        self.pagination[host].filters += self.pagination.pop(rider).filters
-        self.outstanding_subs.discard(rider)
+    def repack(self, sub_ids: list[str], per_req: int = MAX_FILTERS_PER_REQ,
+               max_chars: int | None = None) -> dict[str, list[Filter]]:
+        """Queued subscriptions (none started, all ``may_share``) share out their filters
+        again, filter by filter in order, into as few REQs as ``per_req`` filters and
+        ``max_chars`` of ``["REQ",…]`` allow: the first subscriptions take them, the rest
+        end. Returns sub id -> filters for those that carry some. (Filling in order is
+        optimal: each original REQ fit, so no more REQs come out than went in.)"""
+        states = [s for sid in sub_ids for s in self.pagination[sid].filters]
+        frame = max(len(f'["REQ","{sid}"]') for sid in sub_ids)
+        names = iter(sub_ids)
+        out: dict[str, list[Filter]] = {}
+        group: list[FilterPaginationState] = []
+        size = frame
+        for s in states + [None]:
+            cost = 0 if s is None else len(s.page_filter.to_json()) + 1
+            over = max_chars is not None and size + cost > max_chars
+            if group and (s is None or len(group) >= per_req or over):
+                name = next(names)
+                self.pagination[name].filters = group
+                out[name] = [g.page_filter for g in group]
+                group, size = [], frame
+            if s is not None:
+                group.append(s)
+                size += cost
+        for name in names:
+            self.finish_subscription(name)
+        return out
 
     def filters_of(self, sub_id: str) -> list[Filter]:
         state = self.pagination.get(sub_id)
@@ -524,18 +551,38 @@ class PendingBatch:
         state = self.pagination.get(sub_id)
         return state is not None and state.record(event, matched_indices)
 
+    def fill_by_splitting(self, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ,
+                          fits=None) -> list[Filter]:
+        """Just before ``sub_id`` starts: its filters that filled their last page are split
+        by value (``split_for_throughput``) into the slots of the REQ that nothing else
+        took, as many as ``fits`` (a test of the REQ's filters: the relay's message size)
+        allows. The pieces replace the filters in its pagination. Returns its filters.
+        Not for a REQ that must stay as it is (``may_share``: an id fetch, a page alone)."""
+        state = self.pagination.get(sub_id)
+        if state is None or not self.may_share(sub_id):
+            return self.filters_of(sub_id)
+        for slots in range(per_req, len(state.filters), -1):
+            if not any(s.full for s in state.filters):
+                break
+            pieces = split_for_throughput(state.filters, slots)
+            if len(pieces) == len(state.filters):
+                break  # nothing divides further (single values)
+            if fits is None or fits([p.page_filter for p in pieces]):
+                state.filters = pieces
+                break
+        return state.page_filters
+
     def on_eose(self, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ, pack=None,
                 new_sub_id=None, cap: PageCap | None = None,
-                elapsed: float | None = None, split: bool = True) -> list[tuple[str, list[Filter]]]:
+                elapsed: float | None = None) -> list[tuple[str, list[Filter]]]:
         """The next pages after ``sub_id``'s EOSE, as ``(sub_id, filters)`` REQs to send;
         empty when every filter of the sub is done. Each REQ is an outstanding sub of the
         batch. The first keeps ``sub_id`` unless ``new_sub_id`` (a callable) names them all;
         ``pack`` groups filters into REQs (default: one REQ, ``per_req`` filters at most).
         ``cap`` is the relay's ``PageCap``, kept per connection: this page teaches it too.
         ``elapsed``: seconds from the REQ to its EOSE (a slow page may have been cut).
-        ``split``: full pages may be split to fill the next REQ (``split_for_throughput``);
-        not towards a relay that limits how many filters we ask for, where more filters
-        for the same events only bring the next refusal sooner.
+        Pages that filled stay whole here; ``fill_by_splitting`` splits them when their
+        REQ is about to start.
         """
         state = self.pagination.get(sub_id)
         self.finish_subscription(sub_id)
@@ -546,9 +593,7 @@ class PendingBatch:
         by_itself = len(state.filters) == 1
         continuing = [n for n in (s.next_page(cap, state.total, elapsed, by_itself)
                                   for s in state.filters) if n]
-        together = [s for s in continuing if not s.alone]
-        shared = split_for_throughput(together, per_req) if split else together
-        by_filter = {s.page_filter: s for s in shared}
+        by_filter = {s.page_filter: s for s in continuing if not s.alone}
         pack = pack or (lambda fs: [fs[i:i + per_req] for i in range(0, len(fs), per_req)])
         groups = [[s] for s in continuing if s.alone]
         if by_filter:

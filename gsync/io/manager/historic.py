@@ -36,6 +36,11 @@ log = get_logger("gsync.manager")
 MAX_HISTORIC_SUBS = 4  # concurrent historic REQs per relay, within the transient budget
 
 
+def max_req_bytes(state: RelayState) -> int:
+    """The longest REQ the relay takes (NIP-11 ``max_message_length``, else ours)."""
+    return getattr(state.limits, "max_message_length", None) or constants.MAX_MESSAGE_BYTES
+
+
 class HistoricSync:
     """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
 
@@ -205,32 +210,24 @@ class HistoricSync:
         self.share_queued_reqs(state, batch)
 
     def share_queued_reqs(self, state: RelayState, batch: PendingBatch) -> None:
-        """Queued REQs of one batch (pages of different filters, filters of a later
-        AddFilters) merge, first fit in queue order, while ten filters and the relay's
-        message size allow: every start carries as much as it can, and a later group fills
-        the room an earlier REQ left. Exact-id fetches and pages that must go alone stay as
-        they are."""
-        per_req = filter_plan.filters_per_req(state.limits)
-        max_len = getattr(state.limits, "max_message_length", None) or constants.MAX_MESSAGE_BYTES
-        hosts: list[int] = []  # indexes in ``kept`` of this batch's REQs that may take more
+        """Queued REQs of one batch (next pages, first pages of a later AddFilters) are
+        packed again filter by filter, in queue order, ten to a REQ within the relay's
+        message size: every start carries as many filter pages as it can, the pages that
+        finish what was started first, and a REQ of next pages takes first pages along
+        rather than waiting to be filled by splitting (``fill_before_start``). Exact-id
+        fetches and pages that must go alone stay as they are."""
+        shared = [sub_id for sub_id, _ in state.historic_queue
+                  if state.sub_to_batch.get(sub_id) == batch.batch_id and batch.may_share(sub_id)]
+        if len(shared) < 2:
+            return
+        groups = batch.repack(shared, filter_plan.filters_per_req(state.limits), max_req_bytes(state))
         kept = []
         for sub_id, group in state.historic_queue:
-            if state.sub_to_batch.get(sub_id) != batch.batch_id or not batch.may_share(sub_id):
-                kept.append((sub_id, group))
-                continue
-            for host in hosts:
-                host_id, host_group = kept[host]
-                merged = host_group + group
-                if len(merged) <= per_req and len(wire.req(host_id, merged)) <= max_len:
-                    batch.absorb(host_id, sub_id)
-                    state.sub_to_batch.pop(sub_id, None)
-                    kept[host] = (host_id, merged)
-                    if len(merged) == per_req:
-                        hosts.remove(host)
-                    break
+            if sub_id in groups:
+                kept.append((sub_id, groups[sub_id]))
+            elif sub_id in shared:
+                state.sub_to_batch.pop(sub_id, None)  # its filters went to earlier REQs
             else:
-                if len(group) < per_req:
-                    hosts.append(len(kept))
                 kept.append((sub_id, group))
         state.historic_queue = kept
 
@@ -267,6 +264,7 @@ class HistoricSync:
                 continue
             if (state.paused or state.stalled_shapes) and self.regroup_before_start(state, sub_id, group):
                 continue
+            group = self.fill_before_start(state, sub_id, group)
             size = len(wire.req(sub_id, group))
             if open_historic and state.conn.open_filter_bytes + size > constants.MAX_OPEN_FILTER_BYTES:
                 return  # wait for a historic REQ to finish and free room
@@ -287,6 +285,21 @@ class HistoricSync:
                 state.conn.subscribe(sub_id, group)
                 state.sub_activity[sub_id] = now
             open_historic += 1
+
+    def fill_before_start(self, state: RelayState, sub_id: str, group: list[Filter]) -> list[Filter]:
+        """The REQ about to start: its filters that filled their last page are split into
+        the room left (``PendingBatch.fill_by_splitting``), within the relay's message size.
+        Not towards a relay that refused us for query rate: more filters for the same
+        events would only bring its next refusal sooner."""
+        batch = state.pending.get(state.sub_to_batch[sub_id])
+        if batch is None or sub_id.startswith("neg") or self.health.limits_query_rate(state.url):
+            return group
+        max_len = max_req_bytes(state)
+        group = batch.fill_by_splitting(
+            sub_id, filter_plan.filters_per_req(state.limits),
+            fits=lambda filters: len(wire.req(sub_id, filters)) <= max_len)
+        state.historic_queue[0] = (sub_id, group)
+        return group
 
     def wake_pump_in(self, state: RelayState, wait: float) -> None:
         """Pump this relay again when its pacing gate (or cooldown) opens."""
@@ -371,7 +384,6 @@ class HistoricSync:
             new_sub_id=lambda: f"h{batch_id}-{next(self._ids)}",
             cap=state.page_cap,
             elapsed=None if sent_at is None else self.clock() - sent_at,
-            split=not self.health.limits_query_rate(state.url),
         )
         state.conn.unsubscribe(sub_id)
         state.sub_to_batch.pop(sub_id, None)

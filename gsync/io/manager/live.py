@@ -118,11 +118,16 @@ class LiveCoverage:
 
     def run_polls(self, now: float) -> None:
         """Live coverage that did not fit: one EOSE-closing batch per relay on the cadence,
-        from the last successful poll with an overlap (SPEC §3, direct-member fallback)."""
+        from the last successful poll with an overlap (SPEC §3, direct-member fallback).
+        Not while the relay's historic sync runs (up to ``POLL_DEFER_SECS``): its batches
+        fetch the same history, and the gate's starts are theirs."""
         for state in self.relays.values():
             if not (state.connected and state.polled) or state.poll_batch in state.pending:
                 continue
             if now - (state.poll_started_at or 0) < constants.POLL_SECS:
+                continue
+            last = state.poll_started_at or state.poll_cursor or now
+            if self.syncing_batches(state) and now - last < constants.POLL_DEFER_SECS:
                 continue
             since = int(state.poll_cursor or now) - constants.POLL_OVERLAP_SECS
             state.poll_started_at = now
