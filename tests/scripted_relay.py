@@ -401,6 +401,8 @@ class ScriptedRelay:
         self.port = 0
         self.url = ""
         self.received: list[tuple[int, Any]] = []  # (connection id, decoded client message)
+        self.received_at: list[float] = []  # time.monotonic() of each, in the same order
+        self._received_lock = threading.Lock()
         self.connections: list[Connection] = []
         self.http_requests: list[tuple[str, dict]] = []  # (request line, headers)
         self._store: dict[str, tuple[dict, Event | None]] = {}
@@ -659,19 +661,24 @@ class ScriptedRelay:
             while not self._stopping.is_set() and conn.open:
                 opcode, payload = conn.read_message()
                 if opcode == OP_BINARY:
-                    self.received.append((conn.id, payload))
+                    self._note(conn, payload)
                     continue
                 try:
                     text = payload.decode("utf-8")
                     message = json.loads(text)
                 except ValueError:
-                    self.received.append((conn.id, payload))
+                    self._note(conn, payload)
                     conn.send("NOTICE", "error: could not parse message")
                     continue
-                self.received.append((conn.id, message))
+                self._note(conn, message)
                 self._handle(conn, message)
         finally:
             conn.open = False
+
+    def _note(self, conn: Connection, message) -> None:
+        with self._received_lock:
+            self.received.append((conn.id, message))
+            self.received_at.append(time.monotonic())
 
     # -- client messages -----------------------------------------------------------------
 

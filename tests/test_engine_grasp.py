@@ -151,6 +151,77 @@ def _descendant_polls(remote, member_id):
     return polls
 
 
+def _hold_history_of(event_id: str, secs: float, held: list):
+    """``on_message`` for a scripted relay: the first historic REQ (no ``limit: 0``, no
+    ``since``) that asks for what tags ``event_id`` is answered ``secs`` later, from
+    another thread (the connection keeps reading meanwhile); ``held`` gets (start, end)."""
+    import threading
+
+    def hold(relay, conn, message):
+        if held or not (isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 2):
+            return None
+        filters = message[2:]
+        if not any(event_id in flt.get("#e", ()) and "since" not in flt and flt.get("limit") != 0
+                   for flt in filters):
+            return None
+        held.append([time.monotonic(), None])
+
+        def answer():
+            time.sleep(secs)
+            from gsync.protocol.filters import Filter
+            for raw in relay.answer([Filter.from_dict(flt) for flt in filters]):
+                conn.send("EVENT", message[1], raw)
+            held[0][1] = time.monotonic()
+            conn.send("EOSE", message[1])
+        threading.Thread(target=answer, daemon=True).start()
+        return []
+    return hold
+
+
+@pytest.mark.slow
+def test_polls_wait_while_the_relays_historic_sync_runs(gsync_factory, scripted):
+    """Polled coverage is asked for again every POLL_SECS, but not while a historic batch
+    of the relay is still fetching: that batch brings the same history, and the paced
+    starts are its. Once it completes, the polls resume from their cursor."""
+    own = GraspRelay.start(scripted)
+    held: list = []
+    # Room for historic REQs beside the held one (10 subscriptions), but a live REQ for
+    # replies does not fit (the relay's own live budget): they are polled.
+    remote = scripted(nip11={"limitation": {"max_subscriptions": 10}}, page_size=500,
+                      on_message=_live_budget(2))
+    repo = our_announcement(own, [remote], d="busy")
+    bug = f.issue(bob, repo)
+    own.host(repo, bug)
+    member = f.comment(alice, bug, content="a direct member: its replies are polled")
+    remote.add(repo, bug, member)
+    gsync_factory(own, [remote], timers={"POLL_SECS": 0.5, "DESCENDANT_TICK_SECS": 0.5,
+                                         "MAINTENANCE_TICK_SECS": 0.2, "POLL_DEFER_SECS": 30})
+    wait_until(lambda: len(_descendant_polls(remote, member.id)) >= 2, timeout=30,
+               what="replies to the member polled")
+    late_bug = f.issue(carol, repo)  # a new root: a historic batch for what tags it
+    own.host(late_bug)
+    hold, budget = _hold_history_of(late_bug.id, 4.0, held), remote.on_message
+
+    def hold_or_budget(*args):
+        frames = hold(*args)
+        return frames if frames is not None else budget(*args)
+    remote.on_message = hold_or_budget
+    remote.broadcast(late_bug)
+    wait_until(lambda: held and held[0][1] is not None, timeout=30, what="the held history answered")
+    start, end = held[0]
+    during = [p for p in _poll_times(remote, member.id) if start + 0.3 < p < end]
+    assert not during, f"{len(during)} polls while the batch was fetching"
+    wait_until(lambda: any(p > end for p in _poll_times(remote, member.id)), timeout=30,
+               what="polls resuming once the batch completed")
+
+
+def _poll_times(remote, member_id):
+    return [t for t, (conn, message) in zip(remote.received_at, remote.received)
+            if isinstance(message, list) and message[:1] == ["REQ"]
+            and any(member_id in flt.get("#e", ()) and "since" in flt and flt.get("limit") != 0
+                    for flt in message[2:] if isinstance(flt, dict))]
+
+
 @pytest.mark.slow
 def test_descendants_on_a_full_relay_are_polled_from_a_cursor_that_survives_a_reconnect(
         gsync_factory, scripted):
