@@ -9,7 +9,7 @@ from gsync.protocol.event import generate_secret
 
 from . import factory as f
 from .relays import ids_on, publish, wait_until
-from .scenario import assert_arrives, our_announcement
+from .scenario import alice, assert_arrives, our_announcement
 
 bob = f.Author.named("bob")
 
@@ -225,3 +225,45 @@ def test_a_fresh_start_sends_layer_1_in_one_req_with_the_repositories_filters(re
     first = historic()[0]
     assert any(30617 in x.get("kinds", []) and len(x) == 1 for x in first), first  # layer 1
     assert any(repo.address in x.get("#a", []) for x in first), f"layer 2 waited for a start of its own: {first}"
+
+
+def test_a_full_page_over_many_repositories_is_split_to_fill_its_next_req(relay_factory, gsync_factory,
+                                                                       scripted):
+    """A relay capping each filter at 50 and 240 issues in 12 repositories: page after page
+    of one `#a` filter would take five REQs; split by repository into the next REQ's free
+    slots, the rest comes in one more (and at most one confirming)."""
+    own = relay_factory()
+    remote = scripted(page_size=50)
+    repos = [our_announcement(own, [remote], d=f"split-{i}") for i in range(12)]
+    issues = [f.issue(bob, repo, subject=f"issue {n}") for repo in repos for n in range(20)]
+    remote.add(*repos, *issues)
+    publish(own.url, repos)
+    gsync_factory(own, [remote], extra={"sync": {"negentropy": "false"}})
+    assert_arrives(own, issues, what="every issue")
+    pages = [flts for _, flts in remote.reqs()
+             if any("#a" in x and "limit" not in x and "since" not in x for x in flts)]
+    assert len(pages) <= 3, f"{len(pages)} REQs for the issues: {[len(p) for p in pages]}"
+    assert max(len(p) for p in pages) == 10, "no REQ was filled by splitting"
+
+
+def test_next_pages_and_a_later_batchs_first_pages_share_a_start(relay_factory, gsync_factory, scripted):
+    """While the pacing gate holds them, the queued pages of a batch are packed filter by
+    filter: the issues' next pages (`#a` with `until`) and the first pages of the replies to
+    the issues found meanwhile (`#e`, a later AddFilters joining the batch) go out in one
+    REQ, where REQ by REQ each would have had a start of its own."""
+    own = relay_factory()
+    remote = scripted(page_size=50)
+    repos = [our_announcement(own, [remote], d=f"shared-{i}") for i in range(12)]
+    issues = [f.issue(bob, repo, subject=f"issue {n}") for repo in repos for n in range(40)]
+    replies = [f.comment(alice, issue) for issue in issues[::40]]
+    remote.add(*repos, *issues, *replies)
+    publish(own.url, repos)
+    gsync_factory(own, [remote], extra={"sync": {"negentropy": "false",
+                                                 "background_start_interval_ms": "700"}})
+    assert_arrives(own, issues + replies, what="every issue and reply")
+
+    def shared(flts):
+        return (any("#a" in x and "until" in x for x in flts)
+                and any("#e" in x and "until" not in x and "limit" not in x for x in flts))
+    assert any(shared(flts) for _, flts in remote.reqs()), [
+        [sorted(k for k in x if k.startswith("#") or k == "until") for x in flts] for _, flts in remote.reqs()]
