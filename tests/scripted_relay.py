@@ -675,6 +675,11 @@ class ScriptedRelay:
         finally:
             conn.open = False
 
+    def received_with_times(self) -> list[tuple[float, int, Any]]:
+        """(arrival time, connection id, message) of everything received so far."""
+        with self._received_lock:
+            return [(t, c, m) for t, (c, m) in zip(self.received_at, self.received, strict=True)]
+
     def _note(self, conn: Connection, message) -> None:
         with self._received_lock:
             self.received.append((conn.id, message))

@@ -216,7 +216,7 @@ def test_polls_wait_while_the_relays_historic_sync_runs(gsync_factory, scripted)
 
 
 def _poll_times(remote, member_id):
-    return [t for t, (conn, message) in zip(remote.received_at, remote.received)
+    return [t for t, _, message in remote.received_with_times()
             if isinstance(message, list) and message[:1] == ["REQ"]
             and any(member_id in flt.get("#e", ()) and "since" in flt and flt.get("limit") != 0
                     for flt in message[2:] if isinstance(flt, dict))]
