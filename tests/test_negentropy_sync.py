@@ -241,3 +241,35 @@ def test_a_large_shared_read_is_reconciled_from_one_storage():
     assert shared.storage(layer1, shared.get("ws://own", layer1)) is storage
     assert shared.storage(layer1, list(items)) is None  # not the shared read itself
     assert shared.storage(small, shared.get("ws://own", small)) is None  # small: per exchange
+
+
+def test_a_batchs_holdings_are_read_per_filter_in_order(relay_factory):
+    """Before methods are chosen, the own relay's (created_at, id) for each filter of a
+    batch, read side by side, come back in the filters' order."""
+    from gsync.io import negentropy_sync
+    from gsync.io.events import OwnHoldingsRead
+    from gsync.protocol.filters import Filter
+
+    from .relays import free_port, publish
+
+    own = relay_factory()
+    repo = our_announcement(own, [own], d="held")
+    bugs = [f.issue(bob, repo, subject=str(i)) for i in range(6)]
+    replies = [f.comment(alice, bug) for bug in bugs[:3]]
+    publish(own.url, [repo, *bugs, *replies])
+    filters = [Filter.make(tags={"e": [b.id]}) for b in bugs] + [Filter.make(kinds=[1621])]
+    posted = []
+    negentropy_sync.read_holdings(own.url, filters, posted.append, relay="r", session=1, batch_id=7,
+                                  token="own7")
+    [answer] = posted
+    assert isinstance(answer, OwnHoldingsRead) and answer.reason == ""
+    expected = [sorted((e.created_at, e.id) for e in replies if flt.matches(e)) for flt in filters[:-1]]
+    expected.append(sorted((b.created_at, b.id) for b in bugs))
+    assert [sorted(h) for h in answer.holdings] == expected
+
+    posted.clear()  # (other filters: a read of the same filter is shared for a few seconds)
+    unread = [Filter.make(kinds=[1617]), Filter.make(kinds=[1618])]
+    negentropy_sync.read_holdings(f"ws://127.0.0.1:{free_port()}", unread, posted.append, relay="r",
+                                  session=1, batch_id=8, token="own8")
+    [answer] = posted
+    assert answer.holdings is None and answer.reason.startswith("own relay query failed")

@@ -118,16 +118,19 @@ def read_holdings(own_url: str, filters, post, *, relay: str, session: int, batc
                   token: str) -> None:
     """What the own relay holds of each of ``filters``, posted to the manager, which picks
     each filter's method from it (a failure is an outcome too: REQ pages then)."""
-    def read(flt: Filter) -> list[tuple[int, str]]:
+    def read(flt: Filter):
         with _reads:
-            return _holdings.get(own_url, flt)
+            try:
+                return _holdings.get(own_url, flt)
+            except Exception as exc:  # an outcome (not a greenlet's traceback on stderr)
+                return exc
 
     reads = [gevent.spawn(read, flt) for flt in filters]
     gevent.joinall(reads)
-    try:
-        holdings, reason = [r.get() for r in reads], ""
-    except Exception as exc:
-        holdings, reason = None, f"own relay query failed: {type(exc).__name__}"
+    holdings, reason = [r.value for r in reads], ""
+    failed = next((h for h in holdings if isinstance(h, Exception)), None)
+    if failed is not None:
+        holdings, reason = None, f"own relay query failed: {type(failed).__name__}"
     post(OwnHoldingsRead(relay, session, batch_id, token, list(filters), holdings, reason))
 
 
