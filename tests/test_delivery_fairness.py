@@ -54,3 +54,25 @@ def test_a_full_backlog_stops_only_the_sources_that_hold_much_of_it():
     gevent.sleep(0.1)
     assert waiter.dead and slow.dead
     assert delivery.held_by("wss://flood") == 201
+
+
+def test_the_manager_hears_at_once_when_delivery_has_caught_up():
+    """Historic starts held while delivery is behind go again as soon as the backlog falls
+    below the mark, not on the next maintenance tick."""
+    from gsync.io.events import DeliveryCaughtUp
+
+    posted = []
+    delivery = OwnRelayDelivery("ws://127.0.0.1:1", posted.append, max_backlog=200)
+    sent = events(60, "page")
+    for e in sent:
+        delivery.submit(e, "wss://remote")
+    delivery.wake_below(50)
+    assert not [m for m in posted if isinstance(m, DeliveryCaughtUp)]
+    for e in sent[:10]:
+        delivery._finish(e, "delivered", "")
+    assert not [m for m in posted if isinstance(m, DeliveryCaughtUp)]  # 50 left: not below
+    delivery._finish(sent[10], "delivered", "")
+    delivery._finish(sent[11], "delivered", "")
+    assert len([m for m in posted if isinstance(m, DeliveryCaughtUp)]) == 1  # once
+    delivery.wake_below(100)  # already below: at once
+    assert len([m for m in posted if isinstance(m, DeliveryCaughtUp)]) == 2

@@ -34,7 +34,7 @@ from ..protocol.event import Event
 from ..protocol.filters import Filter
 from ..sync.have_index import HaveIndex
 from .connection import auth_event
-from .events import DeliveryAnswered, OwnRelayState
+from .events import DeliveryAnswered, DeliveryCaughtUp, OwnRelayState
 from .ws import connect as ws_connect
 
 log = get_logger("gsync.delivery")
@@ -165,6 +165,7 @@ class OwnRelayDelivery:
         self._down_since: float | None = None
         self._idle = gevent.event.Event()
         self._idle.set()
+        self._wake_below: int | None = None  # post DeliveryCaughtUp under this backlog
         # Set while the backlog has room: relay connections wait on it before reading more.
         self.room = gevent.event.Event()
         self.room.set()
@@ -230,6 +231,16 @@ class OwnRelayDelivery:
     @property
     def is_up(self) -> bool:
         return self._down_since is None
+
+    def wake_below(self, backlog: int) -> None:
+        """Post ``DeliveryCaughtUp`` once, as soon as fewer than ``backlog`` events are
+        tracked (at once if that is already so): the manager holds historic starts while
+        delivery is behind and starts them again the moment it has caught up."""
+        if len(self._tracked) < backlog:
+            self._wake_below = None
+            self._post(DeliveryCaughtUp())
+        else:
+            self._wake_below = backlog
 
     def drain(self, timeout: float) -> bool:
         """Wait until every tracked event has its final answer (SIGTERM). True if drained."""
@@ -383,6 +394,9 @@ class OwnRelayDelivery:
         if self._unindexed.pop(event.id, None) is None:
             self._tracked_index.discard(event.id)
         self._attempts.pop(event.id, None)
+        if self._wake_below is not None and len(self._tracked) < self._wake_below:
+            self._wake_below = None
+            self._post(DeliveryCaughtUp())
         if not self.room.is_set() and len(self._tracked) < self._max_backlog * 0.9:
             log.info("delivery_backlog_has_room", backlog=len(self._tracked))
             self.room.set()

@@ -117,6 +117,12 @@ class OwnRelayState:
 
 
 @dataclass(slots=True)
+class DeliveryCaughtUp:
+    """Delivery's backlog fell below the mark the manager asked about (``wake_below``):
+    historic starts held for it may go."""
+
+
+@dataclass(slots=True)
 class DeliveryAnswered:
     """The own relay's final answer for one event, when the manager must act on it: refused
     for good, or held in purgatory (a plain delivery is only counted)."""

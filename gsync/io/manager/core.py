@@ -30,6 +30,7 @@ from ..events import (
     CompletionRecheck,
     CooldownEnded,
     DeliveryAnswered,
+    DeliveryCaughtUp,
     HandshakeDone,
     HandshakeStarted,
     HistoricSlotDue,
@@ -111,6 +112,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             OwnSubscribed: self.on_own_subscribed,
             OwnRelayState: self.on_own_relay_state,
             DeliveryAnswered: self.on_delivery_answered,
+            DeliveryCaughtUp: self.on_delivery_caught_up,
             BatchWindowClosed: self.on_batch_window_closed,
             CompletionRecheck: self.on_completion_recheck,
             HistoricSlotDue: self.on_historic_slot_due,
@@ -243,10 +245,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
                 log.info("daily_sync", relay=state.url)
                 state.status = ConnectionStatus.SYNCING
                 self.fresh_start(state, now)
-        if self.historic_held and self.delivery.backlog < self.backlog_high_water:
-            self.historic_held = False
-            for state in self.relays.values():
-                self.pump_historic(state)
+        self.on_delivery_caught_up()  # in case its message was lost with a restarted delivery
         self.run_recovery(now)
         self.expire_stalled(now)
         self.run_policy_probes(now)
@@ -256,6 +255,18 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         if self.rejected.dirty and now - self.rejected_saved_at >= REJECTED_SAVE_SECS:
             self._save_rejected()
         self.update_metrics(now)
+
+    def on_delivery_caught_up(self, msg: DeliveryCaughtUp | None = None) -> None:
+        """Historic starts held while delivery was behind go again."""
+        if not self.historic_held:
+            return
+        if self.delivery.backlog >= self.backlog_high_water:
+            if msg is not None:  # behind again by the time this was read
+                self.delivery.wake_below(self.backlog_high_water)
+            return
+        self.historic_held = False
+        for state in self.relays.values():
+            self.pump_historic(state)
 
     def update_metrics(self, now: float) -> None:
         connected = dead = 0

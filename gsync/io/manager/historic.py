@@ -244,7 +244,9 @@ class HistoricSync:
         if state.pump_held or not state.connected or not self.pump_live(state) or self.own_down_since is not None:
             return
         if self.delivery.backlog >= self.backlog_high_water:
-            self.historic_held = True  # the tick pumps again once delivery caught up
+            if not self.historic_held:
+                self.historic_held = True
+                self.delivery.wake_below(self.backlog_high_water)  # DeliveryCaughtUp pumps again
             return
         budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
         room = budget.max_subscriptions - len(state.live_subs) - 1
