@@ -139,16 +139,39 @@ def _live_budget(limit: int):
     return refuse_past_budget
 
 
+def _member_poll_since(message, member_id):
+    """The ``since`` of a REQ polling for replies to ``member_id``, else None."""
+    if not (isinstance(message, list) and message[:1] == ["REQ"]):
+        return None
+    for flt in message[2:]:
+        if (isinstance(flt, dict) and member_id in flt.get("#e", ()) and "since" in flt
+                and flt.get("limit") != 0):
+            return flt["since"]
+    return None
+
+
 def _descendant_polls(remote, member_id):
     """(connection, since) of every REQ polling for replies to ``member_id``."""
-    polls = []
-    for conn, message in list(remote.received):
-        if isinstance(message, list) and message[:1] == ["REQ"]:
-            for flt in message[2:]:
-                if member_id in flt.get("#e", ()) and "since" in flt and flt.get("limit") != 0:
-                    polls.append((conn, flt["since"]))
-                    break
-    return polls
+    polls = [(conn, _member_poll_since(message, member_id)) for conn, message in list(remote.received)]
+    return [(conn, since) for conn, since in polls if since is not None]
+
+
+def _poll_times(remote, member_id):
+    return [t for t, _, message in remote.received_with_times()
+            if _member_poll_since(message, member_id) is not None]
+
+
+def _remote_with_a_thread(scripted, own, d, max_subscriptions):
+    """A remote that keeps two live REQs at most (as LocalRelay does for its filter-size
+    budget): layer 1 and the thread's coverage; a live REQ for replies to the direct member
+    does not fit and is polled. Returns the remote, repository, root and member."""
+    remote = scripted(nip11={"limitation": {"max_subscriptions": max_subscriptions}}, page_size=500,
+                      on_message=_live_budget(2))
+    repo = our_announcement(own, [remote], d=d)
+    bug = f.issue(bob, repo)
+    own.host(repo, bug)
+    member = f.comment(alice, bug, content="tags the root: a direct member")
+    return remote, repo, bug, member
 
 
 def _hold_history_of(event_id: str, secs: float, held: list):
@@ -185,14 +208,8 @@ def test_polls_wait_while_the_relays_historic_sync_runs(gsync_factory, scripted)
     starts are its. Once it completes, the polls resume from their cursor."""
     own = GraspRelay.start(scripted)
     held: list = []
-    # Room for historic REQs beside the held one (10 subscriptions), but a live REQ for
-    # replies does not fit (the relay's own live budget): they are polled.
-    remote = scripted(nip11={"limitation": {"max_subscriptions": 10}}, page_size=500,
-                      on_message=_live_budget(2))
-    repo = our_announcement(own, [remote], d="busy")
-    bug = f.issue(bob, repo)
-    own.host(repo, bug)
-    member = f.comment(alice, bug, content="a direct member: its replies are polled")
+    # Room for historic REQs beside the held one (10 subscriptions); replies are polled.
+    remote, repo, bug, member = _remote_with_a_thread(scripted, own, "busy", max_subscriptions=10)
     remote.add(repo, bug, member)
     gsync_factory(own, [remote], timers={"POLL_SECS": 0.5, "DESCENDANT_TICK_SECS": 0.5,
                                          "MAINTENANCE_TICK_SECS": 0.2, "POLL_DEFER_SECS": 30})
@@ -215,24 +232,11 @@ def test_polls_wait_while_the_relays_historic_sync_runs(gsync_factory, scripted)
                what="polls resuming once the batch completed")
 
 
-def _poll_times(remote, member_id):
-    return [t for t, _, message in remote.received_with_times()
-            if isinstance(message, list) and message[:1] == ["REQ"]
-            and any(member_id in flt.get("#e", ()) and "since" in flt and flt.get("limit") != 0
-                    for flt in message[2:] if isinstance(flt, dict))]
-
-
 @pytest.mark.slow
 def test_descendants_on_a_full_relay_are_polled_from_a_cursor_that_survives_a_reconnect(
         gsync_factory, scripted):
     own = GraspRelay.start(scripted)
-    # Room for layer 1 and the thread coverage live; a live REQ for replies does not fit.
-    remote = scripted(nip11={"limitation": {"max_subscriptions": 4}}, page_size=500,
-                      on_message=_live_budget(2))
-    repo = our_announcement(own, [remote], d="threads")
-    bug = f.issue(bob, repo)
-    own.host(repo, bug)
-    member = f.comment(alice, bug, content="tags the root: a direct member")
+    remote, repo, bug, member = _remote_with_a_thread(scripted, own, "threads", max_subscriptions=4)
     now = int(time.time())  # new replies: what polling (since the cursor) is for
     child = carol.sign(1, [["e", member.id]], "tags only the member: a descendant", now)
     grandchild = dave.sign(1, [["e", child.id]], "a reply to the reply: out of scope", now)
