@@ -67,9 +67,10 @@ REQ_STALL_SECS = 30.0
 # 1: every announcement the own relay holds, a few MB at 10,000), so memory stays bounded
 # however many relays sync at once; queued ones start as others end.
 MAX_RUNNING_EXCHANGES = 16
-# Own-relay holdings reads (before a batch's methods are chosen) running at once, over all
-# batches: loopback round trips side by side, without flooding the own relay.
-OWN_READS_AT_ONCE = 4
+# Own-relay holdings reads (before a batch's methods are chosen): a batch reads this many of
+# its filters side by side, and all batches together at most OWN_READS_AT_ONCE_TOTAL.
+OWN_READS_PER_BATCH = 4
+OWN_READS_AT_ONCE_TOTAL = 32
 # An own-relay holdings read is shared by exchanges over the same filter for this long.
 SHARED_HOLDINGS_SECS = 5.0
 RESIDUAL_FALLBACK_MIN_ADVERTISED = 20

@@ -15,6 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import gevent
+import gevent.pool
 from gevent.event import AsyncResult
 from gevent.lock import BoundedSemaphore
 from gevent.queue import Empty, Queue
@@ -22,7 +23,8 @@ from gevent.queue import Empty, Queue
 from ..constants import (
     MAX_RUNNING_EXCHANGES,
     NEGENTROPY_DEADLINE_SECS,
-    OWN_READS_AT_ONCE,
+    OWN_READS_AT_ONCE_TOTAL,
+    OWN_READS_PER_BATCH,
     SHARED_HOLDINGS_SECS,
 )
 from ..ops import metrics
@@ -108,10 +110,10 @@ _running = BoundedSemaphore(MAX_RUNNING_EXCHANGES)
 _holdings = SharedHoldings(KeptConnections(keep=MAX_RUNNING_EXCHANGES).holdings)
 
 
-# Reads of the own relay's holdings before methods are chosen, at once over all batches:
-# a batch's filters are read side by side (one after the other, a batch of 27 layer-3
-# filters waited a second for the loopback round trips, holding its first paced start).
-_reads = BoundedSemaphore(OWN_READS_AT_ONCE)
+# Reads of the own relay's holdings before methods are chosen: a batch's filters are read
+# side by side (one after the other, a batch of 27 layer-3 filters waited a second for the
+# loopback round trips, holding its first paced start), within a bound over all batches.
+_reads = BoundedSemaphore(OWN_READS_AT_ONCE_TOTAL)
 
 
 def read_holdings(own_url: str, filters, post, *, relay: str, session: int, batch_id: int,
@@ -125,7 +127,8 @@ def read_holdings(own_url: str, filters, post, *, relay: str, session: int, batc
             except Exception as exc:  # an outcome (not a greenlet's traceback on stderr)
                 return exc
 
-    reads = [gevent.spawn(read, flt) for flt in filters]
+    pool = gevent.pool.Pool(OWN_READS_PER_BATCH)
+    reads = [pool.spawn(read, flt) for flt in filters]
     gevent.joinall(reads)
     holdings, reason = [r.value for r in reads], ""
     failed = next((h for h in holdings if isinstance(h, Exception)), None)

@@ -262,7 +262,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             return
         if self.delivery.backlog >= self.backlog_high_water:
             if msg is not None:  # behind again by the time this was read
-                self.delivery.wake_below(self.backlog_high_water)
+                self.delivery.wake_below(self.backlog_high_water // 2)
             return
         self.historic_held = False
         for state in self.relays.values():

@@ -154,7 +154,9 @@ class HistoricSync:
         of roots only)? Then its filters go by NIP-77 whatever the own relay holds: the
         relays sync at the same time, and NIP-77 lets each missing event be fetched by the
         first exchange to find it (``FetchClaims``), where REQ pages would bring every copy
-        from every relay. (A relay no other one shares keeps the fewest starts.)"""
+        from every relay. (A relay no other one shares keeps the fewest starts.) The price
+        is a paced start per filter: a small world shared by two relays (``gsync demo``)
+        syncs in 11 s instead of 3-5."""
         for address in batch.items.repos or self.repos.repos_listing(state.url):
             needs = self.repos.get(address)
             if needs is not None and len(needs.relays) > 1:
@@ -246,7 +248,9 @@ class HistoricSync:
         if self.delivery.backlog >= self.backlog_high_water:
             if not self.historic_held:
                 self.historic_held = True
-                self.delivery.wake_below(self.backlog_high_water)  # DeliveryCaughtUp pumps again
+                # DeliveryCaughtUp pumps again once half of it is delivered: a mark with room
+                # below it, or a backlog hovering at the mark would pump every relay per OK.
+                self.delivery.wake_below(self.backlog_high_water // 2)
             return
         budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
         room = budget.max_subscriptions - len(state.live_subs) - 1
