@@ -26,7 +26,10 @@ class LiveCoverage:
         groups = filter_plan.pack_into_reqs(live_filters, state.limits)
         budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
         active = sum(1 for sub in state.live_subs.values() if not sub.control)
-        baseline = self.live_baseline(state)
+        # The baseline (every live filter of the relay rebuilt and packed: the manager's
+        # largest cost at 50 relays) matters only past CONSOLIDATION_EXCESS live
+        # subscriptions; below that, no baseline could make fragmentation the reason.
+        baseline = self.live_baseline(state) if active > constants.CONSOLIDATION_EXCESS else 0
         if budget.needs_consolidation(active, baseline, adding=len(groups)):
             self.consolidate(state, items)
             return
