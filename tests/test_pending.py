@@ -220,9 +220,13 @@ def test_a_split_takes_only_the_room_the_req_has_left():
 
 
 def test_a_split_stays_within_what_fits():
+    """A relay whose messages hold four pieces of the page, not five."""
+    _, _, four = _full_page_over_25_roots()
+    four.on_eose("s1", per_req=10, cap=learnt())
+    max_chars = len(wire.req("s1", four.fill_by_splitting("s1", per_req=4)))
     roots, f, b = _full_page_over_25_roots()
     b.on_eose("s1", per_req=10, cap=learnt())
-    pieces = b.fill_by_splitting("s1", per_req=10, fits=lambda filters: len(filters) <= 4)
+    pieces = b.fill_by_splitting("s1", per_req=10, max_chars=max_chars)
     assert len(pieces) == 4
     assert sorted(v for p in pieces for v in p.tag("E")) == roots
 

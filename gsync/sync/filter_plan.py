@@ -18,6 +18,7 @@ from ..constants import (
     DEFAULT_MAX_SUBSCRIPTIONS,
     LAYER1_KINDS,
     MAX_FILTERS_PER_REQ,
+    MAX_MESSAGE_BYTES,
     MAX_TAG_VALUE_BYTES_PER_FILTER,
     STATE_KIND,
     TRANSIENT_HISTORIC_SLOTS,
@@ -160,6 +161,11 @@ def restrict_to(filters: Iterable[Filter], wanted: Iterable[Filter]) -> list[Fil
 def filters_per_req(limits=None) -> int:
     """Up to 10 OR-ed filters per REQ, fewer if the relay's legacy ``max_filters`` says so."""
     return min(MAX_FILTERS_PER_REQ, _limit(limits, "max_filters") or MAX_FILTERS_PER_REQ)
+
+
+def req_length_limit(limits=None) -> int:
+    """The longest ``["REQ",…]`` the relay takes: NIP-11 ``max_message_length``, else ours."""
+    return _limit(limits, "max_message_length") or MAX_MESSAGE_BYTES
 
 
 def _subid_length(limits) -> int:

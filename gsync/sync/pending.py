@@ -387,6 +387,12 @@ def decide_residual(
     return ResidualDecision.RETRY_RESIDUAL
 
 
+def _req_length(sub_id: str, filters) -> int:
+    """Characters of ``["REQ","<sub_id>",<filter>,…]`` (``messages.req``), from the filters'
+    cached JSON: the REQ is not built to be measured."""
+    return len(f'["REQ","{sub_id}"]') + sum(len(f.to_json()) + 1 for f in filters)
+
+
 def _first_then_numbered(sub_id: str):
     count = 0
 
@@ -517,13 +523,13 @@ class PendingBatch:
         end. Returns sub id -> filters for those that carry some. (Filling in order is
         optimal: each original REQ fit, so no more REQs come out than went in.)"""
         states = [s for sid in sub_ids for s in self.pagination[sid].filters]
-        frame = max(len(f'["REQ","{sid}"]') for sid in sub_ids)
+        frame = max(_req_length(sid, ()) for sid in sub_ids)
         names = iter(sub_ids)
         out: dict[str, list[Filter]] = {}
         group: list[FilterPaginationState] = []
         size = frame
         for s in states + [None]:
-            cost = 0 if s is None else len(s.page_filter.to_json()) + 1
+            cost = 0 if s is None else len(s.page_filter.to_json()) + 1  # as _req_length counts
             over = max_chars is not None and size + cost > max_chars
             if group and (s is None or len(group) >= per_req or over):
                 name = next(names)
@@ -552,22 +558,20 @@ class PendingBatch:
         return state is not None and state.record(event, matched_indices)
 
     def fill_by_splitting(self, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ,
-                          fits=None) -> list[Filter]:
+                          max_chars: int | None = None) -> list[Filter]:
         """Just before ``sub_id`` starts: its filters that filled their last page are split
         by value (``split_for_throughput``) into the slots of the REQ that nothing else
-        took, as many as ``fits`` (a test of the REQ's filters: the relay's message size)
-        allows. The pieces replace the filters in its pagination. Returns its filters.
-        Not for a REQ that must stay as it is (``may_share``: an id fetch, a page alone)."""
+        took, as many as ``max_chars`` of ``["REQ",…]`` allow. The pieces replace the
+        filters in its pagination. Returns its filters. Not for a REQ that must stay as it
+        is (``may_share``: an id fetch, a page alone)."""
         state = self.pagination.get(sub_id)
-        if state is None or not self.may_share(sub_id):
+        if state is None or not self.may_share(sub_id) or not any(s.full for s in state.filters):
             return self.filters_of(sub_id)
         for slots in range(per_req, len(state.filters), -1):
-            if not any(s.full for s in state.filters):
-                break
             pieces = split_for_throughput(state.filters, slots)
             if len(pieces) == len(state.filters):
                 break  # nothing divides further (single values)
-            if fits is None or fits([p.page_filter for p in pieces]):
+            if max_chars is None or _req_length(sub_id, [p.page_filter for p in pieces]) <= max_chars:
                 state.filters = pieces
                 break
         return state.page_filters

@@ -36,11 +36,6 @@ log = get_logger("gsync.manager")
 MAX_HISTORIC_SUBS = 4  # concurrent historic REQs per relay, within the transient budget
 
 
-def max_req_bytes(state: RelayState) -> int:
-    """The longest REQ the relay takes (NIP-11 ``max_message_length``, else ours)."""
-    return getattr(state.limits, "max_message_length", None) or constants.MAX_MESSAGE_BYTES
-
-
 class HistoricSync:
     """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
 
@@ -222,7 +217,8 @@ class HistoricSync:
                   if state.sub_to_batch.get(sub_id) == batch.batch_id and batch.may_share(sub_id)]
         if len(shared) < 2:
             return
-        groups = batch.repack(shared, filter_plan.filters_per_req(state.limits), max_req_bytes(state))
+        groups = batch.repack(shared, filter_plan.filters_per_req(state.limits),
+                              filter_plan.req_length_limit(state.limits))
         kept = []
         for sub_id, group in state.historic_queue:
             if sub_id in groups:
@@ -270,12 +266,12 @@ class HistoricSync:
                 continue
             if (state.paused or state.stalled_shapes) and self.regroup_before_start(state, sub_id, group):
                 continue
-            group = self.fill_before_start(state, sub_id, group)
+            batch = state.pending.get(state.sub_to_batch[sub_id])
+            group = self.fill_before_start(state, batch, sub_id, group)
             size = len(wire.req(sub_id, group))
             if open_historic and state.conn.open_filter_bytes + size > constants.MAX_OPEN_FILTER_BYTES:
                 return  # wait for a historic REQ to finish and free room
             state.historic_queue.pop(0)
-            batch = state.pending.get(state.sub_to_batch[sub_id])
             if batch is not None:
                 batch.started = True  # a later AddFilters now queues beside it, not re-packing it
             self.health.record_start(state.url, now, background=True)
@@ -292,18 +288,16 @@ class HistoricSync:
                 state.sub_activity[sub_id] = now
             open_historic += 1
 
-    def fill_before_start(self, state: RelayState, sub_id: str, group: list[Filter]) -> list[Filter]:
+    def fill_before_start(self, state: RelayState, batch: PendingBatch | None, sub_id: str,
+                          group: list[Filter]) -> list[Filter]:
         """The REQ about to start: its filters that filled their last page are split into
         the room left (``PendingBatch.fill_by_splitting``), within the relay's message size.
         Not towards a relay that refused us for query rate: more filters for the same
         events would only bring its next refusal sooner."""
-        batch = state.pending.get(state.sub_to_batch[sub_id])
         if batch is None or sub_id.startswith("neg") or self.health.limits_query_rate(state.url):
             return group
-        max_len = max_req_bytes(state)
-        group = batch.fill_by_splitting(
-            sub_id, filter_plan.filters_per_req(state.limits),
-            fits=lambda filters: len(wire.req(sub_id, filters)) <= max_len)
+        group = batch.fill_by_splitting(sub_id, filter_plan.filters_per_req(state.limits),
+                                        filter_plan.req_length_limit(state.limits))
         state.historic_queue[0] = (sub_id, group)
         return group
 
