@@ -88,6 +88,17 @@ FETCH_BY_FILTER_MAX_HELD_FRACTION = 0.10
 # so NIP-77; a filter it then finds mostly missing still goes by pages
 # (FETCH_BY_FILTER_MAX_HELD_FRACTION), at the cost of that one start.
 NEGENTROPY_MIN_HELD = 1
+# A repository several relays list, on a first sync (``sync.lead``): a batch overlapping
+# another relay's leading batch waits for it, at most FOLLOWER_WAIT_MAX_SECS, then takes
+# NIP-77 for a filter of which the own relay now holds (or has in flight) more than
+# FOLLOWER_REQ_MAX_FETCHED events, REQ pages otherwise: up to that many copies of small
+# events (about 100 KB) cost less than a paced start per filter.
+FOLLOWER_WAIT_MAX_SECS = 10.0
+FOLLOWER_REQ_MAX_FETCHED = 100
+# ... but not behind a leader with more than this many paced starts queued (a busy relay,
+# hundreds of relays syncing at once): the batch goes by NIP-77 at once, every filter, and
+# the claims share the fetches out (as after a wait that ran out).
+LEADER_MAX_QUEUED = 5
 QUICK_RECONNECT_SECS = 15 * 60
 DAILY_MIN_SECS = 23 * 3600
 DAILY_MAX_SECS = 25 * 3600
@@ -187,6 +198,7 @@ DELIVERY_SOURCE_ALLOWANCE = 50
 # ``since`` are not timers: they are compared with events' created_at and never change.
 TEST_TIMER_NAMES = (
     "COMPLETION_RECHECK_SECS", "PURGATORY_TTL_SECS", "POLL_SECS", "POLL_DEFER_SECS", "NEGENTROPY_DEADLINE_SECS",
+    "FOLLOWER_WAIT_MAX_SECS",
     "REQ_STALL_SECS",
     "QUICK_RECONNECT_SECS", "DAILY_MIN_SECS", "DAILY_MAX_SECS", "RECOVERY_BASE_SECS",
     "RECOVERY_MAX_SECS", "DEAD_AFTER_SECS", "DEAD_RETRY_SECS", "STABILITY_SECS",

@@ -179,7 +179,8 @@ def test_what_one_relay_claimed_and_never_served_comes_from_the_other(relay_fact
     """Two relays hold the same issues. The quicker one's NIP-77 claims them all, then never
     serves three of them by id; the other relay skipped them (someone was fetching them).
     When the first relay's batch fails, those three go to recovery on the other relay too,
-    which serves them: skipping never loses an event."""
+    which serves them: skipping never loses an event. (The own relay held one issue before:
+    NIP-77 on both, side by side, as on any re-sync.)"""
     own = relay_factory()
     quick, slow_nip77 = Nip77Server(), Nip77Server()
 
@@ -202,8 +203,9 @@ def test_what_one_relay_claimed_and_never_served_comes_from_the_other(relay_fact
         return answer(filters)
 
     claimer.answer = slowly_by_id
-    publish(own.url, [repo])
+    publish(own.url, [repo, issues[-1]])
     gsync = gsync_factory(own, [claimer, other], extra={"sync": {"recovery_base_secs": "1"}})
     assert_arrives(own, issues, timeout=60, what="every issue, the withheld ones from the other relay")
+    assert quick.opened and slow_nip77.opened, "NIP-77 on both relays"
     other_sent = gsync.metric("gsync_remote_events_total", relay=other.url)
     assert 3 <= other_sent <= 10, f"the other relay sent {other_sent}: only what the first could not"

@@ -779,3 +779,43 @@ def test_repacking_keeps_within_the_relays_message_size():
     groups = b.repack(["a", "b"], per_req=10, max_chars=size)
     assert [len(g) for g in groups.values()] == [3, 3]
     assert all(len(wire.req(s, g)) <= size for s, g in groups.items())
+
+
+def test_first_pages_of_one_shape_merge_when_they_are_more_than_a_req_carries():
+    """Roots trickle in: each AddFilters that joined the batch brought its own #e, #E and
+    #q of a few roots. Twelve first pages would take two starts; merged per tag (within the
+    tag budget) they are three filters in one, and a next page keeps its own place."""
+    from gsync.sync.pending import FilterPaginationState, PendingBatch
+    from gsync.sync.targets import PendingItems
+
+    b = PendingBatch(1, PendingItems())
+    roots = [[f"{i * 10 + j:064x}" for j in range(3)] for i in range(4)]
+    subs = []
+    for i, ids in enumerate(roots):
+        b.add_subscription(f"s{i}", [Filter.make(tags={t: ids}) for t in ("e", "E", "q")])
+        subs.append(f"s{i}")
+    nxt = FilterPaginationState.start(Filter.make(kinds=[1621], tags={"a": ["30617:x:y"]}))
+    nxt = FilterPaginationState(nxt.original_filter, nxt.original_filter.replace(until=5),
+                                previous=None)
+    b.pagination["s0"].filters.insert(0, nxt)
+    groups = b.repack(subs, per_req=10, tag_budget=32_000)
+    assert list(groups) == ["s0"]
+    filters = groups["s0"]
+    assert filters[0].until == 5  # the next page, first as it was
+    merged = {f.tags[0][0]: f.tags[0][1] for f in filters[1:]}
+    assert sorted(merged) == ["E", "e", "q"] and len(filters) == 4
+    assert all(values == frozenset(sum(roots, [])) for values in merged.values())
+    assert b.outstanding_subs == {"s0"}
+
+
+def test_merged_first_pages_stay_within_the_tag_budget():
+    from gsync.sync.pending import FilterPaginationState as S
+    from gsync.sync.pending import merge_first_pages
+
+    ids = [f"{i:064x}" for i in range(12)]
+    states = [S.start(Filter.make(tags={"e": ids[i:i + 3]})) for i in range(0, 12, 3)]
+    merged = merge_first_pages(states, tag_budget=6 * 67)  # six ids a filter
+    assert [len(s.page_filter.tags[0][1]) for s in merged] == [6, 6]
+    assert set().union(*(s.page_filter.tags[0][1] for s in merged)) == set(ids)
+    kinds = [S.start(Filter.make(kinds=[k], tags={"e": ids[:1]})) for k in (1, 2)]
+    assert merge_first_pages(kinds, tag_budget=10_000) == kinds  # other kinds: another shape

@@ -66,14 +66,18 @@ class SharedHoldings:
         self._reading: dict[str, AsyncResult] = {}
         self._done: OrderedDict[str, list] = OrderedDict()  # [read at, items, Storage]; oldest first
 
-    def get(self, url: str, flt: Filter) -> list[tuple[int, str]]:
+    def get(self, url: str, flt: Filter, fresh: bool = False) -> list[tuple[int, str]]:
+        """``fresh``: read now, whatever was read before (a batch that waited for another
+        relay's lead counts what that relay brought), and keep that for the others."""
         now = self._clock()
         while self._done and now - next(iter(self._done.values()))[0] >= self._reuse:
             self._done.popitem(last=False)
         key = flt.to_json()
-        if key in self._done:
+        if fresh:
+            self._done.pop(key, None)
+        elif key in self._done:
             return self._done[key][1]
-        if key in self._reading:
+        if key in self._reading and not fresh:
             return self._reading[key].get()  # waits; a failed read fails its waiters too
         result = self._reading[key] = AsyncResult()
         try:
@@ -82,7 +86,8 @@ class SharedHoldings:
             result.set_exception(exc)
             raise
         finally:
-            del self._reading[key]
+            if self._reading.get(key) is result:
+                del self._reading[key]
         result.set(items)
         self._done[key] = [self._clock(), items, None]
         return items
@@ -117,13 +122,14 @@ _reads = BoundedSemaphore(OWN_READS_AT_ONCE_TOTAL)
 
 
 def read_holdings(own_url: str, filters, post, *, relay: str, session: int, batch_id: int,
-                  token: str) -> None:
+                  token: str, fresh: bool = False) -> None:
     """What the own relay holds of each of ``filters``, posted to the manager, which picks
-    each filter's method from it (a failure is an outcome too: REQ pages then)."""
+    each filter's method from it (a failure is an outcome too: REQ pages then). ``fresh``:
+    not from an earlier read (``SharedHoldings.get``)."""
     def read(flt: Filter):
         with _reads:
             try:
-                return _holdings.get(own_url, flt)
+                return _holdings.get(own_url, flt, fresh)
             except Exception as exc:  # an outcome (not a greenlet's traceback on stderr)
                 return exc
 

@@ -21,6 +21,7 @@ from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...sync.claims import FetchClaims
 from ...sync.health import RelayHealthTracker
+from ...sync.lead import SharedLead
 from ...sync.recovery import MissingEventRecovery
 from ...sync.relay_state import ConnectionStatus, RelayState
 from ...sync.repos import RepoSyncIndex
@@ -77,6 +78,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.rejected_saved_at = 0.0
         self.recovery = MissingEventRecovery(base_delay=sync.recovery_base_secs)
         self.claims = FetchClaims()  # which batch fetches which missing event, across relays
+        self.lead = SharedLead()  # batches waiting for another relay's first sync of their repos
         self.delivery = delivery or OwnRelayDelivery(
             svc.own_relay, self.post, auth_secret=config.auth.secret_key,
             max_backlog=sync.delivery_max_backlog,
@@ -246,6 +248,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
                 state.status = ConnectionStatus.SYNCING
                 self.fresh_start(state, now)
         self.on_delivery_caught_up()  # in case its message was lost with a restarted delivery
+        self.release_followers(self.lead.overdue(now, constants.FOLLOWER_WAIT_MAX_SECS), overdue=True)
         self.run_recovery(now)
         self.expire_stalled(now)
         self.run_policy_probes(now)

@@ -1,5 +1,6 @@
 """Historic sync: PendingBatches, the method per filter (NIP-77 where the own relay already
-holds some of it, REQ+EOSE pages otherwise), pagination on the page caps each connection
+holds some of it, REQ+EOSE pages otherwise; on a repository several relays list, the first
+relay's batch leads and the others wait for it: ``sync.lead``), pagination on the page caps each connection
 learns, the pacing gate, residuals after NIP-77, missing-event recovery, and the Syncing →
 Connected check.
 """
@@ -18,10 +19,12 @@ from ...sync.pending import (
     ResidualDecision,
     SyncMethod,
     fetch_by_filter,
+    follower_negentropy_pays,
     negentropy_pays,
 )
 from ...sync.policy import coverage_key
 from ...sync.relay_state import ConnectionStatus, RelayState
+from ...sync.repos import identifier_of
 from ...sync.targets import PendingItems
 from .. import negentropy_sync
 from ..events import (
@@ -40,7 +43,7 @@ class HistoricSync:
     """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
 
     def start_historic(self, state: RelayState, items: PendingItems, filters, layer1=False,
-                       recovery=False, coalesce=False) -> PendingBatch:
+                       recovery=False, coalesce=False, leaders=()) -> PendingBatch:
         """A PendingBatch for ``filters``. Where the relay allows NIP-77 (full history only:
         a ``since`` catch-up is cheaper as a REQ), the own relay's holdings are read first
         and each filter gets the method that spends fewer paced starts on what it lacks
@@ -51,6 +54,10 @@ class HistoricSync:
         filters share REQs with its queued ones: fewer, fuller REQs for the same paced
         starts. Its items then confirm with that batch, as if both had come in one
         AddFilters.
+
+        ``leaders``: batches of other relays leading these items' first sync
+        (``lifecycle.start_sync``, ``sync.lead``): this batch waits for them before it reads
+        the own relay (``wait_for_leaders``). Without them, the batch leads its items.
 
         Filters whose shape the relay refused by policy are left out (``refusals``)."""
         filters = state.paused.allowed(filters)
@@ -67,9 +74,17 @@ class HistoricSync:
         batch.recovery = recovery
         batch.semantic_filters = list(filters)
         state.pending[batch.batch_id] = batch
-        if asks_own:
+        if asks_own and leaders and self.leaders_busy(leaders):
+            batch.share_all = True  # waiting would take longer than the starts it saves
+            batch.leads = False
+            self.read_own_holdings(state, batch, filters, coalesce)
+        elif asks_own and leaders:
+            self.wait_for_leaders(state, batch, coalesce, leaders)
+        elif asks_own:
+            self.lead.lead((state.url, batch.batch_id), items)
             self.read_own_holdings(state, batch, filters, coalesce)
         else:
+            self.lead.lead((state.url, batch.batch_id), items)
             batch.coalescable = coalesce or layer1  # NIP-77 batches never take in REQ work
             self.queue_reqs(state, batch, filters)
         self.pump_historic(state)
@@ -83,6 +98,66 @@ class HistoricSync:
         return next((b for b in reversed(state.pending.values())
                      if b.coalescable and b is not besides), None)
 
+    def wait_for_leaders(self, state: RelayState, batch: PendingBatch, coalesce: bool, leaders) -> None:
+        """Another relay is fetching these repositories first: this batch reads the own
+        relay's holdings once it is done (or has chosen NIP-77 throughout), and then takes
+        NIP-77 only where that relay brought much. Nothing of it starts meanwhile."""
+        batch.follower = True
+        batch.leads = False
+        batch.coalesce_wanted = coalesce
+        batch.add_subscription(f"lead{batch.batch_id}")  # not complete while it waits
+        self.lead.wait((state.url, batch.batch_id), leaders, self.clock(), batch.items)
+        log.debug("historic_waits_for_lead", relay=state.url, batch_id=batch.batch_id,
+                  leaders=sorted({url for url, _ in leaders}))
+
+    def leaders_busy(self, leaders) -> bool:
+        """Has a leader's relay more paced starts queued than ``LEADER_MAX_QUEUED``? Then
+        no batch waits for it, and it leads nothing by REQ pages: its shared filters go by
+        NIP-77, side by side with the other relays' (as when hundreds sync at once)."""
+        for url, _ in leaders:
+            state = self.relays.get(url)
+            if state is not None and len(state.historic_queue) > constants.LEADER_MAX_QUEUED:
+                return True
+        return False
+
+    def release_followers(self, keys, overdue: bool = False) -> None:
+        """Batches whose leaders are done: their holdings now. Those that waited too long
+        take NIP-77 for every filter: the leaders are still fetching, and the claims
+        share the fetches out between the exchanges."""
+        for url, batch_id in keys:
+            state = self.relays.get(url)
+            batch = state.pending.get(batch_id) if state is not None and state.connected else None
+            if batch is None:
+                continue
+            if overdue:
+                log.info("historic_lead_waited_too_long", relay=url, batch_id=batch_id)
+                batch.share_all = True
+            batch.finish_subscription(f"lead{batch_id}")
+            self.read_own_holdings(state, batch, batch.semantic_filters, batch.coalesce_wanted)
+
+    def stop_leading(self, state: RelayState, batch: PendingBatch) -> None:
+        batch.leads = False
+        self.release_followers(self.lead.done((state.url, batch.batch_id)))
+
+    def leader_progressed(self, state: RelayState, batch: PendingBatch) -> None:
+        """A page of a leading batch ended: followers whose repositories and roots none of
+        its open pages asks for any more go (``SharedLead.progress``). Not before its
+        methods are chosen: until then it has no pages to ask."""
+        key = (state.url, batch.batch_id)
+        if not self.lead.has_followers(key) or any(s.startswith("own") for s in batch.outstanding_subs):
+            return
+        values: set[str] = set()
+        for sub_id in batch.outstanding_subs:
+            pages = batch.pagination.get(sub_id)
+            for page in pages.filters if pages is not None else ():
+                for _, tag_values in page.page_filter.tags:
+                    values |= tag_values
+
+        def still_open(key: str) -> bool:
+            return key in values or identifier_of(key) in values  # a state filter asks by d
+
+        self.release_followers(self.lead.progress(key, still_open))
+
     def read_own_holdings(self, state: RelayState, batch: PendingBatch, filters, coalesce: bool) -> None:
         """Ask the own relay what it holds of each filter, before any paced start is spent
         on them (loopback, unpaced), in a greenlet: the answer comes back as a message."""
@@ -91,7 +166,7 @@ class HistoricSync:
         batch.coalesce_wanted = coalesce
         gevent.spawn(negentropy_sync.read_holdings, self.config.service.own_relay, list(filters),
                      self.post, relay=state.url, session=state.session, batch_id=batch.batch_id,
-                     token=token)
+                     token=token, fresh=batch.follower)
 
     def on_own_holdings_read(self, msg: OwnHoldingsRead) -> None:
         """Per filter: NIP-77 where what is already held makes it pay for its start
@@ -108,8 +183,10 @@ class HistoricSync:
         else:
             holdings = msg.holdings
         allowed = self.use_negentropy(state, msg.filters)  # it may have been turned off meanwhile
-        shared = allowed and self.listed_elsewhere(state, batch)
-        chosen = [(f, held, allowed and (shared or self.by_negentropy(state, f, held)))
+        shared = batch.follower or self.listed_elsewhere(state, batch)
+        if shared and not batch.follower and self.leaders_busy([(state.url, batch.batch_id)]):
+            batch.share_all = True  # too busy to lead: nobody would wait for its REQ pages
+        chosen = [(f, held, allowed and (batch.share_all or self.by_negentropy(state, f, held, shared)))
                   for f, held in zip(msg.filters, holdings, strict=True)]
         by_neg = [(f, held) for f, held, neg in chosen if neg]
         by_req = [f for f, _, neg in chosen if not neg]
@@ -119,10 +196,14 @@ class HistoricSync:
             self.queue_negentropy(state, batch, flt, held)
         if by_neg:
             batch.method = SyncMethod.NEGENTROPY
+            # The own relay held some of it: a re-sync, not a first one. The other relays'
+            # exchanges run beside this one's, and the claims share the fetches out.
+            self.stop_leading(state, batch)
         else:
             waiting = self.waiting_req_batch(state, besides=batch) if batch.coalesce_wanted else None
             if waiting is not None:  # as start_historic would have, had it known at once
                 state.pending.pop(batch.batch_id, None)
+                self.lead.succeed((state.url, batch.batch_id), (state.url, waiting.batch_id))
                 self.coalesce_into(state, waiting, batch.items, by_req)
                 self.pump_historic(state)
                 return
@@ -133,25 +214,29 @@ class HistoricSync:
         if batch.is_complete:
             self.finish_batch(state, batch)
 
-    def by_negentropy(self, state: RelayState, flt: Filter, held) -> bool:
+    def by_negentropy(self, state: RelayState, flt: Filter, held, shared: bool = False) -> bool:
         """NIP-77 for ``flt``? When the own relay held some of it before this sync round
         began (``negentropy_pays``): what it holds only because gsync just fetched it (from
         this relay's other filters, or from another relay syncing at the same time) is a
         first sync filling up, not a sign that this filter is mostly held. Or when the
         rejected index may match it: a REQ would bring refused events back, NIP-77 counts
-        them as held (SPEC §5: never fetched again)."""
+        them as held (SPEC §5: never fetched again). Or, for a repository another relay
+        lists too (``shared``: the batch waited for that relay's lead, or it synced before),
+        when that relay brought much of it: held, or still in flight to the own relay
+        (``follower_negentropy_pays``)."""
         since = state.round_started_at
         prior = sum(1 for _, event_id in held if (self.seen.get(event_id) or -1.0) < since)
-        return negentropy_pays(prior) or self.rejected.any_may_match(flt)
+        if negentropy_pays(prior) or self.rejected.any_may_match(flt):
+            return True
+        if not shared:
+            return False
+        fetched = {event_id for _, event_id in held}
+        fetched.update(event_id for _, event_id in self.delivery.tracked_matching(flt))
+        return follower_negentropy_pays(len(fetched))
 
     def listed_elsewhere(self, state: RelayState, batch: PendingBatch) -> bool:
         """Does another relay list a repository of this batch (of this relay, for a batch
-        of roots only)? Then its filters go by NIP-77 whatever the own relay holds: the
-        relays sync at the same time, and NIP-77 lets each missing event be fetched by the
-        first exchange to find it (``FetchClaims``), where REQ pages would bring every copy
-        from every relay. (A relay no other one shares keeps the fewest starts.) The price
-        is a paced start per filter: a small world shared by two relays (``gsync demo``)
-        syncs in 11 s instead of 3-5."""
+        of roots only)? What that relay fetched may then be most of a filter here."""
         for address in batch.items.repos or self.repos.repos_listing(state.url):
             needs = self.repos.get(address)
             if needs is not None and len(needs.relays) > 1:
@@ -169,8 +254,11 @@ class HistoricSync:
 
     def coalesce_into(self, state: RelayState, batch: PendingBatch, items: PendingItems, filters) -> None:
         """Add an AddFilters to a pending REQ+EOSE batch. None of its REQs started: pack them
-        all anew; some did: queue the new filters, sharing REQs with its queued pages."""
+        all anew; some did: queue the new filters, sharing REQs with its queued pages. The
+        batch leads the new items' first sync (``sync.lead``)."""
         batch.items.add(items)
+        batch.leads = True
+        self.lead.lead((state.url, batch.batch_id), items)
         batch.semantic_filters += filters
         if batch.started:
             self.queue_reqs(state, batch, filters)
@@ -211,14 +299,16 @@ class HistoricSync:
         packed again filter by filter, in queue order, ten to a REQ within the relay's
         message size: every start carries as many filter pages as it can, the pages that
         finish what was started first, and a REQ of next pages takes first pages along
-        rather than waiting to be filled by splitting (``fill_before_start``). Exact-id
+        rather than waiting to be filled by splitting (``fill_before_start``). More than
+        ten: first pages of one shape are merged first (``merge_first_pages``). Exact-id
         fetches and pages that must go alone stay as they are."""
         shared = [sub_id for sub_id, _ in state.historic_queue
                   if state.sub_to_batch.get(sub_id) == batch.batch_id and batch.may_share(sub_id)]
         if len(shared) < 2:
             return
         groups = batch.repack(shared, filter_plan.filters_per_req(state.limits),
-                              filter_plan.req_length_limit(state.limits))
+                              filter_plan.req_length_limit(state.limits),
+                              filter_plan.tag_value_budget(state.limits))
         kept = []
         for sub_id, group in state.historic_queue:
             if sub_id in groups:
@@ -391,6 +481,7 @@ class HistoricSync:
             state.sub_to_batch[new_id] = batch_id
         state.historic_queue[0:0] = pages  # next pages first: they finish what was started
         self.share_queued_reqs(state, batch)
+        self.leader_progressed(state, batch)
         self.pump_historic(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
@@ -441,13 +532,18 @@ class HistoricSync:
 
     def drop_pending(self, state: RelayState) -> None:
         """Every batch of the relay is abandoned (disconnect, fresh start, reconnect)."""
-        for batch in state.pending.values():
+        batches = list(state.pending.values())
+        for batch in batches:
             self.release_claims(state, batch)
+            self.lead.forget((state.url, batch.batch_id))
         state.clear_pending()
+        for batch in batches:
+            self.release_followers(self.lead.done((state.url, batch.batch_id)))
 
     def confirm_batch(self, state: RelayState, batch: PendingBatch) -> None:
         self.release_claims(state, batch)
         state.pending.pop(batch.batch_id, None)
+        self.stop_leading(state, batch)
         if batch.batch_id == state.poll_batch and not batch.failed:
             state.poll_cursor = batch.poll_started_at
         state.confirmed.add(batch.items)

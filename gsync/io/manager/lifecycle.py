@@ -194,10 +194,29 @@ class RelayLifecycle:
         self.start_historic(state, PendingItems(), [filter_plan.layer1_filter(since)], layer1=True)
 
     def start_sync(self, state: RelayState, items: PendingItems, since: int | None, confirm=True) -> None:
-        """Live and historic subscriptions for new items (``handle_new_sync_filters``)."""
+        """Live and historic subscriptions for new items (``handle_new_sync_filters``).
+
+        A first sync (no ``since``) that NIP-77 could serve goes in two batches when other
+        relays already lead some of its items (``sync.lead``): one leading the rest, one
+        waiting for those leaders; in one, by NIP-77 throughout, when a leader's relay has
+        too much queued for a wait to pay."""
         filters = self.filters_for(state, items, since)
         if not filters:
             return
+        if confirm and since is None and self.use_negentropy(state, filters):
+            mine, theirs, leaders = self.lead.split(state.url, items)
+            if theirs and self.leaders_busy(leaders):  # NIP-77 throughout: nothing to split
+                self.subscribe_live(state, filter_plan.live(filters), items)
+                self.start_historic(state, items, filters, coalesce=True, leaders=leaders)
+                return
+            if theirs:  # the live filters are the parts' own: one copy of their values
+                parts = [(part, self.filters_for(state, part, since) if part else [], led_by)
+                         for part, led_by in ((mine, ()), (theirs, leaders))]
+                self.subscribe_live(state, filter_plan.live(f for _, fs, _ in parts for f in fs), items)
+                for part, part_filters, led_by in parts:
+                    if part_filters:
+                        self.start_historic(state, part, part_filters, coalesce=True, leaders=led_by)
+                return
         self.subscribe_live(state, filter_plan.live(filters), items)
         self.start_historic(state, items if confirm else PendingItems(), filters, coalesce=True)
 

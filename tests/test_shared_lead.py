@@ -1,0 +1,79 @@
+"""A repository several relays list, on a first sync: the first relay's batch leads by REQ
+pages, the others wait for it, then spend a NEG-OPEN only where the leader brought much
+(``gsync.sync.lead``). Against scripted relays serving NIP-77 over their stores, so that the
+test sees every NEG-OPEN and REQ on the wire."""
+from __future__ import annotations
+
+import threading
+
+from . import factory as f
+from .relays import publish, wait_until
+from .scenario import assert_arrives, our_announcement
+from .scripted_relay import Nip77Serve
+
+alice, bob = f.Author.named("alice"), f.Author.named("bob")
+LAYER1 = frozenset({30617, 10317})
+
+
+def _synced(gsync) -> bool:
+    relays = gsync.status()["relays"]
+    return bool(relays) and all(r["status"] == "connected" for r in relays)
+
+
+def _shared_world(own, relays, issues=10, only_second=2):
+    """A repository listing ``relays``: issues with a comment each on every relay, and
+    ``only_second`` more issues on the second relay alone."""
+    repo = our_announcement(own, relays, d="shared")
+    history = []
+    for i in range(issues):
+        bug = f.issue(bob, repo, subject=f"shared {i}")
+        history += [bug, f.comment(alice, bug, content=f"on {i}")]
+    extra = [f.issue(bob, repo, subject=f"only on the second {i}") for i in range(only_second)]
+    return repo, history, extra
+
+
+def test_a_small_shared_repository_costs_no_nip77_per_filter(relay_factory, gsync_factory, scripted):
+    """The own relay holds only the announcement. One relay leads by REQ; the other waits,
+    finds that the leader brought a few events per filter, and takes REQ pages too: no
+    NEG-OPEN on either relay but layer 1's, and what only the second relay holds arrives."""
+    own = relay_factory()
+    neg = [Nip77Serve(), Nip77Serve()]
+    relays = [scripted(negentropy=n, page_size=500) for n in neg]
+    repo, history, extra = _shared_world(own, relays)
+    for relay in relays:
+        relay.add(repo, *history)
+    relays[1].add(*extra)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, relays)
+    assert_arrives(own, history + extra, timeout=30, what="the whole history, from both relays")
+    wait_until(lambda: _synced(gsync), timeout=30, what="both relays synced")
+    opened = [flt for n in neg for flt in n.filters if flt.kinds != LAYER1]
+    assert opened == [], f"NEG-OPENs beyond layer 1: {opened}"
+    waited = [e for e in gsync.log_events() if e["event"] == "historic_waits_for_lead"]
+    assert waited, "no batch waited for the other relay's lead"
+
+
+def test_a_follower_waits_for_a_stalled_leader_only_so_long(relay_factory, gsync_factory, scripted):
+    """The leader's first history REQ is never answered. Its follower does not wait for it
+    for ever: after FOLLOWER_WAIT_MAX_SECS it goes by itself and brings the history."""
+    own = relay_factory()
+    hung = threading.Event()  # the first layer-2 REQ of either relay: the leader's
+
+    def hang_first_history_req(relay, conn, message):
+        if (isinstance(message, list) and message[:1] == ["REQ"] and not hung.is_set()
+                and any("#a" in flt and flt.get("limit") != 0 for flt in message[2:])):
+            hung.set()
+            return []  # no events, no EOSE
+        return None
+
+    relays = [scripted(negentropy=Nip77Serve(), page_size=500, on_message=hang_first_history_req)
+              for _ in range(2)]
+    repo, history, extra = _shared_world(own, relays, only_second=0)
+    for relay in relays:
+        relay.add(repo, *history)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, relays, timers={"FOLLOWER_WAIT_MAX_SECS": 2, "MAINTENANCE_TICK_SECS": 0.2})
+    assert_arrives(own, history, timeout=30, what="the history, from the follower")
+    assert hung.is_set()
+    late = [e for e in gsync.log_events() if e["event"] == "historic_lead_waited_too_long"]
+    assert late, "the follower went before its wait was over: the test did not test the wait"
