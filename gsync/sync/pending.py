@@ -58,7 +58,6 @@ from ..constants import (
 )
 from ..protocol.event import Event
 from ..protocol.filters import Filter
-from .filter_plan import chunk_by_tag_bytes
 from .targets import PendingItems
 
 
@@ -310,70 +309,6 @@ class FilterPaginationState:
         return pieces
 
 
-def _pack_in_order(states: list[FilterPaginationState], frame: int, per_req: int,
-                   max_chars: int | None) -> list[list[FilterPaginationState]]:
-    """``states`` in order, a new REQ whenever ``per_req`` filters or ``max_chars`` (the
-    REQ's ``frame`` plus each filter's JSON and a comma, as ``_req_length`` counts) is
-    reached."""
-    groups: list[list[FilterPaginationState]] = []
-    group: list[FilterPaginationState] = []
-    size = frame
-    for s in states:
-        cost = len(s.page_filter.to_json()) + 1
-        if group and (len(group) >= per_req or (max_chars is not None and size + cost > max_chars)):
-            groups.append(group)
-            group, size = [], frame
-        group.append(s)
-        size += cost
-    if group:
-        groups.append(group)
-    return groups
-
-
-def _mergeable_shape(s: FilterPaginationState):
-    """What a first page shares with the others it may merge with (None: it may not): all
-    but its one tag's values. A page that continues another, or must go alone, stays."""
-    f = s.page_filter
-    if (s.previous is not None or s.seen or s.alone or s.stalled or s.boundary_ids
-            or f is not s.original_filter and f != s.original_filter
-            or f.ids is not None or f.until is not None or len(f.tags) != 1):
-        return None
-    return (f.kinds, f.authors, f.since, f.limit, f.tags[0][0])
-
-
-def merge_first_pages(states: list[FilterPaginationState], tag_budget: int) -> list[FilterPaginationState]:
-    """First pages of one shape, their tag values united and cut again into filters of at
-    most ``tag_budget`` value bytes (as the builders cut them), in the place of the first
-    of them; everything else as it was."""
-    groups: dict[tuple, list[FilterPaginationState]] = {}
-    for s in states:
-        shape = _mergeable_shape(s)
-        if shape is not None:
-            groups.setdefault(shape, []).append(s)
-    merged: dict[int, list[FilterPaginationState]] = {}  # id of a group's first -> its new pages
-    gone: set[int] = set()
-    for shape, members in groups.items():
-        if len(members) < 2:
-            continue
-        kinds, authors, since, limit, name = shape
-        values = set().union(*(m.page_filter.tags[0][1] for m in members))
-        first = members[0].page_filter
-        merged[id(members[0])] = [
-            FilterPaginationState.start(first.replace(tags=((name, frozenset(chunk)),)))
-            for chunk in chunk_by_tag_bytes(values, tag_budget)
-        ]
-        gone.update(id(m) for m in members[1:])
-    if not merged:
-        return states
-    out: list[FilterPaginationState] = []
-    for s in states:
-        if id(s) in merged:
-            out += merged[id(s)]
-        elif id(s) not in gone:
-            out.append(s)
-    return out
-
-
 def split_for_throughput(states: list[FilterPaginationState], per_req: int):
     """Split the filters that filled a page so that, with the others of their REQ (kept
     whole), they fill one REQ of ``per_req`` filters: the full ones share the slots left
@@ -595,31 +530,30 @@ class PendingBatch:
             s.alone or s.page_filter.ids is not None for s in state.filters)
 
     def repack(self, sub_ids: list[str], per_req: int = MAX_FILTERS_PER_REQ,
-               max_chars: int | None = None, tag_budget: int | None = None) -> dict[str, list[Filter]]:
+               max_chars: int | None = None) -> dict[str, list[Filter]]:
         """Queued subscriptions (none started, all ``may_share``) share out their filters
         again, filter by filter in order, into as few REQs as ``per_req`` filters and
         ``max_chars`` of ``["REQ",…]`` allow: the first subscriptions take them, the rest
         end. Returns sub id -> filters for those that carry some. (Filling in order is
-        optimal: each original REQ fit, so no more REQs come out than went in.)
-
-        With ``tag_budget``, when the filters are more than one REQ carries, first pages of
-        the same shape that differ only in one tag's values (each AddFilters of a batch
-        brings its own ``#e`` of new roots) become one filter per ``tag_budget`` bytes of
-        values, where the first of them stood (``merge_first_pages``), unless that packs
-        into more REQs (merged filters fill the message size sooner)."""
+        optimal: each original REQ fit, so no more REQs come out than went in.)"""
         states = [s for sid in sub_ids for s in self.pagination[sid].filters]
         frame = max(_req_length(sid, ()) for sid in sub_ids)
-        groups = _pack_in_order(states, frame, per_req, max_chars)
-        if tag_budget and len(states) > per_req:
-            merged = _pack_in_order(merge_first_pages(states, tag_budget), frame, per_req, max_chars)
-            if len(merged) <= len(groups):
-                groups = merged
-        assert len(groups) <= len(sub_ids), "each queued REQ fit: packing in order needs no more"
+        names = iter(sub_ids)
         out: dict[str, list[Filter]] = {}
-        for name, group in zip(sub_ids, groups, strict=False):
-            self.pagination[name].filters = group
-            out[name] = [g.page_filter for g in group]
-        for name in sub_ids[len(groups):]:
+        group: list[FilterPaginationState] = []
+        size = frame
+        for s in states + [None]:
+            cost = 0 if s is None else len(s.page_filter.to_json()) + 1  # as _req_length counts
+            over = max_chars is not None and size + cost > max_chars
+            if group and (s is None or len(group) >= per_req or over):
+                name = next(names)
+                self.pagination[name].filters = group
+                out[name] = [g.page_filter for g in group]
+                group, size = [], frame
+            if s is not None:
+                group.append(s)
+                size += cost
+        for name in names:
             self.finish_subscription(name)
         return out
 

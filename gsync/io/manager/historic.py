@@ -299,16 +299,14 @@ class HistoricSync:
         packed again filter by filter, in queue order, ten to a REQ within the relay's
         message size: every start carries as many filter pages as it can, the pages that
         finish what was started first, and a REQ of next pages takes first pages along
-        rather than waiting to be filled by splitting (``fill_before_start``). More than
-        ten: first pages of one shape are merged first (``merge_first_pages``). Exact-id
+        rather than waiting to be filled by splitting (``fill_before_start``). Exact-id
         fetches and pages that must go alone stay as they are."""
         shared = [sub_id for sub_id, _ in state.historic_queue
                   if state.sub_to_batch.get(sub_id) == batch.batch_id and batch.may_share(sub_id)]
         if len(shared) < 2:
             return
         groups = batch.repack(shared, filter_plan.filters_per_req(state.limits),
-                              filter_plan.req_length_limit(state.limits),
-                              filter_plan.tag_value_budget(state.limits))
+                              filter_plan.req_length_limit(state.limits))
         kept = []
         for sub_id, group in state.historic_queue:
             if sub_id in groups:
