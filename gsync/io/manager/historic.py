@@ -1,8 +1,8 @@
 """Historic sync: PendingBatches, the method per filter (NIP-77 where the own relay already
 holds some of it, REQ+EOSE pages otherwise; on a repository several relays list, the first
-relay's batch leads and the others wait for it: ``sync.lead``), pagination on the page caps each connection
-learns, the pacing gate, residuals after NIP-77, missing-event recovery, and the Syncing →
-Connected check.
+relay's batch leads and the others wait for it: ``sync.lead``), pagination on the page caps
+each connection learns, the pacing gate, residuals after NIP-77, missing-event recovery, and
+the Syncing → Connected check.
 """
 from __future__ import annotations
 
@@ -99,9 +99,10 @@ class HistoricSync:
                      if b.coalescable and b is not besides), None)
 
     def wait_for_leaders(self, state: RelayState, batch: PendingBatch, coalesce: bool, leaders) -> None:
-        """Another relay is fetching these repositories first: this batch reads the own
-        relay's holdings once it is done (or has chosen NIP-77 throughout), and then takes
-        NIP-77 only where that relay brought much. Nothing of it starts meanwhile."""
+        """Other relays are fetching these repositories first: this batch reads the own
+        relay's holdings once none of their open pages asks for its items (or they chose
+        NIP-77, or ``FOLLOWER_WAIT_MAX_SECS`` passed), and then takes NIP-77 only where
+        they brought much. Nothing of it starts meanwhile."""
         batch.follower = True
         batch.leads = False
         batch.coalesce_wanted = coalesce
@@ -196,8 +197,8 @@ class HistoricSync:
             self.queue_negentropy(state, batch, flt, held)
         if by_neg:
             batch.method = SyncMethod.NEGENTROPY
-            # The own relay held some of it: a re-sync, not a first one. The other relays'
-            # exchanges run beside this one's, and the claims share the fetches out.
+            # NIP-77 for some of it (a re-sync, a follower, a relay too busy to lead): the
+            # other relays' exchanges run beside this one's, the claims share the fetches out.
             self.stop_leading(state, batch)
         else:
             waiting = self.waiting_req_batch(state, besides=batch) if batch.coalesce_wanted else None
