@@ -81,11 +81,11 @@ def test_an_addfilters_is_split_into_what_it_leads_and_what_it_follows():
 def test_a_leader_done_leads_nothing_any_more():
     lead = SharedLead()
     lead.lead(A1, _items(repos=["r1"], roots=["x"]))
-    assert lead.leading() == 1
+    assert len(lead._leads) == 1
     lead.done(A1)
     mine, theirs, leaders = lead.split("ws://b", _items(repos=["r1"], roots=["x"]))
     assert not theirs and leaders == set() and set(mine.repos) == {"r1"}
-    assert lead.leading() == 0 and lead._led_by == {}
+    assert len(lead._leads) == 0 and lead._led_by == {}
 
 
 def test_a_coalesced_leader_hands_what_it_led_to_the_batch_it_joined():
@@ -96,7 +96,7 @@ def test_a_coalesced_leader_hands_what_it_led_to_the_batch_it_joined():
     _, theirs, leaders = lead.split("ws://b", _items(repos=["r1", "r2"]))
     assert set(theirs.repos) == {"r1", "r2"} and leaders == {A2}
     lead.done(A2)
-    assert lead._led_by == {} and lead.leading() == 0
+    assert lead._led_by == {} and len(lead._leads) == 0
 
 
 def test_a_follower_goes_once_its_leader_asks_for_none_of_its_items():

@@ -48,9 +48,6 @@ class SharedLead:
     def is_waiting(self, key: BatchKey) -> bool:
         return key in self._waits
 
-    def leading(self) -> int:
-        return len(self._leads)
-
     # -- leaders
 
     def lead(self, leader: BatchKey, items: SyncItems) -> None:
@@ -85,18 +82,7 @@ class SharedLead:
                 batches.discard(leader)
                 if not batches:
                     del self._led_by[key]
-        ready = []
-        for follower in self._followers.pop(leader, ()):
-            wait = self._waits.get(follower)
-            if wait is None:
-                continue
-            wait[1].discard(leader)
-            if not wait[1]:
-                ready.append(follower)
-        for follower in ready:
-            del self._waits[follower]
-            self._wanted.pop(follower, None)
-        return sorted(ready, key=lambda k: (k[1], k[0]))
+        return self._released(leader, self._followers.pop(leader, ()))
 
     def has_followers(self, leader: BatchKey) -> bool:
         return bool(self._followers.get(leader))
@@ -105,21 +91,27 @@ class SharedLead:
         """``leader`` finished a page. Its followers none of whose items it still asks for
         (``still_open``: a repository address or root id is in one of its open pages) wait
         for it no longer: those left waiting for nobody, in the order they began."""
+        followers = self._followers.get(leader, set())
+        done = [f for f in followers
+                if f in self._wanted and not any(still_open(key) for key in self._wanted[f])]
+        followers.difference_update(done)
+        if not followers:
+            self._followers.pop(leader, None)
+        return self._released(leader, done)
+
+    def _released(self, leader: BatchKey, followers: Iterable[BatchKey]) -> list[BatchKey]:
+        """``followers`` wait for ``leader`` no longer: those left waiting for nobody, in the
+        order they began waiting."""
         ready = []
-        for follower in list(self._followers.get(leader, ())):
-            wanted = self._wanted.get(follower)
-            if wanted is None or any(still_open(key) for key in wanted):
+        for follower in followers:
+            wait = self._waits.get(follower)
+            if wait is None:
                 continue
-            self._followers[leader].discard(follower)
-            wait = self._waits[follower]
             wait[1].discard(leader)
             if not wait[1]:
                 ready.append(follower)
-        if not self._followers.get(leader):
-            self._followers.pop(leader, None)
-        for follower in ready:
-            del self._waits[follower]
-            self._wanted.pop(follower, None)
+                del self._waits[follower]
+                self._wanted.pop(follower, None)
         return sorted(ready, key=lambda k: (k[1], k[0]))
 
     def succeed(self, old: BatchKey, new: BatchKey) -> None:

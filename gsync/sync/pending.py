@@ -454,9 +454,8 @@ class PendingBatch:
     # AddFilters (``coalescable``), so that their filters share REQs; ``started`` ends that.
     coalescable: bool = False
     coalesce_wanted: bool = False  # an AddFilters batch whose methods are still being chosen
-    # another relay's first sync of the same repositories (``sync.lead``): ``leads`` while
-    # it may fetch by REQ pages; ``follower`` once it waited for such a batch
-    leads: bool = True
+    # another relay's first sync of the same repositories (``sync.lead``): ``follower``
+    # once it waited for such a batch
     follower: bool = False
     share_all: bool = False  # no lead to wait for after all: NIP-77 for every filter
     started: bool = False

@@ -76,7 +76,6 @@ class HistoricSync:
         state.pending[batch.batch_id] = batch
         if asks_own and leaders and self.leaders_busy(leaders):
             batch.share_all = True  # waiting would take longer than the starts it saves
-            batch.leads = False
             self.read_own_holdings(state, batch, filters, coalesce)
         elif asks_own and leaders:
             self.wait_for_leaders(state, batch, coalesce, leaders)
@@ -104,22 +103,21 @@ class HistoricSync:
         NIP-77, or ``FOLLOWER_WAIT_MAX_SECS`` passed), and then takes NIP-77 only where
         they brought much. Nothing of it starts meanwhile."""
         batch.follower = True
-        batch.leads = False
         batch.coalesce_wanted = coalesce
         batch.add_subscription(f"lead{batch.batch_id}")  # not complete while it waits
         self.lead.wait((state.url, batch.batch_id), leaders, self.clock(), batch.items)
         log.debug("historic_waits_for_lead", relay=state.url, batch_id=batch.batch_id,
                   leaders=sorted({url for url, _ in leaders}))
 
+    @staticmethod
+    def relay_busy(state: RelayState | None) -> bool:
+        """More paced starts queued than ``LEADER_MAX_QUEUED``? Then no batch waits for the
+        relay, and it leads nothing by REQ pages: its shared filters go by NIP-77, side by
+        side with the other relays' (as when hundreds sync at once)."""
+        return state is not None and len(state.historic_queue) > constants.LEADER_MAX_QUEUED
+
     def leaders_busy(self, leaders) -> bool:
-        """Has a leader's relay more paced starts queued than ``LEADER_MAX_QUEUED``? Then
-        no batch waits for it, and it leads nothing by REQ pages: its shared filters go by
-        NIP-77, side by side with the other relays' (as when hundreds sync at once)."""
-        for url, _ in leaders:
-            state = self.relays.get(url)
-            if state is not None and len(state.historic_queue) > constants.LEADER_MAX_QUEUED:
-                return True
-        return False
+        return any(self.relay_busy(self.relays.get(url)) for url, _ in leaders)
 
     def release_followers(self, keys, overdue: bool = False) -> None:
         """Batches whose leaders are done: their holdings now. Those that waited too long
@@ -137,15 +135,13 @@ class HistoricSync:
             self.read_own_holdings(state, batch, batch.semantic_filters, batch.coalesce_wanted)
 
     def stop_leading(self, state: RelayState, batch: PendingBatch) -> None:
-        batch.leads = False
         self.release_followers(self.lead.done((state.url, batch.batch_id)))
 
     def leader_progressed(self, state: RelayState, batch: PendingBatch) -> None:
         """A page of a leading batch ended: followers whose repositories and roots none of
-        its open pages asks for any more go (``SharedLead.progress``). Not before its
-        methods are chosen: until then it has no pages to ask."""
+        its open pages asks for any more go (``SharedLead.progress``)."""
         key = (state.url, batch.batch_id)
-        if not self.lead.has_followers(key) or any(s.startswith("own") for s in batch.outstanding_subs):
+        if not self.lead.has_followers(key):
             return
         values: set[str] = set()
         for sub_id in batch.outstanding_subs:
@@ -185,7 +181,7 @@ class HistoricSync:
             holdings = msg.holdings
         allowed = self.use_negentropy(state, msg.filters)  # it may have been turned off meanwhile
         shared = batch.follower or self.listed_elsewhere(state, batch)
-        if shared and not batch.follower and self.leaders_busy([(state.url, batch.batch_id)]):
+        if shared and not batch.follower and self.relay_busy(state):
             batch.share_all = True  # too busy to lead: nobody would wait for its REQ pages
         chosen = [(f, held, allowed and (batch.share_all or self.by_negentropy(state, f, held, shared)))
                   for f, held in zip(msg.filters, holdings, strict=True)]
@@ -258,7 +254,6 @@ class HistoricSync:
         all anew; some did: queue the new filters, sharing REQs with its queued pages. The
         batch leads the new items' first sync (``sync.lead``)."""
         batch.items.add(items)
-        batch.leads = True
         self.lead.lead((state.url, batch.batch_id), items)
         batch.semantic_filters += filters
         if batch.started:

@@ -203,13 +203,11 @@ class RelayLifecycle:
         filters = self.filters_for(state, items, since)
         if not filters:
             return
+        leaders = ()
         if confirm and since is None and self.use_negentropy(state, filters):
             mine, theirs, leaders = self.lead.split(state.url, items)
-            if theirs and self.leaders_busy(leaders):  # NIP-77 throughout: nothing to split
-                self.subscribe_live(state, filter_plan.live(filters), items)
-                self.start_historic(state, items, filters, coalesce=True, leaders=leaders)
-                return
-            if theirs:  # the live filters are the parts' own: one copy of their values
+            if theirs and not self.leaders_busy(leaders):
+                # the live filters are the parts' own: one copy of their values
                 parts = [(part, self.filters_for(state, part, since) if part else [], led_by)
                          for part, led_by in ((mine, ()), (theirs, leaders))]
                 self.subscribe_live(state, filter_plan.live(f for _, fs, _ in parts for f in fs), items)
@@ -218,7 +216,9 @@ class RelayLifecycle:
                         self.start_historic(state, part, part_filters, coalesce=True, leaders=led_by)
                 return
         self.subscribe_live(state, filter_plan.live(filters), items)
-        self.start_historic(state, items if confirm else PendingItems(), filters, coalesce=True)
+        # busy leaders: NIP-77 throughout (``start_historic``), nothing to split
+        self.start_historic(state, items if confirm else PendingItems(), filters, coalesce=True,
+                            leaders=leaders)
 
     def catch_up(self, state: RelayState, items: PendingItems, since: int) -> None:
         """Historic only, confirming nothing: what ``items``' live subscriptions (still open,
