@@ -77,3 +77,59 @@ def test_a_follower_waits_for_a_stalled_leader_only_so_long(relay_factory, gsync
     assert hung.is_set()
     late = [e for e in gsync.log_events() if e["event"] == "historic_lead_waited_too_long"]
     assert late, "the follower went before its wait was over: the test did not test the wait"
+
+
+def test_a_follower_goes_when_the_leaders_pages_for_its_items_are_done(
+        relay_factory, gsync_factory, scripted):
+    """The leader's batch takes in its next AddFilters (the roots its issues brought) and
+    goes on, their REQ answered only 6 s later. Its follower needs none of that: it goes
+    once no open page of the leader asks for its repository, not when the batch ends."""
+    import time
+
+    own = relay_factory()
+    held = {"confirm": None, "roots": None}  # when each held answer went out
+    lock = threading.Lock()
+
+    def hold(relay, conn, message):
+        if not (isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 2):
+            return None
+        filters = message[2:]
+        if any(flt.get("limit") == 0 or "since" in flt for flt in filters):
+            return None
+        with lock:
+            if any("#a" in flt and "until" in flt for flt in filters) and "confirm" not in held["taken"]:
+                which, secs = "confirm", 1.5  # the leader's page confirming its repository
+            elif any("#e" in flt for flt in filters) and "roots" not in held["taken"]:
+                which, secs = "roots", 6.0  # the roots it took in after
+            else:
+                return None
+            held["taken"].add(which)
+
+        def answer():
+            time.sleep(secs)
+            from gsync.protocol.filters import Filter
+            for raw in relay.answer([Filter.from_dict(flt) for flt in filters]):
+                conn.send("EVENT", message[1], raw)
+            held[which] = time.monotonic()
+            conn.send("EOSE", message[1])
+        threading.Thread(target=answer, daemon=True).start()
+        return []
+
+    held["taken"] = set()
+    relays = [scripted(negentropy=Nip77Serve(), page_size=500, on_message=hold) for _ in range(2)]
+    repo, history, _ = _shared_world(own, relays, issues=20, only_second=0)
+    for relay in relays:
+        relay.add(repo, *history)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, relays, timers={"FOLLOWER_WAIT_MAX_SECS": 30})
+    assert_arrives(own, history, timeout=30, what="the history")
+    wait_until(lambda: held["roots"] is not None, timeout=30, what="the held roots answered")
+    assert held["confirm"] is not None, "no confirming page was held: the test did not test"
+    waited = {e["relay"]: e for e in gsync.log_events() if e["event"] == "historic_waits_for_lead"}
+    assert waited, "no batch waited for the other relay's lead"
+    follower = next(r for r in relays if r.url in waited)
+    asked = [t for t, _, m in follower.received_with_times()
+             if isinstance(m, list) and m[:1] in (["REQ"], ["NEG-OPEN"])
+             and any("#a" in flt and flt.get("limit") != 0 for flt in m[2:] if isinstance(flt, dict))]
+    assert asked, "the follower never asked for its repository"
+    assert asked[0] < held["roots"], "the follower waited for the leader's whole batch"
