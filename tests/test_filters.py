@@ -290,3 +290,33 @@ def test_json_size_is_the_size_of_the_json_string(value):
     from gsync.protocol.filters import json_size
 
     assert json_size(value) == len(json.dumps(value, ensure_ascii=False).encode())
+
+
+_values = st.lists(st.text(max_size=6), max_size=3)
+_bound = st.one_of(st.none(), st.integers(0, 2**63 - 1))
+
+
+@given(
+    ids=st.one_of(st.none(), st.lists(st.sampled_from(["1" * 64, "2" * 64]), max_size=2)),
+    kinds=st.one_of(st.none(), st.lists(st.integers(0, 65535), max_size=3)),
+    tags=st.dictionaries(st.sampled_from(["e", "E", "q", '"', "\\", "é"]), _values, max_size=2),
+    bounds=st.tuples(_bound, _bound, _bound),
+    new_bounds=st.tuples(_bound, _bound, _bound),
+)
+def test_the_json_of_a_filter_and_of_the_pages_derived_from_it_is_json_dumps(ids, kinds, tags, bounds, new_bounds):
+    # The selectors' JSON is made once and shared by the filters replace derives by
+    # since/until/limit; the result must be exactly the JSON of to_dict either way.
+    def dumped(flt):
+        return json.dumps(flt.to_dict(), ensure_ascii=False, separators=(",", ":"))
+
+    since, until, limit = bounds
+    flt = Filter.make(ids=ids, kinds=kinds, tags=tags, since=since, until=until, limit=limit)
+    assert flt.to_json() == dumped(flt)
+    assert flt.serialized_size() == len(dumped(flt).encode())
+    since, until, limit = new_bounds
+    page = flt.replace(since=since, until=until, limit=limit)
+    assert page.to_json() == dumped(page) and page.serialized_size() == len(dumped(page).encode())
+    narrower = page.replace(kinds=[7])  # other selectors: encoded afresh
+    assert narrower.to_json() == dumped(narrower)
+    page.drop_json()
+    assert page.to_json() == dumped(page)

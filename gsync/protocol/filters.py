@@ -12,6 +12,13 @@ from dataclasses import dataclass, field
 from .event import Event
 
 
+_BOUNDS = frozenset({"since", "until", "limit"})  # what ``replace`` may change and keep the selectors' JSON
+
+
+def _dumps(value) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
 def _frozen(values) -> frozenset | None:
     return None if values is None else frozenset(values)
 
@@ -26,9 +33,11 @@ class Filter:
     since: int | None = None
     until: int | None = None
     limit: int | None = None
-    # the JSON form, made on first use: a filter of 489 ids is sized, packed and sent as a
-    # REQ, and encoding it each time showed in profiles (``replace`` starts without it)
-    _json: str | None = field(default=None, init=False, compare=False, hash=False, repr=False)
+    # The JSON of the selectors (ids, authors, kinds, tags), made on first use and shared
+    # with the filters ``replace`` derives by since/until/limit: a filter of 489 ids is
+    # sized, packed and sent as a REQ, then as its next page or its live form, and encoding
+    # its values each time showed in profiles. The bounds are cheap to append.
+    _selectors: str | None = field(default=None, init=False, compare=False, hash=False, repr=False)
 
     @classmethod
     def make(cls, *, ids=None, authors=None, kinds=None, tags=None, since=None, until=None, limit=None):
@@ -69,7 +78,10 @@ class Filter:
         return None
 
     def replace(self, **changes) -> Filter:
-        return dataclasses.replace(self, **changes)
+        derived = dataclasses.replace(self, **changes)
+        if self._selectors is not None and changes.keys() <= _BOUNDS:
+            object.__setattr__(derived, "_selectors", self._selectors)
+        return derived
 
     def to_dict(self) -> dict:
         """Deterministic JSON object (sorted values) so equal filters serialise equally."""
@@ -91,16 +103,40 @@ class Filter:
         return out
 
     def to_json(self) -> str:
-        text = self._json
+        """``json.dumps(self.to_dict())``, compact."""
+        selectors, bounds = self._selectors_json(), self._bounds_json()
+        return "{" + selectors + ("," if selectors and bounds else "") + bounds + "}"
+
+    def _bounds_json(self) -> str:
+        parts = []
+        if self.since is not None:
+            parts.append(f'"since":{self.since}')
+        if self.until is not None:
+            parts.append(f'"until":{self.until}')
+        if self.limit is not None:
+            parts.append(f'"limit":{self.limit}')
+        return ",".join(parts)
+
+    def _selectors_json(self) -> str:
+        text = self._selectors
         if text is None:
-            text = json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
-            object.__setattr__(self, "_json", text)
+            parts = []
+            if self.ids is not None:
+                parts.append('"ids":' + _dumps(sorted(self.ids)))
+            if self.authors is not None:
+                parts.append('"authors":' + _dumps(sorted(self.authors)))
+            if self.kinds is not None:
+                parts.append('"kinds":' + _dumps(sorted(self.kinds)))
+            for name, values in self.tags:
+                parts.append(_dumps("#" + name) + ":" + _dumps(sorted(values)))
+            text = ",".join(parts)
+            object.__setattr__(self, "_selectors", text)
         return text
 
     def drop_json(self) -> None:
-        """Forget the cached JSON form: a filter kept for matching once its REQ is sent
-        need not hold a copy of up to 32 KB (it is made again if ever needed)."""
-        object.__setattr__(self, "_json", None)
+        """Forget the cached JSON of the selectors: a filter kept for matching once its REQ
+        is sent need not hold a copy of up to 32 KB (it is made again if ever needed)."""
+        object.__setattr__(self, "_selectors", None)
 
     def tag_value_bytes(self) -> int:
         """Serialized size of the tag values (the quantity the 32 KB budget bounds).
@@ -111,7 +147,10 @@ class Filter:
         return sum(json_size(v) + 1 for _, values in self.tags for v in values)
 
     def serialized_size(self) -> int:
-        return len(self.to_json().encode())
+        """``len(self.to_json().encode())``, without building either."""
+        selectors, bounds = self._selectors_json(), self._bounds_json()
+        size = len(selectors) if selectors.isascii() else len(selectors.encode())
+        return 2 + size + (1 if selectors and bounds else 0) + len(bounds)
 
     def matches(self, event: Event) -> bool:
         """NIP-01 matching; ``limit`` does not affect whether an event matches."""

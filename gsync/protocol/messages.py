@@ -80,7 +80,9 @@ def is_negentropy_notice(text: str) -> bool:
 # -- relay → client ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+# RelayEvent and Ok are made for every event and every OK; a frozen dataclass's __init__
+# costs five times a plain one's, so these two are plain (nothing changes them).
+@dataclass(slots=True)
 class RelayEvent:
     """``["EVENT", sub_id, event]``; ``event`` is the raw dict, not yet checked."""
 
@@ -88,7 +90,7 @@ class RelayEvent:
     event: dict
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Ok:
     event_id: str
     accepted: bool

@@ -85,7 +85,6 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         )
         # historic starts wait while delivery is this far behind
         self.backlog_high_water = int(sync.delivery_max_backlog * constants.DELIVERY_HIGH_WATER_FRACTION)
-        self.self_sub = SelfSubscriber(svc.own_relay, self.post, log, clock=clock)
         self.handshakes = HandshakePool(
             self.post, net.allow_private_addresses, workers=sync.handshake_workers
         )
@@ -96,6 +95,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.ready = False
         self.on_ready = on_ready
         self.seen: dict[str, float | None] = {}  # id -> when gsync fetched it (None: seen on the own relay)
+        self.self_sub = SelfSubscriber(svc.own_relay, self.post, log, clock=clock, checked=self.seen)
         self.root_ids: set[str] = set()  # of Full repos: who is a direct member
         self._ids = itertools.count(1)
         self._stopping = False
