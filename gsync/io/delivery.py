@@ -361,8 +361,10 @@ class OwnRelayDelivery:
         event = entry[0]
         if ok.accepted:
             lane.rate_pause = 0.0
-            outcome = {wire.Prefix.DUPLICATE: "duplicate", wire.Prefix.PURGATORY: "purgatory"}
-            self._finish(event, outcome.get(ok.prefix, "delivered"), ok.text)
+            prefix = ok.prefix
+            outcome = ("duplicate" if prefix is wire.Prefix.DUPLICATE
+                       else "purgatory" if prefix is wire.Prefix.PURGATORY else "delivered")
+            self._finish(event, outcome, ok.text)
         elif ok.prefix is wire.Prefix.RATE_LIMITED or wire.is_rate_limit_text(ok.text):
             lane.rate_pause = min(MAX_RATE_PAUSE_SECS, max(0.5, lane.rate_pause * 2))
             lane.paused_until = self._clock() + lane.rate_pause

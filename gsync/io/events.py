@@ -95,10 +95,11 @@ class OwnHoldingsRead:
 
 
 @dataclass(slots=True)
-class OwnEvent:
-    """An event the own relay accepted, seen through the self-subscription."""
+class OwnEvents:
+    """Events the own relay accepted, seen through the self-subscription: one read burst or
+    one page of its history."""
 
-    event: Event
+    events: list[Event]
 
 
 @dataclass(slots=True)

@@ -13,9 +13,10 @@ import gevent
 
 from .. import constants
 from ..protocol import messages as wire
+from ..protocol import wsframes
 from ..protocol.event import EventError, parse_event
 from ..protocol.filters import Filter
-from .events import OwnEvent, OwnSubscribed
+from .events import OwnEvents, OwnSubscribed
 from .own_query import history_pages
 from .ws import connect as ws_connect
 
@@ -84,29 +85,43 @@ class SelfSubscriber:
         count = 0
         try:
             for page in history_pages(ws, self_filter(since)):
-                for raw in page:
-                    self._post_event(raw)
+                self._post_events(page)
                 count += len(page)
         finally:
             ws.close(timeout=1)
         self._log.info("self_history_read", relay=self.url, events=count, since=since)
         self._post(OwnSubscribed(reconnect))
 
-    def _post_event(self, raw: dict) -> None:
-        try:
-            # Our own relay already checked the signature. The id is checked unless gsync
-            # checked this event itself (it delivered it, or read it here before).
-            check_id = not (isinstance(raw, dict) and raw.get("id") in self._checked)
-            self._post(OwnEvent(parse_event(raw, check_id=check_id, check_sig=False)))
-        except EventError as exc:
-            self._log.warning("own_relay_bad_event", reason=exc.reason)
+    def _post_events(self, raws: list) -> None:
+        """Check and post what one read burst or history page brought, as one message."""
+        events = []
+        for raw in raws:
+            try:
+                # Our own relay already checked the signature. The id is checked unless
+                # gsync checked this event itself (it delivered it, or read it here before).
+                check_id = not (isinstance(raw, dict) and raw.get("id") in self._checked)
+                events.append(parse_event(raw, check_id=check_id, check_sig=False))
+            except EventError as exc:
+                self._log.warning("own_relay_bad_event", reason=exc.reason)
+        if events:
+            self._post(OwnEvents(events))
 
     def _read(self, ws) -> None:
         ws.settimeout(None)
         while True:
-            msg = wire.parse_relay_message(ws.recv())
-            if isinstance(msg, wire.RelayEvent) and msg.sub_id == SUB_ID:
-                self._post_event(msg.event)
+            raws = []
+            try:
+                for opcode, data in ws.recv_burst():
+                    if opcode == wsframes.OP_CLOSE:
+                        raise ConnectionError("the own relay closed the connection")
+                    if opcode != wsframes.OP_TEXT:
+                        continue
+                    msg = wire.parse_relay_message(data)
+                    if isinstance(msg, wire.RelayEvent) and msg.sub_id == SUB_ID:
+                        raws.append(msg.event)
+                    elif isinstance(msg, wire.Closed) and msg.sub_id == SUB_ID:
+                        raise ConnectionError(f"own relay closed the self-subscription: {msg.text}")
+            finally:
+                self._post_events(raws)  # what came before a close is kept
+            if raws:
                 self.last_connected = self._clock()
-            elif isinstance(msg, wire.Closed) and msg.sub_id == SUB_ID:
-                raise ConnectionError(f"own relay closed the self-subscription: {msg.text}")

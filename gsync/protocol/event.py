@@ -124,8 +124,10 @@ def serialize_for_id(pubkey: str, created_at: int, kind: int, tags, content: str
     return _commitment(pubkey, created_at, kind, _dumps(tags), _dumps(content))
 
 
-def _dumps(value) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+# Compact JSON as NIP-01 serialises (see serialize_for_id). One encoder for every call:
+# json.dumps with options builds a new JSONEncoder each time, a third of its cost here.
+compact_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_dumps = compact_json
 
 
 def _commitment(pubkey: str, created_at: int, kind: int, tags_json: str, content_json: str) -> bytes:
@@ -181,11 +183,10 @@ def _as_str_tags(raw) -> Tags:
             raise EventError("malformed", "tag is not a non-empty list")
         if len(tag) > MAX_TAG_ITEMS:
             raise EventError("too_many_tags", f"tag with {len(tag)} items")
-        size = 0
-        for item in tag:
-            if not isinstance(item, str):
-                raise EventError("malformed", "tag item is not a string")
-            size += len(item)
+        try:
+            size = len("".join(tag))  # checks that every item is a string, in C
+        except TypeError:
+            raise EventError("malformed", "tag item is not a string") from None
         if size > MAX_TAG_BYTES:
             raise EventError("too_large", "tag too large")
         out.append(tuple(tag))

@@ -6,17 +6,14 @@ in tests; ``replace`` derives the next page (``until``) or a live form (``limit=
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 
 from .event import Event
-
+from .event import compact_json as _dumps
 
 _BOUNDS = frozenset({"since", "until", "limit"})  # what ``replace`` may change and keep the selectors' JSON
 
 
-def _dumps(value) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _frozen(values) -> frozenset | None:
@@ -179,7 +176,7 @@ def json_size(value: str) -> int:
     value of every filter."""
     if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
         return len(value) + 2
-    return len(json.dumps(value, ensure_ascii=False).encode())
+    return len(_dumps(value).encode())
 
 
 def matches_any(filters, event: Event) -> bool:
@@ -209,14 +206,11 @@ class FilterSet:
         self._left: list[tuple[int | None, int | None] | None] = []
         for i, f in enumerate(self.filters):
             if f.ids is not None:
-                for value in f.ids:
-                    _index(self._by_id, value, i)
+                _index_all(self._by_id, f.ids, i)
                 decided = f.authors is None and f.kinds is None and not f.tags
             elif f.tags:
                 name, values = f.tags[0]
-                index = self._by_tag.setdefault(name, {})
-                for value in values:
-                    _index(index, value, i)
+                _index_all(self._by_tag.setdefault(name, {}), values, i)
                 decided = f.authors is None and f.kinds is None and len(f.tags) == 1
             else:
                 self._always.append(i)
@@ -258,6 +252,16 @@ class FilterSet:
             elif (left[0] is None or created_at >= left[0]) and (left[1] is None or created_at <= left[1]):
                 out.append(i)
         return tuple(out)
+
+
+def _index_all(index: dict, values, i: int) -> None:
+    """Add filter ``i`` under each of ``values``. The filters of a REQ rarely share a value
+    (chunks of one list), and then the whole set goes in at once."""
+    if index.keys().isdisjoint(values):
+        index.update(dict.fromkeys(values, i))
+    else:
+        for value in values:
+            _index(index, value, i)
 
 
 def _index(index: dict, value: str, i: int) -> None:

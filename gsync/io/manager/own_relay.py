@@ -22,7 +22,7 @@ from ...sync.targets import PendingItems
 from ..events import (
     BatchWindowClosed,
     DeliveryAnswered,
-    OwnEvent,
+    OwnEvents,
     OwnRelayState,
     OwnSubscribed,
 )
@@ -65,9 +65,11 @@ class OwnRelaySide:
         if state is not None:
             state.events_delivered += 1
 
-    def on_own_event(self, msg: OwnEvent) -> None:
-        self.own_batch.append(msg.event)
-        self.seen.setdefault(msg.event.id, None)
+    def on_own_events(self, msg: OwnEvents) -> None:
+        self.own_batch += msg.events
+        seen = self.seen
+        for event in msg.events:
+            seen.setdefault(event.id, None)
         # The first history read is one batch, however long it takes: one AddFilters per
         # relay instead of a drip of them.
         if not self.own_window_open and self.ready:
