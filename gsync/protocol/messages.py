@@ -179,6 +179,8 @@ def _text(value, what: str, default: str | None = None) -> str:
         return default
     if not isinstance(value, str):
         raise _Reject("bad_shape", f"{what} is not a string")
+    if value.isascii():
+        return value
     # A JSON "\ud800" escape decodes to a lone surrogate, which cannot be logged or re-sent.
     try:
         value.encode("utf-8")
@@ -188,7 +190,9 @@ def _text(value, what: str, default: str | None = None) -> str:
 
 
 def _event(items: list) -> RelayEvent:
-    sub_id, event = _args(items, 2)
+    if len(items) != 3:  # (what _args checks, without its copies: this runs for every event)
+        raise _Reject("bad_shape", f"EVENT with {len(items) - 1} arguments")
+    _, sub_id, event = items
     if not isinstance(event, dict):
         raise _Reject("bad_shape", "EVENT payload is not an object")
     return RelayEvent(_text(sub_id, "sub_id"), event)
