@@ -418,11 +418,17 @@ async def _proxy_main(target_port: int, listeners: int, trace_path: str | None =
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` (not its children), in seconds."""
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(utime, stime) of ``pid`` (not its children), in seconds: in the process, and in the
+    kernel on its behalf (socket I/O, mostly)."""
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (not its children), in seconds."""
+    return sum(cpu_times(pid))
 
 
 class ArrivalWatcher:

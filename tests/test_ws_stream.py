@@ -185,3 +185,33 @@ def test_sockets_gsync_dials_itself_send_small_frames_without_delay(scripted):
         assert stream._sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
     finally:
         stream.close()
+
+
+def test_each_frame_of_one_write_has_its_own_mask():
+    # RFC 6455 §5.3: a fresh, unpredictable key per frame; send_many draws them in one call.
+    import socket
+    import types
+
+    ours, theirs = socket.socketpair()
+    try:
+        stream = ws_stream.WsStream(types.SimpleNamespace(sock=ours))
+        texts = [json.dumps(["EVENT", {"n": i, "pad": "x" * (i * 20)}]) for i in range(20)]
+        sent = stream.send_many(texts)
+        data = b""
+        while len(data) < sent:
+            data += theirs.recv(65536)
+        keys, got, pos = [], [], 0
+        while pos < len(data):
+            assert data[pos] == 0x81 and data[pos + 1] & 0x80  # final text frame, masked
+            length, pos = data[pos + 1] & 0x7F, pos + 2
+            if length == 126:
+                (length,), pos = struct.unpack("!H", data[pos:pos + 2]), pos + 2
+            key, pos = data[pos:pos + 4], pos + 4
+            keys.append(key)
+            got.append(bytes(b ^ key[i % 4] for i, b in enumerate(data[pos:pos + length])).decode())
+            pos += length
+        assert got == texts
+        assert len(set(keys)) == len(keys)
+    finally:
+        ours.close()
+        theirs.close()

@@ -13,6 +13,7 @@ that the idle timeout never fires; time the caller spends not reading does not c
 """
 from __future__ import annotations
 
+import os
 import time
 
 import websocket
@@ -148,7 +149,9 @@ class WsStream:
 
     def send_many(self, texts) -> int:
         """Several text messages in one socket write; returns the bytes sent."""
-        data = b"".join(wsframes.encode_text(t) for t in texts)
+        texts = list(texts)
+        keys = os.urandom(4 * len(texts))  # a fresh random mask per frame, drawn at once
+        data = b"".join(wsframes.encode_text(t, keys[4 * i:4 * i + 4]) for i, t in enumerate(texts))
         self._sock.sendall(data)
         return len(data)
 
