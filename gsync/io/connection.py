@@ -11,7 +11,7 @@ owns the socket's send side, so the manager only ever enqueues text and never bl
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import deque
 
 import gevent
 import gevent.event
@@ -58,10 +58,11 @@ class RelayConnection:
         self._clock = clock
         self._known_ids = known_ids  # the manager's dedupe set: only ever read here
         self._room = room  # set while delivery can take more: reading waits for it
-        # ids this session verified, oldest first (an OrderedDict: a plain dict emptied
-        # from the front makes each ``next(iter(...))`` walk past every deleted slot,
-        # 4.6 us an event at this capacity against 0.3)
-        self._checked: OrderedDict[str, None] = OrderedDict()
+        # ids this session verified, and the same ids oldest first for eviction (a dict
+        # emptied from the front makes each ``next(iter(...))`` walk past every deleted
+        # slot: 4.6 us an event at this capacity; an OrderedDict is fast but 2.3x the size)
+        self._checked: dict[str, None] = {}
+        self._checked_order: deque[str] = deque()
         self.subscriptions: dict[str, FilterSet] = {}
         self.filter_bytes: dict[str, int] = {}  # REQ size per open subscription
         self.open_filter_bytes = 0
@@ -343,8 +344,9 @@ class RelayConnection:
             # The manager learns of it only when it takes the event off its queue; copies
             # arriving before that (other filters of the same REQ) are recognised here.
             self._checked[event.id] = None
-            if len(self._checked) > CHECKED_CAPACITY:
-                self._checked.popitem(last=False)
+            self._checked_order.append(event.id)
+            if len(self._checked_order) > CHECKED_CAPACITY:
+                del self._checked[self._checked_order.popleft()]
         self._events.append(RemoteEvent(self.relay, self.session, msg.sub_id, event, not known, matched))
 
     def _answer_challenge(self) -> None:
