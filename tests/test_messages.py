@@ -354,3 +354,10 @@ def test_plain_ok_shortcut_takes_the_common_answer():
     assert m._plain_ok(frame) == m.Ok(EID, True, m.Prefix.NONE, "")
     assert m._plain_ok(frame.encode()) == m.Ok(EID, True, m.Prefix.NONE, "")
     assert m._plain_ok(frame.replace("true", "false")[:-1] + "]") is None
+
+
+def test_req_size_is_the_utf8_length_of_the_req():
+    filters = [Filter.make(kinds=[1], tags={"e": ["a" * 64, "b" * 64]}, until=5),
+               Filter.make(tags={"d": ["漢字", "x\n"]}, limit=0)]
+    for sub_id, group in (("h1-2", filters), ("live-00000000", filters[:1]), ("é", filters[1:])):
+        assert m.req_size(sub_id, group) == len(m.req(sub_id, group).encode())

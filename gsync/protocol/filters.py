@@ -35,6 +35,8 @@ class Filter:
     # sized, packed and sent as a REQ, then as its next page or its live form, and encoding
     # its values each time showed in profiles. The bounds are cheap to append.
     _selectors: str | None = field(default=None, init=False, compare=False, hash=False, repr=False)
+    # the whole JSON, made when first sent or keyed on (sizes come from the selectors)
+    _json: str | None = field(default=None, init=False, compare=False, hash=False, repr=False)
 
     @classmethod
     def make(cls, *, ids=None, authors=None, kinds=None, tags=None, since=None, until=None, limit=None):
@@ -100,9 +102,13 @@ class Filter:
         return out
 
     def to_json(self) -> str:
-        """``json.dumps(self.to_dict())``, compact."""
-        selectors, bounds = self._selectors_json(), self._bounds_json()
-        return "{" + selectors + ("," if selectors and bounds else "") + bounds + "}"
+        """``json.dumps(self.to_dict())``, compact, made once."""
+        text = self._json
+        if text is None:
+            selectors, bounds = self._selectors_json(), self._bounds_json()
+            text = "{" + selectors + ("," if selectors and bounds else "") + bounds + "}"
+            object.__setattr__(self, "_json", text)
+        return text
 
     def _bounds_json(self) -> str:
         parts = []
@@ -131,9 +137,10 @@ class Filter:
         return text
 
     def drop_json(self) -> None:
-        """Forget the cached JSON of the selectors: a filter kept for matching once its REQ
-        is sent need not hold a copy of up to 32 KB (it is made again if ever needed)."""
+        """Forget the cached JSON: a filter kept for matching once its REQ is sent need not
+        hold copies of up to 32 KB (they are made again if ever needed)."""
         object.__setattr__(self, "_selectors", None)
+        object.__setattr__(self, "_json", None)
 
     def tag_value_bytes(self) -> int:
         """Serialized size of the tag values (the quantity the 32 KB budget bounds).

@@ -349,6 +349,12 @@ def req(sub_id: str, filters: Iterable[Filter]) -> str:
     return f'["REQ",{_dump(sub_id)},{",".join(filter_texts)}]'
 
 
+def req_size(sub_id: str, filters: Iterable[Filter]) -> int:
+    """UTF-8 bytes of ``req(sub_id, filters)``, without building it: packing and budgets
+    measure REQs many times over, and each filter's size comes from its cached selectors."""
+    return 8 + len(_dump(sub_id).encode()) + sum(f.serialized_size() + 1 for f in filters)
+
+
 def close(sub_id: str) -> str:
     return _dump(["CLOSE", sub_id])
 

@@ -58,6 +58,7 @@ from ..constants import (
 )
 from ..protocol.event import Event
 from ..protocol.filters import Filter
+from ..protocol.messages import req_size
 from .targets import PendingItems
 
 
@@ -389,9 +390,9 @@ def decide_residual(
 
 
 def _req_length(sub_id: str, filters) -> int:
-    """Characters of ``["REQ","<sub_id>",<filter>,…]`` (``messages.req``), from the filters'
-    cached JSON: the REQ is not built to be measured."""
-    return len(f'["REQ","{sub_id}"]') + sum(len(f.to_json()) + 1 for f in filters)
+    """Bytes of ``["REQ","<sub_id>",<filter>,…]`` (``messages.req_size``): the REQ is not
+    built to be measured."""
+    return req_size(sub_id, filters)
 
 
 def _first_then_numbered(sub_id: str):
@@ -542,7 +543,7 @@ class PendingBatch:
         group: list[FilterPaginationState] = []
         size = frame
         for s in states + [None]:
-            cost = 0 if s is None else len(s.page_filter.to_json()) + 1  # as _req_length counts
+            cost = 0 if s is None else s.page_filter.serialized_size() + 1  # as _req_length counts
             over = max_chars is not None and size + cost > max_chars
             if group and (s is None or len(group) >= per_req or over):
                 name = next(names)

@@ -352,7 +352,7 @@ class HistoricSync:
                 continue
             batch = state.pending.get(state.sub_to_batch[sub_id])
             group = self.fill_before_start(state, batch, sub_id, group)
-            size = len(wire.req(sub_id, group))
+            size = wire.req_size(sub_id, group)
             if open_historic and state.conn.open_filter_bytes + size > constants.MAX_OPEN_FILTER_BYTES:
                 return  # wait for a historic REQ to finish and free room
             state.historic_queue.pop(0)

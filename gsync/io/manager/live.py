@@ -51,7 +51,7 @@ class LiveCoverage:
             group = state.paused.allowed(group)
             if not group:
                 continue
-            size = len(wire.req("live-00000000", group))
+            size = wire.req_size("live-00000000", group)
             if not descendants and (slots <= 0 or live_bytes + size > constants.MAX_LIVE_FILTER_BYTES):
                 freed_bytes, freed_slots = self.evict_descendants(
                     state, live_bytes + size - constants.MAX_LIVE_FILTER_BYTES, 1 - slots)
