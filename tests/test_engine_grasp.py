@@ -259,3 +259,32 @@ def test_descendants_on_a_full_relay_are_polled_from_a_cursor_that_survives_a_re
     # From the last successful poll before the drop, 15 minutes back: not from the reconnect.
     assert max(since for _, since in before) <= after[0] <= dropped_at - 900
     assert not own.offered(grandchild) and remote.sent_count(grandchild.id) == 0
+
+
+class _ShowsNoRootsLive(GraspRelay):
+    """Stores the issues, patches and PRs it accepts, and answers them to history REQs,
+    but sends them to no live subscription: what a relay does to a subscriber it dropped
+    events for (LocalRelay, when a subscriber reads too slowly under load)."""
+
+    def _stored(self, raw: dict) -> tuple[bool, str]:
+        if raw.get("kind") in (1617, 1618, 1621):
+            self.relay.add(raw)
+            return True, ""
+        return super()._stored(raw)
+
+
+def test_a_root_the_own_relay_accepts_but_never_shows_live_still_gets_its_thread(
+        gsync_factory, scripted):
+    # The comment is reachable only through its issue (layer 3: #e/#E of the issue's id).
+    # The own relay's OK for the issue is what tells gsync it accepted it; the live
+    # self-subscription never shows it.
+    own = _ShowsNoRootsLive.start(scripted)
+    remote = scripted(page_size=500)
+    repo = our_announcement(own, [remote], d="proj")
+    own.host(repo)
+    bug = f.issue(bob, repo)
+    reply = f.comment(alice, bug)
+    remote.add(repo, bug, reply)
+    gsync_factory(own, [remote])
+    assert_arrives(own, [bug], timeout=30, what="the issue (layer 2)")
+    assert_arrives(own, [reply], timeout=30, what="its comment, through the issue's id (layer 3)")

@@ -34,7 +34,7 @@ from ..protocol.event import Event
 from ..protocol.filters import Filter
 from ..sync.have_index import HaveIndex
 from .connection import auth_event
-from .events import DeliveryAnswered, DeliveryCaughtUp, OwnRelayState
+from .events import DeliveryAnswered, DeliveryCaughtUp, OwnEvents, OwnRelayState
 from .ws import connect as ws_connect
 
 log = get_logger("gsync.delivery")
@@ -172,6 +172,11 @@ class OwnRelayDelivery:
         self._bytes_up = metrics.BYTES_UP.labels("own")
         self._outcomes: dict = {}
         self._delivered_uncounted = 0
+        # Roots and announcements the own relay accepted (its OK), told to the manager once
+        # per read burst: the self-subscription should show them too, but a relay may drop
+        # live events for a subscriber that reads too slowly (LocalRelay does, under load),
+        # and a root it never shows is a thread never synced.
+        self._accepted_roots: list[Event] = []
 
     # -- manager-facing -----------------------------------------------------------------
 
@@ -406,6 +411,8 @@ class OwnRelayDelivery:
             self._delivered_uncounted += 1  # counted once per read burst (_count_delivered)
         else:
             self._outcome(outcome).inc()
+        if outcome in ("delivered", "duplicate") and event.kind in constants.SELF_SUB_KINDS:
+            self._accepted_roots.append(event)  # stored and served: not purgatory
         if outcome in ("rejected", "purgatory"):
             # The manager acts on these (rejected index, StateOnly); a plain delivery needs
             # nothing from it, so it is not told (one queue round trip less per event).
@@ -418,6 +425,9 @@ class OwnRelayDelivery:
             self._outcome("delivered").inc(self._delivered_uncounted)
             metrics.EVENTS_SYNCED.inc(self._delivered_uncounted)
             self._delivered_uncounted = 0
+        if self._accepted_roots:
+            accepted, self._accepted_roots = self._accepted_roots, []
+            self._post(OwnEvents(accepted))
 
     def _outcome(self, outcome: str):
         """The outcome's counter child, looked up once (this runs for every event)."""

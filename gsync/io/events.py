@@ -96,8 +96,9 @@ class OwnHoldingsRead:
 
 @dataclass(slots=True)
 class OwnEvents:
-    """Events the own relay accepted, seen through the self-subscription: one read burst or
-    one page of its history."""
+    """Events the own relay accepted: one read burst or one page of its history, seen
+    through the self-subscription, or roots and announcements delivery saw it accept (its
+    OK), in case its live stream drops them."""
 
     events: list[Event]
 
