@@ -288,3 +288,22 @@ def test_a_root_the_own_relay_accepts_but_never_shows_live_still_gets_its_thread
     gsync_factory(own, [remote])
     assert_arrives(own, [bug], timeout=30, what="the issue (layer 2)")
     assert_arrives(own, [reply], timeout=30, what="its comment, through the issue's id (layer 3)")
+
+
+def test_a_root_published_to_the_own_relay_but_never_shown_live_is_read_again(
+        gsync_factory, scripted):
+    # Someone publishes an issue to the own relay itself, which never shows it live (it
+    # dropped it for a slow subscriber). Its comment is on the remote, reachable only
+    # through the issue's id. The self-subscription's periodic re-read finds the issue.
+    own = _ShowsNoRootsLive.start(scripted)
+    remote = scripted(page_size=500)
+    repo = our_announcement(own, [remote], d="proj")
+    own.host(repo)
+    remote.add(repo)
+    gsync = gsync_factory(own, [remote], timers={"SELF_REREAD_SECS": 1})
+    wait_until(lambda: _connected(gsync), timeout=30, what="historic sync complete")
+    bug = f.issue(bob, repo, created_at=int(time.time()))  # published now: within the re-read
+    reply = f.comment(alice, bug)
+    publish(own.url, [bug])
+    remote.add(reply)
+    assert_arrives(own, [reply], timeout=30, what="the comment, once the issue is read again")

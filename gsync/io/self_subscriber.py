@@ -60,7 +60,7 @@ class SelfSubscriber:
             reconnect = self.last_connected is not None
             since = int(self.last_connected) - constants.RECONNECT_OVERLAP_SECS if reconnect else None
             self.last_connected = self._clock()
-            history = None
+            history = reread = None
             try:
                 # Live first (limit 0: only new events), then the history in pages on a
                 # second connection: relays cap one REQ's answer, and nothing may slip
@@ -68,12 +68,14 @@ class SelfSubscriber:
                 ws.send(wire.req(SUB_ID, [self_filter(None).replace(limit=0)]))
                 self._log.info("self_subscription_started", relay=self.url, since=since)
                 history = gevent.spawn(self._read_history, since, reconnect)
+                reread = gevent.spawn(self._reread_loop)
                 self._read(ws)
             except Exception as exc:
                 self._log.warning("self_subscription_lost", relay=self.url, reason=type(exc).__name__)
             finally:
-                if history is not None:
-                    history.kill(block=False)
+                for greenlet in (history, reread):
+                    if greenlet is not None:
+                        greenlet.kill(block=False)
                 try:
                     ws.close(timeout=1)
                 except Exception:
@@ -91,6 +93,30 @@ class SelfSubscriber:
             ws.close(timeout=1)
         self._log.info("self_history_read", relay=self.url, events=count, since=since)
         self._post(OwnSubscribed(reconnect))
+
+    def _reread_loop(self) -> None:
+        """Every SELF_REREAD_SECS, the history since the last read (less the overlap), on a
+        fresh connection: what the live subscription should have shown, in case the relay
+        dropped some of it (relays drop live events for a subscriber that reads too slowly).
+        Only what the manager has not seen is posted: a root gsync delivered itself came
+        with the own relay's OK already."""
+        read_at = self._clock()
+        while True:
+            gevent.sleep(constants.SELF_REREAD_SECS)
+            since = int(read_at) - constants.RECONNECT_OVERLAP_SECS
+            started = self._clock()
+            try:
+                ws = ws_connect(self.url, 30)
+                try:
+                    for page in history_pages(ws, self_filter(since)):
+                        self._post_events([raw for raw in page if isinstance(raw, dict)
+                                           and raw.get("id") not in self._checked])
+                finally:
+                    ws.close(timeout=1)
+            except Exception as exc:
+                self._log.warning("self_reread_failed", relay=self.url, reason=type(exc).__name__)
+                continue  # the next round reads from the same point
+            read_at = started
 
     def _post_events(self, raws: list) -> None:
         """Check and post what one read burst or history page brought, as one message."""
