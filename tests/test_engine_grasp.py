@@ -273,18 +273,25 @@ class _ShowsNoRootsLive(GraspRelay):
         return super()._stored(raw)
 
 
+def _hosting_own_relay_that_shows_no_roots_live(scripted):
+    """An own relay hosting "proj" (listing one remote) that never shows roots live."""
+    own = _ShowsNoRootsLive.start(scripted)
+    remote = scripted(page_size=500)
+    repo = our_announcement(own, [remote], d="proj")
+    own.host(repo)
+    remote.add(repo)
+    return own, remote, repo
+
+
 def test_a_root_the_own_relay_accepts_but_never_shows_live_still_gets_its_thread(
         gsync_factory, scripted):
     # The comment is reachable only through its issue (layer 3: #e/#E of the issue's id).
     # The own relay's OK for the issue is what tells gsync it accepted it; the live
     # self-subscription never shows it.
-    own = _ShowsNoRootsLive.start(scripted)
-    remote = scripted(page_size=500)
-    repo = our_announcement(own, [remote], d="proj")
-    own.host(repo)
+    own, remote, repo = _hosting_own_relay_that_shows_no_roots_live(scripted)
     bug = f.issue(bob, repo)
     reply = f.comment(alice, bug)
-    remote.add(repo, bug, reply)
+    remote.add(bug, reply)
     gsync_factory(own, [remote])
     assert_arrives(own, [bug], timeout=30, what="the issue (layer 2)")
     assert_arrives(own, [reply], timeout=30, what="its comment, through the issue's id (layer 3)")
@@ -295,11 +302,7 @@ def test_a_root_published_to_the_own_relay_but_never_shown_live_is_read_again(
     # Someone publishes an issue to the own relay itself, which never shows it live (it
     # dropped it for a slow subscriber). Its comment is on the remote, reachable only
     # through the issue's id. The self-subscription's periodic re-read finds the issue.
-    own = _ShowsNoRootsLive.start(scripted)
-    remote = scripted(page_size=500)
-    repo = our_announcement(own, [remote], d="proj")
-    own.host(repo)
-    remote.add(repo)
+    own, remote, repo = _hosting_own_relay_that_shows_no_roots_live(scripted)
     gsync = gsync_factory(own, [remote], timers={"SELF_REREAD_SECS": 1})
     wait_until(lambda: _connected(gsync), timeout=30, what="historic sync complete")
     bug = f.issue(bob, repo, created_at=int(time.time()))  # published now: within the re-read

@@ -79,6 +79,8 @@ class OwnRelaySide:
     def on_batch_window_closed(self, msg: BatchWindowClosed) -> None:
         """A closed self-subscription window updates RepoSyncIndex and emits AddFilters."""
         events, self.own_batch, self.own_window_open = self.own_batch, [], False
+        # once each: a root gsync delivered comes with the own relay's OK and again live
+        events = list({event.id: event for event in events}.values())
         now = self.clock()
         dirty: set[str] = set()
         arrived: set[str] = set()  # release keys of what the own relay now accepts
