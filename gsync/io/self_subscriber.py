@@ -83,16 +83,25 @@ class SelfSubscriber:
             gevent.sleep(backoff)
 
     def _read_history(self, since: int | None, reconnect: bool) -> None:
+        count = self._read_since(since)
+        self._log.info("self_history_read", relay=self.url, events=count, since=since)
+        self._post(OwnSubscribed(reconnect))
+
+    def _read_since(self, since: int | None, unseen_only: bool = False) -> int:
+        """The own relay's history since ``since``, in pages on a connection of its own,
+        each posted as it comes (``unseen_only``: what the manager has not seen); how many
+        events it held."""
         ws = ws_connect(self.url, 30)
         count = 0
         try:
             for page in history_pages(ws, self_filter(since)):
-                self._post_events(page)
                 count += len(page)
+                if unseen_only:
+                    page = [raw for raw in page if raw.get("id") not in self._checked]
+                self._post_events(page)
         finally:
             ws.close(timeout=1)
-        self._log.info("self_history_read", relay=self.url, events=count, since=since)
-        self._post(OwnSubscribed(reconnect))
+        return count
 
     def _reread_loop(self) -> None:
         """Every SELF_REREAD_SECS, the history since the last read (less the overlap), on a
@@ -106,13 +115,7 @@ class SelfSubscriber:
             since = int(read_at) - constants.RECONNECT_OVERLAP_SECS
             started = self._clock()
             try:
-                ws = ws_connect(self.url, 30)
-                try:
-                    for page in history_pages(ws, self_filter(since)):
-                        self._post_events([raw for raw in page if isinstance(raw, dict)
-                                           and raw.get("id") not in self._checked])
-                finally:
-                    ws.close(timeout=1)
+                self._read_since(since, unseen_only=True)
             except Exception as exc:
                 self._log.warning("self_reread_failed", relay=self.url, reason=type(exc).__name__)
                 continue  # the next round reads from the same point
@@ -125,7 +128,7 @@ class SelfSubscriber:
             try:
                 # Our own relay already checked the signature. The id is checked unless
                 # gsync checked this event itself (it delivered it, or read it here before).
-                check_id = not (isinstance(raw, dict) and raw.get("id") in self._checked)
+                check_id = raw.get("id") not in self._checked  # (a dict: the parser said so)
                 events.append(parse_event(raw, check_id=check_id, check_sig=False))
             except EventError as exc:
                 self._log.warning("own_relay_bad_event", reason=exc.reason)

@@ -14,8 +14,6 @@ from .event import compact_json as _dumps
 _BOUNDS = frozenset({"since", "until", "limit"})  # what ``replace`` may change and keep the selectors' JSON
 
 
-
-
 def _frozen(values) -> frozenset | None:
     return None if values is None else frozenset(values)
 

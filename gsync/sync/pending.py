@@ -389,12 +389,6 @@ def decide_residual(
     return ResidualDecision.RETRY_RESIDUAL
 
 
-def _req_length(sub_id: str, filters) -> int:
-    """Bytes of ``["REQ","<sub_id>",<filter>,…]`` (``messages.req_size``): the REQ is not
-    built to be measured."""
-    return req_size(sub_id, filters)
-
-
 def _first_then_numbered(sub_id: str):
     count = 0
 
@@ -537,13 +531,13 @@ class PendingBatch:
         end. Returns sub id -> filters for those that carry some. (Filling in order is
         optimal: each original REQ fit, so no more REQs come out than went in.)"""
         states = [s for sid in sub_ids for s in self.pagination[sid].filters]
-        frame = max(_req_length(sid, ()) for sid in sub_ids)
+        frame = max(req_size(sid, ()) for sid in sub_ids)
         names = iter(sub_ids)
         out: dict[str, list[Filter]] = {}
         group: list[FilterPaginationState] = []
         size = frame
         for s in states + [None]:
-            cost = 0 if s is None else s.page_filter.serialized_size() + 1  # as _req_length counts
+            cost = 0 if s is None else s.page_filter.serialized_size() + 1  # as req_size counts
             over = max_chars is not None and size + cost > max_chars
             if group and (s is None or len(group) >= per_req or over):
                 name = next(names)
@@ -585,7 +579,7 @@ class PendingBatch:
             pieces = split_for_throughput(state.filters, slots)
             if len(pieces) == len(state.filters):
                 break  # nothing divides further (single values)
-            if max_chars is None or _req_length(sub_id, [p.page_filter for p in pieces]) <= max_chars:
+            if max_chars is None or req_size(sub_id, [p.page_filter for p in pieces]) <= max_chars:
                 state.filters = pieces
                 break
         return state.page_filters
