@@ -278,6 +278,7 @@ def test_relay_that_keeps_sending_junk_is_hung_up_on_and_retried(relay_factory, 
 # -- handshake pool under relays that never answer the upgrade --------------------------------
 
 
+@pytest.mark.slow
 def test_hanging_handshakes_never_exceed_the_pool_and_healthy_relays_sync(relay_factory, scripted, gsync_factory):
     own = relay_factory()
     gauge = HandshakeGauge()

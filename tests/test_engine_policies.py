@@ -31,6 +31,7 @@ def test_nip42_on_the_own_relay_and_on_a_remote(relay_factory, gsync_factory, tm
     assert_arrives(own, [repo, *issues], what="events through two NIP-42 relays")
 
 
+@pytest.mark.slow
 def test_refused_events_are_counted_remembered_and_not_fetched_again(relay_factory, gsync_factory,
                                                                        tmp_path):
     own = relay_factory(reject={"kinds": [1], "message": "no notes here"})
@@ -60,6 +61,7 @@ def test_refused_events_are_counted_remembered_and_not_fetched_again(relay_facto
     assert second.metric("gsync_deliveries_total", outcome="rejected") == 0
 
 
+@pytest.mark.slow
 def test_announcement_in_purgatory_gets_state_only(relay_factory, gsync_factory, scripted):
     """A GRASP own relay holds an announcement in purgatory until its git data arrives
     (``OK true "purgatory: …"``): gsync then syncs that repository's state, nothing more."""
@@ -99,6 +101,7 @@ def _live_on(remote, root_id: str) -> bool:
                for flt in filters)
 
 
+@pytest.mark.slow
 def test_subscription_budget_is_kept_by_consolidating(relay_factory, gsync_factory, scripted):
     """A relay allowing 6 subscriptions (NIP-11): new roots keep adding live coverage, gsync
     consolidates instead of exceeding the budget, and live events still arrive. An event
@@ -246,6 +249,7 @@ def test_a_full_page_over_many_repositories_is_split_to_fill_its_next_req(relay_
     assert max(len(p) for p in pages) == 10, "no REQ was filled by splitting"
 
 
+@pytest.mark.slow
 def test_next_pages_and_a_later_batchs_first_pages_share_a_start(relay_factory, gsync_factory, scripted):
     """While the pacing gate holds them, the queued pages of a batch are packed filter by
     filter: the issues' next pages (`#a` with `until`) and the first pages of the replies to

@@ -68,6 +68,7 @@ class Sampler:
 COOLDOWN = 3.0  # RATE_LIMIT_COOLDOWN_SECS under test (65 s in production)
 
 
+@pytest.mark.slow
 def test_rate_limited_relay_cools_down_paces_its_starts_and_converges(relay_factory, gsync_factory,
                                                                        tmp_path):
     """A relay admitting 20 filters a second per connection. gsync's first burst goes past
@@ -329,6 +330,7 @@ def test_nip11_without_77_skips_nip77_at_once(relay_factory, gsync_factory, scri
 # -- NIP-42 ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_auth_required_without_a_key_is_a_policy_refusal_and_nothing_loops(relay_factory, gsync_factory):
     """A relay that serves reads only after NIP-42 AUTH, and gsync without a key: each
     refused shape is paused as a policy refusal; REQs to it stop; the connection stays."""

@@ -144,6 +144,7 @@ def test_a_first_sync_opens_nip77_only_for_filters_the_own_relay_holds_something
     assert any("#e" in flt or "#E" in flt for flt in req_filters), "comments came by REQ"
 
 
+@pytest.mark.slow
 def test_a_nip77_verdict_lasts_one_session(relay_factory, gsync_factory, scripted):
     """SPEC §4: a NEG-ERR marks the relay as not supporting NIP-77 *for this session*. The
     next session (here a fresh start) tries NIP-77 again, and it works."""

@@ -65,6 +65,7 @@ def test_only_the_missing_one_percent_is_downloaded_and_a_rerun_downloads_nothin
         remote.stop()
 
 
+@pytest.mark.slow
 def test_an_own_relay_lacking_most_of_a_filter_fetches_it_by_pages(gsync_factory, tmp_path):
     """NIP-77 finds most of a filter missing: its REQ pages bring it (ten filters of up to
     500 events a start) instead of 300-id fetches, and everything arrives. (The own relay

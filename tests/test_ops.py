@@ -283,6 +283,7 @@ def test_metrics_after_a_real_sync(synced):
     assert sum(r["events_delivered"] for r in g.status()["relays"]) == new
 
 
+@pytest.mark.slow
 def test_per_relay_metrics_go_when_the_relay_is_retired():
     own, extra = RelayProcess({}).start(), RelayProcess({}).start()
     g = GsyncProcess(own, [], bootstrap=[extra]).start()

@@ -73,6 +73,7 @@ def test_own_relay_away_for_30s_during_live_sync_loses_nothing(relay_factory, gs
     assert gsync.proc.poll() is None
 
 
+@pytest.mark.slow
 def test_a_remote_killed_and_restarted_during_its_historic_sync_loses_nothing(
         relay_factory, gsync_factory, tmp_path):
     own = relay_factory()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from . import factory as f
 from .relays import publish, wait_until
 from .scenario import assert_arrives, our_announcement
@@ -79,6 +81,7 @@ def test_a_follower_waits_for_a_stalled_leader_only_so_long(relay_factory, gsync
     assert late, "the follower went before its wait was over: the test did not test the wait"
 
 
+@pytest.mark.slow
 def test_a_follower_goes_when_the_leaders_pages_for_its_items_are_done(
         relay_factory, gsync_factory, scripted):
     """The leader's batch takes in its next AddFilters (the roots its issues brought) and
