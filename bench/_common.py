@@ -274,19 +274,19 @@ def _filter_shapes(payload: bytes) -> list[str]:
     return shapes
 
 
-class _FrameTracer:
-    """Decodes one direction of a websocket connection (after the HTTP upgrade) enough to log
-    text frames. Best effort: a connection that is not a websocket is ignored."""
+class _WsFrames:
+    """One direction of a websocket connection (after the HTTP upgrade), cut into frames.
+    Best effort: a connection that is not a websocket is ignored (``dead``)."""
 
-    def __init__(self, out, conn: int, direction: str, t0: float):
-        self.out, self.conn, self.dir, self.t0 = out, conn, direction, t0
+    def __init__(self, direction: str):
+        self.dir = direction
         self.buf = b""
         self.in_http = True
         self.dead = False
-        self.events = 0
-        self.per_sub: dict[str, int] = {}  # EVENTs by subscription, reported with its EOSE
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes):
+        """Yield ``(payload, bytes on the wire)`` per complete frame; the payload (still
+        masked: ``unmask`` it) of an uncompressed text frame, else None."""
         if self.dead:
             return
         self.buf += data
@@ -313,25 +313,81 @@ class _FrameTracer:
                 if len(self.buf) < 10:
                     return
                 n, pos = int.from_bytes(self.buf[2:10], "big"), 10
-            mask = None
+            self.mask = None
             if b1 & 0x80:
                 if len(self.buf) < pos + 4:
                     return
-                mask, pos = self.buf[pos:pos + 4], pos + 4
+                self.mask, pos = self.buf[pos:pos + 4], pos + 4
             if len(self.buf) < pos + n:
                 return
             payload, self.buf = self.buf[pos:pos + n], self.buf[pos + n:]
-            if b0 & 0x0F != 1 or b0 & 0x40:  # not a text frame, or compressed
+            text = b0 & 0x0F == 1 and not b0 & 0x40  # not compressed
+            yield (payload if text else None), pos + n
+
+    def unmask(self, payload: bytes) -> bytes:
+        if self.mask is None:
+            return payload
+        n = len(payload)
+        key = (self.mask * (n // 4 + 1))[:n]
+        return (int.from_bytes(payload, "big") ^ int.from_bytes(key, "big")).to_bytes(n, "big")
+
+
+def up_by_kind(before: dict, after: dict) -> dict[str, int]:
+    """Bytes up by ``up_kind`` between two ``Proxy.stats()`` readings of one listener."""
+    was = before.get("up_by", {})
+    return {k: v - was.get(k, 0) for k, v in after.get("up_by", {}).items() if v - was.get(k, 0)}
+
+
+def up_kind(payload: bytes) -> str:
+    """What a client frame spends bytes up on: ``live`` (a REQ whose filters all have
+    ``limit: 0``), ``req`` (history), ``nip77`` (NEG-OPEN, NEG-MSG, NEG-CLOSE), ``other``
+    (CLOSE, AUTH, EVENT)."""
+    if payload.startswith(b'["NEG-'):
+        return "nip77"
+    if not payload.startswith(b'["REQ"'):
+        return "other"
+    try:
+        filters = json.loads(payload)[2:]
+    except ValueError:
+        return "other"
+    live = filters and all(isinstance(f, dict) and f.get("limit") == 0 for f in filters)
+    return "live" if live else "req"
+
+
+class _UpCounter:
+    """Bytes up by ``up_kind``, into ``counter["up_by"]`` (frames on the wire, headers and
+    masks included; the HTTP upgrade is in neither)."""
+
+    def __init__(self, counter: dict):
+        self.frames = _WsFrames("up")
+        self.by = counter.setdefault("up_by", {})
+
+    def feed(self, data: bytes) -> None:
+        for payload, size in self.frames.feed(data):
+            kind = "other" if payload is None else up_kind(self.frames.unmask(payload))
+            self.by[kind] = self.by.get(kind, 0) + size
+
+
+class _FrameTracer:
+    """Logs one direction's text frames, one JSON line each (see ``Proxy``)."""
+
+    def __init__(self, out, conn: int, direction: str, t0: float):
+        self.out, self.conn, self.dir, self.t0 = out, conn, direction, t0
+        self.frames = _WsFrames(direction)
+        self.events = 0
+        self.per_sub: dict[str, int] = {}  # EVENTs by subscription, reported with its EOSE
+
+    def feed(self, data: bytes) -> None:
+        for payload, _ in self.frames.feed(data):
+            if payload is None:
                 continue
             if self.dir == "down" and payload.startswith(b'["EVENT"'):
                 self.events += 1
                 sub = payload[10:payload.find(b'"', 10)].decode(errors="replace")
                 self.per_sub[sub] = self.per_sub.get(sub, 0) + 1
                 continue
-            if mask is not None:
-                key = (mask * (n // 4 + 1))[:n]
-                payload = (int.from_bytes(payload, "big") ^ int.from_bytes(key, "big")).to_bytes(
-                    n, "big")
+            payload = self.frames.unmask(payload)
+            n = len(payload)
             record = {"t": round(time.monotonic(), 3), "conn": self.conn,
                       "dir": self.dir, "len": n, "head": payload[:200].decode(errors="replace")}
             if n > 200:
@@ -351,15 +407,16 @@ async def _proxy_main(target_port: int, listeners: int, trace_path: str | None =
     trace = open(trace_path, "w") if trace_path else None
     t0 = time.monotonic()
 
-    async def pump(reader, writer, counter, key, tracer=None):
+    async def pump(reader, writer, counter, key, *tracers):
         try:
             while True:
                 data = await reader.read(262144)
                 if not data:
                     break
                 counter[key] += len(data)
-                if tracer is not None:
-                    tracer.feed(data)
+                for tracer in tracers:
+                    if tracer is not None:
+                        tracer.feed(data)
                 writer.write(data)
                 await writer.drain()
         except (OSError, asyncio.IncompleteReadError):
@@ -384,7 +441,8 @@ async def _proxy_main(target_port: int, listeners: int, trace_path: str | None =
                 up = _FrameTracer(trace, conn, "up", t0)
                 down = _FrameTracer(trace, conn, "down", t0)
             await asyncio.gather(
-                pump(client_reader, relay_writer, counters[index], "up", up),
+                pump(client_reader, relay_writer, counters[index], "up", up,
+                     _UpCounter(counters[index])),
                 pump(relay_reader, client_writer, counters[index], "down", down),
             )
             if down is not None and down.events:
