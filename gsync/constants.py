@@ -10,6 +10,9 @@ RECONNECT_OVERLAP_SECS = 900  # since = last_connected - 900: clocks and relay l
 # The self-subscription's history is read again this often (since the last read, less the
 # overlap): a relay may drop live events for a subscriber that reads too slowly.
 SELF_REREAD_SECS = 300
+# Once a day that re-read goes back to the beginning: a root published with a created_at
+# older than the overlap (backdated, or while gsync was away) and not shown live is found.
+SELF_FULL_REREAD_SECS = 24 * 3600
 BATCH_WINDOW_MS = 5_000  # [sync] batch_window_ms: lets a burst of discoveries share REQs
 COMPLETION_RECHECK_SECS = 6.0  # batch window + 1 s, so L2/L3 batches exist before "Connected"
 # StateOnly repos live 24 h after the own relay last answered ``purgatory:`` about them (to
@@ -208,7 +211,7 @@ TEST_TIMER_NAMES = (
     "RATE_LIMIT_COOLDOWN_SECS", "REACTIVE_GATE_START_SECS", "REACTIVE_GATE_MAX_SECS",
     "POLICY_PROBE_SECS", "MAINTENANCE_TICK_SECS", "HANDSHAKE_TIMEOUT_SECS", "DESCENDANT_TICK_SECS",
     "REJECTED_HOT_SECS", "REJECTED_COLD_SECS", "TIME_CUT_SUSPECT_SECS", "MESSAGE_STALL_SECS",
-    "READ_IDLE_TIMEOUT_SECS", "SELF_REREAD_SECS",
+    "READ_IDLE_TIMEOUT_SECS", "SELF_REREAD_SECS", "SELF_FULL_REREAD_SECS",
 )
 
 

@@ -310,3 +310,18 @@ def test_a_root_published_to_the_own_relay_but_never_shown_live_is_read_again(
     publish(own.url, [bug])
     remote.add(reply)
     assert_arrives(own, [reply], timeout=30, what="the comment, once the issue is read again")
+
+
+def test_a_backdated_root_published_to_the_own_relay_is_found_by_the_daily_full_reread(
+        gsync_factory, scripted):
+    # As above, but the issue says it was written two hours ago: older than the re-read's
+    # 15 min overlap, so only the re-read of the whole history (daily; here every 3 s) finds it.
+    own, remote, repo = _hosting_own_relay_that_shows_no_roots_live(scripted)
+    gsync = gsync_factory(own, [remote], timers={"SELF_REREAD_SECS": 1, "SELF_FULL_REREAD_SECS": 3})
+    wait_until(lambda: _connected(gsync), timeout=30, what="historic sync complete")
+    bug = f.issue(bob, repo, created_at=int(time.time()) - 2 * 3600)
+    reply = f.comment(alice, bug)
+    publish(own.url, [bug])
+    remote.add(reply)
+    assert_arrives(own, [reply], timeout=30, what="the comment, once the whole history is read again")
+    assert any(e["event"] == "self_full_reread" for e in gsync.log_events())

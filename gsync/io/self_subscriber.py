@@ -37,6 +37,7 @@ class SelfSubscriber:
         self._log = log
         self._clock = clock
         self.last_connected: float | None = None
+        self._full_read_at: float | None = None  # when the whole history was last read
         self._greenlet: gevent.Greenlet | None = None
 
     def start(self) -> None:
@@ -83,7 +84,10 @@ class SelfSubscriber:
             gevent.sleep(backoff)
 
     def _read_history(self, since: int | None, reconnect: bool) -> None:
+        started = self._clock()
         count = self._read_since(since)
+        if since is None:
+            self._full_read_at = started
         self._log.info("self_history_read", relay=self.url, events=count, since=since)
         self._post(OwnSubscribed(reconnect))
 
@@ -107,18 +111,25 @@ class SelfSubscriber:
         """Every SELF_REREAD_SECS, the history since the last read (less the overlap), on a
         fresh connection: what the live subscription should have shown, in case the relay
         dropped some of it (relays drop live events for a subscriber that reads too slowly).
-        Only what the manager has not seen is posted: a root gsync delivered itself came
-        with the own relay's OK already."""
+        Once every SELF_FULL_REREAD_SECS, the whole history: an event whose created_at is
+        older than the overlap (backdated, or published while gsync was away) and that was
+        never shown live is found within a day. Only what the manager has not seen is
+        posted: a root gsync delivered itself came with the own relay's OK already."""
         read_at = self._clock()
         while True:
             gevent.sleep(constants.SELF_REREAD_SECS)
-            since = int(read_at) - constants.RECONNECT_OVERLAP_SECS
             started = self._clock()
+            full_at = self._full_read_at  # kept over reconnects, which read only since
+            full = full_at is None or started - full_at >= constants.SELF_FULL_REREAD_SECS
+            since = None if full else int(read_at) - constants.RECONNECT_OVERLAP_SECS
             try:
-                self._read_since(since, unseen_only=True)
+                count = self._read_since(since, unseen_only=True)
             except Exception as exc:
                 self._log.warning("self_reread_failed", relay=self.url, reason=type(exc).__name__)
                 continue  # the next round reads from the same point
+            if full:
+                self._log.info("self_full_reread", relay=self.url, events=count)
+                self._full_read_at = started
             read_at = started
 
     def _post_events(self, raws: list) -> None:
