@@ -102,6 +102,10 @@ MALFORMED = [
     ('["NEG-MSG", "s", ""]', "bad_shape"),
     ('["NEG-MSG", "s", "abc"]', "bad_shape"),
     ('["NEG-MSG", "s", "zz"]', "bad_shape"),
+    ('["NEG-MSG", "s", "61 ab"]', "bad_shape"),  # bytes.fromhex would skip the space
+    ('["NEG-MSG", "s", " 61ab"]', "bad_shape"),
+    ('["NEG-MSG", "s", "61\\n"]', "bad_shape"),
+    ('["NEG-MSG", "s", "\u0661\u0662"]', "bad_shape"),  # Arabic-Indic digits are not hex
     ('["NEG-MSG", "s", 61]', "bad_shape"),
     ('["NEG-ERR", 5, "error: x"]', "bad_shape"),
     ('["COUNT", "c", {"count": -1}]', "bad_shape"),

@@ -57,10 +57,9 @@ class NegentropyFailed(Exception):
 def storage_of(items) -> Storage:
     """A NIP-77 storage of ``(created_at, id hex)`` items, one entry per id (our sources
     overlap: own relay, in flight, refused)."""
-    unique = {}
-    for created_at, event_id in items:
-        unique.setdefault(event_id, created_at)
-    return Storage.from_hex((t, i) for i, t in unique.items())
+    # An id commits to its created_at, so a repeated id repeats its timestamp too.
+    unique = {event_id: created_at for created_at, event_id in items}
+    return Storage.from_hex(zip(unique.values(), unique.keys(), strict=True))
 
 
 def reconcile(

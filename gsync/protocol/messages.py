@@ -19,7 +19,6 @@ from .event import compact_json as _dump
 from .filters import Filter
 
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
-_HEX_BYTES = re.compile(r"(?:[0-9a-fA-F]{2})+\Z")
 
 
 # -- machine-readable prefixes (NIP-01 OK/CLOSED, NIP-77 NEG-ERR, GRASP-01) -----------------
@@ -232,9 +231,19 @@ def _auth(items: list) -> AuthChallenge:
 
 def _neg_msg(items: list) -> NegMsg:
     sub_id, message = _args(items, 2)
-    if not isinstance(message, str) or not _HEX_BYTES.match(message):
+    if not isinstance(message, str) or not _is_hex_bytes(message):
         raise _Reject("bad_shape", "NEG-MSG payload is not hex")
     return NegMsg(_text(sub_id, "sub_id"), message.lower())
+
+
+def _is_hex_bytes(text: str) -> bool:
+    """Whole bytes of hex digits, nothing else. ``bytes.fromhex`` checks the digits in C
+    (a regex took 25 times as long: 0.75 ms per 60 kB NEG-MSG, each parsed twice); it
+    also skips whitespace, which the length comparison catches."""
+    try:
+        return bool(text) and len(bytes.fromhex(text)) * 2 == len(text)
+    except ValueError:
+        return False
 
 
 def _neg_err(items: list) -> NegErr:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import itertools
+import operator
 from collections.abc import Iterable
 from enum import IntEnum
 from typing import NamedTuple
@@ -198,23 +199,31 @@ class Storage:
     __slots__ = ("_keys", "_sums")
 
     def __init__(self, items: Iterable[tuple[int, bytes]]):
+        # Checked and summed column by column, in C (map, set, zip): a Python loop per item
+        # made building a storage most of a NIP-77 exchange's cost at scale.
         keys = sorted(items)
-        for timestamp, item_id in keys:
-            if type(timestamp) is not int or not 0 <= timestamp < INFINITY:
-                raise ValueError(f"timestamp {timestamp!r} out of range")
-            if len(item_id) != ID_SIZE:
-                raise ValueError("an id is not 32 bytes")
-        if any(a == b for a, b in zip(keys, itertools.islice(keys, 1, None), strict=False)):
+        stamps, ids = tuple(zip(*keys, strict=True)) or ((), ())
+        if stamps and (not set(map(type, stamps)) <= {int} or stamps[0] < 0 or stamps[-1] >= INFINITY):
+            bad = next(t for t in stamps if type(t) is not int or not 0 <= t < INFINITY)
+            raise ValueError(f"timestamp {bad!r} out of range")
+        if ids and set(map(len, ids)) != {ID_SIZE}:
+            raise ValueError("an id is not 32 bytes")
+        if not set(map(type, ids)) <= {bytes}:
+            ids = tuple(map(bytes, ids))  # bytearray or memoryview: an immutable copy
+        keys = list(zip(stamps, ids, strict=True))
+        if any(map(operator.eq, keys, itertools.islice(keys, 1, None))):
             raise ValueError("duplicate item")
-        self._keys = [(t, bytes(i)) for t, i in keys]
+        self._keys = keys
         self._sums = list(
-            itertools.accumulate((int.from_bytes(i, "little") for _, i in self._keys), initial=0)
+            itertools.accumulate(map(int.from_bytes, ids, itertools.repeat("little")), initial=0)
         )
 
     @classmethod
     def from_hex(cls, items: Iterable[tuple[int, str]]) -> Storage:
+        pairs = list(items)
         try:
-            return cls((t, bytes.fromhex(i)) for t, i in items)
+            return cls(zip(map(operator.itemgetter(0), pairs),
+                           map(bytes.fromhex, map(operator.itemgetter(1), pairs)), strict=True))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"bad item: {exc}") from None
 
