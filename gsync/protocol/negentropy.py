@@ -224,7 +224,7 @@ class Storage:
         try:
             return cls(zip(map(operator.itemgetter(0), pairs),
                            map(bytes.fromhex, map(operator.itemgetter(1), pairs)), strict=True))
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, IndexError) as exc:
             raise ValueError(f"bad item: {exc}") from None
 
     def __len__(self) -> int:
