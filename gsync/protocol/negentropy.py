@@ -222,6 +222,8 @@ class Storage:
     def from_hex(cls, items: Iterable[tuple[int, str]]) -> Storage:
         pairs = list(items)
         try:
+            if not set(map(len, pairs)) <= {2}:
+                raise ValueError("an item is not (timestamp, id)")
             return cls(zip(map(operator.itemgetter(0), pairs),
                            map(bytes.fromhex, map(operator.itemgetter(1), pairs)), strict=True))
         except (TypeError, ValueError, IndexError) as exc:
