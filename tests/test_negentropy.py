@@ -140,6 +140,27 @@ def test_storage_sorts_by_timestamp_then_id_and_refuses_bad_items():
         Storage([(1, b"short")])
 
 
+@pytest.mark.parametrize("items", [
+    [(-1, "01" * 32)], [(True, "01" * 32)], [(1.0, "01" * 32)], [(INFINITY, "01" * 32)],
+    [(1, "01" * 31)], [(1, "zz" * 32)], [(1, "01 " * 32)], [(1, 5)],
+    [(1,)], [(1, "01" * 32, 3)], [5], [(1, "01" * 32), (1, "01" * 32)],
+])
+def test_storage_from_hex_refuses_every_bad_item(items):
+    with pytest.raises(ValueError):
+        Storage.from_hex(items)
+
+
+def test_storage_from_hex_and_from_bytes_agree():
+    ids = [bytes([i]) * 32 for i in range(40)]
+    items = [(1_000 + i % 7, item_id) for i, item_id in enumerate(ids)]
+    by_bytes = Storage(items + [(9, bytearray(b"x" * 32))])
+    by_hex = Storage.from_hex([(t, i.hex()) for t, i in items] + [(9, (b"x" * 32).hex())])
+    assert len(by_bytes) == len(by_hex) == 41
+    assert [by_bytes.item_bound(i) for i in range(41)] == [by_hex.item_bound(i) for i in range(41)]
+    assert by_bytes.fingerprint(0, 41) == by_hex.fingerprint(0, 41)
+    assert type(by_bytes.id_at(0)) is bytes
+
+
 def test_frame_size_limit_below_4096_is_refused():
     with pytest.raises(ValueError):
         NegentropyClient(Storage([]), 4095)

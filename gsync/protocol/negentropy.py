@@ -224,8 +224,10 @@ class Storage:
         try:
             if not set(map(len, pairs)) <= {2}:
                 raise ValueError("an item is not (timestamp, id)")
-            return cls(zip(map(operator.itemgetter(0), pairs),
-                           map(bytes.fromhex, map(operator.itemgetter(1), pairs)), strict=True))
+            hexes = list(map(operator.itemgetter(1), pairs))
+            if not set(map(len, hexes)) <= {2 * ID_SIZE}:  # (bytes.fromhex skips spaces)
+                raise ValueError("an id is not 64 hex digits")
+            return cls(zip(map(operator.itemgetter(0), pairs), map(bytes.fromhex, hexes), strict=True))
         except (TypeError, ValueError, IndexError) as exc:
             raise ValueError(f"bad item: {exc}") from None
 
