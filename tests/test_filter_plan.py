@@ -2,6 +2,10 @@
 import json
 from types import SimpleNamespace
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from gsync.constants import MAX_TAG_VALUE_BYTES_PER_FILTER
 from gsync.protocol.filters import Filter
 from gsync.sync import filter_plan
@@ -103,6 +107,40 @@ def test_chunk_cost_matches_the_filter_measure_for_awkward_values():
 def test_chunking_is_deterministic_whatever_the_input_order():
     ids = [hex_id(i) for i in range(600)]
     assert chunk_by_tag_bytes(reversed(ids)) == chunk_by_tag_bytes(ids)
+
+
+def _chunks_one_by_one(values, budget):
+    """The rule value by value (what chunk_by_tag_bytes does for values of mixed sizes)."""
+    chunks, current, used = [], [], 0
+    for value in sorted(set(values)):
+        cost = len(json.dumps(value, ensure_ascii=False).encode()) + 1
+        if current and used + cost > budget:
+            chunks.append(current)
+            current, used = [], 0
+        current.append(value)
+        used += cost
+    return chunks + ([current] if current else [])
+
+
+@given(st.one_of(
+    st.lists(st.text(alphabet="0123456789abcdef", min_size=64, max_size=64), max_size=1200),
+    st.integers(0, 12).flatmap(lambda n: st.lists(st.text(min_size=n, max_size=n), max_size=60)),
+    st.lists(st.text(max_size=8), max_size=60),
+), st.sampled_from([5, 20, 67, 200, 1000, MAX_TAG_VALUE_BYTES_PER_FILTER]))
+def test_chunking_equals_the_rule_applied_value_by_value(values, budget):
+    # Values of one length and nothing to escape take a fast path (slices); it must cut
+    # exactly where the rule does, as must the general path for everything else.
+    assert chunk_by_tag_bytes(values, budget) == _chunks_one_by_one(values, budget)
+
+
+@pytest.mark.parametrize("budget", [1, 66, 67, 68, 200, 1000, 4096, MAX_TAG_VALUE_BYTES_PER_FILTER])
+@pytest.mark.parametrize("values", [
+    [hex_id(i) for i in range(1000)],
+    [f"30617:{hex_id(i)}:repo-{i % 10}" for i in range(300)],  # addresses of one length
+    ["", "a", "b"],
+])
+def test_chunking_equals_the_rule_for_plain_values(values, budget):
+    assert chunk_by_tag_bytes(values, budget) == _chunks_one_by_one(values, budget)
 
 
 def test_oversized_single_value_gets_its_own_chunk():

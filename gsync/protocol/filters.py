@@ -76,8 +76,10 @@ class Filter:
 
     def replace(self, **changes) -> Filter:
         derived = dataclasses.replace(self, **changes)
-        if self._selectors is not None and changes.keys() <= _BOUNDS:
-            object.__setattr__(derived, "_selectors", self._selectors)
+        if changes.keys() <= _BOUNDS:
+            # Made here if not yet, so that the two share it: a filter and its live form
+            # (or next page) are both sized and sent, and were each encoding the same values.
+            object.__setattr__(derived, "_selectors", self._selectors_json())
         return derived
 
     def to_dict(self) -> dict:

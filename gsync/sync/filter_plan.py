@@ -54,10 +54,16 @@ def chunk_by_tag_bytes(values: Iterable[str], budget: int = MAX_TAG_VALUE_BYTES_
     it: the value as JSON, plus a comma) stays within ``budget``. Sorted, so the same set
     always makes the same filters. A single value larger than the budget gets a chunk alone.
     """
+    ordered = sorted(set(values))
+    if _plain_and_equally_long(ordered):
+        # Event ids and the like: every value costs the same, so the chunks are slices
+        # (roots and thread members come by the ten thousand, on every maintenance tick).
+        per_chunk = max(1, budget // (len(ordered[0]) + 3))
+        return [ordered[i:i + per_chunk] for i in range(0, len(ordered), per_chunk)]
     chunks: list[list[str]] = []
     current: list[str] = []
     used = 0
-    for value in sorted(set(values)):
+    for value in ordered:
         cost = json_size(value) + 1
         if current and used + cost > budget:
             chunks.append(current)
@@ -67,6 +73,14 @@ def chunk_by_tag_bytes(values: Iterable[str], budget: int = MAX_TAG_VALUE_BYTES_
     if current:
         chunks.append(current)
     return chunks
+
+
+def _plain_and_equally_long(values: list[str]) -> bool:
+    """Non-empty, all of one length, each its length + 2 bytes as JSON (``json_size``)."""
+    if not values or len(set(map(len, values))) != 1:
+        return False
+    joined = "".join(values)
+    return joined.isascii() and joined.isprintable() and '"' not in joined and "\\" not in joined
 
 
 def _tag_filters(values, tag_names, since, budget, kinds=None) -> list[Filter]:
