@@ -128,6 +128,10 @@ POLICY_PROBE_SECS = 24 * 3600
 MAINTENANCE_TICK_SECS = 2.0
 DESCENDANT_TICK_SECS = 5.0
 HANDSHAKE_WORKERS = 8  # [sync] handshake_workers
+# A relay's answer to the websocket upgrade is read at most this far: a 101 is a few hundred
+# bytes and a refusal page a few KB, while websocket-client would read a refusal's whole
+# body (any Content-Length) into memory, copying it at every 16 KB.
+MAX_HANDSHAKE_ANSWER_BYTES = 64 * 1024
 # DNS, TCP/TLS, the websocket upgrade and NIP-11 of one attempt, in total: a relay that
 # accepts and never answers holds one of the eight workers no longer than this.
 HANDSHAKE_TIMEOUT_SECS = 15.0

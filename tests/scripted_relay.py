@@ -45,6 +45,10 @@ Knobs for misbehaviour:
   more than ``events`` stored events gets only the newest ``events`` of it, after ``secs``.
   ``events`` may be a list, taken in turn by successive REQs (a budget reaches further on
   some queries than on others).
+- ``refuse_upgrades``: answers for the first websocket upgrades, in turn, instead of ``101``:
+  ``(status, headers)`` or ``(status, headers, body_bytes)`` (the body may be a generator
+  of chunks, sent until the client hangs up); upgrades after them are accepted.
+  ``upgrade_times`` has the ``time.monotonic()`` of every upgrade request.
 - ``redirect_to``: answer every websocket upgrade with ``301`` to that URL;
   ``nip11_redirect_to``: answer every plain HTTP GET (NIP-11) with ``302`` to that URL.
 - ``host``: the loopback address to listen on (default ``127.0.0.1``; all of 127.0.0.0/8 is
@@ -372,6 +376,7 @@ class ScriptedRelay:
         query_budget: tuple | None = None,
         redirect_to: str | None = None,
         nip11_redirect_to: str | None = None,
+        refuse_upgrades: Iterable = (),
         host: str = "127.0.0.1",
         port: int = 0,
     ):
@@ -395,6 +400,8 @@ class ScriptedRelay:
         self.accept_events = accept_events
         self.nip11 = nip11
         self.redirect_to = redirect_to
+        self.refuse_upgrades = list(refuse_upgrades)
+        self.upgrade_times: list[float] = []
         self.nip11_redirect_to = nip11_redirect_to
         self.host = host
         self._requested_port = port
@@ -594,6 +601,11 @@ class ScriptedRelay:
                 answered("redirected")
                 sock.sendall(_redirect(301, self.redirect_to))
                 return
+            self.upgrade_times.append(time.monotonic())
+            if self.refuse_upgrades:
+                answered("refused")
+                self._refuse_upgrade(sock, *self.refuse_upgrades.pop(0))
+                return
             accept = base64.b64encode(
                 hashlib.sha1((headers["sec-websocket-key"] + WS_GUID).encode()).digest()
             ).decode()
@@ -619,6 +631,13 @@ class ScriptedRelay:
                 sock.close()
             except OSError:
                 pass
+
+    @staticmethod
+    def _refuse_upgrade(sock, status: int, headers: dict, body=b"") -> None:
+        head = f"HTTP/1.1 {status} Refused\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        sock.sendall((head + "\r\n").encode())
+        for chunk in [body] if isinstance(body, bytes) else body:
+            sock.sendall(chunk)
 
     @staticmethod
     def _read_http_request(rfile) -> tuple[str, dict]:

@@ -68,6 +68,37 @@ class Sampler:
 COOLDOWN = 3.0  # RATE_LIMIT_COOLDOWN_SECS under test (65 s in production)
 
 
+def _endless(chunk=b"z" * 65536):
+    while True:
+        yield chunk
+
+
+def test_an_upgrade_refused_for_rate_is_not_redialled_before_the_relay_said(relay_factory, gsync_factory,
+                                                                           scripted):
+    # The first upgrade gets 429 with Retry-After: 4 and a body that never ends, the second
+    # a 503 with Retry-After: 2; then the relay lets us in. gsync waits what each asked
+    # (more than the 1 s cooldown and the 0.2 s backoff set here) and reads no body.
+    own = relay_factory()
+    remote = scripted(refuse_upgrades=[
+        (429, {"Retry-After": "4", "Content-Length": "4000000000"}, _endless()),
+        (503, {"Retry-After": "2"}),
+    ])
+    repo = our_announcement(own, [remote], d="limited")
+    bug = f.issue(bob, repo)
+    remote.add(repo, bug)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"base_backoff_secs": "0.2"}},
+                          timers={"RATE_LIMIT_COOLDOWN_SECS": 1})
+    assert_arrives(own, [bug], timeout=30, what="the issue, once the relay let us in")
+    first, second, third = remote.upgrade_times[:3]
+    assert second - first >= 3.9, remote.upgrade_times
+    assert third - second >= 1.9, remote.upgrade_times
+    limited = events_named(gsync, "relay_rate_limited", remote.url)
+    assert [e["cooldown_secs"] for e in limited] == [4, 2]
+    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=20,
+               what="the relay connected and synced")
+
+
 @pytest.mark.slow
 def test_rate_limited_relay_cools_down_paces_its_starts_and_converges(relay_factory, gsync_factory,
                                                                        tmp_path):

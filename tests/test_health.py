@@ -9,6 +9,7 @@ from gsync.sync.health import (
     RelayHealthTracker,
     classify_message,
     classify_refusal,
+    retry_after_secs,
     split_prefix,
 )
 
@@ -240,6 +241,35 @@ def test_rate_limited_relay_is_not_redialled_during_cooldown():
     t = tracker()
     t.record_rate_limited(R, 0)
     assert t.next_attempt_at(R, 0) == 65
+
+
+def test_a_retry_after_longer_than_the_cooldown_is_kept_up_to_the_longest_backoff():
+    t = tracker()
+    t.record_rate_limited(R, 0, query_rate=False, at_least=300)
+    assert t.next_attempt_at(R, 0) == 300
+    t.record_rate_limited(R, 100, query_rate=False, at_least=900)  # inside: it may ask for more
+    assert t.next_attempt_at(R, 100) == 1000
+    t.record_rate_limited(R, 200, query_rate=False, at_least=10)  # ... never for less
+    assert t.next_attempt_at(R, 200) == 1000
+    other = "wss://other.example"
+    t.record_rate_limited(other, 0, query_rate=False, at_least=10)  # shorter: the 65 s stand
+    assert t.next_attempt_at(other, 0) == 65
+    t.record_rate_limited("wss://greedy.example", 0, at_least=1e12)
+    assert t.next_attempt_at("wss://greedy.example", 0) == 3600  # max_backoff
+    assert t.negentropy_allowed(R)  # a refused handshake says nothing about query rate
+
+
+@pytest.mark.parametrize("value, secs", [
+    (None, None), ("", None), ("120", 120.0), (" 7 ", 7.0), ("0", 0.0),
+    ("-5", None), ("1.5", None), ("soon", None), ("\u0663", None),  # an Arabic-Indic 3
+    ("9" * 40, 1e12),
+    ("Thu, 01 Jan 1970 00:02:00 GMT", 20.0),  # HTTP-date, now = 100
+    ("Thursday, 01-Jan-70 00:02:00 GMT", 20.0),  # RFC 850
+    ("Thu Jan  1 00:02:00 1970", 20.0),  # asctime, no zone: GMT
+    ("Thu, 01 Jan 1970 00:00:10 GMT", 0.0),  # already past
+])
+def test_retry_after_is_seconds_or_an_http_date(value, secs):
+    assert retry_after_secs(value, 100.0) == secs
 
 
 # -- pacing gates -------------------------------------------------------------------------

@@ -187,6 +187,42 @@ def test_sockets_gsync_dials_itself_send_small_frames_without_delay(scripted):
         stream.close()
 
 
+@pytest.mark.parametrize("answer", [
+    # a refusal whose body never ends (websocket-client would read it all, copying it
+    # at every 16 KB), and a head that never ends
+    b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 30\r\nContent-Length: 4000000000\r\n\r\n",
+    b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 30\r\nX-Pad: ",
+])
+def test_the_answer_to_an_upgrade_is_read_only_so_far(answer):
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    sent = [0]
+
+    def serve():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        try:
+            conn.sendall(answer)
+            while sent[0] < 8 << 20:  # then hang up (an unbounded reader gets it all)
+                conn.sendall(b"y" * 65536)
+                sent[0] += 65536
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    sock = socket.create_connection(listener.getsockname())
+    started = time.process_time()
+    with pytest.raises(ws_stream.HandshakeAnswerTooLarge) as info:
+        ws_stream.connect(f"ws://127.0.0.1:{listener.getsockname()[1]}", 10, socket=sock)
+    assert time.process_time() - started < 1.0
+    assert info.value.status == 429 and info.value.headers["retry-after"] == "30"
+    sock.close()
+    listener.close()
+
+
 def test_each_frame_of_one_write_has_its_own_mask():
     # RFC 6455 §5.3: a fresh, unpredictable key per frame; send_many draws them in one call.
     import socket

@@ -26,6 +26,10 @@ class HandshakeDone:
     limits: Any = None  # RelayLimits
     error: str = ""  # failure reason, for logs and the health tracker
     refused: bool = False  # the SSRF guard refused it: do not retry
+    # the relay answered the upgrade with 429 (or a 503 with Retry-After): a cooldown, at
+    # least ``retry_after`` seconds when it said how long
+    rate_limited: bool = False
+    retry_after: float | None = None
 
 
 @dataclass(slots=True)

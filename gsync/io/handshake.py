@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import socket
 import ssl
+import time
 from urllib.parse import urlsplit
 
 import gevent
 import gevent.pool
+import websocket
 from gevent.queue import Queue
 
 from .. import constants
 from ..ops import metrics
 from ..protocol.urls import AddressPolicy, SsrfRefused, UrlError, split_host_port
+from ..sync.health import retry_after_secs
 from .events import HandshakeDone, HandshakeStarted
 from .nip11_fetch import fetch_relay_limits
+from .ws import HandshakeAnswerTooLarge
 from .ws import connect as ws_connect
 
 NIP11_TIMEOUT_SECS = 5.0
@@ -57,6 +61,18 @@ def open_websocket(url: str, policy: AddressPolicy, timeout: float):
             sock.close()
             raise
     raise last_error or OSError(f"no address for {host}")
+
+
+def _status_answer(relay: str, attempt: int, status: int | None, headers: dict,
+                   note: str = "") -> HandshakeDone:
+    """The relay answered the upgrade with something other than 101. A 429, or a 503 that
+    says when to come back (``Retry-After``), is the relay limiting us: a cooldown before
+    the next attempt, at least as long as it asked. Anything else is a failed attempt."""
+    retry_after = retry_after_secs(headers.get("retry-after"), time.time())
+    rate_limited = status == 429 or (status == 503 and retry_after is not None)
+    error = f"HTTP {status} to the websocket upgrade" + (f" ({note})" if note else "")
+    return HandshakeDone(relay, attempt, error=error, rate_limited=rate_limited,
+                         retry_after=retry_after if rate_limited else None)
 
 
 def same_address(ws):
@@ -124,6 +140,10 @@ class HandshakePool:
             return HandshakeDone(relay, attempt, ws=ws, limits=limits)
         except (SsrfRefused, UrlError) as exc:
             return HandshakeDone(relay, attempt, error=f"refused: {exc}", refused=True)
+        except websocket.WebSocketBadStatusException as exc:
+            return _status_answer(relay, attempt, exc.status_code, exc.resp_headers or {})
+        except HandshakeAnswerTooLarge as exc:
+            return _status_answer(relay, attempt, exc.status, exc.headers, str(exc))
         except gevent.Timeout:
             error = "handshake timed out"
         except Exception as exc:

@@ -18,7 +18,7 @@ import time
 
 import websocket
 
-from ..constants import MAX_FRAME_BYTES
+from ..constants import MAX_FRAME_BYTES, MAX_HANDSHAKE_ANSWER_BYTES
 from ..protocol import wsframes
 
 RECV_CHUNK = 256 * 1024
@@ -184,15 +184,64 @@ class WsStream:
             pass
 
 
+class HandshakeAnswerTooLarge(websocket.WebSocketException):
+    """The relay's answer to the upgrade went on past ``MAX_HANDSHAKE_ANSWER_BYTES``.
+    ``status`` and ``headers`` (names lower-cased) are what its head said, when it got that
+    far: a refusal with an endless body still tells its status and its Retry-After."""
+
+    def __init__(self, head: bytes):
+        super().__init__(f"handshake answer over {MAX_HANDSHAKE_ANSWER_BYTES} bytes")
+        self.status, self.headers = _status_and_headers(head)
+
+
+def _status_and_headers(head: bytes) -> tuple[int | None, dict[str, str]]:
+    lines = head.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    status = int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() and len(parts[1]) == 3 else None
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    return status, headers
+
+
+class _BoundedReads:
+    """A socket for the length of the opening handshake: the relay's answer is read to
+    ``limit`` bytes at most (kept, to tell what it was), then ``HandshakeAnswerTooLarge``.
+    Everything else is the socket's own."""
+
+    def __init__(self, sock, limit: int):
+        self._sock = sock
+        self._head = bytearray()
+        self._limit = limit
+
+    def recv(self, bufsize: int) -> bytes:
+        data = self._sock.recv(min(bufsize, self._limit + 1 - len(self._head)))
+        self._head += data
+        if len(self._head) > self._limit:
+            raise HandshakeAnswerTooLarge(bytes(self._head))
+        return data
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
 def connect(url: str, timeout: float, **options) -> WsStream:
     """Handshake with websocket-client (``socket=`` an already connected socket, as the
     SSRF-checked handshake passes), then hand the socket to a ``WsStream``.
 
     No redirect is followed (``redirect_limit=0``: a 3xx answer is an error). websocket-client
-    would otherwise dial the ``Location`` itself, resolving a name nobody checked.
+    would otherwise dial the ``Location`` itself, resolving a name nobody checked. On a
+    socket of ours the relay's answer is read to ``MAX_HANDSHAKE_ANSWER_BYTES`` at most.
     """
+    sock = options.get("socket")
+    if sock is not None:
+        options["socket"] = _BoundedReads(sock, MAX_HANDSHAKE_ANSWER_BYTES)
     ws = websocket.create_connection(
         url, timeout=timeout, enable_multithread=False, skip_utf8_validation=True,
         redirect_limit=0, **options
     )
+    if sock is not None:
+        ws.sock = sock  # upgraded: frames are read from the socket itself, unbounded
     return WsStream(ws)

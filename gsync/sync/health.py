@@ -18,6 +18,8 @@ up on (its hang-up then counts as a connection failure here).
 """
 from __future__ import annotations
 
+import datetime
+import email.utils
 import enum
 from dataclasses import dataclass
 
@@ -99,6 +101,24 @@ def classify_refusal(prefix: str, text: str = "") -> Refusal:
 
 def classify_message(message: str) -> Refusal:
     return classify_refusal(*split_prefix(message))
+
+
+def retry_after_secs(value: str | None, now: float) -> float | None:
+    """Seconds an HTTP ``Retry-After`` asks us to wait (RFC 9110: delay-seconds or an
+    HTTP-date; ``now`` is wall-clock time), at least 0; None when absent or unreadable.
+    The caller bounds it (a relay cannot ask for a year)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        return float(int(value)) if len(value) <= 12 else 1e12
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # an HTTP-date is GMT; the obsolete forms may not say so
+        when = when.replace(tzinfo=datetime.UTC)
+    return max(0.0, when.timestamp() - now)
 
 
 # -- per-relay record --------------------------------------------------------------------
@@ -263,15 +283,20 @@ class RelayHealthTracker:
 
     # -- rate limiting and pacing
 
-    def record_rate_limited(self, relay: str, now: float, *, query_rate: bool = True) -> None:
+    def record_rate_limited(self, relay: str, now: float, *, query_rate: bool = True,
+                            at_least: float | None = None) -> None:
         """The relay refused for rate. A refusal inside the cooldown does not extend it; one
         after it starts a new cooldown (a new episode). ``query_rate``: it limits how often
-        we start queries, so pace all starts and stop NIP-77 (whose frames we cannot pace)."""
+        we start queries, so pace all starts and stop NIP-77 (whose frames we cannot pace).
+        ``at_least``: seconds the relay itself asked for (an HTTP ``Retry-After``), kept up
+        to the longest backoff even inside a cooldown."""
         h = self._get(relay)
         self._settle(h, now)
+        asked = now + min(at_least, self.max_backoff) if at_least else now
         if h.cooldown_until is not None:
+            h.cooldown_until = max(h.cooldown_until, asked)
             return
-        h.cooldown_until, h.probing = now + RATE_LIMIT_COOLDOWN_SECS, False
+        h.cooldown_until, h.probing = max(now + RATE_LIMIT_COOLDOWN_SECS, asked), False
         if query_rate:
             h.reactive_gap = (
                 REACTIVE_GATE_START_SECS

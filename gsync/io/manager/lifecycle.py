@@ -97,6 +97,11 @@ class RelayLifecycle:
             else:
                 self.health.record_failure(msg.relay, now)
                 log.info("relay_connect_failed", relay=msg.relay, reason=msg.error)
+            if msg.rate_limited:  # no redial before the cooldown, nor before it asked
+                self.health.record_rate_limited(msg.relay, now, query_rate=False, at_least=msg.retry_after)
+                log.warning("relay_rate_limited", relay=msg.relay, text=msg.error,
+                            cooldown_secs=round(self.health.cooldown_remaining(msg.relay, now)))
+                self.update_health_metric(state, now)
             return
         metrics.CONNECTION_ATTEMPTS.labels(msg.relay, "success").inc()
         self.health.record_success(msg.relay, now)
