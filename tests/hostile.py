@@ -204,6 +204,22 @@ def floods_new(events: list, sent: Counter | None = None,
 # -- refusals -------------------------------------------------------------------------------
 
 
+def auth_storm(challenges: int) -> dict:
+    """Answers the first message of each session with ``challenges`` NIP-42 challenges, each
+    new (a client with a key must sign an answer to every one it answers)."""
+    seen: set[int] = set()
+    lock = threading.Lock()
+
+    def on_message(relay, conn, message):
+        with lock:
+            if conn.id in seen:
+                return None
+            seen.add(conn.id)
+        return [["AUTH", f"challenge-{conn.id}-{i}"] for i in range(challenges)]
+
+    return {"on_message": on_message}
+
+
 def prefix_storm(closed: Counter | None = None) -> dict:
     closed = closed or Counter()
     prefixes = itertools.cycle(STANDARD_PREFIXES)

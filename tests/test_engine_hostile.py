@@ -313,3 +313,28 @@ def test_hanging_handshakes_never_exceed_the_pool_and_healthy_relays_sync(relay_
     assert gauge.max >= min(constants.HANDSHAKE_WORKERS, 10) - 1, "the pool was never busy: test is vacuous"
     assert all(len(r.connections) >= 1 for r in healthy)
     assert gsync.proc.poll() is None
+
+
+def test_a_stream_of_auth_challenges_is_hung_up_on_not_answered_for_ever(relay_factory, scripted,
+                                                                       gsync_factory, tmp_path):
+    # Each session opens with 5,000 fresh NIP-42 challenges. gsync has a key, so each one it
+    # answers costs a signature and a frame: it answers within its misbehaviour budget,
+    # hangs up, and the honest relay of the same repository syncs meanwhile.
+    from . import hostile
+    from .test_engine_policies import _key_file
+
+    own, honest = relay_factory(), relay_factory()
+    storm = scripted(**hostile.auth_storm(5_000))
+    repo = our_announcement(own, [honest, storm], d="auth-storm")
+    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(3)]
+    publish(honest.url, [repo, *bugs])
+    storm.add(repo)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [honest, storm], extra={"auth": {"key_file": _key_file(tmp_path)}})
+    assert_arrives(own, bugs, timeout=30, what="the honest relay's issues")
+    wait_until(lambda: gsync.metric("gsync_relay_hangups_total", reason="misbehaving") >= 1,
+               timeout=30, what="a hang-up for the challenges")
+    answered = [m for _, m in storm.received if isinstance(m, list) and m[:1] == ["AUTH"]]
+    first_session = len(answered) / max(1, len(storm.connections))
+    assert 0 < first_session <= constants.MISBEHAVIOUR_BUDGET + 100, len(answered)
+    assert gsync.proc.poll() is None

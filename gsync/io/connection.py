@@ -279,6 +279,13 @@ class RelayConnection:
         elif isinstance(msg, wire.Notice) and not self._count_notice(msg):
             return
         elif isinstance(msg, wire.AuthChallenge):
+            # A relay challenges once a connection; each challenge after that spends a
+            # misbehaviour point, as a NOTICE does: every new one costs a signature and a
+            # frame, so a stream of them is hung up on instead of answered for ever.
+            if self._challenge is not None:
+                self._misbehaved()
+                if self.closed:
+                    return
             self._challenge = msg.challenge
             self._answer_challenge()  # now, so that what we send next is already allowed
         elif isinstance(msg, wire.Ok) and msg.event_id == self._auth_event_id:
