@@ -73,6 +73,7 @@ def _endless(chunk=b"z" * 65536):
         yield chunk
 
 
+@pytest.mark.slow  # it waits the 4 s and 2 s the relay asks for
 def test_an_upgrade_refused_for_rate_is_not_redialled_before_the_relay_said(relay_factory, gsync_factory,
                                                                            scripted):
     # The first upgrade gets 429 with Retry-After: 4 and a body that never ends, the second

@@ -106,6 +106,7 @@ def test_pagination_past_localrelay_500_event_cap(relay_factory, gsync_factory):
     assert_arrives(own, issues, timeout=90, what="1,500 issues through one #a filter")
 
 
+@pytest.mark.slow
 def test_own_relay_restart_mid_sync_loses_nothing(relay_factory, gsync_factory, tmp_path):
     own = relay_factory(lmdb=str(tmp_path / "own-db"))
     remote = relay_factory()

@@ -99,6 +99,7 @@ def test_small_residual_fails_the_batch_then_recovery_fetches_it(relay_factory, 
     assert any(e["event"] == "recovery_attempt" for e in gsync.log_events())
 
 
+@pytest.mark.slow
 def test_relay_that_never_answers_neg_open_falls_back_at_the_deadline(relay_factory, gsync_factory,
                                                                       scripted):
     """SPEC §4: a NEG-OPEN with no answer within 15 s in total (3 s here) marks the relay as
