@@ -586,3 +586,38 @@ def test_rate_limit_answers_in_neg_err_and_ok_start_the_cooldown(where, relay_fa
     assert [e["event"] for e in gsync.log_events() if e.get("relay") == remote.url and e["event"]
             in ("relay_rate_limited", "relay_probing", "relay_rate_limit_lifted")][:2] == \
         ["relay_rate_limited", "relay_probing"]
+
+
+@pytest.mark.slow  # five repositories announced one after another
+def test_a_relay_that_takes_three_filters_a_req_is_synced_in_smaller_reqs(relay_factory, gsync_factory,
+                                                                        scripted):
+    # "error: too many filters" for any REQ of more than three: the REQ's shape, not a rate.
+    # Read as a rate (its "too many"), the same REQ came back after each 65 s cooldown and
+    # nothing was synced. Now it is split, and the session packs fewer to a REQ from then
+    # on: repositories announced one after another are not refused again, REQ after REQ.
+    refused = []
+
+    def three_filters_at_most(relay, conn, message):
+        if isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 2 + 3:
+            refused.append(len(message) - 2)
+            return [["CLOSED", message[1], "error: too many filters"]]
+        return None
+
+    own = relay_factory()
+    remote = scripted(on_message=three_filters_at_most)
+    gsync = gsync_factory(own, [remote])
+    expected = []
+    for n in range(5):
+        repo = our_announcement(own, [remote], d=f"few-filters-{n}", created_at=int(time.time()))
+        bug = f.issue(bob, repo, subject=f"bug {n}")
+        reply = f.comment(alice, bug)
+        remote.add(repo, bug, reply)
+        publish(own.url, [repo])
+        expected += [bug, reply]
+        assert_arrives(own, [bug, reply], timeout=30, what=f"repository {n}'s issue and comment")
+    assert not events_named(gsync, "relay_rate_limited", remote.url)
+    lowered = events_named(gsync, "filters_per_req_lowered", remote.url)
+    assert lowered and min(e["max_filters"] for e in lowered) <= 3, lowered
+    # Each repository's batch asks for its state and layer 2 (four filters) and opens its
+    # live coverage (four more): refused once or twice while learning, not per repository.
+    assert len(refused) <= 3, refused

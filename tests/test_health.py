@@ -363,6 +363,14 @@ def test_disable_negentropy_after_neg_err():
         ("invalid: unindexed tag", Refusal.UNSUPPORTED),
         ("error: could not connect to the database", Refusal.OTHER),
         ("", Refusal.OTHER),
+        # about the REQ's shape, not its rate: split, never a cooldown (whose REQ would be
+        # refused again after every one)
+        ("error: too many filters", Refusal.UNSUPPORTED),
+        ("ERROR: bad req: too many filters", Refusal.UNSUPPORTED),
+        ("invalid: filter too large", Refusal.UNSUPPORTED),
+        ("error: too many tags in one filter", Refusal.UNSUPPORTED),
+        ("error: max filters per subscription is 5", Refusal.UNSUPPORTED),
+        ("rate-limited: too many filters", Refusal.RATE_LIMIT),  # the prefix says what it is
     ],
 )
 def test_classify_message(message, kind):

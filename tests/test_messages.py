@@ -208,6 +208,10 @@ def test_split_prefix_edge_cases(message, expected):
         ("blocked: spam", False),
         ("error: invalid negentropy message", False),
         ("", False),
+        ("ERROR: bad req: too many filters", False),  # the REQ's shape, not a rate
+        ("too many tags", False),
+        ("rate-limited: too many filters", True),
+        ("slow down: too many filters at once", True),
     ],
 )
 def test_is_rate_limit_text(text, expected):

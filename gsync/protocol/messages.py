@@ -67,9 +67,33 @@ _NEGENTROPY_MENTION = re.compile(r"negentropy|\bneg(?:\b|_)", re.IGNORECASE)
 
 
 def is_rate_limit_text(text: str) -> bool:
-    """Relays say "slow down" in many ways, with or without the NIP-01 prefix (SPEC §5)."""
+    """Relays say "slow down" in many ways, with or without the NIP-01 prefix (SPEC §5).
+    "Too many" about the REQ's filters or values is not one (``is_filter_shape_refusal``)."""
     lowered = text.lower()
-    return any(marker in lowered for marker in _RATE_LIMIT_MARKERS)
+    if not any(marker in lowered for marker in _RATE_LIMIT_MARKERS):
+        return False
+    return not is_filter_shape_refusal(lowered) or any(
+        marker in lowered for marker in _RATE_LIMIT_MARKERS if marker != "too many")
+
+
+_SHAPE_WORDS = ("too many", "too large", "too long", "too big", "exceed", "maximum", "max ")
+_SHAPE_TOO_MANY = ("too many tags", "too many ids", "too many authors", "too many kinds",
+                   "too many values", "too many tag values", "too many elements")
+
+
+def is_filter_shape_refusal(text: str) -> bool:
+    """Wording about the REQ itself (its filters, or the values in one), not about how fast
+    or how much we ask: ``"error: too many filters"``, ``"filter too large"``."""
+    lowered = text.lower()
+    if any(h in lowered for h in _SHAPE_TOO_MANY):
+        return True
+    return "filter" in lowered and any(w in lowered for w in _SHAPE_WORDS)
+
+
+def says_too_many_filters(text: str) -> bool:
+    """The relay takes fewer filters in one REQ than it got (``"too many filters"``)."""
+    lowered = text.lower()
+    return "filters" in lowered and any(w in lowered for w in _SHAPE_WORDS)
 
 
 def is_negentropy_notice(text: str) -> bool:

@@ -34,6 +34,7 @@ from ..constants import (
     REACTIVE_GATE_START_SECS,
     STABILITY_SECS,
 )
+from ..protocol.messages import is_filter_shape_refusal
 
 
 class HealthState(enum.Enum):
@@ -92,9 +93,16 @@ def classify_refusal(prefix: str, text: str = "") -> Refusal:
 
     Rate-limit wording wins over a policy prefix: a throttle misread as policy would pause
     that coverage for a day, a policy refusal misread as throttle only costs a cooldown.
+    Wording about the REQ's shape ("too many filters") is not a rate, whatever its prefix
+    but ``rate-limited``: read as one, the same REQ came back after every cooldown, refused
+    every time, and the relay synced nothing more.
     """
     prefix = prefix.strip().lower()
-    if prefix == "rate-limited" or any(h in text.lower() for h in _RATE_LIMIT_HINTS):
+    if prefix == "rate-limited":
+        return Refusal.RATE_LIMIT
+    if is_filter_shape_refusal(text):
+        return Refusal.UNSUPPORTED
+    if any(h in text.lower() for h in _RATE_LIMIT_HINTS):
         return Refusal.RATE_LIMIT
     return _PREFIX_REFUSALS.get(prefix, Refusal.OTHER)
 

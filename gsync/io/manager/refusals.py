@@ -82,10 +82,30 @@ class Refusals:
         else:
             metrics.REFUSALS.labels(closed.prefix.value).inc()
         batch_id = state.sub_to_batch.pop(sub_id, None)
+        if kind is Refusal.UNSUPPORTED and wire.says_too_many_filters(closed.text):
+            self.learn_max_filters(state, sub_id, batch_id)
         if batch_id is not None:
             self.historic_closed(state, batch_id, sub_id, kind, reason)
         else:
             self.live_closed(state, sub_id, kind, reason)
+
+    def learn_max_filters(self, state: RelayState, sub_id: str, batch_id: int | None) -> None:
+        """A REQ of n filters refused for "too many filters": from now on this session
+        packs at most n // 2 to a REQ (its halves are sent again, split, as for any refused
+        REQ of several filters), so that every later REQ is not refused and split too."""
+        if batch_id is not None:
+            batch = state.pending.get(batch_id)
+            refused = len(batch.filters_of(sub_id)) if batch is not None else 0
+        else:
+            live = state.live_subs.get(sub_id)
+            refused = len(live.filters) if live is not None else 0
+        if refused < 2 or state.limits is None:
+            return
+        allowed = max(1, refused // 2)
+        current = state.limits.max_filters
+        if current is None or allowed < current:
+            state.limits = dataclasses.replace(state.limits, max_filters=allowed)
+            log.info("filters_per_req_lowered", relay=state.url, max_filters=allowed, refused=refused)
 
     def historic_closed(self, state: RelayState, batch_id: int, sub_id: str, kind, reason: str) -> None:
         batch = state.pending.get(batch_id)
