@@ -204,6 +204,17 @@ def floods_new(events: list, sent: Counter | None = None,
 # -- refusals -------------------------------------------------------------------------------
 
 
+def end_storm(per_req: int) -> dict:
+    """Answers every REQ as usual, and adds ``per_req`` EOSE and CLOSED for subscriptions
+    nobody opened."""
+
+    def frames(relay, conn, sub_id, filters):
+        return [[("EOSE", "CLOSED")[i % 2], f"nobody-{sub_id}-{i}", *(["error: x"] if i % 2 else [])]
+                for i in range(per_req)]
+
+    return {"extra_frames_for_req": frames}
+
+
 def auth_storm(challenges: int) -> dict:
     """Answers the first message of each session with ``challenges`` NIP-42 challenges, each
     new (a client with a key must sign an answer to every one it answers)."""

@@ -338,3 +338,25 @@ def test_a_stream_of_auth_challenges_is_hung_up_on_not_answered_for_ever(relay_f
     first_session = len(answered) / max(1, len(storm.connections))
     assert 0 < first_session <= constants.MISBEHAVIOUR_BUDGET + 100, len(answered)
     assert gsync.proc.poll() is None
+
+
+def test_ends_of_subscriptions_nobody_opened_are_dropped_and_hung_up_on(relay_factory, scripted,
+                                                                      gsync_factory):
+    # Beside its real answers, the storm sends 2,000 EOSE and CLOSED per REQ for sub ids
+    # gsync never used: each is dropped and counted (not handed to the manager, where an
+    # EOSE also counted as a request that succeeded), and the budget runs out.
+    from . import hostile
+
+    own, honest = relay_factory(), relay_factory()
+    storm = scripted(**hostile.end_storm(2_000))
+    repo = our_announcement(own, [honest, storm], d="end-storm")
+    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(3)]
+    publish(honest.url, [repo, *bugs])
+    storm.add(repo, *bugs)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [honest, storm])
+    assert_arrives(own, bugs, timeout=30, what="the issues")
+    wait_until(lambda: gsync.metric("gsync_relay_hangups_total", reason="misbehaving") >= 1,
+               timeout=30, what="a hang-up for the stream of ends")
+    assert gsync.metric(DROPS, reason="unknown_subscription") >= 1_000
+    assert gsync.proc.poll() is None

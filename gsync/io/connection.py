@@ -297,6 +297,10 @@ class RelayConnection:
         elif isinstance(msg, (wire.Closed, wire.Eose)) and msg.sub_id in self._closing:
             if isinstance(msg, wire.Closed):
                 del self._closing[msg.sub_id]  # the answer to our own CLOSE
+        elif isinstance(msg, (wire.Closed, wire.Eose)) and msg.sub_id not in self.subscriptions:
+            # About no subscription of ours (or one the relay already ended): nothing to
+            # tell the manager, and a stream of them spends the budget like unasked events.
+            self._drop("unknown_subscription")
         elif (
             isinstance(msg, wire.Closed)
             and msg.prefix is wire.Prefix.AUTH_REQUIRED
