@@ -154,6 +154,11 @@ MAX_MESSAGE_BYTES = 1024 * 1024
 # only dropped and counted): past it, a peer is streaming junk into our memory.
 MAX_FRAME_BYTES = 4 * MAX_MESSAGE_BYTES
 JUNK_DISCONNECT_THRESHOLD = 50  # malformed frames in a row before we hang up
+# Pings and pongs with no message between them: a relay pings every half minute or so, a
+# stream of them is a flood (it ends the connection as a broken frame would). Counted per
+# CONTROL_FLOOD_WINDOW_SECS, so that an idle relay pinging for hours is not taken for one.
+CONTROL_FLOOD_FRAMES = 1_000
+CONTROL_FLOOD_WINDOW_SECS = 10.0
 # "A relay that keeps misbehaving" (SPEC §6), as a rule: every relay session has a budget of
 # misbehaviour points, refilled over time. Each frame or event gsync drops costs one (junk,
 # forged, oversized, off-filter, on a subscription we never opened, NIP-77 frames for no

@@ -48,6 +48,85 @@ def test_bursts_fragments_pings_and_binary_frames(scripted):
         stream.close()
 
 
+def test_a_burst_of_pings_gets_one_pong_for_the_latest(scripted):
+    # RFC 6455 §5.5.3 allows answering only the most recent ping: one pong per read, not
+    # one socket write per ping a relay cares to send.
+    pings = b"".join(_frame(OP_PING, f"p{i}".encode()) for i in range(50))
+    relay = scripted(on_message=on_ping_req([Raw(pings), ["NOTICE", "after"]]))
+    stream = ws_stream.connect(relay.url, 10)
+    try:
+        stream.send_many([json.dumps(["REQ", "x", {}])])
+        got = []
+        while not got or got[-1] != ["EOSE", "x"]:
+            got += [json.loads(data) for _, data in stream.recv_burst()]
+        assert got == [["NOTICE", "after"], ["EOSE", "x"]]
+        wait_until(lambda: relay.connections[0].pongs, timeout=5, what="a pong")
+        time.sleep(0.2)
+        assert relay.connections[0].pongs == [b"p49"]
+    finally:
+        stream.close()
+
+
+_FLOODED_READER = """
+import gevent.monkey; gevent.monkey.patch_all()
+import json, socket, sys, time, types, gevent
+from gsync.io import ws as ws_stream
+sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+ticks = [0]
+def ticker():
+    while True:
+        ticks[0] += 1
+        gevent.sleep(0.01)
+def reader():
+    started = time.monotonic()
+    try:
+        ws_stream.WsStream(types.SimpleNamespace(sock=sock)).recv_message()
+        ended = "returned"
+    except Exception as exc:
+        ended = type(exc).__name__
+    return ended, time.monotonic() - started
+gevent.spawn(ticker)
+ended, secs = gevent.spawn(reader).get()
+print(json.dumps({"ended": ended, "secs": secs, "ticks": ticks[0]}))
+"""
+
+
+def test_a_stream_of_pings_ends_the_connection_without_holding_the_process():
+    # A peer that streams pings (a socket that always has data never blocks) held the
+    # whole gevent process: nothing else ran while its reader answered ping after ping.
+    # Now the pings are counted and the stream ends; meanwhile the others run.
+    import socket
+    import subprocess
+    import sys
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def flood():
+        conn, _ = listener.accept()
+        block = _frame(OP_PING, b"") * 32768
+        try:
+            while not stop.is_set():
+                conn.sendall(block)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    threading.Thread(target=flood, daemon=True).start()
+    try:
+        out = subprocess.run([sys.executable, "-c", _FLOODED_READER, str(listener.getsockname()[1])],
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        stop.set()
+        listener.close()
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["ended"] == "BrokenFrame", (result, out.stderr[-2000:])
+    assert result["secs"] < 5
+    # the ticker ran beside the reader: one tick per 10 ms it was let run
+    assert result["ticks"] >= result["secs"] * 100 / 10, result
+
+
 def test_many_messages_in_one_write_arrive_in_order(scripted):
     relay = scripted()
     stream = ws_stream.connect(relay.url, 10)

@@ -16,12 +16,19 @@ from __future__ import annotations
 import os
 import time
 
+import gevent
 import websocket
 
-from ..constants import MAX_FRAME_BYTES, MAX_HANDSHAKE_ANSWER_BYTES
+from ..constants import (
+    CONTROL_FLOOD_FRAMES,
+    CONTROL_FLOOD_WINDOW_SECS,
+    MAX_FRAME_BYTES,
+    MAX_HANDSHAKE_ANSWER_BYTES,
+)
 from ..protocol import wsframes
 
 RECV_CHUNK = 256 * 1024
+YIELD_SECS = 0.0005  # between reads of a chunk that completed no message
 
 # What a closed or broken stream raises, and what an idle one does (both websocket-client's,
 # so callers catch one family whichever layer noticed).
@@ -49,6 +56,9 @@ class WsStream:
         self.stall_timeout: float | None = None  # None: a half message may wait forever
         self._idle_timeout: float | None = ws.sock.gettimeout()
         self._stalled_for = 0.0  # seconds spent waiting for the rest of the current message
+        self._pong_due: bytes | None = None  # the last ping's payload, not yet answered
+        self._controls = 0  # pings and pongs since the last message (in this window)
+        self._controls_since = 0.0
 
     # -- reading
 
@@ -75,23 +85,51 @@ class WsStream:
                 self.connected = False
                 raise BrokenFrame(f"bad frame: {exc}") from None
             if message is None:
+                self._answer_ping()
                 return None
             opcode, payload = message
-            if opcode == wsframes.OP_PING:
-                self._sock.sendall(wsframes.encode(wsframes.OP_PONG, payload))
-            elif opcode != wsframes.OP_PONG:
-                return message
+            if opcode == wsframes.OP_PING or opcode == wsframes.OP_PONG:
+                self._count_control()
+                if opcode == wsframes.OP_PING:
+                    self._pong_due = payload  # only the latest is answered (RFC 6455 §5.5.3)
+                continue
+            self._controls = 0
+            self._answer_ping()
+            return message
+
+    def _count_control(self) -> None:
+        now = time.monotonic()
+        if now - self._controls_since > CONTROL_FLOOD_WINDOW_SECS:
+            self._controls, self._controls_since = 0, now
+        self._controls += 1
+        if self._controls > CONTROL_FLOOD_FRAMES:
+            self.connected = False
+            raise BrokenFrame(f"over {CONTROL_FLOOD_FRAMES} pings and pongs with no message between")
+
+    def _answer_ping(self) -> None:
+        if self._pong_due is not None:
+            payload, self._pong_due = self._pong_due, None
+            self._sock.sendall(wsframes.encode(wsframes.OP_PONG, payload))
 
     def recv_message(self) -> tuple[int, bytes]:
         """The next data message ``(opcode, payload)``; ``(OP_CLOSE, payload)`` when the
         peer closes. Raises ``Timeout`` after the socket timeout with nothing complete,
         ``ConnectionClosed`` on EOF or a broken frame."""
+        read = False
         while True:
             message = self._buffered_message()
             if message is not None:
                 if message[0] != wsframes.OP_CLOSE:
                     self._stalled_for = 0.0
                 return message
+            if read:
+                # A whole chunk and still no message (pings, or one large message coming
+                # in): let the other greenlets run. A socket that always has data never
+                # blocks, so a relay streaming pings would otherwise hold the process.
+                # (sleep(0) is not enough: it resumes us before the loop polls anyone's
+                # sockets or timers.)
+                gevent.sleep(YIELD_SECS)
+            read = True
             if self.stall_timeout is not None and self._decoder.mid_message:
                 chunk = self._recv_rest_of_message()
             else:
