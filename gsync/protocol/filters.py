@@ -181,9 +181,14 @@ def json_size(value: str) -> int:
     """Bytes of ``value`` as a JSON string, quotes included. Ids and addresses (printable
     ASCII, nothing to escape) are counted without encoding: filter building sizes every
     value of every filter."""
-    if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+    if is_plain(value):
         return len(value) + 2
     return len(_dumps(value).encode())
+
+
+def is_plain(text: str) -> bool:
+    """Printable ASCII with nothing JSON escapes: as a JSON string, its length + 2 bytes."""
+    return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
 
 
 def matches_any(filters, event: Event) -> bool:

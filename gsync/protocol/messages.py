@@ -62,7 +62,7 @@ def split_prefix(message: str) -> tuple[Prefix, str]:
     return prefix, match.group(2).strip()
 
 
-_RATE_LIMIT_MARKERS = ("rate-limited", "rate limit", "too many", "slow down", "throttl")
+_RATE_LIMIT_WORDS = ("rate-limit", "rate limit", "slow down", "throttl")  # "rate-limited" too
 _NEGENTROPY_MENTION = re.compile(r"negentropy|\bneg(?:\b|_)", re.IGNORECASE)
 
 
@@ -70,10 +70,9 @@ def is_rate_limit_text(text: str) -> bool:
     """Relays say "slow down" in many ways, with or without the NIP-01 prefix (SPEC §5).
     "Too many" about the REQ's filters or values is not one (``is_filter_shape_refusal``)."""
     lowered = text.lower()
-    if not any(marker in lowered for marker in _RATE_LIMIT_MARKERS):
-        return False
-    return not is_filter_shape_refusal(lowered) or any(
-        marker in lowered for marker in _RATE_LIMIT_MARKERS if marker != "too many")
+    if any(word in lowered for word in _RATE_LIMIT_WORDS):
+        return True
+    return "too many" in lowered and not is_filter_shape_refusal(lowered)
 
 
 _SHAPE_WORDS = ("too many", "too large", "too long", "too big", "exceed", "maximum", "max ")

@@ -23,7 +23,7 @@ from ..constants import (
     STATE_KIND,
     TRANSIENT_HISTORIC_SLOTS,
 )
-from ..protocol.filters import Filter, json_size
+from ..protocol.filters import Filter, is_plain, json_size
 from .repos import SyncLevel, identifier_of
 
 REPO_TAGS = ("a", "A", "q")  # layer 2: events tagging a repository address
@@ -77,10 +77,7 @@ def chunk_by_tag_bytes(values: Iterable[str], budget: int = MAX_TAG_VALUE_BYTES_
 
 def _plain_and_equally_long(values: list[str]) -> bool:
     """Non-empty, all of one length, each its length + 2 bytes as JSON (``json_size``)."""
-    if not values or len(set(map(len, values))) != 1:
-        return False
-    joined = "".join(values)
-    return joined.isascii() and joined.isprintable() and '"' not in joined and "\\" not in joined
+    return bool(values) and len(set(map(len, values))) == 1 and is_plain("".join(values))
 
 
 def _tag_filters(values, tag_names, since, budget, kinds=None) -> list[Filter]:

@@ -34,7 +34,7 @@ from ..constants import (
     REACTIVE_GATE_START_SECS,
     STABILITY_SECS,
 )
-from ..protocol.messages import is_filter_shape_refusal
+from ..protocol.messages import is_filter_shape_refusal, is_rate_limit_text
 
 
 class HealthState(enum.Enum):
@@ -69,7 +69,6 @@ class Refusal(enum.Enum):
     OTHER = "other"
 
 
-_RATE_LIMIT_HINTS = ("too many", "slow down", "throttl", "rate limit", "rate-limit")
 _PREFIX_REFUSALS = {
     "rate-limited": Refusal.RATE_LIMIT,
     "blocked": Refusal.POLICY,
@@ -98,12 +97,10 @@ def classify_refusal(prefix: str, text: str = "") -> Refusal:
     every time, and the relay synced nothing more.
     """
     prefix = prefix.strip().lower()
-    if prefix == "rate-limited":
+    if prefix == "rate-limited" or is_rate_limit_text(text):
         return Refusal.RATE_LIMIT
     if is_filter_shape_refusal(text):
         return Refusal.UNSUPPORTED
-    if any(h in text.lower() for h in _RATE_LIMIT_HINTS):
-        return Refusal.RATE_LIMIT
     return _PREFIX_REFUSALS.get(prefix, Refusal.OTHER)
 
 
