@@ -621,3 +621,72 @@ def test_a_relay_that_takes_three_filters_a_req_is_synced_in_smaller_reqs(relay_
     # Each repository's batch asks for its state and layer 2 (four filters) and opens its
     # live coverage (four more): refused once or twice while learning, not per repository.
     assert len(refused) <= 3, refused
+
+
+@pytest.mark.parametrize("refusal", ["error: too many subscriptions",
+                                     pytest.param("rate-limited: too many concurrent REQs",
+                                                  marks=pytest.mark.slow)])
+def test_a_relay_that_caps_open_subscriptions_without_saying_so_is_synced_within_its_cap(
+        relay_factory, gsync_factory, scripted, refusal):
+    # No NIP-11: gsync assumes 20 subscriptions, and each repository announced one after
+    # another opens a live REQ of its own. The relay refuses any REQ past six open ones.
+    # Read as a rate (its "too many"), the refused REQ came back after every cooldown and
+    # was refused again while the live REQs held every slot: nothing more was synced. Now
+    # the refusal teaches the cap: live coverage is packed into what is left of it, and
+    # the refused REQ goes out again once a slot is free.
+    cap, refused = 6, []
+
+    def six_open_at_most(relay, conn, message):
+        if (isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 2
+                and message[1] not in conn.subs and len(conn.subs) >= cap):
+            refused.append(message[1])
+            return [["CLOSED", message[1], refusal]]
+        return None
+
+    own = relay_factory()
+    remote = scripted(on_message=six_open_at_most)
+    gsync = gsync_factory(own, [remote])
+    for n in range(8):
+        repo = our_announcement(own, [remote], d=f"capped-{n}", created_at=int(time.time()))
+        bug = f.issue(bob, repo, subject=f"bug {n}")
+        reply = f.comment(alice, bug)
+        remote.add(repo, bug, reply)
+        publish(own.url, [repo])
+        assert_arrives(own, [bug, reply], timeout=30, what=f"repository {n}'s issue and comment")
+    lowered = events_named(gsync, "subscriptions_cap_lowered", remote.url)
+    assert lowered and min(e["max_subscriptions"] for e in lowered) <= cap, lowered
+    assert len(refused) <= 3, refused
+    # What stays open fits the cap: the live coverage of all eight and layer 1.
+    wait_until(lambda: len(remote.open_connections) == 1 and len(remote.open_connections[0].subs) <= cap,
+               timeout=10, what="what stays open within the cap")
+    if not refusal.startswith("rate-limited"):
+        assert not events_named(gsync, "relay_rate_limited", remote.url)
+
+
+def test_a_subscription_cap_below_what_gsync_works_with_is_a_rate_limit_not_a_loop(
+        relay_factory, gsync_factory, scripted):
+    # Two open at most: fewer than gsync can work with (layer 1, one live, one historic).
+    # The cap is learnt down to that least, and a refusal after it is read as a rate limit
+    # (the cooldown), never answered by sending the refused REQ again at once.
+    refused = []
+
+    def two_open_at_most(relay, conn, message):
+        if (isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 2
+                and message[1] not in conn.subs and len(conn.subs) >= 2):
+            refused.append(time.monotonic())
+            return [["CLOSED", message[1], "error: too many subscriptions"]]
+        return None
+
+    own = relay_factory()
+    remote = scripted(on_message=two_open_at_most)
+    repo = our_announcement(own, [remote], d="two-subs")
+    bug = f.issue(bob, repo)
+    remote.add(repo, bug, f.comment(alice, bug))
+    publish(own.url, [repo, bug])
+    gsync = gsync_factory(own, [remote])
+    wait_until(lambda: events_named(gsync, "relay_rate_limited", remote.url), timeout=30,
+               what="the refusal read as a rate limit once the cap is at its least")
+    lowered = events_named(gsync, "subscriptions_cap_lowered", remote.url)
+    assert [e["max_subscriptions"] for e in lowered] == [4], lowered
+    time.sleep(2)  # a loop would refuse hundreds of REQs a second
+    assert len(refused) <= 4, len(refused)

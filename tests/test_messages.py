@@ -221,6 +221,29 @@ def test_is_rate_limit_text(text, expected):
 @pytest.mark.parametrize(
     "text, expected",
     [
+        ("too many concurrent REQs", True),  # strfry
+        ("too many REQs", True),  # LocalRelay's max_reqs, after its rate-limited: prefix
+        ("Maximum concurrent subscription count reached", True),
+        ("too many subscriptions", True),
+        ("max subscriptions reached", True),
+        ("too many open subscriptions on this connection", True),
+        ("active subscriptions exceed max size 1048576 bytes", False),  # a size: CAPACITY
+        ("too many filters", False),  # one REQ's shape
+        ("bad req: too many filters in REQ", False),
+        ("too many requests", False),  # a rate
+        ("too many queries", False),
+        ("error: limit must be <= 500 in a subscription", False),
+        ("subscription closed by the relay", False),
+        ("", False),
+    ],
+)
+def test_says_too_many_subscriptions(text, expected):
+    assert m.says_too_many_subscriptions(text) is expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
         ("unknown message type NEG-OPEN", True),
         ('ERROR: bad msg: unknown cmd "NEG-OPEN"', True),
         ("negentropy disabled", True),

@@ -95,6 +95,21 @@ def says_too_many_filters(text: str) -> bool:
     return "filters" in lowered and any(w in lowered for w in _SHAPE_WORDS)
 
 
+_SUBSCRIPTION_SUBJECT = re.compile(r"subscription|concurrent|\breqs?\b", re.IGNORECASE)
+_COUNT_WORDS = ("too many", "maximum", "max ", "reached", "exceed")
+_SIZE_WORDS = ("size", "byte", "large", "long", "big")
+
+
+def says_too_many_subscriptions(text: str) -> bool:
+    """The relay holds fewer open subscriptions than we had (``"too many concurrent REQs"``,
+    ``"Maximum concurrent subscription count reached"``): a count, not a rate, and not
+    about one REQ's shape or the size of what is open."""
+    lowered = text.lower()
+    if any(w in lowered for w in _SIZE_WORDS) or is_filter_shape_refusal(lowered):
+        return False
+    return bool(_SUBSCRIPTION_SUBJECT.search(lowered)) and any(w in lowered for w in _COUNT_WORDS)
+
+
 def is_negentropy_notice(text: str) -> bool:
     """A NOTICE about NEG-OPEN/negentropy: how some relays say they do not speak NIP-77."""
     return _NEGENTROPY_MENTION.search(text) is not None

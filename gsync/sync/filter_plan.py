@@ -240,6 +240,12 @@ def pack_into_reqs(filters: Iterable[Filter], limits=None, key=lambda f: f.limit
 # -- subscription budget -----------------------------------------------------------------
 
 
+# The fewest subscriptions gsync works with: the reserved slots (layer 1 live and one more,
+# one historic) and one live REQ of coverage. A cap learnt from a relay's refusals
+# ("too many concurrent REQs") is never set below this.
+MIN_SUBSCRIPTIONS = CONTROL_PLANE_SLOTS + TRANSIENT_HISTORIC_SLOTS + 1
+
+
 @dataclass(frozen=True)
 class SubscriptionBudget:
     """How many concurrent subscriptions a relay allows us, and how they are shared.

@@ -7,6 +7,10 @@
   exchanges become REQs: NIP-77 is off for the session. When it ends the relay is Probing,
   its queued work is re-derived — live REQs narrowed to what the index still wants, history
   in priority order — and the first request the relay serves lifts the state.
+- **Subscription caps.** A CLOSED saying too many are open ("too many concurrent REQs")
+  is a count, not a rate: the relay's cap is learnt from how many were open (never below
+  ``MIN_SUBSCRIPTIONS``), live coverage is consolidated within it, and the refused REQ goes
+  out again. One that cannot lower the cap further is read as a rate limit.
 - **Policy refusals.** CLOSED ``blocked:``, ``restricted:``, ``unsupported:``/``invalid:``,
   and ``auth-required:`` that the connection could not answer (no key, or AUTH refused). A
   relay refuses a whole REQ for one filter: the REQ is split in halves, each sent again
@@ -41,6 +45,7 @@ from .lifecycle import LAYER1_LIVE_SUB
 log = get_logger("gsync.manager")
 
 CAPACITY = "capacity"  # too much open at once: not a rate, not a policy
+SUBSCRIPTIONS = "subscriptions"  # too many open at once: the relay's cap, learnt
 
 
 def _is_capacity_refusal(text: str) -> bool:
@@ -54,7 +59,10 @@ def says_rate_limited(prefix: wire.Prefix, text: str) -> bool:
 
 
 def refusal_of(closed: wire.Closed) -> Refusal | str:
-    """What a CLOSED tells: CAPACITY, or a ``Refusal`` (rate wording wins over a prefix)."""
+    """What a CLOSED tells: SUBSCRIPTIONS, CAPACITY, or a ``Refusal`` (rate wording wins
+    over a prefix)."""
+    if wire.says_too_many_subscriptions(closed.text):
+        return SUBSCRIPTIONS
     if _is_capacity_refusal(closed.text):
         return CAPACITY
     return classify_refusal(closed.prefix.value, closed.text)
@@ -74,7 +82,11 @@ class Refusals:
         reason = f"{closed.prefix.value}: {closed.text}"[:200]
         log.warning("subscription_closed", relay=state.url, sub_id=sub_id, reason=reason)
         kind = refusal_of(closed)
-        if kind is CAPACITY:
+        if kind is SUBSCRIPTIONS and not self.learn_max_subscriptions(state):
+            kind = Refusal.RATE_LIMIT  # we hold no more than the least we can work with
+        if kind is SUBSCRIPTIONS:
+            metrics.REFUSALS.labels("subscriptions").inc()
+        elif kind is CAPACITY:
             metrics.REFUSALS.labels("capacity").inc()
         elif kind is Refusal.RATE_LIMIT:
             metrics.REFUSALS.labels("rate_limited").inc()
@@ -107,12 +119,32 @@ class Refusals:
             state.limits = dataclasses.replace(state.limits, max_filters=allowed)
             log.info("filters_per_req_lowered", relay=state.url, max_filters=allowed, refused=refused)
 
+    def learn_max_subscriptions(self, state: RelayState) -> bool:
+        """A REQ refused for the number open ("too many concurrent REQs"): the relay holds
+        as many as are open now, whatever its NIP-11 says (or we assumed without one). The
+        session's budget is lowered to that, and live coverage past it is consolidated into
+        fewer REQs (what still does not fit is polled). False when the budget cannot go
+        lower (it is there already, or at ``MIN_SUBSCRIPTIONS``): the refusal is read as a
+        rate limit then, so that a REQ refused again and again cannot loop."""
+        open_now = len(state.conn.subscriptions)  # the refused REQ is forgotten already
+        budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
+        allowed = max(filter_plan.MIN_SUBSCRIPTIONS, open_now)
+        if state.limits is None or allowed >= budget.max_subscriptions:
+            return False
+        state.limits = dataclasses.replace(state.limits, max_subscriptions=allowed)
+        log.info("subscriptions_cap_lowered", relay=state.url, max_subscriptions=allowed,
+                 was=budget.max_subscriptions)
+        live = sum(1 for sub in state.live_subs.values() if not sub.control)
+        if live > filter_plan.SubscriptionBudget(allowed).live_slots:
+            self.consolidate(state)
+        return True
+
     def historic_closed(self, state: RelayState, batch_id: int, sub_id: str, kind, reason: str) -> None:
         batch = state.pending.get(batch_id)
         if batch is None:
             return
         filters = batch.filters_of(sub_id)
-        if kind in (CAPACITY, Refusal.RATE_LIMIT) and filters:
+        if kind in (CAPACITY, SUBSCRIPTIONS, Refusal.RATE_LIMIT) and filters:
             # The same page again once the cooldown and the reactive gate allow it.
             new_id = f"h{batch_id}-{next(self._ids)}"
             batch.rename_subscription(sub_id, new_id)
@@ -154,6 +186,12 @@ class Refusals:
             return
         if kind is CAPACITY:
             self.poll_instead(state, live.filters)
+        elif kind is SUBSCRIPTIONS:
+            # The cap is learnt (and coverage consolidated, if it had to be): again within it.
+            if live.control:
+                self.open_live(state, sub_id, live.filters, control=True)
+            else:
+                self.open_live_groups(state, [live.filters], descendants=live.descendants)
         elif kind is Refusal.RATE_LIMIT:
             # It waits out the cooldown in the live queue; the cooldown's end rebuilds it.
             state.live_subs[sub_id] = live
