@@ -36,7 +36,15 @@ DESCENDANT_OVERLAP_SECS = 15 * 60
 # coverage gets 512 KiB, historic work the rest; what live cannot hold is polled instead.
 MAX_OPEN_FILTER_BYTES = 768 * 1024
 MAX_LIVE_FILTER_BYTES = 512 * 1024
-POLL_SECS = 5.0  # live coverage that did not fit is asked for again on this cadence
+POLL_SECS = 5.0  # live coverage that did not fit is asked for again on this cadence, at most
+# Every poll sends all of its filters again: 4,000 roots' e/E/q coverage past the live budget
+# is about 300 kB, which every 5 s was 3.7 MB a minute (and 23 paced starts) to a relay that
+# had nothing new (bench/historic --idle). So polls are spaced by what they send: a second
+# for every KiB of their filters (at most about 1 kB/s a relay), up to POLL_MAX_SECS apart.
+# Nothing is missed by spacing them: each asks since the last successful poll, less the
+# 15-minute overlap.
+POLL_SECS_PER_KIB = 1.0
+POLL_MAX_SECS = 600.0
 # A live REQ the relay closed for no stated reason (not rate, policy or size) is opened again
 # from the current index; closed again within this long of that, it is polled instead: a
 # relay that closes every live REQ at once must not get a REQ/CLOSED loop.
@@ -212,7 +220,8 @@ DELIVERY_SOURCE_ALLOWANCE = 50
 # has the same idea: sub-second backoffs under its test mode.) Overlaps such as the 900 s of
 # ``since`` are not timers: they are compared with events' created_at and never change.
 TEST_TIMER_NAMES = (
-    "COMPLETION_RECHECK_SECS", "PURGATORY_TTL_SECS", "POLL_SECS", "POLL_DEFER_SECS", "NEGENTROPY_DEADLINE_SECS",
+    "COMPLETION_RECHECK_SECS", "PURGATORY_TTL_SECS", "POLL_SECS", "POLL_SECS_PER_KIB", "POLL_MAX_SECS",
+    "POLL_DEFER_SECS", "NEGENTROPY_DEADLINE_SECS",
     "FOLLOWER_WAIT_MAX_SECS",
     "REQ_STALL_SECS",
     "QUICK_RECONNECT_SECS", "DAILY_MIN_SECS", "DAILY_MAX_SECS", "RECOVERY_BASE_SECS",

@@ -299,3 +299,15 @@ def test_restrict_to_keeps_only_what_the_index_still_wants():
         Filter.make(tags={"a": [a]}, limit=0),  # b is obsolete
         Filter.make(kinds=[30617, 10317], limit=0),
     ]
+
+
+def test_polls_are_spaced_by_what_they_send(monkeypatch):
+    from gsync import constants
+    from gsync.sync.filter_plan import poll_interval
+    monkeypatch.setattr(constants, "POLL_SECS", 5.0)
+    monkeypatch.setattr(constants, "POLL_SECS_PER_KIB", 1.0)
+    monkeypatch.setattr(constants, "POLL_MAX_SECS", 600.0)
+    assert poll_interval(0) == poll_interval(2_000) == 5.0  # small polls: POLL_SECS
+    assert poll_interval(300 * 1024) == 300.0  # 4,000 roots past the live budget: 5 minutes
+    assert poll_interval(10 * 1024 * 1024) == 600.0  # never further apart than POLL_MAX_SECS
+    assert poll_interval(51_200) < poll_interval(102_400)

@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from .. import constants
 from ..constants import (
     CONSOLIDATION_EXCESS,
     CONTROL_PLANE_SLOTS,
@@ -282,3 +283,17 @@ def live_baseline(filters: Iterable[Filter], limits=None) -> int:
     """The irreducible number of live REQs the desired live filters need once packed."""
     return len(pack_into_reqs(live(filters), limits))
 
+
+
+# -- polled live coverage ------------------------------------------------------------------
+
+
+def poll_interval(filter_bytes: int) -> float:
+    """How long after one poll of live coverage that did not fit the next may start, for
+    polls whose filters serialize to ``filter_bytes``: ``POLL_SECS_PER_KIB`` a KiB of them,
+    no less than ``POLL_SECS`` and no more than ``POLL_MAX_SECS``. A poll resends every
+    filter, so a large one asked every few seconds costs a relay with nothing new megabytes
+    a minute; what it asks reaches back to the last poll, so a wider spacing loses nothing,
+    it only delays what the poll finds."""
+    by_size = filter_bytes / 1024 * constants.POLL_SECS_PER_KIB
+    return min(constants.POLL_MAX_SECS, max(constants.POLL_SECS, by_size))

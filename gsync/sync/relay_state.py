@@ -77,6 +77,7 @@ class RelayState:
     polled: list = field(default_factory=list)
     poll_cursor: float | None = None
     poll_started_at: float | None = None
+    poll_every: float = 0.0  # seconds between poll starts (filter_plan.poll_interval)
     poll_batch: int | None = None
     # refused ids released meanwhile, to fetch again by id once this relay is connected
     refetch_ids: set = field(default_factory=set)

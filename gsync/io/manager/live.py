@@ -113,21 +113,21 @@ class LiveCoverage:
 
     def poll_instead(self, state: RelayState, filters) -> None:
         if not state.polled:
-            log.warning("live_coverage_polled", relay=state.url, reason="relay budget",
-                        poll_secs=constants.POLL_SECS)
+            log.warning("live_coverage_polled", relay=state.url, reason="relay budget")
         state.polled.extend(f.replace(limit=None) for f in filters)
         if state.poll_cursor is None:
             state.poll_cursor = self.clock()
 
     def run_polls(self, now: float) -> None:
-        """Live coverage that did not fit: one EOSE-closing batch per relay on the cadence,
-        from the last successful poll with an overlap (SPEC §3, direct-member fallback).
-        Not while the relay's historic sync runs (up to ``POLL_DEFER_SECS``): its batches
-        fetch the same history, and the gate's starts are theirs."""
+        """Live coverage that did not fit: one EOSE-closing batch per relay on a cadence set
+        by what it sends (``filter_plan.poll_interval``), from the last successful poll
+        with an overlap (SPEC §3, direct-member fallback). Not while the relay's historic
+        sync runs (up to ``POLL_DEFER_SECS``): its batches fetch the same history, and the
+        gate's starts are theirs."""
         for state in self.relays.values():
             if not (state.connected and state.polled) or state.poll_batch in state.pending:
                 continue
-            if now - (state.poll_started_at or 0) < constants.POLL_SECS:
+            if now - (state.poll_started_at or 0) < state.poll_every:
                 continue
             last = state.poll_started_at or state.poll_cursor or now
             if self.syncing_batches(state) and now - last < constants.POLL_DEFER_SECS:
@@ -135,6 +135,11 @@ class LiveCoverage:
             since = int(state.poll_cursor or now) - constants.POLL_OVERLAP_SECS
             state.poll_started_at = now
             state.polled = state.paused.allowed(state.polled)
+            every = filter_plan.poll_interval(wire.req_size("poll", state.polled))
+            if round(every) != round(state.poll_every):
+                log.info("live_coverage_poll_cadence", relay=state.url, every_secs=round(every),
+                         filters=len(state.polled))
+            state.poll_every = every
             batch = self.start_historic(state, PendingItems(), [f.replace(since=since) for f in state.polled])
             batch.poll_started_at = now
             state.poll_batch = batch.batch_id
