@@ -45,6 +45,10 @@ POLL_SECS = 5.0  # live coverage that did not fit is asked for again on this cad
 # 15-minute overlap.
 POLL_SECS_PER_KIB = 1.0
 POLL_MAX_SECS = 600.0
+# Coverage that came within this long (new repositories, roots and thread members, where new
+# events are likely) is polled apart from the rest, on the cadence its own size allows: a
+# few new roots past a full budget are asked for every few seconds, not every ten minutes.
+FRESH_POLL_SECS = 3600.0
 # A live REQ the relay closed for no stated reason (not rate, policy or size) is opened again
 # from the current index; closed again within this long of that, it is polled instead: a
 # relay that closes every live REQ at once must not get a REQ/CLOSED loop.
@@ -221,6 +225,7 @@ DELIVERY_SOURCE_ALLOWANCE = 50
 # ``since`` are not timers: they are compared with events' created_at and never change.
 TEST_TIMER_NAMES = (
     "COMPLETION_RECHECK_SECS", "PURGATORY_TTL_SECS", "POLL_SECS", "POLL_SECS_PER_KIB", "POLL_MAX_SECS",
+    "FRESH_POLL_SECS",
     "POLL_DEFER_SECS", "NEGENTROPY_DEADLINE_SECS",
     "FOLLOWER_WAIT_MAX_SECS",
     "REQ_STALL_SECS",

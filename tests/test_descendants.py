@@ -1,6 +1,6 @@
 """Direct members and their descendants: one generation, decided by tagging a root."""
 from gsync.sync.descendants import full_root_ids, is_direct_member, new_members
-from gsync.sync.relay_state import RelayState
+from gsync.sync.relay_state import PolledCoverage, RelayState
 from gsync.sync.repos import RepoSyncIndex, SyncLevel
 
 from . import factory as f
@@ -52,9 +52,25 @@ def test_only_full_repositories_give_root_ids():
 def test_a_lost_session_keeps_the_poll_cursor_and_forgets_the_rest_of_its_polling():
     """Polling resumes from the last successful poll (with its overlap), not from the
     reconnect: whatever came in between is asked for again."""
-    state = RelayState("wss://relay.example.com", members={"m"}, polled=["f"], poll_cursor=100.0,
-                       poll_started_at=104.0, poll_batch=7)
+    state = RelayState("wss://relay.example.com", members={"m"}, poll_batch=7)
+    for tier, cursor in ((state.polled, 100.0), (state.fresh_polled, 90.0)):
+        tier.add(["f"], now=cursor)
+        tier.started_at = 104.0
     state.clear_live()
-    assert state.poll_cursor == 100.0
-    assert (state.polled, state.poll_started_at, state.poll_batch) == ([], None, None)
+    assert (state.polled.cursor, state.fresh_polled.cursor) == (100.0, 90.0)
+    for tier in (state.polled, state.fresh_polled):
+        assert (tier.filters, tier.started_at, tier.added_at) == ([], None, None)
+    assert state.poll_batch is None
     assert state.new_members == {"m"} and not state.members
+
+
+def test_fresh_polled_coverage_joins_the_rest_from_the_earlier_cursor():
+    settled, fresh = PolledCoverage(), PolledCoverage()
+    settled.add(["old"], now=500.0)
+    fresh.add(["new"], now=200.0)  # polled since 200: the merged polls must reach back there
+    settled.absorb(fresh)
+    assert (settled.filters, settled.cursor, settled.added_at) == (["old", "new"], 200.0, 500.0)
+    assert (fresh.filters, fresh.added_at) == ([], None)
+    empty = PolledCoverage()
+    empty.absorb(PolledCoverage())
+    assert empty.cursor is None

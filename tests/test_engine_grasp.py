@@ -226,6 +226,35 @@ def test_polls_are_spaced_by_what_they_send(gsync_factory, scripted):
     assert cadence and 2 <= cadence[-1]["every_secs"] <= 4, cadence
 
 
+def test_a_new_root_past_a_full_budget_is_polled_apart_from_the_old_coverage(gsync_factory, scripted):
+    # No live room at all (three subscriptions: the reserved ones), so every root's coverage
+    # is polled: 150 issues (about 30 kB, 30 s apart at a second a KiB) and, once they are
+    # no longer new, one issue more. The new one is polled on its own cadence (0.3 s): its
+    # comment arrives in seconds, not at the next poll of the old coverage.
+    own = GraspRelay.start(scripted)
+    remote = scripted(page_size=500, nip11={"limitation": {"max_subscriptions": 3}})
+    repo = our_announcement(own, [remote], d="old-and-new")
+    bugs = [f.issue(bob, repo, subject=f"bug {n}") for n in range(150)]
+    own.host(repo, *bugs)
+    remote.add(repo, *bugs)
+    gsync = gsync_factory(own, [remote], timers={"POLL_SECS": 0.3, "FRESH_POLL_SECS": 2,
+                                                 "MAINTENANCE_TICK_SECS": 0.1})
+    wait_until(lambda: any(e.get("coverage") == "settled" and e["every_secs"] >= 20
+                           for e in gsync.log_events() if e.get("event") == "live_coverage_poll_cadence"),
+               timeout=30, what="the old coverage polled on its slow cadence")
+    late = f.issue(carol, repo, subject="a new issue")
+    remote.add(late)
+    own.host(late)
+    publish(own.url, [late])
+    wait_until(lambda: any(_member_poll_since(message, late.id) is not None for _, message in remote.received),
+               timeout=30, what="the new issue's coverage polled")
+    reply = f.comment(alice, late, created_at=int(time.time()))
+    remote.add(reply)  # stored only: a poll must find it
+    started = time.monotonic()
+    assert_arrives(own, [reply], timeout=30, what="the comment on the new issue")
+    assert time.monotonic() - started < 10  # the old coverage's next poll is 20 s or more away
+
+
 @pytest.mark.slow
 def test_polls_wait_while_the_relays_historic_sync_runs(gsync_factory, scripted):
     """Polled coverage is asked for again every POLL_SECS, but not while a historic batch

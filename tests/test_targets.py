@@ -140,3 +140,11 @@ def test_empty_items_are_falsy():
 def test_add_filters_items_round_trip():
     action = AddFilters(A, {R1: STATE}, frozenset({"e"}))
     assert action.items == items({R1: STATE}, {"e"})
+
+
+def test_partition_takes_the_given_items_at_this_ones_levels():
+    here = SyncItems({"30617:a:x": SyncLevel.FULL, "30617:a:y": SyncLevel.STATE_ONLY}, {"r1", "r2"})
+    new = SyncItems({"30617:a:x": SyncLevel.STATE_ONLY, "30617:a:z": SyncLevel.FULL}, {"r2", "r3"})
+    inside, rest = here.partition(new)
+    assert inside == SyncItems({"30617:a:x": SyncLevel.FULL}, {"r2"})
+    assert rest == SyncItems({"30617:a:y": SyncLevel.STATE_ONLY}, {"r1"})

@@ -32,6 +32,39 @@ class LiveSub:
     control: bool = False  # layer 1: never closed by consolidation
     rebuilt_at: float | None = None  # opened again after the relay closed it
     descendants: bool = False  # thread replies: give their room to core coverage when short
+    fresh: bool = False  # opened for new coverage: polled apart from the rest if it must be
+
+
+@dataclass
+class PolledCoverage:
+    """Live coverage that did not fit a relay's budget, asked for by polls instead
+    (``manager.run_polls``), each since its last successful one less the overlap."""
+
+    filters: list = field(default_factory=list)
+    cursor: float | None = None  # when its last successful poll started (kept over sessions)
+    started_at: float | None = None  # when its latest poll started
+    every: float = 0.0  # seconds between its poll starts (filter_plan.poll_interval)
+    added_at: float | None = None  # when its oldest filter came
+
+    def add(self, filters, now: float) -> None:
+        if not self.filters:
+            self.added_at = now
+        self.filters.extend(filters)
+        if self.cursor is None:
+            self.cursor = now
+
+    def absorb(self, other: PolledCoverage) -> None:
+        """Take ``other``'s filters, asked for from the earlier of the two cursors."""
+        self.filters.extend(other.filters)
+        cursors = [c for c in (self.cursor, other.cursor) if c is not None]
+        self.cursor = min(cursors) if cursors else None
+        if self.added_at is None:
+            self.added_at = other.added_at
+        other.filters, other.added_at, other.started_at = [], None, None
+
+    def clear(self) -> None:
+        """Its filters are gone (live coverage rebuilt); the cursor stays."""
+        self.filters, self.added_at, self.started_at = [], None, None
 
 
 @dataclass
@@ -73,12 +106,12 @@ class RelayState:
     members: set = field(default_factory=set)
     new_members: set = field(default_factory=set)
     descendants_started_at: float | None = None
-    # live coverage that did not fit the relay's budget, polled instead (manager.run_polls)
-    polled: list = field(default_factory=list)
-    poll_cursor: float | None = None
-    poll_started_at: float | None = None
-    poll_every: float = 0.0  # seconds between poll starts (filter_plan.poll_interval)
-    poll_batch: int | None = None
+    # Live coverage that did not fit the relay's budget, polled instead (manager.run_polls):
+    # what came in the last FRESH_POLL_SECS (new repositories, roots, thread members: where
+    # new events are likely) apart from the rest, each tier on the cadence its size allows.
+    fresh_polled: PolledCoverage = field(default_factory=PolledCoverage)
+    polled: PolledCoverage = field(default_factory=PolledCoverage)
+    poll_batch: int | None = None  # the poll in flight (one at a time)
     # refused ids released meanwhile, to fetch again by id once this relay is connected
     refetch_ids: set = field(default_factory=set)
     negentropy_ok: bool = True
@@ -140,8 +173,9 @@ class RelayState:
         self.members = set()
         self.live_subs.clear()
         self.live_queue.clear()
-        self.polled = []
-        self.poll_started_at = self.poll_batch = None
+        self.fresh_polled.clear()
+        self.polled.clear()
+        self.poll_batch = None
 
     def clear_confirmed(self) -> None:
         self.confirmed = ConfirmedItems()

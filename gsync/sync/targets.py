@@ -39,6 +39,14 @@ class SyncItems:
     def copy(self) -> SyncItems:
         return SyncItems(dict(self.repos), set(self.root_events))
 
+    def partition(self, items: SyncItems) -> tuple[SyncItems, SyncItems]:
+        """(what of ``items`` is here, at this one's levels; the rest of this one)."""
+        inside = SyncItems({a: level for a, level in self.repos.items() if a in items.repos},
+                           self.root_events & items.root_events)
+        rest = SyncItems({a: level for a, level in self.repos.items() if a not in inside.repos},
+                         self.root_events - inside.root_events)
+        return inside, rest
+
 
 # The design's names for the same shape in its three roles.
 RelaySyncNeeds = SyncItems  # target: what a relay should give us

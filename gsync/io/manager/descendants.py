@@ -29,16 +29,17 @@ class Descendants:
             ids, state.new_members = state.new_members, set()
             state.members |= ids
             filters = self.descendant_filters_for(state, ids)
-            self.open_descendant_live(state, filters)
+            self.open_descendant_live(state, filters, fresh=True)
             self.start_historic(state, PendingItems(), filters)
 
-    def open_descendant_live(self, state: RelayState, filters) -> None:
-        """Live coverage for new members in the subscription slots still free (the
-        default of open_live_groups), the rest polled on the 5 s cadence (SPEC §3). Members
-        trickle in during historic sync, one small REQ per tick: opening each would overrun
-        the relay's budget. (A consolidation for new core coverage packs them again.)"""
+    def open_descendant_live(self, state: RelayState, filters, fresh: bool = False) -> None:
+        """Live coverage for members in the subscription slots still free (the default of
+        open_live_groups), the rest polled (SPEC §3; ``fresh``: new members, polled apart
+        while new). Members trickle in during historic sync, one small REQ per tick: opening
+        each would overrun the relay's budget. (A consolidation for new core coverage packs
+        them again.)"""
         groups = filter_plan.pack_into_reqs(filter_plan.live(filters), state.limits)
-        self.open_live_groups(state, groups, descendants=True)
+        self.open_live_groups(state, groups, descendants=True, fresh=len(groups) if fresh else 0)
 
     def descendant_filters_for(self, state: RelayState, ids, allowed_only: bool = True):
         filters = filter_plan.descendant_filters(ids, budget=filter_plan.tag_value_budget(state.limits))

@@ -539,7 +539,7 @@ class HistoricSync:
         state.pending.pop(batch.batch_id, None)
         self.stop_leading(state, batch)
         if batch.batch_id == state.poll_batch and not batch.failed:
-            state.poll_cursor = batch.poll_started_at
+            batch.poll_tier.cursor = batch.poll_started_at
         state.confirmed.add(batch.items)
         if getattr(batch, "layer1", False):
             state.announcements_synced = True

@@ -33,12 +33,14 @@ class LiveCoverage:
         if budget.needs_consolidation(active, baseline, adding=len(groups)):
             self.consolidate(state, items)
             return
-        self.open_live_groups(state, groups)
+        self.open_live_groups(state, groups, fresh=len(groups))
 
     def open_live_groups(self, state: RelayState, groups, slots: int | None = None,
-                         rebuilt_at: float | None = None, descendants: bool = False) -> None:
+                         rebuilt_at: float | None = None, descendants: bool = False,
+                         fresh: int = 0) -> None:
         """Open live REQs while the relay's subscription and filter-size budgets allow;
-        coverage that does not fit is polled on the maintenance cadence instead. ``slots``:
+        coverage that does not fit is polled instead (``run_polls``): the first ``fresh``
+        groups are new coverage, polled apart from the rest while it is new. ``slots``:
         the data-plane subscriptions still free (default: what the budget leaves beside the
         live subscriptions already open), so no caller can open past it. Core coverage (not
         ``descendants``) that does not fit takes the room of descendant subscriptions first,
@@ -47,7 +49,7 @@ class LiveCoverage:
             budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
             slots = budget.live_slots - sum(1 for sub in state.live_subs.values() if not sub.control)
         live_bytes = sum(state.conn.filter_bytes.get(s, 0) for s in state.live_subs)
-        for group in groups:
+        for n, group in enumerate(groups):
             group = state.paused.allowed(group)
             if not group:
                 continue
@@ -58,17 +60,17 @@ class LiveCoverage:
                 live_bytes -= freed_bytes
                 slots += freed_slots
             if slots <= 0 or live_bytes + size > constants.MAX_LIVE_FILTER_BYTES:
-                self.poll_instead(state, group)
+                self.poll_instead(state, group, fresh=n < fresh)
                 continue
             self.open_live(state, f"live-{next(self._ids)}", group, rebuilt_at=rebuilt_at,
-                           descendants=descendants)
+                           descendants=descendants, fresh=n < fresh)
             live_bytes += size
             slots -= 1
 
     def open_live(self, state: RelayState, sub_id: str, filters, control: bool = False,
-                  rebuilt_at: float | None = None, descendants: bool = False) -> None:
+                  rebuilt_at: float | None = None, descendants: bool = False, fresh: bool = False) -> None:
         """Register a live subscription and send it as soon as the gates allow."""
-        state.live_subs[sub_id] = LiveSub(tuple(filters), control, rebuilt_at, descendants)
+        state.live_subs[sub_id] = LiveSub(tuple(filters), control, rebuilt_at, descendants, fresh)
         state.live_queue.append(sub_id)
         self.pump_live(state)
 
@@ -107,42 +109,56 @@ class LiveCoverage:
                 break
             freed += state.conn.filter_bytes.get(sub_id, 0)
             closed += 1
-            self.poll_instead(state, state.live_subs.pop(sub_id).filters)
+            evicted = state.live_subs.pop(sub_id)
+            self.poll_instead(state, evicted.filters, fresh=evicted.fresh)
             state.conn.unsubscribe(sub_id)  # not sent yet: pump_live skips it
         return freed, closed
 
-    def poll_instead(self, state: RelayState, filters) -> None:
-        if not state.polled:
+    def poll_instead(self, state: RelayState, filters, fresh: bool = False) -> None:
+        if not (state.polled.filters or state.fresh_polled.filters):
             log.warning("live_coverage_polled", relay=state.url, reason="relay budget")
-        state.polled.extend(f.replace(limit=None) for f in filters)
-        if state.poll_cursor is None:
-            state.poll_cursor = self.clock()
+        tier = state.fresh_polled if fresh else state.polled
+        tier.add([f.replace(limit=None) for f in filters], self.clock())
 
     def run_polls(self, now: float) -> None:
-        """Live coverage that did not fit: one EOSE-closing batch per relay on a cadence set
-        by what it sends (``filter_plan.poll_interval``), from the last successful poll
-        with an overlap (SPEC §3, direct-member fallback). Not while the relay's historic
-        sync runs (up to ``POLL_DEFER_SECS``): its batches fetch the same history, and the
+        """Live coverage that did not fit: one EOSE-closing batch at a time per relay, each
+        tier on a cadence set by what it sends (``filter_plan.poll_interval``), from its
+        last successful poll with an overlap (SPEC §3, direct-member fallback). Fresh
+        coverage joins the rest after FRESH_POLL_SECS. Not while the relay's historic sync
+        runs (up to ``POLL_DEFER_SECS``): its batches fetch the same history, and the
         gate's starts are theirs."""
         for state in self.relays.values():
-            if not (state.connected and state.polled) or state.poll_batch in state.pending:
+            if not state.connected or state.poll_batch in state.pending:
                 continue
-            if now - (state.poll_started_at or 0) < state.poll_every:
-                continue
-            last = state.poll_started_at or state.poll_cursor or now
-            if self.syncing_batches(state) and now - last < constants.POLL_DEFER_SECS:
-                continue
-            since = int(state.poll_cursor or now) - constants.POLL_OVERLAP_SECS
-            state.poll_started_at = now
-            state.polled = state.paused.allowed(state.polled)
-            every = filter_plan.poll_interval(wire.req_size("poll", state.polled))
-            if round(every) != round(state.poll_every):
-                log.info("live_coverage_poll_cadence", relay=state.url, every_secs=round(every),
-                         filters=len(state.polled))
-            state.poll_every = every
-            batch = self.start_historic(state, PendingItems(), [f.replace(since=since) for f in state.polled])
-            batch.poll_started_at = now
-            state.poll_batch = batch.batch_id
+            fresh = state.fresh_polled
+            if fresh.filters and now - fresh.added_at >= constants.FRESH_POLL_SECS:
+                state.polled.absorb(fresh)
+            for tier, name in ((fresh, "fresh"), (state.polled, "settled")):
+                if tier.filters and now - (tier.started_at or 0) >= tier.every:
+                    last = tier.started_at or tier.cursor or now
+                    if not (self.syncing_batches(state) and now - last < constants.POLL_DEFER_SECS):
+                        self.start_poll(state, tier, name, now)
+                        break
+
+    def start_poll(self, state: RelayState, tier, name: str, now: float) -> None:
+        since = int(tier.cursor or now) - constants.POLL_OVERLAP_SECS
+        tier.started_at = now
+        tier.filters = state.paused.allowed(tier.filters)
+        if not tier.filters:
+            return
+        every = filter_plan.poll_interval(wire.req_size("poll", tier.filters))
+        if round(every) != round(tier.every):
+            log.info("live_coverage_poll_cadence", relay=state.url, coverage=name,
+                     every_secs=round(every), filters=len(tier.filters))
+        tier.every = every
+        batch = self.start_historic(state, PendingItems(), [f.replace(since=since) for f in tier.filters])
+        batch.poll_started_at, batch.poll_tier = now, tier
+        state.poll_batch = batch.batch_id
+
+    def live_groups_for(self, state: RelayState, items: PendingItems) -> list:
+        if not items:
+            return []
+        return filter_plan.pack_into_reqs(filter_plan.live(self.filters_for(state, items, None)), state.limits)
 
     def desired_live_items(self, state: RelayState) -> PendingItems:
         items = state.confirmed.copy()
@@ -167,18 +183,21 @@ class LiveCoverage:
         for sub_id in [s for s, sub in state.live_subs.items() if not sub.control]:
             del state.live_subs[sub_id]
             state.conn.unsubscribe(sub_id)
-        state.polled = []
+        state.fresh_polled.clear()
+        state.polled.clear()
         wanted = self.desired_live_items(state)
         if adding is not None:
             wanted.add(adding)
-        live = filter_plan.live(self.filters_for(state, wanted, None))
-        groups = filter_plan.pack_into_reqs(live, state.limits)
+        # What triggered this first: new coverage keeps live room (or the fresh polls).
+        new, rest = wanted.partition(adding) if adding is not None else (PendingItems(), wanted)
+        first = self.live_groups_for(state, new)
         budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
-        self.open_live_groups(state, groups, slots=budget.live_slots)
+        self.open_live_groups(state, first + self.live_groups_for(state, rest), slots=budget.live_slots,
+                              fresh=len(first))
         if state.members:  # thread replies after the core coverage: they give way first
             self.open_descendant_live(state, self.descendant_filters_for(state, state.members))
         # Between our CLOSEs and the new REQs the relay sends nothing new: fetch that gap
         # (SPEC §4 asks this of layer 1; every layer has the same gap).
         self.catch_up(state, wanted, int(self.clock()) - constants.RECONNECT_OVERLAP_SECS)
         log.info("consolidated", relay=state.url, live_subscriptions=len(state.live_subs) - 1,
-                 polled_filters=len(state.polled))
+                 polled_filters=len(state.polled.filters) + len(state.fresh_polled.filters))

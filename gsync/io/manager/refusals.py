@@ -185,13 +185,14 @@ class Refusals:
         if live is None:
             return
         if kind is CAPACITY:
-            self.poll_instead(state, live.filters)
+            self.poll_instead(state, live.filters, fresh=live.fresh)
         elif kind is SUBSCRIPTIONS:
             # The cap is learnt (and coverage consolidated, if it had to be): again within it.
             if live.control:
                 self.open_live(state, sub_id, live.filters, control=True)
             else:
-                self.open_live_groups(state, [live.filters], descendants=live.descendants)
+                self.open_live_groups(state, [live.filters], descendants=live.descendants,
+                                      fresh=int(live.fresh))
         elif kind is Refusal.RATE_LIMIT:
             # It waits out the cooldown in the live queue; the cooldown's end rebuilds it.
             state.live_subs[sub_id] = live
