@@ -649,7 +649,7 @@ def test_a_relay_that_caps_open_subscriptions_without_saying_so_is_synced_within
     own = relay_factory()
     remote = scripted(on_message=six_open_at_most)
     gsync = gsync_factory(own, [remote])
-    for n in range(8):
+    for n in range(5):
         repo = our_announcement(own, [remote], d=f"capped-{n}", created_at=int(time.time()))
         bug = f.issue(bob, repo, subject=f"bug {n}")
         reply = f.comment(alice, bug)
@@ -659,7 +659,7 @@ def test_a_relay_that_caps_open_subscriptions_without_saying_so_is_synced_within
     lowered = events_named(gsync, "subscriptions_cap_lowered", remote.url)
     assert lowered and min(e["max_subscriptions"] for e in lowered) <= cap, lowered
     assert len(refused) <= 3, refused
-    # What stays open fits the cap: the live coverage of all eight and layer 1.
+    # What stays open fits the cap: the live coverage of all five and layer 1.
     wait_until(lambda: len(remote.open_connections) == 1 and len(remote.open_connections[0].subs) <= cap,
                timeout=10, what="what stays open within the cap")
     if not refusal.startswith("rate-limited"):
