@@ -109,3 +109,24 @@ def test_notices_are_counted_by_prefix_and_spend_the_budget(session):
     for _ in range(constants.MISBEHAVIOUR_BUDGET + 5):
         session._handle_frame(frame("NOTICE", "hello"))
     assert session.closed
+
+
+def test_what_a_relay_ignoring_since_sends_is_dropped_without_a_hang_up(session):
+    # A poll or a reconnect asks since a time; a relay that ignores it sends a page of
+    # older events that match everything else. Counted and dropped, but not misbehaviour:
+    # 1,200 of them (past the budget of 1,000 points) do not end the session.
+    now = 1_800_000_000
+    session.subscriptions["since"] = FilterSet([Filter.make(kinds=[1621], tags={"a": [REPO]}, since=now)])
+    author = f.Author.named("old")
+    before = dropped("outside_time_bounds"), dropped("no_matching_filter")
+    for n in range(constants.MISBEHAVIOUR_BUDGET + 200):
+        old = f.issue(author, REPO, subject=f"old {n}", created_at=now - 3600 - n)
+        session._handle_frame(frame("EVENT", "since", old.to_dict()))
+    assert not session.closed
+    assert dropped("outside_time_bounds") == before[0] + constants.MISBEHAVIOUR_BUDGET + 200
+    assert dropped("no_matching_filter") == before[1]
+    assert events_posted(session) == []
+    # An event that matches nothing else still costs a point.
+    note = author.sign(1, [], "not for us", now + 1).to_dict()
+    session._handle_frame(frame("EVENT", "since", note))
+    assert dropped("no_matching_filter") == before[1] + 1

@@ -7,6 +7,7 @@ on the own relay, what its metrics say, what the scripted relays saw on the wire
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -360,3 +361,35 @@ def test_ends_of_subscriptions_nobody_opened_are_dropped_and_hung_up_on(relay_fa
                timeout=30, what="a hang-up for the stream of ends")
     assert gsync.metric(DROPS, reason="unknown_subscription") >= 1_000
     assert gsync.proc.poll() is None
+
+
+def test_a_relay_that_ignores_since_is_not_hung_up_on(relay_factory, scripted, gsync_factory):
+    # After a reconnect gsync asks since its last connection (less 15 minutes); this relay
+    # answers as if no since were given: all 1,200 old issues again, past the misbehaviour
+    # budget of 1,000 points. They are what was asked for apart from the time, so they are
+    # dropped and counted without a point, and the session goes on to bring the new issue.
+    def ignore_since(relay, conn, message):
+        if isinstance(message, list) and message[:1] == ["REQ"]:
+            for flt in message[2:]:
+                if isinstance(flt, dict):
+                    flt.pop("since", None)
+        return None
+
+    own = relay_factory()
+    remote = scripted(page_size=2000, on_message=ignore_since)
+    repo = our_announcement(own, [remote], d="ignores-since")
+    old = int(time.time()) - 7200
+    issues = [f.issue(carol, repo, subject=f"old {n}", created_at=old - n) for n in range(1200)]
+    remote.add(repo, *issues)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"base_backoff_secs": "1"}})
+    assert_arrives(own, issues, timeout=60, what="the 1,200 old issues")
+    late = f.issue(carol, repo, subject="new while we were away", created_at=int(time.time()))
+    remote.add(late)
+    remote.drop_all()
+    assert_arrives(own, [late], timeout=30, what="the new issue, after the reconnect")
+    wait_until(lambda: sum(gsync.metric(DROPS, reason=r) for r in ("outside_time_bounds", "no_matching_filter"))
+               >= 1200, timeout=30, what="the old issues sent again, dropped")
+    assert not [e for e in gsync.log_events() if e.get("event") == "relay_disconnected"
+                and e.get("reason") == "misbehaviour budget exhausted"]
+    assert gsync.metric(DROPS, reason="no_matching_filter") == 0

@@ -246,12 +246,13 @@ class RelayConnection:
 
     # -- frames -------------------------------------------------------------------------
 
-    def _drop(self, reason: str, event_id=None) -> None:
+    def _drop(self, reason: str, event_id=None, misbehaved: bool = True) -> None:
         """Every dropped frame or event is counted by reason, logged (debug), and spends a
-        misbehaviour point."""
+        misbehaviour point unless it is no fault of the relay's."""
         metrics.DROPS.labels(reason).inc()
         log.debug("event_dropped", relay=self.relay, reason=reason, event_id=event_id)
-        self._misbehaved()
+        if misbehaved:
+            self._misbehaved()
 
     def _misbehaved(self) -> None:
         if not self._budget.spend(time.monotonic()):
@@ -349,7 +350,12 @@ class RelayConnection:
             self._drop(exc.reason, event_id)
             return
         if not matched:
-            self._drop("no_matching_filter", event_id)
+            if filters.matches_apart_from_time(event):
+                # What we asked for, outside the time bounds we gave: a relay that ignores
+                # ``since`` sends a page of these to every poll and reconnect. Not junk.
+                self._drop("outside_time_bounds", event_id, misbehaved=False)
+            else:
+                self._drop("no_matching_filter", event_id)
             return
         if not known:
             # The manager learns of it only when it takes the event off its queue; copies

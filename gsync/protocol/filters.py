@@ -156,17 +156,18 @@ class Filter:
         size = len(selectors) if selectors.isascii() else len(selectors.encode())
         return 2 + size + (1 if selectors and bounds else 0) + len(bounds)
 
-    def matches(self, event: Event) -> bool:
-        """NIP-01 matching; ``limit`` does not affect whether an event matches."""
+    def matches(self, event: Event, *, in_time: bool = True) -> bool:
+        """NIP-01 matching; ``limit`` does not affect whether an event matches, nor
+        ``since``/``until`` when ``in_time`` is False."""
         if self.ids is not None and event.id not in self.ids:
             return False
         if self.authors is not None and event.pubkey not in self.authors:
             return False
         if self.kinds is not None and event.kind not in self.kinds:
             return False
-        if self.since is not None and event.created_at < self.since:
+        if in_time and self.since is not None and event.created_at < self.since:
             return False
-        if self.until is not None and event.created_at > self.until:
+        if in_time and self.until is not None and event.created_at > self.until:
             return False
         if self.tags:
             index = event.tag_index()
@@ -264,6 +265,12 @@ class FilterSet:
             elif (left[0] is None or created_at >= left[0]) and (left[1] is None or created_at <= left[1]):
                 out.append(i)
         return tuple(out)
+
+    def matches_apart_from_time(self, event: Event) -> bool:
+        """Whether a filter would match ``event`` but for its ``since``/``until``: what a
+        relay that ignores them, or reads them otherwise (an exclusive ``until``), sends.
+        Only asked of an event ``matching`` found no filter for."""
+        return any(f.matches(event, in_time=False) for f in self.filters)
 
 
 def _index_all(index: dict, values, i: int) -> None:
