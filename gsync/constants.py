@@ -165,6 +165,14 @@ MAX_MESSAGE_BYTES = 1024 * 1024
 # A websocket message this large ends the connection (one larger than MAX_MESSAGE_BYTES is
 # only dropped and counted): past it, a peer is streaming junk into our memory.
 MAX_FRAME_BYTES = 4 * MAX_MESSAGE_BYTES
+# A relay whose read limit a message of ours passed ends the session: with close status 1009
+# ("message too big") or without a word. Ended so within this long of our sending a message
+# of LONG_MESSAGE_BYTES or more, it is read as that: the session's messages are kept to half
+# the longest from then on (never below MIN_LEARNED_MESSAGE_BYTES), for the relay's life in
+# this process. A relay that publishes max_message_length is never sent longer ones.
+LONG_MESSAGE_BYTES = 16 * 1024
+HANGUP_AFTER_LONG_SECS = 5.0
+MIN_LEARNED_MESSAGE_BYTES = 8 * 1024
 JUNK_DISCONNECT_THRESHOLD = 50  # malformed frames in a row before we hang up
 # Pings and pongs with no message between them: a relay pings every half minute or so, a
 # stream of them is a flood (it ends the connection as a broken frame would). Counted per

@@ -51,6 +51,10 @@ Knobs for misbehaviour:
   ``upgrade_times`` has the ``time.monotonic()`` of every upgrade request.
 - ``redirect_to``: answer every websocket upgrade with ``301`` to that URL;
   ``nip11_redirect_to``: answer every plain HTTP GET (NIP-11) with ``302`` to that URL.
+- ``max_message=(bytes, how)``: a client message longer than ``bytes`` ends the session, as
+  websocket servers with a read limit do: ``how`` is ``"close"`` (a close frame with status
+  1009, "message too big", then the socket closes) or ``"drop"`` (the socket closes, nothing
+  said). ``oversized`` lists the sizes of the messages that did so.
 - ``host``: the loopback address to listen on (default ``127.0.0.1``; all of 127.0.0.0/8 is
   loopback on Linux).
 
@@ -377,6 +381,7 @@ class ScriptedRelay:
         redirect_to: str | None = None,
         nip11_redirect_to: str | None = None,
         refuse_upgrades: Iterable = (),
+        max_message: tuple | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ):
@@ -403,6 +408,8 @@ class ScriptedRelay:
         self.refuse_upgrades = list(refuse_upgrades)
         self.upgrade_times: list[float] = []
         self.nip11_redirect_to = nip11_redirect_to
+        self.max_message = max_message
+        self.oversized: list[int] = []
         self.host = host
         self._requested_port = port
         self.port = 0
@@ -679,6 +686,13 @@ class ScriptedRelay:
         try:
             while not self._stopping.is_set() and conn.open:
                 opcode, payload = conn.read_message()
+                if self.max_message is not None and len(payload) > self.max_message[0]:
+                    self.oversized.append(len(payload))
+                    if self.max_message[1] == "close":
+                        conn.close(1009)
+                    else:
+                        conn.drop()
+                    return
                 if opcode == OP_BINARY:
                     self._note(conn, payload)
                     continue

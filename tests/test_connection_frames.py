@@ -130,3 +130,24 @@ def test_what_a_relay_ignoring_since_sends_is_dropped_without_a_hang_up(session)
     note = author.sign(1, [], "not for us", now + 1).to_dict()
     session._handle_frame(frame("EVENT", "since", note))
     assert dropped("no_matching_filter") == before[1] + 1
+
+
+def test_a_hang_up_just_after_a_long_message_names_it(session, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr("gsync.io.connection.time.monotonic", lambda: clock[0])
+    assert session.sent_too_long() == 0  # nothing long sent: an ordinary disconnect
+    session._note_long(["x" * 100, "y" * 70_000, "z" * 20_000])
+    clock[0] += 1
+    assert session.sent_too_long() == 70_000  # the longest of those just sent
+    clock[0] += constants.HANGUP_AFTER_LONG_SECS + 1
+    assert session.sent_too_long() == 0  # long ago: not why the relay left now
+    assert session.sent_too_long(close_status=1009) == 70_000  # unless it says "too big"
+    assert session.sent_too_long(close_status=1000) == 0
+
+
+def test_nip77_frames_fit_the_relays_messages():
+    from gsync.io.negentropy_sync import FRAME_SIZE_LIMIT, frame_size_limit
+    from gsync.protocol.negentropy import MIN_FRAME_SIZE_LIMIT
+    assert frame_size_limit(constants.MAX_MESSAGE_BYTES) == FRAME_SIZE_LIMIT
+    assert 2 * frame_size_limit(16_384) + 100 <= 16_384  # hex doubles it; the envelope fits
+    assert frame_size_limit(1_000) == MIN_FRAME_SIZE_LIMIT

@@ -393,3 +393,25 @@ def test_a_relay_that_ignores_since_is_not_hung_up_on(relay_factory, scripted, g
     assert not [e for e in gsync.log_events() if e.get("event") == "relay_disconnected"
                 and e.get("reason") == "misbehaviour budget exhausted"]
     assert gsync.metric(DROPS, reason="no_matching_filter") == 0
+
+
+@pytest.mark.parametrize("how", ["close", pytest.param("drop", marks=pytest.mark.slow)])
+def test_a_relay_that_hangs_up_on_long_messages_is_synced_in_shorter_reqs(relay_factory, scripted,
+                                                                         gsync_factory, how):
+    # No NIP-11, and a 64 KiB read limit (strfry and nostr-rs-relay default to 128 KiB, and
+    # publish it; this one does not): a longer message ends the session, with a close frame
+    # saying 1009 ("message too big") or without a word. 1,000 issues make layer-3 REQs of
+    # about 200 kB. Sent again after every reconnect, they would never get through; the
+    # hang-up teaches gsync to send shorter ones, and the issues' comments arrive.
+    own = relay_factory()
+    remote = scripted(page_size=2000, max_message=(64 * 1024, how))
+    repo = our_announcement(own, [remote], d="short-messages")
+    issues = [f.issue(carol, repo, subject=f"issue {n}") for n in range(1000)]
+    replies = [f.comment(alice, issue) for issue in issues[::100]]
+    remote.add(repo, *issues, *replies)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"base_backoff_secs": "1"}})
+    assert_arrives(own, issues + replies, timeout=60, what="the issues and their comments")
+    assert 1 <= len(remote.oversized) <= 4, remote.oversized
+    learned = [e for e in gsync.log_events() if e.get("event") == "message_length_lowered"]
+    assert learned and learned[-1]["max_message_length"] <= 64 * 1024, learned

@@ -37,6 +37,7 @@ SEND_BATCH = 64  # queued messages joined into one socket write
 # verified again. The reader waits for the manager after every burst, so a few bursts' worth
 # is plenty; about 1 MB.
 CHECKED_CAPACITY = 10_000
+CLOSE_MESSAGE_TOO_BIG = 1009  # RFC 6455 close status
 CLOSING_CAPACITY = 1_000  # subscriptions closed by us, awaiting the relay's CLOSED
 NEG_INBOX_FRAMES = 16  # NIP-77 frames waiting for one exchange (it is owed one at a time)
 # Read bursts posted to the manager and not yet applied: the reader waits beyond this, so
@@ -86,6 +87,7 @@ class RelayConnection:
         self._unapplied: deque[gevent.event.Event] = deque()  # bursts posted, each set once applied
         self._greenlets: list[gevent.Greenlet] = []
         self.closed = False
+        self._long_sent: deque[tuple[float, int]] = deque(maxlen=32)  # (when, length) sent
         self._bytes_up = metrics.BYTES_UP.labels(relay)
         self._bytes_down = metrics.BYTES_DOWN.labels(relay)
 
@@ -164,16 +166,32 @@ class RelayConnection:
             try:
                 with gevent.Timeout(SEND_TIMEOUT_SECS):
                     if batch:
+                        self._note_long(batch)
                         self.ws.send_many(batch)
                         self._bytes_up.inc(sum(map(len, batch)))
                     else:
                         self.ws.ping()
             except BaseException as exc:  # Timeout is a BaseException
-                self._finish(f"send failed: {type(exc).__name__}")
+                self._finish(f"send failed: {type(exc).__name__}", sent_too_long=self.sent_too_long())
                 return
 
+    def _note_long(self, batch) -> None:
+        long = [len(text) for text in batch if len(text) >= constants.LONG_MESSAGE_BYTES]
+        if long:
+            self._long_sent.append((time.monotonic(), max(long)))
+
+    def sent_too_long(self, close_status: int | None = None) -> int:
+        """The session is ending from the relay's side: the longest message we sent within
+        HANGUP_AFTER_LONG_SECS, the likely reason (a read limit); with status 1009 ("message
+        too big") the longest we sent at all. 0 when no long message makes it likely."""
+        now = time.monotonic()
+        recent = [n for t, n in self._long_sent if now - t <= constants.HANGUP_AFTER_LONG_SECS]
+        if not recent and close_status == CLOSE_MESSAGE_TOO_BIG:
+            recent = [n for _, n in self._long_sent]
+        return max(recent, default=0)
+
     def _read_loop(self) -> None:
-        reason = "connection closed"
+        reason, too_long = "connection closed", 0
         try:
             self.ws.settimeout(constants.READ_IDLE_TIMEOUT_SECS)
             self.ws.stall_timeout = constants.MESSAGE_STALL_SECS
@@ -194,7 +212,9 @@ class RelayConnection:
                 if self._room is not None:
                     self._room.wait()  # delivery is full: the socket pushes back on the relay
                 if burst[-1][0] == wsframes.OP_CLOSE:
-                    reason = "closed by relay"
+                    status = int.from_bytes(burst[-1][1][:2], "big") if len(burst[-1][1]) >= 2 else None
+                    reason = "closed by relay" + (f" ({status})" if status else "")
+                    too_long = self.sent_too_long(status)
                     break
         except ws_stream.StalledMessage as exc:
             self._hang_up("stalled_message", str(exc))
@@ -203,15 +223,15 @@ class RelayConnection:
         except ws_stream.BrokenFrame as exc:
             self._hang_up("bad_frame", str(exc))
         except ws_stream.ConnectionClosed as exc:
-            reason = str(exc) or "connection closed"
+            reason, too_long = str(exc) or "connection closed", self.sent_too_long()
         except Exception as exc:
-            reason = f"read failed: {type(exc).__name__}"
-        self._finish(reason)
+            reason, too_long = f"read failed: {type(exc).__name__}", self.sent_too_long()
+        self._finish(reason, sent_too_long=too_long)
 
-    def _finish(self, reason: str, misbehaved: bool = False) -> None:
+    def _finish(self, reason: str, misbehaved: bool = False, sent_too_long: int = 0) -> None:
         if not self.closed:
             self.close(reason)
-            self._emit(RelayDisconnected(self.relay, self.session, reason, misbehaved))
+            self._emit(RelayDisconnected(self.relay, self.session, reason, misbehaved, sent_too_long))
 
     def _hang_up(self, label: str, reason: str) -> None:
         """End the session because the relay misbehaved: counted, and backed off."""

@@ -70,6 +70,9 @@ class RelayDisconnected:
     session: int
     reason: str
     misbehaved: bool = False  # gsync hung up on it: back off as after a failure
+    # The relay ended it just after a message this long: its read limit, most likely
+    # (connection.RelayConnection.sent_too_long); 0 when nothing suggests that.
+    sent_too_long: int = 0
 
 
 @dataclass(slots=True)

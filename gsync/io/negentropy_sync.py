@@ -28,6 +28,7 @@ from ..constants import (
     SHARED_HOLDINGS_SECS,
 )
 from ..ops import metrics
+from ..protocol import negentropy
 from ..protocol.filters import Filter
 from ..protocol.negentropy import Storage
 from . import negentropy_ws
@@ -36,6 +37,13 @@ from .own_query import KeptConnections
 
 # LocalRelay's NIP-77 frame limit is 60,000 bytes; staying under it suits most relays.
 FRAME_SIZE_LIMIT = 50_000
+
+
+def frame_size_limit(max_message_length: int) -> int:
+    """A NIP-77 message's limit (binary: hex doubles it on the wire) for a relay taking
+    messages of ``max_message_length``: FRAME_SIZE_LIMIT, less if its messages are shorter."""
+    fitting = (max_message_length - 2 * negentropy.FRAME_SLACK) // 2
+    return max(negentropy.MIN_FRAME_SIZE_LIMIT, min(FRAME_SIZE_LIMIT, fitting))
 
 
 @dataclass
@@ -145,7 +153,7 @@ def read_holdings(own_url: str, filters, post, *, relay: str, session: int, batc
 
 def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batch_id: int,
                      token: str, deadline_secs: float = NEGENTROPY_DEADLINE_SECS,
-                     held=None) -> None:
+                     held=None, frame_size_limit: int = FRAME_SIZE_LIMIT) -> None:
     """``held``: the own relay's (created_at, id) for ``flt``, if already read."""
     with _running:
         try:
@@ -157,7 +165,7 @@ def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batc
             extra = list(extra_items)
             shared = None if extra else _holdings.storage(flt, items)
             outcome = exchange(conn, token, flt, items + extra if extra else items, deadline_secs,
-                               storage=shared)
+                               frame_size_limit=frame_size_limit, storage=shared)
             outcome.held = len(items)
     post(NegentropyFinished(conn.relay, conn.session, batch_id, token, flt, outcome))
 

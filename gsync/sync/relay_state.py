@@ -82,6 +82,8 @@ class RelayState:
     session: int = 0
     attempt: int = 0
     limits: Any = None
+    # the longest message this relay took, learnt from its hang-ups (kept over sessions)
+    max_message_learned: int | None = None
     page_cap: Any = None  # pending.PageCap: what this session taught us of its page size
     refused_reason: str = ""  # the SSRF guard said no: never dialled again
     pending: dict[int, PendingBatch] = field(default_factory=dict)

@@ -427,6 +427,7 @@ class HistoricSync:
             negentropy_sync.reconcile_filter,
             state.conn, self.config.service.own_relay, flt, self.have_beyond_holdings(flt),
             self.post, batch_id=state.sub_to_batch[token], token=token, held=held,
+            frame_size_limit=negentropy_sync.frame_size_limit(filter_plan.req_length_limit(state.limits)),
         )
 
     def not_seen(self, ids) -> set[str]:

@@ -4,6 +4,7 @@ connect through the handshake pool, fresh start or quick reconnect, retire.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 
 from ... import constants
@@ -106,7 +107,7 @@ class RelayLifecycle:
         metrics.CONNECTION_ATTEMPTS.labels(msg.relay, "success").inc()
         self.health.record_success(msg.relay, now)
         state.session += 1
-        state.limits = msg.limits
+        state.limits = self.with_learned_limits(state, msg.limits)
         state.page_cap = PageCap()  # learnt again: the relay may have changed
         state.negentropy_ok = True  # a NIP-77 verdict holds for one session (SPEC §4)
         state.conn = RelayConnection(
@@ -136,6 +137,8 @@ class RelayLifecycle:
             return
         now = self.clock()
         log.info("relay_disconnected", relay=msg.relay, reason=msg.reason)
+        if msg.sent_too_long:
+            self.learn_message_length(state, msg.sent_too_long)
         state.conn = None
         state.status = ConnectionStatus.DISCONNECTED
         state.disconnected_at = now
@@ -145,6 +148,25 @@ class RelayLifecycle:
         state.clear_live()
         self.recovery.cancel_attempt(msg.relay)  # its batch is gone: not left in flight
         self.health.record_disconnect(msg.relay, now, misbehaved=msg.misbehaved)
+
+    def learn_message_length(self, state: RelayState, sent: int) -> None:
+        """The relay hung up just after a message ``sent`` bytes long: its read limit, most
+        likely. Later sessions send messages of half that at most (REQs packed and filters
+        chunked within it, NIP-77 frames too), never less than MIN_LEARNED_MESSAGE_BYTES:
+        sent again at every reconnect, the same message would never get through."""
+        current = filter_plan.req_length_limit(state.limits)
+        allowed = max(constants.MIN_LEARNED_MESSAGE_BYTES, sent // 2)
+        if allowed >= current or (state.max_message_learned or current) <= allowed:
+            return
+        state.max_message_learned = allowed
+        log.warning("message_length_lowered", relay=state.url, max_message_length=allowed, sent=sent)
+
+    @staticmethod
+    def with_learned_limits(state: RelayState, limits):
+        learned = state.max_message_learned
+        if learned is None or limits is None or learned >= filter_plan.req_length_limit(limits):
+            return limits
+        return dataclasses.replace(limits, max_message_length=learned)
 
     def fresh_start(self, state: RelayState, now: float) -> None:
         # The daily sync runs on a live connection: close every subscription it abandons,
