@@ -167,9 +167,9 @@ MAX_MESSAGE_BYTES = 1024 * 1024
 MAX_FRAME_BYTES = 4 * MAX_MESSAGE_BYTES
 # A relay whose read limit a message of ours passed ends the session: with close status 1009
 # ("message too big") or without a word. Ended so within this long of our sending a message
-# of LONG_MESSAGE_BYTES or more, it is read as that: the session's messages are kept to half
-# the longest from then on (never below MIN_LEARNED_MESSAGE_BYTES), for the relay's life in
-# this process. A relay that publishes max_message_length is never sent longer ones.
+# of LONG_MESSAGE_BYTES or more (with 1009, or twice in a row without), it is read as that:
+# messages are kept to half the longest from then on (never below MIN_LEARNED_MESSAGE_BYTES),
+# for the relay's life in this process. A relay that publishes max_message_length is never sent longer ones.
 LONG_MESSAGE_BYTES = 16 * 1024
 HANGUP_AFTER_LONG_SECS = 5.0
 MIN_LEARNED_MESSAGE_BYTES = 8 * 1024

@@ -6,6 +6,7 @@ on the own relay, what its metrics say, what the scripted relays saw on the wire
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -415,3 +416,29 @@ def test_a_relay_that_hangs_up_on_long_messages_is_synced_in_shorter_reqs(relay_
     assert 1 <= len(remote.oversized) <= 4, remote.oversized
     learned = [e for e in gsync.log_events() if e.get("event") == "message_length_lowered"]
     assert learned and learned[-1]["max_message_length"] <= 64 * 1024, learned
+
+
+def test_one_hang_up_after_a_long_message_is_not_taken_for_a_read_limit(relay_factory, scripted,
+                                                                       gsync_factory):
+    # The relay drops the socket once, just as the first long REQ arrives (a restart, say),
+    # then takes the same REQ: its messages are not shortened for that.
+    dropped = []
+
+    def drop_once(relay, conn, message):
+        if not dropped and message[:1] == ["REQ"] and len(json.dumps(message)) > 16 * 1024:
+            dropped.append(message[1])
+            conn.drop()
+            return []
+        return None
+
+    own = relay_factory()
+    remote = scripted(page_size=2000, on_message=drop_once)
+    repo = our_announcement(own, [remote], d="dropped-once")
+    issues = [f.issue(carol, repo, subject=f"issue {n}") for n in range(300)]
+    replies = [f.comment(alice, issue) for issue in issues[::30]]
+    remote.add(repo, *issues, *replies)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"base_backoff_secs": "1"}})
+    assert_arrives(own, issues + replies, timeout=60, what="the issues and their comments")
+    assert dropped and len(remote.connections) >= 2
+    assert not [e for e in gsync.log_events() if e.get("event") == "message_length_lowered"]

@@ -172,7 +172,7 @@ class RelayConnection:
                     else:
                         self.ws.ping()
             except BaseException as exc:  # Timeout is a BaseException
-                self._finish(f"send failed: {type(exc).__name__}", sent_too_long=self.sent_too_long())
+                self._finish(f"send failed: {type(exc).__name__}", self.sent_too_long())
                 return
 
     def _note_long(self, batch) -> None:
@@ -191,7 +191,7 @@ class RelayConnection:
         return max(recent, default=0)
 
     def _read_loop(self) -> None:
-        reason, too_long = "connection closed", 0
+        reason, too_long, too_big = "connection closed", 0, False
         try:
             self.ws.settimeout(constants.READ_IDLE_TIMEOUT_SECS)
             self.ws.stall_timeout = constants.MESSAGE_STALL_SECS
@@ -214,7 +214,7 @@ class RelayConnection:
                 if burst[-1][0] == wsframes.OP_CLOSE:
                     status = int.from_bytes(burst[-1][1][:2], "big") if len(burst[-1][1]) >= 2 else None
                     reason = "closed by relay" + (f" ({status})" if status else "")
-                    too_long = self.sent_too_long(status)
+                    too_long, too_big = self.sent_too_long(status), status == CLOSE_MESSAGE_TOO_BIG
                     break
         except ws_stream.StalledMessage as exc:
             self._hang_up("stalled_message", str(exc))
@@ -226,12 +226,17 @@ class RelayConnection:
             reason, too_long = str(exc) or "connection closed", self.sent_too_long()
         except Exception as exc:
             reason, too_long = f"read failed: {type(exc).__name__}", self.sent_too_long()
-        self._finish(reason, sent_too_long=too_long)
+        if too_long:
+            self._finish(reason, too_long, too_big)
+        else:
+            self._finish(reason)
 
-    def _finish(self, reason: str, misbehaved: bool = False, sent_too_long: int = 0) -> None:
+    def _finish(self, reason: str, sent_too_long: int = 0, said_too_big: bool = False,
+                misbehaved: bool = False) -> None:
         if not self.closed:
             self.close(reason)
-            self._emit(RelayDisconnected(self.relay, self.session, reason, misbehaved, sent_too_long))
+            self._emit(RelayDisconnected(self.relay, self.session, reason, misbehaved, sent_too_long,
+                                         said_too_big))
 
     def _hang_up(self, label: str, reason: str) -> None:
         """End the session because the relay misbehaved: counted, and backed off."""

@@ -73,6 +73,7 @@ class RelayDisconnected:
     # The relay ended it just after a message this long: its read limit, most likely
     # (connection.RelayConnection.sent_too_long); 0 when nothing suggests that.
     sent_too_long: int = 0
+    said_too_big: bool = False  # with close status 1009, "message too big"
 
 
 @dataclass(slots=True)

@@ -82,8 +82,10 @@ class RelayState:
     session: int = 0
     attempt: int = 0
     limits: Any = None
-    # the longest message this relay took, learnt from its hang-ups (kept over sessions)
+    # the longest message this relay takes, learnt from its hang-ups (kept over sessions),
+    # and how many sessions in a row it ended, without a word, just after a long message
     max_message_learned: int | None = None
+    silent_long_hangups: int = 0
     page_cap: Any = None  # pending.PageCap: what this session taught us of its page size
     refused_reason: str = ""  # the SSRF guard said no: never dialled again
     pending: dict[int, PendingBatch] = field(default_factory=dict)

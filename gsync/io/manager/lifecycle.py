@@ -137,8 +137,12 @@ class RelayLifecycle:
             return
         now = self.clock()
         log.info("relay_disconnected", relay=msg.relay, reason=msg.reason)
-        if msg.sent_too_long:
+        # Said with status 1009, or twice in a row without a word (one such hang-up may be
+        # any other outage that came at that moment).
+        state.silent_long_hangups = state.silent_long_hangups + 1 if msg.sent_too_long and not msg.said_too_big else 0
+        if msg.said_too_big or state.silent_long_hangups >= 2:
             self.learn_message_length(state, msg.sent_too_long)
+            state.silent_long_hangups = 0
         state.conn = None
         state.status = ConnectionStatus.DISCONNECTED
         state.disconnected_at = now
