@@ -201,16 +201,22 @@ def _hold_history_of(event_id: str, secs: float, held: list):
     return hold
 
 
+def _hosted_issues(own, remote, d: str, count: int):
+    """A repository hosted on ``own`` with ``count`` issues, on ``own`` and ``remote`` both."""
+    repo = our_announcement(own, [remote], d=d)
+    bugs = [f.issue(bob, repo, subject=f"bug {n}") for n in range(count)]
+    own.host(repo, *bugs)
+    remote.add(repo, *bugs)
+    return repo, bugs
+
+
 def test_polls_are_spaced_by_what_they_send(gsync_factory, scripted):
     # 150 issues: their e/E/q coverage (about 30 kB) does not fit the relay's one live REQ
     # (layer 1 takes it) and is polled. Every poll sends it all again, so polls are spaced
     # by its size (here 0.05 s a KiB: about 1.5 s), not POLL_SECS (0.2 s) apart.
     own = GraspRelay.start(scripted)
     remote = scripted(page_size=500, on_message=_live_budget(1))
-    repo = our_announcement(own, [remote], d="many-issues")
-    bugs = [f.issue(bob, repo, subject=f"bug {n}") for n in range(150)]
-    own.host(repo, *bugs)
-    remote.add(repo, *bugs)
+    repo, bugs = _hosted_issues(own, remote, "many-issues", 150)
     gsync = gsync_factory(own, [remote], timers={"POLL_SECS": 0.2, "POLL_SECS_PER_KIB": 0.05,
                                                  "MAINTENANCE_TICK_SECS": 0.1})
 
@@ -232,10 +238,7 @@ def test_a_new_root_past_a_full_budget_is_polled_apart_from_the_old_coverage(gsy
     # comment arrives in seconds, not at the next poll of the old coverage.
     own = GraspRelay.start(scripted)
     remote = scripted(page_size=500, nip11={"limitation": {"max_subscriptions": 3}})
-    repo = our_announcement(own, [remote], d="old-and-new")
-    bugs = [f.issue(bob, repo, subject=f"bug {n}") for n in range(150)]
-    own.host(repo, *bugs)
-    remote.add(repo, *bugs)
+    repo, bugs = _hosted_issues(own, remote, "old-and-new", 150)
     gsync = gsync_factory(own, [remote], timers={"POLL_SECS": 0.3, "FRESH_POLL_SECS": 2,
                                                  "MAINTENANCE_TICK_SECS": 0.1})
     wait_until(lambda: any(e.get("coverage") == "settled" and e["every_secs"] >= 20

@@ -396,6 +396,20 @@ def test_a_relay_that_ignores_since_is_not_hung_up_on(relay_factory, scripted, g
     assert gsync.metric(DROPS, reason="no_matching_filter") == 0
 
 
+def _sync_issues_and_comments(own, remote, gsync_factory, d: str, count: int):
+    """A repository of ``count`` issues on ``remote``, one in ten with a comment (reachable
+    only through its issue's id: layer 3), announced on ``own``; gsync started and every
+    one of them arrived. Returns gsync."""
+    repo = our_announcement(own, [remote], d=d)
+    issues = [f.issue(carol, repo, subject=f"issue {n}") for n in range(count)]
+    replies = [f.comment(alice, issue) for issue in issues[::10]]
+    remote.add(repo, *issues, *replies)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"base_backoff_secs": "1"}})
+    assert_arrives(own, issues + replies, timeout=60, what="the issues and their comments")
+    return gsync
+
+
 @pytest.mark.parametrize("how", ["close", pytest.param("drop", marks=pytest.mark.slow)])
 def test_a_relay_that_hangs_up_on_long_messages_is_synced_in_shorter_reqs(relay_factory, scripted,
                                                                          gsync_factory, how):
@@ -406,13 +420,7 @@ def test_a_relay_that_hangs_up_on_long_messages_is_synced_in_shorter_reqs(relay_
     # hang-up teaches gsync to send shorter ones, and the issues' comments arrive.
     own = relay_factory()
     remote = scripted(page_size=2000, max_message=(64 * 1024, how))
-    repo = our_announcement(own, [remote], d="short-messages")
-    issues = [f.issue(carol, repo, subject=f"issue {n}") for n in range(1000)]
-    replies = [f.comment(alice, issue) for issue in issues[::100]]
-    remote.add(repo, *issues, *replies)
-    publish(own.url, [repo])
-    gsync = gsync_factory(own, [remote], extra={"sync": {"base_backoff_secs": "1"}})
-    assert_arrives(own, issues + replies, timeout=60, what="the issues and their comments")
+    gsync = _sync_issues_and_comments(own, remote, gsync_factory, "short-messages", 1000)
     assert 1 <= len(remote.oversized) <= 4, remote.oversized
     learned = [e for e in gsync.log_events() if e.get("event") == "message_length_lowered"]
     assert learned and learned[-1]["max_message_length"] <= 64 * 1024, learned
@@ -433,12 +441,6 @@ def test_one_hang_up_after_a_long_message_is_not_taken_for_a_read_limit(relay_fa
 
     own = relay_factory()
     remote = scripted(page_size=2000, on_message=drop_once)
-    repo = our_announcement(own, [remote], d="dropped-once")
-    issues = [f.issue(carol, repo, subject=f"issue {n}") for n in range(300)]
-    replies = [f.comment(alice, issue) for issue in issues[::30]]
-    remote.add(repo, *issues, *replies)
-    publish(own.url, [repo])
-    gsync = gsync_factory(own, [remote], extra={"sync": {"base_backoff_secs": "1"}})
-    assert_arrives(own, issues + replies, timeout=60, what="the issues and their comments")
+    gsync = _sync_issues_and_comments(own, remote, gsync_factory, "dropped-once", 300)
     assert dropped and len(remote.connections) >= 2
     assert not [e for e in gsync.log_events() if e.get("event") == "message_length_lowered"]

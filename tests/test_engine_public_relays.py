@@ -591,6 +591,18 @@ def test_rate_limit_answers_in_neg_err_and_ok_start_the_cooldown(where, relay_fa
         ["relay_rate_limited", "relay_probing"]
 
 
+def sync_repositories_one_after_another(own, remote, prefix: str, count: int) -> None:
+    """Announce ``count`` repositories on ``own``, each once the one before has synced: an
+    issue and its comment on ``remote`` for each, which must arrive on ``own``."""
+    for n in range(count):
+        repo = our_announcement(own, [remote], d=f"{prefix}-{n}", created_at=int(time.time()))
+        bug = f.issue(bob, repo, subject=f"bug {n}")
+        reply = f.comment(alice, bug)
+        remote.add(repo, bug, reply)
+        publish(own.url, [repo])
+        assert_arrives(own, [bug, reply], timeout=30, what=f"repository {n}'s issue and comment")
+
+
 @pytest.mark.slow  # five repositories announced one after another
 def test_a_relay_that_takes_three_filters_a_req_is_synced_in_smaller_reqs(relay_factory, gsync_factory,
                                                                         scripted):
@@ -609,15 +621,7 @@ def test_a_relay_that_takes_three_filters_a_req_is_synced_in_smaller_reqs(relay_
     own = relay_factory()
     remote = scripted(on_message=three_filters_at_most)
     gsync = gsync_factory(own, [remote])
-    expected = []
-    for n in range(5):
-        repo = our_announcement(own, [remote], d=f"few-filters-{n}", created_at=int(time.time()))
-        bug = f.issue(bob, repo, subject=f"bug {n}")
-        reply = f.comment(alice, bug)
-        remote.add(repo, bug, reply)
-        publish(own.url, [repo])
-        expected += [bug, reply]
-        assert_arrives(own, [bug, reply], timeout=30, what=f"repository {n}'s issue and comment")
+    sync_repositories_one_after_another(own, remote, "few-filters", 5)
     assert not events_named(gsync, "relay_rate_limited", remote.url)
     lowered = events_named(gsync, "filters_per_req_lowered", remote.url)
     assert lowered and min(e["max_filters"] for e in lowered) <= 3, lowered
@@ -649,13 +653,7 @@ def test_a_relay_that_caps_open_subscriptions_without_saying_so_is_synced_within
     own = relay_factory()
     remote = scripted(on_message=six_open_at_most)
     gsync = gsync_factory(own, [remote])
-    for n in range(5):
-        repo = our_announcement(own, [remote], d=f"capped-{n}", created_at=int(time.time()))
-        bug = f.issue(bob, repo, subject=f"bug {n}")
-        reply = f.comment(alice, bug)
-        remote.add(repo, bug, reply)
-        publish(own.url, [repo])
-        assert_arrives(own, [bug, reply], timeout=30, what=f"repository {n}'s issue and comment")
+    sync_repositories_one_after_another(own, remote, "capped", 5)
     lowered = events_named(gsync, "subscriptions_cap_lowered", remote.url)
     assert lowered and min(e["max_subscriptions"] for e in lowered) <= cap, lowered
     assert len(refused) <= 3, refused
