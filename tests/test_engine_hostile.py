@@ -415,12 +415,12 @@ def test_a_relay_that_hangs_up_on_long_messages_is_synced_in_shorter_reqs(relay_
                                                                          gsync_factory, how):
     # No NIP-11, and a 64 KiB read limit (strfry and nostr-rs-relay default to 128 KiB, and
     # publish it; this one does not): a longer message ends the session, with a close frame
-    # saying 1009 ("message too big") or without a word. 1,000 issues make layer-3 REQs of
-    # about 200 kB. Sent again after every reconnect, they would never get through; the
+    # saying 1009 ("message too big") or without a word. 600 issues make layer-3 REQs of
+    # about 120 kB. Sent again after every reconnect, they would never get through; the
     # hang-up teaches gsync to send shorter ones, and the issues' comments arrive.
     own = relay_factory()
     remote = scripted(page_size=2000, max_message=(64 * 1024, how))
-    gsync = _sync_issues_and_comments(own, remote, gsync_factory, "short-messages", 1000)
+    gsync = _sync_issues_and_comments(own, remote, gsync_factory, "short-messages", 600)
     assert 1 <= len(remote.oversized) <= 4, remote.oversized
     learned = [e for e in gsync.log_events() if e.get("event") == "message_length_lowered"]
     assert learned and learned[-1]["max_message_length"] <= 64 * 1024, learned
