@@ -257,6 +257,30 @@ def test_a_new_root_past_a_full_budget_is_polled_apart_from_the_old_coverage(gsy
     assert time.monotonic() - started < 10  # the old coverage's next poll is 20 s or more away
 
 
+def test_polled_tiers_due_together_share_one_poll(gsync_factory, scripted):
+    # Old and new coverage, both polled on the same short cadence: each poll is one batch
+    # (its REQs share a batch id) asking for both, not two batches taking turns for the
+    # paced starts that historic sync needs.
+    own = GraspRelay.start(scripted)
+    remote = scripted(page_size=500, nip11={"limitation": {"max_subscriptions": 3}})
+    repo, bugs = _hosted_issues(own, remote, "both-tiers", 20)
+    gsync_factory(own, [remote], timers={"POLL_SECS": 0.3, "FRESH_POLL_SECS": 1, "MAINTENANCE_TICK_SECS": 0.1})
+    wait_until(lambda: any(_member_poll_since(m, bugs[0].id) is not None for _, m in remote.received),
+               timeout=30, what="the old coverage polled")
+    time.sleep(1.5)  # no longer fresh
+    late = f.issue(carol, repo, subject="a new issue")
+    remote.add(late)
+    own.host(late)
+    publish(own.url, [late])
+
+    def poll_batches(event_id):
+        return {m[1].rsplit("-", 1)[0] for _, m in list(remote.received)
+                if _member_poll_since(m, event_id) is not None}
+    wait_until(lambda: len(poll_batches(late.id)) >= 3, timeout=30, what="the new issue polled three times")
+    both = poll_batches(late.id) & poll_batches(bugs[0].id)
+    assert len(both) >= 2, (poll_batches(late.id), poll_batches(bugs[0].id))
+
+
 @pytest.mark.slow
 def test_polls_wait_while_the_relays_historic_sync_runs(gsync_factory, scripted):
     """Polled coverage is asked for again every POLL_SECS, but not while a historic batch

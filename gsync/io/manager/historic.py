@@ -540,7 +540,8 @@ class HistoricSync:
         state.pending.pop(batch.batch_id, None)
         self.stop_leading(state, batch)
         if batch.batch_id == state.poll_batch and not batch.failed:
-            batch.poll_tier.cursor = batch.poll_started_at
+            for tier in batch.poll_tiers:
+                tier.cursor = batch.poll_started_at
         state.confirmed.add(batch.items)
         if getattr(batch, "layer1", False):
             state.announcements_synced = True

@@ -123,36 +123,41 @@ class LiveCoverage:
     def run_polls(self, now: float) -> None:
         """Live coverage that did not fit: one EOSE-closing batch at a time per relay, each
         tier on a cadence set by what it sends (``filter_plan.poll_interval``), from its
-        last successful poll with an overlap (SPEC §3, direct-member fallback). Fresh
-        coverage joins the rest after FRESH_POLL_SECS. Not while the relay's historic sync
-        runs (up to ``POLL_DEFER_SECS``): its batches fetch the same history, and the
-        gate's starts are theirs."""
+        last successful poll with an overlap (SPEC §3, direct-member fallback); tiers due
+        together share the batch (and its paced starts). Fresh coverage joins the rest
+        after FRESH_POLL_SECS. Not while the relay's historic sync runs (up to
+        ``POLL_DEFER_SECS``): its batches fetch the same history, and the gate's starts are
+        theirs."""
         for state in self.relays.values():
             if not state.connected or state.poll_batch in state.pending:
                 continue
             fresh = state.fresh_polled
             if fresh.filters and now - fresh.added_at >= constants.FRESH_POLL_SECS:
                 state.polled.absorb(fresh)
-            for tier, name in ((fresh, "fresh"), (state.polled, "settled")):
-                if tier.filters and now - (tier.started_at or 0) >= tier.every:
-                    last = tier.started_at or tier.cursor or now
-                    if not (self.syncing_batches(state) and now - last < constants.POLL_DEFER_SECS):
-                        self.start_poll(state, tier, name, now)
-                        break
+            due = [(tier, name) for tier, name in ((fresh, "fresh"), (state.polled, "settled"))
+                   if tier.filters and now - (tier.started_at or 0) >= tier.every]
+            if not due:
+                continue
+            last = min(tier.started_at or tier.cursor or now for tier, _ in due)
+            if not (self.syncing_batches(state) and now - last < constants.POLL_DEFER_SECS):
+                self.start_poll(state, due, now)
 
-    def start_poll(self, state: RelayState, tier, name: str, now: float) -> None:
-        since = int(tier.cursor or now) - constants.POLL_OVERLAP_SECS
-        tier.started_at = now
-        tier.filters = state.paused.allowed(tier.filters)
-        if not tier.filters:
+    def start_poll(self, state: RelayState, due, now: float) -> None:
+        filters = []
+        for tier, name in due:
+            since = int(tier.cursor or now) - constants.POLL_OVERLAP_SECS
+            tier.started_at = now
+            tier.filters = state.paused.allowed(tier.filters)
+            every = filter_plan.poll_interval(wire.req_size("poll", tier.filters))
+            if tier.filters and round(every) != round(tier.every):
+                log.info("live_coverage_poll_cadence", relay=state.url, coverage=name,
+                         every_secs=round(every), filters=len(tier.filters))
+            tier.every = every
+            filters += [f.replace(since=since) for f in tier.filters]
+        if not filters:
             return
-        every = filter_plan.poll_interval(wire.req_size("poll", tier.filters))
-        if round(every) != round(tier.every):
-            log.info("live_coverage_poll_cadence", relay=state.url, coverage=name,
-                     every_secs=round(every), filters=len(tier.filters))
-        tier.every = every
-        batch = self.start_historic(state, PendingItems(), [f.replace(since=since) for f in tier.filters])
-        batch.poll_started_at, batch.poll_tier = now, tier
+        batch = self.start_historic(state, PendingItems(), filters)
+        batch.poll_started_at, batch.poll_tiers = now, [tier for tier, _ in due]
         state.poll_batch = batch.batch_id
 
     def live_groups_for(self, state: RelayState, items: PendingItems) -> list:
