@@ -264,7 +264,8 @@ def test_polled_tiers_due_together_share_one_poll(gsync_factory, scripted):
     own = GraspRelay.start(scripted)
     remote = scripted(page_size=500, nip11={"limitation": {"max_subscriptions": 3}})
     repo, bugs = _hosted_issues(own, remote, "both-tiers", 20)
-    gsync_factory(own, [remote], timers={"POLL_SECS": 0.3, "FRESH_POLL_SECS": 1, "MAINTENANCE_TICK_SECS": 0.1})
+    gsync_factory(own, [remote], timers={"POLL_SECS": 0.3, "POLL_SECS_PER_KIB": 0.01, "FRESH_POLL_SECS": 1,
+                                         "MAINTENANCE_TICK_SECS": 0.1})
     wait_until(lambda: any(_member_poll_since(m, bugs[0].id) is not None for _, m in remote.received),
                timeout=30, what="the old coverage polled")
     time.sleep(1.5)  # no longer fresh

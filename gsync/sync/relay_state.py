@@ -63,8 +63,11 @@ class PolledCoverage:
         other.filters, other.added_at, other.started_at = [], None, None
 
     def clear(self) -> None:
-        """Its filters are gone (live coverage rebuilt); the cursor stays."""
-        self.filters, self.added_at, self.started_at = [], None, None
+        """Its filters are gone (live coverage rebuilt, and what does not fit is about to
+        come back): the cursor stays, and so does the cadence (``started_at``, ``every``):
+        a rebuild must not bring the next poll forward, nor end its deferral while
+        historic sync runs."""
+        self.filters, self.added_at = [], None
 
 
 @dataclass
@@ -177,8 +180,9 @@ class RelayState:
         self.members = set()
         self.live_subs.clear()
         self.live_queue.clear()
-        self.fresh_polled.clear()
-        self.polled.clear()
+        for tier in (self.fresh_polled, self.polled):
+            tier.clear()
+            tier.started_at = None  # a new session polls at once, from the cursor
         self.poll_batch = None
 
     def clear_confirmed(self) -> None:

@@ -123,9 +123,10 @@ class LiveCoverage:
     def run_polls(self, now: float) -> None:
         """Live coverage that did not fit: one EOSE-closing batch at a time per relay, each
         tier on a cadence set by what it sends (``filter_plan.poll_interval``), from its
-        last successful poll with an overlap (SPEC §3, direct-member fallback); tiers due
-        together share the batch (and its paced starts). Fresh coverage joins the rest
-        after FRESH_POLL_SECS. Not while the relay's historic sync runs (up to
+        last successful poll with an overlap (SPEC §3, direct-member fallback). A poll
+        takes every tier that is due and the fresh one whenever it has coverage (small by
+        nature), so that the two share batches and paced starts instead of taking turns.
+        Fresh coverage joins the rest after FRESH_POLL_SECS. Not while the relay's historic sync runs (up to
         ``POLL_DEFER_SECS``): its batches fetch the same history, and the gate's starts are
         theirs."""
         for state in self.relays.values():
@@ -139,8 +140,11 @@ class LiveCoverage:
             if not due:
                 continue
             last = min(tier.started_at or tier.cursor or now for tier, _ in due)
-            if not (self.syncing_batches(state) and now - last < constants.POLL_DEFER_SECS):
-                self.start_poll(state, due, now)
+            if self.syncing_batches(state) and now - last < constants.POLL_DEFER_SECS:
+                continue
+            if fresh.filters and due[0][0] is not fresh:
+                due.insert(0, (fresh, "fresh"))
+            self.start_poll(state, due, now)
 
     def start_poll(self, state: RelayState, due, now: float) -> None:
         filters = []
