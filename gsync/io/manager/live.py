@@ -124,10 +124,9 @@ class LiveCoverage:
         """Live coverage that did not fit: one EOSE-closing batch at a time per relay, each
         tier on a cadence set by what it sends (``filter_plan.poll_interval``), from its
         last successful poll with an overlap (SPEC §3, direct-member fallback). A poll
-        takes every tier that is due, and the other if it is half-way there, so that the
-        two fall into step and share batches and paced starts instead of taking turns
-        (while no tier is polled more than twice as often as its size allows). Fresh
-        coverage joins the rest after FRESH_POLL_SECS. Not while the relay's historic sync runs (up to
+        takes every tier that is due and the fresh one whenever it has coverage (small by
+        nature), so that the two share batches and paced starts instead of taking turns.
+        Fresh coverage joins the rest after FRESH_POLL_SECS. Not while the relay's historic sync runs (up to
         ``POLL_DEFER_SECS``): its batches fetch the same history, and the gate's starts are
         theirs."""
         for state in self.relays.values():
@@ -136,15 +135,16 @@ class LiveCoverage:
             fresh = state.fresh_polled
             if fresh.filters and now - fresh.added_at >= constants.FRESH_POLL_SECS:
                 state.polled.absorb(fresh)
-            tiers = [(tier, name) for tier, name in ((fresh, "fresh"), (state.polled, "settled")) if tier.filters]
-            due = [(tier, name) for tier, name in tiers if now - (tier.started_at or 0) >= tier.every]
+            due = [(tier, name) for tier, name in ((fresh, "fresh"), (state.polled, "settled"))
+                   if tier.filters and now - (tier.started_at or 0) >= tier.every]
             if not due:
                 continue
             last = min(tier.started_at or tier.cursor or now for tier, _ in due)
             if self.syncing_batches(state) and now - last < constants.POLL_DEFER_SECS:
                 continue
-            self.start_poll(state, [(tier, name) for tier, name in tiers
-                                    if now - (tier.started_at or 0) >= tier.every / 2], now)
+            if fresh.filters and due[0][0] is not fresh:
+                due.insert(0, (fresh, "fresh"))
+            self.start_poll(state, due, now)
 
     def start_poll(self, state: RelayState, due, now: float) -> None:
         filters = []
