@@ -214,7 +214,8 @@ class RelayConnection:
                 if burst[-1][0] == wsframes.OP_CLOSE:
                     status = int.from_bytes(burst[-1][1][:2], "big") if len(burst[-1][1]) >= 2 else None
                     reason = "closed by relay" + (f" ({status})" if status else "")
-                    too_long, too_big = self.sent_too_long(status), status == CLOSE_MESSAGE_TOO_BIG
+                    too_long = self.sent_too_long(status)
+                    too_big = bool(too_long) and status == CLOSE_MESSAGE_TOO_BIG
                     break
         except ws_stream.StalledMessage as exc:
             self._hang_up("stalled_message", str(exc))
@@ -226,10 +227,7 @@ class RelayConnection:
             reason, too_long = str(exc) or "connection closed", self.sent_too_long()
         except Exception as exc:
             reason, too_long = f"read failed: {type(exc).__name__}", self.sent_too_long()
-        if too_long:
-            self._finish(reason, too_long, too_big)
-        else:
-            self._finish(reason)
+        self._finish(reason, too_long, too_big)
 
     def _finish(self, reason: str, sent_too_long: int = 0, said_too_big: bool = False,
                 misbehaved: bool = False) -> None:

@@ -158,9 +158,8 @@ class RelayLifecycle:
         likely. Later sessions send messages of half that at most (REQs packed and filters
         chunked within it, NIP-77 frames too), never less than MIN_LEARNED_MESSAGE_BYTES:
         sent again at every reconnect, the same message would never get through."""
-        current = filter_plan.req_length_limit(state.limits)
         allowed = max(constants.MIN_LEARNED_MESSAGE_BYTES, sent // 2)
-        if allowed >= current or (state.max_message_learned or current) <= allowed:
+        if allowed >= filter_plan.req_length_limit(state.limits):  # the session's: learnt ones in
             return
         state.max_message_learned = allowed
         log.warning("message_length_lowered", relay=state.url, max_message_length=allowed, sent=sent)
