@@ -11,9 +11,11 @@ import pytest
 from gevent.queue import Queue
 
 from gsync import constants
-from gsync.io.connection import NEG_INBOX_FRAMES, RelayConnection
-from gsync.io.events import RelayDisconnected, RemoteEvents
+from gsync.io import connection
+from gsync.io.connection import NEG_INBOX_FRAMES, NOTICE_REFUSAL_SECS, RelayConnection
+from gsync.io.events import RelayDisconnected, RemoteEvents, RemoteMessage
 from gsync.ops import metrics
+from gsync.protocol import messages as wire
 from gsync.protocol.filters import Filter, FilterSet
 
 from . import factory as f
@@ -109,6 +111,61 @@ def test_notices_are_counted_by_prefix_and_spend_the_budget(session):
     for _ in range(constants.MISBEHAVIOUR_BUDGET + 5):
         session._handle_frame(frame("NOTICE", "hello"))
     assert session.closed
+
+
+def _sent(conn) -> list:
+    """What the connection queued for the relay, decoded."""
+    out = []
+    while not conn._outbox.empty():
+        out.append(json.loads(conn._outbox.get_nowait()))
+    return out
+
+
+def _closed_posted(conn) -> list:
+    return [(m.message.sub_id, m.message.text) for m in conn.posted
+            if isinstance(m, RemoteMessage) and isinstance(m.message, wire.Closed)]
+
+
+def test_a_notice_refusing_past_the_cap_closes_the_last_req_not_yet_answered(session):
+    # "too many subscriptions" in a NOTICE names no REQ. A relay reads in order and refuses
+    # the REQ it just read, so the last one sent that it has not answered is taken as the
+    # one refused: the manager hears its CLOSED, and a CLOSE goes out in case that guess
+    # was wrong. One that was answered (its EOSE, or an event) is never taken.
+    flt = [Filter.make(kinds=[1621], tags={"a": [REPO]})]
+    for sub_id in ("a", "b", "c"):
+        session.subscribe(sub_id, flt)
+    session._handle_frame(frame("EOSE", "c"))
+    session._handle_frame(frame("EVENT", "b", f.issue(f.Author.named("z"), REPO).to_dict()))
+    _sent(session)
+    session._handle_frame(frame("NOTICE", "rejected: too many subscriptions"))
+    assert _closed_posted(session) == [("a", "rejected: too many subscriptions")]
+    assert _sent(session) == [["CLOSE", "a"]]
+    assert set(session.subscriptions) == {"s", "b", "c"}
+    assert session._budget.points == session._budget.capacity  # an answer, not misbehaviour
+    # Nothing left to refuse: the next such NOTICE is only a NOTICE (a rate, to the manager).
+    session._handle_frame(frame("NOTICE", "ERROR: bad req: too many concurrent REQs"))
+    assert len(_closed_posted(session)) == 1
+    assert isinstance(session.posted[-1].message, wire.Notice)
+
+
+def test_a_notice_takes_the_newest_waiting_req_and_not_an_old_one(session, monkeypatch):
+    flt = [Filter.make(kinds=[1621], tags={"a": [REPO]})]
+    clock = [1000.0]
+    monkeypatch.setattr(connection.time, "monotonic", lambda: clock[0])
+    session.subscribe("old", flt)
+    clock[0] += NOTICE_REFUSAL_SECS + 1  # a relay that never sends EOSE left it waiting
+    session._handle_frame(frame("NOTICE", "too many concurrent REQs"))
+    assert _closed_posted(session) == []
+    session.subscribe("new-1", flt)
+    session.subscribe("new-2", flt)
+    for _ in range(2):  # a burst over the cap: one NOTICE for each REQ refused, newest first
+        session._handle_frame(frame("NOTICE", "too many concurrent REQs"))
+    assert [sub for sub, _ in _closed_posted(session)] == ["new-2", "new-1"]
+    # Other NOTICEs are what they were.
+    session.subscribe("new-3", flt)
+    session._handle_frame(frame("NOTICE", "rate-limited: slow down"))
+    session._handle_frame(frame("NOTICE", "too many negentropy sessions"))
+    assert len(_closed_posted(session)) == 2 and "new-3" in session.subscriptions
 
 
 def test_what_a_relay_ignoring_since_sends_is_dropped_without_a_hang_up(session):

@@ -591,9 +591,11 @@ def test_rate_limit_answers_in_neg_err_and_ok_start_the_cooldown(where, relay_fa
         ["relay_rate_limited", "relay_probing"]
 
 
-def sync_repositories_one_after_another(own, remote, prefix: str, count: int) -> None:
+def sync_repositories_one_after_another(own, remote, prefix: str, count: int) -> list:
     """Announce ``count`` repositories on ``own``, each once the one before has synced: an
-    issue and its comment on ``remote`` for each, which must arrive on ``own``."""
+    issue and its comment on ``remote`` for each, which must arrive on ``own``. Returns the
+    issues."""
+    bugs = []
     for n in range(count):
         repo = our_announcement(own, [remote], d=f"{prefix}-{n}", created_at=int(time.time()))
         bug = f.issue(bob, repo, subject=f"bug {n}")
@@ -601,6 +603,8 @@ def sync_repositories_one_after_another(own, remote, prefix: str, count: int) ->
         remote.add(repo, bug, reply)
         publish(own.url, [repo])
         assert_arrives(own, [bug, reply], timeout=30, what=f"repository {n}'s issue and comment")
+        bugs.append(bug)
+    return bugs
 
 
 @pytest.mark.slow  # five repositories announced one after another
@@ -660,6 +664,39 @@ def test_a_relay_that_caps_open_subscriptions_without_saying_so_is_synced_within
     # What stays open fits the cap: the live coverage of all four and layer 1.
     wait_until(lambda: len(remote.open_connections) == 1 and len(remote.open_connections[0].subs) <= cap,
                timeout=10, what="what stays open within the cap")
+    assert not events_named(gsync, "relay_rate_limited", remote.url)
+
+
+def test_a_relay_that_refuses_past_its_cap_with_a_notice_alone_is_synced_within_it(
+        relay_factory, gsync_factory, scripted):
+    # As above, but the relay says so in a NOTICE and nothing else, naming no subscription
+    # (strfry: "too many concurrent REQs"; nostr_relay: "rejected: too many subscriptions").
+    # Read as a rate limit, the refused historic REQ waited for its 30 s stall and the
+    # refused live REQ was never noticed: that repository's new events were not seen. A
+    # relay reads our messages in order, so the refusal is of the last REQ sent that it has
+    # not answered: that one is closed on our side and sent again within the cap learnt.
+    cap, refused = 6, []
+    wordings = ["rejected: too many subscriptions", "ERROR: bad req: too many concurrent REQs"]
+
+    def six_open_at_most(relay, conn, message):
+        if (isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 2
+                and message[1] not in conn.subs and len(conn.subs) >= cap):
+            refused.append(message[1])
+            return [["NOTICE", wordings[len(refused) % 2]]]
+        return None
+
+    own = relay_factory()
+    remote = scripted(on_message=six_open_at_most)
+    gsync = gsync_factory(own, [remote])
+    bugs = sync_repositories_one_after_another(own, remote, "notice-capped", 4)
+    assert refused, "the relay never refused: the test does not reach the cap"
+    lowered = events_named(gsync, "subscriptions_cap_lowered", remote.url)
+    assert lowered and min(e["max_subscriptions"] for e in lowered) <= cap, lowered
+    # Every repository's live coverage is open: a new comment on each arrives.
+    new = [f.comment(carol, bug, content="live", created_at=int(time.time())) for bug in bugs]
+    for event in new:
+        remote.broadcast(event)
+    assert_arrives(own, new, timeout=15, what="a live comment on each repository")
     assert not events_named(gsync, "relay_rate_limited", remote.url)
 
 

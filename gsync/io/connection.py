@@ -44,6 +44,9 @@ NEG_INBOX_FRAMES = 16  # NIP-77 frames waiting for one exchange (it is owed one 
 # the manager's queue holds at most this many bursts per connection however many relays
 # send at once (the socket pushes back on the relay meanwhile).
 MAX_UNAPPLIED_BURSTS = 2
+# A NOTICE saying too many subscriptions are open is taken as the refusal of the last REQ
+# sent and not yet answered, if it went out this recently (a relay refuses as it reads).
+NOTICE_REFUSAL_SECS = 30.0
 
 
 class RelayConnection:
@@ -66,6 +69,9 @@ class RelayConnection:
         self._checked_order: deque[str] = deque()
         self.subscriptions: dict[str, FilterSet] = {}
         self.filter_bytes: dict[str, int] = {}  # REQ size per open subscription
+        # REQs the relay has not answered yet (no EVENT, EOSE or CLOSED), oldest sent first,
+        # with when: what a NOTICE that names no subscription can be refusing.
+        self._unanswered: dict[str, float] = {}
         self.open_filter_bytes = 0
         self.peak_subscriptions = 0  # the most REQs open at once: checked against the budget
         self.neg_waiters: dict[str, Queue] = {}
@@ -110,6 +116,7 @@ class RelayConnection:
             f.drop_json()
         self.filter_bytes[sub_id] = len(text)
         self.open_filter_bytes += len(text)
+        self._unanswered[sub_id] = time.monotonic()
         self.send(text)
 
     def unsubscribe(self, sub_id: str) -> None:
@@ -126,6 +133,7 @@ class RelayConnection:
 
     def _drop_sub(self, sub_id: str) -> bool:
         self.open_filter_bytes -= self.filter_bytes.pop(sub_id, 0)
+        self._unanswered.pop(sub_id, None)
         return self.subscriptions.pop(sub_id, None) is not None
 
     def close(self, reason: str = "closed by gsync") -> None:
@@ -298,8 +306,12 @@ class RelayConnection:
             self._junk(f"malformed_{msg.reason}")
             return
         self._junk_streak = 0
+        if self._unanswered and isinstance(msg, (wire.RelayEvent, wire.Eose, wire.Closed)):
+            self._unanswered.pop(msg.sub_id, None)
         if isinstance(msg, wire.RelayEvent):
             self._handle_event(msg)
+        elif isinstance(msg, wire.Notice) and self._refused_by_notice(msg):
+            return
         elif isinstance(msg, wire.Notice) and not self._count_notice(msg):
             return
         elif isinstance(msg, wire.AuthChallenge):
@@ -345,6 +357,28 @@ class RelayConnection:
                 self._drop("unsolicited_negentropy")
             else:
                 inbox.put(data)
+
+    def _refused_by_notice(self, msg: wire.Notice) -> bool:
+        """Some relays refuse a REQ past their subscription cap with a NOTICE alone, naming
+        no subscription (strfry's "too many concurrent REQs", nostr_relay's "rejected: too
+        many subscriptions"). A relay reads our messages in order and refuses the REQ it
+        has just read, so the refused one is the last REQ sent that it has not answered:
+        the manager hears it as that REQ's CLOSED, as from relays that say CLOSED. A CLOSE
+        goes out for it too, in case the guess is wrong and the relay holds it open. False
+        when the NOTICE says something else or no recent REQ is waiting for an answer."""
+        if not self._unanswered or not wire.says_too_many_subscriptions(msg.text):
+            return False
+        if wire.is_negentropy_notice(msg.text):
+            return False  # about a NEG-OPEN: the exchange hears it
+        sub_id, sent_at = next(reversed(self._unanswered.items()))
+        if time.monotonic() - sent_at > NOTICE_REFUSAL_SECS:
+            return False
+        metrics.NOTICES.labels(wire.split_prefix(msg.text)[0].value).inc()
+        log.info("notice_taken_as_closed", relay=self.relay, sub_id=sub_id, text=msg.text[:200])
+        self.unsubscribe(sub_id)
+        prefix, text = wire.split_prefix(msg.text)
+        self._emit(RemoteMessage(self.relay, self.session, wire.Closed(sub_id, prefix, text)))
+        return True
 
     def _count_notice(self, msg: wire.Notice) -> bool:
         """Counted by prefix; each spends a misbehaviour point (a relay says little this way:
