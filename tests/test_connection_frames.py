@@ -12,7 +12,12 @@ from gevent.queue import Queue
 
 from gsync import constants
 from gsync.io import connection
-from gsync.io.connection import NEG_INBOX_FRAMES, NOTICE_REFUSAL_SECS, RelayConnection
+from gsync.io.connection import (
+    NEG_INBOX_FRAMES,
+    NOTICE_ECHO_SECS,
+    NOTICE_REFUSAL_SECS,
+    RelayConnection,
+)
 from gsync.io.events import RelayDisconnected, RemoteEvents, RemoteMessage
 from gsync.ops import metrics
 from gsync.protocol import messages as wire
@@ -161,11 +166,33 @@ def test_a_notice_takes_the_newest_waiting_req_and_not_an_old_one(session, monke
     for _ in range(2):  # a burst over the cap: one NOTICE for each REQ refused, newest first
         session._handle_frame(frame("NOTICE", "too many concurrent REQs"))
     assert [sub for sub, _ in _closed_posted(session)] == ["new-2", "new-1"]
-    # Other NOTICEs are what they were.
+    # A rate limit said in a NOTICE alone refuses the same way (the REQ waits out the
+    # cooldown whole, instead of stalling and being split); other NOTICEs are what they were.
     session.subscribe("new-3", flt)
-    session._handle_frame(frame("NOTICE", "rate-limited: slow down"))
     session._handle_frame(frame("NOTICE", "too many negentropy sessions"))
-    assert len(_closed_posted(session)) == 2 and "new-3" in session.subscriptions
+    session._handle_frame(frame("NOTICE", "hello"))
+    assert len(_closed_posted(session)) == 2
+    session._handle_frame(frame("NOTICE", "rate-limited: slow down"))
+    assert _closed_posted(session)[-1] == ("new-3", "slow down")
+
+
+def test_a_notice_repeating_a_closed_just_received_is_only_counted(session, monkeypatch):
+    # Some relays say a refusal twice, in a CLOSED and in a NOTICE: the second must not
+    # take another REQ down with it, nor start a rate-limit episode of its own.
+    flt = [Filter.make(kinds=[1621], tags={"a": [REPO]})]
+    clock = [1000.0]
+    monkeypatch.setattr(connection.time, "monotonic", lambda: clock[0])
+    session.subscribe("served", flt)
+    session.subscribe("refused", flt)
+    session._handle_frame(frame("CLOSED", "refused", "rate-limited: too many requests"))
+    session._handle_frame(frame("NOTICE", "rate-limited: slow down"))
+    assert _closed_posted(session) == [("refused", "too many requests")]  # the relay's own
+    assert not any(isinstance(m, RemoteMessage) and isinstance(m.message, wire.Notice)
+                   for m in session.posted)
+    assert "served" in session.subscriptions
+    clock[0] += NOTICE_ECHO_SECS + 1  # later, it is a refusal of its own again
+    session._handle_frame(frame("NOTICE", "rate-limited: slow down"))
+    assert _closed_posted(session)[-1] == ("served", "slow down")
 
 
 def test_what_a_relay_ignoring_since_sends_is_dropped_without_a_hang_up(session):

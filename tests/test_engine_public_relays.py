@@ -700,6 +700,45 @@ def test_a_relay_that_refuses_past_its_cap_with_a_notice_alone_is_synced_within_
     assert not events_named(gsync, "relay_rate_limited", remote.url)
 
 
+def test_a_rate_limit_said_in_a_notice_alone_is_waited_out_without_splitting_the_req(
+        relay_factory, gsync_factory, scripted):
+    # nostr_relay refuses a REQ past its rate with ["NOTICE", "rate-limited"] and nothing
+    # else. Before, the refused REQ (historic or live) went unanswered: a historic one
+    # stalled for 30 s and was then split as if its shape were at fault (its filters went
+    # out one by one for the rest of the session), a live one was never noticed. Now the
+    # NOTICE is that REQ's refusal: it waits out the cooldown whole, then goes out again.
+    refused = []
+
+    def refuse_the_first_four(relay, conn, message):
+        if isinstance(message, list) and message[:1] == ["REQ"] and len(refused) < 4:
+            refused.append(message[1])
+            return [["NOTICE", "rate-limited"]]
+        return None
+
+    own = relay_factory()
+    remote = scripted(on_message=refuse_the_first_four)
+    repo = our_announcement(own, [remote], d="notice-rate")
+    bugs = [f.issue(bob, repo, subject=f"bug {n}") for n in range(3)]
+    history = [f.state(alice, "notice-rate"), *bugs, *(f.comment(alice, bug) for bug in bugs)]
+    remote.add(repo, *history)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], timers={"RATE_LIMIT_COOLDOWN_SECS": 1})
+    assert_arrives(own, history, timeout=20, what="the history, after the cooldown")
+    assert len(refused) == 4
+    taken = events_named(gsync, "notice_taken_as_closed", remote.url)
+    assert {e["sub_id"] for e in taken} == set(refused)
+    assert not events_named(gsync, "subscription_stalled", remote.url)
+    assert not events_named(gsync, "subscription_split", remote.url)
+    # And the live coverage is open: new events arrive as they are published.
+    wait_until(lambda: len(remote.open_connections) == 1 and len(remote.open_connections[0].subs) >= 2,
+               timeout=10, what="live coverage open")
+    new = [f.comment(carol, bugs[0], content="live", created_at=int(time.time())),
+           f.issue(carol, repo, subject="live", created_at=int(time.time()))]
+    for event in new:
+        remote.broadcast(event)
+    assert_arrives(own, new, timeout=15, what="live events")
+
+
 def test_a_subscription_cap_below_what_gsync_works_with_is_a_rate_limit_not_a_loop(
         relay_factory, gsync_factory, scripted):
     # Two open at most: fewer than gsync can work with (layer 1, one live, one historic).

@@ -44,9 +44,11 @@ NEG_INBOX_FRAMES = 16  # NIP-77 frames waiting for one exchange (it is owed one 
 # the manager's queue holds at most this many bursts per connection however many relays
 # send at once (the socket pushes back on the relay meanwhile).
 MAX_UNAPPLIED_BURSTS = 2
-# A NOTICE saying too many subscriptions are open is taken as the refusal of the last REQ
-# sent and not yet answered, if it went out this recently (a relay refuses as it reads).
+# A NOTICE refusing a REQ (too many open, or a rate) is taken as the refusal of the last REQ
+# sent and not yet answered, if it went out this recently (a relay refuses as it reads)...
 NOTICE_REFUSAL_SECS = 30.0
+# ...unless the relay also said it in a CLOSED this recently (some say both).
+NOTICE_ECHO_SECS = 2.0
 
 
 class RelayConnection:
@@ -72,6 +74,7 @@ class RelayConnection:
         # REQs the relay has not answered yet (no EVENT, EOSE or CLOSED), oldest sent first,
         # with when: what a NOTICE that names no subscription can be refusing.
         self._unanswered: dict[str, float] = {}
+        self._refusal_closed_at = float("-inf")  # the last CLOSED refusing for count or rate
         self.open_filter_bytes = 0
         self.peak_subscriptions = 0  # the most REQs open at once: checked against the budget
         self.neg_waiters: dict[str, Queue] = {}
@@ -308,6 +311,8 @@ class RelayConnection:
         self._junk_streak = 0
         if self._unanswered and isinstance(msg, (wire.RelayEvent, wire.Eose, wire.Closed)):
             self._unanswered.pop(msg.sub_id, None)
+        if isinstance(msg, wire.Closed) and _refuses_a_req(msg.text):
+            self._refusal_closed_at = time.monotonic()
         if isinstance(msg, wire.RelayEvent):
             self._handle_event(msg)
         elif isinstance(msg, wire.Notice) and self._refused_by_notice(msg):
@@ -359,25 +364,33 @@ class RelayConnection:
                 inbox.put(data)
 
     def _refused_by_notice(self, msg: wire.Notice) -> bool:
-        """Some relays refuse a REQ past their subscription cap with a NOTICE alone, naming
-        no subscription (strfry's "too many concurrent REQs", nostr_relay's "rejected: too
-        many subscriptions"). A relay reads our messages in order and refuses the REQ it
-        has just read, so the refused one is the last REQ sent that it has not answered:
-        the manager hears it as that REQ's CLOSED, as from relays that say CLOSED. A CLOSE
-        goes out for it too, in case the guess is wrong and the relay holds it open. False
-        when the NOTICE says something else or no recent REQ is waiting for an answer."""
-        if not self._unanswered or not wire.says_too_many_subscriptions(msg.text):
-            return False
-        if wire.is_negentropy_notice(msg.text):
-            return False  # about a NEG-OPEN: the exchange hears it
-        sub_id, sent_at = next(reversed(self._unanswered.items()))
-        if time.monotonic() - sent_at > NOTICE_REFUSAL_SECS:
-            return False
-        metrics.NOTICES.labels(wire.split_prefix(msg.text)[0].value).inc()
-        log.info("notice_taken_as_closed", relay=self.relay, sub_id=sub_id, text=msg.text[:200])
+        """Some relays refuse a REQ with a NOTICE alone, naming no subscription: past their
+        subscription cap (strfry's "too many concurrent REQs", nostr_relay's "rejected: too
+        many subscriptions") or for a rate. A relay reads our messages in order and refuses
+        the REQ it has just read, so the refused one is taken to be the last REQ sent that
+        it has not answered: the manager hears that REQ's CLOSED, as from relays that say
+        CLOSED (the cap is learnt, or the REQ waits out the cooldown whole, instead of
+        stalling, being split and sent filter by filter). A CLOSE goes out for it too, in
+        case the guess is wrong and the relay holds it open. A NOTICE that repeats a CLOSED
+        just received is only counted. False (an ordinary NOTICE) otherwise."""
+        text = msg.text
+        if not _refuses_a_req(text) or wire.is_negentropy_notice(text):
+            return False  # (one about a NEG-OPEN goes to its exchange)
+        now = time.monotonic()
+        echo = now - self._refusal_closed_at <= NOTICE_ECHO_SECS
+        if not echo:
+            if not self._unanswered:
+                return False
+            sub_id, sent_at = next(reversed(self._unanswered.items()))
+            if now - sent_at > NOTICE_REFUSAL_SECS:
+                return False
+        metrics.NOTICES.labels(wire.split_prefix(text)[0].value).inc()
+        if echo:
+            return True
+        log.info("notice_taken_as_closed", relay=self.relay, sub_id=sub_id, text=text[:200])
         self.unsubscribe(sub_id)
-        prefix, text = wire.split_prefix(msg.text)
-        self._emit(RemoteMessage(self.relay, self.session, wire.Closed(sub_id, prefix, text)))
+        prefix, rest = wire.split_prefix(text)
+        self._emit(RemoteMessage(self.relay, self.session, wire.Closed(sub_id, prefix, rest)))
         return True
 
     def _count_notice(self, msg: wire.Notice) -> bool:
@@ -449,6 +462,11 @@ class RelayConnection:
 
     def _now(self) -> int:
         return int((self._clock or time.time)())
+
+
+def _refuses_a_req(text: str) -> bool:
+    """Wording that refuses a REQ for the number open or for a rate."""
+    return wire.says_too_many_subscriptions(text) or wire.is_rate_limit_text(text)
 
 
 def _concerns_negentropy(msg) -> bool:
