@@ -634,65 +634,51 @@ def test_a_relay_that_takes_three_filters_a_req_is_synced_in_smaller_reqs(relay_
     assert len(refused) <= 3, refused
 
 
+# How relays refuse a REQ past their cap: two wordings each, taken in turn.
+CAP_REFUSALS = {
+    # in a CLOSED, with or without the rate-limited prefix: either is a count
+    "closed": ["error: too many subscriptions", "rate-limited: too many concurrent REQs"],
+    # in a NOTICE alone, naming no subscription (nostr_relay; strfry)
+    "notice": ["rejected: too many subscriptions", "ERROR: too many concurrent REQs"],
+}
+
+
+@pytest.mark.parametrize("said_in", sorted(CAP_REFUSALS))
 def test_a_relay_that_caps_open_subscriptions_without_saying_so_is_synced_within_its_cap(
-        relay_factory, gsync_factory, scripted):
+        relay_factory, gsync_factory, scripted, said_in):
     # No NIP-11: gsync assumes 20 subscriptions, and each repository announced one after
     # another opens a live REQ of its own. The relay refuses any REQ past six open ones.
     # Read as a rate (its "too many"), the refused REQ came back after every cooldown and
     # was refused again while the live REQs held every slot: nothing more was synced. Now
     # the refusal teaches the cap: live coverage is packed into what is left of it, and
     # the refused REQ goes out again once a slot is free.
-    # (Its refusals alternate between two wordings, with and without the rate-limited
-    # prefix: either is a count.)
+    # A NOTICE names no REQ; read as a rate limit, the refused historic REQ waited for its
+    # 30 s stall and a refused live REQ was never noticed. A relay reads our messages in
+    # order, so it refuses the last REQ sent that it has not answered: that one is closed
+    # on our side and handled as if the relay had said CLOSED.
     cap, refused = 6, []
-    wordings = ["error: too many subscriptions", "rate-limited: too many concurrent REQs"]
+    wordings = CAP_REFUSALS[said_in]
 
     def six_open_at_most(relay, conn, message):
         if (isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 2
                 and message[1] not in conn.subs and len(conn.subs) >= cap):
             refused.append(message[1])
-            return [["CLOSED", message[1], wordings[len(refused) % 2]]]
+            text = wordings[len(refused) % 2]
+            return [["CLOSED", message[1], text] if said_in == "closed" else ["NOTICE", text]]
         return None
 
     own = relay_factory()
     remote = scripted(on_message=six_open_at_most)
     gsync = gsync_factory(own, [remote])
-    sync_repositories_one_after_another(own, remote, "capped", 4)
-    lowered = events_named(gsync, "subscriptions_cap_lowered", remote.url)
-    assert lowered and min(e["max_subscriptions"] for e in lowered) <= cap, lowered
-    assert len(refused) <= 3, refused
-    # What stays open fits the cap: the live coverage of all four and layer 1.
-    wait_until(lambda: len(remote.open_connections) == 1 and len(remote.open_connections[0].subs) <= cap,
-               timeout=10, what="what stays open within the cap")
-    assert not events_named(gsync, "relay_rate_limited", remote.url)
-
-
-def test_a_relay_that_refuses_past_its_cap_with_a_notice_alone_is_synced_within_it(
-        relay_factory, gsync_factory, scripted):
-    # As above, but the relay says so in a NOTICE and nothing else, naming no subscription
-    # (strfry: "too many concurrent REQs"; nostr_relay: "rejected: too many subscriptions").
-    # Read as a rate limit, the refused historic REQ waited for its 30 s stall and the
-    # refused live REQ was never noticed: that repository's new events were not seen. A
-    # relay reads our messages in order, so the refusal is of the last REQ sent that it has
-    # not answered: that one is closed on our side and sent again within the cap learnt.
-    cap, refused = 6, []
-    wordings = ["rejected: too many subscriptions", "ERROR: bad req: too many concurrent REQs"]
-
-    def six_open_at_most(relay, conn, message):
-        if (isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 2
-                and message[1] not in conn.subs and len(conn.subs) >= cap):
-            refused.append(message[1])
-            return [["NOTICE", wordings[len(refused) % 2]]]
-        return None
-
-    own = relay_factory()
-    remote = scripted(on_message=six_open_at_most)
-    gsync = gsync_factory(own, [remote])
-    bugs = sync_repositories_one_after_another(own, remote, "notice-capped", 4)
+    bugs = sync_repositories_one_after_another(own, remote, f"capped-{said_in}", 4)
     assert refused, "the relay never refused: the test does not reach the cap"
     lowered = events_named(gsync, "subscriptions_cap_lowered", remote.url)
     assert lowered and min(e["max_subscriptions"] for e in lowered) <= cap, lowered
-    # Every repository's live coverage is open: a new comment on each arrives.
+    assert len(refused) <= 3, refused
+    # What stays open fits the cap: the live coverage of all four and layer 1, and every
+    # repository's is open: a new comment on each arrives.
+    wait_until(lambda: len(remote.open_connections) == 1 and len(remote.open_connections[0].subs) <= cap,
+               timeout=10, what="what stays open within the cap")
     new = [f.comment(carol, bug, content="live", created_at=int(time.time())) for bug in bugs]
     for event in new:
         remote.broadcast(event)
