@@ -311,3 +311,20 @@ def test_polls_are_spaced_by_what_they_send(monkeypatch):
     assert poll_interval(300 * 1024) == 300.0  # 4,000 roots past the live budget: 5 minutes
     assert poll_interval(10 * 1024 * 1024) == 600.0  # never further apart than POLL_MAX_SECS
     assert poll_interval(51_200) < poll_interval(102_400)
+
+
+def test_filters_differing_only_in_one_tags_values_merge_within_a_budget():
+    r1, r2 = "a" * 64, "b" * 64
+    one = Filter.make(kinds=[1111], tags={"E": [r1]})
+    two = Filter.make(kinds=[1111], tags={"E": [r2]})
+    merged = filter_plan.merge_tag_values(one, two, budget=1000)
+    assert merged == Filter.make(kinds=[1111], tags={"E": [r1, r2]})
+    assert merged.to_json() == '{"kinds":[1111],"#E":["' + r1 + '","' + r2 + '"]}'
+    assert filter_plan.merge_tag_values(one, one, budget=1000) == one
+    # Past the budget, or any other difference: not one filter.
+    assert filter_plan.merge_tag_values(one, two, budget=100) is None
+    assert filter_plan.merge_tag_values(one, Filter.make(kinds=[1111], tags={"e": [r2]}), 1000) is None
+    assert filter_plan.merge_tag_values(one, Filter.make(kinds=[1], tags={"E": [r2]}), 1000) is None
+    assert filter_plan.merge_tag_values(one, two.replace(since=5), 1000) is None
+    assert filter_plan.merge_tag_values(
+        one, Filter.make(kinds=[1111], tags={"E": [r2], "k": ["1621"]}), 1000) is None

@@ -1,9 +1,11 @@
 """Negentropy-first historic sync against real relays: move only what the own relay lacks."""
+import time
+
 import pytest
 
 from . import factory as f
-from .relays import ids_on, start_relays, wait_until, write_seed_file
-from .scenario import our_announcement
+from .relays import ids_on, publish, start_relays, wait_until, write_seed_file
+from .scenario import assert_arrives, our_announcement
 
 alice, bob = f.Author.named("alice"), f.Author.named("bob")
 
@@ -278,3 +280,38 @@ def test_a_batchs_holdings_are_read_per_filter_in_order(relay_factory):
                                   session=1, batch_id=8, token="own8")
     [answer] = posted
     assert answer.holdings is None and answer.reason.startswith("own relay query failed")
+
+
+@pytest.mark.slow  # twelve roots 0.6 s apart under the 1 s gate
+def test_new_roots_coming_faster_than_the_gate_share_nip77_exchanges(relay_factory, gsync_factory):
+    # Under the 1 s gate (pacing is the subject here), a relay with a queue of starts is
+    # busy and syncs every shared filter by NIP-77: each new root's thread took three
+    # exchanges (#e, #E, #q), three paced starts, on each relay listing the repository.
+    # Roots coming faster than one every three seconds then needed more starts than the
+    # gate gives, and the queue grew while they came (bench/soak: drains of 135-180 s). A
+    # new root's exchanges now merge into the queued ones of the roots before it.
+    own, *remotes = [relay_factory() for _ in range(6)]
+    repo = our_announcement(own, remotes, d="busy")
+    for r in remotes:
+        publish(r.url, [repo])
+    publish(own.url, [repo])
+    # Followers stop waiting for the relay leading a root's first sync at once (as when
+    # the leader is busy): every new root's thread goes by NIP-77 on five relays of six.
+    gsync = gsync_factory(own, remotes, extra={
+        "sync": {"negentropy": "true", "background_start_interval_ms": "1000"}},
+        timers={"FOLLOWER_WAIT_MAX_SECS": 0.01, "MAINTENANCE_TICK_SECS": 0.5})
+    wait_until(lambda: _synced(gsync), timeout=30, what="first sync")
+    replies = []
+    for n in range(12):
+        bug = f.issue(bob, repo, subject=f"busy {n}", created_at=int(time.time()))
+        reply = f.comment(alice, bug, content="on one remote", created_at=int(time.time()))
+        publish(remotes[n % len(remotes)].url, [reply])
+        publish(own.url, [bug])
+        replies.append(reply)
+        time.sleep(0.6)  # past the 500 ms batch window: a batch each
+    assert_arrives(own, replies, timeout=90, what="each new root's reply")
+    starts = sum(gsync.metric("gsync_background_starts_total", relay=r.url, method=m, purpose=p)
+                 for r in remotes for m in ("req", "negentropy") for p in ("sync", "other"))
+    # Each root's three exchanges apart on five relays: 148 starts when measured (117 of
+    # them NIP-77); merged: 76 (41).
+    assert starts <= 100, starts

@@ -204,6 +204,20 @@ def tag_value_budget(limits=None) -> int:
     return max(1, min(MAX_TAG_VALUE_BYTES_PER_FILTER, room))
 
 
+def merge_tag_values(a: Filter, b: Filter, budget: int) -> Filter | None:
+    """One filter asking for what ``a`` and ``b`` ask, when they differ only in the values
+    of their one tag (the same tag) and the union's values fit ``budget`` bytes; else
+    None. ``{"#e": [r1]}`` and ``{"#e": [r2]}`` → ``{"#e": [r1, r2]}``."""
+    if len(a.tags) != 1 or len(b.tags) != 1 or a.tags[0][0] != b.tags[0][0]:
+        return None
+    if (a.ids, a.authors, a.kinds, a.since, a.until, a.limit) != (b.ids, b.authors, b.kinds, b.since, b.until, b.limit):
+        return None
+    name, values = a.tags[0]
+    union = values | b.tags[0][1]
+    merged = a.replace(tags=((name, union),))
+    return merged if merged.tag_value_bytes() <= budget else None
+
+
 def paging_key(f: Filter):
     """Filters with the same key may share a historic REQ: semantic filters with each
     other (``PendingBatch`` paginates each safely however much they overlap), exact-id

@@ -189,6 +189,9 @@ class HistoricSync:
         by_req = [f for f, _, neg in chosen if not neg]
         log.debug("historic_methods_chosen", relay=state.url, batch_id=batch.batch_id,
                   negentropy=len(by_neg), req=len(by_req), held=sum(map(len, holdings)))
+        if by_neg and not by_req and self.merge_into_waiting_negentropy(state, batch, by_neg):
+            self.pump_historic(state)
+            return
         for flt, held in by_neg:
             self.queue_negentropy(state, batch, flt, held)
         if by_neg:
@@ -239,6 +242,47 @@ class HistoricSync:
             if needs is not None and len(needs.relays) > 1:
                 return True
         return False
+
+    def merge_into_waiting_negentropy(self, state: RelayState, batch: PendingBatch, by_neg) -> bool:
+        """A NIP-77-only batch joins the latest pending one none of whose exchanges has
+        started: each filter is merged into a queued exchange of the same shape (``#e`` of
+        one new root into the ``#e`` of the roots before it), or queued beside them. Each
+        exchange takes a paced start whatever it covers; without this, every new root on a
+        busy relay (every batch goes NIP-77 there) took three, more than the gate's one a
+        second when roots came every two seconds, and the queue never drained while they
+        came (bench/soak). The items confirm with the batch they joined. False when no such
+        batch waits."""
+        waiting = next((b for b in reversed(state.pending.values())
+                        if b is not batch and b.method is SyncMethod.NEGENTROPY and not b.started
+                        and not getattr(b, "recovery", False) and not getattr(b, "layer1", False)
+                        and not b.fetch_by_filter and not b.advertised_ids and b.outstanding_subs
+                        and all(s.startswith("neg") for s in b.outstanding_subs)), None)
+        if waiting is None:
+            return False
+        queued = {token: i for i, (token, _) in enumerate(state.historic_queue)
+                  if token in waiting.outstanding_subs}
+        if len(queued) != len(waiting.outstanding_subs):
+            return False  # one of them is not in the queue (running, or regrouped)
+        budget = filter_plan.tag_value_budget(state.limits) // 2  # the NEG-OPEN carries more
+        for flt, held in by_neg:
+            for token, i in queued.items():
+                merged = filter_plan.merge_tag_values(state.historic_queue[i][1][0], flt, budget)
+                if merged is not None:
+                    state.historic_queue[i] = (token, [merged])
+                    union = {event_id: (at, event_id) for at, event_id in waiting.own_holdings.get(token, [])}
+                    union.update((event_id, (at, event_id)) for at, event_id in held)
+                    waiting.own_holdings[token] = list(union.values())
+                    break
+            else:
+                self.queue_negentropy(state, waiting, flt, held)
+                queued[state.historic_queue[-1][0]] = len(state.historic_queue) - 1
+        waiting.items.add(batch.items)
+        waiting.semantic_filters += batch.semantic_filters
+        state.pending.pop(batch.batch_id, None)
+        self.stop_leading(state, batch)
+        log.debug("negentropy_batch_merged", relay=state.url, batch_id=batch.batch_id,
+                  into=waiting.batch_id, filters=len(by_neg))
+        return True
 
     def queue_negentropy(self, state: RelayState, batch: PendingBatch, flt: Filter, held) -> None:
         """One NIP-77 exchange for ``flt``, waiting for its paced start; ``held`` (what the
