@@ -708,7 +708,9 @@ def test_a_rate_limit_said_in_a_notice_alone_is_waited_out_without_splitting_the
     history = [f.state(alice, "notice-rate"), *bugs, *(f.comment(alice, bug) for bug in bugs)]
     remote.add(repo, *history)
     publish(own.url, [repo])
-    gsync = gsync_factory(own, [remote], timers={"RATE_LIMIT_COOLDOWN_SECS": 1})
+    # (Short timers: what is tested is which REQ the NOTICE refused, not the gate's backoff.)
+    gsync = gsync_factory(own, [remote], timers={
+        "RATE_LIMIT_COOLDOWN_SECS": 1, "REACTIVE_GATE_START_SECS": 0.1, "REACTIVE_GATE_MAX_SECS": 0.5})
     assert_arrives(own, history, timeout=20, what="the history, after the cooldown")
     assert len(refused) == 4
     taken = events_named(gsync, "notice_taken_as_closed", remote.url)
