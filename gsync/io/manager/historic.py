@@ -250,13 +250,20 @@ class HistoricSync:
         exchange takes a paced start whatever it covers; without this, every new root on a
         busy relay (every batch goes NIP-77 there) took three, more than the gate's one a
         second when roots came every two seconds, and the queue never drained while they
-        came (bench/soak). The items confirm with the batch they joined. False when no such
-        batch waits."""
+        came (bench/soak). The items confirm with the batch they joined. Recovery attempts,
+        polls, policy probes and layer 1 keep their own batches (each is judged on its own
+        answer). False when no such batch waits."""
+        def plain(b: PendingBatch) -> bool:  # not a recovery attempt, poll, probe or layer 1
+            return not (getattr(b, "recovery", False) or getattr(b, "layer1", False)
+                        or b.batch_id == state.poll_batch or b.batch_id in state.probes)
+
+        if not plain(batch):
+            return False
         waiting = next((b for b in reversed(state.pending.values())
-                        if b is not batch and b.method is SyncMethod.NEGENTROPY and not b.started
-                        and not getattr(b, "recovery", False) and not getattr(b, "layer1", False)
-                        and not b.fetch_by_filter and not b.advertised_ids and b.outstanding_subs
-                        and all(s.startswith("neg") for s in b.outstanding_subs)), None)
+                        if b is not batch and plain(b) and b.method is SyncMethod.NEGENTROPY
+                        and not b.started and not b.fetch_by_filter and not b.advertised_ids
+                        and b.outstanding_subs and all(s.startswith("neg") for s in b.outstanding_subs)),
+                       None)
         if waiting is None:
             return False
         queued = {token: i for i, (token, _) in enumerate(state.historic_queue)
