@@ -377,20 +377,20 @@ class RelayConnection:
         if not _refuses_a_req(text) or wire.is_negentropy_notice(text):
             return False  # (one about a NEG-OPEN goes to its exchange)
         now = time.monotonic()
-        echo = now - self._refusal_closed_at <= NOTICE_ECHO_SECS
-        if not echo:
-            if not self._unanswered:
-                return False
+        if now - self._refusal_closed_at <= NOTICE_ECHO_SECS:
+            sub_id = None  # the relay's CLOSED said it already
+        elif self._unanswered:
             sub_id, sent_at = next(reversed(self._unanswered.items()))
             if now - sent_at > NOTICE_REFUSAL_SECS:
                 return False
-        metrics.NOTICES.labels(wire.split_prefix(text)[0].value).inc()
-        if echo:
-            return True
-        log.info("notice_taken_as_closed", relay=self.relay, sub_id=sub_id, text=text[:200])
-        self.unsubscribe(sub_id)
+        else:
+            return False
         prefix, rest = wire.split_prefix(text)
-        self._emit(RemoteMessage(self.relay, self.session, wire.Closed(sub_id, prefix, rest)))
+        metrics.NOTICES.labels(prefix.value).inc()
+        if sub_id is not None:
+            log.info("notice_taken_as_closed", relay=self.relay, sub_id=sub_id, text=text[:200])
+            self.unsubscribe(sub_id)
+            self._emit(RemoteMessage(self.relay, self.session, wire.Closed(sub_id, prefix, rest)))
         return True
 
     def _count_notice(self, msg: wire.Notice) -> bool:
