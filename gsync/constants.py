@@ -91,7 +91,9 @@ OWN_READS_PER_BATCH = 4
 OWN_READS_AT_ONCE_TOTAL = 32
 # An own-relay holdings read is shared by exchanges over the same filter for this long.
 SHARED_HOLDINGS_SECS = 5.0
-RESIDUAL_FALLBACK_MIN_ADVERTISED = 20
+# A relay that advertised ids through NIP-77 and served (nearly) none of them by id gets
+# REQ+EOSE for this long before NIP-77 is tried there again (it may have been fixed).
+IDS_UNSERVED_RETRY_SECS = 24 * 3600.0
 RESIDUAL_FALLBACK_MAX_FRACTION = 0.10
 # After NIP-77, a filter whose events the own relay mostly lacks (more than one id fetch
 # missing, holding at most this fraction of that) is fetched by its REQ pages instead of by

@@ -102,6 +102,15 @@ NOTICES = Counter(
     "gsync_relay_notices_total", "NOTICE messages from remote relays, by prefix", ["prefix"],
     registry=REGISTRY,
 )
+CROWDED_SECONDS = Counter(
+    "gsync_crowded_seconds_total",
+    "Seconds in which a remote held more events of a filter than it serves in a page, by "
+    "how gsync completed them: negentropy (NIP-77 over that second), split (the filter "
+    "split by tag values, kinds or authors), incomplete (nothing splits it: events of that "
+    "second may be missing)",
+    ["outcome"],
+    registry=REGISTRY,
+)
 NEGENTROPY_FAILURES = Counter(
     "gsync_negentropy_failures_total",
     "NIP-77 exchanges a remote did not complete, by reason (neg-err, unsupported-version, "

@@ -15,12 +15,14 @@ from ...protocol import messages as wire
 from ...protocol.filters import Filter
 from ...sync import filter_plan
 from ...sync.pending import (
+    CrowdedSecond,
     PendingBatch,
     ResidualDecision,
     SyncMethod,
     fetch_by_filter,
     follower_negentropy_pays,
     negentropy_pays,
+    split_crowded,
 )
 from ...sync.policy import coverage_key
 from ...sync.relay_state import ConnectionStatus, RelayState
@@ -320,11 +322,16 @@ class HistoricSync:
                   filters=len(batch.semantic_filters))
 
     def use_negentropy(self, state: RelayState, filters) -> bool:
+        return self.negentropy_usable(state) and all(f.since is None and f.ids is None for f in filters)
+
+    def negentropy_usable(self, state: RelayState) -> bool:
+        """NIP-77 on this relay: configured, not failed this session, not disabled by a
+        rate-limit episode, and what it advertises can be fetched (``serves_ids``)."""
         return (
             self.config.sync.negentropy
             and state.negentropy_ok
             and self.health.negentropy_allowed(state.url)
-            and all(f.since is None and f.ids is None for f in filters)
+            and state.serves_ids(self.clock())
         )
 
     def queue_reqs(self, state: RelayState, batch: PendingBatch, filters, front=False) -> None:
@@ -526,11 +533,38 @@ class HistoricSync:
         for new_id, _ in pages:
             state.sub_to_batch[new_id] = batch_id
         state.historic_queue[0:0] = pages  # next pages first: they finish what was started
+        for crowded in batch.take_crowded():
+            self.complete_crowded_second(state, batch, crowded)
         self.share_queued_reqs(state, batch)
         self.leader_progressed(state, batch)
         self.pump_historic(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
+
+    def complete_crowded_second(self, state: RelayState, batch: PendingBatch, crowded: CrowdedSecond) -> None:
+        """A page left a second holding more events of its filter than the relay serves in
+        a page (paging by ``until`` cannot go inside a second). Ask that second by NIP-77
+        where the relay has it (ordered by id within the second, it pages anything), else
+        split the filter on a dimension it enumerates until the pages come back short (a
+        piece crowded again is split again). A second nothing splits is left incomplete:
+        said in the log and the metric, and the batch fails (the relay's history is not
+        complete)."""
+        flt = crowded.filter
+        if not crowded.again and self.negentropy_usable(state):
+            outcome = "negentropy"
+            self.queue_negentropy(state, batch, flt, None)
+            batch.method = SyncMethod.NEGENTROPY  # its advertised ids are judged as residuals
+        elif pieces := split_crowded(flt):
+            outcome = "split"
+            self.queue_reqs(state, batch, pieces, front=True)
+        else:
+            outcome = "incomplete"
+            batch.mark_failed()
+            log.warning("crowded_second_incomplete", relay=state.url, batch_id=batch.batch_id,
+                        second=crowded.second, seen=crowded.seen, filter=flt.to_json()[:300])
+        metrics.CROWDED_SECONDS.labels(outcome).inc()
+        log.info("crowded_second", relay=state.url, batch_id=batch.batch_id, second=crowded.second,
+                 seen=crowded.seen, outcome=outcome)
 
     def finish_batch(self, state: RelayState, batch: PendingBatch) -> None:
         """All subscriptions answered. After NIP-77, judge what the id fetches delivered
@@ -538,27 +572,52 @@ class HistoricSync:
         if batch.recovery:
             self.finish_recovery(state, batch)
             return
-        if batch.advertised_ids and batch.method is SyncMethod.NEGENTROPY:
+        if batch.advertised_ids:
             decision = batch.residual_decision()
             if decision is ResidualDecision.RETRY_RESIDUAL:
                 self.queue_id_fetches(state, batch, batch.begin_residual_retry())
                 self.pump_historic(state)
                 return
             if decision is ResidualDecision.SEMANTIC_FALLBACK:
-                log.warning("negentropy_ids_not_served", relay=state.url, batch_id=batch.batch_id,
-                            advertised=len(batch.advertised_ids), delivered=len(batch.received_ids))
-                batch.switch_to_req_eose()
-                self.queue_reqs(state, batch, batch.semantic_filters)
-                self.pump_historic(state)
+                self.ask_residual_by_filter(state, batch)
                 return
             if decision is ResidualDecision.FAIL:
                 missing = self.not_seen(batch.residual_ids())
                 if missing:
                     batch.mark_failed()
-                    self.recovery.add_missing(state.url, missing, self.clock())
-                    log.warning("batch_incomplete", relay=state.url, batch_id=batch.batch_id,
-                                missing=len(missing))
+                    self.recover_residual(state, batch, missing)
         self.confirm_batch(state, batch)
+
+    def ask_residual_by_filter(self, state: RelayState, batch: PendingBatch) -> None:
+        """Ids the relay advertised and did not serve by id are asked by the filters that
+        found them (REQ pages), once. A relay that served (nearly) none of them by id does
+        not serve ids: remembered, so that its next batches go by REQ+EOSE from the start
+        (``RelayState.serves_ids``), for a day."""
+        missing = self.not_seen(batch.residual_ids())
+        if not batch.first_pass_served_by_id() and state.serves_ids(self.clock()):
+            state.ids_unserved_at = self.clock()
+            log.warning("relay_ids_not_served", relay=state.url, batch_id=batch.batch_id,
+                        advertised=len(batch.advertised_ids), delivered=len(batch.received_ids))
+        batch.residual_by_filter = True
+        if missing:
+            filters = batch.residual_filters(missing)
+            log.info("negentropy_ids_asked_by_filter", relay=state.url, batch_id=batch.batch_id,
+                     missing=len(missing), filters=len(filters))
+            self.queue_reqs(state, batch, filters, front=True)
+            self.pump_historic(state)
+        if batch.is_complete:
+            self.finish_batch(state, batch)
+
+    def recover_residual(self, state: RelayState, batch: PendingBatch, missing: set[str]) -> None:
+        """Ids neither served by id nor by their filters go to missing-event recovery: by
+        id where the relay serves ids, by their filters where it does not (asked by id
+        again, they would only come back empty)."""
+        now = self.clock()
+        if state.serves_ids(now):
+            self.recovery.add_missing(state.url, missing, now)
+        else:
+            self.recovery.add_missing_filters(state.url, batch.residual_filters(missing), now)
+        log.warning("batch_incomplete", relay=state.url, batch_id=batch.batch_id, missing=len(missing))
 
     def queue_id_fetches(self, state: RelayState, batch: PendingBatch, ids) -> None:
         """Id fetches finish a batch already started: they go before newer work, as the next
@@ -662,12 +721,12 @@ class HistoricSync:
             log.debug("negentropy_done", relay=state.url, batch_id=batch.batch_id, need=len(need),
                       advertised=len(result.need_ids), have=len(result.have_ids),
                       rounds=result.rounds, held=result.held)
-            if fetch_by_filter(len(need), result.held):
+            if fetch_by_filter(len(need), result.held) and msg.filter.since is None:
                 log.debug("negentropy_fetch_by_filter", relay=state.url, batch_id=batch.batch_id,
                           need=len(need), held=result.held)
                 batch.fetch_by_filter.append(msg.filter)
             else:
-                batch.expect_ids(need)
+                batch.expect_ids(need, found_by=msg.filter)
         else:
             if result.own_relay_failed:
                 log.warning("negentropy_own_relay_unavailable", relay=state.url, reason=result.reason)
