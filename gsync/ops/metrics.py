@@ -102,6 +102,12 @@ NOTICES = Counter(
     "gsync_relay_notices_total", "NOTICE messages from remote relays, by prefix", ["prefix"],
     registry=REGISTRY,
 )
+EVENTS_UNRECOVERED = Counter(
+    "gsync_events_unrecovered_total",
+    "Ids a remote advertised and never served, dropped from missing-event recovery after "
+    "12 attempts in a row that recovered nothing (log recovery_gave_up)",
+    registry=REGISTRY,
+)
 CROWDED_SECONDS = Counter(
     "gsync_crowded_seconds_total",
     "Seconds in which a remote held more events of a filter than it serves in a page, by "

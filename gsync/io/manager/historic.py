@@ -609,15 +609,22 @@ class HistoricSync:
             self.finish_batch(state, batch)
 
     def recover_residual(self, state: RelayState, batch: PendingBatch, missing: set[str]) -> None:
-        """Ids neither served by id nor by their filters go to missing-event recovery: by
-        id where the relay serves ids, by their filters where it does not (asked by id
-        again, they would only come back empty)."""
-        now = self.clock()
-        if state.serves_ids(now):
-            self.recovery.add_missing(state.url, missing, now)
-        else:
-            self.recovery.add_missing_filters(state.url, batch.residual_filters(missing), now)
+        """Ids neither served by id nor by their filters go to missing-event recovery."""
+        self.recover_ids(state.url, {i: batch.found_by.get(i) for i in missing})
         log.warning("batch_incomplete", relay=state.url, batch_id=batch.batch_id, missing=len(missing))
+
+    def recover_ids(self, url: str, found: dict) -> None:
+        """Missing-event recovery for ``found`` (id -> the filter that found it on ``url``,
+        or None): by id where the relay serves ids, by those filters where it does not
+        (asked by id again, they would only come back empty)."""
+        now = self.clock()
+        state = self.relays.get(url)
+        if state is None or state.serves_ids(now):
+            self.recovery.add_missing(url, found, now, found_by=found)
+            return
+        by_filter = {i: flt for i, flt in found.items() if flt is not None}
+        self.recovery.add_missing(url, (i for i in found if i not in by_filter), now)
+        self.recovery.add_missing_filters(url, dict.fromkeys(by_filter.values()), now)
 
     def queue_id_fetches(self, state: RelayState, batch: PendingBatch, ids) -> None:
         """Id fetches finish a batch already started: they go before newer work, as the next
@@ -631,9 +638,8 @@ class HistoricSync:
     def release_claims(self, state: RelayState, batch: PendingBatch) -> None:
         """The batch is done with: what it claimed and did not get goes, for recovery, to
         the relays that skipped it (never lost because one relay failed)."""
-        now = self.clock()
-        for relay, ids in self.claims.release(state.url, batch.batch_id).items():
-            self.recovery.add_missing(relay, ids, now)
+        for relay, found in self.claims.release(state.url, batch.batch_id).items():
+            self.recover_ids(relay, found)
 
     def drop_pending(self, state: RelayState) -> None:
         """Every batch of the relay is abandoned (disconnect, fresh start, reconnect)."""
@@ -717,7 +723,7 @@ class HistoricSync:
             # and e; repositories list several relays): each id is fetched once, by the
             # first batch that claims it; the others wait for it (``FetchClaims``).
             need = self.claims.claim(state.url, batch.batch_id,
-                                     (i for i in result.need_ids if i not in self.seen))
+                                     (i for i in result.need_ids if i not in self.seen), msg.filter)
             log.debug("negentropy_done", relay=state.url, batch_id=batch.batch_id, need=len(need),
                       advertised=len(result.need_ids), have=len(result.have_ids),
                       rounds=result.rounds, held=result.held)
@@ -778,7 +784,7 @@ class HistoricSync:
             if ids:
                 filters = [Filter.make(ids=ids), *filters]
             batch = self.start_historic(state, PendingItems(), filters, recovery=True)
-            batch.expect_ids(ids)
+            batch.expect_ids(self.recovery.awaited(url))
 
     def finish_recovery(self, state: RelayState, batch: PendingBatch) -> None:
         self.release_claims(state, batch)
@@ -786,6 +792,7 @@ class HistoricSync:
         dropped = self.recovery.record_result(state.url, batch.received_ids, self.clock(),
                                               filters_done=not batch.failed)
         if dropped:
+            metrics.EVENTS_UNRECOVERED.inc(len(dropped))
             log.warning("recovery_gave_up", relay=state.url, dropped=len(dropped))
         self.promote_if_recovered(state.url)
         self.check_historic_complete(state)
