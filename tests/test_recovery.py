@@ -267,10 +267,24 @@ def test_an_id_not_served_by_id_is_asked_by_the_filter_that_found_it():
     assert rec.next_attempt(A, now=61) == ids(1, start=2)  # the one without a filter only
     assert rec.attempt_filters(A) == [found_here]
     assert rec.awaited(A) == set(ids(3))
-    assert rec.record_result(A, ids(1), now=62, filters_done=True) == {ids(2)[1]}, \
-        "what the finished filter did not bring is dropped, to be counted"
-    assert rec.pending_ids(A) == set(ids(1, start=2))
-    assert not rec.is_missing(ids(2)[1])
+    rec.record_result(A, ids(1), now=62, filters_done=True)  # one came by its filter
+    assert rec.pending_ids(A) == set(ids(2)[1:] + ids(1, start=2))
+    assert rec.next_attempt(A, now=92) == ids(1, start=2)
+    assert rec.attempt_filters(A) == [found_here], "asked by filter until it arrives"
+
+
+def test_ids_asked_by_filter_that_never_come_are_given_up_after_the_attempts():
+    found_here = Filter.make(kinds=[1621])
+    rec = MissingEventRecovery(max_zero_progress=3)
+    rec.add_missing(A, ids(1), now=0, found_by=dict.fromkeys(ids(1), found_here))
+    now = 0
+    dropped = set()
+    for _ in range(3):
+        now += 10_000
+        rec.next_attempt(A, now=now)
+        dropped |= rec.record_result(A, [], now=now + 1, filters_done=True)
+    assert dropped == set(ids(1))
+    assert not rec.is_fully_recovered(A)
 
 
 def test_an_id_asked_by_filter_that_arrives_elsewhere_is_settled():
@@ -279,7 +293,13 @@ def test_an_id_asked_by_filter_that_arrives_elsewhere_is_settled():
     rec.add_missing(A, ids(1), now=0, found_by=dict.fromkeys(ids(1), found_here))
     rec.next_attempt(A, now=30)
     rec.record_result(A, [], now=31)
-    assert rec.clear_arrived(ids(1)) == set()  # its filter is still to be asked
-    rec.next_attempt(A, now=61)
-    assert rec.record_result(A, [], now=62, filters_done=True) == set()
+    assert rec.clear_arrived(ids(1)) == {A}
     assert rec.is_fully_recovered(A)
+
+
+def test_a_relay_known_not_to_serve_ids_is_asked_by_filter_from_the_first_attempt():
+    found_here = Filter.make(kinds=[1621])
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(2), now=0, found_by=dict.fromkeys(ids(2), found_here), by_id_first=False)
+    assert rec.next_attempt(A, now=30) == []
+    assert rec.attempt_filters(A) == [found_here]

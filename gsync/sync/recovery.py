@@ -12,8 +12,8 @@ A historic REQ that never finished (no EOSE) leaves no ids to ask for: its filte
 instead (``add_missing_filters``) and asked again with the same schedule; it is recovered
 when a REQ for it finishes. An id given with the filter that found it (``found_by``) is asked
 by id once; if that attempt does not bring it, by that filter from then on (some relays
-advertise ids through NIP-77 and serve none of them by id), and an id that filter's
-finished REQ did not bring either is dropped for good (returned, to be counted).
+advertise ids through NIP-77 and serve none of them by id), on the same schedule, until it
+arrives or the attempts run out.
 """
 from __future__ import annotations
 
@@ -63,10 +63,10 @@ class MissingEventRecovery:
         self._owners: dict[str, set[str]] = {}
 
     def add_missing(self, relay: str, ids: Iterable[str], now: float,
-                    found_by: dict[str, Filter | None] | None = None) -> None:
+                    found_by: dict[str, Filter | None] | None = None, by_id_first: bool = True) -> None:
         """Register ids a failed batch did not get; merged with any already pending.
         ``found_by``: id -> the filter that found it on this relay, asked if the id is not
-        served by id."""
+        served by id (at once unless ``by_id_first``: a relay known not to serve ids)."""
         ids = list(ids)
         if ids:
             r = self._relay(relay, now)
@@ -76,6 +76,8 @@ class MissingEventRecovery:
                 flt = (found_by or {}).get(event_id)
                 if flt is not None:
                     r.found_by[event_id] = flt
+                    if not by_id_first:
+                        r.by_filter.add(event_id)
 
     def add_missing_filters(self, relay: str, filters: Iterable[Filter], now: float) -> None:
         """Register filters whose REQ never finished (the relay sent no EOSE)."""
@@ -101,7 +103,8 @@ class MissingEventRecovery:
             return None
         ids = [i for i in r.pending if i not in r.by_filter][: self.ids_per_fetch]
         r.in_flight = tuple(ids)
-        r.filters_in_flight = tuple(r.filters)
+        by_filter = dict.fromkeys(r.found_by[i] for i in r.by_filter)
+        r.filters_in_flight = tuple(r.filters) + tuple(f for f in by_filter if f not in r.filters)
         return ids
 
     def attempt_filters(self, relay: str) -> list[Filter]:
@@ -133,36 +136,29 @@ class MissingEventRecovery:
         recovered = [i for i in delivered_ids if i in r.pending]
         for event_id in recovered:
             self._settle(r, event_id, relay)
-        finished = set(r.filters_in_flight) if filters_done else set()
+        # REQs that never finished, finished now (a filter asked for ids is done only when
+        # its ids arrive)
+        finished = [f for f in r.filters_in_flight if f in r.filters] if filters_done else []
         for f in finished:
             r.filters.pop(f, None)
         r.filters_in_flight = ()
-        # asked by their filter, which finished without them: the relay does not have them
-        lost = {i for i in r.by_filter if r.found_by[i] in finished}
-        for event_id in lost:
-            self._settle(r, event_id, relay)
         # asked by id and not served: by the filter that found them from now on
-        for event_id in asked:
-            if event_id in r.pending and event_id in r.found_by:
-                r.by_filter.add(event_id)
-                r.filters[r.found_by[event_id]] = None
-        if lost:
-            self._gave_up.add(relay)
+        r.by_filter.update(i for i in asked if i in r.pending and i in r.found_by)
         if not r:
             del self._relays[relay]
-            return lost
+            return set()
         if recovered or finished:
             r.zero_progress_attempts = 0
             r.next_attempt_at = now + self.base_delay
-            return lost
+            return set()
         r.zero_progress_attempts += 1
         if r.zero_progress_attempts >= self.max_zero_progress:
             self._drop(relay)
             self._gave_up.add(relay)
-            return lost | set(r.pending)
+            return set(r.pending)
         delay = self.base_delay * 2 ** (r.zero_progress_attempts - 1)
         r.next_attempt_at = now + min(delay, self.max_delay)
-        return lost
+        return set()
 
     def _settle(self, r: _RelayRecovery, event_id: str, relay: str) -> None:
         r.pending.pop(event_id, None)

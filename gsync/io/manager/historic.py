@@ -619,12 +619,8 @@ class HistoricSync:
         (asked by id again, they would only come back empty)."""
         now = self.clock()
         state = self.relays.get(url)
-        if state is None or state.serves_ids(now):
-            self.recovery.add_missing(url, found, now, found_by=found)
-            return
-        by_filter = {i: flt for i, flt in found.items() if flt is not None}
-        self.recovery.add_missing(url, (i for i in found if i not in by_filter), now)
-        self.recovery.add_missing_filters(url, dict.fromkeys(by_filter.values()), now)
+        self.recovery.add_missing(url, found, now, found_by=found,
+                                  by_id_first=state is None or state.serves_ids(now))
 
     def queue_id_fetches(self, state: RelayState, batch: PendingBatch, ids) -> None:
         """Id fetches finish a batch already started: they go before newer work, as the next
