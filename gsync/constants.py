@@ -91,6 +91,12 @@ OWN_READS_PER_BATCH = 4
 OWN_READS_AT_ONCE_TOTAL = 32
 # An own-relay holdings read is shared by exchanges over the same filter for this long.
 SHARED_HOLDINGS_SECS = 5.0
+# What the own relay holds is read once per filter and session, then kept with what it
+# accepts (``sync.own_held``): read again after a day (the daily fresh start), after an
+# own-relay outage, and when more than OWN_HELD_MAX_EVENTS are known (about 300 bytes
+# each: the bound keeps it near 60 MB; past it everything is read again as needed).
+OWN_HELD_TTL_SECS = 24 * 3600.0
+OWN_HELD_MAX_EVENTS = 200_000
 # A relay that advertised ids through NIP-77 and served (nearly) none of them by id gets
 # REQ+EOSE for this long before NIP-77 is tried there again (it may have been fixed).
 IDS_UNSERVED_RETRY_SECS = 24 * 3600.0

@@ -130,11 +130,16 @@ _reads = BoundedSemaphore(OWN_READS_AT_ONCE_TOTAL)
 
 
 def read_holdings(own_url: str, filters, post, *, relay: str, session: int, batch_id: int,
-                  token: str, fresh: bool = False) -> None:
+                  token: str, fresh: bool = False, known=None, epoch: int = 0) -> None:
     """What the own relay holds of each of ``filters``, posted to the manager, which picks
     each filter's method from it (a failure is an outcome too: REQ pages then). ``fresh``:
-    not from an earlier read (``SharedHoldings.get``)."""
-    def read(flt: Filter):
+    not from an earlier read (``SharedHoldings.get``). ``known``: filter index -> holdings
+    the session already knows (``sync.own_held``): not read again."""
+    known = known or {}
+
+    def read(i: int, flt: Filter):
+        if i in known:
+            return known[i]
         with _reads:
             try:
                 return _holdings.get(own_url, flt, fresh)
@@ -142,13 +147,13 @@ def read_holdings(own_url: str, filters, post, *, relay: str, session: int, batc
                 return exc
 
     pool = gevent.pool.Pool(OWN_READS_PER_BATCH)
-    reads = [pool.spawn(read, flt) for flt in filters]
+    reads = [pool.spawn(read, i, flt) for i, flt in enumerate(filters)]
     gevent.joinall(reads)
     holdings, reason = [r.value for r in reads], ""
     failed = next((h for h in holdings if isinstance(h, Exception)), None)
     if failed is not None:
         holdings, reason = None, f"own relay query failed: {type(failed).__name__}"
-    post(OwnHoldingsRead(relay, session, batch_id, token, list(filters), holdings, reason))
+    post(OwnHoldingsRead(relay, session, batch_id, token, list(filters), holdings, reason, epoch))
 
 
 def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batch_id: int,

@@ -102,6 +102,19 @@ NOTICES = Counter(
     "gsync_relay_notices_total", "NOTICE messages from remote relays, by prefix", ["prefix"],
     registry=REGISTRY,
 )
+OWN_RELAY_READS = Counter(
+    "gsync_own_relay_reads_total",
+    "REQs gsync sent the own relay to read what it holds (pages of NIP-77 have-sets)",
+    registry=REGISTRY,
+)
+OWN_HOLDINGS = Counter(
+    "gsync_own_holdings_total",
+    "Filters whose own-relay holdings a historic batch needed, by source: read (asked the "
+    "own relay) or known (read earlier this session, kept with what the own relay "
+    "accepted since)",
+    ["source"],
+    registry=REGISTRY,
+)
 EVENTS_UNRECOVERED = Counter(
     "gsync_events_unrecovered_total",
     "Ids a remote advertised and never served, dropped from missing-event recovery after "

@@ -35,6 +35,7 @@ from ..events import (
     NegentropyFinished,
     OwnHoldingsRead,
 )
+from ..own_query import HeldItems
 
 log = get_logger("gsync.manager")
 
@@ -163,9 +164,20 @@ class HistoricSync:
         token = f"own{batch.batch_id}-{next(self._ids)}"
         batch.add_subscription(token)  # the batch is not complete while its methods are open
         batch.coalesce_wanted = coalesce
-        gevent.spawn(negentropy_sync.read_holdings, self.config.service.own_relay, list(filters),
+        filters, now, epoch = list(filters), self.clock(), self.own_held.forgotten
+        known = {i: held for i, flt in enumerate(filters)
+                 if (held := self.own_held.holdings(flt, now)) is not None}
+        metrics.OWN_HOLDINGS.labels("known").inc(len(known))
+        metrics.OWN_HOLDINGS.labels("read").inc(len(filters) - len(known))
+        log.debug("own_holdings", relay=state.url, batch_id=batch.batch_id, known=len(known),
+                  read=len(filters) - len(known))
+        if len(known) == len(filters):  # all known: no read, no greenlet
+            self.post(OwnHoldingsRead(state.url, state.session, batch.batch_id, token, filters,
+                                      [known[i] for i in range(len(filters))], "", epoch))
+            return
+        gevent.spawn(negentropy_sync.read_holdings, self.config.service.own_relay, filters,
                      self.post, relay=state.url, session=state.session, batch_id=batch.batch_id,
-                     token=token, fresh=batch.follower)
+                     token=token, fresh=batch.follower, known=known, epoch=epoch)
 
     def on_own_holdings_read(self, msg: OwnHoldingsRead) -> None:
         """Per filter: NIP-77 where what is already held makes it pay for its start
@@ -181,6 +193,11 @@ class HistoricSync:
             holdings = [[] for _ in msg.filters]
         else:
             holdings = msg.holdings
+            if msg.epoch == self.own_held.forgotten:  # no outage since the read began
+                now = self.clock()
+                for flt, held in zip(msg.filters, holdings, strict=True):
+                    if isinstance(held, HeldItems):  # read now, not known before
+                        self.own_held.learn(flt, held.entries, now)
         allowed = self.use_negentropy(state, msg.filters)  # it may have been turned off meanwhile
         shared = batch.follower or self.listed_elsewhere(state, batch)
         if shared and not batch.follower and self.relay_busy(state):
@@ -481,6 +498,8 @@ class HistoricSync:
         state.neg_running.add(token)
         batch = state.pending.get(state.sub_to_batch[token])
         held = batch.own_holdings.pop(token, None) if batch is not None else None
+        if held is None:
+            held = self.own_held.holdings(flt, self.clock())  # None: the exchange reads it
         gevent.spawn(
             negentropy_sync.reconcile_filter,
             state.conn, self.config.service.own_relay, flt, self.have_beyond_holdings(flt),
