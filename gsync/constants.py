@@ -97,6 +97,13 @@ SHARED_HOLDINGS_SECS = 5.0
 # each: the bound keeps it near 60 MB; past it everything is read again as needed).
 OWN_HELD_TTL_SECS = 24 * 3600.0
 OWN_HELD_MAX_EVENTS = 200_000
+# Reads of the own relay give way to deliveries: while the oldest event delivery sent it has
+# waited longer than OWN_BUSY_OK_WAIT_SECS for its OK, a read waits (in steps of
+# OWN_READ_DEFER_STEP_SECS), OWN_READ_MAX_DEFER_SECS at most, so that a relay that is slow
+# for good still gets read.
+OWN_BUSY_OK_WAIT_SECS = 1.0
+OWN_READ_DEFER_STEP_SECS = 0.1
+OWN_READ_MAX_DEFER_SECS = 10.0
 # A relay that advertised ids through NIP-77 and served (nearly) none of them by id gets
 # REQ+EOSE for this long before NIP-77 is tried there again (it may have been fixed).
 IDS_UNSERVED_RETRY_SECS = 24 * 3600.0

@@ -15,6 +15,7 @@ import pytest
 
 from gsync.io.delivery import OwnRelayDelivery, _Lane
 from gsync.io.events import OwnHeldConfirmed
+from gsync.io.negentropy_sync import give_way
 from gsync.protocol import messages as wire
 
 from . import factory as f
@@ -82,3 +83,25 @@ def test_delivery_reports_as_held_only_what_the_own_relay_stored():
     delivery._count_delivered()
     confirmed = [e for msg in posted if isinstance(msg, OwnHeldConfirmed) for e in msg.entries]
     assert sorted(event_id for event_id, _ in confirmed) == sorted([stored.id, duplicate.id])
+
+
+def test_reads_give_way_while_the_own_relay_is_slow_to_answer_deliveries():
+    now = [0.0]
+    answers = iter([True, True, True, False])
+    waited = give_way(lambda: next(answers), sleep=lambda s: now.__setitem__(0, now[0] + s),
+                      clock=lambda: now[0], step=0.1, most=10.0)
+    assert waited == pytest.approx(0.3)
+    forever = give_way(lambda: True, sleep=lambda s: now.__setitem__(0, now[0] + s),
+                       clock=lambda: now[0], step=0.5, most=2.0)
+    assert 2.0 <= forever <= 2.5 + 1e-9, "a relay slow for good is still read"
+    assert give_way(None) == 0.0
+
+
+def test_how_long_the_oldest_delivery_has_waited_for_its_answer():
+    clock = [100.0]
+    delivery = OwnRelayDelivery("ws://127.0.0.1:1", lambda msg: None, clock=lambda: clock[0])
+    assert delivery.oldest_answer_wait() == 0.0
+    old, new = (f.issue(bob, f.repo_addr(alice, "d"), subject=s) for s in ("old", "new"))
+    delivery._lanes[0].in_flight[old.id] = (old, 97.0)
+    delivery._lanes[0].in_flight[new.id] = (new, 99.5)
+    assert delivery.oldest_answer_wait() == pytest.approx(3.0)

@@ -233,6 +233,13 @@ class OwnRelayDelivery:
         self._unindexed.clear()
         return index.matching(flt)
 
+    def oldest_answer_wait(self) -> float:
+        """Seconds the oldest event in flight has waited for its OK (0: none in flight): how
+        far behind the own relay is with what gsync sends it."""
+        now = self._clock()
+        return max((now - next(iter(lane.in_flight.values()))[1]
+                    for lane in self._lanes if lane.in_flight), default=0.0)
+
     @property
     def backlog(self) -> int:
         return len(self._tracked)

@@ -37,7 +37,7 @@ def history_pages(ws, flt: Filter, cap: PageCap | None = None,
     while True:
         if counted:
             metrics.OWN_RELAY_READS.inc()
-        page = _one_page(ws, flt if until is None else flt.replace(until=until))
+        page = _one_page(ws, flt if until is None else flt.replace(until=until), counted)
         new = [e for e in page if e["id"] not in seen]
         seen.update(e["id"] for e in new)
         if new:
@@ -113,12 +113,15 @@ def _close(ws) -> None:
         pass
 
 
-def _one_page(ws, flt: Filter) -> list[dict]:
+def _one_page(ws, flt: Filter, counted: bool = False) -> list[dict]:
     sub = "own-" + uuid.uuid4().hex[:12]
     ws.send(wire.req(sub, [flt]))
     page: list[dict] = []
     while True:
-        msg = wire.parse_relay_message(ws.recv())
+        text = ws.recv()
+        if counted:
+            metrics.OWN_RELAY_READ_BYTES.inc(len(text))
+        msg = wire.parse_relay_message(text)
         if isinstance(msg, wire.RelayEvent) and msg.sub_id == sub:
             e = msg.event
             if type(e.get("created_at")) is int and isinstance(e.get("id"), str) and len(e["id"]) == 64:

@@ -107,6 +107,11 @@ OWN_RELAY_READS = Counter(
     "REQs gsync sent the own relay to read what it holds (pages of NIP-77 have-sets)",
     registry=REGISTRY,
 )
+OWN_RELAY_READ_BYTES = Counter(
+    "gsync_own_relay_read_bytes_total",
+    "Bytes of the own relay's answers to those reads",
+    registry=REGISTRY,
+)
 OWN_HOLDINGS = Counter(
     "gsync_own_holdings_total",
     "Filters whose own-relay holdings a historic batch needed, by source: read (asked the "

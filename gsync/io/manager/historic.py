@@ -177,7 +177,12 @@ class HistoricSync:
             return
         gevent.spawn(negentropy_sync.read_holdings, self.config.service.own_relay, filters,
                      self.post, relay=state.url, session=state.session, batch_id=batch.batch_id,
-                     token=token, fresh=batch.follower, known=known, epoch=epoch)
+                     token=token, fresh=batch.follower, known=known, epoch=epoch,
+                     busy=self.own_relay_busy)
+
+    def own_relay_busy(self) -> bool:
+        """Is the own relay slow to answer what delivery sends it? Reads of it wait then."""
+        return self.delivery.oldest_answer_wait() > constants.OWN_BUSY_OK_WAIT_SECS
 
     def on_own_holdings_read(self, msg: OwnHoldingsRead) -> None:
         """Per filter: NIP-77 where what is already held makes it pay for its start
@@ -505,6 +510,7 @@ class HistoricSync:
             state.conn, self.config.service.own_relay, flt, self.have_beyond_holdings(flt),
             self.post, batch_id=state.sub_to_batch[token], token=token, held=held,
             frame_size_limit=negentropy_sync.frame_size_limit(filter_plan.req_length_limit(state.limits)),
+            busy=self.own_relay_busy,
         )
 
     def not_seen(self, ids) -> set[str]:
