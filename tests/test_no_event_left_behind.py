@@ -13,6 +13,7 @@ Two ways a relay used to lose events for good while gsync reported its history c
 from __future__ import annotations
 
 import threading
+import time
 
 from . import factory as f
 from .relays import publish, wait_until
@@ -123,3 +124,22 @@ def test_a_crowded_second_no_dimension_splits_is_logged_and_counted(relay_factor
     logged = [e for e in gsync.log_events() if e["event"] == "crowded_second_incomplete"]
     assert logged and logged[0]["relay"] == remote.url and logged[0]["second"] == second
     assert logged[0]["seen"] >= 500
+
+
+def test_an_own_relay_that_comes_back_empty_gets_the_catch_up_window_again(relay_factory,
+                                                                           gsync_factory):
+    """The own relay restarts in memory: what gsync delivered before is gone. The catch-up
+    after the outage (since its start less 15 minutes) delivers it again, instead of
+    skipping it as already delivered."""
+    own, remote = relay_factory(), relay_factory()
+    now = int(time.time())
+    repo = our_announcement(own, [remote], d="comes-back-empty", created_at=now - 60)
+    issues = [f.issue(bob, repo, subject=f"recent {i}", created_at=now - 30 + i) for i in range(5)]
+    publish(remote.url, [repo, *issues])
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, issues, timeout=30, what="the issues")
+    own.restart()
+    wait_until(lambda: any(e["event"] == "own_relay_up" for e in gsync.log_events()),
+               timeout=30, what="the own relay back")
+    assert_arrives(own, [repo, *issues], timeout=30, what="the catch-up window delivered again")

@@ -190,6 +190,12 @@ class OwnRelaySide:
         log.info("own_relay_up", down_since=since)
         if since is None:
             return
+        # What it answered OK to before may be gone (a relay in memory comes back empty, one
+        # that crashed loses what it had not written): nothing fetched before counts as
+        # delivered any more, so the catch-up below (and any later sync) delivers it again;
+        # what it still holds comes back "duplicate". Cleared in place: connections and the
+        # self-subscription read the same map.
+        self.seen.clear()
         for state in self.relays.values():
             self.pump_historic(state)
         # Catch up everything that may have been held back or dropped while it was down.
