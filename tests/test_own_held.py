@@ -77,3 +77,14 @@ def test_kinds_and_authors_are_part_of_what_was_read():
     own.learn(state, [], now=0)
     assert own.holdings(Filter.make(tags={"d": ["one"]}), now=1) is None
     assert own.holdings(state, now=1) == []
+
+
+def test_what_is_missing_of_a_filter_is_its_unread_values_only():
+    own = held()
+    own.learn(Filter.make(tags={"a": [A]}), [], now=0)
+    assert own.missing(Filter.make(tags={"a": [A]}), now=1) is None
+    assert own.missing(Filter.make(tags={"a": [A, B]}), now=1) == Filter.make(tags={"a": [B]})
+    assert own.missing(Filter.make(tags={"e": [A]}), now=1) == Filter.make(tags={"e": [A]})
+    layer1 = Filter.make(kinds=[30617, 10317])
+    assert own.missing(layer1, now=1) == layer1
+    assert own.missing(Filter.make(ids=["00" * 32]), now=1) == Filter.make(ids=["00" * 32])

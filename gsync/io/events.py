@@ -103,6 +103,9 @@ class OwnHoldingsRead:
     # ``OwnHeld.forgotten`` when the read began: a read across an own-relay outage teaches
     # nothing (what it returned may be gone)
     epoch: int = 0
+    # per filter, what was read for it (its values the session did not know yet), or None:
+    # all known (``sync.own_held``); ``holdings`` has what that read returned, or None
+    read_filters: list | None = None
 
 
 @dataclass(slots=True)

@@ -144,17 +144,18 @@ def give_way(busy, sleep=gevent.sleep, clock=time.monotonic,
 
 
 def read_holdings(own_url: str, filters, post, *, relay: str, session: int, batch_id: int,
-                  token: str, fresh: bool = False, known=None, epoch: int = 0, busy=None) -> None:
+                  token: str, fresh: bool = False, reads=None, epoch: int = 0, busy=None) -> None:
     """What the own relay holds of each of ``filters``, posted to the manager, which picks
     each filter's method from it (a failure is an outcome too: REQ pages then). ``fresh``:
-    not from an earlier read (``SharedHoldings.get``). ``known``: filter index -> holdings
-    the session already knows (``sync.own_held``): not read again. ``busy``: the own relay
-    is slow to answer deliveries (``give_way``)."""
-    known = known or {}
+    not from an earlier read (``SharedHoldings.get``). ``reads``: per filter, what to read
+    for it (the part the session does not know, ``sync.own_held``), or None: nothing
+    (default: each whole). ``busy``: the own relay is slow to answer deliveries
+    (``give_way``)."""
+    reads = list(filters) if reads is None else reads
 
-    def read(i: int, flt: Filter):
-        if i in known:
-            return known[i]
+    def read(i: int, flt: Filter | None):
+        if flt is None:
+            return None
         give_way(busy)
         with _reads:
             try:
@@ -163,13 +164,13 @@ def read_holdings(own_url: str, filters, post, *, relay: str, session: int, batc
                 return exc
 
     pool = gevent.pool.Pool(OWN_READS_PER_BATCH)
-    reads = [pool.spawn(read, i, flt) for i, flt in enumerate(filters)]
-    gevent.joinall(reads)
-    holdings, reason = [r.value for r in reads], ""
+    done = [pool.spawn(read, i, flt) for i, flt in enumerate(reads)]
+    gevent.joinall(done)
+    holdings, reason = [r.value for r in done], ""
     failed = next((h for h in holdings if isinstance(h, Exception)), None)
     if failed is not None:
         holdings, reason = None, f"own relay query failed: {type(failed).__name__}"
-    post(OwnHoldingsRead(relay, session, batch_id, token, list(filters), holdings, reason, epoch))
+    post(OwnHoldingsRead(relay, session, batch_id, token, list(filters), holdings, reason, epoch, reads))
 
 
 def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batch_id: int,

@@ -98,6 +98,24 @@ class OwnHeld:
                 return None
         return self._index.matching(flt.replace(limit=None))
 
+    def missing(self, flt: Filter, now: float) -> Filter | None:
+        """What must still be read of the own relay for ``flt``: None when all of it is
+        known; else ``flt`` narrowed to the tag values not read yet (or ``flt`` itself, for
+        a filter this cannot answer). Remotes list different repositories, so one relay's
+        filter is mostly values another relay's read already covered."""
+        units = coverage_units(flt)
+        if not units:
+            return flt
+        covered = self._covered
+        unread = [unit for unit in units
+                  if (read_at := covered.get(unit)) is None or now - read_at >= self.ttl]
+        if not unread:
+            return None
+        if len(unread) == len(units) or unread[0][2] is None:
+            return flt
+        name = unread[0][2]
+        return flt.replace(tags=((name, frozenset(unit[3] for unit in unread)),))
+
     def learn(self, flt: Filter, events, now: float) -> None:
         """A read of ``flt`` (every event the own relay holds of it, as raw dicts, ``Event``s
         or (id, ``HeldEntry``) pairs): its units are known from ``now``."""

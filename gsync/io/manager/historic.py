@@ -165,20 +165,37 @@ class HistoricSync:
         batch.add_subscription(token)  # the batch is not complete while its methods are open
         batch.coalesce_wanted = coalesce
         filters, now, epoch = list(filters), self.clock(), self.own_held.forgotten
-        known = {i: held for i, flt in enumerate(filters)
-                 if (held := self.own_held.holdings(flt, now)) is not None}
-        metrics.OWN_HOLDINGS.labels("known").inc(len(known))
-        metrics.OWN_HOLDINGS.labels("read").inc(len(filters) - len(known))
-        log.debug("own_holdings", relay=state.url, batch_id=batch.batch_id, known=len(known),
-                  read=len(filters) - len(known))
-        if len(known) == len(filters):  # all known: no read, no greenlet
+        reads = [self.own_held.missing(flt, now) for flt in filters]  # None: all known
+        known = reads.count(None)
+        metrics.OWN_HOLDINGS.labels("known").inc(known)
+        metrics.OWN_HOLDINGS.labels("read").inc(len(filters) - known)
+        log.debug("own_holdings", relay=state.url, batch_id=batch.batch_id, known=known,
+                  read=len(filters) - known)
+        if known == len(filters):  # all known: no read, no greenlet
             self.post(OwnHoldingsRead(state.url, state.session, batch.batch_id, token, filters,
-                                      [known[i] for i in range(len(filters))], "", epoch))
+                                      [None] * len(filters), "", epoch, reads))
             return
         gevent.spawn(negentropy_sync.read_holdings, self.config.service.own_relay, filters,
                      self.post, relay=state.url, session=state.session, batch_id=batch.batch_id,
-                     token=token, fresh=batch.follower, known=known, epoch=epoch,
+                     token=token, fresh=batch.follower, reads=reads, epoch=epoch,
                      busy=self.own_relay_busy)
+
+    def holdings_after_read(self, msg: OwnHoldingsRead) -> list:
+        """Each filter's holdings once what it lacked was read: the session learns the reads
+        and answers the whole filters from what it knows. After an outage since the read
+        began nothing is known: the reads alone (less than is held: more is fetched, never
+        less)."""
+        now = self.clock()
+        reads = msg.read_filters or msg.filters
+        if msg.epoch == self.own_held.forgotten:  # no outage since the read began
+            for read, held in zip(reads, msg.holdings, strict=True):
+                if isinstance(held, HeldItems):
+                    self.own_held.learn(read, held.entries, now)
+        out = []
+        for flt, held in zip(msg.filters, msg.holdings, strict=True):
+            known = self.own_held.holdings(flt, now)
+            out.append(known if known is not None else list(held or ()))
+        return out
 
     def own_relay_busy(self) -> bool:
         """Is the own relay slow to answer what delivery sends it? Reads of it wait then."""
@@ -197,12 +214,7 @@ class HistoricSync:
             log.warning("negentropy_own_relay_unavailable", relay=state.url, reason=msg.reason)
             holdings = [[] for _ in msg.filters]
         else:
-            holdings = msg.holdings
-            if msg.epoch == self.own_held.forgotten:  # no outage since the read began
-                now = self.clock()
-                for flt, held in zip(msg.filters, holdings, strict=True):
-                    if isinstance(held, HeldItems):  # read now, not known before
-                        self.own_held.learn(flt, held.entries, now)
+            holdings = self.holdings_after_read(msg)
         allowed = self.use_negentropy(state, msg.filters)  # it may have been turned off meanwhile
         shared = batch.follower or self.listed_elsewhere(state, batch)
         if shared and not batch.follower and self.relay_busy(state):
