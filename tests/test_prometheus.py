@@ -130,6 +130,28 @@ def test_every_alert_has_a_firing_and_a_quiet_case():
     assert fired == alerts and quiet == alerts
 
 
+def test_the_gauges_the_alerts_read_follow_gsync_and_the_own_relay(relay_factory, gsync_factory):
+    """gsync_ready, gsync_own_relay_up (down while the own relay is, up once it is back),
+    the delivery backlog's and the rejected index's bounds, the repositories synced."""
+    own = relay_factory()
+    remote = relay_factory()
+    repo, on_a, _ = two_remote_history(own, remote, remote)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"delivery_max_backlog": "1234"}})
+    wait_until(lambda: gsync.metric("gsync_ready") == 1, timeout=30, what="gsync_ready 1")
+    assert gsync.metric("gsync_own_relay_up") == 1
+    assert gsync.metric("gsync_delivery_backlog_limit") == 1234
+    assert gsync.metric("gsync_rejected_index_limit") == 50_000
+    assert gsync.metric("gsync_rejected_index_entries") == 0
+    assert gsync.metric("gsync_background_start_interval_seconds") == pytest.approx(0.02)
+    wait_until(lambda: gsync.metric("gsync_repositories") == 1, timeout=30, what="one repository")
+    assert gsync.metric("process_resident_memory_bytes") > 10e6
+    own.stop()
+    wait_until(lambda: gsync.metric("gsync_own_relay_up") == 0, timeout=30, what="own relay down")
+    own.start()
+    wait_until(lambda: gsync.metric("gsync_own_relay_up") == 1, timeout=30, what="own relay up again")
+
+
 class PrometheusServer:
     """A Prometheus on a free loopback port, scraping ``targets`` every second, with the
     alert rules loaded; its data in a temporary directory removed on stop."""
