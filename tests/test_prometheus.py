@@ -107,6 +107,17 @@ def test_dashboard_names_only_metrics_and_labels_gsync_exports():
                 assert label in have, (title, label, expr)
 
 
+def test_readme_documents_every_metric_gsync_exports():
+    with open(os.path.join(ROOT, "README.md")) as fh:
+        readme = fh.read()
+    table = readme[readme.index("### Metrics"):readme.index("### Dashboard and alerts")]
+    documented = set(re.findall(r"`((?:ngit_sync|gsync)_[a-z_]+)`", table))
+    # "`ngit_sync_relays_tracked_total`, `_connected_total`, `_dead_total`": one row, three names
+    documented |= {"ngit_sync_relays_" + n for n in re.findall(r"`_(\w+_total)`", table)}
+    missing = {n for n in exported_metrics() if not n.startswith("process_")} - documented
+    assert not missing, f"not in README's metrics table: {sorted(missing)}"
+
+
 @needs_promtool
 def test_promtool_checks_the_rules():
     result = subprocess.run([PROMTOOL, "check", "rules", RULES], capture_output=True, text=True, timeout=60)
