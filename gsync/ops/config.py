@@ -7,9 +7,9 @@ secret key is read here but never shown: not in errors, ``repr`` or ``describe()
 from __future__ import annotations
 
 import configparser
+import os
 import re
 from collections.abc import Callable
-import os
 from dataclasses import dataclass, field, replace
 
 from .. import constants
@@ -407,9 +407,10 @@ def as_shard(config: Config, text: str) -> Config:
         if listen[1] + shard.index > 65535:
             raise ValueError(f"--shard {text}: metrics port {listen[1]} + {shard.index} is past 65535")
         listen = (listen[0], listen[1] + shard.index)
+    state_dir = os.path.join(config.service.state_dir, shard.instance_name)
     return replace(
         config,
-        service=replace(config.service, state_dir=os.path.join(config.service.state_dir, shard.instance_name)),
+        service=replace(config.service, state_dir=state_dir),
         cluster=replace(config.cluster, shard=shard),
         metrics=replace(config.metrics, listen=listen),
     )
