@@ -1,5 +1,4 @@
 """The sync engine end to end: real LocalRelays (own + remotes) and gsync as a subprocess."""
-import os
 import time
 
 import pytest
@@ -273,11 +272,14 @@ def test_shards_split_the_remotes_and_together_sync_everything(relay_factory):
     try:
         for g in instances:
             g.start()
+        for i, g in enumerate(instances):
+            started = wait_until(lambda g=g: [e for e in g.log_events() if e.get("event") == "started"],
+                                 timeout=10, what="the started line")
+            assert started[0]["shard"] == f"{i}/2"
         _shards_sync_their_own_remotes(own, remotes, history, instances)
     finally:
         for g in instances:
             g.terminate()
-    assert all(os.path.isdir(os.path.join(g.dir, "state", f"{i}-of-2")) for i, g in enumerate(instances))
 
 
 def _shards_sync_their_own_remotes(own, remotes, history, instances):
