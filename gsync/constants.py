@@ -91,7 +91,22 @@ OWN_READS_PER_BATCH = 4
 OWN_READS_AT_ONCE_TOTAL = 32
 # An own-relay holdings read is shared by exchanges over the same filter for this long.
 SHARED_HOLDINGS_SECS = 5.0
-RESIDUAL_FALLBACK_MIN_ADVERTISED = 20
+# What the own relay holds is read once per filter and session, then kept with what it
+# accepts (``sync.own_held``): read again after a day (the daily fresh start), after an
+# own-relay outage, and when more than OWN_HELD_MAX_EVENTS are known (about 300 bytes
+# each: the bound keeps it near 60 MB; past it everything is read again as needed).
+OWN_HELD_TTL_SECS = 24 * 3600.0
+OWN_HELD_MAX_EVENTS = 200_000
+# Reads of the own relay give way to deliveries: while the oldest event delivery sent it has
+# waited longer than OWN_BUSY_OK_WAIT_SECS for its OK, a read waits (in steps of
+# OWN_READ_DEFER_STEP_SECS), OWN_READ_MAX_DEFER_SECS at most, so that a relay that is slow
+# for good still gets read.
+OWN_BUSY_OK_WAIT_SECS = 1.0
+OWN_READ_DEFER_STEP_SECS = 0.1
+OWN_READ_MAX_DEFER_SECS = 10.0
+# A relay that advertised ids through NIP-77 and served (nearly) none of them by id gets
+# REQ+EOSE for this long before NIP-77 is tried there again (it may have been fixed).
+IDS_UNSERVED_RETRY_SECS = 24 * 3600.0
 RESIDUAL_FALLBACK_MAX_FRACTION = 0.10
 # After NIP-77, a filter whose events the own relay mostly lacks (more than one id fetch
 # missing, holding at most this fraction of that) is fetched by its REQ pages instead of by

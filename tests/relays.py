@@ -23,8 +23,9 @@ from gsync.ops.localrelay import LocalRelayProcess
 # only free until someone binds it: each worker takes ports from a range of its own below
 # the ephemeral range (32768-60999 on Linux), which neither the other workers nor any
 # outgoing connection can be handed.
+# GSYNC_TEST_PORT_BASE moves the ranges, for two test runs side by side on one machine.
 PORTS_PER_WORKER = 1000
-_WORKER_PORTS_BASE = 21000
+_WORKER_PORTS_BASE = int(os.environ.get("GSYNC_TEST_PORT_BASE", "21000"))
 _next = itertools.count()
 _kernel_port = localrelay.free_port  # bind to port 0
 

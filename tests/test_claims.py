@@ -1,5 +1,6 @@
 """FetchClaims: each missing event is fetched by one batch; the others wait, and get it back
 for recovery if that batch ends without it (no loss when one relay fails)."""
+from gsync.protocol.filters import Filter
 from gsync.sync.claims import FetchClaims
 
 A, B, C = "wss://a.example", "wss://b.example", "wss://c.example"
@@ -28,7 +29,7 @@ def test_arrivals_settle_an_id_for_everyone():
     claims.claim(A, 1, ids(1, 2))
     claims.claim(B, 1, ids(1, 2))
     claims.arrived(ids(1)[0])
-    assert claims.release(A, 1) == {B: ids(2)}
+    assert claims.release(A, 1) == {B: dict.fromkeys(ids(2))}
     assert len(claims) == 0
 
 
@@ -53,3 +54,12 @@ def test_released_batches_leave_nothing_behind():
         claims.release(A, batch)
         claims.release(B, batch)
     assert len(claims) == 0 and not claims._by_batch and not claims._waiting
+
+
+def test_a_skipped_id_is_handed_back_with_the_filter_that_found_it_there():
+    found_here = Filter.make(kinds=[1621], tags={"a": ["30617:aa:one"]})
+    claims = FetchClaims()
+    claims.claim(A, 1, ids(1, 2))
+    claims.claim(B, 3, ids(1, 2), found_by=found_here)
+    claims.claim(C, 4, ids(2))
+    assert claims.release(A, 1) == {B: dict.fromkeys(ids(1, 2), found_here), C: {ids(2)[0]: None}}

@@ -22,10 +22,12 @@ alice, bob = f.Author.named("alice"), f.Author.named("bob")
 
 
 class Withholding:
-    """Exact-id REQs do not return ``withheld`` ids (until ``release()``); semantic REQs do."""
+    """Exact-id REQs do not return ``withheld`` ids (until ``release()``); semantic REQs do,
+    unless ``everywhere`` (advertised through NIP-77, served to no REQ: an index that lags)."""
 
-    def __init__(self, ids):
+    def __init__(self, ids, everywhere=False):
         self.withheld = set(ids)
+        self.everywhere = everywhere
         self.id_reqs = 0
         self._lock = threading.Lock()
 
@@ -37,7 +39,7 @@ class Withholding:
         answer = relay.answer
 
         def answer_hiding(filters):
-            if all(flt.ids is not None for flt in filters):
+            if self.everywhere or all(flt.ids is not None for flt in filters):
                 with self._lock:
                     self.id_reqs += 1
                     hidden = set(self.withheld)
@@ -71,7 +73,7 @@ def test_ids_advertised_but_not_served_fall_back_to_semantic_req(relay_factory, 
     wait_until(lambda: _remote_status(gsync, remote.url) == "connected", timeout=30,
                what="the batch completing (Connected, not failed)")
     assert nip77.opened > 0
-    assert any(e["event"] == "negentropy_ids_not_served" for e in gsync.log_events())
+    assert any(e["event"] == "relay_ids_not_served" for e in gsync.log_events())
 
 
 @pytest.mark.slow
@@ -82,8 +84,8 @@ def test_small_residual_fails_the_batch_then_recovery_fetches_it(relay_factory, 
     remote = scripted(negentropy=nip77, page_size=500)
     repo, issues = _repo_with_issues(own, remote, 30, "small-residual")
     remote.add(repo, *issues)
-    withheld = issues[:3]  # 10 % missing by id: a residual, not an incompatibility
-    hiding = Withholding(e.id for e in withheld)
+    withheld = issues[:3]  # 10 % missing: a residual, not an incompatibility
+    hiding = Withholding((e.id for e in withheld), everywhere=True)  # nor by their filter
     hiding.install(remote)
     publish(own.url, [repo, issues[3]])
     gsync = gsync_factory(own, [remote], extra={"sync": {"recovery_base_secs": "1"}})
@@ -196,7 +198,7 @@ def test_what_one_relay_claimed_and_never_served_comes_from_the_other(relay_fact
     issues = [f.issue(bob, repo, subject=f"claimed {i}") for i in range(30)]
     for relay in (claimer, other):
         relay.add(repo, *issues)
-    Withholding(e.id for e in issues[:3]).install(claimer)  # never released
+    Withholding((e.id for e in issues[:3]), everywhere=True).install(claimer)  # never released
     answer = claimer.answer
 
     def slowly_by_id(filters):  # the claim is held (its fetch running) while the other ends
@@ -211,3 +213,38 @@ def test_what_one_relay_claimed_and_never_served_comes_from_the_other(relay_fact
     assert quick.opened and slow_nip77.opened, "NIP-77 on both relays"
     other_sent = gsync.metric("gsync_remote_events_total", relay=other.url)
     assert 3 <= other_sent <= 10, f"the other relay sent {other_sent}: only what the first could not"
+
+
+def test_what_one_relay_claimed_comes_by_its_filter_from_one_that_serves_nothing_by_id(
+        relay_factory, gsync_factory, scripted):
+    """As above, but the relay that skipped the claimed ids serves nothing by id (and,
+    having fetched nothing by id itself, is not yet known for it): its recovery asks them by
+    id once, then by the filter that found them there."""
+    own = relay_factory()
+    quick, slow_nip77 = Nip77Server(), Nip77Server()
+
+    def slow(relay, conn, message):
+        time.sleep(1)  # its exchanges end after the quick relay's: the quick one claims first
+        return slow_nip77(relay, conn, message)
+
+    claimer = scripted(negentropy=quick, page_size=500)
+    other = scripted(negentropy=slow, page_size=500)
+    repo = our_announcement(own, [claimer, other], d="claimed-elsewhere-by-filter")
+    issues = [f.issue(bob, repo, subject=f"claimed by filter {i}") for i in range(30)]
+    for relay in (claimer, other):
+        relay.add(repo, *issues)
+    Withholding((e.id for e in issues[:3]), everywhere=True).install(claimer)
+    answer = claimer.answer
+
+    def slowly_by_id(filters):  # the claim is held (its fetch running) while the other ends
+        if all(flt.ids is not None for flt in filters):
+            time.sleep(2)
+        return answer(filters)
+
+    claimer.answer = slowly_by_id
+    not_by_id = Withholding(e.id for e in issues)  # nothing by id, everything by filter
+    not_by_id.install(other)
+    publish(own.url, [repo, issues[-1]])
+    gsync_factory(own, [claimer, other], extra={"sync": {"recovery_base_secs": "1"}})
+    assert_arrives(own, issues, timeout=60, what="the withheld issues, by filter from the other relay")
+    assert not_by_id.id_reqs, "the other relay was asked by id first (it skipped the claimed ids)"

@@ -11,12 +11,14 @@ from gsync.protocol import messages as wire
 from gsync.protocol.event import Event, generate_secret, sign_event
 from gsync.protocol.filters import Filter
 from gsync.sync.pending import (
+    CrowdedSecond,
     PageCap,
     PendingBatch,
     ResidualDecision,
     SyncMethod,
     decide_residual,
     fetch_by_filter,
+    split_crowded,
 )
 from gsync.sync.repos import SyncLevel
 from gsync.sync.targets import SyncItems
@@ -378,6 +380,45 @@ def test_crowded_second_does_not_loop_forever():
     assert flat(b.on_eose("s1", cap=learnt())) == []
 
 
+def test_a_second_paging_cannot_enter_is_reported_for_completing_another_way():
+    crowd = [event(1621, 1000) for _ in range(P)]
+    b = batch()
+    b.add_subscription("s1", [ISSUES])
+    feed(b, "s1", crowd)
+    b.on_eose("s1", cap=learnt())
+    assert b.take_crowded() == []  # one full page at a second: asked again first
+    feed(b, "s1", crowd)
+    b.on_eose("s1", cap=learnt())
+    assert b.take_crowded() == [CrowdedSecond(ISSUES.replace(since=1000, until=1000), 1000, P)]
+    assert b.take_crowded() == []
+
+
+def test_a_crowded_second_asked_alone_and_crowded_again_says_so():
+    alone = ISSUES.replace(since=1000, until=1000)
+    crowd = [event(1621, 1000) for _ in range(P)]
+    b = batch()
+    b.add_subscription("s1", [alone])
+    feed(b, "s1", crowd)
+    b.on_eose("s1", cap=learnt())
+    feed(b, "s1", crowd)
+    assert flat(b.on_eose("s1", cap=learnt())) == []
+    assert b.take_crowded() == [CrowdedSecond(alone, 1000, P, again=True)]
+
+
+def test_a_crowded_second_splits_on_what_its_filter_enumerates():
+    second = dict(since=5, until=5)
+    by_tag = Filter.make(tags={"a": ["x", "y", "z"]}, **second)
+    assert split_crowded(by_tag) == [Filter.make(tags={"a": ["x"]}, **second),
+                                     Filter.make(tags={"a": ["y", "z"]}, **second)]
+    by_kind = Filter.make(kinds=[1621, 1617], tags={"a": ["x"]}, **second)
+    assert split_crowded(by_kind) == [Filter.make(kinds=[1617], tags={"a": ["x"]}, **second),
+                                      Filter.make(kinds=[1621], tags={"a": ["x"]}, **second)]
+    by_author = Filter.make(kinds=[1621], authors=["aa", "bb"], **second)
+    assert split_crowded(by_author) == [Filter.make(kinds=[1621], authors=["aa"], **second),
+                                        Filter.make(kinds=[1621], authors=["bb"], **second)]
+    assert split_crowded(Filter.make(kinds=[1621], tags={"a": ["x"]}, **second)) == []
+
+
 def test_crowded_second_with_new_ids_is_asked_once_more():
     first = [event(1621, 1000) for _ in range(P)]
     second = first[:40] + [event(1621, 1000) for _ in range(P - 40)]
@@ -416,24 +457,26 @@ def test_until_never_goes_negative():
 
 
 @pytest.mark.parametrize(
-    "advertised, delivered, retried, semantic, expected",
+    "advertised, delivered, retried, by_filter_done, expected",
     [
-        (0, 0, False, True, ResidualDecision.DONE),
-        (10, 10, False, True, ResidualDecision.DONE),
-        (10, 12, False, True, ResidualDecision.DONE),
-        (10, 9, False, True, ResidualDecision.RETRY_RESIDUAL),
-        (19, 0, False, True, ResidualDecision.RETRY_RESIDUAL),  # too few to judge the relay
-        (20, 2, False, True, ResidualDecision.SEMANTIC_FALLBACK),  # 10 %: unusable by id
-        (20, 3, False, True, ResidualDecision.RETRY_RESIDUAL),
-        (300, 0, False, True, ResidualDecision.SEMANTIC_FALLBACK),
-        (300, 0, False, False, ResidualDecision.RETRY_RESIDUAL),  # layer 1: no semantic form
-        (5, 0, True, True, ResidualDecision.FAIL),
-        (300, 0, True, True, ResidualDecision.FAIL),
+        (0, 0, False, False, ResidualDecision.DONE),
+        (10, 10, False, False, ResidualDecision.DONE),
+        (10, 12, False, False, ResidualDecision.DONE),
+        (10, 9, False, False, ResidualDecision.RETRY_RESIDUAL),  # serves by id: lag, retry
+        (20, 3, False, False, ResidualDecision.RETRY_RESIDUAL),
+        (20, 2, False, False, ResidualDecision.SEMANTIC_FALLBACK),  # 10 %: does not serve by id
+        (2, 0, False, False, ResidualDecision.SEMANTIC_FALLBACK),  # however few were asked
+        (1, 0, False, False, ResidualDecision.SEMANTIC_FALLBACK),
+        (300, 0, False, False, ResidualDecision.SEMANTIC_FALLBACK),
+        (5, 0, True, False, ResidualDecision.SEMANTIC_FALLBACK),  # the retry brought nothing
+        (5, 4, True, False, ResidualDecision.SEMANTIC_FALLBACK),  # never only by id again
+        (5, 4, True, True, ResidualDecision.FAIL),
+        (300, 0, False, True, ResidualDecision.FAIL),
         (5, 5, True, True, ResidualDecision.DONE),
     ],
 )
-def test_decide_residual(advertised, delivered, retried, semantic, expected):
-    assert decide_residual(advertised, delivered, retried, semantic) is expected
+def test_decide_residual(advertised, delivered, retried, by_filter_done, expected):
+    assert decide_residual(advertised, delivered, retried, by_filter_done) is expected
 
 
 def negentropy_batch(advertised, items=None):
@@ -442,7 +485,7 @@ def negentropy_batch(advertised, items=None):
     return b
 
 
-def test_small_residual_is_retried_once_then_fails():
+def test_small_residual_is_retried_once_then_asked_by_its_filter_then_fails():
     events = page(1621, 1000, 10)
     b = negentropy_batch(events)
     b.add_subscription("fetch", [Filter.make(ids=[e.id for e in events])])
@@ -454,6 +497,9 @@ def test_small_residual_is_retried_once_then_fails():
     b.add_subscription("retry", [Filter.make(ids=residual)])
     feed(b, "retry", events[8:9])  # one of two: still incomplete
     b.on_eose("retry")
+    assert b.residual_decision() is ResidualDecision.SEMANTIC_FALLBACK
+    assert b.first_pass_served_by_id()
+    b.residual_by_filter = True
     assert b.residual_decision() is ResidualDecision.FAIL
     assert b.residual_ids() == {events[9].id}
 
@@ -467,19 +513,27 @@ def test_residual_retry_that_delivers_everything_is_done():
     assert b.residual_decision() is ResidualDecision.DONE
 
 
-def test_relay_that_cannot_serve_by_id_switches_to_semantic_req():
+def test_ids_not_served_by_id_are_asked_by_the_filters_that_found_them():
+    found_a = Filter.make(kinds=[1621], tags={"a": ["30617:aa:one"]})
+    found_b = Filter.make(kinds=[30617, 10317])
     events = page(1621, 1000, 30)
-    b = negentropy_batch(events)
-    feed(b, "fetch", events[:3])
+    b = batch(SyncMethod.NEGENTROPY)
+    b.expect_ids((e.id for e in events[:20]), found_by=found_a)
+    b.expect_ids((e.id for e in events[20:]), found_by=found_b)
+    feed(b, "fetch", events[:2])
     assert b.residual_decision() is ResidualDecision.SEMANTIC_FALLBACK
-    b.switch_to_req_eose()
-    assert b.method is SyncMethod.REQ_EOSE
+    assert not b.first_pass_served_by_id()
+    assert b.residual_filters(b.residual_ids()) == sorted([found_a, found_b], key=Filter.to_json)
+    assert b.residual_filters({events[25].id}) == [found_b]
 
 
-def test_layer1_batch_has_no_semantic_fallback():
-    events = page(30617, 1000, 30)
-    b = negentropy_batch(events, items=SyncItems())
-    assert b.residual_decision() is ResidualDecision.RETRY_RESIDUAL
+def test_layer1_batch_asks_what_it_was_not_served_by_its_filter_too():
+    events = page(30617, 1000, 2)
+    layer1 = Filter.make(kinds=[30617, 10317])
+    b = batch(SyncMethod.NEGENTROPY, SyncItems())
+    b.expect_ids((e.id for e in events), found_by=layer1)
+    assert b.residual_decision() is ResidualDecision.SEMANTIC_FALLBACK
+    assert b.residual_filters(b.residual_ids()) == [layer1]
 
 
 def test_negentropy_exchange_is_an_outstanding_entry_without_filters():

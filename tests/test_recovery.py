@@ -1,4 +1,5 @@
 """Missing-event recovery (SPEC §4): bounded, backed-off, progress-aware retries per relay."""
+from gsync.protocol.filters import Filter
 from gsync.sync.recovery import MissingEventRecovery
 
 A, B = "wss://a.example", "wss://b.example"
@@ -254,3 +255,51 @@ def test_arrivals_are_cleared_by_id_whatever_happened_to_the_relays_before():
         for r in relays:
             assert rec.pending_ids(r) == model.get(r, set())
     assert set(rec._owners) == set().union(*model.values()) if model else not rec._owners
+
+
+def test_an_id_not_served_by_id_is_asked_by_the_filter_that_found_it():
+    found_here = Filter.make(kinds=[1621], tags={"a": ["30617:aa:one"]})
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(3), now=0, found_by=dict.fromkeys(ids(2), found_here))
+    assert rec.next_attempt(A, now=30) == ids(3)
+    assert rec.attempt_filters(A) == []
+    rec.record_result(A, [], now=31)  # nothing by id
+    assert rec.next_attempt(A, now=61) == ids(1, start=2)  # the one without a filter only
+    assert rec.attempt_filters(A) == [found_here]
+    assert rec.awaited(A) == set(ids(3))
+    rec.record_result(A, ids(1), now=62, filters_done=True)  # one came by its filter
+    assert rec.pending_ids(A) == set(ids(2)[1:] + ids(1, start=2))
+    assert rec.next_attempt(A, now=92) == ids(1, start=2)
+    assert rec.attempt_filters(A) == [found_here], "asked by filter until it arrives"
+
+
+def test_ids_asked_by_filter_that_never_come_are_given_up_after_the_attempts():
+    found_here = Filter.make(kinds=[1621])
+    rec = MissingEventRecovery(max_zero_progress=3)
+    rec.add_missing(A, ids(1), now=0, found_by=dict.fromkeys(ids(1), found_here))
+    now = 0
+    dropped = set()
+    for _ in range(3):
+        now += 10_000
+        rec.next_attempt(A, now=now)
+        dropped |= rec.record_result(A, [], now=now + 1, filters_done=True)
+    assert dropped == set(ids(1))
+    assert not rec.is_fully_recovered(A)
+
+
+def test_an_id_asked_by_filter_that_arrives_elsewhere_is_settled():
+    found_here = Filter.make(kinds=[1621])
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(1), now=0, found_by=dict.fromkeys(ids(1), found_here))
+    rec.next_attempt(A, now=30)
+    rec.record_result(A, [], now=31)
+    assert rec.clear_arrived(ids(1)) == {A}
+    assert rec.is_fully_recovered(A)
+
+
+def test_a_relay_known_not_to_serve_ids_is_asked_by_filter_from_the_first_attempt():
+    found_here = Filter.make(kinds=[1621])
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(2), now=0, found_by=dict.fromkeys(ids(2), found_here), by_id_first=False)
+    assert rec.next_attempt(A, now=30) == []
+    assert rec.attempt_filters(A) == [found_here]

@@ -33,8 +33,9 @@ from ..protocol import wsframes
 from ..protocol.event import Event
 from ..protocol.filters import Filter
 from ..sync.have_index import HaveIndex
+from ..sync.own_held import HeldEntry
 from .connection import auth_event
-from .events import DeliveryAnswered, DeliveryCaughtUp, OwnEvents, OwnRelayState
+from .events import DeliveryAnswered, DeliveryCaughtUp, OwnEvents, OwnHeldConfirmed, OwnRelayState
 from .ws import connect as ws_connect
 
 log = get_logger("gsync.delivery")
@@ -177,6 +178,9 @@ class OwnRelayDelivery:
         # live events for a subscriber that reads too slowly (LocalRelay does, under load),
         # and a root it never shows is a thread never synced.
         self._accepted_roots: list[Event] = []
+        # Everything it answered OK true to (stored and served), told to the manager once
+        # per read burst too: the session's knowledge of what it holds (``sync.own_held``).
+        self._confirmed: list = []
 
     # -- manager-facing -----------------------------------------------------------------
 
@@ -228,6 +232,13 @@ class OwnRelayDelivery:
             index.add(event_id, event)
         self._unindexed.clear()
         return index.matching(flt)
+
+    def oldest_answer_wait(self) -> float:
+        """Seconds the oldest event in flight has waited for its OK (0: none in flight): how
+        far behind the own relay is with what gsync sends it."""
+        now = self._clock()
+        return max((now - next(iter(lane.in_flight.values()))[1]
+                    for lane in self._lanes if lane.in_flight), default=0.0)
 
     @property
     def backlog(self) -> int:
@@ -411,8 +422,10 @@ class OwnRelayDelivery:
             self._delivered_uncounted += 1  # counted once per read burst (_count_delivered)
         else:
             self._outcome(outcome).inc()
-        if outcome in ("delivered", "duplicate") and event.kind in constants.SELF_SUB_KINDS:
-            self._accepted_roots.append(event)  # stored and served: not purgatory
+        if outcome in ("delivered", "duplicate"):  # stored and served: not purgatory
+            self._confirmed.append((event.id, HeldEntry.of(event)))
+            if event.kind in constants.SELF_SUB_KINDS:
+                self._accepted_roots.append(event)
         if outcome in ("rejected", "purgatory"):
             # The manager acts on these (rejected index, StateOnly); a plain delivery needs
             # nothing from it, so it is not told (one queue round trip less per event).
@@ -428,6 +441,9 @@ class OwnRelayDelivery:
         if self._accepted_roots:
             accepted, self._accepted_roots = self._accepted_roots, []
             self._post(OwnEvents(accepted))
+        if self._confirmed:
+            confirmed, self._confirmed = self._confirmed, []
+            self._post(OwnHeldConfirmed(confirmed))
 
     def _outcome(self, outcome: str):
         """The outcome's counter child, looked up once (this runs for every event)."""

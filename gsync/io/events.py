@@ -100,6 +100,9 @@ class OwnHoldingsRead:
     filters: list
     holdings: list | None  # per filter, [(created_at, id)]; None: the own relay failed
     reason: str = ""  # why it failed
+    # ``OwnHeld.forgotten`` when the read began: a read across an own-relay outage teaches
+    # nothing (what it returned may be gone)
+    epoch: int = 0
 
 
 @dataclass(slots=True)
@@ -109,6 +112,14 @@ class OwnEvents:
     OK), in case its live stream drops them."""
 
     events: list[Event]
+
+
+@dataclass(slots=True)
+class OwnHeldConfirmed:
+    """Events the own relay answered ``OK true`` to (``duplicate`` included, ``purgatory``
+    not), as (id, ``own_held.HeldEntry``): held, for the NIP-77 have-sets (one read burst)."""
+
+    entries: list
 
 
 @dataclass(slots=True)

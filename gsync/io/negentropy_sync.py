@@ -23,6 +23,8 @@ from gevent.queue import Empty, Queue
 from ..constants import (
     MAX_RUNNING_EXCHANGES,
     NEGENTROPY_DEADLINE_SECS,
+    OWN_READ_DEFER_STEP_SECS,
+    OWN_READ_MAX_DEFER_SECS,
     OWN_READS_AT_ONCE_TOTAL,
     OWN_READS_PER_BATCH,
     SHARED_HOLDINGS_SECS,
@@ -129,12 +131,31 @@ _holdings = SharedHoldings(KeptConnections(keep=MAX_RUNNING_EXCHANGES).holdings)
 _reads = BoundedSemaphore(OWN_READS_AT_ONCE_TOTAL)
 
 
+def give_way(busy, sleep=gevent.sleep, clock=time.monotonic,
+             step: float = OWN_READ_DEFER_STEP_SECS, most: float = OWN_READ_MAX_DEFER_SECS) -> float:
+    """Before a read of the own relay: wait while ``busy()`` (it is slow to answer what
+    delivery sends it: deliveries go first), ``most`` seconds at most. Returns the wait."""
+    if busy is None:
+        return 0.0
+    start = clock()
+    while busy() and clock() - start < most:
+        sleep(step)
+    return clock() - start
+
+
 def read_holdings(own_url: str, filters, post, *, relay: str, session: int, batch_id: int,
-                  token: str, fresh: bool = False) -> None:
+                  token: str, fresh: bool = False, known=None, epoch: int = 0, busy=None) -> None:
     """What the own relay holds of each of ``filters``, posted to the manager, which picks
     each filter's method from it (a failure is an outcome too: REQ pages then). ``fresh``:
-    not from an earlier read (``SharedHoldings.get``)."""
-    def read(flt: Filter):
+    not from an earlier read (``SharedHoldings.get``). ``known``: filter index -> holdings
+    the session already knows (``sync.own_held``): not read again. ``busy``: the own relay
+    is slow to answer deliveries (``give_way``)."""
+    known = known or {}
+
+    def read(i: int, flt: Filter):
+        if i in known:
+            return known[i]
+        give_way(busy)
         with _reads:
             try:
                 return _holdings.get(own_url, flt, fresh)
@@ -142,19 +163,21 @@ def read_holdings(own_url: str, filters, post, *, relay: str, session: int, batc
                 return exc
 
     pool = gevent.pool.Pool(OWN_READS_PER_BATCH)
-    reads = [pool.spawn(read, flt) for flt in filters]
+    reads = [pool.spawn(read, i, flt) for i, flt in enumerate(filters)]
     gevent.joinall(reads)
     holdings, reason = [r.value for r in reads], ""
     failed = next((h for h in holdings if isinstance(h, Exception)), None)
     if failed is not None:
         holdings, reason = None, f"own relay query failed: {type(failed).__name__}"
-    post(OwnHoldingsRead(relay, session, batch_id, token, list(filters), holdings, reason))
+    post(OwnHoldingsRead(relay, session, batch_id, token, list(filters), holdings, reason, epoch))
 
 
 def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batch_id: int,
                      token: str, deadline_secs: float = NEGENTROPY_DEADLINE_SECS,
-                     held=None, frame_size_limit: int = FRAME_SIZE_LIMIT) -> None:
-    """``held``: the own relay's (created_at, id) for ``flt``, if already read."""
+                     held=None, frame_size_limit: int = FRAME_SIZE_LIMIT, busy=None) -> None:
+    """``held``: the own relay's (created_at, id) for ``flt``, if already known."""
+    if held is None:
+        give_way(busy)
     with _running:
         try:
             items = _holdings.get(own_url, flt) if held is None else held

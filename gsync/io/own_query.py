@@ -15,23 +15,29 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
+from ..ops import metrics
 from ..protocol import messages as wire
 from ..protocol.filters import Filter
+from ..sync.own_held import HeldEntry
 from ..sync.pending import PageCap
 from .ws import connect as ws_connect
 
 QUERY_TIMEOUT_SECS = 30.0
 
 
-def history_pages(ws, flt: Filter, cap: PageCap | None = None) -> Iterator[list[dict]]:
+def history_pages(ws, flt: Filter, cap: PageCap | None = None,
+                  counted: bool = False) -> Iterator[list[dict]]:
     """Pages of raw events (newest first) until the relay has nothing older for ``flt``.
-    ``cap``: what this connection taught of its page size so far (learnt here too)."""
+    ``cap``: what this connection taught of its page size so far (learnt here too).
+    ``counted``: each REQ counts as a holdings read (``gsync_own_relay_reads_total``)."""
     cap = cap if cap is not None else PageCap()
     flt = flt.replace(limit=None)
     seen: set[str] = set()
     until = flt.until
     while True:
-        page = _one_page(ws, flt if until is None else flt.replace(until=until))
+        if counted:
+            metrics.OWN_RELAY_READS.inc()
+        page = _one_page(ws, flt if until is None else flt.replace(until=until), counted)
         new = [e for e in page if e["id"] not in seen]
         seen.update(e["id"] for e in new)
         if new:
@@ -46,6 +52,18 @@ def history_pages(ws, flt: Filter, cap: PageCap | None = None) -> Iterator[list[
             until = oldest - 1  # a crowded second gave nothing new: step past it
         if until < 0 or (flt.since is not None and until < flt.since):
             return
+
+
+class HeldItems(list):
+    """What a read of the own relay returned for a filter: ``(created_at, id)`` pairs, as
+    every NIP-77 have-set takes them, and ``entries``, the same events as (id,
+    ``HeldEntry``), which the session keeps (``sync.own_held``) so as not to read again."""
+
+    __slots__ = ("entries",)
+
+    def __init__(self, events=()):
+        self.entries = [(e["id"], HeldEntry.of(e)) for e in events]
+        super().__init__((entry.created_at, event_id) for event_id, entry in self.entries)
 
 
 class KeptConnections:
@@ -65,7 +83,7 @@ class KeptConnections:
         self._timeout = timeout
         self._idle: dict[str, list[tuple]] = {}  # url → idle (connection, its PageCap)
 
-    def holdings(self, url: str, flt: Filter) -> list[tuple[int, str]]:
+    def holdings(self, url: str, flt: Filter) -> HeldItems:
         idle = self._idle.setdefault(url, [])
         if idle:
             try:
@@ -74,9 +92,9 @@ class KeptConnections:
                 pass  # kept too long, or closed by the relay: once more on a fresh one
         return self._read_and_keep(url, self._connect(url, self._timeout), PageCap(), flt)
 
-    def _read_and_keep(self, url: str, ws, cap: PageCap, flt: Filter) -> list[tuple[int, str]]:
+    def _read_and_keep(self, url: str, ws, cap: PageCap, flt: Filter) -> HeldItems:
         try:
-            items = [(e["created_at"], e["id"]) for page in history_pages(ws, flt, cap) for e in page]
+            items = HeldItems(e for page in history_pages(ws, flt, cap, counted=True) for e in page)
         except BaseException:
             _close(ws)
             raise
@@ -95,12 +113,15 @@ def _close(ws) -> None:
         pass
 
 
-def _one_page(ws, flt: Filter) -> list[dict]:
+def _one_page(ws, flt: Filter, counted: bool = False) -> list[dict]:
     sub = "own-" + uuid.uuid4().hex[:12]
     ws.send(wire.req(sub, [flt]))
     page: list[dict] = []
     while True:
-        msg = wire.parse_relay_message(ws.recv())
+        text = ws.recv()
+        if counted:
+            metrics.OWN_RELAY_READ_BYTES.inc(len(text))
+        msg = wire.parse_relay_message(text)
         if isinstance(msg, wire.RelayEvent) and msg.sub_id == sub:
             e = msg.event
             if type(e.get("created_at")) is int and isinstance(e.get("id"), str) and len(e["id"]) == 64:

@@ -194,8 +194,9 @@ async def _build(opts: dict):
         """Slow writes (``write_delay_ms``) and refusals (``reject``). An exception inside a
         policy panics the relay, so every path is guarded."""
 
-        def __init__(self, delay: float, reject: dict):
+        def __init__(self, delay: float, reject: dict, grasp_domain: str | None = None):
             self.delay = delay
+            self.grasp_domain = grasp_domain
             self.kinds = set(reject.get("kinds", []))
             self.ids = set(reject.get("ids", []))
             self.authors = set(reject.get("authors", []))
@@ -205,10 +206,12 @@ async def _build(opts: dict):
             try:
                 if self.delay:
                     await asyncio.sleep(self.delay)
-                if self.kinds or self.ids or self.authors:
+                if self.kinds or self.ids or self.authors or self.grasp_domain:
                     e = json.loads(event.as_json())
                     if e["kind"] in self.kinds or e["id"] in self.ids or e["pubkey"] in self.authors:
                         return WritePolicyResult.REJECT(self.message)
+                    if self.grasp_domain and e["kind"] == 30617 and not _lists_domain(e, self.grasp_domain):
+                        return WritePolicyResult.REJECT("announcement does not list this relay")
             except BaseException:
                 pass
             return WritePolicyResult.ACCEPT()
@@ -283,13 +286,22 @@ async def _build(opts: dict):
                 chunk = lines[start : start + 1000]
                 await asyncio.gather(*(db.save_event(Event.from_json(line)) for line in chunk))
         builder = builder.database(db)
-    if opts.get("write_delay_ms") or opts.get("reject"):
+    if opts.get("write_delay_ms") or opts.get("reject") or opts.get("grasp_domain"):
         delay = float(opts.get("write_delay_ms", 0)) / 1000
-        builder = builder.write_policy(Writes(delay, opts.get("reject") or {}))
+        builder = builder.write_policy(Writes(delay, opts.get("reject") or {}, opts.get("grasp_domain")))
     if any(opts.get(k) for k in ("block_queries", "block_id_queries", "query_delay_ms",
                                   "refuse_tags", "query_rate", "query_log")):
         builder = builder.query_policy(Queries(opts))
     return builder.build()
+
+
+def _lists_domain(announcement: dict, domain: str) -> bool:
+    """A GRASP-01 relay's check of an announcement (``grasp_domain``): a clone URL and a
+    relay URL on its host, as a GRASP relay's write policy runs on every event it gets."""
+    def hosts(name, schemes):
+        return {v.split("://", 1)[1].split("/", 1)[0].lower() for t in announcement["tags"]
+                if t and t[0] == name for v in t[1:] if isinstance(v, str) and v.startswith(schemes)}
+    return domain in hosts("clone", ("http://", "https://")) and domain in hosts("relays", ("ws://", "wss://"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -104,6 +104,39 @@ NOTICES = Counter(
     "gsync_relay_notices_total", "NOTICE messages from remote relays, by prefix", ["prefix"],
     registry=REGISTRY,
 )
+OWN_RELAY_READS = Counter(
+    "gsync_own_relay_reads_total",
+    "REQs gsync sent the own relay to read what it holds (pages of NIP-77 have-sets)",
+    registry=REGISTRY,
+)
+OWN_RELAY_READ_BYTES = Counter(
+    "gsync_own_relay_read_bytes_total",
+    "Bytes of the own relay's answers to those reads",
+    registry=REGISTRY,
+)
+OWN_HOLDINGS = Counter(
+    "gsync_own_holdings_total",
+    "Filters whose own-relay holdings a historic batch needed, by source: read (asked the "
+    "own relay) or known (read earlier this session, kept with what the own relay "
+    "accepted since)",
+    ["source"],
+    registry=REGISTRY,
+)
+EVENTS_UNRECOVERED = Counter(
+    "gsync_events_unrecovered_total",
+    "Ids a remote advertised and never served, dropped from missing-event recovery after "
+    "12 attempts in a row that recovered nothing (log recovery_gave_up)",
+    registry=REGISTRY,
+)
+CROWDED_SECONDS = Counter(
+    "gsync_crowded_seconds_total",
+    "Seconds in which a remote held more events of a filter than it serves in a page, by "
+    "how gsync completed them: negentropy (NIP-77 over that second), split (the filter "
+    "split by tag values, kinds or authors), incomplete (nothing splits it: events of that "
+    "second may be missing)",
+    ["outcome"],
+    registry=REGISTRY,
+)
 NEGENTROPY_FAILURES = Counter(
     "gsync_negentropy_failures_total",
     "NIP-77 exchanges a remote did not complete, by reason (neg-err, unsupported-version, "

@@ -9,9 +9,11 @@ Pagination (REQ+EOSE fallback): a filter whose page may have been cut short may 
 its next page is the same filter with ``until`` = the oldest ``created_at`` it certainly
 returned. ``until`` is inclusive, so the boundary second is fetched again: we remember the
 ids seen at it and, if a page brings nothing new and no older event, step ``until`` one
-second further. Trade-off: when more than a relay's page size of events share one second,
-those beyond the page cannot be reached by ``until`` at all; we skip that second instead of
-looping forever, and leave them to NIP-77 on the next daily sync or to live sync.
+second further. When more than a relay's page size of events share one second, those beyond the
+page cannot be reached by ``until`` at all: paging skips that second instead of looping for
+ever, and reports it (``CrowdedSecond``) so that the caller completes it another way: by
+NIP-77 over that second where the relay has it, else by splitting the filter on a dimension
+it enumerates (``split_crowded``), and what no split reaches is logged and counted.
 
 Whether a page may have been cut short is what ``PageCap`` learns, per connection, from the
 pages themselves (relays rarely say it in NIP-11): how many events the relay served one
@@ -54,7 +56,6 @@ from ..constants import (
     MIN_PAGE_CAP,
     NEGENTROPY_MIN_HELD,
     RESIDUAL_FALLBACK_MAX_FRACTION,
-    RESIDUAL_FALLBACK_MIN_ADVERTISED,
 )
 from ..protocol.event import Event
 from ..protocol.filters import Filter
@@ -179,6 +180,9 @@ class FilterPaginationState:
     previous: PreviousPage | None = None  # the page this one confirms
     full: bool = False  # the page it continues filled a per-filter cap: more pages likely
     stalled: bool = False  # it repeats a page that made no progress
+    # set by ``next_page`` when this page left a second it could not page inside (more
+    # events at ``until`` than the relay serves): (that second, ids seen at it)
+    crowded: tuple[int, int] | None = None
 
     @classmethod
     def start(cls, f: Filter) -> FilterPaginationState:
@@ -269,7 +273,9 @@ class FilterPaginationState:
                                          boundary_ids=self.boundary_ids | ids_at,
                                          alone=self.stalled, stalled=True, previous=previous)
         else:
-            # No progress: the relay keeps returning the same page. Skip that second.
+            # No progress: the relay keeps returning the same page, all of it at one second
+            # it serves no more of. Paging skips that second; the caller completes it.
+            self.crowded = (until, len(self.boundary_ids | ids_at))
             next_until, boundary = until - 1, set()
         since = self.original_filter.since
         if next_until < 0 or (since is not None and next_until < since):
@@ -322,6 +328,42 @@ def split_for_throughput(states: list[FilterPaginationState], per_req: int):
     return [piece for i, s in enumerate(full) for piece in s.split(share + (i < extra))] + rest
 
 
+@dataclass(frozen=True)
+class CrowdedSecond:
+    """A second in which a relay holds more events of ``filter`` than it serves in a page:
+    ``filter`` is the page's filter bounded to that second (``since`` = ``until``), ``seen``
+    how many distinct events of it came; ``again``: the page already asked that second
+    alone (NIP-77 fell back to it, or it is a piece of a split)."""
+
+    filter: Filter
+    second: int
+    seen: int
+    again: bool = False
+
+
+def crowded_second_filter(f: Filter, second: int) -> Filter:
+    return f.replace(since=second, until=second)
+
+
+def split_crowded(f: Filter) -> list[Filter]:
+    """``f`` (bounded to one crowded second) as two filters over disjoint halves of a
+    dimension it enumerates, whose answers together are its answer: its tag values, else
+    its kinds, else its authors. Empty when it enumerates nothing more than one value:
+    no NIP-01 filter then selects part of that second."""
+    if len(f.tags) == 1 and len(f.tags[0][1]) > 1:
+        name, values = f.tags[0]
+        ordered = sorted(values)
+        half = len(ordered) // 2
+        return [f.replace(tags=((name, frozenset(part)),)) for part in (ordered[:half], ordered[half:])]
+    for dimension in ("kinds", "authors"):
+        values = getattr(f, dimension)
+        if values is not None and len(values) > 1:
+            ordered = sorted(values)
+            half = len(ordered) // 2
+            return [f.replace(**{dimension: frozenset(part)}) for part in (ordered[:half], ordered[half:])]
+    return []
+
+
 @dataclass
 class PaginationState:
     """Per-filter progress for every OR filter carried by one subscription."""
@@ -361,32 +403,37 @@ class PaginationState:
 
 class ResidualDecision(enum.Enum):
     DONE = "done"  # everything advertised arrived
-    RETRY_RESIDUAL = "retry_residual"  # ask once more for the ids still missing
-    SEMANTIC_FALLBACK = "semantic_fallback"  # exact-id fetch is unusable here: use REQ+EOSE
+    RETRY_RESIDUAL = "retry_residual"  # ask once more, by id, for the ids still missing
+    SEMANTIC_FALLBACK = "semantic_fallback"  # ask them by the filters that found them
     FAIL = "fail"  # give up on the batch; missing ids go to recovery
 
 
-def decide_residual(
-    advertised: int, delivered: int, retried: bool, has_semantic_fallback: bool = True
-) -> ResidualDecision:
+def serves_by_id(asked: int, delivered: int) -> bool:
+    """Did an exact-id pass show that the relay serves its advertised ids by id? More than
+    a tenth of them came: what is missing is lag, expiry or deletion. A relay that
+    advertises inventory and returns (nearly) nothing for it by id (azzamo.net, snort.social)
+    does not, however few ids it was asked: one id it advertised alone and never served was
+    a whole repository's announcement."""
+    return delivered > asked * RESIDUAL_FALLBACK_MAX_FRACTION
+
+
+def decide_residual(advertised: int, delivered: int, retried: bool,
+                    by_filter_done: bool = False) -> ResidualDecision:
     """What to do after an exact-id fetch pass delivered ``delivered`` of ``advertised``.
 
-    Semantic fallback is kept for a material first-pass incompatibility (≥ 20 advertised,
-    ≤ 10 % delivered): a relay that advertises inventory but cannot serve it by id. Small
-    residuals (expiry, indexing lag, deletion) get one retry instead, and NIP-77 stays on.
-    The layer-1 batch has no repos or roots to build semantic filters from.
+    A relay that serves by id (``serves_by_id``) gets one retry for a small residual.
+    Whatever is still missing then, and everything a relay that does not serve by id left
+    out, is asked once by the filters that found it (an id advertised and not served by
+    id is never asked only by id again). What that does not bring either fails the batch
+    into missing-event recovery.
     """
     if delivered >= advertised:
         return ResidualDecision.DONE
-    if retried:
+    if by_filter_done:
         return ResidualDecision.FAIL
-    unusable = (
-        advertised >= RESIDUAL_FALLBACK_MIN_ADVERTISED
-        and delivered <= advertised * RESIDUAL_FALLBACK_MAX_FRACTION
-    )
-    if unusable and has_semantic_fallback:
-        return ResidualDecision.SEMANTIC_FALLBACK
-    return ResidualDecision.RETRY_RESIDUAL
+    if not retried and serves_by_id(advertised, delivered):
+        return ResidualDecision.RETRY_RESIDUAL
+    return ResidualDecision.SEMANTIC_FALLBACK
 
 
 def _first_then_numbered(sub_id: str):
@@ -443,6 +490,11 @@ class PendingBatch:
     advertised_ids: set[str] = field(default_factory=set)
     received_ids: set[str] = field(default_factory=set)
     residual_retried: bool = False
+    # the NIP-77 filter that advertised each id: what is not served by id is asked by it
+    found_by: dict[str, Filter] = field(default_factory=dict)
+    residual_by_filter: bool = False  # the missing ids were asked by their filters
+    # seconds its pages could not page inside, for the caller to complete another way
+    crowded: list[CrowdedSecond] = field(default_factory=list)
     # filters NIP-77 found mostly missing: fetched by REQ after the last exchange
     fetch_by_filter: list[Filter] = field(default_factory=list)
     # An AddFilters batch whose REQs all still wait for the pacing gate may take in the next
@@ -605,6 +657,10 @@ class PendingBatch:
         by_itself = len(state.filters) == 1
         continuing = [n for n in (s.next_page(cap, state.total, elapsed, by_itself)
                                   for s in state.filters) if n]
+        self.crowded += [
+            CrowdedSecond(crowded_second_filter(s.page_filter, s.crowded[0]), *s.crowded,
+                          again=s.page_filter.since is not None and s.page_filter.since == s.page_filter.until)
+            for s in state.filters if s.crowded is not None]
         by_filter = {s.page_filter: s for s in continuing if not s.alone}
         pack = pack or (lambda fs: [fs[i:i + per_req] for i in range(0, len(fs), per_req)])
         groups = [[s] for s in continuing if s.alone]
@@ -637,9 +693,26 @@ class PendingBatch:
 
     # -- NIP-77 residuals
 
-    def expect_ids(self, ids: Iterable[str]) -> None:
-        """Ids the relay advertised (and the own relay lacks): fetched by id next."""
-        self.advertised_ids |= set(ids)
+    def expect_ids(self, ids: Iterable[str], found_by: Filter | None = None) -> None:
+        """Ids the relay advertised (and the own relay lacks): fetched by id next.
+        ``found_by``: the filter whose NIP-77 exchange advertised them."""
+        ids = set(ids)
+        self.advertised_ids |= ids
+        if found_by is not None:
+            self.found_by.update(dict.fromkeys(ids, found_by))
+
+    def residual_filters(self, ids: Iterable[str]) -> list[Filter]:
+        """The filters that found ``ids`` (the batch's own filters for any found otherwise),
+        each once, in a stable order."""
+        found = [self.found_by.get(i) for i in ids]
+        filters = dict.fromkeys(f for f in found if f is not None)
+        if None in found:
+            filters.update(dict.fromkeys(getattr(self, "semantic_filters", ())))
+        return sorted(filters, key=lambda f: f.to_json())
+
+    def take_crowded(self) -> list[CrowdedSecond]:
+        crowded, self.crowded = self.crowded, []
+        return crowded
 
     def residual_ids(self) -> set[str]:
         return self.advertised_ids - self.received_ids
@@ -651,7 +724,14 @@ class PendingBatch:
             asked = self._retry_asked
         else:
             asked = len(self.advertised_ids)
-        return decide_residual(asked, asked - missing, self.residual_retried, bool(self.items))
+        return decide_residual(asked, asked - missing, self.residual_retried, self.residual_by_filter)
+
+    def first_pass_served_by_id(self) -> bool:
+        """Did the first exact-id pass deliver enough to say the relay serves by id?"""
+        asked = len(self.advertised_ids)
+        if self.residual_retried:
+            return True  # it was retried because it did
+        return serves_by_id(asked, asked - len(self.residual_ids()))
 
     def begin_residual_retry(self) -> set[str]:
         """Start the one retry; returns the ids to ask for again."""
@@ -660,6 +740,3 @@ class PendingBatch:
         self._retry_asked = len(residual)
         return residual
 
-    def switch_to_req_eose(self) -> None:
-        """Semantic fallback: the caller now adds REQ+EOSE subs built from ``items``."""
-        self.method = SyncMethod.REQ_EOSE

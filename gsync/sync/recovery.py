@@ -10,7 +10,10 @@ defers its attempts instead of spending them, so it neither expires its work nor
 
 A historic REQ that never finished (no EOSE) leaves no ids to ask for: its filter is kept
 instead (``add_missing_filters``) and asked again with the same schedule; it is recovered
-when a REQ for it finishes.
+when a REQ for it finishes. An id given with the filter that found it (``found_by``) is asked
+by id once; if that attempt does not bring it, by that filter from then on (some relays
+advertise ids through NIP-77 and serve none of them by id), on the same schedule, until it
+arrives or the attempts run out.
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ from ..protocol.filters import Filter
 @dataclass
 class _RelayRecovery:
     pending: dict[str, None] = field(default_factory=dict)  # ordered set: oldest asked first
+    found_by: dict[str, Filter] = field(default_factory=dict)  # pending id -> its filter here
+    by_filter: set[str] = field(default_factory=set)  # pending ids asked by found_by now
     filters: dict[Filter, None] = field(default_factory=dict)  # REQs that never finished
     next_attempt_at: float = 0.0
     zero_progress_attempts: int = 0
@@ -57,13 +62,22 @@ class MissingEventRecovery:
         # must not cost a walk over every relay in recovery
         self._owners: dict[str, set[str]] = {}
 
-    def add_missing(self, relay: str, ids: Iterable[str], now: float) -> None:
-        """Register ids a failed batch did not get; merged with any already pending."""
+    def add_missing(self, relay: str, ids: Iterable[str], now: float,
+                    found_by: dict[str, Filter | None] | None = None, by_id_first: bool = True) -> None:
+        """Register ids a failed batch did not get; merged with any already pending.
+        ``found_by``: id -> the filter that found it on this relay, asked if the id is not
+        served by id (at once unless ``by_id_first``: a relay known not to serve ids)."""
         ids = list(ids)
         if ids:
-            self._relay(relay, now).pending.update(dict.fromkeys(ids))
+            r = self._relay(relay, now)
+            r.pending.update(dict.fromkeys(ids))
             for event_id in ids:
                 self._owners.setdefault(event_id, set()).add(relay)
+                flt = (found_by or {}).get(event_id)
+                if flt is not None:
+                    r.found_by[event_id] = flt
+                    if not by_id_first:
+                        r.by_filter.add(event_id)
 
     def add_missing_filters(self, relay: str, filters: Iterable[Filter], now: float) -> None:
         """Register filters whose REQ never finished (the relay sent no EOSE)."""
@@ -87,15 +101,21 @@ class MissingEventRecovery:
         r = self._relays.get(relay)
         if r is None or r.in_flight is not None or not connected or now < r.next_attempt_at:
             return None
-        ids = list(r.pending)[: self.ids_per_fetch]
+        ids = [i for i in r.pending if i not in r.by_filter][: self.ids_per_fetch]
         r.in_flight = tuple(ids)
-        r.filters_in_flight = tuple(r.filters)
+        by_filter = dict.fromkeys(r.found_by[i] for i in r.by_filter)
+        r.filters_in_flight = tuple(r.filters) + tuple(f for f in by_filter if f not in r.filters)
         return ids
 
     def attempt_filters(self, relay: str) -> list[Filter]:
         """The filters of the attempt in flight."""
         r = self._relays.get(relay)
         return list(r.filters_in_flight) if r is not None else []
+
+    def awaited(self, relay: str) -> set[str]:
+        """The ids the attempt in flight may bring: those asked by id and by filter."""
+        r = self._relays.get(relay)
+        return set(r.in_flight or ()) | r.by_filter if r is not None else set()
 
     def due_relays(self, now: float) -> list[str]:
         """Relays with an attempt due (the caller still checks they are connected)."""
@@ -112,15 +132,18 @@ class MissingEventRecovery:
         r = self._relays.get(relay)
         if r is None:
             return set()
-        r.in_flight = None
+        asked, r.in_flight = r.in_flight or (), None
         recovered = [i for i in delivered_ids if i in r.pending]
         for event_id in recovered:
-            del r.pending[event_id]
-            self._disown(event_id, relay)
-        finished = r.filters_in_flight if filters_done else ()
+            self._settle(r, event_id, relay)
+        # REQs that never finished, finished now (a filter asked for ids is done only when
+        # its ids arrive)
+        finished = [f for f in r.filters_in_flight if f in r.filters] if filters_done else []
         for f in finished:
             r.filters.pop(f, None)
         r.filters_in_flight = ()
+        # asked by id and not served: by the filter that found them from now on
+        r.by_filter.update(i for i in asked if i in r.pending and i in r.found_by)
         if not r:
             del self._relays[relay]
             return set()
@@ -137,6 +160,12 @@ class MissingEventRecovery:
         r.next_attempt_at = now + min(delay, self.max_delay)
         return set()
 
+    def _settle(self, r: _RelayRecovery, event_id: str, relay: str) -> None:
+        r.pending.pop(event_id, None)
+        r.found_by.pop(event_id, None)
+        r.by_filter.discard(event_id)
+        self._disown(event_id, relay)
+
     def cancel_attempt(self, relay: str) -> None:
         """The relay disconnected mid-attempt: deferred, not counted, schedule unchanged."""
         r = self._relays.get(relay)
@@ -152,6 +181,8 @@ class MissingEventRecovery:
             for relay in self._owners.pop(event_id, ()):
                 r = self._relays[relay]
                 r.pending.pop(event_id, None)
+                r.found_by.pop(event_id, None)
+                r.by_filter.discard(event_id)
                 if not r:
                     del self._relays[relay]
                     recovered_relays.add(relay)

@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..constants import QUICK_RECONNECT_SECS
+from ..constants import IDS_UNSERVED_RETRY_SECS, QUICK_RECONNECT_SECS
 from .pending import PendingBatch
 from .policy import CoveragePauses
 from .targets import ConfirmedItems
@@ -122,6 +122,9 @@ class RelayState:
     # refused ids released meanwhile, to fetch again by id once this relay is connected
     refetch_ids: set = field(default_factory=set)
     negentropy_ok: bool = True
+    # when the relay last advertised ids through NIP-77 and served (nearly) none of them by
+    # id (kept over sessions): its batches go by REQ+EOSE until IDS_UNSERVED_RETRY_SECS pass
+    ids_unserved_at: float | None = None
     next_daily_at: float | None = None
     last_error: str = ""
     events_delivered: int = 0
@@ -136,6 +139,10 @@ class RelayState:
     @property
     def connected(self) -> bool:
         return self.conn is not None and self.status >= ConnectionStatus.SYNCING
+
+    def serves_ids(self, now: float) -> bool:
+        """May what its NIP-77 advertises be fetched by id? Not for a day after it failed to."""
+        return self.ids_unserved_at is None or now - self.ids_unserved_at >= IDS_UNSERVED_RETRY_SECS
 
     def should_fresh_start(self, now: float) -> bool:
         """First connect, or away for more than 15 minutes: confirmed state is too stale."""

@@ -22,6 +22,7 @@ from ...protocol import messages as wire
 from ...sync.claims import FetchClaims
 from ...sync.health import RelayHealthTracker
 from ...sync.lead import SharedLead
+from ...sync.own_held import OwnHeld
 from ...sync.recovery import MissingEventRecovery
 from ...sync.relay_state import ConnectionStatus, RelayState
 from ...sync.repos import RepoSyncIndex
@@ -37,6 +38,7 @@ from ..events import (
     HistoricSlotDue,
     NegentropyFinished,
     OwnEvents,
+    OwnHeldConfirmed,
     OwnHoldingsRead,
     OwnRelayState,
     OwnSubscribed,
@@ -78,6 +80,8 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.rejected_saved_at = 0.0
         self.recovery = MissingEventRecovery(base_delay=sync.recovery_base_secs)
         self.claims = FetchClaims()  # which batch fetches which missing event, across relays
+        # what the own relay holds, read once per filter and session (NIP-77 have-sets)
+        self.own_held = OwnHeld(constants.OWN_HELD_TTL_SECS, constants.OWN_HELD_MAX_EVENTS)
         self.lead = SharedLead()  # batches waiting for another relay's first sync of their repos
         self.delivery = delivery or OwnRelayDelivery(
             svc.own_relay, self.post, auth_secret=config.auth.secret_key,
@@ -111,6 +115,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             NegentropyFinished: self.on_negentropy_finished,
             OwnHoldingsRead: self.on_own_holdings_read,
             OwnEvents: self.on_own_events,
+            OwnHeldConfirmed: self.on_own_held_confirmed,
             OwnSubscribed: self.on_own_subscribed,
             OwnRelayState: self.on_own_relay_state,
             DeliveryAnswered: self.on_delivery_answered,

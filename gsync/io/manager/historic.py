@@ -15,12 +15,14 @@ from ...protocol import messages as wire
 from ...protocol.filters import Filter
 from ...sync import filter_plan
 from ...sync.pending import (
+    CrowdedSecond,
     PendingBatch,
     ResidualDecision,
     SyncMethod,
     fetch_by_filter,
     follower_negentropy_pays,
     negentropy_pays,
+    split_crowded,
 )
 from ...sync.policy import coverage_key
 from ...sync.relay_state import ConnectionStatus, RelayState
@@ -33,6 +35,7 @@ from ..events import (
     NegentropyFinished,
     OwnHoldingsRead,
 )
+from ..own_query import HeldItems
 
 log = get_logger("gsync.manager")
 
@@ -161,9 +164,25 @@ class HistoricSync:
         token = f"own{batch.batch_id}-{next(self._ids)}"
         batch.add_subscription(token)  # the batch is not complete while its methods are open
         batch.coalesce_wanted = coalesce
-        gevent.spawn(negentropy_sync.read_holdings, self.config.service.own_relay, list(filters),
+        filters, now, epoch = list(filters), self.clock(), self.own_held.forgotten
+        known = {i: held for i, flt in enumerate(filters)
+                 if (held := self.own_held.holdings(flt, now)) is not None}
+        metrics.OWN_HOLDINGS.labels("known").inc(len(known))
+        metrics.OWN_HOLDINGS.labels("read").inc(len(filters) - len(known))
+        log.debug("own_holdings", relay=state.url, batch_id=batch.batch_id, known=len(known),
+                  read=len(filters) - len(known))
+        if len(known) == len(filters):  # all known: no read, no greenlet
+            self.post(OwnHoldingsRead(state.url, state.session, batch.batch_id, token, filters,
+                                      [known[i] for i in range(len(filters))], "", epoch))
+            return
+        gevent.spawn(negentropy_sync.read_holdings, self.config.service.own_relay, filters,
                      self.post, relay=state.url, session=state.session, batch_id=batch.batch_id,
-                     token=token, fresh=batch.follower)
+                     token=token, fresh=batch.follower, known=known, epoch=epoch,
+                     busy=self.own_relay_busy)
+
+    def own_relay_busy(self) -> bool:
+        """Is the own relay slow to answer what delivery sends it? Reads of it wait then."""
+        return self.delivery.oldest_answer_wait() > constants.OWN_BUSY_OK_WAIT_SECS
 
     def on_own_holdings_read(self, msg: OwnHoldingsRead) -> None:
         """Per filter: NIP-77 where what is already held makes it pay for its start
@@ -179,6 +198,11 @@ class HistoricSync:
             holdings = [[] for _ in msg.filters]
         else:
             holdings = msg.holdings
+            if msg.epoch == self.own_held.forgotten:  # no outage since the read began
+                now = self.clock()
+                for flt, held in zip(msg.filters, holdings, strict=True):
+                    if isinstance(held, HeldItems):  # read now, not known before
+                        self.own_held.learn(flt, held.entries, now)
         allowed = self.use_negentropy(state, msg.filters)  # it may have been turned off meanwhile
         shared = batch.follower or self.listed_elsewhere(state, batch)
         if shared and not batch.follower and self.relay_busy(state):
@@ -320,11 +344,16 @@ class HistoricSync:
                   filters=len(batch.semantic_filters))
 
     def use_negentropy(self, state: RelayState, filters) -> bool:
+        return self.negentropy_usable(state) and all(f.since is None and f.ids is None for f in filters)
+
+    def negentropy_usable(self, state: RelayState) -> bool:
+        """NIP-77 on this relay: configured, not failed this session, not disabled by a
+        rate-limit episode, and what it advertises can be fetched (``serves_ids``)."""
         return (
             self.config.sync.negentropy
             and state.negentropy_ok
             and self.health.negentropy_allowed(state.url)
-            and all(f.since is None and f.ids is None for f in filters)
+            and state.serves_ids(self.clock())
         )
 
     def queue_reqs(self, state: RelayState, batch: PendingBatch, filters, front=False) -> None:
@@ -474,11 +503,14 @@ class HistoricSync:
         state.neg_running.add(token)
         batch = state.pending.get(state.sub_to_batch[token])
         held = batch.own_holdings.pop(token, None) if batch is not None else None
+        if held is None:
+            held = self.own_held.holdings(flt, self.clock())  # None: the exchange reads it
         gevent.spawn(
             negentropy_sync.reconcile_filter,
             state.conn, self.config.service.own_relay, flt, self.have_beyond_holdings(flt),
             self.post, batch_id=state.sub_to_batch[token], token=token, held=held,
             frame_size_limit=negentropy_sync.frame_size_limit(filter_plan.req_length_limit(state.limits)),
+            busy=self.own_relay_busy,
         )
 
     def not_seen(self, ids) -> set[str]:
@@ -526,11 +558,38 @@ class HistoricSync:
         for new_id, _ in pages:
             state.sub_to_batch[new_id] = batch_id
         state.historic_queue[0:0] = pages  # next pages first: they finish what was started
+        for crowded in batch.take_crowded():
+            self.complete_crowded_second(state, batch, crowded)
         self.share_queued_reqs(state, batch)
         self.leader_progressed(state, batch)
         self.pump_historic(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
+
+    def complete_crowded_second(self, state: RelayState, batch: PendingBatch, crowded: CrowdedSecond) -> None:
+        """A page left a second holding more events of its filter than the relay serves in
+        a page (paging by ``until`` cannot go inside a second). Ask that second by NIP-77
+        where the relay has it (ordered by id within the second, it pages anything), else
+        split the filter on a dimension it enumerates until the pages come back short (a
+        piece crowded again is split again). A second nothing splits is left incomplete:
+        said in the log and the metric, and the batch fails (the relay's history is not
+        complete)."""
+        flt = crowded.filter
+        if not crowded.again and self.negentropy_usable(state):
+            outcome = "negentropy"
+            self.queue_negentropy(state, batch, flt, None)
+            batch.method = SyncMethod.NEGENTROPY  # its advertised ids are judged as residuals
+        elif pieces := split_crowded(flt):
+            outcome = "split"
+            self.queue_reqs(state, batch, pieces, front=True)
+        else:
+            outcome = "incomplete"
+            batch.mark_failed()
+            log.warning("crowded_second_incomplete", relay=state.url, batch_id=batch.batch_id,
+                        second=crowded.second, seen=crowded.seen, filter=flt.to_json()[:300])
+        metrics.CROWDED_SECONDS.labels(outcome).inc()
+        log.info("crowded_second", relay=state.url, batch_id=batch.batch_id, second=crowded.second,
+                 seen=crowded.seen, outcome=outcome)
 
     def finish_batch(self, state: RelayState, batch: PendingBatch) -> None:
         """All subscriptions answered. After NIP-77, judge what the id fetches delivered
@@ -538,27 +597,55 @@ class HistoricSync:
         if batch.recovery:
             self.finish_recovery(state, batch)
             return
-        if batch.advertised_ids and batch.method is SyncMethod.NEGENTROPY:
+        if batch.advertised_ids:
             decision = batch.residual_decision()
             if decision is ResidualDecision.RETRY_RESIDUAL:
                 self.queue_id_fetches(state, batch, batch.begin_residual_retry())
                 self.pump_historic(state)
                 return
             if decision is ResidualDecision.SEMANTIC_FALLBACK:
-                log.warning("negentropy_ids_not_served", relay=state.url, batch_id=batch.batch_id,
-                            advertised=len(batch.advertised_ids), delivered=len(batch.received_ids))
-                batch.switch_to_req_eose()
-                self.queue_reqs(state, batch, batch.semantic_filters)
-                self.pump_historic(state)
+                self.ask_residual_by_filter(state, batch)
                 return
             if decision is ResidualDecision.FAIL:
                 missing = self.not_seen(batch.residual_ids())
                 if missing:
                     batch.mark_failed()
-                    self.recovery.add_missing(state.url, missing, self.clock())
-                    log.warning("batch_incomplete", relay=state.url, batch_id=batch.batch_id,
-                                missing=len(missing))
+                    self.recover_residual(state, batch, missing)
         self.confirm_batch(state, batch)
+
+    def ask_residual_by_filter(self, state: RelayState, batch: PendingBatch) -> None:
+        """Ids the relay advertised and did not serve by id are asked by the filters that
+        found them (REQ pages), once. A relay that served (nearly) none of them by id does
+        not serve ids: remembered, so that its next batches go by REQ+EOSE from the start
+        (``RelayState.serves_ids``), for a day."""
+        missing = self.not_seen(batch.residual_ids())
+        if not batch.first_pass_served_by_id() and state.serves_ids(self.clock()):
+            state.ids_unserved_at = self.clock()
+            log.warning("relay_ids_not_served", relay=state.url, batch_id=batch.batch_id,
+                        advertised=len(batch.advertised_ids), delivered=len(batch.received_ids))
+        batch.residual_by_filter = True
+        if missing:
+            filters = batch.residual_filters(missing)
+            log.info("negentropy_ids_asked_by_filter", relay=state.url, batch_id=batch.batch_id,
+                     missing=len(missing), filters=len(filters))
+            self.queue_reqs(state, batch, filters, front=True)
+            self.pump_historic(state)
+        if batch.is_complete:
+            self.finish_batch(state, batch)
+
+    def recover_residual(self, state: RelayState, batch: PendingBatch, missing: set[str]) -> None:
+        """Ids neither served by id nor by their filters go to missing-event recovery."""
+        self.recover_ids(state.url, {i: batch.found_by.get(i) for i in missing})
+        log.warning("batch_incomplete", relay=state.url, batch_id=batch.batch_id, missing=len(missing))
+
+    def recover_ids(self, url: str, found: dict) -> None:
+        """Missing-event recovery for ``found`` (id -> the filter that found it on ``url``,
+        or None): by id where the relay serves ids, by those filters where it does not
+        (asked by id again, they would only come back empty)."""
+        now = self.clock()
+        state = self.relays.get(url)
+        self.recovery.add_missing(url, found, now, found_by=found,
+                                  by_id_first=state is None or state.serves_ids(now))
 
     def queue_id_fetches(self, state: RelayState, batch: PendingBatch, ids) -> None:
         """Id fetches finish a batch already started: they go before newer work, as the next
@@ -572,9 +659,8 @@ class HistoricSync:
     def release_claims(self, state: RelayState, batch: PendingBatch) -> None:
         """The batch is done with: what it claimed and did not get goes, for recovery, to
         the relays that skipped it (never lost because one relay failed)."""
-        now = self.clock()
-        for relay, ids in self.claims.release(state.url, batch.batch_id).items():
-            self.recovery.add_missing(relay, ids, now)
+        for relay, found in self.claims.release(state.url, batch.batch_id).items():
+            self.recover_ids(relay, found)
 
     def drop_pending(self, state: RelayState) -> None:
         """Every batch of the relay is abandoned (disconnect, fresh start, reconnect)."""
@@ -658,16 +744,16 @@ class HistoricSync:
             # and e; repositories list several relays): each id is fetched once, by the
             # first batch that claims it; the others wait for it (``FetchClaims``).
             need = self.claims.claim(state.url, batch.batch_id,
-                                     (i for i in result.need_ids if i not in self.seen))
+                                     (i for i in result.need_ids if i not in self.seen), msg.filter)
             log.debug("negentropy_done", relay=state.url, batch_id=batch.batch_id, need=len(need),
                       advertised=len(result.need_ids), have=len(result.have_ids),
                       rounds=result.rounds, held=result.held)
-            if fetch_by_filter(len(need), result.held):
+            if fetch_by_filter(len(need), result.held) and msg.filter.since is None:
                 log.debug("negentropy_fetch_by_filter", relay=state.url, batch_id=batch.batch_id,
                           need=len(need), held=result.held)
                 batch.fetch_by_filter.append(msg.filter)
             else:
-                batch.expect_ids(need)
+                batch.expect_ids(need, found_by=msg.filter)
         else:
             if result.own_relay_failed:
                 log.warning("negentropy_own_relay_unavailable", relay=state.url, reason=result.reason)
@@ -719,7 +805,7 @@ class HistoricSync:
             if ids:
                 filters = [Filter.make(ids=ids), *filters]
             batch = self.start_historic(state, PendingItems(), filters, recovery=True)
-            batch.expect_ids(ids)
+            batch.expect_ids(self.recovery.awaited(url))
 
     def finish_recovery(self, state: RelayState, batch: PendingBatch) -> None:
         self.release_claims(state, batch)
@@ -727,6 +813,7 @@ class HistoricSync:
         dropped = self.recovery.record_result(state.url, batch.received_ids, self.clock(),
                                               filters_done=not batch.failed)
         if dropped:
+            metrics.EVENTS_UNRECOVERED.inc(len(dropped))
             log.warning("recovery_gave_up", relay=state.url, dropped=len(dropped))
         self.promote_if_recovered(state.url)
         self.check_historic_complete(state)

@@ -23,6 +23,7 @@ from ..events import (
     BatchWindowClosed,
     DeliveryAnswered,
     OwnEvents,
+    OwnHeldConfirmed,
     OwnRelayState,
     OwnSubscribed,
 )
@@ -180,6 +181,8 @@ class OwnRelaySide:
     def on_own_relay_state(self, msg: OwnRelayState) -> None:
         if not msg.up:
             self.own_down_since = msg.at
+            # it may come back with less than it held (a relay in memory: nothing)
+            self.own_held.forget()
             log.warning("own_relay_down", since=msg.at)
             return
         since = self.own_down_since
@@ -194,6 +197,10 @@ class OwnRelaySide:
         for state in self.relays.values():
             if state.connected:  # its live subscriptions stayed open: history only
                 self.catch_up(state, state.confirmed.copy(), catch_up)
+
+    def on_own_held_confirmed(self, msg: OwnHeldConfirmed) -> None:
+        if self.own_down_since is None:
+            self.own_held.confirm(msg.entries)
 
     def on_delivery_answered(self, msg: DeliveryAnswered) -> None:
         now = self.clock()

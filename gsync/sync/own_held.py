@@ -1,0 +1,141 @@
+"""What the own relay holds, as far as this session knows it: the "already have" side of
+every NIP-77 exchange, read from the own relay once and then kept (SPEC §4).
+
+Every exchange needs the own relay's holdings for its filter. Read per exchange, that was
+a REQ the own relay had to evaluate for every filter on every remote listing a repository:
+thousands in a large first sync, the own relay (the operator's production relay) spending
+most of a core on gsync's reads. Here a filter's holdings are read once per session and
+then known: the events a read returned, and every event the own relay has since answered
+``OK true`` to (``duplicate:`` included; never a ``purgatory:`` answer, which may still be
+dropped, nor a refusal).
+
+What is known is tracked by *coverage unit*: a filter's kinds and authors with one of its
+tag values (``#a`` of one repository, ``#e`` of one root), or its kinds and authors alone
+for a filter without tags. A filter is answered from here when every unit of it was read
+within ``ttl`` (a day: the daily fresh start reads again); the answer is then the indexed
+events the filter matches, so filters packed differently on each remote (roots chunked by
+size, merged exchanges, one crowded second) reuse what any of them read.
+
+The property that matters: never claim an event the own relay lacks (a claimed event is
+never fetched). Events published to the own relay directly after a read are not known: an
+exchange then fetches them again and the own relay answers ``duplicate`` (a copy, never a
+loss). An own-relay outage may have lost anything (a relay that restarts in memory holds
+nothing after): ``forget`` drops everything, and the next exchanges read again.
+
+Pure: the manager owns it, passes ``now``, and feeds it reads and confirmations.
+"""
+from __future__ import annotations
+
+from ..protocol.filters import Filter
+from .have_index import INDEXED_TAGS, HaveIndex
+
+Unit = tuple  # (kinds, authors, tag name or None, tag value or None)
+
+
+class HeldEntry:
+    """One held event, compact: what filters select on (indexed tags only)."""
+
+    __slots__ = ("created_at", "kind", "pubkey", "tags")
+    compact = True  # only INDEXED_TAGS kept: every filter gsync builds selects on those
+
+    def __init__(self, created_at: int, kind: int, pubkey: str, tags: tuple):
+        self.created_at = created_at
+        self.kind = kind
+        self.pubkey = pubkey
+        self.tags = tags
+
+    @classmethod
+    def of(cls, event) -> HeldEntry:
+        """From an ``Event`` or a raw event dict."""
+        if isinstance(event, dict):
+            created_at, kind, pubkey, tags = event["created_at"], event["kind"], event["pubkey"], event["tags"]
+        else:
+            created_at, kind, pubkey, tags = event.created_at, event.kind, event.pubkey, event.tags
+        kept = tuple((t[0], t[1]) for t in tags
+                     if isinstance(t, list | tuple) and len(t) >= 2 and t[0] in INDEXED_TAGS)
+        return cls(created_at, kind, pubkey, kept)
+
+
+def coverage_units(flt: Filter) -> list[Unit] | None:
+    """The units a read of ``flt`` covers (and a holdings answer for it needs); None for
+    a filter this cannot answer (ids, several tags, a tag that is not indexed)."""
+    if flt.ids is not None or len(flt.tags) > 1:
+        return None
+    base = (flt.kinds, flt.authors)
+    if not flt.tags:
+        return [(*base, None, None)]
+    name, values = flt.tags[0]
+    if name not in INDEXED_TAGS:
+        return None
+    return [(*base, name, value) for value in values]
+
+
+class OwnHeld:
+    def __init__(self, ttl: float, max_entries: int):
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self._index = HaveIndex()
+        self._covered: dict[Unit, float] = {}  # unit -> when it was read
+        self.forgotten = 0  # times everything was dropped (outage, bound reached)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @property
+    def units(self) -> int:
+        return len(self._covered)
+
+    def holdings(self, flt: Filter, now: float) -> list[tuple[int, str]] | None:
+        """(created_at, id) of what the own relay holds of ``flt``, or None when some of it
+        has not been read this session (within ``ttl``): then it must be read."""
+        units = coverage_units(flt)
+        if not units:
+            return None
+        covered = self._covered
+        for unit in units:
+            read_at = covered.get(unit)
+            if read_at is None or now - read_at >= self.ttl:
+                return None
+        return self._index.matching(flt.replace(limit=None))
+
+    def learn(self, flt: Filter, events, now: float) -> None:
+        """A read of ``flt`` (every event the own relay holds of it, as raw dicts, ``Event``s
+        or (id, ``HeldEntry``) pairs): its units are known from ``now``."""
+        units = coverage_units(flt)
+        if units is None or flt.since is not None or flt.until is not None:
+            return  # a bounded read covers part of its units only
+        for event in events:
+            self._add(*_id_and_entry(event))
+        for unit in units:
+            self._covered[unit] = now
+        self._bound()
+
+    def confirm(self, events) -> None:
+        """Events the own relay answered ``OK true`` to (stored and served): held."""
+        for event in events:
+            self._add(*_id_and_entry(event))
+        self._bound()
+
+    def forget(self) -> None:
+        """Nothing known is to be trusted any more (an own-relay outage): read again."""
+        if self._covered or len(self._index):
+            self.forgotten += 1
+        self._index = HaveIndex()
+        self._covered = {}
+
+    def _add(self, event_id: str, entry: HeldEntry) -> None:
+        self._index.add(event_id, entry)
+
+    def _bound(self) -> None:
+        """Held past ``max_entries``: start over (reads come back as needed) rather than
+        grow with uptime."""
+        if len(self._index) > self.max_entries:
+            self.forget()
+
+
+def _id_and_entry(event) -> tuple[str, HeldEntry]:
+    if isinstance(event, tuple):
+        return event
+    if isinstance(event, dict):
+        return event["id"], HeldEntry.of(event)
+    return event.id, HeldEntry.of(event)

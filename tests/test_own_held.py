@@ -1,0 +1,79 @@
+"""sync/own_held.py: what the own relay holds, read once per filter and session."""
+from gsync.protocol.filters import Filter
+from gsync.sync.own_held import OwnHeld, coverage_units
+
+from . import factory as f
+
+alice, bob = f.Author.named("alice"), f.Author.named("bob")
+A, B = f.repo_addr(alice, "one"), f.repo_addr(alice, "two")
+
+
+def held():
+    return OwnHeld(ttl=100.0, max_entries=1000)
+
+
+def test_a_filter_is_known_once_read_and_only_then():
+    own = held()
+    by_a = Filter.make(tags={"a": [A]})
+    issues = [f.issue(bob, A, created_at=1000 + i) for i in range(3)]
+    assert own.holdings(by_a, now=0) is None
+    own.learn(by_a, issues, now=0)
+    assert sorted(own.holdings(by_a, now=1)) == sorted((e.created_at, e.id) for e in issues)
+    assert own.holdings(Filter.make(tags={"a": [A, B]}), now=1) is None, "B was never read"
+
+
+def test_what_one_packing_read_answers_another():
+    own = held()
+    one, two = f.issue(bob, A), f.issue(bob, B)
+    own.learn(Filter.make(tags={"a": [A]}), [one], now=0)
+    own.learn(Filter.make(tags={"a": [B]}), [two], now=0)
+    both = own.holdings(Filter.make(tags={"a": [A, B]}), now=1)
+    assert sorted(i for _, i in both) == sorted([one.id, two.id])
+    second = own.holdings(Filter.make(tags={"a": [A]}, since=one.created_at, until=one.created_at), now=1)
+    assert second == [(one.created_at, one.id)]  # one crowded second of it
+
+
+def test_confirmed_events_join_what_is_known():
+    own = held()
+    by_a = Filter.make(tags={"a": [A]})
+    own.learn(by_a, [], now=0)
+    stored = f.issue(bob, A)
+    own.confirm([stored])
+    assert own.holdings(by_a, now=1) == [(stored.created_at, stored.id)]
+
+
+def test_a_day_old_read_is_read_again():
+    own = held()
+    by_a = Filter.make(tags={"a": [A]})
+    own.learn(by_a, [], now=0)
+    assert own.holdings(by_a, now=99) == []
+    assert own.holdings(by_a, now=100) is None
+
+
+def test_an_outage_forgets_everything_and_the_bound_starts_over():
+    own = held()
+    by_a = Filter.make(tags={"a": [A]})
+    own.learn(by_a, [f.issue(bob, A)], now=0)
+    own.forget()
+    assert own.holdings(by_a, now=1) is None and len(own) == 0
+    small = OwnHeld(ttl=100.0, max_entries=2)
+    small.learn(by_a, [f.issue(bob, A) for _ in range(3)], now=0)
+    assert small.holdings(by_a, now=1) is None and len(small) == 0
+
+
+def test_bounded_reads_cover_nothing_and_some_filters_cannot_be_answered():
+    own = held()
+    bounded = Filter.make(tags={"a": [A]}, since=5)
+    own.learn(bounded, [], now=0)
+    assert own.holdings(Filter.make(tags={"a": [A]}), now=1) is None
+    assert coverage_units(Filter.make(ids=["00" * 32])) is None
+    assert coverage_units(Filter.make(tags={"a": [A], "e": ["00" * 32]})) is None
+    assert coverage_units(Filter.make(kinds=[30617, 10317])) == [(frozenset({30617, 10317}), None, None, None)]
+
+
+def test_kinds_and_authors_are_part_of_what_was_read():
+    own = held()
+    state = Filter.make(kinds=[30618], tags={"d": ["one"]})
+    own.learn(state, [], now=0)
+    assert own.holdings(Filter.make(tags={"d": ["one"]}), now=1) is None
+    assert own.holdings(state, now=1) == []

@@ -1,0 +1,107 @@
+"""The own relay is read once per filter and session (``sync.own_held``): it is the
+operator's production relay, and NIP-77 needs its holdings for every filter on every remote.
+
+A remote that comes later asks for filters another remote's sync already read: known, not
+read again. After an own-relay outage nothing known is trusted (a relay in memory comes
+back empty): the next exchange reads again. Which events the own relay refused is kept
+apart (the rejected index), never as held: delivery reports as held only what it answered
+``OK true`` to, ``purgatory:`` excluded.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from gsync.io.delivery import OwnRelayDelivery, _Lane
+from gsync.io.events import OwnHeldConfirmed
+from gsync.io.negentropy_sync import give_way
+from gsync.protocol import messages as wire
+
+from . import factory as f
+from .relays import free_port, publish, wait_until
+from .scenario import assert_arrives, our_announcement
+from .scripted_relay import Nip77Serve
+
+alice, bob = f.Author.named("alice"), f.Author.named("bob")
+
+
+def _later(port):
+    """A relay the announcement lists before it listens (started later by the test)."""
+    return SimpleNamespace(url=f"ws://127.0.0.1:{port}", port=port)
+
+
+def _first_holdings(gsync, url):
+    """known/read of the first holdings answer of ``url``'s session (layer 1 and AddFilters)."""
+    lines = [e for e in gsync.log_events() if e["event"] == "own_holdings" and e["relay"] == url]
+    return lines[0] if lines else None
+
+
+@pytest.mark.slow
+def test_filters_read_once_are_known_to_later_remotes_until_an_own_relay_outage(
+        relay_factory, gsync_factory, scripted):
+    own = relay_factory()
+    first = scripted(negentropy=Nip77Serve(), page_size=500)
+    late, after_outage = _later(free_port()), _later(free_port())
+    repo = our_announcement(own, [first, late, after_outage], d="read-once")
+    issues = [f.issue(bob, repo, subject=f"read once {i}") for i in range(12)]
+    first.add(repo, *issues[:10])
+    publish(own.url, [repo, issues[0]])  # held: NIP-77 on every remote
+    gsync = gsync_factory(own, [first, late, after_outage],
+                          extra={"sync": {"base_backoff_secs": "0.5", "max_backoff_secs": "1"}})
+    assert_arrives(own, issues[:10], timeout=30, what="the first remote's issues")
+
+    later = scripted(negentropy=Nip77Serve(), page_size=500, port=late.port)
+    later.add(repo, *issues[:11])
+    assert_arrives(own, issues[:11], timeout=30, what="the later remote's issue")
+    seen = wait_until(lambda: _first_holdings(gsync, late.url), timeout=10, what="its holdings")
+    assert seen["known"] >= 1 and seen["read"] == 0, f"the later remote read the own relay again: {seen}"
+
+    own.restart()  # in memory: it comes back empty
+    wait_until(lambda: any(e["event"] == "own_relay_up" for e in gsync.log_events()),
+               timeout=30, what="the own relay back")
+    publish(own.url, [repo, issues[0]])  # the operator restores what it hosts
+    last = scripted(negentropy=Nip77Serve(), page_size=500, port=after_outage.port)
+    last.add(repo, *issues)
+    assert_arrives(own, issues[11:], timeout=60, what="the issue only the last remote holds")
+    seen = wait_until(lambda: _first_holdings(gsync, after_outage.url), timeout=10, what="its holdings")
+    assert seen["read"] >= 1, f"after the outage, what was known was trusted: {seen}"
+
+
+def test_delivery_reports_as_held_only_what_the_own_relay_stored():
+    posted = []
+    delivery = OwnRelayDelivery("ws://127.0.0.1:1", posted.append)
+    lane = _Lane(0)
+    stored, duplicate, held_back, refused = (f.issue(bob, f.repo_addr(alice, "d"), subject=s)
+                                            for s in ("stored", "duplicate", "purgatory", "refused"))
+    answers = [(stored, True, ""), (duplicate, True, "duplicate: have it"),
+               (held_back, True, "purgatory: waiting for git data"), (refused, False, "blocked: no")]
+    for event, accepted, text in answers:
+        delivery.submit(event)
+        lane.in_flight[event.id] = (event, 0.0)
+        delivery._on_ok(lane, wire.parse_relay_message(f'["OK","{event.id}",{str(accepted).lower()},"{text}"]'))
+    delivery._count_delivered()
+    confirmed = [e for msg in posted if isinstance(msg, OwnHeldConfirmed) for e in msg.entries]
+    assert sorted(event_id for event_id, _ in confirmed) == sorted([stored.id, duplicate.id])
+
+
+def test_reads_give_way_while_the_own_relay_is_slow_to_answer_deliveries():
+    now = [0.0]
+    answers = iter([True, True, True, False])
+    waited = give_way(lambda: next(answers), sleep=lambda s: now.__setitem__(0, now[0] + s),
+                      clock=lambda: now[0], step=0.1, most=10.0)
+    assert waited == pytest.approx(0.3)
+    forever = give_way(lambda: True, sleep=lambda s: now.__setitem__(0, now[0] + s),
+                       clock=lambda: now[0], step=0.5, most=2.0)
+    assert 2.0 <= forever <= 2.5 + 1e-9, "a relay slow for good is still read"
+    assert give_way(None) == 0.0
+
+
+def test_how_long_the_oldest_delivery_has_waited_for_its_answer():
+    clock = [100.0]
+    delivery = OwnRelayDelivery("ws://127.0.0.1:1", lambda msg: None, clock=lambda: clock[0])
+    assert delivery.oldest_answer_wait() == 0.0
+    old, new = (f.issue(bob, f.repo_addr(alice, "d"), subject=s) for s in ("old", "new"))
+    delivery._lanes[0].in_flight[old.id] = (old, 97.0)
+    delivery._lanes[0].in_flight[new.id] = (new, 99.5)
+    assert delivery.oldest_answer_wait() == pytest.approx(3.0)
