@@ -29,9 +29,9 @@ def allow_list(*relays) -> str:
 
 class GsyncProcess:
     def __init__(self, own, remotes=(), *, domain=None, bootstrap=(), extra: dict | None = None,
-                 env: dict | None = None, timers: dict | None = None):
+                 env: dict | None = None, timers: dict | None = None, args: tuple = ()):
         """``timers``: test-only overrides of long timers (``constants.TEST_TIMER_NAMES``,
-        in seconds), passed as ``GSYNC_TEST_TIMERS``."""
+        in seconds), passed as ``GSYNC_TEST_TIMERS``; ``args``: more ``gsync run`` options."""
         self.dir = tempfile.mkdtemp(prefix="gsync-test-")
         self.metrics_port = free_port()
         self.config_path = os.path.join(self.dir, "gsync.ini")
@@ -58,12 +58,14 @@ class GsyncProcess:
         self.env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
         if timers:
             self.env["GSYNC_TEST_TIMERS"] = ",".join(f"{k}={v}" for k, v in timers.items())
+        self.args = tuple(args)
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> GsyncProcess:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(ROOT, "bin", "gsync"), "run", "--config", self.config_path],
+            [sys.executable, os.path.join(ROOT, "bin", "gsync"), "run", "--config", self.config_path,
+             *self.args],
             stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
         )
         wait_until(self._endpoint_up, timeout=30, what="gsync metrics endpoint")

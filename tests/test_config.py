@@ -251,6 +251,23 @@ def test_run_with_a_broken_config_exits_2_before_starting(broken_file):
     assert result.stderr.count(broken_file[0]) == len(BROKEN_ERRORS)
 
 
+def test_one_file_serves_every_shard_with_its_own_state_and_metrics_port(tmp_path):
+    """``--shard i-of-N`` (the template unit ``gsync@i-of-N``): shard i of N, state in
+    state_dir/i-of-N, metrics on the file's port + i; ``--metrics-listen`` wins."""
+    path = tmp_path / "gsync.ini"
+    path.write_text(MINIMAL + "[cluster]\nshard = 0/3\n[metrics]\nlisten = 127.0.0.1:9464\n")
+    result = run_cli("check-config", "--config", str(path), "--shard", "1-of-2")
+    assert result.returncode == 0, result.stderr
+    assert "shard = 1/2\n" in result.stdout
+    assert "state_dir = /var/lib/gsync/1-of-2\n" in result.stdout
+    assert "listen = 127.0.0.1:9465\n" in result.stdout
+    result = run_cli("check-config", "--config", str(path), "--shard", "1-of-2",
+                     "--metrics-listen", "0.0.0.0:9464")
+    assert "listen = 0.0.0.0:9464\n" in result.stdout and "shard = 1/2\n" in result.stdout
+    result = run_cli("check-config", "--config", str(path), "--shard", "2-of-2")
+    assert result.returncode == 2 and "0 <= i < N" in result.stderr
+
+
 def test_unknown_arguments_are_usage_errors():
     assert run_cli("check-config", "--config", str(EXAMPLE), "extra").returncode == 2
     assert run_cli().returncode == 2

@@ -4,6 +4,7 @@ import time
 import pytest
 
 from . import factory as f
+from .gsync_proc import GsyncProcess
 from .relays import ids_on, publish, wait_until
 from .scenario import assert_arrives, our_announcement, two_remote_history
 
@@ -240,10 +241,11 @@ def test_two_sharded_instances_split_the_relays_and_together_sync_everything(rel
     assert all(dialled), "each instance has relays of its own"
 
 
-def test_shards_split_the_remotes_and_together_sync_everything(relay_factory, gsync_factory):
-    """[cluster] shard = i/N: two instances beside one own relay each dial only the remotes
-    their shard owns (a hash of the URL); together they bring every repository's history,
-    and no remote is read by both."""
+def test_shards_split_the_remotes_and_together_sync_everything(relay_factory):
+    """``gsync run --shard 0-of-2`` and ``1-of-2``, as the template unit gsync@.service runs
+    them: two instances beside one own relay each dial only the remotes their shard owns
+    (rendezvous hashing of the URL); together they bring every repository's history, and no
+    remote is read by both."""
     from gsync.protocol.urls import normalize_relay_url
     from gsync.sync.shard import shard_of
 
@@ -260,8 +262,33 @@ def test_shards_split_the_remotes_and_together_sync_everything(relay_factory, gs
         announcements.append(repo)
         history += [issue, reply]
     publish(own.url, announcements)
-    instances = [gsync_factory(own, remotes, extra={"cluster": {"shard": f"{i}/2"}}) for i in range(2)]
+    instances = []
+    for i in range(2):
+        g = GsyncProcess(own, remotes)
+        # --shard serves metrics on the file's port + i; the test keeps each on a port it
+        # knows is free, as a container would with --metrics-listen.
+        g.args = ("--shard", f"{i}-of-2", "--metrics-listen", f"127.0.0.1:{g.metrics_port}")
+        instances.append(g)
+    try:
+        for g in instances:
+            g.start()
+        for i, g in enumerate(instances):
+            started = wait_until(lambda g=g: [e for e in g.log_events() if e.get("event") == "started"],
+                                 timeout=10, what="the started line")
+            assert started[0]["shard"] == f"{i}/2"
+        _shards_sync_their_own_remotes(own, remotes, history, instances)
+    finally:
+        for g in instances:
+            g.terminate()
+
+
+def _shards_sync_their_own_remotes(own, remotes, history, instances):
+    from gsync.protocol.urls import normalize_relay_url
+    from gsync.sync.shard import shard_of
+
     assert_arrives(own, history, what="every remote's history, through one instance or the other")
+    dialled = [{r["relay"] for r in g.status()["relays"]} for g in instances]
+    assert dialled[0].isdisjoint(dialled[1]) and dialled[0] | dialled[1] == {r.url for r in remotes}
     for i, gsync in enumerate(instances):
         for remote in remotes:
             read = gsync.metric("gsync_remote_events_total", relay=remote.url)

@@ -1,5 +1,6 @@
-"""The systemd unit: ``systemd-analyze verify`` passes and ``systemd-analyze security`` rates
-it OK or better (SPEC §7). The directives gsync relies on are checked without systemd too.
+"""The systemd units (``gsync.service``, and the template ``gsync@.service`` that runs one
+instance per shard): ``systemd-analyze verify`` passes and ``systemd-analyze security`` rates
+them OK or better (SPEC §7). The directives gsync relies on are checked without systemd too.
 
 CI needs systemd-analyze: ``apt-get update && apt-get install -y --no-install-recommends
 systemd`` (Debian/Ubuntu). Without it the two systemd-analyze tests are skipped.
@@ -16,6 +17,9 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNIT = os.path.join(ROOT, "systemd", "gsync.service")
+TEMPLATE = os.path.join(ROOT, "systemd", "gsync@.service")
+# The template is verified as an instance of it, the way systemd loads it.
+UNITS = {UNIT: "gsync.service", TEMPLATE: "gsync@0-of-2.service"}
 ANALYZE = shutil.which("systemd-analyze")
 INSTALL = "apt-get update && apt-get install -y --no-install-recommends systemd"
 needs_analyze = pytest.mark.skipif(ANALYZE is None, reason=f"no systemd-analyze ({INSTALL})")
@@ -25,11 +29,11 @@ GOOD_LEVELS = ("PERFECT", "SAFE", "OK")
 MAX_EXPOSURE = 1.5  # what the unit scores now (1.1) plus a little room: catch regressions
 
 
-def unit_directives() -> dict[str, list[str]]:
+def unit_directives(unit: str = UNIT) -> dict[str, list[str]]:
     """``Section.Key`` → every value given (systemd allows repeats)."""
     values: dict[str, list[str]] = {}
     section = None
-    with open(UNIT) as fh:
+    with open(unit) as fh:
         for raw in fh:
             line = raw.strip()
             if not line or line.startswith(("#", ";")):
@@ -42,17 +46,18 @@ def unit_directives() -> dict[str, list[str]]:
     return values
 
 
-def installable_copy(tmp_path) -> str:
-    """The unit with ExecStart pointing at this Python and gsync, which verify needs to exist."""
-    exec_start = f"{sys.executable} -m gsync.ops.cli run --config /etc/gsync/gsync.ini"
+def installable_copy(tmp_path, unit: str = UNIT) -> str:
+    """The unit with ExecStart pointing at this Python and gsync, which verify needs to exist
+    (its arguments kept), under the name systemd would load it by."""
+    program = f"{sys.executable} -m gsync.ops.cli"
     gsync = shutil.which("gsync")
     if gsync:
-        exec_start = f"{gsync} run --config /etc/gsync/gsync.ini"
-    with open(UNIT) as fh:
+        program = gsync
+    with open(unit) as fh:
         text = fh.read()
-    text, n = re.subn(r"^ExecStart=.*$", f"ExecStart={exec_start}", text, flags=re.M)
+    text, n = re.subn(r"^ExecStart=\S+", f"ExecStart={program}", text, flags=re.M)
     assert n == 1
-    path = tmp_path / "gsync.service"
+    path = tmp_path / UNITS[unit]
     path.write_text(text)
     return str(path)
 
@@ -86,23 +91,45 @@ def test_unit_keeps_what_gsync_relies_on():
     assert "Service.PrivateNetwork" not in d and "Service.IPAddressDeny" not in d
 
 
+def test_template_runs_one_shard_per_instance_and_is_otherwise_the_unit():
+    unit, template = unit_directives(UNIT), unit_directives(TEMPLATE)
+    assert template["Service.StateDirectory"] == ["gsync/%i"]
+    exec_start = template["Service.ExecStart"][0].split()
+    assert exec_start[1:] == ["run", "--config", "/etc/gsync/gsync.ini", "--shard", "%i"]
+    assert "%i" in template["Unit.Description"][0]
+    # Everything else (sandboxing, watchdog, stop timeout) as in gsync.service.
+    differ = {"Service.StateDirectory", "Service.ExecStart", "Unit.Description"}
+    assert {k: v for k, v in unit.items() if k not in differ} == \
+        {k: v for k, v in template.items() if k not in differ}
+
+
+def test_the_template_instance_name_is_a_shard():
+    from gsync.sync.shard import Shard
+
+    assert Shard.parse("0-of-2") == Shard(0, 2)
+    assert Shard(1, 2).instance_name == "1-of-2"
+
+
 @needs_analyze
-def test_systemd_analyze_verify(tmp_path):
-    unit = installable_copy(tmp_path)
-    result = subprocess.run([ANALYZE, "verify", unit], capture_output=True, text=True, timeout=60)
+@pytest.mark.parametrize("unit", [UNIT, TEMPLATE], ids=["gsync.service", "gsync@.service"])
+def test_systemd_analyze_verify(tmp_path, unit):
+    path = installable_copy(tmp_path, unit)
+    result = subprocess.run([ANALYZE, "verify", path], capture_output=True, text=True, timeout=60)
     output = (result.stdout + result.stderr).strip()
     assert result.returncode == 0, output
     # verify may chatter about the host's other units; nothing about ours.
-    assert "gsync.service" not in output, output
+    assert "gsync" not in output, output
 
 
 @needs_analyze
-def test_systemd_analyze_security_rates_it_ok_or_better(tmp_path):
-    unit = installable_copy(tmp_path)
-    result = subprocess.run([ANALYZE, "security", "--offline=true", "--no-pager", unit],
+@pytest.mark.parametrize("unit", [UNIT, TEMPLATE], ids=["gsync.service", "gsync@.service"])
+def test_systemd_analyze_security_rates_it_ok_or_better(tmp_path, unit):
+    path = installable_copy(tmp_path, unit)
+    result = subprocess.run([ANALYZE, "security", "--offline=true", "--no-pager", path],
                             capture_output=True, text=True, timeout=60)
     output = result.stdout + result.stderr
-    match = re.search(r"Overall exposure level for gsync\.service: ([\d.]+) (\w+)", output)
+    name = re.escape(UNITS[unit])
+    match = re.search(rf"Overall exposure level for {name}: ([\d.]+) (\w+)", output)
     assert match, output[-2000:]
     score, level = float(match.group(1)), match.group(2)
     assert level in GOOD_LEVELS, f"exposure {score} {level}\n{output}"

@@ -37,6 +37,7 @@ class SelfSubscriber:
         self._log = log
         self._clock = clock
         self.last_connected: float | None = None
+        self.connected = False  # the live subscription's connection is open (a metric)
         self._full_read_at: float | None = None  # when the whole history was last read
         self._greenlet: gevent.Greenlet | None = None
 
@@ -58,6 +59,7 @@ class SelfSubscriber:
                 backoff = min(backoff * 2, 10.0)
                 continue
             backoff = 0.5
+            self.connected = True
             reconnect = self.last_connected is not None
             since = int(self.last_connected) - constants.RECONNECT_OVERLAP_SECS if reconnect else None
             self.last_connected = self._clock()
@@ -74,6 +76,7 @@ class SelfSubscriber:
             except Exception as exc:
                 self._log.warning("self_subscription_lost", relay=self.url, reason=type(exc).__name__)
             finally:
+                self.connected = False
                 for greenlet in (history, reread):
                     if greenlet is not None:
                         greenlet.kill(block=False)

@@ -27,6 +27,12 @@ def _parser() -> argparse.ArgumentParser:
         command = commands.add_parser(name, help=help_text)
         command.add_argument("--config", default=DEFAULT_CONFIG_PATH, metavar="FILE",
                              help=f"INI file (default {DEFAULT_CONFIG_PATH})")
+        command.add_argument("--shard", metavar="i-of-N",
+                             help="run as shard i of N from a file shared by all of them: "
+                                  "[cluster] shard i/N, state in state_dir/i-of-N, metrics on "
+                                  "the configured port + i")
+        command.add_argument("--metrics-listen", metavar="HOST:PORT",
+                             help="[metrics] listen, whatever the file or --shard say")
     # No help of their own: ``gsync status --help`` reaches the status command's parser.
     commands.add_parser("status", help="show the relays of the running instance", add_help=False)
     commands.add_parser("demo", help="sync a self-contained sandbox and show progress", add_help=False)
@@ -42,9 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         return _delegate(args.command, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    overrides = {"shard": args.shard, "metrics_listen": args.metrics_listen}
     if args.command == "check-config":
-        return _check_config(args.config)
-    return _run(args.config)
+        return _check_config(args.config, overrides)
+    return _run(args.config, overrides)
 
 
 def _patch_for_gevent() -> None:
@@ -54,28 +61,39 @@ def _patch_for_gevent() -> None:
         monkey.patch_all()
 
 
-def _load(path: str):
-    """The config at ``path``, or None after printing every error to stderr."""
-    from .config import ConfigErrors, load_config
+def _load(path: str, overrides: dict | None = None):
+    """The config at ``path`` with the command line's overrides, or None after printing
+    every error to stderr."""
+    from .config import ConfigErrors, as_shard, load_config, with_metrics_listen
 
     try:
-        return load_config(path)
+        config = load_config(path)
     except ConfigErrors as exc:
         for error in exc.errors:
             print(error, file=sys.stderr)
         return None
+    overrides = overrides or {}
+    try:
+        if overrides.get("shard"):
+            config = as_shard(config, overrides["shard"])
+        if overrides.get("metrics_listen"):
+            config = with_metrics_listen(config, overrides["metrics_listen"])
+    except ValueError as exc:
+        print(f"command line: {exc}", file=sys.stderr)
+        return None
+    return config
 
 
-def _check_config(path: str) -> int:
-    config = _load(path)
+def _check_config(path: str, overrides: dict | None = None) -> int:
+    config = _load(path, overrides)
     if config is None:
         return EXIT_BAD_CONFIG
     sys.stdout.write(config.describe())
     return EXIT_OK
 
 
-def _run(path: str) -> int:
-    config = _load(path)
+def _run(path: str, overrides: dict | None = None) -> int:
+    config = _load(path, overrides)
     if config is None:
         return EXIT_BAD_CONFIG
     from .logging import configure_logging

@@ -7,9 +7,10 @@ secret key is read here but never shown: not in errors, ``repr`` or ``describe()
 from __future__ import annotations
 
 import configparser
+import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .. import constants
 from ..protocol.urls import (
@@ -393,3 +394,29 @@ def load_config(path: str) -> Config:
         log=LogConfig(**v["log"]),
         path=path,
     )
+
+
+def as_shard(config: Config, text: str) -> Config:
+    """``config`` for instance ``text`` (``i-of-N`` or ``i/N``) of several run from one file
+    (``gsync run --shard``, the ``gsync@i-of-N`` template unit): shard i of N, its state in
+    ``state_dir/i-of-N`` and its metrics on the configured port + i, so N instances beside
+    one another share the file and nothing else. Raises ``ValueError`` for bad text."""
+    shard = Shard.parse(text)
+    listen = config.metrics.listen
+    if listen is not None:
+        if listen[1] + shard.index > 65535:
+            raise ValueError(f"--shard {text}: metrics port {listen[1]} + {shard.index} is past 65535")
+        listen = (listen[0], listen[1] + shard.index)
+    state_dir = os.path.join(config.service.state_dir, shard.instance_name)
+    return replace(
+        config,
+        service=replace(config.service, state_dir=state_dir),
+        cluster=replace(config.cluster, shard=shard),
+        metrics=replace(config.metrics, listen=listen),
+    )
+
+
+def with_metrics_listen(config: Config, text: str) -> Config:
+    """``config`` with ``[metrics] listen`` replaced (``gsync run --metrics-listen``: a
+    container whose port is fixed, whatever its shard). Raises ``ValueError``."""
+    return replace(config, metrics=replace(config.metrics, listen=_listen(text)))

@@ -3,9 +3,11 @@
 Defined once here; the manager refreshes the gauges on its maintenance tick, counters are
 incremented where the thing happens.
 """
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+# process_resident_memory_bytes, process_cpu_seconds_total, process_open_fds, … (Linux /proc)
+ProcessCollector(registry=REGISTRY)
 
 # -- the seed's names (SPEC §7) ----------------------------------------------------------
 RELAY_CONNECTED = Gauge(
@@ -146,6 +148,46 @@ PAUSED_COVERAGE = Gauge(
     "gsync_paused_coverage",
     "Filter shapes a relay refused by policy, not asked again until their 24 h probe",
     ["relay"],
+    registry=REGISTRY,
+)
+
+# -- for alerts: states and their bounds, set on the manager's metrics refresh --------------
+READY = Gauge(
+    "gsync_ready",
+    "1 once the self-subscription has read the own relay's history (systemd READY=1)",
+    registry=REGISTRY,
+)
+OWN_RELAY_UP = Gauge(
+    "gsync_own_relay_up",
+    "1 while the own relay is reachable: the self-subscription is connected and delivery "
+    "has a connection",
+    registry=REGISTRY,
+)
+REPOSITORIES = Gauge(
+    "gsync_repositories", "Repositories the own relay accepted, which gsync syncs",
+    registry=REGISTRY,
+)
+DELIVERY_BACKLOG_LIMIT = Gauge(
+    "gsync_delivery_backlog_limit",
+    "[sync] delivery_max_backlog: relay connections stop reading when the delivery backlog "
+    "(gsync_queue_depth{queue=\"delivery\"}) reaches it",
+    registry=REGISTRY,
+)
+REJECTED_ENTRIES = Gauge(
+    "gsync_rejected_index_entries",
+    "Event ids the own relay refused, not fetched again for 7 days",
+    registry=REGISTRY,
+)
+REJECTED_LIMIT = Gauge(
+    "gsync_rejected_index_limit",
+    "The most ids the rejected index keeps: past it the oldest are forgotten (and fetched again)",
+    registry=REGISTRY,
+)
+
+BACKGROUND_START_INTERVAL = Gauge(
+    "gsync_background_start_interval_seconds",
+    "[sync] background_start_interval_ms: the pacing gate, at most one background start per "
+    "relay this often (0: off)",
     registry=REGISTRY,
 )
 

@@ -296,6 +296,13 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.delivery_peak = max(self.delivery_peak, self.delivery.backlog)
         metrics.QUEUE_DEPTH_PEAK.labels("manager").set(self.queue_peak)
         metrics.QUEUE_DEPTH_PEAK.labels("delivery").set(self.delivery_peak)
+        metrics.READY.set(int(self.ready))
+        metrics.OWN_RELAY_UP.set(int(self.own_down_since is None and self.self_sub.connected))
+        metrics.REPOSITORIES.set(len(self.repos))
+        metrics.DELIVERY_BACKLOG_LIMIT.set(self.config.sync.delivery_max_backlog)
+        metrics.REJECTED_ENTRIES.set(len(self.rejected))
+        metrics.REJECTED_LIMIT.set(self.rejected.max_entries)
+        metrics.BACKGROUND_START_INTERVAL.set(self.config.sync.background_start_interval_ms / 1000)
 
     # -- operators ------------------------------------------------------------------------
 
