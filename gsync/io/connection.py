@@ -470,10 +470,10 @@ def _refuses_a_req(text: str) -> bool:
 
 
 def _concerns_negentropy(msg) -> bool:
-    """NEG-MSG / NEG-ERR, a NOTICE about negentropy, or a frame too broken to tell."""
-    if isinstance(msg, (wire.NegMsg, wire.NegErr, wire.Malformed)):
-        return True
-    return isinstance(msg, wire.Notice) and wire.is_negentropy_notice(msg.text)
+    """NEG-MSG / NEG-ERR, any NOTICE (one between a NEG-OPEN and its first answer is that
+    exchange's refusal, whatever its words: the exchange judges), or a frame too broken to
+    tell."""
+    return isinstance(msg, (wire.NegMsg, wire.NegErr, wire.Malformed, wire.Notice))
 
 
 def auth_event(secret: str, relay: str, challenge: str, now: int):

@@ -43,7 +43,8 @@ class NegentropyFailed(Exception):
     """The relay did not complete NIP-77 with us; ``reason`` says how."""
 
     REASONS = frozenset(
-        {"neg-err", "unsupported-version", "notice", "bad-message", "timeout", "too-many-ids"}
+        {"neg-err", "unsupported-version", "notice", "bad-message", "timeout", "too-many-ids",
+         "too-many-results"}
     )
 
     def __init__(self, reason: str, text: str, result: NegentropyResult):
@@ -141,8 +142,14 @@ class _Exchange:
                 return bytes.fromhex(message.message_hex)
             if isinstance(message, wire.NegErr) and message.sub_id == self.sub_id:
                 self.count_down(frame)
+                if wire.says_too_many_results(message.text):  # NIP-77 is fine, the filter too wide
+                    cap = f" (cap {message.cap})" if message.cap is not None else ""
+                    raise self.fail("too-many-results", _reason_text(message) + cap)
                 raise self.fail("neg-err", _reason_text(message))
-            if isinstance(message, wire.Notice) and wire.is_negentropy_notice(message.text):
+            if isinstance(message, wire.Notice) and (
+                    self.result.rounds == 0 or wire.is_negentropy_notice(message.text)):
+                # Before its first answer, a NOTICE in any words is this exchange's refusal
+                # (primal.net, purplepag.es); after it, only one about negentropy.
                 raise self.fail("notice", message.text)
             if isinstance(message, wire.Malformed) and self.is_ours(frame):
                 self.count_down(frame)

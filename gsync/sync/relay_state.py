@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..constants import QUICK_RECONNECT_SECS
+from ..constants import NIP77_RETRY_SECS, QUICK_RECONNECT_SECS
 from .pending import PendingBatch
 from .policy import CoveragePauses
 from .targets import ConfirmedItems
@@ -122,6 +122,9 @@ class RelayState:
     # refused ids released meanwhile, to fetch again by id once this relay is connected
     refetch_ids: set = field(default_factory=set)
     negentropy_ok: bool = True
+    # when this relay, listing 77 in its NIP-11, last failed NIP-77 (refused it, or never
+    # answered): kept over sessions, so NIP-77 is tried there at most once a NIP77_RETRY_SECS
+    nip77_failed_at: float | None = None
     next_daily_at: float | None = None
     last_error: str = ""
     events_delivered: int = 0
@@ -136,6 +139,11 @@ class RelayState:
     @property
     def connected(self) -> bool:
         return self.conn is not None and self.status >= ConnectionStatus.SYNCING
+
+    def nip77_resting(self, now: float) -> bool:
+        """NIP-77 failed here, advertised and not served, less than NIP77_RETRY_SECS ago:
+        REQ+EOSE only, whatever the session."""
+        return self.nip77_failed_at is not None and now - self.nip77_failed_at < NIP77_RETRY_SECS
 
     def should_fresh_start(self, now: float) -> bool:
         """First connect, or away for more than 15 minutes: confirmed state is too stale."""

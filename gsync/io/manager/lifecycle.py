@@ -118,6 +118,9 @@ class RelayLifecycle:
         nips = getattr(msg.limits, "supported_nips", None)
         if nips and 77 not in nips:  # it says so itself: no NEG-OPEN, no 15 s wait
             self.disable_negentropy(state, "NIP-11 supported_nips does not list 77")
+        elif state.nip77_resting(now):  # it says so and does not: not again before a day
+            self.disable_negentropy(state, "NIP-77 advertised and not served "
+                                    f"{round(now - state.nip77_failed_at)} s ago")
         state.status = ConnectionStatus.SYNCING
         fresh = state.should_fresh_start(now)
         log.info("relay_connected", relay=msg.relay, fresh_start=fresh)

@@ -1,0 +1,109 @@
+"""The public network as other sync clients meet it (issue #29): relays that say one thing
+and do another. Each test is a scripted relay behaving exactly as reported (PEERS.md, "The
+public network"), and judges gsync by what lands on the own relay and what goes on the wire.
+"""
+from __future__ import annotations
+
+import time
+
+from . import factory as f
+from .relays import publish, wait_until
+from .scenario import assert_arrives, our_announcement
+from .scripted_relay import Nip77Serve
+
+alice, bob = f.Author.named("alice"), f.Author.named("bob")
+
+
+def events_named(gsync, name, relay=None) -> list[dict]:
+    return [e for e in gsync.log_events()
+            if e.get("event") == name and (relay is None or e.get("relay") == relay)]
+
+
+def neg_opens(remote) -> list[list]:
+    return [m for m in remote.messages("NEG-OPEN")]
+
+
+def test_a_nip77_query_past_the_relays_result_cap_is_split_and_stays_on_nip77(
+        relay_factory, gsync_factory, scripted):
+    """strfry past its maxSyncEvents: ``["NEG-ERR", sub, "blocked: too many query results",
+    50]``. One repository's 120 issues (an hour apart) match one filter: gsync reads the
+    four-element NEG-ERR, splits that filter by time until each part is under the cap, and
+    reconciles every part by NIP-77; the issues come by id, never by a semantic REQ of the
+    issues' filter, and NIP-77 is never turned off."""
+    own = relay_factory()
+    nip77 = Nip77Serve(max_results=50)
+    remote = scripted(negentropy=nip77, page_size=500)
+    repo = our_announcement(own, [remote], d="crowded")
+    issues = [f.issue(bob, repo, subject=f"crowded {i}", created_at=f.BASE_CREATED_AT + 3600 * i)
+              for i in range(120)]
+    remote.add(repo, *issues)
+    publish(own.url, [repo, issues[0]])  # something held: the issues' filter goes by NIP-77
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, issues, timeout=30, what="the 120 issues")
+    assert nip77.refused >= 1, "the relay's cap was reached"
+    by_a = [flt for _, filters in remote.reqs() for flt in filters
+            if "#a" in flt and "ids" not in flt and flt.get("limit") != 0]
+    assert by_a == [], f"the issues' filter went by REQ: {by_a}"
+    assert not events_named(gsync, "negentropy_unsupported"), "NIP-77 stayed on"
+    assert events_named(gsync, "negentropy_filter_split", remote.url)
+    opened = [m[2] for m in remote.messages("NEG-OPEN")]
+    print(f"NEG-OPEN {nip77.opened} (refused {nip77.refused}), REQ {len(remote.reqs())}, "
+          f"NEG-OPEN with #a {sum('#a' in flt for flt in opened)}")
+
+
+def _time_to_sync(own, gsync_factory, remote, d, **kw):
+    repo = our_announcement(own, [remote], d=d)
+    issues = [f.issue(bob, repo, subject=f"{d} {i}") for i in range(20)]
+    remote.add(repo, *issues)
+    publish(own.url, [repo, issues[0]])  # something held: NIP-77 is tried
+    started = time.monotonic()
+    gsync = gsync_factory(own, [remote], **kw)
+    assert_arrives(own, issues, timeout=40, what="the issues")
+    return gsync, time.monotonic() - started
+
+
+def test_nip77_refused_by_a_notice_in_the_relays_own_words_falls_back_at_once(
+        relay_factory, gsync_factory, scripted):
+    """primal.net and purplepag.es answer NEG-OPEN with a NOTICE that need not mention
+    negentropy: it is that exchange's refusal, so REQ+EOSE starts at once instead of after
+    the 15 s NIP-77 deadline (left at its default here)."""
+    own = relay_factory()
+    remote = scripted(negentropy="plain-notice", neg_err_reason="ERROR: bad msg: unknown command",
+                      page_size=500)
+    gsync, secs = _time_to_sync(own, gsync_factory, remote, "notice-refusal")
+    print(f"synced in {secs:.1f} s")
+    assert remote.messages("NEG-OPEN"), "NIP-77 was tried"
+    assert secs < 10, f"{secs:.1f} s: the NOTICE was not read as the refusal"
+    unsupported = events_named(gsync, "negentropy_unsupported", remote.url)
+    assert len(unsupported) == 1 and unsupported[0]["reason"].startswith("notice")
+
+
+def test_nip77_advertised_and_never_answered_is_not_asked_again_after_a_quick_reconnect(
+        relay_factory, gsync_factory, scripted):
+    """nos.lol, nostr.wine, nostr.mom list 77 in supported_nips and never answer NEG-OPEN.
+    After the first exchange times out, the relay is remembered (over sessions): a quick
+    reconnect, then a new repository whose filter the own relay holds some of (NIP-77
+    otherwise), and still no NEG-OPEN: REQ+EOSE brings it."""
+    own = relay_factory()
+    remote = scripted(negentropy="ignore", page_size=500,
+                      nip11={"supported_nips": [1, 11, 77], "limitation": {}})
+    first = our_announcement(own, [remote], d="advertised-1")
+    first_issues = [f.issue(bob, first, subject=f"one {i}") for i in range(5)]
+    remote.add(first, *first_issues)
+    publish(own.url, [first, first_issues[0]])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"base_backoff_secs": "0.2"}},
+                          timers={"NEGENTROPY_DEADLINE_SECS": 1.5})
+    assert_arrives(own, first_issues, timeout=30, what="the first repository via REQ+EOSE")
+    opened_first = len(remote.messages("NEG-OPEN"))
+    assert opened_first >= 1, "NIP-77 was tried once"
+    remote.drop_all()
+    wait_until(lambda: len(events_named(gsync, "relay_connected", remote.url)) >= 2, timeout=20,
+               what="the reconnect")
+    assert events_named(gsync, "relay_connected", remote.url)[-1]["fresh_start"] is False
+    second = our_announcement(own, [remote], d="advertised-2")
+    second_issues = [f.issue(bob, second, subject=f"two {i}") for i in range(5)]
+    remote.add(second, *second_issues)
+    publish(own.url, [second, second_issues[0]])
+    assert_arrives(own, second_issues, timeout=30, what="the second repository")
+    assert len(remote.messages("NEG-OPEN")) == opened_first, "NEG-OPEN sent again after the reconnect"
+    assert len(events_named(gsync, "negentropy_advertised_not_served", remote.url)) == 1
