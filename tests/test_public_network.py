@@ -107,3 +107,34 @@ def test_nip77_advertised_and_never_answered_is_not_asked_again_after_a_quick_re
     assert_arrives(own, second_issues, timeout=30, what="the second repository")
     assert len(remote.messages("NEG-OPEN")) == opened_first, "NEG-OPEN sent again after the reconnect"
     assert len(events_named(gsync, "negentropy_advertised_not_served", remote.url)) == 1
+
+
+def test_a_relay_answering_the_upgrade_with_404_is_parked_and_says_so(relay_factory, gsync_factory,
+                                                                       scripted):
+    """An HTTP 404 to the websocket upgrade is no websocket there: no retry in 0.2 s (the
+    backoff set here) but after the park (4 s here, 12 h in production), shown in
+    ``gsync status`` and /metrics meanwhile; the relay serving websockets by then is synced."""
+    from gsync.ops.status import render
+
+    own = relay_factory()
+    remote = scripted(refuse_upgrades=[(404, {"Content-Type": "text/html"}, b"<h1>Not Found</h1>")])
+    repo = our_announcement(own, [remote], d="parked-404")
+    bug = f.issue(bob, repo)
+    remote.add(repo, bug)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"base_backoff_secs": "0.2"}},
+                          timers={"PERMANENT_FAILURE_PARK_SECS": 4, "MAINTENANCE_TICK_SECS": 0.5})
+
+    def relay_status():
+        return next((r for r in gsync.status()["relays"] if r["relay"] == remote.url), {})
+
+    wait_until(lambda: relay_status().get("parked") == "http 404", timeout=20, what="parked in status")
+    assert "parked" in render(gsync.status()) and "http 404" in render(gsync.status())
+    wait_until(lambda: gsync.metric("gsync_relay_parked_seconds", relay=remote.url) > 0, timeout=5,
+               what="parked in /metrics")
+    assert_arrives(own, [bug], timeout=30, what="the issue once the park is over")
+    first, second = remote.upgrade_times[:2]
+    assert second - first >= 3.9, remote.upgrade_times
+    wait_until(lambda: gsync.metric("gsync_relay_parked_seconds", relay=remote.url) == 0, timeout=5,
+               what="no longer parked")
+    assert "parked" not in relay_status()

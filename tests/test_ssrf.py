@@ -123,3 +123,23 @@ def test_a_name_that_rebinds_to_a_forbidden_address_is_refused_before_any_connec
     finally:
         relay.stop()
         trap.stop()
+
+
+def test_a_name_that_does_not_resolve_is_a_permanent_failure(monkeypatch):
+    """``ws://nonexistent.invalid``: the resolver says no such name (answered here, in
+    process: no query leaves the machine); the attempt is marked permanent ("dns"), so the
+    manager parks the relay instead of redialling it every few seconds. A resolver that
+    says "try again" (EAI_AGAIN) is not permanent."""
+    def no_such_name(host, *args, **kw):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_such_name)
+    pool = HandshakePool(lambda msg: None, AddressPolicy.parse("127.0.0.0/8"))
+    done = pool._attempt("ws://nonexistent.invalid:7777", 1)
+    assert done.permanent == "dns" and "Name or service not known" in done.error
+
+    def try_again(host, *args, **kw):
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", try_again)
+    assert pool._attempt("ws://nonexistent.invalid:7777", 2).permanent == ""

@@ -117,7 +117,17 @@ PAUSED_COVERAGE = Gauge(
 )
 
 
-PER_RELAY_GAUGES = (RELAY_CONNECTED, RELAY_STATUS, RELAY_FAILURES, SUBSCRIPTIONS, PAUSED_COVERAGE)
+RELAY_PARKED = Gauge(
+    "gsync_relay_parked_seconds",
+    "Seconds until a relay that failed permanently (name not resolving, TLS, an HTTP answer "
+    "that is no websocket upgrade) is dialled again; 0 when it is not parked",
+    ["relay"],
+    registry=REGISTRY,
+)
+
+
+PER_RELAY_GAUGES = (RELAY_CONNECTED, RELAY_STATUS, RELAY_FAILURES, SUBSCRIPTIONS, PAUSED_COVERAGE,
+                    RELAY_PARKED)
 
 
 def forget_relay(relay: str) -> None:

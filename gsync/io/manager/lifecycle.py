@@ -96,8 +96,11 @@ class RelayLifecycle:
                 state.refused_reason = msg.error
                 log.warning("relay_refused", relay=msg.relay, reason=msg.error)
             else:
-                self.health.record_failure(msg.relay, now)
+                self.health.record_failure(msg.relay, now, permanent=msg.permanent)
                 log.info("relay_connect_failed", relay=msg.relay, reason=msg.error)
+                if msg.permanent:
+                    log.warning("relay_parked", relay=msg.relay, reason=msg.error, kind=msg.permanent,
+                                park_secs=constants.PERMANENT_FAILURE_PARK_SECS)
             if msg.rate_limited:  # no redial before the cooldown, nor before it asked
                 self.health.record_rate_limited(msg.relay, now, query_rate=False, at_least=msg.retry_after)
                 log.warning("relay_rate_limited", relay=msg.relay, text=msg.error,
