@@ -138,3 +138,54 @@ def test_a_relay_answering_the_upgrade_with_404_is_parked_and_says_so(relay_fact
     wait_until(lambda: gsync.metric("gsync_relay_parked_seconds", relay=remote.url) == 0, timeout=5,
                what="no longer parked")
     assert "parked" not in relay_status()
+
+
+def _asks_q(flt) -> bool:
+    return isinstance(flt, dict) and "#q" in flt
+
+
+def test_a_policy_refusal_is_found_by_shape_and_the_refused_shape_asked_once_more_per_mode(
+        relay_factory, gsync_factory, scripted):
+    """A relay refusing every REQ that holds a ``#q`` filter with ``CLOSED "blocked: ..."``
+    (naming no filter). Each refused REQ is sent again as one REQ per shape, so ``#q`` is
+    asked once more, alone, live and historic, then paused: not asked again through a
+    consolidation (a relay of 8 subscriptions and new roots one after another) and a quick
+    reconnect; everything packed beside it completes, and live coverage still works."""
+    refused = []
+
+    def refuse_q(relay, conn, message):
+        if message[0] == "REQ" and any(_asks_q(flt) for flt in message[2:]):
+            refused.append(message)
+            return [["CLOSED", message[1], "blocked: we do not serve that here"]]
+        return None
+
+    own = relay_factory()
+    remote = scripted(on_message=refuse_q, page_size=500,
+                      nip11={"limitation": {"max_subscriptions": 8}})
+    repo = our_announcement(own, [remote], d="no-quotes")
+    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(3)]
+    replies = [f.comment(alice, bug, content="seen it") for bug in bugs]
+    state = f.state(alice, "no-quotes")
+    remote.add(repo, state, *bugs, *replies)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"batch_window_ms": "100", "base_backoff_secs": "0.2",
+                                                        "negentropy": "false"}})
+    assert_arrives(own, [state, *bugs, *replies], timeout=30, what="everything but the #q coverage")
+    news = []
+    while not events_named(gsync, "consolidated", remote.url) and len(news) < 20:
+        news.append(f.issue(bob, repo, subject=f"new {len(news)}", created_at=int(time.time())))
+        publish(own.url, news[-1:])
+        time.sleep(0.1)
+    assert events_named(gsync, "consolidated", remote.url), "no consolidation"
+    remote.drop_all()
+    wait_until(lambda: [e["fresh_start"] for e in events_named(gsync, "relay_connected", remote.url)]
+               == [True, False], timeout=20, what="a quick reconnect")
+    late = f.comment(alice, news[-1], content="after the reconnect", created_at=int(time.time()))
+    remote.broadcast(late)
+    assert_arrives(own, [late], timeout=20, what="live coverage after all that")
+    live = [m for m in refused if all(isinstance(flt, dict) and flt.get("limit") == 0 for flt in m[2:])]
+    historic = [m for m in refused if m not in live]
+    print(f"#q asked live {len(live)}, historic {len(historic)}")
+    assert 1 <= len(live) <= 2, [m[2:] for m in live]
+    assert 1 <= len(historic) <= 2, [m[2:] for m in historic]
+    assert {e["coverage"] for e in events_named(gsync, "coverage_paused")} == {"#q"}

@@ -105,6 +105,13 @@ def classify_refusal(prefix: str, text: str = "") -> Refusal:
     return _PREFIX_REFUSALS.get(prefix, Refusal.OTHER)
 
 
+def refuses_a_shape(kind: Refusal, text: str) -> bool:
+    """A refusal of what a filter asks (its kinds and tags), not of its size: a policy
+    (``blocked:``, ``restricted:``), or ``unsupported:``/``invalid:`` said by prefix rather
+    than in wording about size ("too many filters", "filter too large")."""
+    return kind is Refusal.POLICY or (kind is Refusal.UNSUPPORTED and not is_filter_shape_refusal(text))
+
+
 def classify_message(message: str) -> Refusal:
     return classify_refusal(*split_prefix(message))
 

@@ -399,7 +399,8 @@ class HistoricSync:
             if sub_id not in state.sub_to_batch:
                 state.historic_queue.pop(0)
                 continue
-            if (state.paused or state.stalled_shapes) and self.regroup_before_start(state, sub_id, group):
+            if ((state.paused or state.stalled_shapes or state.paused.refused_any)
+                    and self.regroup_before_start(state, sub_id, group)):
                 continue
             batch = state.pending.get(state.sub_to_batch[sub_id])
             group = self.fill_before_start(state, batch, sub_id, group)
@@ -445,12 +446,14 @@ class HistoricSync:
     def regroup_before_start(self, state: RelayState, sub_id: str, group) -> bool:
         """A queued REQ meets what the relay taught us since it was queued: shapes it
         refused by policy go (a probe's own filter stays), and a shape that stalled on this
-        connection goes alone, so that it cannot hold the rest. True if it changed."""
+        connection, or that the relay refused once (``CoveragePauses.goes_alone``), goes
+        alone, so that it cannot hold or take down the rest. True if it changed."""
         batch_id = state.sub_to_batch[sub_id]
         if batch_id in state.probes:
             return False
         keep = [i for i, f in enumerate(group) if not state.paused.is_filter_paused(f)]
-        alone = [i for i in keep if coverage_key(group[i]) in state.stalled_shapes]
+        alone = [i for i in keep
+                 if coverage_key(group[i]) in state.stalled_shapes or state.paused.goes_alone(group[i])]
         rest = [i for i in keep if i not in alone]
         parts = [rest, *([i] for i in alone)] if rest else [keep]
         if parts == [list(range(len(group)))]:
