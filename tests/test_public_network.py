@@ -189,3 +189,53 @@ def test_a_policy_refusal_is_found_by_shape_and_the_refused_shape_asked_once_mor
     assert 1 <= len(live) <= 2, [m[2:] for m in live]
     assert 1 <= len(historic) <= 2, [m[2:] for m in historic]
     assert {e["coverage"] for e in events_named(gsync, "coverage_paused")} == {"#q"}
+
+
+class Sloppy:
+    """A relay that reads every rule loosely: each REQ's EOSE comes twice, followed by a
+    CLOSED for a subscription it never had; our CLOSE is answered with CLOSED and then the
+    subscription's events again (``replays`` times each)."""
+
+    def __init__(self, replays: int):
+        self.replays = replays
+        self.late = 0
+        self.n = 0
+
+    def __call__(self, relay, conn, message):
+        if message[0] == "REQ":
+            relay._on_req(conn, message)
+            self.n += 1
+            return [["EOSE", message[1]], ["CLOSED", f"never-had-{self.n}", "error: shutting down"]]
+        if message[0] == "CLOSE" and len(message) > 1 and message[1] in conn.subs:
+            filters = conn.subs.pop(message[1])
+            late = [["EVENT", message[1], raw] for raw in relay.answer(filters)] * self.replays
+            self.late += len(late)
+            return [["CLOSED", message[1], ""], *late]
+        return None
+
+
+def test_a_relay_that_reads_the_rules_loosely_is_synced_without_a_hang_up(relay_factory, gsync_factory,
+                                                                          scripted):
+    """EOSE twice, CLOSED for a subscription never had, events after its CLOSED for a
+    subscription closed (more than the misbehaviour budget), and a NIP-11 document with
+    strings for numbers: what is harmless is accepted (the late events match what was
+    asked; "77" missing from ``["1", "11", "42"]`` means no NEG-OPEN and no 15 s wait), the
+    rest dropped and counted; the relay is synced and never hung up on."""
+    own = relay_factory()
+    sloppy = Sloppy(replays=40)
+    remote = scripted(on_message=sloppy, negentropy="ignore", page_size=500,
+                      nip11={"supported_nips": ["1", "11", "42"],
+                             "limitation": {"max_limit": "500", "max_subscriptions": "20"}})
+    repo = our_announcement(own, [remote], d="sloppy")
+    issues = [f.issue(bob, repo, subject=f"sloppy {i}") for i in range(40)]
+    remote.add(repo, *issues)
+    publish(own.url, [repo, issues[0]])  # something held: NIP-77 would be tried if 77 were listed
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, issues, timeout=30, what="the issues")
+    wait_until(lambda: sloppy.late > 1_000, timeout=20, what="late events past the budget")
+    wait_until(lambda: next((r for r in gsync.status()["relays"] if r["relay"] == remote.url), {})
+               .get("status") == "connected", timeout=20, what="the relay synced")
+    assert not remote.messages("NEG-OPEN"), "supported_nips as strings was not read"
+    assert gsync.metric("gsync_relay_hangups_total") == 0
+    assert len(events_named(gsync, "relay_connected", remote.url)) == 1, "one session throughout"
+    assert gsync.metric("gsync_events_dropped_total", reason="unknown_subscription") >= 1
