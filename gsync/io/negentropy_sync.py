@@ -5,8 +5,9 @@ for the filter, or asked here with ``own_query``), adds the ids the manager know
 refused for good or still in flight, reconciles that set with the remote
 over the relay's existing connection (NEG-OPEN / NEG-MSG / NEG-CLOSE), and posts the outcome
 to the manager. It touches no index. Any failure of the remote's NIP-77 (NEG-ERR, a NOTICE
-about negentropy, a version we do not speak, garbage, no answer within 15 s in total) is an
-outcome, not an exception: the manager falls back to REQ+EOSE.
+before the first answer or about negentropy, a version we do not speak, garbage, no answer
+within 15 s in total) is an outcome, not an exception: the manager falls back to REQ+EOSE,
+or splits the filter when the relay refused it for its number of results.
 """
 from __future__ import annotations
 

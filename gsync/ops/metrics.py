@@ -105,7 +105,7 @@ NOTICES = Counter(
 NEGENTROPY_FAILURES = Counter(
     "gsync_negentropy_failures_total",
     "NIP-77 exchanges a remote did not complete, by reason (neg-err, unsupported-version, "
-    "notice, bad-message, timeout, too-many-ids)",
+    "notice, bad-message, timeout, too-many-ids, too-many-results)",
     ["reason"],
     registry=REGISTRY,
 )
