@@ -680,7 +680,8 @@ class HistoricSync:
             else:
                 if wire.is_rate_limit_text(result.reason):  # NEG-ERR "rate-limited: …"
                     self.note_rate_limited(state, result.reason)
-                elif 77 in getattr(state.limits, "supported_nips", ()):
+                elif result.rounds == 0 and 77 in getattr(state.limits, "supported_nips", ()):
+                    # refused, or never answered (a slow exchange that had answers is not)
                     self.remember_nip77_unserved(state, result.reason)
                 self.disable_negentropy(state, result.reason)
             self.queue_reqs(state, batch, [msg.filter], front=True)
