@@ -56,6 +56,7 @@ class NegentropyOutcome:
     bytes_up: int = 0
     bytes_down: int = 0
     reason: str = ""
+    failure: str = ""  # NegentropyFailed.reason (e.g. "too-many-results"); "" otherwise
     own_relay_failed: bool = False
     held: int = 0  # events of the filter the own relay holds
 
@@ -192,6 +193,6 @@ def exchange(conn, sub_id: str, flt: Filter, items, deadline_secs: float,
         metrics.NEGENTROPY_FAILURES.labels(exc.reason).inc()
         r = exc.result
         return NegentropyOutcome(False, rounds=r.rounds, bytes_up=r.bytes_up, bytes_down=r.bytes_down,
-                                 reason=f"{exc.reason}: {exc.text}")
+                                 reason=f"{exc.reason}: {exc.text}", failure=exc.reason)
     finally:
         conn.neg_waiters.pop(sub_id, None)

@@ -672,7 +672,7 @@ class HistoricSync:
                 batch.fetch_by_filter.append(msg.filter)
             else:
                 batch.expect_ids(need)
-        elif result.reason.startswith("too-many-results"):
+        elif result.failure == "too-many-results":
             self.split_past_result_cap(state, batch, msg.filter, result.reason)
         else:
             if result.own_relay_failed:
