@@ -281,3 +281,12 @@ def test_a_neg_err_past_the_relays_result_cap_says_so_with_its_cap():
             run(relay, items(10))
     assert info.value.reason == "too-many-results"
     assert info.value.text == "blocked: too many query results (cap 1000000)"
+
+
+def test_a_notice_about_the_subscription_cap_before_the_first_answer_is_not_ours():
+    """"too many concurrent REQs" refuses the last REQ (the connection learns the cap from
+    it): read as this exchange's refusal, it would become a rate limit's cooldown."""
+    server = Nip77Server(items(40), before_answer=[["NOTICE", "ERROR: too many concurrent REQs"]])
+    with ScriptedRelay(negentropy=server) as relay:
+        result = run(relay, items(40, start=20))
+    assert len(result.need_ids) == 20 and len(result.have_ids) == 20

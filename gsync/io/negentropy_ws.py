@@ -148,14 +148,21 @@ class _Exchange:
                     cap = f" (cap {message.cap})" if message.cap is not None else ""
                     raise self.fail("too-many-results", _reason_text(message) + cap)
                 raise self.fail("neg-err", _reason_text(message))
-            if isinstance(message, wire.Notice) and (
-                    self.result.rounds == 0 or wire.is_negentropy_notice(message.text)):
-                # Before its first answer, a NOTICE in any words is this exchange's refusal
-                # (primal.net, purplepag.es); after it, only one about negentropy.
+            if isinstance(message, wire.Notice) and self.refuses_us(message.text):
                 raise self.fail("notice", message.text)
             if isinstance(message, wire.Malformed) and self.is_ours(frame):
                 self.count_down(frame)
                 raise self.fail("bad-message", f"unreadable NIP-77 frame ({message.reason})")
+
+    def refuses_us(self, text: str) -> bool:
+        """Before our first answer, a NOTICE in any words is this exchange's refusal
+        (primal.net, purplepag.es) — but one saying too many subscriptions are open, which
+        the connection takes as the refusal of its last unanswered REQ (a cap is learnt
+        from it, and read here it would turn into a rate limit's cooldown). After the first
+        answer, only a NOTICE about negentropy."""
+        if wire.is_negentropy_notice(text):
+            return True
+        return self.result.rounds == 0 and not wire.says_too_many_subscriptions(text)
 
     def is_ours(self, frame: str | bytes) -> bool:
         """A frame the wire parser refused (e.g. non-hex payload) that names our sub id."""
