@@ -4,6 +4,8 @@ public network"), and judges gsync by what lands on the own relay and what goes 
 """
 from __future__ import annotations
 
+import socket
+import threading
 import time
 
 from . import factory as f
@@ -239,3 +241,53 @@ def test_a_relay_that_reads_the_rules_loosely_is_synced_without_a_hang_up(relay_
     assert gsync.metric("gsync_relay_hangups_total") == 0
     assert len(events_named(gsync, "relay_connected", remote.url)) == 1, "one session throughout"
     assert gsync.metric("gsync_events_dropped_total", reason="unknown_subscription") >= 1
+
+
+class PlainHttpOnly:
+    """A loopback server speaking plain HTTP where TLS is expected: every connection gets a
+    400 at once (as a web server on the wrong port does); ``accepted`` counts them."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            with conn:
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    def close(self):
+        self.sock.close()
+
+
+def test_a_relay_whose_tls_fails_is_parked(relay_factory, gsync_factory):
+    """``wss://`` to a server that answers in plain HTTP: the TLS handshake fails, which no
+    retry in seconds fixes: parked, and dialled once (backoff 0.2 s here)."""
+    own = relay_factory()
+    server = PlainHttpOnly()
+    url = f"wss://127.0.0.1:{server.port}"
+    repo = f.announcement(alice, "tls-fails", clone=[f"http://127.0.0.1:{own.port}/{alice.pubkey}/tls-fails.git"],
+                          relays=[f"ws://127.0.0.1:{own.port}", url])
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [server], extra={"sync": {"base_backoff_secs": "0.2"}})
+    try:
+        def relay_status():
+            return next((r for r in gsync.status()["relays"] if r["relay"] == url), {})
+
+        wait_until(lambda: relay_status().get("parked") == "tls", timeout=20, what="parked for TLS")
+        parked = events_named(gsync, "relay_parked", url)
+        assert parked and "SSL" in parked[0]["reason"], parked
+        wait_until(lambda: gsync.metric("gsync_relay_parked_seconds", relay=url) > 0, timeout=10,
+                   what="parked in /metrics (a maintenance tick later: past the 0.2 s backoff)")
+        assert server.accepted == 1, "dialled again within the park"
+    finally:
+        server.close()
