@@ -291,3 +291,19 @@ def test_a_relay_whose_tls_fails_is_parked(relay_factory, gsync_factory):
         assert server.accepted == 1, "dialled again within the park"
     finally:
         server.close()
+
+
+def test_a_relay_whose_name_does_not_resolve_is_parked(relay_factory, gsync_factory):
+    """``ws://nonexistent.invalid``: no such name (RFC 6761: gsync answers ``.invalid``
+    itself, so no DNS query leaves the machine): parked, not redialled every few seconds."""
+    own = relay_factory()
+    url = "ws://nonexistent.invalid:7447"
+    repo = f.announcement(alice, "no-dns", clone=[f"http://127.0.0.1:{own.port}/{alice.pubkey}/no-dns.git"],
+                          relays=[f"ws://127.0.0.1:{own.port}", url])
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [], extra={"sync": {"base_backoff_secs": "0.2"}})
+    wait_until(lambda: next((r for r in gsync.status()["relays"] if r["relay"] == url), {}).get("parked") == "dns",
+               timeout=20, what="parked for DNS")
+    wait_until(lambda: gsync.metric("gsync_relay_parked_seconds", relay=url) > 0, timeout=10,
+               what="parked in /metrics (a maintenance tick later: past the 0.2 s backoff)")
+    assert gsync.metric("ngit_sync_connection_attempts_total", relay=url, result="failure") == 1

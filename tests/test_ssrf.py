@@ -126,20 +126,26 @@ def test_a_name_that_rebinds_to_a_forbidden_address_is_refused_before_any_connec
 
 
 def test_a_name_that_does_not_resolve_is_a_permanent_failure(monkeypatch):
-    """``ws://nonexistent.invalid``: the resolver says no such name (answered here, in
-    process: no query leaves the machine); the attempt is marked permanent ("dns"), so the
-    manager parks the relay instead of redialling it every few seconds. A resolver that
-    says "try again" (EAI_AGAIN) is not permanent."""
+    """The resolver says no such name (answered here, in process, by a stand-in
+    getaddrinfo: no query leaves the machine): the attempt is marked permanent ("dns"), so
+    the manager parks the relay instead of redialling it every few seconds. A resolver
+    that says "try again" (EAI_AGAIN) is not permanent. ``.invalid`` names are answered
+    by gsync itself (RFC 6761), without asking the resolver at all."""
+    asked = []
+
     def no_such_name(host, *args, **kw):
+        asked.append(host)
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
     monkeypatch.setattr(socket, "getaddrinfo", no_such_name)
     pool = HandshakePool(lambda msg: None, AddressPolicy.parse("127.0.0.0/8"))
-    done = pool._attempt("ws://nonexistent.invalid:7777", 1)
+    done = pool._attempt("ws://gone.example:7777", 1)
     assert done.permanent == "dns" and "Name or service not known" in done.error
+    assert pool._attempt("ws://nonexistent.invalid:7777", 2).permanent == "dns"
+    assert asked == ["gone.example"]
 
     def try_again(host, *args, **kw):
         raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
 
     monkeypatch.setattr(socket, "getaddrinfo", try_again)
-    assert pool._attempt("ws://nonexistent.invalid:7777", 2).permanent == ""
+    assert pool._attempt("ws://flaky.example:7777", 3).permanent == ""

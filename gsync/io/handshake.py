@@ -23,7 +23,7 @@ from gevent.queue import Queue
 
 from .. import constants
 from ..ops import metrics
-from ..protocol.urls import AddressPolicy, SsrfRefused, UrlError, split_host_port
+from ..protocol.urls import AddressPolicy, SsrfRefused, UrlError, never_resolves, split_host_port
 from ..sync.health import permanent_http_status, retry_after_secs
 from .events import HandshakeDone, HandshakeStarted
 from .nip11_fetch import fetch_relay_limits
@@ -38,6 +38,8 @@ def open_websocket(url: str, policy: AddressPolicy, timeout: float):
     parts = urlsplit(url)
     host, port = split_host_port(parts.netloc)
     port = port or (443 if parts.scheme == "wss" else 80)
+    if never_resolves(host):  # RFC 6761: answered here, as a resolver would, without a query
+        raise socket.gaierror(socket.EAI_NONAME, f"{host} never resolves (RFC 6761 .invalid)")
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     addresses = list(dict.fromkeys(info[4][0] for info in infos))
     policy.check(host, port, addresses)
