@@ -307,3 +307,38 @@ def test_a_relay_whose_name_does_not_resolve_is_parked(relay_factory, gsync_fact
     wait_until(lambda: gsync.metric("gsync_relay_parked_seconds", relay=url) > 0, timeout=10,
                what="parked in /metrics (a maintenance tick later: past the 0.2 s backoff)")
     assert gsync.metric("ngit_sync_connection_attempts_total", relay=url, result="failure") == 1
+
+
+def test_a_shape_refused_once_goes_alone_after_its_probe_restored_it(relay_factory, gsync_factory, scripted):
+    """A relay that refused ``#q`` and then serves it again (its probe, 2 s here, passes):
+    ``#q`` is restored, and every later REQ carrying it carries nothing else, so that a new
+    refusal would take nothing else down; what a new root's ``#q`` finds arrives."""
+    refusing = [True]
+
+    def refuse_q_for_a_while(relay, conn, message):
+        if refusing[0] and message[0] == "REQ" and any(_asks_q(flt) for flt in message[2:]):
+            return [["CLOSED", message[1], "blocked: not now"]]
+        return None
+
+    own = relay_factory()
+    remote = scripted(on_message=refuse_q_for_a_while, page_size=500)
+    repo = our_announcement(own, [remote], d="q-again")
+    bug = f.issue(bob, repo, subject="first")
+    remote.add(repo, bug)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"batch_window_ms": "100", "negentropy": "false"}},
+                          timers={"POLICY_PROBE_SECS": 2})
+    assert_arrives(own, [bug], timeout=30, what="the issue")
+    wait_until(lambda: events_named(gsync, "coverage_paused", remote.url), timeout=10, what="#q paused")
+    refusing[0] = False
+    wait_until(lambda: events_named(gsync, "coverage_restored", remote.url), timeout=20, what="#q restored")
+    restored_at = len(remote.messages("REQ"))
+    later = f.issue(bob, repo, subject="later", created_at=int(time.time()))
+    quote = f.quote(alice, later, content="quoting the later issue")
+    remote.add(later, quote)
+    publish(own.url, [later])
+    assert_arrives(own, [quote], timeout=20, what="the quote of the new issue, by #q")
+    mixed = [m[2:] for m in remote.messages("REQ")[restored_at:]
+             if any(_asks_q(flt) for flt in m[2:]) and not all(_asks_q(flt) for flt in m[2:])]
+    assert mixed == [], f"#q went with other filters after its refusal: {mixed}"
+    assert not events_named(gsync, "handler_failed")
