@@ -51,6 +51,7 @@ def test_a_nip77_query_past_the_relays_result_cap_is_split_and_stays_on_nip77(
     opened = [m[2] for m in remote.messages("NEG-OPEN")]
     print(f"NEG-OPEN {nip77.opened} (refused {nip77.refused}), REQ {len(remote.reqs())}, "
           f"NEG-OPEN with #a {sum('#a' in flt for flt in opened)}")
+    assert nip77.opened <= 30, "about two exchanges per halving of the time range (22 measured)"
 
 
 def _time_to_sync(own, gsync_factory, remote, d, **kw):
