@@ -146,12 +146,21 @@ BASE_BACKOFF_SECS = 5.0  # [sync] base_backoff_secs
 MAX_BACKOFF_SECS = 3600.0  # [sync] max_backoff_secs
 DEAD_AFTER_SECS = 24 * 3600
 DEAD_RETRY_SECS = 24 * 3600
+# A relay that failed in a way no retry in seconds fixes (its name does not resolve, TLS
+# fails, its HTTP server answers the upgrade with 404/403/502) is not dialled again for this
+# long (ngit-grasp keeps such relays 12 h on a list): the usual 5 s doubling backoff spent
+# dozens of attempts and log lines a day on each.
+PERMANENT_FAILURE_PARK_SECS = 12 * 3600
 STABILITY_SECS = 5 * 60
 RATE_LIMIT_COOLDOWN_SECS = 65.0  # 60 s typical relay window + 5 s margin
 REACTIVE_GATE_START_SECS = 0.6
 REACTIVE_GATE_MAX_SECS = 10.0
 PROACTIVE_GATE_SECS = 1.0
 POLICY_PROBE_SECS = 24 * 3600
+# A relay that lists 77 in supported_nips and then refuses NEG-OPEN or never answers it
+# (nos.lol, nostr.wine, nostr.mom) is asked by REQ+EOSE only, over reconnects, for this long
+# after its last failure: each new session's NIP-77 attempt cost up to the 15 s deadline.
+NIP77_RETRY_SECS = 24 * 3600
 MAINTENANCE_TICK_SECS = 2.0
 DESCENDANT_TICK_SECS = 5.0
 HANDSHAKE_WORKERS = 8  # [sync] handshake_workers
@@ -253,9 +262,9 @@ TEST_TIMER_NAMES = (
     "FOLLOWER_WAIT_MAX_SECS",
     "REQ_STALL_SECS",
     "QUICK_RECONNECT_SECS", "DAILY_MIN_SECS", "DAILY_MAX_SECS", "RECOVERY_BASE_SECS",
-    "RECOVERY_MAX_SECS", "DEAD_AFTER_SECS", "DEAD_RETRY_SECS", "STABILITY_SECS",
+    "RECOVERY_MAX_SECS", "DEAD_AFTER_SECS", "DEAD_RETRY_SECS", "PERMANENT_FAILURE_PARK_SECS", "STABILITY_SECS",
     "RATE_LIMIT_COOLDOWN_SECS", "REACTIVE_GATE_START_SECS", "REACTIVE_GATE_MAX_SECS",
-    "POLICY_PROBE_SECS", "MAINTENANCE_TICK_SECS", "HANDSHAKE_TIMEOUT_SECS", "DESCENDANT_TICK_SECS",
+    "POLICY_PROBE_SECS", "NIP77_RETRY_SECS", "MAINTENANCE_TICK_SECS", "HANDSHAKE_TIMEOUT_SECS", "DESCENDANT_TICK_SECS",
     "REJECTED_HOT_SECS", "REJECTED_COLD_SECS", "TIME_CUT_SUSPECT_SECS", "MESSAGE_STALL_SECS",
     "READ_IDLE_TIMEOUT_SECS", "SELF_REREAD_SECS", "SELF_FULL_REREAD_SECS",
 )

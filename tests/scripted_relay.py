@@ -30,7 +30,8 @@ Knobs for misbehaviour:
   hangs up), so a test can assert how many handshakes a client had in flight at once across
   many relays. Each relay gets its own gauge when none is given.
 - ``negentropy``: how ``NEG-OPEN`` is met: ``"err"`` (``NEG-ERR``, the default), ``"ignore"``
-  (no answer at all), ``"notice"`` (a ``NOTICE`` about negentropy), ``"serve"`` (real NIP-77
+  (no answer at all), ``"notice"`` (a ``NOTICE`` about negentropy), ``"plain-notice"`` (a
+  ``NOTICE`` of ``neg_err_reason`` as it is, naming nothing), ``"serve"`` (real NIP-77
   over the store, by gsync's pure negentropy server), or a handler object or
   callable ``handler(relay, conn, message) -> frames`` that gets every ``NEG-OPEN``,
   ``NEG-MSG`` and ``NEG-CLOSE`` (the hook for a real NIP-77 implementation).
@@ -315,7 +316,7 @@ class _NegentropyRefusal:
     """The default NIP-77 behaviour: NEG-OPEN gets NEG-ERR, a NOTICE, or nothing."""
 
     def __init__(self, mode: str, reason: str):
-        if mode not in ("err", "ignore", "notice"):
+        if mode not in ("err", "ignore", "notice", "plain-notice"):
             raise ValueError(f"negentropy mode {mode!r}")
         self.mode = mode
         self.reason = reason
@@ -326,15 +327,23 @@ class _NegentropyRefusal:
         sub = message[1] if len(message) > 1 else ""
         if self.mode == "err":
             return [["NEG-ERR", sub, self.reason]]
+        if self.mode == "plain-notice":  # primal.net, purplepag.es: their own words
+            return [["NOTICE", self.reason]]
         return [["NOTICE", f"ERROR: negentropy error: {self.reason}"]]
 
 
 class Nip77Serve:
     """NIP-77 over the relay's store: a ``NegentropyServer`` per open subscription. Counts
-    NEG-OPENs (``opened``) and keeps their filters, in order (``filters``)."""
+    NEG-OPENs (``opened``) and keeps their filters, in order (``filters``).
 
-    def __init__(self):
+    ``max_results``: a NEG-OPEN whose filter matches more stored events is refused as strfry
+    refuses past its ``maxSyncEvents``: ``["NEG-ERR", sub, "blocked: too many query results",
+    max_results]``; ``refused`` counts those."""
+
+    def __init__(self, max_results: int | None = None):
         self.opened = 0
+        self.refused = 0
+        self.max_results = max_results
         self.filters: list[Filter] = []
         self._sessions: dict[tuple[int, str], Any] = {}
 
@@ -348,6 +357,9 @@ class Nip77Serve:
             with relay._store_lock:
                 items = [(ev.created_at, ev.id) for _, ev in relay._store.values()
                          if ev is not None and flt.matches(ev)]
+            if self.max_results is not None and len(items) > self.max_results:
+                self.refused += 1
+                return [["NEG-ERR", sub, "blocked: too many query results", self.max_results]]
             self._sessions[key] = NegentropyServer(Storage.from_hex(items))
             payload = message[3]
         elif kind == "NEG-MSG":

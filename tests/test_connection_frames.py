@@ -235,3 +235,25 @@ def test_nip77_frames_fit_the_relays_messages():
     assert frame_size_limit(constants.MAX_MESSAGE_BYTES) == FRAME_SIZE_LIMIT
     assert 2 * frame_size_limit(16_384) + 100 <= 16_384  # hex doubles it; the envelope fits
     assert frame_size_limit(1_000) == MIN_FRAME_SIZE_LIMIT
+
+
+def test_after_a_subscription_ended_its_matching_events_are_kept_and_its_echoes_cost_nothing(session):
+    """Some relays send a subscription's events after its CLOSED, or EOSE / CLOSED again:
+    what matches the ended filters is kept (late, harmless), the echoes are counted as
+    ended_subscription and spend no misbehaviour point; an event matching nothing still
+    costs one."""
+    session.forget("s")  # the relay closed it
+    late = f.issue(f.Author.named("y"), REPO, subject="late")
+    stray = f.Author.named("z").sign(1, [], "stray").to_dict()
+    before_ended, before_off = dropped("ended_subscription"), dropped("no_matching_filter")
+    points = session._budget.points
+    session._handle_frame(frame("EVENT", "s", late.to_dict()))
+    for _ in range(3):
+        session._handle_frame(frame("EOSE", "s"))
+        session._handle_frame(frame("CLOSED", "s", "error: shutting down"))
+    assert events_posted(session) == [late.id]
+    assert dropped("ended_subscription") == before_ended + 6
+    assert session._budget.points >= points  # (it only refills meanwhile)
+    session._handle_frame(frame("EVENT", "s", stray))
+    assert dropped("no_matching_filter") == before_off + 1
+    assert not session.closed

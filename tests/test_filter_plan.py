@@ -328,3 +328,58 @@ def test_filters_differing_only_in_one_tags_values_merge_within_a_budget():
     assert filter_plan.merge_tag_values(one, two.replace(since=5), 1000) is None
     assert filter_plan.merge_tag_values(
         one, Filter.make(kinds=[1111], tags={"E": [r2], "k": ["1621"]}), 1000) is None
+
+
+# -- a NIP-77 query past the relay's result cap ------------------------------------------
+
+NOW = 1_780_000_000
+
+
+def _events_at(times):
+    return [SimpleNamespace(created_at=t) for t in times]
+
+
+def _in_time(flt, t):
+    return (flt.since is None or t >= flt.since) and (flt.until is None or t <= flt.until)
+
+
+def test_a_filter_of_several_values_is_split_by_its_values():
+    flt = Filter.make(kinds=[1621], tags={"e": ["a" * 64, "b" * 64, "c" * 64]})
+    parts = filter_plan.split_past_result_cap(flt, NOW)
+    assert [sorted(p.tag("e")) for p in parts] == [["a" * 64, "b" * 64], ["c" * 64]]
+    assert all(p.kinds == flt.kinds and p.since is None and p.until is None for p in parts)
+
+
+@pytest.mark.parametrize("since,until", [(None, None), (1_700_000_000, None), (None, 1_700_000_100),
+                                         (10, 20), (None, 1_000)])
+def test_a_filter_of_one_value_is_split_by_time_and_its_parts_leave_nothing_out(since, until):
+    flt = Filter.make(kinds=[1621], tags={"a": ["30617:x:y"]}, since=since, until=until)
+    parts = filter_plan.split_past_result_cap(flt, NOW)
+    assert len(parts) == 2 and all(p.tags == flt.tags for p in parts)
+    probes = [0, 5, 10, 15, 20, 999, 1_000, 1_640_995_200, 1_700_000_000, 1_700_000_050,
+              1_700_000_100, NOW, NOW + 10_000]
+    for t in probes:
+        inside = [p for p in parts if _in_time(p, t)]
+        assert len(inside) == (1 if _in_time(flt, t) else 0), (t, parts)
+
+
+def test_halving_by_time_reaches_a_crowded_hour_in_few_steps():
+    """Events an hour apart from 2023: halving from the 2022 floor (not from 1970) gets each
+    part under 50 events in about ten levels."""
+    flt = Filter.make(kinds=[1621], tags={"a": ["30617:x:y"]})
+    times = [1_700_000_000 + 3600 * i for i in range(120)]
+    todo, levels, done = [(flt, 0)], 0, []
+    while todo:
+        part, level = todo.pop()
+        if sum(_in_time(part, t) for t in times) <= 50:
+            done.append(part)
+            continue
+        levels = max(levels, level + 1)
+        todo += [(p, level + 1) for p in filter_plan.split_past_result_cap(part, NOW)]
+    assert levels <= 12
+    assert sorted(t for p in done for t in times if _in_time(p, t)) == times
+
+
+def test_one_value_and_one_second_cannot_be_split():
+    flt = Filter.make(kinds=[1621], tags={"a": ["30617:x:y"]}, since=1_700_000_000, until=1_700_000_000)
+    assert filter_plan.split_past_result_cap(flt, NOW) is None

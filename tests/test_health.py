@@ -9,6 +9,7 @@ from gsync.sync.health import (
     RelayHealthTracker,
     classify_message,
     classify_refusal,
+    permanent_http_status,
     retry_after_secs,
     split_prefix,
 )
@@ -409,3 +410,37 @@ def test_the_budget_refills_with_time_up_to_its_capacity():
 def test_a_slow_steady_trickle_never_overdraws_the_budget():
     b = MisbehaviourBudget(capacity=10, refill_per_sec=10.0, now=0)
     assert all(b.spend(i * 0.1) for i in range(10_000))  # 10 a second, for 1,000 s
+
+
+# -- permanent failures ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status,permanent", [(404, True), (403, True), (502, True), (410, True),
+                                              (301, True), (400, True), (429, False), (503, False),
+                                              (500, False), (504, False), (408, False), (None, False)])
+def test_an_upgrade_answer_is_permanent_unless_it_says_try_again(status, permanent):
+    assert permanent_http_status(status) is permanent
+
+
+def test_a_permanent_failure_parks_the_relay_for_12_hours_past_any_backoff():
+    t = tracker()
+    t.record_attempt_started(R, 0)
+    t.record_failure(R, 0, permanent="http 404")
+    assert t.next_attempt_at(R, 1) == 12 * H
+    assert t.parked(R, 1) == ("http 404", 12 * H - 1)
+    assert not t.should_attempt_connection(R, 12 * H - 1)
+    assert t.should_attempt_connection(R, 12 * H)
+    assert t.parked(R, 12 * H) is None
+
+
+def test_a_transient_failure_after_a_park_does_not_extend_it_and_a_success_clears_it():
+    t = tracker()
+    t.record_attempt_started(R, 0)
+    t.record_failure(R, 0, permanent="dns")
+    fail(t, 12 * H)  # the attempt after the park: a timeout this time
+    assert t.parked(R, 12 * H) is None
+    assert t.next_attempt_at(R, 12 * H) < 13 * H  # the usual backoff
+    t.record_attempt_started(R, 0)
+    t.record_failure(R, 0, permanent="tls")
+    connect(t, 1)
+    assert t.parked(R, 2) is None

@@ -53,6 +53,11 @@ PARSED = [
     (["NEG-ERR", "neg1", "closed: timeout"], NegErr("neg1", Prefix.CLOSED, "timeout")),
     (["NEG-ERR", "neg1", "parse failed"], NegErr("neg1", Prefix.NONE, "parse failed")),
     (["NEG-ERR", "neg1"], NegErr("neg1", Prefix.NONE, "")),
+    # strfry past its maxSyncEvents adds the cap
+    (["NEG-ERR", "neg1", "blocked: too many query results", 1000000],
+     NegErr("neg1", Prefix.BLOCKED, "too many query results", 1000000)),
+    (["NEG-ERR", "neg1", "blocked: too many query results", "lots"],
+     NegErr("neg1", Prefix.BLOCKED, "too many query results", None)),
     (["COUNT", "c1", {"count": 42}], Count("c1", 42, False)),
     (["COUNT", "c1", {"count": 0, "approximate": True}], Count("c1", 0, True)),
     (["NOTICE", "漢字 😀 \u2028 \x00"], Notice("漢字 😀 \u2028 \x00")),
@@ -392,3 +397,16 @@ def test_req_size_is_the_utf8_length_of_the_req():
                Filter.make(tags={"d": ["漢字", "x\n"]}, limit=0)]
     for sub_id, group in (("h1-2", filters), ("live-00000000", filters[:1]), ("é", filters[1:])):
         assert m.req_size(sub_id, group) == len(m.req(sub_id, group).encode())
+
+
+@pytest.mark.parametrize("text", ["blocked: too many query results", "too many results",
+                                  "query results exceed the sync limit"])
+def test_too_many_results_is_about_the_filter_not_our_pace(text):
+    assert m.says_too_many_results(text)
+    assert not m.is_rate_limit_text(text)
+
+
+@pytest.mark.parametrize("text", ["rate-limited: too many queries", "too many concurrent REQs",
+                                  "blocked: no results for you"])
+def test_other_refusals_are_not_too_many_results(text):
+    assert not m.says_too_many_results(text)

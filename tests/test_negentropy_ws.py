@@ -92,7 +92,6 @@ def test_traffic_for_other_subscriptions_is_skipped():
     noise = [
         ["NEG-MSG", "someone-else", "61"],
         ["NEG-ERR", "someone-else", "blocked: not you"],
-        ["NOTICE", "hello there"],
         ["EOSE", "neg-1"],
         "not json at all",
         ["NEG-MSG", "someone-else", "zz"],
@@ -100,6 +99,7 @@ def test_traffic_for_other_subscriptions_is_skipped():
     with ScriptedRelay(negentropy=Nip77Server(items(40), before_answer=noise)) as relay:
         result = run(relay, items(40, start=20))
     assert len(result.need_ids) == 20 and len(result.have_ids) == 20
+    # (a NOTICE before the first answer is a refusal: see the tests of NOTICEs below)
 
 
 class FreshIdsEveryRound:
@@ -204,7 +204,7 @@ def test_the_deadline_is_total_not_per_message():
 
     def receive(timeout):
         now[0] += 1.0
-        return '["NOTICE","still here"]'
+        return '["EOSE","another-subscription"]'
 
     sent = []
     with pytest.raises(NegentropyFailed) as info:
@@ -245,3 +245,48 @@ def test_localrelay_refusing_the_query_is_a_neg_err(relay_factory):
     with pytest.raises(NegentropyFailed) as info:
         run(relay, items(10))
     assert info.value.reason == "neg-err" and info.value.text.startswith("blocked:")
+
+
+def test_a_notice_in_any_words_before_the_first_answer_is_a_refusal():
+    """primal.net and purplepag.es refuse NEG-OPEN with a NOTICE of their own words."""
+    with ScriptedRelay(negentropy="plain-notice", neg_err_reason="ERROR: bad msg: unknown command") as relay:
+        started = time.monotonic()
+        with pytest.raises(NegentropyFailed) as info:
+            run(relay, items(10))
+    assert (info.value.reason, info.value.text) == ("notice", "ERROR: bad msg: unknown command")
+    assert time.monotonic() - started < 3, "not the deadline"
+
+
+def test_a_notice_naming_nothing_after_the_first_answer_is_not_a_refusal():
+    server = Nip77Server(items(300), frame_size_limit=4_096)
+
+    def notice_before_later_answers(relay, conn, message):
+        frames = server(relay, conn, message)
+        return ([["NOTICE", "restarting soon"]] if message[0] == "NEG-MSG" else []) + frames
+
+    with ScriptedRelay(negentropy=notice_before_later_answers) as relay:
+        result = run(relay, items(250), frame_size_limit=4_096)
+    assert result.rounds > 1
+    assert len(result.need_ids) == 50
+
+
+def test_a_neg_err_past_the_relays_result_cap_says_so_with_its_cap():
+    def capped(relay, conn, message):
+        if message[0] != "NEG-OPEN":
+            return []
+        return [["NEG-ERR", message[1], "blocked: too many query results", 1000000]]
+
+    with ScriptedRelay(negentropy=capped) as relay:
+        with pytest.raises(NegentropyFailed) as info:
+            run(relay, items(10))
+    assert info.value.reason == "too-many-results"
+    assert info.value.text == "blocked: too many query results (cap 1000000)"
+
+
+def test_a_notice_about_the_subscription_cap_before_the_first_answer_is_not_ours():
+    """"too many concurrent REQs" refuses the last REQ (the connection learns the cap from
+    it): read as this exchange's refusal, it would become a rate limit's cooldown."""
+    server = Nip77Server(items(40), before_answer=[["NOTICE", "ERROR: too many concurrent REQs"]])
+    with ScriptedRelay(negentropy=server) as relay:
+        result = run(relay, items(40, start=20))
+    assert len(result.need_ids) == 20 and len(result.have_ids) == 20

@@ -45,7 +45,8 @@ GOOD_LIMITS = RelayLimits(
     ('{"limitation": {"max_limit": 100}}', RelayLimits(max_limit=100)),
     ('{"limitation": {"max_subscriptions": 5}}', RelayLimits(max_subscriptions=5)),
     ('{"limitation": {"max_subscriptions": -5, "max_limit": 0}}', DEFAULTS),
-    ('{"limitation": {"max_subscriptions": "50", "max_limit": 1.5}}', DEFAULTS),
+    # numbers written as strings ("max_limit": "500") are read; a fraction is no limit
+    ('{"limitation": {"max_subscriptions": "50", "max_limit": 1.5}}', RelayLimits(max_subscriptions=50)),
     ('{"limitation": {"max_subscriptions": true, "max_filters": null}}', DEFAULTS),
     ('{"limitation": {"auth_required": "yes"}}', DEFAULTS),
     ('{"limitation": [1, 2]}', DEFAULTS),
@@ -192,3 +193,16 @@ def test_fetch_of_a_closed_port_gives_defaults():
 
 def test_fetch_of_a_non_ws_url_gives_defaults():
     assert fetch("ftp://127.0.0.1/x") == DEFAULTS
+
+
+def test_numbers_written_as_strings_are_read_as_numbers():
+    """Relays publish ``"max_limit": "500"`` and ``"supported_nips": ["1", "77"]``."""
+    limits = parse_nip11(json.dumps({
+        "supported_nips": ["1", "11", " 77 ", "x", "-1", "7.5", 42.0],
+        "limitation": {"max_limit": "500", "max_message_length": "65536", "max_subscriptions": "12",
+                       "max_filters": "１０", "auth_required": "true"},
+    }))
+    assert limits.supported_nips == frozenset({1, 11, 77, 42})
+    assert (limits.max_limit, limits.max_message_length, limits.max_subscriptions) == (500, 65536, 12)
+    assert limits.max_filters is None  # full-width digits are not a number here
+    assert limits.auth_required

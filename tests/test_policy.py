@@ -73,3 +73,45 @@ def test_halves_split_a_group_until_one_filter_is_left():
         group = first if culprit in first else second
         rounds += 1
     assert group == [culprit] and rounds <= 4
+
+
+# -- finding the shape at fault, and keeping it apart ----------------------------------------
+
+Q = Filter.make(tags={"q": ["x"]})
+Q2 = Filter.make(tags={"q": ["y"]})
+A = Filter.make(tags={"a": ["x"]})
+D = Filter.make(kinds=[30618], tags={"d": ["x"]})
+
+
+def test_a_refused_req_splits_into_one_group_per_shape_in_order():
+    from gsync.sync.policy import by_shape
+
+    assert by_shape([A, Q, D, Q2]) == [[0], [1, 3], [2]]
+    assert by_shape([Q, Q2]) == [[0, 1]]
+
+
+def test_a_shape_refused_once_goes_alone_even_after_its_probe_restored_it():
+    pauses = CoveragePauses()
+    assert pauses.separate([A, Q, D]) == [[A, Q, D]]
+    pauses.pause(coverage_key(Q), now=0)
+    assert pauses.due_probes(now=10**9) == [coverage_key(Q)]
+    pauses.probe_passed(coverage_key(Q))
+    assert not pauses.is_filter_paused(Q)
+    assert pauses.separate([A, Q, D, Q2]) == [[A, D], [Q, Q2]]
+    assert pauses.separate([Q]) == [[Q]]
+
+
+def test_an_auth_pause_does_not_set_the_shape_apart():
+    pauses = CoveragePauses()
+    pauses.pause(coverage_key(A), now=0, shape_at_fault=False)
+    assert pauses.is_filter_paused(A)
+    assert not pauses.refused_any and pauses.separate([A, D]) == [[A, D]]
+
+
+def test_policy_and_prefixed_unsupported_refuse_a_shape_size_wording_does_not():
+    from gsync.sync.health import Refusal, classify_refusal, refuses_a_shape
+
+    assert refuses_a_shape(classify_refusal("blocked", "we do not serve that"), "we do not serve that")
+    assert refuses_a_shape(classify_refusal("unsupported", "no #q index"), "no #q index")
+    assert not refuses_a_shape(classify_refusal("error", "too many filters"), "too many filters")
+    assert not refuses_a_shape(Refusal.AUTH, "")

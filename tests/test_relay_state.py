@@ -29,3 +29,13 @@ def test_after_a_cooldown_discovery_then_started_work_then_new_batches_then_upke
     state.historic_queue.sort(key=lambda entry: state.start_priority(entry[0]))
     assert [sub for sub, _ in state.historic_queue] == [
         "discovery", "page", "new-earlier", "new-later", "probe", "poll", "recovery", "gone"]
+
+
+def test_nip77_rests_a_day_after_it_was_advertised_and_not_served():
+    from gsync.constants import NIP77_RETRY_SECS
+
+    state = RelayState("wss://r")
+    assert not state.nip77_resting(0)
+    state.nip77_failed_at = 1_000.0
+    assert state.nip77_resting(1_000.0 + NIP77_RETRY_SECS - 1)
+    assert not state.nip77_resting(1_000.0 + NIP77_RETRY_SECS)

@@ -69,13 +69,15 @@ def test_loopback_relays_names_and_redirects_get_no_connection(relay_factory, sc
 
 @pytest.fixture
 def rebinding_name(monkeypatch):
-    """``rebind.invalid`` resolves to 127.0.0.2 the first time and to 127.0.0.1 ever after,
-    as a hostile DNS server with a zero TTL would answer. Other names resolve as usual."""
+    """``rebind.example`` resolves to 127.0.0.2 the first time and to 127.0.0.1 ever after,
+    as a hostile DNS server with a zero TTL would answer (this stand-in answers it: no
+    query leaves the machine). Other names resolve as usual. (Not ``.invalid``: gsync
+    answers those itself without asking, RFC 6761.)"""
     real = socket.getaddrinfo
     answers = []
 
     def getaddrinfo(host, port, *args, **kwargs):
-        if host != "rebind.invalid":
+        if host != "rebind.example":
             return real(host, port, *args, **kwargs)
         address = "127.0.0.2" if not answers else "127.0.0.1"
         answers.append(address)
@@ -100,7 +102,7 @@ def test_nip11_goes_to_the_checked_address_not_to_a_second_dns_answer(rebinding_
     relay, trap = _relay_and_trap_on_one_port()
     try:
         pool = HandshakePool(lambda msg: None, AddressPolicy.parse("127.0.0.2/32"))
-        done = pool._attempt(f"ws://rebind.invalid:{relay.port}", 1)
+        done = pool._attempt(f"ws://rebind.example:{relay.port}", 1)
         assert isinstance(done, HandshakeDone) and done.ws is not None, done.error
         done.ws.close()
         assert done.limits.max_limit == 77  # the checked relay's own document
@@ -117,9 +119,35 @@ def test_a_name_that_rebinds_to_a_forbidden_address_is_refused_before_any_connec
     try:
         rebinding_name.append("first answer used up")  # it now resolves to 127.0.0.1
         pool = HandshakePool(lambda msg: None, AddressPolicy.parse("127.0.0.2/32"))
-        done = pool._attempt(f"ws://rebind.invalid:{relay.port}", 1)
+        done = pool._attempt(f"ws://rebind.example:{relay.port}", 1)
         assert done.refused and "loopback" in done.error
         assert trap.handshake_gauge.total == 0 and relay.handshake_gauge.total == 0
     finally:
         relay.stop()
         trap.stop()
+
+
+def test_a_name_that_does_not_resolve_is_a_permanent_failure(monkeypatch):
+    """The resolver says no such name (answered here, in process, by a stand-in
+    getaddrinfo: no query leaves the machine): the attempt is marked permanent ("dns"), so
+    the manager parks the relay instead of redialling it every few seconds. A resolver
+    that says "try again" (EAI_AGAIN) is not permanent. ``.invalid`` names are answered
+    by gsync itself (RFC 6761), without asking the resolver at all."""
+    asked = []
+
+    def no_such_name(host, *args, **kw):
+        asked.append(host)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_such_name)
+    pool = HandshakePool(lambda msg: None, AddressPolicy.parse("127.0.0.0/8"))
+    done = pool._attempt("ws://gone.example:7777", 1)
+    assert done.permanent == "dns" and "Name or service not known" in done.error
+    assert pool._attempt("ws://nonexistent.invalid:7777", 2).permanent == "dns"
+    assert asked == ["gone.example"]
+
+    def try_again(host, *args, **kw):
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", try_again)
+    assert pool._attempt("ws://flaky.example:7777", 3).permanent == ""

@@ -334,3 +334,11 @@ def test_policy_refuses_bad_entries(text):
 ])
 def test_numeric_host_ips_reads_hosts_like_inet_aton(host, ips):
     assert numeric_host_ips(host) == ips
+
+
+def test_invalid_names_never_resolve_and_nothing_else_is_judged_so():
+    from gsync.protocol.urls import never_resolves
+
+    assert never_resolves("nonexistent.invalid") and never_resolves("A.INVALID.") and never_resolves("invalid")
+    assert not never_resolves("invalid.example") and not never_resolves("relay.damus.io")
+    assert not never_resolves("127.0.0.1")

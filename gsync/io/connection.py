@@ -88,6 +88,11 @@ class RelayConnection:
         # CLOSE (or that were waiting in our socket) are still checked against these filters
         # and kept, not dropped as "unknown subscription"
         self._closing: dict[str, FilterSet] = {}
+        # Subscriptions that ended (the relay's CLOSED, to our CLOSE or on its own): some
+        # relays still send their events, or a second EOSE or CLOSED, after it. Events that
+        # match the ended filters are kept (what we asked for, harmlessly late), the rest of
+        # its traffic is dropped and counted without a misbehaviour point.
+        self._ended: dict[str, FilterSet] = {}
         self._junk_streak = 0
         self._budget = MisbehaviourBudget(
             constants.MISBEHAVIOUR_BUDGET, constants.MISBEHAVIOUR_REFILL_PER_SEC, time.monotonic()
@@ -131,8 +136,16 @@ class RelayConnection:
             self.send(wire.close(sub_id))
 
     def forget(self, sub_id: str) -> None:
-        """The relay closed it: stop accepting its events without sending CLOSE."""
-        self._drop_sub(sub_id)
+        """The relay closed it: no CLOSE to send; its late events are still read
+        (``_ended``)."""
+        filters = self.subscriptions.get(sub_id)
+        if self._drop_sub(sub_id):
+            self._end(sub_id, filters)
+
+    def _end(self, sub_id: str, filters) -> None:
+        if len(self._ended) >= CLOSING_CAPACITY:
+            del self._ended[next(iter(self._ended))]
+        self._ended[sub_id] = filters
 
     def _drop_sub(self, sub_id: str) -> bool:
         self.open_filter_bytes -= self.filter_bytes.pop(sub_id, 0)
@@ -337,7 +350,9 @@ class RelayConnection:
             self._emit(RemoteMessage(self.relay, self.session, msg))  # it may say "slow down"
         elif isinstance(msg, (wire.Closed, wire.Eose)) and msg.sub_id in self._closing:
             if isinstance(msg, wire.Closed):
-                del self._closing[msg.sub_id]  # the answer to our own CLOSE
+                self._end(msg.sub_id, self._closing.pop(msg.sub_id))  # the answer to our own CLOSE
+        elif isinstance(msg, (wire.Closed, wire.Eose)) and msg.sub_id in self._ended:
+            self._drop("ended_subscription", misbehaved=False)  # a second EOSE or CLOSED: harmless
         elif isinstance(msg, (wire.Closed, wire.Eose)) and msg.sub_id not in self.subscriptions:
             # About no subscription of ours (or one the relay already ended): nothing to
             # tell the manager, and a stream of them spends the budget like unasked events.
@@ -401,7 +416,8 @@ class RelayConnection:
         return not self.closed
 
     def _handle_event(self, msg: wire.RelayEvent) -> None:
-        filters = self.subscriptions.get(msg.sub_id) or self._closing.get(msg.sub_id)
+        filters = (self.subscriptions.get(msg.sub_id) or self._closing.get(msg.sub_id)
+                   or self._ended.get(msg.sub_id))
         event_id = msg.event.get("id") if isinstance(msg.event.get("id"), str) else None
         if filters is None:
             self._drop("unknown_subscription", event_id)
@@ -470,10 +486,10 @@ def _refuses_a_req(text: str) -> bool:
 
 
 def _concerns_negentropy(msg) -> bool:
-    """NEG-MSG / NEG-ERR, a NOTICE about negentropy, or a frame too broken to tell."""
-    if isinstance(msg, (wire.NegMsg, wire.NegErr, wire.Malformed)):
-        return True
-    return isinstance(msg, wire.Notice) and wire.is_negentropy_notice(msg.text)
+    """NEG-MSG / NEG-ERR, any NOTICE (one between a NEG-OPEN and its first answer is that
+    exchange's refusal, whatever its words: the exchange judges), or a frame too broken to
+    tell."""
+    return isinstance(msg, (wire.NegMsg, wire.NegErr, wire.Malformed, wire.Notice))
 
 
 def auth_event(secret: str, relay: str, challenge: str, now: int):

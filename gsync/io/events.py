@@ -30,6 +30,8 @@ class HandshakeDone:
     # least ``retry_after`` seconds when it said how long
     rate_limited: bool = False
     retry_after: float | None = None
+    # how it failed when no retry in seconds fixes it ("dns", "tls", "http 404"): parked
+    permanent: str = ""
 
 
 @dataclass(slots=True)

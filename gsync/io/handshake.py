@@ -23,8 +23,8 @@ from gevent.queue import Queue
 
 from .. import constants
 from ..ops import metrics
-from ..protocol.urls import AddressPolicy, SsrfRefused, UrlError, split_host_port
-from ..sync.health import retry_after_secs
+from ..protocol.urls import AddressPolicy, SsrfRefused, UrlError, never_resolves, split_host_port
+from ..sync.health import permanent_http_status, retry_after_secs
 from .events import HandshakeDone, HandshakeStarted
 from .nip11_fetch import fetch_relay_limits
 from .ws import HandshakeAnswerTooLarge
@@ -38,6 +38,8 @@ def open_websocket(url: str, policy: AddressPolicy, timeout: float):
     parts = urlsplit(url)
     host, port = split_host_port(parts.netloc)
     port = port or (443 if parts.scheme == "wss" else 80)
+    if never_resolves(host):  # RFC 6761: answered here, as a resolver would, without a query
+        raise socket.gaierror(socket.EAI_NONAME, f"{host} never resolves (RFC 6761 .invalid)")
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     addresses = list(dict.fromkeys(info[4][0] for info in infos))
     policy.check(host, port, addresses)
@@ -71,8 +73,24 @@ def _status_answer(relay: str, attempt: int, status: int | None, headers: dict,
     retry_after = retry_after_secs(headers.get("retry-after"), time.time())
     rate_limited = status == 429 or (status == 503 and retry_after is not None)
     error = f"HTTP {status} to the websocket upgrade" + (f" ({note})" if note else "")
+    permanent = f"http {status}" if not rate_limited and permanent_http_status(status) else ""
     return HandshakeDone(relay, attempt, error=error, rate_limited=rate_limited,
-                         retry_after=retry_after if rate_limited else None)
+                         retry_after=retry_after if rate_limited else None, permanent=permanent)
+
+
+# getaddrinfo's answers that the name does not exist (not "try again": EAI_AGAIN)
+_NO_SUCH_NAME = frozenset(getattr(socket, name) for name in ("EAI_NONAME", "EAI_NODATA")
+                          if hasattr(socket, name))
+
+
+def permanent_kind(exc: BaseException) -> str:
+    """``"dns"`` for a name that does not resolve, ``"tls"`` for a TLS failure that is not
+    a connection cut short; "" for what a retry may fix."""
+    if isinstance(exc, socket.gaierror) and exc.errno in _NO_SUCH_NAME:
+        return "dns"
+    if isinstance(exc, ssl.SSLError) and not isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+        return "tls"
+    return ""
 
 
 def same_address(ws):
@@ -145,12 +163,12 @@ class HandshakePool:
         except HandshakeAnswerTooLarge as exc:
             return _status_answer(relay, attempt, exc.status, exc.headers, str(exc))
         except gevent.Timeout:
-            error = "handshake timed out"
+            error, permanent = "handshake timed out", ""
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"[:200]
+            error, permanent = f"{type(exc).__name__}: {exc}"[:200], permanent_kind(exc)
         if ws is not None:
             try:
                 ws.close(timeout=1)
             except Exception:
                 pass
-        return HandshakeDone(relay, attempt, error=error)
+        return HandshakeDone(relay, attempt, error=error, permanent=permanent)

@@ -5,8 +5,9 @@ for the filter, or asked here with ``own_query``), adds the ids the manager know
 refused for good or still in flight, reconciles that set with the remote
 over the relay's existing connection (NEG-OPEN / NEG-MSG / NEG-CLOSE), and posts the outcome
 to the manager. It touches no index. Any failure of the remote's NIP-77 (NEG-ERR, a NOTICE
-about negentropy, a version we do not speak, garbage, no answer within 15 s in total) is an
-outcome, not an exception: the manager falls back to REQ+EOSE.
+before the first answer or about negentropy, a version we do not speak, garbage, no answer
+within 15 s in total) is an outcome, not an exception: the manager falls back to REQ+EOSE,
+or splits the filter when the relay refused it for its number of results.
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ class NegentropyOutcome:
     bytes_up: int = 0
     bytes_down: int = 0
     reason: str = ""
+    failure: str = ""  # NegentropyFailed.reason (e.g. "too-many-results"); "" otherwise
     own_relay_failed: bool = False
     held: int = 0  # events of the filter the own relay holds
 
@@ -215,6 +217,6 @@ def exchange(conn, sub_id: str, flt: Filter, items, deadline_secs: float,
         metrics.NEGENTROPY_FAILURES.labels(exc.reason).inc()
         r = exc.result
         return NegentropyOutcome(False, rounds=r.rounds, bytes_up=r.bytes_up, bytes_down=r.bytes_down,
-                                 reason=f"{exc.reason}: {exc.text}")
+                                 reason=f"{exc.reason}: {exc.text}", failure=exc.reason)
     finally:
         conn.neg_waiters.pop(sub_id, None)

@@ -8,8 +8,10 @@ returns the ids each side lacks. Frames for other subscriptions are skipped, sin
 connection is shared.
 
 A relay that cannot do NIP-77 for us is a ``NegentropyFailed`` with a reason from a closed
-set (a metric label), never a hang: NEG-ERR, an answer in a protocol version we do not
-speak, a NOTICE about negentropy, a malformed message, no conclusion before the total
+set (a metric label), never a hang: NEG-ERR (``too-many-results`` when it refuses the
+filter for matching too many events: narrower ones are served), an answer in a protocol
+version we do not speak, a NOTICE before our first answer (in any words: public relays
+refuse NIP-77 that way) or about negentropy after it, a malformed message, no conclusion before the total
 deadline, or more ids we lack than one exchange may report (constants.NEGENTROPY_MAX_NEED_IDS:
 a relay streaming fresh ids every round must not fill our memory until the deadline). Errors raised by ``send``/``receive`` themselves propagate untouched: a dropped
 connection says nothing about the relay's NIP-77 support.
@@ -43,7 +45,8 @@ class NegentropyFailed(Exception):
     """The relay did not complete NIP-77 with us; ``reason`` says how."""
 
     REASONS = frozenset(
-        {"neg-err", "unsupported-version", "notice", "bad-message", "timeout", "too-many-ids"}
+        {"neg-err", "unsupported-version", "notice", "bad-message", "timeout", "too-many-ids",
+         "too-many-results"}
     )
 
     def __init__(self, reason: str, text: str, result: NegentropyResult):
@@ -141,12 +144,25 @@ class _Exchange:
                 return bytes.fromhex(message.message_hex)
             if isinstance(message, wire.NegErr) and message.sub_id == self.sub_id:
                 self.count_down(frame)
+                if wire.says_too_many_results(message.text):  # NIP-77 is fine, the filter too wide
+                    cap = f" (cap {message.cap})" if message.cap is not None else ""
+                    raise self.fail("too-many-results", _reason_text(message) + cap)
                 raise self.fail("neg-err", _reason_text(message))
-            if isinstance(message, wire.Notice) and wire.is_negentropy_notice(message.text):
+            if isinstance(message, wire.Notice) and self.refuses_us(message.text):
                 raise self.fail("notice", message.text)
             if isinstance(message, wire.Malformed) and self.is_ours(frame):
                 self.count_down(frame)
                 raise self.fail("bad-message", f"unreadable NIP-77 frame ({message.reason})")
+
+    def refuses_us(self, text: str) -> bool:
+        """Before our first answer, a NOTICE in any words is this exchange's refusal
+        (primal.net, purplepag.es) — but one saying too many subscriptions are open, which
+        the connection takes as the refusal of its last unanswered REQ (a cap is learnt
+        from it, and read here it would turn into a rate limit's cooldown). After the first
+        answer, only a NOTICE about negentropy."""
+        if wire.is_negentropy_notice(text):
+            return True
+        return self.result.rounds == 0 and not wire.says_too_many_subscriptions(text)
 
     def is_ours(self, frame: str | bytes) -> bool:
         """A frame the wire parser refused (e.g. non-hex payload) that names our sub id."""

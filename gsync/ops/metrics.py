@@ -140,7 +140,7 @@ CROWDED_SECONDS = Counter(
 NEGENTROPY_FAILURES = Counter(
     "gsync_negentropy_failures_total",
     "NIP-77 exchanges a remote did not complete, by reason (neg-err, unsupported-version, "
-    "notice, bad-message, timeout, too-many-ids)",
+    "notice, bad-message, timeout, too-many-ids, too-many-results)",
     ["reason"],
     registry=REGISTRY,
 )
@@ -192,7 +192,17 @@ BACKGROUND_START_INTERVAL = Gauge(
 )
 
 
-PER_RELAY_GAUGES = (RELAY_CONNECTED, RELAY_STATUS, RELAY_FAILURES, SUBSCRIPTIONS, PAUSED_COVERAGE)
+RELAY_PARKED = Gauge(
+    "gsync_relay_parked_seconds",
+    "Seconds until a relay that failed permanently (name not resolving, TLS, an HTTP answer "
+    "that is no websocket upgrade) is dialled again; 0 when it is not parked",
+    ["relay"],
+    registry=REGISTRY,
+)
+
+
+PER_RELAY_GAUGES = (RELAY_CONNECTED, RELAY_STATUS, RELAY_FAILURES, SUBSCRIPTIONS, PAUSED_COVERAGE,
+                    RELAY_PARKED)
 
 
 def forget_relay(relay: str) -> None:

@@ -155,6 +155,9 @@ def _cell(relay: dict, key: str) -> str:
     value = relay.get(key)
     if key == "relay":
         return str(value) + (" (bootstrap)" if relay.get("bootstrap") else "")
+    if key == "health" and relay.get("parked"):
+        hours = relay.get("parked_secs", 0) / 3600
+        return f"{value} (parked {hours:.1f} h: {relay['parked']})"
     if key == "last_error":
         text = " ".join(str(value).split()) if value else "-"
         return text if len(text) <= MAX_ERROR_WIDTH else text[: MAX_ERROR_WIDTH - 1] + "…"

@@ -68,11 +68,20 @@ _NEGENTROPY_MENTION = re.compile(r"negentropy|\bneg(?:\b|_)", re.IGNORECASE)
 
 def is_rate_limit_text(text: str) -> bool:
     """Relays say "slow down" in many ways, with or without the NIP-01 prefix (SPEC §5).
-    "Too many" about the REQ's filters or values is not one (``is_filter_shape_refusal``)."""
+    "Too many" about the REQ's filters or values is not one (``is_filter_shape_refusal``),
+    nor about the results of one query (``says_too_many_results``)."""
     lowered = text.lower()
     if any(word in lowered for word in _RATE_LIMIT_WORDS):
         return True
-    return "too many" in lowered and not is_filter_shape_refusal(lowered)
+    return "too many" in lowered and not is_filter_shape_refusal(lowered) and not says_too_many_results(lowered)
+
+
+def says_too_many_results(text: str) -> bool:
+    """A query matching more events than the relay will reconcile at once (strfry past its
+    ``maxSyncEvents``: ``"blocked: too many query results"``): the filter is too wide, not
+    our pace, and narrower filters are served."""
+    lowered = text.lower()
+    return ("too many" in lowered or "exceed" in lowered) and "result" in lowered
 
 
 _SHAPE_WORDS = ("too many", "too large", "too long", "too big", "exceed", "maximum", "max ")
@@ -169,6 +178,9 @@ class NegErr:
     sub_id: str
     prefix: Prefix
     text: str
+    # strfry adds its cap past the reason: ``["NEG-ERR", sub, "blocked: too many query
+    # results", 1000000]``; None when absent or not a count
+    cap: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,9 +297,11 @@ def _is_hex_bytes(text: str) -> bool:
 
 
 def _neg_err(items: list) -> NegErr:
-    sub_id, reason = _args(items, 1, optional=1)
+    sub_id, reason, cap = _args(items, 1, optional=2)
     prefix, text = split_prefix(_text(reason, "NEG-ERR reason", default=""))
-    return NegErr(_text(sub_id, "sub_id"), prefix, text)
+    if type(cap) is not int or cap < 0:
+        cap = None  # an extra element we cannot use is no reason to drop the refusal
+    return NegErr(_text(sub_id, "sub_id"), prefix, text, cap)
 
 
 def _count(items: list) -> Count:

@@ -29,7 +29,13 @@ _LIMIT_KEYS = ("max_subscriptions", "max_message_length", "max_limit", "max_subi
 
 
 def _positive_int(value: object) -> int | None:
+    """A positive count, also as relays misspell it: a string of digits (``"500"``) or a
+    whole float (``500.0``). Anything else is no limit known."""
     # bool is an int subclass in Python; JSON true is not a limit.
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        value = int(value.strip()) if len(value.strip()) <= 18 else None
+    elif isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     return None
@@ -52,8 +58,8 @@ def parse_nip11(document: str | bytes | bytearray | None) -> RelayLimits:
     nips = info.get("supported_nips")
     return RelayLimits(
         **limits,
-        auth_required=limitation.get("auth_required") is True,
+        auth_required=limitation.get("auth_required") in (True, "true", "True"),
         supported_nips=frozenset(
-            n for n in (nips if isinstance(nips, list) else ()) if _positive_int(n) is not None
+            n for n in map(_positive_int, nips if isinstance(nips, list) else ()) if n is not None
         ),
     )

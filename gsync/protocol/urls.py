@@ -210,6 +210,12 @@ def normalize_domain(text: object) -> str:
 # -- numeric hosts ---------------------------------------------------------------------
 
 
+def never_resolves(host: str) -> bool:
+    """A name under ``.invalid`` (RFC 6761 §6.4: resolvers answer it negatively at once):
+    no query need leave the machine to know it has no address."""
+    return host.rstrip(".").lower().endswith(".invalid") or host.rstrip(".").lower() == "invalid"
+
+
 def _parse_inet_aton(host: str) -> ipaddress.IPv4Address | None:
     """Read a host the way C ``inet_aton`` (and so getaddrinfo) does, or None if not numeric.
 

@@ -311,3 +311,39 @@ def poll_interval(filter_bytes: int) -> float:
     it only delays what the poll finds."""
     by_size = filter_bytes / 1024 * constants.POLL_SECS_PER_KIB
     return min(constants.POLL_MAX_SECS, max(constants.POLL_SECS, by_size))
+
+
+# -- a NIP-77 query past the relay's result cap ------------------------------------------
+# strfry refuses a NIP-77 query matching more than its maxSyncEvents ("blocked: too many
+# query results"): narrower filters are served. Values split first (each half is a filter
+# gsync would send anyway), then time: the range below this floor is one part, kept open
+# below (nothing is ever left out), and halving starts above it, where events are.
+RESULT_CAP_TIME_FLOOR = 1_640_995_200  # 2022-01-01, before NIP-34
+
+
+def split_past_result_cap(f: Filter, now: int) -> list[Filter] | None:
+    """Two filters that together ask exactly what ``f`` asks, each narrower, for a relay
+    that refused ``f``'s NIP-77 query for its number of results; None when ``f`` cannot be
+    narrowed (one value and one second): REQ pages then. The tag with the most values is
+    halved; with one value per tag, its time range (``since`` or the floor, to ``until`` or
+    ``now``) is halved, the lower part keeping ``f``'s open start, the upper its open end."""
+    name, values = max(f.tags, key=lambda t: len(t[1]), default=(None, frozenset()))
+    if len(values) > 1:
+        ordered = sorted(values)
+        middle = (len(ordered) + 1) // 2
+        others = tuple(t for t in f.tags if t[0] != name)
+        return [f.replace(tags=tuple(sorted(others + ((name, frozenset(part)),))))
+                for part in (ordered[:middle], ordered[middle:])]
+    if f.ids is not None and len(f.ids) > 1:
+        ordered = sorted(f.ids)
+        middle = (len(ordered) + 1) // 2
+        return [f.replace(ids=frozenset(ordered[:middle])), f.replace(ids=frozenset(ordered[middle:]))]
+    hi = f.until if f.until is not None else now
+    if f.since is not None:
+        lo = f.since
+    else:
+        lo = RESULT_CAP_TIME_FLOOR if hi > RESULT_CAP_TIME_FLOOR else 0
+    if hi - lo < 1:
+        return None
+    middle = lo + (hi - lo) // 2
+    return [f.replace(until=middle), f.replace(since=middle + 1)]

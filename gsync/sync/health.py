@@ -28,6 +28,7 @@ from ..constants import (
     DEAD_AFTER_SECS,
     DEAD_RETRY_SECS,
     MAX_BACKOFF_SECS,
+    PERMANENT_FAILURE_PARK_SECS,
     PROACTIVE_GATE_SECS,
     RATE_LIMIT_COOLDOWN_SECS,
     REACTIVE_GATE_MAX_SECS,
@@ -104,6 +105,13 @@ def classify_refusal(prefix: str, text: str = "") -> Refusal:
     return _PREFIX_REFUSALS.get(prefix, Refusal.OTHER)
 
 
+def refuses_a_shape(kind: Refusal, text: str) -> bool:
+    """A refusal of what a filter asks (its kinds and tags), not of its size: a policy
+    (``blocked:``, ``restricted:``), or ``unsupported:``/``invalid:`` said by prefix rather
+    than in wording about size ("too many filters", "filter too large")."""
+    return kind is Refusal.POLICY or (kind is Refusal.UNSUPPORTED and not is_filter_shape_refusal(text))
+
+
 def classify_message(message: str) -> Refusal:
     return classify_refusal(*split_prefix(message))
 
@@ -126,6 +134,16 @@ def retry_after_secs(value: str | None, now: float) -> float | None:
     return max(0.0, when.timestamp() - now)
 
 
+# HTTP answers to the websocket upgrade that say "try again" (a timeout, a rate, a restart
+# in progress); any other answer than 101 says no websocket is served there (404, 403, 502).
+_TRANSIENT_HTTP = frozenset({408, 425, 429, 500, 503, 504})
+
+
+def permanent_http_status(status: int | None) -> bool:
+    """An HTTP status answering the websocket upgrade that no retry in seconds fixes."""
+    return status is not None and 300 <= status and status not in _TRANSIENT_HTTP
+
+
 # -- per-relay record --------------------------------------------------------------------
 
 
@@ -139,6 +157,10 @@ class _RelayHealth:
     # sessions in a row gsync hung up on for misbehaviour; a stable session does not clear
     # it (a relay may misbehave only once it is settled), a session that ends otherwise does
     misbehaviour_streak: int = 0
+    # a permanent error (DNS, TLS, an HTTP answer that is no upgrade): no attempt before
+    # ``parked_until``, whatever the backoff says; cleared by a successful handshake
+    parked_until: float | None = None
+    parked_reason: str = ""
     connected: bool = False
     connected_since: float | None = None
     # rate limiting (outlives connections: reconnecting does not lift a relay's limit)
@@ -195,17 +217,29 @@ class RelayHealthTracker:
         h = self._get(relay)
         h.attempt_in_flight = False
         h.connected, h.connected_since = True, now
+        h.parked_until, h.parked_reason = None, ""
         # Pacing gates and the NIP-77 verdict belong to the session; the cooldown does not.
         h.reactive_gap = h.last_start_at = h.last_background_start_at = None
         h.negentropy_disabled = False
 
-    def record_failure(self, relay: str, now: float) -> None:
-        """A connection attempt failed (including a stale success found closed)."""
+    def record_failure(self, relay: str, now: float, permanent: str = "") -> None:
+        """A connection attempt failed (including a stale success found closed).
+        ``permanent``: how, when no retry in seconds fixes it (``"dns"``, ``"tls"``,
+        ``"http 404"``): the relay is parked for PERMANENT_FAILURE_PARK_SECS."""
         h = self._get(relay)
         self._settle(h, now)
         h.attempt_in_flight = False
         h.connected, h.connected_since = False, None
         self._add_failure(h, now)
+        if permanent:
+            h.parked_until, h.parked_reason = now + PERMANENT_FAILURE_PARK_SECS, permanent
+
+    def parked(self, relay: str, now: float) -> tuple[str, float] | None:
+        """(how it failed, seconds left) while the relay is parked for a permanent error."""
+        h = self._get(relay)
+        if h.parked_until is None or now >= h.parked_until:
+            return None
+        return h.parked_reason, h.parked_until - now
 
     def record_disconnect(self, relay: str, now: float, *, misbehaved: bool = False) -> None:
         """An established connection ended. Before it was stable (5 min) that is a failure:
@@ -262,6 +296,8 @@ class RelayHealthTracker:
             earliest = max(earliest, h.last_failure_at + wait)
         if h.cooldown_until is not None:
             earliest = max(earliest, h.cooldown_until)
+        if h.parked_until is not None:
+            earliest = max(earliest, h.parked_until)
         return earliest
 
     def should_attempt_connection(self, relay: str, now: float) -> bool:

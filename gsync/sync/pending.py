@@ -512,6 +512,10 @@ class PendingBatch:
     # parts of a REQ split to find a filter at fault: merged again they would only be
     # refused (or stall) as a whole once more
     split_parts: set[str] = field(default_factory=set)
+    # what start_historic sets: declared, so a batch made elsewhere (a policy probe) has
+    # them too (finish_batch read ``recovery`` of a probe that was served: AttributeError)
+    layer1: bool = False
+    recovery: bool = False
     _retry_asked: int = 0  # residual size when the retry started
 
     # -- subscriptions

@@ -16,8 +16,14 @@ once per new root. The price: a relay refusing only some values of a shape (one 
 repository) pauses the whole shape on it for a day.
 
 **Finding the filter at fault.** A relay refuses a whole REQ when one of its filters breaks
-its policy. ``halves`` splits the refused REQ in two; each half goes out as a REQ of its own
-(through the usual pacing), until the refused one is a single filter. The others complete.
+its policy, and a policy judges shapes: ``by_shape`` splits the refused REQ into one REQ per
+shape (each through the usual pacing), so the refused shape is asked once more, alone, and
+then paused; the others complete. (Halving, as before, asked it again at every level: a
+live REQ of eight filters holding ``#q`` asked ``#q`` six more times in one second, which
+relays read as abuse.) A REQ of one shape refused is that shape's refusal at once. A shape
+refused once goes alone in later REQs (``separate``), even after its probe restored it, so
+that a new refusal takes nothing else down. ``halves`` remains for what is not about shape
+(a REQ that stalled, or "too many filters").
 """
 from __future__ import annotations
 
@@ -52,6 +58,14 @@ def halves(items: Sequence) -> tuple[list, list]:
     return list(items[:middle]), list(items[middle:])
 
 
+def by_shape(filters: Sequence[Filter]) -> list[list[int]]:
+    """Indices of ``filters`` grouped by ``coverage_key``, groups in order of first use."""
+    groups: dict[CoverageKey, list[int]] = {}
+    for i, f in enumerate(filters):
+        groups.setdefault(coverage_key(f), []).append(i)
+    return list(groups.values())
+
+
 @dataclass
 class CoveragePauses:
     """One relay's paused coverage. It outlives connections (a reconnect asks nothing
@@ -61,11 +75,16 @@ class CoveragePauses:
 
     _until: dict[CoverageKey, float] = field(default_factory=dict)
     _probing: set[CoverageKey] = field(default_factory=set)
+    # shapes the relay refused for themselves at least once (not an auth-required that
+    # paused a whole REQ): sent alone from then on, even once restored
+    _refused: set[CoverageKey] = field(default_factory=set)
 
-    def pause(self, key: CoverageKey, now: float) -> bool:
+    def pause(self, key: CoverageKey, now: float, *, shape_at_fault: bool = True) -> bool:
         """The relay refused ``key`` by policy. True if that is news (a refusal of a REQ
         sent before the first one came back does not move the probe)."""
         self._probing.discard(key)
+        if shape_at_fault:
+            self._refused.add(key)
         if key in self._until:
             return False
         self._until[key] = now + POLICY_PROBE_SECS
@@ -85,6 +104,23 @@ class CoveragePauses:
         if not self:
             return list(filters)
         return [f for f in filters if not self.is_paused(coverage_key(f))]
+
+    @property
+    def refused_any(self) -> bool:
+        return bool(self._refused)
+
+    def goes_alone(self, f: Filter) -> bool:
+        """A shape this relay refused once: never in a REQ with other shapes."""
+        return coverage_key(f) in self._refused
+
+    def separate(self, group: Sequence[Filter]) -> list[list[Filter]]:
+        """``group`` as REQs in which a once-refused shape is alone (one REQ per such
+        shape, the rest together); ``[group]`` when it holds none."""
+        if not self._refused:
+            return [list(group)]
+        rest = [f for f in group if not self.goes_alone(f)]
+        alone = [[group[i] for i in idx] for idx in by_shape(group) if self.goes_alone(group[idx[0]])]
+        return ([rest] if rest else []) + alone
 
     def due_probes(self, now: float) -> list[CoverageKey]:
         """Keys whose pause is over: probe each once now (they stay paused meanwhile)."""

@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..constants import IDS_UNSERVED_RETRY_SECS, QUICK_RECONNECT_SECS
+from ..constants import IDS_UNSERVED_RETRY_SECS, NIP77_RETRY_SECS, QUICK_RECONNECT_SECS
 from .pending import PendingBatch
 from .policy import CoveragePauses
 from .targets import ConfirmedItems
@@ -125,6 +125,9 @@ class RelayState:
     # when the relay last advertised ids through NIP-77 and served (nearly) none of them by
     # id (kept over sessions): its batches go by REQ+EOSE until IDS_UNSERVED_RETRY_SECS pass
     ids_unserved_at: float | None = None
+    # when this relay, listing 77 in its NIP-11, last failed NIP-77 (refused it, or never
+    # answered): kept over sessions, so NIP-77 is tried there at most once a NIP77_RETRY_SECS
+    nip77_failed_at: float | None = None
     next_daily_at: float | None = None
     last_error: str = ""
     events_delivered: int = 0
@@ -143,6 +146,10 @@ class RelayState:
     def serves_ids(self, now: float) -> bool:
         """May what its NIP-77 advertises be fetched by id? Not for a day after it failed to."""
         return self.ids_unserved_at is None or now - self.ids_unserved_at >= IDS_UNSERVED_RETRY_SECS
+    def nip77_resting(self, now: float) -> bool:
+        """NIP-77 failed here, advertised and not served, less than NIP77_RETRY_SECS ago:
+        REQ+EOSE only, whatever the session."""
+        return self.nip77_failed_at is not None and now - self.nip77_failed_at < NIP77_RETRY_SECS
 
     def should_fresh_start(self, now: float) -> bool:
         """First connect, or away for more than 15 minutes: confirmed state is too stale."""

@@ -281,11 +281,13 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         for state in self.relays.values():
             if state.gauges is None:  # the relay's children, looked up once (every 2 s × relays)
                 state.gauges = tuple(g.labels(state.url) for g in metrics.PER_RELAY_GAUGES)
-            connected_g, status_g, failures_g, subscriptions_g, _paused = state.gauges  # paused: set where it changes
+            connected_g, status_g, failures_g, subscriptions_g, _paused, parked_g = state.gauges  # paused: set where it changes
             connected_g.set(int(state.status))
             status_g.set(self.health.status_metric(state.url, now))
             failures_g.set(self.health.failures(state.url, now))
             subscriptions_g.set(len(state.conn.subscriptions) if state.conn else 0)
+            parked = self.health.parked(state.url, now)
+            parked_g.set(round(parked[1]) if parked else 0)
             connected += state.connected
             dead += self.health.is_dead(state.url, now)
         metrics.RELAYS_TRACKED.set(len(self.relays))
@@ -343,10 +345,16 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
                     "events_delivered": s.events_delivered,
                     "bootstrap": s.is_bootstrap,
                     "last_error": s.refused_reason or s.last_error,
+                    **self.parked_status(s.url, now),
                 }
                 for s in sorted(self.relays.values(), key=lambda s: s.url)
             ],
         }
+
+    def parked_status(self, url: str, now: float) -> dict:
+        """``parked`` (how it failed) and ``parked_secs`` (left) for a parked relay."""
+        parked = self.health.parked(url, now)
+        return {"parked": parked[0], "parked_secs": round(parked[1])} if parked else {}
 
     # -- rejected index persistence -------------------------------------------------------
 

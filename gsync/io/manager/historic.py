@@ -440,7 +440,8 @@ class HistoricSync:
             if sub_id not in state.sub_to_batch:
                 state.historic_queue.pop(0)
                 continue
-            if (state.paused or state.stalled_shapes) and self.regroup_before_start(state, sub_id, group):
+            if ((state.paused or state.stalled_shapes or state.paused.refused_any)
+                    and self.regroup_before_start(state, sub_id, group)):
                 continue
             batch = state.pending.get(state.sub_to_batch[sub_id])
             group = self.fill_before_start(state, batch, sub_id, group)
@@ -486,12 +487,14 @@ class HistoricSync:
     def regroup_before_start(self, state: RelayState, sub_id: str, group) -> bool:
         """A queued REQ meets what the relay taught us since it was queued: shapes it
         refused by policy go (a probe's own filter stays), and a shape that stalled on this
-        connection goes alone, so that it cannot hold the rest. True if it changed."""
+        connection, or that the relay refused once (``CoveragePauses.goes_alone``), goes
+        alone, so that it cannot hold or take down the rest. True if it changed."""
         batch_id = state.sub_to_batch[sub_id]
         if batch_id in state.probes:
             return False
         keep = [i for i, f in enumerate(group) if not state.paused.is_filter_paused(f)]
-        alone = [i for i in keep if coverage_key(group[i]) in state.stalled_shapes]
+        alone = [i for i in keep
+                 if coverage_key(group[i]) in state.stalled_shapes or state.paused.goes_alone(group[i])]
         rest = [i for i in keep if i not in alone]
         parts = [rest, *([i] for i in alone)] if rest else [keep]
         if parts == [list(range(len(group)))]:
@@ -749,6 +752,7 @@ class HistoricSync:
         batch.finish_subscription(msg.token)
         if result.ok:
             self.note_request_succeeded(state)
+            state.nip77_failed_at = None
             metrics.NEGENTROPY_BYTES.labels(state.url, "up").inc(result.bytes_up)
             metrics.NEGENTROPY_BYTES.labels(state.url, "down").inc(result.bytes_down)
             metrics.NEGENTROPY_ROUNDS.labels(state.url).inc(result.rounds)
@@ -766,12 +770,17 @@ class HistoricSync:
                 batch.fetch_by_filter.append(msg.filter)
             else:
                 batch.expect_ids(need, found_by=msg.filter)
+        elif result.failure == "too-many-results":
+            self.split_past_result_cap(state, batch, msg.filter, result.reason)
         else:
             if result.own_relay_failed:
                 log.warning("negentropy_own_relay_unavailable", relay=state.url, reason=result.reason)
             else:
                 if wire.is_rate_limit_text(result.reason):  # NEG-ERR "rate-limited: …"
                     self.note_rate_limited(state, result.reason)
+                elif result.rounds == 0 and 77 in getattr(state.limits, "supported_nips", ()):
+                    # refused, or never answered (a slow exchange that had answers is not)
+                    self.remember_nip77_unserved(state, result.reason)
                 self.disable_negentropy(state, result.reason)
             self.queue_reqs(state, batch, [msg.filter], front=True)
         if not any(sub.startswith("neg") for sub in batch.outstanding_subs):
@@ -786,6 +795,34 @@ class HistoricSync:
         self.pump_historic(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
+
+    def split_past_result_cap(self, state: RelayState, batch: PendingBatch, flt: Filter, reason: str) -> None:
+        """The relay's NIP-77 refused ``flt`` for matching too many events (strfry past its
+        ``maxSyncEvents``): NIP-77 stays on, and ``flt`` is reconciled in two narrower
+        exchanges, first in the queue (``filter_plan.split_past_result_cap``: by its values,
+        then by time); halved again while refused. One that cannot be narrowed goes by REQ
+        pages."""
+        parts = filter_plan.split_past_result_cap(flt, int(self.clock()))
+        log.info("negentropy_filter_split", relay=state.url, batch_id=batch.batch_id,
+                 parts=len(parts or ()), reason=reason[:200])
+        if parts is None:
+            self.queue_reqs(state, batch, [flt], front=True)
+            return
+        tail = len(state.historic_queue)
+        for part in parts:
+            self.queue_negentropy(state, batch, part, None)  # each exchange reads its own holdings
+        parted = state.historic_queue[tail:]  # first: they finish what was started
+        del state.historic_queue[tail:]
+        state.historic_queue[0:0] = parted
+
+    def remember_nip77_unserved(self, state: RelayState, reason: str) -> None:
+        """The relay lists 77 in its NIP-11 and did not serve it (refused, or no answer
+        before the deadline): later sessions go by REQ+EOSE until NIP77_RETRY_SECS have
+        passed (``RelayState.nip77_resting``), instead of each spending up to the deadline."""
+        if state.nip77_failed_at is None:
+            log.warning("negentropy_advertised_not_served", relay=state.url, reason=reason[:200],
+                        retry_secs=constants.NIP77_RETRY_SECS)
+        state.nip77_failed_at = self.clock()
 
     def disable_negentropy(self, state: RelayState, reason: str) -> None:
         """NIP-77 is not usable on this relay for this session: REQ+EOSE from now on."""

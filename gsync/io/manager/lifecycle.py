@@ -96,8 +96,11 @@ class RelayLifecycle:
                 state.refused_reason = msg.error
                 log.warning("relay_refused", relay=msg.relay, reason=msg.error)
             else:
-                self.health.record_failure(msg.relay, now)
+                self.health.record_failure(msg.relay, now, permanent=msg.permanent)
                 log.info("relay_connect_failed", relay=msg.relay, reason=msg.error)
+                if msg.permanent:
+                    log.warning("relay_parked", relay=msg.relay, reason=msg.error, kind=msg.permanent,
+                                park_secs=constants.PERMANENT_FAILURE_PARK_SECS)
             if msg.rate_limited:  # no redial before the cooldown, nor before it asked
                 self.health.record_rate_limited(msg.relay, now, query_rate=False, at_least=msg.retry_after)
                 log.warning("relay_rate_limited", relay=msg.relay, text=msg.error,
@@ -118,6 +121,9 @@ class RelayLifecycle:
         nips = getattr(msg.limits, "supported_nips", None)
         if nips and 77 not in nips:  # it says so itself: no NEG-OPEN, no 15 s wait
             self.disable_negentropy(state, "NIP-11 supported_nips does not list 77")
+        elif state.nip77_resting(now):  # it says so and does not: not again before a day
+            self.disable_negentropy(state, "NIP-77 advertised and not served "
+                                    f"{round(now - state.nip77_failed_at)} s ago")
         state.status = ConnectionStatus.SYNCING
         fresh = state.should_fresh_start(now)
         log.info("relay_connected", relay=msg.relay, fresh_start=fresh)

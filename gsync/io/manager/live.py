@@ -49,7 +49,10 @@ class LiveCoverage:
             budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
             slots = budget.live_slots - sum(1 for sub in state.live_subs.values() if not sub.control)
         live_bytes = sum(state.conn.filter_bytes.get(s, 0) for s in state.live_subs)
-        for n, group in enumerate(groups):
+        # a shape the relay refused once goes alone: refused again, it takes nothing down
+        flagged = [(part, n < fresh) for n, group in enumerate(groups)
+                   for part in state.paused.separate(group)]
+        for group, is_fresh in flagged:
             group = state.paused.allowed(group)
             if not group:
                 continue
@@ -60,10 +63,10 @@ class LiveCoverage:
                 live_bytes -= freed_bytes
                 slots += freed_slots
             if slots <= 0 or live_bytes + size > constants.MAX_LIVE_FILTER_BYTES:
-                self.poll_instead(state, group, fresh=n < fresh)
+                self.poll_instead(state, group, fresh=is_fresh)
                 continue
             self.open_live(state, f"live-{next(self._ids)}", group, rebuilt_at=rebuilt_at,
-                           descendants=descendants, fresh=n < fresh)
+                           descendants=descendants, fresh=is_fresh)
             live_bytes += size
             slots -= 1
 

@@ -13,10 +13,13 @@
   out again. One that cannot lower the cap further is read as a rate limit.
 - **Policy refusals.** CLOSED ``blocked:``, ``restricted:``, ``unsupported:``/``invalid:``,
   and ``auth-required:`` that the connection could not answer (no key, or AUTH refused). A
-  relay refuses a whole REQ for one filter: the REQ is split in halves, each sent again
-  through the gates, until the refused filter is alone; its shape is paused on that relay
-  (``sync.policy``), everything packed with it completes, and one probe asks again after
-  24 h. An ``auth-required:`` is about us, not a filter: every filter of the REQ is paused.
+  relay refuses a whole REQ for one filter, and judges its shape: the REQ is split into one
+  REQ per shape (``sync.policy.by_shape``), each sent again through the gates, so the
+  refused shape is asked once more, alone; a REQ of one shape refused pauses that shape on
+  that relay (``sync.policy``), everything packed with it completes, one probe asks again
+  after 24 h, and from then on the shape goes alone in any REQ. A refusal worded about size
+  ("too many filters", "filter too large") is split in halves instead. An
+  ``auth-required:`` is about us, not a filter: every filter of the REQ is paused.
 - **Any other CLOSED** of a live subscription: its replacement is rebuilt from the current
   index (obsolete items dropped) and the gap fetched with ``since``.
 - **Stalls.** A historic REQ with neither EOSE nor events for ``REQ_STALL_SECS`` is closed
@@ -34,9 +37,9 @@ from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...sync import filter_plan
-from ...sync.health import HealthState, Refusal, classify_refusal
+from ...sync.health import HealthState, Refusal, classify_refusal, refuses_a_shape
 from ...sync.pending import PendingBatch
-from ...sync.policy import coverage_key, describe, halves
+from ...sync.policy import by_shape, coverage_key, describe, halves
 from ...sync.relay_state import RelayState
 from ...sync.targets import PendingItems, derive_relay_targets
 from ..events import CooldownEnded
@@ -154,12 +157,13 @@ class Refusals:
             self.pump_historic(state)
             return
         if kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH) and filters:
-            if kind is Refusal.AUTH or len(filters) == 1:
+            about_shape = refuses_a_shape(kind, reason)
+            if kind is Refusal.AUTH or len(filters) == 1 or (about_shape and len(by_shape(filters)) == 1):
                 for f in filters:
-                    self.pause_coverage(state, f, reason)
+                    self.pause_coverage(state, f, reason, shape_at_fault=kind is not Refusal.AUTH)
                 batch.finish_subscription(sub_id)  # not a failure: the relay will not serve it
             else:
-                self.split_historic(state, batch, sub_id, filters)
+                self.split_historic(state, batch, sub_id, filters, shapes=about_shape)
         else:
             batch.on_closed(sub_id)
             if batch_id not in state.probes:
@@ -168,11 +172,15 @@ class Refusals:
         if batch.is_complete:
             self.finish_batch(state, batch)
 
-    def split_historic(self, state: RelayState, batch: PendingBatch, sub_id: str, filters) -> None:
-        """Send a refused or stalled REQ of several filters again as two, to find the one at
-        fault (filters whose shape was paused meanwhile are left out)."""
+    def split_historic(self, state: RelayState, batch: PendingBatch, sub_id: str, filters,
+                       shapes: bool = False) -> None:
+        """Send a refused or stalled REQ of several filters again as two, or as one per
+        shape (``shapes``: a refusal of a shape), to find the one at fault (filters whose
+        shape was paused meanwhile are left out)."""
         keep = [i for i, f in enumerate(filters) if not state.paused.is_filter_paused(f)]
-        parts = [(f"h{batch.batch_id}-{next(self._ids)}", half) for half in halves(keep) if half]
+        groups = ([[keep[j] for j in group] for group in by_shape([filters[i] for i in keep])]
+                  if shapes else halves(keep))
+        parts = [(f"h{batch.batch_id}-{next(self._ids)}", group) for group in groups if group]
         entries = batch.split_subscription(sub_id, parts)
         for new_id, _ in entries:
             state.sub_to_batch[new_id] = batch.batch_id
@@ -199,12 +207,14 @@ class Refusals:
             state.live_queue.append(sub_id)
             self.pump_live(state)
         elif kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH):
-            if kind is Refusal.AUTH or len(live.filters) == 1:
+            about_shape = refuses_a_shape(kind, reason)
+            if kind is Refusal.AUTH or len(live.filters) == 1 or (about_shape and len(by_shape(live.filters)) == 1):
                 for f in live.filters:
-                    self.pause_coverage(state, f, reason)
+                    self.pause_coverage(state, f, reason, shape_at_fault=kind is not Refusal.AUTH)
             else:
                 keep = state.paused.allowed(live.filters)
-                self.open_live_groups(state, [half for half in halves(keep) if half])
+                groups = [[keep[i] for i in group] for group in by_shape(keep)] if about_shape else halves(keep)
+                self.open_live_groups(state, [group for group in groups if group])
         else:
             self.rebuild_live(state, sub_id, live)
 
@@ -237,9 +247,9 @@ class Refusals:
 
     # -- policy pauses and their probe ------------------------------------------------------
 
-    def pause_coverage(self, state: RelayState, f, reason: str) -> None:
+    def pause_coverage(self, state: RelayState, f, reason: str, shape_at_fault: bool = True) -> None:
         key = coverage_key(f)
-        if state.paused.pause(key, self.clock()):
+        if state.paused.pause(key, self.clock(), shape_at_fault=shape_at_fault):
             log.warning("coverage_paused", relay=state.url, coverage=describe(key), reason=reason,
                         probe_secs=constants.POLICY_PROBE_SECS)
         metrics.PAUSED_COVERAGE.labels(state.url).set(len(state.paused))
