@@ -74,6 +74,9 @@ TIME_CUT_SUSPECT_SECS = 2.0
 MIN_PAGE_CAP = 10
 MAX_IDS_PER_REQ = 300
 NEGENTROPY_DEADLINE_SECS = 15.0  # total wall clock for one NIP-77 exchange
+# A relay on which NIP-77 failed (NEG-ERR, no answer, a NOTICE about it) is asked again at
+# most once a day (SPEC §4), across sessions and restarts: each try costs a 15 s wait.
+NEGENTROPY_RETRY_SECS = 24 * 3600
 # A historic REQ (a page, an id fetch) with no sign of life (neither its EOSE nor an event)
 # for this long has stalled. Relays answer a page in well under a second (LocalRelay at
 # 20,000 events: 40-200 ms), slow public ones in a few seconds; past 30 s of silence the
@@ -155,6 +158,12 @@ REJECTED_COLD_SECS = 7 * 24 * 3600
 # entries, so a relay that feeds us refusable events cannot grow memory or the saved file
 # without bound. Forgetting one costs a fetch (refused again), never an event.
 REJECTED_MAX_ENTRIES = 50_000
+# A cold entry's size is bounded too (the count alone let 64 KiB tags make the index
+# gigabytes): a tag value or release key longer than this is not kept (an entry whose
+# filter tags were dropped may match any filter: stored loose, never lost), and all entries
+# together keep under REJECTED_MAX_BYTES (the oldest refusal makes room).
+REJECTED_MAX_VALUE_CHARS = 512
+REJECTED_MAX_BYTES = 32 * 1024 * 1024
 # Release keys kept per refused event (what it may be waiting for: a maintainer listing, a
 # repository, a referenced event): enough for any real NIP-34 event, and a hostile one
 # cannot make its entry large.
@@ -223,6 +232,12 @@ DELIVERY_BACKLOG_SLACK = 10_000
 # 500 relays at once would add 25,000 events, inside the hard limit's headroom.
 DELIVERY_SOURCE_ALLOWANCE = 50
 
+# -- state_dir (SPEC §5, "What survives a restart") ----------------------------------------
+# What changed (rejected entries, relay memories, confirmed items) is written this often,
+# in one transaction from the manager's maintenance tick, and at stop. A kill loses at
+# most this much: a rejected entry fetched again, a relay memory slightly older.
+STATE_SAVE_SECS = 10.0
+
 # -- test-only timers ----------------------------------------------------------------------
 # End-to-end tests cannot wait a 24 h policy probe or a 65 s cooldown. The environment
 # variable GSYNC_TEST_TIMERS ("NAME=seconds,NAME=seconds") replaces the timers named in
@@ -243,6 +258,7 @@ TEST_TIMER_NAMES = (
     "POLICY_PROBE_SECS", "MAINTENANCE_TICK_SECS", "HANDSHAKE_TIMEOUT_SECS", "DESCENDANT_TICK_SECS",
     "REJECTED_HOT_SECS", "REJECTED_COLD_SECS", "TIME_CUT_SUSPECT_SECS", "MESSAGE_STALL_SECS",
     "READ_IDLE_TIMEOUT_SECS", "SELF_REREAD_SECS", "SELF_FULL_REREAD_SECS",
+    "STATE_SAVE_SECS", "NEGENTROPY_RETRY_SECS",
 )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import signal
+import sys
 
 import gevent
 
@@ -32,7 +33,15 @@ def start_metrics_server(listen, manager) -> None:
 
 
 def run(config, *, drain_deadline: float = DRAIN_DEADLINE_SECS) -> int:
-    manager = SyncManager(config, on_ready=lambda: sdnotify.notify("READY=1\nSTATUS=own relay subscribed"))
+    from ..ops.cli import EXIT_STATE_REFUSED
+    from ..ops.store import StateRefused
+
+    try:
+        manager = SyncManager(config, on_ready=lambda: sdnotify.notify("READY=1\nSTATUS=own relay subscribed"))
+    except StateRefused as exc:
+        log.error("state_refused", reason=str(exc))
+        print(f"gsync: {exc}", file=sys.stderr)
+        return EXIT_STATE_REFUSED
     start_metrics_server(config.metrics.listen, manager)
 
     def drain():
@@ -65,6 +74,7 @@ def run(config, *, drain_deadline: float = DRAIN_DEADLINE_SECS) -> int:
     if constants.TEST_TIMERS_ACTIVE:
         log.warning("test_timers_active", timers=constants.TEST_TIMERS_ACTIVE)
     manager.run()
+    manager.saved.close()  # the lock goes with it
     return 0
 
 

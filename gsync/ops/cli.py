@@ -15,6 +15,9 @@ _NETWORK_COMMANDS = ("run", "demo")
 _DELEGATED_COMMANDS = ("status", "demo")
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_CONFIG = 0, 1, 2
+# state_dir refused (another instance holds it, or a newer gsync wrote it): restarting
+# would not help, so the unit does not (RestartPreventExitStatus=, like EXIT_BAD_CONFIG)
+EXIT_STATE_REFUSED = 3
 
 
 def _parser() -> argparse.ArgumentParser:

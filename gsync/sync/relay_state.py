@@ -89,6 +89,11 @@ class RelayState:
     # and how many sessions in a row it ended, without a word, just after a long message
     max_message_learned: int | None = None
     silent_long_hangups: int = 0
+    # REQ shape and subscription caps it refused past (kept over sessions and restarts)
+    max_filters_learned: int | None = None
+    max_subscriptions_learned: int | None = None
+    # when NIP-77 last failed on it (not for rate): sessions within a day go without it
+    negentropy_failed_at: float | None = None
     page_cap: Any = None  # pending.PageCap: what this session taught us of its page size
     refused_reason: str = ""  # the SSRF guard said no: never dialled again
     pending: dict[int, PendingBatch] = field(default_factory=dict)

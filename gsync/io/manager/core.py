@@ -53,8 +53,9 @@ from .descendants import Descendants
 from .historic import HistoricSync
 from .lifecycle import RelayLifecycle
 from .live import LiveCoverage
-from .own_relay import REJECTED_SAVE_SECS, OwnRelaySide
+from .own_relay import OwnRelaySide
 from .refusals import Refusals
+from .saved_state import SavedState
 
 log = get_logger("gsync.manager")
 
@@ -74,8 +75,9 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             base_backoff=sync.base_backoff_secs, max_backoff=sync.max_backoff_secs,
             proactive_gap=sync.background_start_interval_ms / 1000,
         )
-        self.rejected = self._load_rejected()
-        self.rejected_saved_at = 0.0
+        # state_dir: locked for this process (raises ops.store.StateRefused), then read
+        self.saved = SavedState.open(svc.state_dir, clock())
+        self.rejected = self.saved.load(clock())
         self.recovery = MissingEventRecovery(base_delay=sync.recovery_base_secs)
         self.claims = FetchClaims()  # which batch fetches which missing event, across relays
         self.lead = SharedLead()  # batches waiting for another relay's first sync of their repos
@@ -164,7 +166,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         for state in self.relays.values():
             if state.conn is not None:
                 state.conn.close("shutting down")
-        self._save_rejected()
+        self.save_state(self.clock())
 
     # -- relays -------------------------------------------------------------------------
 
@@ -255,8 +257,8 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.run_polls(now)
         self.run_descendants(now)
         self.rejected.expire(now)
-        if self.rejected.dirty and now - self.rejected_saved_at >= REJECTED_SAVE_SECS:
-            self._save_rejected()
+        if self.saved.due(now):
+            self.save_state(now)
         self.update_metrics(now)
 
     def on_delivery_caught_up(self, msg: DeliveryCaughtUp | None = None) -> None:
@@ -336,6 +338,11 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             ],
         }
 
-    # -- rejected index persistence -------------------------------------------------------
+    # -- state_dir ---------------------------------------------------------------------------
+
+    def save_state(self, now: float) -> None:
+        """What changed since the last save goes to state_dir (relays, confirmed items,
+        rejected entries): one transaction, rows by change."""
+        self.saved.save(self.relays, self.health, self.rejected, now, ready=self.ready)
 
 

@@ -674,6 +674,8 @@ class HistoricSync:
             else:
                 if wire.is_rate_limit_text(result.reason):  # NEG-ERR "rate-limited: …"
                     self.note_rate_limited(state, result.reason)
+                else:  # remembered: retried at most once a day (SPEC §4), restarts too
+                    state.negentropy_failed_at = self.clock()
                 self.disable_negentropy(state, result.reason)
             self.queue_reqs(state, batch, [msg.filter], front=True)
         if not any(sub.startswith("neg") for sub in batch.outstanding_subs):

@@ -43,6 +43,7 @@ class RelayLifecycle:
                 return RelayState(url, refused_reason="relay cap")
             state = self.relays[url] = RelayState(url)
             state.received_metric = metrics.EVENTS_RECEIVED.labels(url)
+            self.saved.restore(state, self.health)  # what an earlier process learnt of it
             log.info("relay_registered", relay=url)
         return state
 
@@ -74,6 +75,7 @@ class RelayLifecycle:
                 state.status = ConnectionStatus.DISCONNECTED
                 del self.relays[state.url]
                 self.health.forget(state.url)
+                self.saved.forget(state.url)
                 metrics.forget_relay(state.url)
 
     def on_handshake_started(self, msg: HandshakeStarted) -> None:
@@ -118,6 +120,9 @@ class RelayLifecycle:
         nips = getattr(msg.limits, "supported_nips", None)
         if nips and 77 not in nips:  # it says so itself: no NEG-OPEN, no 15 s wait
             self.disable_negentropy(state, "NIP-11 supported_nips does not list 77")
+        elif (state.negentropy_failed_at is not None
+              and now - state.negentropy_failed_at < constants.NEGENTROPY_RETRY_SECS):
+            self.disable_negentropy(state, "NIP-77 failed on this relay within the last day")
         state.status = ConnectionStatus.SYNCING
         fresh = state.should_fresh_start(now)
         log.info("relay_connected", relay=msg.relay, fresh_start=fresh)
@@ -166,10 +171,20 @@ class RelayLifecycle:
 
     @staticmethod
     def with_learned_limits(state: RelayState, limits):
-        learned = state.max_message_learned
-        if learned is None or limits is None or learned >= filter_plan.req_length_limit(limits):
+        """The session's limits: what the relay published, lowered by what it taught us
+        (in earlier sessions, or before a restart)."""
+        if limits is None:
             return limits
-        return dataclasses.replace(limits, max_message_length=learned)
+        learned = state.max_message_learned
+        if learned is not None and learned < filter_plan.req_length_limit(limits):
+            limits = dataclasses.replace(limits, max_message_length=learned)
+        if state.max_filters_learned is not None and (
+                limits.max_filters is None or state.max_filters_learned < limits.max_filters):
+            limits = dataclasses.replace(limits, max_filters=state.max_filters_learned)
+        budget = filter_plan.SubscriptionBudget.from_limits(limits).max_subscriptions
+        if state.max_subscriptions_learned is not None and state.max_subscriptions_learned < budget:
+            limits = dataclasses.replace(limits, max_subscriptions=state.max_subscriptions_learned)
+        return limits
 
     def fresh_start(self, state: RelayState, now: float) -> None:
         # The daily sync runs on a live connection: close every subscription it abandons,

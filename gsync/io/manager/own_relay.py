@@ -4,7 +4,6 @@ AddFilters), what we deliver to it and its answers, its outages, the rejected in
 from __future__ import annotations
 
 import itertools
-import os
 
 import gevent
 
@@ -15,7 +14,7 @@ from ...protocol.event import is_authentic
 from ...protocol.filters import Filter
 from ...sync import filter_plan
 from ...sync.descendants import full_root_ids
-from ...sync.rejected import RejectedIndex, author_key, event_key, maintainer_key, repo_key
+from ...sync.rejected import author_key, event_key, maintainer_key, repo_key
 from ...sync.relay_state import ConnectionStatus, RelayState
 from ...sync.repos import SyncLevel, list_tag_values, should_forward_layer1
 from ...sync.targets import PendingItems
@@ -30,7 +29,6 @@ from ..events import (
 log = get_logger("gsync.manager")
 
 SEEN_CAPACITY = 500_000  # ids already handed to delivery: dedupe across relays
-REJECTED_SAVE_SECS = 60.0  # the cold tier is written at most this often (and at stop)
 
 
 class OwnRelaySide:
@@ -208,27 +206,3 @@ class OwnRelaySide:
         elif msg.outcome == "purgatory":
             # The relay still holds the repository (and restarted its clock for it).
             self.repos.note_state_in_purgatory(msg.event, now)
-
-    def _rejected_path(self) -> str:
-        return os.path.join(self.config.service.state_dir, "rejected.json")
-
-    def _load_rejected(self) -> RejectedIndex:
-        try:
-            with open(self._rejected_path()) as fh:
-                return RejectedIndex.loads(fh.read(), self.clock())
-        except OSError:
-            return RejectedIndex()
-
-    def _save_rejected(self) -> None:
-        self.rejected_saved_at = self.clock()
-        path = self._rejected_path()
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path + ".tmp", "w") as fh:
-                fh.write(self.rejected.dumps())
-                fh.flush()
-                os.fsync(fh.fileno())  # on disk before it replaces the old file
-            os.replace(path + ".tmp", path)
-        except OSError as exc:
-            log.warning("state_save_failed", path=path, reason=str(exc))
-

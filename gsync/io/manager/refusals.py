@@ -117,6 +117,7 @@ class Refusals:
         current = state.limits.max_filters
         if current is None or allowed < current:
             state.limits = dataclasses.replace(state.limits, max_filters=allowed)
+            state.max_filters_learned = allowed  # later sessions and restarts start there
             log.info("filters_per_req_lowered", relay=state.url, max_filters=allowed, refused=refused)
 
     def learn_max_subscriptions(self, state: RelayState) -> bool:
@@ -132,6 +133,7 @@ class Refusals:
         if state.limits is None or allowed >= budget.max_subscriptions:
             return False
         state.limits = dataclasses.replace(state.limits, max_subscriptions=allowed)
+        state.max_subscriptions_learned = allowed  # later sessions and restarts start there
         log.info("subscriptions_cap_lowered", relay=state.url, max_subscriptions=allowed,
                  was=budget.max_subscriptions)
         live = sum(1 for sub in state.live_subs.values() if not sub.control)
