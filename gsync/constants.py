@@ -227,6 +227,14 @@ MAX_RELAYS_TOTAL = 500  # [network] max_relays
 DELIVERY_MAX_BACKLOG = 20_000
 DELIVERY_HIGH_WATER_FRACTION = 0.25
 DELIVERY_BACKLOG_SLACK = 10_000
+# A delivery refused with ``error:``, an unknown prefix or none (not final by NIP-01's words)
+# is tried this many times, spaced from DELIVERY_RETRY_BASE_SECS by 4x up to
+# DELIVERY_RETRY_MAX_SECS (about an hour in all: sync.delivery_retry), then given up as a
+# refusal. While it waits for its next attempt it is not part of the backlog that holds
+# historic sync.
+DELIVERY_MAX_ATTEMPTS = 10
+DELIVERY_RETRY_BASE_SECS = 0.5
+DELIVERY_RETRY_MAX_SECS = 1200.0
 # While the backlog is full, a relay with fewer events than this waiting in it still reads
 # (delivery takes sources in turn): one relay's flood must not stop another's live events.
 # 500 relays at once would add 25,000 events, inside the hard limit's headroom.
@@ -258,7 +266,7 @@ TEST_TIMER_NAMES = (
     "POLICY_PROBE_SECS", "MAINTENANCE_TICK_SECS", "HANDSHAKE_TIMEOUT_SECS", "DESCENDANT_TICK_SECS",
     "REJECTED_HOT_SECS", "REJECTED_COLD_SECS", "TIME_CUT_SUSPECT_SECS", "MESSAGE_STALL_SECS",
     "READ_IDLE_TIMEOUT_SECS", "SELF_REREAD_SECS", "SELF_FULL_REREAD_SECS",
-    "STATE_SAVE_SECS", "NEGENTROPY_RETRY_SECS",
+    "STATE_SAVE_SECS", "NEGENTROPY_RETRY_SECS", "DELIVERY_RETRY_BASE_SECS", "DELIVERY_RETRY_MAX_SECS",
 )
 
 

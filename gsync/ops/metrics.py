@@ -55,6 +55,14 @@ DELIVERIES = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+DELIVERIES_GIVEN_UP = Counter(
+    "gsync_deliveries_given_up_total",
+    "Deliveries refused without a final word (error:, another prefix, none) as many times as "
+    "they are tried (constants.DELIVERY_MAX_ATTEMPTS), then kept as refused, by the prefix "
+    "of the last refusal",
+    ["reason"],
+    registry=REGISTRY,
+)
 EVENTS_RECEIVED = Counter(
     "gsync_remote_events_total", "Checked events received from remote relays", ["relay"],
     registry=REGISTRY,

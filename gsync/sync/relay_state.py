@@ -92,7 +92,7 @@ class RelayState:
     # REQ shape and subscription caps it refused past (kept over sessions and restarts)
     max_filters_learned: int | None = None
     max_subscriptions_learned: int | None = None
-    # when NIP-77 last failed on it (not for rate): sessions within a day go without it
+    # when a NIP-77 exchange last went unanswered on it: sessions within a day go without
     negentropy_failed_at: float | None = None
     page_cap: Any = None  # pending.PageCap: what this session taught us of its page size
     refused_reason: str = ""  # the SSRF guard said no: never dialled again

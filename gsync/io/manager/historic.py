@@ -674,7 +674,9 @@ class HistoricSync:
             else:
                 if wire.is_rate_limit_text(result.reason):  # NEG-ERR "rate-limited: …"
                     self.note_rate_limited(state, result.reason)
-                else:  # remembered: retried at most once a day (SPEC §4), restarts too
+                elif result.reason.startswith("timeout"):
+                    # never answered: remembered, retried at most once a day (SPEC §4),
+                    # restarts too; a NEG-ERR's verdict holds for its session only
                     state.negentropy_failed_at = self.clock()
                 self.disable_negentropy(state, result.reason)
             self.queue_reqs(state, batch, [msg.filter], front=True)

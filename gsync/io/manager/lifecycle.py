@@ -122,7 +122,7 @@ class RelayLifecycle:
             self.disable_negentropy(state, "NIP-11 supported_nips does not list 77")
         elif (state.negentropy_failed_at is not None
               and now - state.negentropy_failed_at < constants.NEGENTROPY_RETRY_SECS):
-            self.disable_negentropy(state, "NIP-77 failed on this relay within the last day")
+            self.disable_negentropy(state, "NIP-77 went unanswered on this relay within the last day")
         state.status = ConnectionStatus.SYNCING
         fresh = state.should_fresh_start(now)
         log.info("relay_connected", relay=msg.relay, fresh_start=fresh)
