@@ -13,6 +13,15 @@ SELF_REREAD_SECS = 300
 # Once a day that re-read goes back to the beginning: a root published with a created_at
 # older than the overlap (backdated, or while gsync was away) and not shown live is found.
 SELF_FULL_REREAD_SECS = 24 * 3600
+# The self-subscription's live read: after this long with nothing from the own relay it
+# pings; nothing again for as long (not even the pong) and the socket is half-open: the
+# session ends and a new one reads since the last one (found within 50 s, SPEC §8).
+OWN_IDLE_PING_SECS = 25.0
+# A read of the own relay's history (the first, or a re-read) ends by this deadline
+# whatever the relay sends (a relay dribbling events never reaches the per-read timeout);
+# the first read then starts a new session, a re-read is tried at the next round. LocalRelay
+# pages 100,000 events in well under a minute on loopback.
+OWN_HISTORY_DEADLINE_SECS = 600.0
 BATCH_WINDOW_MS = 5_000  # [sync] batch_window_ms: lets a burst of discoveries share REQs
 COMPLETION_RECHECK_SECS = 6.0  # batch window + 1 s, so L2/L3 batches exist before "Connected"
 # StateOnly repos live 24 h after the own relay last answered ``purgatory:`` about them (to
@@ -266,7 +275,7 @@ TEST_TIMER_NAMES = (
     "POLICY_PROBE_SECS", "MAINTENANCE_TICK_SECS", "HANDSHAKE_TIMEOUT_SECS", "DESCENDANT_TICK_SECS",
     "REJECTED_HOT_SECS", "REJECTED_COLD_SECS", "TIME_CUT_SUSPECT_SECS", "MESSAGE_STALL_SECS",
     "READ_IDLE_TIMEOUT_SECS", "SELF_REREAD_SECS", "SELF_FULL_REREAD_SECS",
-    "STATE_SAVE_SECS", "NEGENTROPY_RETRY_SECS", "DELIVERY_RETRY_BASE_SECS", "DELIVERY_RETRY_MAX_SECS",
+    "STATE_SAVE_SECS", "NEGENTROPY_RETRY_SECS", "OWN_IDLE_PING_SECS", "OWN_HISTORY_DEADLINE_SECS", "DELIVERY_RETRY_BASE_SECS", "DELIVERY_RETRY_MAX_SECS",
 )
 
 
