@@ -83,9 +83,15 @@ TIME_CUT_SUSPECT_SECS = 2.0
 MIN_PAGE_CAP = 10
 MAX_IDS_PER_REQ = 300
 NEGENTROPY_DEADLINE_SECS = 15.0  # total wall clock for one NIP-77 exchange
-# A relay on which NIP-77 failed (NEG-ERR, no answer, a NOTICE about it) is asked again at
-# most once a day (SPEC §4), across sessions and restarts: each try costs a 15 s wait.
+# A relay on which a NIP-77 exchange went unanswered is asked again at most once a day
+# (SPEC §4), across sessions and restarts: each try costs a 15 s wait.
 NEGENTROPY_RETRY_SECS = 24 * 3600
+# The manager's own deadline on an exchange, whatever becomes of its greenlet (one that
+# hangs past its own deadline, say in the own relay's holdings read): this long after it
+# took its turn (the semaphore of MAX_RUNNING_EXCHANGES), or NEGENTROPY_QUEUE_SECS after it
+# was started if it never got one. It then fails as an exchange with no answer does.
+NEGENTROPY_GRACE_SECS = 60.0
+NEGENTROPY_QUEUE_SECS = 600.0
 # A historic REQ (a page, an id fetch) with no sign of life (neither its EOSE nor an event)
 # for this long has stalled. Relays answer a page in well under a second (LocalRelay at
 # 20,000 events: 40-200 ms), slow public ones in a few seconds; past 30 s of silence the
@@ -93,6 +99,12 @@ NEGENTROPY_RETRY_SECS = 24 * 3600
 # must not wait for ever. Events keep a REQ alive, so a slow page still streaming is never
 # cut; while delivery holds our reading back, nothing stalls (the silence is ours).
 REQ_STALL_SECS = 30.0
+# ... and however alive, a historic REQ (a page) ends this long after it was sent: a relay
+# dribbling one event every 25 s never stalls, and would hold its slot and batch for good.
+# A page is at most a few hundred events; relays serve one in seconds. It then goes as a
+# stall does (split, or its batch fails into missing-event recovery). Time delivery holds
+# our reading back does not count.
+REQ_LIFETIME_SECS = 300.0
 # NIP-77 exchanges running at once over all relays: each holds its filter's have-set (layer
 # 1: every announcement the own relay holds, a few MB at 10,000), so memory stays bounded
 # however many relays sync at once; queued ones start as others end.
@@ -268,7 +280,7 @@ TEST_TIMER_NAMES = (
     "FRESH_POLL_SECS",
     "POLL_DEFER_SECS", "NEGENTROPY_DEADLINE_SECS",
     "FOLLOWER_WAIT_MAX_SECS",
-    "REQ_STALL_SECS",
+    "REQ_STALL_SECS", "REQ_LIFETIME_SECS", "NEGENTROPY_GRACE_SECS", "NEGENTROPY_QUEUE_SECS",
     "QUICK_RECONNECT_SECS", "DAILY_MIN_SECS", "DAILY_MAX_SECS", "RECOVERY_BASE_SECS",
     "RECOVERY_MAX_SECS", "DEAD_AFTER_SECS", "DEAD_RETRY_SECS", "STABILITY_SECS",
     "RATE_LIMIT_COOLDOWN_SECS", "REACTIVE_GATE_START_SECS", "REACTIVE_GATE_MAX_SECS",

@@ -1,14 +1,23 @@
 """Every wait has a deadline (SPEC §5, §8): the own relay's live read (a half-open socket
 is found), its history read (a relay dribbling events), a NIP-77 exchange whose greenlet
 dies, a historic REQ a relay answers one event at a time and never ends."""
+import os
+import threading
 import time
 
+import pytest
+
 from . import factory as f
+from .gsync_proc import ROOT, GsyncProcess
 from .relays import publish, wait_until
 from .scenario import assert_arrives, bob, our_announcement
 from .scripted_relay import _event_dict
 
 SELF = "gsync-self"
+
+
+def _status(gsync, url):
+    return next((r for r in gsync.status()["relays"] if r["relay"] == url), {}).get("status")
 
 
 def _events(gsync, name):
@@ -68,3 +77,87 @@ def test_an_own_relay_dribbling_its_history_is_read_again_after_the_deadline(rel
     assert len(_events(gsync, "ready")) == 1
 
 
+
+
+# The first NIP-77 exchange of the process goes wrong in a way its own code does not expect.
+_EXCHANGE_FAULT = '''
+import gsync.protocol.negentropy as negentropy
+
+_real, _faults = negentropy.NegentropyClient.reconcile, []
+
+
+def reconcile(self, message):
+    if not _faults:
+        _faults.append(1)
+        if {how!r} == "dies":
+            raise RuntimeError("injected: the exchange greenlet dies")
+        import gevent
+        gevent.sleep(10 ** 6)  # hangs where its own deadline is never checked
+    return _real(self, message)
+
+
+negentropy.NegentropyClient.reconcile = reconcile
+'''
+
+
+@pytest.mark.parametrize("how", ["dies", "hangs"])
+def test_a_nip77_exchange_whose_greenlet_dies_or_hangs_does_not_leave_its_batch_pending(
+        relay_factory, scripted, tmp_path, how):
+    own = relay_factory()
+    remote = scripted(negentropy="serve")
+    repo = our_announcement(own, [remote], d="neg-fault")
+    issues = [f.issue(bob, repo, subject=f"issue {i}") for i in range(5)]
+    remote.add(repo, *issues)
+    publish(own.url, [repo])  # held by the own relay: layer 1 goes by NIP-77
+    fault = tmp_path / "fault"
+    fault.mkdir()
+    (fault / "sitecustomize.py").write_text(_EXCHANGE_FAULT.format(how=how))
+    gsync = GsyncProcess(own, [remote], timers={"NEGENTROPY_DEADLINE_SECS": 1, "NEGENTROPY_GRACE_SECS": 1})
+    gsync.env["PYTHONPATH"] = f"{fault}{os.pathsep}{ROOT}"
+    try:
+        gsync.start()
+        assert_arrives(own, issues, timeout=20, what="the issues")
+        wait_until(lambda: _status(gsync, remote.url) in ("connected", "connected_historic_sync_failures"),
+                   timeout=20, what="the relay's batches all finished (not Syncing for ever)")
+        reasons = [e["reason"] for e in _events(gsync, "negentropy_unsupported")]
+        expected = "exchange failed: RuntimeError" if how == "dies" else "timeout: past the manager's deadline"
+        assert any(r.startswith(expected) for r in reasons), reasons
+    finally:
+        gsync.terminate()
+
+
+def test_a_relay_dribbling_a_page_one_event_at_a_time_does_not_hold_it_open_for_good(
+        relay_factory, gsync_factory, scripted):
+    dribbled, closed = [], threading.Event()
+
+    def dribble_the_first_repository_page(relay, conn, message):
+        if not isinstance(message, list):
+            return None
+        if dribbled and message[:2] == ["CLOSE", dribbled[0]]:
+            closed.set()
+        elif (message[:1] == ["REQ"] and not dribbled
+              and any(isinstance(flt, dict) and "#a" in flt and flt.get("limit") != 0 for flt in message[2:])):
+            dribbled.append(message[1])
+
+            def dribble():  # alive: an event every 0.25 s, far inside the stall rule; no EOSE
+                for event in issues:
+                    if closed.is_set() or not conn.open or relay._stopping.is_set():
+                        return
+                    conn.send("EVENT", message[1], _event_dict(event))
+                    time.sleep(0.25)
+
+            threading.Thread(target=dribble, daemon=True).start()
+            return []
+        return None
+
+    own = relay_factory()
+    remote = scripted(on_message=dribble_the_first_repository_page, page_size=500)
+    repo = our_announcement(own, [remote], d="dribbling")
+    issues = [f.issue(bob, repo, subject=f"issue {i}") for i in range(200)]
+    remote.add(repo, *issues)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], timers={"REQ_STALL_SECS": 1, "REQ_LIFETIME_SECS": 3,
+                                                  "RECOVERY_BASE_SECS": 0.5})
+    assert_arrives(own, issues, timeout=20, what="every issue (the page ended, the rest recovered)")
+    stalled = [e for e in _events(gsync, "subscription_stalled") if e["sub_id"] == dribbled[0]]
+    assert [e["rule"] for e in stalled] == ["lifetime"]

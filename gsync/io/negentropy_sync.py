@@ -153,9 +153,12 @@ def read_holdings(own_url: str, filters, post, *, relay: str, session: int, batc
 
 def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batch_id: int,
                      token: str, deadline_secs: float = NEGENTROPY_DEADLINE_SECS,
-                     held=None, frame_size_limit: int = FRAME_SIZE_LIMIT) -> None:
-    """``held``: the own relay's (created_at, id) for ``flt``, if already read."""
+                     held=None, frame_size_limit: int = FRAME_SIZE_LIMIT, started=None) -> None:
+    """``held``: the own relay's (created_at, id) for ``flt``, if already read; ``started``:
+    a list the monotonic time its turn came is appended to (the manager's deadline)."""
     with _running:
+        if started is not None:
+            started.append(time.monotonic())
         try:
             items = _holdings.get(own_url, flt) if held is None else held
         except Exception as exc:

@@ -71,6 +71,25 @@ class PolledCoverage:
 
 
 @dataclass
+class RunningExchange:
+    """A NIP-77 exchange the manager started (``neg_running``): its greenlet, what it was
+    for, and when it was queued and took its turn (monotonic seconds; ``started`` gets the
+    time appended by the greenlet itself)."""
+
+    greenlet: Any
+    batch_id: int
+    filter: Any
+    queued_at: float
+    started: list = field(default_factory=list)
+
+    def overdue(self, now: float, deadline: float, grace: float, queue_secs: float) -> bool:
+        """Past the manager's deadline, whatever its greenlet is doing."""
+        if self.started:
+            return now - self.started[0] > deadline + grace
+        return now - self.queued_at > queue_secs
+
+
+@dataclass
 class RelayState:
     url: str
     is_bootstrap: bool = False
@@ -107,7 +126,7 @@ class RelayState:
     round_started_at: float = 0.0  # the latest fresh start, quick reconnect or daily sync
     batch_failures: bool = False
     unrelated_failure: bool = False  # a failure recovery cannot fix (e.g. a refused sub)
-    neg_running: set = field(default_factory=set)
+    neg_running: dict = field(default_factory=dict)  # NIP-77 token → RunningExchange
     # historic sub id → when it last showed life (sent, or an event): stalled ones time out
     sub_activity: dict = field(default_factory=dict)
     stalled_shapes: set = field(default_factory=set)  # coverage keys that stalled alone

@@ -102,6 +102,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self._ids = itertools.count(1)
         self._stopping = False
         self.last_loop_at = time.monotonic()
+        self.stall_checked_at = clock()  # historic REQs' clocks stand still while delivery holds reading
         self.queue_peak = 0  # the deepest the inbox has been (a 2 s gauge would miss bursts)
         self.delivery_peak = 0
         self.handlers = {
@@ -253,6 +254,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.release_followers(self.lead.overdue(now, constants.FOLLOWER_WAIT_MAX_SECS), overdue=True)
         self.run_recovery(now)
         self.expire_stalled(now)
+        self.expire_negentropy()
         self.run_policy_probes(now)
         self.run_polls(now)
         self.run_descendants(now)
