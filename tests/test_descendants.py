@@ -74,3 +74,16 @@ def test_fresh_polled_coverage_joins_the_rest_from_the_earlier_cursor():
     empty = PolledCoverage()
     empty.absorb(PolledCoverage())
     assert empty.cursor is None
+
+
+def test_members_leave_with_their_roots():
+    from gsync.sync.descendants import member_roots, stale_members
+
+    other = f.issue(bob, REPO, subject="another")
+    both = bob.sign(1111, [["E", ROOT.id], ["e", other.id]])
+    one = _reply(ROOT, "E")
+    roots_of = {both.id: member_roots(both, {ROOT.id, other.id}), one.id: member_roots(one, {ROOT.id, other.id})}
+    assert roots_of[both.id] == {ROOT.id, other.id}
+    assert stale_members(roots_of, {ROOT.id, other.id}) == []
+    assert stale_members(roots_of, {other.id}) == [one.id]  # the other still holds ``both``
+    assert member_roots(ROOT, {ROOT.id}) == frozenset()

@@ -128,10 +128,23 @@ PAUSED_COVERAGE = Gauge(
 PER_RELAY_GAUGES = (RELAY_CONNECTED, RELAY_STATUS, RELAY_FAILURES, SUBSCRIPTIONS, PAUSED_COVERAGE)
 
 
+def relay_labelled() -> list:
+    """Every metric of REGISTRY with a ``relay`` label."""
+    return [m for m in globals().values()
+            if isinstance(m, (Counter, Gauge)) and "relay" in getattr(m, "_labelnames", ())]
+
+
 def forget_relay(relay: str) -> None:
-    """A retired relay's gauges go, so they neither lie nor pile up as relays come and go."""
-    for gauge in PER_RELAY_GAUGES:
-        try:
-            gauge.remove(relay)
-        except KeyError:
-            pass
+    """A retired relay's series go, every one (gauges, and counters too: relay URLs come
+    from whoever publishes announcements, so a series per URL ever seen would grow with
+    uptime, SPEC §8)."""
+    for metric in relay_labelled():
+        names = metric._labelnames
+        keys = {tuple(sample.labels[n] for n in names)
+                for family in metric.collect() for sample in family.samples
+                if sample.labels.get("relay") == relay}
+        for key in keys:
+            try:
+                metric.remove(*key)
+            except KeyError:
+                pass

@@ -136,6 +136,7 @@ class RelayState:
     # direct members of threads seen from this relay (their replies are fetched too)
     members: set = field(default_factory=set)
     new_members: set = field(default_factory=set)
+    member_roots: dict = field(default_factory=dict)  # member → the roots it is one of
     descendants_started_at: float | None = None
     # Live coverage that did not fit the relay's budget, polled instead (manager.run_polls):
     # what came in the last FRESH_POLL_SECS (new repositories, roots, thread members: where

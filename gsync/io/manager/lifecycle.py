@@ -48,14 +48,18 @@ class RelayLifecycle:
         return state
 
     def wanted(self, state: RelayState) -> bool:
-        """A bootstrap relay, one some repo lists (a ``derive_relay_targets`` target, read
-        from the relay → repos listing), or one with confirmed work."""
-        return state.is_bootstrap or bool(self.repos.repos_listing(state.url)) or bool(state.confirmed)
+        """A bootstrap relay, or one some repo lists (a ``derive_relay_targets`` target, read
+        from the relay → repos listing). What a relay confirmed is work only while a repo
+        still asks it of that relay: a relay no repository lists has none left (SPEC §8)."""
+        return state.is_bootstrap or bool(self.repos.repos_listing(state.url))
 
     def connect_due_relays(self, now: float) -> None:
-        for url in list(self.repos.listed_relays()):
+        listed = self.repos.listed_relays()
+        for url in list(listed):
             if url not in self.relays:
                 self.relay(url)
+        if self.capped_relays:  # said once per relay while it waits for room, not for ever
+            self.capped_relays.intersection_update(listed)
         for state in list(self.relays.values()):
             if state.refused_reason or state.status != ConnectionStatus.DISCONNECTED:
                 continue
@@ -67,19 +71,28 @@ class RelayLifecycle:
                 self.handshakes.request(state.url, state.attempt)
 
     def retire_unwanted_relays(self) -> None:
+        """A relay with no work leaves every table, connected or not (dead, refused,
+        never reached): its state, health, recovery, saved memory and metric series, so
+        tables follow the work and never uptime, and ``max_relays`` counts relays with work
+        (SPEC §8). A connected one first finishes what it has pending."""
         for state in list(self.relays.values()):
-            if state.connected and not self.wanted(state) and not state.pending:
-                log.info("relay_retired", relay=state.url)
+            if self.wanted(state) or (state.connected and state.pending):
+                continue
+            log.info("relay_retired", relay=state.url, connected=state.connected)
+            if state.conn is not None:
                 state.conn.close("no work left")
                 state.conn = None
-                state.status = ConnectionStatus.DISCONNECTED
-                del self.relays[state.url]
-                self.health.forget(state.url)
-                self.saved.forget(state.url)
-                metrics.forget_relay(state.url)
+            state.status = ConnectionStatus.DISCONNECTED
+            self.drop_pending(state)
+            del self.relays[state.url]
+            self.health.forget(state.url)
+            self.recovery.forget(state.url)
+            self.saved.forget(state.url)
+            metrics.forget_relay(state.url)
 
     def on_handshake_started(self, msg: HandshakeStarted) -> None:
-        self.health.record_attempt_started(msg.relay, self.clock())
+        if msg.relay in self.relays:  # not one retired meanwhile: it would be tracked again
+            self.health.record_attempt_started(msg.relay, self.clock())
 
     def on_handshake_done(self, msg: HandshakeDone) -> None:
         state = self.relays.get(msg.relay)

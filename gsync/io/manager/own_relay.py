@@ -54,20 +54,25 @@ class OwnRelaySide:
         if self.recovery.is_missing(event.id):
             for url in self.recovery.clear_arrived((event.id,)):
                 self.promote_if_recovered(url)
-        if len(self.seen) > SEEN_CAPACITY:
-            for old in list(itertools.islice(self.seen, SEEN_CAPACITY // 10)):  # oldest tenth
-                del self.seen[old]
+        self.trim_seen()
         if not self.delivery.submit(event, source) and not self.delivery.is_tracked(event.id):
             del self.seen[event.id]  # dropped for backlog (counted): a later copy may go through
             return
         if state is not None:
             state.events_delivered += 1
 
+    def trim_seen(self) -> None:
+        """The dedupe index stays under SEEN_CAPACITY, whatever adds to it."""
+        if len(self.seen) > SEEN_CAPACITY:
+            for old in list(itertools.islice(self.seen, SEEN_CAPACITY // 10)):  # oldest tenth
+                del self.seen[old]
+
     def on_own_events(self, msg: OwnEvents) -> None:
         self.own_batch += msg.events
         seen = self.seen
         for event in msg.events:
             seen.setdefault(event.id, None)
+        self.trim_seen()
         # The first history read is one batch, however long it takes: one AddFilters per
         # relay instead of a drip of them.
         if not self.own_window_open and self.ready:
@@ -90,6 +95,8 @@ class OwnRelaySide:
                 dirty |= self.repos.apply_root_event(event)
         roots_before, self.root_ids = self.root_ids, full_root_ids(self.repos)
         arrived |= {event_key(root) for root in self.root_ids - roots_before}
+        if roots_before - self.root_ids:
+            self.prune_members()
         if not msg.first_read:
             self.release_dependents(arrived)
         log.info("self_batch_processed", events=len(events), repos=len(self.repos), dirty_relays=len(dirty))
