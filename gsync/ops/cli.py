@@ -21,7 +21,10 @@ EXIT_STATE_REFUSED = 3
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .build import version
+
     parser = argparse.ArgumentParser(prog="gsync", description="GRASP-02 proactive sync worker")
+    parser.add_argument("--version", action="version", version=f"gsync {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, help_text in (
         ("run", "sync the own relay until stopped"),

@@ -3,9 +3,22 @@
 Defined once here; the manager refreshes the gauges on its maintenance tick, counters are
 incremented where the thing happens.
 """
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+# process_resident_memory_bytes, process_open_fds, process_max_fds, CPU seconds (from /proc)
+ProcessCollector(registry=REGISTRY)
+
+BUILD_INFO = Gauge("gsync_build_info", "Always 1: the running gsync's version and Python",
+                   ["version", "python"], registry=REGISTRY)
+# What state_dir and the tables hold (SPEC §8: bounded by the work, never by uptime)
+RELAYS_HELD = Gauge("gsync_relays_held", "Relays in the manager's tables (relays with work)",
+                    registry=REGISTRY)
+REJECTED_ENTRIES = Gauge("gsync_rejected_entries", "Entries of the rejected index", registry=REGISTRY)
+REJECTED_BYTES = Gauge("gsync_rejected_bytes", "Bytes the rejected index's entries stand for",
+                       registry=REGISTRY)
+STATE_SAVE_AGE = Gauge("gsync_state_save_age_seconds",
+                       "Seconds since state_dir was last written (-1: not yet)", registry=REGISTRY)
 
 # -- the seed's names (SPEC §7) ----------------------------------------------------------
 RELAY_CONNECTED = Gauge(

@@ -288,6 +288,11 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             connected += state.connected
             dead += self.health.is_dead(state.url, now)
         metrics.RELAYS_TRACKED.set(len(self.relays))
+        metrics.RELAYS_HELD.set(len(self.relays))
+        metrics.REJECTED_ENTRIES.set(len(self.rejected))
+        metrics.REJECTED_BYTES.set(self.rejected.bytes)
+        saved_at = self.saved.saved_at
+        metrics.STATE_SAVE_AGE.set(-1 if saved_at is None else max(0.0, now - saved_at))
         metrics.RELAYS_CONNECTED.set(connected)
         metrics.RELAYS_DEAD.set(dead)
         metrics.QUEUE_DEPTH.labels("manager").set(self.queue.qsize())
