@@ -237,8 +237,10 @@ def test_confirmed_items_are_saved_by_difference():
     items.root_events.discard("r1")
     items.root_events.add("r3")
     items.repos["30617:b:c"] = SyncLevel.FULL
-    put, delete = memory.rows_diff(rows, memory.confirmed_rows(items))
+    put, delete = memory.confirmed_diff(back, items)
     assert put == {"r3": memory.ROOT_LEVEL, "30617:b:c": 2} and delete == ["r1"]
+    items.repos.pop(REPO)
+    assert memory.confirmed_diff(back, items)[1] == ["r1", REPO]
 
 
 def test_saved_state_restores_relays_and_forgets_those_no_longer_registered(tmp_path):

@@ -95,10 +95,16 @@ def confirmed_from_rows(rows) -> ConfirmedItems:
     return items
 
 
-def rows_diff(saved: dict[str, int], current: dict[str, int]) -> tuple[dict[str, int], list[str]]:
-    """What to write so that ``saved`` becomes ``current``: (rows to put, items to delete)."""
-    put = {item: level for item, level in current.items() if saved.get(item) != level}
-    return put, [item for item in saved if item not in current]
+def confirmed_diff(saved: ConfirmedItems, current: ConfirmedItems) -> tuple[dict[str, int], list[str]]:
+    """What to write so that the rows of ``saved`` become those of ``current``: (rows to
+    put, item → level; items to delete). Set differences, so the cost follows the change
+    more than the size (a relay confirms thousands of roots; a save sees a few new)."""
+    put = {root: ROOT_LEVEL for root in current.root_events - saved.root_events}
+    put.update((address, _LEVEL_VALUES[level]) for address, level in current.repos.items()
+               if saved.repos.get(address) is not level)
+    delete = list(saved.root_events - current.root_events)
+    delete += [address for address in saved.repos.keys() - current.repos.keys()]
+    return put, delete
 
 
 def _int_or_none(value) -> int | None:

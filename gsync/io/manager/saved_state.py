@@ -15,6 +15,7 @@ from ...ops.logging import get_logger
 from ...ops.store import StateStore
 from ...sync import memory
 from ...sync.rejected import RejectedIndex
+from ...sync.targets import ConfirmedItems
 
 log = get_logger("gsync.state")
 
@@ -31,7 +32,7 @@ class SavedState:
         self._confirmed: dict[str, list] = {}  # url → saved (item, level) rows, the same
         self._prior_saved_at: float | None = None  # the previous process's last save
         self._saved_records: dict[str, dict] = {}  # url → record as last written
-        self._saved_rows: dict[str, dict[str, int]] = {}  # url → confirmed rows as last written
+        self._saved_confirmed: dict[str, ConfirmedItems] = {}  # url → confirmed as last written
         self._signatures: dict[str, tuple] = {}  # url → what its confirmed looked like then
         self._forget: set[str] = set()  # retired relays whose rows go with the next save
 
@@ -90,7 +91,7 @@ class SavedState:
         health.restore(state.url, saved_health)
         if rows:
             state.confirmed = memory.confirmed_from_rows(rows)
-            self._saved_rows[state.url] = dict(rows)
+            self._saved_confirmed[state.url] = state.confirmed.copy()
             self._signatures[state.url] = _signature(state.confirmed)
         else:
             state.announcements_synced = False  # nothing confirmed: its history is owed
@@ -103,7 +104,7 @@ class SavedState:
         """A retired relay: its rows go with the next save."""
         self._forget.add(url)
         self._saved_records.pop(url, None)
-        self._saved_rows.pop(url, None)
+        self._saved_confirmed.pop(url, None)
         self._signatures.pop(url, None)
 
     # -- writing, by change -----------------------------------------------------------------
@@ -125,13 +126,13 @@ class SavedState:
                 records[state.url] = record
             signature = _signature(state.confirmed)
             if self._signatures.get(state.url) != signature:
-                rows = memory.confirmed_rows(state.confirmed)
-                put, delete = memory.rows_diff(self._saved_rows.get(state.url, {}), rows)
+                put, delete = memory.confirmed_diff(
+                    self._saved_confirmed.get(state.url) or ConfirmedItems(), state.confirmed)
                 if put:
                     puts[state.url] = put
                 if delete:
                     deletes[state.url] = delete
-                self._saved_rows[state.url] = rows
+                self._saved_confirmed[state.url] = state.confirmed.copy()
                 self._signatures[state.url] = signature
         forget = set(self._forget)
         if ready and self._memories:
@@ -149,7 +150,7 @@ class SavedState:
             for url in records:
                 self._saved_records.pop(url, None)
             for url in set(puts) | set(deletes):  # written again whole next time
-                self._saved_rows.pop(url, None)
+                self._saved_confirmed.pop(url, None)
                 self._signatures.pop(url, None)
             return
         self._forget -= forget
