@@ -29,7 +29,8 @@ def test_relay_churn_leaves_no_trace_and_never_shuts_a_new_relay_out(relay_facto
         dead = [_Nowhere() for _ in range(16)]
         dead_urls += [d.url for d in dead]
         publish(own.url, [our_announcement(own, dead, d="churn", created_at=f.next_created_at() + 100 * version)])
-        wait_until(lambda: {d.url for d in dead} <= {r["relay"] for r in gsync.status()["relays"]},
+        urls = {d.url for d in dead}
+        wait_until(lambda urls=urls: urls <= {r["relay"] for r in gsync.status()["relays"]},
                    timeout=15, what=f"version {version}'s relays registered")
     publish(own.url, [our_announcement(own, [], d="churn", created_at=f.next_created_at() + 1000)])
     wait_until(lambda: not gsync.status()["relays"], timeout=15, what="every dead relay retired")

@@ -96,7 +96,7 @@ class StateStore:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
             os.close(fd)
             raise StateLocked(f"state_dir {self.dir} is in use by another gsync"
-                              f"{f' (pid {holder})' if holder else ''}: one instance per state_dir")
+                              f"{f' (pid {holder})' if holder else ''}: one instance per state_dir") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
