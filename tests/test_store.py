@@ -7,7 +7,14 @@ import sqlite3
 import pytest
 
 from gsync.io.manager.saved_state import SavedState
-from gsync.ops.store import DB_NAME, SCHEMA_VERSION, StateLocked, StateStore, StateTooNew
+from gsync.ops.store import (
+    DB_NAME,
+    SCHEMA_VERSION,
+    StateLocked,
+    StateRefused,
+    StateStore,
+    StateTooNew,
+)
 from gsync.protocol.filters import Filter
 from gsync.sync import memory
 from gsync.sync.health import RelayHealthTracker
@@ -63,6 +70,13 @@ def test_a_second_instance_on_one_state_dir_is_refused_until_the_first_is_gone(t
         _store(tmp_path)
     first.close()
     _store(tmp_path).close()
+
+
+def test_a_state_dir_gsync_cannot_write_is_refused_in_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(StateRefused, match="cannot use state_dir .*file/state"):
+        _store(blocker / "state")
 
 
 def test_a_database_written_by_a_newer_gsync_is_refused_and_kept(tmp_path):

@@ -25,6 +25,7 @@ import time
 
 DB_NAME = "gsync.db"
 LOCK_NAME = "gsync.lock"
+WAL_SIZE_LIMIT = 16 * 1024 * 1024  # bytes of WAL file kept after a checkpoint
 LEGACY_REJECTED = "rejected.json"  # before the database: the cold tier, rewritten each minute
 
 # Index i brings a database at user_version i to i + 1.
@@ -78,10 +79,16 @@ class StateStore:
     @classmethod
     def open(cls, state_dir: str, log) -> StateStore:
         store = cls(state_dir, log)
-        os.makedirs(state_dir, exist_ok=True)
-        store._lock()
+        try:
+            os.makedirs(state_dir, exist_ok=True)
+            store._lock()
+        except OSError as exc:  # not ours to fix by restarting: say so and stop
+            raise StateRefused(f"cannot use state_dir {state_dir}: {exc.strerror or exc}") from None
         try:
             store._open_db()
+        except _Unreadable as exc:  # a fresh database cannot be made there either
+            store.close()
+            raise StateRefused(f"cannot create {store.path}: {exc}") from None
         except BaseException:
             store.close()
             raise
@@ -124,6 +131,7 @@ class StateStore:
                 raise _Unreadable(f"quick_check: {check}")
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints, never corrupt
+            db.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")  # a big first save's WAL shrinks
             for step in range(version, SCHEMA_VERSION):
                 with _transaction(db):
                     for sql in MIGRATIONS[step]:
