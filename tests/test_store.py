@@ -276,3 +276,40 @@ def test_saved_state_restores_relays_and_forgets_those_no_longer_registered(tmp_
     saved.save({URL: back}, health, rejected, NOW + 70, ready=True)  # gone.example.com was not registered
     assert set(saved.store.relay_memories()) == {URL}
     saved.close()
+
+
+def test_a_database_of_an_older_schema_is_migrated_in_place(tmp_path):
+    from gsync.ops.store import MIGRATIONS
+
+    db = sqlite3.connect(tmp_path / DB_NAME)
+    for sql in MIGRATIONS[0]:  # what the first gsync with a database wrote
+        db.execute(sql)
+    db.execute("INSERT INTO relays (url, memory, saved_at) VALUES (?, '{\"v\": 1}', 0)", (URL,))
+    db.execute("PRAGMA user_version = 1")
+    db.commit()
+    db.close()
+    store = _store(tmp_path)
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert set(store.relay_memories()) == {URL} and store.member_rows() == {}
+    store.close()
+
+
+def test_thread_members_come_back_for_their_descendants(tmp_path):
+    saved = SavedState(_store(tmp_path), NOW)
+    rejected = saved.load(NOW)
+    state, _ = _learnt_relay()
+    state.member_roots = {"m1": frozenset({"r1"}), "m2": frozenset({"r1", "r2"})}
+    state.members = {"m1", "m2"}
+    saved.save({URL: state}, RelayHealthTracker(), rejected, NOW, ready=True)
+    del state.member_roots["m1"]
+    state.member_roots["m3"] = frozenset({"r2"})
+    saved.save({URL: state}, RelayHealthTracker(), rejected, NOW + 1, ready=True)
+    assert sorted(m for m, _ in saved.store.member_rows()[URL]) == ["m2", "m3"]
+    saved.close()
+    saved = SavedState(_store(tmp_path), NOW)
+    saved.load(NOW)
+    back = RelayState(URL)
+    saved.restore(back, RelayHealthTracker())
+    # as after a disconnect: their live coverage is opened again by the descendants tick
+    assert back.new_members == {"m2", "m3"} and back.member_roots["m2"] == {"r1", "r2"}
+    saved.close()

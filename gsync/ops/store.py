@@ -4,7 +4,7 @@ restart"), and the lock that keeps it to one instance.
 stdlib ``sqlite3`` in WAL mode, its schema numbered by ``PRAGMA user_version`` and brought
 up to date by ``MIGRATIONS``. It holds the rejected index (row per entry, written by change),
 each relay's memory (``sync.memory``: one JSON record per relay) and each relay's confirmed
-items (row per item). Writes come in one transaction per save, from the manager's
+items (row per item) and thread members (row per member). Writes come in one transaction per save, from the manager's
 maintenance tick: a few rows a tick on local disk, well under a millisecond each.
 
 Here rather than in ``sync/``: it does I/O (a file lock, a database), which the pure layer
@@ -36,6 +36,10 @@ MIGRATIONS = (
         "CREATE TABLE confirmed (relay TEXT NOT NULL, item TEXT NOT NULL, level INTEGER NOT NULL,"
         " PRIMARY KEY (relay, item)) WITHOUT ROWID",
         "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    ),
+    (  # 2: thread members per relay (their descendants are synced), with the roots they tag
+        "CREATE TABLE members (relay TEXT NOT NULL, member TEXT NOT NULL, roots TEXT NOT NULL,"
+        " PRIMARY KEY (relay, member)) WITHOUT ROWID",
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -195,6 +199,12 @@ class StateStore:
             out.setdefault(relay, []).append((item, level))
         return out
 
+    def member_rows(self) -> dict[str, list[tuple[str, str]]]:
+        out: dict[str, list[tuple[str, str]]] = {}
+        for relay, member, roots in self.db.execute("SELECT relay, member, roots FROM members"):
+            out.setdefault(relay, []).append((member, roots))
+        return out
+
     def meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row[0] if row else None
@@ -202,10 +212,12 @@ class StateStore:
     # -- writing ----------------------------------------------------------------------------
 
     def save(self, now: float, *, rejected_puts=(), rejected_deletes=(), relays=None,
-             forget_relays=(), confirmed_puts=None, confirmed_deletes=None, meta=None) -> None:
+             forget_relays=(), confirmed_puts=None, confirmed_deletes=None, member_puts=None,
+             member_deletes=None, meta=None) -> None:
         """One transaction of what changed. ``relays``: url → memory record;
         ``forget_relays``: urls whose rows all go; ``confirmed_puts``: relay → {item: level};
-        ``confirmed_deletes``: relay → [item]. Raises ``sqlite3.Error``/``OSError`` (a full
+        ``confirmed_deletes``: relay → [item]; ``member_puts``: relay → {member: roots};
+        ``member_deletes``: relay → [member]. Raises ``sqlite3.Error``/``OSError`` (a full
         disk, say): the caller keeps its changes for the next save."""
         db = self.db
         with _transaction(db):
@@ -216,6 +228,7 @@ class StateStore:
             for url in forget_relays:
                 db.execute("DELETE FROM relays WHERE url = ?", (url,))
                 db.execute("DELETE FROM confirmed WHERE relay = ?", (url,))
+                db.execute("DELETE FROM members WHERE relay = ?", (url,))
             if relays:
                 db.executemany("INSERT OR REPLACE INTO relays (url, memory, saved_at) VALUES (?, ?, ?)",
                                ((url, json.dumps(m, separators=(",", ":")), now) for url, m in relays.items()))
@@ -225,6 +238,12 @@ class StateStore:
             for relay, items in (confirmed_deletes or {}).items():
                 db.executemany("DELETE FROM confirmed WHERE relay = ? AND item = ?",
                                ((relay, item) for item in items))
+            for relay, rows in (member_puts or {}).items():
+                db.executemany("INSERT OR REPLACE INTO members (relay, member, roots) VALUES (?, ?, ?)",
+                               ((relay, member, roots) for member, roots in rows.items()))
+            for relay, members in (member_deletes or {}).items():
+                db.executemany("DELETE FROM members WHERE relay = ? AND member = ?",
+                               ((relay, member) for member in members))
             for key, value in (meta or {}).items():
                 db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
         self.saved_at = now

@@ -30,10 +30,12 @@ class SavedState:
         self.last_save_try = now
         self._memories: dict[str, dict] = {}  # url → record, until that relay is registered
         self._confirmed: dict[str, list] = {}  # url → saved (item, level) rows, the same
+        self._members: dict[str, list] = {}  # url → saved (member, roots) rows, the same
         self._prior_saved_at: float | None = None  # the previous process's last save
         self._saved_records: dict[str, dict] = {}  # url → record as last written
         self._saved_confirmed: dict[str, ConfirmedItems] = {}  # url → confirmed as last written
         self._signatures: dict[str, tuple] = {}  # url → what its confirmed looked like then
+        self._saved_members: dict[str, set] = {}  # url → its members as last written
         self._forget: set[str] = set()  # retired relays whose rows go with the next save
 
     @classmethod
@@ -50,7 +52,7 @@ class SavedState:
             rejected = self._load(now)
         except (sqlite3.Error, UnicodeDecodeError, ValueError, TypeError) as exc:
             self.store.reset(f"{type(exc).__name__}: {exc}")
-            self._memories, self._confirmed, self._prior_saved_at = {}, {}, None
+            self._memories, self._confirmed, self._members, self._prior_saved_at = {}, {}, {}, None
             rejected = self._load(now)
         log.info("state_loaded", path=self.store.path, relays=len(self._memories),
                  rejected=len(rejected), saved_at=self._prior_saved_at)
@@ -61,6 +63,7 @@ class SavedState:
         rejected, drop = RejectedIndex.from_rows(store.rejected_rows(), now)
         self._memories = store.relay_memories()
         self._confirmed = store.confirmed_rows()
+        self._members = store.member_rows()
         prior = store.meta(SAVED_AT)
         self._prior_saved_at = float(prior) if prior is not None else None
         if store.meta(LEGACY_MIGRATED) is None:
@@ -83,6 +86,7 @@ class SavedState:
         """A newly registered relay gets what an earlier process learnt of it."""
         record = self._memories.pop(state.url, None)
         rows = self._confirmed.pop(state.url, None)
+        members = self._members.pop(state.url, None)
         if record is None:
             return
         saved_health = memory.restore_relay(state, record, self._prior_saved_at)
@@ -95,10 +99,15 @@ class SavedState:
             self._signatures[state.url] = _signature(state.confirmed)
         else:
             state.announcements_synced = False  # nothing confirmed: its history is owed
+        if members:
+            # as after a disconnect: the next descendants tick opens their coverage again
+            state.member_roots.update((m, frozenset(roots.split())) for m, roots in members)
+            state.new_members.update(m for m, _ in members)
+            self._saved_members[state.url] = {m for m, _ in members}
         self._saved_records[state.url] = record
         log.info("relay_memory_restored", relay=state.url, connected=bool(record.get("connected")),
                  last_connected=state.last_connected, failures=saved_health.get("failures"),
-                 paused=len(state.paused), confirmed=len(rows or ()))
+                 paused=len(state.paused), confirmed=len(rows or ()), members=len(members or ()))
 
     def forget(self, url: str) -> None:
         """A retired relay: its rows go with the next save."""
@@ -106,6 +115,7 @@ class SavedState:
         self._saved_records.pop(url, None)
         self._saved_confirmed.pop(url, None)
         self._signatures.pop(url, None)
+        self._saved_members.pop(url, None)
 
     # -- writing, by change -----------------------------------------------------------------
 
@@ -117,7 +127,7 @@ class SavedState:
         ready (the own relay's first read applied: every relay with work is registered),
         saved relays no longer registered are forgotten."""
         self.last_save_try = now
-        records, puts, deletes = {}, {}, {}
+        records, puts, deletes, member_puts, member_deletes = {}, {}, {}, {}, {}
         for state in relays.values():
             if state.refused_reason:
                 continue
@@ -134,16 +144,27 @@ class SavedState:
                     deletes[state.url] = delete
                 self._saved_confirmed[state.url] = state.confirmed.copy()
                 self._signatures[state.url] = signature
+            saved_members = self._saved_members.get(state.url, set())
+            if len(saved_members) != len(state.member_roots) or not saved_members >= state.member_roots.keys():
+                members = set(state.member_roots)
+                put = {m: " ".join(sorted(state.member_roots[m])) for m in members - saved_members}
+                if put:
+                    member_puts[state.url] = put
+                if saved_members - members:
+                    member_deletes[state.url] = list(saved_members - members)
+                self._saved_members[state.url] = members
         forget = set(self._forget)
         if ready and self._memories:
             forget |= set(self._memories)
             self._memories.clear()
             self._confirmed.clear()
+            self._members.clear()
         rejected_puts, rejected_deletes = rejected.take_changes()
         try:
             self.store.save(now, rejected_puts=rejected_puts, rejected_deletes=rejected_deletes,
                             relays=records, forget_relays=forget, confirmed_puts=puts,
-                            confirmed_deletes=deletes, meta={SAVED_AT: repr(now)})
+                            confirmed_deletes=deletes, member_puts=member_puts, member_deletes=member_deletes,
+                            meta={SAVED_AT: repr(now)})
         except (sqlite3.Error, OSError) as exc:
             log.warning("state_save_failed", path=self.store.path, reason=str(exc)[:300])
             rejected.keep_changes([i for i, _ in rejected_puts] + list(rejected_deletes))
@@ -152,6 +173,8 @@ class SavedState:
             for url in set(puts) | set(deletes):  # written again whole next time
                 self._saved_confirmed.pop(url, None)
                 self._signatures.pop(url, None)
+            for url in set(member_puts) | set(member_deletes):
+                self._saved_members.pop(url, None)
             return
         self._forget -= forget
         self._saved_records.update(records)
