@@ -310,6 +310,6 @@ def test_thread_members_come_back_for_their_descendants(tmp_path):
     saved.load(NOW)
     back = RelayState(URL)
     saved.restore(back, RelayHealthTracker())
-    # as after a disconnect: their live coverage is opened again by the descendants tick
-    assert back.new_members == {"m2", "m3"} and back.member_roots["m2"] == {"r1", "r2"}
+    # as after a disconnect: their coverage is opened again by the next connection
+    assert back.reopen_members == {"m2", "m3"} and back.member_roots["m2"] == {"r1", "r2"}
     saved.close()

@@ -137,6 +137,9 @@ class RelayState:
     members: set = field(default_factory=set)
     new_members: set = field(default_factory=set)
     member_roots: dict = field(default_factory=dict)  # member → the roots it is one of
+    # members whose coverage went with the last session (or the last process): reopened
+    # by the next connection (lifecycle.reopen_members)
+    reopen_members: set = field(default_factory=set)
     descendants_started_at: float | None = None
     # Live coverage that did not fit the relay's budget, polled instead (manager.run_polls):
     # what came in the last FRESH_POLL_SECS (new repositories, roots, thread members: where
@@ -198,10 +201,11 @@ class RelayState:
         self.historic_sent_at.clear()
 
     def clear_live(self) -> None:
-        """Live coverage is gone (disconnect, fresh start): descendant coverage is rebuilt
-        for every known member on the next descendants tick. The poll cursor stays: what
-        the new session polls is asked from the last successful poll, with the overlap."""
-        self.new_members |= self.members
+        """Live coverage is gone (disconnect, fresh start): the known members' descendant
+        coverage is opened again by the next session, since the gap on a quick reconnect,
+        whole on a fresh start. The poll cursor stays: what the new session polls is asked
+        from the last successful poll, with the overlap."""
+        self.reopen_members |= self.members
         self.members = set()
         self.live_subs.clear()
         self.live_queue.clear()

@@ -32,6 +32,7 @@ class Descendants:
                 del state.member_roots[member]
                 state.members.discard(member)
                 state.new_members.discard(member)
+                state.reopen_members.discard(member)
 
     def run_descendants(self, now: float) -> None:
         for state in self.relays.values():

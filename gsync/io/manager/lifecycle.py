@@ -205,6 +205,8 @@ class RelayLifecycle:
         for sub_id in list(state.conn.subscriptions):
             state.conn.unsubscribe(sub_id)
         state.clear_live()
+        state.new_members |= state.reopen_members  # their whole history too, on the next tick
+        state.reopen_members = set()
         self.drop_pending(state)
         state.clear_confirmed()
         self.recovery.forget(state.url)  # the full history below finds whatever is missing
@@ -222,7 +224,20 @@ class RelayLifecycle:
                 # Confirmed items stay confirmed; their live filters come back and the gap
                 # is fetched with since.
                 self.start_sync(state, state.confirmed.copy(), since=since, confirm=False)
+            self.reopen_members(state, since)
             self.recompute(state, since=None)
+
+    def reopen_members(self, state: RelayState, since: int) -> None:
+        """The thread members of the last session (or process): their descendants' live
+        coverage again, and what came since (as for confirmed items: not their whole
+        history again)."""
+        if not state.reopen_members:
+            return
+        ids, state.reopen_members = state.reopen_members, set()
+        state.members |= ids
+        filters = self.descendant_filters_for(state, ids)
+        self.open_descendant_live(state, filters)
+        self.start_historic(state, PendingItems(), [f.replace(since=since) for f in filters])
 
     @contextlib.contextmanager
     def pump_held(self, state: RelayState):

@@ -100,9 +100,9 @@ class SavedState:
         else:
             state.announcements_synced = False  # nothing confirmed: its history is owed
         if members:
-            # as after a disconnect: the next descendants tick opens their coverage again
+            # as after a disconnect: the next connection opens their coverage again
             state.member_roots.update((m, frozenset(roots.split())) for m, roots in members)
-            state.new_members.update(m for m, _ in members)
+            state.reopen_members.update(m for m, _ in members)
             self._saved_members[state.url] = {m for m, _ in members}
         self._saved_records[state.url] = record
         log.info("relay_memory_restored", relay=state.url, connected=bool(record.get("connected")),
