@@ -113,6 +113,10 @@ MAX_RUNNING_EXCHANGES = 16
 # its filters side by side, and all batches together at most OWN_READS_AT_ONCE_TOTAL.
 OWN_READS_PER_BATCH = 4
 OWN_READS_AT_ONCE_TOTAL = 32
+# ... and a batch's reads end by this deadline, whatever the own relay sends (one dribbling
+# events never reaches the per-read timeout): the batch then goes by REQ pages, as when the
+# own relay cannot be read. Loopback reads of a filter take milliseconds to a few seconds.
+OWN_READ_DEADLINE_SECS = 120.0
 # An own-relay holdings read is shared by exchanges over the same filter for this long.
 SHARED_HOLDINGS_SECS = 5.0
 RESIDUAL_FALLBACK_MIN_ADVERTISED = 20
@@ -287,7 +291,8 @@ TEST_TIMER_NAMES = (
     "POLICY_PROBE_SECS", "MAINTENANCE_TICK_SECS", "HANDSHAKE_TIMEOUT_SECS", "DESCENDANT_TICK_SECS",
     "REJECTED_HOT_SECS", "REJECTED_COLD_SECS", "TIME_CUT_SUSPECT_SECS", "MESSAGE_STALL_SECS",
     "READ_IDLE_TIMEOUT_SECS", "SELF_REREAD_SECS", "SELF_FULL_REREAD_SECS",
-    "STATE_SAVE_SECS", "NEGENTROPY_RETRY_SECS", "OWN_IDLE_PING_SECS", "OWN_HISTORY_DEADLINE_SECS", "DELIVERY_RETRY_BASE_SECS", "DELIVERY_RETRY_MAX_SECS",
+    "STATE_SAVE_SECS", "NEGENTROPY_RETRY_SECS", "OWN_IDLE_PING_SECS", "OWN_HISTORY_DEADLINE_SECS",
+    "OWN_READ_DEADLINE_SECS", "DELIVERY_RETRY_BASE_SECS", "DELIVERY_RETRY_MAX_SECS",
 )
 
 

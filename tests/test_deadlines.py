@@ -161,3 +161,38 @@ def test_a_relay_dribbling_a_page_one_event_at_a_time_does_not_hold_it_open_for_
     assert_arrives(own, issues, timeout=20, what="every issue (the page ended, the rest recovered)")
     stalled = [e for e in _events(gsync, "subscription_stalled") if e["sub_id"] == dribbled[0]]
     assert [e["rule"] for e in stalled] == ["lifetime"]
+
+
+def test_an_own_relay_dribbling_a_holdings_read_sends_its_batch_by_req_pages(relay_factory, gsync_factory,
+                                                                             scripted):
+    dribbled, closed = [], threading.Event()
+
+    def dribble_the_first_holdings_read(relay, conn, message):
+        if not isinstance(message, list):
+            return None
+        if dribbled and message[:2] == ["CLOSE", dribbled[0]]:
+            closed.set()
+        elif (message[:1] == ["REQ"] and message[1] != SELF and not dribbled
+              and any(isinstance(flt, dict) and "#a" in flt for flt in message[2:])):
+            dribbled.append(message[1])
+
+            def dribble():  # what it holds, one event at a time and again, never an EOSE
+                while not closed.is_set() and conn.open and not relay._stopping.is_set():
+                    conn.send("EVENT", message[1], _event_dict(repo))
+                    time.sleep(0.2)
+
+            threading.Thread(target=dribble, daemon=True).start()
+            return []
+        return None
+
+    own = scripted(page_size=None, on_message=dribble_the_first_holdings_read)
+    remote = scripted(negentropy="serve")
+    repo = our_announcement(own, [remote], d="holdings")
+    issues = [f.issue(bob, repo, subject=f"issue {i}") for i in range(5)]
+    own.add(repo)
+    remote.add(repo, *issues)
+    gsync = gsync_factory(own, [remote], timers={"OWN_READ_DEADLINE_SECS": 2})
+    assert_arrives(own, issues, timeout=20, what="the issues, by REQ pages")
+    assert dribbled
+    reasons = [e["reason"] for e in _events(gsync, "negentropy_own_relay_unavailable")]
+    assert any("deadline" in r for r in reasons), reasons

@@ -20,6 +20,7 @@ from gevent.event import AsyncResult
 from gevent.lock import BoundedSemaphore
 from gevent.queue import Empty, Queue
 
+from .. import constants
 from ..constants import (
     MAX_RUNNING_EXCHANGES,
     NEGENTROPY_DEADLINE_SECS,
@@ -143,10 +144,14 @@ def read_holdings(own_url: str, filters, post, *, relay: str, session: int, batc
 
     pool = gevent.pool.Pool(OWN_READS_PER_BATCH)
     reads = [pool.spawn(read, flt) for flt in filters]
-    gevent.joinall(reads)
+    deadline = constants.OWN_READ_DEADLINE_SECS
+    done = gevent.joinall(reads, timeout=deadline)
     holdings, reason = [r.value for r in reads], ""
     failed = next((h for h in holdings if isinstance(h, Exception)), None)
-    if failed is not None:
+    if len(done) < len(reads):  # the rest are given up: REQ pages for the whole batch
+        pool.kill(block=False)
+        holdings, reason = None, f"own relay query past its {deadline:g} s deadline"
+    elif failed is not None:
         holdings, reason = None, f"own relay query failed: {type(failed).__name__}"
     post(OwnHoldingsRead(relay, session, batch_id, token, list(filters), holdings, reason))
 
