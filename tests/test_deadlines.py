@@ -100,6 +100,7 @@ negentropy.NegentropyClient.reconcile = reconcile
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["dies", "hangs"])
 def test_a_nip77_exchange_whose_greenlet_dies_or_hangs_does_not_leave_its_batch_pending(
         relay_factory, scripted, tmp_path, how):
