@@ -7,9 +7,10 @@ and gives it back when the relay is registered again after a restart (``restore_
 
 Kept per relay: the limits it taught us (message length, filters per REQ, subscription
 cap), the coverage it refused by policy with its probe times, its failure streak and dead
-clock, its rate-limit cooldown, whether NIP-77 failed on it, when it was last connected and
-when its daily fresh start is due, and (apart, row by row: ``confirmed_rows``) the items
-whose history it has given us. Not kept: page caps (each connection learns them again by
+clock, its rate-limit cooldown, when a NIP-77 exchange last went unanswered on it, when it
+was last connected and when its daily fresh start is due; and apart, row by row, the items
+whose history it has given us (``confirmed_rows``, ``confirmed_diff``) and its thread
+members (``io.manager.saved_state``). Not kept: page caps (each connection learns them again by
 design, at the cost of one confirming page) and anything of one session (pending batches,
 live subscriptions).
 """
