@@ -76,6 +76,7 @@ def run(config, *, drain_deadline: float = DRAIN_DEADLINE_SECS) -> int:
     if constants.TEST_TIMERS_ACTIVE:
         log.warning("test_timers_active", timers=constants.TEST_TIMERS_ACTIVE)
     manager.run()
+    manager.save_state(manager.clock())  # what the drain changed (refusals answered meanwhile)
     manager.saved.close()  # the lock goes with it
     return 0
 
