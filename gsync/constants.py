@@ -13,6 +13,15 @@ SELF_REREAD_SECS = 300
 # Once a day that re-read goes back to the beginning: a root published with a created_at
 # older than the overlap (backdated, or while gsync was away) and not shown live is found.
 SELF_FULL_REREAD_SECS = 24 * 3600
+# The self-subscription's live read: after this long with nothing from the own relay it
+# pings; nothing again for as long (not even the pong) and the socket is half-open: the
+# session ends and a new one reads since the last one (found within 50 s, SPEC §8).
+OWN_IDLE_PING_SECS = 25.0
+# A read of the own relay's history (the first, or a re-read) ends by this deadline
+# whatever the relay sends (a relay dribbling events never reaches the per-read timeout);
+# the first read then starts a new session, a re-read is tried at the next round. LocalRelay
+# pages 100,000 events in well under a minute on loopback.
+OWN_HISTORY_DEADLINE_SECS = 600.0
 BATCH_WINDOW_MS = 5_000  # [sync] batch_window_ms: lets a burst of discoveries share REQs
 COMPLETION_RECHECK_SECS = 6.0  # batch window + 1 s, so L2/L3 batches exist before "Connected"
 # StateOnly repos live 24 h after the own relay last answered ``purgatory:`` about them (to
@@ -74,6 +83,12 @@ TIME_CUT_SUSPECT_SECS = 2.0
 MIN_PAGE_CAP = 10
 MAX_IDS_PER_REQ = 300
 NEGENTROPY_DEADLINE_SECS = 15.0  # total wall clock for one NIP-77 exchange
+# The manager's own deadline on an exchange, whatever becomes of its greenlet (one that
+# hangs past its own deadline, say in the own relay's holdings read): this long after it
+# took its turn (the semaphore of MAX_RUNNING_EXCHANGES), or NEGENTROPY_QUEUE_SECS after it
+# was started if it never got one. It then fails as an exchange with no answer does.
+NEGENTROPY_GRACE_SECS = 60.0
+NEGENTROPY_QUEUE_SECS = 600.0
 # A historic REQ (a page, an id fetch) with no sign of life (neither its EOSE nor an event)
 # for this long has stalled. Relays answer a page in well under a second (LocalRelay at
 # 20,000 events: 40-200 ms), slow public ones in a few seconds; past 30 s of silence the
@@ -81,6 +96,12 @@ NEGENTROPY_DEADLINE_SECS = 15.0  # total wall clock for one NIP-77 exchange
 # must not wait for ever. Events keep a REQ alive, so a slow page still streaming is never
 # cut; while delivery holds our reading back, nothing stalls (the silence is ours).
 REQ_STALL_SECS = 30.0
+# ... and however alive, a historic REQ (a page) ends this long after it was sent: a relay
+# dribbling one event every 25 s never stalls, and would hold its slot and batch for good.
+# A page is at most a few hundred events; relays serve one in seconds. It then goes as a
+# stall does (split, or its batch fails into missing-event recovery). Time delivery holds
+# our reading back does not count.
+REQ_LIFETIME_SECS = 300.0
 # NIP-77 exchanges running at once over all relays: each holds its filter's have-set (layer
 # 1: every announcement the own relay holds, a few MB at 10,000), so memory stays bounded
 # however many relays sync at once; queued ones start as others end.
@@ -89,6 +110,10 @@ MAX_RUNNING_EXCHANGES = 16
 # its filters side by side, and all batches together at most OWN_READS_AT_ONCE_TOTAL.
 OWN_READS_PER_BATCH = 4
 OWN_READS_AT_ONCE_TOTAL = 32
+# ... and a batch's reads end by this deadline, whatever the own relay sends (one dribbling
+# events never reaches the per-read timeout): the batch then goes by REQ pages, as when the
+# own relay cannot be read. Loopback reads of a filter take milliseconds to a few seconds.
+OWN_READ_DEADLINE_SECS = 120.0
 # An own-relay holdings read is shared by exchanges over the same filter for this long.
 SHARED_HOLDINGS_SECS = 5.0
 # What the own relay holds is read once per filter and session, then kept with what it
@@ -158,8 +183,9 @@ REACTIVE_GATE_MAX_SECS = 10.0
 PROACTIVE_GATE_SECS = 1.0
 POLICY_PROBE_SECS = 24 * 3600
 # A relay that lists 77 in supported_nips and then refuses NEG-OPEN or never answers it
-# (nos.lol, nostr.wine, nostr.mom) is asked by REQ+EOSE only, over reconnects, for this long
-# after its last failure: each new session's NIP-77 attempt cost up to the 15 s deadline.
+# (nos.lol, nostr.wine, nostr.mom), or any relay on which an exchange went wholly unanswered,
+# is asked by REQ+EOSE only, over reconnects and restarts, for this long after its last
+# failure (SPEC §4: at most once a day): each new session's attempt cost up to the 15 s wait.
 NIP77_RETRY_SECS = 24 * 3600
 MAINTENANCE_TICK_SECS = 2.0
 DESCENDANT_TICK_SECS = 5.0
@@ -179,6 +205,12 @@ REJECTED_COLD_SECS = 7 * 24 * 3600
 # entries, so a relay that feeds us refusable events cannot grow memory or the saved file
 # without bound. Forgetting one costs a fetch (refused again), never an event.
 REJECTED_MAX_ENTRIES = 50_000
+# A cold entry's size is bounded too (the count alone let 64 KiB tags make the index
+# gigabytes): a tag value or release key longer than this is not kept (an entry whose
+# filter tags were dropped may match any filter: stored loose, never lost), and all entries
+# together keep under REJECTED_MAX_BYTES (the oldest refusal makes room).
+REJECTED_MAX_VALUE_CHARS = 512
+REJECTED_MAX_BYTES = 32 * 1024 * 1024
 # Release keys kept per refused event (what it may be waiting for: a maintainer listing, a
 # repository, a referenced event): enough for any real NIP-34 event, and a hostile one
 # cannot make its entry large.
@@ -242,10 +274,24 @@ MAX_RELAYS_TOTAL = 500  # [network] max_relays
 DELIVERY_MAX_BACKLOG = 20_000
 DELIVERY_HIGH_WATER_FRACTION = 0.25
 DELIVERY_BACKLOG_SLACK = 10_000
+# A delivery refused with ``error:``, an unknown prefix or none (not final by NIP-01's words)
+# is tried this many times, spaced from DELIVERY_RETRY_BASE_SECS by 4x up to
+# DELIVERY_RETRY_MAX_SECS (about an hour in all: sync.delivery_retry), then given up as a
+# refusal. While it waits for its next attempt it is not part of the backlog that holds
+# historic sync.
+DELIVERY_MAX_ATTEMPTS = 10
+DELIVERY_RETRY_BASE_SECS = 0.5
+DELIVERY_RETRY_MAX_SECS = 1200.0
 # While the backlog is full, a relay with fewer events than this waiting in it still reads
 # (delivery takes sources in turn): one relay's flood must not stop another's live events.
 # 500 relays at once would add 25,000 events, inside the hard limit's headroom.
 DELIVERY_SOURCE_ALLOWANCE = 50
+
+# -- state_dir (SPEC §5, "What survives a restart") ----------------------------------------
+# What changed (rejected entries, relay memories, confirmed items) is written this often,
+# in one transaction from the manager's maintenance tick, and at stop. A kill loses at
+# most this much: a rejected entry fetched again, a relay memory slightly older.
+STATE_SAVE_SECS = 10.0
 
 # -- test-only timers ----------------------------------------------------------------------
 # End-to-end tests cannot wait a 24 h policy probe or a 65 s cooldown. The environment
@@ -260,13 +306,15 @@ TEST_TIMER_NAMES = (
     "FRESH_POLL_SECS",
     "POLL_DEFER_SECS", "NEGENTROPY_DEADLINE_SECS",
     "FOLLOWER_WAIT_MAX_SECS",
-    "REQ_STALL_SECS",
+    "REQ_STALL_SECS", "REQ_LIFETIME_SECS", "NEGENTROPY_GRACE_SECS", "NEGENTROPY_QUEUE_SECS",
     "QUICK_RECONNECT_SECS", "DAILY_MIN_SECS", "DAILY_MAX_SECS", "RECOVERY_BASE_SECS",
     "RECOVERY_MAX_SECS", "DEAD_AFTER_SECS", "DEAD_RETRY_SECS", "PERMANENT_FAILURE_PARK_SECS", "STABILITY_SECS",
     "RATE_LIMIT_COOLDOWN_SECS", "REACTIVE_GATE_START_SECS", "REACTIVE_GATE_MAX_SECS",
     "POLICY_PROBE_SECS", "NIP77_RETRY_SECS", "MAINTENANCE_TICK_SECS", "HANDSHAKE_TIMEOUT_SECS", "DESCENDANT_TICK_SECS",
     "REJECTED_HOT_SECS", "REJECTED_COLD_SECS", "TIME_CUT_SUSPECT_SECS", "MESSAGE_STALL_SECS",
     "READ_IDLE_TIMEOUT_SECS", "SELF_REREAD_SECS", "SELF_FULL_REREAD_SECS",
+    "STATE_SAVE_SECS", "OWN_IDLE_PING_SECS", "OWN_HISTORY_DEADLINE_SECS",
+    "OWN_READ_DEADLINE_SECS", "DELIVERY_RETRY_BASE_SECS", "DELIVERY_RETRY_MAX_SECS",
 )
 
 

@@ -413,3 +413,28 @@ def test_any_values_under_the_known_keys_load_or_name_their_errors(tmp_path_fact
 @given(st.binary(max_size=400) | st.text(max_size=400).map(lambda t: t.encode("utf-8", "surrogatepass")))
 def test_any_bytes_at_all_load_or_name_their_errors(tmp_path_factory, data):
     _check(_write(tmp_path_factory, data))
+
+
+def test_the_auth_key_comes_from_systemd_credentials(tmp_path, monkeypatch):
+    """LoadCredential=gsync-auth-key:… in the unit, key_file = $CREDENTIALS_DIRECTORY/… here."""
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "gsync-auth-key").write_text(SECRET + "\n")
+    path = write(tmp_path, MINIMAL + "[auth]\nkey_file = $CREDENTIALS_DIRECTORY/gsync-auth-key\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    assert load_config(path).auth.secret_key == SECRET
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY")
+    with pytest.raises(ConfigErrors) as exc:
+        load_config(path)
+    assert [(e.section, e.key) for e in exc.value.errors] == [("auth", "key_file")]
+    assert "CREDENTIALS_DIRECTORY is not set" in str(exc.value.errors[0])
+
+
+def test_changed_keys_tell_what_a_reload_applies_and_what_waits_for_a_restart(tmp_path):
+    from gsync.ops.config import RELOADABLE_KEYS, changed_keys
+
+    before = load_config(write(tmp_path, MINIMAL))
+    after = load_config(write(tmp_path, MINIMAL + "[log]\nlevel = debug\n[network]\nmax_relays = 7\n", "b.ini"))
+    changed = changed_keys(before, after)
+    assert sorted(changed) == ["log.level", "network.max_relays"]
+    assert [k for k in changed if k not in RELOADABLE_KEYS] == ["network.max_relays"]

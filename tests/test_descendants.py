@@ -61,7 +61,8 @@ def test_a_lost_session_keeps_the_poll_cursor_and_forgets_the_rest_of_its_pollin
     for tier in (state.polled, state.fresh_polled):
         assert (tier.filters, tier.started_at, tier.added_at) == ([], None, None)
     assert state.poll_batch is None
-    assert state.new_members == {"m"} and not state.members
+    # reopened by the next connection: since the gap on a quick reconnect, whole on a fresh start
+    assert state.reopen_members == {"m"} and not state.members and not state.new_members
 
 
 def test_fresh_polled_coverage_joins_the_rest_from_the_earlier_cursor():
@@ -74,3 +75,16 @@ def test_fresh_polled_coverage_joins_the_rest_from_the_earlier_cursor():
     empty = PolledCoverage()
     empty.absorb(PolledCoverage())
     assert empty.cursor is None
+
+
+def test_members_leave_with_their_roots():
+    from gsync.sync.descendants import member_roots, stale_members
+
+    other = f.issue(bob, REPO, subject="another")
+    both = bob.sign(1111, [["E", ROOT.id], ["e", other.id]])
+    one = _reply(ROOT, "E")
+    roots_of = {both.id: member_roots(both, {ROOT.id, other.id}), one.id: member_roots(one, {ROOT.id, other.id})}
+    assert roots_of[both.id] == {ROOT.id, other.id}
+    assert stale_members(roots_of, {ROOT.id, other.id}) == []
+    assert stale_members(roots_of, {other.id}) == [one.id]  # the other still holds ``both``
+    assert member_roots(ROOT, {ROOT.id}) == frozenset()

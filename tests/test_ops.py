@@ -23,6 +23,7 @@ from datetime import datetime
 import pytest
 import websocket
 
+from gsync.ops import build
 from gsync.ops import status as status_cmd
 from gsync.ops.localrelay import LocalRelayProcess
 
@@ -204,6 +205,13 @@ def test_status_json_by_url(synced):
                               "last_error"}
 
 
+def test_version_is_printed_logged_and_exported(synced):
+    result = run_cli("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"gsync {build.version()}"
+    started = [e for e in synced.gsync.log_events() if e.get("event") == "started"]
+    assert started[0]["version"] == build.version() != "unknown"
+
+
 def test_status_when_no_instance_listens_is_a_clear_error():
     port = free_port()
     result = run_cli("status", "--url", f"http://127.0.0.1:{port}")
@@ -279,6 +287,12 @@ def test_metrics_after_a_real_sync(synced):
     assert g.metric("gsync_deliveries_total", outcome="delivered") == new
     assert g.metric("gsync_deliveries_total", outcome="rejected") == 0
     assert g.metric("gsync_queue_depth", queue="delivery") == 0
+    # What this is, what it holds, and the process itself (SPEC §8).
+    assert g.metric("gsync_build_info", version=build.version()) == 1
+    assert g.metric("gsync_relays_held") == 2
+    assert g.metric("gsync_rejected_entries") == 0 and g.metric("gsync_rejected_bytes") == 0
+    wait_until(lambda: 0 <= g.metric("gsync_state_save_age_seconds") < 15, timeout=15, what="a save")
+    assert g.metric("process_open_fds") > 5 and g.metric("process_resident_memory_bytes") > 10e6
     # The /status view agrees with the counters.
     assert sum(r["events_delivered"] for r in g.status()["relays"]) == new
 
@@ -344,11 +358,14 @@ def test_sighup_switches_the_log_level(synced):
         text = fh.read()
     assert "level = info" in text
     with open(g.config_path, "w") as fh:
-        fh.write(text.replace("level = info", "level = debug"))
+        fh.write(text.replace("level = info", "level = debug").replace("[network]", "[network]\nmax_relays = 77"))
     g.proc.send_signal(signal.SIGHUP)
-    wait_until(lambda: [e for e in g.log_events() if e.get("event") == "reloaded"],
-               timeout=10, what="the reloaded line")
+    reloaded = wait_until(lambda: [e for e in g.log_events() if e.get("event") == "reloaded"],
+                          timeout=10, what="the reloaded line")
     assert g.proc.poll() is None
+    assert reloaded[0]["applied"] == ["log.level"]
+    later = [e for e in g.log_events() if e.get("event") == "reload_needs_restart"]
+    assert [e["keys"] for e in later] == [["network.max_relays"]]
     # Work that logs at debug: a new repository accepted by the own relay, with an issue.
     repo = our_announcement(synced.own, [synced.a], d="after-sighup")
     bug = f.issue(bob, repo, subject="logged at debug")

@@ -89,6 +89,19 @@ def test_unit_keeps_what_gsync_relies_on():
     assert {"AF_INET", "AF_INET6", "AF_UNIX"} <= families
     assert "Service.MemoryDenyWriteExecute" not in d
     assert "Service.PrivateNetwork" not in d and "Service.IPAddressDeny" not in d
+    # Restarting cannot fix a config error or a refused state_dir: the codes gsync exits with.
+    from gsync.ops.cli import EXIT_BAD_CONFIG, EXIT_STATE_REFUSED
+
+    assert set(d["Service.RestartPreventExitStatus"][0].split()) == {str(EXIT_BAD_CONFIG), str(EXIT_STATE_REFUSED)}
+    # READY=1 may wait for the own relay: gsync extends the start while it waits, by more
+    # than it waits between extensions, and the unit's own timeout is a finite one.
+    from gsync.io.runner import START_EXTEND_BY_SECS, START_EXTEND_EVERY_SECS
+
+    assert START_EXTEND_EVERY_SECS < START_EXTEND_BY_SECS <= int(d["Service.TimeoutStartSec"][0])
+    # One socket per relay with work, with room, at the default max_relays.
+    from gsync import constants
+
+    assert int(d["Service.LimitNOFILE"][0]) >= 4 * constants.MAX_RELAYS_TOTAL
 
 
 def test_template_runs_one_shard_per_instance_and_is_otherwise_the_unit():

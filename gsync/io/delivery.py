@@ -2,8 +2,10 @@
 
 Every submitted event is tracked until the own relay answers it for good (SPEC §2):
 ``OK true`` (also ``duplicate:`` and GRASP's ``purgatory:``) is delivered; ``rate-limited``
-slows the lane and retries; ``auth-required`` authenticates (NIP-42) and retries; ``error``,
-a missing OK or a dropped connection retries with backoff; ``invalid``/``blocked``/
+slows the lane and retries; ``auth-required`` authenticates (NIP-42) and retries; a missing
+OK or a dropped connection retries on a fresh connection; ``error:`` or another prefix is
+retried with a growing delay, ten attempts over about an hour, then given up as a refusal
+(``sync.delivery_retry``); ``invalid``/``blocked``/
 ``restricted``/``pow``/``mute`` (or a refusal after AUTH) is final and reported so the
 manager can remember it in the rejected index. Nothing is dropped silently: a relay that hangs
 up (LocalRelay does, silently, when a connection's message budget runs out) only causes a
@@ -32,6 +34,7 @@ from ..protocol import messages as wire
 from ..protocol import wsframes
 from ..protocol.event import Event
 from ..protocol.filters import Filter
+from ..sync.delivery_retry import refusal_retry_delay
 from ..sync.have_index import HaveIndex
 from ..sync.own_held import HeldEntry
 from .connection import auth_event
@@ -48,7 +51,6 @@ FINAL_REFUSALS = {
     wire.Prefix.MUTE,
 }
 CONNECT_TIMEOUT_SECS = 10.0
-MAX_RETRY_DELAY_SECS = 60.0
 MAX_RATE_PAUSE_SECS = 30.0
 # While more than half a lane's window is unanswered, its reader pauses this long between
 # reads so that OKs are handled in bursts (a relay writes them one by one as it stores).
@@ -160,6 +162,9 @@ class OwnRelayDelivery:
         self._unindexed: dict[str, Event] = {}
         self._attempts: dict[str, int] = {}
         self._retry_heap: list[tuple[float, int, Event]] = []
+        # ids waiting in the retry heap: tracked (they count against the hard limit) but not
+        # part of the backlog that pauses reading and holds historic starts
+        self._parked: set[str] = set()
         self._seq = itertools.count()
         self._greenlets: list[gevent.Greenlet] = []
         self._stopping = False
@@ -196,15 +201,15 @@ class OwnRelayDelivery:
         it waits for, and comes back with a refusal."""
         if event.id in self._tracked:
             return False
-        backlog = len(self._tracked)
+        backlog = self.backlog
         if backlog >= self._max_backlog:
             if self.room.is_set():
                 log.warning("delivery_backlog_full", backlog=backlog, limit=self._max_backlog)
                 self.room.clear()
-            if backlog >= self._hard_limit:
-                metrics.DROPS.labels("own_relay_backlog_full").inc()
-                log.warning("event_dropped", reason="own_relay_backlog_full", event_id=event.id)
-                return False
+        if len(self._tracked) >= self._hard_limit:  # retries waiting included: memory
+            metrics.DROPS.labels("own_relay_backlog_full").inc()
+            log.warning("event_dropped", reason="own_relay_backlog_full", event_id=event.id)
+            return False
         self._tracked[event.id] = event
         self._sources[event.id] = source
         self._held[source] = self._held.get(source, 0) + 1
@@ -242,7 +247,8 @@ class OwnRelayDelivery:
 
     @property
     def backlog(self) -> int:
-        return len(self._tracked)
+        """Events being delivered: tracked, less those waiting out a retry delay."""
+        return len(self._tracked) - len(self._parked)
 
     @property
     def is_up(self) -> bool:
@@ -252,7 +258,7 @@ class OwnRelayDelivery:
         """Post ``DeliveryCaughtUp`` once, as soon as fewer than ``backlog`` events are
         tracked (at once if that is already so): the manager holds historic starts while
         delivery is behind and starts them again the moment it has caught up."""
-        if len(self._tracked) < backlog:
+        if self.backlog < backlog:
             self._wake_below = None
             self._post(DeliveryCaughtUp())
         else:
@@ -399,7 +405,7 @@ class OwnRelayDelivery:
         elif ok.prefix in FINAL_REFUSALS:
             self._finish(event, "rejected", f"{ok.prefix.value}: {ok.text}")
         else:
-            self._retry_later(event, "retry_error")
+            self._retry_later(event, "retry_error", ok)
 
     def _finish(self, event: Event, outcome: str, reason: str) -> None:
         source = self._sources.pop(event.id, "")
@@ -412,12 +418,8 @@ class OwnRelayDelivery:
         if self._unindexed.pop(event.id, None) is None:
             self._tracked_index.discard(event.id)
         self._attempts.pop(event.id, None)
-        if self._wake_below is not None and len(self._tracked) < self._wake_below:
-            self._wake_below = None
-            self._post(DeliveryCaughtUp())
-        if not self.room.is_set() and len(self._tracked) < self._max_backlog * 0.9:
-            log.info("delivery_backlog_has_room", backlog=len(self._tracked))
-            self.room.set()
+        self._parked.discard(event.id)
+        self._backlog_fell()
         if outcome == "delivered":
             self._delivered_uncounted += 1  # counted once per read burst (_count_delivered)
         else:
@@ -452,18 +454,38 @@ class OwnRelayDelivery:
             child = self._outcomes[outcome] = metrics.DELIVERIES.labels(outcome)
         return child
 
-    def _retry_later(self, event: Event, outcome: str) -> None:
-        self._outcome(outcome).inc()
+    def _backlog_fell(self) -> None:
+        backlog = self.backlog
+        if self._wake_below is not None and backlog < self._wake_below:
+            self._wake_below = None
+            self._post(DeliveryCaughtUp())
+        if not self.room.is_set() and backlog < self._max_backlog * 0.9:
+            log.info("delivery_backlog_has_room", backlog=backlog)
+            self.room.set()
+
+    def _retry_later(self, event: Event, outcome: str, ok: wire.Ok) -> None:
+        """A refusal that is not final: tried again later (``sync.delivery_retry``), or,
+        past the last attempt, given up as a refusal (the manager's rejected index)."""
         attempts = self._attempts.get(event.id, 0) + 1
         self._attempts[event.id] = attempts
-        delay = min(MAX_RETRY_DELAY_SECS, 0.5 * 2 ** (attempts - 1))
+        delay = refusal_retry_delay(attempts)
+        if delay is None:
+            metrics.DELIVERIES_GIVEN_UP.labels(ok.prefix.value).inc()
+            log.warning("delivery_given_up", event_id=event.id, kind=event.kind, attempts=attempts,
+                        reason=ok.text[:200])
+            self._finish(event, "rejected", f"gave up after {attempts} attempts: {ok.prefix.value}: {ok.text}")
+            return
+        self._outcome(outcome).inc()
         heapq.heappush(self._retry_heap, (self._clock() + delay, next(self._seq), event))
+        self._parked.add(event.id)
+        self._backlog_fell()
 
     def _retry_loop(self) -> None:
         while not self._stopping:
             now = self._clock()
             while self._retry_heap and self._retry_heap[0][0] <= now:
                 _, _, event = heapq.heappop(self._retry_heap)
+                self._parked.discard(event.id)
                 if event.id in self._tracked:
                     self._queue.append(event, self._sources.get(event.id, ""))
                     self._wake_lanes()

@@ -21,6 +21,7 @@ from gevent.event import AsyncResult
 from gevent.lock import BoundedSemaphore
 from gevent.queue import Empty, Queue
 
+from .. import constants
 from ..constants import (
     MAX_RUNNING_EXCHANGES,
     NEGENTROPY_DEADLINE_SECS,
@@ -166,22 +167,31 @@ def read_holdings(own_url: str, filters, post, *, relay: str, session: int, batc
                 return exc
 
     pool = gevent.pool.Pool(OWN_READS_PER_BATCH)
-    done = [pool.spawn(read, i, flt) for i, flt in enumerate(reads)]
-    gevent.joinall(done)
-    holdings, reason = [r.value for r in done], ""
+    spawned = [pool.spawn(read, i, flt) for i, flt in enumerate(reads)]
+    deadline = constants.OWN_READ_DEADLINE_SECS
+    done = gevent.joinall(spawned, timeout=deadline)
+    holdings, reason = [r.value for r in spawned], ""
     failed = next((h for h in holdings if isinstance(h, Exception)), None)
-    if failed is not None:
+    if len(done) < len(spawned):  # the rest are given up: REQ pages for the whole batch
+        pool.kill(block=False)
+        holdings, reason = None, f"own relay query past its {deadline:g} s deadline"
+    elif failed is not None:
         holdings, reason = None, f"own relay query failed: {type(failed).__name__}"
     post(OwnHoldingsRead(relay, session, batch_id, token, list(filters), holdings, reason, epoch, reads))
 
 
 def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batch_id: int,
                      token: str, deadline_secs: float = NEGENTROPY_DEADLINE_SECS,
-                     held=None, frame_size_limit: int = FRAME_SIZE_LIMIT, busy=None) -> None:
-    """``held``: the own relay's (created_at, id) for ``flt``, if already known."""
+                     held=None, frame_size_limit: int = FRAME_SIZE_LIMIT, busy=None,
+                     started=None) -> None:
+    """``held``: the own relay's (created_at, id) for ``flt``, if already known; ``busy``:
+    the own relay is slow to answer deliveries (``give_way``); ``started``: a list the
+    monotonic time its turn came is appended to (the manager's deadline)."""
     if held is None:
         give_way(busy)
     with _running:
+        if started is not None:
+            started.append(time.monotonic())
         try:
             items = _holdings.get(own_url, flt) if held is None else held
         except Exception as exc:

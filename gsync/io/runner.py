@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import gc
 import signal
+import sys
 
 import gevent
 
 from .. import constants
-from ..ops import sdnotify
+from ..ops import build, metrics, sdnotify
 from ..ops.logging import get_logger
 from .events import Stop
 from .manager import SyncManager
@@ -32,7 +33,16 @@ def start_metrics_server(listen, manager) -> None:
 
 
 def run(config, *, drain_deadline: float = DRAIN_DEADLINE_SECS) -> int:
-    manager = SyncManager(config, on_ready=lambda: sdnotify.notify("READY=1\nSTATUS=own relay subscribed"))
+    from ..ops.cli import EXIT_STATE_REFUSED
+    from ..ops.store import StateRefused
+
+    try:
+        manager = SyncManager(config, on_ready=lambda: sdnotify.notify("READY=1\nSTATUS=own relay subscribed"))
+    except StateRefused as exc:
+        log.error("state_refused", reason=str(exc))
+        print(f"gsync: {exc}", file=sys.stderr)
+        return EXIT_STATE_REFUSED
+    metrics.BUILD_INFO.labels(build.version(), build.python_version()).set(1)
     start_metrics_server(config.metrics.listen, manager)
 
     def drain():
@@ -50,6 +60,7 @@ def run(config, *, drain_deadline: float = DRAIN_DEADLINE_SECS) -> int:
     interval = sdnotify.watchdog_interval()
     if interval:
         gevent.spawn(_watchdog, manager, interval)
+    gevent.spawn(_extend_start, manager)
     trim = _malloc_trim()
     if trim is not None:
         gevent.spawn(_trim_loop, trim)
@@ -60,11 +71,13 @@ def run(config, *, drain_deadline: float = DRAIN_DEADLINE_SECS) -> int:
     gc.freeze()
     gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
     manager.start()
-    log.info("started", own_relay=config.service.own_relay, domains=list(config.service.domains),
-             shard=str(config.cluster.shard))
+    log.info("started", version=build.version(), own_relay=config.service.own_relay,
+             domains=list(config.service.domains), shard=str(config.cluster.shard))
     if constants.TEST_TIMERS_ACTIVE:
         log.warning("test_timers_active", timers=constants.TEST_TIMERS_ACTIVE)
     manager.run()
+    manager.save_state(manager.clock())  # what the drain changed (refusals answered meanwhile)
+    manager.saved.close()  # the lock goes with it
     return 0
 
 
@@ -74,6 +87,21 @@ def _watchdog(manager: SyncManager, interval: float) -> None:
         gevent.sleep(interval)
         if manager.alive_recently(interval * 2):
             sdnotify.notify("WATCHDOG=1\nSTATUS=" + manager.summary())
+
+
+START_EXTEND_EVERY_SECS = 20.0
+START_EXTEND_BY_SECS = 60.0
+
+
+def _extend_start(manager: SyncManager) -> None:
+    """Until READY=1, ask systemd for more start time while the manager loop runs: an own
+    relay slow to come up is waited for (TimeoutStartSec= in the unit is for a gsync that
+    hangs, not for one that waits)."""
+    while not manager.ready:
+        if manager.alive_recently(START_EXTEND_EVERY_SECS):
+            sdnotify.notify(f"EXTEND_TIMEOUT_USEC={int(START_EXTEND_BY_SECS * 1e6)}\n"
+                            "STATUS=waiting for the own relay's self-subscription")
+        gevent.sleep(START_EXTEND_EVERY_SECS)
 
 
 def _malloc_trim():
@@ -96,8 +124,9 @@ def _trim_loop(trim) -> None:
 
 
 def reload_config(config, manager: SyncManager) -> None:
-    """SIGHUP: re-read ``[log]`` and ``[sync] bootstrap_relays`` without a restart."""
-    from ..ops.config import ConfigErrors, load_config
+    """SIGHUP: re-read ``[log]`` and ``[sync] bootstrap_relays`` without a restart, and say
+    which other keys differ from what this process started with (they wait for a restart)."""
+    from ..ops.config import RELOADABLE_KEYS, ConfigErrors, changed_keys, load_config
     from ..ops.logging import configure_logging
 
     try:
@@ -105,6 +134,13 @@ def reload_config(config, manager: SyncManager) -> None:
     except ConfigErrors as exc:
         log.error("reload_failed", errors=[str(e) for e in exc.errors])
         return
+    changed = changed_keys(config, fresh)
     configure_logging(fresh.log.level, fresh.log.format)
     manager.set_bootstrap_relays(fresh.sync.bootstrap_relays)
-    log.info("reloaded", log_level=fresh.log.level, bootstrap_relays=list(fresh.sync.bootstrap_relays))
+    applied = [key for key in changed if key in RELOADABLE_KEYS]
+    later = [key for key in changed if key not in RELOADABLE_KEYS]
+    log.info("reloaded", applied=applied, log_level=fresh.log.level,
+             bootstrap_relays=list(fresh.sync.bootstrap_relays))
+    if later:
+        log.warning("reload_needs_restart", keys=later,
+                    hint="these take effect at the next start (systemctl restart gsync)")

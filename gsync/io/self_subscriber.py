@@ -18,9 +18,15 @@ from ..protocol.event import EventError, parse_event
 from ..protocol.filters import Filter
 from .events import OwnEvents, OwnSubscribed
 from .own_query import history_pages
+from .ws import Timeout
 from .ws import connect as ws_connect
 
 SUB_ID = "gsync-self"
+
+
+class HistoryDeadline(Exception):
+    """A history read ran past OWN_HISTORY_DEADLINE_SECS (not a socket timeout: websocket
+    calls would take one for their own and say only "timed out")."""
 
 
 def self_filter(since: int | None) -> Filter:
@@ -39,6 +45,7 @@ class SelfSubscriber:
         self.last_connected: float | None = None
         self.connected = False  # the live subscription's connection is open (a metric)
         self._full_read_at: float | None = None  # when the whole history was last read
+        self._history_read = False  # this session's first history read is done
         self._greenlet: gevent.Greenlet | None = None
 
     def start(self) -> None:
@@ -62,7 +69,8 @@ class SelfSubscriber:
             self.connected = True
             reconnect = self.last_connected is not None
             since = int(self.last_connected) - constants.RECONNECT_OVERLAP_SECS if reconnect else None
-            self.last_connected = self._clock()
+            prior, self.last_connected = self.last_connected, self._clock()
+            self._history_read = False
             history = reread = None
             try:
                 # Live first (limit 0: only new events), then the history in pages on a
@@ -70,11 +78,12 @@ class SelfSubscriber:
                 # between the two.
                 ws.send(wire.req(SUB_ID, [self_filter(None).replace(limit=0)]))
                 self._log.info("self_subscription_started", relay=self.url, since=since)
-                history = gevent.spawn(self._read_history, since, reconnect)
+                history = gevent.spawn(self._read_history, since, reconnect, ws, prior)
                 reread = gevent.spawn(self._reread_loop)
                 self._read(ws)
             except Exception as exc:
-                self._log.warning("self_subscription_lost", relay=self.url, reason=type(exc).__name__)
+                self._log.warning("self_subscription_lost", relay=self.url, reason=type(exc).__name__,
+                                  detail=str(exc)[:200])
             finally:
                 self.connected = False
                 for greenlet in (history, reread):
@@ -86,9 +95,19 @@ class SelfSubscriber:
                     pass
             gevent.sleep(backoff)
 
-    def _read_history(self, since: int | None, reconnect: bool) -> None:
+    def _read_history(self, since: int | None, reconnect: bool, live, prior: float | None) -> None:
         started = self._clock()
-        count = self._read_since(since)
+        try:
+            count = self._read_since(since)
+        except Exception as exc:
+            # The session ends (its live read with it) and the next one reads from the same
+            # point: what this one would have read is not skipped.
+            self._log.warning("self_history_failed", relay=self.url, reason=type(exc).__name__,
+                              detail=str(exc)[:200])
+            self.last_connected = prior
+            live.close(timeout=1)
+            return
+        self._history_read = True
         if since is None:
             self._full_read_at = started
         self._log.info("self_history_read", relay=self.url, events=count, since=since)
@@ -98,16 +117,18 @@ class SelfSubscriber:
         """The own relay's history since ``since``, in pages on a connection of its own,
         each posted as it comes (``unseen_only``: what the manager has not seen); how many
         events it held."""
-        ws = ws_connect(self.url, 30)
+        deadline = constants.OWN_HISTORY_DEADLINE_SECS
         count = 0
-        try:
-            for page in history_pages(ws, self_filter(since)):
-                count += len(page)
-                if unseen_only:
-                    page = [raw for raw in page if raw.get("id") not in self._checked]
-                self._post_events(page)
-        finally:
-            ws.close(timeout=1)
+        with gevent.Timeout(deadline, HistoryDeadline(f"history read past its {deadline:g} s deadline")):
+            ws = ws_connect(self.url, 30)
+            try:
+                for page in history_pages(ws, self_filter(since)):
+                    count += len(page)
+                    if unseen_only:
+                        page = [raw for raw in page if raw.get("id") not in self._checked]
+                    self._post_events(page)
+            finally:
+                ws.close(timeout=1)
         return count
 
     def _reread_loop(self) -> None:
@@ -150,11 +171,24 @@ class SelfSubscriber:
             self._post(OwnEvents(events))
 
     def _read(self, ws) -> None:
-        ws.settimeout(None)
+        """The live subscription, until the session ends. Silence is asked about: after
+        OWN_IDLE_PING_SECS with nothing read, a ping; nothing read again by the next
+        timeout (not even its pong) and the socket is taken for half-open."""
+        ws.settimeout(constants.OWN_IDLE_PING_SECS)
+        pinged_at = None  # ws.reads when the unanswered ping went
         while True:
             raws = []
             try:
-                for opcode, data in ws.recv_burst():
+                try:
+                    burst = ws.recv_burst()
+                except Timeout:
+                    if pinged_at is not None and ws.reads == pinged_at:
+                        raise ConnectionError("the own relay answered no ping: half-open socket") from None
+                    pinged_at = ws.reads
+                    ws.ping()
+                    continue
+                pinged_at = None
+                for opcode, data in burst:
                     if opcode == wsframes.OP_CLOSE:
                         raise ConnectionError("the own relay closed the connection")
                     if opcode != wsframes.OP_TEXT:
@@ -166,5 +200,5 @@ class SelfSubscriber:
                         raise ConnectionError(f"own relay closed the self-subscription: {msg.text}")
             finally:
                 self._post_events(raws)  # what came before a close is kept
-            if raws:
+            if raws and self._history_read:  # a failed history read is read again whole
                 self.last_connected = self._clock()

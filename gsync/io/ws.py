@@ -57,6 +57,7 @@ class WsStream:
         self._idle_timeout: float | None = ws.sock.gettimeout()
         self._stalled_for = 0.0  # seconds spent waiting for the rest of the current message
         self._pong_due: bytes | None = None  # the last ping's payload, not yet answered
+        self.reads = 0  # socket reads that returned (a pong, even): is the peer there?
         self._controls = 0  # pings and pongs since the last message (in this window)
         self._controls_since = 0.0
 
@@ -141,7 +142,9 @@ class WsStream:
 
     def _recv(self) -> bytes:
         try:
-            return self._sock.recv(RECV_CHUNK)
+            chunk = self._sock.recv(RECV_CHUNK)
+            self.reads += 1
+            return chunk
         except TimeoutError:  # socket.timeout
             raise Timeout("timed out") from None
         except OSError as exc:

@@ -15,10 +15,16 @@ _NETWORK_COMMANDS = ("run", "demo")
 _DELEGATED_COMMANDS = ("status", "demo")
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_CONFIG = 0, 1, 2
+# state_dir refused (another instance holds it, or a newer gsync wrote it): restarting
+# would not help, so the unit does not (RestartPreventExitStatus=, like EXIT_BAD_CONFIG)
+EXIT_STATE_REFUSED = 3
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .build import version
+
     parser = argparse.ArgumentParser(prog="gsync", description="GRASP-02 proactive sync worker")
+    parser.add_argument("--version", action="version", version=f"gsync {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, help_text in (
         ("run", "sync the own relay until stopped"),

@@ -29,6 +29,7 @@ LOG_FORMATS = ("json", "console")
 _SECP256K1_ORDER = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}\Z")
 _MAX_KEY_FILE_BYTES = 4096
+CREDENTIALS_PREFIX = "$CREDENTIALS_DIRECTORY/"  # [auth] key_file from systemd's LoadCredential=
 
 
 @dataclass(frozen=True)
@@ -90,10 +91,10 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     path: str = ""
 
-    def describe(self) -> str:
-        """The effective configuration as INI text, defaults filled in, without the secret."""
+    def sections(self) -> dict[str, dict]:
+        """The effective configuration, section → key → value as the INI spells it."""
         listen = self.metrics.listen
-        sections = {
+        return {
             "service": {
                 "own_relay": self.service.own_relay,
                 "domain": ", ".join(self.service.domains),
@@ -119,12 +120,30 @@ class Config:
             "metrics": {"listen": _format_listen(listen) if listen else ""},
             "log": {"level": self.log.level, "format": self.log.format},
         }
+
+    def describe(self) -> str:
+        """The effective configuration as INI text, defaults filled in, without the secret."""
         lines = []
-        for name, keys in sections.items():
+        for name, keys in self.sections().items():
             lines.append(f"[{name}]")
             lines += [f"{key} = {value}".rstrip() for key, value in keys.items()]
             lines.append("")
         return "\n".join(lines)
+
+
+# Keys a SIGHUP applies without a restart (runner.reload_config); any other change waits for one.
+RELOADABLE_KEYS = frozenset({"log.level", "log.format", "sync.bootstrap_relays"})
+
+
+def changed_keys(old: Config, new: Config) -> list[str]:
+    """``section.key`` of every value that differs between two configurations (the key
+    file's content too, as ``auth.key_file``)."""
+    before, after = old.sections(), new.sections()
+    changed = [f"{section}.{key}" for section, keys in after.items() for key, value in keys.items()
+               if before.get(section, {}).get(key) != value]
+    if old.auth.secret_key != new.auth.secret_key and "auth.key_file" not in changed:
+        changed.append("auth.key_file")
+    return changed
 
 
 # -- errors ----------------------------------------------------------------------------
@@ -335,8 +354,18 @@ class _Reader:
         return tuple(dict.fromkeys(urls))
 
     def secret_key(self, key_file: str) -> str | None:
+        """The key in ``key_file``. ``$CREDENTIALS_DIRECTORY/NAME`` reads the credential
+        systemd passed with ``LoadCredential=NAME:…`` (DynamicUser= has no fixed user to own
+        a key file; systemd hands the service a private copy)."""
         if not key_file:
             return None
+        if key_file.startswith(CREDENTIALS_PREFIX):
+            directory = os.environ.get("CREDENTIALS_DIRECTORY")
+            if not directory:
+                self.error("$CREDENTIALS_DIRECTORY is not set: run under systemd with LoadCredential=",
+                           "auth", "key_file", key_file)
+                return None
+            key_file = os.path.join(directory, key_file[len(CREDENTIALS_PREFIX):])
         try:
             with open(key_file, "rb") as f:
                 data = f.read(_MAX_KEY_FILE_BYTES + 1)

@@ -6,8 +6,19 @@ incremented where the thing happens.
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
 
 REGISTRY = CollectorRegistry(auto_describe=True)
-# process_resident_memory_bytes, process_cpu_seconds_total, process_open_fds, … (Linux /proc)
+# process_resident_memory_bytes, process_open_fds, process_max_fds, CPU seconds (from /proc)
 ProcessCollector(registry=REGISTRY)
+
+BUILD_INFO = Gauge("gsync_build_info", "Always 1: the running gsync's version and Python",
+                   ["version", "python"], registry=REGISTRY)
+# What state_dir and the tables hold (SPEC §8: bounded by the work, never by uptime)
+RELAYS_HELD = Gauge("gsync_relays_held", "Relays in the manager's tables (relays with work)",
+                    registry=REGISTRY)
+REJECTED_ENTRIES = Gauge("gsync_rejected_entries", "Entries of the rejected index", registry=REGISTRY)
+REJECTED_BYTES = Gauge("gsync_rejected_bytes", "Bytes the rejected index's entries stand for",
+                       registry=REGISTRY)
+STATE_SAVE_AGE = Gauge("gsync_state_save_age_seconds",
+                       "Seconds since state_dir was last written (-1: not yet)", registry=REGISTRY)
 
 # -- the seed's names (SPEC §7) ----------------------------------------------------------
 RELAY_CONNECTED = Gauge(
@@ -55,6 +66,14 @@ DELIVERIES = Counter(
     "Own-relay answers to deliveries by outcome (delivered, duplicate, purgatory, rejected, "
     "retry_rate_limited, retry_error, retry_timeout, retry_disconnect, retry_auth)",
     ["outcome"],
+    registry=REGISTRY,
+)
+DELIVERIES_GIVEN_UP = Counter(
+    "gsync_deliveries_given_up_total",
+    "Deliveries refused without a final word (error:, another prefix, none) as many times as "
+    "they are tried (constants.DELIVERY_MAX_ATTEMPTS), then kept as refused, by the prefix "
+    "of the last refusal",
+    ["reason"],
     registry=REGISTRY,
 )
 EVENTS_RECEIVED = Counter(
@@ -205,10 +224,23 @@ PER_RELAY_GAUGES = (RELAY_CONNECTED, RELAY_STATUS, RELAY_FAILURES, SUBSCRIPTIONS
                     RELAY_PARKED)
 
 
+def relay_labelled() -> list:
+    """Every metric of REGISTRY with a ``relay`` label."""
+    return [m for m in globals().values()
+            if isinstance(m, (Counter, Gauge)) and "relay" in getattr(m, "_labelnames", ())]
+
+
 def forget_relay(relay: str) -> None:
-    """A retired relay's gauges go, so they neither lie nor pile up as relays come and go."""
-    for gauge in PER_RELAY_GAUGES:
-        try:
-            gauge.remove(relay)
-        except KeyError:
-            pass
+    """A retired relay's series go, every one (gauges, and counters too: relay URLs come
+    from whoever publishes announcements, so a series per URL ever seen would grow with
+    uptime, SPEC §8)."""
+    for metric in relay_labelled():
+        names = metric._labelnames
+        keys = {tuple(sample.labels[n] for n in names)
+                for family in metric.collect() for sample in family.samples
+                if sample.labels.get("relay") == relay}
+        for key in keys:
+            try:
+                metric.remove(*key)
+            except KeyError:
+                pass

@@ -26,6 +26,19 @@ def full_root_ids(repo_index) -> set[str]:
     }
 
 
+def member_roots(event: Event, root_ids: set[str]) -> frozenset[str]:
+    """The roots ``event`` is a direct member of (empty: none; a root itself is none)."""
+    if event.id in root_ids:
+        return frozenset()
+    return frozenset(tag[1] for tag in event.tags
+                     if len(tag) >= 2 and tag[0] in REFERENCE_TAGS and tag[1] in root_ids)
+
+
+def stale_members(roots_of: dict[str, frozenset], root_ids: set[str]) -> list[str]:
+    """Members none of whose roots is synced any more: they leave with their roots."""
+    return [member for member, roots in roots_of.items() if not roots & root_ids]
+
+
 def is_direct_member(event: Event, root_ids: set[str]) -> bool:
     if event.id in root_ids:
         return False

@@ -201,6 +201,23 @@ class RelayHealthTracker:
     def relays(self) -> list[str]:
         return list(self._relays)
 
+    def snapshot(self, relay: str, fields) -> dict:
+        """The named fields of ``relay``'s record (what outlives the process: ``sync.memory``)."""
+        h = self._relays.get(relay) or _RelayHealth()
+        return {name: getattr(h, name) for name in fields}
+
+    def restore(self, relay: str, saved: dict) -> None:
+        """Fields saved by ``snapshot`` in an earlier process: a dead relay stays dead, a
+        failing one keeps its backoff, a cooldown runs to its end."""
+        h = self._get(relay)
+        h.failures = int(saved.get("failures") or 0)
+        h.misbehaviour_streak = int(saved.get("misbehaviour_streak") or 0)
+        for name in ("first_failure_at", "last_failure_at", "cooldown_until"):
+            value = saved.get(name)
+            setattr(h, name, None if value is None else float(value))
+        if not h.failures:
+            h.first_failure_at = h.last_failure_at = None
+
     # -- connection health
 
     def backoff(self, failures: int) -> float:

@@ -141,8 +141,28 @@ class CoveragePauses:
             self._until[key] = 0.0
         self._probing.clear()
 
+    def snapshot(self) -> list:
+        """JSON-able, for ``state_dir``: ``[[kinds or null, [tag names], ids, authors],
+        probe due at]``; a probe out now is due at once after a restart (its answer is lost)."""
+        out = [[_key_json(key), until] for key, until in self._until.items()]
+        return out + [[_key_json(key), 0.0] for key in self._probing]
+
+    @classmethod
+    def restore(cls, saved) -> CoveragePauses:
+        pauses = cls()
+        for key, until in saved:
+            kinds, tags, ids, authors = key
+            kinds = None if kinds is None else tuple(int(k) for k in kinds)
+            pauses._until[(kinds, tuple(str(t) for t in tags), bool(ids), bool(authors))] = float(until)
+        return pauses
+
     def keys(self) -> list[CoverageKey]:
         return list(self._until) + list(self._probing)
 
     def __len__(self) -> int:
         return len(self._until) + len(self._probing)
+
+
+def _key_json(key: CoverageKey) -> list:
+    kinds, tags, ids, authors = key
+    return [None if kinds is None else list(kinds), list(tags), ids, authors]

@@ -24,7 +24,9 @@ from ..constants import (
     MAX_DEPENDENCIES,
     REJECTED_COLD_SECS,
     REJECTED_HOT_SECS,
+    REJECTED_MAX_BYTES,
     REJECTED_MAX_ENTRIES,
+    REJECTED_MAX_VALUE_CHARS,
 )
 from ..protocol.event import Event
 from ..protocol.filters import Filter
@@ -84,14 +86,18 @@ def dependencies(event: Event, cap: int = MAX_DEPENDENCIES) -> tuple[str, ...]:
             keys[repo_key(value)] = None
         elif name in EVENT_TAGS and _HEX64.match(value):
             keys[event_key(value)] = None
-    return tuple(keys)[:cap]
+    # a key past the bound is not kept: its entry is released by the others, or expires
+    return tuple(k for k in keys if len(k) <= REJECTED_MAX_VALUE_CHARS)[:cap]
 
 
 def filter_refs(event: Event) -> tuple[tuple[str, str], ...] | None:
     """The (name, value) pairs of ``event``'s tags that sync filters select by; None (may
-    match any filter) past MAX_REFS of them."""
+    match any filter: stored loose) past MAX_REFS of them, or with a value longer than
+    REJECTED_MAX_VALUE_CHARS (a 64 KiB tag must not make the entry 64 KiB)."""
     refs = tuple((t[0], t[1]) for t in event.tags if len(t) >= 2 and t[0] in FILTER_TAGS)
-    return refs if len(refs) <= MAX_REFS else None
+    if len(refs) > MAX_REFS or any(len(value) > REJECTED_MAX_VALUE_CHARS for _, value in refs):
+        return None
+    return refs
 
 
 class _Cold:
@@ -100,7 +106,7 @@ class _Cold:
     values; None when unknown — saved by an older gsync, or too many tags to keep — then it
     may match any filter)."""
 
-    __slots__ = ("created_at", "rejected_at", "relay", "keys", "kind", "pubkey", "tags")
+    __slots__ = ("created_at", "rejected_at", "relay", "keys", "kind", "pubkey", "tags", "size")
     compact = True  # tags outside FILTER_TAGS are not kept (have_index.may_match)
 
     def __init__(self, created_at: int, rejected_at: float, relay: str, keys: tuple[str, ...],
@@ -112,19 +118,40 @@ class _Cold:
         self.kind = kind
         self.pubkey = pubkey
         self.tags = tags
+        # bytes it stands for (its saved row, about): what REJECTED_MAX_BYTES counts
+        self.size = 150 + len(relay) + sum(len(k) + 4 for k in keys) + (
+            sum(len(n) + len(v) + 8 for n, v in tags) if tags else 0)
+
+    def row(self) -> str:
+        """The saved form: ``[created_at, rejected_at, relay, [keys], kind, pubkey,
+        [[tag, value], …] or null]``."""
+        return json.dumps([self.created_at, self.rejected_at, self.relay, list(self.keys), self.kind,
+                           self.pubkey, None if self.tags is None else [list(t) for t in self.tags]],
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_row(cls, text: str) -> _Cold:
+        created_at, at, relay, keys, kind, pubkey, refs = json.loads(text)
+        return cls(int(created_at), float(at), str(relay),
+                   tuple(str(k) for k in keys[:MAX_DEPENDENCIES]),
+                   None if kind is None else int(kind), None if pubkey is None else str(pubkey),
+                   None if refs is None else tuple((str(n), str(v)) for n, v in refs[:MAX_REFS]))
 
 
 class RejectedIndex:
     def __init__(self, hot_secs: float = REJECTED_HOT_SECS, cold_secs: float = REJECTED_COLD_SECS,
-                 max_entries: int = REJECTED_MAX_ENTRIES):
+                 max_entries: int = REJECTED_MAX_ENTRIES, max_bytes: int = REJECTED_MAX_BYTES):
         self.hot_secs = hot_secs
         self.cold_secs = cold_secs
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.bytes = 0  # the cold entries' sizes, together
         self._hot: dict[str, tuple[Event, float]] = {}  # id → (event, hot until)
         self._cold: dict[str, _Cold] = {}
         self._by_key: dict[str, set[str]] = {}  # release key → ids waiting on it
         self._index = HaveIndex()  # the cold entries, by what filters select on
         self.dirty = False
+        self._changed: set[str] = set()  # ids added or removed since the last take_changes
 
     def __contains__(self, event_id: str) -> bool:
         return event_id in self._cold
@@ -139,9 +166,12 @@ class RejectedIndex:
                                   event.kind, event.pubkey, filter_refs(event)))
 
     def _put(self, event_id: str, entry: _Cold) -> None:
-        while len(self._cold) >= self.max_entries:  # the oldest refusal makes room
+        while self._cold and (len(self._cold) >= self.max_entries
+                              or self.bytes + entry.size > self.max_bytes):  # the oldest makes room
             self.remove(next(iter(self._cold)))
         self._cold[event_id] = entry
+        self.bytes += entry.size
+        self._changed.add(event_id)
         self._index.add(event_id, entry)
         for key in entry.keys:
             self._by_key.setdefault(key, set()).add(event_id)
@@ -152,6 +182,8 @@ class RejectedIndex:
         entry = self._cold.pop(event_id, None)
         if entry is None:
             return
+        self.bytes -= entry.size
+        self._changed.add(event_id)
         self._index.discard(event_id)
         for key in entry.keys:
             waiting = self._by_key.get(key)
@@ -203,6 +235,42 @@ class RejectedIndex:
             self.remove(eid)
 
     # -- persistence (cold tier only) --------------------------------------------------
+
+    def take_changes(self) -> tuple[list[tuple[str, str]], list[str]]:
+        """What changed since the last call, to write by change (``ops.store``): rows to
+        put ``(id, row)`` and ids to delete."""
+        changed, self._changed = self._changed, set()
+        self.dirty = False
+        puts = [(eid, self._cold[eid].row()) for eid in changed if eid in self._cold]
+        return puts, [eid for eid in changed if eid not in self._cold]
+
+    def keep_changes(self, ids) -> None:
+        """A save failed: ``ids`` are written with the next one."""
+        self._changed.update(ids)
+
+    @property
+    def has_changes(self) -> bool:
+        return bool(self._changed)
+
+    @classmethod
+    def from_rows(cls, rows, now: float, **kw) -> tuple[RejectedIndex, list[str]]:
+        """The index saved as rows ``(id, row)``, and the ids of rows that were unreadable
+        or expired (to delete). A bad row costs that entry, never the rest."""
+        index = cls(**kw)
+        drop = []
+        for eid, text in rows:
+            try:
+                entry = _Cold.from_row(text)
+            except (ValueError, KeyError, TypeError, IndexError):
+                drop.append(eid)
+                continue
+            if isinstance(eid, str) and _HEX64.match(eid) and now - entry.rejected_at < index.cold_secs:
+                index._put(eid, entry)
+            else:
+                drop.append(eid)
+        index._changed = set()
+        index.dirty = False
+        return index, drop
 
     def dumps(self) -> str:
         """Format 2: relay URLs once in a table, entries ``id: [created_at, rejected_at,

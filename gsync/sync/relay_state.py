@@ -71,6 +71,25 @@ class PolledCoverage:
 
 
 @dataclass
+class RunningExchange:
+    """A NIP-77 exchange the manager started (``neg_running``): its greenlet, what it was
+    for, and when it was queued and took its turn (monotonic seconds; ``started`` gets the
+    time appended by the greenlet itself)."""
+
+    greenlet: Any
+    batch_id: int
+    filter: Any
+    queued_at: float
+    started: list = field(default_factory=list)
+
+    def overdue(self, now: float, deadline: float, grace: float, queue_secs: float) -> bool:
+        """Past the manager's deadline, whatever its greenlet is doing."""
+        if self.started:
+            return now - self.started[0] > deadline + grace
+        return now - self.queued_at > queue_secs
+
+
+@dataclass
 class RelayState:
     url: str
     is_bootstrap: bool = False
@@ -89,6 +108,9 @@ class RelayState:
     # and how many sessions in a row it ended, without a word, just after a long message
     max_message_learned: int | None = None
     silent_long_hangups: int = 0
+    # REQ shape and subscription caps it refused past (kept over sessions and restarts)
+    max_filters_learned: int | None = None
+    max_subscriptions_learned: int | None = None
     page_cap: Any = None  # pending.PageCap: what this session taught us of its page size
     refused_reason: str = ""  # the SSRF guard said no: never dialled again
     pending: dict[int, PendingBatch] = field(default_factory=dict)
@@ -102,7 +124,7 @@ class RelayState:
     round_started_at: float = 0.0  # the latest fresh start, quick reconnect or daily sync
     batch_failures: bool = False
     unrelated_failure: bool = False  # a failure recovery cannot fix (e.g. a refused sub)
-    neg_running: set = field(default_factory=set)
+    neg_running: dict = field(default_factory=dict)  # NIP-77 token → RunningExchange
     # historic sub id → when it last showed life (sent, or an event): stalled ones time out
     sub_activity: dict = field(default_factory=dict)
     stalled_shapes: set = field(default_factory=set)  # coverage keys that stalled alone
@@ -112,6 +134,10 @@ class RelayState:
     # direct members of threads seen from this relay (their replies are fetched too)
     members: set = field(default_factory=set)
     new_members: set = field(default_factory=set)
+    member_roots: dict = field(default_factory=dict)  # member → the roots it is one of
+    # members whose coverage went with the last session (or the last process): reopened
+    # by the next connection (lifecycle.reopen_members)
+    reopen_members: set = field(default_factory=set)
     descendants_started_at: float | None = None
     # Live coverage that did not fit the relay's budget, polled instead (manager.run_polls):
     # what came in the last FRESH_POLL_SECS (new repositories, roots, thread members: where
@@ -187,10 +213,11 @@ class RelayState:
         self.historic_sent_at.clear()
 
     def clear_live(self) -> None:
-        """Live coverage is gone (disconnect, fresh start): descendant coverage is rebuilt
-        for every known member on the next descendants tick. The poll cursor stays: what
-        the new session polls is asked from the last successful poll, with the overlap."""
-        self.new_members |= self.members
+        """Live coverage is gone (disconnect, fresh start): the known members' descendant
+        coverage is opened again by the next session, since the gap on a quick reconnect,
+        whole on a fresh start. The poll cursor stays: what the new session polls is asked
+        from the last successful poll, with the overlap."""
+        self.reopen_members |= self.members
         self.members = set()
         self.live_subs.clear()
         self.live_queue.clear()

@@ -55,8 +55,9 @@ from .descendants import Descendants
 from .historic import HistoricSync
 from .lifecycle import RelayLifecycle
 from .live import LiveCoverage
-from .own_relay import REJECTED_SAVE_SECS, OwnRelaySide
+from .own_relay import OwnRelaySide
 from .refusals import Refusals
+from .saved_state import SavedState
 
 log = get_logger("gsync.manager")
 
@@ -76,8 +77,9 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             base_backoff=sync.base_backoff_secs, max_backoff=sync.max_backoff_secs,
             proactive_gap=sync.background_start_interval_ms / 1000,
         )
-        self.rejected = self._load_rejected()
-        self.rejected_saved_at = 0.0
+        # state_dir: locked for this process (raises ops.store.StateRefused), then read
+        self.saved = SavedState.open(svc.state_dir, clock())
+        self.rejected = self.saved.load(clock())
         self.recovery = MissingEventRecovery(base_delay=sync.recovery_base_secs)
         self.claims = FetchClaims()  # which batch fetches which missing event, across relays
         # what the own relay holds, read once per filter and session (NIP-77 have-sets)
@@ -104,6 +106,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self._ids = itertools.count(1)
         self._stopping = False
         self.last_loop_at = time.monotonic()
+        self.stall_checked_at = clock()  # historic REQs' clocks stand still while delivery holds reading
         self.queue_peak = 0  # the deepest the inbox has been (a 2 s gauge would miss bursts)
         self.delivery_peak = 0
         self.handlers = {
@@ -169,7 +172,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         for state in self.relays.values():
             if state.conn is not None:
                 state.conn.close("shutting down")
-        self._save_rejected()
+        self.save_state(self.clock())
 
     # -- relays -------------------------------------------------------------------------
 
@@ -256,12 +259,13 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.release_followers(self.lead.overdue(now, constants.FOLLOWER_WAIT_MAX_SECS), overdue=True)
         self.run_recovery(now)
         self.expire_stalled(now)
+        self.expire_negentropy()
         self.run_policy_probes(now)
         self.run_polls(now)
         self.run_descendants(now)
         self.rejected.expire(now)
-        if self.rejected.dirty and now - self.rejected_saved_at >= REJECTED_SAVE_SECS:
-            self._save_rejected()
+        if self.saved.due(now):
+            self.save_state(now)
         self.update_metrics(now)
 
     def on_delivery_caught_up(self, msg: DeliveryCaughtUp | None = None) -> None:
@@ -291,6 +295,11 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             connected += state.connected
             dead += self.health.is_dead(state.url, now)
         metrics.RELAYS_TRACKED.set(len(self.relays))
+        metrics.RELAYS_HELD.set(len(self.relays))
+        metrics.REJECTED_ENTRIES.set(len(self.rejected))
+        metrics.REJECTED_BYTES.set(self.rejected.bytes)
+        saved_at = self.saved.saved_at
+        metrics.STATE_SAVE_AGE.set(-1 if saved_at is None else max(0.0, now - saved_at))
         metrics.RELAYS_CONNECTED.set(connected)
         metrics.RELAYS_DEAD.set(dead)
         metrics.QUEUE_DEPTH.labels("manager").set(self.queue.qsize())
@@ -356,6 +365,11 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         parked = self.health.parked(url, now)
         return {"parked": parked[0], "parked_secs": round(parked[1])} if parked else {}
 
-    # -- rejected index persistence -------------------------------------------------------
+    # -- state_dir ---------------------------------------------------------------------------
+
+    def save_state(self, now: float) -> None:
+        """What changed since the last save goes to state_dir (relays, confirmed items,
+        rejected entries): one transaction, rows by change."""
+        self.saved.save(self.relays, self.health, self.rejected, now, ready=self.ready)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ... import constants
 from ...sync import filter_plan
-from ...sync.descendants import is_direct_member
+from ...sync.descendants import member_roots, stale_members
 from ...sync.relay_state import RelayState
 from ...sync.targets import PendingItems
 
@@ -16,8 +16,23 @@ class Descendants:
     """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
 
     def note_direct_member(self, state: RelayState, event) -> None:
-        if event.id not in state.members and is_direct_member(event, self.root_ids):
+        if event.id in state.members:
+            return
+        roots = member_roots(event, self.root_ids)
+        if roots:
             state.new_members.add(event.id)
+            state.member_roots[event.id] = roots
+
+    def prune_members(self) -> None:
+        """Roots that left (their repository no longer Full): their members leave every
+        relay's tables with them, so descendant filters and polls follow the work."""
+        for state in self.relays.values():
+            stale = stale_members(state.member_roots, self.root_ids) if state.member_roots else ()
+            for member in stale:
+                del state.member_roots[member]
+                state.members.discard(member)
+                state.new_members.discard(member)
+                state.reopen_members.discard(member)
 
     def run_descendants(self, now: float) -> None:
         for state in self.relays.values():

@@ -6,6 +6,8 @@ the Syncing → Connected check.
 """
 from __future__ import annotations
 
+import time
+
 import gevent
 
 from ... import constants
@@ -25,7 +27,7 @@ from ...sync.pending import (
     split_crowded,
 )
 from ...sync.policy import coverage_key
-from ...sync.relay_state import ConnectionStatus, RelayState
+from ...sync.relay_state import ConnectionStatus, RelayState, RunningExchange
 from ...sync.repos import identifier_of
 from ...sync.targets import PendingItems
 from .. import negentropy_sync
@@ -515,18 +517,46 @@ class HistoricSync:
         return True
 
     def start_negentropy(self, state: RelayState, token: str, flt: Filter) -> None:
-        state.neg_running.add(token)
-        batch = state.pending.get(state.sub_to_batch[token])
+        batch_id = state.sub_to_batch[token]
+        batch = state.pending.get(batch_id)
         held = batch.own_holdings.pop(token, None) if batch is not None else None
         if held is None:
             held = self.own_held.holdings(flt, self.clock())  # None: the exchange reads it
-        gevent.spawn(
+        started: list = []
+        greenlet = gevent.spawn(
             negentropy_sync.reconcile_filter,
             state.conn, self.config.service.own_relay, flt, self.have_beyond_holdings(flt),
-            self.post, batch_id=state.sub_to_batch[token], token=token, held=held,
+            self.post, batch_id=batch_id, token=token, held=held,
             frame_size_limit=negentropy_sync.frame_size_limit(filter_plan.req_length_limit(state.limits)),
             busy=self.own_relay_busy,
+            started=started,
         )
+        state.neg_running[token] = RunningExchange(greenlet, batch_id, flt, time.monotonic(), started)
+        relay, session = state.url, state.session
+
+        def died(g) -> None:  # its answer will never come: this is it
+            self.post(NegentropyFinished(relay, session, batch_id, token, flt, negentropy_sync.NegentropyOutcome(
+                False, reason=f"exchange failed: {type(g.exception).__name__}: {str(g.exception)[:100]}")))
+
+        greenlet.link_exception(died)
+
+    def expire_negentropy(self) -> None:
+        """Exchanges past the manager's deadline end as unanswered ones do, whatever their
+        greenlet is doing (SPEC §5: every wait has a deadline)."""
+        now = time.monotonic()
+        for state in self.relays.values():
+            if not state.neg_running or not state.connected:
+                continue
+            for token, run in list(state.neg_running.items()):
+                if not run.overdue(now, constants.NEGENTROPY_DEADLINE_SECS, constants.NEGENTROPY_GRACE_SECS,
+                                   constants.NEGENTROPY_QUEUE_SECS):
+                    continue
+                run.greenlet.kill(block=False)
+                state.conn.send(wire.neg_close(token))
+                log.warning("negentropy_overdue", relay=state.url, token=token, batch_id=run.batch_id)
+                self.on_negentropy_finished(NegentropyFinished(
+                    state.url, state.session, run.batch_id, token, run.filter,
+                    negentropy_sync.NegentropyOutcome(False, reason="timeout: past the manager's deadline")))
 
     def not_seen(self, ids) -> set[str]:
         """``ids`` not yet handed to delivery. (``set - dict.keys()`` would walk the whole
@@ -742,7 +772,8 @@ class HistoricSync:
         state = self._current(msg.relay, msg.session)
         if state is None:
             return
-        state.neg_running.discard(msg.token)
+        if state.neg_running.pop(msg.token, None) is None:
+            return  # answered already (the manager's deadline, or its greenlet's death)
         batch = state.pending.get(msg.batch_id)
         state.sub_to_batch.pop(msg.token, None)
         result = msg.result
@@ -778,8 +809,12 @@ class HistoricSync:
             else:
                 if wire.is_rate_limit_text(result.reason):  # NEG-ERR "rate-limited: …"
                     self.note_rate_limited(state, result.reason)
-                elif result.rounds == 0 and 77 in getattr(state.limits, "supported_nips", ()):
-                    # refused, or never answered (a slow exchange that had answers is not)
+                elif result.rounds == 0 and (77 in getattr(state.limits, "supported_nips", ())
+                                             or result.reason.startswith("timeout")):
+                    # refused where it says it serves NIP-77, or never answered at all: not
+                    # again for a day, restarts included (a slow exchange that had answers,
+                    # or a NEG-ERR from a relay that never said it serves NIP-77, holds for
+                    # its session only)
                     self.remember_nip77_unserved(state, result.reason)
                 self.disable_negentropy(state, result.reason)
             self.queue_reqs(state, batch, [msg.filter], front=True)

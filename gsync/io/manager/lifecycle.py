@@ -43,18 +43,23 @@ class RelayLifecycle:
                 return RelayState(url, refused_reason="relay cap")
             state = self.relays[url] = RelayState(url)
             state.received_metric = metrics.EVENTS_RECEIVED.labels(url)
+            self.saved.restore(state, self.health)  # what an earlier process learnt of it
             log.info("relay_registered", relay=url)
         return state
 
     def wanted(self, state: RelayState) -> bool:
-        """A bootstrap relay, one some repo lists (a ``derive_relay_targets`` target, read
-        from the relay → repos listing), or one with confirmed work."""
-        return state.is_bootstrap or bool(self.repos.repos_listing(state.url)) or bool(state.confirmed)
+        """A bootstrap relay, or one some repo lists (a ``derive_relay_targets`` target, read
+        from the relay → repos listing). What a relay confirmed is work only while a repo
+        still asks it of that relay: a relay no repository lists has none left (SPEC §8)."""
+        return state.is_bootstrap or bool(self.repos.repos_listing(state.url))
 
     def connect_due_relays(self, now: float) -> None:
-        for url in list(self.repos.listed_relays()):
+        listed = self.repos.listed_relays()
+        for url in list(listed):
             if url not in self.relays:
                 self.relay(url)
+        if self.capped_relays:  # said once per relay while it waits for room, not for ever
+            self.capped_relays.intersection_update(listed)
         for state in list(self.relays.values()):
             if state.refused_reason or state.status != ConnectionStatus.DISCONNECTED:
                 continue
@@ -66,18 +71,28 @@ class RelayLifecycle:
                 self.handshakes.request(state.url, state.attempt)
 
     def retire_unwanted_relays(self) -> None:
+        """A relay with no work leaves every table, connected or not (dead, refused,
+        never reached): its state, health, recovery, saved memory and metric series, so
+        tables follow the work and never uptime, and ``max_relays`` counts relays with work
+        (SPEC §8). A connected one first finishes what it has pending."""
         for state in list(self.relays.values()):
-            if state.connected and not self.wanted(state) and not state.pending:
-                log.info("relay_retired", relay=state.url)
+            if self.wanted(state) or (state.connected and state.pending):
+                continue
+            log.info("relay_retired", relay=state.url, connected=state.connected)
+            if state.conn is not None:
                 state.conn.close("no work left")
                 state.conn = None
-                state.status = ConnectionStatus.DISCONNECTED
-                del self.relays[state.url]
-                self.health.forget(state.url)
-                metrics.forget_relay(state.url)
+            state.status = ConnectionStatus.DISCONNECTED
+            self.drop_pending(state)
+            del self.relays[state.url]
+            self.health.forget(state.url)
+            self.recovery.forget(state.url)
+            self.saved.forget(state.url)
+            metrics.forget_relay(state.url)
 
     def on_handshake_started(self, msg: HandshakeStarted) -> None:
-        self.health.record_attempt_started(msg.relay, self.clock())
+        if msg.relay in self.relays:  # not one retired meanwhile: it would be tracked again
+            self.health.record_attempt_started(msg.relay, self.clock())
 
     def on_handshake_done(self, msg: HandshakeDone) -> None:
         state = self.relays.get(msg.relay)
@@ -172,10 +187,20 @@ class RelayLifecycle:
 
     @staticmethod
     def with_learned_limits(state: RelayState, limits):
-        learned = state.max_message_learned
-        if learned is None or limits is None or learned >= filter_plan.req_length_limit(limits):
+        """The session's limits: what the relay published, lowered by what it taught us
+        (in earlier sessions, or before a restart)."""
+        if limits is None:
             return limits
-        return dataclasses.replace(limits, max_message_length=learned)
+        learned = state.max_message_learned
+        if learned is not None and learned < filter_plan.req_length_limit(limits):
+            limits = dataclasses.replace(limits, max_message_length=learned)
+        if state.max_filters_learned is not None and (
+                limits.max_filters is None or state.max_filters_learned < limits.max_filters):
+            limits = dataclasses.replace(limits, max_filters=state.max_filters_learned)
+        budget = filter_plan.SubscriptionBudget.from_limits(limits).max_subscriptions
+        if state.max_subscriptions_learned is not None and state.max_subscriptions_learned < budget:
+            limits = dataclasses.replace(limits, max_subscriptions=state.max_subscriptions_learned)
+        return limits
 
     def fresh_start(self, state: RelayState, now: float) -> None:
         # The daily sync runs on a live connection: close every subscription it abandons,
@@ -183,6 +208,8 @@ class RelayLifecycle:
         for sub_id in list(state.conn.subscriptions):
             state.conn.unsubscribe(sub_id)
         state.clear_live()
+        state.new_members |= state.reopen_members  # their whole history too, on the next tick
+        state.reopen_members = set()
         self.drop_pending(state)
         state.clear_confirmed()
         self.recovery.forget(state.url)  # the full history below finds whatever is missing
@@ -200,7 +227,20 @@ class RelayLifecycle:
                 # Confirmed items stay confirmed; their live filters come back and the gap
                 # is fetched with since.
                 self.start_sync(state, state.confirmed.copy(), since=since, confirm=False)
+            self.reopen_members(state, since)
             self.recompute(state, since=None)
+
+    def reopen_members(self, state: RelayState, since: int) -> None:
+        """The thread members of the last session (or process): their descendants' live
+        coverage again, and what came since (as for confirmed items: not their whole
+        history again)."""
+        if not state.reopen_members:
+            return
+        ids, state.reopen_members = state.reopen_members, set()
+        state.members |= ids
+        filters = self.descendant_filters_for(state, ids)
+        self.open_descendant_live(state, filters)
+        self.start_historic(state, PendingItems(), [f.replace(since=since) for f in filters])
 
     @contextlib.contextmanager
     def pump_held(self, state: RelayState):

@@ -4,7 +4,6 @@ AddFilters), what we deliver to it and its answers, its outages, the rejected in
 from __future__ import annotations
 
 import itertools
-import os
 
 import gevent
 
@@ -15,7 +14,7 @@ from ...protocol.event import is_authentic
 from ...protocol.filters import Filter
 from ...sync import filter_plan
 from ...sync.descendants import full_root_ids
-from ...sync.rejected import RejectedIndex, author_key, event_key, maintainer_key, repo_key
+from ...sync.rejected import author_key, event_key, maintainer_key, repo_key
 from ...sync.relay_state import ConnectionStatus, RelayState
 from ...sync.repos import SyncLevel, list_tag_values, should_forward_layer1
 from ...sync.targets import PendingItems
@@ -31,7 +30,6 @@ from ..events import (
 log = get_logger("gsync.manager")
 
 SEEN_CAPACITY = 500_000  # ids already handed to delivery: dedupe across relays
-REJECTED_SAVE_SECS = 60.0  # the cold tier is written at most this often (and at stop)
 
 
 class OwnRelaySide:
@@ -57,20 +55,25 @@ class OwnRelaySide:
         if self.recovery.is_missing(event.id):
             for url in self.recovery.clear_arrived((event.id,)):
                 self.promote_if_recovered(url)
-        if len(self.seen) > SEEN_CAPACITY:
-            for old in list(itertools.islice(self.seen, SEEN_CAPACITY // 10)):  # oldest tenth
-                del self.seen[old]
+        self.trim_seen()
         if not self.delivery.submit(event, source) and not self.delivery.is_tracked(event.id):
             del self.seen[event.id]  # dropped for backlog (counted): a later copy may go through
             return
         if state is not None:
             state.events_delivered += 1
 
+    def trim_seen(self) -> None:
+        """The dedupe index stays under SEEN_CAPACITY, whatever adds to it."""
+        if len(self.seen) > SEEN_CAPACITY:
+            for old in list(itertools.islice(self.seen, SEEN_CAPACITY // 10)):  # oldest tenth
+                del self.seen[old]
+
     def on_own_events(self, msg: OwnEvents) -> None:
         self.own_batch += msg.events
         seen = self.seen
         for event in msg.events:
             seen.setdefault(event.id, None)
+        self.trim_seen()
         # The first history read is one batch, however long it takes: one AddFilters per
         # relay instead of a drip of them.
         if not self.own_window_open and self.ready:
@@ -93,6 +96,8 @@ class OwnRelaySide:
                 dirty |= self.repos.apply_root_event(event)
         roots_before, self.root_ids = self.root_ids, full_root_ids(self.repos)
         arrived |= {event_key(root) for root in self.root_ids - roots_before}
+        if roots_before - self.root_ids:
+            self.prune_members()
         if not msg.first_read:
             self.release_dependents(arrived)
         log.info("self_batch_processed", events=len(events), repos=len(self.repos), dirty_relays=len(dirty))
@@ -221,27 +226,3 @@ class OwnRelaySide:
         elif msg.outcome == "purgatory":
             # The relay still holds the repository (and restarted its clock for it).
             self.repos.note_state_in_purgatory(msg.event, now)
-
-    def _rejected_path(self) -> str:
-        return os.path.join(self.config.service.state_dir, "rejected.json")
-
-    def _load_rejected(self) -> RejectedIndex:
-        try:
-            with open(self._rejected_path()) as fh:
-                return RejectedIndex.loads(fh.read(), self.clock())
-        except OSError:
-            return RejectedIndex()
-
-    def _save_rejected(self) -> None:
-        self.rejected_saved_at = self.clock()
-        path = self._rejected_path()
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path + ".tmp", "w") as fh:
-                fh.write(self.rejected.dumps())
-                fh.flush()
-                os.fsync(fh.fileno())  # on disk before it replaces the old file
-            os.replace(path + ".tmp", path)
-        except OSError as exc:
-            log.warning("state_save_failed", path=path, reason=str(exc))
-

@@ -82,6 +82,7 @@ class Refusals:
             return  # already finished (some relays close an ids-only REQ after its EOSE)
         state.conn.forget(sub_id)
         state.sub_activity.pop(sub_id, None)
+        state.historic_sent_at.pop(sub_id, None)
         reason = f"{closed.prefix.value}: {closed.text}"[:200]
         log.warning("subscription_closed", relay=state.url, sub_id=sub_id, reason=reason)
         kind = refusal_of(closed)
@@ -120,6 +121,7 @@ class Refusals:
         current = state.limits.max_filters
         if current is None or allowed < current:
             state.limits = dataclasses.replace(state.limits, max_filters=allowed)
+            state.max_filters_learned = allowed  # later sessions and restarts start there
             log.info("filters_per_req_lowered", relay=state.url, max_filters=allowed, refused=refused)
 
     def learn_max_subscriptions(self, state: RelayState) -> bool:
@@ -135,6 +137,7 @@ class Refusals:
         if state.limits is None or allowed >= budget.max_subscriptions:
             return False
         state.limits = dataclasses.replace(state.limits, max_subscriptions=allowed)
+        state.max_subscriptions_learned = allowed  # later sessions and restarts start there
         log.info("subscriptions_cap_lowered", relay=state.url, max_subscriptions=allowed,
                  was=budget.max_subscriptions)
         live = sum(1 for sub in state.live_subs.values() if not sub.control)
@@ -362,24 +365,33 @@ class Refusals:
     # -- stalls ---------------------------------------------------------------------------
 
     def expire_stalled(self, now: float) -> None:
-        """Historic REQs silent for ``REQ_STALL_SECS``. While delivery holds reading back,
-        the silence is ours: nothing stalls then."""
+        """Historic REQs silent for ``REQ_STALL_SECS``, or open for ``REQ_LIFETIME_SECS``
+        however lively. While delivery holds reading back, the time is ours: it does not
+        count (each REQ's clock moves on with it)."""
         held = not self.delivery.room.is_set()
+        elapsed, self.stall_checked_at = now - self.stall_checked_at, now
         for state in self.relays.values():
             if not (state.connected and state.sub_activity):
                 continue
             for sub_id, last in list(state.sub_activity.items()):
+                sent_at = state.historic_sent_at.get(sub_id)
                 if held:
                     state.sub_activity[sub_id] = now
+                    if sent_at is not None:
+                        state.historic_sent_at[sub_id] = sent_at + elapsed
                 elif now - last >= constants.REQ_STALL_SECS:
                     self.on_stalled(state, sub_id)
+                elif sent_at is not None and now - sent_at >= constants.REQ_LIFETIME_SECS:
+                    self.on_stalled(state, sub_id, lifetime=True)
 
-    def on_stalled(self, state: RelayState, sub_id: str) -> None:
+    def on_stalled(self, state: RelayState, sub_id: str, lifetime: bool = False) -> None:
         state.sub_activity.pop(sub_id, None)
+        state.historic_sent_at.pop(sub_id, None)
         batch_id = state.sub_to_batch.pop(sub_id, None)
         state.conn.unsubscribe(sub_id)  # the relay frees it, and so do we
         log.warning("subscription_stalled", relay=state.url, sub_id=sub_id, batch_id=batch_id,
-                    secs=constants.REQ_STALL_SECS)
+                    secs=constants.REQ_LIFETIME_SECS if lifetime else constants.REQ_STALL_SECS,
+                    rule="lifetime" if lifetime else "silence")
         batch = state.pending.get(batch_id)
         if batch is not None:
             filters = batch.filters_of(sub_id)

@@ -1,0 +1,194 @@
+"""What the manager keeps in ``state_dir`` (SPEC §5, "What survives a restart"): read once
+at start, given back to each relay as it is registered, and written by change on the
+maintenance tick (``constants.STATE_SAVE_SECS``) and at stop.
+
+An object the manager owns (not a mixin): the store (``ops.store``) does the I/O, the pure
+modules decide the records (``sync.memory``, ``sync.rejected``); this joins them to the
+manager's tables.
+"""
+from __future__ import annotations
+
+import sqlite3
+
+from ... import constants
+from ...ops.logging import get_logger
+from ...ops.store import StateStore
+from ...sync import memory
+from ...sync.rejected import RejectedIndex
+from ...sync.targets import ConfirmedItems
+
+log = get_logger("gsync.state")
+
+LEGACY_MIGRATED = "rejected_json_migrated"
+SAVED_AT = "saved_at"  # wall clock of the last save: when the relays it says connected were
+
+
+class SavedState:
+    def __init__(self, store: StateStore, now: float):
+        self.store = store
+        self.saved_at: float | None = None  # of this process's last save (a metric's age)
+        self.last_save_try = now
+        self._memories: dict[str, dict] = {}  # url → record, until that relay is registered
+        self._confirmed: dict[str, list] = {}  # url → saved (item, level) rows, the same
+        self._members: dict[str, list] = {}  # url → saved (member, roots) rows, the same
+        self._prior_saved_at: float | None = None  # the previous process's last save
+        self._saved_records: dict[str, dict] = {}  # url → record as last written
+        self._saved_confirmed: dict[str, ConfirmedItems] = {}  # url → confirmed as last written
+        self._signatures: dict[str, tuple] = {}  # url → what its confirmed looked like then
+        self._saved_members: dict[str, set] = {}  # url → its members as last written
+        self._forget: set[str] = set()  # retired relays whose rows go with the next save
+
+    @classmethod
+    def open(cls, state_dir: str, now: float) -> SavedState:
+        """Lock and read ``state_dir``; raises ``ops.store.StateRefused`` (locked, newer)."""
+        return cls(StateStore.open(state_dir, log), now)
+
+    # -- reading, once ----------------------------------------------------------------------
+
+    def load(self, now: float) -> RejectedIndex:
+        """Everything saved, kept until each relay is registered; the rejected index
+        returned. Unreadable content is a fresh start: aside, one line, empty."""
+        try:
+            rejected = self._load(now)
+        except (sqlite3.Error, UnicodeDecodeError, ValueError, TypeError) as exc:
+            self.store.reset(f"{type(exc).__name__}: {exc}")
+            self._memories, self._confirmed, self._members, self._prior_saved_at = {}, {}, {}, None
+            rejected = self._load(now)
+        log.info("state_loaded", path=self.store.path, relays=len(self._memories),
+                 rejected=len(rejected), saved_at=self._prior_saved_at)
+        return rejected
+
+    def _load(self, now: float) -> RejectedIndex:
+        store = self.store
+        rejected, drop = RejectedIndex.from_rows(store.rejected_rows(), now)
+        self._memories = store.relay_memories()
+        self._confirmed = store.confirmed_rows()
+        self._members = store.member_rows()
+        prior = store.meta(SAVED_AT)
+        self._prior_saved_at = float(prior) if prior is not None else None
+        if store.meta(LEGACY_MIGRATED) is None:
+            text = store.read_legacy_rejected()
+            if text is not None:
+                legacy = RejectedIndex.loads(text, now)
+                for event_id, entry in legacy._cold.items():
+                    if event_id not in rejected:
+                        rejected._put(event_id, entry)
+                log.info("rejected_index_migrated", entries=len(legacy))
+            puts, _ = rejected.take_changes()
+            store.save(now, rejected_puts=puts, rejected_deletes=drop, meta={LEGACY_MIGRATED: "1"})
+            drop = []
+        store.retire_legacy_rejected()
+        if drop:
+            store.save(now, rejected_deletes=drop)
+        return rejected
+
+    def restore(self, state, health) -> None:
+        """A newly registered relay gets what an earlier process learnt of it."""
+        record = self._memories.pop(state.url, None)
+        rows = self._confirmed.pop(state.url, None)
+        members = self._members.pop(state.url, None)
+        if record is None:
+            return
+        saved_health = memory.restore_relay(state, record, self._prior_saved_at)
+        if saved_health is None:
+            return
+        health.restore(state.url, saved_health)
+        if rows:
+            state.confirmed = memory.confirmed_from_rows(rows)
+            self._saved_confirmed[state.url] = state.confirmed.copy()
+            self._signatures[state.url] = _signature(state.confirmed)
+        else:
+            state.announcements_synced = False  # nothing confirmed: its history is owed
+        if members:
+            # as after a disconnect: the next connection opens their coverage again
+            state.member_roots.update((m, frozenset(roots.split())) for m, roots in members)
+            state.reopen_members.update(m for m, _ in members)
+            self._saved_members[state.url] = {m for m, _ in members}
+        self._saved_records[state.url] = record
+        log.info("relay_memory_restored", relay=state.url, connected=bool(record.get("connected")),
+                 last_connected=state.last_connected, failures=saved_health.get("failures"),
+                 paused=len(state.paused), confirmed=len(rows or ()), members=len(members or ()))
+
+    def forget(self, url: str) -> None:
+        """A retired relay: its rows go with the next save."""
+        self._forget.add(url)
+        self._saved_records.pop(url, None)
+        self._saved_confirmed.pop(url, None)
+        self._signatures.pop(url, None)
+        self._saved_members.pop(url, None)
+
+    # -- writing, by change -----------------------------------------------------------------
+
+    def due(self, now: float) -> bool:
+        return now - self.last_save_try >= constants.STATE_SAVE_SECS
+
+    def save(self, relays, health, rejected: RejectedIndex, now: float, *, ready: bool) -> None:
+        """Write what changed since the last save, in one transaction. Once the manager is
+        ready (the own relay's first read applied: every relay with work is registered),
+        saved relays no longer registered are forgotten."""
+        self.last_save_try = now
+        records, puts, deletes, member_puts, member_deletes = {}, {}, {}, {}, {}
+        for state in relays.values():
+            if state.refused_reason:
+                continue
+            record = memory.relay_memory(state, health.snapshot(state.url, memory.HEALTH_FIELDS))
+            if self._saved_records.get(state.url) != record:
+                records[state.url] = record
+            signature = _signature(state.confirmed)
+            if self._signatures.get(state.url) != signature:
+                put, delete = memory.confirmed_diff(
+                    self._saved_confirmed.get(state.url) or ConfirmedItems(), state.confirmed)
+                if put:
+                    puts[state.url] = put
+                if delete:
+                    deletes[state.url] = delete
+                self._saved_confirmed[state.url] = state.confirmed.copy()
+                self._signatures[state.url] = signature
+            saved_members = self._saved_members.get(state.url, set())
+            if len(saved_members) != len(state.member_roots) or not saved_members >= state.member_roots.keys():
+                members = set(state.member_roots)
+                put = {m: " ".join(sorted(state.member_roots[m])) for m in members - saved_members}
+                if put:
+                    member_puts[state.url] = put
+                if saved_members - members:
+                    member_deletes[state.url] = list(saved_members - members)
+                self._saved_members[state.url] = members
+        forget = set(self._forget)
+        if ready and self._memories:
+            forget |= set(self._memories)
+            self._memories.clear()
+            self._confirmed.clear()
+            self._members.clear()
+        rejected_puts, rejected_deletes = rejected.take_changes()
+        try:
+            self.store.save(now, rejected_puts=rejected_puts, rejected_deletes=rejected_deletes,
+                            relays=records, forget_relays=forget, confirmed_puts=puts,
+                            confirmed_deletes=deletes, member_puts=member_puts, member_deletes=member_deletes,
+                            meta={SAVED_AT: repr(now)})
+        except (sqlite3.Error, OSError) as exc:
+            log.warning("state_save_failed", path=self.store.path, reason=str(exc)[:300])
+            rejected.keep_changes([i for i, _ in rejected_puts] + list(rejected_deletes))
+            for url in records:
+                self._saved_records.pop(url, None)
+            for url in set(puts) | set(deletes):  # written again whole next time
+                self._saved_confirmed.pop(url, None)
+                self._signatures.pop(url, None)
+            for url in set(member_puts) | set(member_deletes):
+                self._saved_members.pop(url, None)
+            return
+        self._forget -= forget
+        self._saved_records.update(records)
+        self.saved_at = now
+        if records or puts or deletes or rejected_puts or rejected_deletes or forget:
+            log.debug("state_saved", relays=len(records), confirmed=sum(map(len, puts.values())),
+                      unconfirmed=sum(map(len, deletes.values())), rejected=len(rejected_puts),
+                      unrejected=len(rejected_deletes), forgotten=len(forget))
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _signature(confirmed) -> tuple:
+    """Cheap to take every save: a new object (cleared), an item added, a level raised."""
+    return (id(confirmed), len(confirmed.root_events), len(confirmed.repos),
+            sum(level is memory.SyncLevel.FULL for level in confirmed.repos.values()))

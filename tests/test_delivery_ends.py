@@ -1,0 +1,57 @@
+"""Every delivery ends: one the own relay refuses without a final word (``error:``, a prefix
+no NIP defines) is tried a bounded number of times, then kept as refused, and while it
+waits it does not hold historic sync."""
+import threading
+
+from gsync import constants
+from gsync.sync.delivery_retry import refusal_retry_delay
+
+from . import factory as f
+from .relays import publish, wait_until
+from .scenario import assert_arrives, bob, our_announcement
+
+
+def test_a_non_final_refusal_is_retried_ten_times_over_about_an_hour_then_given_up():
+    delays = [refusal_retry_delay(n) for n in range(1, constants.DELIVERY_MAX_ATTEMPTS + 1)]
+    assert delays[-1] is None and None not in delays[:-1]
+    assert delays[:3] == [0.5, 2.0, 8.0]  # a passing fault is retried at once
+    assert 3000 <= sum(delays[:-1]) <= 5000  # ten attempts over about an hour
+
+
+def test_deliveries_refused_with_error_end_in_the_rejected_index_and_never_hold_historic_sync(
+        relay_factory, gsync_factory, scripted):
+    offered: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def busy_for_some(relay, conn, message):
+        if (isinstance(message, list) and message[:1] == ["EVENT"] and isinstance(message[1], dict)
+                and "stubborn" in message[1].get("content", "")):
+            with lock:
+                offered[message[1]["id"]] = offered.get(message[1]["id"], 0) + 1
+            return [["OK", message[1]["id"], False, "error: database is busy"]]
+        return None
+
+    own = scripted(page_size=None, on_message=busy_for_some)
+    remote = relay_factory()
+    first = our_announcement(own, [remote], d="first")
+    second = our_announcement(own, [remote], d="second")
+    # 30 refusals: more than the quarter of a 100-event backlog that holds historic starts
+    stubborn = [f.issue(bob, first, content=f"stubborn {i}") for i in range(30)]
+    fine = [f.issue(bob, first, content=f"fine {i}") for i in range(5)]
+    later = f.issue(bob, second, content="in the repository announced later")
+    publish(remote.url, [first, second, *stubborn, *fine, later])
+    publish(own.url, [first])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"delivery_max_backlog": "100"}},
+                          timers={"DELIVERY_RETRY_BASE_SECS": 0.05, "DELIVERY_RETRY_MAX_SECS": 0.2})
+    assert_arrives(own, fine, timeout=30, what="the issues the own relay takes")
+    publish(own.url, [second])
+    assert_arrives(own, [later], timeout=30, what="the history of a repository announced later")
+    wait_until(lambda: gsync.metric("gsync_deliveries_given_up_total", reason="error") == 30,
+               timeout=30, what="every stubborn delivery given up")
+    with lock:
+        assert set(offered) == {e.id for e in stubborn}
+        assert set(offered.values()) == {constants.DELIVERY_MAX_ATTEMPTS}, offered
+    assert gsync.status()["rejected"] == 30  # kept as refused: not fetched again
+    given_up = [e for e in gsync.log_events() if e["event"] == "event_rejected"]
+    assert len(given_up) == 30 and all(
+        e["reason"].startswith("gave up after 10 attempts: error: database is busy") for e in given_up)

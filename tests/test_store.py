@@ -1,0 +1,317 @@
+"""state_dir: the database that survives restarts (ops.store), what is kept of each relay
+(sync.memory) and of the rejected index, and what happens to bad, foreign or shared state."""
+import json
+import os
+import sqlite3
+
+import pytest
+
+from gsync.io.manager.saved_state import SavedState
+from gsync.ops.store import (
+    DB_NAME,
+    SCHEMA_VERSION,
+    StateLocked,
+    StateRefused,
+    StateStore,
+    StateTooNew,
+)
+from gsync.protocol.filters import Filter
+from gsync.sync import memory
+from gsync.sync.health import RelayHealthTracker
+from gsync.sync.policy import CoveragePauses, coverage_key
+from gsync.sync.rejected import RejectedIndex
+from gsync.sync.relay_state import RelayState
+from gsync.sync.repos import SyncLevel
+from gsync.sync.targets import SyncItems
+
+from . import factory as f
+
+alice, carol = f.Author.named("alice"), f.Author.named("carol")
+REPO = f.repo_addr(alice, "proj")
+URL = "wss://remote.example.com"
+NOW = 1_700_000_000.0
+
+
+class _Log:
+    def __init__(self):
+        self.lines = []
+
+    def warning(self, event, **kw):
+        self.lines.append((event, kw))
+
+    info = debug = error = warning
+
+
+def _store(path, log=None):
+    return StateStore.open(str(path), log or _Log())
+
+
+def _refusals(n, **kw):
+    index = RejectedIndex(**kw)
+    events = [f.issue(carol, REPO, content=f"n{i}") for i in range(n)]
+    for event in events:
+        index.add(event, NOW, URL)
+    return index, events
+
+
+# -- the database ------------------------------------------------------------------------
+
+
+def test_a_new_state_dir_gets_a_wal_database_at_the_current_schema(tmp_path):
+    store = _store(tmp_path / "state")
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    store.close()
+
+
+def test_a_second_instance_on_one_state_dir_is_refused_until_the_first_is_gone(tmp_path):
+    first = _store(tmp_path)
+    with pytest.raises(StateLocked, match="in use by another gsync .pid \\d+.: one instance per state_dir"):
+        _store(tmp_path)
+    first.close()
+    _store(tmp_path).close()
+
+
+def test_a_state_dir_gsync_cannot_write_is_refused_in_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(StateRefused, match="cannot use state_dir .*file/state"):
+        _store(blocker / "state")
+
+
+def test_a_database_written_by_a_newer_gsync_is_refused_and_kept(tmp_path):
+    db = sqlite3.connect(tmp_path / DB_NAME)
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.close()
+    with pytest.raises(StateTooNew, match="newer gsync"):
+        _store(tmp_path)
+    assert os.path.exists(tmp_path / DB_NAME)  # never silently dropped
+    _store_lock_free = StateStore(str(tmp_path), _Log())
+    _store_lock_free._lock()  # the refusal released the lock
+
+
+@pytest.mark.parametrize("content", [b"not a database at all" * 100, None], ids=["garbage", "truncated"])
+def test_a_corrupt_or_truncated_database_is_moved_aside_and_gsync_starts_fresh(tmp_path, content):
+    if content is None:  # a real database cut short
+        store = _store(tmp_path)
+        store.save(NOW, rejected_puts=[(f"{i:064x}", "[1,2,\"\",[],1,null,null]") for i in range(3000)])
+        store.close()
+        os.remove(tmp_path / (DB_NAME + "-wal")) if os.path.exists(tmp_path / (DB_NAME + "-wal")) else None
+        with open(tmp_path / DB_NAME, "r+b") as fh:
+            fh.truncate(os.path.getsize(tmp_path / DB_NAME) // 3)
+    else:
+        (tmp_path / DB_NAME).write_bytes(content)
+    log = _Log()
+    store = _store(tmp_path, log)
+    assert [event for event, _ in log.lines] == ["state_moved_aside"]
+    assert store.rejected_rows() == [] and store.relay_memories() == {}
+    assert any(name.startswith(DB_NAME + ".bad-") for name in os.listdir(tmp_path))
+    store.close()
+
+
+def test_non_utf8_content_is_moved_aside_and_gsync_starts_fresh(tmp_path):
+    store = _store(tmp_path)
+    store.db.execute("INSERT INTO rejected (id, entry) VALUES (?, CAST(? AS TEXT))", ("a" * 64, b"\xff\xfe["))
+    store.close()
+    log = _Log()
+    saved = SavedState(_store(tmp_path, log), NOW)
+    index = saved.load(NOW)
+    assert len(index) == 0
+    assert [event for event, _ in log.lines].count("state_moved_aside") == 1
+    assert saved.store.rejected_rows() == []
+    saved.close()
+
+
+# -- the rejected index ------------------------------------------------------------------
+
+
+def test_the_old_rejected_json_is_migrated_once_and_kept_beside(tmp_path):
+    index, events = _refusals(3)
+    (tmp_path / "rejected.json").write_text(index.dumps())
+    saved = SavedState(_store(tmp_path), NOW)
+    assert {e.id for e in events} <= {eid for _, eid in saved.load(NOW).items()}
+    saved.close()
+    assert not os.path.exists(tmp_path / "rejected.json")
+    assert os.path.exists(tmp_path / "rejected.json.migrated")
+    (tmp_path / "rejected.json").write_text(RejectedIndex().dumps())  # an old gsync ran since
+    saved = SavedState(_store(tmp_path), NOW)
+    assert len(saved.load(NOW)) == 3  # read once: the database is the truth now
+    saved.close()
+
+
+def test_a_non_utf8_rejected_json_is_moved_aside(tmp_path):
+    (tmp_path / "rejected.json").write_bytes(b'{"cold": {"\xff": 1}}')
+    log = _Log()
+    saved = SavedState(_store(tmp_path, log), NOW)
+    assert len(saved.load(NOW)) == 0
+    assert [event for event, _ in log.lines] == ["state_moved_aside"]
+    assert any(n.startswith("rejected.json.bad-") for n in os.listdir(tmp_path))
+    saved.close()
+
+
+def test_the_rejected_index_is_written_by_change_and_read_back(tmp_path):
+    saved = SavedState(_store(tmp_path), NOW)
+    index = saved.load(NOW)
+    for i in range(50):
+        index.add(f.issue(carol, REPO, content=f"n{i}"), NOW, URL)
+    saved.save({}, RelayHealthTracker(), index, NOW, ready=True)
+    assert index.take_changes() == ([], [])  # saved: nothing left to write
+    extra = f.issue(carol, REPO, content="one more")
+    index.add(extra, NOW, URL)
+    gone = next(eid for _, eid in index.items())
+    index.remove(gone)
+    puts, deletes = index.take_changes()
+    assert [eid for eid, _ in puts] == [extra.id] and deletes == [gone]  # two rows, not 51
+    index.keep_changes([extra.id, gone])
+    saved.save({}, RelayHealthTracker(), index, NOW + 1, ready=True)
+    saved.close()
+    again = SavedState(_store(tmp_path), NOW)
+    reloaded = again.load(NOW + 2)
+    assert len(reloaded) == 50 and extra.id in reloaded and gone not in reloaded
+    assert reloaded.relay_of(extra.id) == URL
+    assert reloaded.any_may_match(Filter.make(kinds=[1621], tags={"a": [REPO]}))
+    again.close()
+
+
+def test_an_entry_with_huge_tags_is_stored_loose_and_the_index_is_bounded_in_bytes():
+    huge = f.issue(carol, REPO, extra_tags=[["e", "x" * 65536], ["a", "30617:" + "y" * 65536]])
+    index = RejectedIndex()
+    index.add(huge, NOW, URL)
+    assert index.bytes < 2_000
+    puts, _ = index.take_changes()
+    assert len(puts[0][1]) < 2_000
+    # loose: it may match any filter, so it is never fetched again
+    assert index.any_may_match(Filter.make(kinds=[1621], tags={"a": ["30617:someone:else"]}))
+    small, _ = _refusals(100, max_bytes=20 * 450)
+    assert small.bytes <= 20 * 450 and 10 < len(small) < 100  # the oldest made room
+
+
+# -- what is kept of a relay -------------------------------------------------------------
+
+
+def _learnt_relay():
+    state = RelayState(URL)
+    state.max_message_learned, state.max_filters_learned, state.max_subscriptions_learned = 30_000, 3, 6
+    state.last_connected, state.disconnected_at, state.next_daily_at = NOW - 50, NOW - 40, NOW + 80_000
+    state.announcements_synced = True
+    state.nip77_failed_at = NOW - 100
+    state.ids_unserved_at = NOW - 50
+    q = Filter.make(kinds=[1], tags={"q": ["x"]})
+    state.paused.pause(coverage_key(q), NOW - 10)
+    return state, q
+
+
+def test_a_relays_memory_round_trips_through_json():
+    state, q = _learnt_relay()
+    health = RelayHealthTracker()
+    for i in range(4):
+        health.record_failure(URL, NOW - 30 + i)
+    record = json.loads(json.dumps(memory.relay_memory(state, health.snapshot(URL, memory.HEALTH_FIELDS))))
+    back = RelayState(URL)
+    saved_health = memory.restore_relay(back, record, saved_at=NOW)
+    assert (back.max_message_learned, back.max_filters_learned, back.max_subscriptions_learned) == (30_000, 3, 6)
+    assert back.paused.is_filter_paused(q) and back.paused.keys() == state.paused.keys()
+    assert (back.last_connected, back.disconnected_at) == (NOW - 50, NOW - 40)  # not connected at the save
+    assert back.next_daily_at == NOW + 80_000 and back.nip77_failed_at == NOW - 100
+    assert back.ids_unserved_at == NOW - 50
+    restored = RelayHealthTracker()
+    restored.restore(URL, saved_health)
+    assert restored.failures(URL, NOW) == 4
+    assert restored.next_attempt_at(URL, NOW) == health.next_attempt_at(URL, NOW)  # same backoff
+
+
+def test_a_relay_connected_at_the_last_save_was_last_connected_then():
+    state, _ = _learnt_relay()
+    record = memory.relay_memory(state, {})
+    record["connected"] = True
+    back = RelayState(URL)
+    memory.restore_relay(back, record, saved_at=NOW - 5)
+    assert back.last_connected == back.disconnected_at == NOW - 5
+    assert not back.should_fresh_start(NOW)  # a quick reconnect
+    assert back.should_fresh_start(NOW + 16 * 60)
+
+
+def test_a_malformed_or_foreign_relay_record_is_a_fresh_start():
+    assert memory.restore_relay(RelayState(URL), {"v": 99}, NOW) is None
+    assert memory.restore_relay(RelayState(URL), {"v": 1, "limits": {"max_filters": "x"}}, NOW) is None
+
+
+def test_a_probe_out_at_the_save_is_due_at_once_after_a_restart():
+    pauses = CoveragePauses()
+    key = coverage_key(Filter.make(kinds=[1]))
+    pauses.pause(key, NOW - 100_000)
+    assert pauses.due_probes(NOW) == [key]
+    back = CoveragePauses.restore(json.loads(json.dumps(pauses.snapshot())))
+    assert back.is_paused(key) and back.due_probes(NOW) == [key]
+
+
+def test_confirmed_items_are_saved_by_difference():
+    items = SyncItems({REPO: SyncLevel.FULL, "30617:b:c": SyncLevel.STATE_ONLY}, {"r1", "r2"})
+    rows = memory.confirmed_rows(items)
+    back = memory.confirmed_from_rows(rows.items())
+    assert back.repos == items.repos and back.root_events == items.root_events
+    items.root_events.discard("r1")
+    items.root_events.add("r3")
+    items.repos["30617:b:c"] = SyncLevel.FULL
+    put, delete = memory.confirmed_diff(back, items)
+    assert put == {"r3": memory.ROOT_LEVEL, "30617:b:c": 2} and delete == ["r1"]
+    items.repos.pop(REPO)
+    assert memory.confirmed_diff(back, items)[1] == ["r1", REPO]
+
+
+def test_saved_state_restores_relays_and_forgets_those_no_longer_registered(tmp_path):
+    saved = SavedState(_store(tmp_path), NOW)
+    rejected = saved.load(NOW)
+    state, q = _learnt_relay()
+    state.confirmed = SyncItems({REPO: SyncLevel.FULL}, {"r1"})
+    other = RelayState("wss://gone.example.com")
+    health = RelayHealthTracker()
+    saved.save({URL: state, other.url: other}, health, rejected, NOW, ready=True)
+    saved.close()
+
+    saved = SavedState(_store(tmp_path), NOW + 60)
+    rejected = saved.load(NOW + 60)
+    back = RelayState(URL)
+    saved.restore(back, RelayHealthTracker())
+    assert back.confirmed.repos == {REPO: SyncLevel.FULL} and back.confirmed.root_events == {"r1"}
+    assert back.paused.is_filter_paused(q) and back.max_filters_learned == 3
+    saved.save({URL: back}, health, rejected, NOW + 70, ready=True)  # gone.example.com was not registered
+    assert set(saved.store.relay_memories()) == {URL}
+    saved.close()
+
+
+def test_a_database_of_an_older_schema_is_migrated_in_place(tmp_path):
+    from gsync.ops.store import MIGRATIONS
+
+    db = sqlite3.connect(tmp_path / DB_NAME)
+    for sql in MIGRATIONS[0]:  # what the first gsync with a database wrote
+        db.execute(sql)
+    db.execute("INSERT INTO relays (url, memory, saved_at) VALUES (?, '{\"v\": 1}', 0)", (URL,))
+    db.execute("PRAGMA user_version = 1")
+    db.commit()
+    db.close()
+    store = _store(tmp_path)
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert set(store.relay_memories()) == {URL} and store.member_rows() == {}
+    store.close()
+
+
+def test_thread_members_come_back_for_their_descendants(tmp_path):
+    saved = SavedState(_store(tmp_path), NOW)
+    rejected = saved.load(NOW)
+    state, _ = _learnt_relay()
+    state.member_roots = {"m1": frozenset({"r1"}), "m2": frozenset({"r1", "r2"})}
+    state.members = {"m1", "m2"}
+    saved.save({URL: state}, RelayHealthTracker(), rejected, NOW, ready=True)
+    del state.member_roots["m1"]
+    state.member_roots["m3"] = frozenset({"r2"})
+    saved.save({URL: state}, RelayHealthTracker(), rejected, NOW + 1, ready=True)
+    assert sorted(m for m, _ in saved.store.member_rows()[URL]) == ["m2", "m3"]
+    saved.close()
+    saved = SavedState(_store(tmp_path), NOW)
+    saved.load(NOW)
+    back = RelayState(URL)
+    saved.restore(back, RelayHealthTracker())
+    # as after a disconnect: their coverage is opened again by the next connection
+    assert back.reopen_members == {"m2", "m3"} and back.member_roots["m2"] == {"r1", "r2"}
+    saved.close()
