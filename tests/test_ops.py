@@ -290,7 +290,7 @@ def test_metrics_after_a_real_sync(synced):
     # What this is, what it holds, and the process itself (SPEC §8).
     assert g.metric("gsync_build_info", version=build.version()) == 1
     assert g.metric("gsync_relays_held") == 2
-    assert g.metric("gsync_rejected_entries") == 0 and g.metric("gsync_rejected_bytes") == 0
+    assert g.metric("gsync_rejected_index_entries") == 0 and g.metric("gsync_rejected_bytes") == 0
     wait_until(lambda: 0 <= g.metric("gsync_state_save_age_seconds") < 15, timeout=15, what="a save")
     assert g.metric("process_open_fds") > 5 and g.metric("process_resident_memory_bytes") > 10e6
     # The /status view agrees with the counters.

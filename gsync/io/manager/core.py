@@ -296,7 +296,6 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             dead += self.health.is_dead(state.url, now)
         metrics.RELAYS_TRACKED.set(len(self.relays))
         metrics.RELAYS_HELD.set(len(self.relays))
-        metrics.REJECTED_ENTRIES.set(len(self.rejected))
         metrics.REJECTED_BYTES.set(self.rejected.bytes)
         saved_at = self.saved.saved_at
         metrics.STATE_SAVE_AGE.set(-1 if saved_at is None else max(0.0, now - saved_at))
