@@ -201,10 +201,10 @@ class OwnRelayDelivery:
         it waits for, and comes back with a refusal."""
         if event.id in self._tracked:
             return False
-        backlog = self.backlog
-        if backlog >= self._max_backlog:
+        held = len(self._tracked)  # in memory, retries waiting included: reading stops here
+        if held >= self._max_backlog:
             if self.room.is_set():
-                log.warning("delivery_backlog_full", backlog=backlog, limit=self._max_backlog)
+                log.warning("delivery_backlog_full", backlog=held, limit=self._max_backlog)
                 self.room.clear()
         if len(self._tracked) >= self._hard_limit:  # retries waiting included: memory
             metrics.DROPS.labels("own_relay_backlog_full").inc()
@@ -455,12 +455,15 @@ class OwnRelayDelivery:
         return child
 
     def _backlog_fell(self) -> None:
-        backlog = self.backlog
-        if self._wake_below is not None and backlog < self._wake_below:
+        """Historic starts wait on the backlog being delivered (retries waiting out their
+        delay do not hold them); relay connections read on when what is held in memory,
+        those retries included, has room."""
+        if self._wake_below is not None and self.backlog < self._wake_below:
             self._wake_below = None
             self._post(DeliveryCaughtUp())
-        if not self.room.is_set() and backlog < self._max_backlog * 0.9:
-            log.info("delivery_backlog_has_room", backlog=backlog)
+        held = len(self._tracked)
+        if not self.room.is_set() and held < self._max_backlog * 0.9:
+            log.info("delivery_backlog_has_room", backlog=held)
             self.room.set()
 
     def _retry_later(self, event: Event, outcome: str, ok: wire.Ok) -> None:
