@@ -177,41 +177,49 @@ def test_a_nip77_verdict_lasts_one_session(relay_factory, gsync_factory, scripte
     assert len(unsupported) == 1
 
 
+class ClaimWorld:
+    """Two relays hold the same 30 issues. The quicker one's NIP-77 claims them all (the
+    other's exchanges answer a second later), holds its claim while its id fetch runs (2 s),
+    and never serves three of them, by id or otherwise. (The own relay holds one issue:
+    NIP-77 on both, side by side, as on any re-sync.)"""
+
+    def __init__(self, own, scripted, d):
+        self.quick, self.slow_nip77 = Nip77Server(), Nip77Server()
+
+        def slow(relay, conn, message):
+            time.sleep(1)  # its exchanges end after the quick relay's: the quick one claims first
+            return self.slow_nip77(relay, conn, message)
+
+        self.claimer = scripted(negentropy=self.quick, page_size=500)
+        self.other = scripted(negentropy=slow, page_size=500)
+        self.repo = our_announcement(own, [self.claimer, self.other], d=d)
+        self.issues = [f.issue(bob, self.repo, subject=f"{d} {i}") for i in range(30)]
+        for relay in (self.claimer, self.other):
+            relay.add(self.repo, *self.issues)
+        Withholding((e.id for e in self.issues[:3]), everywhere=True).install(self.claimer)
+        answer = self.claimer.answer
+
+        def slowly_by_id(filters):  # the claim is held (its fetch running) while the other ends
+            if all(flt.ids is not None for flt in filters):
+                time.sleep(2)
+            return answer(filters)
+
+        self.claimer.answer = slowly_by_id
+        publish(own.url, [self.repo, self.issues[-1]])
+
+
 @pytest.mark.slow
 def test_what_one_relay_claimed_and_never_served_comes_from_the_other(relay_factory, gsync_factory,
                                                                       scripted):
-    """Two relays hold the same issues. The quicker one's NIP-77 claims them all, then never
-    serves three of them by id; the other relay skipped them (someone was fetching them).
-    When the first relay's batch fails, those three go to recovery on the other relay too,
-    which serves them: skipping never loses an event. (The own relay held one issue before:
-    NIP-77 on both, side by side, as on any re-sync.)"""
+    """The other relay skipped the three (someone was fetching them). When the first relay's
+    batch fails, they go to recovery on the other relay too, which serves them: skipping
+    never loses an event."""
     own = relay_factory()
-    quick, slow_nip77 = Nip77Server(), Nip77Server()
-
-    def slow(relay, conn, message):
-        time.sleep(1)  # its exchanges end after the quick relay's: the quick one claims first
-        return slow_nip77(relay, conn, message)
-
-    claimer = scripted(negentropy=quick, page_size=500)
-    other = scripted(negentropy=slow, page_size=500)
-    repo = our_announcement(own, [claimer, other], d="claimed-elsewhere")
-    issues = [f.issue(bob, repo, subject=f"claimed {i}") for i in range(30)]
-    for relay in (claimer, other):
-        relay.add(repo, *issues)
-    Withholding((e.id for e in issues[:3]), everywhere=True).install(claimer)  # never released
-    answer = claimer.answer
-
-    def slowly_by_id(filters):  # the claim is held (its fetch running) while the other ends
-        if all(flt.ids is not None for flt in filters):
-            time.sleep(2)
-        return answer(filters)
-
-    claimer.answer = slowly_by_id
-    publish(own.url, [repo, issues[-1]])
-    gsync = gsync_factory(own, [claimer, other], extra={"sync": {"recovery_base_secs": "1"}})
-    assert_arrives(own, issues, timeout=60, what="every issue, the withheld ones from the other relay")
-    assert quick.opened and slow_nip77.opened, "NIP-77 on both relays"
-    other_sent = gsync.metric("gsync_remote_events_total", relay=other.url)
+    world = ClaimWorld(own, scripted, "claimed-elsewhere")
+    gsync = gsync_factory(own, [world.claimer, world.other], extra={"sync": {"recovery_base_secs": "1"}})
+    assert_arrives(own, world.issues, timeout=60, what="every issue, the withheld ones from the other relay")
+    assert world.quick.opened and world.slow_nip77.opened, "NIP-77 on both relays"
+    other_sent = gsync.metric("gsync_remote_events_total", relay=world.other.url)
     assert 3 <= other_sent <= 10, f"the other relay sent {other_sent}: only what the first could not"
 
 
@@ -221,30 +229,9 @@ def test_what_one_relay_claimed_comes_by_its_filter_from_one_that_serves_nothing
     having fetched nothing by id itself, is not yet known for it): its recovery asks them by
     id once, then by the filter that found them there."""
     own = relay_factory()
-    quick, slow_nip77 = Nip77Server(), Nip77Server()
-
-    def slow(relay, conn, message):
-        time.sleep(1)  # its exchanges end after the quick relay's: the quick one claims first
-        return slow_nip77(relay, conn, message)
-
-    claimer = scripted(negentropy=quick, page_size=500)
-    other = scripted(negentropy=slow, page_size=500)
-    repo = our_announcement(own, [claimer, other], d="claimed-elsewhere-by-filter")
-    issues = [f.issue(bob, repo, subject=f"claimed by filter {i}") for i in range(30)]
-    for relay in (claimer, other):
-        relay.add(repo, *issues)
-    Withholding((e.id for e in issues[:3]), everywhere=True).install(claimer)
-    answer = claimer.answer
-
-    def slowly_by_id(filters):  # the claim is held (its fetch running) while the other ends
-        if all(flt.ids is not None for flt in filters):
-            time.sleep(2)
-        return answer(filters)
-
-    claimer.answer = slowly_by_id
-    not_by_id = Withholding(e.id for e in issues)  # nothing by id, everything by filter
-    not_by_id.install(other)
-    publish(own.url, [repo, issues[-1]])
-    gsync_factory(own, [claimer, other], extra={"sync": {"recovery_base_secs": "1"}})
-    assert_arrives(own, issues, timeout=60, what="the withheld issues, by filter from the other relay")
+    world = ClaimWorld(own, scripted, "claimed-elsewhere-by-filter")
+    not_by_id = Withholding(e.id for e in world.issues)  # nothing by id, everything by filter
+    not_by_id.install(world.other)
+    gsync_factory(own, [world.claimer, world.other], extra={"sync": {"recovery_base_secs": "1"}})
+    assert_arrives(own, world.issues, timeout=60, what="the withheld issues, by filter from the other relay")
     assert not_by_id.id_reqs, "the other relay was asked by id first (it skipped the claimed ids)"
