@@ -55,8 +55,10 @@ def test_an_own_relay_dribbling_its_history_is_read_again_after_the_deadline(rel
     dribbled = []
 
     def dribble_the_first_history_read(relay, conn, message):
+        # gsync's history read (its REQs are "own-…"), not the test's own checks of the
+        # relay: one of those dribbled, the test waits for ever (seen in a fresh clone)
         if (isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 2
-                and message[1] != SELF and not dribbled):
+                and isinstance(message[1], str) and message[1].startswith("own-") and not dribbled):
             dribbled.append(conn.id)
             while conn.open and not relay._stopping.is_set():  # one event at a time, no EOSE
                 conn.send("EVENT", message[1], _event_dict(repo))
@@ -173,7 +175,7 @@ def test_an_own_relay_dribbling_a_holdings_read_sends_its_batch_by_req_pages(rel
             return None
         if dribbled and message[:2] == ["CLOSE", dribbled[0]]:
             closed.set()
-        elif (message[:1] == ["REQ"] and message[1] != SELF and not dribbled
+        elif (message[:1] == ["REQ"] and str(message[1]).startswith("own-") and not dribbled
               and any(isinstance(flt, dict) and "#a" in flt for flt in message[2:])):
             dribbled.append(message[1])
 
