@@ -516,6 +516,9 @@ class PendingBatch:
     # them too (finish_batch read ``recovery`` of a probe that was served: AttributeError)
     layer1: bool = False
     recovery: bool = False
+    # its filters as asked (before any page, split or method): what is asked again when
+    # the relay's NIP-77 cannot serve them (residuals) or a batch joins another
+    semantic_filters: list[Filter] = field(default_factory=list)
     _retry_asked: int = 0  # residual size when the retry started
 
     # -- subscriptions
@@ -711,7 +714,7 @@ class PendingBatch:
         found = [self.found_by.get(i) for i in ids]
         filters = dict.fromkeys(f for f in found if f is not None)
         if None in found:
-            filters.update(dict.fromkeys(getattr(self, "semantic_filters", ())))
+            filters.update(dict.fromkeys(self.semantic_filters))
         return sorted(filters, key=lambda f: f.to_json())
 
     def take_crowded(self) -> list[CrowdedSecond]:
