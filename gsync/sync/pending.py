@@ -345,6 +345,11 @@ def crowded_second_filter(f: Filter, second: int) -> Filter:
     return f.replace(since=second, until=second)
 
 
+def one_second(f: Filter) -> bool:
+    """Is ``f`` bounded to a single second? Paging by ``until`` cannot complete it."""
+    return f.since is not None and f.since == f.until
+
+
 def split_crowded(f: Filter) -> list[Filter]:
     """``f`` (bounded to one crowded second) as two filters over disjoint halves of a
     dimension it enumerates, whose answers together are its answer: its tag values, else
@@ -666,7 +671,7 @@ class PendingBatch:
                                   for s in state.filters) if n]
         self.crowded += [
             CrowdedSecond(crowded_second_filter(s.page_filter, s.crowded[0]), *s.crowded,
-                          again=s.page_filter.since is not None and s.page_filter.since == s.page_filter.until)
+                          again=one_second(s.page_filter))
             for s in state.filters if s.crowded is not None]
         by_filter = {s.page_filter: s for s in continuing if not s.alone}
         pack = pack or (lambda fs: [fs[i:i + per_req] for i in range(0, len(fs), per_req)])

@@ -24,6 +24,7 @@ from ...sync.pending import (
     fetch_by_filter,
     follower_negentropy_pays,
     negentropy_pays,
+    one_second,
     split_crowded,
 )
 from ...sync.policy import coverage_key
@@ -795,7 +796,8 @@ class HistoricSync:
             log.debug("negentropy_done", relay=state.url, batch_id=batch.batch_id, need=len(need),
                       advertised=len(result.need_ids), have=len(result.have_ids),
                       rounds=result.rounds, held=result.held)
-            if fetch_by_filter(len(need), result.held) and msg.filter.since is None:
+            # (not a one-second filter: its REQ pages are what could not complete it)
+            if fetch_by_filter(len(need), result.held) and not one_second(msg.filter):
                 log.debug("negentropy_fetch_by_filter", relay=state.url, batch_id=batch.batch_id,
                           need=len(need), held=result.held)
                 batch.fetch_by_filter.append(msg.filter)
