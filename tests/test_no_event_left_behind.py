@@ -15,6 +15,8 @@ from __future__ import annotations
 import threading
 import time
 
+from gsync.protocol.filters import Filter
+
 from . import factory as f
 from .relays import publish, wait_until
 from .scenario import assert_arrives, on_own, our_announcement
@@ -74,6 +76,57 @@ def test_ids_a_relay_advertises_and_never_serves_by_id_arrive_by_their_filter(
     events = gsync.log_events()
     assert [e["relay"] for e in events if e["event"] == "relay_ids_not_served"] == [hider.url]
     assert not any(e["event"] == "recovery_attempt" and e["relay"] == hider.url for e in events)
+
+
+class ArrivesElsewhereMeanwhile:
+    """NIP-77 over the relay's store; once an exchange advertised ``event`` (the own relay
+    lacks it), the next NEG-OPEN is answered only after ``event`` reached the own relay
+    another way (published there, as another relay's REQ pages would bring it)."""
+
+    def __init__(self, own, event):
+        self.serve, self.own, self.event = Nip77Serve(), own, event
+        self.advertised = self.arrived = False
+
+    def __call__(self, relay, conn, message):
+        if message[0] == "NEG-OPEN":
+            if self.advertised and not self.arrived:
+                self.arrived = True
+                publish(self.own.url, [self.event])
+                time.sleep(1.5)  # the self-subscription hands it to gsync meanwhile
+            elif Filter.from_dict(message[2]).matches(self.event):
+                self.advertised = True
+        return self.serve(relay, conn, message)
+
+
+def test_advertised_ids_that_arrive_from_elsewhere_first_say_nothing_of_serving_ids(
+        relay_factory, gsync_factory, scripted):
+    """An id NIP-77 advertised that reached the own relay another way before the batch's id
+    fetch is not asked by id; it is not a sign that the relay does not serve ids (judged on
+    those, a relay lost NIP-77 for a day, and its next batches brought everything again by
+    REQ pages: a third of the relays of bench/scale's world, under load)."""
+    own = relay_factory()
+    remote = scripted(negentropy=ArrivesElsewhereMeanwhile(own, None), page_size=500)
+    repo = our_announcement(own, [remote], d="elsewhere")
+    held = f.comment(bob, repo)  # tags the repository by ``a`` and ``A``: NIP-77 for both
+    issue = f.issue(carol, repo, subject="brought by another relay")
+    remote.negentropy.event = issue
+    remote.add(repo, held, issue)
+    publish(own.url, [repo, held])
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, [issue], timeout=30, what="the issue")
+    wait_until(lambda: any(e["event"] == "historic_sync_complete" for e in gsync.log_events()),
+               timeout=30, what="the first history synced")
+    assert remote.negentropy.arrived, "no exchange came after the issue's"
+    # a repository accepted later, of which the own relay holds some: NIP-77 again
+    later = our_announcement(own, [remote], d="later")
+    later_held = f.comment(bob, later)
+    later_issue = f.issue(carol, later, subject="later")
+    remote.add(later, later_held, later_issue)
+    publish(own.url, [later, later_held])
+    assert_arrives(own, [later_issue], timeout=30, what="the later repository's issue")
+    assert any(flt.matches(later_issue) for flt in remote.negentropy.serve.filters), \
+        "the relay lost NIP-77 over ids it was never asked for"
+    assert not any(e["event"] == "relay_ids_not_served" for e in gsync.log_events())
 
 
 def _crowded_world(own, remote, repos, per_repo, second):

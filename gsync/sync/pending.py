@@ -713,6 +713,16 @@ class PendingBatch:
         if found_by is not None:
             self.found_by.update(dict.fromkeys(ids, found_by))
 
+    def settle(self, ids: Iterable[str]) -> None:
+        """Advertised ids that arrived from elsewhere (another relay, another batch) before
+        this batch got them: not asked here, so neither missing nor a sign that the relay
+        does not serve ids (judged on those, one relay lost NIP-77 for a day, and its next
+        batches brought everything again by REQ pages)."""
+        for event_id in ids:
+            if event_id not in self.received_ids:
+                self.advertised_ids.discard(event_id)
+                self.found_by.pop(event_id, None)
+
     def residual_filters(self, ids: Iterable[str]) -> list[Filter]:
         """The filters that found ``ids`` (the batch's own filters for any found otherwise),
         each once, in a stable order."""

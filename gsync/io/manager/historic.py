@@ -643,6 +643,7 @@ class HistoricSync:
         if batch.recovery:
             self.finish_recovery(state, batch)
             return
+        batch.settle([i for i in batch.residual_ids() if i in self.seen])
         if batch.advertised_ids:
             decision = batch.residual_decision()
             if decision is ResidualDecision.RETRY_RESIDUAL:
@@ -828,6 +829,7 @@ class HistoricSync:
                 filters, batch.fetch_by_filter = batch.fetch_by_filter, []
                 self.queue_reqs(state, batch, filters, front=True)
             if batch.advertised_ids:
+                batch.settle([i for i in batch.advertised_ids if i in self.seen])
                 self.queue_id_fetches(state, batch, self.not_seen(batch.advertised_ids))
         self.pump_historic(state)
         if batch.is_complete:
