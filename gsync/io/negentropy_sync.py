@@ -62,6 +62,7 @@ class NegentropyOutcome:
     failure: str = ""  # NegentropyFailed.reason (e.g. "too-many-results"); "" otherwise
     own_relay_failed: bool = False
     held: int = 0  # events of the filter the own relay holds
+    beyond: int = 0  # events the have-set claimed besides: in flight to the own relay, refused
 
 
 class SharedHoldings:
@@ -202,7 +203,7 @@ def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batc
             shared = None if extra else _holdings.storage(flt, items)
             outcome = exchange(conn, token, flt, items + extra if extra else items, deadline_secs,
                                frame_size_limit=frame_size_limit, storage=shared)
-            outcome.held = len(items)
+            outcome.held, outcome.beyond = len(items), len(extra)
     post(NegentropyFinished(conn.relay, conn.session, batch_id, token, flt, outcome))
 
 

@@ -461,17 +461,18 @@ def negentropy_pays(held: int) -> bool:
 def follower_negentropy_pays(fetched: int) -> bool:
     """A batch that waited for another relay's lead on the same repositories (``sync.lead``):
     NIP-77 for a filter of which the leader brought more than ``FOLLOWER_REQ_MAX_FETCHED``
-    events (only what is still missing then moves), REQ pages for one it brought little of
-    (those few copies cost less than the filter's own paced start)."""
+    events (only what is still missing then moves), REQ pages for one it brought nothing of
+    (nothing would be saved)."""
     return fetched > FOLLOWER_REQ_MAX_FETCHED
 
 
-def fetch_by_filter(need: int, held: int) -> bool:
+def fetch_by_filter(need: int, again: int) -> bool:
     """After NIP-77 over one filter: fetch what is missing with the filter's own REQ pages
-    rather than by id? Yes when more than one id fetch (300) is missing and the own relay
-    holds at most a tenth of that for the filter (the REQ brings those again): a fresh own
-    relay then fills in a few paced starts instead of one start per 300 events."""
-    return need > MAX_IDS_PER_REQ and held <= need * FETCH_BY_FILTER_MAX_HELD_FRACTION
+    rather than by id? Yes when more than one id fetch (300) is missing and the pages would
+    bring ``again`` at most a tenth of that besides (what the own relay holds or has in
+    flight, and what other batches fetch): a fresh own relay then fills in a few paced
+    starts instead of one start per 300 events."""
+    return need > MAX_IDS_PER_REQ and again <= need * FETCH_BY_FILTER_MAX_HELD_FRACTION
 
 
 # -- the batch ---------------------------------------------------------------------------

@@ -261,7 +261,7 @@ class HistoricSync:
         rejected index may match it: a REQ would bring refused events back, NIP-77 counts
         them as held (SPEC §5: never fetched again). Or, for a repository another relay
         lists too (``shared``: the batch waited for that relay's lead, or it synced before),
-        when that relay brought much of it: held, or still in flight to the own relay
+        when that relay brought any of it: held, or still in flight to the own relay
         (``follower_negentropy_pays``)."""
         since = state.round_started_at
         prior = sum(1 for _, event_id in held if (self.seen.get(event_id) or -1.0) < since)
@@ -797,8 +797,10 @@ class HistoricSync:
             log.debug("negentropy_done", relay=state.url, batch_id=batch.batch_id, need=len(need),
                       advertised=len(result.need_ids), have=len(result.have_ids),
                       rounds=result.rounds, held=result.held)
-            # (not a one-second filter: its REQ pages are what could not complete it)
-            if fetch_by_filter(len(need), result.held) and not one_second(msg.filter):
+            # (not a one-second filter: its REQ pages are what could not complete it). Its
+            # pages would bring again what is held, in flight, refused, or fetched elsewhere.
+            again = result.held + result.beyond + len(result.need_ids) - len(need)
+            if fetch_by_filter(len(need), again) and not one_second(msg.filter):
                 log.debug("negentropy_fetch_by_filter", relay=state.url, batch_id=batch.batch_id,
                           need=len(need), held=result.held)
                 batch.fetch_by_filter.append(msg.filter)
