@@ -233,6 +233,30 @@ def test_holdings_reads_keep_their_connection_and_survive_its_loss(relay_factory
     assert len(opened) == 2
 
 
+def test_a_read_on_a_fresh_connection_knows_the_page_size_the_own_relay_taught(relay_factory):
+    """More reads at once than connections kept: each read past them opens one. What the
+    own relay taught of its page size holds on it too: a read of fewer events than a page
+    already served is one REQ, not a second one to confirm a first page."""
+    from gsync.io.own_query import KeptConnections
+    from gsync.ops import metrics
+    from gsync.protocol.filters import Filter
+
+    from .relays import publish
+
+    own = relay_factory()
+    publish(own.url, [alice.sign(1, [], f"note {i}") for i in range(12)]
+            + [alice.sign(7, [], f"reaction {i}") for i in range(11)])
+    reader = KeptConnections(keep=0)  # every read on a fresh connection
+
+    def reqs(flt) -> tuple[int, float]:
+        before = metrics.OWN_RELAY_READS._value.get()
+        held = reader.holdings(own.url, flt)
+        return len(held), metrics.OWN_RELAY_READS._value.get() - before
+
+    assert reqs(Filter.make(kinds=[1])) == (12, 2)  # the first page is confirmed: 12 may be a cap
+    assert reqs(Filter.make(kinds=[7])) == (11, 1)  # fewer than 12 served: the last page
+
+
 def test_a_large_shared_read_is_reconciled_from_one_storage():
     """Layer 1 on hundreds of relays: the same thousands of announcements, built into a
     NIP-77 storage once for the exchanges that add nothing of their own."""

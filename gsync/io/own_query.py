@@ -72,16 +72,20 @@ class KeptConnections:
 
     NIP-77 reads the own relay's holdings once per exchange, tens of thousands of times in
     a large sync: a websocket opened per read cost more than the read (TCP, the HTTP
-    upgrade read byte by byte). Each connection keeps the page size it has taught
-    (``PageCap``). A kept connection that fails is dropped and the read retried once on a
-    fresh one (relays close idle connections); a fresh one that fails raises
-    ``OSError``/``websocket`` errors."""
+    upgrade read byte by byte). The page size the own relay has taught (``PageCap``) is
+    kept per relay, not per connection: a read on a fresh connection (more reads at once
+    than are kept) confirmed its first page of ten events or more with a second REQ. (A cap
+    learnt too large only ends a read early: fewer held, more fetched, never an event
+    claimed that the relay lacks.) A kept connection that fails is dropped and the read
+    retried once on a fresh one (relays close idle connections); a fresh one that fails
+    raises ``OSError``/``websocket`` errors."""
 
     def __init__(self, keep: int, connect=ws_connect, timeout: float = QUERY_TIMEOUT_SECS):
         self._keep = keep
         self._connect = connect
         self._timeout = timeout
-        self._idle: dict[str, list[tuple]] = {}  # url → idle (connection, its PageCap)
+        self._idle: dict[str, list[tuple]] = {}  # url → idle (connection, the relay's PageCap)
+        self._caps: dict[str, PageCap] = {}  # url → what its pages taught
 
     def holdings(self, url: str, flt: Filter) -> HeldItems:
         idle = self._idle.setdefault(url, [])
@@ -90,7 +94,8 @@ class KeptConnections:
                 return self._read_and_keep(url, *idle.pop(), flt)
             except Exception:
                 pass  # kept too long, or closed by the relay: once more on a fresh one
-        return self._read_and_keep(url, self._connect(url, self._timeout), PageCap(), flt)
+        cap = self._caps.setdefault(url, PageCap())
+        return self._read_and_keep(url, self._connect(url, self._timeout), cap, flt)
 
     def _read_and_keep(self, url: str, ws, cap: PageCap, flt: Filter) -> HeldItems:
         try:
