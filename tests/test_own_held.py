@@ -88,3 +88,22 @@ def test_what_is_missing_of_a_filter_is_its_unread_values_only():
     layer1 = Filter.make(kinds=[30617, 10317])
     assert own.missing(layer1, now=1) == layer1
     assert own.missing(Filter.make(ids=["00" * 32]), now=1) == Filter.make(ids=["00" * 32])
+
+
+def test_values_being_read_are_waited_for_not_read_again():
+    own = held()
+    by_a, by_ab = Filter.make(tags={"a": [A]}), Filter.make(tags={"a": [A, B]})
+    own.begin(by_a)
+    assert own.awaits(by_ab, now=0), "A is being read: a filter needing it waits"
+    assert not own.awaits(Filter.make(tags={"a": [B]}), now=0)
+    own.learn(by_a, [], now=1)
+    own.end(by_a)
+    assert not own.awaits(by_ab, now=1)
+    assert own.missing(by_ab, now=1) == Filter.make(tags={"a": [B]}), "only B is left to read"
+    own.begin(by_a)
+    own.end(by_a)  # a read that failed, or spanned an outage: nothing learnt, nothing waited for
+    own.forget()
+    assert not own.awaits(by_ab, now=2) and own.missing(by_ab, now=2) == by_ab
+    bounded = Filter.make(tags={"a": [B]}, since=10)
+    own.begin(bounded)  # teaches nothing: nobody waits for it
+    assert not own.awaits(by_ab, now=2)

@@ -76,6 +76,7 @@ class OwnHeld:
         self.max_entries = max_entries
         self._index = HaveIndex()
         self._covered: dict[Unit, float] = {}  # unit -> when it was read
+        self._reading: dict[Unit, int] = {}  # unit -> reads of it under way
         self.forgotten = 0  # times everything was dropped (outage, bound reached)
 
     def __len__(self) -> int:
@@ -116,6 +117,30 @@ class OwnHeld:
         name = unread[0][2]
         return flt.replace(tags=((name, frozenset(unit[3] for unit in unread)),))
 
+    def begin(self, flt: Filter) -> None:
+        """A read of ``flt`` is under way: a filter needing its units ``awaits`` it."""
+        for unit in _unbounded_units(flt):
+            self._reading[unit] = self._reading.get(unit, 0) + 1
+
+    def end(self, flt: Filter) -> None:
+        """That read ended, learnt or not (an outage meanwhile, a failure)."""
+        for unit in _unbounded_units(flt):
+            left = self._reading.get(unit, 0) - 1
+            if left > 0:
+                self._reading[unit] = left
+            else:
+                self._reading.pop(unit, None)
+
+    def awaits(self, flt: Filter, now: float) -> bool:
+        """Is a unit of ``flt`` that is not known being read right now? Then a read of
+        ``flt`` waits for that one instead of reading the same values again."""
+        if not self._reading:
+            return False
+        covered = self._covered
+        return any(unit in self._reading
+                   and ((read_at := covered.get(unit)) is None or now - read_at >= self.ttl)
+                   for unit in _unbounded_units(flt))
+
     def learn(self, flt: Filter, events, now: float) -> None:
         """A read of ``flt`` (every event the own relay holds of it, as raw dicts, ``Event``s
         or (id, ``HeldEntry``) pairs): its units are known from ``now``."""
@@ -149,6 +174,13 @@ class OwnHeld:
         grow with uptime."""
         if len(self._index) > self.max_entries:
             self.forget()
+
+
+def _unbounded_units(flt: Filter) -> list[Unit]:
+    """The units a read of ``flt`` will teach (a bounded read teaches none)."""
+    if flt.since is not None or flt.until is not None:
+        return []
+    return coverage_units(flt) or []
 
 
 def _id_and_entry(event) -> tuple[str, HeldEntry]:

@@ -84,6 +84,9 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.claims = FetchClaims()  # which batch fetches which missing event, across relays
         # what the own relay holds, read once per filter and session (NIP-77 have-sets)
         self.own_held = OwnHeld(constants.OWN_HELD_TTL_SECS, constants.OWN_HELD_MAX_EVENTS)
+        # batches whose holdings wait for a read of the same values under way (one per batch
+        # at most): (relay, session, batch id, token, filters)
+        self.own_reads_awaited: list[tuple] = []
         self.lead = SharedLead()  # batches waiting for another relay's first sync of their repos
         self.delivery = delivery or OwnRelayDelivery(
             svc.own_relay, self.post, auth_secret=config.auth.secret_key,

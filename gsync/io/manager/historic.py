@@ -167,7 +167,17 @@ class HistoricSync:
         token = f"own{batch.batch_id}-{next(self._ids)}"
         batch.add_subscription(token)  # the batch is not complete while its methods are open
         batch.coalesce_wanted = coalesce
-        filters, now, epoch = list(filters), self.clock(), self.own_held.forgotten
+        self.ask_own_holdings(state, batch, token, list(filters))
+
+    def ask_own_holdings(self, state: RelayState, batch: PendingBatch, token: str, filters: list) -> None:
+        """Read what the session does not know of ``filters``. Values another read is
+        reading right now (another relay's batch over the same repositories) are not read
+        twice: the batch waits for that read (``own_read_landed``), which ends by its
+        deadline whatever the own relay does, and then reads what is still unknown."""
+        now, epoch = self.clock(), self.own_held.forgotten
+        if any(self.own_held.awaits(flt, now) for flt in filters):
+            self.own_reads_awaited.append((state.url, state.session, batch.batch_id, token, filters))
+            return
         reads = [self.own_held.missing(flt, now) for flt in filters]  # None: all known
         known = reads.count(None)
         metrics.OWN_HOLDINGS.labels("known").inc(known)
@@ -178,22 +188,42 @@ class HistoricSync:
             self.post(OwnHoldingsRead(state.url, state.session, batch.batch_id, token, filters,
                                       [None] * len(filters), "", epoch, reads))
             return
+        for read in reads:
+            if read is not None:
+                self.own_held.begin(read)
         gevent.spawn(negentropy_sync.read_holdings, self.config.service.own_relay, filters,
                      self.post, relay=state.url, session=state.session, batch_id=batch.batch_id,
                      token=token, fresh=batch.follower, reads=reads, epoch=epoch,
                      busy=self.own_relay_busy)
 
-    def holdings_after_read(self, msg: OwnHoldingsRead) -> list:
-        """Each filter's holdings once what it lacked was read: the session learns the reads
-        and answers the whole filters from what it knows. After an outage since the read
-        began nothing is known: the reads alone (less than is held: more is fetched, never
-        less)."""
+    def own_read_landed(self, msg: OwnHoldingsRead) -> None:
+        """A read of the own relay ended (or nothing was read): the session learns it, even
+        for a batch gone meanwhile, unless an outage came since it began (what it returned
+        may be gone); then the batches that waited for it ask again."""
+        reads = msg.read_filters or [None] * len(msg.filters)
         now = self.clock()
-        reads = msg.read_filters or msg.filters
-        if msg.epoch == self.own_held.forgotten:  # no outage since the read began
+        for read in reads:
+            if read is not None:
+                self.own_held.end(read)
+        if msg.holdings is not None and msg.epoch == self.own_held.forgotten:
             for read, held in zip(reads, msg.holdings, strict=True):
-                if isinstance(held, HeldItems):
+                if read is not None and isinstance(held, HeldItems):
                     self.own_held.learn(read, held.entries, now)
+        if not any(read is not None for read in reads) or not self.own_reads_awaited:
+            return
+        awaited, self.own_reads_awaited = self.own_reads_awaited, []
+        for url, session, batch_id, token, filters in awaited:
+            state = self._current(url, session)
+            batch = state and state.pending.get(batch_id)
+            if batch is not None and token in batch.outstanding_subs:
+                self.ask_own_holdings(state, batch, token, filters)
+
+    def holdings_after_read(self, msg: OwnHoldingsRead) -> list:
+        """Each filter's holdings once what it lacked was read (``own_read_landed``): the
+        whole filters are answered from what the session knows. After an outage since the
+        read began nothing is known: the reads alone (less than is held: more is fetched,
+        never less)."""
+        now = self.clock()
         out = []
         for flt, held in zip(msg.filters, msg.holdings, strict=True):
             known = self.own_held.holdings(flt, now)
@@ -208,6 +238,7 @@ class HistoricSync:
         """Per filter: NIP-77 where what is already held makes it pay for its start
         (``by_negentropy``), REQ pages (ten filters a start) otherwise. A batch left with
         REQ pages only may join a pending one, as in ``start_historic``."""
+        self.own_read_landed(msg)
         state = self._current(msg.relay, msg.session)
         batch = state and state.pending.get(msg.batch_id)
         if batch is None or msg.token not in batch.outstanding_subs:
