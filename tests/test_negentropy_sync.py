@@ -129,6 +129,31 @@ def test_a_repository_on_two_relays_is_fetched_from_one_of_them(relay_factory, g
     assert waited, "no batch waited for another relay's lead"
 
 
+def test_what_nip77_finds_missing_of_a_repository_other_relays_list_is_fetched_by_id(
+        relay_factory, gsync_factory, scripted):
+    """The own relay holds some of a repository two relays list: NIP-77 on both. What the
+    first exchange finds missing (400 issues, more than one id fetch) is fetched by id,
+    within the claims, not by the filter's pages: with fifty relays syncing side by side,
+    the pages brought 2.7 copies of every event they fetched (bench/scale)."""
+    from .scripted_relay import Nip77Serve
+
+    own = relay_factory()
+    relays = [scripted(negentropy=Nip77Serve(), page_size=500) for _ in range(2)]
+    repo = our_announcement(own, relays, d="by-id")
+    issues = [f.issue(bob, repo, subject=f"missing {i}") for i in range(401)]
+    for relay in relays:
+        relay.add(repo, *issues)
+    publish(own.url, [repo, issues[0]])  # held: NIP-77 pays for the repository's issues
+    gsync = gsync_factory(own, relays)
+    assert_arrives(own, issues, timeout=120, what="every issue")
+    wait_until(lambda: _synced(gsync), timeout=60, what="historic sync complete on both")
+    by_filter = [(relay.url, sub) for relay in relays for sub, filters in relay.reqs()
+                 if any("#a" in flt and flt.get("limit") != 0 for flt in filters)]
+    assert by_filter == [], f"fetched by the filter's pages: {by_filter}"
+    twice = [e.id for e in issues[1:] if all(relay.sent_count(e.id) for relay in relays)]
+    assert not twice, f"{len(twice)} issues came from both relays"
+
+
 def test_identical_holdings_reads_at_about_the_same_time_are_shared():
     """Layer 1 is the same filter on every relay: one own-relay read serves them all."""
     import gevent
