@@ -68,6 +68,28 @@ def test_filters_read_once_are_known_to_later_remotes_until_an_own_relay_outage(
     assert seen["read"] >= 1, f"after the outage, what was known was trusted: {seen}"
 
 
+def test_the_thread_of_a_root_gsync_stored_is_known_without_a_read(gsync_factory, scripted):
+    """A root the own relay stored anew from gsync had no thread there but what gsync
+    delivers after it: the root's own batch (its replies by #e, #E and #q) reads nothing of
+    the own relay. A root the own relay held already is read."""
+    own = scripted(page_size=None)  # stores what it is sent; its REQs are on the record
+    remote = scripted(negentropy=Nip77Serve(), page_size=500)
+    repo = our_announcement(own, [remote], d="new-root")
+    fresh, old = f.issue(bob, repo, subject="new root"), f.issue(bob, repo, subject="held root")
+    replies = [f.comment(alice, root, content=f"on {root.id[:8]}") for root in (fresh, old)]
+    remote.add(repo, fresh, old, *replies)
+    own.add(repo, old)
+    gsync_factory(own, [remote])
+    assert_arrives(own, [fresh, *replies], timeout=30, what="the new root and both threads")
+
+    def read_for(root) -> list:
+        return [flt for sub, filters in own.reqs() if sub.startswith("own-") for flt in filters
+                if any(root.id in flt.get(f"#{tag}", ()) for tag in ("e", "E", "q"))]
+
+    assert read_for(fresh) == [], "the new root's thread was read from the own relay"
+    assert read_for(old), "the thread of a root the own relay held already was not read"
+
+
 def test_delivery_reports_as_held_only_what_the_own_relay_stored():
     posted = []
     delivery = OwnRelayDelivery("ws://127.0.0.1:1", posted.append)

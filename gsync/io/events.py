@@ -122,9 +122,11 @@ class OwnEvents:
 @dataclass(slots=True)
 class OwnHeldConfirmed:
     """Events the own relay answered ``OK true`` to (``duplicate`` included, ``purgatory``
-    not), as (id, ``own_held.HeldEntry``): held, for the NIP-77 have-sets (one read burst)."""
+    not), as (id, ``own_held.HeldEntry``): held, for the NIP-77 have-sets (one read burst).
+    ``new_roots``: ids of the roots among them it stored anew (not ``duplicate``)."""
 
     entries: list
+    new_roots: list = field(default_factory=list)
 
 
 @dataclass(slots=True)

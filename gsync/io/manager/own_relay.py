@@ -210,8 +210,18 @@ class OwnRelaySide:
                 self.catch_up(state, state.confirmed.copy(), catch_up)
 
     def on_own_held_confirmed(self, msg: OwnHeldConfirmed) -> None:
+        """What the own relay stored is held. A root it stored anew had no thread there
+        but what gsync delivers from now on (joining here as it is answered): its layer-3
+        filters are known without a read. (What someone publishes there directly meanwhile
+        is not known: fetched again, answered ``duplicate``; never claimed and missing.)
+        The new roots' threads were three own-relay reads per root batch and relay, most of
+        what gsync read of its own relay in a first sync (bench/scale)."""
         if self.own_down_since is None:
             self.own_held.confirm(msg.entries)
+            if msg.new_roots:
+                now = self.clock()
+                for flt in filter_plan.root_event_filters(msg.new_roots):
+                    self.own_held.learn(flt, (), now)
 
     def on_delivery_answered(self, msg: DeliveryAnswered) -> None:
         now = self.clock()
