@@ -12,7 +12,6 @@ import itertools
 import random
 import time
 
-import gevent
 from gevent.queue import Empty, Queue
 
 from ... import constants
@@ -52,6 +51,7 @@ from ..events import (
 from ..handshake import HandshakePool
 from ..self_subscriber import SelfSubscriber
 from .descendants import Descendants
+from .effects import GeventEffects
 from .historic import HistoricSync
 from .lifecycle import RelayLifecycle
 from .live import LiveCoverage
@@ -63,11 +63,14 @@ log = get_logger("gsync.manager")
 
 
 class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Descendants, Refusals):
-    def __init__(self, config, *, clock=time.time, delivery=None, on_ready=None):
+    def __init__(self, config, *, clock=time.time, delivery=None, on_ready=None, effects=None):
+        """``effects``: the manager's I/O (``effects.GeventEffects`` unless a test gives a
+        recorder); ``clock``: wall time, for every decision that reads it."""
         self.config = config
         self.clock = clock
         self.queue: Queue = Queue()
         self.post = self.queue.put
+        self.effects = effects or GeventEffects(self.post)
         svc, sync, net = config.service, config.sync, config.network
         self.domains = list(svc.domains)
         self.repos = RepoSyncIndex(svc.own_relay, self.domains)
@@ -105,7 +108,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.root_ids: set[str] = set()  # of Full repos: who is a direct member
         self._ids = itertools.count(1)
         self._stopping = False
-        self.last_loop_at = time.monotonic()
+        self.last_loop_at = self.effects.monotonic()
         self.stall_checked_at = clock()  # historic REQs' clocks stand still while delivery holds reading
         self.queue_peak = 0  # the deepest the inbox has been (a 2 s gauge would miss bursts)
         self.delivery_peak = 0
@@ -138,12 +141,12 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.delivery.start()
         self.handshakes.start()
         self.self_sub.start()
-        self._ticker = gevent.spawn(self._tick_loop)
+        self._ticker = self.effects.every(constants.MAINTENANCE_TICK_SECS, lambda: Tick(self.clock()))
 
     def run(self) -> None:
         """Apply messages until ``Stop``. One at a time: no locks around any index."""
         while True:
-            self.last_loop_at = time.monotonic()
+            self.last_loop_at = self.effects.monotonic()
             try:
                 msg = self.queue.get(timeout=1.0)
             except Empty:
@@ -158,11 +161,6 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
                 handler(msg)
             except Exception:
                 log.exception("handler_failed", message=type(msg).__name__)
-
-    def _tick_loop(self) -> None:
-        while True:
-            gevent.sleep(constants.MAINTENANCE_TICK_SECS)
-            self.post(Tick(self.clock()))
 
     def stop(self) -> None:
         self._stopping = True
@@ -317,7 +315,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
     # -- operators ------------------------------------------------------------------------
 
     def alive_recently(self, within: float) -> bool:
-        return time.monotonic() - self.last_loop_at < within
+        return self.effects.monotonic() - self.last_loop_at < within
 
     def set_bootstrap_relays(self, urls) -> None:
         for state in self.relays.values():

@@ -6,10 +6,6 @@ the Syncing → Connected check.
 """
 from __future__ import annotations
 
-import time
-
-import gevent
-
 from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
@@ -178,7 +174,7 @@ class HistoricSync:
             self.post(OwnHoldingsRead(state.url, state.session, batch.batch_id, token, filters,
                                       [None] * len(filters), "", epoch, reads))
             return
-        gevent.spawn(negentropy_sync.read_holdings, self.config.service.own_relay, filters,
+        self.effects.spawn(negentropy_sync.read_holdings, self.config.service.own_relay, filters,
                      self.post, relay=state.url, session=state.session, batch_id=batch.batch_id,
                      token=token, fresh=batch.follower, reads=reads, epoch=epoch,
                      busy=self.own_relay_busy)
@@ -485,7 +481,7 @@ class HistoricSync:
         """Pump this relay again when its pacing gate (or cooldown) opens."""
         if not state.slot_wakeup_scheduled:
             state.slot_wakeup_scheduled = True
-            gevent.spawn_later(wait, self.post, HistoricSlotDue(state.url, state.session))
+            self.effects.later(wait, HistoricSlotDue(state.url, state.session))
 
     def regroup_before_start(self, state: RelayState, sub_id: str, group) -> bool:
         """A queued REQ meets what the relay taught us since it was queued: shapes it
@@ -524,7 +520,7 @@ class HistoricSync:
         if held is None:
             held = self.own_held.holdings(flt, self.clock())  # None: the exchange reads it
         started: list = []
-        greenlet = gevent.spawn(
+        greenlet = self.effects.spawn(
             negentropy_sync.reconcile_filter,
             state.conn, self.config.service.own_relay, flt, self.have_beyond_holdings(flt),
             self.post, batch_id=batch_id, token=token, held=held,
@@ -532,7 +528,7 @@ class HistoricSync:
             busy=self.own_relay_busy,
             started=started,
         )
-        state.neg_running[token] = RunningExchange(greenlet, batch_id, flt, time.monotonic(), started)
+        state.neg_running[token] = RunningExchange(greenlet, batch_id, flt, self.effects.monotonic(), started)
         relay, session = state.url, state.session
 
         def died(g) -> None:  # its answer will never come: this is it
@@ -544,7 +540,7 @@ class HistoricSync:
     def expire_negentropy(self) -> None:
         """Exchanges past the manager's deadline end as unanswered ones do, whatever their
         greenlet is doing (SPEC §5: every wait has a deadline)."""
-        now = time.monotonic()
+        now = self.effects.monotonic()
         for state in self.relays.values():
             if not state.neg_running or not state.connected:
                 continue
@@ -743,7 +739,7 @@ class HistoricSync:
             return
         state.completion_check_scheduled = True
         delay = self.config.sync.batch_window_ms / 1000 + 1
-        gevent.spawn_later(delay, self.post, CompletionRecheck(state.url, state.session))
+        self.effects.later(delay, CompletionRecheck(state.url, state.session))
 
     def syncing_batches(self, state: RelayState) -> bool:
         """Historic sync still running: a batch other than a recovery attempt, a poll or a

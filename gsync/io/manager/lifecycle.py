@@ -14,7 +14,6 @@ from ...sync import filter_plan
 from ...sync.pending import PageCap
 from ...sync.relay_state import ConnectionStatus, RelayState
 from ...sync.targets import PendingItems, compute_actions, relay_needs
-from ..connection import RelayConnection
 from ..events import (
     HandshakeDone,
     HandshakeStarted,
@@ -128,11 +127,10 @@ class RelayLifecycle:
         state.limits = self.with_learned_limits(state, msg.limits)
         state.page_cap = PageCap()  # learnt again: the relay may have changed
         state.negentropy_ok = True  # a NIP-77 verdict holds for one session (SPEC §4)
-        state.conn = RelayConnection(
-            msg.relay, msg.ws, state.session, self.post, auth_secret=self.config.auth.secret_key,
+        state.conn = self.effects.connection(
+            msg.relay, msg.ws, state.session, auth_secret=self.config.auth.secret_key,
             known_ids=self.seen, room=self.delivery.room_for(msg.relay),
         )
-        state.conn.start()
         nips = getattr(msg.limits, "supported_nips", None)
         if nips and 77 not in nips:  # it says so itself: no NEG-OPEN, no 15 s wait
             self.disable_negentropy(state, "NIP-11 supported_nips does not list 77")

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import itertools
 
-import gevent
-
 from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
@@ -78,7 +76,7 @@ class OwnRelaySide:
         # relay instead of a drip of them.
         if not self.own_window_open and self.ready:
             self.own_window_open = True
-            gevent.spawn_later(self.config.sync.batch_window_ms / 1000, self.post, BatchWindowClosed(0))
+            self.effects.later(self.config.sync.batch_window_ms / 1000, BatchWindowClosed(0))
 
     def on_batch_window_closed(self, msg: BatchWindowClosed) -> None:
         """A closed self-subscription window updates RepoSyncIndex and emits AddFilters."""

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import gevent
-
 from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
@@ -315,7 +313,7 @@ class Refusals:
         self.update_health_metric(state, now)
         if state.conn is not None:
             self.requeue_negentropy_as_reqs(state)  # NIP-77 is off for the session
-        gevent.spawn_later(constants.RATE_LIMIT_COOLDOWN_SECS, self.post, CooldownEnded(state.url))
+        self.effects.later(constants.RATE_LIMIT_COOLDOWN_SECS, CooldownEnded(state.url))
 
     def on_cooldown_ended(self, msg: CooldownEnded) -> None:
         state = self.relays.get(msg.relay)
