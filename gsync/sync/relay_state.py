@@ -6,24 +6,14 @@ mutates them.
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..constants import IDS_UNSERVED_RETRY_SECS, NIP77_RETRY_SECS, QUICK_RECONNECT_SECS
 from .pending import PendingBatch
 from .policy import CoveragePauses
+from .status import ConnectionStatus
 from .targets import ConfirmedItems
-
-
-class ConnectionStatus(enum.IntEnum):
-    """Values are the ``ngit_sync_relay_connected`` metric's."""
-
-    DISCONNECTED = 0
-    CONNECTING = 1
-    SYNCING = 2
-    CONNECTED = 3
-    CONNECTED_HISTORIC_SYNC_FAILURES = 4
 
 
 @dataclass
@@ -93,7 +83,7 @@ class RunningExchange:
 class RelayState:
     url: str
     is_bootstrap: bool = False
-    status: ConnectionStatus = ConnectionStatus.DISCONNECTED
+    status: ConnectionStatus = ConnectionStatus.DISCONNECTED  # changed by status.move only
     confirmed: ConfirmedItems = field(default_factory=ConfirmedItems)
     last_connected: float | None = None
     disconnected_at: float | None = None

@@ -23,8 +23,9 @@ from ...sync.health import RelayHealthTracker
 from ...sync.lead import SharedLead
 from ...sync.own_held import OwnHeld
 from ...sync.recovery import MissingEventRecovery
-from ...sync.relay_state import ConnectionStatus, RelayState
+from ...sync.relay_state import RelayState
 from ...sync.repos import RepoSyncIndex
+from ...sync.status import Fact
 from ..delivery import OwnRelayDelivery
 from ..events import (
     BatchWindowClosed,
@@ -251,7 +252,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             if state.connected and state.next_daily_at and now >= state.next_daily_at:
                 state.next_daily_at = now + random.uniform(constants.DAILY_MIN_SECS, constants.DAILY_MAX_SECS)
                 log.info("daily_sync", relay=state.url)
-                state.status = ConnectionStatus.SYNCING
+                self.move_status(state, Fact.DAILY_SYNC)
                 self.fresh_start(state, now)
         self.on_delivery_caught_up()  # in case its message was lost with a restarted delivery
         self.release_followers(self.lead.overdue(now, constants.FOLLOWER_WAIT_MAX_SECS), overdue=True)

@@ -26,6 +26,7 @@ from ...sync.pending import (
 from ...sync.policy import coverage_key
 from ...sync.relay_state import ConnectionStatus, RelayState, RunningExchange
 from ...sync.repos import identifier_of
+from ...sync.status import Fact
 from ...sync.targets import PendingItems
 from .. import negentropy_sync
 from ..events import (
@@ -756,11 +757,7 @@ class HistoricSync:
         state.completion_check_scheduled = False
         if self.syncing_batches(state) or state.status != ConnectionStatus.SYNCING:
             return
-        state.status = (
-            ConnectionStatus.CONNECTED_HISTORIC_SYNC_FAILURES
-            if state.batch_failures
-            else ConnectionStatus.CONNECTED
-        )
+        self.move_status(state, Fact.HISTORIC_DONE_WITH_FAILURES if state.batch_failures else Fact.HISTORIC_DONE)
         state.historic_sync_completed_at = self.clock()
         log.info("historic_sync_complete", relay=state.url, status=state.status.name)
         self.promote_if_recovered(state.url)  # recovery may have finished before this check
@@ -908,7 +905,7 @@ class HistoricSync:
             and self.recovery.is_fully_recovered(url)
             and not state.unrelated_failure
         ):
-            state.status = ConnectionStatus.CONNECTED
+            self.move_status(state, Fact.RECOVERED)
             state.batch_failures = False
             log.info("relay_recovered", relay=url)
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import random
 
 from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
-from ...sync import filter_plan
+from ...sync import filter_plan, status
 from ...sync.pending import PageCap
 from ...sync.relay_state import ConnectionStatus, RelayState
+from ...sync.status import Fact
 from ...sync.targets import PendingItems, compute_actions, relay_needs
 from ..events import (
     HandshakeDone,
@@ -46,6 +48,17 @@ class RelayLifecycle:
             log.info("relay_registered", relay=url)
         return state
 
+    def move_status(self, state: RelayState, fact: Fact) -> None:
+        """``state``'s status after ``fact`` (``sync.status.TRANSITIONS``). A move the table
+        does not have is a bug: logged, the status left as it was; raised where
+        GSYNC_STRICT_STATUS=1 (the tests)."""
+        try:
+            status.move(state, fact)
+        except status.IllegalMove as exc:
+            if os.environ.get("GSYNC_STRICT_STATUS") == "1":
+                raise
+            log.error("illegal_status_move", relay=state.url, status=exc.status.name, fact=exc.fact.value)
+
     def wanted(self, state: RelayState) -> bool:
         """A bootstrap relay, or one some repo lists (a ``derive_relay_targets`` target, read
         from the relay → repos listing). What a relay confirmed is work only while a repo
@@ -66,7 +79,7 @@ class RelayLifecycle:
                 continue
             if self.health.should_attempt_connection(state.url, now):
                 state.attempt += 1
-                state.status = ConnectionStatus.CONNECTING
+                self.move_status(state, Fact.DIALLED)
                 self.handshakes.request(state.url, state.attempt)
 
     def retire_unwanted_relays(self) -> None:
@@ -81,7 +94,7 @@ class RelayLifecycle:
             if state.conn is not None:
                 state.conn.close("no work left")
                 state.conn = None
-            state.status = ConnectionStatus.DISCONNECTED
+            self.move_status(state, Fact.RETIRED)
             self.drop_pending(state)
             del self.relays[state.url]
             self.health.forget(state.url)
@@ -104,7 +117,7 @@ class RelayLifecycle:
             msg.error = "socket closed before the manager applied the handshake"
         if msg.error:
             metrics.CONNECTION_ATTEMPTS.labels(msg.relay, "failure").inc()
-            state.status = ConnectionStatus.DISCONNECTED
+            self.move_status(state, Fact.HANDSHAKE_FAILED)
             state.last_error = msg.error
             if msg.refused:
                 state.refused_reason = msg.error
@@ -137,7 +150,7 @@ class RelayLifecycle:
         elif state.nip77_resting(now):  # it says so and does not: not again before a day
             self.disable_negentropy(state, "NIP-77 advertised and not served "
                                     f"{round(now - state.nip77_failed_at)} s ago")
-        state.status = ConnectionStatus.SYNCING
+        self.move_status(state, Fact.HANDSHAKE_DONE)
         fresh = state.should_fresh_start(now)
         log.info("relay_connected", relay=msg.relay, fresh_start=fresh)
         if fresh:
@@ -163,7 +176,7 @@ class RelayLifecycle:
             self.learn_message_length(state, msg.sent_too_long)
             state.silent_long_hangups = 0
         state.conn = None
-        state.status = ConnectionStatus.DISCONNECTED
+        self.move_status(state, Fact.CONNECTION_LOST)
         state.disconnected_at = now
         state.last_connected = now
         state.last_error = msg.reason
