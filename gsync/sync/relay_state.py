@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..constants import IDS_UNSERVED_RETRY_SECS, NIP77_RETRY_SECS, QUICK_RECONNECT_SECS
-from .pending import PendingBatch
+from .pending import BatchKind, PendingBatch
 from .policy import CoveragePauses
 from .status import ConnectionStatus
 from .targets import ConfirmedItems
@@ -180,9 +180,9 @@ class RelayState:
         batch = self.pending.get(self.sub_to_batch.get(sub_id, -1))
         if batch is None:
             return (4, 0)
-        if getattr(batch, "layer1", False):
+        if batch.kind is BatchKind.LAYER1:
             return (0, batch.batch_id)
-        if getattr(batch, "recovery", False) or batch.batch_id == self.poll_batch or batch.batch_id in self.probes:
+        if batch.kind.upkeep:
             return (3, batch.batch_id)
         return (1 if batch.started else 2, batch.batch_id)
 

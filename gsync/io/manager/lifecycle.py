@@ -12,7 +12,7 @@ from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
 from ...sync import filter_plan, status
-from ...sync.pending import PageCap
+from ...sync.pending import BatchKind, PageCap
 from ...sync.relay_state import ConnectionStatus, RelayState
 from ...sync.status import Fact
 from ...sync.targets import PendingItems, compute_actions, relay_needs
@@ -278,7 +278,7 @@ class RelayLifecycle:
         live = filter_plan.layer1_filter().replace(limit=0)
         if not state.paused.is_filter_paused(live):
             self.open_live(state, LAYER1_LIVE_SUB, [live], control=True)
-        self.start_historic(state, PendingItems(), [filter_plan.layer1_filter(since)], layer1=True)
+        self.start_historic(state, PendingItems(), [filter_plan.layer1_filter(since)], kind=BatchKind.LAYER1)
 
     def start_sync(self, state: RelayState, items: PendingItems, since: int | None, confirm=True) -> None:
         """Live and historic subscriptions for new items (``handle_new_sync_filters``).

@@ -11,6 +11,7 @@ from ... import constants
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...sync import filter_plan
+from ...sync.pending import BatchKind
 from ...sync.relay_state import LiveSub, RelayState
 from ...sync.targets import PendingItems
 
@@ -163,7 +164,7 @@ class LiveCoverage:
             filters += [f.replace(since=since) for f in tier.filters]
         if not filters:
             return
-        batch = self.start_historic(state, PendingItems(), filters)
+        batch = self.start_historic(state, PendingItems(), filters, kind=BatchKind.POLL)
         batch.poll_started_at, batch.poll_tiers = now, [tier for tier, _ in due]
         state.poll_batch = batch.batch_id
 

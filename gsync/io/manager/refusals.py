@@ -36,7 +36,7 @@ from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...sync import filter_plan
 from ...sync.health import HealthState, Refusal, classify_refusal, refuses_a_shape
-from ...sync.pending import PendingBatch
+from ...sync.pending import BatchKind, PendingBatch
 from ...sync.policy import by_shape, coverage_key, describe, halves
 from ...sync.relay_state import RelayState
 from ...sync.targets import PendingItems, derive_relay_targets
@@ -278,7 +278,7 @@ class Refusals:
             metrics.PAUSED_COVERAGE.labels(state.url).set(len(state.paused))
             return
         log.info("coverage_probe", relay=state.url, coverage=describe(key))
-        batch = PendingBatch(next(self._ids), PendingItems())
+        batch = PendingBatch(next(self._ids), PendingItems(), kind=BatchKind.PROBE)
         state.pending[batch.batch_id] = batch
         state.probes[batch.batch_id] = key
         self.queue_reqs(state, batch, filters[:1])
@@ -406,7 +406,7 @@ class Refusals:
         ids (not the residual retry's any more), or the filter itself."""
         batch.on_closed(sub_id)
         state.stalled_shapes.update(coverage_key(f) for f in filters)  # later REQs send it alone
-        if getattr(batch, "recovery", False):
+        if batch.kind is BatchKind.RECOVERY:
             return  # a recovery attempt: finish_recovery counts it as one without progress
         now = self.clock()
         ids = set().union(*(f.ids for f in filters if f.ids is not None))
