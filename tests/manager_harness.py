@@ -17,7 +17,14 @@ import itertools
 import json
 
 from gsync.io.connection import RelayConnection
-from gsync.io.events import HandshakeDone, OwnHoldingsRead, RemoteMessage, Tick
+from gsync.io.events import (
+    HandshakeDone,
+    OwnEvents,
+    OwnHoldingsRead,
+    OwnSubscribed,
+    RemoteMessage,
+    Tick,
+)
 from gsync.io.manager import SyncManager
 from gsync.ops.config import Config, NetworkConfig, ServiceConfig, SyncConfig
 from gsync.protocol import messages as wire
@@ -64,13 +71,16 @@ class RecordedConnection(RelayConnection):
     """The manager's side of a connection (subscriptions, budgets) with its frames kept in
     ``frames`` (parsed JSON) instead of written to a socket."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, fake_clock, **kwargs):
         super().__init__(*args, **kwargs)
+        self.fake_clock = fake_clock
         self.frames: list = []
+        self.sent_at: list[float] = []  # the fake clock's time of each frame
 
     def send(self, text: str) -> None:
         if not self.closed:
             self.frames.append(json.loads(text))
+            self.sent_at.append(self.fake_clock.now)
 
 
 class RecordingEffects:
@@ -93,7 +103,7 @@ class RecordingEffects:
         return g
 
     def connection(self, relay: str, ws, session: int, **kwargs) -> RecordedConnection:
-        conn = RecordedConnection(relay, ws, session, lambda msg: None, **kwargs)
+        conn = RecordedConnection(relay, ws, session, lambda msg: None, fake_clock=self.clock, **kwargs)
         self.connections.setdefault(relay, []).append(conn)
         return conn
 
@@ -132,6 +142,15 @@ class ManagerHarness:
             self.clock.now = max(self.clock.now, due)
             self.feed(msg)
         self.clock.now = end
+
+    def own_relay_holds(self, *events) -> None:
+        """The self-subscription shows ``events`` (announcements list the relays to sync
+        from): the first time as its first history read, then through the batch window."""
+        self.feed(OwnEvents(list(events)))
+        if not self.manager.ready:
+            self.feed(OwnSubscribed(reconnect=False))
+        else:
+            self.advance(self.config.sync.batch_window_ms / 1000)
 
     def tick(self) -> None:
         self.feed(Tick(self.clock.now))
@@ -182,6 +201,14 @@ class ManagerHarness:
     def reqs(self, url: str) -> list:
         """``["REQ", sub_id, *filters]`` frames sent to ``url`` this session."""
         return self.frames(url, "REQ")
+
+    def historic_reqs(self, url: str, times: bool = False) -> list:
+        """The REQs of historic sync (not live subscriptions: those ask ``limit: 0``); with
+        ``times``, as (when sent, frame)."""
+        conn = self.conn(url)
+        out = [(at, f) for at, f in zip(conn.sent_at, conn.frames, strict=True)
+               if f[0] == "REQ" and not all(flt.get("limit") == 0 for flt in f[2:])]
+        return out if times else [f for _, f in out]
 
     def eose_all(self, url: str) -> None:
         """The relay ends every open subscription's stored events, nothing found."""
