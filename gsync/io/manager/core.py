@@ -105,7 +105,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.ready = False
         self.on_ready = on_ready
         self.seen: dict[str, float | None] = {}  # id -> when gsync fetched it (None: seen on the own relay)
-        self.self_sub = SelfSubscriber(svc.own_relay, self.post, log, clock=clock, checked=self.seen)
+        self.self_sub = SelfSubscriber(svc.own_relay, self.post, log, clock=clock, seen=self.seen)
         self.root_ids: set[str] = set()  # of Full repos: who is a direct member
         self._ids = itertools.count(1)
         self._stopping = False
@@ -134,7 +134,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             Tick: self.on_tick,
         }
         for url in sync.bootstrap_relays:
-            self.relay(url).is_bootstrap = True
+            self.register_relay(url).is_bootstrap = True
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -322,7 +322,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         for state in self.relays.values():
             state.is_bootstrap = False
         for url in urls:
-            self.relay(url).is_bootstrap = True
+            self.register_relay(url).is_bootstrap = True
 
     def summary(self) -> str:
         connected = sum(1 for s in self.relays.values() if s.connected)

@@ -30,7 +30,9 @@ LAYER1_LIVE_SUB = "l1-live"
 class RelayLifecycle:
     """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
 
-    def relay(self, url: str) -> RelayState:
+    def register_relay(self, url: str) -> RelayState:
+        """``url``'s state, registered (saved memory restored) if it was not yet; a
+        throw-away refused state for another shard's relay or one past ``max_relays``."""
         state = self.relays.get(url)
         if state is None:
             if not self.config.cluster.shard.owns(url):
@@ -69,7 +71,7 @@ class RelayLifecycle:
         listed = self.repos.listed_relays()
         for url in list(listed):
             if url not in self.relays:
-                self.relay(url)
+                self.register_relay(url)
         if self.capped_relays:  # said once per relay while it waits for room, not for ever
             self.capped_relays.intersection_update(listed)
         for state in list(self.relays.values()):
@@ -142,7 +144,7 @@ class RelayLifecycle:
         state.negentropy_ok = True  # a NIP-77 verdict holds for one session (SPEC §4)
         state.conn = self.effects.connection(
             msg.relay, msg.ws, state.session, auth_secret=self.config.auth.secret_key,
-            known_ids=self.seen, room=self.delivery.room_for(msg.relay),
+            seen=self.seen, room=self.delivery.room_for(msg.relay),
         )
         nips = getattr(msg.limits, "supported_nips", None)
         if nips and 77 not in nips:  # it says so itself: no NEG-OPEN, no 15 s wait

@@ -116,7 +116,7 @@ class OwnRelaySide:
     def apply_dirty(self, dirty: set[str]) -> None:
         """New work for the relays whose targets changed; new relays get dialled. The cost
         follows the dirty relays' repos (a purgatory answer must not walk every repo)."""
-        states = [self.relay(url) for url in dirty]
+        states = [self.register_relay(url) for url in dirty]
         for state in states:
             self.recompute(state, since=None)
         if any(s.status is ConnectionStatus.DISCONNECTED and not s.refused_reason for s in states):
