@@ -698,32 +698,3 @@ def test_a_rate_limit_said_in_a_notice_alone_is_waited_out_without_splitting_the
     for event in new:
         remote.broadcast(event)
     assert_arrives(own, new, timeout=15, what="live events")
-
-
-def test_a_subscription_cap_below_what_gsync_works_with_is_a_rate_limit_not_a_loop(
-        relay_factory, gsync_factory, scripted):
-    # Two open at most: fewer than gsync can work with (layer 1, one live, one historic).
-    # The cap is learnt down to that least, and a refusal after it is read as a rate limit
-    # (the cooldown), never answered by sending the refused REQ again at once.
-    refused = []
-
-    def two_open_at_most(relay, conn, message):
-        if (isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 2
-                and message[1] not in conn.subs and len(conn.subs) >= 2):
-            refused.append(time.monotonic())
-            return [["CLOSED", message[1], "error: too many subscriptions"]]
-        return None
-
-    own = relay_factory()
-    remote = scripted(on_message=two_open_at_most)
-    repo = our_announcement(own, [remote], d="two-subs")
-    bug = f.issue(bob, repo)
-    remote.add(repo, bug, f.comment(alice, bug))
-    publish(own.url, [repo, bug])
-    gsync = gsync_factory(own, [remote])
-    wait_until(lambda: events_named(gsync, "relay_rate_limited", remote.url), timeout=30,
-               what="the refusal read as a rate limit once the cap is at its least")
-    lowered = events_named(gsync, "subscriptions_cap_lowered", remote.url)
-    assert [e["max_subscriptions"] for e in lowered] == [4], lowered
-    time.sleep(2)  # a loop would refuse hundreds of REQs a second
-    assert len(refused) <= 4, len(refused)

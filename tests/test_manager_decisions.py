@@ -232,3 +232,24 @@ def test_the_daily_fresh_start_closes_the_historic_reqs_it_abandons(tmp_path):
     assert h.state(A).status is ConnectionStatus.SYNCING
     assert silent in [f[1] for f in h.frames(A, "CLOSE")]
     assert silent not in conn.subscriptions
+
+
+def test_a_subscription_cap_below_what_gsync_works_with_is_a_rate_limit_not_a_loop(tmp_path):
+    """Two open at most: fewer than gsync can work with (layer 1, one live, one historic).
+    The cap is learnt down to that least (4), and a refusal after it is read as a rate limit
+    (the cooldown), never answered by sending the refused REQ again at once. (Was an
+    end-to-end test against a scripted relay refusing past two open REQs.)"""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, 3))
+    conn = h.connect(A, limits=RelayLimits())
+    h.answer_own_reads()
+    refusals = 0
+    for _ in range(30):
+        h.advance(0.5)
+        for req in h.historic_reqs(A):
+            if req[1] in conn.subscriptions and len(conn.subscriptions) > 2:
+                refusals += 1
+                h.relay_says(A, closed(req[1], "error: too many subscriptions"))
+    assert h.state(A).max_subscriptions_learned == 4
+    assert h.manager.health.cooldown_remaining(A, h.clock.now) > 0  # read as a rate limit
+    assert refusals <= 4, refusals
