@@ -113,7 +113,13 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.stall_checked_at = clock()  # historic REQs' clocks stand still while delivery holds reading
         self.queue_peak = 0  # the deepest the inbox has been (a 2 s gauge would miss bursts)
         self.delivery_peak = 0
-        self.handlers = {
+        self.handlers = self.dispatch_table()
+        for url in sync.bootstrap_relays:
+            self.register_relay(url).is_bootstrap = True
+
+    def dispatch_table(self) -> dict:
+        """Inbox message type -> its handler: one per thing that can happen."""
+        return {
             HandshakeStarted: self.on_handshake_started,
             HandshakeDone: self.on_handshake_done,
             RemoteEvents: self.on_remote_events,
@@ -133,8 +139,6 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             CooldownEnded: self.on_cooldown_ended,
             Tick: self.on_tick,
         }
-        for url in sync.bootstrap_relays:
-            self.register_relay(url).is_bootstrap = True
 
     # -- the loop -----------------------------------------------------------------------
 
