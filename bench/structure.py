@@ -97,7 +97,9 @@ def main() -> None:
             for node in ast.walk(tree):
                 for t in assigned_targets(node):
                     for leaf in flatten(t):
-                        if isinstance(leaf, ast.Attribute) and leaf.attr in fields:
+                        own = isinstance(leaf, ast.Attribute) and isinstance(leaf.value, ast.Name) \
+                            and leaf.value.id == "self" and path.name != "relay_state.py"
+                        if isinstance(leaf, ast.Attribute) and leaf.attr in fields and not own:
                             assigned[leaf.attr].add(str(path.relative_to(root)))
         multi = sorted(f for f in fields if len(touch[f]) > 1)
         multi_mixin = sorted(f for f in fields if len(touch[f] - {"core.py"}) > 1)

@@ -5,7 +5,7 @@ send, and when."""
 import json
 
 from gsync import constants
-from gsync.io.events import HandshakeDone, RelayDisconnected
+from gsync.io.events import HandshakeDone, RelayDisconnected, RemoteEvent, RemoteEvents
 from gsync.protocol import messages as wire
 from gsync.protocol.filters import Filter
 from gsync.protocol.messages import parse_relay_message
@@ -13,7 +13,7 @@ from gsync.protocol.nip11 import RelayLimits
 from gsync.sync.filter_plan import SubscriptionBudget
 from gsync.sync.relay_state import ConnectionStatus
 
-from .factory import Author, announcement
+from .factory import Author, announcement, comment, issue
 from .manager_harness import START, FakeWs, ManagerHarness
 
 A = "wss://a.example"
@@ -253,3 +253,28 @@ def test_a_subscription_cap_below_what_gsync_works_with_is_a_rate_limit_not_a_lo
     assert h.state(A).max_subscriptions_learned == 4
     assert h.manager.health.cooldown_remaining(A, h.clock.now) > 0  # read as a rate limit
     assert refusals <= 4, refusals
+
+
+# -- direct-member descendants -------------------------------------------------------------------
+
+
+def test_a_thread_member_seen_from_a_relay_gets_descendant_coverage_there(tmp_path):
+    """A comment on a root of a Full repository, received from a relay: on the next
+    descendants tick, that relay is asked for its replies, live and historic (SPEC §3)."""
+    h = ManagerHarness(tmp_path)
+    repo = listed_on(A, 1)[0]
+    bug = issue(Author.named("bob"), repo)
+    h.own_relay_holds(repo, bug)  # the root is the own relay's: a thread gsync syncs
+    h.connect(A)
+    h.answer_own_reads()
+    settle(h, A)
+    member = comment(Author.named("alice"), bug)
+    state = h.state(A)
+    h.feed(RemoteEvents(A, state.session, [RemoteEvent(A, state.session, "live-3", member)]))
+    h.advance(constants.DESCENDANT_TICK_SECS)
+    h.tick()
+    h.answer_own_reads()
+    h.advance(2)
+    asks = [r for r in h.reqs(A) if any(member.id in flt.get("#e", ()) for flt in r[2:])]
+    assert any(all(flt.get("limit") == 0 for flt in r[2:]) for r in asks), "no live coverage"
+    assert any(not all(flt.get("limit") == 0 for flt in r[2:]) for r in asks), "no history asked"

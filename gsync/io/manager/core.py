@@ -63,7 +63,7 @@ from .saved_state import SavedState
 log = get_logger("gsync.manager")
 
 
-class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Descendants, Refusals):
+class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Refusals):
     def __init__(self, config, *, clock=time.time, delivery=None, on_ready=None, effects=None):
         """``effects``: the manager's I/O (``effects.GeventEffects`` unless a test gives a
         recorder); ``clock``: wall time, for every decision that reads it."""
@@ -76,6 +76,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.domains = list(svc.domains)
         self.repos = RepoSyncIndex(svc.own_relay, self.domains)
         self.relays: dict[str, RelayState] = {}
+        self.descendants = Descendants(self.relays, self.open_live_groups, self.start_historic)
         self.capped_relays: set[str] = set()  # over [network] max_relays, already logged
         self.health = RelayHealthTracker(
             base_backoff=sync.base_backoff_secs, max_backoff=sync.max_backoff_secs,
@@ -106,7 +107,6 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.on_ready = on_ready
         self.seen: dict[str, float | None] = {}  # id -> when gsync fetched it (None: seen on the own relay)
         self.self_sub = SelfSubscriber(svc.own_relay, self.post, log, clock=clock, seen=self.seen)
-        self.root_ids: set[str] = set()  # of Full repos: who is a direct member
         self._ids = itertools.count(1)
         self._stopping = False
         self.last_loop_at = self.effects.monotonic()
@@ -219,7 +219,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             state.pending[batch_id].record_event(msg.sub_id, msg.event, msg.matched)
         if msg.verified or self.checked_late(msg.event):
             self.consider_for_delivery(msg.event, state)
-            self.note_direct_member(state, msg.event)
+            self.descendants.note_direct_member(state, msg.event)
 
 
     def on_remote_message(self, msg: RemoteMessage) -> None:
@@ -265,7 +265,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.expire_negentropy()
         self.run_policy_probes(now)
         self.run_polls(now)
-        self.run_descendants(now)
+        self.descendants.run(now)
         self.rejected.expire(now)
         if self.saved.due(now):
             self.save_state(now)

@@ -251,8 +251,8 @@ class RelayLifecycle:
             return
         ids, state.reopen_members = state.reopen_members, set()
         state.members |= ids
-        filters = self.descendant_filters_for(state, ids)
-        self.open_descendant_live(state, filters)
+        filters = self.descendants.filters_for(state, ids)
+        self.descendants.open_live(state, filters)
         self.start_historic(state, PendingItems(), [f.replace(since=since) for f in filters])
 
     @contextlib.contextmanager
@@ -315,7 +315,7 @@ class RelayLifecycle:
         self.start_historic(state, PendingItems(), [filter_plan.layer1_filter(since)])
         filters = self.filters_for(state, items, since)
         if state.members:
-            filters += [f.replace(since=since) for f in self.descendant_filters_for(state, state.members)]
+            filters += [f.replace(since=since) for f in self.descendants.filters_for(state, state.members)]
         if filters:
             self.start_historic(state, PendingItems(), filters)
 

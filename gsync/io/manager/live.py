@@ -208,7 +208,7 @@ class LiveCoverage:
         self.open_live_groups(state, first + self.live_groups_for(state, rest), slots=budget.live_slots,
                               fresh=len(first))
         if state.members:  # thread replies after the core coverage: they give way first
-            self.open_descendant_live(state, self.descendant_filters_for(state, state.members))
+            self.descendants.open_live(state, self.descendants.filters_for(state, state.members))
         # Between our CLOSEs and the new REQs the relay sends nothing new: fetch that gap
         # (SPEC §4 asks this of layer 1; every layer has the same gap).
         self.catch_up(state, wanted, int(self.clock()) - constants.RECONNECT_OVERLAP_SECS)

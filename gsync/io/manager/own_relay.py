@@ -92,10 +92,7 @@ class OwnRelaySide:
                 dirty |= self.repos.apply_announcement(event, SyncLevel.FULL, now)
             else:
                 dirty |= self.repos.apply_root_event(event)
-        roots_before, self.root_ids = self.root_ids, full_root_ids(self.repos)
-        arrived |= {event_key(root) for root in self.root_ids - roots_before}
-        if roots_before - self.root_ids:
-            self.prune_members()
+        arrived |= {event_key(root) for root in self.descendants.set_roots(full_root_ids(self.repos))}
         if not msg.first_read:
             self.release_dependents(arrived)
         log.info("self_batch_processed", events=len(events), repos=len(self.repos), dirty_relays=len(dirty))

@@ -243,7 +243,7 @@ class Refusals:
         targets = derive_relay_targets(self.repos).get(state.url)
         wanted = filter_plan.live(self.filters_for(state, targets, None, allowed_only=False)) if targets else []
         if state.members:
-            wanted += filter_plan.live(self.descendant_filters_for(state, state.members, allowed_only=False))
+            wanted += filter_plan.live(self.descendants.filters_for(state, state.members, allowed_only=False))
         return wanted + [filter_plan.layer1_filter().replace(limit=0)]
 
     # -- policy pauses and their probe ------------------------------------------------------
@@ -266,7 +266,7 @@ class Refusals:
         targets = derive_relay_targets(self.repos).get(state.url)
         filters = self.filters_for(state, targets, None, allowed_only=False) if targets else []
         if state.members:
-            filters += self.descendant_filters_for(state, state.members, allowed_only=False)
+            filters += self.descendants.filters_for(state, state.members, allowed_only=False)
         filters.append(filter_plan.layer1_filter())
         return [f for f in filters if coverage_key(f) == key]
 
