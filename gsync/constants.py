@@ -177,6 +177,12 @@ DEAD_RETRY_SECS = 24 * 3600
 # dozens of attempts and log lines a day on each.
 PERMANENT_FAILURE_PARK_SECS = 12 * 3600
 STABILITY_SECS = 5 * 60
+# A session that ends before it is stable continues the failure streak (SPEC §5), but one that
+# worked for at least this long, and for at least as long as gsync waited before dialling it,
+# does not make the streak grow: a relay that restarts every few minutes is redialled after
+# about as long as it stays up, not after an hour (seed 001: "a short-lived successful
+# handshake does not reset exponential backoff"; this one is not short-lived).
+PROVEN_SESSION_SECS = 60.0
 RATE_LIMIT_COOLDOWN_SECS = 65.0  # 60 s typical relay window + 5 s margin
 REACTIVE_GATE_START_SECS = 0.6
 REACTIVE_GATE_MAX_SECS = 10.0
@@ -309,6 +315,7 @@ TEST_TIMER_NAMES = (
     "REQ_STALL_SECS", "REQ_LIFETIME_SECS", "NEGENTROPY_GRACE_SECS", "NEGENTROPY_QUEUE_SECS",
     "QUICK_RECONNECT_SECS", "DAILY_MIN_SECS", "DAILY_MAX_SECS", "RECOVERY_BASE_SECS",
     "RECOVERY_MAX_SECS", "DEAD_AFTER_SECS", "DEAD_RETRY_SECS", "PERMANENT_FAILURE_PARK_SECS", "STABILITY_SECS",
+    "PROVEN_SESSION_SECS",
     "RATE_LIMIT_COOLDOWN_SECS", "REACTIVE_GATE_START_SECS", "REACTIVE_GATE_MAX_SECS",
     "POLICY_PROBE_SECS", "NIP77_RETRY_SECS", "MAINTENANCE_TICK_SECS", "HANDSHAKE_TIMEOUT_SECS", "DESCENDANT_TICK_SECS",
     "REJECTED_HOT_SECS", "REJECTED_COLD_SECS", "TIME_CUT_SUSPECT_SECS", "MESSAGE_STALL_SECS",
