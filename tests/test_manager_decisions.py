@@ -278,3 +278,17 @@ def test_a_thread_member_seen_from_a_relay_gets_descendant_coverage_there(tmp_pa
     asks = [r for r in h.reqs(A) if any(member.id in flt.get("#e", ()) for flt in r[2:])]
     assert any(all(flt.get("limit") == 0 for flt in r[2:]) for r in asks), "no live coverage"
     assert any(not all(flt.get("limit") == 0 for flt in r[2:]) for r in asks), "no history asked"
+
+
+def test_a_reconnect_after_more_than_15_minutes_starts_fresh(tmp_path):
+    h = ManagerHarness(tmp_path, bootstrap=[A])
+    h.connect(A)
+    settle(h, A)
+    h.feed(RelayDisconnected(A, h.state(A).session, "gone"))
+    h.advance(constants.QUICK_RECONNECT_SECS + 60)
+    h.tick()
+    h.feed(HandshakeDone(A, h.state(A).attempt, ws=FakeWs()))
+    h.answer_own_reads()
+    h.advance(1.1)
+    again = h.historic_reqs(A)
+    assert again and all("since" not in flt for f in again for flt in f[2:])  # whole history
