@@ -39,6 +39,13 @@ DEFAULT_MAX_SUBSCRIPTIONS = 20  # with no NIP-11: the most common relay default
 CONTROL_PLANE_SLOTS = 2  # layer 1 live + one
 TRANSIENT_HISTORIC_SLOTS = 1
 CONSOLIDATION_EXCESS = 70  # subscriptions above the live baseline before consolidating
+# A consolidation closes every live REQ of a relay, opens them again packed and fetches the
+# gap since now less 15 minutes, for all of that coverage. When the budget is full it is done
+# only if packing anew makes room (the new coverage included), and at most this often per
+# relay: new roots coming every few seconds to a relay whose budget is full had it consolidate
+# every 20 s, each time fetching the last 15 minutes again (the 30-minute soak: 483 of them).
+# Between two, coverage that does not fit is polled, fresh (``open_live_groups``).
+CONSOLIDATION_MIN_SECS = 60.0
 DESCENDANT_OVERLAP_SECS = 15 * 60
 # Serialized filter JSON we keep open on one connection. Relays bound it (LocalRelay refuses
 # past 1 MiB: "active subscriptions exceed max size"); NIP-11 has no field for it. Live
@@ -308,7 +315,7 @@ STATE_SAVE_SECS = 10.0
 # has the same idea: sub-second backoffs under its test mode.) Overlaps such as the 900 s of
 # ``since`` are not timers: they are compared with events' created_at and never change.
 TEST_TIMER_NAMES = (
-    "COMPLETION_RECHECK_SECS", "PURGATORY_TTL_SECS", "POLL_SECS", "POLL_SECS_PER_KIB", "POLL_MAX_SECS",
+    "COMPLETION_RECHECK_SECS", "CONSOLIDATION_MIN_SECS", "PURGATORY_TTL_SECS", "POLL_SECS", "POLL_SECS_PER_KIB", "POLL_MAX_SECS",
     "FRESH_POLL_SECS",
     "POLL_DEFER_SECS", "NEGENTROPY_DEADLINE_SECS",
     "FOLLOWER_WAIT_MAX_SECS",

@@ -173,12 +173,14 @@ def test_replies_to_a_thread_member_are_synced_one_generation_deep(relay_factory
     grandchild = carol.sign(1, [["e", child.id]], "two generations down: out of scope")
     publish(remote.url, [repo, bug, member, child, grandchild])
     publish(own.url, [repo])
-    gsync_factory(own, [remote])
+    gsync = gsync_factory(own, [remote])
     assert_arrives(own, [bug, member, child], what="root, member and descendant")
     late = carol.sign(1, [["q", member.id]], "a live descendant")
     publish(remote.url, [late])
     assert_arrives(own, [late], timeout=20, what="the live descendant")
     assert grandchild.id not in ids_on(own.url, {"ids": [grandchild.id]})
+    # the one member is watched on the one relay (the operator's gauge of that work)
+    wait_until(lambda: gsync.metric("gsync_thread_members") == 1, timeout=10, what="one member counted")
 
 
 @pytest.mark.slow

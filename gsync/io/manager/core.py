@@ -284,7 +284,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Refu
             self.pump_historic(state)
 
     def update_metrics(self, now: float) -> None:
-        connected = dead = 0
+        connected = dead = members = 0
         for state in self.relays.values():
             if state.gauges is None:  # the relay's children, looked up once (every 2 s × relays)
                 state.gauges = tuple(g.labels(state.url) for g in metrics.PER_RELAY_GAUGES)
@@ -297,8 +297,10 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Refu
             parked_g.set(round(parked[1]) if parked else 0)
             connected += state.connected
             dead += self.health.is_dead(state.url, now)
+            members += len(state.member_roots)
         metrics.RELAYS_TRACKED.set(len(self.relays))
         metrics.RELAYS_HELD.set(len(self.relays))
+        metrics.THREAD_MEMBERS.set(members)
         metrics.REJECTED_BYTES.set(self.rejected.bytes)
         saved_at = self.saved.saved_at
         metrics.STATE_SAVE_AGE.set(-1 if saved_at is None else max(0.0, now - saved_at))
