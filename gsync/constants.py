@@ -39,6 +39,13 @@ DEFAULT_MAX_SUBSCRIPTIONS = 20  # with no NIP-11: the most common relay default
 CONTROL_PLANE_SLOTS = 2  # layer 1 live + one
 TRANSIENT_HISTORIC_SLOTS = 1
 CONSOLIDATION_EXCESS = 70  # subscriptions above the live baseline before consolidating
+# A consolidation closes every live REQ of a relay, opens them again packed and fetches the
+# gap since now less 15 minutes, for all of that coverage. When the budget is full it is done
+# only if packing anew makes room (the new coverage included), and at most this often per
+# relay: new roots coming every few seconds to a relay whose budget is full had it consolidate
+# every 20 s, each time fetching the last 15 minutes again (the 30-minute soak: 483 of them).
+# Between two, coverage that does not fit is polled, fresh (``open_live_groups``).
+CONSOLIDATION_MIN_SECS = 60.0
 DESCENDANT_OVERLAP_SECS = 15 * 60
 # Serialized filter JSON we keep open on one connection. Relays bound it (LocalRelay refuses
 # past 1 MiB: "active subscriptions exceed max size"); NIP-11 has no field for it. Live
@@ -177,6 +184,12 @@ DEAD_RETRY_SECS = 24 * 3600
 # dozens of attempts and log lines a day on each.
 PERMANENT_FAILURE_PARK_SECS = 12 * 3600
 STABILITY_SECS = 5 * 60
+# A session that ends before it is stable continues the failure streak (SPEC §5), but one that
+# worked for at least this long, and for at least as long as gsync waited before dialling it,
+# does not make the streak grow: a relay that restarts every few minutes is redialled after
+# about as long as it stays up, not after an hour (seed 001: "a short-lived successful
+# handshake does not reset exponential backoff"; this one is not short-lived).
+PROVEN_SESSION_SECS = 60.0
 RATE_LIMIT_COOLDOWN_SECS = 65.0  # 60 s typical relay window + 5 s margin
 REACTIVE_GATE_START_SECS = 0.6
 REACTIVE_GATE_MAX_SECS = 10.0
@@ -302,13 +315,14 @@ STATE_SAVE_SECS = 10.0
 # has the same idea: sub-second backoffs under its test mode.) Overlaps such as the 900 s of
 # ``since`` are not timers: they are compared with events' created_at and never change.
 TEST_TIMER_NAMES = (
-    "COMPLETION_RECHECK_SECS", "PURGATORY_TTL_SECS", "POLL_SECS", "POLL_SECS_PER_KIB", "POLL_MAX_SECS",
+    "COMPLETION_RECHECK_SECS", "CONSOLIDATION_MIN_SECS", "PURGATORY_TTL_SECS", "POLL_SECS", "POLL_SECS_PER_KIB", "POLL_MAX_SECS",
     "FRESH_POLL_SECS",
     "POLL_DEFER_SECS", "NEGENTROPY_DEADLINE_SECS",
     "FOLLOWER_WAIT_MAX_SECS",
     "REQ_STALL_SECS", "REQ_LIFETIME_SECS", "NEGENTROPY_GRACE_SECS", "NEGENTROPY_QUEUE_SECS",
     "QUICK_RECONNECT_SECS", "DAILY_MIN_SECS", "DAILY_MAX_SECS", "RECOVERY_BASE_SECS",
     "RECOVERY_MAX_SECS", "DEAD_AFTER_SECS", "DEAD_RETRY_SECS", "PERMANENT_FAILURE_PARK_SECS", "STABILITY_SECS",
+    "PROVEN_SESSION_SECS",
     "RATE_LIMIT_COOLDOWN_SECS", "REACTIVE_GATE_START_SECS", "REACTIVE_GATE_MAX_SECS",
     "POLICY_PROBE_SECS", "NIP77_RETRY_SECS", "MAINTENANCE_TICK_SECS", "HANDSHAKE_TIMEOUT_SECS", "DESCENDANT_TICK_SECS",
     "REJECTED_HOT_SECS", "REJECTED_COLD_SECS", "TIME_CUT_SUSPECT_SECS", "MESSAGE_STALL_SECS",

@@ -52,3 +52,27 @@ def test_a_reader_waits_while_its_bursts_are_not_applied():
         gevent.sleep(0.01)
     assert sum(len(m.events) for m in posted if isinstance(m, RemoteEvents)) == 10
     conn.close()
+
+
+def test_filters_of_ended_subscriptions_are_bounded_by_their_size_not_by_the_session():
+    """A session of days CLOSEs thousands of REQs, and relays rarely answer CLOSE with CLOSED:
+    what is kept to read their late events is bounded in bytes, the newest kept."""
+    from gsync.io import connection
+
+    sent = []
+    conn = RelayConnection("ws://relay.example", _Bursts([]), 1, sent.append)
+    roots = [f"{i:064x}" for i in range(400)]
+    for n in range(200):  # each REQ about 27 KB: 400 root ids
+        conn.subscribe(f"h{n}", [Filter.make(kinds=[1], tags={"e": roots})])
+        conn.unsubscribe(f"h{n}")
+    kept = conn._closing
+    assert 0 < kept.bytes <= connection.ENDED_FILTER_BYTES
+    assert len(kept) < 20
+    assert kept.get("h199") is not None and kept.get("h0") is None  # the newest stay
+    closing = sorted(kept._filters)
+    for sub_id in closing:  # the relay answers CLOSED: they move to the ended ones, still bounded
+        conn._handle_frame(f'["CLOSED","{sub_id}",""]'.encode())
+    assert len(conn._closing) == 0 and conn._closing.bytes == 0
+    assert 0 < conn._ended.bytes <= connection.ENDED_FILTER_BYTES
+    conn.forget("never-opened")  # nothing to end: nothing kept, nothing dropped
+    assert sorted(conn._ended._filters) == closing

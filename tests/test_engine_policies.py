@@ -130,7 +130,8 @@ def test_subscription_budget_is_kept_by_consolidating(relay_factory, gsync_facto
     remote.add(repo)
     publish(own.url, [repo])
     roots = []
-    gsync = gsync_factory(own, [remote])
+    # consolidations at most every 5 s (60 in production: the next test)
+    gsync = gsync_factory(own, [remote], timers={"CONSOLIDATION_MIN_SECS": 5})
     wait_until(lambda: [r["status"] for r in gsync.status()["relays"]] == ["connected"],
                timeout=40, what="first sync")
     for round_ in range(6):  # each round: new roots on the own relay → new live coverage
@@ -152,6 +153,40 @@ def test_subscription_budget_is_kept_by_consolidating(relay_factory, gsync_facto
     assert 4 <= peak["open"] <= 6, peak  # the budget was used, never exceeded
     assert in_the_gap, "no live subscription was closed"
     assert_arrives(own, in_the_gap, timeout=30, what="the comment stored during the swap")
+
+
+@pytest.mark.slow
+def test_new_roots_faster_than_the_budget_allows_do_not_rebuild_it_each_time(relay_factory, gsync_factory,
+                                                                             scripted):
+    """A relay allowing 6 subscriptions (3 for live coverage), new roots every batch window:
+    each would break the budget, and each consolidation closes every live REQ, opens them
+    again and fetches the last 15 minutes of all of it again. So a full budget is rebuilt at
+    most once a CONSOLIDATION_MIN_SECS (8 s here); meanwhile the new roots are polled, and
+    their replies still arrive."""
+    own = relay_factory()
+    remote = scripted(nip11={"limitation": {"max_subscriptions": 6}}, page_size=500)
+    repo = our_announcement(own, [remote], d="fast-roots")
+    remote.add(repo)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], timers={"CONSOLIDATION_MIN_SECS": 8})
+    wait_until(lambda: [r["status"] for r in gsync.status()["relays"]] == ["connected"],
+               timeout=40, what="first sync")
+    roots, started = [], time.monotonic()
+    for round_ in range(10):  # ten AddFilters, each new live coverage, within a few seconds
+        batch = [f.issue(bob, repo, subject=f"round {round_} issue {i}") for i in range(2)]
+        seen = _batches_processed(gsync)
+        publish(own.url, batch)
+        roots += batch
+        wait_until(lambda seen=seen: _batches_processed(gsync) > seen, timeout=10, what="the round's batch")
+    took = time.monotonic() - started
+    replies = [f.comment(f.Author.named("carol"), root, content="a reply", created_at=int(time.time()))
+               for root in roots]
+    for reply in replies:
+        remote.broadcast(reply)
+        remote.add(reply)
+    assert_arrives(own, replies, timeout=60, what="a reply to every new root")
+    consolidations = sum(1 for e in gsync.log_events() if e["event"] == "consolidated")
+    assert 1 <= consolidations <= 2 + took / 8, (consolidations, took)
 
 
 @pytest.mark.slow

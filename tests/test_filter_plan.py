@@ -252,6 +252,13 @@ def test_consolidation_when_next_subscription_would_break_the_budget():
     assert budget.needs_consolidation(active_live=17, baseline=5)
 
 
+def test_no_consolidation_when_packing_anew_makes_no_room():
+    budget = SubscriptionBudget.from_limits(limits(max_subscriptions=20))  # 17 live slots
+    assert not budget.needs_consolidation(active_live=17, baseline=18)  # already packed: poll the rest
+    assert not budget.needs_consolidation(active_live=17, baseline=25, adding=3)
+    assert budget.needs_consolidation(active_live=17, baseline=17)  # the new one packs in
+
+
 def test_consolidation_when_fragmented_70_past_baseline():
     budget = SubscriptionBudget.from_limits(limits(max_subscriptions=1000))
     assert not budget.needs_consolidation(active_live=80, baseline=10)

@@ -120,9 +120,56 @@ def test_short_lived_recovery_continues_the_failure_streak():
     t = tracker()
     fail(t, 0, times=3)
     connect(t, 100)
-    t.record_disconnect(R, 200)  # before the 5-minute stability period
-    assert t.failures(R, 200) == 4
-    assert t.next_attempt_at(R, 200) == 200 + 40
+    t.record_disconnect(R, 130)  # 30 s: before the stability period, and not a minute
+    assert t.failures(R, 130) == 4
+    assert t.next_attempt_at(R, 130) == 130 + 40
+
+
+def test_a_relay_that_accepts_and_drops_backs_off_to_the_cap():
+    t = tracker()
+    now = 0.0
+    for _ in range(20):
+        connect(t, now)
+        t.record_disconnect(R, now + 1)
+        now = t.next_attempt_at(R, now + 1)
+    assert t.backoff(t.failures(R, now)) == 3600
+
+
+def test_a_session_that_worked_longer_than_the_wait_keeps_the_streak_level():
+    t = tracker()
+    fail(t, 0, times=3)  # waiting 20 s
+    connect(t, 100)
+    t.record_disconnect(R, 280)  # three minutes: not stable, but it worked
+    assert t.failures(R, 280) == 3  # continued, not cleared ...
+    assert t.state(R, 280) is HealthState.DEGRADED
+    assert t.next_attempt_at(R, 280) == 280 + 20  # ... and not grown
+
+
+def test_a_relay_restarting_every_three_minutes_is_redialled_after_seconds_not_an_hour():
+    t = tracker()
+    now = 0.0
+    for _ in range(30):  # an hour and a half: up three minutes, down five seconds
+        connect(t, now)
+        now += 180
+        t.record_disconnect(R, now)
+        back = now + 5
+        while True:
+            now = t.next_attempt_at(R, now)
+            if now >= back:
+                break
+            t.record_attempt_started(R, now)
+            t.record_failure(R, now)  # refused while it restarts
+    assert now - back <= 180  # never away longer than it stays up
+    assert t.state(R, now) is HealthState.DEGRADED
+    assert not t.is_dead(R, now + DAY - 200)  # not failing continuously: never dead
+
+
+def test_a_first_drop_after_a_working_session_waits_the_base_backoff():
+    t = tracker()
+    connect(t, 0)
+    t.record_disconnect(R, 120)
+    assert t.failures(R, 120) == 1
+    assert t.next_attempt_at(R, 120) == 125
 
 
 def test_short_lived_recovery_does_not_restart_the_dead_clock():

@@ -38,7 +38,12 @@ SEND_BATCH = 64  # queued messages joined into one socket write
 # is plenty; about 1 MB.
 CHECKED_CAPACITY = 10_000
 CLOSE_MESSAGE_TOO_BIG = 1009  # RFC 6455 close status
-CLOSING_CAPACITY = 1_000  # subscriptions closed by us, awaiting the relay's CLOSED
+# Filters of subscriptions that ended, kept so that their late events are still read
+# (``EndedFilters``): at most this many per connection, and at most this much REQ text (a
+# filter of 489 root ids is about 33 KB sent and several times that held), so that a session
+# of days keeps what its last few minutes of subscriptions need, not every REQ it ever sent.
+CLOSING_CAPACITY = 1_000
+ENDED_FILTER_BYTES = 256 * 1024
 NEG_INBOX_FRAMES = 16  # NIP-77 frames waiting for one exchange (it is owed one at a time)
 # Read bursts posted to the manager and not yet applied: the reader waits beyond this, so
 # the manager's queue holds at most this many bursts per connection however many relays
@@ -49,6 +54,41 @@ MAX_UNAPPLIED_BURSTS = 2
 NOTICE_REFUSAL_SECS = 30.0
 # ...unless the relay also said it in a CLOSED this recently (some say both).
 NOTICE_ECHO_SECS = 2.0
+
+
+class EndedFilters:
+    """Filters of ended subscriptions by sub id, oldest dropped first past ``CLOSING_CAPACITY``
+    entries or ``ENDED_FILTER_BYTES`` of their REQ text. A late event on one dropped is
+    dropped as on an unknown subscription."""
+
+    def __init__(self):
+        self._filters: dict[str, tuple[FilterSet, int]] = {}
+        self.bytes = 0
+
+    def __contains__(self, sub_id: str) -> bool:
+        return sub_id in self._filters
+
+    def __len__(self) -> int:
+        return len(self._filters)
+
+    def get(self, sub_id: str) -> FilterSet | None:
+        entry = self._filters.get(sub_id)
+        return entry[0] if entry else None
+
+    def add(self, sub_id: str, filters: FilterSet | None, size: int) -> None:
+        if filters is None:
+            return
+        self.pop(sub_id)
+        self._filters[sub_id] = (filters, size)
+        self.bytes += size
+        while len(self._filters) > 1 and (len(self._filters) > CLOSING_CAPACITY
+                                          or self.bytes > ENDED_FILTER_BYTES):
+            self.pop(next(iter(self._filters)))
+
+    def pop(self, sub_id: str) -> tuple[FilterSet | None, int]:
+        filters, size = self._filters.pop(sub_id, (None, 0))
+        self.bytes -= size
+        return filters, size
 
 
 class RelayConnection:
@@ -87,12 +127,12 @@ class RelayConnection:
         # CLOSE sent, the relay's CLOSED not yet seen: events it sent before reading our
         # CLOSE (or that were waiting in our socket) are still checked against these filters
         # and kept, not dropped as "unknown subscription"
-        self._closing: dict[str, FilterSet] = {}
+        self._closing = EndedFilters()
         # Subscriptions that ended (the relay's CLOSED, to our CLOSE or on its own): some
         # relays still send their events, or a second EOSE or CLOSED, after it. Events that
         # match the ended filters are kept (what we asked for, harmlessly late), the rest of
         # its traffic is dropped and counted without a misbehaviour point.
-        self._ended: dict[str, FilterSet] = {}
+        self._ended = EndedFilters()
         self._junk_streak = 0
         self._budget = MisbehaviourBudget(
             constants.MISBEHAVIOUR_BUDGET, constants.MISBEHAVIOUR_REFILL_PER_SEC, time.monotonic()
@@ -128,29 +168,23 @@ class RelayConnection:
         self.send(text)
 
     def unsubscribe(self, sub_id: str) -> None:
-        filters = self.subscriptions.get(sub_id)
-        if self._drop_sub(sub_id):
-            if len(self._closing) >= CLOSING_CAPACITY:  # relays that never answer CLOSE
-                del self._closing[next(iter(self._closing))]
-            self._closing[sub_id] = filters
+        """CLOSE it; its late events are still read until the relay's CLOSED (``_closing``:
+        many relays never send one)."""
+        filters, size = self._drop_sub(sub_id)
+        if filters is not None:
+            self._closing.add(sub_id, filters, size)
             self.send(wire.close(sub_id))
 
     def forget(self, sub_id: str) -> None:
         """The relay closed it: no CLOSE to send; its late events are still read
         (``_ended``)."""
-        filters = self.subscriptions.get(sub_id)
-        if self._drop_sub(sub_id):
-            self._end(sub_id, filters)
+        self._ended.add(sub_id, *self._drop_sub(sub_id))
 
-    def _end(self, sub_id: str, filters) -> None:
-        if len(self._ended) >= CLOSING_CAPACITY:
-            del self._ended[next(iter(self._ended))]
-        self._ended[sub_id] = filters
-
-    def _drop_sub(self, sub_id: str) -> bool:
-        self.open_filter_bytes -= self.filter_bytes.pop(sub_id, 0)
+    def _drop_sub(self, sub_id: str) -> tuple[FilterSet | None, int]:
+        size = self.filter_bytes.pop(sub_id, 0)
+        self.open_filter_bytes -= size
         self._unanswered.pop(sub_id, None)
-        return self.subscriptions.pop(sub_id, None) is not None
+        return self.subscriptions.pop(sub_id, None), size
 
     def close(self, reason: str = "closed by gsync") -> None:
         if self.closed:
@@ -350,7 +384,7 @@ class RelayConnection:
             self._emit(RemoteMessage(self.relay, self.session, msg))  # it may say "slow down"
         elif isinstance(msg, (wire.Closed, wire.Eose)) and msg.sub_id in self._closing:
             if isinstance(msg, wire.Closed):
-                self._end(msg.sub_id, self._closing.pop(msg.sub_id))  # the answer to our own CLOSE
+                self._ended.add(msg.sub_id, *self._closing.pop(msg.sub_id))  # the answer to our own CLOSE
         elif isinstance(msg, (wire.Closed, wire.Eose)) and msg.sub_id in self._ended:
             self._drop("ended_subscription", misbehaved=False)  # a second EOSE or CLOSED: harmless
         elif isinstance(msg, (wire.Closed, wire.Eose)) and msg.sub_id not in self.subscriptions:

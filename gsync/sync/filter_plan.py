@@ -289,8 +289,13 @@ class SubscriptionBudget:
 
     def needs_consolidation(self, active_live: int, baseline: int, adding: int = 1) -> bool:
         """Consolidate when fragmentation has grown 70 past the irreducible baseline, or the
-        next subscription would break the budget."""
-        return active_live > baseline + CONSOLIDATION_EXCESS or not self.fits(active_live, adding)
+        next subscriptions would break the budget and packing everything anew (``baseline``,
+        the new coverage included) takes fewer REQs than are open plus the new ones: a budget
+        already full of packed coverage gains nothing from being rebuilt (what does not fit
+        is polled instead)."""
+        if active_live > baseline + CONSOLIDATION_EXCESS:
+            return True
+        return not self.fits(active_live, adding) and baseline < active_live + adding
 
 
 def live_baseline(filters: Iterable[Filter], limits=None) -> int:

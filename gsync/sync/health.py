@@ -30,6 +30,7 @@ from ..constants import (
     MAX_BACKOFF_SECS,
     PERMANENT_FAILURE_PARK_SECS,
     PROACTIVE_GATE_SECS,
+    PROVEN_SESSION_SECS,
     RATE_LIMIT_COOLDOWN_SECS,
     REACTIVE_GATE_MAX_SECS,
     REACTIVE_GATE_START_SECS,
@@ -260,15 +261,20 @@ class RelayHealthTracker:
 
     def record_disconnect(self, relay: str, now: float, *, misbehaved: bool = False) -> None:
         """An established connection ended. Before it was stable (5 min) that is a failure:
-        a relay that accepts and drops must back off, not be redialled in a tight loop. So
-        is a hang-up for misbehaviour, however long the session lasted, and the backoff
-        grows with every such hang-up in a row: a relay that keeps misbehaving is dialled
-        less and less often."""
+        a relay that accepts and drops must back off, not be redialled in a tight loop. But
+        a session that worked for ``PROVEN_SESSION_SECS`` and for at least as long as the
+        wait before it continues the streak without growing it, and restarts its dead
+        clock: a relay that restarts every few minutes is redialled after about as long as
+        it stays up (it is not failing continuously), where doubling would keep it away for
+        an hour after ten restarts. A hang-up for misbehaviour is a failure however long the
+        session lasted, and the backoff grows with every such hang-up in a row: a relay that
+        keeps misbehaving is dialled less and less often."""
         h = self._get(relay)
         if not h.connected:
             return  # already recorded (a failed attempt, or a repeated notification)
         self._settle(h, now)
-        was_stable = now - h.connected_since >= STABILITY_SECS
+        lasted = now - h.connected_since
+        was_stable = lasted >= STABILITY_SECS
         h.connected, h.connected_since = False, None
         if misbehaved:
             h.misbehaviour_streak += 1
@@ -276,7 +282,12 @@ class RelayHealthTracker:
             h.failures = max(h.failures, h.misbehaviour_streak)
             return
         h.misbehaviour_streak = 0
-        if not was_stable:
+        if was_stable:
+            return
+        if lasted >= max(PROVEN_SESSION_SECS, self.backoff(h.failures)):
+            h.failures = max(h.failures, 1)
+            h.first_failure_at = h.last_failure_at = now
+        else:
             self._add_failure(h, now)
 
     def _add_failure(self, h: _RelayHealth, now: float) -> None:

@@ -145,6 +145,8 @@ class RelayState:
     fresh_polled: PolledCoverage = field(default_factory=PolledCoverage)
     polled: PolledCoverage = field(default_factory=PolledCoverage)
     poll_batch: int | None = None  # the poll in flight (one at a time)
+    consolidated_at: float | None = None  # this session's last consolidation
+    consolidation_due: bool = False  # one was skipped for being too soon after the last
     # refused ids released meanwhile, to fetch again by id once this relay is connected
     refetch_ids: set = field(default_factory=set)
     negentropy_ok: bool = True
@@ -225,6 +227,7 @@ class RelayState:
             tier.clear()
             tier.started_at = None  # a new session polls at once, from the cursor
         self.poll_batch = None
+        self.consolidated_at, self.consolidation_due = None, False
 
     def clear_confirmed(self) -> None:
         self.confirmed = ConfirmedItems()

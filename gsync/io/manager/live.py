@@ -28,11 +28,19 @@ class LiveCoverage:
         active = sum(1 for sub in state.live_subs.values() if not sub.control)
         # The baseline (every live filter of the relay rebuilt and packed: the manager's
         # largest cost at 50 relays) matters only past CONSOLIDATION_EXCESS live
-        # subscriptions; below that, no baseline could make fragmentation the reason.
-        baseline = self.live_baseline(state) if active > constants.CONSOLIDATION_EXCESS else 0
-        if budget.needs_consolidation(active, baseline, adding=len(groups)):
-            self.consolidate(state, items)
-            return
+        # subscriptions, or when the new groups do not fit; otherwise no baseline could make
+        # a consolidation worth its cost. A full budget is rebuilt at most once a
+        # CONSOLIDATION_MIN_SECS (what does not fit meanwhile is polled, fresh).
+        full = not budget.fits(active, len(groups))
+        recent = (state.consolidated_at is not None
+                  and self.clock() - state.consolidated_at < constants.CONSOLIDATION_MIN_SECS)
+        if full and recent:
+            state.consolidation_due = True  # polled meanwhile (``consolidate_polled``)
+        elif active > constants.CONSOLIDATION_EXCESS or full:
+            baseline = self.live_baseline(state, adding=items)
+            if budget.needs_consolidation(active, baseline, adding=len(groups)):
+                self.consolidate(state, items)
+                return
         self.open_live_groups(state, groups, fresh=len(groups))
 
     def open_live_groups(self, state: RelayState, groups, slots: int | None = None,
@@ -133,7 +141,11 @@ class LiveCoverage:
         ``POLL_DEFER_SECS``): its batches fetch the same history, and the gate's starts are
         theirs."""
         for state in self.relays.values():
-            if not state.connected or state.poll_batch in state.pending:
+            if not state.connected:
+                continue
+            if self.consolidate_polled(state, now):
+                continue
+            if state.poll_batch in state.pending:
                 continue
             fresh = state.fresh_polled
             if fresh.filters and now - fresh.added_at >= constants.FRESH_POLL_SECS:
@@ -148,6 +160,24 @@ class LiveCoverage:
             if fresh.filters and due[0][0] is not fresh:
                 due.insert(0, (fresh, "fresh"))
             self.start_poll(state, due, now)
+
+    def consolidate_polled(self, state: RelayState, now: float) -> bool:
+        """New coverage polled because the budget was full when the relay had consolidated
+        less than CONSOLIDATION_MIN_SECS before: once that has passed, one consolidation if
+        packing anew brings more of it live. So a relay consolidates at most once a
+        CONSOLIDATION_MIN_SECS however fast new coverage comes."""
+        if not state.consolidation_due:
+            return False
+        if now - (state.consolidated_at or 0.0) < constants.CONSOLIDATION_MIN_SECS:
+            return False
+        state.consolidation_due = False
+        budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
+        active = sum(1 for sub in state.live_subs.values() if not sub.control)
+        polled = len(filter_plan.pack_into_reqs(state.fresh_polled.filters, state.limits))
+        if not budget.needs_consolidation(active, self.live_baseline(state), adding=max(1, polled)):
+            return False
+        self.consolidate(state)
+        return True
 
     def start_poll(self, state: RelayState, due, now: float) -> None:
         filters = []
@@ -178,8 +208,12 @@ class LiveCoverage:
             items.add(batch.items)
         return items
 
-    def live_baseline(self, state: RelayState) -> int:
-        wanted = self.filters_for(state, self.desired_live_items(state), None)
+    def live_baseline(self, state: RelayState, adding: PendingItems | None = None) -> int:
+        """REQs the relay's live coverage (and ``adding``'s) takes, packed anew."""
+        items = self.desired_live_items(state)
+        if adding is not None:
+            items.add(adding)
+        wanted = self.filters_for(state, items, None)
         return filter_plan.live_baseline(wanted, state.limits)
 
     def consolidate(self, state: RelayState, adding: PendingItems | None = None) -> None:
@@ -192,6 +226,7 @@ class LiveCoverage:
         kept (the connection still knows their filters until the relay's CLOSED); the
         moment between the swap is fetched again, with the usual 15-minute overlap.
         """
+        state.consolidated_at = self.clock()
         for sub_id in [s for s, sub in state.live_subs.items() if not sub.control]:
             del state.live_subs[sub_id]
             state.conn.unsubscribe(sub_id)
