@@ -538,6 +538,9 @@ class PendingBatch:
     # once it waited for such a batch
     follower: bool = False
     share_all: bool = False  # no lead to wait for after all: NIP-77 for every filter
+    # it waits for another shard's lead (``sync.shard``): the end of its wait is the
+    # normal case, and the method is chosen per filter from what the own relay then holds
+    led_elsewhere: bool = False
     started: bool = False
     # NIP-77 token -> the own relay's (created_at, id) for its filter, read when NIP-77 was
     # chosen for it: the exchange starts from these instead of asking again

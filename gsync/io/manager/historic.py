@@ -29,6 +29,7 @@ from ...sync.pending import (
 from ...sync.policy import coverage_key
 from ...sync.relay_state import ConnectionStatus, RelayState, RunningExchange
 from ...sync.repos import identifier_of
+from ...sync.shard import OTHER_SHARD_LEAD
 from ...sync.status import Fact
 from ...sync.targets import PendingItems
 from .. import negentropy_sync
@@ -107,6 +108,7 @@ class HistoricSync:
         NIP-77, or ``FOLLOWER_WAIT_MAX_SECS`` passed), and then takes NIP-77 only where
         they brought much. Nothing of it starts meanwhile."""
         batch.follower = True
+        batch.led_elsewhere = OTHER_SHARD_LEAD in leaders
         batch.coalesce_wanted = coalesce
         batch.add_subscription(f"lead{batch.batch_id}")  # not complete while it waits
         self.lead.wait((state.url, batch.batch_id), leaders, self.clock(), batch.items)
@@ -132,7 +134,9 @@ class HistoricSync:
             batch = state.pending.get(batch_id) if state is not None and state.connected else None
             if batch is None:
                 continue
-            if overdue:
+            if overdue and batch.led_elsewhere:  # as expected: no word comes from another shard
+                log.debug("historic_other_shard_waited", relay=url, batch_id=batch_id)
+            elif overdue:
                 log.info("historic_lead_waited_too_long", relay=url, batch_id=batch_id)
                 batch.share_all = True
             batch.finish_subscription(f"lead{batch_id}")

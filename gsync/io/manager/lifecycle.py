@@ -14,6 +14,7 @@ from ...ops.logging import get_logger
 from ...sync import filter_plan, status
 from ...sync.pending import BatchKind, PageCap
 from ...sync.relay_state import ConnectionStatus, RelayState
+from ...sync.shard import OTHER_SHARD_LEAD
 from ...sync.status import Fact
 from ...sync.targets import PendingItems, compute_actions, relay_needs
 from ..events import (
@@ -288,17 +289,25 @@ class RelayLifecycle:
         A first sync (no ``since``) that NIP-77 could serve goes in two batches when other
         relays already lead some of its items (``sync.lead``): one leading the rest, one
         waiting for those leaders; in one, by NIP-77 throughout, when a leader's relay has
-        too much queued for a wait to pay."""
+        too much queued for a wait to pay. With shards, what another shard leads
+        (``split_led_elsewhere``) goes in a batch of its own that waits for that shard's
+        events to reach the own relay."""
         filters = self.filters_for(state, items, since)
         if not filters:
             return
         leaders = ()
         if confirm and since is None and self.use_negentropy(state, filters):
             mine, theirs, leaders = self.lead.split(state.url, items)
-            if theirs and not self.leaders_busy(leaders):
+            mine, elsewhere = self.split_led_elsewhere(state, mine)
+            if elsewhere or (theirs and not self.leaders_busy(leaders)):
+                if theirs and self.leaders_busy(leaders):  # as below: NIP-77 throughout
+                    mine.add(theirs)
+                    split = ((mine, leaders), (elsewhere, (OTHER_SHARD_LEAD,)))
+                else:
+                    split = ((mine, ()), (theirs, leaders), (elsewhere, (OTHER_SHARD_LEAD,)))
                 # the live filters are the parts' own: one copy of their values
                 parts = [(part, self.filters_for(state, part, since) if part else [], led_by)
-                         for part, led_by in ((mine, ()), (theirs, leaders))]
+                         for part, led_by in split]
                 self.subscribe_live(state, filter_plan.live(f for _, fs, _ in parts for f in fs), items)
                 for part, part_filters, led_by in parts:
                     if part_filters:
@@ -308,6 +317,24 @@ class RelayLifecycle:
         # busy leaders: NIP-77 throughout (``start_historic``), nothing to split
         self.start_historic(state, items if confirm else PendingItems(), filters, coalesce=True,
                             leaders=leaders)
+
+    def split_led_elsewhere(self, state: RelayState, items: PendingItems) -> tuple[PendingItems, PendingItems]:
+        """(what this shard leads of ``items``, what another shard's relay leads:
+        ``Shard.split_led_elsewhere``). One instance leads everything."""
+        shard = self.config.cluster.shard
+        if shard.count == 1:
+            return items, PendingItems()
+
+        def relays_of(address: str):
+            needs = self.repos.get(address)
+            return needs.relays if needs is not None else None
+
+        roots = {}
+        if items.root_events:
+            for address in self.repos.repos_listing(state.url):
+                needs = self.repos.get(address)
+                roots.update(dict.fromkeys(needs.root_events & items.root_events, address))
+        return shard.split_led_elsewhere(items, relays_of, roots.get)
 
     def catch_up(self, state: RelayState, items: PendingItems, since: int) -> None:
         """Historic only, confirming nothing: what ``items``' live subscriptions (still open,
