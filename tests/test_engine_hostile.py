@@ -338,7 +338,9 @@ def test_a_stream_of_auth_challenges_is_hung_up_on_not_answered_for_ever(relay_f
                timeout=30, what="a hang-up for the challenges")
     answered = [m for _, m in storm.received if isinstance(m, list) and m[:1] == ["AUTH"]]
     first_session = len(answered) / max(1, len(storm.connections))
-    assert 0 < first_session <= constants.MISBEHAVIOUR_BUDGET + 100, len(answered)
+    # the budget, plus its refill (10 a second) while the session lasted: under a loaded
+    # machine the session is slower and refills more; never the storm's 5,000
+    assert 0 < first_session <= 2 * constants.MISBEHAVIOUR_BUDGET, len(answered)
     assert gsync.proc.poll() is None
 
 

@@ -513,35 +513,6 @@ def test_a_recovery_attempt_cut_by_a_disconnect_is_tried_again(relay_factory, gs
                what="the relay back to Connected")
 
 
-def test_the_daily_fresh_start_closes_the_historic_reqs_it_abandons(relay_factory, gsync_factory,
-                                                                   scripted):
-    """A historic REQ still open when the daily fresh start comes: its CLOSE goes to the
-    relay with the live ones', so the relay's subscription does not leak."""
-    silent: list[str] = []
-
-    def never_ends_E(relay, conn, message):
-        if _is_historic_req_with(message, "#E"):
-            silent.append(message[1])
-            conn.subs[message[1]] = []  # open on the relay, never answered
-            return []
-        return None
-
-    own = relay_factory()
-    remote = scripted(page_size=500, on_message=never_ends_E)
-    repo = our_announcement(own, [remote], d="daily-closes")
-    bug = f.issue(bob, repo)
-    remote.add(repo, bug)
-    publish(own.url, [repo, bug])
-    gsync = gsync_factory(own, [remote], extra={"sync": {"negentropy": "false"}},
-                          timers={"DAILY_MIN_SECS": 1.5, "DAILY_MAX_SECS": 2})
-    wait_until(lambda: events_named(gsync, "daily_sync", remote.url), timeout=20, what="the daily sync")
-    assert silent, "no historic REQ was left open"
-    wait_until(lambda: silent[0] in {m[1] for m in remote.messages("CLOSE")}, timeout=5,
-               what="a CLOSE for the historic REQ the daily sync abandoned")
-    conn = remote.open_connections[0]
-    assert silent[0] not in conn.subs
-
-
 @pytest.mark.parametrize("where", ["NEG-ERR", "OK"])
 def test_rate_limit_answers_in_neg_err_and_ok_start_the_cooldown(where, relay_factory, gsync_factory,
                                                                  scripted, tmp_path):
@@ -727,32 +698,3 @@ def test_a_rate_limit_said_in_a_notice_alone_is_waited_out_without_splitting_the
     for event in new:
         remote.broadcast(event)
     assert_arrives(own, new, timeout=15, what="live events")
-
-
-def test_a_subscription_cap_below_what_gsync_works_with_is_a_rate_limit_not_a_loop(
-        relay_factory, gsync_factory, scripted):
-    # Two open at most: fewer than gsync can work with (layer 1, one live, one historic).
-    # The cap is learnt down to that least, and a refusal after it is read as a rate limit
-    # (the cooldown), never answered by sending the refused REQ again at once.
-    refused = []
-
-    def two_open_at_most(relay, conn, message):
-        if (isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 2
-                and message[1] not in conn.subs and len(conn.subs) >= 2):
-            refused.append(time.monotonic())
-            return [["CLOSED", message[1], "error: too many subscriptions"]]
-        return None
-
-    own = relay_factory()
-    remote = scripted(on_message=two_open_at_most)
-    repo = our_announcement(own, [remote], d="two-subs")
-    bug = f.issue(bob, repo)
-    remote.add(repo, bug, f.comment(alice, bug))
-    publish(own.url, [repo, bug])
-    gsync = gsync_factory(own, [remote])
-    wait_until(lambda: events_named(gsync, "relay_rate_limited", remote.url), timeout=30,
-               what="the refusal read as a rate limit once the cap is at its least")
-    lowered = events_named(gsync, "subscriptions_cap_lowered", remote.url)
-    assert [e["max_subscriptions"] for e in lowered] == [4], lowered
-    time.sleep(2)  # a loop would refuse hundreds of REQs a second
-    assert len(refused) <= 4, len(refused)

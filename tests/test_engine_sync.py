@@ -173,12 +173,14 @@ def test_replies_to_a_thread_member_are_synced_one_generation_deep(relay_factory
     grandchild = carol.sign(1, [["e", child.id]], "two generations down: out of scope")
     publish(remote.url, [repo, bug, member, child, grandchild])
     publish(own.url, [repo])
-    gsync_factory(own, [remote])
+    gsync = gsync_factory(own, [remote])
     assert_arrives(own, [bug, member, child], what="root, member and descendant")
     late = carol.sign(1, [["q", member.id]], "a live descendant")
     publish(remote.url, [late])
     assert_arrives(own, [late], timeout=20, what="the live descendant")
     assert grandchild.id not in ids_on(own.url, {"ids": [grandchild.id]})
+    # the one member is watched on the one relay (the operator's gauge of that work)
+    wait_until(lambda: gsync.metric("gsync_thread_members") == 1, timeout=10, what="one member counted")
 
 
 @pytest.mark.slow
@@ -280,6 +282,65 @@ def test_shards_split_the_remotes_and_together_sync_everything(relay_factory):
     finally:
         for g in instances:
             g.terminate()
+
+
+@pytest.mark.slow
+def test_a_repository_listed_on_both_shards_is_fetched_by_the_shard_that_leads_it(relay_factory,
+                                                                                  gsync_factory):
+    """Repositories listing a relay of each shard: the shard owning a repository's lead relay
+    fetches its history, the other waits for it to reach the own relay and then asks only
+    for what is missing (NIP-77), so the two together receive about what one instance
+    receives, not once per shard. With the leading shard away, the other fetches it all
+    after its wait."""
+    from gsync.protocol.urls import normalize_relay_url
+    from gsync.sync.shard import lead_relay, shard_of
+
+    # queries answered after 0.3 s: both shards ask at about the same time, and neither
+    # finds the other's events on the own relay yet unless it waits for them
+    remotes = [relay_factory(query_delay_ms=300), relay_factory(query_delay_ms=300)]
+    while len({shard_of(normalize_relay_url(r.url), 2) for r in remotes}) < 2:
+        remotes.append(relay_factory(query_delay_ms=300))
+    by_shard = {shard_of(normalize_relay_url(r.url), 2): r for r in remotes}
+    pair = [by_shard[0], by_shard[1]]
+    urls = [normalize_relay_url(r.url) for r in pair]
+    # the remotes' announcements name no own relay; each own relay gets its own copies
+    # (same addresses, so the same lead relays)
+    ids, history, led = [], [], set()
+    while len(ids) < 4 or led != {0, 1}:  # each shard leads some of them
+        d = f"both-shards-{len(ids)}"
+        repo = f.announcement(alice, d, relays=[r.url for r in pair])
+        at = 1_700_000_000 + 100 * len(ids)  # one event a second: pages end cleanly
+        bug = f.issue(bob, repo, subject=f"bug {d}", created_at=at)
+        fix = f.patch(alice, repo, created_at=at + 1)
+        history += [bug, fix] + [f.comment(carol, root, content=f"reply {k}", created_at=at + 2 + 2 * k + j)
+                                 for j, root in enumerate((bug, fix)) for k in range(12)]
+        ids.append(d)
+        led.add(shard_of(lead_relay(repo.address, urls), 2))
+    for remote in pair:
+        publish(remote.url, history)
+
+    def sync(shards):
+        """A fresh own relay synced by ``shards`` (indices of 2; None: one instance): the
+        events they received from the remotes once every batch was done."""
+        own = relay_factory()
+        publish(own.url, [our_announcement(own, pair, d=d) for d in ids])
+        instances = [gsync_factory(own, pair, extra={"cluster": {"shard": f"{i}/2"}} if i is not None else {})
+                     for i in shards]
+        assert_arrives(own, history, timeout=90, what=f"every repository's history, shards {shards}")
+        wait_until(lambda: all(r["status"] == "connected" for g in instances for r in g.status()["relays"]),
+                   timeout=60, what="every first sync done (the followers asked after their wait)")
+        received = [g.metric("gsync_remote_events_total") for g in instances]
+        for g in instances:
+            g.terminate()
+        return received
+
+    one = sum(sync([None]))
+    both = sum(sync([0, 1]))
+    # without the lead each shard fetched every repository: twice what one instance does
+    assert both <= 1.25 * one, f"two shards received {both:.0f} events, one instance {one:.0f}"
+    # the leading shard away: shard 0 waits for shard 1's lead, then fetches it all itself
+    # (``sync`` asserts that everything arrives)
+    assert sync([0])[0] >= len(history)
 
 
 def _shards_sync_their_own_remotes(own, remotes, history, instances):

@@ -100,3 +100,32 @@ def test_stdlib_library_logs_become_json_lines_too():
 def test_bad_level_or_format_is_refused(level, fmt):
     with pytest.raises(ValueError):
         configure_logging(level, fmt)
+
+
+def _readme_log_table() -> set[str]:
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("### Logs"):readme.index("### Troubleshooting")]
+    return {name for line in section.splitlines() if line.startswith("| `")
+            for name in re.findall(r"`([a-z0-9_]+)`", line.split("|")[1])}
+
+
+def _source() -> str:
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent / "gsync"
+    return "\n".join(p.read_text() for p in root.rglob("*.py"))
+
+
+def test_every_event_the_readme_lists_is_emitted():
+    source = _source()
+    assert sorted(n for n in _readme_log_table() if f'"{n}"' not in source) == []
+
+
+def test_every_warning_and_error_gsync_emits_is_in_the_readme():
+    import re
+
+    emitted = set(re.findall(r'\.(?:warning|error|exception)\(\s*"([a-z0-9_]+)"', _source()))
+    assert sorted(emitted - _readme_log_table()) == []

@@ -1,5 +1,5 @@
 """RelayState's small rules: the order queued starts go out in after a cooldown."""
-from gsync.sync.pending import PendingBatch
+from gsync.sync.pending import BatchKind, PendingBatch
 from gsync.sync.relay_state import RelayState
 from gsync.sync.targets import PendingItems
 
@@ -16,14 +16,14 @@ def _batch(state, batch_id, sub_id, **marks):
 
 def test_after_a_cooldown_discovery_then_started_work_then_new_batches_then_upkeep():
     state = RelayState("wss://r.example")
-    _batch(state, 7, "recovery", recovery=True)
+    _batch(state, 7, "recovery", kind=BatchKind.RECOVERY)
     _batch(state, 5, "new-later")
     _batch(state, 3, "new-earlier")
     _batch(state, 9, "page", started=True)
-    _batch(state, 8, "discovery", layer1=True)
-    _batch(state, 6, "poll")
+    _batch(state, 8, "discovery", kind=BatchKind.LAYER1)
+    _batch(state, 6, "poll", kind=BatchKind.POLL)
     state.poll_batch = 6
-    _batch(state, 4, "probe")
+    _batch(state, 4, "probe", kind=BatchKind.PROBE)
     state.probes[4] = ("key",)
     state.historic_queue.append(("gone", []))  # its batch ended meanwhile
     state.historic_queue.sort(key=lambda entry: state.start_priority(entry[0]))

@@ -1,9 +1,12 @@
 """[cluster] shard: N instances split the remote relays by rendezvous hashing of their URL,
-each relay synced by exactly one of them, and changing N moves about 1/(N + 1) of them."""
+each relay synced by exactly one of them, and changing N moves about 1/(N + 1) of them; a
+repository listed on relays of several shards has its first sync led by one of them."""
 import pytest
 
 from gsync.protocol.urls import normalize_relay_url
-from gsync.sync.shard import Shard, shard_of
+from gsync.sync.repos import SyncLevel
+from gsync.sync.shard import Shard, lead_relay, shard_of
+from gsync.sync.targets import SyncItems
 
 
 def _relays(n):
@@ -72,3 +75,65 @@ def test_shard_text():
 def test_bad_shards_are_refused(text):
     with pytest.raises(ValueError):
         Shard.parse(text)
+
+
+# -- the lead across shards: which shard fetches a repository listed on several
+
+
+def _two_shard_relays():
+    """Two relays, one of each shard of two."""
+    relays = _relays(20)
+    return (next(u for u in relays if Shard(0, 2).owns(u)),
+            next(u for u in relays if Shard(1, 2).owns(u)))
+
+
+def test_every_shard_picks_the_same_lead_relay_whatever_the_listing_order():
+    relays = _relays(3)
+    for i in range(50):
+        address = f"30617:{'ab' * 32}:repo-{i}"
+        assert lead_relay(address, relays) == lead_relay(address, list(reversed(relays))) in relays
+    assert lead_relay("30617:x:y", []) is None
+
+
+def test_leads_spread_over_the_relays_a_repository_lists():
+    a, b = _two_shard_relays()
+    led_by_a = sum(lead_relay(f"30617:{'cd' * 32}:repo-{i}", [a, b]) == a for i in range(1000))
+    assert 400 < led_by_a < 600
+
+
+def test_exactly_one_shard_leads_each_repository_listed_on_both():
+    a, b = _two_shard_relays()
+    for i in range(100):
+        address = f"30617:{'ef' * 32}:repo-{i}"
+        assert sum(Shard(k, 2).leads(address, [a, b]) for k in range(2)) == 1
+
+
+def test_what_another_shard_leads_is_split_off_with_its_roots():
+    a, b = _two_shard_relays()
+    shard0 = Shard(0, 2)
+    addresses = [f"30617:{'01' * 32}:repo-{i}" for i in range(40)]
+    listed = {address: {a, b} for address in addresses}
+    listed["30617:only-a:x"] = {a}
+    roots = {f"root-{i}": address for i, address in enumerate(addresses)}
+    items = SyncItems({address: SyncLevel.FULL for address in listed}, set(roots) | {"root-unknown"})
+
+    here, elsewhere = shard0.split_led_elsewhere(items, listed.get, roots.get)
+
+    led_by_b = {address for address in addresses if lead_relay(address, [a, b]) == b}
+    assert led_by_b and set(elsewhere.repos) == led_by_b
+    assert set(here.repos) == set(listed) - led_by_b  # a repository only shard 0 lists: here
+    assert elsewhere.root_events == {root for root, address in roots.items() if address in led_by_b}
+    assert "root-unknown" in here.root_events  # whose repository is not known: nothing to wait for
+    # and the other shard leads exactly what shard 0 split off
+    here1, elsewhere1 = Shard(1, 2).split_led_elsewhere(items, listed.get, roots.get)
+    assert set(here1.repos) & set(elsewhere.repos) == set(elsewhere.repos)
+    assert not set(elsewhere1.repos) & led_by_b
+
+
+def test_an_unknown_repository_and_one_instance_lead_everything_here():
+    a, b = _two_shard_relays()
+    items = SyncItems({"30617:x:unknown": SyncLevel.FULL}, set())
+    assert Shard(0, 2).split_led_elsewhere(items, lambda _: None, lambda _: None)[1] == SyncItems()
+    items = SyncItems({f"30617:x:{i}": SyncLevel.FULL for i in range(20)}, set())
+    here, elsewhere = Shard(0, 1).split_led_elsewhere(items, lambda _: {a, b}, lambda _: None)
+    assert here == items and not elsewhere

@@ -315,3 +315,31 @@ def test_thread_members_come_back_for_their_descendants(tmp_path):
     # as after a disconnect: their coverage is opened again by the next connection
     assert back.reopen_members == {"m2", "m3"} and back.member_roots["m2"] == {"r1", "r2"}
     saved.close()
+
+
+def test_a_failed_save_leaves_everything_it_held_to_the_next_save(tmp_path):
+    saved = SavedState(_store(tmp_path, _Log()), NOW)
+    rejected = saved.load(NOW)
+    state, q = _learnt_relay()
+    state.confirmed = SyncItems({REPO: SyncLevel.FULL}, {"r1"})
+    state.member_roots = {"m1": {"r1"}}
+    health = RelayHealthTracker()
+    write = saved.store.save
+
+    def disk_full(*args, **kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    saved.store.save = disk_full
+    saved.save({URL: state}, health, rejected, NOW, ready=True)
+    saved.store.save = write
+    saved.save({URL: state}, health, rejected, NOW + 1, ready=True)  # nothing changed since
+    saved.close()
+
+    saved = SavedState(_store(tmp_path), NOW + 60)
+    saved.load(NOW + 60)
+    back = RelayState(URL)
+    saved.restore(back, RelayHealthTracker())
+    assert back.confirmed.repos == {REPO: SyncLevel.FULL} and back.confirmed.root_events == {"r1"}
+    assert back.paused.is_filter_paused(q) and back.max_filters_learned == 3
+    assert back.reopen_members == {"m1"}
+    saved.close()

@@ -95,14 +95,14 @@ class RelayConnection:
     """A live session. ``subscriptions`` maps sub id → filters, for the filter-match check."""
 
     def __init__(self, relay: str, ws, session: int, post, *, auth_secret: str | None = None,
-                 clock=None, known_ids=frozenset(), room=None):
+                 clock=None, seen=frozenset(), room=None):
         self.relay = relay
         self.ws = ws
         self.session = session
         self._post = post
         self._auth_secret = auth_secret
         self._clock = clock
-        self._known_ids = known_ids  # the manager's dedupe set: only ever read here
+        self._seen = seen  # the manager's id -> fetch-time map (``seen``): only ever read here
         self._room = room  # set while delivery can take more: reading waits for it
         # ids this session verified, and the same ids oldest first for eviction (a dict
         # emptied from the front makes each ``next(iter(...))`` walk past every deleted
@@ -199,10 +199,6 @@ class RelayConnection:
         for g in self._greenlets:
             if g is not current:
                 g.kill(block=False)
-
-    @property
-    def is_open(self) -> bool:
-        return not self.closed and bool(getattr(self.ws, "connected", False))
 
     # -- greenlets ----------------------------------------------------------------------
 
@@ -459,7 +455,7 @@ class RelayConnection:
         # An id already handed to delivery (or held by the own relay) is never delivered
         # again, so its signature need not be checked twice; the event still counts for
         # pagination. Relays send many such duplicates (a comment matches #e and #E).
-        known = event_id is not None and (event_id in self._known_ids or event_id in self._checked)
+        known = event_id is not None and (event_id in self._seen or event_id in self._checked)
         try:
             event = parse_event(msg.event, check_id=False, check_sig=False)
             # What we did not ask for is dropped before its signature costs anything.

@@ -251,10 +251,6 @@ class OwnRelayDelivery:
         """Events being delivered: tracked, less those waiting out a retry delay."""
         return len(self._tracked) - len(self._parked)
 
-    @property
-    def is_up(self) -> bool:
-        return self._down_since is None
-
     def wake_below(self, backlog: int) -> None:
         """Post ``DeliveryCaughtUp`` once, as soon as fewer than ``backlog`` events are
         tracked (at once if that is already so): the manager holds historic starts while

@@ -34,11 +34,11 @@ def self_filter(since: int | None) -> Filter:
 
 
 class SelfSubscriber:
-    def __init__(self, url: str, post, log, *, clock=time.time, checked=frozenset()):
+    def __init__(self, url: str, post, log, *, clock=time.time, seen=frozenset()):
         self.url = url
         # Ids whose events gsync has checked already (the manager's dedupe set, only read
         # here): most roots the own relay accepts, gsync delivered itself.
-        self._checked = checked
+        self._seen = seen
         self._post = post
         self._log = log
         self._clock = clock
@@ -125,7 +125,7 @@ class SelfSubscriber:
                 for page in history_pages(ws, self_filter(since)):
                     count += len(page)
                     if unseen_only:
-                        page = [raw for raw in page if raw.get("id") not in self._checked]
+                        page = [raw for raw in page if raw.get("id") not in self._seen]
                     self._post_events(page)
             finally:
                 ws.close(timeout=1)
@@ -163,7 +163,7 @@ class SelfSubscriber:
             try:
                 # Our own relay already checked the signature. The id is checked unless
                 # gsync checked this event itself (it delivered it, or read it here before).
-                check_id = raw.get("id") not in self._checked  # (a dict: the parser said so)
+                check_id = raw.get("id") not in self._seen  # (a dict: the parser said so)
                 events.append(parse_event(raw, check_id=check_id, check_sig=False))
             except EventError as exc:
                 self._log.warning("own_relay_bad_event", reason=exc.reason)

@@ -14,6 +14,9 @@ BUILD_INFO = Gauge("gsync_build_info", "Always 1: the running gsync's version an
 # What state_dir and the tables hold (SPEC §8: bounded by the work, never by uptime)
 RELAYS_HELD = Gauge("gsync_relays_held", "Relays in the manager's tables (relays with work)",
                     registry=REGISTRY)
+THREAD_MEMBERS = Gauge("gsync_thread_members",
+                       "Thread members watched for descendants, summed over relays (SPEC §3; "
+                       "most of the memory that grows with the work)", registry=REGISTRY)
 REJECTED_BYTES = Gauge("gsync_rejected_bytes", "Bytes the rejected index's entries stand for",
                        registry=REGISTRY)
 STATE_SAVE_AGE = Gauge("gsync_state_save_age_seconds",

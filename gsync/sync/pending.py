@@ -68,6 +68,34 @@ class SyncMethod(enum.Enum):
     NEGENTROPY = "negentropy"
 
 
+class BatchKind(enum.Enum):
+    """What a historic batch is for. SYNC and LAYER1 batches are historic sync proper (a
+    relay is Syncing while one is pending); the others are upkeep, run for as long as a
+    relay is connected and judged each on its own answer (they never share a batch)."""
+
+    SYNC = "sync"  # AddFilters, catch-ups, thread members' history
+    LAYER1 = "layer1"  # announcements and lists: every round of a relay begins with it
+    RECOVERY = "recovery"  # a missing-event recovery attempt
+    POLL = "poll"  # live coverage that did not fit the relay's budget, asked for by a poll
+    PROBE = "probe"  # one filter of a shape the relay refused by policy: served again yet?
+
+    @property
+    def upkeep(self) -> bool:
+        return self in (BatchKind.RECOVERY, BatchKind.POLL, BatchKind.PROBE)
+
+
+NEGENTROPY_TOKEN = "neg"  # a NIP-77 exchange's token; REQ sub ids start otherwise ("h", …)
+
+
+def negentropy_token(batch_id: int, n: int) -> str:
+    return f"{NEGENTROPY_TOKEN}{batch_id}-{n}"
+
+
+def is_negentropy_token(sub_id: str) -> bool:
+    """A queued or outstanding entry of a batch that is a NIP-77 exchange, not a REQ."""
+    return sub_id.startswith(NEGENTROPY_TOKEN)
+
+
 # -- pagination ---------------------------------------------------------------------------
 
 
@@ -511,6 +539,9 @@ class PendingBatch:
     # once it waited for such a batch
     follower: bool = False
     share_all: bool = False  # no lead to wait for after all: NIP-77 for every filter
+    # it waits for another shard's lead (``sync.shard``): the end of its wait is the
+    # normal case, and the method is chosen per filter from what the own relay then holds
+    led_elsewhere: bool = False
     started: bool = False
     # NIP-77 token -> the own relay's (created_at, id) for its filter, read when NIP-77 was
     # chosen for it: the exchange starts from these instead of asking again
@@ -518,10 +549,11 @@ class PendingBatch:
     # parts of a REQ split to find a filter at fault: merged again they would only be
     # refused (or stall) as a whole once more
     split_parts: set[str] = field(default_factory=set)
-    # what start_historic sets: declared, so a batch made elsewhere (a policy probe) has
-    # them too (finish_batch read ``recovery`` of a probe that was served: AttributeError)
-    layer1: bool = False
-    recovery: bool = False
+    kind: BatchKind = BatchKind.SYNC
+    # a poll (kind POLL): when it started, and the tiers (relay_state.PolledCoverage) whose
+    # cursor moves there once it is served
+    poll_started_at: float | None = None
+    poll_tiers: list = field(default_factory=list)
     # its filters as asked (before any page, split or method): what is asked again when
     # the relay's NIP-77 cannot serve them (residuals) or a batch joins another
     semantic_filters: list[Filter] = field(default_factory=list)
@@ -577,9 +609,9 @@ class PendingBatch:
     def purpose(self) -> str:
         """What its starts are for, for the metric: ``sync`` (layer 1 and AddFilters, which
         carry items to confirm), ``recovery``, or ``other`` (descendants, polls, catch-ups)."""
-        if getattr(self, "recovery", False):
+        if self.kind is BatchKind.RECOVERY:
             return "recovery"
-        return "sync" if getattr(self, "layer1", False) or self.items else "other"
+        return "sync" if self.kind is BatchKind.LAYER1 or self.items else "other"
 
     def may_share(self, sub_id: str) -> bool:
         """May this (queued) subscription share a REQ with others of the batch? Not an

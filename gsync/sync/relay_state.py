@@ -6,24 +6,14 @@ mutates them.
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..constants import IDS_UNSERVED_RETRY_SECS, NIP77_RETRY_SECS, QUICK_RECONNECT_SECS
-from .pending import PendingBatch
+from .pending import BatchKind, PendingBatch
 from .policy import CoveragePauses
+from .status import ConnectionStatus
 from .targets import ConfirmedItems
-
-
-class ConnectionStatus(enum.IntEnum):
-    """Values are the ``ngit_sync_relay_connected`` metric's."""
-
-    DISCONNECTED = 0
-    CONNECTING = 1
-    SYNCING = 2
-    CONNECTED = 3
-    CONNECTED_HISTORIC_SYNC_FAILURES = 4
 
 
 @dataclass
@@ -93,7 +83,7 @@ class RunningExchange:
 class RelayState:
     url: str
     is_bootstrap: bool = False
-    status: ConnectionStatus = ConnectionStatus.DISCONNECTED
+    status: ConnectionStatus = ConnectionStatus.DISCONNECTED  # changed by status.move only
     confirmed: ConfirmedItems = field(default_factory=ConfirmedItems)
     last_connected: float | None = None
     disconnected_at: float | None = None
@@ -192,9 +182,9 @@ class RelayState:
         batch = self.pending.get(self.sub_to_batch.get(sub_id, -1))
         if batch is None:
             return (4, 0)
-        if getattr(batch, "layer1", False):
+        if batch.kind is BatchKind.LAYER1:
             return (0, batch.batch_id)
-        if getattr(batch, "recovery", False) or batch.batch_id == self.poll_batch or batch.batch_id in self.probes:
+        if batch.kind.upkeep:
             return (3, batch.batch_id)
         return (1 if batch.started else 2, batch.batch_id)
 

@@ -47,10 +47,6 @@ def list_tag_values(event: Event, name: str) -> list[str]:
     return [value for tag in event.tags if len(tag) >= 2 and tag[0] == name for value in tag[1:]]
 
 
-def repo_address(pubkey: str, identifier: str) -> str:
-    return f"{ANNOUNCEMENT_KIND}:{pubkey}:{identifier}"
-
-
 def identifier_of(address: str) -> str:
     """The ``d`` part of ``30617:<pubkey>:<d>`` (a ``d`` may itself contain ``:``)."""
     parts = address.split(":", 2)
@@ -220,9 +216,6 @@ class RepoSyncIndex:
 
     def identifiers(self) -> set[str]:
         return set(self._by_identifier)
-
-    def all_relays(self) -> set[str]:
-        return {relay for needs in self._repos.values() for relay in needs.relays}
 
     def listed_relays(self):
         """Every relay some repo's announcement lists (a view)."""

@@ -11,12 +11,30 @@ versions, unlike ``hash()``), and the relay goes to the heaviest. Going from N t
 instances then moves only the relays the new index outweighs, about 1/(N + 1) of them,
 where ``hash % N`` moved about N/(N + 1); the relays that move simply connect and sync
 afresh on their new instance.
+
+A repository lists 2-3 relays, often of different shards, and a first sync would then fetch
+its whole history once per shard. So each repository has a lead relay (``lead_relay``: the
+heaviest of its relays by the same kind of weight, per repository), which every shard
+computes alike from the announcement; the shard that owns it leads the repository's first
+sync, and another shard's relays that list it wait, bounded, for those events to reach the
+own relay before they choose their method (``split_led_elsewhere``; the manager does the
+waiting, as for a leader of its own, ``sync.lead``). Nothing is exchanged between shards:
+the own relay they share is the channel, and a leader's shard that is away only costs the
+wait.
 """
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+from .targets import SyncItems
+
+# What a batch waits for when another shard leads its repositories' first sync
+# (``Shard.split_led_elsewhere``), as ``sync.lead`` keys a leading batch: no batch of this
+# instance is that leader, so only the wait's bound (FOLLOWER_WAIT_MAX_SECS) ends the wait.
+OTHER_SHARD_LEAD = ("another shard", 0)
 
 # ``i/N`` in the INI; ``i-of-N`` where a ``/`` cannot go (systemd instance names, directories).
 _SHARD_TEXT = re.compile(r"\s*(-?\d+)\s*(?:/|-of-)\s*(-?\d+)\s*\Z")
@@ -24,13 +42,23 @@ _SHARD_TEXT = re.compile(r"\s*(-?\d+)\s*(?:/|-of-)\s*(-?\d+)\s*\Z")
 
 def shard_weight(relay_url: str, index: int) -> int:
     """The rendezvous weight of instance ``index`` for ``relay_url`` (a normalized URL)."""
-    digest = hashlib.sha256(f"{index}\n{relay_url}".encode()).digest()
-    return int.from_bytes(digest[:8], "big")
+    return _weight(f"{index}\n{relay_url}")
+
+
+def _weight(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
 def shard_of(relay_url: str, count: int) -> int:
     """Which of ``count`` shards syncs the relay at ``relay_url`` (a normalized URL)."""
     return max(range(count), key=lambda index: shard_weight(relay_url, index))
+
+
+def lead_relay(address: str, relays: Iterable[str]) -> str | None:
+    """The relay that leads the first sync of the repository at ``address`` across shards:
+    the heaviest of ``relays`` (normalized URLs) by SHA-256 of the address and the URL, so
+    leads spread over the relays and every shard picks the same one. None without relays."""
+    return max(sorted(relays), key=lambda url: _weight(f"{address}\n{url}"), default=None)
 
 
 @dataclass(frozen=True)
@@ -53,6 +81,30 @@ class Shard:
 
     def owns(self, relay_url: str) -> bool:
         return self.count == 1 or shard_of(relay_url, self.count) == self.index
+
+    def leads(self, address: str, relays: Iterable[str]) -> bool:
+        """Does this shard lead the first sync of the repository at ``address`` (listing
+        ``relays``)? It does when it owns the lead relay, or the repository lists none."""
+        lead = lead_relay(address, relays)
+        return lead is None or self.owns(lead)
+
+    def split_led_elsewhere(self, items: SyncItems, relays_of: Callable[[str], Iterable[str] | None],
+                            repo_of_root: Callable[[str], str | None]) -> tuple[SyncItems, SyncItems]:
+        """``items`` of a relay of this shard: (what this shard leads, what another shard
+        leads). ``relays_of``: the relays a repository lists (None: not known); a root goes
+        with its repository (``repo_of_root``; None: not known). What is not known is led
+        here: nothing waits for a lead nobody has."""
+        here, elsewhere = SyncItems(), SyncItems()
+
+        def led_here(address: str | None) -> bool:
+            relays = relays_of(address) if address is not None else None
+            return self.count == 1 or relays is None or self.leads(address, relays)
+
+        for address, level in items.repos.items():
+            (here if led_here(address) else elsewhere).repos[address] = level
+        for root in items.root_events:
+            (here if led_here(repo_of_root(root)) else elsewhere).root_events.add(root)
+        return here, elsewhere
 
     @property
     def instance_name(self) -> str:

@@ -12,7 +12,6 @@ import itertools
 import random
 import time
 
-import gevent
 from gevent.queue import Empty, Queue
 
 from ... import constants
@@ -24,8 +23,9 @@ from ...sync.health import RelayHealthTracker
 from ...sync.lead import SharedLead
 from ...sync.own_held import OwnHeld
 from ...sync.recovery import MissingEventRecovery
-from ...sync.relay_state import ConnectionStatus, RelayState
+from ...sync.relay_state import RelayState
 from ...sync.repos import RepoSyncIndex
+from ...sync.status import Fact
 from ..delivery import OwnRelayDelivery
 from ..events import (
     BatchWindowClosed,
@@ -52,6 +52,7 @@ from ..events import (
 from ..handshake import HandshakePool
 from ..self_subscriber import SelfSubscriber
 from .descendants import Descendants
+from .effects import GeventEffects
 from .historic import HistoricSync
 from .lifecycle import RelayLifecycle
 from .live import LiveCoverage
@@ -62,16 +63,20 @@ from .saved_state import SavedState
 log = get_logger("gsync.manager")
 
 
-class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Descendants, Refusals):
-    def __init__(self, config, *, clock=time.time, delivery=None, on_ready=None):
+class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Refusals):
+    def __init__(self, config, *, clock=time.time, delivery=None, on_ready=None, effects=None):
+        """``effects``: the manager's I/O (``effects.GeventEffects`` unless a test gives a
+        recorder); ``clock``: wall time, for every decision that reads it."""
         self.config = config
         self.clock = clock
         self.queue: Queue = Queue()
         self.post = self.queue.put
+        self.effects = effects or GeventEffects(self.post)
         svc, sync, net = config.service, config.sync, config.network
         self.domains = list(svc.domains)
         self.repos = RepoSyncIndex(svc.own_relay, self.domains)
         self.relays: dict[str, RelayState] = {}
+        self.descendants = Descendants(self.relays, self.open_live_groups, self.start_historic)
         self.capped_relays: set[str] = set()  # over [network] max_relays, already logged
         self.health = RelayHealthTracker(
             base_backoff=sync.base_backoff_secs, max_backoff=sync.max_backoff_secs,
@@ -104,15 +109,20 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.ready = False
         self.on_ready = on_ready
         self.seen: dict[str, float | None] = {}  # id -> when gsync fetched it (None: seen on the own relay)
-        self.self_sub = SelfSubscriber(svc.own_relay, self.post, log, clock=clock, checked=self.seen)
-        self.root_ids: set[str] = set()  # of Full repos: who is a direct member
+        self.self_sub = SelfSubscriber(svc.own_relay, self.post, log, clock=clock, seen=self.seen)
         self._ids = itertools.count(1)
         self._stopping = False
-        self.last_loop_at = time.monotonic()
+        self.last_loop_at = self.effects.monotonic()
         self.stall_checked_at = clock()  # historic REQs' clocks stand still while delivery holds reading
         self.queue_peak = 0  # the deepest the inbox has been (a 2 s gauge would miss bursts)
         self.delivery_peak = 0
-        self.handlers = {
+        self.handlers = self.dispatch_table()
+        for url in sync.bootstrap_relays:
+            self.register_relay(url).is_bootstrap = True
+
+    def dispatch_table(self) -> dict:
+        """Inbox message type -> its handler: one per thing that can happen."""
+        return {
             HandshakeStarted: self.on_handshake_started,
             HandshakeDone: self.on_handshake_done,
             RemoteEvents: self.on_remote_events,
@@ -132,8 +142,6 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             CooldownEnded: self.on_cooldown_ended,
             Tick: self.on_tick,
         }
-        for url in sync.bootstrap_relays:
-            self.relay(url).is_bootstrap = True
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -141,12 +149,12 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.delivery.start()
         self.handshakes.start()
         self.self_sub.start()
-        self._ticker = gevent.spawn(self._tick_loop)
+        self._ticker = self.effects.every(constants.MAINTENANCE_TICK_SECS, lambda: Tick(self.clock()))
 
     def run(self) -> None:
         """Apply messages until ``Stop``. One at a time: no locks around any index."""
         while True:
-            self.last_loop_at = time.monotonic()
+            self.last_loop_at = self.effects.monotonic()
             try:
                 msg = self.queue.get(timeout=1.0)
             except Empty:
@@ -161,11 +169,6 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
                 handler(msg)
             except Exception:
                 log.exception("handler_failed", message=type(msg).__name__)
-
-    def _tick_loop(self) -> None:
-        while True:
-            gevent.sleep(constants.MAINTENANCE_TICK_SECS)
-            self.post(Tick(self.clock()))
 
     def stop(self) -> None:
         self._stopping = True
@@ -219,7 +222,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             state.pending[batch_id].record_event(msg.sub_id, msg.event, msg.matched)
         if msg.verified or self.checked_late(msg.event):
             self.consider_for_delivery(msg.event, state)
-            self.note_direct_member(state, msg.event)
+            self.descendants.note_direct_member(state, msg.event)
 
 
     def on_remote_message(self, msg: RemoteMessage) -> None:
@@ -256,7 +259,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             if state.connected and state.next_daily_at and now >= state.next_daily_at:
                 state.next_daily_at = now + random.uniform(constants.DAILY_MIN_SECS, constants.DAILY_MAX_SECS)
                 log.info("daily_sync", relay=state.url)
-                state.status = ConnectionStatus.SYNCING
+                self.move_status(state, Fact.DAILY_SYNC)
                 self.fresh_start(state, now)
         self.on_delivery_caught_up()  # in case its message was lost with a restarted delivery
         self.release_followers(self.lead.overdue(now, constants.FOLLOWER_WAIT_MAX_SECS), overdue=True)
@@ -265,7 +268,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
         self.expire_negentropy()
         self.run_policy_probes(now)
         self.run_polls(now)
-        self.run_descendants(now)
+        self.descendants.run(now)
         self.rejected.expire(now)
         if self.saved.due(now):
             self.save_state(now)
@@ -284,7 +287,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             self.pump_historic(state)
 
     def update_metrics(self, now: float) -> None:
-        connected = dead = 0
+        connected = dead = members = 0
         for state in self.relays.values():
             if state.gauges is None:  # the relay's children, looked up once (every 2 s × relays)
                 state.gauges = tuple(g.labels(state.url) for g in metrics.PER_RELAY_GAUGES)
@@ -297,8 +300,10 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
             parked_g.set(round(parked[1]) if parked else 0)
             connected += state.connected
             dead += self.health.is_dead(state.url, now)
+            members += len(state.member_roots)
         metrics.RELAYS_TRACKED.set(len(self.relays))
         metrics.RELAYS_HELD.set(len(self.relays))
+        metrics.THREAD_MEMBERS.set(members)
         metrics.REJECTED_BYTES.set(self.rejected.bytes)
         saved_at = self.saved.saved_at
         metrics.STATE_SAVE_AGE.set(-1 if saved_at is None else max(0.0, now - saved_at))
@@ -320,13 +325,13 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Desc
     # -- operators ------------------------------------------------------------------------
 
     def alive_recently(self, within: float) -> bool:
-        return time.monotonic() - self.last_loop_at < within
+        return self.effects.monotonic() - self.last_loop_at < within
 
     def set_bootstrap_relays(self, urls) -> None:
         for state in self.relays.values():
             state.is_bootstrap = False
         for url in urls:
-            self.relay(url).is_bootstrap = True
+            self.register_relay(url).is_bootstrap = True
 
     def summary(self) -> str:
         connected = sum(1 for s in self.relays.values() if s.connected)

@@ -13,7 +13,23 @@ from ...sync.targets import PendingItems
 
 
 class Descendants:
-    """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
+    """Owned by ``SyncManager``: the roots of Full repositories (who is a direct member) and
+    each relay's members (on its ``RelayState``). What it starts goes through the manager's
+    ``open_live_groups`` (live coverage) and ``start_historic`` (a batch), passed in."""
+
+    def __init__(self, relays: dict[str, RelayState], open_live_groups, start_historic):
+        self.relays = relays
+        self.root_ids: set[str] = set()  # of Full repos: who is a direct member
+        self._open_live_groups = open_live_groups
+        self._start_historic = start_historic
+
+    def set_roots(self, roots: set[str]) -> set[str]:
+        """The roots of Full repositories are now ``roots``: the new ones returned; the
+        members of those that left go from every relay's tables."""
+        before, self.root_ids = self.root_ids, roots
+        if before - roots:
+            self.prune_members()
+        return roots - before
 
     def note_direct_member(self, state: RelayState, event) -> None:
         if event.id in state.members:
@@ -34,7 +50,9 @@ class Descendants:
                 state.new_members.discard(member)
                 state.reopen_members.discard(member)
 
-    def run_descendants(self, now: float) -> None:
+    def run(self, now: float) -> None:
+        """New members of each connected relay get their coverage, once per
+        DESCENDANT_TICK_SECS."""
         for state in self.relays.values():
             if not (state.connected and state.new_members):
                 continue
@@ -43,19 +61,20 @@ class Descendants:
             state.descendants_started_at = now
             ids, state.new_members = state.new_members, set()
             state.members |= ids
-            filters = self.descendant_filters_for(state, ids)
-            self.open_descendant_live(state, filters, fresh=True)
-            self.start_historic(state, PendingItems(), filters)
+            filters = self.filters_for(state, ids)
+            self.open_live(state, filters, fresh=True)
+            self._start_historic(state, PendingItems(), filters)
 
-    def open_descendant_live(self, state: RelayState, filters, fresh: bool = False) -> None:
+    def open_live(self, state: RelayState, filters, fresh: bool = False) -> None:
         """Live coverage for members in the subscription slots still free (the default of
         open_live_groups), the rest polled (SPEC §3; ``fresh``: new members, polled apart
         while new). Members trickle in during historic sync, one small REQ per tick: opening
         each would overrun the relay's budget. (A consolidation for new core coverage packs
         them again.)"""
         groups = filter_plan.pack_into_reqs(filter_plan.live(filters), state.limits)
-        self.open_live_groups(state, groups, descendants=True, fresh=len(groups) if fresh else 0)
+        self._open_live_groups(state, groups, descendants=True, fresh=len(groups) if fresh else 0)
 
-    def descendant_filters_for(self, state: RelayState, ids, allowed_only: bool = True):
+    @staticmethod
+    def filters_for(state: RelayState, ids, allowed_only: bool = True):
         filters = filter_plan.descendant_filters(ids, budget=filter_plan.tag_value_budget(state.limits))
         return state.paused.allowed(filters) if allowed_only else filters

@@ -6,10 +6,6 @@ the Syncing → Connected check.
 """
 from __future__ import annotations
 
-import time
-
-import gevent
-
 from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
@@ -17,19 +13,24 @@ from ...protocol import messages as wire
 from ...protocol.filters import Filter
 from ...sync import filter_plan
 from ...sync.pending import (
+    BatchKind,
     CrowdedSecond,
     PendingBatch,
     ResidualDecision,
     SyncMethod,
     fetch_by_filter,
     follower_negentropy_pays,
+    is_negentropy_token,
     negentropy_pays,
+    negentropy_token,
     one_second,
     split_crowded,
 )
 from ...sync.policy import coverage_key
 from ...sync.relay_state import ConnectionStatus, RelayState, RunningExchange
 from ...sync.repos import identifier_of
+from ...sync.shard import OTHER_SHARD_LEAD
+from ...sync.status import Fact
 from ...sync.targets import PendingItems
 from .. import negentropy_sync
 from ..events import (
@@ -48,8 +49,8 @@ MAX_HISTORIC_SUBS = 4  # concurrent historic REQs per relay, within the transien
 class HistoricSync:
     """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
 
-    def start_historic(self, state: RelayState, items: PendingItems, filters, layer1=False,
-                       recovery=False, coalesce=False, leaders=()) -> PendingBatch:
+    def start_historic(self, state: RelayState, items: PendingItems, filters,
+                       kind: BatchKind = BatchKind.SYNC, coalesce=False, leaders=()) -> PendingBatch:
         """A PendingBatch for ``filters``. Where the relay allows NIP-77 (full history only:
         a ``since`` catch-up is cheaper as a REQ), the own relay's holdings are read first
         and each filter gets the method that spends fewer paced starts on what it lacks
@@ -67,17 +68,15 @@ class HistoricSync:
 
         Filters whose shape the relay refused by policy are left out (``refusals``)."""
         filters = state.paused.allowed(filters)
-        asks_own = not recovery and self.use_negentropy(state, filters)
+        asks_own = kind is not BatchKind.RECOVERY and self.use_negentropy(state, filters)
         if coalesce and not asks_own:
             waiting = self.waiting_req_batch(state)
             if waiting is not None:
                 self.coalesce_into(state, waiting, items, filters)
                 return waiting
-        if layer1:  # every fresh start, quick reconnect and daily sync begins with layer 1
+        if kind is BatchKind.LAYER1:  # every fresh start, quick reconnect and daily sync begins with layer 1
             state.round_started_at = self.clock()
-        batch = PendingBatch(next(self._ids), items)
-        batch.layer1 = layer1
-        batch.recovery = recovery
+        batch = PendingBatch(next(self._ids), items, kind=kind)
         batch.semantic_filters = list(filters)
         state.pending[batch.batch_id] = batch
         if asks_own and leaders and self.leaders_busy(leaders):
@@ -90,7 +89,7 @@ class HistoricSync:
             self.read_own_holdings(state, batch, filters, coalesce)
         else:
             self.lead.lead((state.url, batch.batch_id), items)
-            batch.coalescable = coalesce or layer1  # NIP-77 batches never take in REQ work
+            batch.coalescable = coalesce or kind is BatchKind.LAYER1  # NIP-77 batches never take in REQ work
             self.queue_reqs(state, batch, filters)
         self.pump_historic(state)
         if batch.is_complete:
@@ -109,6 +108,7 @@ class HistoricSync:
         NIP-77, or ``FOLLOWER_WAIT_MAX_SECS`` passed), and then takes NIP-77 only where
         they brought much. Nothing of it starts meanwhile."""
         batch.follower = True
+        batch.led_elsewhere = OTHER_SHARD_LEAD in leaders
         batch.coalesce_wanted = coalesce
         batch.add_subscription(f"lead{batch.batch_id}")  # not complete while it waits
         self.lead.wait((state.url, batch.batch_id), leaders, self.clock(), batch.items)
@@ -134,7 +134,9 @@ class HistoricSync:
             batch = state.pending.get(batch_id) if state is not None and state.connected else None
             if batch is None:
                 continue
-            if overdue:
+            if overdue and batch.led_elsewhere:  # as expected: no word comes from another shard
+                log.debug("historic_other_shard_waited", relay=url, batch_id=batch_id)
+            elif overdue:
                 log.info("historic_lead_waited_too_long", relay=url, batch_id=batch_id)
                 batch.share_all = True
             batch.finish_subscription(f"lead{batch_id}")
@@ -191,7 +193,7 @@ class HistoricSync:
         for read in reads:
             if read is not None:
                 self.own_held.begin(read)
-        gevent.spawn(negentropy_sync.read_holdings, self.config.service.own_relay, filters,
+        self.effects.spawn(negentropy_sync.read_holdings, self.config.service.own_relay, filters,
                      self.post, relay=state.url, session=state.session, batch_id=batch.batch_id,
                      token=token, fresh=batch.follower, reads=reads, epoch=epoch,
                      busy=self.own_relay_busy)
@@ -287,7 +289,7 @@ class HistoricSync:
                 self.coalesce_into(state, waiting, batch.items, by_req)
                 self.pump_historic(state)
                 return
-            batch.coalescable = batch.coalesce_wanted or batch.layer1
+            batch.coalescable = batch.coalesce_wanted or batch.kind is BatchKind.LAYER1
         if by_req:
             self.queue_reqs(state, batch, by_req)
         self.pump_historic(state)
@@ -333,16 +335,12 @@ class HistoricSync:
         came (bench/soak). The items confirm with the batch they joined. Recovery attempts,
         polls, policy probes and layer 1 keep their own batches (each is judged on its own
         answer). False when no such batch waits."""
-        def plain(b: PendingBatch) -> bool:  # not a recovery attempt, poll, probe or layer 1
-            return not (getattr(b, "recovery", False) or getattr(b, "layer1", False)
-                        or b.batch_id == state.poll_batch or b.batch_id in state.probes)
-
-        if not plain(batch):
+        if batch.kind is not BatchKind.SYNC:
             return False
         waiting = next((b for b in reversed(state.pending.values())
-                        if b is not batch and plain(b) and b.method is SyncMethod.NEGENTROPY
+                        if b is not batch and b.kind is BatchKind.SYNC and b.method is SyncMethod.NEGENTROPY
                         and not b.started and not b.fetch_by_filter and not b.advertised_ids
-                        and b.outstanding_subs and all(s.startswith("neg") for s in b.outstanding_subs)),
+                        and b.outstanding_subs and all(map(is_negentropy_token, b.outstanding_subs))),
                        None)
         if waiting is None:
             return False
@@ -374,7 +372,7 @@ class HistoricSync:
     def queue_negentropy(self, state: RelayState, batch: PendingBatch, flt: Filter, held) -> None:
         """One NIP-77 exchange for ``flt``, waiting for its paced start; ``held`` (what the
         own relay holds of it, just read) is kept for it, so it is not asked again."""
-        token = f"neg{batch.batch_id}-{next(self._ids)}"
+        token = negentropy_token(batch.batch_id, next(self._ids))
         batch.add_subscription(token)
         batch.own_holdings[token] = held
         state.sub_to_batch[token] = batch.batch_id
@@ -499,7 +497,7 @@ class HistoricSync:
             log.debug("historic_started", relay=state.url, sub_id=sub_id, filters=len(group),
                       batch_id=state.sub_to_batch[sub_id])
             purpose = batch.purpose if batch is not None else "other"
-            if sub_id.startswith("neg"):
+            if is_negentropy_token(sub_id):
                 metrics.BACKGROUND_STARTS.labels(state.url, "negentropy", purpose).inc()
                 self.start_negentropy(state, sub_id, group[0])
             else:
@@ -515,7 +513,7 @@ class HistoricSync:
         the room left (``PendingBatch.fill_by_splitting``), within the relay's message size.
         Not towards a relay that refused us for query rate: more filters for the same
         events would only bring its next refusal sooner."""
-        if batch is None or sub_id.startswith("neg") or self.health.limits_query_rate(state.url):
+        if batch is None or is_negentropy_token(sub_id) or self.health.limits_query_rate(state.url):
             return group
         group = batch.fill_by_splitting(sub_id, filter_plan.filters_per_req(state.limits),
                                         filter_plan.req_length_limit(state.limits))
@@ -526,7 +524,7 @@ class HistoricSync:
         """Pump this relay again when its pacing gate (or cooldown) opens."""
         if not state.slot_wakeup_scheduled:
             state.slot_wakeup_scheduled = True
-            gevent.spawn_later(wait, self.post, HistoricSlotDue(state.url, state.session))
+            self.effects.later(wait, HistoricSlotDue(state.url, state.session))
 
     def regroup_before_start(self, state: RelayState, sub_id: str, group) -> bool:
         """A queued REQ meets what the relay taught us since it was queued: shapes it
@@ -546,7 +544,7 @@ class HistoricSync:
         state.historic_queue.pop(0)
         del state.sub_to_batch[sub_id]
         batch = state.pending[batch_id]
-        if sub_id.startswith("neg"):
+        if is_negentropy_token(sub_id):
             batch.finish_subscription(sub_id)
         else:
             entries = batch.split_subscription(
@@ -565,7 +563,7 @@ class HistoricSync:
         if held is None:
             held = self.own_held.holdings(flt, self.clock())  # None: the exchange reads it
         started: list = []
-        greenlet = gevent.spawn(
+        greenlet = self.effects.spawn(
             negentropy_sync.reconcile_filter,
             state.conn, self.config.service.own_relay, flt, self.have_beyond_holdings(flt),
             self.post, batch_id=batch_id, token=token, held=held,
@@ -573,7 +571,7 @@ class HistoricSync:
             busy=self.own_relay_busy,
             started=started,
         )
-        state.neg_running[token] = RunningExchange(greenlet, batch_id, flt, time.monotonic(), started)
+        state.neg_running[token] = RunningExchange(greenlet, batch_id, flt, self.effects.monotonic(), started)
         relay, session = state.url, state.session
 
         def died(g) -> None:  # its answer will never come: this is it
@@ -585,7 +583,7 @@ class HistoricSync:
     def expire_negentropy(self) -> None:
         """Exchanges past the manager's deadline end as unanswered ones do, whatever their
         greenlet is doing (SPEC §5: every wait has a deadline)."""
-        now = time.monotonic()
+        now = self.effects.monotonic()
         for state in self.relays.values():
             if not state.neg_running or not state.connected:
                 continue
@@ -681,7 +679,7 @@ class HistoricSync:
     def finish_batch(self, state: RelayState, batch: PendingBatch) -> None:
         """All subscriptions answered. After NIP-77, judge what the id fetches delivered
         (SPEC §4 residuals) before the items are confirmed."""
-        if batch.recovery:
+        if batch.kind is BatchKind.RECOVERY:
             self.finish_recovery(state, batch)
             return
         batch.settle([i for i in batch.residual_ids() if i in self.seen])
@@ -764,11 +762,11 @@ class HistoricSync:
         self.release_claims(state, batch)
         state.pending.pop(batch.batch_id, None)
         self.stop_leading(state, batch)
-        if batch.batch_id == state.poll_batch and not batch.failed:
+        if batch.kind is BatchKind.POLL and not batch.failed:
             for tier in batch.poll_tiers:
                 tier.cursor = batch.poll_started_at
         state.confirmed.add(batch.items)
-        if getattr(batch, "layer1", False):
+        if batch.kind is BatchKind.LAYER1:
             state.announcements_synced = True
         if batch.failed:
             state.batch_failures = True
@@ -785,14 +783,13 @@ class HistoricSync:
             return
         state.completion_check_scheduled = True
         delay = self.config.sync.batch_window_ms / 1000 + 1
-        gevent.spawn_later(delay, self.post, CompletionRecheck(state.url, state.session))
+        self.effects.later(delay, CompletionRecheck(state.url, state.session))
 
     def syncing_batches(self, state: RelayState) -> bool:
         """Historic sync still running: a batch other than a recovery attempt, a poll or a
         policy probe (those run for as long as a relay is connected: they are upkeep)."""
         return any(
-            not getattr(b, "recovery", False) and b.batch_id != state.poll_batch and b.batch_id not in state.probes
-            for b in state.pending.values()
+            not b.kind.upkeep for b in state.pending.values()
         )
 
     def on_completion_recheck(self, msg: CompletionRecheck) -> None:
@@ -802,11 +799,7 @@ class HistoricSync:
         state.completion_check_scheduled = False
         if self.syncing_batches(state) or state.status != ConnectionStatus.SYNCING:
             return
-        state.status = (
-            ConnectionStatus.CONNECTED_HISTORIC_SYNC_FAILURES
-            if state.batch_failures
-            else ConnectionStatus.CONNECTED
-        )
+        self.move_status(state, Fact.HISTORIC_DONE_WITH_FAILURES if state.batch_failures else Fact.HISTORIC_DONE)
         state.historic_sync_completed_at = self.clock()
         log.info("historic_sync_complete", relay=state.url, status=state.status.name)
         self.promote_if_recovered(state.url)  # recovery may have finished before this check
@@ -868,7 +861,7 @@ class HistoricSync:
                     self.remember_nip77_unserved(state, result.reason)
                 self.disable_negentropy(state, result.reason)
             self.queue_reqs(state, batch, [msg.filter], front=True)
-        if not any(sub.startswith("neg") for sub in batch.outstanding_subs):
+        if not any(map(is_negentropy_token, batch.outstanding_subs)):
             # The batch's last exchange: fetch everything it found at once, in as few REQs
             # as the caps allow (each REQ start is paced): mostly-missing filters by their
             # pages, sharing REQs, the rest by id, 300 a REQ.
@@ -920,8 +913,8 @@ class HistoricSync:
 
     def requeue_negentropy_as_reqs(self, state: RelayState) -> None:
         """NIP-77 is off: exchanges still queued become REQs."""
-        queued = [(t, g) for t, g in state.historic_queue if t.startswith("neg")]
-        state.historic_queue = [e for e in state.historic_queue if not e[0].startswith("neg")]
+        queued = [(t, g) for t, g in state.historic_queue if is_negentropy_token(t)]
+        state.historic_queue = [e for e in state.historic_queue if not is_negentropy_token(e[0])]
         for token, group in queued:
             batch = state.pending.get(state.sub_to_batch.pop(token, -1))
             if batch is not None:
@@ -939,7 +932,7 @@ class HistoricSync:
             log.info("recovery_attempt", relay=url, ids=len(ids), filters=len(filters))
             if ids:
                 filters = [Filter.make(ids=ids), *filters]
-            batch = self.start_historic(state, PendingItems(), filters, recovery=True)
+            batch = self.start_historic(state, PendingItems(), filters, kind=BatchKind.RECOVERY)
             batch.expect_ids(self.recovery.awaited(url))
 
     def finish_recovery(self, state: RelayState, batch: PendingBatch) -> None:
@@ -961,7 +954,7 @@ class HistoricSync:
             and self.recovery.is_fully_recovered(url)
             and not state.unrelated_failure
         ):
-            state.status = ConnectionStatus.CONNECTED
+            self.move_status(state, Fact.RECOVERED)
             state.batch_failures = False
             log.info("relay_recovered", relay=url)
 

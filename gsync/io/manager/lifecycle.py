@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import random
 
 from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
-from ...sync import filter_plan
-from ...sync.pending import PageCap
+from ...sync import filter_plan, status
+from ...sync.pending import BatchKind, PageCap
 from ...sync.relay_state import ConnectionStatus, RelayState
+from ...sync.shard import OTHER_SHARD_LEAD
+from ...sync.status import Fact
 from ...sync.targets import PendingItems, compute_actions, relay_needs
-from ..connection import RelayConnection
 from ..events import (
     HandshakeDone,
     HandshakeStarted,
@@ -29,7 +31,9 @@ LAYER1_LIVE_SUB = "l1-live"
 class RelayLifecycle:
     """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
 
-    def relay(self, url: str) -> RelayState:
+    def register_relay(self, url: str) -> RelayState:
+        """``url``'s state, registered (saved memory restored) if it was not yet; a
+        throw-away refused state for another shard's relay or one past ``max_relays``."""
         state = self.relays.get(url)
         if state is None:
             if not self.config.cluster.shard.owns(url):
@@ -47,6 +51,17 @@ class RelayLifecycle:
             log.info("relay_registered", relay=url)
         return state
 
+    def move_status(self, state: RelayState, fact: Fact) -> None:
+        """``state``'s status after ``fact`` (``sync.status.TRANSITIONS``). A move the table
+        does not have is a bug: logged, the status left as it was; raised where
+        GSYNC_STRICT_STATUS=1 (the tests)."""
+        try:
+            status.move(state, fact)
+        except status.IllegalMove as exc:
+            if os.environ.get("GSYNC_STRICT_STATUS") == "1":
+                raise
+            log.error("illegal_status_move", relay=state.url, status=exc.status.name, fact=exc.fact.value)
+
     def wanted(self, state: RelayState) -> bool:
         """A bootstrap relay, or one some repo lists (a ``derive_relay_targets`` target, read
         from the relay → repos listing). What a relay confirmed is work only while a repo
@@ -57,7 +72,7 @@ class RelayLifecycle:
         listed = self.repos.listed_relays()
         for url in list(listed):
             if url not in self.relays:
-                self.relay(url)
+                self.register_relay(url)
         if self.capped_relays:  # said once per relay while it waits for room, not for ever
             self.capped_relays.intersection_update(listed)
         for state in list(self.relays.values()):
@@ -67,7 +82,7 @@ class RelayLifecycle:
                 continue
             if self.health.should_attempt_connection(state.url, now):
                 state.attempt += 1
-                state.status = ConnectionStatus.CONNECTING
+                self.move_status(state, Fact.DIALLED)
                 self.handshakes.request(state.url, state.attempt)
 
     def retire_unwanted_relays(self) -> None:
@@ -82,7 +97,7 @@ class RelayLifecycle:
             if state.conn is not None:
                 state.conn.close("no work left")
                 state.conn = None
-            state.status = ConnectionStatus.DISCONNECTED
+            self.move_status(state, Fact.RETIRED)
             self.drop_pending(state)
             del self.relays[state.url]
             self.health.forget(state.url)
@@ -105,7 +120,7 @@ class RelayLifecycle:
             msg.error = "socket closed before the manager applied the handshake"
         if msg.error:
             metrics.CONNECTION_ATTEMPTS.labels(msg.relay, "failure").inc()
-            state.status = ConnectionStatus.DISCONNECTED
+            self.move_status(state, Fact.HANDSHAKE_FAILED)
             state.last_error = msg.error
             if msg.refused:
                 state.refused_reason = msg.error
@@ -128,18 +143,17 @@ class RelayLifecycle:
         state.limits = self.with_learned_limits(state, msg.limits)
         state.page_cap = PageCap()  # learnt again: the relay may have changed
         state.negentropy_ok = True  # a NIP-77 verdict holds for one session (SPEC §4)
-        state.conn = RelayConnection(
-            msg.relay, msg.ws, state.session, self.post, auth_secret=self.config.auth.secret_key,
-            known_ids=self.seen, room=self.delivery.room_for(msg.relay),
+        state.conn = self.effects.connection(
+            msg.relay, msg.ws, state.session, auth_secret=self.config.auth.secret_key,
+            seen=self.seen, room=self.delivery.room_for(msg.relay),
         )
-        state.conn.start()
         nips = getattr(msg.limits, "supported_nips", None)
         if nips and 77 not in nips:  # it says so itself: no NEG-OPEN, no 15 s wait
             self.disable_negentropy(state, "NIP-11 supported_nips does not list 77")
         elif state.nip77_resting(now):  # it says so and does not: not again before a day
             self.disable_negentropy(state, "NIP-77 advertised and not served "
                                     f"{round(now - state.nip77_failed_at)} s ago")
-        state.status = ConnectionStatus.SYNCING
+        self.move_status(state, Fact.HANDSHAKE_DONE)
         fresh = state.should_fresh_start(now)
         log.info("relay_connected", relay=msg.relay, fresh_start=fresh)
         if fresh:
@@ -165,7 +179,7 @@ class RelayLifecycle:
             self.learn_message_length(state, msg.sent_too_long)
             state.silent_long_hangups = 0
         state.conn = None
-        state.status = ConnectionStatus.DISCONNECTED
+        self.move_status(state, Fact.CONNECTION_LOST)
         state.disconnected_at = now
         state.last_connected = now
         state.last_error = msg.reason
@@ -238,8 +252,8 @@ class RelayLifecycle:
             return
         ids, state.reopen_members = state.reopen_members, set()
         state.members |= ids
-        filters = self.descendant_filters_for(state, ids)
-        self.open_descendant_live(state, filters)
+        filters = self.descendants.filters_for(state, ids)
+        self.descendants.open_live(state, filters)
         self.start_historic(state, PendingItems(), [f.replace(since=since) for f in filters])
 
     @contextlib.contextmanager
@@ -267,7 +281,7 @@ class RelayLifecycle:
         live = filter_plan.layer1_filter().replace(limit=0)
         if not state.paused.is_filter_paused(live):
             self.open_live(state, LAYER1_LIVE_SUB, [live], control=True)
-        self.start_historic(state, PendingItems(), [filter_plan.layer1_filter(since)], layer1=True)
+        self.start_historic(state, PendingItems(), [filter_plan.layer1_filter(since)], kind=BatchKind.LAYER1)
 
     def start_sync(self, state: RelayState, items: PendingItems, since: int | None, confirm=True) -> None:
         """Live and historic subscriptions for new items (``handle_new_sync_filters``).
@@ -275,17 +289,25 @@ class RelayLifecycle:
         A first sync (no ``since``) that NIP-77 could serve goes in two batches when other
         relays already lead some of its items (``sync.lead``): one leading the rest, one
         waiting for those leaders; in one, by NIP-77 throughout, when a leader's relay has
-        too much queued for a wait to pay."""
+        too much queued for a wait to pay. With shards, what another shard leads
+        (``split_led_elsewhere``) goes in a batch of its own that waits for that shard's
+        events to reach the own relay."""
         filters = self.filters_for(state, items, since)
         if not filters:
             return
         leaders = ()
         if confirm and since is None and self.use_negentropy(state, filters):
             mine, theirs, leaders = self.lead.split(state.url, items)
-            if theirs and not self.leaders_busy(leaders):
+            mine, elsewhere = self.split_led_elsewhere(state, mine)
+            if elsewhere or (theirs and not self.leaders_busy(leaders)):
+                if theirs and self.leaders_busy(leaders):  # as below: NIP-77 throughout
+                    mine.add(theirs)
+                    split = ((mine, leaders), (elsewhere, (OTHER_SHARD_LEAD,)))
+                else:
+                    split = ((mine, ()), (theirs, leaders), (elsewhere, (OTHER_SHARD_LEAD,)))
                 # the live filters are the parts' own: one copy of their values
                 parts = [(part, self.filters_for(state, part, since) if part else [], led_by)
-                         for part, led_by in ((mine, ()), (theirs, leaders))]
+                         for part, led_by in split]
                 self.subscribe_live(state, filter_plan.live(f for _, fs, _ in parts for f in fs), items)
                 for part, part_filters, led_by in parts:
                     if part_filters:
@@ -296,13 +318,31 @@ class RelayLifecycle:
         self.start_historic(state, items if confirm else PendingItems(), filters, coalesce=True,
                             leaders=leaders)
 
+    def split_led_elsewhere(self, state: RelayState, items: PendingItems) -> tuple[PendingItems, PendingItems]:
+        """(what this shard leads of ``items``, what another shard's relay leads:
+        ``Shard.split_led_elsewhere``). One instance leads everything."""
+        shard = self.config.cluster.shard
+        if shard.count == 1:
+            return items, PendingItems()
+
+        def relays_of(address: str):
+            needs = self.repos.get(address)
+            return needs.relays if needs is not None else None
+
+        roots = {}
+        if items.root_events:
+            for address in self.repos.repos_listing(state.url):
+                needs = self.repos.get(address)
+                roots.update(dict.fromkeys(needs.root_events & items.root_events, address))
+        return shard.split_led_elsewhere(items, relays_of, roots.get)
+
     def catch_up(self, state: RelayState, items: PendingItems, since: int) -> None:
         """Historic only, confirming nothing: what ``items``' live subscriptions (still open,
         or just replaced) may have missed since ``since``, and layer 1 with it."""
         self.start_historic(state, PendingItems(), [filter_plan.layer1_filter(since)])
         filters = self.filters_for(state, items, since)
         if state.members:
-            filters += [f.replace(since=since) for f in self.descendant_filters_for(state, state.members)]
+            filters += [f.replace(since=since) for f in self.descendants.filters_for(state, state.members)]
         if filters:
             self.start_historic(state, PendingItems(), filters)
 

@@ -11,6 +11,7 @@ from ... import constants
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...sync import filter_plan
+from ...sync.pending import BatchKind
 from ...sync.relay_state import LiveSub, RelayState
 from ...sync.targets import PendingItems
 
@@ -193,7 +194,7 @@ class LiveCoverage:
             filters += [f.replace(since=since) for f in tier.filters]
         if not filters:
             return
-        batch = self.start_historic(state, PendingItems(), filters)
+        batch = self.start_historic(state, PendingItems(), filters, kind=BatchKind.POLL)
         batch.poll_started_at, batch.poll_tiers = now, [tier for tier, _ in due]
         state.poll_batch = batch.batch_id
 
@@ -242,7 +243,7 @@ class LiveCoverage:
         self.open_live_groups(state, first + self.live_groups_for(state, rest), slots=budget.live_slots,
                               fresh=len(first))
         if state.members:  # thread replies after the core coverage: they give way first
-            self.open_descendant_live(state, self.descendant_filters_for(state, state.members))
+            self.descendants.open_live(state, self.descendants.filters_for(state, state.members))
         # Between our CLOSEs and the new REQs the relay sends nothing new: fetch that gap
         # (SPEC §4 asks this of layer 1; every layer has the same gap).
         self.catch_up(state, wanted, int(self.clock()) - constants.RECONNECT_OVERLAP_SECS)

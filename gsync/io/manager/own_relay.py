@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import itertools
 
-import gevent
-
 from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
@@ -78,7 +76,7 @@ class OwnRelaySide:
         # relay instead of a drip of them.
         if not self.own_window_open and self.ready:
             self.own_window_open = True
-            gevent.spawn_later(self.config.sync.batch_window_ms / 1000, self.post, BatchWindowClosed(0))
+            self.effects.later(self.config.sync.batch_window_ms / 1000, BatchWindowClosed(0))
 
     def on_batch_window_closed(self, msg: BatchWindowClosed) -> None:
         """A closed self-subscription window updates RepoSyncIndex and emits AddFilters."""
@@ -94,10 +92,7 @@ class OwnRelaySide:
                 dirty |= self.repos.apply_announcement(event, SyncLevel.FULL, now)
             else:
                 dirty |= self.repos.apply_root_event(event)
-        roots_before, self.root_ids = self.root_ids, full_root_ids(self.repos)
-        arrived |= {event_key(root) for root in self.root_ids - roots_before}
-        if roots_before - self.root_ids:
-            self.prune_members()
+        arrived |= {event_key(root) for root in self.descendants.set_roots(full_root_ids(self.repos))}
         if not msg.first_read:
             self.release_dependents(arrived)
         log.info("self_batch_processed", events=len(events), repos=len(self.repos), dirty_relays=len(dirty))
@@ -118,7 +113,7 @@ class OwnRelaySide:
     def apply_dirty(self, dirty: set[str]) -> None:
         """New work for the relays whose targets changed; new relays get dialled. The cost
         follows the dirty relays' repos (a purgatory answer must not walk every repo)."""
-        states = [self.relay(url) for url in dirty]
+        states = [self.register_relay(url) for url in dirty]
         for state in states:
             self.recompute(state, since=None)
         if any(s.status is ConnectionStatus.DISCONNECTED and not s.refused_reason for s in states):

@@ -30,15 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 
-import gevent
-
 from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...sync import filter_plan
 from ...sync.health import HealthState, Refusal, classify_refusal, refuses_a_shape
-from ...sync.pending import PendingBatch
+from ...sync.pending import BatchKind, PendingBatch
 from ...sync.policy import by_shape, coverage_key, describe, halves
 from ...sync.relay_state import RelayState
 from ...sync.targets import PendingItems, derive_relay_targets
@@ -245,7 +243,7 @@ class Refusals:
         targets = derive_relay_targets(self.repos).get(state.url)
         wanted = filter_plan.live(self.filters_for(state, targets, None, allowed_only=False)) if targets else []
         if state.members:
-            wanted += filter_plan.live(self.descendant_filters_for(state, state.members, allowed_only=False))
+            wanted += filter_plan.live(self.descendants.filters_for(state, state.members, allowed_only=False))
         return wanted + [filter_plan.layer1_filter().replace(limit=0)]
 
     # -- policy pauses and their probe ------------------------------------------------------
@@ -268,7 +266,7 @@ class Refusals:
         targets = derive_relay_targets(self.repos).get(state.url)
         filters = self.filters_for(state, targets, None, allowed_only=False) if targets else []
         if state.members:
-            filters += self.descendant_filters_for(state, state.members, allowed_only=False)
+            filters += self.descendants.filters_for(state, state.members, allowed_only=False)
         filters.append(filter_plan.layer1_filter())
         return [f for f in filters if coverage_key(f) == key]
 
@@ -280,7 +278,7 @@ class Refusals:
             metrics.PAUSED_COVERAGE.labels(state.url).set(len(state.paused))
             return
         log.info("coverage_probe", relay=state.url, coverage=describe(key))
-        batch = PendingBatch(next(self._ids), PendingItems())
+        batch = PendingBatch(next(self._ids), PendingItems(), kind=BatchKind.PROBE)
         state.pending[batch.batch_id] = batch
         state.probes[batch.batch_id] = key
         self.queue_reqs(state, batch, filters[:1])
@@ -315,7 +313,7 @@ class Refusals:
         self.update_health_metric(state, now)
         if state.conn is not None:
             self.requeue_negentropy_as_reqs(state)  # NIP-77 is off for the session
-        gevent.spawn_later(constants.RATE_LIMIT_COOLDOWN_SECS, self.post, CooldownEnded(state.url))
+        self.effects.later(constants.RATE_LIMIT_COOLDOWN_SECS, CooldownEnded(state.url))
 
     def on_cooldown_ended(self, msg: CooldownEnded) -> None:
         state = self.relays.get(msg.relay)
@@ -408,7 +406,7 @@ class Refusals:
         ids (not the residual retry's any more), or the filter itself."""
         batch.on_closed(sub_id)
         state.stalled_shapes.update(coverage_key(f) for f in filters)  # later REQs send it alone
-        if getattr(batch, "recovery", False):
+        if batch.kind is BatchKind.RECOVERY:
             return  # a recovery attempt: finish_recovery counts it as one without progress
         now = self.clock()
         ids = set().union(*(f.ids for f in filters if f.ids is not None))

@@ -9,6 +9,7 @@ manager's tables.
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import dataclass, field
 
 from ... import constants
 from ...ops.logging import get_logger
@@ -21,6 +22,17 @@ log = get_logger("gsync.state")
 
 LEGACY_MIGRATED = "rejected_json_migrated"
 SAVED_AT = "saved_at"  # wall clock of the last save: when the relays it says connected were
+
+
+@dataclass
+class _Changes:
+    """One save's rows, by relay."""
+
+    records: dict = field(default_factory=dict)
+    puts: dict = field(default_factory=dict)
+    deletes: dict = field(default_factory=dict)
+    member_puts: dict = field(default_factory=dict)
+    member_deletes: dict = field(default_factory=dict)
 
 
 class SavedState:
@@ -127,32 +139,10 @@ class SavedState:
         ready (the own relay's first read applied: every relay with work is registered),
         saved relays no longer registered are forgotten."""
         self.last_save_try = now
-        records, puts, deletes, member_puts, member_deletes = {}, {}, {}, {}, {}
+        c = _Changes()
         for state in relays.values():
-            if state.refused_reason:
-                continue
-            record = memory.relay_memory(state, health.snapshot(state.url, memory.HEALTH_FIELDS))
-            if self._saved_records.get(state.url) != record:
-                records[state.url] = record
-            signature = _signature(state.confirmed)
-            if self._signatures.get(state.url) != signature:
-                put, delete = memory.confirmed_diff(
-                    self._saved_confirmed.get(state.url) or ConfirmedItems(), state.confirmed)
-                if put:
-                    puts[state.url] = put
-                if delete:
-                    deletes[state.url] = delete
-                self._saved_confirmed[state.url] = state.confirmed.copy()
-                self._signatures[state.url] = signature
-            saved_members = self._saved_members.get(state.url, set())
-            if len(saved_members) != len(state.member_roots) or not saved_members >= state.member_roots.keys():
-                members = set(state.member_roots)
-                put = {m: " ".join(sorted(state.member_roots[m])) for m in members - saved_members}
-                if put:
-                    member_puts[state.url] = put
-                if saved_members - members:
-                    member_deletes[state.url] = list(saved_members - members)
-                self._saved_members[state.url] = members
+            if not state.refused_reason:
+                self._collect(state, health, c)
         forget = set(self._forget)
         if ready and self._memories:
             forget |= set(self._memories)
@@ -162,27 +152,57 @@ class SavedState:
         rejected_puts, rejected_deletes = rejected.take_changes()
         try:
             self.store.save(now, rejected_puts=rejected_puts, rejected_deletes=rejected_deletes,
-                            relays=records, forget_relays=forget, confirmed_puts=puts,
-                            confirmed_deletes=deletes, member_puts=member_puts, member_deletes=member_deletes,
-                            meta={SAVED_AT: repr(now)})
+                            relays=c.records, forget_relays=forget, confirmed_puts=c.puts,
+                            confirmed_deletes=c.deletes, member_puts=c.member_puts,
+                            member_deletes=c.member_deletes, meta={SAVED_AT: repr(now)})
         except (sqlite3.Error, OSError) as exc:
             log.warning("state_save_failed", path=self.store.path, reason=str(exc)[:300])
             rejected.keep_changes([i for i, _ in rejected_puts] + list(rejected_deletes))
-            for url in records:
-                self._saved_records.pop(url, None)
-            for url in set(puts) | set(deletes):  # written again whole next time
-                self._saved_confirmed.pop(url, None)
-                self._signatures.pop(url, None)
-            for url in set(member_puts) | set(member_deletes):
-                self._saved_members.pop(url, None)
+            self._not_saved(c)
             return
         self._forget -= forget
-        self._saved_records.update(records)
+        self._saved_records.update(c.records)
         self.saved_at = now
-        if records or puts or deletes or rejected_puts or rejected_deletes or forget:
-            log.debug("state_saved", relays=len(records), confirmed=sum(map(len, puts.values())),
-                      unconfirmed=sum(map(len, deletes.values())), rejected=len(rejected_puts),
+        if c.records or c.puts or c.deletes or rejected_puts or rejected_deletes or forget:
+            log.debug("state_saved", relays=len(c.records), confirmed=sum(map(len, c.puts.values())),
+                      unconfirmed=sum(map(len, c.deletes.values())), rejected=len(rejected_puts),
                       unrejected=len(rejected_deletes), forgotten=len(forget))
+
+    def _collect(self, state, health, c: _Changes) -> None:
+        """What of ``state`` changed since it was last saved (its memory, confirmed items,
+        thread members), into ``c``; taken as saved (undone by ``_not_saved``)."""
+        record = memory.relay_memory(state, health.snapshot(state.url, memory.HEALTH_FIELDS))
+        if self._saved_records.get(state.url) != record:
+            c.records[state.url] = record
+        signature = _signature(state.confirmed)
+        if self._signatures.get(state.url) != signature:
+            put, delete = memory.confirmed_diff(
+                self._saved_confirmed.get(state.url) or ConfirmedItems(), state.confirmed)
+            if put:
+                c.puts[state.url] = put
+            if delete:
+                c.deletes[state.url] = delete
+            self._saved_confirmed[state.url] = state.confirmed.copy()
+            self._signatures[state.url] = signature
+        saved_members = self._saved_members.get(state.url, set())
+        if len(saved_members) != len(state.member_roots) or not saved_members >= state.member_roots.keys():
+            members = set(state.member_roots)
+            put = {m: " ".join(sorted(state.member_roots[m])) for m in members - saved_members}
+            if put:
+                c.member_puts[state.url] = put
+            if saved_members - members:
+                c.member_deletes[state.url] = list(saved_members - members)
+            self._saved_members[state.url] = members
+
+    def _not_saved(self, c: _Changes) -> None:
+        """The write failed: what ``_collect`` took as saved is written again next time."""
+        for url in c.records:
+            self._saved_records.pop(url, None)
+        for url in set(c.puts) | set(c.deletes):  # written again whole next time
+            self._saved_confirmed.pop(url, None)
+            self._signatures.pop(url, None)
+        for url in set(c.member_puts) | set(c.member_deletes):
+            self._saved_members.pop(url, None)
 
     def close(self) -> None:
         self.store.close()

@@ -1,0 +1,216 @@
+"""A real ``SyncManager`` in the test's process: a fake clock, recorded effects, inbox
+messages fed by the test.
+
+Nothing is spawned and no socket is opened: timers wait in a list until the test moves the
+clock past them, greenlets the manager would spawn (NIP-77 exchanges, own-relay reads) are
+recorded for the test to answer, and each relay connection records the frames the manager
+sends instead of writing them. The manager's decisions are then read from what it sent::
+
+    h = ManagerHarness(tmp_path, bootstrap=["wss://a.example"])
+    h.connect("wss://a.example")
+    assert h.reqs("wss://a.example")  # layer 1 went out
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+
+from gsync.io.connection import RelayConnection
+from gsync.io.events import (
+    HandshakeDone,
+    OwnEvents,
+    OwnHoldingsRead,
+    OwnSubscribed,
+    RemoteMessage,
+    Tick,
+)
+from gsync.io.manager import SyncManager
+from gsync.ops.config import Config, NetworkConfig, ServiceConfig, SyncConfig
+from gsync.protocol import messages as wire
+
+OWN = "ws://127.0.0.1:9"  # never dialled: delivery and the self-subscription are not started
+START = 1_800_000_000.0
+
+
+class FakeClock:
+    def __init__(self, now: float = START):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeWs:
+    connected = True
+
+    def close(self, timeout=None) -> None:
+        self.connected = False
+
+
+class Spawned:
+    """A greenlet the manager asked for, not run: the test answers for it."""
+
+    def __init__(self, fn, args, kwargs):
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+        self.killed = False
+        self.dead_callbacks: list = []
+
+    @property
+    def name(self) -> str:
+        return getattr(self.fn, "__name__", repr(self.fn))
+
+    def kill(self, block: bool = False) -> None:
+        self.killed = True
+
+    def link_exception(self, callback) -> None:
+        self.dead_callbacks.append(callback)
+
+
+class RecordedConnection(RelayConnection):
+    """The manager's side of a connection (subscriptions, budgets) with its frames kept in
+    ``frames`` (parsed JSON) instead of written to a socket."""
+
+    def __init__(self, *args, fake_clock, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fake_clock = fake_clock
+        self.frames: list = []
+        self.sent_at: list[float] = []  # the fake clock's time of each frame
+
+    def send(self, text: str) -> None:
+        if not self.closed:
+            self.frames.append(json.loads(text))
+            self.sent_at.append(self.fake_clock.now)
+
+
+class RecordingEffects:
+    def __init__(self, clock: FakeClock):
+        self.clock = clock
+        self.timers: list = []  # heap of (due, seq, msg)
+        self._seq = itertools.count()
+        self.spawned: list[Spawned] = []
+        self.connections: dict[str, list[RecordedConnection]] = {}
+
+    def later(self, delay: float, msg) -> None:
+        heapq.heappush(self.timers, (self.clock.now + delay, next(self._seq), msg))
+
+    def every(self, interval: float, make_msg):
+        return Spawned(make_msg, (interval,), {})
+
+    def spawn(self, fn, *args, **kwargs) -> Spawned:
+        g = Spawned(fn, args, kwargs)
+        self.spawned.append(g)
+        return g
+
+    def connection(self, relay: str, ws, session: int, **kwargs) -> RecordedConnection:
+        conn = RecordedConnection(relay, ws, session, lambda msg: None, fake_clock=self.clock, **kwargs)
+        self.connections.setdefault(relay, []).append(conn)
+        return conn
+
+    def monotonic(self) -> float:
+        return self.clock.now
+
+
+class ManagerHarness:
+    def __init__(self, tmp_path, *, bootstrap=(), **sync):
+        sync.setdefault("bootstrap_relays", tuple(bootstrap))
+        self.config = Config(
+            service=ServiceConfig(OWN, ("127.0.0.1:9",), str(tmp_path / "state")),
+            sync=SyncConfig(**sync),
+            network=NetworkConfig(),
+        )
+        self.clock = FakeClock()
+        self.effects = RecordingEffects(self.clock)
+        self.manager = SyncManager(self.config, clock=self.clock, effects=self.effects)
+
+    # -- feeding ---------------------------------------------------------------------------
+
+    def feed(self, msg) -> None:
+        """Hand ``msg`` to its handler, then whatever the manager posted to itself meanwhile,
+        as its loop would."""
+        m = self.manager
+        m.handlers[type(msg)](msg)
+        while not m.queue.empty():
+            queued = m.queue.get_nowait()
+            m.handlers[type(queued)](queued)
+
+    def advance(self, secs: float) -> None:
+        """Move the clock ``secs`` on, firing the timers that fall due on the way, in order."""
+        end = self.clock.now + secs
+        while self.effects.timers and self.effects.timers[0][0] <= end:
+            due, _, msg = heapq.heappop(self.effects.timers)
+            self.clock.now = max(self.clock.now, due)
+            self.feed(msg)
+        self.clock.now = end
+
+    def own_relay_holds(self, *events) -> None:
+        """The self-subscription shows ``events`` (announcements list the relays to sync
+        from): the first time as its first history read, then through the batch window."""
+        self.feed(OwnEvents(list(events)))
+        if not self.manager.ready:
+            self.feed(OwnSubscribed(reconnect=False))
+        else:
+            self.advance(self.config.sync.batch_window_ms / 1000)
+
+    def tick(self) -> None:
+        self.feed(Tick(self.clock.now))
+
+    def connect(self, url: str, limits=None) -> RecordedConnection:
+        """A tick dials ``url`` (it must be wanted: bootstrap, or listed); its handshake
+        succeeds at once."""
+        state = self.manager.relays.get(url)
+        if state is None or state.conn is None:
+            self.tick()
+        state = self.manager.relays[url]
+        assert url in self.manager.handshakes.queued, f"{url} not dialled"
+        self.feed(HandshakeDone(url, state.attempt, ws=FakeWs(), limits=limits))
+        return self.conn(url)
+
+    def answer_own_reads(self, held=None) -> int:
+        """Answer the own-relay reads the manager asked for: ``held(filter)`` lists the
+        (created_at, id) the own relay holds of each (nothing, by default). How many."""
+        answered = 0
+        for g in list(self.effects.spawned):
+            if g.name != "read_holdings" or g.killed:
+                continue
+            self.effects.spawned.remove(g)
+            _own, filters, _post = g.args
+            kw = g.kwargs
+            holdings = [list(held(f)) if held else [] for f in filters]
+            self.feed(OwnHoldingsRead(kw["relay"], kw["session"], kw["batch_id"], kw["token"],
+                                      list(filters), holdings, "", kw["epoch"], kw["reads"]))
+            answered += 1
+        return answered
+
+    def relay_says(self, url: str, message) -> None:
+        state = self.manager.relays[url]
+        self.feed(RemoteMessage(url, state.session, message))
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def state(self, url: str):
+        return self.manager.relays[url]
+
+    def conn(self, url: str) -> RecordedConnection:
+        return self.effects.connections[url][-1]
+
+    def frames(self, url: str, verb: str | None = None) -> list:
+        frames = self.conn(url).frames
+        return [f for f in frames if verb is None or f[0] == verb]
+
+    def reqs(self, url: str) -> list:
+        """``["REQ", sub_id, *filters]`` frames sent to ``url`` this session."""
+        return self.frames(url, "REQ")
+
+    def historic_reqs(self, url: str, times: bool = False) -> list:
+        """The REQs of historic sync (not live subscriptions: those ask ``limit: 0``); with
+        ``times``, as (when sent, frame)."""
+        conn = self.conn(url)
+        out = [(at, f) for at, f in zip(conn.sent_at, conn.frames, strict=True)
+               if f[0] == "REQ" and not all(flt.get("limit") == 0 for flt in f[2:])]
+        return out if times else [f for _, f in out]
+
+    def eose_all(self, url: str) -> None:
+        """The relay ends every open subscription's stored events, nothing found."""
+        for sub_id in list(self.conn(url).subscriptions):
+            self.relay_says(url, wire.Eose(sub_id))
