@@ -219,6 +219,11 @@ class RelayState:
         self.poll_batch = None
         self.consolidated_at, self.consolidation_due = None, False
 
+    def data_live_subs(self) -> int:
+        """Live subscriptions open for data (layer 1's control subscription aside): what the
+        relay's subscription budget counts."""
+        return sum(1 for sub in self.live_subs.values() if not sub.control)
+
     def clear_confirmed(self) -> None:
         self.confirmed = ConfirmedItems()
         self.announcements_synced = False

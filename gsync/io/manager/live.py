@@ -26,23 +26,31 @@ class LiveCoverage:
         before their historic batch exists, so a consolidation must add them itself."""
         groups = filter_plan.pack_into_reqs(live_filters, state.limits)
         budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
-        active = sum(1 for sub in state.live_subs.values() if not sub.control)
+        active = state.data_live_subs()
         # The baseline (every live filter of the relay rebuilt and packed: the manager's
         # largest cost at 50 relays) matters only past CONSOLIDATION_EXCESS live
         # subscriptions, or when the new groups do not fit; otherwise no baseline could make
         # a consolidation worth its cost. A full budget is rebuilt at most once a
         # CONSOLIDATION_MIN_SECS (what does not fit meanwhile is polled, fresh).
         full = not budget.fits(active, len(groups))
-        recent = (state.consolidated_at is not None
-                  and self.clock() - state.consolidated_at < constants.CONSOLIDATION_MIN_SECS)
-        if full and recent:
+        if full and self.consolidated_recently(state, self.clock()):
             state.consolidation_due = True  # polled meanwhile (``consolidate_polled``)
         elif active > constants.CONSOLIDATION_EXCESS or full:
-            baseline = self.live_baseline(state, adding=items)
-            if budget.needs_consolidation(active, baseline, adding=len(groups)):
+            if self.packing_makes_room(state, len(groups), items):
                 self.consolidate(state, items)
                 return
         self.open_live_groups(state, groups, fresh=len(groups))
+
+    @staticmethod
+    def consolidated_recently(state: RelayState, now: float) -> bool:
+        return (state.consolidated_at is not None
+                and now - state.consolidated_at < constants.CONSOLIDATION_MIN_SECS)
+
+    def packing_makes_room(self, state: RelayState, adding: int, items: PendingItems | None = None) -> bool:
+        """Would a consolidation pay, with ``adding`` more REQs wanted (of ``items``)?"""
+        budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
+        baseline = self.live_baseline(state, adding=items)
+        return budget.needs_consolidation(state.data_live_subs(), baseline, adding=adding)
 
     def open_live_groups(self, state: RelayState, groups, slots: int | None = None,
                          rebuilt_at: float | None = None, descendants: bool = False,
@@ -56,7 +64,7 @@ class LiveCoverage:
         which are polled instead (SPEC §3: they give way)."""
         if slots is None:
             budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
-            slots = budget.live_slots - sum(1 for sub in state.live_subs.values() if not sub.control)
+            slots = budget.live_slots - state.data_live_subs()
         live_bytes = sum(state.conn.filter_bytes.get(s, 0) for s in state.live_subs)
         # a shape the relay refused once goes alone: refused again, it takes nothing down
         flagged = [(part, n < fresh) for n, group in enumerate(groups)
@@ -167,15 +175,11 @@ class LiveCoverage:
         less than CONSOLIDATION_MIN_SECS before: once that has passed, one consolidation if
         packing anew brings more of it live. So a relay consolidates at most once a
         CONSOLIDATION_MIN_SECS however fast new coverage comes."""
-        if not state.consolidation_due:
-            return False
-        if now - (state.consolidated_at or 0.0) < constants.CONSOLIDATION_MIN_SECS:
+        if not state.consolidation_due or self.consolidated_recently(state, now):
             return False
         state.consolidation_due = False
-        budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
-        active = sum(1 for sub in state.live_subs.values() if not sub.control)
         polled = len(filter_plan.pack_into_reqs(state.fresh_polled.filters, state.limits))
-        if not budget.needs_consolidation(active, self.live_baseline(state), adding=max(1, polled)):
+        if not self.packing_makes_room(state, max(1, polled)):
             return False
         self.consolidate(state)
         return True

@@ -138,7 +138,7 @@ class Refusals:
         state.max_subscriptions_learned = allowed  # later sessions and restarts start there
         log.info("subscriptions_cap_lowered", relay=state.url, max_subscriptions=allowed,
                  was=budget.max_subscriptions)
-        live = sum(1 for sub in state.live_subs.values() if not sub.control)
+        live = state.data_live_subs()
         if live > filter_plan.SubscriptionBudget(allowed).live_slots:
             self.consolidate(state)
         return True
