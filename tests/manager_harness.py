@@ -159,7 +159,7 @@ class ManagerHarness:
         """A tick dials ``url`` (it must be wanted: bootstrap, or listed); its handshake
         succeeds at once."""
         state = self.manager.relays.get(url)
-        if state is None or state.conn is None:
+        if state is None or state.current.conn is None:
             self.tick()
         state = self.manager.relays[url]
         assert url in self.manager.handshakes.queued, f"{url} not dialled"

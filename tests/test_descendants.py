@@ -1,6 +1,6 @@
 """Direct members and their descendants: one generation, decided by tagging a root."""
 from gsync.sync.descendants import full_root_ids, is_direct_member, new_members
-from gsync.sync.relay_state import PolledCoverage, RelayState
+from gsync.sync.relay_state import PolledCoverage, RelaySession, RelayState
 from gsync.sync.repos import RepoSyncIndex, SyncLevel
 
 from . import factory as f
@@ -52,17 +52,17 @@ def test_only_full_repositories_give_root_ids():
 def test_a_lost_session_keeps_the_poll_cursor_and_forgets_the_rest_of_its_polling():
     """Polling resumes from the last successful poll (with its overlap), not from the
     reconnect: whatever came in between is asked for again."""
-    state = RelayState("wss://relay.example.com", members={"m"}, poll_batch=7)
+    state = RelayState("wss://relay.example.com", current=RelaySession(members={"m"}, poll_batch=7))
     for tier, cursor in ((state.polled, 100.0), (state.fresh_polled, 90.0)):
         tier.add(["f"], now=cursor)
         tier.started_at = 104.0
-    state.clear_live()
+    state.end_session()
     assert (state.polled.cursor, state.fresh_polled.cursor) == (100.0, 90.0)
     for tier in (state.polled, state.fresh_polled):
         assert (tier.filters, tier.started_at, tier.added_at) == ([], None, None)
-    assert state.poll_batch is None
+    assert state.current.poll_batch is None
     # reopened by the next connection: since the gap on a quick reconnect, whole on a fresh start
-    assert state.reopen_members == {"m"} and not state.members and not state.new_members
+    assert state.reopen_members == {"m"} and not state.current.members and not state.new_members
 
 
 def test_fresh_polled_coverage_joins_the_rest_from_the_earlier_cursor():

@@ -25,7 +25,7 @@ def settle(h, url):
     for _ in range(20):
         h.answer_own_reads()
         h.advance(1.1)  # the pacing gate
-        if not h.conn(url).subscriptions.keys() - h.state(url).live_subs.keys():
+        if not h.conn(url).subscriptions.keys() - h.state(url).current.live_subs.keys():
             if not h.effects.spawned or all(g.name != "read_holdings" for g in h.effects.spawned):
                 break
         h.eose_all(url)
@@ -196,14 +196,14 @@ def test_too_many_open_subscriptions_learns_the_cap_and_consolidates_live_covera
     conn = h.connect(A, limits=RelayLimits(max_message_length=4000))  # live coverage in 3 REQs
     h.answer_own_reads()
     h.advance(1.1)
-    live_before = [s for s, sub in h.state(A).live_subs.items() if not sub.control]
+    live_before = [s for s, sub in h.state(A).current.live_subs.items() if not sub.control]
     assert len(live_before) == 3
     refused = h.historic_reqs(A)[-1]
     open_then = len(conn.subscriptions) - 1
     h.relay_says(A, closed(refused[1], "error: too many concurrent REQs"))
     cap = h.state(A).max_subscriptions_learned
     assert cap == open_then
-    live_after = [s for s, sub in h.state(A).live_subs.items() if not sub.control]
+    live_after = [s for s, sub in h.state(A).current.live_subs.items() if not sub.control]
     assert len(live_after) <= SubscriptionBudget(cap).live_slots < len(live_before)
     assert set(live_before) - set(live_after) <= {f[1] for f in h.frames(A, "CLOSE")}
     h.relay_says(A, wire.Eose(h.historic_reqs(A)[0][1]))  # layer 1 served: room for it

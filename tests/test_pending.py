@@ -797,8 +797,8 @@ def _queue(sizes):
     for sub_id, size in sizes:
         group = [Filter.make(kinds=[1], authors=[f"{next(n):064x}"]) for _ in range(size)]
         b.add_subscription(sub_id, group)
-        state.sub_to_batch[sub_id] = b.batch_id
-        state.historic_queue.append((sub_id, group))
+        state.current.sub_to_batch[sub_id] = b.batch_id
+        state.current.historic_queue.append((sub_id, group))
     return state, b
 
 
@@ -808,9 +808,9 @@ def test_queued_reqs_of_a_batch_fill_the_room_earlier_reqs_left():
     from gsync.io.manager.historic import HistoricSync
 
     state, b = _queue((("a", 7), ("b", 7), ("c", 3), ("d", 3)))
-    order = [f for _, group in state.historic_queue for f in group]
+    order = [f for _, group in state.current.historic_queue for f in group]
     HistoricSync.share_queued_reqs(None, state, b)
-    assert [(sub_id, len(group)) for sub_id, group in state.historic_queue] == [("a", 10), ("b", 10)]
+    assert [(sub_id, len(group)) for sub_id, group in state.current.historic_queue] == [("a", 10), ("b", 10)]
     assert b.outstanding_subs == {"a", "b"}
     assert b.filters_of("a") + b.filters_of("b") == order  # queue order kept
 
@@ -823,7 +823,7 @@ def test_a_next_page_takes_first_pages_along_instead_of_waiting_for_a_split():
 
     state, b = _queue((("next", 1), ("first", 10)))
     HistoricSync.share_queued_reqs(None, state, b)
-    assert [(sub_id, len(group)) for sub_id, group in state.historic_queue] == [
+    assert [(sub_id, len(group)) for sub_id, group in state.current.historic_queue] == [
         ("next", 10), ("first", 1)]
 
 

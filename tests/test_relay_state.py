@@ -8,9 +8,9 @@ def _batch(state, batch_id, sub_id, **marks):
     batch = PendingBatch(batch_id, PendingItems())
     for name, value in marks.items():
         setattr(batch, name, value)
-    state.pending[batch_id] = batch
-    state.sub_to_batch[sub_id] = batch_id
-    state.historic_queue.append((sub_id, []))
+    state.current.pending[batch_id] = batch
+    state.current.sub_to_batch[sub_id] = batch_id
+    state.current.historic_queue.append((sub_id, []))
     return batch
 
 
@@ -22,12 +22,12 @@ def test_after_a_cooldown_discovery_then_started_work_then_new_batches_then_upke
     _batch(state, 9, "page", started=True)
     _batch(state, 8, "discovery", kind=BatchKind.LAYER1)
     _batch(state, 6, "poll", kind=BatchKind.POLL)
-    state.poll_batch = 6
+    state.current.poll_batch = 6
     _batch(state, 4, "probe", kind=BatchKind.PROBE)
-    state.probes[4] = ("key",)
-    state.historic_queue.append(("gone", []))  # its batch ended meanwhile
-    state.historic_queue.sort(key=lambda entry: state.start_priority(entry[0]))
-    assert [sub for sub, _ in state.historic_queue] == [
+    state.current.probes[4] = ("key",)
+    state.current.historic_queue.append(("gone", []))  # its batch ended meanwhile
+    state.current.historic_queue.sort(key=lambda entry: state.current.start_priority(entry[0]))
+    assert [sub for sub, _ in state.current.historic_queue] == [
         "discovery", "page", "new-earlier", "new-later", "probe", "poll", "recovery", "gone"]
 
 

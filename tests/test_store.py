@@ -301,7 +301,7 @@ def test_thread_members_come_back_for_their_descendants(tmp_path):
     rejected = saved.load(NOW)
     state, _ = _learnt_relay()
     state.member_roots = {"m1": frozenset({"r1"}), "m2": frozenset({"r1", "r2"})}
-    state.members = {"m1", "m2"}
+    state.current.members = {"m1", "m2"}
     saved.save({URL: state}, RelayHealthTracker(), rejected, NOW, ready=True)
     del state.member_roots["m1"]
     state.member_roots["m3"] = frozenset({"r2"})

@@ -80,29 +80,18 @@ class RunningExchange:
 
 
 @dataclass
-class RelayState:
-    url: str
-    is_bootstrap: bool = False
-    status: ConnectionStatus = ConnectionStatus.DISCONNECTED  # changed by status.move only
-    confirmed: ConfirmedItems = field(default_factory=ConfirmedItems)
-    last_connected: float | None = None
-    disconnected_at: float | None = None
-    announcements_synced: bool = False
-    historic_sync_completed_at: float | None = None
-    # the session in use: the connection object, its number and the relay's limits
-    conn: Any = None
-    session: int = 0
-    attempt: int = 0
-    limits: Any = None
-    # the longest message this relay takes, learnt from its hang-ups (kept over sessions),
-    # and how many sessions in a row it ended, without a word, just after a long message
-    max_message_learned: int | None = None
-    silent_long_hangups: int = 0
-    # REQ shape and subscription caps it refused past (kept over sessions and restarts)
-    max_filters_learned: int | None = None
-    max_subscriptions_learned: int | None = None
+class RelaySession:
+    """What lives in one session of a relay, and goes with it: created when a handshake
+    succeeds (``lifecycle.on_handshake_done``), dropped when the session ends
+    (``RelayState.end_session``: a disconnect, a retirement, or a fresh start on the same
+    connection, which keeps only the connection and what it taught us: ``renewed``). While
+    the relay is disconnected an idle one (no connection, nothing pending) stands in, so
+    nothing is cleared by hand and readers need no ``None`` check."""
+
+    conn: Any = None  # the RelayConnection
+    limits: Any = None  # the relay's published limits, lowered by what it taught us
     page_cap: Any = None  # pending.PageCap: what this session taught us of its page size
-    refused_reason: str = ""  # the SSRF guard said no: never dialled again
+    negentropy_ok: bool = True  # a NIP-77 verdict holds for one session (SPEC §4)
     pending: dict[int, PendingBatch] = field(default_factory=dict)
     sub_to_batch: dict[str, int] = field(default_factory=dict)
     live_subs: dict[str, LiveSub] = field(default_factory=dict)
@@ -111,18 +100,85 @@ class RelayState:
     # (sub id or NIP-77 token, filters) waiting for a slot
     historic_queue: list = field(default_factory=list)
     historic_sent_at: dict = field(default_factory=dict)  # historic sub id -> when its REQ went
-    round_started_at: float = 0.0  # the latest fresh start, quick reconnect or daily sync
-    batch_failures: bool = False
-    unrelated_failure: bool = False  # a failure recovery cannot fix (e.g. a refused sub)
     neg_running: dict = field(default_factory=dict)  # NIP-77 token → RunningExchange
     # historic sub id → when it last showed life (sent, or an event): stalled ones time out
     sub_activity: dict = field(default_factory=dict)
     stalled_shapes: set = field(default_factory=set)  # coverage keys that stalled alone
-    # coverage this relay refused by policy (outlives sessions), and the probes out for it
-    paused: CoveragePauses = field(default_factory=CoveragePauses)
     probes: dict = field(default_factory=dict)  # batch id → the coverage key it probes
-    # direct members of threads seen from this relay (their replies are fetched too)
+    # direct members of threads seen from this relay whose descendants' coverage this
+    # session has open (their replies are fetched too); the next one reopens them
     members: set = field(default_factory=set)
+    poll_batch: int | None = None  # the poll in flight (one at a time)
+    consolidated_at: float | None = None  # this session's last consolidation
+    consolidation_due: bool = False  # one was skipped for being too soon after the last
+    # Timers this session scheduled: their messages are ignored once it is gone, so a new
+    # session must start without these flags (a relay stuck in Syncing for ever).
+    completion_check_scheduled: bool = False
+    slot_wakeup_scheduled: bool = False
+    # While a (re)connection builds its first batches (layer 1, then AddFilters): nothing
+    # starts, so layer 1 shares its first REQ with what follows instead of going alone.
+    pump_held: bool = False
+
+    def renewed(self) -> RelaySession:
+        """A new session on the same connection (the daily fresh start): the connection and
+        what it taught us (limits, page size, the NIP-77 verdict) stay; the work goes."""
+        return RelaySession(conn=self.conn, limits=self.limits, page_cap=self.page_cap,
+                            negentropy_ok=self.negentropy_ok)
+
+    def start_priority(self, sub_id: str) -> tuple:
+        """Where a queued historic start goes when queued work is re-derived (after a
+        rate-limit cooldown): discovery (layer 1) first, then what was started (pages of
+        running batches), then new batches oldest first, then recovery, polls and probes."""
+        batch = self.pending.get(self.sub_to_batch.get(sub_id, -1))
+        if batch is None:
+            return (4, 0)
+        if batch.kind is BatchKind.LAYER1:
+            return (0, batch.batch_id)
+        if batch.kind.upkeep:
+            return (3, batch.batch_id)
+        return (1 if batch.started else 2, batch.batch_id)
+
+    def data_live_subs(self) -> int:
+        """Live subscriptions open for data (layer 1's control subscription aside): what the
+        relay's subscription budget counts."""
+        return sum(1 for sub in self.live_subs.values() if not sub.control)
+
+
+@dataclass
+class RelayState:
+    """What outlives a session of one relay (confirmed coverage, learnt limits, policy
+    pauses, poll cursors, thread members to reopen, health-side timestamps); what lives in
+    one is ``current``, a ``RelaySession``."""
+
+    url: str
+    is_bootstrap: bool = False
+    status: ConnectionStatus = ConnectionStatus.DISCONNECTED  # changed by status.move only
+    confirmed: ConfirmedItems = field(default_factory=ConfirmedItems)
+    last_connected: float | None = None
+    disconnected_at: float | None = None
+    announcements_synced: bool = False
+    historic_sync_completed_at: float | None = None
+    # the session in use (an idle one while disconnected), and its number: messages and
+    # timers carry the number, and those of an ended session are ignored
+    current: RelaySession = field(default_factory=RelaySession)
+    session: int = 0
+    attempt: int = 0
+    # the longest message this relay takes, learnt from its hang-ups (kept over sessions),
+    # and how many sessions in a row it ended, without a word, just after a long message
+    max_message_learned: int | None = None
+    silent_long_hangups: int = 0
+    # REQ shape and subscription caps it refused past (kept over sessions and restarts)
+    max_filters_learned: int | None = None
+    max_subscriptions_learned: int | None = None
+    refused_reason: str = ""  # the SSRF guard said no: never dialled again
+    round_started_at: float = 0.0  # the latest fresh start, quick reconnect or daily sync
+    batch_failures: bool = False
+    unrelated_failure: bool = False  # a failure recovery cannot fix (e.g. a refused sub)
+    # coverage this relay refused by policy (outlives sessions; the probes out for it are
+    # the session's)
+    paused: CoveragePauses = field(default_factory=CoveragePauses)
+    # thread members found in a session, whose coverage the next descendants tick opens
+    # (kept if the session ends first)
     new_members: set = field(default_factory=set)
     member_roots: dict = field(default_factory=dict)  # member → the roots it is one of
     # members whose coverage went with the last session (or the last process): reopened
@@ -132,14 +188,11 @@ class RelayState:
     # Live coverage that did not fit the relay's budget, polled instead (manager.run_polls):
     # what came in the last FRESH_POLL_SECS (new repositories, roots, thread members: where
     # new events are likely) apart from the rest, each tier on the cadence its size allows.
+    # Their cursors outlive sessions; their filters are rebuilt by each session.
     fresh_polled: PolledCoverage = field(default_factory=PolledCoverage)
     polled: PolledCoverage = field(default_factory=PolledCoverage)
-    poll_batch: int | None = None  # the poll in flight (one at a time)
-    consolidated_at: float | None = None  # this session's last consolidation
-    consolidation_due: bool = False  # one was skipped for being too soon after the last
     # refused ids released meanwhile, to fetch again by id once this relay is connected
     refetch_ids: set = field(default_factory=set)
-    negentropy_ok: bool = True
     # when the relay last advertised ids through NIP-77 and served (nearly) none of them by
     # id (kept over sessions): its batches go by REQ+EOSE until IDS_UNSERVED_RETRY_SECS pass
     ids_unserved_at: float | None = None
@@ -151,15 +204,10 @@ class RelayState:
     events_delivered: int = 0
     received_metric: Any = None  # the relay's gsync_remote_events_total child, kept
     gauges: Any = None  # its children of metrics.PER_RELAY_GAUGES, kept
-    completion_check_scheduled: bool = False
-    slot_wakeup_scheduled: bool = False
-    # While a (re)connection builds its first batches (layer 1, then AddFilters): nothing
-    # starts, so layer 1 shares its first REQ with what follows instead of going alone.
-    pump_held: bool = False
 
     @property
     def connected(self) -> bool:
-        return self.conn is not None and self.status >= ConnectionStatus.SYNCING
+        return self.current.conn is not None and self.status >= ConnectionStatus.SYNCING
 
     def serves_ids(self, now: float) -> bool:
         """May what its NIP-77 advertises be fetched by id? Not for a day after it failed to."""
@@ -175,54 +223,30 @@ class RelayState:
             return True
         return self.disconnected_at is None or now - self.disconnected_at > QUICK_RECONNECT_SECS
 
-    def start_priority(self, sub_id: str) -> tuple:
-        """Where a queued historic start goes when queued work is re-derived (after a
-        rate-limit cooldown): discovery (layer 1) first, then what was started (pages of
-        running batches), then new batches oldest first, then recovery, polls and probes."""
-        batch = self.pending.get(self.sub_to_batch.get(sub_id, -1))
-        if batch is None:
-            return (4, 0)
-        if batch.kind is BatchKind.LAYER1:
-            return (0, batch.batch_id)
-        if batch.kind.upkeep:
-            return (3, batch.batch_id)
-        return (1 if batch.started else 2, batch.batch_id)
+    def begin_session(self, conn, limits, page_cap) -> RelaySession:
+        """A handshake succeeded: a new session on ``conn``."""
+        self.current = RelaySession(conn=conn, limits=limits, page_cap=page_cap)
+        return self.current
 
-    def clear_pending(self) -> None:
-        # Timers of the session that scheduled them: their messages will be ignored as
-        # stale, so they must not keep the flags set (a relay stuck in Syncing for ever).
-        self.slot_wakeup_scheduled = False
-        self.completion_check_scheduled = False
-        self.neg_running.clear()
-        self.pending.clear()
-        self.sub_to_batch.clear()
-        self.historic_queue.clear()
-        self.sub_activity.clear()
-        self.stalled_shapes.clear()
-        if self.probes:  # their answers will never come: probe again on the next chance
+    def end_session(self, keep_connection: bool = False) -> RelaySession:
+        """The current session is over (a disconnect, a retirement, or with
+        ``keep_connection`` a fresh start on the same connection): the object goes, and
+        everything in it. Returned, for the manager to release its batches' claims and
+        followers (``lifecycle.end_session``). What must outlive it is handed over here:
+        its thread members' coverage is reopened by the next session (since the gap on a
+        quick reconnect, whole on a fresh start); policy probes it had out will never be
+        answered (probed again on the next chance); polled coverage keeps its cursor (the
+        next session polls from the last successful poll, with the overlap) and polls at
+        once."""
+        ended = self.current
+        self.current = ended.renewed() if keep_connection else RelaySession()
+        self.reopen_members |= ended.members
+        if ended.probes:
             self.paused.abandon_probes()
-            self.probes.clear()
-        self.historic_sent_at.clear()
-
-    def clear_live(self) -> None:
-        """Live coverage is gone (disconnect, fresh start): the known members' descendant
-        coverage is opened again by the next session, since the gap on a quick reconnect,
-        whole on a fresh start. The poll cursor stays: what the new session polls is asked
-        from the last successful poll, with the overlap."""
-        self.reopen_members |= self.members
-        self.members = set()
-        self.live_subs.clear()
-        self.live_queue.clear()
         for tier in (self.fresh_polled, self.polled):
             tier.clear()
             tier.started_at = None  # a new session polls at once, from the cursor
-        self.poll_batch = None
-        self.consolidated_at, self.consolidation_due = None, False
-
-    def data_live_subs(self) -> int:
-        """Live subscriptions open for data (layer 1's control subscription aside): what the
-        relay's subscription budget counts."""
-        return sum(1 for sub in self.live_subs.values() if not sub.control)
+        return ended
 
     def clear_confirmed(self) -> None:
         self.confirmed = ConfirmedItems()

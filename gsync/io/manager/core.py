@@ -176,8 +176,8 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Refu
         self.self_sub.stop()
         self.handshakes.stop()
         for state in self.relays.values():
-            if state.conn is not None:
-                state.conn.close("shutting down")
+            if state.current.conn is not None:
+                state.current.conn.close("shutting down")
         self.save_state(self.clock())
 
     # -- relays -------------------------------------------------------------------------
@@ -190,7 +190,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Refu
 
     def _current(self, relay: str, session: int) -> RelayState | None:
         state = self.relays.get(relay)
-        if state is None or state.session != session or state.conn is None:
+        if state is None or state.session != session or state.current.conn is None:
             return None
         return state
 
@@ -206,10 +206,10 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Refu
         if state is None:
             return
         state.received_metric.inc(len(msg.events))
-        if state.sub_activity:  # historic REQs that sent something are not stalled
+        if state.current.sub_activity:  # historic REQs that sent something are not stalled
             now = self.clock()
-            for sub_id in {e.sub_id for e in msg.events} & state.sub_activity.keys():
-                state.sub_activity[sub_id] = now
+            for sub_id in {e.sub_id for e in msg.events} & state.current.sub_activity.keys():
+                state.current.sub_activity[sub_id] = now
         for event in msg.events:
             try:
                 self.apply_remote_event(state, event)
@@ -217,9 +217,9 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Refu
                 log.exception("handler_failed", message="RemoteEvent", event_id=event.event.id)
 
     def apply_remote_event(self, state: RelayState, msg: RemoteEvent) -> None:
-        batch_id = state.sub_to_batch.get(msg.sub_id)
-        if batch_id is not None and batch_id in state.pending:
-            state.pending[batch_id].record_event(msg.sub_id, msg.event, msg.matched)
+        batch_id = state.current.sub_to_batch.get(msg.sub_id)
+        if batch_id is not None and batch_id in state.current.pending:
+            state.current.pending[batch_id].record_event(msg.sub_id, msg.event, msg.matched)
         if msg.verified or self.checked_late(msg.event):
             self.consider_for_delivery(msg.event, state)
             self.descendants.note_direct_member(state, msg.event)
@@ -295,7 +295,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Refu
             connected_g.set(int(state.status))
             status_g.set(self.health.status_metric(state.url, now))
             failures_g.set(self.health.failures(state.url, now))
-            subscriptions_g.set(len(state.conn.subscriptions) if state.conn else 0)
+            subscriptions_g.set(len(state.current.conn.subscriptions) if state.current.conn else 0)
             parked = self.health.parked(state.url, now)
             parked_g.set(round(parked[1]) if parked else 0)
             connected += state.connected
@@ -354,9 +354,9 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Refu
                     "relay": s.url,
                     "status": s.status.name.lower(),
                     "health": self.health.state(s.url, now).name.lower(),
-                    "subscriptions": len(s.conn.subscriptions) if s.conn else 0,
-                    "subscriptions_peak": s.conn.peak_subscriptions if s.conn else 0,
-                    "pending_batches": len(s.pending),
+                    "subscriptions": len(s.current.conn.subscriptions) if s.current.conn else 0,
+                    "subscriptions_peak": s.current.conn.peak_subscriptions if s.current.conn else 0,
+                    "pending_batches": len(s.current.pending),
                     "paused_coverage": len(s.paused),
                     "events_delivered": s.events_delivered,
                     "bootstrap": s.is_bootstrap,

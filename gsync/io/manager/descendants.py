@@ -32,7 +32,7 @@ class Descendants:
         return roots - before
 
     def note_direct_member(self, state: RelayState, event) -> None:
-        if event.id in state.members:
+        if event.id in state.current.members:
             return
         roots = member_roots(event, self.root_ids)
         if roots:
@@ -46,7 +46,7 @@ class Descendants:
             stale = stale_members(state.member_roots, self.root_ids) if state.member_roots else ()
             for member in stale:
                 del state.member_roots[member]
-                state.members.discard(member)
+                state.current.members.discard(member)
                 state.new_members.discard(member)
                 state.reopen_members.discard(member)
 
@@ -60,7 +60,7 @@ class Descendants:
                 continue
             state.descendants_started_at = now
             ids, state.new_members = state.new_members, set()
-            state.members |= ids
+            state.current.members |= ids
             filters = self.filters_for(state, ids)
             self.open_live(state, filters, fresh=True)
             self._start_historic(state, PendingItems(), filters)
@@ -71,10 +71,10 @@ class Descendants:
         while new). Members trickle in during historic sync, one small REQ per tick: opening
         each would overrun the relay's budget. (A consolidation for new core coverage packs
         them again.)"""
-        groups = filter_plan.pack_into_reqs(filter_plan.live(filters), state.limits)
+        groups = filter_plan.pack_into_reqs(filter_plan.live(filters), state.current.limits)
         self._open_live_groups(state, groups, descendants=True, fresh=len(groups) if fresh else 0)
 
     @staticmethod
     def filters_for(state: RelayState, ids, allowed_only: bool = True):
-        filters = filter_plan.descendant_filters(ids, budget=filter_plan.tag_value_budget(state.limits))
+        filters = filter_plan.descendant_filters(ids, budget=filter_plan.tag_value_budget(state.current.limits))
         return state.paused.allowed(filters) if allowed_only else filters

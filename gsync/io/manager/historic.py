@@ -78,7 +78,7 @@ class HistoricSync:
             state.round_started_at = self.clock()
         batch = PendingBatch(next(self._ids), items, kind=kind)
         batch.semantic_filters = list(filters)
-        state.pending[batch.batch_id] = batch
+        state.current.pending[batch.batch_id] = batch
         if asks_own and leaders and self.leaders_busy(leaders):
             batch.share_all = True  # waiting would take longer than the starts it saves
             self.read_own_holdings(state, batch, filters, coalesce)
@@ -99,7 +99,7 @@ class HistoricSync:
     @staticmethod
     def waiting_req_batch(state: RelayState, besides: PendingBatch | None = None):
         """The latest pending batch that takes in AddFilters, if any."""
-        return next((b for b in reversed(state.pending.values())
+        return next((b for b in reversed(state.current.pending.values())
                      if b.coalescable and b is not besides), None)
 
     def wait_for_leaders(self, state: RelayState, batch: PendingBatch, coalesce: bool, leaders) -> None:
@@ -120,7 +120,7 @@ class HistoricSync:
         """More paced starts queued than ``LEADER_MAX_QUEUED``? Then no batch waits for the
         relay, and it leads nothing by REQ pages: its shared filters go by NIP-77, side by
         side with the other relays' (as when hundreds sync at once)."""
-        return state is not None and len(state.historic_queue) > constants.LEADER_MAX_QUEUED
+        return state is not None and len(state.current.historic_queue) > constants.LEADER_MAX_QUEUED
 
     def leaders_busy(self, leaders) -> bool:
         return any(self.relay_busy(self.relays.get(url)) for url, _ in leaders)
@@ -131,7 +131,7 @@ class HistoricSync:
         share the fetches out between the exchanges."""
         for url, batch_id in keys:
             state = self.relays.get(url)
-            batch = state.pending.get(batch_id) if state is not None and state.connected else None
+            batch = state.current.pending.get(batch_id) if state is not None and state.connected else None
             if batch is None:
                 continue
             if overdue and batch.led_elsewhere:  # as expected: no word comes from another shard
@@ -216,7 +216,7 @@ class HistoricSync:
         awaited, self.own_reads_awaited = self.own_reads_awaited, []
         for url, session, batch_id, token, filters in awaited:
             state = self._current(url, session)
-            batch = state and state.pending.get(batch_id)
+            batch = state and state.current.pending.get(batch_id)
             if batch is not None and token in batch.outstanding_subs:
                 self.ask_own_holdings(state, batch, token, filters)
 
@@ -242,7 +242,7 @@ class HistoricSync:
         REQ pages only may join a pending one, as in ``start_historic``."""
         self.own_read_landed(msg)
         state = self._current(msg.relay, msg.session)
-        batch = state and state.pending.get(msg.batch_id)
+        batch = state and state.current.pending.get(msg.batch_id)
         if batch is None or msg.token not in batch.outstanding_subs:
             return
         batch.finish_subscription(msg.token)
@@ -284,7 +284,7 @@ class HistoricSync:
         else:
             waiting = self.waiting_req_batch(state, besides=batch) if batch.coalesce_wanted else None
             if waiting is not None:  # as start_historic would have, had it known at once
-                state.pending.pop(batch.batch_id, None)
+                state.current.pending.pop(batch.batch_id, None)
                 self.lead.succeed((state.url, batch.batch_id), (state.url, waiting.batch_id))
                 self.coalesce_into(state, waiting, batch.items, by_req)
                 self.pump_historic(state)
@@ -337,33 +337,33 @@ class HistoricSync:
         answer). False when no such batch waits."""
         if batch.kind is not BatchKind.SYNC:
             return False
-        waiting = next((b for b in reversed(state.pending.values())
+        waiting = next((b for b in reversed(state.current.pending.values())
                         if b is not batch and b.kind is BatchKind.SYNC and b.method is SyncMethod.NEGENTROPY
                         and not b.started and not b.fetch_by_filter and not b.advertised_ids
                         and b.outstanding_subs and all(map(is_negentropy_token, b.outstanding_subs))),
                        None)
         if waiting is None:
             return False
-        queued = {token: i for i, (token, _) in enumerate(state.historic_queue)
+        queued = {token: i for i, (token, _) in enumerate(state.current.historic_queue)
                   if token in waiting.outstanding_subs}
         if len(queued) != len(waiting.outstanding_subs):
             return False  # one of them is not in the queue (running, or regrouped)
-        budget = filter_plan.tag_value_budget(state.limits) // 2  # the NEG-OPEN carries more
+        budget = filter_plan.tag_value_budget(state.current.limits) // 2  # the NEG-OPEN carries more
         for flt, held in by_neg:
             for token, i in queued.items():
-                merged = filter_plan.merge_tag_values(state.historic_queue[i][1][0], flt, budget)
+                merged = filter_plan.merge_tag_values(state.current.historic_queue[i][1][0], flt, budget)
                 if merged is not None:
-                    state.historic_queue[i] = (token, [merged])
+                    state.current.historic_queue[i] = (token, [merged])
                     union = {event_id: (at, event_id) for at, event_id in waiting.own_holdings.get(token, [])}
                     union.update((event_id, (at, event_id)) for at, event_id in held)
                     waiting.own_holdings[token] = list(union.values())
                     break
             else:
                 self.queue_negentropy(state, waiting, flt, held)
-                queued[state.historic_queue[-1][0]] = len(state.historic_queue) - 1
+                queued[state.current.historic_queue[-1][0]] = len(state.current.historic_queue) - 1
         waiting.items.add(batch.items)
         waiting.semantic_filters += batch.semantic_filters
-        state.pending.pop(batch.batch_id, None)
+        state.current.pending.pop(batch.batch_id, None)
         self.stop_leading(state, batch)
         log.debug("negentropy_batch_merged", relay=state.url, batch_id=batch.batch_id,
                   into=waiting.batch_id, filters=len(by_neg))
@@ -375,8 +375,8 @@ class HistoricSync:
         token = negentropy_token(batch.batch_id, next(self._ids))
         batch.add_subscription(token)
         batch.own_holdings[token] = held
-        state.sub_to_batch[token] = batch.batch_id
-        state.historic_queue.append((token, [flt]))
+        state.current.sub_to_batch[token] = batch.batch_id
+        state.current.historic_queue.append((token, [flt]))
 
     def coalesce_into(self, state: RelayState, batch: PendingBatch, items: PendingItems, filters) -> None:
         """Add an AddFilters to a pending REQ+EOSE batch. None of its REQs started: pack them
@@ -389,10 +389,10 @@ class HistoricSync:
             self.queue_reqs(state, batch, filters)
         else:
             queued = set(batch.outstanding_subs)
-            state.historic_queue = [e for e in state.historic_queue if e[0] not in queued]
+            state.current.historic_queue = [e for e in state.current.historic_queue if e[0] not in queued]
             for sub_id in queued:
                 batch.finish_subscription(sub_id)
-                state.sub_to_batch.pop(sub_id, None)
+                state.current.sub_to_batch.pop(sub_id, None)
             self.queue_reqs(state, batch, batch.semantic_filters)
         log.debug("batch_coalesced", relay=state.url, batch_id=batch.batch_id,
                   filters=len(batch.semantic_filters))
@@ -405,23 +405,23 @@ class HistoricSync:
         rate-limit episode, and what it advertises can be fetched (``serves_ids``)."""
         return (
             self.config.sync.negentropy
-            and state.negentropy_ok
+            and state.current.negentropy_ok
             and self.health.negentropy_allowed(state.url)
             and state.serves_ids(self.clock())
         )
 
     def queue_reqs(self, state: RelayState, batch: PendingBatch, filters, front=False) -> None:
-        groups = filter_plan.pack_into_reqs(filters, state.limits, key=filter_plan.paging_key)
+        groups = filter_plan.pack_into_reqs(filters, state.current.limits, key=filter_plan.paging_key)
         entries = []
         for group in groups:
             sub_id = f"h{batch.batch_id}-{next(self._ids)}"
             batch.add_subscription(sub_id, group)
-            state.sub_to_batch[sub_id] = batch.batch_id
+            state.current.sub_to_batch[sub_id] = batch.batch_id
             entries.append((sub_id, group))
         if front:
-            state.historic_queue[0:0] = entries
+            state.current.historic_queue[0:0] = entries
         else:
-            state.historic_queue.extend(entries)
+            state.current.historic_queue.extend(entries)
         self.share_queued_reqs(state, batch)
 
     def share_queued_reqs(self, state: RelayState, batch: PendingBatch) -> None:
@@ -431,21 +431,21 @@ class HistoricSync:
         finish what was started first, and a REQ of next pages takes first pages along
         rather than waiting to be filled by splitting (``fill_before_start``). Exact-id
         fetches and pages that must go alone stay as they are."""
-        shared = [sub_id for sub_id, _ in state.historic_queue
-                  if state.sub_to_batch.get(sub_id) == batch.batch_id and batch.may_share(sub_id)]
+        shared = [sub_id for sub_id, _ in state.current.historic_queue
+                  if state.current.sub_to_batch.get(sub_id) == batch.batch_id and batch.may_share(sub_id)]
         if len(shared) < 2:
             return
-        groups = batch.repack(shared, filter_plan.filters_per_req(state.limits),
-                              filter_plan.req_length_limit(state.limits))
+        groups = batch.repack(shared, filter_plan.filters_per_req(state.current.limits),
+                              filter_plan.req_length_limit(state.current.limits))
         kept = []
-        for sub_id, group in state.historic_queue:
+        for sub_id, group in state.current.historic_queue:
             if sub_id in groups:
                 kept.append((sub_id, groups[sub_id]))
             elif sub_id in shared:
-                state.sub_to_batch.pop(sub_id, None)  # its filters went to earlier REQs
+                state.current.sub_to_batch.pop(sub_id, None)  # its filters went to earlier REQs
             else:
                 kept.append((sub_id, group))
-        state.historic_queue = kept
+        state.current.historic_queue = kept
 
     def pump_historic(self, state: RelayState) -> None:
         """Start queued historic REQs while the relay's budget and pacing allow.
@@ -457,7 +457,7 @@ class HistoricSync:
         nor while delivery is more than a quarter of its backlog limit behind. Live REQs
         waiting for the gates go first (``live.pump_live``).
         """
-        if state.pump_held or not state.connected or not self.pump_live(state) or self.own_down_since is not None:
+        if state.current.pump_held or not state.connected or not self.pump_live(state) or self.own_down_since is not None:
             return
         if self.delivery.backlog >= self.backlog_high_water:
             if not self.historic_held:
@@ -466,45 +466,45 @@ class HistoricSync:
                 # below it, or a backlog hovering at the mark would pump every relay per OK.
                 self.delivery.wake_below(self.backlog_high_water // 2)
             return
-        budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
-        room = budget.max_subscriptions - len(state.live_subs) - 1
+        budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
+        room = budget.max_subscriptions - len(state.current.live_subs) - 1
         limit = max(1, min(MAX_HISTORIC_SUBS, room))
-        open_historic = len(state.neg_running) + sum(
-            1 for s in state.sub_to_batch if s in state.conn.subscriptions
+        open_historic = len(state.current.neg_running) + sum(
+            1 for s in state.current.sub_to_batch if s in state.current.conn.subscriptions
         )
-        while state.historic_queue and open_historic < limit:
+        while state.current.historic_queue and open_historic < limit:
             now = self.clock()
             wait = self.health.may_start_background(state.url, now)
             if wait > 0:
                 self.wake_pump_in(state, wait)
                 return
-            sub_id, group = state.historic_queue[0]
-            if sub_id not in state.sub_to_batch:
-                state.historic_queue.pop(0)
+            sub_id, group = state.current.historic_queue[0]
+            if sub_id not in state.current.sub_to_batch:
+                state.current.historic_queue.pop(0)
                 continue
-            if ((state.paused or state.stalled_shapes or state.paused.refused_any)
+            if ((state.paused or state.current.stalled_shapes or state.paused.refused_any)
                     and self.regroup_before_start(state, sub_id, group)):
                 continue
-            batch = state.pending.get(state.sub_to_batch[sub_id])
+            batch = state.current.pending.get(state.current.sub_to_batch[sub_id])
             group = self.fill_before_start(state, batch, sub_id, group)
             size = wire.req_size(sub_id, group)
-            if open_historic and state.conn.open_filter_bytes + size > constants.MAX_OPEN_FILTER_BYTES:
+            if open_historic and state.current.conn.open_filter_bytes + size > constants.MAX_OPEN_FILTER_BYTES:
                 return  # wait for a historic REQ to finish and free room
-            state.historic_queue.pop(0)
+            state.current.historic_queue.pop(0)
             if batch is not None:
                 batch.started = True  # a later AddFilters now queues beside it, not re-packing it
             self.health.record_start(state.url, now, background=True)
             log.debug("historic_started", relay=state.url, sub_id=sub_id, filters=len(group),
-                      batch_id=state.sub_to_batch[sub_id])
+                      batch_id=state.current.sub_to_batch[sub_id])
             purpose = batch.purpose if batch is not None else "other"
             if is_negentropy_token(sub_id):
                 metrics.BACKGROUND_STARTS.labels(state.url, "negentropy", purpose).inc()
                 self.start_negentropy(state, sub_id, group[0])
             else:
                 metrics.BACKGROUND_STARTS.labels(state.url, "req", purpose).inc()
-                state.historic_sent_at[sub_id] = now
-                state.conn.subscribe(sub_id, group)
-                state.sub_activity[sub_id] = now
+                state.current.historic_sent_at[sub_id] = now
+                state.current.conn.subscribe(sub_id, group)
+                state.current.sub_activity[sub_id] = now
             open_historic += 1
 
     def fill_before_start(self, state: RelayState, batch: PendingBatch | None, sub_id: str,
@@ -515,15 +515,15 @@ class HistoricSync:
         events would only bring its next refusal sooner."""
         if batch is None or is_negentropy_token(sub_id) or self.health.limits_query_rate(state.url):
             return group
-        group = batch.fill_by_splitting(sub_id, filter_plan.filters_per_req(state.limits),
-                                        filter_plan.req_length_limit(state.limits))
-        state.historic_queue[0] = (sub_id, group)
+        group = batch.fill_by_splitting(sub_id, filter_plan.filters_per_req(state.current.limits),
+                                        filter_plan.req_length_limit(state.current.limits))
+        state.current.historic_queue[0] = (sub_id, group)
         return group
 
     def wake_pump_in(self, state: RelayState, wait: float) -> None:
         """Pump this relay again when its pacing gate (or cooldown) opens."""
-        if not state.slot_wakeup_scheduled:
-            state.slot_wakeup_scheduled = True
+        if not state.current.slot_wakeup_scheduled:
+            state.current.slot_wakeup_scheduled = True
             self.effects.later(wait, HistoricSlotDue(state.url, state.session))
 
     def regroup_before_start(self, state: RelayState, sub_id: str, group) -> bool:
@@ -531,47 +531,47 @@ class HistoricSync:
         refused by policy go (a probe's own filter stays), and a shape that stalled on this
         connection, or that the relay refused once (``CoveragePauses.goes_alone``), goes
         alone, so that it cannot hold or take down the rest. True if it changed."""
-        batch_id = state.sub_to_batch[sub_id]
-        if batch_id in state.probes:
+        batch_id = state.current.sub_to_batch[sub_id]
+        if batch_id in state.current.probes:
             return False
         keep = [i for i, f in enumerate(group) if not state.paused.is_filter_paused(f)]
         alone = [i for i in keep
-                 if coverage_key(group[i]) in state.stalled_shapes or state.paused.goes_alone(group[i])]
+                 if coverage_key(group[i]) in state.current.stalled_shapes or state.paused.goes_alone(group[i])]
         rest = [i for i in keep if i not in alone]
         parts = [rest, *([i] for i in alone)] if rest else [keep]
         if parts == [list(range(len(group)))]:
             return False
-        state.historic_queue.pop(0)
-        del state.sub_to_batch[sub_id]
-        batch = state.pending[batch_id]
+        state.current.historic_queue.pop(0)
+        del state.current.sub_to_batch[sub_id]
+        batch = state.current.pending[batch_id]
         if is_negentropy_token(sub_id):
             batch.finish_subscription(sub_id)
         else:
             entries = batch.split_subscription(
                 sub_id, [(f"h{batch_id}-{next(self._ids)}", part) for part in parts if part])
             for new_id, _ in entries:
-                state.sub_to_batch[new_id] = batch_id
-            state.historic_queue[0:0] = entries
+                state.current.sub_to_batch[new_id] = batch_id
+            state.current.historic_queue[0:0] = entries
         if batch.is_complete:
             self.finish_batch(state, batch)
         return True
 
     def start_negentropy(self, state: RelayState, token: str, flt: Filter) -> None:
-        batch_id = state.sub_to_batch[token]
-        batch = state.pending.get(batch_id)
+        batch_id = state.current.sub_to_batch[token]
+        batch = state.current.pending.get(batch_id)
         held = batch.own_holdings.pop(token, None) if batch is not None else None
         if held is None:
             held = self.own_held.holdings(flt, self.clock())  # None: the exchange reads it
         started: list = []
         greenlet = self.effects.spawn(
             negentropy_sync.reconcile_filter,
-            state.conn, self.config.service.own_relay, flt, self.have_beyond_holdings(flt),
+            state.current.conn, self.config.service.own_relay, flt, self.have_beyond_holdings(flt),
             self.post, batch_id=batch_id, token=token, held=held,
-            frame_size_limit=negentropy_sync.frame_size_limit(filter_plan.req_length_limit(state.limits)),
+            frame_size_limit=negentropy_sync.frame_size_limit(filter_plan.req_length_limit(state.current.limits)),
             busy=self.own_relay_busy,
             started=started,
         )
-        state.neg_running[token] = RunningExchange(greenlet, batch_id, flt, self.effects.monotonic(), started)
+        state.current.neg_running[token] = RunningExchange(greenlet, batch_id, flt, self.effects.monotonic(), started)
         relay, session = state.url, state.session
 
         def died(g) -> None:  # its answer will never come: this is it
@@ -585,14 +585,14 @@ class HistoricSync:
         greenlet is doing (SPEC §5: every wait has a deadline)."""
         now = self.effects.monotonic()
         for state in self.relays.values():
-            if not state.neg_running or not state.connected:
+            if not state.current.neg_running or not state.connected:
                 continue
-            for token, run in list(state.neg_running.items()):
+            for token, run in list(state.current.neg_running.items()):
                 if not run.overdue(now, constants.NEGENTROPY_DEADLINE_SECS, constants.NEGENTROPY_GRACE_SECS,
                                    constants.NEGENTROPY_QUEUE_SECS):
                     continue
                 run.greenlet.kill(block=False)
-                state.conn.send(wire.neg_close(token))
+                state.current.conn.send(wire.neg_close(token))
                 log.warning("negentropy_overdue", relay=state.url, token=token, batch_id=run.batch_id)
                 self.on_negentropy_finished(NegentropyFinished(
                     state.url, state.session, run.batch_id, token, run.filter,
@@ -613,36 +613,36 @@ class HistoricSync:
     def on_historic_slot_due(self, msg: HistoricSlotDue) -> None:
         state = self._current(msg.relay, msg.session)
         if state is not None:
-            state.slot_wakeup_scheduled = False
+            state.current.slot_wakeup_scheduled = False
             self.pump_historic(state)
 
     def on_eose(self, state: RelayState, sub_id: str) -> None:
         self.note_request_succeeded(state)
-        state.sub_activity.pop(sub_id, None)
-        batch_id = state.sub_to_batch.get(sub_id)
+        state.current.sub_activity.pop(sub_id, None)
+        batch_id = state.current.sub_to_batch.get(sub_id)
         if batch_id is None:
             return  # live subscriptions get an immediate EOSE: nothing more to do
-        batch = state.pending.get(batch_id)
+        batch = state.current.pending.get(batch_id)
         if batch is None:
             return
-        sent_at = state.historic_sent_at.pop(sub_id, None)
+        sent_at = state.current.historic_sent_at.pop(sub_id, None)
         if sent_at is not None:
             log.debug("historic_page_done", relay=state.url, sub_id=sub_id, batch_id=batch_id,
                       events=batch.pagination[sub_id].total if sub_id in batch.pagination else 0,
                       secs=round(self.clock() - sent_at, 3))
         pages = batch.on_eose(
             sub_id,
-            per_req=filter_plan.filters_per_req(state.limits),
-            pack=lambda filters: filter_plan.pack_into_reqs(filters, state.limits),
+            per_req=filter_plan.filters_per_req(state.current.limits),
+            pack=lambda filters: filter_plan.pack_into_reqs(filters, state.current.limits),
             new_sub_id=lambda: f"h{batch_id}-{next(self._ids)}",
-            cap=state.page_cap,
+            cap=state.current.page_cap,
             elapsed=None if sent_at is None else self.clock() - sent_at,
         )
-        state.conn.unsubscribe(sub_id)
-        state.sub_to_batch.pop(sub_id, None)
+        state.current.conn.unsubscribe(sub_id)
+        state.current.sub_to_batch.pop(sub_id, None)
         for new_id, _ in pages:
-            state.sub_to_batch[new_id] = batch_id
-        state.historic_queue[0:0] = pages  # next pages first: they finish what was started
+            state.current.sub_to_batch[new_id] = batch_id
+        state.current.historic_queue[0:0] = pages  # next pages first: they finish what was started
         for crowded in batch.take_crowded():
             self.complete_crowded_second(state, batch, crowded)
         self.share_queued_reqs(state, batch)
@@ -748,19 +748,9 @@ class HistoricSync:
         for relay, found in self.claims.release(state.url, batch.batch_id).items():
             self.recover_ids(relay, found)
 
-    def drop_pending(self, state: RelayState) -> None:
-        """Every batch of the relay is abandoned (disconnect, fresh start, reconnect)."""
-        batches = list(state.pending.values())
-        for batch in batches:
-            self.release_claims(state, batch)
-            self.lead.forget((state.url, batch.batch_id))
-        state.clear_pending()
-        for batch in batches:
-            self.release_followers(self.lead.done((state.url, batch.batch_id)))
-
     def confirm_batch(self, state: RelayState, batch: PendingBatch) -> None:
         self.release_claims(state, batch)
-        state.pending.pop(batch.batch_id, None)
+        state.current.pending.pop(batch.batch_id, None)
         self.stop_leading(state, batch)
         if batch.kind is BatchKind.POLL and not batch.failed:
             for tier in batch.poll_tiers:
@@ -772,16 +762,16 @@ class HistoricSync:
             state.batch_failures = True
         log.debug("batch_confirmed", relay=state.url, batch_id=batch.batch_id, failed=batch.failed,
                   method=batch.method.value)
-        probed = state.probes.pop(batch.batch_id, None)
+        probed = state.current.probes.pop(batch.batch_id, None)
         if probed is not None:
             self.probe_answered(state, probed, batch)
         self.check_historic_complete(state)
 
     def check_historic_complete(self, state: RelayState) -> None:
         """Double check (seed 001): no pending batch now, and still none 6 s later."""
-        if self.syncing_batches(state) or state.completion_check_scheduled or state.status != ConnectionStatus.SYNCING:
+        if self.syncing_batches(state) or state.current.completion_check_scheduled or state.status != ConnectionStatus.SYNCING:
             return
-        state.completion_check_scheduled = True
+        state.current.completion_check_scheduled = True
         delay = self.config.sync.batch_window_ms / 1000 + 1
         self.effects.later(delay, CompletionRecheck(state.url, state.session))
 
@@ -789,14 +779,14 @@ class HistoricSync:
         """Historic sync still running: a batch other than a recovery attempt, a poll or a
         policy probe (those run for as long as a relay is connected: they are upkeep)."""
         return any(
-            not b.kind.upkeep for b in state.pending.values()
+            not b.kind.upkeep for b in state.current.pending.values()
         )
 
     def on_completion_recheck(self, msg: CompletionRecheck) -> None:
         state = self._current(msg.relay, msg.session)
         if state is None:
             return
-        state.completion_check_scheduled = False
+        state.current.completion_check_scheduled = False
         if self.syncing_batches(state) or state.status != ConnectionStatus.SYNCING:
             return
         self.move_status(state, Fact.HISTORIC_DONE_WITH_FAILURES if state.batch_failures else Fact.HISTORIC_DONE)
@@ -808,10 +798,10 @@ class HistoricSync:
         state = self._current(msg.relay, msg.session)
         if state is None:
             return
-        if state.neg_running.pop(msg.token, None) is None:
+        if state.current.neg_running.pop(msg.token, None) is None:
             return  # answered already (the manager's deadline, or its greenlet's death)
-        batch = state.pending.get(msg.batch_id)
-        state.sub_to_batch.pop(msg.token, None)
+        batch = state.current.pending.get(msg.batch_id)
+        state.current.sub_to_batch.pop(msg.token, None)
         result = msg.result
         if batch is None:
             self.pump_historic(state)
@@ -852,7 +842,7 @@ class HistoricSync:
             else:
                 if wire.is_rate_limit_text(result.reason):  # NEG-ERR "rate-limited: …"
                     self.note_rate_limited(state, result.reason)
-                elif result.rounds == 0 and (77 in getattr(state.limits, "supported_nips", ())
+                elif result.rounds == 0 and (77 in getattr(state.current.limits, "supported_nips", ())
                                              or result.reason.startswith("timeout")):
                     # refused where it says it serves NIP-77, or never answered at all: not
                     # again for a day, restarts included (a slow exchange that had answers,
@@ -887,12 +877,12 @@ class HistoricSync:
         if parts is None:
             self.queue_reqs(state, batch, [flt], front=True)
             return
-        tail = len(state.historic_queue)
+        tail = len(state.current.historic_queue)
         for part in parts:
             self.queue_negentropy(state, batch, part, None)  # each exchange reads its own holdings
-        parted = state.historic_queue[tail:]  # first: they finish what was started
-        del state.historic_queue[tail:]
-        state.historic_queue[0:0] = parted
+        parted = state.current.historic_queue[tail:]  # first: they finish what was started
+        del state.current.historic_queue[tail:]
+        state.current.historic_queue[0:0] = parted
 
     def remember_nip77_unserved(self, state: RelayState, reason: str) -> None:
         """The relay lists 77 in its NIP-11 and did not serve it (refused, or no answer
@@ -905,18 +895,18 @@ class HistoricSync:
 
     def disable_negentropy(self, state: RelayState, reason: str) -> None:
         """NIP-77 is not usable on this relay for this session: REQ+EOSE from now on."""
-        if state.negentropy_ok:
+        if state.current.negentropy_ok:
             log.warning("negentropy_unsupported", relay=state.url, reason=reason[:200])
-        state.negentropy_ok = False
+        state.current.negentropy_ok = False
         self.health.disable_negentropy(state.url)
         self.requeue_negentropy_as_reqs(state)
 
     def requeue_negentropy_as_reqs(self, state: RelayState) -> None:
         """NIP-77 is off: exchanges still queued become REQs."""
-        queued = [(t, g) for t, g in state.historic_queue if is_negentropy_token(t)]
-        state.historic_queue = [e for e in state.historic_queue if not is_negentropy_token(e[0])]
+        queued = [(t, g) for t, g in state.current.historic_queue if is_negentropy_token(t)]
+        state.current.historic_queue = [e for e in state.current.historic_queue if not is_negentropy_token(e[0])]
         for token, group in queued:
-            batch = state.pending.get(state.sub_to_batch.pop(token, -1))
+            batch = state.current.pending.get(state.current.sub_to_batch.pop(token, -1))
             if batch is not None:
                 batch.finish_subscription(token)
                 batch.own_holdings.pop(token, None)
@@ -937,7 +927,7 @@ class HistoricSync:
 
     def finish_recovery(self, state: RelayState, batch: PendingBatch) -> None:
         self.release_claims(state, batch)
-        state.pending.pop(batch.batch_id, None)
+        state.current.pending.pop(batch.batch_id, None)
         dropped = self.recovery.record_result(state.url, batch.received_ids, self.clock(),
                                               filters_done=not batch.failed)
         if dropped:

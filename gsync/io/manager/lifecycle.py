@@ -91,14 +91,13 @@ class RelayLifecycle:
         tables follow the work and never uptime, and ``max_relays`` counts relays with work
         (SPEC §8). A connected one first finishes what it has pending."""
         for state in list(self.relays.values()):
-            if self.wanted(state) or (state.connected and state.pending):
+            if self.wanted(state) or (state.connected and state.current.pending):
                 continue
             log.info("relay_retired", relay=state.url, connected=state.connected)
-            if state.conn is not None:
-                state.conn.close("no work left")
-                state.conn = None
+            if state.current.conn is not None:
+                state.current.conn.close("no work left")
             self.move_status(state, Fact.RETIRED)
-            self.drop_pending(state)
+            self.end_session(state)
             del self.relays[state.url]
             self.health.forget(state.url)
             self.recovery.forget(state.url)
@@ -140,12 +139,11 @@ class RelayLifecycle:
         metrics.CONNECTION_ATTEMPTS.labels(msg.relay, "success").inc()
         self.health.record_success(msg.relay, now)
         state.session += 1
-        state.limits = self.with_learned_limits(state, msg.limits)
-        state.page_cap = PageCap()  # learnt again: the relay may have changed
-        state.negentropy_ok = True  # a NIP-77 verdict holds for one session (SPEC §4)
-        state.conn = self.effects.connection(
-            msg.relay, msg.ws, state.session, auth_secret=self.config.auth.secret_key,
-            seen=self.seen, room=self.delivery.room_for(msg.relay),
+        state.begin_session(
+            self.effects.connection(msg.relay, msg.ws, state.session, auth_secret=self.config.auth.secret_key,
+                                    seen=self.seen, room=self.delivery.room_for(msg.relay)),
+            limits=self.with_learned_limits(state, msg.limits),
+            page_cap=PageCap(),  # learnt again: the relay may have changed
         )
         nips = getattr(msg.limits, "supported_nips", None)
         if nips and 77 not in nips:  # it says so itself: no NEG-OPEN, no 15 s wait
@@ -168,7 +166,7 @@ class RelayLifecycle:
 
     def on_relay_disconnected(self, msg: RelayDisconnected) -> None:
         state = self.relays.get(msg.relay)
-        if state is None or msg.session != state.session or state.conn is None:
+        if state is None or msg.session != state.session or state.current.conn is None:
             return
         now = self.clock()
         log.info("relay_disconnected", relay=msg.relay, reason=msg.reason)
@@ -178,15 +176,25 @@ class RelayLifecycle:
         if msg.said_too_big or state.silent_long_hangups >= 2:
             self.learn_message_length(state, msg.sent_too_long)
             state.silent_long_hangups = 0
-        state.conn = None
         self.move_status(state, Fact.CONNECTION_LOST)
         state.disconnected_at = now
         state.last_connected = now
         state.last_error = msg.reason
-        self.drop_pending(state)
-        state.clear_live()
+        self.end_session(state)
         self.recovery.cancel_attempt(msg.relay)  # its batch is gone: not left in flight
         self.health.record_disconnect(msg.relay, now, misbehaved=msg.misbehaved)
+
+    def end_session(self, state: RelayState, keep_connection: bool = False) -> None:
+        """The relay's session is over (``RelayState.end_session``): its batches are
+        abandoned, what they claimed and did not get goes to the relays that skipped it,
+        and batches of other relays that waited for them stop waiting."""
+        batches = list(state.current.pending.values())
+        for batch in batches:
+            self.release_claims(state, batch)
+            self.lead.forget((state.url, batch.batch_id))
+        state.end_session(keep_connection)
+        for batch in batches:
+            self.release_followers(self.lead.done((state.url, batch.batch_id)))
 
     def learn_message_length(self, state: RelayState, sent: int) -> None:
         """The relay hung up just after a message ``sent`` bytes long: its read limit, most
@@ -194,7 +202,7 @@ class RelayLifecycle:
         chunked within it, NIP-77 frames too), never less than MIN_LEARNED_MESSAGE_BYTES:
         sent again at every reconnect, the same message would never get through."""
         allowed = max(constants.MIN_LEARNED_MESSAGE_BYTES, sent // 2)
-        if allowed >= filter_plan.req_length_limit(state.limits):  # the session's: learnt ones in
+        if allowed >= filter_plan.req_length_limit(state.current.limits):  # the session's: learnt ones in
             return
         state.max_message_learned = allowed
         log.warning("message_length_lowered", relay=state.url, max_message_length=allowed, sent=sent)
@@ -219,12 +227,11 @@ class RelayLifecycle:
     def fresh_start(self, state: RelayState, now: float) -> None:
         # The daily sync runs on a live connection: close every subscription it abandons,
         # historic ones included (a NIP-77 exchange closes itself when it ends).
-        for sub_id in list(state.conn.subscriptions):
-            state.conn.unsubscribe(sub_id)
-        state.clear_live()
+        for sub_id in list(state.current.conn.subscriptions):
+            state.current.conn.unsubscribe(sub_id)
+        self.end_session(state, keep_connection=True)
         state.new_members |= state.reopen_members  # their whole history too, on the next tick
         state.reopen_members = set()
-        self.drop_pending(state)
         state.clear_confirmed()
         self.recovery.forget(state.url)  # the full history below finds whatever is missing
         state.historic_sync_completed_at = None
@@ -233,7 +240,6 @@ class RelayLifecycle:
             self.recompute(state, since=None)
 
     def quick_reconnect(self, state: RelayState, now: float) -> None:
-        self.drop_pending(state)
         since = int(state.last_connected or now) - constants.RECONNECT_OVERLAP_SECS
         with self.pump_held(state):
             self.subscribe_layer1(state, since=since)
@@ -251,7 +257,7 @@ class RelayLifecycle:
         if not state.reopen_members:
             return
         ids, state.reopen_members = state.reopen_members, set()
-        state.members |= ids
+        state.current.members |= ids
         filters = self.descendants.filters_for(state, ids)
         self.descendants.open_live(state, filters)
         self.start_historic(state, PendingItems(), [f.replace(since=since) for f in filters])
@@ -260,11 +266,11 @@ class RelayLifecycle:
     def pump_held(self, state: RelayState):
         """Build a (re)connection's batches, then start them: queued together, layer 1
         and the AddFilters after it share REQs (one paced start less per connection)."""
-        state.pump_held = True
+        state.current.pump_held = True
         try:
             yield
         finally:
-            state.pump_held = False
+            state.current.pump_held = False
         self.pump_historic(state)
 
     def recompute(self, state: RelayState, since: int | None) -> None:
@@ -272,7 +278,7 @@ class RelayLifecycle:
         if not state.connected:
             return
         targets = {state.url: relay_needs(self.repos, state.url)}
-        pending = {state.url: [b.items for b in state.pending.values()]}
+        pending = {state.url: [b.items for b in state.current.pending.values()]}
         confirmed = {state.url: state.confirmed}
         for action in compute_actions(targets, pending, confirmed, {state.url}):
             self.start_sync(state, action.items, since=since)
@@ -341,8 +347,8 @@ class RelayLifecycle:
         or just replaced) may have missed since ``since``, and layer 1 with it."""
         self.start_historic(state, PendingItems(), [filter_plan.layer1_filter(since)])
         filters = self.filters_for(state, items, since)
-        if state.members:
-            filters += [f.replace(since=since) for f in self.descendants.filters_for(state, state.members)]
+        if state.current.members:
+            filters += [f.replace(since=since) for f in self.descendants.filters_for(state, state.current.members)]
         if filters:
             self.start_historic(state, PendingItems(), filters)
 
@@ -350,7 +356,7 @@ class RelayLifecycle:
                     allowed_only: bool = True):
         """Layers 2 and 3 and state for ``items``; without the shapes this relay refused by
         policy unless ``allowed_only`` is False (what a probe looks for)."""
-        budget = filter_plan.tag_value_budget(state.limits)
+        budget = filter_plan.tag_value_budget(state.current.limits)
         filters = filter_plan.build_sync_level_aware_filters(
             items.repos, items.root_events, since=since, budget=budget
         )

@@ -24,9 +24,9 @@ class LiveCoverage:
     def subscribe_live(self, state: RelayState, live_filters, items: PendingItems) -> None:
         """Live coverage for new ``items`` (``live_filters`` is their live form). Called
         before their historic batch exists, so a consolidation must add them itself."""
-        groups = filter_plan.pack_into_reqs(live_filters, state.limits)
-        budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
-        active = state.data_live_subs()
+        groups = filter_plan.pack_into_reqs(live_filters, state.current.limits)
+        budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
+        active = state.current.data_live_subs()
         # The baseline (every live filter of the relay rebuilt and packed: the manager's
         # largest cost at 50 relays) matters only past CONSOLIDATION_EXCESS live
         # subscriptions, or when the new groups do not fit; otherwise no baseline could make
@@ -34,7 +34,7 @@ class LiveCoverage:
         # CONSOLIDATION_MIN_SECS (what does not fit meanwhile is polled, fresh).
         full = not budget.fits(active, len(groups))
         if full and self.consolidated_recently(state, self.clock()):
-            state.consolidation_due = True  # polled meanwhile (``consolidate_polled``)
+            state.current.consolidation_due = True  # polled meanwhile (``consolidate_polled``)
         elif active > constants.CONSOLIDATION_EXCESS or full:
             if self.packing_makes_room(state, len(groups), items):
                 self.consolidate(state, items)
@@ -43,14 +43,14 @@ class LiveCoverage:
 
     @staticmethod
     def consolidated_recently(state: RelayState, now: float) -> bool:
-        return (state.consolidated_at is not None
-                and now - state.consolidated_at < constants.CONSOLIDATION_MIN_SECS)
+        return (state.current.consolidated_at is not None
+                and now - state.current.consolidated_at < constants.CONSOLIDATION_MIN_SECS)
 
     def packing_makes_room(self, state: RelayState, adding: int, items: PendingItems | None = None) -> bool:
         """Would a consolidation pay, with ``adding`` more REQs wanted (of ``items``)?"""
-        budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
+        budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
         baseline = self.live_baseline(state, adding=items)
-        return budget.needs_consolidation(state.data_live_subs(), baseline, adding=adding)
+        return budget.needs_consolidation(state.current.data_live_subs(), baseline, adding=adding)
 
     def open_live_groups(self, state: RelayState, groups, slots: int | None = None,
                          rebuilt_at: float | None = None, descendants: bool = False,
@@ -63,9 +63,9 @@ class LiveCoverage:
         ``descendants``) that does not fit takes the room of descendant subscriptions first,
         which are polled instead (SPEC §3: they give way)."""
         if slots is None:
-            budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
-            slots = budget.live_slots - state.data_live_subs()
-        live_bytes = sum(state.conn.filter_bytes.get(s, 0) for s in state.live_subs)
+            budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
+            slots = budget.live_slots - state.current.data_live_subs()
+        live_bytes = sum(state.current.conn.filter_bytes.get(s, 0) for s in state.current.live_subs)
         # a shape the relay refused once goes alone: refused again, it takes nothing down
         flagged = [(part, n < fresh) for n, group in enumerate(groups)
                    for part in state.paused.separate(group)]
@@ -90,31 +90,31 @@ class LiveCoverage:
     def open_live(self, state: RelayState, sub_id: str, filters, control: bool = False,
                   rebuilt_at: float | None = None, descendants: bool = False, fresh: bool = False) -> None:
         """Register a live subscription and send it as soon as the gates allow."""
-        state.live_subs[sub_id] = LiveSub(tuple(filters), control, rebuilt_at, descendants, fresh)
-        state.live_queue.append(sub_id)
+        state.current.live_subs[sub_id] = LiveSub(tuple(filters), control, rebuilt_at, descendants, fresh)
+        state.current.live_queue.append(sub_id)
         self.pump_live(state)
 
     def pump_live(self, state: RelayState) -> bool:
         """Send queued live REQs while no cooldown holds them and the reactive gate allows
         (no proactive gate: live coverage is not background work). False while they wait."""
-        while state.live_queue:
+        while state.current.live_queue:
             now = self.clock()
             wait = self.health.may_start_live(state.url, now)
             if wait > 0:
                 self.wake_pump_in(state, wait)
                 return False
-            sub_id = state.live_queue.pop(0)
-            live = state.live_subs.get(sub_id)
-            if live is None or sub_id in state.conn.subscriptions:
+            sub_id = state.current.live_queue.pop(0)
+            live = state.current.live_subs.get(sub_id)
+            if live is None or sub_id in state.current.conn.subscriptions:
                 continue  # closed by a consolidation while it waited, or already out
             filters = state.paused.allowed(live.filters)
             if not filters:
-                del state.live_subs[sub_id]
+                del state.current.live_subs[sub_id]
                 continue
             if len(filters) < len(live.filters):
-                state.live_subs[sub_id] = dataclasses.replace(live, filters=tuple(filters))
+                state.current.live_subs[sub_id] = dataclasses.replace(live, filters=tuple(filters))
             self.health.record_start(state.url, now, background=False)
-            state.conn.subscribe(sub_id, filters)
+            state.current.conn.subscribe(sub_id, filters)
         return True
 
     def evict_descendants(self, state: RelayState, bytes_needed: int, slots_needed: int) -> tuple[int, int]:
@@ -122,16 +122,16 @@ class LiveCoverage:
         ``bytes_needed`` filter bytes and ``slots_needed`` subscriptions are free, or none is
         left. Returns the bytes and subscriptions freed."""
         freed = closed = 0
-        subs = sorted((s for s, sub in state.live_subs.items() if sub.descendants),
-                      key=lambda s: -state.conn.filter_bytes.get(s, 0))
+        subs = sorted((s for s, sub in state.current.live_subs.items() if sub.descendants),
+                      key=lambda s: -state.current.conn.filter_bytes.get(s, 0))
         for sub_id in subs:
             if freed >= bytes_needed and closed >= slots_needed:
                 break
-            freed += state.conn.filter_bytes.get(sub_id, 0)
+            freed += state.current.conn.filter_bytes.get(sub_id, 0)
             closed += 1
-            evicted = state.live_subs.pop(sub_id)
+            evicted = state.current.live_subs.pop(sub_id)
             self.poll_instead(state, evicted.filters, fresh=evicted.fresh)
-            state.conn.unsubscribe(sub_id)  # not sent yet: pump_live skips it
+            state.current.conn.unsubscribe(sub_id)  # not sent yet: pump_live skips it
         return freed, closed
 
     def poll_instead(self, state: RelayState, filters, fresh: bool = False) -> None:
@@ -154,7 +154,7 @@ class LiveCoverage:
                 continue
             if self.consolidate_polled(state, now):
                 continue
-            if state.poll_batch in state.pending:
+            if state.current.poll_batch in state.current.pending:
                 continue
             fresh = state.fresh_polled
             if fresh.filters and now - fresh.added_at >= constants.FRESH_POLL_SECS:
@@ -175,10 +175,10 @@ class LiveCoverage:
         less than CONSOLIDATION_MIN_SECS before: once that has passed, one consolidation if
         packing anew brings more of it live. So a relay consolidates at most once a
         CONSOLIDATION_MIN_SECS however fast new coverage comes."""
-        if not state.consolidation_due or self.consolidated_recently(state, now):
+        if not state.current.consolidation_due or self.consolidated_recently(state, now):
             return False
-        state.consolidation_due = False
-        polled = len(filter_plan.pack_into_reqs(state.fresh_polled.filters, state.limits))
+        state.current.consolidation_due = False
+        polled = len(filter_plan.pack_into_reqs(state.fresh_polled.filters, state.current.limits))
         if not self.packing_makes_room(state, max(1, polled)):
             return False
         self.consolidate(state)
@@ -200,16 +200,16 @@ class LiveCoverage:
             return
         batch = self.start_historic(state, PendingItems(), filters, kind=BatchKind.POLL)
         batch.poll_started_at, batch.poll_tiers = now, [tier for tier, _ in due]
-        state.poll_batch = batch.batch_id
+        state.current.poll_batch = batch.batch_id
 
     def live_groups_for(self, state: RelayState, items: PendingItems) -> list:
         if not items:
             return []
-        return filter_plan.pack_into_reqs(filter_plan.live(self.filters_for(state, items, None)), state.limits)
+        return filter_plan.pack_into_reqs(filter_plan.live(self.filters_for(state, items, None)), state.current.limits)
 
     def desired_live_items(self, state: RelayState) -> PendingItems:
         items = state.confirmed.copy()
-        for batch in state.pending.values():
+        for batch in state.current.pending.values():
             items.add(batch.items)
         return items
 
@@ -219,7 +219,7 @@ class LiveCoverage:
         if adding is not None:
             items.add(adding)
         wanted = self.filters_for(state, items, None)
-        return filter_plan.live_baseline(wanted, state.limits)
+        return filter_plan.live_baseline(wanted, state.current.limits)
 
     def consolidate(self, state: RelayState, adding: PendingItems | None = None) -> None:
         """Replace fragmented live subscriptions with the fewest that cover everything.
@@ -231,10 +231,10 @@ class LiveCoverage:
         kept (the connection still knows their filters until the relay's CLOSED); the
         moment between the swap is fetched again, with the usual 15-minute overlap.
         """
-        state.consolidated_at = self.clock()
-        for sub_id in [s for s, sub in state.live_subs.items() if not sub.control]:
-            del state.live_subs[sub_id]
-            state.conn.unsubscribe(sub_id)
+        state.current.consolidated_at = self.clock()
+        for sub_id in [s for s, sub in state.current.live_subs.items() if not sub.control]:
+            del state.current.live_subs[sub_id]
+            state.current.conn.unsubscribe(sub_id)
         state.fresh_polled.clear()
         state.polled.clear()
         wanted = self.desired_live_items(state)
@@ -243,13 +243,13 @@ class LiveCoverage:
         # What triggered this first: new coverage keeps live room (or the fresh polls).
         new, rest = wanted.partition(adding) if adding is not None else (PendingItems(), wanted)
         first = self.live_groups_for(state, new)
-        budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
+        budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
         self.open_live_groups(state, first + self.live_groups_for(state, rest), slots=budget.live_slots,
                               fresh=len(first))
-        if state.members:  # thread replies after the core coverage: they give way first
-            self.descendants.open_live(state, self.descendants.filters_for(state, state.members))
+        if state.current.members:  # thread replies after the core coverage: they give way first
+            self.descendants.open_live(state, self.descendants.filters_for(state, state.current.members))
         # Between our CLOSEs and the new REQs the relay sends nothing new: fetch that gap
         # (SPEC §4 asks this of layer 1; every layer has the same gap).
         self.catch_up(state, wanted, int(self.clock()) - constants.RECONNECT_OVERLAP_SECS)
-        log.info("consolidated", relay=state.url, live_subscriptions=len(state.live_subs) - 1,
+        log.info("consolidated", relay=state.url, live_subscriptions=len(state.current.live_subs) - 1,
                  polled_filters=len(state.polled.filters) + len(state.fresh_polled.filters))

@@ -76,11 +76,11 @@ class Refusals:
 
     def on_closed(self, state: RelayState, closed: wire.Closed) -> None:
         sub_id = closed.sub_id
-        if sub_id not in state.sub_to_batch and sub_id not in state.live_subs:
+        if sub_id not in state.current.sub_to_batch and sub_id not in state.current.live_subs:
             return  # already finished (some relays close an ids-only REQ after its EOSE)
-        state.conn.forget(sub_id)
-        state.sub_activity.pop(sub_id, None)
-        state.historic_sent_at.pop(sub_id, None)
+        state.current.conn.forget(sub_id)
+        state.current.sub_activity.pop(sub_id, None)
+        state.current.historic_sent_at.pop(sub_id, None)
         reason = f"{closed.prefix.value}: {closed.text}"[:200]
         log.warning("subscription_closed", relay=state.url, sub_id=sub_id, reason=reason)
         kind = refusal_of(closed)
@@ -95,7 +95,7 @@ class Refusals:
             self.note_rate_limited(state, closed.text)
         else:
             metrics.REFUSALS.labels(closed.prefix.value).inc()
-        batch_id = state.sub_to_batch.pop(sub_id, None)
+        batch_id = state.current.sub_to_batch.pop(sub_id, None)
         if kind is Refusal.UNSUPPORTED and wire.says_too_many_filters(closed.text):
             self.learn_max_filters(state, sub_id, batch_id)
         if batch_id is not None:
@@ -108,17 +108,17 @@ class Refusals:
         packs at most n // 2 to a REQ (its halves are sent again, split, as for any refused
         REQ of several filters), so that every later REQ is not refused and split too."""
         if batch_id is not None:
-            batch = state.pending.get(batch_id)
+            batch = state.current.pending.get(batch_id)
             refused = len(batch.filters_of(sub_id)) if batch is not None else 0
         else:
-            live = state.live_subs.get(sub_id)
+            live = state.current.live_subs.get(sub_id)
             refused = len(live.filters) if live is not None else 0
-        if refused < 2 or state.limits is None:
+        if refused < 2 or state.current.limits is None:
             return
         allowed = max(1, refused // 2)
-        current = state.limits.max_filters
+        current = state.current.limits.max_filters
         if current is None or allowed < current:
-            state.limits = dataclasses.replace(state.limits, max_filters=allowed)
+            state.current.limits = dataclasses.replace(state.current.limits, max_filters=allowed)
             state.max_filters_learned = allowed  # later sessions and restarts start there
             log.info("filters_per_req_lowered", relay=state.url, max_filters=allowed, refused=refused)
 
@@ -129,22 +129,22 @@ class Refusals:
         fewer REQs (what still does not fit is polled). False when the budget cannot go
         lower (it is there already, or at ``MIN_SUBSCRIPTIONS``): the refusal is read as a
         rate limit then, so that a REQ refused again and again cannot loop."""
-        open_now = len(state.conn.subscriptions)  # the refused REQ is forgotten already
-        budget = filter_plan.SubscriptionBudget.from_limits(state.limits)
+        open_now = len(state.current.conn.subscriptions)  # the refused REQ is forgotten already
+        budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
         allowed = max(filter_plan.MIN_SUBSCRIPTIONS, open_now)
-        if state.limits is None or allowed >= budget.max_subscriptions:
+        if state.current.limits is None or allowed >= budget.max_subscriptions:
             return False
-        state.limits = dataclasses.replace(state.limits, max_subscriptions=allowed)
+        state.current.limits = dataclasses.replace(state.current.limits, max_subscriptions=allowed)
         state.max_subscriptions_learned = allowed  # later sessions and restarts start there
         log.info("subscriptions_cap_lowered", relay=state.url, max_subscriptions=allowed,
                  was=budget.max_subscriptions)
-        live = state.data_live_subs()
+        live = state.current.data_live_subs()
         if live > filter_plan.SubscriptionBudget(allowed).live_slots:
             self.consolidate(state)
         return True
 
     def historic_closed(self, state: RelayState, batch_id: int, sub_id: str, kind, reason: str) -> None:
-        batch = state.pending.get(batch_id)
+        batch = state.current.pending.get(batch_id)
         if batch is None:
             return
         filters = batch.filters_of(sub_id)
@@ -153,8 +153,8 @@ class Refusals:
             new_id = f"h{batch_id}-{next(self._ids)}"
             batch.rename_subscription(sub_id, new_id)
             batch.restart_page(new_id)
-            state.sub_to_batch[new_id] = batch_id
-            state.historic_queue.insert(0, (new_id, filters))
+            state.current.sub_to_batch[new_id] = batch_id
+            state.current.historic_queue.insert(0, (new_id, filters))
             self.pump_historic(state)
             return
         if kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH) and filters:
@@ -167,7 +167,7 @@ class Refusals:
                 self.split_historic(state, batch, sub_id, filters, shapes=about_shape)
         else:
             batch.on_closed(sub_id)
-            if batch_id not in state.probes:
+            if batch_id not in state.current.probes:
                 state.unrelated_failure = True
         self.pump_historic(state)
         if batch.is_complete:
@@ -184,13 +184,13 @@ class Refusals:
         parts = [(f"h{batch.batch_id}-{next(self._ids)}", group) for group in groups if group]
         entries = batch.split_subscription(sub_id, parts)
         for new_id, _ in entries:
-            state.sub_to_batch[new_id] = batch.batch_id
-        state.historic_queue[0:0] = entries
+            state.current.sub_to_batch[new_id] = batch.batch_id
+        state.current.historic_queue[0:0] = entries
         log.info("subscription_split", relay=state.url, sub_id=sub_id,
                  parts=[len(group) for _, group in entries])
 
     def live_closed(self, state: RelayState, sub_id: str, kind, reason: str) -> None:
-        live = state.live_subs.pop(sub_id, None)
+        live = state.current.live_subs.pop(sub_id, None)
         if live is None:
             return
         if kind is CAPACITY:
@@ -204,8 +204,8 @@ class Refusals:
                                       fresh=int(live.fresh))
         elif kind is Refusal.RATE_LIMIT:
             # It waits out the cooldown in the live queue; the cooldown's end rebuilds it.
-            state.live_subs[sub_id] = live
-            state.live_queue.append(sub_id)
+            state.current.live_subs[sub_id] = live
+            state.current.live_queue.append(sub_id)
             self.pump_live(state)
         elif kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH):
             about_shape = refuses_a_shape(kind, reason)
@@ -234,7 +234,7 @@ class Refusals:
         if live.control:
             self.open_live(state, sub_id, filters, control=True, rebuilt_at=now)
         else:
-            self.open_live_groups(state, filter_plan.pack_into_reqs(filters, state.limits), rebuilt_at=now)
+            self.open_live_groups(state, filter_plan.pack_into_reqs(filters, state.current.limits), rebuilt_at=now)
         since = int(now) - constants.RECONNECT_OVERLAP_SECS
         self.start_historic(state, PendingItems(), [f.replace(limit=None, since=since) for f in filters])
 
@@ -242,8 +242,8 @@ class Refusals:
         """The live coverage the current index asks of this relay (policy pauses aside)."""
         targets = derive_relay_targets(self.repos).get(state.url)
         wanted = filter_plan.live(self.filters_for(state, targets, None, allowed_only=False)) if targets else []
-        if state.members:
-            wanted += filter_plan.live(self.descendants.filters_for(state, state.members, allowed_only=False))
+        if state.current.members:
+            wanted += filter_plan.live(self.descendants.filters_for(state, state.current.members, allowed_only=False))
         return wanted + [filter_plan.layer1_filter().replace(limit=0)]
 
     # -- policy pauses and their probe ------------------------------------------------------
@@ -265,8 +265,8 @@ class Refusals:
         """Every historic filter of shape ``key`` the current index asks of this relay."""
         targets = derive_relay_targets(self.repos).get(state.url)
         filters = self.filters_for(state, targets, None, allowed_only=False) if targets else []
-        if state.members:
-            filters += self.descendants.filters_for(state, state.members, allowed_only=False)
+        if state.current.members:
+            filters += self.descendants.filters_for(state, state.current.members, allowed_only=False)
         filters.append(filter_plan.layer1_filter())
         return [f for f in filters if coverage_key(f) == key]
 
@@ -279,8 +279,8 @@ class Refusals:
             return
         log.info("coverage_probe", relay=state.url, coverage=describe(key))
         batch = PendingBatch(next(self._ids), PendingItems(), kind=BatchKind.PROBE)
-        state.pending[batch.batch_id] = batch
-        state.probes[batch.batch_id] = key
+        state.current.pending[batch.batch_id] = batch
+        state.current.probes[batch.batch_id] = key
         self.queue_reqs(state, batch, filters[:1])
         self.pump_historic(state)
 
@@ -297,7 +297,7 @@ class Refusals:
         if key == coverage_key(filter_plan.layer1_filter()):
             self.open_live(state, LAYER1_LIVE_SUB, filter_plan.live(filters), control=True)
         else:
-            self.open_live_groups(state, filter_plan.pack_into_reqs(filter_plan.live(filters), state.limits))
+            self.open_live_groups(state, filter_plan.pack_into_reqs(filter_plan.live(filters), state.current.limits))
         self.start_historic(state, PendingItems(), filters)
 
     # -- rate limits ------------------------------------------------------------------------
@@ -311,7 +311,7 @@ class Refusals:
         log.warning("relay_rate_limited", relay=state.url, text=text[:200],
                     cooldown_secs=constants.RATE_LIMIT_COOLDOWN_SECS)
         self.update_health_metric(state, now)
-        if state.conn is not None:
+        if state.current.conn is not None:
             self.requeue_negentropy_as_reqs(state)  # NIP-77 is off for the session
         self.effects.later(constants.RATE_LIMIT_COOLDOWN_SECS, CooldownEnded(state.url))
 
@@ -331,17 +331,17 @@ class Refusals:
     def rederive_queued(self, state: RelayState) -> None:
         """What waited out the cooldown goes out anew: live REQs narrowed to what the index
         still wants (first: they carry new events), then history in priority order."""
-        queued = [s for s in state.live_queue if s in state.live_subs]
+        queued = [s for s in state.current.live_queue if s in state.current.live_subs]
         if queued:
             wanted = self.wanted_live_filters(state)
             for sub_id in queued:
-                live = state.live_subs[sub_id]
+                live = state.current.live_subs[sub_id]
                 filters = state.paused.allowed(filter_plan.restrict_to(live.filters, wanted))
                 if filters:
-                    state.live_subs[sub_id] = dataclasses.replace(live, filters=tuple(filters))
+                    state.current.live_subs[sub_id] = dataclasses.replace(live, filters=tuple(filters))
                 else:
-                    del state.live_subs[sub_id]
-        state.historic_queue.sort(key=lambda entry: state.start_priority(entry[0]))
+                    del state.current.live_subs[sub_id]
+        state.current.historic_queue.sort(key=lambda entry: state.current.start_priority(entry[0]))
 
     def note_request_succeeded(self, state: RelayState) -> None:
         """A request was served: a relay Probing after its cooldown is back to its state."""
@@ -369,28 +369,28 @@ class Refusals:
         held = not self.delivery.room.is_set()
         elapsed, self.stall_checked_at = now - self.stall_checked_at, now
         for state in self.relays.values():
-            if not (state.connected and state.sub_activity):
+            if not (state.connected and state.current.sub_activity):
                 continue
-            for sub_id, last in list(state.sub_activity.items()):
-                sent_at = state.historic_sent_at.get(sub_id)
+            for sub_id, last in list(state.current.sub_activity.items()):
+                sent_at = state.current.historic_sent_at.get(sub_id)
                 if held:
-                    state.sub_activity[sub_id] = now
+                    state.current.sub_activity[sub_id] = now
                     if sent_at is not None:
-                        state.historic_sent_at[sub_id] = sent_at + elapsed
+                        state.current.historic_sent_at[sub_id] = sent_at + elapsed
                 elif now - last >= constants.REQ_STALL_SECS:
                     self.on_stalled(state, sub_id)
                 elif sent_at is not None and now - sent_at >= constants.REQ_LIFETIME_SECS:
                     self.on_stalled(state, sub_id, lifetime=True)
 
     def on_stalled(self, state: RelayState, sub_id: str, lifetime: bool = False) -> None:
-        state.sub_activity.pop(sub_id, None)
-        state.historic_sent_at.pop(sub_id, None)
-        batch_id = state.sub_to_batch.pop(sub_id, None)
-        state.conn.unsubscribe(sub_id)  # the relay frees it, and so do we
+        state.current.sub_activity.pop(sub_id, None)
+        state.current.historic_sent_at.pop(sub_id, None)
+        batch_id = state.current.sub_to_batch.pop(sub_id, None)
+        state.current.conn.unsubscribe(sub_id)  # the relay frees it, and so do we
         log.warning("subscription_stalled", relay=state.url, sub_id=sub_id, batch_id=batch_id,
                     secs=constants.REQ_LIFETIME_SECS if lifetime else constants.REQ_STALL_SECS,
                     rule="lifetime" if lifetime else "silence")
-        batch = state.pending.get(batch_id)
+        batch = state.current.pending.get(batch_id)
         if batch is not None:
             filters = batch.filters_of(sub_id)
             if len(filters) > 1:
@@ -405,7 +405,7 @@ class Refusals:
         """The batch failed; what the stalled REQ owed goes to missing-event recovery: its
         ids (not the residual retry's any more), or the filter itself."""
         batch.on_closed(sub_id)
-        state.stalled_shapes.update(coverage_key(f) for f in filters)  # later REQs send it alone
+        state.current.stalled_shapes.update(coverage_key(f) for f in filters)  # later REQs send it alone
         if batch.kind is BatchKind.RECOVERY:
             return  # a recovery attempt: finish_recovery counts it as one without progress
         now = self.clock()
