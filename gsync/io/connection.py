@@ -363,38 +363,50 @@ class RelayConnection:
         elif isinstance(msg, wire.Notice) and not self._count_notice(msg):
             return
         elif isinstance(msg, wire.AuthChallenge):
-            # A relay challenges once a connection; each challenge after that spends a
-            # misbehaviour point, as a NOTICE does: every new one costs a signature and a
-            # frame, so a stream of them is hung up on instead of answered for ever.
-            if self._challenge is not None:
-                self._misbehaved()
-                if self.closed:
-                    return
-            self._challenge = msg.challenge
-            self._answer_challenge()  # now, so that what we send next is already allowed
+            self._on_challenge(msg)
         elif isinstance(msg, wire.Ok) and msg.event_id == self._auth_event_id:
-            if not msg.accepted:
-                self._auth_refused = True
-                log.warning("relay_auth_refused", relay=self.relay,
-                            reason=f"{msg.prefix.value}: {msg.text}"[:200])
-            self._emit(RemoteMessage(self.relay, self.session, msg))  # it may say "slow down"
-        elif isinstance(msg, (wire.Closed, wire.Eose)) and msg.sub_id in self._closing:
-            if isinstance(msg, wire.Closed):
-                self._ended.add(msg.sub_id, *self._closing.pop(msg.sub_id))  # the answer to our own CLOSE
-        elif isinstance(msg, (wire.Closed, wire.Eose)) and msg.sub_id in self._ended:
-            self._drop("ended_subscription", misbehaved=False)  # a second EOSE or CLOSED: harmless
-        elif isinstance(msg, (wire.Closed, wire.Eose)) and msg.sub_id not in self.subscriptions:
-            # About no subscription of ours (or one the relay already ended): nothing to
-            # tell the manager, and a stream of them spends the budget like unasked events.
-            self._drop("unknown_subscription")
-        elif (
-            isinstance(msg, wire.Closed)
-            and msg.prefix is wire.Prefix.AUTH_REQUIRED
-            and self._retry_after_auth(msg.sub_id)
-        ):
+            self._on_auth_answer(msg)
+        elif isinstance(msg, (wire.Closed, wire.Eose)) and self._ended_here(msg):
             return
         else:
             self._emit(RemoteMessage(self.relay, self.session, msg))
+
+    def _on_challenge(self, msg: wire.AuthChallenge) -> None:
+        # A relay challenges once a connection; each challenge after that spends a
+        # misbehaviour point, as a NOTICE does: every new one costs a signature and a
+        # frame, so a stream of them is hung up on instead of answered for ever.
+        if self._challenge is not None:
+            self._misbehaved()
+            if self.closed:
+                return
+        self._challenge = msg.challenge
+        self._answer_challenge()  # now, so that what we send next is already allowed
+
+    def _on_auth_answer(self, msg: wire.Ok) -> None:
+        if not msg.accepted:
+            self._auth_refused = True
+            log.warning("relay_auth_refused", relay=self.relay,
+                        reason=f"{msg.prefix.value}: {msg.text}"[:200])
+        self._emit(RemoteMessage(self.relay, self.session, msg))  # it may say "slow down"
+
+    def _ended_here(self, msg) -> bool:
+        """An EOSE or CLOSED the connection deals with itself, never told to the manager:
+        the answer to our own CLOSE, a second end of a subscription, one about no
+        subscription of ours, an auth-required CLOSED whose REQ goes again after AUTH."""
+        if msg.sub_id in self._closing:
+            if isinstance(msg, wire.Closed):
+                self._ended.add(msg.sub_id, *self._closing.pop(msg.sub_id))  # the answer to our own CLOSE
+            return True
+        if msg.sub_id in self._ended:
+            self._drop("ended_subscription", misbehaved=False)  # a second EOSE or CLOSED: harmless
+            return True
+        if msg.sub_id not in self.subscriptions:
+            # About no subscription of ours (or one the relay already ended): nothing to
+            # tell the manager, and a stream of them spends the budget like unasked events.
+            self._drop("unknown_subscription")
+            return True
+        return (isinstance(msg, wire.Closed) and msg.prefix is wire.Prefix.AUTH_REQUIRED
+                and self._retry_after_auth(msg.sub_id))
 
     def _to_negentropy(self, inboxes, data: bytes) -> None:
         """Hand a raw frame to NIP-77 exchanges (negentropy_ws parses and judges it): a

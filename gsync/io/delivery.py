@@ -153,6 +153,21 @@ class OwnRelayDelivery:
         self._wallclock = wallclock
         self._lanes = [_Lane(i) for i in range(lanes)]
         self._queue = _FairQueue()
+        self._init_tracking()
+        self._greenlets: list[gevent.Greenlet] = []
+        self._stopping = False
+        self._down_since: float | None = None
+        self._idle = gevent.event.Event()
+        self._idle.set()
+        self._wake_below: int | None = None  # post DeliveryCaughtUp under this backlog
+        # Set while the backlog has room: relay connections wait on it before reading more.
+        self.room = gevent.event.Event()
+        self.room.set()
+        self._bytes_up = metrics.BYTES_UP.labels("own")
+        self._init_reports()
+
+    def _init_tracking(self) -> None:
+        """The events submitted and not yet answered for good, and their retries."""
         self._tracked: dict[str, Event] = {}  # submitted, not yet answered for good
         self._sources: dict[str, str] = {}  # id → the remote it came from ("": none), while tracked
         self._held: dict[str, int] = {}  # tracked events per source
@@ -166,16 +181,9 @@ class OwnRelayDelivery:
         # part of the backlog that pauses reading and holds historic starts
         self._parked: set[str] = set()
         self._seq = itertools.count()
-        self._greenlets: list[gevent.Greenlet] = []
-        self._stopping = False
-        self._down_since: float | None = None
-        self._idle = gevent.event.Event()
-        self._idle.set()
-        self._wake_below: int | None = None  # post DeliveryCaughtUp under this backlog
-        # Set while the backlog has room: relay connections wait on it before reading more.
-        self.room = gevent.event.Event()
-        self.room.set()
-        self._bytes_up = metrics.BYTES_UP.labels("own")
+
+    def _init_reports(self) -> None:
+        """What the own relay's answers add up to, told to the manager once per read burst."""
         self._outcomes: dict = {}
         self._delivered_uncounted = 0
         # Roots and announcements the own relay accepted (its OK), told to the manager once

@@ -72,9 +72,25 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Refu
         self.queue: Queue = Queue()
         self.post = self.queue.put
         self.effects = effects or GeventEffects(self.post)
-        svc, sync, net = config.service, config.sync, config.network
-        self.domains = list(svc.domains)
-        self.repos = RepoSyncIndex(svc.own_relay, self.domains)
+        self.domains = list(config.service.domains)
+        self.repos = RepoSyncIndex(config.service.own_relay, self.domains)
+        self.remember_relays(config.sync, config.service.state_dir)
+        self.face_own_relay(config, delivery)
+        self.ready = False
+        self.on_ready = on_ready
+        self._ids = itertools.count(1)
+        self._stopping = False
+        self.last_loop_at = self.effects.monotonic()
+        self.stall_checked_at = clock()  # historic REQs' clocks stand still while delivery holds reading
+        self.queue_peak = 0  # the deepest the inbox has been (a 2 s gauge would miss bursts)
+        self.delivery_peak = 0
+        self.handlers = self.dispatch_table()
+        for url in config.sync.bootstrap_relays:
+            self.register_relay(url).is_bootstrap = True
+
+    def remember_relays(self, sync, state_dir) -> None:
+        """What the manager knows of the other relays: their states, health, what an
+        earlier process saved, and the work shared between them (recovery, claims, leads)."""
         self.relays: dict[str, RelayState] = {}
         self.descendants = Descendants(self.relays, self.open_live_groups, self.start_historic)
         self.capped_relays: set[str] = set()  # over [network] max_relays, already logged
@@ -83,42 +99,35 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Refu
             proactive_gap=sync.background_start_interval_ms / 1000,
         )
         # state_dir: locked for this process (raises ops.store.StateRefused), then read
-        self.saved = SavedState.open(svc.state_dir, clock())
-        self.rejected = self.saved.load(clock())
+        self.saved = SavedState.open(state_dir, self.clock())
+        self.rejected = self.saved.load(self.clock())
         self.recovery = MissingEventRecovery(base_delay=sync.recovery_base_secs)
         self.claims = FetchClaims()  # which batch fetches which missing event, across relays
+        self.lead = SharedLead()  # batches waiting for another relay's first sync of their repos
+        self.handshakes = HandshakePool(
+            self.post, self.config.network.allow_private_addresses, workers=sync.handshake_workers
+        )
+
+    def face_own_relay(self, config, delivery) -> None:
+        """The own relay's side: delivery to it, what it holds, what it shows back."""
+        svc, sync = config.service, config.sync
         # what the own relay holds, read once per filter and session (NIP-77 have-sets)
         self.own_held = OwnHeld(constants.OWN_HELD_TTL_SECS, constants.OWN_HELD_MAX_EVENTS)
         # batches whose holdings wait for a read of the same values under way (one per batch
         # at most): (relay, session, batch id, token, filters)
         self.own_reads_awaited: list[tuple] = []
-        self.lead = SharedLead()  # batches waiting for another relay's first sync of their repos
         self.delivery = delivery or OwnRelayDelivery(
             svc.own_relay, self.post, auth_secret=config.auth.secret_key,
             max_backlog=sync.delivery_max_backlog,
         )
         # historic starts wait while delivery is this far behind
         self.backlog_high_water = int(sync.delivery_max_backlog * constants.DELIVERY_HIGH_WATER_FRACTION)
-        self.handshakes = HandshakePool(
-            self.post, net.allow_private_addresses, workers=sync.handshake_workers
-        )
         self.own_batch: list = []
         self.own_window_open = False
         self.own_down_since: float | None = None
         self.historic_held = False  # historic starts wait for delivery to catch up
-        self.ready = False
-        self.on_ready = on_ready
         self.seen: dict[str, float | None] = {}  # id -> when gsync fetched it (None: seen on the own relay)
-        self.self_sub = SelfSubscriber(svc.own_relay, self.post, log, clock=clock, seen=self.seen)
-        self._ids = itertools.count(1)
-        self._stopping = False
-        self.last_loop_at = self.effects.monotonic()
-        self.stall_checked_at = clock()  # historic REQs' clocks stand still while delivery holds reading
-        self.queue_peak = 0  # the deepest the inbox has been (a 2 s gauge would miss bursts)
-        self.delivery_peak = 0
-        self.handlers = self.dispatch_table()
-        for url in sync.bootstrap_relays:
-            self.register_relay(url).is_bootstrap = True
+        self.self_sub = SelfSubscriber(svc.own_relay, self.post, log, clock=self.clock, seen=self.seen)
 
     def dispatch_table(self) -> dict:
         """Inbox message type -> its handler: one per thing that can happen."""

@@ -118,24 +118,34 @@ class RelayLifecycle:
         if msg.ws is not None and not getattr(msg.ws, "connected", False):
             msg.error = "socket closed before the manager applied the handshake"
         if msg.error:
-            metrics.CONNECTION_ATTEMPTS.labels(msg.relay, "failure").inc()
-            self.move_status(state, Fact.HANDSHAKE_FAILED)
-            state.last_error = msg.error
-            if msg.refused:
-                state.refused_reason = msg.error
-                log.warning("relay_refused", relay=msg.relay, reason=msg.error)
-            else:
-                self.health.record_failure(msg.relay, now, permanent=msg.permanent)
-                log.info("relay_connect_failed", relay=msg.relay, reason=msg.error)
-                if msg.permanent:
-                    log.warning("relay_parked", relay=msg.relay, reason=msg.error, kind=msg.permanent,
-                                park_secs=constants.PERMANENT_FAILURE_PARK_SECS)
-            if msg.rate_limited:  # no redial before the cooldown, nor before it asked
-                self.health.record_rate_limited(msg.relay, now, query_rate=False, at_least=msg.retry_after)
-                log.warning("relay_rate_limited", relay=msg.relay, text=msg.error,
-                            cooldown_secs=round(self.health.cooldown_remaining(msg.relay, now)))
-                self.update_health_metric(state, now)
-            return
+            self.handshake_failed(state, msg, now)
+        else:
+            self.begin_session(state, msg, now)
+
+    def handshake_failed(self, state: RelayState, msg: HandshakeDone, now: float) -> None:
+        """Back to Disconnected: refused for good (SSRF guard), parked, or a failure the
+        backoff counts; a rate-limit answer holds the redial until its cooldown."""
+        metrics.CONNECTION_ATTEMPTS.labels(msg.relay, "failure").inc()
+        self.move_status(state, Fact.HANDSHAKE_FAILED)
+        state.last_error = msg.error
+        if msg.refused:
+            state.refused_reason = msg.error
+            log.warning("relay_refused", relay=msg.relay, reason=msg.error)
+        else:
+            self.health.record_failure(msg.relay, now, permanent=msg.permanent)
+            log.info("relay_connect_failed", relay=msg.relay, reason=msg.error)
+            if msg.permanent:
+                log.warning("relay_parked", relay=msg.relay, reason=msg.error, kind=msg.permanent,
+                            park_secs=constants.PERMANENT_FAILURE_PARK_SECS)
+        if msg.rate_limited:  # no redial before the cooldown, nor before it asked
+            self.health.record_rate_limited(msg.relay, now, query_rate=False, at_least=msg.retry_after)
+            log.warning("relay_rate_limited", relay=msg.relay, text=msg.error,
+                        cooldown_secs=round(self.health.cooldown_remaining(msg.relay, now)))
+            self.update_health_metric(state, now)
+
+    def begin_session(self, state: RelayState, msg: HandshakeDone, now: float) -> None:
+        """A new session on the handshake's socket (its limits lowered by what the relay
+        taught us), then a fresh start or a quick reconnect (seed 001)."""
         metrics.CONNECTION_ATTEMPTS.labels(msg.relay, "success").inc()
         self.health.record_success(msg.relay, now)
         state.session += 1
