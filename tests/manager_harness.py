@@ -17,7 +17,7 @@ import itertools
 import json
 
 from gsync.io.connection import RelayConnection
-from gsync.io.events import (
+from gsync.io.inbox import (
     HandshakeDone,
     OwnEvents,
     OwnHoldingsRead,

@@ -2,7 +2,7 @@
 import gevent
 
 from gsync.io.connection import MAX_UNAPPLIED_BURSTS, RelayConnection
-from gsync.io.events import RemoteEvents
+from gsync.io.inbox import RemoteEvents
 from gsync.protocol import wsframes
 from gsync.protocol.filters import Filter, FilterSet
 from tests import factory as f

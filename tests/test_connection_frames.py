@@ -18,7 +18,7 @@ from gsync.io.connection import (
     NOTICE_REFUSAL_SECS,
     RelayConnection,
 )
-from gsync.io.events import RelayDisconnected, RemoteEvents, RemoteMessage
+from gsync.io.inbox import RelayDisconnected, RemoteEvents, RemoteMessage
 from gsync.ops import metrics
 from gsync.protocol import messages as wire
 from gsync.protocol.filters import Filter, FilterSet

@@ -59,7 +59,7 @@ def test_a_full_backlog_stops_only_the_sources_that_hold_much_of_it():
 def test_the_manager_hears_at_once_when_delivery_has_caught_up():
     """Historic starts held while delivery is behind go again as soon as the backlog falls
     below the mark, not on the next maintenance tick."""
-    from gsync.io.events import DeliveryCaughtUp
+    from gsync.io.inbox import DeliveryCaughtUp
 
     posted = []
     delivery = OwnRelayDelivery("ws://127.0.0.1:1", posted.append, max_backlog=200)

@@ -7,7 +7,6 @@ from gsync.sync.health import (
     MisbehaviourBudget,
     Refusal,
     RelayHealthTracker,
-    classify_message,
     classify_refusal,
     permanent_http_status,
     retry_after_secs,
@@ -17,6 +16,11 @@ from gsync.sync.health import (
 R = "wss://relay.example"
 H = 3600.0
 DAY = 24 * H
+
+
+def classify_message(message: str) -> Refusal:
+    """A refusal's whole text: its prefix split off, then both read."""
+    return classify_refusal(*split_prefix(message))
 
 
 def tracker():

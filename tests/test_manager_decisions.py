@@ -5,7 +5,7 @@ send, and when."""
 import json
 
 from gsync import constants
-from gsync.io.events import HandshakeDone, RelayDisconnected, RemoteEvent, RemoteEvents
+from gsync.io.inbox import HandshakeDone, RelayDisconnected, RemoteEvent, RemoteEvents
 from gsync.protocol import messages as wire
 from gsync.protocol.filters import Filter
 from gsync.protocol.messages import parse_relay_message

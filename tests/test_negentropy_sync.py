@@ -303,7 +303,7 @@ def test_a_batchs_holdings_are_read_per_filter_in_order(relay_factory):
     """Before methods are chosen, the own relay's (created_at, id) for each filter of a
     batch, read side by side, come back in the filters' order."""
     from gsync.io import negentropy_sync
-    from gsync.io.events import OwnHoldingsRead
+    from gsync.io.inbox import OwnHoldingsRead
     from gsync.protocol.filters import Filter
 
     from .relays import free_port, publish

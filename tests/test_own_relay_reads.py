@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from gsync.io.delivery import OwnRelayDelivery, _Lane
-from gsync.io.events import OwnHeldConfirmed
+from gsync.io.inbox import OwnHeldConfirmed
 from gsync.io.negentropy_sync import give_way
 from gsync.protocol import messages as wire
 

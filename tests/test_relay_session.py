@@ -2,7 +2,7 @@
 handed to the next one (``RelayState.end_session``): tested on a real ``SyncManager`` with
 recorded effects and a fake clock (tests/manager_harness.py)."""
 from gsync import constants
-from gsync.io.events import HandshakeDone, RelayDisconnected, RemoteEvent, RemoteEvents
+from gsync.io.inbox import HandshakeDone, RelayDisconnected, RemoteEvent, RemoteEvents
 from gsync.sync.relay_state import ConnectionStatus
 
 from .factory import Author, announcement, comment, issue

@@ -12,8 +12,8 @@ import socket
 
 import pytest
 
-from gsync.io.events import HandshakeDone
 from gsync.io.handshake import HandshakePool
+from gsync.io.inbox import HandshakeDone
 from gsync.protocol.urls import AddressPolicy
 
 from . import factory as f

@@ -26,7 +26,7 @@ from ..protocol.event import EventError, parse_event, sign_event, verify_event
 from ..protocol.filters import FilterSet
 from ..sync.health import MisbehaviourBudget
 from . import ws as ws_stream
-from .events import RelayDisconnected, RemoteEvent, RemoteEvents, RemoteMessage
+from .inbox import RelayDisconnected, RemoteEvent, RemoteEvents, RemoteMessage
 
 log = get_logger("gsync.connection")
 

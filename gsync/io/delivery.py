@@ -38,7 +38,7 @@ from ..sync.delivery_retry import refusal_retry_delay
 from ..sync.have_index import HaveIndex
 from ..sync.own_held import HeldEntry
 from .connection import auth_event
-from .events import DeliveryAnswered, DeliveryCaughtUp, OwnEvents, OwnHeldConfirmed, OwnRelayState
+from .inbox import DeliveryAnswered, DeliveryCaughtUp, OwnEvents, OwnHeldConfirmed, OwnRelayState
 from .ws import connect as ws_connect
 
 log = get_logger("gsync.delivery")

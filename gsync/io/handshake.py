@@ -25,7 +25,7 @@ from .. import constants
 from ..ops import metrics
 from ..protocol.urls import AddressPolicy, SsrfRefused, UrlError, never_resolves, split_host_port
 from ..sync.health import permanent_http_status, retry_after_secs
-from .events import HandshakeDone, HandshakeStarted
+from .inbox import HandshakeDone, HandshakeStarted
 from .nip11_fetch import fetch_relay_limits
 from .ws import HandshakeAnswerTooLarge
 from .ws import connect as ws_connect

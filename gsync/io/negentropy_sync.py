@@ -36,7 +36,7 @@ from ..protocol import negentropy
 from ..protocol.filters import Filter
 from ..protocol.negentropy import Storage
 from . import negentropy_ws
-from .events import NegentropyFinished, OwnHoldingsRead
+from .inbox import NegentropyFinished, OwnHoldingsRead
 from .own_query import KeptConnections
 
 # LocalRelay's NIP-77 frame limit is 60,000 bytes; staying under it suits most relays.

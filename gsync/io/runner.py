@@ -14,7 +14,7 @@ import gevent
 from .. import constants
 from ..ops import build, metrics, sdnotify
 from ..ops.logging import get_logger
-from .events import Stop
+from .inbox import Stop
 from .manager import SyncManager
 
 log = get_logger("gsync.runner")

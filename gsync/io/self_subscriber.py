@@ -16,7 +16,7 @@ from ..protocol import messages as wire
 from ..protocol import wsframes
 from ..protocol.event import EventError, parse_event
 from ..protocol.filters import Filter
-from .events import OwnEvents, OwnSubscribed
+from .inbox import OwnEvents, OwnSubscribed
 from .own_query import history_pages
 from .ws import Timeout
 from .ws import connect as ws_connect

@@ -113,10 +113,6 @@ def refuses_a_shape(kind: Refusal, text: str) -> bool:
     return kind is Refusal.POLICY or (kind is Refusal.UNSUPPORTED and not is_filter_shape_refusal(text))
 
 
-def classify_message(message: str) -> Refusal:
-    return classify_refusal(*split_prefix(message))
-
-
 def retry_after_secs(value: str | None, now: float) -> float | None:
     """Seconds an HTTP ``Retry-After`` asks us to wait (RFC 9110: delay-seconds or an
     HTTP-date; ``now`` is wall-clock time), at least 0; None when absent or unreadable.
@@ -198,9 +194,6 @@ class RelayHealthTracker:
 
     def forget(self, relay: str) -> None:
         self._relays.pop(relay, None)
-
-    def relays(self) -> list[str]:
-        return list(self._relays)
 
     def snapshot(self, relay: str, fields) -> dict:
         """The named fields of ``relay``'s record (what outlives the process: ``sync.memory``)."""

@@ -45,9 +45,6 @@ class SharedLead:
         """Batches waiting."""
         return len(self._waits)
 
-    def is_waiting(self, key: BatchKey) -> bool:
-        return key in self._waits
-
     # -- leaders
 
     def lead(self, leader: BatchKey, items: SyncItems) -> None:

@@ -248,10 +248,6 @@ class RejectedIndex:
         """A save failed: ``ids`` are written with the next one."""
         self._changed.update(ids)
 
-    @property
-    def has_changes(self) -> bool:
-        return bool(self._changed)
-
     @classmethod
     def from_rows(cls, rows, now: float, **kw) -> tuple[RejectedIndex, list[str]]:
         """The index saved as rows ``(id, row)``, and the ids of rows that were unreadable

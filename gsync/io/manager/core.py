@@ -27,7 +27,8 @@ from ...sync.relay_state import RelayState
 from ...sync.repos import RepoSyncIndex
 from ...sync.status import Fact
 from ..delivery import OwnRelayDelivery
-from ..events import (
+from ..handshake import HandshakePool
+from ..inbox import (
     BatchWindowClosed,
     CompletionRecheck,
     CooldownEnded,
@@ -49,7 +50,6 @@ from ..events import (
     Stop,
     Tick,
 )
-from ..handshake import HandshakePool
 from ..self_subscriber import SelfSubscriber
 from .descendants import Descendants
 from .effects import GeventEffects

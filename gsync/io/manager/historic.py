@@ -33,7 +33,7 @@ from ...sync.shard import OTHER_SHARD_LEAD
 from ...sync.status import Fact
 from ...sync.targets import PendingItems
 from .. import negentropy_sync
-from ..events import (
+from ..inbox import (
     CompletionRecheck,
     HistoricSlotDue,
     NegentropyFinished,

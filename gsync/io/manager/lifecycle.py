@@ -17,7 +17,7 @@ from ...sync.relay_state import ConnectionStatus, RelayState
 from ...sync.shard import OTHER_SHARD_LEAD
 from ...sync.status import Fact
 from ...sync.targets import PendingItems, compute_actions, relay_needs
-from ..events import (
+from ..inbox import (
     HandshakeDone,
     HandshakeStarted,
     RelayDisconnected,

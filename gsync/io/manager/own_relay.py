@@ -16,7 +16,7 @@ from ...sync.rejected import author_key, event_key, maintainer_key, repo_key
 from ...sync.relay_state import ConnectionStatus, RelayState
 from ...sync.repos import SyncLevel, list_tag_values, should_forward_layer1
 from ...sync.targets import PendingItems
-from ..events import (
+from ..inbox import (
     BatchWindowClosed,
     DeliveryAnswered,
     OwnEvents,

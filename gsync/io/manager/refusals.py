@@ -40,7 +40,7 @@ from ...sync.pending import BatchKind, PendingBatch
 from ...sync.policy import by_shape, coverage_key, describe, halves
 from ...sync.relay_state import RelayState
 from ...sync.targets import PendingItems, derive_relay_targets
-from ..events import CooldownEnded
+from ..inbox import CooldownEnded
 from .lifecycle import LAYER1_LIVE_SUB
 
 log = get_logger("gsync.manager")

@@ -1,4 +1,4 @@
-"""The messages greenlets post to the manager: one type per thing that can happen.
+"""The manager's inbox: the messages greenlets post to it, one type per thing that can happen.
 
 Greenlets never touch an index; they describe what happened with one of these and put it on
 the manager's queue. ``session`` identifies one websocket session of a relay, so a message
