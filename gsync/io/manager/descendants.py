@@ -14,8 +14,9 @@ from ...sync.targets import PendingItems
 
 class Descendants:
     """Owned by ``SyncManager``: the roots of Full repositories (who is a direct member) and
-    each relay's members (its session's, and those to reopen on its ``RelayState``). What it starts goes through the manager's
-    ``open_live_groups`` (live coverage) and ``start_historic`` (a batch), passed in."""
+    each relay's members (its session's, and those to reopen on its ``RelayState``). What
+    it starts goes through the manager's ``open_live_groups`` (live coverage) and
+    ``start_historic`` (a batch), passed in."""
 
     def __init__(self, relays: dict[str, RelayState], open_live_groups, start_historic):
         self.relays = relays
