@@ -251,26 +251,7 @@ class HistoricSync:
             holdings = [[] for _ in msg.filters]
         else:
             holdings = self.holdings_after_read(msg)
-        allowed = self.use_negentropy(state, msg.filters)  # it may have been turned off meanwhile
-        shared = batch.follower or self.listed_elsewhere(state, batch)
-        if shared and not batch.follower and self.relay_busy(state):
-            batch.share_all = True  # too busy to lead: nobody would wait for its REQ pages
-        # A follower goes by NIP-77 throughout: a filter its leader brought nothing of may
-        # be what a third relay's exchanges are fetching by id right now, and REQ pages
-        # would bring it again (bench/scale: 1.9 copies of every event a follower paged).
-        everything = batch.share_all or batch.follower
-        chosen = [(f, held, allowed and (everything or self.by_negentropy(state, f, held, shared)))
-                  for f, held in zip(msg.filters, holdings, strict=True)]
-        if shared and any(neg for _, _, neg in chosen):
-            # So does a batch of a repository listed elsewhere once one of its filters does:
-            # a new root's #E pages brought again the comments its #e exchange had claimed
-            # (its #e and #E match the same top-level comments), and the other relays'
-            # exchanges, fetching by id meanwhile, what its pages brought.
-            chosen = [(f, held, True) for f, held, _ in chosen]
-        by_neg = [(f, held) for f, held, neg in chosen if neg]
-        by_req = [f for f, _, neg in chosen if not neg]
-        log.debug("historic_methods_chosen", relay=state.url, batch_id=batch.batch_id,
-                  negentropy=len(by_neg), req=len(by_req), held=sum(map(len, holdings)))
+        by_neg, by_req = self.choose_methods(state, batch, msg.filters, holdings)
         if by_neg and not by_req and self.merge_into_waiting_negentropy(state, batch, by_neg):
             self.pump_historic(state)
             return
@@ -295,6 +276,31 @@ class HistoricSync:
         self.pump_historic(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
+
+    def choose_methods(self, state: RelayState, batch: PendingBatch, filters, holdings):
+        """(filters for NIP-77 with what the own relay holds of each, filters for REQ
+        pages): each filter's method, given the own relay's holdings."""
+        allowed = self.use_negentropy(state, filters)  # it may have been turned off meanwhile
+        shared = batch.follower or self.listed_elsewhere(state, batch)
+        if shared and not batch.follower and self.relay_busy(state):
+            batch.share_all = True  # too busy to lead: nobody would wait for its REQ pages
+        # A follower goes by NIP-77 throughout: a filter its leader brought nothing of may
+        # be what a third relay's exchanges are fetching by id right now, and REQ pages
+        # would bring it again (bench/scale: 1.9 copies of every event a follower paged).
+        everything = batch.share_all or batch.follower
+        chosen = [(f, held, allowed and (everything or self.by_negentropy(state, f, held, shared)))
+                  for f, held in zip(filters, holdings, strict=True)]
+        if shared and any(neg for _, _, neg in chosen):
+            # So does a batch of a repository listed elsewhere once one of its filters does:
+            # a new root's #E pages brought again the comments its #e exchange had claimed
+            # (its #e and #E match the same top-level comments), and the other relays'
+            # exchanges, fetching by id meanwhile, what its pages brought.
+            chosen = [(f, held, True) for f, held, _ in chosen]
+        by_neg = [(f, held) for f, held, neg in chosen if neg]
+        by_req = [f for f, _, neg in chosen if not neg]
+        log.debug("historic_methods_chosen", relay=state.url, batch_id=batch.batch_id,
+                  negentropy=len(by_neg), req=len(by_req), held=sum(map(len, holdings)))
+        return by_neg, by_req
 
     def by_negentropy(self, state: RelayState, flt: Filter, held, shared: bool = False) -> bool:
         """NIP-77 for ``flt``? When the own relay held some of it before this sync round
@@ -457,21 +463,12 @@ class HistoricSync:
         nor while delivery is more than a quarter of its backlog limit behind. Live REQs
         waiting for the gates go first (``live.pump_live``).
         """
-        if state.current.pump_held or not state.connected or not self.pump_live(state) or self.own_down_since is not None:
+        if (state.current.pump_held or not state.connected or not self.pump_live(state)
+                or self.own_down_since is not None):
             return
-        if self.delivery.backlog >= self.backlog_high_water:
-            if not self.historic_held:
-                self.historic_held = True
-                # DeliveryCaughtUp pumps again once half of it is delivered: a mark with room
-                # below it, or a backlog hovering at the mark would pump every relay per OK.
-                self.delivery.wake_below(self.backlog_high_water // 2)
+        if self.delivery_holds_history():
             return
-        budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
-        room = budget.max_subscriptions - len(state.current.live_subs) - 1
-        limit = max(1, min(MAX_HISTORIC_SUBS, room))
-        open_historic = len(state.current.neg_running) + sum(
-            1 for s in state.current.sub_to_batch if s in state.current.conn.subscriptions
-        )
+        limit, open_historic = self.historic_slots(state), self.open_historic(state)
         while state.current.historic_queue and open_historic < limit:
             now = self.clock()
             wait = self.health.may_start_background(state.url, now)
@@ -493,19 +490,49 @@ class HistoricSync:
             state.current.historic_queue.pop(0)
             if batch is not None:
                 batch.started = True  # a later AddFilters now queues beside it, not re-packing it
-            self.health.record_start(state.url, now, background=True)
-            log.debug("historic_started", relay=state.url, sub_id=sub_id, filters=len(group),
-                      batch_id=state.current.sub_to_batch[sub_id])
-            purpose = batch.purpose if batch is not None else "other"
-            if is_negentropy_token(sub_id):
-                metrics.BACKGROUND_STARTS.labels(state.url, "negentropy", purpose).inc()
-                self.start_negentropy(state, sub_id, group[0])
-            else:
-                metrics.BACKGROUND_STARTS.labels(state.url, "req", purpose).inc()
-                state.current.historic_sent_at[sub_id] = now
-                state.current.conn.subscribe(sub_id, group)
-                state.current.sub_activity[sub_id] = now
+            self.send_historic_start(state, batch, sub_id, group, now)
             open_historic += 1
+
+    def delivery_holds_history(self) -> bool:
+        """Delivery is more than its high-water mark behind: historic starts wait."""
+        if self.delivery.backlog < self.backlog_high_water:
+            return False
+        if not self.historic_held:
+            self.historic_held = True
+            # DeliveryCaughtUp pumps again once half of it is delivered: a mark with room
+            # below it, or a backlog hovering at the mark would pump every relay per OK.
+            self.delivery.wake_below(self.backlog_high_water // 2)
+        return True
+
+    @staticmethod
+    def historic_slots(state: RelayState) -> int:
+        """Historic REQs and exchanges the relay may have open at once: what its
+        subscription budget leaves beside live coverage, 1 to MAX_HISTORIC_SUBS."""
+        budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
+        room = budget.max_subscriptions - len(state.current.live_subs) - 1
+        return max(1, min(MAX_HISTORIC_SUBS, room))
+
+    @staticmethod
+    def open_historic(state: RelayState) -> int:
+        """Historic REQs open on the connection, and NIP-77 exchanges running."""
+        return len(state.current.neg_running) + sum(
+            1 for s in state.current.sub_to_batch if s in state.current.conn.subscriptions
+        )
+
+    def send_historic_start(self, state: RelayState, batch, sub_id: str, group, now: float) -> None:
+        """One paced background start: a NIP-77 exchange or a historic REQ."""
+        self.health.record_start(state.url, now, background=True)
+        log.debug("historic_started", relay=state.url, sub_id=sub_id, filters=len(group),
+                  batch_id=state.current.sub_to_batch[sub_id])
+        purpose = batch.purpose if batch is not None else "other"
+        if is_negentropy_token(sub_id):
+            metrics.BACKGROUND_STARTS.labels(state.url, "negentropy", purpose).inc()
+            self.start_negentropy(state, sub_id, group[0])
+        else:
+            metrics.BACKGROUND_STARTS.labels(state.url, "req", purpose).inc()
+            state.current.historic_sent_at[sub_id] = now
+            state.current.conn.subscribe(sub_id, group)
+            state.current.sub_activity[sub_id] = now
 
     def fill_before_start(self, state: RelayState, batch: PendingBatch | None, sub_id: str,
                           group: list[Filter]) -> list[Filter]:
@@ -769,7 +796,8 @@ class HistoricSync:
 
     def check_historic_complete(self, state: RelayState) -> None:
         """Double check (seed 001): no pending batch now, and still none 6 s later."""
-        if self.syncing_batches(state) or state.current.completion_check_scheduled or state.status != ConnectionStatus.SYNCING:
+        if (self.syncing_batches(state) or state.current.completion_check_scheduled
+                or state.status != ConnectionStatus.SYNCING):
             return
         state.current.completion_check_scheduled = True
         delay = self.config.sync.batch_window_ms / 1000 + 1
@@ -808,62 +836,77 @@ class HistoricSync:
             return
         batch.finish_subscription(msg.token)
         if result.ok:
-            self.note_request_succeeded(state)
-            state.nip77_failed_at = None
-            metrics.NEGENTROPY_BYTES.labels(state.url, "up").inc(result.bytes_up)
-            metrics.NEGENTROPY_BYTES.labels(state.url, "down").inc(result.bytes_down)
-            metrics.NEGENTROPY_ROUNDS.labels(state.url).inc(result.rounds)
-            # Several filters match the same events (a comment tags its root with both E
-            # and e; repositories list several relays): each id is fetched once, by the
-            # first batch that claims it; the others wait for it (``FetchClaims``).
-            need = self.claims.claim(state.url, batch.batch_id,
-                                     (i for i in result.need_ids if i not in self.seen), msg.filter)
-            log.debug("negentropy_done", relay=state.url, batch_id=batch.batch_id, need=len(need),
-                      advertised=len(result.need_ids), have=len(result.have_ids),
-                      rounds=result.rounds, held=result.held)
-            # (not a one-second filter: its REQ pages are what could not complete it). Its
-            # pages would bring again what is held, in flight, refused, or fetched elsewhere;
-            # and not where other relays list the repositories too: their exchanges and
-            # pages run meanwhile, and only fetches by id keep to the claims (by filter,
-            # bench/scale's 50 relays received 2.7 copies for each event fetched so).
-            again = result.held + result.beyond + len(result.need_ids) - len(need)
-            if (fetch_by_filter(len(need), again) and not one_second(msg.filter)
-                    and not (batch.follower or batch.share_all or self.listed_elsewhere(state, batch))):
-                log.debug("negentropy_fetch_by_filter", relay=state.url, batch_id=batch.batch_id,
-                          need=len(need), held=result.held)
-                batch.fetch_by_filter.append(msg.filter)
-            else:
-                batch.expect_ids(need, found_by=msg.filter)
+            self.negentropy_served(state, batch, msg.filter, result)
         elif result.failure == "too-many-results":
             self.split_past_result_cap(state, batch, msg.filter, result.reason)
         else:
-            if result.own_relay_failed:
-                log.warning("negentropy_own_relay_unavailable", relay=state.url, reason=result.reason)
-            else:
-                if wire.is_rate_limit_text(result.reason):  # NEG-ERR "rate-limited: …"
-                    self.note_rate_limited(state, result.reason)
-                elif result.rounds == 0 and (77 in getattr(state.current.limits, "supported_nips", ())
-                                             or result.reason.startswith("timeout")):
-                    # refused where it says it serves NIP-77, or never answered at all: not
-                    # again for a day, restarts included (a slow exchange that had answers,
-                    # or a NEG-ERR from a relay that never said it serves NIP-77, holds for
-                    # its session only)
-                    self.remember_nip77_unserved(state, result.reason)
-                self.disable_negentropy(state, result.reason)
-            self.queue_reqs(state, batch, [msg.filter], front=True)
+            self.negentropy_failed(state, batch, msg.filter, result)
         if not any(map(is_negentropy_token, batch.outstanding_subs)):
-            # The batch's last exchange: fetch everything it found at once, in as few REQs
-            # as the caps allow (each REQ start is paced): mostly-missing filters by their
-            # pages, sharing REQs, the rest by id, 300 a REQ.
-            if batch.fetch_by_filter:
-                filters, batch.fetch_by_filter = batch.fetch_by_filter, []
-                self.queue_reqs(state, batch, filters, front=True)
-            if batch.advertised_ids:
-                batch.settle([i for i in batch.advertised_ids if i in self.seen])
-                self.queue_id_fetches(state, batch, self.not_seen(batch.advertised_ids))
+            self.fetch_what_the_exchanges_found(state, batch)
         self.pump_historic(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
+
+    def negentropy_served(self, state: RelayState, batch: PendingBatch, flt, result) -> None:
+        """An exchange for ``flt`` ended: what it found missing is claimed (fetched once,
+        across relays), then fetched by id, or by the filter's pages where it lacks most."""
+        self.note_request_succeeded(state)
+        state.nip77_failed_at = None
+        metrics.NEGENTROPY_BYTES.labels(state.url, "up").inc(result.bytes_up)
+        metrics.NEGENTROPY_BYTES.labels(state.url, "down").inc(result.bytes_down)
+        metrics.NEGENTROPY_ROUNDS.labels(state.url).inc(result.rounds)
+        # Several filters match the same events (a comment tags its root with both E
+        # and e; repositories list several relays): each id is fetched once, by the
+        # first batch that claims it; the others wait for it (``FetchClaims``).
+        need = self.claims.claim(state.url, batch.batch_id,
+                                 (i for i in result.need_ids if i not in self.seen), flt)
+        log.debug("negentropy_done", relay=state.url, batch_id=batch.batch_id, need=len(need),
+                  advertised=len(result.need_ids), have=len(result.have_ids),
+                  rounds=result.rounds, held=result.held)
+        # By the filter's pages where it lacks most of what the relay advertised
+        # (not a one-second filter: its REQ pages are what could not complete it). Its
+        # pages would bring again what is held, in flight, refused, or fetched elsewhere;
+        # and not where other relays list the repositories too: their exchanges and
+        # pages run meanwhile, and only fetches by id keep to the claims (by filter,
+        # bench/scale's 50 relays received 2.7 copies for each event fetched so).
+        again = result.held + result.beyond + len(result.need_ids) - len(need)
+        if (fetch_by_filter(len(need), again) and not one_second(flt)
+                and not (batch.follower or batch.share_all or self.listed_elsewhere(state, batch))):
+            log.debug("negentropy_fetch_by_filter", relay=state.url, batch_id=batch.batch_id,
+                      need=len(need), held=result.held)
+            batch.fetch_by_filter.append(flt)
+        else:
+            batch.expect_ids(need, found_by=flt)
+
+    def negentropy_failed(self, state: RelayState, batch: PendingBatch, flt, result) -> None:
+        """An exchange for ``flt`` failed: ``flt`` goes by REQ pages, at the front. Unless
+        the own relay's side failed, NIP-77 is off for the session (for a day where it was
+        advertised and not served)."""
+        if result.own_relay_failed:
+            log.warning("negentropy_own_relay_unavailable", relay=state.url, reason=result.reason)
+        else:
+            if wire.is_rate_limit_text(result.reason):  # NEG-ERR "rate-limited: …"
+                self.note_rate_limited(state, result.reason)
+            elif result.rounds == 0 and (77 in getattr(state.current.limits, "supported_nips", ())
+                                         or result.reason.startswith("timeout")):
+                # refused where it says it serves NIP-77, or never answered at all: not
+                # again for a day, restarts included (a slow exchange that had answers,
+                # or a NEG-ERR from a relay that never said it serves NIP-77, holds for
+                # its session only)
+                self.remember_nip77_unserved(state, result.reason)
+            self.disable_negentropy(state, result.reason)
+        self.queue_reqs(state, batch, [flt], front=True)
+
+    def fetch_what_the_exchanges_found(self, state: RelayState, batch: PendingBatch) -> None:
+        # The batch's last exchange: fetch everything it found at once, in as few REQs
+        # as the caps allow (each REQ start is paced): mostly-missing filters by their
+        # pages, sharing REQs, the rest by id, 300 a REQ.
+        if batch.fetch_by_filter:
+            filters, batch.fetch_by_filter = batch.fetch_by_filter, []
+            self.queue_reqs(state, batch, filters, front=True)
+        if batch.advertised_ids:
+            batch.settle([i for i in batch.advertised_ids if i in self.seen])
+            self.queue_id_fetches(state, batch, self.not_seen(batch.advertised_ids))
 
     def split_past_result_cap(self, state: RelayState, batch: PendingBatch, flt: Filter, reason: str) -> None:
         """The relay's NIP-77 refused ``flt`` for matching too many events (strfry past its
