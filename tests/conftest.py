@@ -13,6 +13,12 @@ from .scripted_relay import ScriptedRelay
 os.environ["GSYNC_STRICT_STATUS"] = "1"
 
 
+def pytest_collection_modifyitems(items):
+    """The long scenarios (``slow``) go first, so the workers start on them and the short
+    tests fill in around them, instead of one long test starting last and running alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @contextlib.contextmanager
 def _started(make, stop):
     """A factory ``make(...)`` whose products are all stopped with ``stop`` at teardown."""

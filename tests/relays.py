@@ -18,6 +18,8 @@ import websocket
 from gsync.ops import localrelay
 from gsync.ops.localrelay import LocalRelayProcess
 
+from . import relay_forks
+
 # Ports for relays and gsync's metrics endpoint. Alone, the kernel picks a free one (bind to
 # port 0). Under pytest-xdist, workers pick at the same time, and a port chosen that way is
 # only free until someone binds it: each worker takes ports from a range of its own below
@@ -55,6 +57,11 @@ class RelayProcess(LocalRelayProcess):
     def __init__(self, options: dict):
         options = dict(options)
         super().__init__(options.pop("port", None), **options)
+
+    def launch(self):
+        """Forked from this worker's warm relay process (``tests/relay_forks.py``): a new
+        interpreter per relay costs the suite more CPU than anything else it does."""
+        return relay_forks.fork_relay(self.options, self.log_path, localrelay.child_env())
 
     def kill(self) -> None:
         """Die abruptly, as a crashed relay would (no close frames)."""

@@ -366,6 +366,7 @@ def test_ends_of_subscriptions_nobody_opened_are_dropped_and_hung_up_on(relay_fa
     assert gsync.proc.poll() is None
 
 
+@pytest.mark.slow
 def test_a_relay_that_ignores_since_is_not_hung_up_on(relay_factory, scripted, gsync_factory):
     # After a reconnect gsync asks since its last connection (less 15 minutes); this relay
     # answers as if no since were given: all 1,200 old issues again, past the misbehaviour

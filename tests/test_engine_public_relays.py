@@ -616,6 +616,7 @@ CAP_REFUSALS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("said_in", sorted(CAP_REFUSALS))
 def test_a_relay_that_caps_open_subscriptions_without_saying_so_is_synced_within_its_cap(
         relay_factory, gsync_factory, scripted, said_in):

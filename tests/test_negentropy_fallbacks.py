@@ -223,6 +223,7 @@ def test_what_one_relay_claimed_and_never_served_comes_from_the_other(relay_fact
     assert 3 <= other_sent <= 10, f"the other relay sent {other_sent}: only what the first could not"
 
 
+@pytest.mark.slow
 def test_what_one_relay_claimed_comes_by_its_filter_from_one_that_serves_nothing_by_id(
         relay_factory, gsync_factory, scripted):
     """As above, but the relay that skipped the claimed ids serves nothing by id (and,

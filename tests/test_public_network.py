@@ -69,14 +69,16 @@ def test_nip77_refused_by_a_notice_in_the_relays_own_words_falls_back_at_once(
         relay_factory, gsync_factory, scripted):
     """primal.net and purplepag.es answer NEG-OPEN with a NOTICE that need not mention
     negentropy: it is that exchange's refusal, so REQ+EOSE starts at once instead of after
-    the 15 s NIP-77 deadline (left at its default here)."""
+    the NIP-77 deadline (15 s by default; 60 s here, so that a loaded machine cannot blur
+    the two)."""
     own = relay_factory()
     remote = scripted(negentropy="plain-notice", neg_err_reason="ERROR: bad msg: unknown command",
                       page_size=500)
-    gsync, secs = _time_to_sync(own, gsync_factory, remote, "notice-refusal")
+    gsync, secs = _time_to_sync(own, gsync_factory, remote, "notice-refusal",
+                                timers={"NEGENTROPY_DEADLINE_SECS": 60})
     print(f"synced in {secs:.1f} s")
     assert remote.messages("NEG-OPEN"), "NIP-77 was tried"
-    assert secs < 10, f"{secs:.1f} s: the NOTICE was not read as the refusal"
+    assert secs < 30, f"{secs:.1f} s: the NOTICE was not read as the refusal"
     unsupported = events_named(gsync, "negentropy_unsupported", remote.url)
     assert len(unsupported) == 1 and unsupported[0]["reason"].startswith("notice")
 

@@ -76,11 +76,13 @@ class LocalRelayProcess:
         self.proc: subprocess.Popen | None = None
         self.ports = [self.port]
 
-    def start(self, timeout: float = 20.0) -> LocalRelayProcess:
+    def launch(self):
+        """The relay's child process (a ``subprocess.Popen``, or anything with its ``stdin``,
+        ``stdout``, ``poll``, ``wait``, ``terminate`` and ``kill``)."""
         # stderr goes to a file (or nowhere), never to a pipe nobody reads.
         err = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
-            self.proc = subprocess.Popen(
+            return subprocess.Popen(
                 [sys.executable, "-m", "gsync.ops.localrelay", json.dumps(self.options)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                 text=True, env=child_env(),
@@ -88,6 +90,9 @@ class LocalRelayProcess:
         finally:
             if self.log_path:
                 err.close()
+
+    def start(self, timeout: float = 20.0) -> LocalRelayProcess:
+        self.proc = self.launch()
         line = self.proc.stdout.readline()
         if not line.startswith("READY"):
             self.stop()
