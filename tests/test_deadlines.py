@@ -24,6 +24,7 @@ def _events(gsync, name):
     return [e for e in gsync.log_events() if e["event"] == name]
 
 
+@pytest.mark.slow
 def test_a_half_open_own_relay_is_found_by_its_unanswered_ping(relay_factory, gsync_factory, scripted):
     live_reqs = []
 
@@ -129,6 +130,7 @@ def test_a_nip77_exchange_whose_greenlet_dies_or_hangs_does_not_leave_its_batch_
         gsync.terminate()
 
 
+@pytest.mark.slow
 def test_a_relay_dribbling_a_page_one_event_at_a_time_does_not_hold_it_open_for_good(
         relay_factory, gsync_factory, scripted):
     dribbled, closed = [], threading.Event()

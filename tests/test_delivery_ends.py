@@ -3,6 +3,8 @@ no NIP defines) is tried a bounded number of times, then kept as refused, and wh
 waits it does not hold historic sync."""
 import threading
 
+import pytest
+
 from gsync import constants
 from gsync.sync.delivery_retry import refusal_retry_delay
 
@@ -18,6 +20,7 @@ def test_a_non_final_refusal_is_retried_ten_times_over_about_an_hour_then_given_
     assert 3000 <= sum(delays[:-1]) <= 5000  # ten attempts over about an hour
 
 
+@pytest.mark.slow
 def test_deliveries_refused_with_error_end_in_the_rejected_index_and_never_hold_historic_sync(
         relay_factory, gsync_factory, scripted):
     offered: dict[str, int] = {}

@@ -210,6 +210,7 @@ def _hosted_issues(own, remote, d: str, count: int):
     return repo, bugs
 
 
+@pytest.mark.slow
 def test_polls_are_spaced_by_what_they_send(gsync_factory, scripted):
     # 150 issues: their e/E/q coverage (about 30 kB) does not fit the relay's one live REQ
     # (layer 1 takes it) and is polled. Every poll sends it all again, so polls are spaced
@@ -393,6 +394,7 @@ def test_a_root_published_to_the_own_relay_but_never_shown_live_is_read_again(
     assert_arrives(own, [reply], timeout=30, what="the comment, once the issue is read again")
 
 
+@pytest.mark.slow
 def test_a_backdated_root_published_to_the_own_relay_is_found_by_the_daily_full_reread(
         gsync_factory, scripted):
     # As above, but the issue says it was written two hours ago: older than the re-read's

@@ -78,6 +78,7 @@ def _created_ats(layout: str, n: int) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["distinct", "crowded_seconds"])
 def test_pagination_brings_every_event_past_the_page_size(layout, relay_factory, scripted, gsync_factory):
     own = relay_factory()
@@ -221,6 +222,7 @@ def _junk_frames(sub: str, stray_event: dict) -> list:
     ]
 
 
+@pytest.mark.slow
 def test_junk_frames_are_counted_and_sync_continues(relay_factory, scripted, gsync_factory):
     own = relay_factory()
     addr = "30617:" + alice.pubkey + ":proj"
@@ -413,7 +415,8 @@ def _sync_issues_and_comments(own, remote, gsync_factory, d: str, count: int):
     return gsync
 
 
-@pytest.mark.parametrize("how", ["close", pytest.param("drop", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["close", "drop"])
 def test_a_relay_that_hangs_up_on_long_messages_is_synced_in_shorter_reqs(relay_factory, scripted,
                                                                          gsync_factory, how):
     # No NIP-11, and a 64 KiB read limit (strfry and nostr-rs-relay default to 128 KiB, and

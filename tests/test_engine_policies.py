@@ -21,6 +21,7 @@ def _key_file(tmp_path) -> str:
     return path
 
 
+@pytest.mark.slow
 def test_nip42_on_the_own_relay_and_on_a_remote(relay_factory, gsync_factory, tmp_path):
     own = relay_factory(nip42="write")  # EVENT → OK false "auth-required: …" until AUTH
     remote = relay_factory(nip42="read")  # REQ → CLOSED "auth-required: …" until AUTH

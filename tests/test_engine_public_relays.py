@@ -401,6 +401,7 @@ def test_auth_required_without_a_key_is_a_policy_refusal_and_nothing_loops(relay
     print(f"\nNIP-42 relay without a key: {settled} refusals, {len(paused)} shapes paused")
 
 
+@pytest.mark.slow
 def test_a_nip42_relay_with_a_key_is_synced_live_and_nothing_is_paused(relay_factory, gsync_factory,
                                                                         tmp_path):
     """With ``[auth] key_file``: the REQs the relay refused before our AUTH are sent again
@@ -513,6 +514,7 @@ def test_a_recovery_attempt_cut_by_a_disconnect_is_tried_again(relay_factory, gs
                what="the relay back to Connected")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["NEG-ERR", "OK"])
 def test_rate_limit_answers_in_neg_err_and_ok_start_the_cooldown(where, relay_factory, gsync_factory,
                                                                  scripted, tmp_path):
@@ -660,6 +662,7 @@ def test_a_relay_that_caps_open_subscriptions_without_saying_so_is_synced_within
     assert not events_named(gsync, "relay_rate_limited", remote.url)
 
 
+@pytest.mark.slow
 def test_a_rate_limit_said_in_a_notice_alone_is_waited_out_without_splitting_the_req(
         relay_factory, gsync_factory, scripted):
     # nostr_relay refuses a REQ past its rate with ["NOTICE", "rate-limited"] and nothing

@@ -79,6 +79,7 @@ def test_live_event_published_after_sync_arrives(relay_factory, gsync_factory):
     assert_arrives(own, [late], timeout=20, what="the live event")
 
 
+@pytest.mark.slow
 def test_announcement_not_listing_us_is_ignored(relay_factory, gsync_factory):
     own, remote, elsewhere = relay_factory(), relay_factory(), relay_factory()
     ours = our_announcement(own, [remote], d="ours")
@@ -244,6 +245,7 @@ def test_two_sharded_instances_split_the_relays_and_together_sync_everything(rel
     assert all(dialled), "each instance has relays of its own"
 
 
+@pytest.mark.slow
 def test_shards_split_the_remotes_and_together_sync_everything(relay_factory):
     """``gsync run --shard 0-of-2`` and ``1-of-2``, as the template unit gsync@.service runs
     them: two instances beside one own relay each dial only the remotes their shard owns

@@ -15,6 +15,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from gsync.protocol.filters import Filter
 
 from . import factory as f
@@ -98,6 +100,7 @@ class ArrivesElsewhereMeanwhile:
         return self.serve(relay, conn, message)
 
 
+@pytest.mark.slow
 def test_advertised_ids_that_arrive_from_elsewhere_first_say_nothing_of_serving_ids(
         relay_factory, gsync_factory, scripted):
     """An id NIP-77 advertised that reached the own relay another way before the batch's id

@@ -167,6 +167,7 @@ def synced():
 # -- gsync status -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("ops_synced")  # one worker: the synced world starts once
 def test_status_table_from_the_running_instance(synced):
     result = run_cli("status", "--config", synced.gsync.config_path)
@@ -268,6 +269,7 @@ def test_status_render_marks_bootstrap_and_shortens_errors():
 # -- metrics after a real sync ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("ops_synced")  # one worker: the synced world starts once
 def test_metrics_after_a_real_sync(synced):
     g = synced.gsync

@@ -8,6 +8,8 @@ import socket
 import threading
 import time
 
+import pytest
+
 from . import factory as f
 from .relays import publish, wait_until
 from .scenario import assert_arrives, our_announcement
@@ -114,6 +116,7 @@ def test_nip77_advertised_and_never_answered_is_not_asked_again_after_a_quick_re
     assert len(events_named(gsync, "negentropy_advertised_not_served", remote.url)) == 1
 
 
+@pytest.mark.slow
 def test_a_relay_answering_the_upgrade_with_404_is_parked_and_says_so(relay_factory, gsync_factory,
                                                                        scripted):
     """An HTTP 404 to the websocket upgrade is no websocket there: no retry in 0.2 s (the
@@ -312,6 +315,7 @@ def test_a_relay_whose_name_does_not_resolve_is_parked(relay_factory, gsync_fact
     assert gsync.metric("ngit_sync_connection_attempts_total", relay=url, result="failure") == 1
 
 
+@pytest.mark.slow
 def test_a_shape_refused_once_goes_alone_after_its_probe_restored_it(relay_factory, gsync_factory, scripted):
     """A relay that refused ``#q`` and then serves it again (its probe, 2 s here, passes):
     ``#q`` is restored, and every later REQ carrying it carries nothing else, so that a new
