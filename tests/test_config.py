@@ -390,6 +390,7 @@ def _ini(sections: dict, own_relay: bool, domain: bool) -> str:
     return "\n".join(out)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(_lines, max_size=25))
 def test_any_ini_shaped_text_loads_or_names_its_errors(tmp_path_factory, lines):
@@ -397,6 +398,7 @@ def test_any_ini_shaped_text_loads_or_names_its_errors(tmp_path_factory, lines):
     _check(_write(tmp_path_factory, text.encode("utf-8", "surrogatepass")))
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(_sections, st.booleans(), st.booleans())
 # What the search found once, kept so that it is always tried:

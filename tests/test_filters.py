@@ -240,6 +240,7 @@ _set_events = st.builds(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(st.lists(_set_filters, max_size=10), _set_events)
 def test_filter_set_matches_exactly_like_each_filter(filters, event):

@@ -349,12 +349,14 @@ def test_fuzz_arbitrary_bytes(data):
     _assert_total(data)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(_json_values)
 def test_fuzz_arbitrary_json(value):
     _assert_total(json.dumps(value))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(_message_like)
 def test_fuzz_message_shaped_json(items):

@@ -25,6 +25,9 @@ from gsync.protocol.filters import Filter
 from .relays import RelayProcess, publish
 from .test_negentropy_ws import ws_functions
 
+# One worker runs the module: the seeded relay (a module fixture) is signed and seeded once.
+pytestmark = pytest.mark.xdist_group("negentropy_localrelay")
+
 SMALL_GROUP_SIZES = (0, 1, 31, 32, 33, 1_000)
 BIG_GROUP_SIZE = 50_000
 GROUP_SIZES = (*SMALL_GROUP_SIZES, pytest.param(BIG_GROUP_SIZE, marks=pytest.mark.slow))

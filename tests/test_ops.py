@@ -167,6 +167,7 @@ def synced():
 # -- gsync status -----------------------------------------------------------------------------
 
 
+@pytest.mark.xdist_group("ops_synced")  # one worker: the synced world starts once
 def test_status_table_from_the_running_instance(synced):
     result = run_cli("status", "--config", synced.gsync.config_path)
     assert result.returncode == 0, result.stderr
@@ -190,6 +191,7 @@ def test_status_table_from_the_running_instance(synced):
     assert sum(int(r[4]) for r in rows.values()) == len(synced.new_ids)
 
 
+@pytest.mark.xdist_group("ops_synced")  # one worker: the synced world starts once
 def test_status_json_by_url(synced):
     url = f"http://127.0.0.1:{synced.gsync.metrics_port}"
     result = run_cli("status", "--url", url, "--json")
@@ -205,6 +207,7 @@ def test_status_json_by_url(synced):
                               "last_error"}
 
 
+@pytest.mark.xdist_group("ops_synced")  # one worker: the synced world starts once
 def test_version_is_printed_logged_and_exported(synced):
     result = run_cli("--version")
     assert result.returncode == 0 and result.stdout.strip() == f"gsync {build.version()}"
@@ -265,6 +268,7 @@ def test_status_render_marks_bootstrap_and_shortens_errors():
 # -- metrics after a real sync ----------------------------------------------------------------
 
 
+@pytest.mark.xdist_group("ops_synced")  # one worker: the synced world starts once
 def test_metrics_after_a_real_sync(synced):
     g = synced.gsync
     synced.wait_synced()  # also after the SIGHUP test, which adds events
@@ -326,6 +330,7 @@ def test_per_relay_metrics_go_when_the_relay_is_retired():
 # -- sd_notify ----------------------------------------------------------------------------------
 
 
+@pytest.mark.xdist_group("ops_synced")  # one worker: the synced world starts once
 def test_sd_notify_ready_status_and_watchdog(synced):
     notify = synced.notify
     wait_until(lambda: len(notify.with_line("WATCHDOG=1")) >= 2, timeout=10,
@@ -351,6 +356,7 @@ def test_sd_notify_ready_status_and_watchdog(synced):
 # -- SIGHUP -------------------------------------------------------------------------------------
 
 
+@pytest.mark.xdist_group("ops_synced")  # one worker: the synced world starts once
 def test_sighup_switches_the_log_level(synced):
     g = synced.gsync
     assert not [e for e in g.log_events() if e.get("level") == "debug"], "debug lines at level info"

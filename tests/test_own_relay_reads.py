@@ -127,3 +127,38 @@ def test_how_long_the_oldest_delivery_has_waited_for_its_answer():
     delivery._lanes[0].in_flight[old.id] = (old, 97.0)
     delivery._lanes[0].in_flight[new.id] = (new, 99.5)
     assert delivery.oldest_answer_wait() == pytest.approx(3.0)
+
+
+def test_an_event_the_own_relay_refused_is_not_held_when_another_relay_has_it_later(
+        relay_factory, gsync_factory, tmp_path):
+    """A status names two repositories: ours (its remote brings it, the own relay refuses it
+    for now) and one the own relay accepts only later. That acceptance releases the refusal
+    (``sync.rejected``); the refused event's first relay is gone by then, so only the new
+    repository's relay can bring it, and that relay's first sync of the new repository asks
+    the session's held index what the own relay has of it: a refusal counted as held would
+    be claimed in its NIP-77 have-set and never fetched."""
+    refused_ids = tmp_path / "refused-ids"
+    own = relay_factory(reject={"ids_file": str(refused_ids), "message": "not now"})
+    first, later = relay_factory(), relay_factory()
+    repo = our_announcement(own, [first], d="refused-first")
+    other = our_announcement(own, [later], d="accepted-later")
+    bug = f.issue(bob, repo)  # on no relay: only the status's reference
+    status = f.status(alice, bug, extra_tags=[["a", other.address]])
+    refused_ids.write_text(status.id + "\n")
+    publish(first.url, [repo, status])
+    publish(later.url, [other, status])
+    publish(own.url, [repo])
+    # released refusals are fetched again from where they came (the hot tier is over at once)
+    gsync = gsync_factory(own, [first, later], timers={"REJECTED_HOT_SECS": 0})
+
+    def logged(event: str, **fields) -> bool:
+        return any(e["event"] == event and all(e.get(k) == v for k, v in fields.items())
+                   for e in gsync.log_events())
+
+    wait_until(lambda: logged("event_rejected", event_id=status.id), timeout=30, what="the refusal")
+    refused_ids.write_text("")  # the own relay would take it now
+    first.kill()
+    wait_until(lambda: logged("relay_disconnected", relay=first.url), timeout=30, what="the first relay gone")
+    publish(own.url, [other])  # accepted: the refusal is released, the later relay synced
+    assert_arrives(own, [status], timeout=20, what="the released status, from the later relay")
+    assert logged("refused_released", refetched=1)

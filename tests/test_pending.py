@@ -651,6 +651,7 @@ def random_store(rng, n, values, crowd):
             for t in seconds]
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_every_event_arrives_from_every_kind_of_relay(data):

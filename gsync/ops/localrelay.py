@@ -11,7 +11,8 @@ writes to, so they are raised unless given), ``write_delay_ms`` (a slow relay: e
 waits that long before it is accepted), ``nip42`` (``read`` | ``write`` | ``both``),
 ``lmdb`` (a database directory that survives restarts; default in memory), ``seed_file``
 (JSON lines of signed events saved before the relay listens), ``reject`` (``{"kinds",
-"ids", "authors", "message"}``: refused with ``blocked:``), ``block_queries`` (every REQ
+"ids", "ids_file", "authors", "message"}``: refused with ``blocked:``; ``ids_file`` lists
+ids, one a line, read at every event, so a test can lift a refusal while the relay runs), ``block_queries`` (every REQ
 and NEG-OPEN refused with that text), ``block_id_queries`` (only filters with ``ids``
 refused, with that text: a relay that advertises events but will not serve them by id) and
 ``query_delay_ms`` (every REQ and NEG-OPEN waits that long: a slow relay). The test suite
@@ -204,16 +205,28 @@ async def _build(opts: dict):
             self.grasp_domain = grasp_domain
             self.kinds = set(reject.get("kinds", []))
             self.ids = set(reject.get("ids", []))
+            self.ids_file = reject.get("ids_file")
             self.authors = set(reject.get("authors", []))
             self.message = reject.get("message", "not wanted here")
+
+        def refused_ids(self) -> set:
+            """``ids``, and those listed in ``ids_file`` now (read at every event: a test
+            lifts or imposes a refusal while the relay runs)."""
+            if not self.ids_file:
+                return self.ids
+            try:
+                with open(self.ids_file) as fh:
+                    return self.ids | set(fh.read().split())
+            except OSError:
+                return self.ids
 
         async def admit_event(self, event, addr):
             try:
                 if self.delay:
                     await asyncio.sleep(self.delay)
-                if self.kinds or self.ids or self.authors or self.grasp_domain:
+                if self.kinds or self.ids or self.ids_file or self.authors or self.grasp_domain:
                     e = json.loads(event.as_json())
-                    if e["kind"] in self.kinds or e["id"] in self.ids or e["pubkey"] in self.authors:
+                    if e["kind"] in self.kinds or e["id"] in self.refused_ids() or e["pubkey"] in self.authors:
                         return WritePolicyResult.REJECT(self.message)
                     if self.grasp_domain and e["kind"] == 30617 and not _lists_domain(e, self.grasp_domain):
                         return WritePolicyResult.REJECT("announcement does not list this relay")
