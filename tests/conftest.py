@@ -13,10 +13,18 @@ from .scripted_relay import ScriptedRelay
 os.environ["GSYNC_STRICT_STATUS"] = "1"
 
 
+_PEERS = {"relay_factory", "gsync_factory", "scripted", "seeded_relay"}
+
+
 def pytest_collection_modifyitems(items):
-    """The long scenarios (``slow``) go first, so the workers start on them and the short
-    tests fill in around them, instead of one long test starting last and running alone."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The long scenarios with real peers (``slow``) go first, so the workers start on them
+    and the short tests fill in around them, instead of one long test starting last and
+    running alone. Long tests without peers (property runs) stay in place: they only compute,
+    and the scenarios that time what gsync does are better off not starting beside them."""
+    def late(item):
+        return item.get_closest_marker("slow") is None or not _PEERS & set(item.fixturenames)
+
+    items.sort(key=late)
 
 
 @contextlib.contextmanager

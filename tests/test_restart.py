@@ -64,9 +64,12 @@ def test_a_restart_reconnects_quickly_asks_nothing_refused_and_leaves_dead_relay
         return (_status(first, remote.url).get("status") == "connected"
                 and _status(first, picky.url).get("paused_coverage", 0) >= 1
                 and _status(first, picky.url).get("status") in ("connected", "connected_historic_sync_failures")
-                and _status(first, dead.url).get("health") == "dead")
+                and _status(first, dead.url).get("health") == "dead"
+                # the thread member's descendants asked (a loaded machine can take a while)
+                and any(reply.id in flt.get("#e", []) for _, filters in remote.reqs() for flt in filters))
 
-    wait_until(settled, timeout=30, what="synced, #q paused on the picky relay, the dead relay dead")
+    wait_until(settled, timeout=30, what="synced, #q paused on the picky relay, the dead relay dead, "
+               "the member's descendants asked")
     # A save after that (every 0.5 s here; ``state_saved`` is logged only when something
     # changed, so the save's age is what tells): the metric is refreshed on the 2 s tick.
     settled_at = time.monotonic()
