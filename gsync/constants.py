@@ -121,6 +121,11 @@ OWN_READS_AT_ONCE_TOTAL = 32
 # events never reaches the per-read timeout): the batch then goes by REQ pages, as when the
 # own relay cannot be read. Loopback reads of a filter take milliseconds to a few seconds.
 OWN_READ_DEADLINE_SECS = 120.0
+# What batches lack of the own relay is read together (``sync.own_reads``): the unread parts
+# of every batch asking within this window (and while a read is under way) make one read
+# per tag. On an own relay whose tag queries scan, a read costs the same for one value as
+# for hundreds: the number of reads is its cost.
+OWN_READ_WINDOW_SECS = 0.5
 # An own-relay holdings read is shared by exchanges over the same filter for this long.
 SHARED_HOLDINGS_SECS = 5.0
 # What the own relay holds is read once per filter and session, then kept with what it

@@ -12,6 +12,7 @@ sends instead of writing them. The manager's decisions are then read from what i
 """
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
 import json
@@ -20,12 +21,14 @@ from gsync.io.connection import RelayConnection
 from gsync.io.inbox import (
     HandshakeDone,
     OwnEvents,
-    OwnHoldingsRead,
+    OwnReadsDue,
+    OwnReadsLanded,
     OwnSubscribed,
     RemoteMessage,
     Tick,
 )
 from gsync.io.manager import SyncManager
+from gsync.io.own_query import HeldItems
 from gsync.ops.config import Config, NetworkConfig, ServiceConfig, SyncConfig
 from gsync.protocol import messages as wire
 
@@ -166,20 +169,39 @@ class ManagerHarness:
         self.feed(HandshakeDone(url, state.attempt, ws=FakeWs(), limits=limits))
         return self.conn(url)
 
+    def close_own_read_window(self) -> None:
+        """The window collecting own-relay reads closes now (``OwnReadsDue``), whatever the
+        clock says: the merged read it starts is then among ``spawned``."""
+        due = [t for t in self.effects.timers if isinstance(t[2], OwnReadsDue)]
+        if due:
+            self.effects.timers = [t for t in self.effects.timers if not isinstance(t[2], OwnReadsDue)]
+            heapq.heapify(self.effects.timers)
+            for _due, _seq, msg in due:
+                self.feed(msg)
+
+    def own_reads(self) -> list:
+        """The own-relay reads asked for and not answered yet (greenlets not run)."""
+        return [g for g in self.effects.spawned
+                if g.name == "read_merged" and not g.killed]
+
     def answer_own_reads(self, held=None) -> int:
-        """Answer the own-relay reads the manager asked for: ``held(filter)`` lists the
-        (created_at, id) the own relay holds of each (nothing, by default). How many."""
+        """Close the collecting window and answer the own-relay reads the manager asked for,
+        and those it asks for as they land, until none is left: ``held(filter)`` lists the
+        (created_at, id) the own relay holds of each filter read (nothing, by default), as
+        events that filter matches. How many reads were answered."""
         answered = 0
-        for g in list(self.effects.spawned):
-            if g.name != "read_holdings" or g.killed:
-                continue
-            self.effects.spawned.remove(g)
-            _own, filters, _post = g.args
-            kw = g.kwargs
-            holdings = [list(held(f)) if held else [] for f in filters]
-            self.feed(OwnHoldingsRead(kw["relay"], kw["session"], kw["batch_id"], kw["token"],
-                                      list(filters), holdings, "", kw["epoch"], kw["reads"]))
-            answered += 1
+        used: set[str] = set()  # an id given for two filters is two events (one event, one entry)
+        for _ in range(20):
+            self.close_own_read_window()
+            reads = self.own_reads()
+            if not reads:
+                break
+            for g in reads:
+                self.effects.spawned.remove(g)
+                _own, filters, _post = g.args
+                holdings = [held_items(f, held(f) if held else (), used) for f in filters]
+                self.feed(OwnReadsLanded(g.kwargs["read_id"], list(filters), holdings, "", g.kwargs["epoch"]))
+                answered += 1
         return answered
 
     def relay_says(self, url: str, message) -> None:
@@ -214,3 +236,17 @@ class ManagerHarness:
         """The relay ends every open subscription's stored events, nothing found."""
         for sub_id in list(self.conn(url).subscriptions):
             self.relay_says(url, wire.Eose(sub_id))
+
+
+def held_items(flt, pairs, used: set) -> HeldItems:
+    """What a read of ``flt`` returns when the own relay holds ``pairs`` (created_at, id) of
+    it: events of its first kind and author, tagged with every value it asks for. An id in
+    ``used`` (given for another filter) is made another one."""
+    pairs = [(at, event_id if event_id not in used else hashlib.sha256((event_id + flt.to_json()).encode()).hexdigest())
+             for at, event_id in pairs]
+    used.update(event_id for _, event_id in pairs)
+    kind = min(flt.kinds) if flt.kinds else 1
+    pubkey = min(flt.authors) if flt.authors else "0" * 64
+    tags = [[name, value] for name, values in flt.tags for value in sorted(values)]
+    return HeldItems({"id": event_id, "created_at": at, "kind": kind, "pubkey": pubkey, "tags": tags}
+                     for at, event_id in pairs)

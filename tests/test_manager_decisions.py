@@ -26,7 +26,7 @@ def settle(h, url):
         h.answer_own_reads()
         h.advance(1.1)  # the pacing gate
         if not h.conn(url).subscriptions.keys() - h.state(url).current.live_subs.keys():
-            if not h.effects.spawned or all(g.name != "read_holdings" for g in h.effects.spawned):
+            if not h.effects.spawned or not h.own_reads():
                 break
         h.eose_all(url)
     h.advance(10)

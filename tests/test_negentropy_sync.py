@@ -300,11 +300,11 @@ def test_a_large_shared_read_is_reconciled_from_one_storage():
     assert shared.storage(small, shared.get("ws://own", small)) is None  # small: per exchange
 
 
-def test_a_batchs_holdings_are_read_per_filter_in_order(relay_factory):
+def test_a_merged_reads_holdings_are_read_per_filter_in_order(relay_factory):
     """Before methods are chosen, the own relay's (created_at, id) for each filter of a
-    batch, read side by side, come back in the filters' order."""
+    merged read, read side by side, come back in the filters' order."""
     from gsync.io import negentropy_sync
-    from gsync.io.inbox import OwnHoldingsRead
+    from gsync.io.inbox import OwnReadsLanded
     from gsync.protocol.filters import Filter
 
     from .relays import free_port, publish
@@ -316,18 +316,16 @@ def test_a_batchs_holdings_are_read_per_filter_in_order(relay_factory):
     publish(own.url, [repo, *bugs, *replies])
     filters = [Filter.make(tags={"e": [b.id]}) for b in bugs] + [Filter.make(kinds=[1621])]
     posted = []
-    negentropy_sync.read_holdings(own.url, filters, posted.append, relay="r", session=1, batch_id=7,
-                                  token="own7")
+    negentropy_sync.read_merged(own.url, filters, posted.append, read_id=7)
     [answer] = posted
-    assert isinstance(answer, OwnHoldingsRead) and answer.reason == ""
+    assert isinstance(answer, OwnReadsLanded) and answer.reason == "" and answer.read_id == 7
     expected = [sorted((e.created_at, e.id) for e in replies if flt.matches(e)) for flt in filters[:-1]]
     expected.append(sorted((b.created_at, b.id) for b in bugs))
     assert [sorted(h) for h in answer.holdings] == expected
 
     posted.clear()  # (other filters: a read of the same filter is shared for a few seconds)
     unread = [Filter.make(kinds=[1617]), Filter.make(kinds=[1618])]
-    negentropy_sync.read_holdings(f"ws://127.0.0.1:{free_port()}", unread, posted.append, relay="r",
-                                  session=1, batch_id=8, token="own8")
+    negentropy_sync.read_merged(f"ws://127.0.0.1:{free_port()}", unread, posted.append, read_id=8)
     [answer] = posted
     assert answer.holdings is None and answer.reason.startswith("own relay query failed")
 

@@ -102,12 +102,23 @@ class OwnHoldingsRead:
     filters: list
     holdings: list | None  # per filter, [(created_at, id)]; None: the own relay failed
     reason: str = ""  # why it failed
-    # ``OwnHeld.forgotten`` when the read began: a read across an own-relay outage teaches
-    # nothing (what it returned may be gone)
-    epoch: int = 0
-    # per filter, what was read for it (its values the session did not know yet), or None:
-    # all known (``sync.own_held``); ``holdings`` has what that read returned, or None
-    read_filters: list | None = None
+
+
+@dataclass(slots=True)
+class OwnReadsLanded:
+    """A merged read of the own relay ended (``sync.own_reads``): what every batch waiting
+    on it lacked. The batches are the manager's to answer (``own_reads_flying``)."""
+
+    read_id: int
+    reads: list  # the filters read
+    holdings: list | None  # per read, its ``HeldItems``; None: the own relay failed
+    reason: str = ""
+    epoch: int = 0  # ``OwnHeld.forgotten`` when the read began
+
+
+@dataclass(slots=True)
+class OwnReadsDue:
+    """The window collecting own-relay reads closed: read what is waiting."""
 
 
 @dataclass(slots=True)

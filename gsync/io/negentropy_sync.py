@@ -36,7 +36,7 @@ from ..protocol import negentropy
 from ..protocol.filters import Filter
 from ..protocol.negentropy import Storage
 from . import negentropy_ws
-from .inbox import NegentropyFinished, OwnHoldingsRead
+from .inbox import NegentropyFinished, OwnReadsLanded
 from .own_query import KeptConnections
 
 # LocalRelay's NIP-77 frame limit is 60,000 bytes; staying under it suits most relays.
@@ -147,17 +147,22 @@ def give_way(busy, sleep=gevent.sleep, clock=time.monotonic,
     return clock() - start
 
 
-def read_holdings(own_url: str, filters, post, *, relay: str, session: int, batch_id: int,
-                  token: str, fresh: bool = False, reads=None, epoch: int = 0, busy=None) -> None:
-    """What the own relay holds of each of ``filters``, posted to the manager, which picks
-    each filter's method from it (a failure is an outcome too: REQ pages then). ``fresh``:
-    not from an earlier read (``SharedHoldings.get``). ``reads``: per filter, what to read
-    for it (the part the session does not know, ``sync.own_held``), or None: nothing
-    (default: each whole). ``busy``: the own relay is slow to answer deliveries
-    (``give_way``)."""
-    reads = list(filters) if reads is None else reads
+def read_merged(own_url: str, reads, post, *, read_id: int, fresh: bool = False, epoch: int = 0,
+                busy=None) -> None:
+    """What the own relay holds of each of ``reads`` (the merged reads of every batch
+    waiting: ``sync.own_reads``), posted to the manager as one ``OwnReadsLanded``, which
+    answers each batch from it (a failure is an outcome too: REQ pages then). ``fresh``:
+    not from an earlier read (``SharedHoldings.get``). ``busy``: the own relay is slow to
+    answer deliveries (``give_way``)."""
+    holdings, reason = _read_each(own_url, reads, fresh, busy)
+    post(OwnReadsLanded(read_id, list(reads), holdings, reason, epoch))
 
-    def read(i: int, flt: Filter | None):
+
+def _read_each(own_url: str, reads, fresh: bool, busy) -> tuple[list | None, str]:
+    """Each of ``reads`` (None: nothing to read) side by side, all by
+    ``OWN_READ_DEADLINE_SECS``: (per read, its ``HeldItems`` or None; "") or (None, why)."""
+
+    def read(flt: Filter | None):
         if flt is None:
             return None
         give_way(busy)
@@ -168,7 +173,7 @@ def read_holdings(own_url: str, filters, post, *, relay: str, session: int, batc
                 return exc
 
     pool = gevent.pool.Pool(OWN_READS_PER_BATCH)
-    spawned = [pool.spawn(read, i, flt) for i, flt in enumerate(reads)]
+    spawned = [pool.spawn(read, flt) for flt in reads]
     deadline = constants.OWN_READ_DEADLINE_SECS
     done = gevent.joinall(spawned, timeout=deadline)
     holdings, reason = [r.value for r in spawned], ""
@@ -178,7 +183,7 @@ def read_holdings(own_url: str, filters, post, *, relay: str, session: int, batc
         holdings, reason = None, f"own relay query past its {deadline:g} s deadline"
     elif failed is not None:
         holdings, reason = None, f"own relay query failed: {type(failed).__name__}"
-    post(OwnHoldingsRead(relay, session, batch_id, token, list(filters), holdings, reason, epoch, reads))
+    return holdings, reason
 
 
 def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batch_id: int,

@@ -41,6 +41,8 @@ from ..inbox import (
     OwnEvents,
     OwnHeldConfirmed,
     OwnHoldingsRead,
+    OwnReadsDue,
+    OwnReadsLanded,
     OwnRelayState,
     OwnSubscribed,
     RelayDisconnected,
@@ -56,6 +58,7 @@ from .effects import GeventEffects
 from .historic import HistoricSync
 from .lifecycle import RelayLifecycle
 from .live import LiveCoverage
+from .own_reads import OwnReads, OwnReadWaiter
 from .own_relay import OwnRelaySide
 from .refusals import Refusals
 from .saved_state import SavedState
@@ -63,7 +66,7 @@ from .saved_state import SavedState
 log = get_logger("gsync.manager")
 
 
-class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Refusals):
+class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelaySide, Refusals):
     def __init__(self, config, *, clock=time.time, delivery=None, on_ready=None, effects=None):
         """``effects``: the manager's I/O (``effects.GeventEffects`` unless a test gives a
         recorder); ``clock``: wall time, for every decision that reads it."""
@@ -116,6 +119,11 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Refu
         # batches whose holdings wait for a read of the same values under way (one per batch
         # at most): (relay, session, batch id, token, filters)
         self.own_reads_awaited: list[tuple] = []
+        # batches whose unread values wait for the next merged read (``sync.own_reads``),
+        # and those a merged read under way will answer (by its id): one entry per batch
+        self.own_reads_queued: list[OwnReadWaiter] = []
+        self.own_reads_flying: dict[int, list[OwnReadWaiter]] = {}
+        self.own_reads_due = False  # the collecting window's timer is set
         self.delivery = delivery or OwnRelayDelivery(
             svc.own_relay, self.post, auth_secret=config.auth.secret_key,
             max_backlog=sync.delivery_max_backlog,
@@ -139,6 +147,8 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Refu
             RelayDisconnected: self.on_relay_disconnected,
             NegentropyFinished: self.on_negentropy_finished,
             OwnHoldingsRead: self.on_own_holdings_read,
+            OwnReadsDue: self.on_own_reads_due,
+            OwnReadsLanded: self.on_own_reads_landed,
             OwnEvents: self.on_own_events,
             OwnHeldConfirmed: self.on_own_held_confirmed,
             OwnSubscribed: self.on_own_subscribed,

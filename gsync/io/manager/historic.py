@@ -39,7 +39,7 @@ from ..inbox import (
     NegentropyFinished,
     OwnHoldingsRead,
 )
-from ..own_query import HeldItems
+from .own_reads import OwnReadWaiter
 
 log = get_logger("gsync.manager")
 
@@ -172,11 +172,12 @@ class HistoricSync:
         self.ask_own_holdings(state, batch, token, list(filters))
 
     def ask_own_holdings(self, state: RelayState, batch: PendingBatch, token: str, filters: list) -> None:
-        """Read what the session does not know of ``filters``. Values another read is
-        reading right now (another relay's batch over the same repositories) are not read
-        twice: the batch waits for that read (``own_read_landed``), which ends by its
-        deadline whatever the own relay does, and then reads what is still unknown."""
-        now, epoch = self.clock(), self.own_held.forgotten
+        """Answer the batch from what the session knows of ``filters``, once what it does not
+        know is read: with every other batch's unread values, in one merged read
+        (``own_reads``). Values a merged read is reading right now are not read twice: the
+        batch waits for it (it ends by its deadline whatever the own relay does), then asks
+        again."""
+        now = self.clock()
         if any(self.own_held.awaits(flt, now) for flt in filters):
             self.own_reads_awaited.append((state.url, state.session, batch.batch_id, token, filters))
             return
@@ -186,32 +187,16 @@ class HistoricSync:
         metrics.OWN_HOLDINGS.labels("read").inc(len(filters) - known)
         log.debug("own_holdings", relay=state.url, batch_id=batch.batch_id, known=known,
                   read=len(filters) - known)
-        if known == len(filters):  # all known: no read, no greenlet
+        if known == len(filters):  # all known: no read
             self.post(OwnHoldingsRead(state.url, state.session, batch.batch_id, token, filters,
-                                      [None] * len(filters), "", epoch, reads))
+                                      [self.own_held.holdings(flt, now) for flt in filters]))
             return
-        for read in reads:
-            if read is not None:
-                self.own_held.begin(read)
-        self.effects.spawn(negentropy_sync.read_holdings, self.config.service.own_relay, filters,
-                     self.post, relay=state.url, session=state.session, batch_id=batch.batch_id,
-                     token=token, fresh=batch.follower, reads=reads, epoch=epoch,
-                     busy=self.own_relay_busy)
+        self.queue_own_read(OwnReadWaiter(state.url, state.session, batch.batch_id, token, filters,
+                                          [read for read in reads if read is not None], batch.follower))
 
-    def own_read_landed(self, msg: OwnHoldingsRead) -> None:
-        """A read of the own relay ended (or nothing was read): the session learns it, even
-        for a batch gone meanwhile, unless an outage came since it began (what it returned
-        may be gone); then the batches that waited for it ask again."""
-        reads = msg.read_filters or [None] * len(msg.filters)
-        now = self.clock()
-        for read in reads:
-            if read is not None:
-                self.own_held.end(read)
-        if msg.holdings is not None and msg.epoch == self.own_held.forgotten:
-            for read, held in zip(reads, msg.holdings, strict=True):
-                if read is not None and isinstance(held, HeldItems):
-                    self.own_held.learn(read, held.entries, now)
-        if not any(read is not None for read in reads) or not self.own_reads_awaited:
+    def ask_awaited_own(self) -> None:
+        """A read landed: the batches that awaited its values ask again (``ask_own_holdings``)."""
+        if not self.own_reads_awaited:
             return
         awaited, self.own_reads_awaited = self.own_reads_awaited, []
         for url, session, batch_id, token, filters in awaited:
@@ -219,18 +204,6 @@ class HistoricSync:
             batch = state and state.current.pending.get(batch_id)
             if batch is not None and token in batch.outstanding_subs:
                 self.ask_own_holdings(state, batch, token, filters)
-
-    def holdings_after_read(self, msg: OwnHoldingsRead) -> list:
-        """Each filter's holdings once what it lacked was read (``own_read_landed``): the
-        whole filters are answered from what the session knows. After an outage since the
-        read began nothing is known: the reads alone (less than is held: more is fetched,
-        never less)."""
-        now = self.clock()
-        out = []
-        for flt, held in zip(msg.filters, msg.holdings, strict=True):
-            known = self.own_held.holdings(flt, now)
-            out.append(known if known is not None else list(held or ()))
-        return out
 
     def own_relay_busy(self) -> bool:
         """Is the own relay slow to answer what delivery sends it? Reads of it wait then."""
@@ -240,7 +213,6 @@ class HistoricSync:
         """Per filter: NIP-77 where what is already held makes it pay for its start
         (``by_negentropy``), REQ pages (ten filters a start) otherwise. A batch left with
         REQ pages only may join a pending one, as in ``start_historic``."""
-        self.own_read_landed(msg)
         state = self._current(msg.relay, msg.session)
         batch = state and state.current.pending.get(msg.batch_id)
         if batch is None or msg.token not in batch.outstanding_subs:
@@ -250,7 +222,7 @@ class HistoricSync:
             log.warning("negentropy_own_relay_unavailable", relay=state.url, reason=msg.reason)
             holdings = [[] for _ in msg.filters]
         else:
-            holdings = self.holdings_after_read(msg)
+            holdings = msg.holdings
         by_neg, by_req = self.choose_methods(state, batch, msg.filters, holdings)
         if by_neg and not by_req and self.merge_into_waiting_negentropy(state, batch, by_neg):
             self.pump_historic(state)

@@ -1,0 +1,160 @@
+"""Own-relay holdings reads merged across batches and relays (issue 26): the pure plan
+(``sync.own_reads.merged_reads``), and a real ``SyncManager`` (tests/manager_harness.py)
+whose waiting batches, of one relay and of two, are answered by one read per tag."""
+from gsync.io.inbox import OwnReadsLanded
+from gsync.io.own_query import HeldItems
+from gsync.protocol.filters import Filter
+from gsync.sync.filter_plan import MAX_TAG_VALUE_BYTES_PER_FILTER
+from gsync.sync.own_reads import merged_reads
+
+from .factory import Author, announcement, issue
+from .manager_harness import ManagerHarness
+
+A, B = "wss://a.example", "wss://b.example"
+ID = "ab" * 32
+
+
+def tag(name, *values, kinds=None, **more):
+    return Filter.make(kinds=kinds, tags={name: list(values)}, **more)
+
+
+# -- the plan (pure) -----------------------------------------------------------------------
+
+
+def test_filters_alike_but_for_their_tag_values_are_read_as_one_carrying_every_value_once():
+    reads = [tag("a", "x", "y"), tag("a", "y", "z"), tag("A", "x"), tag("d", "r1", kinds=[30618]),
+             tag("d", "r2", kinds=[30618]), tag("e", "1" * 64)]
+    out = merged_reads(reads, MAX_TAG_VALUE_BYTES_PER_FILTER)
+    assert out == [tag("a", "x", "y", "z"), tag("A", "x"), tag("d", "r1", "r2", kinds=[30618]),
+                   tag("e", "1" * 64)]
+
+
+def test_kinds_authors_and_tag_name_keep_filters_apart():
+    reads = [tag("d", "r", kinds=[30618]), tag("d", "r", kinds=[30617]), tag("a", "x", kinds=[1]),
+             Filter.make(kinds=[1], authors=["f" * 64], tags={"a": ["x"]}), tag("q", "x")]
+    assert merged_reads(reads, MAX_TAG_VALUE_BYTES_PER_FILTER) == reads
+
+
+def test_filters_that_cannot_merge_are_read_as_they_are_and_once():
+    layer1 = Filter.make(kinds=[30617, 10317])
+    bounded = tag("a", "x", since=5)
+    two_tags = Filter.make(tags={"a": ["x"], "e": [ID]})
+    by_id = Filter.make(ids=[ID])
+    reads = [layer1, bounded, tag("a", "y"), layer1, two_tags, by_id, two_tags]
+    assert merged_reads(reads, MAX_TAG_VALUE_BYTES_PER_FILTER) == [layer1, bounded, tag("a", "y"), two_tags, by_id]
+
+
+def test_the_values_are_chunked_by_the_budget_and_each_chunk_fits_it():
+    ids = [f"{i:064x}" for i in range(1_000)]
+    reads = [tag("e", *ids[i:i + 10]) for i in range(0, 1_000, 10)]
+    budget = 67 * 100  # 100 ids a filter
+    out = merged_reads(reads, budget)
+    assert len(out) == 10
+    assert all(f.tag_value_bytes() <= budget for f in out)
+    assert sorted(v for f in out for v in f.tags[0][1]) == ids
+
+
+def test_nothing_to_read_is_no_read():
+    assert merged_reads([], MAX_TAG_VALUE_BYTES_PER_FILTER) == []
+
+
+# -- the manager ---------------------------------------------------------------------------
+
+
+def repos(url, names):
+    """One owner per repository; each announcement lists ``url`` only."""
+    return [announcement(Author.named(f"owner-{n}"), n, relays=[url]) for n in names]
+
+
+def address(ann) -> str:
+    return next(f"30617:{ann.pubkey}:{t[1]}" for t in ann.tags if t[0] == "d")
+
+
+def reads_in_flight(h) -> list:
+    return h.own_reads()
+
+
+def tag_values(flt, name):
+    return next((set(values) for n, values in flt.tags if n == name), set())
+
+
+def land(h, g, held_events=()):
+    """The merged read ``g`` ends: the own relay held ``held_events`` (those each read's
+    filter matches are its answer)."""
+    h.effects.spawned.remove(g)
+    _own, reads, _post = g.args
+    holdings = [HeldItems(e.to_dict() for e in held_events if flt.matches(e)) for flt in reads]
+    h.feed(OwnReadsLanded(g.kwargs["read_id"], list(reads), holdings, "", g.kwargs["epoch"]))
+
+
+def reconciles(h, url):
+    """The NIP-77 exchanges started on ``url``: (filter, the have-set it was given)."""
+    conn = h.conn(url)
+    return [(g.args[2], g.kwargs["held"]) for g in h.effects.spawned
+            if g.name == "reconcile_filter" and g.args[0] is conn]
+
+
+def test_batches_of_one_relay_and_of_two_waiting_on_the_same_tags_make_one_read_and_each_gets_its_own_answer(tmp_path):
+    h = ManagerHarness(tmp_path)
+    on_a, on_b = repos(A, ["a0", "a1", "a2"]), repos(B, ["b0", "b1", "b2"])
+    h.own_relay_holds(*on_a, *on_b)
+    h.connect(A)
+    h.connect(B)
+    # Layer 1 and the repositories' batch of each relay (4 batches, 10 filters) wait for the
+    # window: no read yet.
+    assert not reads_in_flight(h)
+    h.close_own_read_window()
+    [first] = reads_in_flight(h)
+    reads = first.args[1]
+    by_tag = {flt.tags[0][0] if flt.tags else None: flt for flt in reads}
+    assert len(reads) == len(by_tag) == 5  # layer 1, #a, #A, #q, #d: one read each
+    addresses = {address(ann) for ann in on_a + on_b}
+    assert tag_values(by_tag["a"], "a") == addresses
+    assert tag_values(by_tag["d"], "d") == {"a0", "a1", "a2", "b0", "b1", "b2"}
+
+    # While it is under way, both relays get a new repository (a batch each): they wait for it.
+    late_a, late_b = repos(A, ["a3"]), repos(B, ["b3", "b4"])
+    h.own_relay_holds(*late_a, *late_b)
+    assert reads_in_flight(h) == [first]
+
+    # The own relay holds an issue of a1 and one of b2: each relay's #a exchange gets its own.
+    held_a = issue(Author.named("x"), on_a[1], created_at=1_700_000_000)
+    held_b = issue(Author.named("y"), on_b[2], created_at=1_700_000_001)
+    land(h, first, [held_a, held_b])
+    h.advance(4)  # the pacing gate: one start a second on each relay
+    neg_a = {flt.tags[0][0]: held for flt, held in reconciles(h, A) if flt.tags}
+    neg_b = {flt.tags[0][0]: held for flt, held in reconciles(h, B) if flt.tags}
+    assert neg_a.get("a") == [(held_a.created_at, held_a.id)]
+    assert neg_b.get("a") == [(held_b.created_at, held_b.id)]
+
+    # The two late batches are read together, once, right after: only what nobody read yet.
+    [second] = reads_in_flight(h)
+    second_by_tag = {flt.tags[0][0]: flt for flt in second.args[1] if flt.tags}
+    assert tag_values(second_by_tag["a"], "a") == {address(ann) for ann in late_a + late_b}
+    assert tag_values(second_by_tag["d"], "d") == {"a3", "b3", "b4"}
+    assert all(len(flt.tags) == 1 for flt in second.args[1])  # layer 1 is known: not read again
+    land(h, second)
+    h.advance(3)
+    assert not reads_in_flight(h)
+    # nothing held of the late repositories: their batches go by REQ pages
+    asked = {v for url in (A, B) for frame in h.historic_reqs(url) for flt in frame[2:]
+             for v in flt.get("#a", ())}
+    assert {address(ann) for ann in late_a + late_b} <= asked
+
+
+def test_a_merged_read_that_fails_answers_every_batch_waiting_on_it_and_teaches_nothing(tmp_path):
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*repos(A, ["a0"]), *repos(B, ["b0"]))
+    h.connect(A)
+    h.connect(B)
+    h.close_own_read_window()
+    [g] = reads_in_flight(h)
+    h.effects.spawned.remove(g)
+    h.feed(OwnReadsLanded(g.kwargs["read_id"], list(g.args[1]), None, "own relay query past its 120 s deadline",
+                          g.kwargs["epoch"]))
+    h.advance(3)
+    # both relays' batches went on by REQ pages (no NIP-77), none waits for a read
+    assert h.historic_reqs(A) and h.historic_reqs(B)
+    assert not [g for g in h.effects.spawned if g.name == "reconcile_filter"]
+    assert not h.manager.own_reads_flying and not h.manager.own_reads_queued
+    assert h.manager.own_held.units == 0  # nothing learnt: read again next time
