@@ -499,6 +499,12 @@ class ScriptedRelay:
                     parsed = None
                 self._store[str(raw.get("id"))] = (raw, parsed)
 
+    def forget(self, *events) -> None:
+        """Drop events from the store, as a relay in memory that restarted has lost them."""
+        with self._store_lock:
+            for e in events:
+                self._store.pop(str(_event_dict(e).get("id")), None)
+
     @property
     def events(self) -> list[dict]:
         with self._store_lock:

@@ -199,3 +199,22 @@ def test_an_own_relay_that_comes_back_empty_gets_the_catch_up_window_again(relay
     wait_until(lambda: any(e["event"] == "own_relay_up" for e in gsync.log_events()),
                timeout=30, what="the own relay back")
     assert_arrives(own, [repo, *issues], timeout=30, what="the catch-up window delivered again")
+
+
+def test_an_own_relay_back_before_gsync_noticed_it_was_gone_gets_the_catch_up_too(
+        relay_factory, gsync_factory, scripted):
+    """The own relay restarts faster than a delivery connection is dialled again (it drops
+    every connection and listens on as if nothing happened, empty): the outage is still
+    noticed, and what it lost is delivered again."""
+    own, remote = scripted(), relay_factory()
+    now = int(time.time())
+    repo = our_announcement(own, [remote], d="back-at-once", created_at=now - 60)
+    issues = [f.issue(bob, repo, subject=f"recent {i}", created_at=now - 30 + i) for i in range(5)]
+    publish(remote.url, [repo, *issues])
+    own.add(repo)
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, issues, timeout=30, what="the issues")
+    own.forget(*issues)
+    own.drop_all()
+    assert_arrives(own, issues, timeout=30, what="the catch-up window delivered again")
+    assert any(e["event"] == "own_relay_up" for e in gsync.log_events())

@@ -39,6 +39,7 @@ from ..sync.have_index import HaveIndex
 from ..sync.own_held import HeldEntry
 from .connection import auth_event
 from .inbox import DeliveryAnswered, DeliveryCaughtUp, OwnEvents, OwnHeldConfirmed, OwnRelayState
+from .ws import StalledMessage, Timeout
 from .ws import connect as ws_connect
 
 log = get_logger("gsync.delivery")
@@ -123,6 +124,10 @@ class _Lane:
         self.paused_until = 0.0
         self.rate_pause = 0.0
         self.wake = gevent.event.Event()
+        # The relay ended the connection (not a retirement of ours): the relay may be
+        # restarting, so the lane counts as down until it has dialled again.
+        self.lost = False
+        self.sent_at = 0.0  # the clock's time of the last frame sent: idle lanes ping
 
 
 class OwnRelayDelivery:
@@ -298,6 +303,7 @@ class OwnRelayDelivery:
             backoff = 0.5
             lane.session += 1
             lane.frames = 0
+            lane.sent_at = self._clock()
             lane.authed = False
             lane.challenge = None
             self._lane_up()
@@ -308,6 +314,13 @@ class OwnRelayDelivery:
                 reader.kill(block=False)
                 self._close_lane(lane)
                 self._requeue_in_flight(lane, "retry_disconnect")
+            if lane.lost:
+                # Down before dialling again: a relay that restarts faster than a dial still
+                # finds every lane down at once, and its outage is noticed (what it held in
+                # memory may be gone: ``OwnRelayState``).
+                lane.lost = False
+                self._lane_down(lane, "connection lost")
+                gevent.sleep(backoff)
 
     def _send_lane(self, lane: _Lane) -> None:
         ws, session = lane.ws, lane.session
@@ -333,13 +346,24 @@ class OwnRelayDelivery:
                     texts.append(wire.event(event))
                 if texts:
                     lane.frames += len(texts)
+                    lane.sent_at = now
                     ws.settimeout(CONNECT_TIMEOUT_SECS)
                     try:
                         ws.send_many(texts)
                     except Exception:
+                        lane.lost = True
                         return  # a broken connection: its in-flight events go to a fresh one
                     self._bytes_up.inc(sum(map(len, texts)))
                 continue
+            if now - lane.sent_at >= constants.OWN_IDLE_PING_SECS:
+                # An idle lane pings, as the self-subscription does: a proxy in front of the
+                # relay then never closes it for silence, so a lane lost is news (``lost``).
+                lane.sent_at = now
+                try:
+                    ws.ping()
+                except Exception:
+                    lane.lost = True
+                    return
             lane.wake.clear()
             pause = lane.paused_until - now
             lane.wake.wait(timeout=min(1.0, pause) if pause > 0 else 1.0)
@@ -348,7 +372,16 @@ class OwnRelayDelivery:
         try:
             ws.settimeout(None)
             while True:
-                for opcode, data in ws.recv_burst():
+                try:
+                    burst = ws.recv_burst()
+                except StalledMessage:
+                    raise
+                except Timeout:
+                    # The socket's timeout is the sender's (it sets one for its writes):
+                    # silence is no end. Idle lanes ping; an OK that never comes ends the
+                    # connection in the sender (``_expire_in_flight``).
+                    continue
+                for opcode, data in burst:
                     if opcode == wsframes.OP_CLOSE:
                         raise ConnectionError("closed by the own relay")
                     msg = wire.parse_relay_message(data)
@@ -366,6 +399,7 @@ class OwnRelayDelivery:
         finally:
             self._count_delivered()
         if lane.session == session:
+            lane.lost = lane.ws is ws  # not closed by the sender: the relay ended it
             self._close_lane(lane)
             lane.wake.set()
 
