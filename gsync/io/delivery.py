@@ -359,6 +359,7 @@ class OwnRelayDelivery:
                 # An idle lane pings, as the self-subscription does: a proxy in front of the
                 # relay then never closes it for silence, so a lane lost is news (``lost``).
                 lane.sent_at = now
+                ws.settimeout(CONNECT_TIMEOUT_SECS)  # the reader's is None: a write must end
                 try:
                     ws.ping()
                 except Exception:

@@ -118,7 +118,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelay
         self.own_held = OwnHeld(constants.OWN_HELD_TTL_SECS, constants.OWN_HELD_MAX_EVENTS)
         # batches whose holdings wait for a read of the same values under way (one per batch
         # at most): (relay, session, batch id, token, filters)
-        self.own_reads_awaited: list[tuple] = []
+        self.own_reads_awaited: list[OwnReadWaiter] = []
         # batches whose unread values wait for the next merged read (``sync.own_reads``),
         # and those a merged read under way will answer (by its id): one entry per batch
         self.own_reads_queued: list[OwnReadWaiter] = []

@@ -179,7 +179,8 @@ class HistoricSync:
         again."""
         now = self.clock()
         if any(self.own_held.awaits(flt, now) for flt in filters):
-            self.own_reads_awaited.append((state.url, state.session, batch.batch_id, token, filters))
+            self.await_own_read(OwnReadWaiter(state.url, state.session, batch.batch_id, token, filters,
+                                              [], batch.follower))
             return
         reads = [self.own_held.missing(flt, now) for flt in filters]  # None: all known
         known = reads.count(None)
@@ -193,17 +194,6 @@ class HistoricSync:
             return
         self.queue_own_read(OwnReadWaiter(state.url, state.session, batch.batch_id, token, filters,
                                           [read for read in reads if read is not None], batch.follower))
-
-    def ask_awaited_own(self) -> None:
-        """A read landed: the batches that awaited its values ask again (``ask_own_holdings``)."""
-        if not self.own_reads_awaited:
-            return
-        awaited, self.own_reads_awaited = self.own_reads_awaited, []
-        for url, session, batch_id, token, filters in awaited:
-            state = self._current(url, session)
-            batch = state and state.current.pending.get(batch_id)
-            if batch is not None and token in batch.outstanding_subs:
-                self.ask_own_holdings(state, batch, token, filters)
 
     def own_relay_busy(self) -> bool:
         """Is the own relay slow to answer what delivery sends it? Reads of it wait then."""

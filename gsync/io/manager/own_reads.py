@@ -78,6 +78,19 @@ class OwnReads:
 
         greenlet.link_exception(died)
 
+    def await_own_read(self, waiter: OwnReadWaiter) -> None:
+        """``waiter`` needs values a merged read is reading right now: it asks again once
+        that read lands (``ask_awaited_own``), instead of reading them twice."""
+        self.own_reads_awaited.append(waiter)
+
+    def ask_awaited_own(self) -> None:
+        """A read landed: the batches that awaited its values ask again (``ask_own_holdings``)."""
+        awaited, self.own_reads_awaited = self.own_reads_awaited, []
+        for w in awaited:
+            batch = self.own_waiter_batch(w)
+            if batch is not None:
+                self.ask_own_holdings(self._current(w.relay, w.session), batch, w.token, w.filters)
+
     def own_waiter_batch(self, w: OwnReadWaiter):
         state = self._current(w.relay, w.session)
         batch = state and state.current.pending.get(w.batch_id)
@@ -120,6 +133,7 @@ class OwnReads:
 def _index_of(holdings) -> HaveIndex:
     index = HaveIndex()
     for held in holdings:
-        for event_id, entry in getattr(held, "entries", ()):
-            index.add(event_id, entry)
+        if isinstance(held, HeldItems):
+            for event_id, entry in held.entries:
+                index.add(event_id, entry)
     return index
