@@ -23,7 +23,6 @@ OWN_IDLE_PING_SECS = 25.0
 # pages 100,000 events in well under a minute on loopback.
 OWN_HISTORY_DEADLINE_SECS = 600.0
 BATCH_WINDOW_MS = 5_000  # [sync] batch_window_ms: lets a burst of discoveries share REQs
-COMPLETION_RECHECK_SECS = 6.0  # batch window + 1 s, so L2/L3 batches exist before "Connected"
 # StateOnly repos live 24 h after the own relay last answered ``purgatory:`` about them (to
 # their announcement, or to one of their state events: what restarts a GRASP relay's own
 # purgatory clock), like the relay's 24 h revival window.
@@ -324,7 +323,7 @@ STATE_SAVE_SECS = 10.0
 # has the same idea: sub-second backoffs under its test mode.) Overlaps such as the 900 s of
 # ``since`` are not timers: they are compared with events' created_at and never change.
 TEST_TIMER_NAMES = (
-    "COMPLETION_RECHECK_SECS", "CONSOLIDATION_MIN_SECS", "PURGATORY_TTL_SECS", "POLL_SECS", "POLL_SECS_PER_KIB", "POLL_MAX_SECS",
+    "CONSOLIDATION_MIN_SECS", "PURGATORY_TTL_SECS", "POLL_SECS", "POLL_SECS_PER_KIB", "POLL_MAX_SECS",
     "FRESH_POLL_SECS",
     "POLL_DEFER_SECS", "NEGENTROPY_DEADLINE_SECS",
     "FOLLOWER_WAIT_MAX_SECS",
