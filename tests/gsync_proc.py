@@ -61,6 +61,7 @@ class GsyncProcess:
                 for key, value in values.items():
                     fh.write(f"{key} = {value}\n")
         self.log_path = os.path.join(self.dir, "gsync.log")
+        self._log_read, self._log_events = 0, []  # log_events: bytes parsed, what they held
         self.env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
         if timers:
             self.env["GSYNC_TEST_TIMERS"] = ",".join(f"{k}={v}" for k, v in timers.items())
@@ -77,7 +78,7 @@ class GsyncProcess:
                                              env=self.env)
         else:
             self.proc = forks.fork_gsync(argv, self.env, self.log_path)
-        wait_until(self._endpoint_up, timeout=30, what="gsync metrics endpoint")
+        wait_until(self._endpoint_up, timeout=30, interval=0.02, what="gsync metrics endpoint")
         return self
 
     def _endpoint_up(self) -> bool:
@@ -109,13 +110,20 @@ class GsyncProcess:
             return fh.read().decode(errors="replace")
 
     def log_events(self) -> list[dict]:
-        out = []
-        for line in self.log_text().splitlines():
+        """Every JSON line of the log so far (a new list each call). Tests poll this: what was
+        read before is kept, and only what gsync wrote since is parsed, up to its last whole
+        line (the log only grows: a restarted gsync appends)."""
+        with open(self.log_path, "rb") as fh:
+            fh.seek(self._log_read)
+            new = fh.read()
+        whole = new[: new.rfind(b"\n") + 1]
+        self._log_read += len(whole)
+        for line in whole.decode(errors="replace").splitlines():
             try:
-                out.append(json.loads(line))
+                self._log_events.append(json.loads(line))
             except ValueError:
                 pass
-        return out
+        return list(self._log_events)
 
     def terminate(self, timeout: float = 30.0) -> int:
         if self.proc is None:

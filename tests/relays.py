@@ -180,7 +180,7 @@ def ids_on(url: str, filt: dict | None = None) -> set[str]:
     return {e["id"] for e in fetch_all(url, filt or {})}
 
 
-def wait_until(predicate, timeout: float = 60.0, interval: float = 0.25, what: str = "condition"):
+def wait_until(predicate, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
