@@ -5,7 +5,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-from .gsync_proc import GsyncProcess
+from .gsync_proc import TEST_TIMERS, GsyncProcess
 from .relays import RelayProcess
 from .scripted_relay import ScriptedRelay
 
@@ -52,8 +52,9 @@ def _started(make, stop):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _gsync_dirs(tmp_path_factory):
+def _gsync_test_defaults(tmp_path_factory):
     GsyncProcess.base_dir = str(tmp_path_factory.mktemp("gsync"))
+    GsyncProcess.default_timers = TEST_TIMERS
 
 
 @pytest.fixture

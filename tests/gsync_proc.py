@@ -22,6 +22,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the suite waits on relays rather than on the gate. Tests about pacing set
 # ``[sync] background_start_interval_ms`` themselves (``extra``), which wins.
 TEST_GATE_MS = "20"
+# Likewise, under pytest (tests/conftest.py sets ``GsyncProcess.default_timers``), the window
+# that collects batches' own-relay reads into one (0.5 s): each new thread member's batch
+# waited for it, thirty times in a row in one test. Merging itself is tested in process with
+# the real window (tests/test_own_reads.py); benchmarks keep it. A test's own ``timers`` win.
+TEST_TIMERS = {"OWN_READ_WINDOW_SECS": 0.1}
 
 
 def allow_list(*relays) -> str:
@@ -33,6 +38,7 @@ class GsyncProcess:
     # (tests/conftest.py; pytest keeps the last few sessions' and removes older ones), or the
     # system's, for benchmarks.
     base_dir: str | None = None
+    default_timers: dict = {}
 
     def __init__(self, own, remotes=(), *, domain=None, bootstrap=(), extra: dict | None = None,
                  env: dict | None = None, timers: dict | None = None, args: tuple = ()):
@@ -63,6 +69,7 @@ class GsyncProcess:
         self.log_path = os.path.join(self.dir, "gsync.log")
         self._log_read, self._log_events = 0, []  # log_events: bytes parsed, what they held
         self.env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
+        timers = {**self.default_timers, **(timers or {})}
         if timers:
             self.env["GSYNC_TEST_TIMERS"] = ",".join(f"{k}={v}" for k, v in timers.items())
         self.args = tuple(args)
