@@ -253,3 +253,16 @@ class RelayState:
         self.announcements_synced = False
         self.batch_failures = False
         self.unrelated_failure = False
+
+
+class RelayTable(dict):
+    """Every relay the manager knows, by URL (``dict[str, RelayState]``): the one piece of
+    state the manager's collaborators all share, handed to each of them."""
+
+    def in_session(self, url: str, session: int) -> RelayState | None:
+        """``url``'s state while ``session`` is its current, connected one (else None: a
+        message or timer of an ended session)."""
+        state = self.get(url)
+        if state is None or state.session != session or state.current.conn is None:
+            return None
+        return state

@@ -23,7 +23,7 @@ from ...sync.health import RelayHealthTracker
 from ...sync.lead import SharedLead
 from ...sync.own_held import OwnHeld
 from ...sync.recovery import MissingEventRecovery
-from ...sync.relay_state import RelayState
+from ...sync.relay_state import RelayState, RelayTable
 from ...sync.repos import RepoSyncIndex
 from ...sync.status import Fact
 from ..delivery import OwnRelayDelivery
@@ -58,7 +58,7 @@ from .effects import GeventEffects
 from .historic import HistoricSync
 from .lifecycle import RelayLifecycle
 from .live import LiveCoverage
-from .own_reads import OwnReads, OwnReadWaiter
+from .own_reads import OwnReads
 from .own_relay import OwnRelaySide
 from .refusals import Refusals
 from .saved_state import SavedState
@@ -66,7 +66,7 @@ from .saved_state import SavedState
 log = get_logger("gsync.manager")
 
 
-class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelaySide, Refusals):
+class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Refusals):
     def __init__(self, config, *, clock=time.time, delivery=None, on_ready=None, effects=None):
         """``effects``: the manager's I/O (``effects.GeventEffects`` unless a test gives a
         recorder); ``clock``: wall time, for every decision that reads it."""
@@ -77,11 +77,11 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelay
         self.effects = effects or GeventEffects(self.post)
         self.domains = list(config.service.domains)
         self.repos = RepoSyncIndex(config.service.own_relay, self.domains)
+        self.ids = itertools.count(1)  # batch, subscription, read and token ids: one counter, never reused
         self.remember_relays(config.sync, config.service.state_dir)
         self.face_own_relay(config, delivery)
         self.ready = False
         self.on_ready = on_ready
-        self._ids = itertools.count(1)
         self._stopping = False
         self.last_loop_at = self.effects.monotonic()
         self.stall_checked_at = clock()  # historic REQs' clocks stand still while delivery holds reading
@@ -94,7 +94,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelay
     def remember_relays(self, sync, state_dir) -> None:
         """What the manager knows of the other relays: their states, health, what an
         earlier process saved, and the work shared between them (recovery, claims, leads)."""
-        self.relays: dict[str, RelayState] = {}
+        self.relays = RelayTable()
         self.descendants = Descendants(self.relays, self.open_live_groups, self.start_historic)
         self.capped_relays: set[str] = set()  # over [network] max_relays, already logged
         self.health = RelayHealthTracker(
@@ -116,18 +116,13 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelay
         svc, sync = config.service, config.sync
         # what the own relay holds, read once per filter and session (NIP-77 have-sets)
         self.own_held = OwnHeld(constants.OWN_HELD_TTL_SECS, constants.OWN_HELD_MAX_EVENTS)
-        # batches whose holdings wait for a read of the same values under way (one per batch
-        # at most): (relay, session, batch id, token, filters)
-        self.own_reads_awaited: list[OwnReadWaiter] = []
-        # batches whose unread values wait for the next merged read (``sync.own_reads``),
-        # and those a merged read under way will answer (by its id): one entry per batch
-        self.own_reads_queued: list[OwnReadWaiter] = []
-        self.own_reads_flying: dict[int, list[OwnReadWaiter]] = {}
-        self.own_reads_due = False  # the collecting window's timer is set
         self.delivery = delivery or OwnRelayDelivery(
             svc.own_relay, self.post, auth_secret=config.auth.secret_key,
             max_backlog=sync.delivery_max_backlog,
         )
+        self.own_reads = OwnReads(own_held=self.own_held, relays=self.relays, effects=self.effects,
+                                  post=self.post, own_relay=svc.own_relay, ids=self.ids, clock=self.clock,
+                                  busy=self.own_relay_busy)
         # historic starts wait while delivery is this far behind
         self.backlog_high_water = int(sync.delivery_max_backlog * constants.DELIVERY_HIGH_WATER_FRACTION)
         self.own_batch: list = []
@@ -147,7 +142,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelay
             RelayDisconnected: self.on_relay_disconnected,
             NegentropyFinished: self.on_negentropy_finished,
             OwnHoldingsRead: self.on_own_holdings_read,
-            OwnReadsDue: self.on_own_reads_due,
+            OwnReadsDue: self.own_reads.on_due,
             OwnReadsLanded: self.on_own_reads_landed,
             OwnEvents: self.on_own_events,
             OwnHeldConfirmed: self.on_own_held_confirmed,
@@ -207,12 +202,6 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelay
 
     # -- remote traffic -----------------------------------------------------------------
 
-    def _current(self, relay: str, session: int) -> RelayState | None:
-        state = self.relays.get(relay)
-        if state is None or state.session != session or state.current.conn is None:
-            return None
-        return state
-
     def on_remote_events(self, msg: RemoteEvents) -> None:
         try:
             self.apply_remote_events(msg)
@@ -221,7 +210,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelay
                 msg.applied.set()  # its connection may read the next burst
 
     def apply_remote_events(self, msg: RemoteEvents) -> None:
-        state = self._current(msg.relay, msg.session)
+        state = self.relays.in_session(msg.relay, msg.session)
         if state is None:
             return
         state.received_metric.inc(len(msg.events))
@@ -245,7 +234,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelay
 
 
     def on_remote_message(self, msg: RemoteMessage) -> None:
-        state = self._current(msg.relay, msg.session)
+        state = self.relays.in_session(msg.relay, msg.session)
         if state is None:
             return
         m = msg.message

@@ -38,6 +38,7 @@ from ..inbox import (
     HistoricSlotDue,
     NegentropyFinished,
     OwnHoldingsRead,
+    OwnReadsLanded,
 )
 from .own_reads import OwnReadWaiter
 
@@ -76,7 +77,7 @@ class HistoricSync:
                 return waiting
         if kind is BatchKind.LAYER1:  # every fresh start, quick reconnect and daily sync begins with layer 1
             state.round_started_at = self.clock()
-        batch = PendingBatch(next(self._ids), items, kind=kind)
+        batch = PendingBatch(next(self.ids), items, kind=kind)
         batch.semantic_filters = list(filters)
         state.current.pending[batch.batch_id] = batch
         if asks_own and leaders and self.leaders_busy(leaders):
@@ -166,7 +167,7 @@ class HistoricSync:
     def read_own_holdings(self, state: RelayState, batch: PendingBatch, filters, coalesce: bool) -> None:
         """Ask the own relay what it holds of each filter, before any paced start is spent
         on them (loopback, unpaced), in a greenlet: the answer comes back as a message."""
-        token = f"own{batch.batch_id}-{next(self._ids)}"
+        token = f"own{batch.batch_id}-{next(self.ids)}"
         batch.add_subscription(token)  # the batch is not complete while its methods are open
         batch.coalesce_wanted = coalesce
         self.ask_own_holdings(state, batch, token, list(filters))
@@ -179,7 +180,7 @@ class HistoricSync:
         again."""
         now = self.clock()
         if any(self.own_held.awaits(flt, now) for flt in filters):
-            self.await_own_read(OwnReadWaiter(state.url, state.session, batch.batch_id, token, filters,
+            self.own_reads.await_read(OwnReadWaiter(state.url, state.session, batch.batch_id, token, filters,
                                               [], batch.follower))
             return
         reads = [self.own_held.missing(flt, now) for flt in filters]  # None: all known
@@ -192,8 +193,13 @@ class HistoricSync:
             self.post(OwnHoldingsRead(state.url, state.session, batch.batch_id, token, filters,
                                       [self.own_held.holdings(flt, now) for flt in filters]))
             return
-        self.queue_own_read(OwnReadWaiter(state.url, state.session, batch.batch_id, token, filters,
+        self.own_reads.queue(OwnReadWaiter(state.url, state.session, batch.batch_id, token, filters,
                                           [read for read in reads if read is not None], batch.follower))
+
+    def on_own_reads_landed(self, msg: OwnReadsLanded) -> None:
+        """A merged read of the own relay landed (``own_reads``): each batch it answers
+        chooses its methods, and those that awaited its values ask again."""
+        self.own_reads.land(msg, answer=self.on_own_holdings_read, ask_again=self.ask_own_holdings)
 
     def own_relay_busy(self) -> bool:
         """Is the own relay slow to answer what delivery sends it? Reads of it wait then."""
@@ -203,7 +209,7 @@ class HistoricSync:
         """Per filter: NIP-77 where what is already held makes it pay for its start
         (``by_negentropy``), REQ pages (ten filters a start) otherwise. A batch left with
         REQ pages only may join a pending one, as in ``start_historic``."""
-        state = self._current(msg.relay, msg.session)
+        state = self.relays.in_session(msg.relay, msg.session)
         batch = state and state.current.pending.get(msg.batch_id)
         if batch is None or msg.token not in batch.outstanding_subs:
             return
@@ -340,7 +346,7 @@ class HistoricSync:
     def queue_negentropy(self, state: RelayState, batch: PendingBatch, flt: Filter, held) -> None:
         """One NIP-77 exchange for ``flt``, waiting for its paced start; ``held`` (what the
         own relay holds of it, just read) is kept for it, so it is not asked again."""
-        token = negentropy_token(batch.batch_id, next(self._ids))
+        token = negentropy_token(batch.batch_id, next(self.ids))
         batch.add_subscription(token)
         batch.own_holdings[token] = held
         state.current.sub_to_batch[token] = batch.batch_id
@@ -382,7 +388,7 @@ class HistoricSync:
         groups = filter_plan.pack_into_reqs(filters, state.current.limits, key=filter_plan.paging_key)
         entries = []
         for group in groups:
-            sub_id = f"h{batch.batch_id}-{next(self._ids)}"
+            sub_id = f"h{batch.batch_id}-{next(self.ids)}"
             batch.add_subscription(sub_id, group)
             state.current.sub_to_batch[sub_id] = batch.batch_id
             entries.append((sub_id, group))
@@ -537,7 +543,7 @@ class HistoricSync:
             batch.finish_subscription(sub_id)
         else:
             entries = batch.split_subscription(
-                sub_id, [(f"h{batch_id}-{next(self._ids)}", part) for part in parts if part])
+                sub_id, [(f"h{batch_id}-{next(self.ids)}", part) for part in parts if part])
             for new_id, _ in entries:
                 state.current.sub_to_batch[new_id] = batch_id
             state.current.historic_queue[0:0] = entries
@@ -600,7 +606,7 @@ class HistoricSync:
         return self.rejected.items_matching(flt) + self.delivery.tracked_matching(flt)
 
     def on_historic_slot_due(self, msg: HistoricSlotDue) -> None:
-        state = self._current(msg.relay, msg.session)
+        state = self.relays.in_session(msg.relay, msg.session)
         if state is not None:
             state.current.slot_wakeup_scheduled = False
             self.pump_historic(state)
@@ -623,7 +629,7 @@ class HistoricSync:
             sub_id,
             per_req=filter_plan.filters_per_req(state.current.limits),
             pack=lambda filters: filter_plan.pack_into_reqs(filters, state.current.limits),
-            new_sub_id=lambda: f"h{batch_id}-{next(self._ids)}",
+            new_sub_id=lambda: f"h{batch_id}-{next(self.ids)}",
             cap=state.current.page_cap,
             elapsed=None if sent_at is None else self.clock() - sent_at,
         )
@@ -773,7 +779,7 @@ class HistoricSync:
         )
 
     def on_completion_recheck(self, msg: CompletionRecheck) -> None:
-        state = self._current(msg.relay, msg.session)
+        state = self.relays.in_session(msg.relay, msg.session)
         if state is None:
             return
         state.current.completion_check_scheduled = False
@@ -785,7 +791,7 @@ class HistoricSync:
         self.promote_if_recovered(state.url)  # recovery may have finished before this check
 
     def on_negentropy_finished(self, msg: NegentropyFinished) -> None:
-        state = self._current(msg.relay, msg.session)
+        state = self.relays.in_session(msg.relay, msg.session)
         if state is None:
             return
         if state.current.neg_running.pop(msg.token, None) is None:

@@ -82,7 +82,7 @@ class LiveCoverage:
             if slots <= 0 or live_bytes + size > constants.MAX_LIVE_FILTER_BYTES:
                 self.poll_instead(state, group, fresh=is_fresh)
                 continue
-            self.open_live(state, f"live-{next(self._ids)}", group, rebuilt_at=rebuilt_at,
+            self.open_live(state, f"live-{next(self.ids)}", group, rebuilt_at=rebuilt_at,
                            descendants=descendants, fresh=is_fresh)
             live_bytes += size
             slots -= 1

@@ -150,7 +150,7 @@ class Refusals:
         filters = batch.filters_of(sub_id)
         if kind in (CAPACITY, SUBSCRIPTIONS, Refusal.RATE_LIMIT) and filters:
             # The same page again once the cooldown and the reactive gate allow it.
-            new_id = f"h{batch_id}-{next(self._ids)}"
+            new_id = f"h{batch_id}-{next(self.ids)}"
             batch.rename_subscription(sub_id, new_id)
             batch.restart_page(new_id)
             state.current.sub_to_batch[new_id] = batch_id
@@ -181,7 +181,7 @@ class Refusals:
         keep = [i for i, f in enumerate(filters) if not state.paused.is_filter_paused(f)]
         groups = ([[keep[j] for j in group] for group in by_shape([filters[i] for i in keep])]
                   if shapes else halves(keep))
-        parts = [(f"h{batch.batch_id}-{next(self._ids)}", group) for group in groups if group]
+        parts = [(f"h{batch.batch_id}-{next(self.ids)}", group) for group in groups if group]
         entries = batch.split_subscription(sub_id, parts)
         for new_id, _ in entries:
             state.current.sub_to_batch[new_id] = batch.batch_id
@@ -278,7 +278,7 @@ class Refusals:
             metrics.PAUSED_COVERAGE.labels(state.url).set(len(state.paused))
             return
         log.info("coverage_probe", relay=state.url, coverage=describe(key))
-        batch = PendingBatch(next(self._ids), PendingItems(), kind=BatchKind.PROBE)
+        batch = PendingBatch(next(self.ids), PendingItems(), kind=BatchKind.PROBE)
         state.current.pending[batch.batch_id] = batch
         state.current.probes[batch.batch_id] = key
         self.queue_reqs(state, batch, filters[:1])
