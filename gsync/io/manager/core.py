@@ -66,7 +66,7 @@ from .saved_state import SavedState
 log = get_logger("gsync.manager")
 
 
-class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Refusals):
+class SyncManager(RelayLifecycle, HistoricSync, OwnRelaySide, Refusals):
     def __init__(self, config, *, clock=time.time, delivery=None, on_ready=None, effects=None):
         """``effects``: the manager's I/O (``effects.GeventEffects`` unless a test gives a
         recorder); ``clock``: wall time, for every decision that reads it."""
@@ -95,12 +95,14 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Refu
         """What the manager knows of the other relays: their states, health, what an
         earlier process saved, and the work shared between them (recovery, claims, leads)."""
         self.relays = RelayTable()
-        self.descendants = Descendants(self.relays, self.open_live_groups, self.start_historic)
         self.capped_relays: set[str] = set()  # over [network] max_relays, already logged
         self.health = RelayHealthTracker(
             base_backoff=sync.base_backoff_secs, max_backoff=sync.max_backoff_secs,
             proactive_gap=sync.background_start_interval_ms / 1000,
         )
+        self.live = LiveCoverage(relays=self.relays, health=self.health, effects=self.effects, clock=self.clock,
+                                 ids=self.ids, start_historic=self.start_historic, catch_up=self.catch_up)
+        self.descendants = Descendants(self.relays, self.live, self.start_historic)
         # state_dir: locked for this process (raises ops.store.StateRefused), then read
         self.saved = SavedState.open(state_dir, self.clock())
         self.rejected = self.saved.load(self.clock())
@@ -275,7 +277,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnRelaySide, Refu
         self.expire_stalled(now)
         self.expire_negentropy()
         self.run_policy_probes(now)
-        self.run_polls(now)
+        self.live.run_polls(now)
         self.descendants.run(now)
         self.rejected.expire(now)
         if self.saved.due(now):

@@ -429,9 +429,9 @@ class HistoricSync:
         refusal, none during a cooldown). Nothing starts while the own relay is down: what
         would be fetched could not be delivered (the catch-up after the outage covers it);
         nor while delivery is more than a quarter of its backlog limit behind. Live REQs
-        waiting for the gates go first (``live.pump_live``).
+        waiting for the gates go first (``LiveCoverage.pump``).
         """
-        if (state.current.pump_held or not state.connected or not self.pump_live(state)
+        if (state.current.pump_held or not state.connected or not self.live.pump(state)
                 or self.own_down_since is not None):
             return
         if self.delivery_holds_history():
@@ -441,7 +441,7 @@ class HistoricSync:
             now = self.clock()
             wait = self.health.may_start_background(state.url, now)
             if wait > 0:
-                self.wake_pump_in(state, wait)
+                self.live.wake_pump_in(state, wait)
                 return
             sub_id, group = state.current.historic_queue[0]
             if sub_id not in state.current.sub_to_batch:
@@ -514,12 +514,6 @@ class HistoricSync:
                                         filter_plan.req_length_limit(state.current.limits))
         state.current.historic_queue[0] = (sub_id, group)
         return group
-
-    def wake_pump_in(self, state: RelayState, wait: float) -> None:
-        """Pump this relay again when its pacing gate (or cooldown) opens."""
-        if not state.current.slot_wakeup_scheduled:
-            state.current.slot_wakeup_scheduled = True
-            self.effects.later(wait, HistoricSlotDue(state.url, state.session))
 
     def regroup_before_start(self, state: RelayState, sub_id: str, group) -> bool:
         """A queued REQ meets what the relay taught us since it was queued: shapes it
@@ -764,26 +758,19 @@ class HistoricSync:
 
     def check_historic_complete(self, state: RelayState) -> None:
         """Double check (seed 001): no pending batch now, and still none 6 s later."""
-        if (self.syncing_batches(state) or state.current.completion_check_scheduled
+        if (state.current.syncing() or state.current.completion_check_scheduled
                 or state.status != ConnectionStatus.SYNCING):
             return
         state.current.completion_check_scheduled = True
         delay = self.config.sync.batch_window_ms / 1000 + 1
         self.effects.later(delay, CompletionRecheck(state.url, state.session))
 
-    def syncing_batches(self, state: RelayState) -> bool:
-        """Historic sync still running: a batch other than a recovery attempt, a poll or a
-        policy probe (those run for as long as a relay is connected: they are upkeep)."""
-        return any(
-            not b.kind.upkeep for b in state.current.pending.values()
-        )
-
     def on_completion_recheck(self, msg: CompletionRecheck) -> None:
         state = self.relays.in_session(msg.relay, msg.session)
         if state is None:
             return
         state.current.completion_check_scheduled = False
-        if self.syncing_batches(state) or state.status != ConnectionStatus.SYNCING:
+        if state.current.syncing() or state.status != ConnectionStatus.SYNCING:
             return
         self.move_status(state, Fact.HISTORIC_DONE_WITH_FAILURES if state.batch_failures else Fact.HISTORIC_DONE)
         state.historic_sync_completed_at = self.clock()

@@ -22,6 +22,7 @@ from ..inbox import (
     HandshakeStarted,
     RelayDisconnected,
 )
+from .coverage import member_filters, sync_filters
 
 log = get_logger("gsync.manager")
 
@@ -268,8 +269,8 @@ class RelayLifecycle:
             return
         ids, state.reopen_members = state.reopen_members, set()
         state.current.members |= ids
-        filters = self.descendants.filters_for(state, ids)
-        self.descendants.open_live(state, filters)
+        filters = member_filters(state, ids)
+        self.live.open_members(state, filters)
         self.start_historic(state, PendingItems(), [f.replace(since=since) for f in filters])
 
     @contextlib.contextmanager
@@ -296,7 +297,7 @@ class RelayLifecycle:
     def subscribe_layer1(self, state: RelayState, since: int | None) -> None:
         live = filter_plan.layer1_filter().replace(limit=0)
         if not state.paused.is_filter_paused(live):
-            self.open_live(state, LAYER1_LIVE_SUB, [live], control=True)
+            self.live.open(state, LAYER1_LIVE_SUB, [live], control=True)
         self.start_historic(state, PendingItems(), [filter_plan.layer1_filter(since)], kind=BatchKind.LAYER1)
 
     def start_sync(self, state: RelayState, items: PendingItems, since: int | None, confirm=True) -> None:
@@ -308,7 +309,7 @@ class RelayLifecycle:
         too much queued for a wait to pay. With shards, what another shard leads
         (``split_led_elsewhere``) goes in a batch of its own that waits for that shard's
         events to reach the own relay."""
-        filters = self.filters_for(state, items, since)
+        filters = sync_filters(state, items, since)
         if not filters:
             return
         leaders = ()
@@ -322,14 +323,14 @@ class RelayLifecycle:
                 else:
                     split = ((mine, ()), (theirs, leaders), (elsewhere, (OTHER_SHARD_LEAD,)))
                 # the live filters are the parts' own: one copy of their values
-                parts = [(part, self.filters_for(state, part, since) if part else [], led_by)
+                parts = [(part, sync_filters(state, part, since) if part else [], led_by)
                          for part, led_by in split]
-                self.subscribe_live(state, filter_plan.live(f for _, fs, _ in parts for f in fs), items)
+                self.live.subscribe(state, filter_plan.live(f for _, fs, _ in parts for f in fs), items)
                 for part, part_filters, led_by in parts:
                     if part_filters:
                         self.start_historic(state, part, part_filters, coalesce=True, leaders=led_by)
                 return
-        self.subscribe_live(state, filter_plan.live(filters), items)
+        self.live.subscribe(state, filter_plan.live(filters), items)
         # busy leaders: NIP-77 throughout (``start_historic``), nothing to split
         self.start_historic(state, items if confirm else PendingItems(), filters, coalesce=True,
                             leaders=leaders)
@@ -356,19 +357,9 @@ class RelayLifecycle:
         """Historic only, confirming nothing: what ``items``' live subscriptions (still open,
         or just replaced) may have missed since ``since``, and layer 1 with it."""
         self.start_historic(state, PendingItems(), [filter_plan.layer1_filter(since)])
-        filters = self.filters_for(state, items, since)
+        filters = sync_filters(state, items, since)
         if state.current.members:
-            filters += [f.replace(since=since) for f in self.descendants.filters_for(state, state.current.members)]
+            filters += [f.replace(since=since) for f in member_filters(state, state.current.members)]
         if filters:
             self.start_historic(state, PendingItems(), filters)
-
-    def filters_for(self, state: RelayState, items: PendingItems, since: int | None,
-                    allowed_only: bool = True):
-        """Layers 2 and 3 and state for ``items``; without the shapes this relay refused by
-        policy unless ``allowed_only`` is False (what a probe looks for)."""
-        budget = filter_plan.tag_value_budget(state.current.limits)
-        filters = filter_plan.build_sync_level_aware_filters(
-            items.repos, items.root_events, since=since, budget=budget
-        )
-        return state.paused.allowed(filters) if allowed_only else filters
 

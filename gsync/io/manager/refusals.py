@@ -2,7 +2,7 @@
 
 - **Rate limits.** A ``rate-limited:`` / "too many" answer (NOTICE, CLOSED, OK, NEG-ERR)
   starts the 65 s cooldown; a repeat inside it changes nothing. Meanwhile nothing starts,
-  live or historic (``live.pump_live`` and ``historic.pump_historic`` ask the health
+  live or historic (``LiveCoverage.pump`` and ``historic.pump_historic`` ask the health
   tracker's gates, whose reactive gap then spaces every later start), and queued NIP-77
   exchanges become REQs: NIP-77 is off for the session. When it ends the relay is Probing,
   its queued work is re-derived — live REQs narrowed to what the index still wants, history
@@ -41,6 +41,7 @@ from ...sync.policy import by_shape, coverage_key, describe, halves
 from ...sync.relay_state import RelayState
 from ...sync.targets import PendingItems, derive_relay_targets
 from ..inbox import CooldownEnded
+from .coverage import member_filters, sync_filters
 from .lifecycle import LAYER1_LIVE_SUB
 
 log = get_logger("gsync.manager")
@@ -140,7 +141,7 @@ class Refusals:
                  was=budget.max_subscriptions)
         live = state.current.data_live_subs()
         if live > filter_plan.SubscriptionBudget(allowed).live_slots:
-            self.consolidate(state)
+            self.live.consolidate(state)
         return True
 
     def historic_closed(self, state: RelayState, batch_id: int, sub_id: str, kind, reason: str) -> None:
@@ -194,19 +195,19 @@ class Refusals:
         if live is None:
             return
         if kind is CAPACITY:
-            self.poll_instead(state, live.filters, fresh=live.fresh)
+            self.live.poll_instead(state, live.filters, fresh=live.fresh)
         elif kind is SUBSCRIPTIONS:
             # The cap is learnt (and coverage consolidated, if it had to be): again within it.
             if live.control:
-                self.open_live(state, sub_id, live.filters, control=True)
+                self.live.open(state, sub_id, live.filters, control=True)
             else:
-                self.open_live_groups(state, [live.filters], descendants=live.descendants,
+                self.live.open_groups(state, [live.filters], descendants=live.descendants,
                                       fresh=int(live.fresh))
         elif kind is Refusal.RATE_LIMIT:
             # It waits out the cooldown in the live queue; the cooldown's end rebuilds it.
             state.current.live_subs[sub_id] = live
             state.current.live_queue.append(sub_id)
-            self.pump_live(state)
+            self.live.pump(state)
         elif kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH):
             about_shape = refuses_a_shape(kind, reason)
             if kind is Refusal.AUTH or len(live.filters) == 1 or (about_shape and len(by_shape(live.filters)) == 1):
@@ -215,7 +216,7 @@ class Refusals:
             else:
                 keep = state.paused.allowed(live.filters)
                 groups = [[keep[i] for i in group] for group in by_shape(keep)] if about_shape else halves(keep)
-                self.open_live_groups(state, [group for group in groups if group])
+                self.live.open_groups(state, [group for group in groups if group])
         else:
             self.rebuild_live(state, sub_id, live)
 
@@ -228,22 +229,22 @@ class Refusals:
         if not filters:
             return
         if live.rebuilt_at is not None and now - live.rebuilt_at < constants.LIVE_REBUILD_MIN_SECS:
-            self.poll_instead(state, filters)
+            self.live.poll_instead(state, filters)
             return
         log.info("live_rebuilt", relay=state.url, sub_id=sub_id, filters=len(filters))
         if live.control:
-            self.open_live(state, sub_id, filters, control=True, rebuilt_at=now)
+            self.live.open(state, sub_id, filters, control=True, rebuilt_at=now)
         else:
-            self.open_live_groups(state, filter_plan.pack_into_reqs(filters, state.current.limits), rebuilt_at=now)
+            self.live.open_groups(state, filter_plan.pack_into_reqs(filters, state.current.limits), rebuilt_at=now)
         since = int(now) - constants.RECONNECT_OVERLAP_SECS
         self.start_historic(state, PendingItems(), [f.replace(limit=None, since=since) for f in filters])
 
     def wanted_live_filters(self, state: RelayState):
         """The live coverage the current index asks of this relay (policy pauses aside)."""
         targets = derive_relay_targets(self.repos).get(state.url)
-        wanted = filter_plan.live(self.filters_for(state, targets, None, allowed_only=False)) if targets else []
+        wanted = filter_plan.live(sync_filters(state, targets, None, allowed_only=False)) if targets else []
         if state.current.members:
-            wanted += filter_plan.live(self.descendants.filters_for(state, state.current.members, allowed_only=False))
+            wanted += filter_plan.live(member_filters(state, state.current.members, allowed_only=False))
         return wanted + [filter_plan.layer1_filter().replace(limit=0)]
 
     # -- policy pauses and their probe ------------------------------------------------------
@@ -264,9 +265,9 @@ class Refusals:
     def coverage_filters(self, state: RelayState, key):
         """Every historic filter of shape ``key`` the current index asks of this relay."""
         targets = derive_relay_targets(self.repos).get(state.url)
-        filters = self.filters_for(state, targets, None, allowed_only=False) if targets else []
+        filters = sync_filters(state, targets, None, allowed_only=False) if targets else []
         if state.current.members:
-            filters += self.descendants.filters_for(state, state.current.members, allowed_only=False)
+            filters += member_filters(state, state.current.members, allowed_only=False)
         filters.append(filter_plan.layer1_filter())
         return [f for f in filters if coverage_key(f) == key]
 
@@ -295,9 +296,9 @@ class Refusals:
         log.info("coverage_restored", relay=state.url, coverage=describe(key))
         filters = self.coverage_filters(state, key)
         if key == coverage_key(filter_plan.layer1_filter()):
-            self.open_live(state, LAYER1_LIVE_SUB, filter_plan.live(filters), control=True)
+            self.live.open(state, LAYER1_LIVE_SUB, filter_plan.live(filters), control=True)
         else:
-            self.open_live_groups(state, filter_plan.pack_into_reqs(filter_plan.live(filters), state.current.limits))
+            self.live.open_groups(state, filter_plan.pack_into_reqs(filter_plan.live(filters), state.current.limits))
         self.start_historic(state, PendingItems(), filters)
 
     # -- rate limits ------------------------------------------------------------------------
