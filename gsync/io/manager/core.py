@@ -66,7 +66,7 @@ from .saved_state import SavedState
 log = get_logger("gsync.manager")
 
 
-class SyncManager(RelayLifecycle, HistoricSync, OwnRelaySide, Refusals):
+class SyncManager(RelayLifecycle, HistoricSync, OwnRelaySide):
     def __init__(self, config, *, clock=time.time, delivery=None, on_ready=None, effects=None):
         """``effects``: the manager's I/O (``effects.GeventEffects`` unless a test gives a
         recorder); ``clock``: wall time, for every decision that reads it."""
@@ -84,7 +84,6 @@ class SyncManager(RelayLifecycle, HistoricSync, OwnRelaySide, Refusals):
         self.on_ready = on_ready
         self._stopping = False
         self.last_loop_at = self.effects.monotonic()
-        self.stall_checked_at = clock()  # historic REQs' clocks stand still while delivery holds reading
         self.queue_peak = 0  # the deepest the inbox has been (a 2 s gauge would miss bursts)
         self.delivery_peak = 0
         self.handlers = self.dispatch_table()
@@ -133,6 +132,10 @@ class SyncManager(RelayLifecycle, HistoricSync, OwnRelaySide, Refusals):
         self.historic_held = False  # historic starts wait for delivery to catch up
         self.seen: dict[str, float | None] = {}  # id -> when gsync fetched it (None: seen on the own relay)
         self.self_sub = SelfSubscriber(svc.own_relay, self.post, log, clock=self.clock, seen=self.seen)
+        # historic sync is still the manager's own (a mixin): ``historic=self``
+        self.refusals = Refusals(relays=self.relays, repos=self.repos, health=self.health, live=self.live,
+                                 historic=self, recovery=self.recovery, seen=self.seen, delivery=self.delivery,
+                                 effects=self.effects, clock=self.clock, ids=self.ids)
 
     def dispatch_table(self) -> dict:
         """Inbox message type -> its handler: one per thing that can happen."""
@@ -155,7 +158,7 @@ class SyncManager(RelayLifecycle, HistoricSync, OwnRelaySide, Refusals):
             BatchWindowClosed: self.on_batch_window_closed,
             CompletionRecheck: self.on_completion_recheck,
             HistoricSlotDue: self.on_historic_slot_due,
-            CooldownEnded: self.on_cooldown_ended,
+            CooldownEnded: self.refusals.on_cooldown_ended,
             Tick: self.on_tick,
         }
 
@@ -243,13 +246,13 @@ class SyncManager(RelayLifecycle, HistoricSync, OwnRelaySide, Refusals):
         if isinstance(m, wire.Eose):
             self.on_eose(state, m.sub_id)
         elif isinstance(m, wire.Closed):
-            self.on_closed(state, m)
+            self.refusals.on_closed(state, m)
         elif isinstance(m, wire.Notice):
             log.info("relay_notice", relay=state.url, text=m.text[:200])
             if wire.is_rate_limit_text(m.text):
-                self.note_rate_limited(state, m.text)
+                self.refusals.note_rate_limited(state, m.text)
         elif isinstance(m, (wire.Ok, wire.NegErr)):
-            self.note_rate_limit_answer(state, m)
+            self.refusals.note_rate_limit_answer(state, m)
 
 
     # -- missing-event recovery (SPEC §4) -----------------------------------------------
@@ -274,9 +277,9 @@ class SyncManager(RelayLifecycle, HistoricSync, OwnRelaySide, Refusals):
         self.on_delivery_caught_up()  # in case its message was lost with a restarted delivery
         self.release_followers(self.lead.overdue(now, constants.FOLLOWER_WAIT_MAX_SECS), overdue=True)
         self.run_recovery(now)
-        self.expire_stalled(now)
+        self.refusals.expire_stalled(now)
         self.expire_negentropy()
-        self.run_policy_probes(now)
+        self.refusals.run_policy_probes(now)
         self.live.run_polls(now)
         self.descendants.run(now)
         self.rejected.expire(now)

@@ -606,7 +606,7 @@ class HistoricSync:
             self.pump_historic(state)
 
     def on_eose(self, state: RelayState, sub_id: str) -> None:
-        self.note_request_succeeded(state)
+        self.refusals.note_request_succeeded(state)
         state.current.sub_activity.pop(sub_id, None)
         batch_id = state.current.sub_to_batch.get(sub_id)
         if batch_id is None:
@@ -753,7 +753,7 @@ class HistoricSync:
                   method=batch.method.value)
         probed = state.current.probes.pop(batch.batch_id, None)
         if probed is not None:
-            self.probe_answered(state, probed, batch)
+            self.refusals.probe_answered(state, probed, batch)
         self.check_historic_complete(state)
 
     def check_historic_complete(self, state: RelayState) -> None:
@@ -805,7 +805,7 @@ class HistoricSync:
     def negentropy_served(self, state: RelayState, batch: PendingBatch, flt, result) -> None:
         """An exchange for ``flt`` ended: what it found missing is claimed (fetched once,
         across relays), then fetched by id, or by the filter's pages where it lacks most."""
-        self.note_request_succeeded(state)
+        self.refusals.note_request_succeeded(state)
         state.nip77_failed_at = None
         metrics.NEGENTROPY_BYTES.labels(state.url, "up").inc(result.bytes_up)
         metrics.NEGENTROPY_BYTES.labels(state.url, "down").inc(result.bytes_down)
@@ -841,7 +841,7 @@ class HistoricSync:
             log.warning("negentropy_own_relay_unavailable", relay=state.url, reason=result.reason)
         else:
             if wire.is_rate_limit_text(result.reason):  # NEG-ERR "rate-limited: …"
-                self.note_rate_limited(state, result.reason)
+                self.refusals.note_rate_limited(state, result.reason)
             elif result.rounds == 0 and (77 in getattr(state.current.limits, "supported_nips", ())
                                          or result.reason.startswith("timeout")):
                 # refused where it says it serves NIP-77, or never answered at all: not

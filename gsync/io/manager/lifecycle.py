@@ -142,7 +142,7 @@ class RelayLifecycle:
             self.health.record_rate_limited(msg.relay, now, query_rate=False, at_least=msg.retry_after)
             log.warning("relay_rate_limited", relay=msg.relay, text=msg.error,
                         cooldown_secs=round(self.health.cooldown_remaining(msg.relay, now)))
-            self.update_health_metric(state, now)
+            self.refusals.update_health_metric(state, now)
 
     def begin_session(self, state: RelayState, msg: HandshakeDone, now: float) -> None:
         """A new session on the handshake's socket (its limits lowered by what the relay

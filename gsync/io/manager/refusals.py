@@ -71,7 +71,27 @@ def refusal_of(closed: wire.Closed) -> Refusal | str:
 
 
 class Refusals:
-    """Mixin of ``SyncManager``: its state lives on the manager and on each ``RelayState``."""
+    """What the manager does when a relay refuses, throttles or goes silent. Its state is on
+    each ``RelayState`` (pauses, learnt caps) and session (probes, stalled shapes), in
+    ``relays``; the rate-limit episodes are in ``health``. What it sends again goes through
+    ``live`` and ``historic`` (which ask it back: ``note_request_succeeded``,
+    ``note_rate_limited``, ``probe_answered``); what a stall loses, to ``recovery`` (less
+    what ``seen`` says arrived); the stall clocks stand still while ``delivery`` holds
+    reading; ``repos`` says what is still wanted."""
+
+    def __init__(self, *, relays, repos, health, live, historic, recovery, seen, delivery, effects, clock, ids):
+        self.relays = relays
+        self.repos = repos
+        self.health = health
+        self.live = live
+        self.historic = historic
+        self.recovery = recovery
+        self.seen = seen
+        self.delivery = delivery
+        self.effects = effects
+        self.clock = clock
+        self.ids = ids  # the manager's counter: sub ids unique among its tokens
+        self.stall_checked_at = clock()  # historic REQs' clocks stand still while delivery holds reading
 
     # -- CLOSED ---------------------------------------------------------------------------
 
@@ -156,7 +176,7 @@ class Refusals:
             batch.restart_page(new_id)
             state.current.sub_to_batch[new_id] = batch_id
             state.current.historic_queue.insert(0, (new_id, filters))
-            self.pump_historic(state)
+            self.historic.pump_historic(state)
             return
         if kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH) and filters:
             about_shape = refuses_a_shape(kind, reason)
@@ -170,9 +190,9 @@ class Refusals:
             batch.on_closed(sub_id)
             if batch_id not in state.current.probes:
                 state.unrelated_failure = True
-        self.pump_historic(state)
+        self.historic.pump_historic(state)
         if batch.is_complete:
-            self.finish_batch(state, batch)
+            self.historic.finish_batch(state, batch)
 
     def split_historic(self, state: RelayState, batch: PendingBatch, sub_id: str, filters,
                        shapes: bool = False) -> None:
@@ -237,7 +257,7 @@ class Refusals:
         else:
             self.live.open_groups(state, filter_plan.pack_into_reqs(filters, state.current.limits), rebuilt_at=now)
         since = int(now) - constants.RECONNECT_OVERLAP_SECS
-        self.start_historic(state, PendingItems(), [f.replace(limit=None, since=since) for f in filters])
+        self.historic.start_historic(state, PendingItems(), [f.replace(limit=None, since=since) for f in filters])
 
     def wanted_live_filters(self, state: RelayState):
         """The live coverage the current index asks of this relay (policy pauses aside)."""
@@ -282,8 +302,8 @@ class Refusals:
         batch = PendingBatch(next(self.ids), PendingItems(), kind=BatchKind.PROBE)
         state.current.pending[batch.batch_id] = batch
         state.current.probes[batch.batch_id] = key
-        self.queue_reqs(state, batch, filters[:1])
-        self.pump_historic(state)
+        self.historic.queue_reqs(state, batch, filters[:1])
+        self.historic.pump_historic(state)
 
     def probe_answered(self, state: RelayState, key, batch: PendingBatch) -> None:
         if not state.paused.is_probing(key):
@@ -299,7 +319,7 @@ class Refusals:
             self.live.open(state, LAYER1_LIVE_SUB, filter_plan.live(filters), control=True)
         else:
             self.live.open_groups(state, filter_plan.pack_into_reqs(filter_plan.live(filters), state.current.limits))
-        self.start_historic(state, PendingItems(), filters)
+        self.historic.start_historic(state, PendingItems(), filters)
 
     # -- rate limits ------------------------------------------------------------------------
 
@@ -313,7 +333,7 @@ class Refusals:
                     cooldown_secs=constants.RATE_LIMIT_COOLDOWN_SECS)
         self.update_health_metric(state, now)
         if state.current.conn is not None:
-            self.requeue_negentropy_as_reqs(state)  # NIP-77 is off for the session
+            self.historic.requeue_negentropy_as_reqs(state)  # NIP-77 is off for the session
         self.effects.later(constants.RATE_LIMIT_COOLDOWN_SECS, CooldownEnded(state.url))
 
     def on_cooldown_ended(self, msg: CooldownEnded) -> None:
@@ -327,7 +347,7 @@ class Refusals:
         self.update_health_metric(state, now)
         if state.connected:
             self.rederive_queued(state)
-            self.pump_historic(state)
+            self.historic.pump_historic(state)
 
     def rederive_queued(self, state: RelayState) -> None:
         """What waited out the cooldown goes out anew: live REQs narrowed to what the index
@@ -398,9 +418,9 @@ class Refusals:
                 self.split_historic(state, batch, sub_id, filters)
             else:
                 self.fail_into_recovery(state, batch, sub_id, filters)
-        self.pump_historic(state)
+        self.historic.pump_historic(state)
         if batch is not None and batch.is_complete:
-            self.finish_batch(state, batch)
+            self.historic.finish_batch(state, batch)
 
     def fail_into_recovery(self, state: RelayState, batch: PendingBatch, sub_id: str, filters) -> None:
         """The batch failed; what the stalled REQ owed goes to missing-event recovery: its
