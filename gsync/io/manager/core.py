@@ -56,7 +56,7 @@ from ..self_subscriber import SelfSubscriber
 from .descendants import Descendants
 from .effects import GeventEffects
 from .historic import HistoricSync
-from .lifecycle import RelayLifecycle
+from .lifecycle import RelayLifecycle, move_status
 from .live import LiveCoverage
 from .own_reads import OwnReads
 from .own_relay import OwnRelaySide
@@ -66,7 +66,7 @@ from .saved_state import SavedState
 log = get_logger("gsync.manager")
 
 
-class SyncManager(RelayLifecycle, HistoricSync, OwnRelaySide):
+class SyncManager(RelayLifecycle, OwnRelaySide):
     def __init__(self, config, *, clock=time.time, delivery=None, on_ready=None, effects=None):
         """``effects``: the manager's I/O (``effects.GeventEffects`` unless a test gives a
         recorder); ``clock``: wall time, for every decision that reads it."""
@@ -80,6 +80,7 @@ class SyncManager(RelayLifecycle, HistoricSync, OwnRelaySide):
         self.ids = itertools.count(1)  # batch, subscription, read and token ids: one counter, never reused
         self.remember_relays(config.sync, config.service.state_dir)
         self.face_own_relay(config, delivery)
+        self.build_collaborators(config)
         self.ready = False
         self.on_ready = on_ready
         self._stopping = False
@@ -99,9 +100,6 @@ class SyncManager(RelayLifecycle, HistoricSync, OwnRelaySide):
             base_backoff=sync.base_backoff_secs, max_backoff=sync.max_backoff_secs,
             proactive_gap=sync.background_start_interval_ms / 1000,
         )
-        self.live = LiveCoverage(relays=self.relays, health=self.health, effects=self.effects, clock=self.clock,
-                                 ids=self.ids, start_historic=self.start_historic, catch_up=self.catch_up)
-        self.descendants = Descendants(self.relays, self.live, self.start_historic)
         # state_dir: locked for this process (raises ops.store.StateRefused), then read
         self.saved = SavedState.open(state_dir, self.clock())
         self.rejected = self.saved.load(self.clock())
@@ -121,21 +119,38 @@ class SyncManager(RelayLifecycle, HistoricSync, OwnRelaySide):
             svc.own_relay, self.post, auth_secret=config.auth.secret_key,
             max_backlog=sync.delivery_max_backlog,
         )
-        self.own_reads = OwnReads(own_held=self.own_held, relays=self.relays, effects=self.effects,
-                                  post=self.post, own_relay=svc.own_relay, ids=self.ids, clock=self.clock,
-                                  busy=self.own_relay_busy)
-        # historic starts wait while delivery is this far behind
-        self.backlog_high_water = int(sync.delivery_max_backlog * constants.DELIVERY_HIGH_WATER_FRACTION)
         self.own_batch: list = []
         self.own_window_open = False
         self.own_down_since: float | None = None
-        self.historic_held = False  # historic starts wait for delivery to catch up
         self.seen: dict[str, float | None] = {}  # id -> when gsync fetched it (None: seen on the own relay)
         self.self_sub = SelfSubscriber(svc.own_relay, self.post, log, clock=self.clock, seen=self.seen)
-        # historic sync is still the manager's own (a mixin): ``historic=self``
+
+    def build_collaborators(self, config) -> None:
+        """The concerns the manager owns, each given what it reads and writes. Two pairs
+        call each other, and the later one of each is reached late: history pumps live
+        coverage first, and live coverage starts historic batches (polls, a
+        consolidation's gap); history tells the refusals side what the relays' answers
+        said, and refusals send history again."""
+        self.own_reads = OwnReads(own_held=self.own_held, relays=self.relays, effects=self.effects,
+                                  post=self.post, own_relay=config.service.own_relay, ids=self.ids,
+                                  clock=self.clock, busy=self.delivery.answering_slowly)
+        self.live = LiveCoverage(
+            relays=self.relays, health=self.health, effects=self.effects, clock=self.clock, ids=self.ids,
+            start_historic=lambda *args, **kwargs: self.historic.start(*args, **kwargs),
+            catch_up=lambda *args: self.historic.catch_up(*args))
+        self.historic = HistoricSync(
+            sync=config.sync, own_relay=config.service.own_relay, relays=self.relays, repos=self.repos,
+            health=self.health, live=self.live, lead=self.lead, claims=self.claims, recovery=self.recovery,
+            own_held=self.own_held, own_reads=self.own_reads, seen=self.seen, rejected=self.rejected,
+            delivery=self.delivery, own_relay_down=lambda: self.own_down_since is not None,
+            request_served=lambda state: self.refusals.note_request_succeeded(state),
+            rate_limited=lambda state, text: self.refusals.note_rate_limited(state, text),
+            probe_answered=lambda state, key, batch: self.refusals.probe_answered(state, key, batch),
+            effects=self.effects, post=self.post, clock=self.clock, ids=self.ids)
         self.refusals = Refusals(relays=self.relays, repos=self.repos, health=self.health, live=self.live,
-                                 historic=self, recovery=self.recovery, seen=self.seen, delivery=self.delivery,
-                                 effects=self.effects, clock=self.clock, ids=self.ids)
+                                 historic=self.historic, recovery=self.recovery, seen=self.seen,
+                                 delivery=self.delivery, effects=self.effects, clock=self.clock, ids=self.ids)
+        self.descendants = Descendants(self.relays, self.live, self.historic.start)
 
     def dispatch_table(self) -> dict:
         """Inbox message type -> its handler: one per thing that can happen."""
@@ -145,19 +160,19 @@ class SyncManager(RelayLifecycle, HistoricSync, OwnRelaySide):
             RemoteEvents: self.on_remote_events,
             RemoteMessage: self.on_remote_message,
             RelayDisconnected: self.on_relay_disconnected,
-            NegentropyFinished: self.on_negentropy_finished,
-            OwnHoldingsRead: self.on_own_holdings_read,
+            NegentropyFinished: self.historic.on_negentropy_finished,
+            OwnHoldingsRead: self.historic.on_own_holdings_read,
             OwnReadsDue: self.own_reads.on_due,
-            OwnReadsLanded: self.on_own_reads_landed,
+            OwnReadsLanded: self.historic.on_own_reads_landed,
             OwnEvents: self.on_own_events,
             OwnHeldConfirmed: self.on_own_held_confirmed,
             OwnSubscribed: self.on_own_subscribed,
             OwnRelayState: self.on_own_relay_state,
             DeliveryAnswered: self.on_delivery_answered,
-            DeliveryCaughtUp: self.on_delivery_caught_up,
+            DeliveryCaughtUp: self.historic.on_delivery_caught_up,
             BatchWindowClosed: self.on_batch_window_closed,
-            CompletionRecheck: self.on_completion_recheck,
-            HistoricSlotDue: self.on_historic_slot_due,
+            CompletionRecheck: self.historic.on_completion_recheck,
+            HistoricSlotDue: self.historic.on_historic_slot_due,
             CooldownEnded: self.refusals.on_cooldown_ended,
             Tick: self.on_tick,
         }
@@ -244,7 +259,7 @@ class SyncManager(RelayLifecycle, HistoricSync, OwnRelaySide):
             return
         m = msg.message
         if isinstance(m, wire.Eose):
-            self.on_eose(state, m.sub_id)
+            self.historic.on_eose(state, m.sub_id)
         elif isinstance(m, wire.Closed):
             self.refusals.on_closed(state, m)
         elif isinstance(m, wire.Notice):
@@ -272,13 +287,13 @@ class SyncManager(RelayLifecycle, HistoricSync, OwnRelaySide):
             if state.connected and state.next_daily_at and now >= state.next_daily_at:
                 state.next_daily_at = now + random.uniform(constants.DAILY_MIN_SECS, constants.DAILY_MAX_SECS)
                 log.info("daily_sync", relay=state.url)
-                self.move_status(state, Fact.DAILY_SYNC)
+                move_status(state, Fact.DAILY_SYNC)
                 self.fresh_start(state, now)
-        self.on_delivery_caught_up()  # in case its message was lost with a restarted delivery
-        self.release_followers(self.lead.overdue(now, constants.FOLLOWER_WAIT_MAX_SECS), overdue=True)
-        self.run_recovery(now)
+        self.historic.on_delivery_caught_up()  # in case its message was lost with a restarted delivery
+        self.historic.release_followers(self.lead.overdue(now, constants.FOLLOWER_WAIT_MAX_SECS), overdue=True)
+        self.historic.run_recovery(now)
         self.refusals.expire_stalled(now)
-        self.expire_negentropy()
+        self.historic.expire_negentropy()
         self.refusals.run_policy_probes(now)
         self.live.run_polls(now)
         self.descendants.run(now)
@@ -286,18 +301,6 @@ class SyncManager(RelayLifecycle, HistoricSync, OwnRelaySide):
         if self.saved.due(now):
             self.save_state(now)
         self.update_metrics(now)
-
-    def on_delivery_caught_up(self, msg: DeliveryCaughtUp | None = None) -> None:
-        """Historic starts held while delivery was behind go again."""
-        if not self.historic_held:
-            return
-        if self.delivery.backlog >= self.backlog_high_water:
-            if msg is not None:  # behind again by the time this was read
-                self.delivery.wake_below(self.backlog_high_water // 2)
-            return
-        self.historic_held = False
-        for state in self.relays.values():
-            self.pump_historic(state)
 
     def update_metrics(self, now: float) -> None:
         connected = dead = members = 0

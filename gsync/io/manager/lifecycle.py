@@ -29,6 +29,18 @@ log = get_logger("gsync.manager")
 LAYER1_LIVE_SUB = "l1-live"
 
 
+def move_status(state: RelayState, fact: Fact) -> None:
+    """``state``'s status after ``fact`` (``sync.status.TRANSITIONS``). A move the table
+    does not have is a bug: logged, the status left as it was; raised where
+    GSYNC_STRICT_STATUS=1 (the tests)."""
+    try:
+        status.move(state, fact)
+    except status.IllegalMove as exc:
+        if os.environ.get("GSYNC_STRICT_STATUS") == "1":
+            raise
+        log.error("illegal_status_move", relay=state.url, status=exc.status.name, fact=exc.fact.value)
+
+
 class RelayLifecycle:
     """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
 
@@ -52,17 +64,6 @@ class RelayLifecycle:
             log.info("relay_registered", relay=url)
         return state
 
-    def move_status(self, state: RelayState, fact: Fact) -> None:
-        """``state``'s status after ``fact`` (``sync.status.TRANSITIONS``). A move the table
-        does not have is a bug: logged, the status left as it was; raised where
-        GSYNC_STRICT_STATUS=1 (the tests)."""
-        try:
-            status.move(state, fact)
-        except status.IllegalMove as exc:
-            if os.environ.get("GSYNC_STRICT_STATUS") == "1":
-                raise
-            log.error("illegal_status_move", relay=state.url, status=exc.status.name, fact=exc.fact.value)
-
     def wanted(self, state: RelayState) -> bool:
         """A bootstrap relay, or one some repo lists (a ``derive_relay_targets`` target, read
         from the relay → repos listing). What a relay confirmed is work only while a repo
@@ -83,7 +84,7 @@ class RelayLifecycle:
                 continue
             if self.health.should_attempt_connection(state.url, now):
                 state.attempt += 1
-                self.move_status(state, Fact.DIALLED)
+                move_status(state, Fact.DIALLED)
                 self.handshakes.request(state.url, state.attempt)
 
     def retire_unwanted_relays(self) -> None:
@@ -97,7 +98,7 @@ class RelayLifecycle:
             log.info("relay_retired", relay=state.url, connected=state.connected)
             if state.current.conn is not None:
                 state.current.conn.close("no work left")
-            self.move_status(state, Fact.RETIRED)
+            move_status(state, Fact.RETIRED)
             self.end_session(state)
             del self.relays[state.url]
             self.health.forget(state.url)
@@ -127,7 +128,7 @@ class RelayLifecycle:
         """Back to Disconnected: refused for good (SSRF guard), parked, or a failure the
         backoff counts; a rate-limit answer holds the redial until its cooldown."""
         metrics.CONNECTION_ATTEMPTS.labels(msg.relay, "failure").inc()
-        self.move_status(state, Fact.HANDSHAKE_FAILED)
+        move_status(state, Fact.HANDSHAKE_FAILED)
         state.last_error = msg.error
         if msg.refused:
             state.refused_reason = msg.error
@@ -158,11 +159,11 @@ class RelayLifecycle:
         )
         nips = getattr(msg.limits, "supported_nips", None)
         if nips and 77 not in nips:  # it says so itself: no NEG-OPEN, no 15 s wait
-            self.disable_negentropy(state, "NIP-11 supported_nips does not list 77")
+            self.historic.disable_negentropy(state, "NIP-11 supported_nips does not list 77")
         elif state.nip77_resting(now):  # it says so and does not: not again before a day
-            self.disable_negentropy(state, "NIP-77 advertised and not served "
+            self.historic.disable_negentropy(state, "NIP-77 advertised and not served "
                                     f"{round(now - state.nip77_failed_at)} s ago")
-        self.move_status(state, Fact.HANDSHAKE_DONE)
+        move_status(state, Fact.HANDSHAKE_DONE)
         fresh = state.should_fresh_start(now)
         log.info("relay_connected", relay=msg.relay, fresh_start=fresh)
         if fresh:
@@ -187,7 +188,7 @@ class RelayLifecycle:
         if msg.said_too_big or state.silent_long_hangups >= 2:
             self.learn_message_length(state, msg.sent_too_long)
             state.silent_long_hangups = 0
-        self.move_status(state, Fact.CONNECTION_LOST)
+        move_status(state, Fact.CONNECTION_LOST)
         state.disconnected_at = now
         state.last_connected = now
         state.last_error = msg.reason
@@ -201,11 +202,11 @@ class RelayLifecycle:
         and batches of other relays that waited for them stop waiting."""
         batches = list(state.current.pending.values())
         for batch in batches:
-            self.release_claims(state, batch)
+            self.historic.release_claims(state, batch)
             self.lead.forget((state.url, batch.batch_id))
         state.end_session(keep_connection)
         for batch in batches:
-            self.release_followers(self.lead.done((state.url, batch.batch_id)))
+            self.historic.release_followers(self.lead.done((state.url, batch.batch_id)))
 
     def learn_message_length(self, state: RelayState, sent: int) -> None:
         """The relay hung up just after a message ``sent`` bytes long: its read limit, most
@@ -271,7 +272,7 @@ class RelayLifecycle:
         state.current.members |= ids
         filters = member_filters(state, ids)
         self.live.open_members(state, filters)
-        self.start_historic(state, PendingItems(), [f.replace(since=since) for f in filters])
+        self.historic.start(state, PendingItems(), [f.replace(since=since) for f in filters])
 
     @contextlib.contextmanager
     def pump_held(self, state: RelayState):
@@ -282,7 +283,7 @@ class RelayLifecycle:
             yield
         finally:
             state.current.pump_held = False
-        self.pump_historic(state)
+        self.historic.pump(state)
 
     def recompute(self, state: RelayState, since: int | None) -> None:
         """derive_relay_targets → compute_actions → start_sync, for one connected relay."""
@@ -298,7 +299,7 @@ class RelayLifecycle:
         live = filter_plan.layer1_filter().replace(limit=0)
         if not state.paused.is_filter_paused(live):
             self.live.open(state, LAYER1_LIVE_SUB, [live], control=True)
-        self.start_historic(state, PendingItems(), [filter_plan.layer1_filter(since)], kind=BatchKind.LAYER1)
+        self.historic.start(state, PendingItems(), [filter_plan.layer1_filter(since)], kind=BatchKind.LAYER1)
 
     def start_sync(self, state: RelayState, items: PendingItems, since: int | None, confirm=True) -> None:
         """Live and historic subscriptions for new items (``handle_new_sync_filters``).
@@ -313,11 +314,11 @@ class RelayLifecycle:
         if not filters:
             return
         leaders = ()
-        if confirm and since is None and self.use_negentropy(state, filters):
+        if confirm and since is None and self.historic.use_negentropy(state, filters):
             mine, theirs, leaders = self.lead.split(state.url, items)
             mine, elsewhere = self.split_led_elsewhere(state, mine)
-            if elsewhere or (theirs and not self.leaders_busy(leaders)):
-                if theirs and self.leaders_busy(leaders):  # as below: NIP-77 throughout
+            if elsewhere or (theirs and not self.historic.leaders_busy(leaders)):
+                if theirs and self.historic.leaders_busy(leaders):  # as below: NIP-77 throughout
                     mine.add(theirs)
                     split = ((mine, leaders), (elsewhere, (OTHER_SHARD_LEAD,)))
                 else:
@@ -328,11 +329,11 @@ class RelayLifecycle:
                 self.live.subscribe(state, filter_plan.live(f for _, fs, _ in parts for f in fs), items)
                 for part, part_filters, led_by in parts:
                     if part_filters:
-                        self.start_historic(state, part, part_filters, coalesce=True, leaders=led_by)
+                        self.historic.start(state, part, part_filters, coalesce=True, leaders=led_by)
                 return
         self.live.subscribe(state, filter_plan.live(filters), items)
         # busy leaders: NIP-77 throughout (``start_historic``), nothing to split
-        self.start_historic(state, items if confirm else PendingItems(), filters, coalesce=True,
+        self.historic.start(state, items if confirm else PendingItems(), filters, coalesce=True,
                             leaders=leaders)
 
     def split_led_elsewhere(self, state: RelayState, items: PendingItems) -> tuple[PendingItems, PendingItems]:
@@ -352,14 +353,3 @@ class RelayLifecycle:
                 needs = self.repos.get(address)
                 roots.update(dict.fromkeys(needs.root_events & items.root_events, address))
         return shard.split_led_elsewhere(items, relays_of, roots.get)
-
-    def catch_up(self, state: RelayState, items: PendingItems, since: int) -> None:
-        """Historic only, confirming nothing: what ``items``' live subscriptions (still open,
-        or just replaced) may have missed since ``since``, and layer 1 with it."""
-        self.start_historic(state, PendingItems(), [filter_plan.layer1_filter(since)])
-        filters = sync_filters(state, items, since)
-        if state.current.members:
-            filters += [f.replace(since=since) for f in member_filters(state, state.current.members)]
-        if filters:
-            self.start_historic(state, PendingItems(), filters)
-

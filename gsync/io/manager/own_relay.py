@@ -52,7 +52,7 @@ class OwnRelaySide:
         self.claims.arrived(event.id)
         if self.recovery.is_missing(event.id):
             for url in self.recovery.clear_arrived((event.id,)):
-                self.promote_if_recovered(url)
+                self.historic.promote_if_recovered(url)
         self.trim_seen()
         if not self.delivery.submit(event, source) and not self.delivery.is_tracked(event.id):
             del self.seen[event.id]  # dropped for backlog (counted): a later copy may go through
@@ -155,7 +155,7 @@ class OwnRelaySide:
     def fetch_ids(self, state: RelayState, ids) -> None:
         ids = sorted(ids)
         for start in range(0, len(ids), constants.MAX_IDS_PER_REQ):
-            self.start_historic(state, PendingItems(), [Filter.make(ids=ids[start:start + constants.MAX_IDS_PER_REQ])])
+            self.historic.start(state, PendingItems(), [Filter.make(ids=ids[start:start + constants.MAX_IDS_PER_REQ])])
 
     def fetch_waiting_refetches(self, state: RelayState) -> None:
         """On (re)connect: released ids that waited for this relay."""
@@ -197,12 +197,12 @@ class OwnRelaySide:
         # self-subscription read the same map.
         self.seen.clear()
         for state in self.relays.values():
-            self.pump_historic(state)
+            self.historic.pump(state)
         # Catch up everything that may have been held back or dropped while it was down.
         catch_up = int(since) - constants.RECONNECT_OVERLAP_SECS
         for state in self.relays.values():
             if state.connected:  # its live subscriptions stayed open: history only
-                self.catch_up(state, state.confirmed.copy(), catch_up)
+                self.historic.catch_up(state, state.confirmed.copy(), catch_up)
 
     def on_own_held_confirmed(self, msg: OwnHeldConfirmed) -> None:
         """What the own relay stored is held. A root it stored anew had no thread there

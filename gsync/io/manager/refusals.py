@@ -176,7 +176,7 @@ class Refusals:
             batch.restart_page(new_id)
             state.current.sub_to_batch[new_id] = batch_id
             state.current.historic_queue.insert(0, (new_id, filters))
-            self.historic.pump_historic(state)
+            self.historic.pump(state)
             return
         if kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH) and filters:
             about_shape = refuses_a_shape(kind, reason)
@@ -190,7 +190,7 @@ class Refusals:
             batch.on_closed(sub_id)
             if batch_id not in state.current.probes:
                 state.unrelated_failure = True
-        self.historic.pump_historic(state)
+        self.historic.pump(state)
         if batch.is_complete:
             self.historic.finish_batch(state, batch)
 
@@ -257,7 +257,7 @@ class Refusals:
         else:
             self.live.open_groups(state, filter_plan.pack_into_reqs(filters, state.current.limits), rebuilt_at=now)
         since = int(now) - constants.RECONNECT_OVERLAP_SECS
-        self.historic.start_historic(state, PendingItems(), [f.replace(limit=None, since=since) for f in filters])
+        self.historic.start(state, PendingItems(), [f.replace(limit=None, since=since) for f in filters])
 
     def wanted_live_filters(self, state: RelayState):
         """The live coverage the current index asks of this relay (policy pauses aside)."""
@@ -303,7 +303,7 @@ class Refusals:
         state.current.pending[batch.batch_id] = batch
         state.current.probes[batch.batch_id] = key
         self.historic.queue_reqs(state, batch, filters[:1])
-        self.historic.pump_historic(state)
+        self.historic.pump(state)
 
     def probe_answered(self, state: RelayState, key, batch: PendingBatch) -> None:
         if not state.paused.is_probing(key):
@@ -319,7 +319,7 @@ class Refusals:
             self.live.open(state, LAYER1_LIVE_SUB, filter_plan.live(filters), control=True)
         else:
             self.live.open_groups(state, filter_plan.pack_into_reqs(filter_plan.live(filters), state.current.limits))
-        self.historic.start_historic(state, PendingItems(), filters)
+        self.historic.start(state, PendingItems(), filters)
 
     # -- rate limits ------------------------------------------------------------------------
 
@@ -347,7 +347,7 @@ class Refusals:
         self.update_health_metric(state, now)
         if state.connected:
             self.rederive_queued(state)
-            self.historic.pump_historic(state)
+            self.historic.pump(state)
 
     def rederive_queued(self, state: RelayState) -> None:
         """What waited out the cooldown goes out anew: live REQs narrowed to what the index
@@ -418,7 +418,7 @@ class Refusals:
                 self.split_historic(state, batch, sub_id, filters)
             else:
                 self.fail_into_recovery(state, batch, sub_id, filters)
-        self.historic.pump_historic(state)
+        self.historic.pump(state)
         if batch is not None and batch.is_complete:
             self.historic.finish_batch(state, batch)
 
