@@ -66,7 +66,7 @@ from .saved_state import SavedState
 log = get_logger("gsync.manager")
 
 
-class SyncManager(RelayLifecycle, OwnRelaySide):
+class SyncManager(RelayLifecycle):
     def __init__(self, config, *, clock=time.time, delivery=None, on_ready=None, effects=None):
         """``effects``: the manager's I/O (``effects.GeventEffects`` unless a test gives a
         recorder); ``clock``: wall time, for every decision that reads it."""
@@ -80,9 +80,7 @@ class SyncManager(RelayLifecycle, OwnRelaySide):
         self.ids = itertools.count(1)  # batch, subscription, read and token ids: one counter, never reused
         self.remember_relays(config.sync, config.service.state_dir)
         self.face_own_relay(config, delivery)
-        self.build_collaborators(config)
-        self.ready = False
-        self.on_ready = on_ready
+        self.build_collaborators(config, on_ready)
         self._stopping = False
         self.last_loop_at = self.effects.monotonic()
         self.queue_peak = 0  # the deepest the inbox has been (a 2 s gauge would miss bursts)
@@ -119,13 +117,10 @@ class SyncManager(RelayLifecycle, OwnRelaySide):
             svc.own_relay, self.post, auth_secret=config.auth.secret_key,
             max_backlog=sync.delivery_max_backlog,
         )
-        self.own_batch: list = []
-        self.own_window_open = False
-        self.own_down_since: float | None = None
         self.seen: dict[str, float | None] = {}  # id -> when gsync fetched it (None: seen on the own relay)
         self.self_sub = SelfSubscriber(svc.own_relay, self.post, log, clock=self.clock, seen=self.seen)
 
-    def build_collaborators(self, config) -> None:
+    def build_collaborators(self, config, on_ready) -> None:
         """The concerns the manager owns, each given what it reads and writes. Two pairs
         call each other, and the later one of each is reached late: history pumps live
         coverage first, and live coverage starts historic batches (polls, a
@@ -142,7 +137,7 @@ class SyncManager(RelayLifecycle, OwnRelaySide):
             sync=config.sync, own_relay=config.service.own_relay, relays=self.relays, repos=self.repos,
             health=self.health, live=self.live, lead=self.lead, claims=self.claims, recovery=self.recovery,
             own_held=self.own_held, own_reads=self.own_reads, seen=self.seen, rejected=self.rejected,
-            delivery=self.delivery, own_relay_down=lambda: self.own_down_since is not None,
+            delivery=self.delivery, own_relay_down=lambda: self.own_relay.down_since is not None,
             request_served=lambda state: self.refusals.note_request_succeeded(state),
             rate_limited=lambda state, text: self.refusals.note_rate_limited(state, text),
             probe_answered=lambda state, key, batch: self.refusals.probe_answered(state, key, batch),
@@ -151,6 +146,12 @@ class SyncManager(RelayLifecycle, OwnRelaySide):
                                  historic=self.historic, recovery=self.recovery, seen=self.seen,
                                  delivery=self.delivery, effects=self.effects, clock=self.clock, ids=self.ids)
         self.descendants = Descendants(self.relays, self.live, self.historic.start)
+        self.own_relay = OwnRelaySide(
+            own_relay=config.service.own_relay, batch_window_secs=config.sync.batch_window_ms / 1000,
+            relays=self.relays, repos=self.repos, domains=self.domains, rejected=self.rejected,
+            recovery=self.recovery, claims=self.claims, delivery=self.delivery, own_held=self.own_held,
+            seen=self.seen, descendants=self.descendants, historic=self.historic, apply_dirty=self.apply_dirty,
+            effects=self.effects, clock=self.clock, on_ready=on_ready)
 
     def dispatch_table(self) -> dict:
         """Inbox message type -> its handler: one per thing that can happen."""
@@ -164,13 +165,13 @@ class SyncManager(RelayLifecycle, OwnRelaySide):
             OwnHoldingsRead: self.historic.on_own_holdings_read,
             OwnReadsDue: self.own_reads.on_due,
             OwnReadsLanded: self.historic.on_own_reads_landed,
-            OwnEvents: self.on_own_events,
-            OwnHeldConfirmed: self.on_own_held_confirmed,
-            OwnSubscribed: self.on_own_subscribed,
-            OwnRelayState: self.on_own_relay_state,
-            DeliveryAnswered: self.on_delivery_answered,
+            OwnEvents: self.own_relay.on_own_events,
+            OwnHeldConfirmed: self.own_relay.on_own_held_confirmed,
+            OwnSubscribed: self.own_relay.on_own_subscribed,
+            OwnRelayState: self.own_relay.on_own_relay_state,
+            DeliveryAnswered: self.own_relay.on_delivery_answered,
             DeliveryCaughtUp: self.historic.on_delivery_caught_up,
-            BatchWindowClosed: self.on_batch_window_closed,
+            BatchWindowClosed: self.own_relay.on_batch_window_closed,
             CompletionRecheck: self.historic.on_completion_recheck,
             HistoricSlotDue: self.historic.on_historic_slot_due,
             CooldownEnded: self.refusals.on_cooldown_ended,
@@ -248,8 +249,8 @@ class SyncManager(RelayLifecycle, OwnRelaySide):
         batch_id = state.current.sub_to_batch.get(msg.sub_id)
         if batch_id is not None and batch_id in state.current.pending:
             state.current.pending[batch_id].record_event(msg.sub_id, msg.event, msg.matched)
-        if msg.verified or self.checked_late(msg.event):
-            self.consider_for_delivery(msg.event, state)
+        if msg.verified or self.own_relay.checked_late(msg.event):
+            self.own_relay.consider_for_delivery(msg.event, state)
             self.descendants.note_direct_member(state, msg.event)
 
 
@@ -330,8 +331,8 @@ class SyncManager(RelayLifecycle, OwnRelaySide):
         self.delivery_peak = max(self.delivery_peak, self.delivery.backlog)
         metrics.QUEUE_DEPTH_PEAK.labels("manager").set(self.queue_peak)
         metrics.QUEUE_DEPTH_PEAK.labels("delivery").set(self.delivery_peak)
-        metrics.READY.set(int(self.ready))
-        metrics.OWN_RELAY_UP.set(int(self.own_down_since is None and self.self_sub.connected))
+        metrics.READY.set(int(self.own_relay.ready))
+        metrics.OWN_RELAY_UP.set(int(self.own_relay.down_since is None and self.self_sub.connected))
         metrics.REPOSITORIES.set(len(self.repos))
         metrics.DELIVERY_BACKLOG_LIMIT.set(self.config.sync.delivery_max_backlog)
         metrics.REJECTED_ENTRIES.set(len(self.rejected))
@@ -339,6 +340,11 @@ class SyncManager(RelayLifecycle, OwnRelaySide):
         metrics.BACKGROUND_START_INTERVAL.set(self.config.sync.background_start_interval_ms / 1000)
 
     # -- operators ------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """The own relay's first history read is applied (``OwnRelaySide``)."""
+        return self.own_relay.ready
 
     def alive_recently(self, within: float) -> bool:
         return self.effects.monotonic() - self.last_loop_at < within
@@ -358,8 +364,8 @@ class SyncManager(RelayLifecycle, OwnRelaySide):
         now = self.clock()
         return {
             "own_relay": self.config.service.own_relay,
-            "own_relay_up": self.own_down_since is None,
-            "ready": self.ready,
+            "own_relay_up": self.own_relay.down_since is None,
+            "ready": self.own_relay.ready,
             "repos": len(self.repos),
             "delivery_backlog": self.delivery.backlog,
             "rejected": len(self.rejected),
@@ -393,6 +399,6 @@ class SyncManager(RelayLifecycle, OwnRelaySide):
     def save_state(self, now: float) -> None:
         """What changed since the last save goes to state_dir (relays, confirmed items,
         rejected entries): one transaction, rows by change."""
-        self.saved.save(self.relays, self.health, self.rejected, now, ready=self.ready)
+        self.saved.save(self.relays, self.health, self.rejected, now, ready=self.own_relay.ready)
 
 

@@ -760,6 +760,12 @@ class HistoricSync:
         self.recovery.add_missing(url, found, now, found_by=found,
                                   by_id_first=state is None or state.serves_ids(now))
 
+    def fetch_ids(self, state: RelayState, ids) -> None:
+        """Fetch ``ids`` by id from ``state``'s relay, as many to a REQ as relays take."""
+        ids = sorted(ids)
+        for start in range(0, len(ids), constants.MAX_IDS_PER_REQ):
+            self.start(state, PendingItems(), [Filter.make(ids=ids[start:start + constants.MAX_IDS_PER_REQ])])
+
     def queue_id_fetches(self, state: RelayState, batch: PendingBatch, ids) -> None:
         """Id fetches finish a batch already started: they go before newer work, as the next
         pages do (appended, a steady stream of new batches would starve them)."""

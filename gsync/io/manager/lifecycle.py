@@ -208,6 +208,21 @@ class RelayLifecycle:
         for batch in batches:
             self.historic.release_followers(self.lead.done((state.url, batch.batch_id)))
 
+    def apply_dirty(self, dirty: set[str]) -> None:
+        """New work for the relays whose targets changed; new relays get dialled. The cost
+        follows the dirty relays' repos (a purgatory answer must not walk every repo)."""
+        states = [self.register_relay(url) for url in dirty]
+        for state in states:
+            self.recompute(state, since=None)
+        if any(s.status is ConnectionStatus.DISCONNECTED and not s.refused_reason for s in states):
+            self.connect_due_relays(self.clock())  # now, not at the next maintenance tick
+
+    def fetch_waiting_refetches(self, state: RelayState) -> None:
+        """On (re)connect: released ids that waited for this relay."""
+        if state.refetch_ids:
+            ids, state.refetch_ids = state.refetch_ids, set()
+            self.historic.fetch_ids(state, ids)
+
     def learn_message_length(self, state: RelayState, sent: int) -> None:
         """The relay hung up just after a message ``sent`` bytes long: its read limit, most
         likely. Later sessions send messages of half that at most (REQs packed and filters
