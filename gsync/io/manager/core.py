@@ -9,7 +9,6 @@ connection object, which queues them for its writer greenlet: the manager never 
 from __future__ import annotations
 
 import itertools
-import random
 import time
 
 from gevent.queue import Empty, Queue
@@ -25,7 +24,6 @@ from ...sync.own_held import OwnHeld
 from ...sync.recovery import MissingEventRecovery
 from ...sync.relay_state import RelayState, RelayTable
 from ...sync.repos import RepoSyncIndex
-from ...sync.status import Fact
 from ..delivery import OwnRelayDelivery
 from ..handshake import HandshakePool
 from ..inbox import (
@@ -56,7 +54,7 @@ from ..self_subscriber import SelfSubscriber
 from .descendants import Descendants
 from .effects import GeventEffects
 from .historic import HistoricSync
-from .lifecycle import RelayLifecycle, move_status
+from .lifecycle import RelayLifecycle
 from .live import LiveCoverage
 from .own_reads import OwnReads
 from .own_relay import OwnRelaySide
@@ -66,7 +64,7 @@ from .saved_state import SavedState
 log = get_logger("gsync.manager")
 
 
-class SyncManager(RelayLifecycle):
+class SyncManager:
     def __init__(self, config, *, clock=time.time, delivery=None, on_ready=None, effects=None):
         """``effects``: the manager's I/O (``effects.GeventEffects`` unless a test gives a
         recorder); ``clock``: wall time, for every decision that reads it."""
@@ -81,19 +79,17 @@ class SyncManager(RelayLifecycle):
         self.remember_relays(config.sync, config.service.state_dir)
         self.face_own_relay(config, delivery)
         self.build_collaborators(config, on_ready)
-        self._stopping = False
         self.last_loop_at = self.effects.monotonic()
         self.queue_peak = 0  # the deepest the inbox has been (a 2 s gauge would miss bursts)
         self.delivery_peak = 0
         self.handlers = self.dispatch_table()
         for url in config.sync.bootstrap_relays:
-            self.register_relay(url).is_bootstrap = True
+            self.lifecycle.register_relay(url).is_bootstrap = True
 
     def remember_relays(self, sync, state_dir) -> None:
         """What the manager knows of the other relays: their states, health, what an
         earlier process saved, and the work shared between them (recovery, claims, leads)."""
         self.relays = RelayTable()
-        self.capped_relays: set[str] = set()  # over [network] max_relays, already logged
         self.health = RelayHealthTracker(
             base_backoff=sync.base_backoff_secs, max_backoff=sync.max_backoff_secs,
             proactive_gap=sync.background_start_interval_ms / 1000,
@@ -146,21 +142,26 @@ class SyncManager(RelayLifecycle):
                                  historic=self.historic, recovery=self.recovery, seen=self.seen,
                                  delivery=self.delivery, effects=self.effects, clock=self.clock, ids=self.ids)
         self.descendants = Descendants(self.relays, self.live, self.historic.start)
+        self.lifecycle = RelayLifecycle(
+            config=config, relays=self.relays, repos=self.repos, saved=self.saved, health=self.health,
+            handshakes=self.handshakes, live=self.live, historic=self.historic, refusals=self.refusals,
+            recovery=self.recovery, lead=self.lead, seen=self.seen, delivery=self.delivery,
+            effects=self.effects, clock=self.clock)
         self.own_relay = OwnRelaySide(
             own_relay=config.service.own_relay, batch_window_secs=config.sync.batch_window_ms / 1000,
             relays=self.relays, repos=self.repos, domains=self.domains, rejected=self.rejected,
             recovery=self.recovery, claims=self.claims, delivery=self.delivery, own_held=self.own_held,
-            seen=self.seen, descendants=self.descendants, historic=self.historic, apply_dirty=self.apply_dirty,
-            effects=self.effects, clock=self.clock, on_ready=on_ready)
+            seen=self.seen, descendants=self.descendants, historic=self.historic,
+            apply_dirty=self.lifecycle.apply_dirty, effects=self.effects, clock=self.clock, on_ready=on_ready)
 
     def dispatch_table(self) -> dict:
         """Inbox message type -> its handler: one per thing that can happen."""
         return {
-            HandshakeStarted: self.on_handshake_started,
-            HandshakeDone: self.on_handshake_done,
+            HandshakeStarted: self.lifecycle.on_handshake_started,
+            HandshakeDone: self.lifecycle.on_handshake_done,
             RemoteEvents: self.on_remote_events,
             RemoteMessage: self.on_remote_message,
-            RelayDisconnected: self.on_relay_disconnected,
+            RelayDisconnected: self.lifecycle.on_relay_disconnected,
             NegentropyFinished: self.historic.on_negentropy_finished,
             OwnHoldingsRead: self.historic.on_own_holdings_read,
             OwnReadsDue: self.own_reads.on_due,
@@ -206,13 +207,10 @@ class SyncManager(RelayLifecycle):
                 log.exception("handler_failed", message=type(msg).__name__)
 
     def stop(self) -> None:
-        self._stopping = True
+        self.lifecycle.shut_down()
         self._ticker.kill(block=False)
         self.self_sub.stop()
         self.handshakes.stop()
-        for state in self.relays.values():
-            if state.current.conn is not None:
-                state.current.conn.close("shutting down")
         self.save_state(self.clock())
 
     # -- relays -------------------------------------------------------------------------
@@ -281,15 +279,10 @@ class SyncManager(RelayLifecycle):
 
     def on_tick(self, msg: Tick) -> None:
         now = self.clock()
-        self.apply_dirty(self.repos.expire_state_only(now))
-        self.connect_due_relays(now)  # retries relays whose backoff is over
-        self.retire_unwanted_relays()
-        for state in self.relays.values():
-            if state.connected and state.next_daily_at and now >= state.next_daily_at:
-                state.next_daily_at = now + random.uniform(constants.DAILY_MIN_SECS, constants.DAILY_MAX_SECS)
-                log.info("daily_sync", relay=state.url)
-                move_status(state, Fact.DAILY_SYNC)
-                self.fresh_start(state, now)
+        self.lifecycle.apply_dirty(self.repos.expire_state_only(now))
+        self.lifecycle.connect_due_relays(now)  # retries relays whose backoff is over
+        self.lifecycle.retire_unwanted_relays()
+        self.lifecycle.run_daily(now)
         self.historic.on_delivery_caught_up()  # in case its message was lost with a restarted delivery
         self.historic.release_followers(self.lead.overdue(now, constants.FOLLOWER_WAIT_MAX_SECS), overdue=True)
         self.historic.run_recovery(now)
@@ -353,7 +346,7 @@ class SyncManager(RelayLifecycle):
         for state in self.relays.values():
             state.is_bootstrap = False
         for url in urls:
-            self.register_relay(url).is_bootstrap = True
+            self.lifecycle.register_relay(url).is_bootstrap = True
 
     def summary(self) -> str:
         connected = sum(1 for s in self.relays.values() if s.connected)

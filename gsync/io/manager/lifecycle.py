@@ -42,7 +42,40 @@ def move_status(state: RelayState, fact: Fact) -> None:
 
 
 class RelayLifecycle:
-    """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
+    """Which relays are registered, dialled, in session and retired. Owns the relays
+    already told they are past ``max_relays`` and whether the manager is stopping (no
+    handshake is applied then). Registers into ``relays`` (with what ``saved`` kept of
+    each), dials through ``handshakes`` when ``health`` allows, opens connections through
+    ``effects`` (reading ``seen`` and ``delivery``'s room); a session's work goes to
+    ``live`` and ``historic``, built from ``repos``; what a session leaves goes to
+    ``recovery`` and ``lead``; a rate-limited handshake is shown by ``refusals``."""
+
+    def __init__(self, *, config, relays, repos, saved, health, handshakes, live, historic, refusals,
+                 recovery, lead, seen, delivery, effects, clock):
+        self.config = config  # [cluster] shard, [network] max_relays, [auth] key
+        self.relays = relays
+        self.repos = repos
+        self.saved = saved
+        self.health = health
+        self.handshakes = handshakes
+        self.live = live
+        self.historic = historic
+        self.refusals = refusals
+        self.recovery = recovery
+        self.lead = lead
+        self.seen = seen
+        self.delivery = delivery
+        self.effects = effects
+        self.clock = clock
+        self.capped_relays: set[str] = set()  # over [network] max_relays, already logged
+        self.stopping = False
+
+    def shut_down(self) -> None:
+        """The manager stops: no handshake is applied any more, every connection closes."""
+        self.stopping = True
+        for state in self.relays.values():
+            if state.current.conn is not None:
+                state.current.conn.close("shutting down")
 
     def register_relay(self, url: str) -> RelayState:
         """``url``'s state, registered (saved memory restored) if it was not yet; a
@@ -113,7 +146,7 @@ class RelayLifecycle:
     def on_handshake_done(self, msg: HandshakeDone) -> None:
         state = self.relays.get(msg.relay)
         now = self.clock()
-        if state is None or msg.attempt != state.attempt or self._stopping:
+        if state is None or msg.attempt != state.attempt or self.stopping:
             if msg.ws is not None:
                 msg.ws.close()
             return
@@ -250,6 +283,16 @@ class RelayLifecycle:
         if state.max_subscriptions_learned is not None and state.max_subscriptions_learned < budget:
             limits = dataclasses.replace(limits, max_subscriptions=state.max_subscriptions_learned)
         return limits
+
+    def run_daily(self, now: float) -> None:
+        """A connected relay's daily sync is due (a random 20-28 h after the last): a fresh
+        start on the same connection."""
+        for state in self.relays.values():
+            if state.connected and state.next_daily_at and now >= state.next_daily_at:
+                state.next_daily_at = now + random.uniform(constants.DAILY_MIN_SECS, constants.DAILY_MAX_SECS)
+                log.info("daily_sync", relay=state.url)
+                move_status(state, Fact.DAILY_SYNC)
+                self.fresh_start(state, now)
 
     def fresh_start(self, state: RelayState, now: float) -> None:
         # The daily sync runs on a live connection: close every subscription it abandons,
