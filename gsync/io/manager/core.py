@@ -1,7 +1,9 @@
 """The manager: the one greenlet that owns every sync index.
 
 It takes a message off its queue and hands it to the handler for that message's type (a
-table, below). Handlers are short and call the pure modules for every decision: which repos
+table, below), and fans its maintenance tick out. The handlers belong to the collaborators
+it owns, one object per concern (``build_collaborators``), each given the shared state and
+the other collaborators it uses; they call the pure modules for every decision: which repos
 and relays (``sync.repos``), what each relay still owes (``sync.targets``), which filters
 (``sync.filter_plan``), what an EOSE means (``sync.pending``). Sends go through the relay's
 connection object, which queues them for its writer greenlet: the manager never blocks.
@@ -213,12 +215,6 @@ class SyncManager:
         self.handshakes.stop()
         self.save_state(self.clock())
 
-    # -- relays -------------------------------------------------------------------------
-
-
-    # -- sync entry points (seed 001, "Sync Entry Points") --------------------------------
-
-
     # -- remote traffic -----------------------------------------------------------------
 
     def on_remote_events(self, msg: RemoteEvents) -> None:
@@ -251,7 +247,6 @@ class SyncManager:
             self.own_relay.consider_for_delivery(msg.event, state)
             self.descendants.note_direct_member(state, msg.event)
 
-
     def on_remote_message(self, msg: RemoteMessage) -> None:
         state = self.relays.in_session(msg.relay, msg.session)
         if state is None:
@@ -267,13 +262,6 @@ class SyncManager:
                 self.refusals.note_rate_limited(state, m.text)
         elif isinstance(m, (wire.Ok, wire.NegErr)):
             self.refusals.note_rate_limit_answer(state, m)
-
-
-    # -- missing-event recovery (SPEC §4) -----------------------------------------------
-
-
-    # -- own relay ----------------------------------------------------------------------
-
 
     # -- maintenance --------------------------------------------------------------------
 

@@ -247,7 +247,7 @@ class HistoricSync:
     def on_own_holdings_read(self, msg: OwnHoldingsRead) -> None:
         """Per filter: NIP-77 where what is already held makes it pay for its start
         (``by_negentropy``), REQ pages (ten filters a start) otherwise. A batch left with
-        REQ pages only may join a pending one, as in ``start_historic``."""
+        REQ pages only may join a pending one, as in ``start``."""
         state = self.relays.in_session(msg.relay, msg.session)
         batch = state and state.current.pending.get(msg.batch_id)
         if batch is None or msg.token not in batch.outstanding_subs:
@@ -271,7 +271,7 @@ class HistoricSync:
             self.stop_leading(state, batch)
         else:
             waiting = self.waiting_req_batch(state, besides=batch) if batch.coalesce_wanted else None
-            if waiting is not None:  # as start_historic would have, had it known at once
+            if waiting is not None:  # as start would have, had it known at once
                 state.current.pending.pop(batch.batch_id, None)
                 self.lead.succeed((state.url, batch.batch_id), (state.url, waiting.batch_id))
                 self.coalesce_into(state, waiting, batch.items, by_req)

@@ -390,7 +390,7 @@ class RelayLifecycle:
                         self.historic.start(state, part, part_filters, coalesce=True, leaders=led_by)
                 return
         self.live.subscribe(state, filter_plan.live(filters), items)
-        # busy leaders: NIP-77 throughout (``start_historic``), nothing to split
+        # busy leaders: NIP-77 throughout (``HistoricSync.start``), nothing to split
         self.historic.start(state, items if confirm else PendingItems(), filters, coalesce=True,
                             leaders=leaders)
 

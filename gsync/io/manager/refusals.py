@@ -2,7 +2,7 @@
 
 - **Rate limits.** A ``rate-limited:`` / "too many" answer (NOTICE, CLOSED, OK, NEG-ERR)
   starts the 65 s cooldown; a repeat inside it changes nothing. Meanwhile nothing starts,
-  live or historic (``LiveCoverage.pump`` and ``historic.pump_historic`` ask the health
+  live or historic (``LiveCoverage.pump`` and ``HistoricSync.pump`` ask the health
   tracker's gates, whose reactive gap then spaces every later start), and queued NIP-77
   exchanges become REQs: NIP-77 is off for the session. When it ends the relay is Probing,
   its queued work is re-derived — live REQs narrowed to what the index still wants, history
