@@ -640,7 +640,7 @@ class HistoricSync:
     def on_historic_slot_due(self, msg: HistoricSlotDue) -> None:
         state = self.relays.in_session(msg.relay, msg.session)
         if state is not None:
-            state.current.slot_wakeup_scheduled = False
+            self.live.woken(state)
             self.pump(state)
 
     def on_eose(self, state: RelayState, sub_id: str) -> None:
@@ -759,6 +759,26 @@ class HistoricSync:
         state = self.relays.get(url)
         self.recovery.add_missing(url, found, now, found_by=found,
                                   by_id_first=state is None or state.serves_ids(now))
+
+    def refetch_refused(self, relay: str, ids: list[str]) -> None:
+        """Fetch released cold ids from the relay they came from; if it is not connected,
+        when it connects. Entries saved without their relay ask every connected relay."""
+        state = self.relays.get(relay)
+        if state is None:
+            targets = [s for s in self.relays.values() if s.connected]
+        elif not state.connected:
+            state.refetch_ids.update(ids)
+            return
+        else:
+            targets = [state]
+        for target in targets:
+            self.fetch_ids(target, ids)
+
+    def fetch_waiting_refetches(self, state: RelayState) -> None:
+        """On (re)connect: released ids that waited for this relay."""
+        if state.refetch_ids:
+            ids, state.refetch_ids = state.refetch_ids, set()
+            self.fetch_ids(state, ids)
 
     def fetch_ids(self, state: RelayState, ids) -> None:
         """Fetch ``ids`` by id from ``state``'s relay, as many to a REQ as relays take."""

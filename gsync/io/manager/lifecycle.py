@@ -203,7 +203,7 @@ class RelayLifecycle:
             self.fresh_start(state, now)
         else:
             self.quick_reconnect(state, now)
-        self.fetch_waiting_refetches(state)
+        self.historic.fetch_waiting_refetches(state)
         state.last_connected = now
         state.disconnected_at = None
         if state.next_daily_at is None:
@@ -249,12 +249,6 @@ class RelayLifecycle:
             self.recompute(state, since=None)
         if any(s.status is ConnectionStatus.DISCONNECTED and not s.refused_reason for s in states):
             self.connect_due_relays(self.clock())  # now, not at the next maintenance tick
-
-    def fetch_waiting_refetches(self, state: RelayState) -> None:
-        """On (re)connect: released ids that waited for this relay."""
-        if state.refetch_ids:
-            ids, state.refetch_ids = state.refetch_ids, set()
-            self.historic.fetch_ids(state, ids)
 
     def learn_message_length(self, state: RelayState, sent: int) -> None:
         """The relay hung up just after a message ``sent`` bytes long: its read limit, most

@@ -125,6 +125,11 @@ class LiveCoverage:
             state.current.slot_wakeup_scheduled = True
             self.effects.later(wait, HistoricSlotDue(state.url, state.session))
 
+    @staticmethod
+    def woken(state: RelayState) -> None:
+        """The wake-up ``wake_pump_in`` set came: the next wait sets another."""
+        state.current.slot_wakeup_scheduled = False
+
     def pump(self, state: RelayState) -> bool:
         """Send queued live REQs while no cooldown holds them and the reactive gate allows
         (no proactive gate: live coverage is not background work). False while they wait."""

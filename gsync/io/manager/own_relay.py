@@ -155,23 +155,9 @@ class OwnRelaySide:
             self.seen.pop(event_id, None)  # else the copy fetched again counts as known
             by_relay.setdefault(relay, []).append(event_id)
         for relay, ids in by_relay.items():
-            self.refetch_refused(relay, ids)
+            self.historic.refetch_refused(relay, ids)
         if hot or cold:
             log.info("refused_released", redelivered=len(hot), refetched=len(cold))
-
-    def refetch_refused(self, relay: str, ids: list[str]) -> None:
-        """Fetch released cold ids from the relay they came from; if it is not connected,
-        when it connects. Entries saved without their relay ask every connected relay."""
-        state = self.relays.get(relay)
-        if state is None:
-            targets = [s for s in self.relays.values() if s.connected]
-        elif not state.connected:
-            state.refetch_ids.update(ids)
-            return
-        else:
-            targets = [state]
-        for target in targets:
-            self.historic.fetch_ids(target, ids)
 
     def checked_late(self, event) -> bool:
         """The connection skips the checks of ids it knows (delivered, or refused). One
