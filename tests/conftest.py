@@ -51,6 +51,11 @@ def _started(make, stop):
             stop(thing)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _gsync_dirs(tmp_path_factory):
+    GsyncProcess.base_dir = str(tmp_path_factory.mktemp("gsync"))
+
+
 @pytest.fixture
 def relay_factory():
     with _started(lambda **options: RelayProcess(options).start(), RelayProcess.stop) as start:

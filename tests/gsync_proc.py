@@ -13,6 +13,7 @@ import sys
 import tempfile
 import urllib.request
 
+from . import forks
 from .relays import free_port, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,11 +29,16 @@ def allow_list(*relays) -> str:
 
 
 class GsyncProcess:
+    # Where each gsync's config, state and log go: the test session's temporary directory
+    # (tests/conftest.py; pytest keeps the last few sessions' and removes older ones), or the
+    # system's, for benchmarks.
+    base_dir: str | None = None
+
     def __init__(self, own, remotes=(), *, domain=None, bootstrap=(), extra: dict | None = None,
                  env: dict | None = None, timers: dict | None = None, args: tuple = ()):
         """``timers``: test-only overrides of long timers (``constants.TEST_TIMER_NAMES``,
         in seconds), passed as ``GSYNC_TEST_TIMERS``; ``args``: more ``gsync run`` options."""
-        self.dir = tempfile.mkdtemp(prefix="gsync-test-")
+        self.dir = tempfile.mkdtemp(prefix="gsync-", dir=self.base_dir)
         self.metrics_port = free_port()
         self.config_path = os.path.join(self.dir, "gsync.ini")
         sections = {
@@ -62,12 +68,15 @@ class GsyncProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> GsyncProcess:
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(ROOT, "bin", "gsync"), "run", "--config", self.config_path,
-             *self.args],
-            stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
-        )
+        """``bin/gsync run``, forked from this worker's warm gsync process (``tests/forks.py``)
+        unless ``GSYNC_TEST_FORK=0`` asks for a new interpreter each time."""
+        argv = [os.path.join(ROOT, "bin", "gsync"), "run", "--config", self.config_path, *self.args]
+        if os.environ.get("GSYNC_TEST_FORK", "1") == "0":
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT,
+                                             env=self.env)
+        else:
+            self.proc = forks.fork_gsync(argv, self.env, self.log_path)
         wait_until(self._endpoint_up, timeout=30, what="gsync metrics endpoint")
         return self
 
@@ -120,7 +129,6 @@ class GsyncProcess:
                 self.proc.wait()
         code = self.proc.returncode
         self.proc = None
-        self._log.close()
         return code
 
 
