@@ -3,12 +3,16 @@
 
     python bench/structure.py [--repo DIR]
 
-Prints: attributes set on ``SyncManager`` (``self.x = …`` in ``gsync/io/manager/``), how
-many of them more than one of its modules touches; fields of ``RelayState`` (and of
-``RelaySession`` when there is one), how many more than one manager module touches and how
-many more than one module of ``gsync/`` assigns; where ``.status`` is assigned; the
-longest functions in ``gsync/io/``; undeclared batch attributes read with ``getattr`` and
-sub-id prefixes tested with ``startswith``. Counts, not timings: the same on any machine.
+Prints: attributes set on ``SyncManager`` (``self.x = …`` in ``gsync/io/manager/``, its
+mixins' included where it has any), how many of them more than one of its modules touches;
+the collaborators it owns (``self.x = SomeClass(…)`` for a class of ``gsync/io/manager/``)
+with the attributes each sets on itself, split into those given to its constructor and
+those it owns; fields of ``RelayState`` (and of ``RelaySession`` when there is one), how
+many more than one manager module (one collaborator each, but ``core.py``, the manager)
+touches and how many more than one module of ``gsync/`` assigns; where ``.status`` is
+assigned; the longest functions in ``gsync/io/``; undeclared batch attributes read with
+``getattr`` and sub-id prefixes tested with ``startswith``. Counts, not timings: the same on
+any machine.
 """
 from __future__ import annotations
 
@@ -49,13 +53,72 @@ def flatten(target):
         yield target
 
 
+def self_attributes(cls: ast.ClassDef) -> tuple[set[str], set[str]]:
+    """(attributes ``cls`` sets on itself from its ``__init__``'s parameters as they are,
+    every other attribute it sets on itself)."""
+    params: set[str] = set()
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+            params = {a.arg for a in node.args.args + node.args.kwonlyargs}
+    given: set[str] = set()
+    owned: set[str] = set()
+    for node in ast.walk(cls):
+        for t in assigned_targets(node):
+            for leaf in flatten(t):
+                if not (isinstance(leaf, ast.Attribute) and isinstance(leaf.value, ast.Name)
+                        and leaf.value.id == "self"):
+                    continue
+                value = getattr(node, "value", None)
+                if isinstance(value, ast.Name) and value.id in params and isinstance(node, ast.Assign):
+                    given.add(leaf.attr)
+                else:
+                    owned.add(leaf.attr)
+    return given, owned - given
+
+
+def collaborators(manager) -> None:
+    """The objects of ``gsync/io/manager/`` classes the manager keeps on itself, and what
+    each is given and owns."""
+    classes = {node.name: node for _, tree in manager for node in ast.walk(tree)
+               if isinstance(node, ast.ClassDef)}
+    built: dict[str, str] = {}
+    given_to: dict[str, set[str]] = collections.defaultdict(set)  # manager attribute -> collaborators
+    for _, tree in manager:
+        for cls in ast.walk(tree):
+            if not (isinstance(cls, ast.ClassDef) and cls.name == "SyncManager"):
+                continue
+            for node in ast.walk(cls):
+                call = node.value if isinstance(node, ast.Assign) else None
+                if isinstance(call, ast.BoolOp):  # ``x or Class(…)``
+                    call = call.values[-1]
+                if not (isinstance(call, ast.Call) and isinstance(call.func, (ast.Name, ast.Attribute))):
+                    continue
+                name = call.func.id if isinstance(call.func, ast.Name) else call.func.value.id \
+                    if isinstance(call.func.value, ast.Name) else ""
+                if name in classes:
+                    for t in node.targets:
+                        if isinstance(t, ast.Attribute):
+                            built[t.attr] = name
+                            for arg in ast.walk(call):
+                                if (isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name)
+                                        and arg.value.id == "self"):
+                                    given_to[arg.attr].add(t.attr)
+    print(f"collaborators the manager owns: {len(built)}")
+    for attr, name in sorted(built.items()):
+        given, owned = self_attributes(classes[name])
+        print(f"  {attr} ({name}): {len(given)} given, {len(owned)} owned: {' '.join(sorted(owned))}")
+    shared = sorted((a for a in given_to if len(given_to[a]) > 1), key=lambda a: (-len(given_to[a]), a))
+    print(f"  manager attributes given to more than one collaborator: {len(shared)}: "
+          + " ".join(f"{a}({len(given_to[a])})" for a in shared))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repo", default=".")
     root = pathlib.Path(ap.parse_args().repo)
     manager = list(modules(root, "gsync/io/manager"))
 
-    # attributes set on self in SyncManager and its mixins (the classes it derives from)
+    # attributes set on self in SyncManager and its mixins, if any (the classes it derives from)
     classes = {"SyncManager"}
     for _, tree in manager:
         for node in ast.walk(tree):
@@ -79,8 +142,11 @@ def main() -> None:
     shared_attrs = sorted(a for a in set_on_self if len(self_touch[a]) > 1)
     print(f"SyncManager attributes set on self: {len(set_on_self)}")
     print(f"  touched by more than one manager module: {len(shared_attrs)}: {' '.join(shared_attrs)}")
-    mixins = sorted(a for a in set_on_self if len(self_touch[a] - {"core.py"}) > 1)
-    print(f"  touched by more than one module besides core.py: {len(mixins)}")
+    beyond_core = sorted(a for a in set_on_self if len(self_touch[a] - {"core.py"}) > 1)
+    print(f"  touched by more than one module besides core.py: {len(beyond_core)}")
+    print(f"  mixins: {len(classes) - 1}")
+
+    collaborators(manager)
 
     for cls in ("RelayState", "RelaySession"):
         fields = dataclass_fields(root, cls)
@@ -102,11 +168,11 @@ def main() -> None:
                         if isinstance(leaf, ast.Attribute) and leaf.attr in fields and not own:
                             assigned[leaf.attr].add(str(path.relative_to(root)))
         multi = sorted(f for f in fields if len(touch[f]) > 1)
-        multi_mixin = sorted(f for f in fields if len(touch[f] - {"core.py"}) > 1)
+        multi_beyond_core = sorted(f for f in fields if len(touch[f] - {"core.py"}) > 1)
         multi_set = sorted(f for f in fields if len(assigned[f]) > 1)
         print(f"{cls} fields: {len(fields)}")
         print(f"  touched by more than one manager module: {len(multi)} "
-              f"({len(multi_mixin)} besides core.py)")
+              f"({len(multi_beyond_core)} besides core.py)")
         print(f"  assigned in more than one module of gsync/: {len(multi_set)}: {' '.join(multi_set)}")
 
     status_sets = []

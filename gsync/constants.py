@@ -43,7 +43,7 @@ CONSOLIDATION_EXCESS = 70  # subscriptions above the live baseline before consol
 # only if packing anew makes room (the new coverage included), and at most this often per
 # relay: new roots coming every few seconds to a relay whose budget is full had it consolidate
 # every 20 s, each time fetching the last 15 minutes again (the 30-minute soak: 483 of them).
-# Between two, coverage that does not fit is polled, fresh (``open_live_groups``).
+# Between two, coverage that does not fit is polled, fresh (``LiveCoverage.open_groups``).
 CONSOLIDATION_MIN_SECS = 60.0
 DESCENDANT_OVERLAP_SECS = 15 * 60
 # Serialized filter JSON we keep open on one connection. Relays bound it (LocalRelay refuses
@@ -336,7 +336,7 @@ TEST_TIMER_NAMES = (
     "REJECTED_HOT_SECS", "REJECTED_COLD_SECS", "TIME_CUT_SUSPECT_SECS", "MESSAGE_STALL_SECS",
     "READ_IDLE_TIMEOUT_SECS", "SELF_REREAD_SECS", "SELF_FULL_REREAD_SECS",
     "STATE_SAVE_SECS", "OWN_IDLE_PING_SECS", "OWN_HISTORY_DEADLINE_SECS",
-    "OWN_READ_DEADLINE_SECS", "DELIVERY_RETRY_BASE_SECS", "DELIVERY_RETRY_MAX_SECS",
+    "OWN_READ_DEADLINE_SECS", "DELIVERY_RETRY_BASE_SECS", "DELIVERY_RETRY_MAX_SECS", "OWN_READ_WINDOW_SECS",
 )
 
 

@@ -3,14 +3,21 @@ import contextlib
 import os
 
 import pytest
+from hypothesis import HealthCheck, settings
 
-from .gsync_proc import GsyncProcess
+from .gsync_proc import TEST_TIMERS, GsyncProcess
 from .relays import RelayProcess
 from .scripted_relay import ScriptedRelay
 
 # A status move the table (gsync/sync/status.py) does not have raises, in this process and in
 # every gsync the tests start (it inherits the environment), instead of being only logged.
 os.environ["GSYNC_STRICT_STATUS"] = "1"
+
+# Property runs judge results, never speed: on a loaded machine (six workers on two cores) one
+# example can take longer than hypothesis's 200 ms default deadline, which would fail a
+# correct run as "flaky". Every @settings in the tests inherits this.
+settings.register_profile("gsync", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("gsync")
 
 
 _PEERS = {"relay_factory", "gsync_factory", "scripted", "seeded_relay"}
@@ -42,6 +49,12 @@ def _started(make, stop):
     finally:
         for thing in started:
             stop(thing)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _gsync_test_defaults(tmp_path_factory):
+    GsyncProcess.base_dir = str(tmp_path_factory.mktemp("gsync"))
+    GsyncProcess.default_timers = TEST_TIMERS
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import urllib.request
 
+from . import forks
 from .relays import free_port, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,6 +22,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the suite waits on relays rather than on the gate. Tests about pacing set
 # ``[sync] background_start_interval_ms`` themselves (``extra``), which wins.
 TEST_GATE_MS = "20"
+# Likewise, under pytest (tests/conftest.py sets ``GsyncProcess.default_timers``), the window
+# that collects batches' own-relay reads into one (0.5 s): each new thread member's batch
+# waited for it, thirty times in a row in one test. Merging itself is tested in process with
+# the real window (tests/test_own_reads.py); benchmarks keep it. A test's own ``timers`` win.
+TEST_TIMERS = {"OWN_READ_WINDOW_SECS": 0.1}
 
 
 def allow_list(*relays) -> str:
@@ -28,11 +34,17 @@ def allow_list(*relays) -> str:
 
 
 class GsyncProcess:
+    # Where each gsync's config, state and log go: the test session's temporary directory
+    # (tests/conftest.py; pytest keeps the last few sessions' and removes older ones), or the
+    # system's, for benchmarks.
+    base_dir: str | None = None
+    default_timers: dict = {}
+
     def __init__(self, own, remotes=(), *, domain=None, bootstrap=(), extra: dict | None = None,
                  env: dict | None = None, timers: dict | None = None, args: tuple = ()):
         """``timers``: test-only overrides of long timers (``constants.TEST_TIMER_NAMES``,
         in seconds), passed as ``GSYNC_TEST_TIMERS``; ``args``: more ``gsync run`` options."""
-        self.dir = tempfile.mkdtemp(prefix="gsync-test-")
+        self.dir = tempfile.mkdtemp(prefix="gsync-", dir=self.base_dir)
         self.metrics_port = free_port()
         self.config_path = os.path.join(self.dir, "gsync.ini")
         sections = {
@@ -55,20 +67,25 @@ class GsyncProcess:
                 for key, value in values.items():
                     fh.write(f"{key} = {value}\n")
         self.log_path = os.path.join(self.dir, "gsync.log")
+        self._log_read, self._log_events = 0, []  # log_events: bytes parsed, what they held
         self.env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
+        timers = {**self.default_timers, **(timers or {})}
         if timers:
             self.env["GSYNC_TEST_TIMERS"] = ",".join(f"{k}={v}" for k, v in timers.items())
         self.args = tuple(args)
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> GsyncProcess:
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(ROOT, "bin", "gsync"), "run", "--config", self.config_path,
-             *self.args],
-            stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
-        )
-        wait_until(self._endpoint_up, timeout=30, what="gsync metrics endpoint")
+        """``bin/gsync run``, forked from this worker's warm gsync process (``tests/forks.py``)
+        unless ``GSYNC_TEST_FORK=0`` asks for a new interpreter each time."""
+        argv = [os.path.join(ROOT, "bin", "gsync"), "run", "--config", self.config_path, *self.args]
+        if os.environ.get("GSYNC_TEST_FORK", "1") == "0":
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT,
+                                             env=self.env)
+        else:
+            self.proc = forks.fork_gsync(argv, self.env, self.log_path)
+        wait_until(self._endpoint_up, timeout=30, interval=0.02, what="gsync metrics endpoint")
         return self
 
     def _endpoint_up(self) -> bool:
@@ -100,13 +117,20 @@ class GsyncProcess:
             return fh.read().decode(errors="replace")
 
     def log_events(self) -> list[dict]:
-        out = []
-        for line in self.log_text().splitlines():
+        """Every JSON line of the log so far (a new list each call). Tests poll this: what was
+        read before is kept, and only what gsync wrote since is parsed, up to its last whole
+        line (the log only grows: a restarted gsync appends)."""
+        with open(self.log_path, "rb") as fh:
+            fh.seek(self._log_read)
+            new = fh.read()
+        whole = new[: new.rfind(b"\n") + 1]
+        self._log_read += len(whole)
+        for line in whole.decode(errors="replace").splitlines():
             try:
-                out.append(json.loads(line))
+                self._log_events.append(json.loads(line))
             except ValueError:
                 pass
-        return out
+        return list(self._log_events)
 
     def terminate(self, timeout: float = 30.0) -> int:
         if self.proc is None:
@@ -120,7 +144,6 @@ class GsyncProcess:
                 self.proc.wait()
         code = self.proc.returncode
         self.proc = None
-        self._log.close()
         return code
 
 

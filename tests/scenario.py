@@ -25,7 +25,9 @@ def on_own(own, events) -> set[str]:
 
 def assert_arrives(own, events, timeout=60.0, what="events"):
     want = {e.id for e in events}
-    wait_until(lambda: want <= on_own(own, events), timeout=timeout, interval=0.5, what=what)
+    # each look is a read of the own relay: a few events are looked for often, thousands less
+    wait_until(lambda: want <= on_own(own, events), timeout=timeout, interval=0.1 if len(want) <= 200 else 0.5,
+               what=what)
 
 
 def two_remote_history(own, a, b, d="proj"):

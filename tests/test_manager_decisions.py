@@ -14,7 +14,7 @@ from gsync.sync.filter_plan import SubscriptionBudget
 from gsync.sync.relay_state import ConnectionStatus
 
 from .factory import Author, announcement, comment, issue
-from .manager_harness import START, FakeWs, ManagerHarness
+from .manager_harness import FakeWs, ManagerHarness
 
 A = "wss://a.example"
 
@@ -227,7 +227,13 @@ def test_the_daily_fresh_start_closes_the_historic_reqs_it_abandons(tmp_path):
     h.answer_own_reads()
     h.advance(1.1)
     silent = h.historic_reqs(A)[-1][1]  # never answered
-    h.advance(constants.DAILY_MAX_SECS - h.clock.now + START + 1)
+    # The daily comes a random 20-28 h after the last; here a few seconds on, well before the
+    # silent REQ would stall (REQ_STALL_SECS): its CLOSE can only be the daily's.
+    h.state(A).next_daily_at = h.clock.now + 5
+    h.advance(4)
+    h.tick()
+    assert silent not in [f[1] for f in h.frames(A, "CLOSE")]
+    h.advance(2)
     h.tick()
     assert h.state(A).status is ConnectionStatus.SYNCING
     assert silent in [f[1] for f in h.frames(A, "CLOSE")]

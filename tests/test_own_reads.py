@@ -156,5 +156,5 @@ def test_a_merged_read_that_fails_answers_every_batch_waiting_on_it_and_teaches_
     # both relays' batches went on by REQ pages (no NIP-77), none waits for a read
     assert h.historic_reqs(A) and h.historic_reqs(B)
     assert not [g for g in h.effects.spawned if g.name == "reconcile_filter"]
-    assert not h.manager.own_reads_flying and not h.manager.own_reads_queued
+    assert not h.manager.own_reads.flying and not h.manager.own_reads.queued
     assert h.manager.own_held.units == 0  # nothing learnt: read again next time

@@ -806,11 +806,11 @@ def _queue(sizes):
 def test_queued_reqs_of_a_batch_fill_the_room_earlier_reqs_left():
     """Groups of 7, 7, 3 and 3 filters queued in that order make two full REQs (two paced
     starts), where merging only into the last REQ made three (7, 10, 3)."""
-    from gsync.io.manager.historic import HistoricSync
+    from gsync.io.manager.historic import share_queued_reqs
 
     state, b = _queue((("a", 7), ("b", 7), ("c", 3), ("d", 3)))
     order = [f for _, group in state.current.historic_queue for f in group]
-    HistoricSync.share_queued_reqs(None, state, b)
+    share_queued_reqs(state, b)
     assert [(sub_id, len(group)) for sub_id, group in state.current.historic_queue] == [("a", 10), ("b", 10)]
     assert b.outstanding_subs == {"a", "b"}
     assert b.filters_of("a") + b.filters_of("b") == order  # queue order kept
@@ -820,10 +820,10 @@ def test_a_next_page_takes_first_pages_along_instead_of_waiting_for_a_split():
     """One next page at the front, then a full REQ of first pages (the trace of
     bench/historic: the page was split ten ways for 926 events while 3,000 waited): the
     first REQ takes nine of them, and the tenth follows."""
-    from gsync.io.manager.historic import HistoricSync
+    from gsync.io.manager.historic import share_queued_reqs
 
     state, b = _queue((("next", 1), ("first", 10)))
-    HistoricSync.share_queued_reqs(None, state, b)
+    share_queued_reqs(state, b)
     assert [(sub_id, len(group)) for sub_id, group in state.current.historic_queue] == [
         ("next", 10), ("first", 1)]
 

@@ -259,6 +259,10 @@ class OwnRelayDelivery:
         return max((now - next(iter(lane.in_flight.values()))[1]
                     for lane in self._lanes if lane.in_flight), default=0.0)
 
+    def answering_slowly(self) -> bool:
+        """Is the own relay slow to answer what delivery sends it? Reads of it wait then."""
+        return self.oldest_answer_wait() > constants.OWN_BUSY_OK_WAIT_SECS
+
     @property
     def backlog(self) -> int:
         """Events being delivered: tracked, less those waiting out a retry delay."""

@@ -107,7 +107,7 @@ class OwnHoldingsRead:
 @dataclass(slots=True)
 class OwnReadsLanded:
     """A merged read of the own relay ended (``sync.own_reads``): what every batch waiting
-    on it lacked. The batches are the manager's to answer (``own_reads_flying``)."""
+    on it lacked. The batches are the manager's to answer (``OwnReads.flying``)."""
 
     read_id: int
     reads: list  # the filters read

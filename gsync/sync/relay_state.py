@@ -28,7 +28,7 @@ class LiveSub:
 @dataclass
 class PolledCoverage:
     """Live coverage that did not fit a relay's budget, asked for by polls instead
-    (``manager.run_polls``), each since its last successful one less the overlap."""
+    (``LiveCoverage.run_polls``), each since its last successful one less the overlap."""
 
     filters: list = field(default_factory=list)
     cursor: float | None = None  # when its last successful poll started (kept over sessions)
@@ -138,6 +138,11 @@ class RelaySession:
             return (3, batch.batch_id)
         return (1 if batch.started else 2, batch.batch_id)
 
+    def syncing(self) -> bool:
+        """Historic sync still running: a batch other than a recovery attempt, a poll or a
+        policy probe (those run for as long as a relay is connected: they are upkeep)."""
+        return any(not b.kind.upkeep for b in self.pending.values())
+
     def data_live_subs(self) -> int:
         """Live subscriptions open for data (layer 1's control subscription aside): what the
         relay's subscription budget counts."""
@@ -185,7 +190,7 @@ class RelayState:
     # by the next connection (lifecycle.reopen_members)
     reopen_members: set = field(default_factory=set)
     descendants_started_at: float | None = None
-    # Live coverage that did not fit the relay's budget, polled instead (manager.run_polls):
+    # Live coverage that did not fit the relay's budget, polled instead (LiveCoverage.run_polls):
     # what came in the last FRESH_POLL_SECS (new repositories, roots, thread members: where
     # new events are likely) apart from the rest, each tier on the cadence its size allows.
     # Their cursors outlive sessions; their filters are rebuilt by each session.
@@ -253,3 +258,16 @@ class RelayState:
         self.announcements_synced = False
         self.batch_failures = False
         self.unrelated_failure = False
+
+
+class RelayTable(dict):
+    """Every relay the manager knows, by URL (``dict[str, RelayState]``): the one piece of
+    state the manager's collaborators all share, handed to each of them."""
+
+    def in_session(self, url: str, session: int) -> RelayState | None:
+        """``url``'s state while ``session`` is its current, connected one (else None: a
+        message or timer of an ended session)."""
+        state = self.get(url)
+        if state is None or state.session != session or state.current.conn is None:
+            return None
+        return state

@@ -1,6 +1,7 @@
-"""The manager: one greenlet owning every sync index (see ``core``); its concerns live in
-mixins, one module each: ``lifecycle``, ``live``, ``historic``, ``own_relay``,
-``descendants``, ``refusals`` (relays that throttle, refuse or go silent).
+"""The manager: one greenlet owning every sync index (see ``core``); its concerns are
+objects it owns, one module each: ``lifecycle``, ``live``, ``historic``, ``own_reads``,
+``own_relay``, ``descendants``, ``refusals`` (relays that throttle, refuse or go silent),
+``saved_state``; ``coverage`` holds the filters a relay is asked for.
 """
 from .core import SyncManager
 

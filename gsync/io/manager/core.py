@@ -1,7 +1,9 @@
 """The manager: the one greenlet that owns every sync index.
 
 It takes a message off its queue and hands it to the handler for that message's type (a
-table, below). Handlers are short and call the pure modules for every decision: which repos
+table, below), and fans its maintenance tick out. The handlers belong to the collaborators
+it owns, one object per concern (``build_collaborators``), each given the shared state and
+the other collaborators it uses; they call the pure modules for every decision: which repos
 and relays (``sync.repos``), what each relay still owes (``sync.targets``), which filters
 (``sync.filter_plan``), what an EOSE means (``sync.pending``). Sends go through the relay's
 connection object, which queues them for its writer greenlet: the manager never blocks.
@@ -9,7 +11,6 @@ connection object, which queues them for its writer greenlet: the manager never 
 from __future__ import annotations
 
 import itertools
-import random
 import time
 
 from gevent.queue import Empty, Queue
@@ -23,9 +24,8 @@ from ...sync.health import RelayHealthTracker
 from ...sync.lead import SharedLead
 from ...sync.own_held import OwnHeld
 from ...sync.recovery import MissingEventRecovery
-from ...sync.relay_state import RelayState
+from ...sync.relay_state import RelayState, RelayTable
 from ...sync.repos import RepoSyncIndex
-from ...sync.status import Fact
 from ..delivery import OwnRelayDelivery
 from ..handshake import HandshakePool
 from ..inbox import (
@@ -58,7 +58,7 @@ from .effects import GeventEffects
 from .historic import HistoricSync
 from .lifecycle import RelayLifecycle
 from .live import LiveCoverage
-from .own_reads import OwnReads, OwnReadWaiter
+from .own_reads import OwnReads
 from .own_relay import OwnRelaySide
 from .refusals import Refusals
 from .saved_state import SavedState
@@ -66,7 +66,7 @@ from .saved_state import SavedState
 log = get_logger("gsync.manager")
 
 
-class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelaySide, Refusals):
+class SyncManager:
     def __init__(self, config, *, clock=time.time, delivery=None, on_ready=None, effects=None):
         """``effects``: the manager's I/O (``effects.GeventEffects`` unless a test gives a
         recorder); ``clock``: wall time, for every decision that reads it."""
@@ -77,26 +77,21 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelay
         self.effects = effects or GeventEffects(self.post)
         self.domains = list(config.service.domains)
         self.repos = RepoSyncIndex(config.service.own_relay, self.domains)
+        self.ids = itertools.count(1)  # batch, subscription, read and token ids: one counter, never reused
         self.remember_relays(config.sync, config.service.state_dir)
         self.face_own_relay(config, delivery)
-        self.ready = False
-        self.on_ready = on_ready
-        self._ids = itertools.count(1)
-        self._stopping = False
+        self.build_collaborators(config, on_ready)
         self.last_loop_at = self.effects.monotonic()
-        self.stall_checked_at = clock()  # historic REQs' clocks stand still while delivery holds reading
         self.queue_peak = 0  # the deepest the inbox has been (a 2 s gauge would miss bursts)
         self.delivery_peak = 0
         self.handlers = self.dispatch_table()
         for url in config.sync.bootstrap_relays:
-            self.register_relay(url).is_bootstrap = True
+            self.lifecycle.register_relay(url).is_bootstrap = True
 
     def remember_relays(self, sync, state_dir) -> None:
         """What the manager knows of the other relays: their states, health, what an
         earlier process saved, and the work shared between them (recovery, claims, leads)."""
-        self.relays: dict[str, RelayState] = {}
-        self.descendants = Descendants(self.relays, self.open_live_groups, self.start_historic)
-        self.capped_relays: set[str] = set()  # over [network] max_relays, already logged
+        self.relays = RelayTable()
         self.health = RelayHealthTracker(
             base_backoff=sync.base_backoff_secs, max_backoff=sync.max_backoff_secs,
             proactive_gap=sync.background_start_interval_ms / 1000,
@@ -116,49 +111,73 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelay
         svc, sync = config.service, config.sync
         # what the own relay holds, read once per filter and session (NIP-77 have-sets)
         self.own_held = OwnHeld(constants.OWN_HELD_TTL_SECS, constants.OWN_HELD_MAX_EVENTS)
-        # batches whose holdings wait for a read of the same values under way (one per batch
-        # at most): (relay, session, batch id, token, filters)
-        self.own_reads_awaited: list[OwnReadWaiter] = []
-        # batches whose unread values wait for the next merged read (``sync.own_reads``),
-        # and those a merged read under way will answer (by its id): one entry per batch
-        self.own_reads_queued: list[OwnReadWaiter] = []
-        self.own_reads_flying: dict[int, list[OwnReadWaiter]] = {}
-        self.own_reads_due = False  # the collecting window's timer is set
         self.delivery = delivery or OwnRelayDelivery(
             svc.own_relay, self.post, auth_secret=config.auth.secret_key,
             max_backlog=sync.delivery_max_backlog,
         )
-        # historic starts wait while delivery is this far behind
-        self.backlog_high_water = int(sync.delivery_max_backlog * constants.DELIVERY_HIGH_WATER_FRACTION)
-        self.own_batch: list = []
-        self.own_window_open = False
-        self.own_down_since: float | None = None
-        self.historic_held = False  # historic starts wait for delivery to catch up
         self.seen: dict[str, float | None] = {}  # id -> when gsync fetched it (None: seen on the own relay)
         self.self_sub = SelfSubscriber(svc.own_relay, self.post, log, clock=self.clock, seen=self.seen)
+
+    def build_collaborators(self, config, on_ready) -> None:
+        """The concerns the manager owns, each given what it reads and writes. Two pairs
+        call each other, and the later one of each is reached late: history pumps live
+        coverage first, and live coverage starts historic batches (polls, a
+        consolidation's gap); history tells the refusals side what the relays' answers
+        said, and refusals send history again."""
+        self.own_reads = OwnReads(own_held=self.own_held, relays=self.relays, effects=self.effects,
+                                  post=self.post, own_relay=config.service.own_relay, ids=self.ids,
+                                  clock=self.clock, busy=self.delivery.answering_slowly)
+        self.live = LiveCoverage(
+            relays=self.relays, health=self.health, effects=self.effects, clock=self.clock, ids=self.ids,
+            start_historic=lambda *args, **kwargs: self.historic.start(*args, **kwargs),
+            catch_up=lambda *args: self.historic.catch_up(*args))
+        self.historic = HistoricSync(
+            sync=config.sync, own_relay=config.service.own_relay, relays=self.relays, repos=self.repos,
+            health=self.health, live=self.live, lead=self.lead, claims=self.claims, recovery=self.recovery,
+            own_held=self.own_held, own_reads=self.own_reads, seen=self.seen, rejected=self.rejected,
+            delivery=self.delivery, own_relay_down=lambda: self.own_relay.down_since is not None,
+            request_served=lambda state: self.refusals.note_request_succeeded(state),
+            rate_limited=lambda state, text: self.refusals.note_rate_limited(state, text),
+            probe_answered=lambda state, key, batch: self.refusals.probe_answered(state, key, batch),
+            effects=self.effects, post=self.post, clock=self.clock, ids=self.ids)
+        self.refusals = Refusals(relays=self.relays, repos=self.repos, health=self.health, live=self.live,
+                                 historic=self.historic, recovery=self.recovery, seen=self.seen,
+                                 delivery=self.delivery, effects=self.effects, clock=self.clock, ids=self.ids)
+        self.descendants = Descendants(self.relays, self.live, self.historic.start)
+        self.lifecycle = RelayLifecycle(
+            config=config, relays=self.relays, repos=self.repos, saved=self.saved, health=self.health,
+            handshakes=self.handshakes, live=self.live, historic=self.historic, refusals=self.refusals,
+            recovery=self.recovery, lead=self.lead, seen=self.seen, delivery=self.delivery,
+            effects=self.effects, clock=self.clock)
+        self.own_relay = OwnRelaySide(
+            own_relay=config.service.own_relay, batch_window_secs=config.sync.batch_window_ms / 1000,
+            relays=self.relays, repos=self.repos, domains=self.domains, rejected=self.rejected,
+            recovery=self.recovery, claims=self.claims, delivery=self.delivery, own_held=self.own_held,
+            seen=self.seen, descendants=self.descendants, historic=self.historic,
+            apply_dirty=self.lifecycle.apply_dirty, effects=self.effects, clock=self.clock, on_ready=on_ready)
 
     def dispatch_table(self) -> dict:
         """Inbox message type -> its handler: one per thing that can happen."""
         return {
-            HandshakeStarted: self.on_handshake_started,
-            HandshakeDone: self.on_handshake_done,
+            HandshakeStarted: self.lifecycle.on_handshake_started,
+            HandshakeDone: self.lifecycle.on_handshake_done,
             RemoteEvents: self.on_remote_events,
             RemoteMessage: self.on_remote_message,
-            RelayDisconnected: self.on_relay_disconnected,
-            NegentropyFinished: self.on_negentropy_finished,
-            OwnHoldingsRead: self.on_own_holdings_read,
-            OwnReadsDue: self.on_own_reads_due,
-            OwnReadsLanded: self.on_own_reads_landed,
-            OwnEvents: self.on_own_events,
-            OwnHeldConfirmed: self.on_own_held_confirmed,
-            OwnSubscribed: self.on_own_subscribed,
-            OwnRelayState: self.on_own_relay_state,
-            DeliveryAnswered: self.on_delivery_answered,
-            DeliveryCaughtUp: self.on_delivery_caught_up,
-            BatchWindowClosed: self.on_batch_window_closed,
-            CompletionRecheck: self.on_completion_recheck,
-            HistoricSlotDue: self.on_historic_slot_due,
-            CooldownEnded: self.on_cooldown_ended,
+            RelayDisconnected: self.lifecycle.on_relay_disconnected,
+            NegentropyFinished: self.historic.on_negentropy_finished,
+            OwnHoldingsRead: self.historic.on_own_holdings_read,
+            OwnReadsDue: self.own_reads.on_due,
+            OwnReadsLanded: self.historic.on_own_reads_landed,
+            OwnEvents: self.own_relay.on_own_events,
+            OwnHeldConfirmed: self.own_relay.on_own_held_confirmed,
+            OwnSubscribed: self.own_relay.on_own_subscribed,
+            OwnRelayState: self.own_relay.on_own_relay_state,
+            DeliveryAnswered: self.own_relay.on_delivery_answered,
+            DeliveryCaughtUp: self.historic.on_delivery_caught_up,
+            BatchWindowClosed: self.own_relay.on_batch_window_closed,
+            CompletionRecheck: self.historic.on_completion_recheck,
+            HistoricSlotDue: self.historic.on_historic_slot_due,
+            CooldownEnded: self.refusals.on_cooldown_ended,
             Tick: self.on_tick,
         }
 
@@ -190,28 +209,13 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelay
                 log.exception("handler_failed", message=type(msg).__name__)
 
     def stop(self) -> None:
-        self._stopping = True
+        self.lifecycle.shut_down()
         self._ticker.kill(block=False)
         self.self_sub.stop()
         self.handshakes.stop()
-        for state in self.relays.values():
-            if state.current.conn is not None:
-                state.current.conn.close("shutting down")
         self.save_state(self.clock())
 
-    # -- relays -------------------------------------------------------------------------
-
-
-    # -- sync entry points (seed 001, "Sync Entry Points") --------------------------------
-
-
     # -- remote traffic -----------------------------------------------------------------
-
-    def _current(self, relay: str, session: int) -> RelayState | None:
-        state = self.relays.get(relay)
-        if state is None or state.session != session or state.current.conn is None:
-            return None
-        return state
 
     def on_remote_events(self, msg: RemoteEvents) -> None:
         try:
@@ -221,7 +225,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelay
                 msg.applied.set()  # its connection may read the next burst
 
     def apply_remote_events(self, msg: RemoteEvents) -> None:
-        state = self._current(msg.relay, msg.session)
+        state = self.relays.in_session(msg.relay, msg.session)
         if state is None:
             return
         state.received_metric.inc(len(msg.events))
@@ -239,71 +243,46 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelay
         batch_id = state.current.sub_to_batch.get(msg.sub_id)
         if batch_id is not None and batch_id in state.current.pending:
             state.current.pending[batch_id].record_event(msg.sub_id, msg.event, msg.matched)
-        if msg.verified or self.checked_late(msg.event):
-            self.consider_for_delivery(msg.event, state)
+        if msg.verified or self.own_relay.checked_late(msg.event):
+            self.own_relay.consider_for_delivery(msg.event, state)
             self.descendants.note_direct_member(state, msg.event)
 
-
     def on_remote_message(self, msg: RemoteMessage) -> None:
-        state = self._current(msg.relay, msg.session)
+        state = self.relays.in_session(msg.relay, msg.session)
         if state is None:
             return
         m = msg.message
         if isinstance(m, wire.Eose):
-            self.on_eose(state, m.sub_id)
+            self.historic.on_eose(state, m.sub_id)
         elif isinstance(m, wire.Closed):
-            self.on_closed(state, m)
+            self.refusals.on_closed(state, m)
         elif isinstance(m, wire.Notice):
             log.info("relay_notice", relay=state.url, text=m.text[:200])
             if wire.is_rate_limit_text(m.text):
-                self.note_rate_limited(state, m.text)
+                self.refusals.note_rate_limited(state, m.text)
         elif isinstance(m, (wire.Ok, wire.NegErr)):
-            self.note_rate_limit_answer(state, m)
-
-
-    # -- missing-event recovery (SPEC §4) -----------------------------------------------
-
-
-    # -- own relay ----------------------------------------------------------------------
-
+            self.refusals.note_rate_limit_answer(state, m)
 
     # -- maintenance --------------------------------------------------------------------
 
     def on_tick(self, msg: Tick) -> None:
         now = self.clock()
-        self.apply_dirty(self.repos.expire_state_only(now))
-        self.connect_due_relays(now)  # retries relays whose backoff is over
-        self.retire_unwanted_relays()
-        for state in self.relays.values():
-            if state.connected and state.next_daily_at and now >= state.next_daily_at:
-                state.next_daily_at = now + random.uniform(constants.DAILY_MIN_SECS, constants.DAILY_MAX_SECS)
-                log.info("daily_sync", relay=state.url)
-                self.move_status(state, Fact.DAILY_SYNC)
-                self.fresh_start(state, now)
-        self.on_delivery_caught_up()  # in case its message was lost with a restarted delivery
-        self.release_followers(self.lead.overdue(now, constants.FOLLOWER_WAIT_MAX_SECS), overdue=True)
-        self.run_recovery(now)
-        self.expire_stalled(now)
-        self.expire_negentropy()
-        self.run_policy_probes(now)
-        self.run_polls(now)
+        self.lifecycle.apply_dirty(self.repos.expire_state_only(now))
+        self.lifecycle.connect_due_relays(now)  # retries relays whose backoff is over
+        self.lifecycle.retire_unwanted_relays()
+        self.lifecycle.run_daily(now)
+        self.historic.on_delivery_caught_up()  # in case its message was lost with a restarted delivery
+        self.historic.release_followers(self.lead.overdue(now, constants.FOLLOWER_WAIT_MAX_SECS), overdue=True)
+        self.historic.run_recovery(now)
+        self.refusals.expire_stalled(now)
+        self.historic.expire_negentropy()
+        self.refusals.run_policy_probes(now)
+        self.live.run_polls(now)
         self.descendants.run(now)
         self.rejected.expire(now)
         if self.saved.due(now):
             self.save_state(now)
         self.update_metrics(now)
-
-    def on_delivery_caught_up(self, msg: DeliveryCaughtUp | None = None) -> None:
-        """Historic starts held while delivery was behind go again."""
-        if not self.historic_held:
-            return
-        if self.delivery.backlog >= self.backlog_high_water:
-            if msg is not None:  # behind again by the time this was read
-                self.delivery.wake_below(self.backlog_high_water // 2)
-            return
-        self.historic_held = False
-        for state in self.relays.values():
-            self.pump_historic(state)
 
     def update_metrics(self, now: float) -> None:
         connected = dead = members = 0
@@ -333,8 +312,8 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelay
         self.delivery_peak = max(self.delivery_peak, self.delivery.backlog)
         metrics.QUEUE_DEPTH_PEAK.labels("manager").set(self.queue_peak)
         metrics.QUEUE_DEPTH_PEAK.labels("delivery").set(self.delivery_peak)
-        metrics.READY.set(int(self.ready))
-        metrics.OWN_RELAY_UP.set(int(self.own_down_since is None and self.self_sub.connected))
+        metrics.READY.set(int(self.own_relay.ready))
+        metrics.OWN_RELAY_UP.set(int(self.own_relay.down_since is None and self.self_sub.connected))
         metrics.REPOSITORIES.set(len(self.repos))
         metrics.DELIVERY_BACKLOG_LIMIT.set(self.config.sync.delivery_max_backlog)
         metrics.REJECTED_ENTRIES.set(len(self.rejected))
@@ -343,6 +322,11 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelay
 
     # -- operators ------------------------------------------------------------------------
 
+    @property
+    def ready(self) -> bool:
+        """The own relay's first history read is applied (``OwnRelaySide``)."""
+        return self.own_relay.ready
+
     def alive_recently(self, within: float) -> bool:
         return self.effects.monotonic() - self.last_loop_at < within
 
@@ -350,7 +334,7 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelay
         for state in self.relays.values():
             state.is_bootstrap = False
         for url in urls:
-            self.register_relay(url).is_bootstrap = True
+            self.lifecycle.register_relay(url).is_bootstrap = True
 
     def summary(self) -> str:
         connected = sum(1 for s in self.relays.values() if s.connected)
@@ -361,8 +345,8 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelay
         now = self.clock()
         return {
             "own_relay": self.config.service.own_relay,
-            "own_relay_up": self.own_down_since is None,
-            "ready": self.ready,
+            "own_relay_up": self.own_relay.down_since is None,
+            "ready": self.own_relay.ready,
             "repos": len(self.repos),
             "delivery_backlog": self.delivery.backlog,
             "rejected": len(self.rejected),
@@ -396,6 +380,6 @@ class SyncManager(RelayLifecycle, LiveCoverage, HistoricSync, OwnReads, OwnRelay
     def save_state(self, now: float) -> None:
         """What changed since the last save goes to state_dir (relays, confirmed items,
         rejected entries): one transaction, rows by change."""
-        self.saved.save(self.relays, self.health, self.rejected, now, ready=self.ready)
+        self.saved.save(self.relays, self.health, self.rejected, now, ready=self.own_relay.ready)
 
 

@@ -6,22 +6,22 @@ new ones get descendant filters on that relay: live while the budget allows (els
 from __future__ import annotations
 
 from ... import constants
-from ...sync import filter_plan
 from ...sync.descendants import member_roots, stale_members
 from ...sync.relay_state import RelayState
 from ...sync.targets import PendingItems
+from .coverage import member_filters
 
 
 class Descendants:
     """Owned by ``SyncManager``: the roots of Full repositories (who is a direct member) and
     each relay's members (its session's, and those to reopen on its ``RelayState``). What
-    it starts goes through the manager's ``open_live_groups`` (live coverage) and
-    ``start_historic`` (a batch), passed in."""
+    it starts goes through ``live`` (live coverage) and ``start_historic`` (a batch),
+    passed in."""
 
-    def __init__(self, relays: dict[str, RelayState], open_live_groups, start_historic):
+    def __init__(self, relays: dict[str, RelayState], live, start_historic):
         self.relays = relays
         self.root_ids: set[str] = set()  # of Full repos: who is a direct member
-        self._open_live_groups = open_live_groups
+        self.live = live
         self._start_historic = start_historic
 
     def set_roots(self, roots: set[str]) -> set[str]:
@@ -62,20 +62,6 @@ class Descendants:
             state.descendants_started_at = now
             ids, state.new_members = state.new_members, set()
             state.current.members |= ids
-            filters = self.filters_for(state, ids)
-            self.open_live(state, filters, fresh=True)
+            filters = member_filters(state, ids)
+            self.live.open_members(state, filters, fresh=True)
             self._start_historic(state, PendingItems(), filters)
-
-    def open_live(self, state: RelayState, filters, fresh: bool = False) -> None:
-        """Live coverage for members in the subscription slots still free (the default of
-        open_live_groups), the rest polled (SPEC §3; ``fresh``: new members, polled apart
-        while new). Members trickle in during historic sync, one small REQ per tick: opening
-        each would overrun the relay's budget. (A consolidation for new core coverage packs
-        them again.)"""
-        groups = filter_plan.pack_into_reqs(filter_plan.live(filters), state.current.limits)
-        self._open_live_groups(state, groups, descendants=True, fresh=len(groups) if fresh else 0)
-
-    @staticmethod
-    def filters_for(state: RelayState, ids, allowed_only: bool = True):
-        filters = filter_plan.descendant_filters(ids, budget=filter_plan.tag_value_budget(state.current.limits))
-        return state.paused.allowed(filters) if allowed_only else filters

@@ -35,10 +35,14 @@ from ...sync.targets import PendingItems
 from .. import negentropy_sync
 from ..inbox import (
     CompletionRecheck,
+    DeliveryCaughtUp,
     HistoricSlotDue,
     NegentropyFinished,
     OwnHoldingsRead,
+    OwnReadsLanded,
 )
+from .coverage import member_filters, sync_filters
+from .lifecycle import move_status
 from .own_reads import OwnReadWaiter
 
 log = get_logger("gsync.manager")
@@ -47,9 +51,49 @@ MAX_HISTORIC_SUBS = 4  # concurrent historic REQs per relay, within the transien
 
 
 class HistoricSync:
-    """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
+    """Every relay's historic batches, their queue and their paced starts (on each
+    ``RelayState`` and session, in ``relays``), and whether delivery's backlog holds them
+    (owned here). Batches are shared out across relays through ``lead`` (who fetches a
+    repository first) and ``claims`` (who fetches a missing event); what none served goes
+    to ``recovery``. The method per filter reads the own relay's holdings (``own_held``,
+    through ``own_reads``), what was fetched (``seen``), refused (``rejected``) and is in
+    flight (``delivery``); ``repos`` says which relays list a repository. Starts wait for
+    the relay's gates in ``health``, for ``live`` REQs (pumped first), and while
+    ``own_relay_down()``; exchanges run through ``effects`` and answer through ``post``.
+    What a relay's answers say of its rate and policy goes back to the refusals side:
+    ``request_served(state)``, ``rate_limited(state, text)``, ``probe_answered(state,
+    key, batch)``."""
 
-    def start_historic(self, state: RelayState, items: PendingItems, filters,
+    def __init__(self, *, sync, own_relay: str, relays, repos, health, live, lead, claims, recovery,
+                 own_held, own_reads, seen, rejected, delivery, own_relay_down, request_served,
+                 rate_limited, probe_answered, effects, post, clock, ids):
+        self.sync = sync  # [sync]: negentropy on or off, the batch window
+        self.own_relay = own_relay
+        self.relays = relays
+        self.repos = repos
+        self.health = health
+        self.live = live
+        self.lead = lead
+        self.claims = claims
+        self.recovery = recovery
+        self.own_held = own_held
+        self.own_reads = own_reads
+        self.seen = seen
+        self.rejected = rejected
+        self.delivery = delivery
+        self.own_relay_down = own_relay_down
+        self.request_served = request_served
+        self.rate_limited = rate_limited
+        self.probe_answered = probe_answered
+        self.effects = effects
+        self.post = post
+        self.clock = clock
+        self.ids = ids  # the manager's counter: batch, sub and token ids
+        # historic starts wait while delivery is this far behind, and are held now
+        self.backlog_high_water = int(sync.delivery_max_backlog * constants.DELIVERY_HIGH_WATER_FRACTION)
+        self.held_for_delivery = False
+
+    def start(self, state: RelayState, items: PendingItems, filters,
                        kind: BatchKind = BatchKind.SYNC, coalesce=False, leaders=()) -> PendingBatch:
         """A PendingBatch for ``filters``. Where the relay allows NIP-77 (full history only:
         a ``since`` catch-up is cheaper as a REQ), the own relay's holdings are read first
@@ -76,7 +120,7 @@ class HistoricSync:
                 return waiting
         if kind is BatchKind.LAYER1:  # every fresh start, quick reconnect and daily sync begins with layer 1
             state.round_started_at = self.clock()
-        batch = PendingBatch(next(self._ids), items, kind=kind)
+        batch = PendingBatch(next(self.ids), items, kind=kind)
         batch.semantic_filters = list(filters)
         state.current.pending[batch.batch_id] = batch
         if asks_own and leaders and self.leaders_busy(leaders):
@@ -91,7 +135,7 @@ class HistoricSync:
             self.lead.lead((state.url, batch.batch_id), items)
             batch.coalescable = coalesce or kind is BatchKind.LAYER1  # NIP-77 batches never take in REQ work
             self.queue_reqs(state, batch, filters)
-        self.pump_historic(state)
+        self.pump(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
         return batch
@@ -166,7 +210,7 @@ class HistoricSync:
     def read_own_holdings(self, state: RelayState, batch: PendingBatch, filters, coalesce: bool) -> None:
         """Ask the own relay what it holds of each filter, before any paced start is spent
         on them (loopback, unpaced), in a greenlet: the answer comes back as a message."""
-        token = f"own{batch.batch_id}-{next(self._ids)}"
+        token = f"own{batch.batch_id}-{next(self.ids)}"
         batch.add_subscription(token)  # the batch is not complete while its methods are open
         batch.coalesce_wanted = coalesce
         self.ask_own_holdings(state, batch, token, list(filters))
@@ -179,7 +223,7 @@ class HistoricSync:
         again."""
         now = self.clock()
         if any(self.own_held.awaits(flt, now) for flt in filters):
-            self.await_own_read(OwnReadWaiter(state.url, state.session, batch.batch_id, token, filters,
+            self.own_reads.await_read(OwnReadWaiter(state.url, state.session, batch.batch_id, token, filters,
                                               [], batch.follower))
             return
         reads = [self.own_held.missing(flt, now) for flt in filters]  # None: all known
@@ -192,18 +236,19 @@ class HistoricSync:
             self.post(OwnHoldingsRead(state.url, state.session, batch.batch_id, token, filters,
                                       [self.own_held.holdings(flt, now) for flt in filters]))
             return
-        self.queue_own_read(OwnReadWaiter(state.url, state.session, batch.batch_id, token, filters,
+        self.own_reads.queue(OwnReadWaiter(state.url, state.session, batch.batch_id, token, filters,
                                           [read for read in reads if read is not None], batch.follower))
 
-    def own_relay_busy(self) -> bool:
-        """Is the own relay slow to answer what delivery sends it? Reads of it wait then."""
-        return self.delivery.oldest_answer_wait() > constants.OWN_BUSY_OK_WAIT_SECS
+    def on_own_reads_landed(self, msg: OwnReadsLanded) -> None:
+        """A merged read of the own relay landed (``own_reads``): each batch it answers
+        chooses its methods, and those that awaited its values ask again."""
+        self.own_reads.land(msg, answer=self.on_own_holdings_read, ask_again=self.ask_own_holdings)
 
     def on_own_holdings_read(self, msg: OwnHoldingsRead) -> None:
         """Per filter: NIP-77 where what is already held makes it pay for its start
         (``by_negentropy``), REQ pages (ten filters a start) otherwise. A batch left with
-        REQ pages only may join a pending one, as in ``start_historic``."""
-        state = self._current(msg.relay, msg.session)
+        REQ pages only may join a pending one, as in ``start``."""
+        state = self.relays.in_session(msg.relay, msg.session)
         batch = state and state.current.pending.get(msg.batch_id)
         if batch is None or msg.token not in batch.outstanding_subs:
             return
@@ -215,7 +260,7 @@ class HistoricSync:
             holdings = msg.holdings
         by_neg, by_req = self.choose_methods(state, batch, msg.filters, holdings)
         if by_neg and not by_req and self.merge_into_waiting_negentropy(state, batch, by_neg):
-            self.pump_historic(state)
+            self.pump(state)
             return
         for flt, held in by_neg:
             self.queue_negentropy(state, batch, flt, held)
@@ -226,16 +271,16 @@ class HistoricSync:
             self.stop_leading(state, batch)
         else:
             waiting = self.waiting_req_batch(state, besides=batch) if batch.coalesce_wanted else None
-            if waiting is not None:  # as start_historic would have, had it known at once
+            if waiting is not None:  # as start would have, had it known at once
                 state.current.pending.pop(batch.batch_id, None)
                 self.lead.succeed((state.url, batch.batch_id), (state.url, waiting.batch_id))
                 self.coalesce_into(state, waiting, batch.items, by_req)
-                self.pump_historic(state)
+                self.pump(state)
                 return
             batch.coalescable = batch.coalesce_wanted or batch.kind is BatchKind.LAYER1
         if by_req:
             self.queue_reqs(state, batch, by_req)
-        self.pump_historic(state)
+        self.pump(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
 
@@ -340,7 +385,7 @@ class HistoricSync:
     def queue_negentropy(self, state: RelayState, batch: PendingBatch, flt: Filter, held) -> None:
         """One NIP-77 exchange for ``flt``, waiting for its paced start; ``held`` (what the
         own relay holds of it, just read) is kept for it, so it is not asked again."""
-        token = negentropy_token(batch.batch_id, next(self._ids))
+        token = negentropy_token(batch.batch_id, next(self.ids))
         batch.add_subscription(token)
         batch.own_holdings[token] = held
         state.current.sub_to_batch[token] = batch.batch_id
@@ -372,7 +417,7 @@ class HistoricSync:
         """NIP-77 on this relay: configured, not failed this session, not disabled by a
         rate-limit episode, and what it advertises can be fetched (``serves_ids``)."""
         return (
-            self.config.sync.negentropy
+            self.sync.negentropy
             and state.current.negentropy_ok
             and self.health.negentropy_allowed(state.url)
             and state.serves_ids(self.clock())
@@ -382,7 +427,7 @@ class HistoricSync:
         groups = filter_plan.pack_into_reqs(filters, state.current.limits, key=filter_plan.paging_key)
         entries = []
         for group in groups:
-            sub_id = f"h{batch.batch_id}-{next(self._ids)}"
+            sub_id = f"h{batch.batch_id}-{next(self.ids)}"
             batch.add_subscription(sub_id, group)
             state.current.sub_to_batch[sub_id] = batch.batch_id
             entries.append((sub_id, group))
@@ -390,32 +435,9 @@ class HistoricSync:
             state.current.historic_queue[0:0] = entries
         else:
             state.current.historic_queue.extend(entries)
-        self.share_queued_reqs(state, batch)
+        share_queued_reqs(state, batch)
 
-    def share_queued_reqs(self, state: RelayState, batch: PendingBatch) -> None:
-        """Queued REQs of one batch (next pages, first pages of a later AddFilters) are
-        packed again filter by filter, in queue order, ten to a REQ within the relay's
-        message size: every start carries as many filter pages as it can, the pages that
-        finish what was started first, and a REQ of next pages takes first pages along
-        rather than waiting to be filled by splitting (``fill_before_start``). Exact-id
-        fetches and pages that must go alone stay as they are."""
-        shared = [sub_id for sub_id, _ in state.current.historic_queue
-                  if state.current.sub_to_batch.get(sub_id) == batch.batch_id and batch.may_share(sub_id)]
-        if len(shared) < 2:
-            return
-        groups = batch.repack(shared, filter_plan.filters_per_req(state.current.limits),
-                              filter_plan.req_length_limit(state.current.limits))
-        kept = []
-        for sub_id, group in state.current.historic_queue:
-            if sub_id in groups:
-                kept.append((sub_id, groups[sub_id]))
-            elif sub_id in shared:
-                state.current.sub_to_batch.pop(sub_id, None)  # its filters went to earlier REQs
-            else:
-                kept.append((sub_id, group))
-        state.current.historic_queue = kept
-
-    def pump_historic(self, state: RelayState) -> None:
+    def pump(self, state: RelayState) -> None:
         """Start queued historic REQs while the relay's budget and pacing allow.
 
         Every historic, pagination, id-fetch and retry start is a background start: the
@@ -423,10 +445,10 @@ class HistoricSync:
         refusal, none during a cooldown). Nothing starts while the own relay is down: what
         would be fetched could not be delivered (the catch-up after the outage covers it);
         nor while delivery is more than a quarter of its backlog limit behind. Live REQs
-        waiting for the gates go first (``live.pump_live``).
+        waiting for the gates go first (``LiveCoverage.pump``).
         """
-        if (state.current.pump_held or not state.connected or not self.pump_live(state)
-                or self.own_down_since is not None):
+        if (state.current.pump_held or not state.connected or not self.live.pump(state)
+                or self.own_relay_down()):
             return
         if self.delivery_holds_history():
             return
@@ -435,7 +457,7 @@ class HistoricSync:
             now = self.clock()
             wait = self.health.may_start_background(state.url, now)
             if wait > 0:
-                self.wake_pump_in(state, wait)
+                self.live.wake_pump_in(state, wait)
                 return
             sub_id, group = state.current.historic_queue[0]
             if sub_id not in state.current.sub_to_batch:
@@ -455,12 +477,34 @@ class HistoricSync:
             self.send_historic_start(state, batch, sub_id, group, now)
             open_historic += 1
 
+    def catch_up(self, state: RelayState, items: PendingItems, since: int) -> None:
+        """Historic only, confirming nothing: what ``items``' live subscriptions (still open,
+        or just replaced) may have missed since ``since``, and layer 1 with it."""
+        self.start(state, PendingItems(), [filter_plan.layer1_filter(since)])
+        filters = sync_filters(state, items, since)
+        if state.current.members:
+            filters += [f.replace(since=since) for f in member_filters(state, state.current.members)]
+        if filters:
+            self.start(state, PendingItems(), filters)
+
+    def on_delivery_caught_up(self, msg: DeliveryCaughtUp | None = None) -> None:
+        """Historic starts held while delivery was behind go again."""
+        if not self.held_for_delivery:
+            return
+        if self.delivery.backlog >= self.backlog_high_water:
+            if msg is not None:  # behind again by the time this was read
+                self.delivery.wake_below(self.backlog_high_water // 2)
+            return
+        self.held_for_delivery = False
+        for state in self.relays.values():
+            self.pump(state)
+
     def delivery_holds_history(self) -> bool:
         """Delivery is more than its high-water mark behind: historic starts wait."""
         if self.delivery.backlog < self.backlog_high_water:
             return False
-        if not self.historic_held:
-            self.historic_held = True
+        if not self.held_for_delivery:
+            self.held_for_delivery = True
             # DeliveryCaughtUp pumps again once half of it is delivered: a mark with room
             # below it, or a backlog hovering at the mark would pump every relay per OK.
             self.delivery.wake_below(self.backlog_high_water // 2)
@@ -509,12 +553,6 @@ class HistoricSync:
         state.current.historic_queue[0] = (sub_id, group)
         return group
 
-    def wake_pump_in(self, state: RelayState, wait: float) -> None:
-        """Pump this relay again when its pacing gate (or cooldown) opens."""
-        if not state.current.slot_wakeup_scheduled:
-            state.current.slot_wakeup_scheduled = True
-            self.effects.later(wait, HistoricSlotDue(state.url, state.session))
-
     def regroup_before_start(self, state: RelayState, sub_id: str, group) -> bool:
         """A queued REQ meets what the relay taught us since it was queued: shapes it
         refused by policy go (a probe's own filter stays), and a shape that stalled on this
@@ -537,7 +575,7 @@ class HistoricSync:
             batch.finish_subscription(sub_id)
         else:
             entries = batch.split_subscription(
-                sub_id, [(f"h{batch_id}-{next(self._ids)}", part) for part in parts if part])
+                sub_id, [(f"h{batch_id}-{next(self.ids)}", part) for part in parts if part])
             for new_id, _ in entries:
                 state.current.sub_to_batch[new_id] = batch_id
             state.current.historic_queue[0:0] = entries
@@ -554,10 +592,10 @@ class HistoricSync:
         started: list = []
         greenlet = self.effects.spawn(
             negentropy_sync.reconcile_filter,
-            state.current.conn, self.config.service.own_relay, flt, self.have_beyond_holdings(flt),
+            state.current.conn, self.own_relay, flt, self.have_beyond_holdings(flt),
             self.post, batch_id=batch_id, token=token, held=held,
             frame_size_limit=negentropy_sync.frame_size_limit(filter_plan.req_length_limit(state.current.limits)),
-            busy=self.own_relay_busy,
+            busy=self.delivery.answering_slowly,
             started=started,
         )
         state.current.neg_running[token] = RunningExchange(greenlet, batch_id, flt, self.effects.monotonic(), started)
@@ -600,13 +638,13 @@ class HistoricSync:
         return self.rejected.items_matching(flt) + self.delivery.tracked_matching(flt)
 
     def on_historic_slot_due(self, msg: HistoricSlotDue) -> None:
-        state = self._current(msg.relay, msg.session)
+        state = self.relays.in_session(msg.relay, msg.session)
         if state is not None:
-            state.current.slot_wakeup_scheduled = False
-            self.pump_historic(state)
+            self.live.woken(state)
+            self.pump(state)
 
     def on_eose(self, state: RelayState, sub_id: str) -> None:
-        self.note_request_succeeded(state)
+        self.request_served(state)
         state.current.sub_activity.pop(sub_id, None)
         batch_id = state.current.sub_to_batch.get(sub_id)
         if batch_id is None:
@@ -623,7 +661,7 @@ class HistoricSync:
             sub_id,
             per_req=filter_plan.filters_per_req(state.current.limits),
             pack=lambda filters: filter_plan.pack_into_reqs(filters, state.current.limits),
-            new_sub_id=lambda: f"h{batch_id}-{next(self._ids)}",
+            new_sub_id=lambda: f"h{batch_id}-{next(self.ids)}",
             cap=state.current.page_cap,
             elapsed=None if sent_at is None else self.clock() - sent_at,
         )
@@ -634,9 +672,9 @@ class HistoricSync:
         state.current.historic_queue[0:0] = pages  # next pages first: they finish what was started
         for crowded in batch.take_crowded():
             self.complete_crowded_second(state, batch, crowded)
-        self.share_queued_reqs(state, batch)
+        share_queued_reqs(state, batch)
         self.leader_progressed(state, batch)
-        self.pump_historic(state)
+        self.pump(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
 
@@ -676,7 +714,7 @@ class HistoricSync:
             decision = batch.residual_decision()
             if decision is ResidualDecision.RETRY_RESIDUAL:
                 self.queue_id_fetches(state, batch, batch.begin_residual_retry())
-                self.pump_historic(state)
+                self.pump(state)
                 return
             if decision is ResidualDecision.SEMANTIC_FALLBACK:
                 self.ask_residual_by_filter(state, batch)
@@ -704,7 +742,7 @@ class HistoricSync:
             log.info("negentropy_ids_asked_by_filter", relay=state.url, batch_id=batch.batch_id,
                      missing=len(missing), filters=len(filters))
             self.queue_reqs(state, batch, filters, front=True)
-            self.pump_historic(state)
+            self.pump(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
 
@@ -721,6 +759,32 @@ class HistoricSync:
         state = self.relays.get(url)
         self.recovery.add_missing(url, found, now, found_by=found,
                                   by_id_first=state is None or state.serves_ids(now))
+
+    def refetch_refused(self, relay: str, ids: list[str]) -> None:
+        """Fetch released cold ids from the relay they came from; if it is not connected,
+        when it connects. Entries saved without their relay ask every connected relay."""
+        state = self.relays.get(relay)
+        if state is None:
+            targets = [s for s in self.relays.values() if s.connected]
+        elif not state.connected:
+            state.refetch_ids.update(ids)
+            return
+        else:
+            targets = [state]
+        for target in targets:
+            self.fetch_ids(target, ids)
+
+    def fetch_waiting_refetches(self, state: RelayState) -> None:
+        """On (re)connect: released ids that waited for this relay."""
+        if state.refetch_ids:
+            ids, state.refetch_ids = state.refetch_ids, set()
+            self.fetch_ids(state, ids)
+
+    def fetch_ids(self, state: RelayState, ids) -> None:
+        """Fetch ``ids`` by id from ``state``'s relay, as many to a REQ as relays take."""
+        ids = sorted(ids)
+        for start in range(0, len(ids), constants.MAX_IDS_PER_REQ):
+            self.start(state, PendingItems(), [Filter.make(ids=ids[start:start + constants.MAX_IDS_PER_REQ])])
 
     def queue_id_fetches(self, state: RelayState, batch: PendingBatch, ids) -> None:
         """Id fetches finish a batch already started: they go before newer work, as the next
@@ -758,34 +822,27 @@ class HistoricSync:
 
     def check_historic_complete(self, state: RelayState) -> None:
         """Double check (seed 001): no pending batch now, and still none 6 s later."""
-        if (self.syncing_batches(state) or state.current.completion_check_scheduled
+        if (state.current.syncing() or state.current.completion_check_scheduled
                 or state.status != ConnectionStatus.SYNCING):
             return
         state.current.completion_check_scheduled = True
-        delay = self.config.sync.batch_window_ms / 1000 + 1
+        delay = self.sync.batch_window_ms / 1000 + 1
         self.effects.later(delay, CompletionRecheck(state.url, state.session))
 
-    def syncing_batches(self, state: RelayState) -> bool:
-        """Historic sync still running: a batch other than a recovery attempt, a poll or a
-        policy probe (those run for as long as a relay is connected: they are upkeep)."""
-        return any(
-            not b.kind.upkeep for b in state.current.pending.values()
-        )
-
     def on_completion_recheck(self, msg: CompletionRecheck) -> None:
-        state = self._current(msg.relay, msg.session)
+        state = self.relays.in_session(msg.relay, msg.session)
         if state is None:
             return
         state.current.completion_check_scheduled = False
-        if self.syncing_batches(state) or state.status != ConnectionStatus.SYNCING:
+        if state.current.syncing() or state.status != ConnectionStatus.SYNCING:
             return
-        self.move_status(state, Fact.HISTORIC_DONE_WITH_FAILURES if state.batch_failures else Fact.HISTORIC_DONE)
+        move_status(state, Fact.HISTORIC_DONE_WITH_FAILURES if state.batch_failures else Fact.HISTORIC_DONE)
         state.historic_sync_completed_at = self.clock()
         log.info("historic_sync_complete", relay=state.url, status=state.status.name)
         self.promote_if_recovered(state.url)  # recovery may have finished before this check
 
     def on_negentropy_finished(self, msg: NegentropyFinished) -> None:
-        state = self._current(msg.relay, msg.session)
+        state = self.relays.in_session(msg.relay, msg.session)
         if state is None:
             return
         if state.current.neg_running.pop(msg.token, None) is None:
@@ -794,7 +851,7 @@ class HistoricSync:
         state.current.sub_to_batch.pop(msg.token, None)
         result = msg.result
         if batch is None:
-            self.pump_historic(state)
+            self.pump(state)
             return
         batch.finish_subscription(msg.token)
         if result.ok:
@@ -805,14 +862,14 @@ class HistoricSync:
             self.negentropy_failed(state, batch, msg.filter, result)
         if not any(map(is_negentropy_token, batch.outstanding_subs)):
             self.fetch_what_the_exchanges_found(state, batch)
-        self.pump_historic(state)
+        self.pump(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
 
     def negentropy_served(self, state: RelayState, batch: PendingBatch, flt, result) -> None:
         """An exchange for ``flt`` ended: what it found missing is claimed (fetched once,
         across relays), then fetched by id, or by the filter's pages where it lacks most."""
-        self.note_request_succeeded(state)
+        self.request_served(state)
         state.nip77_failed_at = None
         metrics.NEGENTROPY_BYTES.labels(state.url, "up").inc(result.bytes_up)
         metrics.NEGENTROPY_BYTES.labels(state.url, "down").inc(result.bytes_down)
@@ -848,7 +905,7 @@ class HistoricSync:
             log.warning("negentropy_own_relay_unavailable", relay=state.url, reason=result.reason)
         else:
             if wire.is_rate_limit_text(result.reason):  # NEG-ERR "rate-limited: …"
-                self.note_rate_limited(state, result.reason)
+                self.rate_limited(state, result.reason)
             elif result.rounds == 0 and (77 in getattr(state.current.limits, "supported_nips", ())
                                          or result.reason.startswith("timeout")):
                 # refused where it says it serves NIP-77, or never answered at all: not
@@ -927,7 +984,7 @@ class HistoricSync:
             log.info("recovery_attempt", relay=url, ids=len(ids), filters=len(filters))
             if ids:
                 filters = [Filter.make(ids=ids), *filters]
-            batch = self.start_historic(state, PendingItems(), filters, kind=BatchKind.RECOVERY)
+            batch = self.start(state, PendingItems(), filters, kind=BatchKind.RECOVERY)
             batch.expect_ids(self.recovery.awaited(url))
 
     def finish_recovery(self, state: RelayState, batch: PendingBatch) -> None:
@@ -949,7 +1006,30 @@ class HistoricSync:
             and self.recovery.is_fully_recovered(url)
             and not state.unrelated_failure
         ):
-            self.move_status(state, Fact.RECOVERED)
+            move_status(state, Fact.RECOVERED)
             state.batch_failures = False
             log.info("relay_recovered", relay=url)
 
+
+def share_queued_reqs(state: RelayState, batch: PendingBatch) -> None:
+    """Queued REQs of one batch (next pages, first pages of a later AddFilters) are
+    packed again filter by filter, in queue order, ten to a REQ within the relay's
+    message size: every start carries as many filter pages as it can, the pages that
+    finish what was started first, and a REQ of next pages takes first pages along
+    rather than waiting to be filled by splitting (``fill_before_start``). Exact-id
+    fetches and pages that must go alone stay as they are."""
+    shared = [sub_id for sub_id, _ in state.current.historic_queue
+              if state.current.sub_to_batch.get(sub_id) == batch.batch_id and batch.may_share(sub_id)]
+    if len(shared) < 2:
+        return
+    groups = batch.repack(shared, filter_plan.filters_per_req(state.current.limits),
+                          filter_plan.req_length_limit(state.current.limits))
+    kept = []
+    for sub_id, group in state.current.historic_queue:
+        if sub_id in groups:
+            kept.append((sub_id, groups[sub_id]))
+        elif sub_id in shared:
+            state.current.sub_to_batch.pop(sub_id, None)  # its filters went to earlier REQs
+        else:
+            kept.append((sub_id, group))
+    state.current.historic_queue = kept

@@ -22,14 +22,60 @@ from ..inbox import (
     HandshakeStarted,
     RelayDisconnected,
 )
+from .coverage import member_filters, sync_filters
 
 log = get_logger("gsync.manager")
 
 LAYER1_LIVE_SUB = "l1-live"
 
 
+def move_status(state: RelayState, fact: Fact) -> None:
+    """``state``'s status after ``fact`` (``sync.status.TRANSITIONS``). A move the table
+    does not have is a bug: logged, the status left as it was; raised where
+    GSYNC_STRICT_STATUS=1 (the tests)."""
+    try:
+        status.move(state, fact)
+    except status.IllegalMove as exc:
+        if os.environ.get("GSYNC_STRICT_STATUS") == "1":
+            raise
+        log.error("illegal_status_move", relay=state.url, status=exc.status.name, fact=exc.fact.value)
+
+
 class RelayLifecycle:
-    """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
+    """Which relays are registered, dialled, in session and retired. Owns the relays
+    already told they are past ``max_relays`` and whether the manager is stopping (no
+    handshake is applied then). Registers into ``relays`` (with what ``saved`` kept of
+    each), dials through ``handshakes`` when ``health`` allows, opens connections through
+    ``effects`` (reading ``seen`` and ``delivery``'s room); a session's work goes to
+    ``live`` and ``historic``, built from ``repos``; what a session leaves goes to
+    ``recovery`` and ``lead``; a rate-limited handshake is shown by ``refusals``."""
+
+    def __init__(self, *, config, relays, repos, saved, health, handshakes, live, historic, refusals,
+                 recovery, lead, seen, delivery, effects, clock):
+        self.config = config  # [cluster] shard, [network] max_relays, [auth] key
+        self.relays = relays
+        self.repos = repos
+        self.saved = saved
+        self.health = health
+        self.handshakes = handshakes
+        self.live = live
+        self.historic = historic
+        self.refusals = refusals
+        self.recovery = recovery
+        self.lead = lead
+        self.seen = seen
+        self.delivery = delivery
+        self.effects = effects
+        self.clock = clock
+        self.capped_relays: set[str] = set()  # over [network] max_relays, already logged
+        self.stopping = False
+
+    def shut_down(self) -> None:
+        """The manager stops: no handshake is applied any more, every connection closes."""
+        self.stopping = True
+        for state in self.relays.values():
+            if state.current.conn is not None:
+                state.current.conn.close("shutting down")
 
     def register_relay(self, url: str) -> RelayState:
         """``url``'s state, registered (saved memory restored) if it was not yet; a
@@ -51,17 +97,6 @@ class RelayLifecycle:
             log.info("relay_registered", relay=url)
         return state
 
-    def move_status(self, state: RelayState, fact: Fact) -> None:
-        """``state``'s status after ``fact`` (``sync.status.TRANSITIONS``). A move the table
-        does not have is a bug: logged, the status left as it was; raised where
-        GSYNC_STRICT_STATUS=1 (the tests)."""
-        try:
-            status.move(state, fact)
-        except status.IllegalMove as exc:
-            if os.environ.get("GSYNC_STRICT_STATUS") == "1":
-                raise
-            log.error("illegal_status_move", relay=state.url, status=exc.status.name, fact=exc.fact.value)
-
     def wanted(self, state: RelayState) -> bool:
         """A bootstrap relay, or one some repo lists (a ``derive_relay_targets`` target, read
         from the relay → repos listing). What a relay confirmed is work only while a repo
@@ -82,7 +117,7 @@ class RelayLifecycle:
                 continue
             if self.health.should_attempt_connection(state.url, now):
                 state.attempt += 1
-                self.move_status(state, Fact.DIALLED)
+                move_status(state, Fact.DIALLED)
                 self.handshakes.request(state.url, state.attempt)
 
     def retire_unwanted_relays(self) -> None:
@@ -96,7 +131,7 @@ class RelayLifecycle:
             log.info("relay_retired", relay=state.url, connected=state.connected)
             if state.current.conn is not None:
                 state.current.conn.close("no work left")
-            self.move_status(state, Fact.RETIRED)
+            move_status(state, Fact.RETIRED)
             self.end_session(state)
             del self.relays[state.url]
             self.health.forget(state.url)
@@ -111,7 +146,7 @@ class RelayLifecycle:
     def on_handshake_done(self, msg: HandshakeDone) -> None:
         state = self.relays.get(msg.relay)
         now = self.clock()
-        if state is None or msg.attempt != state.attempt or self._stopping:
+        if state is None or msg.attempt != state.attempt or self.stopping:
             if msg.ws is not None:
                 msg.ws.close()
             return
@@ -126,7 +161,7 @@ class RelayLifecycle:
         """Back to Disconnected: refused for good (SSRF guard), parked, or a failure the
         backoff counts; a rate-limit answer holds the redial until its cooldown."""
         metrics.CONNECTION_ATTEMPTS.labels(msg.relay, "failure").inc()
-        self.move_status(state, Fact.HANDSHAKE_FAILED)
+        move_status(state, Fact.HANDSHAKE_FAILED)
         state.last_error = msg.error
         if msg.refused:
             state.refused_reason = msg.error
@@ -141,7 +176,7 @@ class RelayLifecycle:
             self.health.record_rate_limited(msg.relay, now, query_rate=False, at_least=msg.retry_after)
             log.warning("relay_rate_limited", relay=msg.relay, text=msg.error,
                         cooldown_secs=round(self.health.cooldown_remaining(msg.relay, now)))
-            self.update_health_metric(state, now)
+            self.refusals.update_health_metric(state, now)
 
     def begin_session(self, state: RelayState, msg: HandshakeDone, now: float) -> None:
         """A new session on the handshake's socket (its limits lowered by what the relay
@@ -157,18 +192,18 @@ class RelayLifecycle:
         )
         nips = getattr(msg.limits, "supported_nips", None)
         if nips and 77 not in nips:  # it says so itself: no NEG-OPEN, no 15 s wait
-            self.disable_negentropy(state, "NIP-11 supported_nips does not list 77")
+            self.historic.disable_negentropy(state, "NIP-11 supported_nips does not list 77")
         elif state.nip77_resting(now):  # it says so and does not: not again before a day
-            self.disable_negentropy(state, "NIP-77 advertised and not served "
+            self.historic.disable_negentropy(state, "NIP-77 advertised and not served "
                                     f"{round(now - state.nip77_failed_at)} s ago")
-        self.move_status(state, Fact.HANDSHAKE_DONE)
+        move_status(state, Fact.HANDSHAKE_DONE)
         fresh = state.should_fresh_start(now)
         log.info("relay_connected", relay=msg.relay, fresh_start=fresh)
         if fresh:
             self.fresh_start(state, now)
         else:
             self.quick_reconnect(state, now)
-        self.fetch_waiting_refetches(state)
+        self.historic.fetch_waiting_refetches(state)
         state.last_connected = now
         state.disconnected_at = None
         if state.next_daily_at is None:
@@ -186,7 +221,7 @@ class RelayLifecycle:
         if msg.said_too_big or state.silent_long_hangups >= 2:
             self.learn_message_length(state, msg.sent_too_long)
             state.silent_long_hangups = 0
-        self.move_status(state, Fact.CONNECTION_LOST)
+        move_status(state, Fact.CONNECTION_LOST)
         state.disconnected_at = now
         state.last_connected = now
         state.last_error = msg.reason
@@ -200,11 +235,20 @@ class RelayLifecycle:
         and batches of other relays that waited for them stop waiting."""
         batches = list(state.current.pending.values())
         for batch in batches:
-            self.release_claims(state, batch)
+            self.historic.release_claims(state, batch)
             self.lead.forget((state.url, batch.batch_id))
         state.end_session(keep_connection)
         for batch in batches:
-            self.release_followers(self.lead.done((state.url, batch.batch_id)))
+            self.historic.release_followers(self.lead.done((state.url, batch.batch_id)))
+
+    def apply_dirty(self, dirty: set[str]) -> None:
+        """New work for the relays whose targets changed; new relays get dialled. The cost
+        follows the dirty relays' repos (a purgatory answer must not walk every repo)."""
+        states = [self.register_relay(url) for url in dirty]
+        for state in states:
+            self.recompute(state, since=None)
+        if any(s.status is ConnectionStatus.DISCONNECTED and not s.refused_reason for s in states):
+            self.connect_due_relays(self.clock())  # now, not at the next maintenance tick
 
     def learn_message_length(self, state: RelayState, sent: int) -> None:
         """The relay hung up just after a message ``sent`` bytes long: its read limit, most
@@ -233,6 +277,16 @@ class RelayLifecycle:
         if state.max_subscriptions_learned is not None and state.max_subscriptions_learned < budget:
             limits = dataclasses.replace(limits, max_subscriptions=state.max_subscriptions_learned)
         return limits
+
+    def run_daily(self, now: float) -> None:
+        """A connected relay's daily sync is due (a random 20-28 h after the last): a fresh
+        start on the same connection."""
+        for state in self.relays.values():
+            if state.connected and state.next_daily_at and now >= state.next_daily_at:
+                state.next_daily_at = now + random.uniform(constants.DAILY_MIN_SECS, constants.DAILY_MAX_SECS)
+                log.info("daily_sync", relay=state.url)
+                move_status(state, Fact.DAILY_SYNC)
+                self.fresh_start(state, now)
 
     def fresh_start(self, state: RelayState, now: float) -> None:
         # The daily sync runs on a live connection: close every subscription it abandons,
@@ -268,9 +322,9 @@ class RelayLifecycle:
             return
         ids, state.reopen_members = state.reopen_members, set()
         state.current.members |= ids
-        filters = self.descendants.filters_for(state, ids)
-        self.descendants.open_live(state, filters)
-        self.start_historic(state, PendingItems(), [f.replace(since=since) for f in filters])
+        filters = member_filters(state, ids)
+        self.live.open_members(state, filters)
+        self.historic.start(state, PendingItems(), [f.replace(since=since) for f in filters])
 
     @contextlib.contextmanager
     def pump_held(self, state: RelayState):
@@ -281,7 +335,7 @@ class RelayLifecycle:
             yield
         finally:
             state.current.pump_held = False
-        self.pump_historic(state)
+        self.historic.pump(state)
 
     def recompute(self, state: RelayState, since: int | None) -> None:
         """derive_relay_targets → compute_actions → start_sync, for one connected relay."""
@@ -296,8 +350,8 @@ class RelayLifecycle:
     def subscribe_layer1(self, state: RelayState, since: int | None) -> None:
         live = filter_plan.layer1_filter().replace(limit=0)
         if not state.paused.is_filter_paused(live):
-            self.open_live(state, LAYER1_LIVE_SUB, [live], control=True)
-        self.start_historic(state, PendingItems(), [filter_plan.layer1_filter(since)], kind=BatchKind.LAYER1)
+            self.live.open(state, LAYER1_LIVE_SUB, [live], control=True)
+        self.historic.start(state, PendingItems(), [filter_plan.layer1_filter(since)], kind=BatchKind.LAYER1)
 
     def start_sync(self, state: RelayState, items: PendingItems, since: int | None, confirm=True) -> None:
         """Live and historic subscriptions for new items (``handle_new_sync_filters``).
@@ -308,30 +362,30 @@ class RelayLifecycle:
         too much queued for a wait to pay. With shards, what another shard leads
         (``split_led_elsewhere``) goes in a batch of its own that waits for that shard's
         events to reach the own relay."""
-        filters = self.filters_for(state, items, since)
+        filters = sync_filters(state, items, since)
         if not filters:
             return
         leaders = ()
-        if confirm and since is None and self.use_negentropy(state, filters):
+        if confirm and since is None and self.historic.use_negentropy(state, filters):
             mine, theirs, leaders = self.lead.split(state.url, items)
             mine, elsewhere = self.split_led_elsewhere(state, mine)
-            if elsewhere or (theirs and not self.leaders_busy(leaders)):
-                if theirs and self.leaders_busy(leaders):  # as below: NIP-77 throughout
+            if elsewhere or (theirs and not self.historic.leaders_busy(leaders)):
+                if theirs and self.historic.leaders_busy(leaders):  # as below: NIP-77 throughout
                     mine.add(theirs)
                     split = ((mine, leaders), (elsewhere, (OTHER_SHARD_LEAD,)))
                 else:
                     split = ((mine, ()), (theirs, leaders), (elsewhere, (OTHER_SHARD_LEAD,)))
                 # the live filters are the parts' own: one copy of their values
-                parts = [(part, self.filters_for(state, part, since) if part else [], led_by)
+                parts = [(part, sync_filters(state, part, since) if part else [], led_by)
                          for part, led_by in split]
-                self.subscribe_live(state, filter_plan.live(f for _, fs, _ in parts for f in fs), items)
+                self.live.subscribe(state, filter_plan.live(f for _, fs, _ in parts for f in fs), items)
                 for part, part_filters, led_by in parts:
                     if part_filters:
-                        self.start_historic(state, part, part_filters, coalesce=True, leaders=led_by)
+                        self.historic.start(state, part, part_filters, coalesce=True, leaders=led_by)
                 return
-        self.subscribe_live(state, filter_plan.live(filters), items)
-        # busy leaders: NIP-77 throughout (``start_historic``), nothing to split
-        self.start_historic(state, items if confirm else PendingItems(), filters, coalesce=True,
+        self.live.subscribe(state, filter_plan.live(filters), items)
+        # busy leaders: NIP-77 throughout (``HistoricSync.start``), nothing to split
+        self.historic.start(state, items if confirm else PendingItems(), filters, coalesce=True,
                             leaders=leaders)
 
     def split_led_elsewhere(self, state: RelayState, items: PendingItems) -> tuple[PendingItems, PendingItems]:
@@ -351,24 +405,3 @@ class RelayLifecycle:
                 needs = self.repos.get(address)
                 roots.update(dict.fromkeys(needs.root_events & items.root_events, address))
         return shard.split_led_elsewhere(items, relays_of, roots.get)
-
-    def catch_up(self, state: RelayState, items: PendingItems, since: int) -> None:
-        """Historic only, confirming nothing: what ``items``' live subscriptions (still open,
-        or just replaced) may have missed since ``since``, and layer 1 with it."""
-        self.start_historic(state, PendingItems(), [filter_plan.layer1_filter(since)])
-        filters = self.filters_for(state, items, since)
-        if state.current.members:
-            filters += [f.replace(since=since) for f in self.descendants.filters_for(state, state.current.members)]
-        if filters:
-            self.start_historic(state, PendingItems(), filters)
-
-    def filters_for(self, state: RelayState, items: PendingItems, since: int | None,
-                    allowed_only: bool = True):
-        """Layers 2 and 3 and state for ``items``; without the shapes this relay refused by
-        policy unless ``allowed_only`` is False (what a probe looks for)."""
-        budget = filter_plan.tag_value_budget(state.current.limits)
-        filters = filter_plan.build_sync_level_aware_filters(
-            items.repos, items.root_events, since=since, budget=budget
-        )
-        return state.paused.allowed(filters) if allowed_only else filters
-

@@ -14,14 +14,29 @@ from ...sync import filter_plan
 from ...sync.pending import BatchKind
 from ...sync.relay_state import LiveSub, RelayState
 from ...sync.targets import PendingItems
+from ..inbox import HistoricSlotDue
+from .coverage import member_filters, sync_filters
 
 log = get_logger("gsync.manager")
 
 
 class LiveCoverage:
-    """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
+    """Each relay's live subscriptions, its live queue and polled coverage (all on its
+    ``RelayState`` and session, in ``relays``). Sends wait for the relay's gates in
+    ``health``; the pumps are woken through ``effects`` (``HistoricSlotDue``). What it
+    starts besides live REQs goes through ``start_historic`` (polls) and ``catch_up``
+    (the gap a consolidation leaves), passed in."""
 
-    def subscribe_live(self, state: RelayState, live_filters, items: PendingItems) -> None:
+    def __init__(self, *, relays, health, effects, clock, ids, start_historic, catch_up):
+        self.relays = relays
+        self.health = health
+        self.effects = effects
+        self.clock = clock
+        self.ids = ids  # the manager's counter: sub ids unique among its tokens
+        self.start_historic = start_historic
+        self.catch_up = catch_up
+
+    def subscribe(self, state: RelayState, live_filters, items: PendingItems) -> None:
         """Live coverage for new ``items`` (``live_filters`` is their live form). Called
         before their historic batch exists, so a consolidation must add them itself."""
         groups = filter_plan.pack_into_reqs(live_filters, state.current.limits)
@@ -39,7 +54,7 @@ class LiveCoverage:
             if self.packing_makes_room(state, len(groups), items):
                 self.consolidate(state, items)
                 return
-        self.open_live_groups(state, groups, fresh=len(groups))
+        self.open_groups(state, groups, fresh=len(groups))
 
     @staticmethod
     def consolidated_recently(state: RelayState, now: float) -> bool:
@@ -49,10 +64,10 @@ class LiveCoverage:
     def packing_makes_room(self, state: RelayState, adding: int, items: PendingItems | None = None) -> bool:
         """Would a consolidation pay, with ``adding`` more REQs wanted (of ``items``)?"""
         budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
-        baseline = self.live_baseline(state, adding=items)
+        baseline = self.baseline(state, adding=items)
         return budget.needs_consolidation(state.current.data_live_subs(), baseline, adding=adding)
 
-    def open_live_groups(self, state: RelayState, groups, slots: int | None = None,
+    def open_groups(self, state: RelayState, groups, slots: int | None = None,
                          rebuilt_at: float | None = None, descendants: bool = False,
                          fresh: int = 0) -> None:
         """Open live REQs while the relay's subscription and filter-size budgets allow;
@@ -82,19 +97,40 @@ class LiveCoverage:
             if slots <= 0 or live_bytes + size > constants.MAX_LIVE_FILTER_BYTES:
                 self.poll_instead(state, group, fresh=is_fresh)
                 continue
-            self.open_live(state, f"live-{next(self._ids)}", group, rebuilt_at=rebuilt_at,
+            self.open(state, f"live-{next(self.ids)}", group, rebuilt_at=rebuilt_at,
                            descendants=descendants, fresh=is_fresh)
             live_bytes += size
             slots -= 1
 
-    def open_live(self, state: RelayState, sub_id: str, filters, control: bool = False,
+    def open(self, state: RelayState, sub_id: str, filters, control: bool = False,
                   rebuilt_at: float | None = None, descendants: bool = False, fresh: bool = False) -> None:
         """Register a live subscription and send it as soon as the gates allow."""
         state.current.live_subs[sub_id] = LiveSub(tuple(filters), control, rebuilt_at, descendants, fresh)
         state.current.live_queue.append(sub_id)
-        self.pump_live(state)
+        self.pump(state)
 
-    def pump_live(self, state: RelayState) -> bool:
+    def open_members(self, state: RelayState, filters, fresh: bool = False) -> None:
+        """Live coverage for thread members in the subscription slots still free (the
+        default of ``open_groups``), the rest polled (SPEC §3; ``fresh``: new members,
+        polled apart while new). Members trickle in during historic sync, one small REQ per
+        tick: opening each would overrun the relay's budget. (A consolidation for new core
+        coverage packs them again.)"""
+        groups = filter_plan.pack_into_reqs(filter_plan.live(filters), state.current.limits)
+        self.open_groups(state, groups, descendants=True, fresh=len(groups) if fresh else 0)
+
+    def wake_pump_in(self, state: RelayState, wait: float) -> None:
+        """Pump this relay again (live, then historic) when its pacing gate (or cooldown)
+        opens."""
+        if not state.current.slot_wakeup_scheduled:
+            state.current.slot_wakeup_scheduled = True
+            self.effects.later(wait, HistoricSlotDue(state.url, state.session))
+
+    @staticmethod
+    def woken(state: RelayState) -> None:
+        """The wake-up ``wake_pump_in`` set came: the next wait sets another."""
+        state.current.slot_wakeup_scheduled = False
+
+    def pump(self, state: RelayState) -> bool:
         """Send queued live REQs while no cooldown holds them and the reactive gate allows
         (no proactive gate: live coverage is not background work). False while they wait."""
         while state.current.live_queue:
@@ -131,7 +167,7 @@ class LiveCoverage:
             closed += 1
             evicted = state.current.live_subs.pop(sub_id)
             self.poll_instead(state, evicted.filters, fresh=evicted.fresh)
-            state.current.conn.unsubscribe(sub_id)  # not sent yet: pump_live skips it
+            state.current.conn.unsubscribe(sub_id)  # not sent yet: pump skips it
         return freed, closed
 
     def poll_instead(self, state: RelayState, filters, fresh: bool = False) -> None:
@@ -164,7 +200,7 @@ class LiveCoverage:
             if not due:
                 continue
             last = min(tier.started_at or tier.cursor or now for tier, _ in due)
-            if self.syncing_batches(state) and now - last < constants.POLL_DEFER_SECS:
+            if state.current.syncing() and now - last < constants.POLL_DEFER_SECS:
                 continue
             if fresh.filters and due[0][0] is not fresh:
                 due.insert(0, (fresh, "fresh"))
@@ -202,23 +238,23 @@ class LiveCoverage:
         batch.poll_started_at, batch.poll_tiers = now, [tier for tier, _ in due]
         state.current.poll_batch = batch.batch_id
 
-    def live_groups_for(self, state: RelayState, items: PendingItems) -> list:
+    def groups_for(self, state: RelayState, items: PendingItems) -> list:
         if not items:
             return []
-        return filter_plan.pack_into_reqs(filter_plan.live(self.filters_for(state, items, None)), state.current.limits)
+        return filter_plan.pack_into_reqs(filter_plan.live(sync_filters(state, items, None)), state.current.limits)
 
-    def desired_live_items(self, state: RelayState) -> PendingItems:
+    def desired_items(self, state: RelayState) -> PendingItems:
         items = state.confirmed.copy()
         for batch in state.current.pending.values():
             items.add(batch.items)
         return items
 
-    def live_baseline(self, state: RelayState, adding: PendingItems | None = None) -> int:
+    def baseline(self, state: RelayState, adding: PendingItems | None = None) -> int:
         """REQs the relay's live coverage (and ``adding``'s) takes, packed anew."""
-        items = self.desired_live_items(state)
+        items = self.desired_items(state)
         if adding is not None:
             items.add(adding)
-        wanted = self.filters_for(state, items, None)
+        wanted = sync_filters(state, items, None)
         return filter_plan.live_baseline(wanted, state.current.limits)
 
     def consolidate(self, state: RelayState, adding: PendingItems | None = None) -> None:
@@ -237,17 +273,17 @@ class LiveCoverage:
             state.current.conn.unsubscribe(sub_id)
         state.fresh_polled.clear()
         state.polled.clear()
-        wanted = self.desired_live_items(state)
+        wanted = self.desired_items(state)
         if adding is not None:
             wanted.add(adding)
         # What triggered this first: new coverage keeps live room (or the fresh polls).
         new, rest = wanted.partition(adding) if adding is not None else (PendingItems(), wanted)
-        first = self.live_groups_for(state, new)
+        first = self.groups_for(state, new)
         budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
-        self.open_live_groups(state, first + self.live_groups_for(state, rest), slots=budget.live_slots,
+        self.open_groups(state, first + self.groups_for(state, rest), slots=budget.live_slots,
                               fresh=len(first))
         if state.current.members:  # thread replies after the core coverage: they give way first
-            self.descendants.open_live(state, self.descendants.filters_for(state, state.current.members))
+            self.open_members(state, member_filters(state, state.current.members))
         # Between our CLOSEs and the new REQs the relay sends nothing new: fetch that gap
         # (SPEC §4 asks this of layer 1; every layer has the same gap).
         self.catch_up(state, wanted, int(self.clock()) - constants.RECONNECT_OVERLAP_SECS)

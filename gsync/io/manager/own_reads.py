@@ -5,7 +5,7 @@ here instead of reading alone: within ``OWN_READ_WINDOW_SECS`` of the first such
 while a merged read is under way, until it lands) every waiting batch's unread values are
 collected, read as one filter per (kinds, authors, tag) in chunks of the tag-value budget,
 and each batch is answered from what the session then knows (``OwnHeld``), as if it had
-read alone (``on_own_holdings_read``). A read that fails or passes its deadline answers
+read alone (``HistoricSync.on_own_holdings_read``). A read that fails or passes its deadline answers
 every batch waiting on it as failed: each goes by REQ pages, as a batch whose own read
 failed always has.
 """
@@ -39,38 +39,60 @@ class OwnReadWaiter:
 
 
 class OwnReads:
-    """Mixin of ``SyncManager``: its state lives on the manager (``core.face_own_relay``)."""
+    """The batches waiting for a merged read of the own relay, and the reads under way:
+    owned here, nowhere else. What the reads return is learnt into ``own_held`` (what the
+    session knows the own relay holds, which historic sync reads too); waiting batches are
+    looked up in ``relays``; reads run in greenlets (``effects``) that answer through
+    ``post``, unless the own relay is ``busy()``."""
 
-    def queue_own_read(self, waiter: OwnReadWaiter) -> None:
+    def __init__(self, *, own_held, relays, effects, post, own_relay: str, ids, clock, busy):
+        self.own_held = own_held
+        self.relays = relays
+        self.effects = effects
+        self.post = post
+        self.own_relay = own_relay
+        self.ids = ids  # the manager's counter: read ids unique among its tokens
+        self.clock = clock
+        self.busy = busy
+        # batches whose holdings wait for a read of the same values under way (one per batch
+        # at most)
+        self.awaited: list[OwnReadWaiter] = []
+        # batches whose unread values wait for the next merged read (``sync.own_reads``),
+        # and those a merged read under way will answer (by its id): one entry per batch
+        self.queued: list[OwnReadWaiter] = []
+        self.flying: dict[int, list[OwnReadWaiter]] = {}
+        self.due = False  # the collecting window's timer is set
+
+    def queue(self, waiter: OwnReadWaiter) -> None:
         """``waiter`` goes with the next merged read: when the window closes, or when the
         read under way lands."""
-        self.own_reads_queued.append(waiter)
-        if not self.own_reads_due and not self.own_reads_flying:
-            self.own_reads_due = True
+        self.queued.append(waiter)
+        if not self.due and not self.flying:
+            self.due = True
             self.effects.later(constants.OWN_READ_WINDOW_SECS, OwnReadsDue())
 
-    def on_own_reads_due(self, msg: OwnReadsDue) -> None:
-        self.own_reads_due = False
-        if not self.own_reads_flying:  # else when it lands
-            self.read_queued_own()
+    def on_due(self, msg: OwnReadsDue) -> None:
+        self.due = False
+        if not self.flying:  # else when it lands
+            self.read_queued()
 
-    def read_queued_own(self) -> None:
+    def read_queued(self) -> None:
         """One read of every value the queued batches lack (those still waiting)."""
-        waiters, self.own_reads_queued = self.own_reads_queued, []
-        waiters = [w for w in waiters if self.own_waiter_batch(w) is not None]
+        waiters, self.queued = self.queued, []
+        waiters = [w for w in waiters if self.waiting_batch(w) is not None]
         if not waiters:
             return
         reads = merged_reads([r for w in waiters for r in w.reads], filter_plan.tag_value_budget())
         for read in reads:
             self.own_held.begin(read)
-        read_id = next(self._ids)
-        self.own_reads_flying[read_id] = waiters
+        read_id = next(self.ids)
+        self.flying[read_id] = waiters
         epoch = self.own_held.forgotten
         log.debug("own_reads_merged", read_id=read_id, batches=len(waiters),
                   asked=sum(len(w.reads) for w in waiters), reads=len(reads))
-        greenlet = self.effects.spawn(negentropy_sync.read_merged, self.config.service.own_relay, reads,
+        greenlet = self.effects.spawn(negentropy_sync.read_merged, self.own_relay, reads,
                                       self.post, read_id=read_id, fresh=any(w.fresh for w in waiters),
-                                      epoch=epoch, busy=self.own_relay_busy)
+                                      epoch=epoch, busy=self.busy)
 
         def died(g) -> None:  # its answer will never come: this is it
             self.post(OwnReadsLanded(read_id, reads, None, f"own relay query failed: {type(g.exception).__name__}",
@@ -78,44 +100,36 @@ class OwnReads:
 
         greenlet.link_exception(died)
 
-    def await_own_read(self, waiter: OwnReadWaiter) -> None:
+    def await_read(self, waiter: OwnReadWaiter) -> None:
         """``waiter`` needs values a merged read is reading right now: it asks again once
-        that read lands (``ask_awaited_own``), instead of reading them twice."""
-        self.own_reads_awaited.append(waiter)
+        that read lands (``land``'s ``ask_again``), instead of reading them twice."""
+        self.awaited.append(waiter)
 
-    def ask_awaited_own(self) -> None:
-        """A read landed: the batches that awaited its values ask again (``ask_own_holdings``)."""
-        awaited, self.own_reads_awaited = self.own_reads_awaited, []
-        for w in awaited:
-            batch = self.own_waiter_batch(w)
-            if batch is not None:
-                self.ask_own_holdings(self._current(w.relay, w.session), batch, w.token, w.filters)
-
-    def own_waiter_batch(self, w: OwnReadWaiter):
-        state = self._current(w.relay, w.session)
+    def waiting_batch(self, w: OwnReadWaiter):
+        """``w``'s batch, while it still waits for this answer (else None)."""
+        state = self.relays.in_session(w.relay, w.session)
         batch = state and state.current.pending.get(w.batch_id)
         return batch if batch is not None and w.token in batch.outstanding_subs else None
 
-    def on_own_reads_landed(self, msg: OwnReadsLanded) -> None:
+    def land(self, msg: OwnReadsLanded, answer, ask_again) -> None:
         """The session learns the read (unless an outage came since it began); every batch
-        waiting on it gets its filters' holdings, as from a read of its own; then the
-        batches queued meanwhile are read, and those that awaited these values ask again."""
-        waiters = self.own_reads_flying.pop(msg.read_id, None)
+        waiting on it gets its filters' holdings through ``answer`` (an ``OwnHoldingsRead``),
+        as from a read of its own; those that awaited these values ``ask_again(state, batch,
+        token, filters)``; then the batches queued meanwhile are read."""
+        waiters = self.flying.pop(msg.read_id, None)
         if waiters is None:
             return  # answered already (its greenlet died, then it posted after all)
         now = self.clock()
         for read in msg.reads:
             self.own_held.end(read)
-        learnt = msg.holdings is not None and msg.epoch == self.own_held.forgotten
-        if learnt:
+        if msg.holdings is not None and msg.epoch == self.own_held.forgotten:
             for read, held in zip(msg.reads, msg.holdings, strict=True):
                 if isinstance(held, HeldItems):
                     self.own_held.learn(read, held.entries, now)
         read_alone = None  # what the reads returned, for filters the session cannot answer
         for w in waiters:
-            if msg.holdings is None:
-                holdings = None
-            else:
+            holdings = None
+            if msg.holdings is not None:
                 holdings = []
                 for flt in w.filters:
                     known = self.own_held.holdings(flt, now)
@@ -123,11 +137,14 @@ class OwnReads:
                         read_alone = read_alone or _index_of(msg.holdings)
                         known = read_alone.matching(flt.replace(limit=None))
                     holdings.append(known)
-            self.on_own_holdings_read(OwnHoldingsRead(w.relay, w.session, w.batch_id, w.token, w.filters,
-                                                      holdings, msg.reason))
-        self.ask_awaited_own()
-        if self.own_reads_queued:
-            self.read_queued_own()
+            answer(OwnHoldingsRead(w.relay, w.session, w.batch_id, w.token, w.filters, holdings, msg.reason))
+        awaited, self.awaited = self.awaited, []
+        for w in awaited:
+            batch = self.waiting_batch(w)
+            if batch is not None:
+                ask_again(self.relays.in_session(w.relay, w.session), batch, w.token, w.filters)
+        if self.queued:
+            self.read_queued()
 
 
 def _index_of(holdings) -> HaveIndex:

@@ -9,13 +9,11 @@ from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol.event import is_authentic
-from ...protocol.filters import Filter
 from ...sync import filter_plan
 from ...sync.descendants import full_root_ids
 from ...sync.rejected import author_key, event_key, maintainer_key, repo_key
-from ...sync.relay_state import ConnectionStatus, RelayState
+from ...sync.relay_state import RelayState
 from ...sync.repos import SyncLevel, list_tag_values, should_forward_layer1
-from ...sync.targets import PendingItems
 from ..inbox import (
     BatchWindowClosed,
     DeliveryAnswered,
@@ -31,7 +29,39 @@ SEEN_CAPACITY = 500_000  # ids already handed to delivery: dedupe across relays
 
 
 class OwnRelaySide:
-    """Mixin of ``SyncManager``: its state lives on the manager (``core.SyncManager``)."""
+    """What the own relay shows (the self-subscription's batches, its outages) and answers
+    (delivery's outcomes): owned here, the batch window, when it went down and whether the
+    first read made the manager ready (``on_ready``). Events go to ``delivery`` once
+    (``seen``, shared with the connections and the self-subscription; not what
+    ``rejected`` holds); what they change lands in ``repos``, ``descendants`` (the roots
+    of Full repositories), ``recovery`` and ``claims``, in what the session knows the own
+    relay holds (``own_held``) and, for the relays whose targets changed, in
+    ``apply_dirty``; refused events released again are fetched through ``historic``."""
+
+    def __init__(self, *, own_relay: str, batch_window_secs: float, relays, repos, domains, rejected,
+                 recovery, claims, delivery, own_held, seen, descendants, historic, apply_dirty,
+                 effects, clock, on_ready):
+        self.own_relay = own_relay
+        self.batch_window_secs = batch_window_secs
+        self.relays = relays
+        self.repos = repos
+        self.domains = domains
+        self.rejected = rejected
+        self.recovery = recovery
+        self.claims = claims
+        self.delivery = delivery
+        self.own_held = own_held
+        self.seen = seen
+        self.descendants = descendants
+        self.historic = historic
+        self.apply_dirty = apply_dirty
+        self.effects = effects
+        self.clock = clock
+        self.on_ready = on_ready
+        self.ready = False  # the own relay's first history read is applied
+        self.batch: list = []  # events of the self-subscription's open window
+        self.window_open = False
+        self.down_since: float | None = None
 
     def consider_for_delivery(self, event, state: RelayState | None = None) -> None:
         if event.id in self.seen or event.id in self.rejected:
@@ -52,7 +82,7 @@ class OwnRelaySide:
         self.claims.arrived(event.id)
         if self.recovery.is_missing(event.id):
             for url in self.recovery.clear_arrived((event.id,)):
-                self.promote_if_recovered(url)
+                self.historic.promote_if_recovered(url)
         self.trim_seen()
         if not self.delivery.submit(event, source) and not self.delivery.is_tracked(event.id):
             del self.seen[event.id]  # dropped for backlog (counted): a later copy may go through
@@ -67,20 +97,20 @@ class OwnRelaySide:
                 del self.seen[old]
 
     def on_own_events(self, msg: OwnEvents) -> None:
-        self.own_batch += msg.events
+        self.batch += msg.events
         seen = self.seen
         for event in msg.events:
             seen.setdefault(event.id, None)
         self.trim_seen()
         # The first history read is one batch, however long it takes: one AddFilters per
         # relay instead of a drip of them.
-        if not self.own_window_open and self.ready:
-            self.own_window_open = True
-            self.effects.later(self.config.sync.batch_window_ms / 1000, BatchWindowClosed(0))
+        if not self.window_open and self.ready:
+            self.window_open = True
+            self.effects.later(self.batch_window_secs, BatchWindowClosed(0))
 
     def on_batch_window_closed(self, msg: BatchWindowClosed) -> None:
         """A closed self-subscription window updates RepoSyncIndex and emits AddFilters."""
-        events, self.own_batch, self.own_window_open = self.own_batch, [], False
+        events, self.batch, self.window_open = self.batch, [], False
         # once each: a root gsync delivered comes with the own relay's OK and again live
         events = list({event.id: event for event in events}.values())
         now = self.clock()
@@ -110,15 +140,6 @@ class OwnRelaySide:
             author_key(pubkey) for pubkey in added  # entries saved before keys existed
         }
 
-    def apply_dirty(self, dirty: set[str]) -> None:
-        """New work for the relays whose targets changed; new relays get dialled. The cost
-        follows the dirty relays' repos (a purgatory answer must not walk every repo)."""
-        states = [self.register_relay(url) for url in dirty]
-        for state in states:
-            self.recompute(state, since=None)
-        if any(s.status is ConnectionStatus.DISCONNECTED and not s.refused_reason for s in states):
-            self.connect_due_relays(self.clock())  # now, not at the next maintenance tick
-
     def release_dependents(self, arrived: set[str]) -> None:
         """Refused events that were waiting for what just ``arrived`` (release keys, see
         ``sync.rejected``) go to the own relay again: at once while their full event is in
@@ -134,34 +155,9 @@ class OwnRelaySide:
             self.seen.pop(event_id, None)  # else the copy fetched again counts as known
             by_relay.setdefault(relay, []).append(event_id)
         for relay, ids in by_relay.items():
-            self.refetch_refused(relay, ids)
+            self.historic.refetch_refused(relay, ids)
         if hot or cold:
             log.info("refused_released", redelivered=len(hot), refetched=len(cold))
-
-    def refetch_refused(self, relay: str, ids: list[str]) -> None:
-        """Fetch released cold ids from the relay they came from; if it is not connected,
-        when it connects. Entries saved without their relay ask every connected relay."""
-        state = self.relays.get(relay)
-        if state is None:
-            targets = [s for s in self.relays.values() if s.connected]
-        elif not state.connected:
-            state.refetch_ids.update(ids)
-            return
-        else:
-            targets = [state]
-        for target in targets:
-            self.fetch_ids(target, ids)
-
-    def fetch_ids(self, state: RelayState, ids) -> None:
-        ids = sorted(ids)
-        for start in range(0, len(ids), constants.MAX_IDS_PER_REQ):
-            self.start_historic(state, PendingItems(), [Filter.make(ids=ids[start:start + constants.MAX_IDS_PER_REQ])])
-
-    def fetch_waiting_refetches(self, state: RelayState) -> None:
-        """On (re)connect: released ids that waited for this relay."""
-        if state.refetch_ids:
-            ids, state.refetch_ids = state.refetch_ids, set()
-            self.fetch_ids(state, ids)
 
     def checked_late(self, event) -> bool:
         """The connection skips the checks of ids it knows (delivered, or refused). One
@@ -174,19 +170,19 @@ class OwnRelaySide:
         if not self.ready:
             self.ready = True
             self.on_batch_window_closed(BatchWindowClosed(self.clock(), first_read=True))
-            log.info("ready", own_relay=self.config.service.own_relay)
+            log.info("ready", own_relay=self.own_relay)
             if self.on_ready:
                 self.on_ready()
 
     def on_own_relay_state(self, msg: OwnRelayState) -> None:
         if not msg.up:
-            self.own_down_since = msg.at
+            self.down_since = msg.at
             # it may come back with less than it held (a relay in memory: nothing)
             self.own_held.forget()
             log.warning("own_relay_down", since=msg.at)
             return
-        since = self.own_down_since
-        self.own_down_since = None
+        since = self.down_since
+        self.down_since = None
         log.info("own_relay_up", down_since=since)
         if since is None:
             return
@@ -197,12 +193,12 @@ class OwnRelaySide:
         # self-subscription read the same map.
         self.seen.clear()
         for state in self.relays.values():
-            self.pump_historic(state)
+            self.historic.pump(state)
         # Catch up everything that may have been held back or dropped while it was down.
         catch_up = int(since) - constants.RECONNECT_OVERLAP_SECS
         for state in self.relays.values():
             if state.connected:  # its live subscriptions stayed open: history only
-                self.catch_up(state, state.confirmed.copy(), catch_up)
+                self.historic.catch_up(state, state.confirmed.copy(), catch_up)
 
     def on_own_held_confirmed(self, msg: OwnHeldConfirmed) -> None:
         """What the own relay stored is held. A root it stored anew had no thread there
@@ -211,7 +207,7 @@ class OwnRelaySide:
         is not known: fetched again, answered ``duplicate``; never claimed and missing.)
         The new roots' threads were three own-relay reads per root batch and relay, most of
         what gsync read of its own relay in a first sync (bench/scale)."""
-        if self.own_down_since is None:
+        if self.down_since is None:
             self.own_held.confirm(msg.entries)
             if msg.new_roots:
                 now = self.clock()

@@ -2,7 +2,7 @@
 
 - **Rate limits.** A ``rate-limited:`` / "too many" answer (NOTICE, CLOSED, OK, NEG-ERR)
   starts the 65 s cooldown; a repeat inside it changes nothing. Meanwhile nothing starts,
-  live or historic (``live.pump_live`` and ``historic.pump_historic`` ask the health
+  live or historic (``LiveCoverage.pump`` and ``HistoricSync.pump`` ask the health
   tracker's gates, whose reactive gap then spaces every later start), and queued NIP-77
   exchanges become REQs: NIP-77 is off for the session. When it ends the relay is Probing,
   its queued work is re-derived — live REQs narrowed to what the index still wants, history
@@ -41,6 +41,7 @@ from ...sync.policy import by_shape, coverage_key, describe, halves
 from ...sync.relay_state import RelayState
 from ...sync.targets import PendingItems, derive_relay_targets
 from ..inbox import CooldownEnded
+from .coverage import member_filters, sync_filters
 from .lifecycle import LAYER1_LIVE_SUB
 
 log = get_logger("gsync.manager")
@@ -70,7 +71,27 @@ def refusal_of(closed: wire.Closed) -> Refusal | str:
 
 
 class Refusals:
-    """Mixin of ``SyncManager``: its state lives on the manager and on each ``RelayState``."""
+    """What the manager does when a relay refuses, throttles or goes silent. Its state is on
+    each ``RelayState`` (pauses, learnt caps) and session (probes, stalled shapes), in
+    ``relays``; the rate-limit episodes are in ``health``. What it sends again goes through
+    ``live`` and ``historic`` (which ask it back: ``note_request_succeeded``,
+    ``note_rate_limited``, ``probe_answered``); what a stall loses, to ``recovery`` (less
+    what ``seen`` says arrived); the stall clocks stand still while ``delivery`` holds
+    reading; ``repos`` says what is still wanted."""
+
+    def __init__(self, *, relays, repos, health, live, historic, recovery, seen, delivery, effects, clock, ids):
+        self.relays = relays
+        self.repos = repos
+        self.health = health
+        self.live = live
+        self.historic = historic
+        self.recovery = recovery
+        self.seen = seen
+        self.delivery = delivery
+        self.effects = effects
+        self.clock = clock
+        self.ids = ids  # the manager's counter: sub ids unique among its tokens
+        self.stall_checked_at = clock()  # historic REQs' clocks stand still while delivery holds reading
 
     # -- CLOSED ---------------------------------------------------------------------------
 
@@ -140,7 +161,7 @@ class Refusals:
                  was=budget.max_subscriptions)
         live = state.current.data_live_subs()
         if live > filter_plan.SubscriptionBudget(allowed).live_slots:
-            self.consolidate(state)
+            self.live.consolidate(state)
         return True
 
     def historic_closed(self, state: RelayState, batch_id: int, sub_id: str, kind, reason: str) -> None:
@@ -150,12 +171,12 @@ class Refusals:
         filters = batch.filters_of(sub_id)
         if kind in (CAPACITY, SUBSCRIPTIONS, Refusal.RATE_LIMIT) and filters:
             # The same page again once the cooldown and the reactive gate allow it.
-            new_id = f"h{batch_id}-{next(self._ids)}"
+            new_id = f"h{batch_id}-{next(self.ids)}"
             batch.rename_subscription(sub_id, new_id)
             batch.restart_page(new_id)
             state.current.sub_to_batch[new_id] = batch_id
             state.current.historic_queue.insert(0, (new_id, filters))
-            self.pump_historic(state)
+            self.historic.pump(state)
             return
         if kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH) and filters:
             about_shape = refuses_a_shape(kind, reason)
@@ -169,9 +190,9 @@ class Refusals:
             batch.on_closed(sub_id)
             if batch_id not in state.current.probes:
                 state.unrelated_failure = True
-        self.pump_historic(state)
+        self.historic.pump(state)
         if batch.is_complete:
-            self.finish_batch(state, batch)
+            self.historic.finish_batch(state, batch)
 
     def split_historic(self, state: RelayState, batch: PendingBatch, sub_id: str, filters,
                        shapes: bool = False) -> None:
@@ -181,7 +202,7 @@ class Refusals:
         keep = [i for i, f in enumerate(filters) if not state.paused.is_filter_paused(f)]
         groups = ([[keep[j] for j in group] for group in by_shape([filters[i] for i in keep])]
                   if shapes else halves(keep))
-        parts = [(f"h{batch.batch_id}-{next(self._ids)}", group) for group in groups if group]
+        parts = [(f"h{batch.batch_id}-{next(self.ids)}", group) for group in groups if group]
         entries = batch.split_subscription(sub_id, parts)
         for new_id, _ in entries:
             state.current.sub_to_batch[new_id] = batch.batch_id
@@ -194,19 +215,19 @@ class Refusals:
         if live is None:
             return
         if kind is CAPACITY:
-            self.poll_instead(state, live.filters, fresh=live.fresh)
+            self.live.poll_instead(state, live.filters, fresh=live.fresh)
         elif kind is SUBSCRIPTIONS:
             # The cap is learnt (and coverage consolidated, if it had to be): again within it.
             if live.control:
-                self.open_live(state, sub_id, live.filters, control=True)
+                self.live.open(state, sub_id, live.filters, control=True)
             else:
-                self.open_live_groups(state, [live.filters], descendants=live.descendants,
+                self.live.open_groups(state, [live.filters], descendants=live.descendants,
                                       fresh=int(live.fresh))
         elif kind is Refusal.RATE_LIMIT:
             # It waits out the cooldown in the live queue; the cooldown's end rebuilds it.
             state.current.live_subs[sub_id] = live
             state.current.live_queue.append(sub_id)
-            self.pump_live(state)
+            self.live.pump(state)
         elif kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH):
             about_shape = refuses_a_shape(kind, reason)
             if kind is Refusal.AUTH or len(live.filters) == 1 or (about_shape and len(by_shape(live.filters)) == 1):
@@ -215,7 +236,7 @@ class Refusals:
             else:
                 keep = state.paused.allowed(live.filters)
                 groups = [[keep[i] for i in group] for group in by_shape(keep)] if about_shape else halves(keep)
-                self.open_live_groups(state, [group for group in groups if group])
+                self.live.open_groups(state, [group for group in groups if group])
         else:
             self.rebuild_live(state, sub_id, live)
 
@@ -228,22 +249,22 @@ class Refusals:
         if not filters:
             return
         if live.rebuilt_at is not None and now - live.rebuilt_at < constants.LIVE_REBUILD_MIN_SECS:
-            self.poll_instead(state, filters)
+            self.live.poll_instead(state, filters)
             return
         log.info("live_rebuilt", relay=state.url, sub_id=sub_id, filters=len(filters))
         if live.control:
-            self.open_live(state, sub_id, filters, control=True, rebuilt_at=now)
+            self.live.open(state, sub_id, filters, control=True, rebuilt_at=now)
         else:
-            self.open_live_groups(state, filter_plan.pack_into_reqs(filters, state.current.limits), rebuilt_at=now)
+            self.live.open_groups(state, filter_plan.pack_into_reqs(filters, state.current.limits), rebuilt_at=now)
         since = int(now) - constants.RECONNECT_OVERLAP_SECS
-        self.start_historic(state, PendingItems(), [f.replace(limit=None, since=since) for f in filters])
+        self.historic.start(state, PendingItems(), [f.replace(limit=None, since=since) for f in filters])
 
     def wanted_live_filters(self, state: RelayState):
         """The live coverage the current index asks of this relay (policy pauses aside)."""
         targets = derive_relay_targets(self.repos).get(state.url)
-        wanted = filter_plan.live(self.filters_for(state, targets, None, allowed_only=False)) if targets else []
+        wanted = filter_plan.live(sync_filters(state, targets, None, allowed_only=False)) if targets else []
         if state.current.members:
-            wanted += filter_plan.live(self.descendants.filters_for(state, state.current.members, allowed_only=False))
+            wanted += filter_plan.live(member_filters(state, state.current.members, allowed_only=False))
         return wanted + [filter_plan.layer1_filter().replace(limit=0)]
 
     # -- policy pauses and their probe ------------------------------------------------------
@@ -264,9 +285,9 @@ class Refusals:
     def coverage_filters(self, state: RelayState, key):
         """Every historic filter of shape ``key`` the current index asks of this relay."""
         targets = derive_relay_targets(self.repos).get(state.url)
-        filters = self.filters_for(state, targets, None, allowed_only=False) if targets else []
+        filters = sync_filters(state, targets, None, allowed_only=False) if targets else []
         if state.current.members:
-            filters += self.descendants.filters_for(state, state.current.members, allowed_only=False)
+            filters += member_filters(state, state.current.members, allowed_only=False)
         filters.append(filter_plan.layer1_filter())
         return [f for f in filters if coverage_key(f) == key]
 
@@ -278,11 +299,11 @@ class Refusals:
             metrics.PAUSED_COVERAGE.labels(state.url).set(len(state.paused))
             return
         log.info("coverage_probe", relay=state.url, coverage=describe(key))
-        batch = PendingBatch(next(self._ids), PendingItems(), kind=BatchKind.PROBE)
+        batch = PendingBatch(next(self.ids), PendingItems(), kind=BatchKind.PROBE)
         state.current.pending[batch.batch_id] = batch
         state.current.probes[batch.batch_id] = key
-        self.queue_reqs(state, batch, filters[:1])
-        self.pump_historic(state)
+        self.historic.queue_reqs(state, batch, filters[:1])
+        self.historic.pump(state)
 
     def probe_answered(self, state: RelayState, key, batch: PendingBatch) -> None:
         if not state.paused.is_probing(key):
@@ -295,10 +316,10 @@ class Refusals:
         log.info("coverage_restored", relay=state.url, coverage=describe(key))
         filters = self.coverage_filters(state, key)
         if key == coverage_key(filter_plan.layer1_filter()):
-            self.open_live(state, LAYER1_LIVE_SUB, filter_plan.live(filters), control=True)
+            self.live.open(state, LAYER1_LIVE_SUB, filter_plan.live(filters), control=True)
         else:
-            self.open_live_groups(state, filter_plan.pack_into_reqs(filter_plan.live(filters), state.current.limits))
-        self.start_historic(state, PendingItems(), filters)
+            self.live.open_groups(state, filter_plan.pack_into_reqs(filter_plan.live(filters), state.current.limits))
+        self.historic.start(state, PendingItems(), filters)
 
     # -- rate limits ------------------------------------------------------------------------
 
@@ -312,7 +333,7 @@ class Refusals:
                     cooldown_secs=constants.RATE_LIMIT_COOLDOWN_SECS)
         self.update_health_metric(state, now)
         if state.current.conn is not None:
-            self.requeue_negentropy_as_reqs(state)  # NIP-77 is off for the session
+            self.historic.requeue_negentropy_as_reqs(state)  # NIP-77 is off for the session
         self.effects.later(constants.RATE_LIMIT_COOLDOWN_SECS, CooldownEnded(state.url))
 
     def on_cooldown_ended(self, msg: CooldownEnded) -> None:
@@ -326,7 +347,7 @@ class Refusals:
         self.update_health_metric(state, now)
         if state.connected:
             self.rederive_queued(state)
-            self.pump_historic(state)
+            self.historic.pump(state)
 
     def rederive_queued(self, state: RelayState) -> None:
         """What waited out the cooldown goes out anew: live REQs narrowed to what the index
@@ -397,9 +418,9 @@ class Refusals:
                 self.split_historic(state, batch, sub_id, filters)
             else:
                 self.fail_into_recovery(state, batch, sub_id, filters)
-        self.pump_historic(state)
+        self.historic.pump(state)
         if batch is not None and batch.is_complete:
-            self.finish_batch(state, batch)
+            self.historic.finish_batch(state, batch)
 
     def fail_into_recovery(self, state: RelayState, batch: PendingBatch, sub_id: str, filters) -> None:
         """The batch failed; what the stalled REQ owed goes to missing-event recovery: its
