@@ -330,3 +330,76 @@ def test_each_frame_of_one_write_has_its_own_mask():
     finally:
         ours.close()
         theirs.close()
+
+
+def _nagle_server(rounds: int, gap: float):
+    """A websocket server that leaves Nagle's algorithm on (no TCP_NODELAY, the default of
+    many relays): a conversation first (each client message answered at once, as a relay
+    answers REQs), then per round two small messages ``gap`` apart, as a relay sends two
+    live events stored one after the other. Returns (url, thread)."""
+    import base64
+    import hashlib
+    import socket
+
+    from tests.scripted_relay import WS_GUID
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(10)
+
+    def serve():
+        conn, _ = listener.accept()
+        conn.settimeout(10)
+        with conn, conn.makefile("rb") as rfile:
+            head = list(iter(rfile.readline, b"\r\n"))  # the upgrade request, to its blank line
+            key = next(line.split(b":", 1)[1].strip() for line in head
+                       if line.lower().startswith(b"sec-websocket-key"))
+            accept = base64.b64encode(hashlib.sha1(key + WS_GUID.encode()).digest()).decode()
+            conn.sendall(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                          f"Connection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n").encode())
+
+            def client_message():  # a masked text frame under 126 bytes
+                head = rfile.read(2)
+                rfile.read(4 + (head[1] & 0x7F))
+
+            for i in range(20 + rounds):
+                client_message()
+                if i < 20:
+                    conn.sendall(_frame(OP_TEXT, b'["NOTICE","talk"]'))
+                else:
+                    conn.sendall(_frame(OP_TEXT, b'["EVENT","live","first"]'))
+                    time.sleep(gap)
+                    conn.sendall(_frame(OP_TEXT, b'["EVENT","live","second"]'))
+        listener.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return f"ws://127.0.0.1:{listener.getsockname()[1]}", thread
+
+
+@pytest.mark.skipif(ws_stream.TCP_QUICKACK is None, reason="TCP_QUICKACK is Linux's")
+def test_a_message_right_after_another_is_not_held_for_our_delayed_ack():
+    """A relay with Nagle's algorithm on sends a second small message only once the first
+    is ACKed; a reader that delays its ACK (Linux: 40 ms, on a connection that also sends)
+    held every second live event of a pair that long (bench/scale --live: 30-45 ms). The
+    stream ACKs each read at once: the second comes the gap after the first."""
+    rounds, gap = 7, 0.005
+    url, server = _nagle_server(rounds, gap)
+    stream = ws_stream.connect(url, 10)
+    waits = []
+    try:
+        for _ in range(20):
+            stream.send('["REQ","talk",{}]')
+            stream.recv()
+        for _ in range(rounds):
+            stream.send('["REQ","go",{}]')
+            first = stream.recv()
+            at = time.monotonic()
+            second = first if b"second" in first else stream.recv()
+            waits.append(time.monotonic() - at)
+            assert b"second" in second
+    finally:
+        stream.close()
+        server.join(10)
+    assert sorted(waits)[rounds // 2] < gap + 0.020, waits  # the median; without: 40 ms and more

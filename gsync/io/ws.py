@@ -14,6 +14,7 @@ that the idle timeout never fires; time the caller spends not reading does not c
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 import gevent
@@ -29,6 +30,13 @@ from ..protocol import wsframes
 
 RECV_CHUNK = 256 * 1024
 YIELD_SECS = 0.0005  # between reads of a chunk that completed no message
+# Linux only: ACK what was read at once, instead of up to 40 ms later (delayed ACK). A peer
+# with Nagle's algorithm on (a relay that never sets TCP_NODELAY on its sockets: a Rust or
+# Python server's default) holds its next small message until the last one is ACKed, so a
+# second live event sent right after a first waited for our delayed ACK: 30-45 ms added
+# to every such pair (bench/scale --live). The setting does not last (the kernel goes back
+# to delaying as the connection turns interactive), so it is set again after every read.
+TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", None)
 
 # What a closed or broken stream raises, and what an idle one does (both websocket-client's,
 # so callers catch one family whichever layer noticed).
@@ -60,6 +68,7 @@ class WsStream:
         self.reads = 0  # socket reads that returned (a pong, even): is the peer there?
         self._controls = 0  # pings and pongs since the last message (in this window)
         self._controls_since = 0.0
+        self._quickack = TCP_QUICKACK is not None
 
     # -- reading
 
@@ -144,6 +153,8 @@ class WsStream:
         try:
             chunk = self._sock.recv(RECV_CHUNK)
             self.reads += 1
+            if self._quickack and chunk:
+                self._ack_now()
             return chunk
         except TimeoutError:  # socket.timeout
             raise Timeout("timed out") from None
@@ -152,6 +163,14 @@ class WsStream:
                 raise Timeout("timed out") from None
             self.connected = False
             raise ConnectionClosed(f"recv failed: {exc}") from None
+
+    def _ack_now(self) -> None:
+        """Re-arm TCP_QUICKACK (see the constant): the ACK for what was just read goes now.
+        A socket that refuses it (not TCP) is not asked again."""
+        try:
+            self._sock.setsockopt(socket.IPPROTO_TCP, TCP_QUICKACK, 1)
+        except (OSError, AttributeError):
+            self._quickack = False
 
     def _recv_rest_of_message(self) -> bytes:
         """``_recv`` while a message is unfinished: waits at most what is left of the stall
