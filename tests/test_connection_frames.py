@@ -259,3 +259,68 @@ def test_after_a_subscription_ended_its_matching_events_are_kept_and_its_echoes_
     session._handle_frame(frame("EVENT", "s", stray))
     assert dropped("no_matching_filter") == before_off + 1
     assert not session.closed
+
+
+# -- a NEG-OPEN refused for want of AUTH -------------------------------------------------
+
+
+def sent(conn) -> list:
+    """What the connection queued for the relay since the last look, parsed."""
+    out = []
+    while not conn._outbox.empty():
+        out.append(json.loads(conn._outbox.get_nowait()))
+    return out
+
+
+def exchange_opened(conn, sub_id: str = "neg1-7") -> tuple[Queue, str]:
+    """An exchange as negentropy_sync runs one: registered, then its NEG-OPEN sent."""
+    inbox = Queue()
+    conn.open_negentropy(sub_id, inbox)
+    opening = wire.neg_open(sub_id, Filter.make(kinds=[30617]), "6100000200")
+    conn.send_negentropy(sub_id, opening)
+    return inbox, opening
+
+
+def keyed_session() -> RelayConnection:
+    from gsync.protocol.event import generate_secret
+
+    return RelayConnection(URL, FakeWs(), 1, [].append, auth_secret=generate_secret())
+
+
+@pytest.mark.parametrize("refusal", [("NEG-ERR", "neg1-7", "auth-required: you must auth"),
+                                     ("CLOSED", "neg1-7", "auth-required: you must auth")])
+def test_a_neg_open_refused_for_auth_is_sent_again_after_our_auth_once(refusal):
+    conn = keyed_session()
+    inbox, opening = exchange_opened(conn)
+    conn._handle_frame(frame("AUTH", "challenge-1"))
+    conn._handle_frame(frame(*refusal))
+    out = sent(conn)
+    assert [m[0] for m in out] == ["NEG-OPEN", "AUTH", "NEG-OPEN"]  # our AUTH goes first
+    assert out[2] == json.loads(opening)
+    assert inbox.empty()  # the exchange waits for the answer to the one sent again
+    conn._handle_frame(frame(*refusal))  # refused again: that is the exchange's answer
+    assert sent(conn) == [] and inbox.qsize() == 1
+
+
+def test_a_neg_open_answered_is_never_sent_again_and_an_exchange_ended_leaves_nothing():
+    conn = keyed_session()
+    inbox, _ = exchange_opened(conn)
+    conn._handle_frame(frame("AUTH", "challenge-1"))
+    conn._handle_frame(frame("NEG-MSG", "neg1-7", "61"))
+    conn._handle_frame(frame("NEG-ERR", "neg1-7", "auth-required: after an answer"))
+    assert [m[0] for m in sent(conn)] == ["NEG-OPEN", "AUTH"] and inbox.qsize() == 2
+    conn.end_negentropy("neg1-7")
+    assert not conn.neg_waiters and not conn._neg_opens
+
+
+@pytest.mark.parametrize("keyed", [True, False])
+def test_a_neg_open_refused_for_auth_without_a_key_or_a_challenge_is_the_exchanges_refusal(keyed):
+    conn = keyed_session() if keyed else RelayConnection(URL, FakeWs(), 1, [].append)
+    inbox, _ = exchange_opened(conn)
+    if not keyed:
+        conn._handle_frame(frame("AUTH", "challenge-1"))  # challenged, nothing to answer with
+    before = dropped("unknown_subscription")
+    conn._handle_frame(frame("CLOSED", "neg1-7", "auth-required: you must auth"))
+    assert [m[0] for m in sent(conn)] == ["NEG-OPEN"]
+    assert inbox.qsize() == 1  # its exchange fails now, not at its deadline
+    assert dropped("unknown_subscription") == before  # a CLOSED naming an exchange is not junk

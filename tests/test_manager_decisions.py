@@ -134,6 +134,51 @@ def test_a_re_sync_of_filters_the_own_relay_holds_goes_by_nip77_one_filter_a_sta
     assert not h.historic_reqs(A)  # no REQ pages for what NIP-77 is moving
 
 
+def test_an_exchange_that_never_concludes_ends_at_the_managers_deadline_and_late_answers_change_nothing(tmp_path):
+    """Whatever an exchange's greenlet does (hung before its own 15 s deadline could fire),
+    the manager ends it NEGENTROPY_GRACE_SECS after that: killed, NEG-CLOSE sent, its filter
+    by REQ pages, the batch not left pending. A result for a token it does not know (another
+    session's, or one it already ended) is dropped and changes nothing."""
+    from gsync.io.inbox import NegentropyFinished
+    from gsync.io.negentropy_sync import NegentropyOutcome
+
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, 1))
+    h.connect(A)
+    h.answer_own_reads(held=lambda f: [(1_700_000_000, "ab" * 32)])  # a re-sync: NIP-77
+    h.advance(0.5)
+    hung = next(g for g in h.effects.spawned if g.name == "reconcile_filter")
+    token, batch_id, flt = hung.kwargs["token"], hung.kwargs["batch_id"], hung.args[2]
+    hung.kwargs["started"].append(h.clock.now)  # its turn came (the semaphore), then nothing
+    state = h.state(A)
+
+    def asked_by_req() -> bool:
+        return any(json.loads(flt.to_json()) in r[2:] for r in h.historic_reqs(A))
+
+    refused = NegentropyOutcome(False, reason="neg-err: blocked: no", failure="neg-err")
+    h.feed(NegentropyFinished(A, state.session, batch_id, "neg999-999", flt, refused))
+    h.feed(NegentropyFinished(A, state.session - 1, batch_id, token, flt, refused))
+    h.advance(2)
+    assert token in state.current.neg_running and batch_id in state.current.pending
+    assert state.current.negentropy_ok and not asked_by_req()  # neither was taken for its answer
+    h.advance(constants.NEGENTROPY_DEADLINE_SECS + constants.NEGENTROPY_GRACE_SECS - 3)  # 1 s short
+    h.tick()
+    assert not hung.killed and not asked_by_req()  # not before the manager's deadline
+    h.advance(2)
+    h.tick()
+    assert hung.killed and ["NEG-CLOSE", token] in h.frames(A)
+    assert token not in state.current.neg_running
+    h.advance(2)
+    assert asked_by_req()  # the filter goes by REQ pages
+    asked = len([r for r in h.historic_reqs(A) if json.loads(flt.to_json()) in r[2:]])
+    sent = len(h.conn(A).frames)
+    h.feed(NegentropyFinished(A, state.session, batch_id, token, flt,
+                              NegentropyOutcome(True, need_ids=["cd" * 32])))  # the greenlet, late
+    h.advance(3)
+    assert not any("cd" * 32 in json.dumps(frame) for frame in h.conn(A).frames[sent:])
+    assert len([r for r in h.historic_reqs(A) if json.loads(flt.to_json()) in r[2:]]) == asked
+
+
 # -- refusals ------------------------------------------------------------------------------
 
 

@@ -159,6 +159,22 @@ def test_neg_err_without_a_prefix_keeps_its_text():
     assert (info.value.reason, info.value.text) == ("neg-err", "Could not parse your message")
 
 
+def test_a_closed_naming_the_exchange_is_a_refusal_at_once_not_at_the_deadline():
+    """NIP-77 says NEG-ERR; a relay that ends a NEG-OPEN as it ends a REQ (``CLOSED``) means
+    the same. (A CLOSED for another sub id is not ours: skipped.)"""
+    def closes(relay, conn, message):
+        if message[0] != "NEG-OPEN":
+            return []
+        return [["CLOSED", "other", "error: not yours"], ["CLOSED", message[1], "blocked: not here"]]
+
+    with ScriptedRelay(negentropy=closes) as relay:
+        started = time.monotonic()
+        with pytest.raises(NegentropyFailed) as info:
+            run(relay, items(10), deadline_secs=5)
+    assert (info.value.reason, info.value.text) == ("neg-err", "blocked: not here")
+    assert time.monotonic() - started < 4
+
+
 def test_a_notice_about_negentropy_is_a_failure():
     with ScriptedRelay(negentropy="notice") as relay:
         with pytest.raises(NegentropyFailed) as info:

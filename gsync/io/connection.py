@@ -118,6 +118,10 @@ class RelayConnection:
         self.open_filter_bytes = 0
         self.peak_subscriptions = 0  # the most REQs open at once: checked against the budget
         self.neg_waiters: dict[str, Queue] = {}
+        # NIP-77 exchanges running (``neg_waiters``) → their NEG-OPEN while the relay has not
+        # answered it: sent again after AUTH if refused for want of it (``_reopened_after_auth``);
+        # None once answered or sent again. An entry lives as long as its exchange.
+        self._neg_opens: dict[str, str | None] = {}
         self._outbox: Queue = Queue()
         self._challenge: str | None = None
         self._answered: str | None = None  # the challenge our last AUTH answered
@@ -166,6 +170,22 @@ class RelayConnection:
         self.open_filter_bytes += len(text)
         self._unanswered[sub_id] = time.monotonic()
         self.send(text)
+
+    def open_negentropy(self, sub_id: str, inbox: Queue) -> None:
+        """A NIP-77 exchange begins: the relay's frames for ``sub_id`` go to ``inbox``."""
+        self.neg_waiters[sub_id] = inbox
+        self._neg_opens.pop(sub_id, None)
+
+    def send_negentropy(self, sub_id: str, text: str) -> None:
+        """A frame of the exchange ``sub_id``; its first is its NEG-OPEN, kept until the relay
+        answers it."""
+        if sub_id not in self._neg_opens:
+            self._neg_opens[sub_id] = text
+        self.send(text)
+
+    def end_negentropy(self, sub_id: str) -> None:
+        self.neg_waiters.pop(sub_id, None)
+        self._neg_opens.pop(sub_id, None)
 
     def unsubscribe(self, sub_id: str) -> None:
         """CLOSE it; its late events are still read until the relay's CLOSED (``_closing``:
@@ -343,8 +363,11 @@ class RelayConnection:
 
     def _handle_frame(self, data: bytes) -> None:
         msg = wire.parse_relay_message(data)
-        if isinstance(msg, (wire.NegMsg, wire.NegErr)):
-            self._to_negentropy([self.neg_waiters.get(msg.sub_id)], data)
+        if isinstance(msg, (wire.NegMsg, wire.NegErr)) or (isinstance(msg, wire.Closed)
+                                                           and msg.sub_id in self.neg_waiters):
+            # (a CLOSED naming an exchange: some relays end NIP-77 as they end a REQ)
+            if not self._reopened_after_auth(msg):
+                self._to_negentropy([self.neg_waiters.get(msg.sub_id)], data)
             return
         if self.neg_waiters and _concerns_negentropy(msg):
             self._to_negentropy(list(self.neg_waiters.values()), data)
@@ -407,6 +430,27 @@ class RelayConnection:
             return True
         return (isinstance(msg, wire.Closed) and msg.prefix is wire.Prefix.AUTH_REQUIRED
                 and self._retry_after_auth(msg.sub_id))
+
+    def _reopened_after_auth(self, msg) -> bool:
+        """The relay's first answer to an exchange's NEG-OPEN refuses it ``auth-required:``
+        (NEG-ERR, or CLOSED naming it): with a key, authenticate and send the NEG-OPEN again,
+        once, as a refused REQ is (``_retry_after_auth``); the exchange does not hear the
+        refusal and waits for the answer, within its own deadline. A relay that read our
+        NEG-OPEN before our AUTH would otherwise have NIP-77 turned off for the session. False
+        (the exchange hears it: a refusal, REQ pages then) without a key or a challenge, once
+        the relay refused our AUTH, or the second time."""
+        opening = self._neg_opens.get(msg.sub_id)
+        if opening is None:
+            return False
+        self._neg_opens[msg.sub_id] = None  # answered: what comes next is the exchange's
+        if isinstance(msg, wire.NegMsg) or msg.prefix is not wire.Prefix.AUTH_REQUIRED:
+            return False
+        if not (self._auth_secret and self._challenge) or self._auth_refused:
+            return False
+        log.debug("negentropy_sent_again_after_auth", relay=self.relay, sub_id=msg.sub_id)
+        self._answer_challenge()
+        self.send(opening)
+        return True
 
     def _to_negentropy(self, inboxes, data: bytes) -> None:
         """Hand a raw frame to NIP-77 exchanges (negentropy_ws parses and judges it): a

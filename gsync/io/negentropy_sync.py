@@ -217,7 +217,7 @@ def exchange(conn, sub_id: str, flt: Filter, items, deadline_secs: float,
     """Reconcile ``items`` with the relay behind ``conn`` for ``flt``; the connection's
     reader hands this exchange the NIP-77 frames (and NOTICEs) through a queue."""
     inbox: Queue = Queue()
-    conn.neg_waiters[sub_id] = inbox
+    conn.open_negentropy(sub_id, inbox)
 
     def receive(timeout: float):
         try:
@@ -226,7 +226,10 @@ def exchange(conn, sub_id: str, flt: Filter, items, deadline_secs: float,
             return None
 
     try:
-        r = negentropy_ws.reconcile(conn.send, receive, sub_id, flt, items, storage=storage,
+        def send(text: str) -> None:
+            conn.send_negentropy(sub_id, text)
+
+        r = negentropy_ws.reconcile(send, receive, sub_id, flt, items, storage=storage,
                                     frame_size_limit=frame_size_limit, deadline_secs=deadline_secs)
         return NegentropyOutcome(True, r.need_ids, r.have_ids, r.rounds, r.bytes_up, r.bytes_down)
     except negentropy_ws.NegentropyFailed as exc:
@@ -235,4 +238,4 @@ def exchange(conn, sub_id: str, flt: Filter, items, deadline_secs: float,
         return NegentropyOutcome(False, rounds=r.rounds, bytes_up=r.bytes_up, bytes_down=r.bytes_down,
                                  reason=f"{exc.reason}: {exc.text}", failure=exc.reason)
     finally:
-        conn.neg_waiters.pop(sub_id, None)
+        conn.end_negentropy(sub_id)

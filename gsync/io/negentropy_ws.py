@@ -8,7 +8,7 @@ returns the ids each side lacks. Frames for other subscriptions are skipped, sin
 connection is shared.
 
 A relay that cannot do NIP-77 for us is a ``NegentropyFailed`` with a reason from a closed
-set (a metric label), never a hang: NEG-ERR (``too-many-results`` when it refuses the
+set (a metric label), never a hang: NEG-ERR, or a CLOSED naming the exchange (``too-many-results`` when it refuses the
 filter for matching too many events: narrower ones are served), an answer in a protocol
 version we do not speak, a NOTICE before our first answer (in any words: public relays
 refuse NIP-77 that way) or about negentropy after it, a malformed message, no conclusion before the total
@@ -148,6 +148,10 @@ class _Exchange:
                     cap = f" (cap {message.cap})" if message.cap is not None else ""
                     raise self.fail("too-many-results", _reason_text(message) + cap)
                 raise self.fail("neg-err", _reason_text(message))
+            if isinstance(message, wire.Closed) and message.sub_id == self.sub_id:
+                # NIP-77 says NEG-ERR; a relay that ends the exchange as it ends a REQ means the same
+                self.count_down(frame)
+                raise self.fail("neg-err", _reason_text(message))
             if isinstance(message, wire.Notice) and self.refuses_us(message.text):
                 raise self.fail("notice", message.text)
             if isinstance(message, wire.Malformed) and self.is_ours(frame):
@@ -181,7 +185,7 @@ class _Exchange:
         self.result.bytes_down += len(frame.encode() if isinstance(frame, str) else frame)
 
 
-def _reason_text(message: wire.NegErr) -> str:
+def _reason_text(message: wire.NegErr | wire.Closed) -> str:
     """The relay's reason as it wrote it (the parser splits a known prefix off)."""
     if message.prefix in (wire.Prefix.NONE, wire.Prefix.OTHER):
         return message.text
