@@ -1,6 +1,7 @@
 """Shared fixtures: real relays, scripted relays and gsync processes, always stopped."""
 import contextlib
 import os
+import sys
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -8,6 +9,11 @@ from hypothesis import HealthCheck, settings
 from .gsync_proc import TEST_TIMERS, GsyncProcess
 from .relays import RelayProcess
 from .scripted_relay import ScriptedRelay
+
+# pytest rewrites the asserts of every test module a worker imports (2-3 s of CPU a worker);
+# keep what it wrote for the next run even where PYTHONDONTWRITEBYTECODE is set (the files go
+# to tests/__pycache__, which git ignores, and are checked against the source as usual).
+sys.dont_write_bytecode = False
 
 # A status move the table (gsync/sync/status.py) does not have raises, in this process and in
 # every gsync the tests start (it inherits the environment), instead of being only logged.
