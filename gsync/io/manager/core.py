@@ -135,7 +135,7 @@ class SyncManager:
             sync=config.sync, own_relay=config.service.own_relay, relays=self.relays, repos=self.repos,
             health=self.health, live=self.live, lead=self.lead, claims=self.claims, recovery=self.recovery,
             own_held=self.own_held, own_reads=self.own_reads, seen=self.seen, rejected=self.rejected,
-            delivery=self.delivery, own_relay_down=lambda: self.own_relay.down_since is not None,
+            delivery=self.delivery, own_relay_down=lambda: self.own_relay.down,
             request_served=lambda state: self.refusals.note_request_succeeded(state),
             rate_limited=lambda state, text: self.refusals.note_rate_limited(state, text),
             probe_answered=lambda state, key, batch: self.refusals.probe_answered(state, key, batch),
@@ -313,7 +313,7 @@ class SyncManager:
         metrics.QUEUE_DEPTH_PEAK.labels("manager").set(self.queue_peak)
         metrics.QUEUE_DEPTH_PEAK.labels("delivery").set(self.delivery_peak)
         metrics.READY.set(int(self.own_relay.ready))
-        metrics.OWN_RELAY_UP.set(int(self.own_relay.down_since is None and self.self_sub.connected))
+        metrics.OWN_RELAY_UP.set(int(not self.own_relay.down and self.self_sub.connected))
         metrics.REPOSITORIES.set(len(self.repos))
         metrics.DELIVERY_BACKLOG_LIMIT.set(self.config.sync.delivery_max_backlog)
         metrics.REJECTED_ENTRIES.set(len(self.rejected))
@@ -345,7 +345,7 @@ class SyncManager:
         now = self.clock()
         return {
             "own_relay": self.config.service.own_relay,
-            "own_relay_up": self.own_relay.down_since is None,
+            "own_relay_up": not self.own_relay.down,
             "ready": self.own_relay.ready,
             "repos": len(self.repos),
             "delivery_backlog": self.delivery.backlog,

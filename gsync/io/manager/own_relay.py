@@ -63,6 +63,11 @@ class OwnRelaySide:
         self.window_open = False
         self.down_since: float | None = None
 
+    @property
+    def down(self) -> bool:
+        """The own relay is unreachable (delivery said so, ``on_own_relay_state``)."""
+        return self.down_since is not None
+
     def consider_for_delivery(self, event, state: RelayState | None = None) -> None:
         if event.id in self.seen or event.id in self.rejected:
             return
@@ -207,7 +212,7 @@ class OwnRelaySide:
         is not known: fetched again, answered ``duplicate``; never claimed and missing.)
         The new roots' threads were three own-relay reads per root batch and relay, most of
         what gsync read of its own relay in a first sync (bench/scale)."""
-        if self.down_since is None:
+        if not self.down:
             self.own_held.confirm(msg.entries)
             if msg.new_roots:
                 now = self.clock()
