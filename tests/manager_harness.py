@@ -24,6 +24,8 @@ from gsync.io.inbox import (
     OwnReadsDue,
     OwnReadsLanded,
     OwnSubscribed,
+    RemoteEvent,
+    RemoteEvents,
     RemoteMessage,
     Tick,
 )
@@ -208,6 +210,25 @@ class ManagerHarness:
         state = self.manager.relays[url]
         self.feed(RemoteMessage(url, state.session, message))
 
+    def relay_sends(self, url: str, sub_id: str, *events) -> None:
+        """``url`` sends ``events`` on its subscription ``sub_id``, checked as its connection
+        hands them to the manager."""
+        session = self.manager.relays[url].session
+        self.feed(RemoteEvents(url, session, [RemoteEvent(url, session, sub_id, e) for e in events]))
+
+    def settle(self, url: str) -> None:
+        """Own-relay reads answered (it holds nothing) and every page ended empty, until
+        nothing is left to start; then the completion check's wait."""
+        for _ in range(20):
+            self.answer_own_reads()
+            self.advance(1.1)  # the pacing gate
+            historic = self.conn(url).subscriptions.keys() - self.state(url).current.live_subs.keys()
+            if not historic and not self.own_reads():
+                break
+            self.eose_all(url)
+        self.answer_own_reads()
+        self.advance(10)
+
     # -- reading ---------------------------------------------------------------------------
 
     def state(self, url: str):
@@ -231,6 +252,10 @@ class ManagerHarness:
         out = [(at, f) for at, f in zip(conn.sent_at, conn.frames, strict=True)
                if f[0] == "REQ" and not all(flt.get("limit") == 0 for flt in f[2:])]
         return out if times else [f for _, f in out]
+
+    def replies_asked(self, url: str, event_id: str) -> list:
+        """The REQs sent to ``url`` asking for replies to ``event_id`` (``#e``)."""
+        return [r for r in self.reqs(url) if any(event_id in flt.get("#e", ()) for flt in r[2:])]
 
     def eose_all(self, url: str) -> None:
         """The relay ends every open subscription's stored events, nothing found."""

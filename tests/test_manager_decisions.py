@@ -5,7 +5,7 @@ send, and when."""
 import json
 
 from gsync import constants
-from gsync.io.inbox import HandshakeDone, RelayDisconnected, RemoteEvent, RemoteEvents
+from gsync.io.inbox import HandshakeDone, RelayDisconnected
 from gsync.protocol import messages as wire
 from gsync.protocol.filters import Filter
 from gsync.protocol.messages import parse_relay_message
@@ -19,26 +19,13 @@ from .manager_harness import FakeWs, ManagerHarness
 A = "wss://a.example"
 
 
-def settle(h, url):
-    """Own-relay reads answered (it holds nothing), every page ended empty, until nothing
-    is left to start; then the completion check's wait."""
-    for _ in range(20):
-        h.answer_own_reads()
-        h.advance(1.1)  # the pacing gate
-        if not h.conn(url).subscriptions.keys() - h.state(url).current.live_subs.keys():
-            if not h.effects.spawned or not h.own_reads():
-                break
-        h.eose_all(url)
-    h.advance(10)
-
-
 def test_a_relay_moves_from_dialled_to_syncing_to_connected_and_back(tmp_path):
     h = ManagerHarness(tmp_path, bootstrap=[A])
     h.tick()
     assert h.state(A).status is ConnectionStatus.CONNECTING
     h.feed(HandshakeDone(A, h.state(A).attempt, ws=FakeWs()))
     assert h.state(A).status is ConnectionStatus.SYNCING
-    settle(h, A)
+    h.settle(A)
     assert h.state(A).status is ConnectionStatus.CONNECTED
     h.feed(RelayDisconnected(A, h.state(A).session, "gone"))
     assert h.state(A).status is ConnectionStatus.DISCONNECTED
@@ -65,7 +52,7 @@ def test_first_connection_starts_fresh_and_a_quick_reconnect_asks_since_the_gap(
     h.advance(1.1)
     first = [f for f in h.reqs(A) if f[1].startswith("h")]
     assert first and all("since" not in flt for f in first for flt in f[2:])  # whole history
-    settle(h, A)
+    h.settle(A)
     h.feed(RelayDisconnected(A, h.state(A).session, "gone"))
     h.advance(60)  # back within 15 minutes: a quick reconnect
     h.tick()
@@ -318,15 +305,14 @@ def test_a_thread_member_seen_from_a_relay_gets_descendant_coverage_there(tmp_pa
     h.own_relay_holds(repo, bug)  # the root is the own relay's: a thread gsync syncs
     h.connect(A)
     h.answer_own_reads()
-    settle(h, A)
+    h.settle(A)
     member = comment(Author.named("alice"), bug)
-    state = h.state(A)
-    h.feed(RemoteEvents(A, state.session, [RemoteEvent(A, state.session, "live-3", member)]))
+    h.relay_sends(A, "live-3", member)
     h.advance(constants.DESCENDANT_TICK_SECS)
     h.tick()
     h.answer_own_reads()
     h.advance(2)
-    asks = [r for r in h.reqs(A) if any(member.id in flt.get("#e", ()) for flt in r[2:])]
+    asks = h.replies_asked(A, member.id)
     assert any(all(flt.get("limit") == 0 for flt in r[2:]) for r in asks), "no live coverage"
     assert any(not all(flt.get("limit") == 0 for flt in r[2:]) for r in asks), "no history asked"
 
@@ -334,7 +320,7 @@ def test_a_thread_member_seen_from_a_relay_gets_descendant_coverage_there(tmp_pa
 def test_a_reconnect_after_more_than_15_minutes_starts_fresh(tmp_path):
     h = ManagerHarness(tmp_path, bootstrap=[A])
     h.connect(A)
-    settle(h, A)
+    h.settle(A)
     h.feed(RelayDisconnected(A, h.state(A).session, "gone"))
     h.advance(constants.QUICK_RECONNECT_SECS + 60)
     h.tick()

@@ -2,7 +2,7 @@
 handed to the next one (``RelayState.end_session``): tested on a real ``SyncManager`` with
 recorded effects and a fake clock (tests/manager_harness.py)."""
 from gsync import constants
-from gsync.io.inbox import HandshakeDone, RelayDisconnected, RemoteEvent, RemoteEvents
+from gsync.io.inbox import HandshakeDone, RelayDisconnected
 from gsync.sync.relay_state import ConnectionStatus
 
 from .factory import Author, announcement, comment, issue
@@ -10,22 +10,6 @@ from .manager_harness import START, FakeWs, ManagerHarness
 
 A = "wss://a.example"
 
-
-def settle(h, url):
-    """Own-relay reads answered (it holds nothing) and every page ended empty, until
-    nothing is left to start; then the completion check's wait."""
-    for _ in range(20):
-        h.answer_own_reads()
-        h.advance(1.1)  # the pacing gate
-        if not h.conn(url).subscriptions.keys() - h.state(url).current.live_subs.keys():
-            break
-        h.eose_all(url)
-    h.answer_own_reads()
-    h.advance(10)
-
-
-def _member_asks(h, member_id):
-    return [r for r in h.reqs(A) if any(member_id in flt.get("#e", ()) for flt in r[2:])]
 
 
 def test_a_quick_reconnect_opens_its_thread_members_coverage_again_since_the_gap(tmp_path):
@@ -37,14 +21,13 @@ def test_a_quick_reconnect_opens_its_thread_members_coverage_again_since_the_gap
     h.own_relay_holds(repo, bug)
     h.connect(A)
     h.answer_own_reads()
-    settle(h, A)
+    h.settle(A)
     member = comment(Author.named("alice"), bug)
-    state = h.state(A)
-    h.feed(RemoteEvents(A, state.session, [RemoteEvent(A, state.session, "live-3", member)]))
+    h.relay_sends(A, "live-3", member)
     h.advance(constants.DESCENDANT_TICK_SECS)
     h.tick()
-    settle(h, A)
-    assert _member_asks(h, member.id)
+    h.settle(A)
+    assert h.replies_asked(A, member.id)
     h.feed(RelayDisconnected(A, h.state(A).session, "gone"))
     h.advance(60)  # back within 15 minutes: a quick reconnect
     h.tick()
@@ -52,7 +35,7 @@ def test_a_quick_reconnect_opens_its_thread_members_coverage_again_since_the_gap
     for _ in range(5):
         h.answer_own_reads()
         h.advance(1.1)
-    asks = _member_asks(h, member.id)
+    asks = h.replies_asked(A, member.id)
     assert any(all(flt.get("limit") == 0 for flt in r[2:]) for r in asks), "no live coverage again"
     history = [r for r in asks if not all(flt.get("limit") == 0 for flt in r[2:])]
     assert history and all("since" in flt for r in history for flt in r[2:]), "not since the gap"
@@ -73,6 +56,6 @@ def test_the_daily_fresh_start_drops_the_last_rounds_work_and_ends_connected(tmp
     h.tick()
     assert h.state(A).status is ConnectionStatus.SYNCING
     assert silent not in conn.subscriptions
-    settle(h, A)
+    h.settle(A)
     assert h.conn(A) is conn
     assert h.state(A).status is ConnectionStatus.CONNECTED
