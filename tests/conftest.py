@@ -3,17 +3,19 @@ import contextlib
 import os
 import sys
 
-import pytest
-from hypothesis import HealthCheck, settings
-
-from .gsync_proc import TEST_TIMERS, GsyncProcess
-from .relays import RelayProcess
-from .scripted_relay import ScriptedRelay
-
-# pytest rewrites the asserts of every test module a worker imports (2-3 s of CPU a worker);
-# keep what it wrote for the next run even where PYTHONDONTWRITEBYTECODE is set (the files go
-# to tests/__pycache__, which git ignores, and are checked against the source as usual).
+# pytest rewrites the asserts of every test module a worker imports, and of hypothesis (a
+# pytest plugin: its 74 modules, 0.8 s of CPU a worker); keep what it wrote for the next run
+# even where PYTHONDONTWRITEBYTECODE is set (the files go to tests/__pycache__, which git
+# ignores, and to hypothesis's own __pycache__, and are checked against the source as usual).
+# Set before anything below imports hypothesis.
 sys.dont_write_bytecode = False
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+from .gsync_proc import TEST_TIMERS, GsyncProcess  # noqa: E402
+from .relays import RelayProcess  # noqa: E402
+from .scripted_relay import ScriptedRelay  # noqa: E402
 
 # A status move the table (gsync/sync/status.py) does not have raises, in this process and in
 # every gsync the tests start (it inherits the environment), instead of being only logged.
