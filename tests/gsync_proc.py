@@ -13,10 +13,10 @@ import sys
 import tempfile
 import urllib.request
 
+from . import forks
 from .relays import free_port, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PYCACHE = os.path.join(tempfile.gettempdir(), f"gsync-test-pycache-{os.getuid()}")
 
 # gsync under test paces its background starts this far apart instead of SPEC §5's 1 s, so
 # the suite waits on relays rather than on the gate. Tests about pacing set
@@ -68,10 +68,7 @@ class GsyncProcess:
                     fh.write(f"{key} = {value}\n")
         self.log_path = os.path.join(self.dir, "gsync.log")
         self._log_read, self._log_events = 0, []  # log_events: bytes parsed, what they held
-        # gsync's bytecode is kept between starts, outside the work tree, even where
-        # PYTHONDONTWRITEBYTECODE is set: compiling gsync cost each start 0.1 s of CPU.
-        self.env = dict(os.environ, PYTHONPATH=ROOT, PYTHONPYCACHEPREFIX=PYCACHE, **(env or {}))
-        self.env.pop("PYTHONDONTWRITEBYTECODE", None)
+        self.env = {**forks.gsync_env(), **(env or {})}
         timers = {**self.default_timers, **(timers or {})}
         if timers:
             self.env["GSYNC_TEST_TIMERS"] = ",".join(f"{k}={v}" for k, v in timers.items())
@@ -79,12 +76,16 @@ class GsyncProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> GsyncProcess:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, os.path.join(ROOT, "bin", "gsync"), "run", "--config", self.config_path,
-                 *self.args],
-                stdout=log, stderr=subprocess.STDOUT, env=self.env,
-            )
+        """``bin/gsync run``, forked from this worker's warm gsync process (``tests/forks.py``),
+        or a new interpreter where the test changed what one reads at its start (or
+        ``GSYNC_TEST_FORK=0`` asks for that)."""
+        argv = [os.path.join(ROOT, "bin", "gsync"), "run", "--config", self.config_path, *self.args]
+        if forks.can_fork(self.env):
+            self.proc = forks.fork_gsync(argv, self.env, self.log_path)
+        else:
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT,
+                                             env=self.env)
         wait_until(self._endpoint_up, timeout=30, interval=0.02, what="gsync metrics endpoint")
         return self
 

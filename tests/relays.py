@@ -18,7 +18,7 @@ import websocket
 from gsync.ops import localrelay
 from gsync.ops.localrelay import LocalRelayProcess
 
-from . import relay_forks
+from . import forks
 
 # Ports for relays and gsync's metrics endpoint. Alone, the kernel picks a free one (bind to
 # port 0). Under pytest-xdist, workers pick at the same time, and a port chosen that way is
@@ -59,9 +59,9 @@ class RelayProcess(LocalRelayProcess):
         super().__init__(options.pop("port", None), **options)
 
     def launch(self):
-        """Forked from this worker's warm relay process (``tests/relay_forks.py``): a new
+        """Forked from this worker's warm relay process (``tests/forks.py``): a new
         interpreter per relay costs the suite more CPU than anything else it does."""
-        return relay_forks.fork_relay(self.options, self.log_path, localrelay.child_env())
+        return forks.fork_relay(self.options, self.log_path, localrelay.child_env())
 
     def kill(self) -> None:
         """Die abruptly, as a crashed relay would (no close frames)."""
