@@ -59,7 +59,15 @@ NOTICE_ECHO_SECS = 2.0
 class EndedFilters:
     """Filters of ended subscriptions by sub id, oldest dropped first past ``CLOSING_CAPACITY``
     entries or ``ENDED_FILTER_BYTES`` of their REQ text. A late event on one dropped is
-    dropped as on an unknown subscription."""
+    dropped as on an unknown subscription.
+
+    A connection keeps two: subscriptions it sent CLOSE for whose CLOSED has not come
+    (events the relay sent before reading the CLOSE, or waiting in our socket, are still
+    checked against their filters and kept, not dropped as "unknown subscription"), and
+    subscriptions that ended (the relay's CLOSED, to our CLOSE or on its own: some relays
+    still send events, or a second EOSE or CLOSED, after it; events matching the ended
+    filters are kept, what we asked for, harmlessly late, and the rest of the traffic is
+    dropped and counted without a misbehaviour point)."""
 
     def __init__(self):
         self._filters: dict[str, tuple[FilterSet, int]] = {}
@@ -128,15 +136,8 @@ class RelayConnection:
         self._auth_event_id: str | None = None
         self._auth_refused = False  # the relay said OK false to our AUTH
         self._auth_retried: set[str] = set()
-        # CLOSE sent, the relay's CLOSED not yet seen: events it sent before reading our
-        # CLOSE (or that were waiting in our socket) are still checked against these filters
-        # and kept, not dropped as "unknown subscription"
-        self._closing = EndedFilters()
-        # Subscriptions that ended (the relay's CLOSED, to our CLOSE or on its own): some
-        # relays still send their events, or a second EOSE or CLOSED, after it. Events that
-        # match the ended filters are kept (what we asked for, harmlessly late), the rest of
-        # its traffic is dropped and counted without a misbehaviour point.
-        self._ended = EndedFilters()
+        self._closing = EndedFilters()  # CLOSE sent, the relay's CLOSED not yet seen
+        self._ended = EndedFilters()  # ended: late events matching them are kept
         self._junk_streak = 0
         self._budget = MisbehaviourBudget(
             constants.MISBEHAVIOUR_BUDGET, constants.MISBEHAVIOUR_REFILL_PER_SEC, time.monotonic()
