@@ -32,12 +32,15 @@ _PEERS = {"relay_factory", "gsync_factory", "scripted", "seeded_relay"}
 
 
 def pytest_collection_modifyitems(items):
-    """The long scenarios with real peers (``slow``) go first, so the workers start on them
-    and the short tests fill in around them, instead of one long test starting last and
-    running alone. Long tests without peers (property runs) stay in place: they only compute,
-    and the scenarios that time what gsync does are better off not starting beside them."""
+    """The long scenarios with real peers (``slow``) go first, the longest (``long``, 20 s or
+    more, whatever they start) before them, so the workers start on them and the short tests
+    fill in around them, instead of one long test starting last and running alone. Long
+    tests without peers (property runs) stay in place: they only compute, and the scenarios
+    that time what gsync does are better off not starting beside them."""
     def late(item):
-        return item.get_closest_marker("slow") is None or not _PEERS & set(item.fixturenames)
+        if item.get_closest_marker("long") is not None:  # the longest of them first of all
+            return 0
+        return 1 + (item.get_closest_marker("slow") is None or not _PEERS & set(item.fixturenames))
 
     items.sort(key=late)
 

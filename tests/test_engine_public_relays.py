@@ -297,6 +297,7 @@ def test_a_relay_that_never_ends_one_filter_fails_that_batch_into_recovery(relay
 
 
 @pytest.mark.slow  # about 25 s: 6,000 events through a scripted relay with 16 KB messages
+@pytest.mark.long
 def test_descendants_of_2000_repositories_keep_within_20_subscriptions(relay_factory, gsync_factory,
                                                                         scripted):
     """2,000 repositories, each with an issue and a reply (a direct member: its replies are

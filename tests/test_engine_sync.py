@@ -110,6 +110,7 @@ def test_pagination_past_localrelay_500_event_cap(relay_factory, gsync_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_own_relay_restart_mid_sync_loses_nothing(relay_factory, gsync_factory, tmp_path):
     own = relay_factory(lmdb=str(tmp_path / "own-db"))
     remote = relay_factory()
@@ -127,6 +128,7 @@ def test_own_relay_restart_mid_sync_loses_nothing(relay_factory, gsync_factory, 
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_full_delivery_backlog_pushes_back_instead_of_dropping(relay_factory, gsync_factory):
     # An own relay slower than the remote and a backlog limit below one page. Historic
     # pages wait while delivery is behind; a live flood, which no start gates, must be held
@@ -288,6 +290,7 @@ def test_shards_split_the_remotes_and_together_sync_everything(relay_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_repository_listed_on_both_shards_is_fetched_by_the_shard_that_leads_it(relay_factory,
                                                                                   gsync_factory):
     """Repositories listing a relay of each shard: the shard owning a repository's lead relay

@@ -43,6 +43,7 @@ def growth_bound_mb(connections: int, event_json_bytes: float) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_floods_leave_memory_bounded_and_the_honest_relay_on_time(relay_factory, scripted, gsync_factory):
     own, honest = relay_factory(), relay_factory()
     gate = threading.Event()

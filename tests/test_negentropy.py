@@ -329,7 +329,7 @@ def set_pairs(draw, max_items):
 
 
 @pytest.mark.slow
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(set_pairs(max_items=10_000), LIMITS, LIMITS)
 def test_reconciliation_finds_exactly_the_symmetric_difference(pair, client_limit, server_limit):
     client_items, server_items = pair

@@ -224,6 +224,7 @@ def test_what_one_relay_claimed_and_never_served_comes_from_the_other(relay_fact
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_what_one_relay_claimed_comes_by_its_filter_from_one_that_serves_nothing_by_id(
         relay_factory, gsync_factory, scripted):
     """As above, but the relay that skipped the claimed ids serves nothing by id (and,

@@ -30,6 +30,7 @@ def _synced(gsync):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_only_the_missing_one_percent_is_downloaded_and_a_rerun_downloads_nothing(
     gsync_factory, tmp_path
 ):
@@ -69,6 +70,7 @@ def test_only_the_missing_one_percent_is_downloaded_and_a_rerun_downloads_nothin
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_an_own_relay_lacking_most_of_a_filter_fetches_it_by_pages(gsync_factory, tmp_path):
     """NIP-77 finds most of a filter missing: its REQ pages bring it (ten filters of up to
     500 events a start) instead of 300-id fetches, and everything arrives. (The own relay
@@ -88,7 +90,7 @@ def test_an_own_relay_lacking_most_of_a_filter_fetches_it_by_pages(gsync_factory
         gsync = gsync_factory(own, [remote])
         want = {e.id for e in events}
         wait_until(lambda: len(ids_on(own.url, {"kinds": [30617, 1621, 1111]})) == len(want),
-                   timeout=120, what="the whole history")
+                   timeout=120, interval=0.5, what="the whole history")  # each look reads 1,800 events
         assert ids_on(own.url, {"kinds": [30617, 1621, 1111]}) == want
         by_filter = [e for e in gsync.log_events() if e["event"] == "negentropy_fetch_by_filter"]
         assert by_filter and all(e["held"] * 10 <= e["need"] for e in by_filter), by_filter

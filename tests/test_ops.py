@@ -445,6 +445,7 @@ def test_sigterm_during_a_sync_drains_and_exits_cleanly(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_demo_syncs_the_sandbox_and_prints_a_summary():
     began = time.monotonic()
     result = subprocess.run([sys.executable, GSYNC, "demo"], capture_output=True, text=True,

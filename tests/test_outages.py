@@ -25,6 +25,7 @@ class _Endpoint:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_own_relay_away_for_30s_during_live_sync_loses_nothing(relay_factory, gsync_factory, tmp_path):
     own = relay_factory(lmdb=str(tmp_path / "own-db"))
     a, b = relay_factory(), relay_factory()
@@ -74,6 +75,7 @@ def test_own_relay_away_for_30s_during_live_sync_loses_nothing(relay_factory, gs
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_remote_killed_and_restarted_during_its_historic_sync_loses_nothing(
         relay_factory, gsync_factory, tmp_path):
     own = relay_factory()
