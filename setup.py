@@ -20,7 +20,7 @@ setup(
         "test": [
             "pytest>=8,<10",
             "pytest-timeout>=2.3,<3",
-            "pytest-xdist>=3.5,<4",  # the suite runs on ten workers (pytest.ini)
+            "pytest-xdist>=3.5,<4",  # the suite runs on ten workers (pytest.ini, tests/conftest.py)
             "hypothesis>=6.100,<7",
             "nostr-sdk==0.45.1",
         ],

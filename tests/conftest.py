@@ -31,6 +31,13 @@ settings.load_profile("gsync")
 _PEERS = {"relay_factory", "gsync_factory", "scripted", "seeded_relay"}
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (pytest.ini): ten workers for the whole suite, whose long scenarios mostly
+    wait on relays and timers; eight for a run that leaves them out (``-m 'not slow'``),
+    which mostly computes, so a worker more is only another start to pay for."""
+    return 8 if "not slow" in (config.option.markexpr or "") else 10
+
+
 def pytest_collection_modifyitems(items):
     """The long scenarios with real peers (``slow``) go first, the longest (``long``, 20 s or
     more, whatever they start) before them, so the workers start on them and the short tests
