@@ -94,7 +94,7 @@ class HistoricSync:
         self.held_for_delivery = False
 
     def start(self, state: RelayState, items: PendingItems, filters,
-                       kind: BatchKind = BatchKind.SYNC, coalesce=False, leaders=()) -> PendingBatch:
+              kind: BatchKind = BatchKind.SYNC, coalesce=False, leaders=()) -> PendingBatch:
         """A PendingBatch for ``filters``. Where the relay allows NIP-77 (full history only:
         a ``since`` catch-up is cheaper as a REQ), the own relay's holdings are read first
         and each filter gets the method that spends fewer paced starts on what it lacks
@@ -224,7 +224,7 @@ class HistoricSync:
         now = self.clock()
         if any(self.own_held.awaits(flt, now) for flt in filters):
             self.own_reads.await_read(OwnReadWaiter(state.url, state.session, batch.batch_id, token, filters,
-                                              [], batch.follower))
+                                                    [], batch.follower))
             return
         reads = [self.own_held.missing(flt, now) for flt in filters]  # None: all known
         known = reads.count(None)
@@ -237,7 +237,7 @@ class HistoricSync:
                                       [self.own_held.holdings(flt, now) for flt in filters]))
             return
         self.own_reads.queue(OwnReadWaiter(state.url, state.session, batch.batch_id, token, filters,
-                                          [read for read in reads if read is not None], batch.follower))
+                                           [read for read in reads if read is not None], batch.follower))
 
     def on_own_reads_landed(self, msg: OwnReadsLanded) -> None:
         """A merged read of the own relay landed (``own_reads``): each batch it answers

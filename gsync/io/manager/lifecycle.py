@@ -195,7 +195,7 @@ class RelayLifecycle:
             self.historic.disable_negentropy(state, "NIP-11 supported_nips does not list 77")
         elif state.nip77_resting(now):  # it says so and does not: not again before a day
             self.historic.disable_negentropy(state, "NIP-77 advertised and not served "
-                                    f"{round(now - state.nip77_failed_at)} s ago")
+                                             f"{round(now - state.nip77_failed_at)} s ago")
         move_status(state, Fact.HANDSHAKE_DONE)
         fresh = state.should_fresh_start(now)
         log.info("relay_connected", relay=msg.relay, fresh_start=fresh)

@@ -68,8 +68,8 @@ class LiveCoverage:
         return budget.needs_consolidation(state.current.data_live_subs(), baseline, adding=adding)
 
     def open_groups(self, state: RelayState, groups, slots: int | None = None,
-                         rebuilt_at: float | None = None, descendants: bool = False,
-                         fresh: int = 0) -> None:
+                    rebuilt_at: float | None = None, descendants: bool = False,
+                    fresh: int = 0) -> None:
         """Open live REQs while the relay's subscription and filter-size budgets allow;
         coverage that does not fit is polled instead (``run_polls``): the first ``fresh``
         groups are new coverage, polled apart from the rest while it is new. ``slots``:
@@ -98,12 +98,12 @@ class LiveCoverage:
                 self.poll_instead(state, group, fresh=is_fresh)
                 continue
             self.open(state, f"live-{next(self.ids)}", group, rebuilt_at=rebuilt_at,
-                           descendants=descendants, fresh=is_fresh)
+                      descendants=descendants, fresh=is_fresh)
             live_bytes += size
             slots -= 1
 
     def open(self, state: RelayState, sub_id: str, filters, control: bool = False,
-                  rebuilt_at: float | None = None, descendants: bool = False, fresh: bool = False) -> None:
+             rebuilt_at: float | None = None, descendants: bool = False, fresh: bool = False) -> None:
         """Register a live subscription and send it as soon as the gates allow."""
         state.current.live_subs[sub_id] = LiveSub(tuple(filters), control, rebuilt_at, descendants, fresh)
         state.current.live_queue.append(sub_id)
