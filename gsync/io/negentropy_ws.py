@@ -8,10 +8,10 @@ returns the ids each side lacks. Frames for other subscriptions are skipped, sin
 connection is shared.
 
 A relay that cannot do NIP-77 for us is a ``NegentropyFailed`` with a reason from a closed
-set (a metric label), never a hang: NEG-ERR or a CLOSED naming the exchange (``too-many-
-results`` when it refuses the filter for matching too many events: narrower ones are
-served), an answer in a protocol version we do not speak, a NOTICE before our first answer
-(in any words: public relays refuse NIP-77 that way) or about negentropy after it, a
+set (a metric label), never a hang: NEG-ERR or a CLOSED naming the exchange
+(``too-many-results`` when it refuses the filter for matching too many events: narrower ones
+are served), an answer in a protocol version we do not speak, a NOTICE before our first
+answer (in any words: public relays refuse NIP-77 that way) or about negentropy after it, a
 malformed message, no conclusion before the total deadline, or more ids we lack than one
 exchange may report (constants.NEGENTROPY_MAX_NEED_IDS: a relay streaming fresh ids every
 round must not fill our memory until the deadline). Errors raised by ``send``/``receive``
