@@ -1,4 +1,5 @@
-"""gsync itself, run as operators run it: ``bin/gsync run --config FILE`` in a subprocess.
+"""gsync itself, run as operators run it: ``bin/gsync run --config FILE``, in a process of
+its own (forked from a warm one, ``tests/forks.py``).
 
 Tests judge it from the outside: what lands on the own relay, what its metrics and
 ``/status`` say, what it logs (JSON lines, kept in a file for the test to read).
@@ -14,9 +15,8 @@ import tempfile
 import urllib.request
 
 from . import forks
+from .forks import ROOT
 from .relays import free_port, wait_until
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # gsync under test paces its background starts this far apart instead of SPEC §5's 1 s, so
 # the suite waits on relays rather than on the gate. Tests about pacing set

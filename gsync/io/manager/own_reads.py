@@ -79,7 +79,7 @@ class OwnReads:
     def read_queued(self) -> None:
         """One read of every value the queued batches lack (those still waiting)."""
         waiters, self.queued = self.queued, []
-        waiters = [w for w in waiters if self.waiting_batch(w) is not None]
+        waiters = [w for w in waiters if self.waiting(w) is not None]
         if not waiters:
             return
         reads = merged_reads([r for w in waiters for r in w.reads], filter_plan.tag_value_budget())
@@ -105,11 +105,12 @@ class OwnReads:
         that read lands (``land``'s ``ask_again``), instead of reading them twice."""
         self.awaited.append(waiter)
 
-    def waiting_batch(self, w: OwnReadWaiter):
-        """``w``'s batch, while it still waits for this answer (else None)."""
+    def waiting(self, w: OwnReadWaiter):
+        """``w``'s relay state and batch, while the batch still waits for this answer (else
+        None)."""
         state = self.relays.in_session(w.relay, w.session)
         batch = state and state.current.pending.get(w.batch_id)
-        return batch if batch is not None and w.token in batch.outstanding_subs else None
+        return (state, batch) if batch is not None and w.token in batch.outstanding_subs else None
 
     def land(self, msg: OwnReadsLanded, answer, ask_again) -> None:
         """The session learns the read (unless an outage came since it began); every batch
@@ -140,9 +141,9 @@ class OwnReads:
             answer(OwnHoldingsRead(w.relay, w.session, w.batch_id, w.token, w.filters, holdings, msg.reason))
         awaited, self.awaited = self.awaited, []
         for w in awaited:
-            batch = self.waiting_batch(w)
-            if batch is not None:
-                ask_again(self.relays.in_session(w.relay, w.session), batch, w.token, w.filters)
+            found = self.waiting(w)
+            if found is not None:
+                ask_again(*found, w.token, w.filters)
         if self.queued:
             self.read_queued()
 
