@@ -173,6 +173,11 @@ FOLLOWER_REQ_MAX_FETCHED = 0
 # the claims share the fetches out (as after a wait that ran out).
 LEADER_MAX_QUEUED = 5
 QUICK_RECONNECT_SECS = 15 * 60
+# Events a layer-2 exchange found missing join the batch's thread exchanges not started yet
+# (``sync.threads_ahead``): a root among them stored within this many seconds needs no round
+# of its own; at most this many such ids per relay session (most are not roots).
+THREADS_AHEAD_SECS = 600.0
+THREADS_AHEAD_MAX = 2_000
 DAILY_MIN_SECS = 23 * 3600
 DAILY_MAX_SECS = 25 * 3600
 

@@ -1,4 +1,5 @@
 """Negentropy-first historic sync against real relays: move only what the own relay lacks."""
+import json
 import time
 
 import pytest
@@ -155,6 +156,43 @@ def test_what_nip77_finds_missing_of_a_repository_other_relays_list_is_fetched_b
     assert by_filter == [], f"fetched by the filter's pages: {by_filter}"
     twice = [e.id for e in issues[1:] if all(relay.sent_count(e.id) for relay in relays)]
     assert not twice, f"{len(twice)} issues came from both relays"
+
+
+def test_roots_found_missing_bring_their_threads_in_the_same_round(relay_factory, gsync_factory, scripted):
+    """The own relay holds a repository's issues and their replies, but not one issue, of
+    whose two replies it holds one. The repository's #a exchange finds that issue missing;
+    its thread joins the batch's thread exchanges still queued (#e, #E and #q of the
+    issues it holds), with what the own relay holds of it read: the held reply is never
+    sent again, the other arrives with the issue in one fetch by id, and once the own
+    relay stores the issue nothing asks for its thread again. (Under the production gate:
+    a start a second, so the #a exchange has answered before the thread exchanges start.)"""
+    from .scripted_relay import Nip77Serve
+
+    own = relay_factory()
+    remote = scripted(negentropy=Nip77Serve(), page_size=500)
+    repo = our_announcement(own, [remote], d="ahead")
+    known = [f.issue(bob, repo, subject=f"known {i}") for i in range(3)]
+    answered = [f.comment(alice, bug) for bug in known]
+    new = f.issue(bob, repo, subject="new")
+    held_reply = f.comment(alice, new, content="held already")
+    missing_reply = f.comment(alice, new, content="missing")
+    remote.add(repo, *known, *answered, new, held_reply, missing_reply)
+    publish(own.url, [repo, *known, *answered, held_reply])
+    gsync = gsync_factory(own, [remote], extra={"sync": {"background_start_interval_ms": "500"}})
+    assert_arrives(own, [new, missing_reply], timeout=60, what="the new issue and its reply")
+    wait_until(lambda: _synced(gsync), timeout=60, what="historic sync complete")
+    assert remote.sent_count(held_reply.id) == 0, "the reply the own relay held was sent again"
+    assert remote.sent_count(missing_reply.id) == 1
+    # Its thread was asked once, shape by shape, and never in a start of its own: in the
+    # known issues' exchanges, or (#q, which the own relay held nothing of: REQ pages) in
+    # the batch's REQ with its other filters.
+    exchanged = [m[2] for m in remote.messages("NEG-OPEN") if new.id in json.dumps(m[2])]
+    paged = [(flt, filters) for _, filters in remote.reqs() for flt in filters
+             if new.id in json.dumps(flt) and "ids" not in flt and flt.get("limit") != 0]
+    shapes = [name for flt in exchanged + [flt for flt, _ in paged] for name in flt if name.startswith("#")]
+    assert sorted(shapes) == ["#E", "#e", "#q"], (exchanged, paged)
+    assert all(any(bug.id in json.dumps(flt) for bug in known) for flt in exchanged)
+    assert all(len(filters) > 1 for _, filters in paged)
 
 
 def test_identical_holdings_reads_at_about_the_same_time_are_shared():

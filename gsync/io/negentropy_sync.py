@@ -188,18 +188,24 @@ def _read_each(own_url: str, reads, fresh: bool, busy) -> tuple[list | None, str
 
 def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batch_id: int,
                      token: str, deadline_secs: float = NEGENTROPY_DEADLINE_SECS,
-                     held=None, frame_size_limit: int = FRAME_SIZE_LIMIT, busy=None,
-                     started=None) -> None:
-    """``held``: the own relay's (created_at, id) for ``flt``, if already known; ``busy``:
-    the own relay is slow to answer deliveries (``give_way``); ``started``: a list the
-    monotonic time its turn came is appended to (the manager's deadline)."""
-    if held is None:
+                     held=None, read_also: Filter | None = None, frame_size_limit: int = FRAME_SIZE_LIMIT,
+                     busy=None, started=None) -> None:
+    """``held``: the own relay's (created_at, id) for ``flt``, if already known, but for
+    ``read_also`` (part of ``flt``), read here; ``busy``: the own relay is slow to answer
+    deliveries (``give_way``); ``started``: a list the monotonic time its turn came is
+    appended to (the manager's deadline)."""
+    if held is None or read_also is not None:
         give_way(busy)
     with _running:
         if started is not None:
             started.append(time.monotonic())
         try:
-            items = _holdings.get(own_url, flt) if held is None else held
+            if held is None:
+                items = _holdings.get(own_url, flt)
+            elif read_also is not None:
+                items = _with(held, _holdings.get(own_url, read_also))
+            else:
+                items = held
         except Exception as exc:
             outcome = NegentropyOutcome(False, reason=f"own relay query failed: {type(exc).__name__}",
                                         own_relay_failed=True)
@@ -210,6 +216,12 @@ def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batc
                                frame_size_limit=frame_size_limit, storage=shared)
             outcome.held, outcome.beyond = len(items), len(extra)
     post(NegentropyFinished(conn.relay, conn.session, batch_id, token, flt, outcome))
+
+
+def _with(held, read) -> list:
+    """``held`` and what was ``read`` besides, each id once."""
+    ids = {event_id for _, event_id in held}
+    return list(held) + [item for item in read if item[1] not in ids]
 
 
 def exchange(conn, sub_id: str, flt: Filter, items, deadline_secs: float,

@@ -110,6 +110,21 @@ def descendant_filters(ids, since=None, budget=MAX_TAG_VALUE_BYTES_PER_FILTER) -
     return _tag_filters(ids, EVENT_TAGS, since, budget)
 
 
+def asks_by_repo(f: Filter) -> bool:
+    """Layer 2's shape: one of ``REPO_TAGS`` over repository addresses, nothing more."""
+    return _one_tag_only(f, REPO_TAGS) and all(":" in v for v in f.tags[0][1])
+
+
+def asks_by_root(f: Filter) -> bool:
+    """Layer 3's shape: one of ``EVENT_TAGS`` over event ids, nothing more."""
+    return _one_tag_only(f, EVENT_TAGS) and all(":" not in v for v in f.tags[0][1])
+
+
+def _one_tag_only(f: Filter, names) -> bool:
+    return (len(f.tags) == 1 and f.tags[0][0] in names and f.tags[0][1]
+            and (f.ids, f.authors, f.kinds, f.since, f.until, f.limit) == (None,) * 6)
+
+
 def build_sync_level_aware_filters(
     repos: Mapping[str, SyncLevel],
     root_events: Iterable[str] = (),

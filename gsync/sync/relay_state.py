@@ -9,11 +9,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..constants import IDS_UNSERVED_RETRY_SECS, NIP77_RETRY_SECS, QUICK_RECONNECT_SECS
+from ..constants import (
+    IDS_UNSERVED_RETRY_SECS,
+    NIP77_RETRY_SECS,
+    QUICK_RECONNECT_SECS,
+    THREADS_AHEAD_MAX,
+    THREADS_AHEAD_SECS,
+)
 from .pending import BatchKind, PendingBatch
 from .policy import CoveragePauses
 from .status import ConnectionStatus
 from .targets import ConfirmedItems
+from .threads_ahead import ThreadsAhead
 
 
 @dataclass
@@ -108,6 +115,8 @@ class RelaySession:
     # direct members of threads seen from this relay whose descendants' coverage this
     # session has open (their replies are fetched too); the next one reopens them
     members: set = field(default_factory=set)
+    # ids whose threads this session's exchanges reconciled before they were known roots
+    threads_ahead: ThreadsAhead = field(default_factory=lambda: ThreadsAhead(THREADS_AHEAD_SECS, THREADS_AHEAD_MAX))
     poll_batch: int | None = None  # the poll in flight (one at a time)
     consolidated_at: float | None = None  # this session's last consolidation
     consolidation_due: bool = False  # one was skipped for being too soon after the last

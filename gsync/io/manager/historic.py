@@ -367,9 +367,7 @@ class HistoricSync:
                 merged = filter_plan.merge_tag_values(state.current.historic_queue[i][1][0], flt, budget)
                 if merged is not None:
                     state.current.historic_queue[i] = (token, [merged])
-                    union = {event_id: (at, event_id) for at, event_id in waiting.own_holdings.get(token, [])}
-                    union.update((event_id, (at, event_id)) for at, event_id in held)
-                    waiting.own_holdings[token] = list(union.values())
+                    waiting.own_holdings[token] = union_of_holdings(waiting.own_holdings.get(token, []), held)
                     break
             else:
                 self.queue_negentropy(state, waiting, flt, held)
@@ -587,13 +585,16 @@ class HistoricSync:
         batch_id = state.current.sub_to_batch[token]
         batch = state.current.pending.get(batch_id)
         held = batch.own_holdings.pop(token, None) if batch is not None else None
+        also = batch.read_also.pop(token, None) if batch is not None else None
         if held is None:
-            held = self.own_held.holdings(flt, self.clock())  # None: the exchange reads it
+            held, also = self.own_held.holdings(flt, self.clock()), None  # None: the exchange reads it
+        elif also is not None and (known := self.own_held.holdings(also, self.clock())) is not None:
+            held, also = union_of_holdings(held, known), None
         started: list = []
         greenlet = self.effects.spawn(
             negentropy_sync.reconcile_filter,
             state.current.conn, self.own_relay, flt, self.have_beyond_holdings(flt),
-            self.post, batch_id=batch_id, token=token, held=held,
+            self.post, batch_id=batch_id, token=token, held=held, read_also=also,
             frame_size_limit=negentropy_sync.frame_size_limit(filter_plan.req_length_limit(state.current.limits)),
             busy=self.delivery.answering_slowly,
             started=started,
@@ -809,6 +810,8 @@ class HistoricSync:
             for tier in batch.poll_tiers:
                 tier.cursor = batch.poll_started_at
         state.confirmed.add(batch.items)
+        if batch.failed:
+            state.current.threads_ahead.drop_batch(batch.batch_id)
         if batch.kind is BatchKind.LAYER1:
             state.announcements_synced = True
         if batch.failed:
@@ -882,6 +885,7 @@ class HistoricSync:
         log.debug("negentropy_done", relay=state.url, batch_id=batch.batch_id, need=len(need),
                   advertised=len(result.need_ids), have=len(result.have_ids),
                   rounds=result.rounds, held=result.held)
+        self.cover_threads_ahead(state, batch, flt, result.need_ids)
         # By the filter's pages where it lacks most of what the relay advertised
         # (not a one-second filter: its REQ pages are what could not complete it). Its
         # pages would bring again what is held, in flight, refused, or fetched elsewhere;
@@ -915,6 +919,70 @@ class HistoricSync:
                 self.remember_nip77_unserved(state, result.reason)
             self.disable_negentropy(state, result.reason)
         self.queue_reqs(state, batch, [flt], front=True)
+
+    def cover_threads_ahead(self, state: RelayState, batch: PendingBatch, flt: Filter, found) -> None:
+        """``found``: what a layer-2 exchange (``flt``) found the own relay lacks. Roots
+        among it would each take a round of their own once fetched and stored: exchanges of
+        their threads (``#e``, ``#E``, ``#q``), then a fetch by id of what those find. So
+        the ids join this batch's thread filters that have not started, if each shape the
+        relay takes has a place (``thread_places``; else nothing changes: roots take their
+        round). They are covered live from now (an exchange sees up to its start, the root
+        is known later) and noted (``RelaySession.threads_ahead``): a root the own relay
+        stores then confirms with this batch (``LifecycleSide.recompute``). Most ids are
+        not roots: they cost their bytes in the filters, and their threads' live coverage
+        for ``THREADS_AHEAD_SECS``."""
+        if batch.kind is not BatchKind.SYNC or not found or not filter_plan.asks_by_repo(flt):
+            return
+        session, now = state.current, self.clock()
+        ids = set(found) - batch.items.root_events
+        if not ids or len(ids) > session.threads_ahead.room(now):
+            return
+        items = PendingItems(root_events=ids)
+        wanted = sync_filters(state, items, None)  # a thread filter of each shape the relay takes
+        if not wanted or len(wanted) != len({f.tags[0][0] for f in wanted}):
+            return  # more than one filter of a shape: too many ids to join
+        places = self.thread_places(state, batch, wanted)
+        if places is None:
+            return
+        joins, by_req = places
+        for i, token, merged, part in joins:
+            session.historic_queue[i] = (token, [merged])
+            earlier = batch.read_also.get(token)
+            batch.read_also[token] = part if earlier is None else filter_plan.merge_tag_values(earlier, part, 1 << 62)
+        if by_req:
+            self.queue_reqs(state, batch, by_req)  # shares a queued REQ (``thread_places``)
+        session.threads_ahead.note(ids, now, batch.batch_id)
+        self.live.subscribe(state, filter_plan.live(wanted), items)
+        log.debug("threads_ahead", relay=state.url, batch_id=batch.batch_id, ids=len(ids),
+                  exchanges=[token for _, token, _, _ in joins], by_req=len(by_req))
+
+    def thread_places(self, state: RelayState, batch: PendingBatch, wanted):
+        """Where each of ``wanted`` (new values' thread filters, one of each shape) joins
+        the batch without a start more: an exchange of its shape not started, with room for
+        the values (what the own relay holds of them is read when it starts:
+        ``PendingBatch.read_also``); else a REQ of the batch not started, with a filter's
+        room (its pages bring the values' threads). (exchanges as (queue index, token,
+        merged filter, part), REQ filters), or None where one has no place."""
+        session = state.current
+        budget = filter_plan.tag_value_budget(session.limits) // 2  # as merge_into_waiting_negentropy
+        queued = [(i, token, group[0]) for i, (token, group) in enumerate(session.historic_queue)
+                  if token in batch.outstanding_subs and is_negentropy_token(token)
+                  and filter_plan.asks_by_root(group[0])]
+        joins, by_req = [], []
+        for part in wanted:
+            join = next(((i, token, merged) for i, token, waiting in queued
+                         if (merged := filter_plan.merge_tag_values(waiting, part, budget)) is not None), None)
+            if join is None:
+                by_req.append(part)
+            else:
+                joins.append((*join, part))
+        if by_req:
+            reqs = [group for sub_id, group in session.historic_queue
+                    if session.sub_to_batch.get(sub_id) == batch.batch_id and not is_negentropy_token(sub_id)
+                    and batch.may_share(sub_id)]
+            if len(by_req) > len(reqs) * filter_plan.filters_per_req(session.limits) - sum(map(len, reqs)):
+                return None
+        return joins, by_req
 
     def fetch_what_the_exchanges_found(self, state: RelayState, batch: PendingBatch) -> None:
         # The batch's last exchange: fetch everything it found at once, in as few REQs
@@ -972,6 +1040,7 @@ class HistoricSync:
             if batch is not None:
                 batch.finish_subscription(token)
                 batch.own_holdings.pop(token, None)
+                batch.read_also.pop(token, None)
                 self.queue_reqs(state, batch, group)
 
     def run_recovery(self, now: float) -> None:
@@ -1033,3 +1102,10 @@ def share_queued_reqs(state: RelayState, batch: PendingBatch) -> None:
         else:
             kept.append((sub_id, group))
     state.current.historic_queue = kept
+
+
+def union_of_holdings(a, b) -> list:
+    """Two holdings lists ((created_at, id) pairs) as one, each id once."""
+    union = {event_id: (at, event_id) for at, event_id in a}
+    union.update((event_id, (at, event_id)) for at, event_id in b)
+    return list(union.values())

@@ -345,7 +345,24 @@ class RelayLifecycle:
         pending = {state.url: [b.items for b in state.current.pending.values()]}
         confirmed = {state.url: state.confirmed}
         for action in compute_actions(targets, pending, confirmed, {state.url}):
-            self.start_sync(state, action.items, since=since)
+            items = action.items
+            if since is None:
+                self.take_threads_ahead(state, items)
+            if items:
+                self.start_sync(state, items, since=since)
+
+    def take_threads_ahead(self, state: RelayState, items: PendingItems) -> None:
+        """New roots of ``items`` whose threads a batch of this session reconciled before
+        they were known (``HistoricSync.cover_threads_ahead``; live coverage opened then):
+        no sync of their own, they confirm with that batch (or are confirmed, that batch
+        done). They leave ``items``."""
+        taken = state.current.threads_ahead.take(items.root_events, self.clock())
+        for root, batch_id in taken.items():
+            batch = state.current.pending.get(batch_id)
+            (batch.items if batch is not None else state.confirmed).root_events.add(root)
+        if taken:
+            items.root_events -= taken.keys()
+            log.debug("threads_ahead_taken", relay=state.url, roots=len(taken))
 
     def subscribe_layer1(self, state: RelayState, since: int | None) -> None:
         live = filter_plan.layer1_filter().replace(limit=0)

@@ -244,9 +244,12 @@ class LiveCoverage:
         return filter_plan.pack_into_reqs(filter_plan.live(sync_filters(state, items, None)), state.current.limits)
 
     def desired_items(self, state: RelayState) -> PendingItems:
+        """What the relay's live coverage covers: confirmed and pending items, and the ids
+        whose threads this session reconciled ahead (``HistoricSync.cover_threads_ahead``)."""
         items = state.confirmed.copy()
         for batch in state.current.pending.values():
             items.add(batch.items)
+        items.root_events |= state.current.threads_ahead.roots(self.clock())
         return items
 
     def baseline(self, state: RelayState, adding: PendingItems | None = None) -> int:

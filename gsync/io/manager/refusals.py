@@ -261,7 +261,8 @@ class Refusals:
 
     def wanted_live_filters(self, state: RelayState):
         """The live coverage the current index asks of this relay (policy pauses aside)."""
-        targets = derive_relay_targets(self.repos).get(state.url)
+        targets = derive_relay_targets(self.repos).get(state.url) or PendingItems()
+        targets.root_events |= state.current.threads_ahead.roots(self.clock())  # not roots yet
         wanted = filter_plan.live(sync_filters(state, targets, None, allowed_only=False)) if targets else []
         if state.current.members:
             wanted += filter_plan.live(member_filters(state, state.current.members, allowed_only=False))

@@ -1,0 +1,160 @@
+"""Roots a layer-2 exchange finds missing have their threads reconciled in the same batch
+(``HistoricSync.cover_threads_ahead``), and need no round of their own once stored.
+
+The record itself (``sync.threads_ahead``) is pure; the decisions are tested in process
+(tests/manager_harness.py): what the manager queues, sends and confirms. The outcome end to
+end, on real relays, is in tests/test_negentropy_sync.py
+(``test_roots_found_missing_bring_their_threads_in_the_same_round``)."""
+import json
+
+from gsync.io.inbox import NegentropyFinished
+from gsync.io.negentropy_sync import NegentropyOutcome
+from gsync.sync import filter_plan
+from gsync.sync.threads_ahead import ThreadsAhead
+
+from .factory import Author, announcement, comment, issue
+from .manager_harness import ManagerHarness
+
+A = "wss://a.example"
+HELD = (1_700_000_000, "ab" * 32)  # the own relay holds something of every filter: NIP-77
+
+
+# -- the record ------------------------------------------------------------------------------
+
+def test_an_id_is_taken_once_within_its_time_and_never_after():
+    ahead = ThreadsAhead(ttl=600, max_entries=10)
+    ahead.note(["r1", "c1"], now=100, batch_id=7)
+    ahead.note(["r2"], now=500, batch_id=8)
+    assert ahead.roots(now=650) == {"r1", "c1", "r2"}
+    assert ahead.take(["r1", "x"], now=650) == {"r1": 7}
+    assert ahead.take(["r1"], now=651) == {}  # once
+    assert ahead.take(["c1", "r2"], now=700) == {"r2": 8}  # c1 noted at 100: past its 600 s
+    assert len(ahead) == 0
+
+
+def test_it_holds_max_entries_at_most_and_a_failed_batch_takes_its_ids():
+    ahead = ThreadsAhead(ttl=600, max_entries=3)
+    ahead.note(["a", "b"], now=0, batch_id=1)
+    assert ahead.room(now=0) == 1
+    ahead.note(["c", "d"], now=1, batch_id=2)  # past the bound: the oldest goes
+    assert ahead.roots(now=2) == {"b", "c", "d"}
+    ahead.drop_batch(2)
+    assert ahead.roots(now=2) == {"b"} and ahead.room(now=2) == 2
+
+
+# -- the manager's decisions -----------------------------------------------------------------
+
+def exchanges(h):
+    return [g for g in h.effects.spawned if g.name == "reconcile_filter"]
+
+
+def finish(h, g, need=()):
+    """The exchange ``g`` ends: the relay has ``need`` the own relay lacks."""
+    h.effects.spawned.remove(g)
+    state = h.state(A)
+    h.feed(NegentropyFinished(A, state.session, g.kwargs["batch_id"], g.kwargs["token"], g.args[2],
+                              NegentropyOutcome(True, need_ids=list(need), rounds=1)))
+
+
+def asks(flt_json: dict, event_id: str) -> bool:
+    return any(event_id in flt_json.get(f"#{name}", ()) for name in "eEq")
+
+
+def world(h):
+    """A repository on A with one issue the own relay holds (so the batch has thread
+    filters), and holdings for every filter (so every filter goes by NIP-77)."""
+    owner = Author.named("owner")
+    repo = announcement(owner, "r", relays=[A])
+    known = issue(owner, repo)
+    h.own_relay_holds(repo, known)
+    h.connect(A)
+    h.answer_own_reads(held=lambda f: [HELD])
+    return repo, known
+
+
+def run_until_layer2_found(h, found):
+    """Exchanges start one a second; the first that asks by repository address finds
+    ``found`` missing, the others nothing, until that one has answered."""
+    for _ in range(20):
+        h.advance(1.1)
+        for g in exchanges(h):
+            if filter_plan.asks_by_repo(g.args[2]) and g.args[2].tags[0][0] == "a":
+                finish(h, g, [e.id for e in found])
+                return
+            finish(h, g)
+    raise AssertionError("no #a exchange started")
+
+
+def test_a_root_found_missing_joins_the_thread_exchanges_and_needs_no_round_of_its_own(tmp_path):
+    h = ManagerHarness(tmp_path)
+    repo, known = world(h)
+    new_root = issue(Author.named("reporter"), repo, subject="found by #a")
+    reply = comment(Author.named("reporter"), new_root)  # on the relay; not asked by #a
+    run_until_layer2_found(h, [new_root])
+
+    # Its thread is covered live at once (an exchange sees up to its start only) ...
+    live = [r for r in h.reqs(A) if all(f.get("limit") == 0 for f in r[2:]) and any(asks(f, new_root.id) for f in r[2:])]
+    assert {name for r in live for f in r[2:] for name in f if name.startswith("#")} == {"#e", "#E", "#q"}
+    # ... and reconciled with the known root's thread, in the exchanges already queued: one
+    # of each shape, what the own relay holds of the new value read when it starts.
+    joined = []
+    for _ in range(20):
+        h.advance(1.1)
+        for g in exchanges(h):
+            flt = json.loads(g.args[2].to_json())
+            if asks(flt, new_root.id):
+                assert asks(flt, known.id)
+                assert g.kwargs["read_also"] is not None and new_root.id in g.kwargs["read_also"].to_json()
+                joined.append(g.args[2].tags[0][0])
+            finish(h, g, [reply.id] if asks(flt, new_root.id) and flt.get("#E") else ())
+        if not h.state(A).current.historic_queue and not exchanges(h):
+            break
+    assert sorted(joined) == ["E", "e", "q"]
+    # One fetch by id for everything the batch's exchanges found: the root and its reply.
+    fetches = [r for r in h.historic_reqs(A) if "ids" in r[2]]
+    assert len(fetches) == 1 and set(fetches[0][2]["ids"]) == {new_root.id, reply.id}
+
+    # The own relay stores the new root: no exchange, no REQ asks for its thread again.
+    h.relay_sends(A, fetches[0][1], new_root, reply)
+    h.relay_says(A, ["EOSE", fetches[0][1]])
+    started, sent = len(h.effects.spawned), len(h.reqs(A))
+    h.own_relay_holds(new_root)
+    h.answer_own_reads(held=lambda f: [HELD])
+    h.advance(5)
+    assert not [g for g in h.effects.spawned[started:] if g.name == "reconcile_filter"]
+    assert not [r for r in h.reqs(A)[sent:] if any(asks(f, new_root.id) for f in r[2:])]
+    state = h.state(A)
+    assert new_root.id in state.confirmed.root_events or any(
+        new_root.id in b.items.root_events for b in state.current.pending.values())
+
+
+def test_without_room_in_a_queued_thread_exchange_the_new_root_takes_its_own_round(tmp_path):
+    """The counterpart: the thread exchanges all started before the #a exchange answered
+    (nothing to join), so the root, once stored, gets its thread reconciled then."""
+    h = ManagerHarness(tmp_path)
+    repo, known = world(h)
+    new_root = issue(Author.named("reporter"), repo, subject="found late")
+    held_back = None
+    for _ in range(30):  # every exchange starts; the #a one answers last
+        h.advance(1.1)
+        for g in exchanges(h):
+            if filter_plan.asks_by_repo(g.args[2]) and g.args[2].tags[0][0] == "a":
+                held_back = g
+                continue
+            finish(h, g)
+        if not h.state(A).current.historic_queue:
+            break
+    assert held_back is not None and not h.state(A).current.historic_queue
+    finish(h, held_back, [new_root.id])
+    h.advance(2)
+    fetch = next(r for r in h.historic_reqs(A) if "ids" in r[2])
+    h.relay_sends(A, fetch[1], new_root)
+    h.relay_says(A, ["EOSE", fetch[1]])
+    assert not h.state(A).current.threads_ahead.roots(h.clock.now)
+    started = len(h.effects.spawned)
+    h.own_relay_holds(new_root)
+    h.answer_own_reads(held=lambda f: [HELD])
+    h.advance(5)
+    later = [g for g in h.effects.spawned[started:] if g.name == "reconcile_filter"]
+    later_reqs = [r for r in h.historic_reqs(A) if any(asks(f, new_root.id) for f in r[2:])]
+    assert later or later_reqs, "the new root's thread was never asked"
