@@ -158,3 +158,26 @@ def test_without_room_in_a_queued_thread_exchange_the_new_root_takes_its_own_rou
     later = [g for g in h.effects.spawned[started:] if g.name == "reconcile_filter"]
     later_reqs = [r for r in h.historic_reqs(A) if any(asks(f, new_root.id) for f in r[2:])]
     assert later or later_reqs, "the new root's thread was never asked"
+
+
+def test_their_live_coverage_outlives_a_consolidation_until_it_expires(tmp_path):
+    """A consolidation rebuilds every live subscription from what the relay is asked for:
+    the ids noted ahead stay covered (a root among them may be stored any moment), for
+    THREADS_AHEAD_SECS, after which the next one leaves them out."""
+    from gsync import constants
+
+    h = ManagerHarness(tmp_path)
+    repo, _known = world(h)
+    new_root = issue(Author.named("reporter"), repo, subject="covered live")
+    run_until_layer2_found(h, [new_root])
+    state = h.state(A)
+
+    def live_asks() -> bool:
+        return any(asks(f, new_root.id) for sub in state.current.live_subs.values() for f in (
+            json.loads(flt.to_json()) for flt in sub.filters))
+
+    h.manager.live.consolidate(state)
+    assert live_asks()
+    h.advance(constants.THREADS_AHEAD_SECS)
+    h.manager.live.consolidate(state)
+    assert not live_asks()

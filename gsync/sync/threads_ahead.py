@@ -8,7 +8,7 @@ find. Instead, the ids join the batch's thread exchanges that have not started y
 (``HistoricSync.cover_threads_ahead``), with live coverage of their threads opened at once,
 and are noted here. A root among them that the own relay stores later is covered already:
 its thread's history by that batch's exchanges, what comes after by the live coverage
-(``LifecycleSide.recompute`` takes it from here instead of starting a sync).
+(``RelayLifecycle.take_threads_ahead`` takes it from here instead of starting a sync).
 
 Most of the ids are not roots (comments, statuses, patches in a series): each entry lives
 ``ttl`` seconds at most (well inside the 15 minutes every catch-up overlaps) and the record

@@ -928,9 +928,9 @@ class HistoricSync:
         relay takes has a place (``thread_places``; else nothing changes: roots take their
         round). They are covered live from now (an exchange sees up to its start, the root
         is known later) and noted (``RelaySession.threads_ahead``): a root the own relay
-        stores then confirms with this batch (``LifecycleSide.recompute``). Most ids are
-        not roots: they cost their bytes in the filters, and their threads' live coverage
-        for ``THREADS_AHEAD_SECS``."""
+        stores then confirms with this batch (``RelayLifecycle.take_threads_ahead``). Most
+        ids are not roots: they cost their bytes in the filters, and their threads' live
+        coverage for ``THREADS_AHEAD_SECS``."""
         if batch.kind is not BatchKind.SYNC or not found or not filter_plan.asks_by_repo(flt):
             return
         session, now = state.current, self.clock()
