@@ -9,11 +9,12 @@ import json
 
 from gsync.io.inbox import NegentropyFinished
 from gsync.io.negentropy_sync import NegentropyOutcome
+from gsync.protocol.filters import Filter
 from gsync.sync import filter_plan
 from gsync.sync.threads_ahead import ThreadsAhead
 
 from .factory import Author, announcement, comment, issue
-from .manager_harness import ManagerHarness
+from .manager_harness import ManagerHarness, held_items
 
 A = "wss://a.example"
 HELD = (1_700_000_000, "ab" * 32)  # the own relay holds something of every filter: NIP-77
@@ -49,11 +50,14 @@ def exchanges(h):
 
 
 def finish(h, g, need=()):
-    """The exchange ``g`` ends: the relay has ``need`` the own relay lacks."""
+    """The exchange ``g`` ends: the relay has ``need`` the own relay lacks (and the own
+    relay held nothing of the part of its filter it was to read)."""
     h.effects.spawned.remove(g)
     state = h.state(A)
-    h.feed(NegentropyFinished(A, state.session, g.kwargs["batch_id"], g.kwargs["token"], g.args[2],
-                              NegentropyOutcome(True, need_ids=list(need), rounds=1)))
+    outcome = NegentropyOutcome(True, need_ids=list(need), rounds=1)
+    if g.kwargs.get("read_also") is not None:
+        outcome.read_also = (g.kwargs["read_also"], held_items(g.kwargs["read_also"], (), set()))
+    h.feed(NegentropyFinished(A, state.session, g.kwargs["batch_id"], g.kwargs["token"], g.args[2], outcome))
 
 
 def asks(flt_json: dict, event_id: str) -> bool:
@@ -110,6 +114,9 @@ def test_a_root_found_missing_joins_the_thread_exchanges_and_needs_no_round_of_i
         if not h.state(A).current.historic_queue and not exchanges(h):
             break
     assert sorted(joined) == ["E", "e", "q"]
+    # What those exchanges read of the own relay for the new value is kept: not read again.
+    thread = Filter.make(tags={"e": [new_root.id]})
+    assert h.manager.own_held.missing(thread, h.clock.now) is None
     # One fetch by id for everything the batch's exchanges found: the root and its reply.
     fetches = [r for r in h.historic_reqs(A) if "ids" in r[2]]
     assert len(fetches) == 1 and set(fetches[0][2]["ids"]) == {new_root.id, reply.id}

@@ -62,6 +62,9 @@ class NegentropyOutcome:
     failure: str = ""  # NegentropyFailed.reason (e.g. "too-many-results"); "" otherwise
     own_relay_failed: bool = False
     held: int = 0  # events of the filter the own relay holds
+    # (``read_also``, what the own relay returned for it: ``HeldItems``) when the exchange
+    # read that part of its filter: the manager keeps it (``OwnHeld.learn``)
+    read_also: tuple | None = None
     beyond: int = 0  # events the have-set claimed besides: in flight to the own relay, refused
 
 
@@ -200,10 +203,12 @@ def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batc
         if started is not None:
             started.append(time.monotonic())
         try:
+            read = None
             if held is None:
                 items = _holdings.get(own_url, flt)
             elif read_also is not None:
-                items = _with(held, _holdings.get(own_url, read_also))
+                read = _holdings.get(own_url, read_also)
+                items = _with(held, read)
             else:
                 items = held
         except Exception as exc:
@@ -215,6 +220,8 @@ def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batc
             outcome = exchange(conn, token, flt, items + extra if extra else items, deadline_secs,
                                frame_size_limit=frame_size_limit, storage=shared)
             outcome.held, outcome.beyond = len(items), len(extra)
+            if read is not None:
+                outcome.read_also = (read_also, read)
     post(NegentropyFinished(conn.relay, conn.session, batch_id, token, flt, outcome))
 
 

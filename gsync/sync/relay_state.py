@@ -78,6 +78,7 @@ class RunningExchange:
     filter: Any
     queued_at: float
     started: list = field(default_factory=list)
+    epoch: int = 0  # ``OwnHeld.forgotten`` when it was started: what it read is kept if unchanged
 
     def overdue(self, now: float, deadline: float, grace: float, queue_secs: float) -> bool:
         """Past the manager's deadline, whatever its greenlet is doing."""

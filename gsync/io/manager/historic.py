@@ -599,7 +599,8 @@ class HistoricSync:
             busy=self.delivery.answering_slowly,
             started=started,
         )
-        state.current.neg_running[token] = RunningExchange(greenlet, batch_id, flt, self.effects.monotonic(), started)
+        state.current.neg_running[token] = RunningExchange(greenlet, batch_id, flt, self.effects.monotonic(), started,
+                                                           epoch=self.own_held.forgotten)
         relay, session = state.url, state.session
 
         def died(g) -> None:  # its answer will never come: this is it
@@ -848,8 +849,12 @@ class HistoricSync:
         state = self.relays.in_session(msg.relay, msg.session)
         if state is None:
             return
-        if state.current.neg_running.pop(msg.token, None) is None:
+        run = state.current.neg_running.pop(msg.token, None)
+        if run is None:
             return  # answered already (the manager's deadline, or its greenlet's death)
+        if msg.result.read_also is not None and run.epoch == self.own_held.forgotten:
+            part, read = msg.result.read_also  # new values' holdings: other relays' exchanges use them
+            self.own_held.learn(part, getattr(read, "entries", read), self.clock())
         batch = state.current.pending.get(msg.batch_id)
         state.current.sub_to_batch.pop(msg.token, None)
         result = msg.result
