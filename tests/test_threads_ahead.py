@@ -188,3 +188,28 @@ def test_their_live_coverage_outlives_a_consolidation_until_it_expires(tmp_path)
     h.advance(constants.THREADS_AHEAD_SECS)
     h.manager.live.consolidate(state)
     assert not live_asks()
+
+
+def test_what_an_exchange_read_before_an_own_relay_outage_is_not_kept(tmp_path):
+    """The own relay went down while a merged exchange read the new values' holdings: it
+    may have come back with less (a relay in memory: nothing), so that read is not kept and
+    the values are read again when next asked."""
+    from gsync.io.inbox import OwnRelayState
+
+    h = ManagerHarness(tmp_path)
+    repo, _known = world(h)
+    new_root = issue(Author.named("reporter"), repo, subject="read across an outage")
+    run_until_layer2_found(h, [new_root])
+    merged = None
+    for _ in range(20):
+        h.advance(1.1)
+        merged = next((g for g in exchanges(h) if g.kwargs.get("read_also") is not None), None)
+        if merged is not None:
+            break
+        for g in exchanges(h):
+            finish(h, g)
+    assert merged is not None
+    h.feed(OwnRelayState(False, h.clock.now))
+    h.feed(OwnRelayState(True, h.clock.now + 1))
+    finish(h, merged)
+    assert h.manager.own_held.missing(merged.kwargs["read_also"], h.clock.now) is not None
