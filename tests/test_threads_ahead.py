@@ -135,29 +135,21 @@ def test_a_root_found_missing_joins_the_thread_exchanges_and_needs_no_round_of_i
         new_root.id in b.items.root_events for b in state.current.pending.values())
 
 
-def test_without_room_in_a_queued_thread_exchange_the_new_root_takes_its_own_round(tmp_path):
-    """The counterpart: the thread exchanges all started before the #a exchange answered
-    (nothing to join), so the root, once stored, gets its thread reconciled then."""
+def test_ids_too_many_to_join_leave_the_new_root_its_own_round(tmp_path):
+    """The counterpart: the #a exchange finds more ids missing than one thread filter of
+    each shape can take (600 and the new root: more than a filter's tag budget), so none
+    joins, and the root, once stored, gets its thread reconciled then."""
     h = ManagerHarness(tmp_path)
     repo, known = world(h)
-    new_root = issue(Author.named("reporter"), repo, subject="found late")
-    held_back = None
-    for _ in range(30):  # every exchange starts; the #a one answers last
+    new_root = issue(Author.named("reporter"), repo, subject="found among many")
+    many = [type("Found", (), {"id": f"{n:064x}"})() for n in range(600)]
+    run_until_layer2_found(h, [new_root, *many])
+    assert not h.state(A).current.threads_ahead.roots(h.clock.now)
+    for _ in range(10):
         h.advance(1.1)
         for g in exchanges(h):
-            if filter_plan.asks_by_repo(g.args[2]) and g.args[2].tags[0][0] == "a":
-                held_back = g
-                continue
+            assert new_root.id not in g.args[2].to_json()
             finish(h, g)
-        if not h.state(A).current.historic_queue:
-            break
-    assert held_back is not None and not h.state(A).current.historic_queue
-    finish(h, held_back, [new_root.id])
-    h.advance(2)
-    fetch = next(r for r in h.historic_reqs(A) if "ids" in r[2])
-    h.relay_sends(A, fetch[1], new_root)
-    h.relay_says(A, ["EOSE", fetch[1]])
-    assert not h.state(A).current.threads_ahead.roots(h.clock.now)
     started = len(h.effects.spawned)
     h.own_relay_holds(new_root)
     h.answer_own_reads(held=lambda f: [HELD])
@@ -165,6 +157,28 @@ def test_without_room_in_a_queued_thread_exchange_the_new_root_takes_its_own_rou
     later = [g for g in h.effects.spawned[started:] if g.name == "reconcile_filter"]
     later_reqs = [r for r in h.historic_reqs(A) if any(asks(f, new_root.id) for f in r[2:])]
     assert later or later_reqs, "the new root's thread was never asked"
+
+
+def test_a_batchs_thread_exchanges_wait_for_its_layer2_exchanges(tmp_path):
+    """Gate off: the batch's thread exchanges do not start while its #a exchange runs
+    (what it finds missing may be roots whose threads join them), then all go."""
+    h = ManagerHarness(tmp_path, background_start_interval_ms=0)
+    repo, known = world(h)
+    layer2 = 0
+    for _ in range(10):  # the others answer, the layer-2 ones once all have started
+        h.advance(0.1)
+        assert not any(filter_plan.asks_by_root(g.args[2]) for g in exchanges(h))
+        for g in exchanges(h):
+            if not filter_plan.asks_by_repo(g.args[2]):
+                finish(h, g)
+        layer2 = sum(filter_plan.asks_by_repo(g.args[2]) for g in exchanges(h))
+        if layer2 == 3:  # #a, #A, #q
+            break
+    assert layer2 == 3
+    for g in exchanges(h):
+        finish(h, g)
+    h.advance(0.1)
+    assert sum(filter_plan.asks_by_root(g.args[2]) for g in exchanges(h)) == 3
 
 
 def test_their_live_coverage_outlives_a_consolidation_until_it_expires(tmp_path):

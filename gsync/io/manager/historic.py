@@ -457,6 +457,11 @@ class HistoricSync:
             if wait > 0:
                 self.live.wake_pump_in(state, wait)
                 return
+            first = self.first_startable(state)
+            if first is None:
+                return  # thread exchanges waiting for their batch's layer-2 ones: those pump
+            if first:
+                state.current.historic_queue.insert(0, state.current.historic_queue.pop(first))
             sub_id, group = state.current.historic_queue[0]
             if sub_id not in state.current.sub_to_batch:
                 state.current.historic_queue.pop(0)
@@ -474,6 +479,26 @@ class HistoricSync:
                 batch.started = True  # a later AddFilters now queues beside it, not re-packing it
             self.send_historic_start(state, batch, sub_id, group, now)
             open_historic += 1
+
+    @staticmethod
+    def first_startable(state: RelayState) -> int | None:
+        """Where the first queued start that may go now is: the first, unless it is a thread
+        exchange (``#e``/``#E``/``#q`` of roots) of a batch whose layer-2 exchanges have
+        not all answered; what those find missing may be roots, whose threads then join it
+        (``cover_threads_ahead``) instead of taking a round of their own. They end by their
+        deadline, and pump again when they do. None: all that is queued waits so."""
+        queue, session = state.current.historic_queue, state.current
+        layer2 = None  # batches with a layer-2 exchange queued or running
+        for i, (sub_id, group) in enumerate(queue):
+            if not (is_negentropy_token(sub_id) and filter_plan.asks_by_root(group[0])):
+                return i
+            if layer2 is None:
+                layer2 = {run.batch_id for run in session.neg_running.values() if filter_plan.asks_by_repo(run.filter)}
+                layer2.update(session.sub_to_batch.get(token) for token, g in queue
+                              if is_negentropy_token(token) and filter_plan.asks_by_repo(g[0]))
+            if session.sub_to_batch.get(sub_id) not in layer2:
+                return i
+        return None
 
     def catch_up(self, state: RelayState, items: PendingItems, since: int) -> None:
         """Historic only, confirming nothing: what ``items``' live subscriptions (still open,
