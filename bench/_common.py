@@ -332,10 +332,11 @@ class _WsFrames:
         return (int.from_bytes(payload, "big") ^ int.from_bytes(key, "big")).to_bytes(n, "big")
 
 
-def up_by_kind(before: dict, after: dict) -> dict[str, int]:
-    """Bytes up by ``up_kind`` between two ``Proxy.stats()`` readings of one listener."""
-    was = before.get("up_by", {})
-    return {k: v - was.get(k, 0) for k, v in after.get("up_by", {}).items() if v - was.get(k, 0)}
+def up_by_kind(before: dict, after: dict, key: str = "up_by") -> dict[str, int]:
+    """Bytes up by ``up_kind`` (``key="down_by"``: down by ``down_kind``) between two
+    ``Proxy.stats()`` readings of one listener."""
+    was = before.get(key, {})
+    return {k: v - was.get(k, 0) for k, v in after.get(key, {}).items() if v - was.get(k, 0)}
 
 
 def up_kind(payload: bytes) -> str:
@@ -354,17 +355,27 @@ def up_kind(payload: bytes) -> str:
     return "live" if live else "req"
 
 
-class _UpCounter:
-    """Bytes up by ``up_kind``, into ``counter["up_by"]`` (frames on the wire, headers and
-    masks included; the HTTP upgrade is in neither)."""
+def down_kind(payload: bytes) -> str:
+    """What a relay frame spends bytes down on: ``event`` (EVENT), ``nip77`` (NEG-MSG,
+    NEG-ERR), ``other`` (EOSE, CLOSED, OK, NOTICE, AUTH)."""
+    if payload.startswith(b'["EVENT"'):
+        return "event"
+    return "nip77" if payload.startswith(b'["NEG-') else "other"
 
-    def __init__(self, counter: dict):
-        self.frames = _WsFrames("up")
-        self.by = counter.setdefault("up_by", {})
+
+class _UpCounter:
+    """Bytes up by ``up_kind`` into ``counter["up_by"]``, or down by ``down_kind`` into
+    ``counter["down_by"]`` (frames on the wire, headers and masks included; the HTTP
+    upgrade, and connections that are no websocket (NIP-11), are in none)."""
+
+    def __init__(self, counter: dict, direction: str = "up"):
+        self.frames = _WsFrames(direction)
+        self.classify = up_kind if direction == "up" else down_kind
+        self.by = counter.setdefault(f"{direction}_by", {})
 
     def feed(self, data: bytes) -> None:
         for payload, size in self.frames.feed(data):
-            kind = "other" if payload is None else up_kind(self.frames.unmask(payload))
+            kind = "other" if payload is None else self.classify(self.frames.unmask(payload))
             self.by[kind] = self.by.get(kind, 0) + size
 
 
@@ -443,7 +454,8 @@ async def _proxy_main(target_port: int, listeners: int, trace_path: str | None =
             await asyncio.gather(
                 pump(client_reader, relay_writer, counters[index], "up", up,
                      _UpCounter(counters[index])),
-                pump(relay_reader, client_writer, counters[index], "down", down),
+                pump(relay_reader, client_writer, counters[index], "down", down,
+                     _UpCounter(counters[index], "down")),
             )
             if down is not None and down.events:
                 trace.write(json.dumps({"t": round(time.monotonic(), 3), "conn": conn,
