@@ -56,7 +56,7 @@ def finish(h, g, need=()):
     state = h.state(A)
     outcome = NegentropyOutcome(True, need_ids=list(need), rounds=1)
     if g.kwargs.get("read_also") is not None:
-        outcome.read_also = (g.kwargs["read_also"], held_items(g.kwargs["read_also"], (), set()))
+        outcome.read_also = (g.kwargs["read_also"], held_items(g.kwargs["read_also"], (), set()).entries)
     h.feed(NegentropyFinished(A, state.session, g.kwargs["batch_id"], g.kwargs["token"], g.args[2], outcome))
 
 

@@ -62,8 +62,8 @@ class NegentropyOutcome:
     failure: str = ""  # NegentropyFailed.reason (e.g. "too-many-results"); "" otherwise
     own_relay_failed: bool = False
     held: int = 0  # events of the filter the own relay holds
-    # (``read_also``, what the own relay returned for it: ``HeldItems``) when the exchange
-    # read that part of its filter: the manager keeps it (``OwnHeld.learn``)
+    # (``read_also``, what the own relay returned for it as ``HeldItems.entries``) when the
+    # exchange read that part of its filter: the manager keeps it (``OwnHeld.learn``)
     read_also: tuple | None = None
     beyond: int = 0  # events the have-set claimed besides: in flight to the own relay, refused
 
@@ -221,7 +221,7 @@ def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batc
                                frame_size_limit=frame_size_limit, storage=shared)
             outcome.held, outcome.beyond = len(items), len(extra)
             if read is not None:
-                outcome.read_also = (read_also, read)
+                outcome.read_also = (read_also, read.entries)
     post(NegentropyFinished(conn.relay, conn.session, batch_id, token, flt, outcome))
 
 

@@ -878,8 +878,8 @@ class HistoricSync:
         if run is None:
             return  # answered already (the manager's deadline, or its greenlet's death)
         if msg.result.read_also is not None and run.epoch == self.own_held.forgotten:
-            part, read = msg.result.read_also  # new values' holdings: other relays' exchanges use them
-            self.own_held.learn(part, getattr(read, "entries", read), self.clock())
+            part, entries = msg.result.read_also  # new values' holdings: other relays' exchanges use them
+            self.own_held.learn(part, entries, self.clock())
         batch = state.current.pending.get(msg.batch_id)
         state.current.sub_to_batch.pop(msg.token, None)
         result = msg.result
