@@ -158,15 +158,16 @@ def test_what_nip77_finds_missing_of_a_repository_other_relays_list_is_fetched_b
     assert not twice, f"{len(twice)} issues came from both relays"
 
 
-@pytest.mark.slow  # the production gate: about eight paced starts a second apart
-def test_roots_found_missing_bring_their_threads_in_the_same_round(relay_factory, gsync_factory, scripted):
+# The production gate (slow: about eight paced starts a second apart), and none: every start
+# may go at once, and the thread exchanges wait for the #a exchange's answer all the same.
+@pytest.mark.parametrize("gate_ms", [pytest.param("1000", marks=pytest.mark.slow), "0"])
+def test_roots_found_missing_bring_their_threads_in_the_same_round(relay_factory, gsync_factory, scripted, gate_ms):
     """The own relay holds a repository's issues and their replies, but not one issue, of
     whose two replies it holds one. The repository's #a exchange finds that issue missing;
     its thread joins the batch's thread exchanges still queued (#e, #E and #q of the
     issues it holds), with what the own relay holds of it read: the held reply is never
     sent again, the other arrives with the issue in one fetch by id, and once the own
-    relay stores the issue nothing asks for its thread again. (Under the production gate,
-    a start a second: the #a exchange has answered before the thread exchanges start.)"""
+    relay stores the issue nothing asks for its thread again."""
     from .scripted_relay import Nip77Serve
 
     own = relay_factory()
@@ -179,7 +180,7 @@ def test_roots_found_missing_bring_their_threads_in_the_same_round(relay_factory
     missing_reply = f.comment(alice, new, content="missing")
     remote.add(repo, *known, *answered, new, held_reply, missing_reply)
     publish(own.url, [repo, *known, *answered, held_reply])
-    gsync = gsync_factory(own, [remote], extra={"sync": {"background_start_interval_ms": "1000"}})
+    gsync = gsync_factory(own, [remote], extra={"sync": {"background_start_interval_ms": gate_ms}})
     assert_arrives(own, [new, missing_reply], timeout=60, what="the new issue and its reply")
     wait_until(lambda: _synced(gsync), timeout=60, what="historic sync complete")
     assert remote.sent_count(held_reply.id) == 0, "the reply the own relay held was sent again"

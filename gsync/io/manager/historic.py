@@ -482,15 +482,16 @@ class HistoricSync:
 
     @staticmethod
     def first_startable(state: RelayState) -> int | None:
-        """Where the first queued start that may go now is: the first, unless it is a thread
-        exchange (``#e``/``#E``/``#q`` of roots) of a batch whose layer-2 exchanges have
-        not all answered; what those find missing may be roots, whose threads then join it
-        (``cover_threads_ahead``) instead of taking a round of their own. They end by their
-        deadline, and pump again when they do. None: all that is queued waits so."""
+        """Where the first queued start that may go now is: the first, unless it asks for
+        threads (``#e``/``#E``/``#q`` of roots: an exchange, or a REQ with such a filter) for a
+        batch whose layer-2 exchanges have not all answered; what those find missing may be
+        roots, whose threads then join it (``cover_threads_ahead``) instead of taking a round
+        of their own. They end by their deadline, and pump again when they do. None: all
+        that is queued waits so."""
         queue, session = state.current.historic_queue, state.current
         layer2 = None  # batches with a layer-2 exchange queued or running
         for i, (sub_id, group) in enumerate(queue):
-            if not (is_negentropy_token(sub_id) and filter_plan.asks_by_root(group[0])):
+            if not any(map(filter_plan.asks_by_root, group)):
                 return i
             if layer2 is None:
                 layer2 = {run.batch_id for run in session.neg_running.values() if filter_plan.asks_by_repo(run.filter)}
