@@ -459,7 +459,7 @@ class HistoricSync:
                 return
             first = self.first_startable(state)
             if first is None:
-                return  # thread exchanges waiting for their batch's layer-2 ones: those pump
+                return  # thread starts waiting for their batch's layer-2 exchanges: those pump
             if first:
                 state.current.historic_queue.insert(0, state.current.historic_queue.pop(first))
             sub_id, group = state.current.historic_queue[0]
@@ -495,9 +495,9 @@ class HistoricSync:
                 return i
             if layer2 is None:
                 layer2 = {run.batch_id for run in session.neg_running.values() if filter_plan.asks_by_repo(run.filter)}
-                layer2.update(session.sub_to_batch.get(token) for token, g in queue
-                              if is_negentropy_token(token) and filter_plan.asks_by_repo(g[0]))
-            if session.sub_to_batch.get(sub_id) not in layer2:
+                layer2.update(session.sub_to_batch[token] for token, g in queue if token in session.sub_to_batch
+                              and is_negentropy_token(token) and filter_plan.asks_by_repo(g[0]))
+            if session.sub_to_batch.get(sub_id) not in layer2:  # a stale entry (None) goes: pump drops it
                 return i
         return None
 
