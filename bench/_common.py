@@ -332,9 +332,10 @@ class _WsFrames:
         return (int.from_bytes(payload, "big") ^ int.from_bytes(key, "big")).to_bytes(n, "big")
 
 
-def up_by_kind(before: dict, after: dict, key: str = "up_by") -> dict[str, int]:
-    """Bytes up by ``up_kind`` (``key="down_by"``: down by ``down_kind``) between two
+def bytes_by_kind(before: dict, after: dict, direction: str = "up") -> dict[str, int]:
+    """Bytes up by ``up_kind`` (``direction="down"``: down by ``down_kind``) between two
     ``Proxy.stats()`` readings of one listener."""
+    key = f"{direction}_by"
     was = before.get(key, {})
     return {k: v - was.get(k, 0) for k, v in after.get(key, {}).items() if v - was.get(k, 0)}
 
@@ -363,7 +364,7 @@ def down_kind(payload: bytes) -> str:
     return "nip77" if payload.startswith(b'["NEG-') else "other"
 
 
-class _UpCounter:
+class _KindCounter:
     """Bytes up by ``up_kind`` into ``counter["up_by"]``, or down by ``down_kind`` into
     ``counter["down_by"]`` (frames on the wire, headers and masks included; the HTTP
     upgrade, and connections that are no websocket (NIP-11), are in none)."""
@@ -453,9 +454,9 @@ async def _proxy_main(target_port: int, listeners: int, trace_path: str | None =
                 down = _FrameTracer(trace, conn, "down", t0)
             await asyncio.gather(
                 pump(client_reader, relay_writer, counters[index], "up", up,
-                     _UpCounter(counters[index])),
+                     _KindCounter(counters[index])),
                 pump(relay_reader, client_writer, counters[index], "down", down,
-                     _UpCounter(counters[index], "down")),
+                     _KindCounter(counters[index], "down")),
             )
             if down is not None and down.events:
                 trace.write(json.dumps({"t": round(time.monotonic(), 3), "conn": conn,
