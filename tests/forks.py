@@ -204,7 +204,6 @@ def _gsync_runner():
     patch_for_gevent()  # as bin/gsync does, before anything imports socket
     import coincurve  # noqa: F401 - what gsync imports, once, before the forks
     import prometheus_client  # noqa: F401
-    import requests  # noqa: F401
     import structlog  # noqa: F401
     import websocket  # noqa: F401
 
