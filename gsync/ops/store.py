@@ -391,5 +391,12 @@ class _transaction:
         return self.db
 
     def __exit__(self, kind, exc, tb):
-        self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+        if kind is None:
+            self.db.execute("COMMIT")
+        elif self.db.in_transaction:  # SQLite rolls back on its own after some errors (a full
+            # disk): a ROLLBACK then would fail, and hide the error that says what happened
+            try:
+                self.db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # the error being raised is the one to report
         return False

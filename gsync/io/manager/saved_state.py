@@ -38,9 +38,9 @@ class _Changes:
 class SavedState:
     def __init__(self, store: StateStore, now: float):
         self.store = store
-        # of this process's last write (a metric's age, which grows while saves fail): the
-        # store's at open, which proved state_dir writable
-        self.saved_at: float | None = store.saved_at
+        # of this process's last write (a metric's age, which grows while saves fail): at
+        # first the store's open, which proved state_dir writable
+        self.saved_at: float | None = now if store.saved_at is not None else None
         self.save_error: str | None = None  # why the saves fail, while they do (gsync status)
         self.last_save_try = now
         self._memories: dict[str, dict] = {}  # url → record, until that relay is registered
