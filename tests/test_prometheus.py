@@ -278,7 +278,7 @@ def test_every_dashboard_query_returns_data_from_prometheus_scraping_gsync(relay
     # The alert rules load and evaluate on the real server.
     groups = prometheus.api("rules")["groups"]
     rules = [r for g in groups for r in g["rules"]]
-    assert len(rules) == 9 and all(r["health"] == "ok" for r in rules), rules
+    assert len(rules) == 10 and all(r["health"] == "ok" for r in rules), rules
     assert prometheus.query("gsync_ready == 1") and prometheus.query("gsync_own_relay_up == 1")
     # Pending (its `for:` is an hour): the relay that refuses quotes, and only that.
     alerts = prometheus.api("alerts")["alerts"]
