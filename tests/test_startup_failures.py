@@ -25,6 +25,7 @@ import time
 
 import pytest
 
+from gsync.io.manager.saved_state import LEGACY_MIGRATED, SAVED_AT
 from gsync.ops import cli
 from gsync.ops.store import DB_NAME, StateStore
 from gsync.sync.rejected import RejectedIndex
@@ -70,7 +71,8 @@ def _seed(state_dir: str) -> None:
     for i in range(REFUSALS):
         index.add(f.issue(alice, f.repo_addr(alice, "proj"), content=f"n{i}"), now - i, RELAYS[0])
     puts, _ = index.take_changes()
-    store.save(now, rejected_puts=puts, relays={url: {"v": 1} for url in RELAYS})
+    store.save(now, rejected_puts=puts, relays={url: {"v": 1} for url in RELAYS},
+               meta={LEGACY_MIGRATED: "1", SAVED_AT: repr(now)})
     store.close()
 
 
