@@ -230,7 +230,7 @@ def test_a_disk_that_fills_while_running_shows_in_the_save_age_and_in_gsync_stat
                what="a failed save")
     wait_until(lambda: gsync.metric("gsync_state_save_age_seconds") > 2, timeout=10, what="the age growing")
     shown = _status_text(gsync)
-    assert "STATE NOT SAVED for 0 min" in shown and state_dir in shown, shown
+    assert "STATE NOT SAVED for " in shown and state_dir in shown, shown
     assert gsync.status()["state"]["save_error"]
 
     os.remove(filler)

@@ -208,7 +208,10 @@ def state_warning(status: dict) -> list[str]:
     if not state.get("save_error"):
         return []
     ago = state.get("saved_secs_ago")
-    since = f"for {ago // 60} min {ago % 60} s" if isinstance(ago, int) else "since the start"
+    if not isinstance(ago, int):
+        since = "since the start"
+    else:
+        since = f"for {ago // 60} min {ago % 60} s" if ago >= 60 else f"for {ago} s"
     return [f"STATE NOT SAVED {since}: {state.get('path', 'state_dir')}: {state['save_error']} "
             f"(free space or fix permissions there; the log has state_save_failed)"]
 
