@@ -77,9 +77,14 @@ class StateDiskFailing(StateRefused):
 
 
 # SQLite's primary result codes (``sqlite3.Error.sqlite_errorcode & 0xff``) that describe the
-# file's surroundings, not its content: such an error never moves the database aside.
-_SQLITE_UNWRITABLE = {3: "PERM", 8: "READONLY", 14: "CANTOPEN", 23: "AUTH"}
-_SQLITE_DISK = {5: "BUSY", 6: "LOCKED", 7: "NOMEM", 10: "IOERR", 13: "FULL", 22: "NOLFS"}
+# file's surroundings, not its content: such an error never moves the database aside. The
+# others (SQLITE_CORRUPT, SQLITE_NOTADB, a schema gsync cannot read) are the file's own.
+SQLITE_PERM, SQLITE_BUSY, SQLITE_LOCKED, SQLITE_NOMEM, SQLITE_READONLY = 3, 5, 6, 7, 8
+SQLITE_INTERRUPT, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN, SQLITE_PROTOCOL = 9, 10, 13, 14, 15
+SQLITE_NOLFS, SQLITE_AUTH = 22, 23
+_SQLITE_UNWRITABLE = (SQLITE_PERM, SQLITE_READONLY, SQLITE_CANTOPEN, SQLITE_AUTH)
+_SQLITE_HELD = (SQLITE_BUSY, SQLITE_LOCKED, SQLITE_PROTOCOL)
+_SQLITE_DISK = (SQLITE_NOMEM, SQLITE_INTERRUPT, SQLITE_IOERR, SQLITE_FULL, SQLITE_NOLFS)
 _ERRNO_UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 _ERRNO_FULL = (errno.ENOSPC, errno.EDQUOT)
 LOW_SPACE_BYTES = 1024 * 1024  # free space under which an I/O error is called a full disk
@@ -92,9 +97,9 @@ def environmental(exc: BaseException, state_dir: str, path: str) -> StateRefused
         code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
         if code in _SQLITE_UNWRITABLE:
             return _unwritable(path, str(exc))
-        if code == 13 or (code == 10 and _low_on_space(state_dir)):
+        if code == SQLITE_FULL or (code == SQLITE_IOERR and _low_on_space(state_dir)):
             return _full(state_dir, path, str(exc))
-        if code in (5, 6):
+        if code in _SQLITE_HELD:
             return StateDiskFailing(f"{path} is locked by another program ({exc}): stop it "
                                     f"(one gsync per state_dir, nothing else), then start gsync again")
         if code in _SQLITE_DISK:
@@ -168,7 +173,7 @@ class StateStore:
         try:
             os.makedirs(state_dir, exist_ok=True)
             store._lock()
-        except OSError as exc:  # not ours to fix by restarting: say so and stop
+        except OSError as exc:  # say what to do, and stop
             raise environmental(exc, state_dir, state_dir) from None
         try:
             store._open_db()
@@ -269,8 +274,8 @@ class StateStore:
             for suffix in ("", "-wal", "-shm"):
                 try:
                     os.remove(os.path.join(self.dir, prefix + stamp + suffix))
-                except FileNotFoundError:
-                    pass
+                except OSError:
+                    pass  # gone already, or not ours to remove: it costs only its space
 
     def reset(self, reason: str) -> None:
         """The database opened but its content is unreadable: aside, and start empty."""
