@@ -228,7 +228,7 @@ def test_a_disk_that_fills_while_running_shows_in_the_save_age_and_in_gsync_stat
 
     wait_until(lambda: "state_save_failed" in [e["event"] for e in gsync.log_events()], timeout=10,
                what="a failed save")
-    wait_until(lambda: gsync.metric("gsync_state_save_age_seconds") > 2, timeout=10, what="the age growing")
+    wait_until(lambda: gsync.metric("gsync_state_save_age_seconds") > 1, timeout=10, what="the age growing")
     shown = _status_text(gsync)
     assert "STATE NOT SAVED for " in shown and state_dir in shown, shown
     assert gsync.status()["state"]["save_error"]
