@@ -266,6 +266,11 @@ def test_one_file_serves_every_shard_with_its_own_state_and_metrics_port(tmp_pat
     assert "listen = 0.0.0.0:9464\n" in result.stdout and "shard = 1/2\n" in result.stdout
     result = run_cli("check-config", "--config", str(path), "--shard", "2-of-2")
     assert result.returncode == 2 and "0 <= i < N" in result.stderr
+    # the flag named, in the form the command line takes (not the INI's i/N)
+    assert result.stderr.startswith("command line: --shard 2-of-2: must be i-of-N "), result.stderr
+    assert "0-of-2 and 1-of-2" in result.stderr and "i/N" not in result.stderr
+    result = run_cli("check-config", "--config", str(path), "--shard", "half")
+    assert result.stderr.startswith("command line: --shard half: must be i-of-N, e.g. 0-of-2")
 
 
 def test_unknown_arguments_are_usage_errors():

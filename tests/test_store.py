@@ -1,19 +1,25 @@
 """state_dir: the database that survives restarts (ops.store), what is kept of each relay
 (sync.memory) and of the rejected index, and what happens to bad, foreign or shared state."""
+import errno
 import json
 import os
 import sqlite3
 
 import pytest
 
+from gsync.io.manager import saved_state
 from gsync.io.manager.saved_state import SavedState
 from gsync.ops.store import (
     DB_NAME,
+    KEEP_MOVED_ASIDE,
     SCHEMA_VERSION,
+    StateDiskFailing,
     StateLocked,
     StateRefused,
     StateStore,
     StateTooNew,
+    StateUnwritable,
+    environmental,
 )
 from gsync.protocol.filters import Filter
 from gsync.sync import memory
@@ -342,4 +348,152 @@ def test_a_failed_save_leaves_everything_it_held_to_the_next_save(tmp_path):
     assert back.confirmed.repos == {REPO: SyncLevel.FULL} and back.confirmed.root_events == {"r1"}
     assert back.paused.is_filter_paused(q) and back.max_filters_learned == 3
     assert back.reopen_members == {"m1"}
+    saved.close()
+
+
+# -- the disk and the permissions are not the database's fault (issue 39) ---------------------
+
+
+def _sqlite_error(connect, statement):
+    db = connect()
+    try:
+        with pytest.raises(sqlite3.Error) as raised:
+            db.execute(statement)
+    finally:
+        db.close()
+    return raised.value
+
+
+def test_only_a_bad_file_is_bad_the_disk_and_the_permissions_name_their_fix(tmp_path):
+    path = str(tmp_path / "x.db")
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE t (v BLOB)")
+    db.close()
+    read_only = _sqlite_error(lambda: sqlite3.connect(f"file:{path}?mode=ro", uri=True),
+                              "INSERT INTO t VALUES (1)")
+
+    def capped():  # a database that may not grow: SQLite's own SQLITE_FULL
+        db = sqlite3.connect(path)
+        db.execute("PRAGMA max_page_count = 2")
+        return db
+
+    full = _sqlite_error(capped, "INSERT INTO t VALUES (zeroblob(100000))")
+    (tmp_path / "junk.db").write_bytes(b"not a database " * 100)
+    junk = _sqlite_error(lambda: sqlite3.connect(tmp_path / "junk.db"), "SELECT * FROM t")
+    d = str(tmp_path)
+
+    assert isinstance(environmental(read_only, d, path), StateUnwritable)
+    assert "is full" in str(environmental(full, d, path))
+    assert isinstance(environmental(full, d, path), StateDiskFailing)
+    assert environmental(junk, d, path) is None  # only this one is moved aside
+    for code, kind, says in ((errno.EACCES, StateUnwritable, "writable by the user gsync runs as"),
+                             (errno.EROFS, StateUnwritable, "writable"),
+                             (errno.ENOSPC, StateDiskFailing, "free space there"),
+                             (errno.EIO, StateDiskFailing, "check the disk")):
+        refusal = environmental(OSError(code, os.strerror(code), path), d, path)
+        assert isinstance(refusal, kind) and says in str(refusal), refusal
+
+
+def test_a_full_disk_while_loading_stops_gsync_and_never_moves_the_database_aside(tmp_path):
+    saved = SavedState(_store(tmp_path), NOW)
+    rejected, _ = _refusals(5)
+    saved.save({}, RelayHealthTracker(), rejected, NOW, ready=False)
+    saved.close()
+    (tmp_path / "rejected.json").write_text(_refusals(200)[0].dumps())  # to migrate: a big write
+    log = _Log()
+    saved = SavedState(_store(tmp_path, log), NOW)
+    pages = saved.store.db.execute("PRAGMA page_count").fetchone()[0]
+    saved.store.db.execute(f"PRAGMA max_page_count = {pages}")  # the disk is full
+
+    with pytest.raises(StateDiskFailing, match="is full .*free space there"):
+        saved.load(NOW)
+    assert [event for event, _ in log.lines] == []  # nothing moved aside
+    assert not [n for n in os.listdir(tmp_path) if ".bad-" in n]
+    saved = SavedState(_store(tmp_path), NOW)  # space again: everything is there
+    assert len(saved.load(NOW)) == 5 + 200 and not saved.store.moved_aside  # saved, migrated
+    saved.close()
+
+
+def test_only_the_newest_three_moved_aside_databases_are_kept(tmp_path):
+    for stamp in ("20250101T000000", "20250102T000000", "20250103T000000", "20250104T000000"):
+        for suffix in ("", "-wal"):
+            (tmp_path / f"{DB_NAME}.bad-{stamp}{suffix}").write_bytes(b"old")
+    (tmp_path / DB_NAME).write_bytes(b"\xff not a database " * 100)
+    store = _store(tmp_path)
+    store.close()
+    kept = sorted(n for n in os.listdir(tmp_path) if ".bad-" in n and not n.endswith("-wal"))
+    assert len(kept) == KEEP_MOVED_ASIDE == 3
+    assert kept[:2] == [f"{DB_NAME}.bad-20250103T000000", f"{DB_NAME}.bad-20250104T000000"]
+    assert os.path.basename(store.moved_aside[0]) == kept[2]
+    assert sorted(n for n in os.listdir(tmp_path) if n.endswith("-wal")) == [
+        f"{DB_NAME}.bad-20250103T000000-wal", f"{DB_NAME}.bad-20250104T000000-wal"]
+
+
+def test_the_rejected_index_keeps_its_order_across_a_restart(tmp_path):
+    """Rows come back in id order; the next to go is still the oldest refusal, and the rows
+    the bound leaves out at load leave the database."""
+    events = [f.issue(carol, REPO, content=f"n{i}") for i in range(6)]
+    by_id = sorted(events, key=lambda e: e.id)
+    index = RejectedIndex(max_entries=6)
+    for i, event in enumerate(reversed(by_id)):  # the largest id refused first
+        index.add(event, NOW + i, URL)
+    saved = SavedState(_store(tmp_path), NOW)
+    saved.load(NOW)
+    saved.save({}, RelayHealthTracker(), index, NOW + 10, ready=False)
+    saved.close()
+
+    store = _store(tmp_path)
+    back, drop = RejectedIndex.from_rows(store.rejected_rows(), NOW + 20, max_entries=4)
+    store.close()
+    oldest_two = {by_id[-1].id, by_id[-2].id}
+    assert set(drop) == oldest_two and not oldest_two & {eid for _, eid in back.items()}
+    back.add(f.issue(carol, REPO, content="newest"), NOW + 20, URL)
+    assert by_id[-3].id not in back and by_id[0].id in back  # the oldest refusal made room
+
+
+def test_rows_evicted_at_load_leave_the_database(tmp_path, monkeypatch):
+    events = [f.issue(carol, REPO, content=f"n{i}") for i in range(6)]
+    index = RejectedIndex()
+    for i, event in enumerate(events):
+        index.add(event, NOW + i, URL)
+    saved = SavedState(_store(tmp_path), NOW)
+    saved.load(NOW)
+    saved.save({}, RelayHealthTracker(), index, NOW + 10, ready=False)
+    saved.close()
+    class FourAtMost(RejectedIndex):
+        def __init__(self, **kw):
+            super().__init__(**{"max_entries": 4, **kw})
+
+    monkeypatch.setattr(saved_state, "RejectedIndex", FourAtMost)
+
+    saved = SavedState(_store(tmp_path), NOW + 20)
+    assert {eid for _, eid in saved.load(NOW + 20).items()} == {e.id for e in events[2:]}
+    rows = {eid for eid, _ in saved.store.rejected_rows()}
+    assert rows == {e.id for e in events[2:]}  # the two oldest refusals are gone from disk too
+    saved.close()
+
+
+def test_stale_relay_rows_go_at_the_next_save_that_works(tmp_path):
+    saved = SavedState(_store(tmp_path), NOW)
+    rejected = saved.load(NOW)
+    state, _ = _learnt_relay()
+    other = RelayState("wss://gone.example.com")
+    health = RelayHealthTracker()
+    saved.save({URL: state, other.url: other}, health, rejected, NOW, ready=True)
+    saved.close()
+
+    saved = SavedState(_store(tmp_path, _Log()), NOW + 60)
+    rejected = saved.load(NOW + 60)
+    write = saved.store.save
+
+    def disk_full(*args, **kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    saved.store.save = disk_full
+    saved.save({}, health, rejected, NOW + 70, ready=True)  # neither was registered again: stale
+    assert saved.save_error == "database or disk is full" and saved.saved_at == NOW + 60  # its open
+    saved.store.save = write
+    saved.save({}, health, rejected, NOW + 80, ready=True)
+    assert saved.store.relay_memories() == {} and saved.store.confirmed_rows() == {}
+    assert saved.save_error is None and saved.saved_at == NOW + 80
     saved.close()

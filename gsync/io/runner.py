@@ -5,6 +5,7 @@ block: SIGTERM drains in-flight deliveries within the deadline, then stops.
 """
 from __future__ import annotations
 
+import errno
 import gc
 import signal
 import sys
@@ -24,26 +25,77 @@ GC_GEN0_THRESHOLD = 50_000  # Python's default is 700 allocations
 TRIM_SECS = 10.0  # how often freed heap memory is handed back to the system
 
 
+class StartFailed(Exception):
+    """gsync cannot start here: ``str()`` is the one line naming the cause and the fix,
+    ``code`` what it exits with (``ops.cli``)."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
 def start_metrics_server(listen, manager) -> None:
+    """Serve /metrics, /status and /healthz on ``listen``; raises ``StartFailed`` when the
+    address cannot be had."""
     if not listen:
         return
+    from ..ops.cli import EXIT_BAD_CONFIG, EXIT_METRICS_PORT_BUSY
     from ..ops.http import serve
 
-    serve(listen, manager)
+    host, port = listen
+    try:
+        serve(listen, manager)
+    except OSError as exc:
+        where = f"[metrics] listen {host}:{port}"
+        if exc.errno == errno.EADDRINUSE:
+            raise StartFailed(f"{where}: the port is in use by another process (another gsync, or "
+                              f"this one's previous run still stopping?): stop it, or give gsync "
+                              f"another port ([metrics] listen or --metrics-listen)",
+                              EXIT_METRICS_PORT_BUSY) from None
+        raise StartFailed(f"{where}: {exc.strerror or exc}: set [metrics] listen to an address of "
+                          f"this machine and a port gsync may bind (1024 or above), or leave it "
+                          f"empty for no endpoint", EXIT_BAD_CONFIG) from None
+
+
+def state_refused(exc) -> StartFailed:
+    """``ops.store.StateRefused`` as the exit code it calls for."""
+    from ..ops import cli
+    from ..ops.store import StateDiskFailing, StateUnwritable
+
+    code = (cli.EXIT_STATE_UNWRITABLE if isinstance(exc, StateUnwritable)
+            else cli.EXIT_STATE_DISK if isinstance(exc, StateDiskFailing) else cli.EXIT_STATE_REFUSED)
+    return StartFailed(str(exc), code)
 
 
 def run(config, *, drain_deadline: float = DRAIN_DEADLINE_SECS) -> int:
-    from ..ops.cli import EXIT_STATE_REFUSED
+    """Run until stopped (0); a failure at start is one line on stderr and its exit code."""
+    try:
+        manager = start(config)
+    except StartFailed as exc:
+        print(f"gsync: {exc}", file=sys.stderr)
+        return exc.code
+    return serve_until_stopped(config, manager, drain_deadline)
+
+
+def start(config) -> SyncManager:
+    """The manager (state_dir locked and read) and its endpoint; raises ``StartFailed``."""
     from ..ops.store import StateRefused
 
     try:
         manager = SyncManager(config, on_ready=lambda: sdnotify.notify("READY=1\nSTATUS=own relay subscribed"))
     except StateRefused as exc:
-        log.error("state_refused", reason=str(exc))
-        print(f"gsync: {exc}", file=sys.stderr)
-        return EXIT_STATE_REFUSED
+        raise state_refused(exc) from None
     metrics.BUILD_INFO.labels(build.version(), build.python_version()).set(1)
-    start_metrics_server(config.metrics.listen, manager)
+    try:
+        start_metrics_server(config.metrics.listen, manager)
+    except StartFailed:
+        manager.saved.close()  # the lock goes with it
+        raise
+    return manager
+
+
+def serve_until_stopped(config, manager: SyncManager, drain_deadline: float) -> int:
+    """Signals wired, the manager run until a signal's drain stops it; 0."""
 
     def drain():
         log.info("stopping", reason="SIGTERM", backlog=manager.delivery.backlog)

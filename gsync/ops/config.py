@@ -430,7 +430,10 @@ def as_shard(config: Config, text: str) -> Config:
     (``gsync run --shard``, the ``gsync@i-of-N`` template unit): shard i of N, its state in
     ``state_dir/i-of-N`` and its metrics on the configured port + i, so N instances beside
     one another share the file and nothing else. Raises ``ValueError`` for bad text."""
-    shard = Shard.parse(text)
+    try:
+        shard = Shard.parse(text, sep="-of-")
+    except ValueError as exc:
+        raise ValueError(f"--shard {text}: {exc}") from None
     listen = config.metrics.listen
     if listen is not None:
         if listen[1] + shard.index > 65535:

@@ -20,7 +20,8 @@ THREAD_MEMBERS = Gauge("gsync_thread_members",
 REJECTED_BYTES = Gauge("gsync_rejected_bytes", "Bytes the rejected index's entries stand for",
                        registry=REGISTRY)
 STATE_SAVE_AGE = Gauge("gsync_state_save_age_seconds",
-                       "Seconds since state_dir was last written (-1: not yet)", registry=REGISTRY)
+                       "Seconds since state_dir was last written; grows while saves fail "
+                       "(-1: not yet)", registry=REGISTRY)
 
 # -- the seed's names (SPEC §7) ----------------------------------------------------------
 RELAY_CONNECTED = Gauge(

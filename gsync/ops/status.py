@@ -182,7 +182,7 @@ def header(status: dict) -> str:
 
 
 def render(status: dict) -> str:
-    lines = [header(status), ""]
+    lines = [header(status), *state_warning(status), ""]
     relays = status.get("relays", [])
     if not relays:
         lines.append("no remote relays tracked yet")
@@ -200,6 +200,20 @@ def render(status: dict) -> str:
                 cells.append(row[i] if last else row[i].ljust(widths[i]))
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines) + "\n"
+
+
+def state_warning(status: dict) -> list[str]:
+    """One line while the state is not being saved (what a restart would lose grows)."""
+    state = status.get("state") or {}
+    if not state.get("save_error"):
+        return []
+    ago = state.get("saved_secs_ago")
+    if not isinstance(ago, int):
+        since = "since the start"
+    else:
+        since = f"for {ago // 60} min {ago % 60} s" if ago >= 60 else f"for {ago} s"
+    return [f"STATE NOT SAVED {since}: {state.get('path', 'state_dir')}: {state['save_error']} "
+            f"(free space or fix permissions there; the log has state_save_failed)"]
 
 
 if __name__ == "__main__":

@@ -12,11 +12,17 @@ never does; what is kept and how it is read back is decided in ``sync.memory`` a
 ``sync.rejected``, which this module only stores.
 
 Bad or foreign state never stops gsync (one log line, the file moved aside, a fresh start);
-two things do, each with one line and a non-zero exit: another instance holding the lock
-(``StateLocked``), and a database written by a newer gsync (``StateTooNew``).
+only a file SQLite calls malformed or not a database (or whose content gsync cannot read) is
+bad. What the state_dir's surroundings do wrong stops gsync at start, with one line naming
+the cause and the fix and a non-zero exit (``ops.cli`` has the codes), and never moves a
+healthy database aside: another instance holding the lock (``StateLocked``), a database
+written by a newer gsync (``StateTooNew``), a state_dir or database gsync may not write
+(``StateUnwritable``: permissions, a read-only file system), and a disk that is full or
+failing (``StateDiskFailing``: no space, an I/O error, the file locked by another program).
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -27,6 +33,9 @@ DB_NAME = "gsync.db"
 LOCK_NAME = "gsync.lock"
 WAL_SIZE_LIMIT = 16 * 1024 * 1024  # bytes of WAL file kept after a checkpoint
 LEGACY_REJECTED = "rejected.json"  # before the database: the cold tier, rewritten each minute
+KEEP_MOVED_ASIDE = 3  # the newest files moved aside kept per name: a start that fails each time
+# on a bad file cannot fill the disk with copies
+OPENED_AT = "opened_at"  # meta key written at open: proves the database takes writes
 
 # Index i brings a database at user_version i to i + 1.
 MIGRATIONS = (
@@ -55,6 +64,84 @@ class StateLocked(StateRefused):
 
 class StateTooNew(StateRefused):
     pass
+
+
+class StateUnwritable(StateRefused):
+    """state_dir or the database may not be written (permissions, a read-only file system):
+    an operator must change that; restarting cannot."""
+
+
+class StateDiskFailing(StateRefused):
+    """The disk under state_dir is full or failing (or another program holds the database):
+    it may pass, so a restart later may work."""
+
+
+# SQLite's primary result codes (``sqlite3.Error.sqlite_errorcode & 0xff``) that describe the
+# file's surroundings, not its content: such an error never moves the database aside. The
+# others (SQLITE_CORRUPT, SQLITE_NOTADB, a schema gsync cannot read) are the file's own.
+SQLITE_PERM, SQLITE_BUSY, SQLITE_LOCKED, SQLITE_NOMEM, SQLITE_READONLY = 3, 5, 6, 7, 8
+SQLITE_INTERRUPT, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN, SQLITE_PROTOCOL = 9, 10, 13, 14, 15
+SQLITE_NOLFS, SQLITE_AUTH = 22, 23
+_SQLITE_UNWRITABLE = (SQLITE_PERM, SQLITE_READONLY, SQLITE_CANTOPEN, SQLITE_AUTH)
+_SQLITE_HELD = (SQLITE_BUSY, SQLITE_LOCKED, SQLITE_PROTOCOL)
+_SQLITE_DISK = (SQLITE_NOMEM, SQLITE_INTERRUPT, SQLITE_IOERR, SQLITE_FULL, SQLITE_NOLFS)
+_ERRNO_UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+_ERRNO_FULL = (errno.ENOSPC, errno.EDQUOT)
+LOW_SPACE_BYTES = 1024 * 1024  # free space under which an I/O error is called a full disk
+
+
+def environmental(exc: BaseException, state_dir: str, path: str) -> StateRefused | None:
+    """``exc`` (an ``OSError`` or ``sqlite3.Error`` met using ``path`` in ``state_dir``) as the
+    refusal that names its cause and fix, or None when it says the file itself is bad."""
+    if isinstance(exc, sqlite3.Error):
+        code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+        if code in _SQLITE_UNWRITABLE:
+            return _unwritable(path, str(exc))
+        if code == SQLITE_FULL or (code == SQLITE_IOERR and _low_on_space(state_dir)):
+            return _full(state_dir, path, str(exc))
+        if code in _SQLITE_HELD:
+            return StateDiskFailing(f"{path} is locked by another program ({exc}): stop it "
+                                    f"(one gsync per state_dir, nothing else), then start gsync again")
+        if code in _SQLITE_DISK:
+            return _io_error(state_dir, path, str(exc))
+        return None
+    if isinstance(exc, OSError):
+        reason = exc.strerror or str(exc)
+        where = exc.filename or path
+        if exc.errno in _ERRNO_UNWRITABLE:
+            return _unwritable(where, reason)
+        if exc.errno in _ERRNO_FULL:
+            return _full(state_dir, where, reason)
+        if exc.errno == errno.EIO:
+            return _io_error(state_dir, where, reason)
+        return StateRefused(f"cannot use state_dir {state_dir}: {reason}")
+    return None
+
+
+def _unwritable(path: str, reason: str) -> StateUnwritable:
+    return StateUnwritable(
+        f"cannot write {path} ({reason}): make state_dir and everything in it writable by the "
+        f"user gsync runs as (a read-only mount, or files owned by another user?), or set "
+        f"[service] state_dir to a directory it may write")
+
+
+def _full(state_dir: str, path: str, reason: str) -> StateDiskFailing:
+    return StateDiskFailing(f"the disk under state_dir {state_dir} is full ({path}: {reason}): "
+                            f"free space there, then start gsync again; the database is kept")
+
+
+def _io_error(state_dir: str, path: str, reason: str) -> StateDiskFailing:
+    return StateDiskFailing(f"the disk under state_dir {state_dir} failed a read or write "
+                            f"({path}: {reason}): check the disk (dmesg, SMART), then start gsync "
+                            f"again; the database is kept")
+
+
+def _low_on_space(directory: str) -> bool:
+    try:
+        fs = os.statvfs(directory)
+    except OSError:
+        return False
+    return fs.f_bavail * fs.f_frsize < LOW_SPACE_BYTES
 
 
 class _Unreadable(Exception):
@@ -86,17 +173,27 @@ class StateStore:
         try:
             os.makedirs(state_dir, exist_ok=True)
             store._lock()
-        except OSError as exc:  # not ours to fix by restarting: say so and stop
-            raise StateRefused(f"cannot use state_dir {state_dir}: {exc.strerror or exc}") from None
+        except OSError as exc:  # say what to do, and stop
+            raise environmental(exc, state_dir, state_dir) from None
         try:
             store._open_db()
+            now = time.time()
+            store.save(now, meta={OPENED_AT: repr(now)})  # it takes writes: found now, not later
         except _Unreadable as exc:  # a fresh database cannot be made there either
             store.close()
             raise StateRefused(f"cannot create {store.path}: {exc}") from None
+        except (OSError, sqlite3.Error) as exc:
+            store.close()
+            raise store.refusal(exc) from None
         except BaseException:
             store.close()
             raise
         return store
+
+    def refusal(self, exc: BaseException) -> StateRefused:
+        """What an error met on the database says to do: never a reason to move it aside."""
+        return environmental(exc, self.dir, self.path) or StateRefused(
+            f"cannot use {self.path}: {type(exc).__name__}: {exc}")
 
     def _lock(self) -> None:
         path = os.path.join(self.dir, LOCK_NAME)
@@ -144,6 +241,8 @@ class StateStore:
         except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
             if db is not None:
                 db.close()
+            if environmental(exc, self.dir, self.path) is not None:
+                raise  # the disk or the permissions, not the file: open() says which
             raise _Unreadable(f"{type(exc).__name__}: {exc}") from None
         self.db = db
 
@@ -162,12 +261,29 @@ class StateStore:
         self.log.warning("state_moved_aside", path=os.path.join(self.dir, name), moved_to=target,
                          reason=reason[:300])
         self.moved_aside.append(target)
+        self._prune_moved_aside(name)
         return target
+
+    def _prune_moved_aside(self, name: str) -> None:
+        """Only the newest ``KEEP_MOVED_ASIDE`` of ``name.bad-*`` stay (their stamps sort
+        by time)."""
+        prefix = f"{name}.bad-"
+        stamps = sorted({entry[len(prefix):].split("-", 1)[0] for entry in os.listdir(self.dir)
+                         if entry.startswith(prefix)})
+        for stamp in stamps[:-KEEP_MOVED_ASIDE]:
+            for suffix in ("", "-wal", "-shm"):
+                try:
+                    os.remove(os.path.join(self.dir, prefix + stamp + suffix))
+                except OSError:
+                    pass  # gone already, or not ours to remove: it costs only its space
 
     def reset(self, reason: str) -> None:
         """The database opened but its content is unreadable: aside, and start empty."""
-        self.move_aside(DB_NAME, reason)
-        self._connect()
+        try:
+            self.move_aside(DB_NAME, reason)
+            self._connect()
+        except (OSError, sqlite3.Error) as exc:
+            raise self.refusal(exc) from None
 
     def close(self) -> None:
         if self.db is not None:
@@ -280,5 +396,12 @@ class _transaction:
         return self.db
 
     def __exit__(self, kind, exc, tb):
-        self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+        if kind is None:
+            self.db.execute("COMMIT")
+        elif self.db.in_transaction:  # SQLite rolls back on its own after some errors (a full
+            # disk): a ROLLBACK then would fail, and hide the error that says what happened
+            try:
+                self.db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # the error being raised is the one to report
         return False

@@ -250,10 +250,12 @@ class RejectedIndex:
 
     @classmethod
     def from_rows(cls, rows, now: float, **kw) -> tuple[RejectedIndex, list[str]]:
-        """The index saved as rows ``(id, row)``, and the ids of rows that were unreadable
-        or expired (to delete). A bad row costs that entry, never the rest."""
+        """The index saved as rows ``(id, row)``, and the ids of rows to delete: unreadable,
+        expired, or past the index's bounds. Entries go in by refusal time, as they were
+        added, so the next to make room is still the oldest refusal (rows come back in id
+        order). A bad row costs that entry, never the rest."""
         index = cls(**kw)
-        drop = []
+        drop, entries = [], []
         for eid, text in rows:
             try:
                 entry = _Cold.from_row(text)
@@ -261,12 +263,19 @@ class RejectedIndex:
                 drop.append(eid)
                 continue
             if isinstance(eid, str) and _HEX64.match(eid) and now - entry.rejected_at < index.cold_secs:
-                index._put(eid, entry)
+                entries.append((entry.rejected_at, eid, entry))
             else:
                 drop.append(eid)
+        index._put_in_refusal_order(entries)
+        drop += [eid for eid in index._changed if eid not in index._cold]  # made room for newer
         index._changed = set()
         index.dirty = False
         return index, drop
+
+    def _put_in_refusal_order(self, entries) -> None:
+        entries.sort(key=lambda item: (item[0], item[1]))
+        for _, eid, entry in entries:
+            self._put(eid, entry)
 
     def dumps(self) -> str:
         """Format 2: relay URLs once in a table, entries ``id: [created_at, rejected_at,
@@ -293,13 +302,15 @@ class RejectedIndex:
             items = cold.items()
         except (ValueError, KeyError, TypeError, AttributeError):
             return index
+        entries = []
         for eid, fields in items:
             try:
                 entry = _load_entry(fields, version, relays)
             except (ValueError, KeyError, TypeError, IndexError):
                 continue
             if isinstance(eid, str) and _HEX64.match(eid) and now - entry.rejected_at < index.cold_secs:
-                index._put(eid, entry)
+                entries.append((entry.rejected_at, eid, entry))
+        index._put_in_refusal_order(entries)
         index.dirty = False
         return index
 

@@ -69,14 +69,17 @@ class Shard:
     count: int = 1
 
     @classmethod
-    def parse(cls, text: str) -> Shard:
-        """``i/N`` or ``i-of-N`` with 0 <= i < N. Raises ``ValueError`` with the reason."""
+    def parse(cls, text: str, sep: str = "/") -> Shard:
+        """``i/N`` or ``i-of-N`` with 0 <= i < N. Raises ``ValueError`` with the reason,
+        which shows the form with ``sep`` (``-of-`` where the text came from ``--shard``)."""
+        form, first, second = f"i{sep}N", f"0{sep}2", f"1{sep}2"
         match = _SHARD_TEXT.match(text)
         if not match:
-            raise ValueError("must be i/N (or i-of-N), e.g. 0/2: this instance's index, the instance count")
+            raise ValueError(f"must be {form}, e.g. {first}: this instance's index, the instance count")
         i, n = int(match.group(1)), int(match.group(2))
         if n < 1 or not 0 <= i < n:
-            raise ValueError("must be i/N with N >= 1 and 0 <= i < N, e.g. 0/2 and 1/2 for two instances")
+            raise ValueError(f"must be {form} with N >= 1 and 0 <= i < N (counted from 0), e.g. "
+                             f"{first} and {second} for two instances")
         return cls(i, n)
 
     def owns(self, relay_url: str) -> bool:

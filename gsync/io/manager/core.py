@@ -350,6 +350,7 @@ class SyncManager:
             "repos": len(self.repos),
             "delivery_backlog": self.delivery.backlog,
             "rejected": len(self.rejected),
+            "state": self.state_status(now),
             "peaks": {"manager_queue": self.queue_peak, "handshakes": self.handshakes.peak,
                       "delivery_backlog": self.delivery_peak},
             "relays": [
@@ -369,6 +370,13 @@ class SyncManager:
                 for s in sorted(self.relays.values(), key=lambda s: s.url)
             ],
         }
+
+    def state_status(self, now: float) -> dict:
+        """state_dir: ``saved_secs_ago`` (its last write), ``save_error`` while saves fail."""
+        saved_at = self.saved.saved_at
+        return {"path": self.saved.store.path,
+                "saved_secs_ago": None if saved_at is None else round(max(0.0, now - saved_at)),
+                "save_error": self.saved.save_error}
 
     def parked_status(self, url: str, now: float) -> dict:
         """``parked`` (how it failed) and ``parked_secs`` (left) for a parked relay."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ... import constants
 from ...ops.logging import get_logger
-from ...ops.store import StateStore
+from ...ops.store import StateRefused, StateStore, environmental
 from ...sync import memory
 from ...sync.rejected import RejectedIndex
 from ...sync.targets import ConfirmedItems
@@ -38,7 +38,10 @@ class _Changes:
 class SavedState:
     def __init__(self, store: StateStore, now: float):
         self.store = store
-        self.saved_at: float | None = None  # of this process's last save (a metric's age)
+        # of this process's last write (a metric's age, which grows while saves fail): at
+        # first the store's open, which proved state_dir writable
+        self.saved_at: float | None = now if store.saved_at is not None else None
+        self.save_error: str | None = None  # why the saves fail, while they do (gsync status)
         self.last_save_try = now
         self._memories: dict[str, dict] = {}  # url → record, until that relay is registered
         self._confirmed: dict[str, list] = {}  # url → saved (item, level) rows, the same
@@ -52,20 +55,32 @@ class SavedState:
 
     @classmethod
     def open(cls, state_dir: str, now: float) -> SavedState:
-        """Lock and read ``state_dir``; raises ``ops.store.StateRefused`` (locked, newer)."""
+        """Lock and read ``state_dir``; raises ``ops.store.StateRefused`` (locked, newer,
+        not writable, the disk full or failing)."""
         return cls(StateStore.open(state_dir, log), now)
 
     # -- reading, once ----------------------------------------------------------------------
 
     def load(self, now: float) -> RejectedIndex:
         """Everything saved, kept until each relay is registered; the rejected index
-        returned. Unreadable content is a fresh start: aside, one line, empty."""
+        returned. Unreadable content is a fresh start: aside, one line, empty. The disk or
+        the permissions failing is not the content's fault: ``ops.store.StateRefused``, the
+        database kept."""
         try:
-            rejected = self._load(now)
-        except (sqlite3.Error, UnicodeDecodeError, ValueError, TypeError) as exc:
-            self.store.reset(f"{type(exc).__name__}: {exc}")
-            self._memories, self._confirmed, self._members, self._prior_saved_at = {}, {}, {}, None
-            rejected = self._load(now)
+            try:
+                rejected = self._load(now)
+            except (sqlite3.Error, UnicodeDecodeError, ValueError, TypeError) as exc:
+                if isinstance(exc, sqlite3.Error) and environmental(exc, self.store.dir, self.store.path):
+                    raise
+                self.store.reset(f"{type(exc).__name__}: {exc}")
+                self._memories, self._confirmed, self._members, self._prior_saved_at = {}, {}, {}, None
+                rejected = self._load(now)
+        except (sqlite3.Error, OSError) as exc:
+            self.store.close()
+            raise self.store.refusal(exc) from None
+        except StateRefused:
+            self.store.close()
+            raise
         log.info("state_loaded", path=self.store.path, relays=len(self._memories),
                  rejected=len(rejected), saved_at=self._prior_saved_at)
         return rejected
@@ -143,12 +158,12 @@ class SavedState:
         for state in relays.values():
             if not state.refused_reason:
                 self._collect(state, health, c)
-        forget = set(self._forget)
-        if ready and self._memories:
-            forget |= set(self._memories)
+        if ready and self._memories:  # their rows go, at this save or the next that works
+            self._forget |= set(self._memories)
             self._memories.clear()
             self._confirmed.clear()
             self._members.clear()
+        forget = set(self._forget)
         rejected_puts, rejected_deletes = rejected.take_changes()
         try:
             self.store.save(now, rejected_puts=rejected_puts, rejected_deletes=rejected_deletes,
@@ -156,13 +171,14 @@ class SavedState:
                             confirmed_deletes=c.deletes, member_puts=c.member_puts,
                             member_deletes=c.member_deletes, meta={SAVED_AT: repr(now)})
         except (sqlite3.Error, OSError) as exc:
-            log.warning("state_save_failed", path=self.store.path, reason=str(exc)[:300])
+            self.save_error = str(exc)[:300]
+            log.warning("state_save_failed", path=self.store.path, reason=self.save_error)
             rejected.keep_changes([i for i, _ in rejected_puts] + list(rejected_deletes))
             self._not_saved(c)
             return
         self._forget -= forget
         self._saved_records.update(c.records)
-        self.saved_at = now
+        self.saved_at, self.save_error = now, None
         if c.records or c.puts or c.deletes or rejected_puts or rejected_deletes or forget:
             log.debug("state_saved", relays=len(c.records), confirmed=sum(map(len, c.puts.values())),
                       unconfirmed=sum(map(len, c.deletes.values())), rejected=len(rejected_puts),
