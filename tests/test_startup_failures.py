@@ -27,7 +27,7 @@ import types
 import pytest
 
 from gsync.io.manager.saved_state import LEGACY_MIGRATED, SAVED_AT
-from gsync.ops import cli
+from gsync.ops import exits
 from gsync.ops.status import render
 from gsync.ops.store import DB_NAME, StateStore
 from gsync.sync.rejected import RejectedIndex
@@ -162,7 +162,7 @@ def test_a_full_disk_at_start_exits_5_in_one_line_and_keeps_the_database(disk):
     config = _config(tempfile.mkdtemp(prefix="gsync-conf-"), state_dir)
     filler = _fill(disk)
 
-    line = _one_line(_run(config), cli.EXIT_STATE_DISK, f"state_dir {state_dir} is full",
+    line = _one_line(_run(config), exits.EXIT_STATE_DISK, f"state_dir {state_dir} is full",
                      "free space there, then start gsync again")
     assert "Traceback" not in line
     os.remove(filler)  # the operator frees space
@@ -176,7 +176,7 @@ def test_a_read_only_state_dir_exits_4_in_one_line_and_keeps_the_database(disk):
     config = _config(tempfile.mkdtemp(prefix="gsync-conf-"), state_dir)
     subprocess.run(["mount", "-o", "remount,ro", disk], check=True)
 
-    _one_line(_run(config), cli.EXIT_STATE_UNWRITABLE, f"cannot write {state_dir}",
+    _one_line(_run(config), exits.EXIT_STATE_UNWRITABLE, f"cannot write {state_dir}",
               "Read-only file system", "writable by the user gsync runs as")
     subprocess.run(["mount", "-o", "remount,rw", disk], check=True)
     _intact(state_dir)
@@ -193,7 +193,7 @@ def test_a_read_only_database_in_a_writable_state_dir_exits_4_in_one_line(disk):
     subprocess.run(["mount", "--bind", db, db], check=True)
     try:
         subprocess.run(["mount", "-o", "remount,bind,ro", db], check=True)
-        _one_line(_run(config), cli.EXIT_STATE_UNWRITABLE, f"cannot write {db}",
+        _one_line(_run(config), exits.EXIT_STATE_UNWRITABLE, f"cannot write {db}",
                   "writable by the user gsync runs as")
     finally:
         subprocess.run(["umount", db], check=True)
@@ -210,7 +210,7 @@ def test_a_busy_metrics_port_exits_6_in_one_line_and_lets_the_state_dir_go(tmp_p
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         holder.bind(("127.0.0.1", port))
         holder.listen()
-        _one_line(_run(config), cli.EXIT_METRICS_PORT_BUSY, f"[metrics] listen 127.0.0.1:{port}",
+        _one_line(_run(config), exits.EXIT_METRICS_PORT_BUSY, f"[metrics] listen 127.0.0.1:{port}",
                   "in use by another process", "another port")
     _intact(state_dir)
     _starts_with_everything(config)  # the lock went with the failed start

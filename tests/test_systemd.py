@@ -91,12 +91,12 @@ def test_unit_keeps_what_gsync_relies_on():
     assert "Service.PrivateNetwork" not in d and "Service.IPAddressDeny" not in d
     # Restarting cannot fix a config error, a refused or an unwritable state_dir: the codes
     # gsync exits with. A full disk or a busy metrics port may pass: those are restarted.
-    from gsync.ops import cli
+    from gsync.ops import exits
 
     prevented = set(d["Service.RestartPreventExitStatus"][0].split())
-    assert prevented == {str(cli.EXIT_BAD_CONFIG), str(cli.EXIT_STATE_REFUSED), str(cli.EXIT_STATE_UNWRITABLE)}
-    assert prevented == {str(code) for code in cli.RESTART_PREVENTED}
-    assert not {str(cli.EXIT_STATE_DISK), str(cli.EXIT_METRICS_PORT_BUSY)} & prevented
+    assert prevented == {str(exits.EXIT_BAD_CONFIG), str(exits.EXIT_STATE_REFUSED), str(exits.EXIT_STATE_UNWRITABLE)}
+    assert prevented == {str(code) for code in exits.RESTART_PREVENTED}
+    assert not {str(exits.EXIT_STATE_DISK), str(exits.EXIT_METRICS_PORT_BUSY)} & prevented
     # READY=1 may wait for the own relay: gsync extends the start while it waits, by more
     # than it waits between extensions, and the unit's own timeout is a finite one.
     from gsync.io.runner import START_EXTEND_BY_SECS, START_EXTEND_EVERY_SECS

@@ -27,7 +27,7 @@ TRIM_SECS = 10.0  # how often freed heap memory is handed back to the system
 
 class StartFailed(Exception):
     """gsync cannot start here: ``str()`` is the one line naming the cause and the fix,
-    ``code`` what it exits with (``ops.cli``)."""
+    ``code`` what it exits with (``ops.exits``)."""
 
     def __init__(self, message: str, code: int):
         super().__init__(message)
@@ -39,7 +39,7 @@ def start_metrics_server(listen, manager) -> None:
     address cannot be had."""
     if not listen:
         return
-    from ..ops.cli import EXIT_BAD_CONFIG, EXIT_METRICS_PORT_BUSY
+    from ..ops.exits import EXIT_BAD_CONFIG, EXIT_METRICS_PORT_BUSY
     from ..ops.http import serve
 
     host, port = listen
@@ -59,11 +59,11 @@ def start_metrics_server(listen, manager) -> None:
 
 def state_refused(exc) -> StartFailed:
     """``ops.store.StateRefused`` as the exit code it calls for."""
-    from ..ops import cli
+    from ..ops import exits
     from ..ops.store import StateDiskFailing, StateUnwritable
 
-    code = (cli.EXIT_STATE_UNWRITABLE if isinstance(exc, StateUnwritable)
-            else cli.EXIT_STATE_DISK if isinstance(exc, StateDiskFailing) else cli.EXIT_STATE_REFUSED)
+    code = (exits.EXIT_STATE_UNWRITABLE if isinstance(exc, StateUnwritable)
+            else exits.EXIT_STATE_DISK if isinstance(exc, StateDiskFailing) else exits.EXIT_STATE_REFUSED)
     return StartFailed(str(exc), code)
 
 
