@@ -11,7 +11,7 @@ from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...protocol.filters import Filter
-from ...sync import filter_plan
+from ...sync import filter_plan, result_caps
 from ...sync.pending import (
     BatchKind,
     CrowdedSecond,
@@ -891,7 +891,7 @@ class HistoricSync:
         if result.ok:
             self.negentropy_served(state, batch, msg.filter, result)
         elif result.failure == "too-many-results":
-            self.split_past_result_cap(state, batch, msg.filter, result.reason)
+            self.split_past_result_cap(state, batch, msg.filter, result)
         else:
             self.negentropy_failed(state, batch, msg.filter, result)
         if not any(map(is_negentropy_token, batch.outstanding_subs)):
@@ -908,6 +908,7 @@ class HistoricSync:
         metrics.NEGENTROPY_BYTES.labels(state.url, "up").inc(result.bytes_up)
         metrics.NEGENTROPY_BYTES.labels(state.url, "down").inc(result.bytes_down)
         metrics.NEGENTROPY_ROUNDS.labels(state.url).inc(result.rounds)
+        state.result_cap.note_passed(result.held + result.beyond - len(result.have_ids) + len(result.need_ids))
         # Several filters match the same events (a comment tags its root with both E
         # and e; repositories list several relays): each id is fetched once, by the
         # first batch that claims it; the others wait for it (``FetchClaims``).
@@ -1026,20 +1027,22 @@ class HistoricSync:
             batch.settle([i for i in batch.advertised_ids if i in self.seen])
             self.queue_id_fetches(state, batch, self.not_seen(batch.advertised_ids))
 
-    def split_past_result_cap(self, state: RelayState, batch: PendingBatch, flt: Filter, reason: str) -> None:
+    def split_past_result_cap(self, state: RelayState, batch: PendingBatch, flt: Filter, result) -> None:
         """The relay's NIP-77 refused ``flt`` for matching too many events (strfry past its
-        ``maxSyncEvents``): NIP-77 stays on, and ``flt`` is reconciled in two narrower
-        exchanges, first in the queue (``filter_plan.split_past_result_cap``: by its values,
-        then by time); halved again while refused. One that cannot be narrowed goes by REQ
-        pages."""
-        parts = filter_plan.split_past_result_cap(flt, int(self.clock()))
-        log.info("negentropy_filter_split", relay=state.url, batch_id=batch.batch_id,
-                 parts=len(parts or ()), reason=reason[:200])
-        if parts is None:
-            self.queue_reqs(state, batch, [flt], front=True)
-            return
+        ``maxSyncEvents``): NIP-77 stays on, and ``flt`` is cut by what the own relay holds
+        of it and the relay's cap as known (``result_caps.after_refusal``): time windows
+        expected to fit, reconciled first in the queue, and REQ pages where nothing is held."""
+        now = self.clock()
+        held = self.own_held.holdings(flt, now)
+        if held is not None:
+            held += self.have_beyond_holdings(flt)
+        cut = result_caps.after_refusal(state.result_cap, flt, held, result.cap, int(now))
+        log.info("negentropy_filter_split", relay=state.url, batch_id=batch.batch_id, parts=len(cut.exchanges),
+                 pages=len(cut.pages), limit=state.result_cap.limit(), reason=result.reason[:200])
+        if cut.pages:
+            self.queue_reqs(state, batch, cut.pages, front=True)
         tail = len(state.current.historic_queue)
-        for part in parts:
+        for part in cut.exchanges:
             self.queue_negentropy(state, batch, part, None)  # each exchange reads its own holdings
         parted = state.current.historic_queue[tail:]  # first: they finish what was started
         del state.current.historic_queue[tail:]

@@ -1,0 +1,53 @@
+"""A NIP-77 result cap end to end (issue 40): strfry's ``["NEG-ERR", sub, "blocked: too many
+query results", 10]`` over one repository's 169 issues. Cut by what the own relay holds of
+the refused filter, it converges in a few refusals; halving blindly, 46.
+
+``GSYNC_CAP_TEST_GATE_MS=1000`` runs it under the default 1-per-second gate (the figures
+the issue measured); the suite runs it under the tests' gate."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from . import factory as f
+from .relays import publish
+from .scenario import assert_arrives, bob, our_announcement
+from .scripted_relay import Nip77Serve
+
+ISSUES = 169
+CAP = 10
+
+# What the own relay holds of the issues beforehand: one (a repository just added
+# elsewhere), every other one, all but one in twenty (a re-sync).
+HELD = {
+    "one": lambda i: i == 0,
+    "half": lambda i: i % 2 == 0,
+    "most": lambda i: i % 20 != 7,
+}
+
+
+@pytest.mark.parametrize("held", sorted(HELD))
+def test_a_result_cap_of_10_over_169_events_converges_in_at_most_15_refusals(
+        relay_factory, gsync_factory, scripted, held):
+    own = relay_factory()
+    nip77 = Nip77Serve(max_results=CAP)
+    remote = scripted(negentropy=nip77, page_size=500)
+    repo = our_announcement(own, [remote], d=f"capped-{held}")
+    issues = [f.issue(bob, repo, subject=f"capped {i}", created_at=f.BASE_CREATED_AT + 3600 * i)
+              for i in range(ISSUES)]
+    remote.add(repo, *issues)
+    publish(own.url, [repo, *(issue for i, issue in enumerate(issues) if HELD[held](i))])
+    extra = {}
+    if gate := os.environ.get("GSYNC_CAP_TEST_GATE_MS"):
+        extra = {"sync": {"background_start_interval_ms": gate}}
+    started = time.monotonic()
+    gsync = gsync_factory(own, [remote], extra=extra)
+    assert_arrives(own, issues, timeout=200, what="the 169 issues")
+    secs = time.monotonic() - started
+    print(f"held={held}: {secs:.1f} s, NEG-OPEN {nip77.opened} (refused {nip77.refused}), "
+          f"REQ {len(remote.reqs())}")
+    assert nip77.refused >= 1, "the relay's cap was reached"
+    assert nip77.refused <= 15, f"{nip77.refused} refusals"
+    assert "negentropy_unsupported" not in gsync.log_text(), "NIP-77 stayed on"
