@@ -63,12 +63,13 @@ class ResultCap:
         if expected > 0 and (self.refused is None or expected < self.refused):
             self.refused = expected
 
-    def note_passed(self, size: int) -> None:
+    def note_passed(self, size: int, held: int) -> None:
         """An exchange served over ``size`` events (the relay's, as the exchange found
-        them): the cap is at least that."""
+        them), of which the own relay held ``held``: the cap is at least ``size``, and a
+        filter holding as many as one refused was served (that estimate was low)."""
         self.passed = max(self.passed, size)
-        if self.refused is not None and size >= self.refused:
-            self.refused = None  # that estimate was low (the remote held less than we did)
+        if self.refused is not None and held >= self.refused:
+            self.refused = None
 
     def limit(self) -> int | None:
         """How many events a NIP-77 query may match here, as far as known: the reported
@@ -79,8 +80,7 @@ class ResultCap:
             return self.reported
         if self.refused is None:
             return None
-        below_refused = max(1, self.refused - 1)
-        return min(below_refused, max(self.passed, self.refused // 2, 1))
+        return max(self.passed, self.refused // 2, 1)  # a served one above it: the estimate was low
 
 
 @dataclass(frozen=True)
@@ -159,6 +159,23 @@ def _between(f: Filter, windows: list[tuple[int, int]]) -> list[Filter]:
     return gaps
 
 
+def cut_before_start(cap: ResultCap, f: Filter, held: Iterable[tuple[int, str]]) -> Cut | None:
+    """A NIP-77 exchange about to start for ``f`` on a relay whose cap is known (from an
+    earlier refusal there), cut now rather than a refused start later, when the own relay
+    alone holds more of ``f`` than the cap (``held``: what it holds and has in flight), or
+    when ``f`` is a window of an earlier cut holding as many as one refused here (its
+    siblings were cut alike: the relay holds more than we do in them). None: it may go as
+    it is."""
+    limit = cap.limit()
+    if limit is None:
+        return None
+    times = _times(held)
+    window = f.since is not None and f.until is not None
+    if len(times) <= limit and not (window and cap.refused is not None and len(times) >= cap.refused):
+        return None
+    return cut_past_cap(f, times, limit)
+
+
 def after_refusal(cap: ResultCap, f: Filter, held: Iterable[tuple[int, str]] | None,
                   reported: int | None, now: int) -> Cut:
     """What to ask instead of ``f``, which the relay's NIP-77 refused for its number of
@@ -166,7 +183,7 @@ def after_refusal(cap: ResultCap, f: Filter, held: Iterable[tuple[int, str]] | N
     ((created_at, id) of what it holds of ``f`` and has in flight; None when not known),
     ``cap`` learning from the refusal; halved blindly (``filter_plan.split_past_result_cap``)
     only when nothing is known or the holdings cannot cut it; REQ pages when nothing can."""
-    times = None if held is None else list(dict((event_id, t) for t, event_id in held).values())
+    times = None if held is None else _times(held)
     if times is not None:
         cap.note_refused(reported, len(times))
         cut = cut_past_cap(f, times, cap.limit())
@@ -176,3 +193,9 @@ def after_refusal(cap: ResultCap, f: Filter, held: Iterable[tuple[int, str]] | N
         cap.note_refused(reported, 0)
     halves = split_past_result_cap(f, now)
     return Cut([], [f]) if halves is None else Cut(halves, [])
+
+
+def _times(held: Iterable[tuple[int, str]]) -> list[int]:
+    """The created_at of each id once (the own relay's holdings and what is in flight to
+    it overlap)."""
+    return list({event_id: t for t, event_id in held}.values())
