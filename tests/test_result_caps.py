@@ -107,13 +107,14 @@ def test_a_filter_the_own_relay_holds_nothing_of_goes_by_pages_whole():
 # -- the cut -----------------------------------------------------------------------------------
 
 
-def test_windows_hold_at_most_a_fill_of_the_cap_and_the_gaps_go_by_pages():
+def test_windows_hold_at_most_a_fill_of_the_cap_and_meet_and_the_open_ends_go_by_pages():
     times = [BASE + 3600 * i for i in range(0, 169, 2)]  # every other of 169 hourly events
     cut = cut_past_cap(ISSUES, times, 10)
     per_window = [sum(_in(w, t) for t in times) for w in cut.exchanges]
     assert max(per_window) == int(10 * result_caps.FILL) and sum(per_window) == len(times)
-    assert all(not any(_in(p, t) for t in times) for p in cut.pages), "pages never ask what is held"
-    assert cut.pages[0].since is None and cut.pages[-1].until is None, "open ends stay open"
+    assert all(a.until + 1 == b.since for a, b in itertools.pairwise(cut.exchanges))
+    assert cut.exchanges[0].since == times[0] and cut.exchanges[-1].until == times[-1]
+    assert [(p.since, p.until) for p in cut.pages] == [(None, times[0] - 1), (times[-1] + 1, None)]
     assert_tiles(ISSUES, cut, [0, BASE - 1, *range(BASE - 5, BASE + 3600 * 170, 600), NOW + 10**6])
 
 
@@ -128,8 +129,15 @@ def test_a_window_refused_again_is_halved_by_what_it_holds():
 def test_a_crowded_second_is_a_window_alone():
     times = [BASE] * 12 + [BASE + 5, BASE + 6]
     cut = cut_past_cap(ISSUES, times, 10)
-    assert cut.exchanges[0].since == cut.exchanges[0].until == BASE
+    assert [sum(_in(w, t) for t in times) for w in cut.exchanges] == [12, 2]
     assert_tiles(ISSUES, cut, range(BASE - 3, BASE + 10))
+
+
+def test_a_window_holding_one_second_is_that_second_and_pages_around_it():
+    window = ISSUES.replace(since=BASE, until=BASE + 100)
+    cut = cut_past_cap(window, [BASE + 50] * 3, None)
+    assert [(w.since, w.until) for w in cut.exchanges] == [(BASE + 50, BASE + 50)]
+    assert [(p.since, p.until) for p in cut.pages] == [(BASE, BASE + 49), (BASE + 51, BASE + 100)]
 
 
 def test_one_second_all_held_cannot_be_cut_by_its_holdings():
@@ -152,8 +160,7 @@ def test_a_cut_asks_exactly_what_the_filter_asks(times, limit, since, until):
     flt = ISSUES.replace(since=since, until=until)
     cut = cut_past_cap(flt, times, limit)
     if cut is None:
-        inside = [t for t in times if _in(flt, t)]
-        assert len(set(inside)) == 1 and (flt.since, flt.until) == (inside[0], inside[0])
+        assert flt.since is not None and flt.since == flt.until, "only one second cannot be cut"
         return
     assert_tiles(flt, cut, range(BASE - 12, BASE + 515))
     held = [t for t in times if _in(flt, t)]

@@ -13,13 +13,15 @@ once, every level within them as many times as it had parts. What is known inste
   the most events an exchange there was served for, the fewest a refused one was expected
   to match.
 
-``cut_past_cap`` cuts the refused filter into time windows (``since``/``until``) around the
+``cut_past_cap`` cuts the refused filter into time windows (``since``/``until``) by the
 holdings, each holding at most ``FILL`` of the cap (room for events we lack) and at most
-half of what was refused; the stretches between the windows, where the own relay holds
-nothing, go by REQ pages (NIP-77 would find nothing held there: the same events come for
-fewer starts, ten filters sharing one). A window refused again is cut again the same way, so
-only what is refused again is halved. A filter of which the own relay holds too little to be
-worth the exchanges goes by REQ pages whole (``pages_pay``).
+half of what was refused; the windows meet, each from its first held second to the next
+one's. Where the filter was open (before the first held event, after the last: history the
+own relay never had, events new since it synced) REQ pages ask: NIP-77 would find nothing
+held there, and the same events come for fewer starts. A window refused again is cut again
+the same way, so only what is refused again is halved (and its siblings, not started yet,
+holding as many, before their start: ``cut_before_start``). A filter of which the own relay
+holds too little to be worth the exchanges goes by REQ pages whole (``pages_pay``).
 
 Pure: the manager passes what the own relay holds and the time.
 """
@@ -116,47 +118,44 @@ def cut_past_cap(f: Filter, held_times: Iterable[int], limit: int | None) -> Cut
     if limit is not None:
         per_window = min(per_window, max(1, int(limit * FILL)))
     per_window = max(per_window, math.ceil(len(times) / MAX_WINDOWS))
-    windows = _windows(times, per_window)
-    if len(windows) == 1 and windows[0] == (f.since, f.until):
-        return None
-    exchanges = [f.replace(since=first, until=last) for first, last in windows]
-    return Cut(exchanges, _between(f, windows))
+    groups = _groups(times, per_window)
+    windows = [(groups[0][0] if f.since is None else f.since, None)]
+    windows += [(first, None) for first, _ in groups[1:]]
+    ends = [first - 1 for first, _ in groups[1:]] + [groups[-1][1] if f.until is None else f.until]
+    windows = [(since, until) for (since, _), until in zip(windows, ends, strict=True)]
+    below, above = f.since is None, f.until is None  # open: by pages
+    if windows == [(f.since, f.until)]:  # one second held, in a window: pages around it
+        windows, below, above = groups, True, True
+        if windows == [(f.since, f.until)]:
+            return None
+    pages = []
+    if below and (f.since is None or f.since < groups[0][0]):
+        pages.append(f.replace(until=groups[0][0] - 1))
+    if above and (f.until is None or f.until > groups[-1][1]):
+        pages.append(f.replace(since=groups[-1][1] + 1))
+    return Cut([f.replace(since=since, until=until) for since, until in windows], pages)
 
 
 def _in_range(f: Filter, t: int) -> bool:
     return (f.since is None or t >= f.since) and (f.until is None or t <= f.until)
 
 
-def _windows(times: list[int], per_window: int) -> list[tuple[int, int]]:
-    """(first, last) seconds of consecutive held events, at most ``per_window`` to a window
-    (a second holding more is a window alone: time cannot cut it)."""
-    windows: list[tuple[int, int]] = []
+def _groups(times: list[int], per_window: int) -> list[tuple[int, int]]:
+    """(first, last) seconds of consecutive held events, at most ``per_window`` to a group
+    (a second holding more is a group alone: time cannot cut it)."""
+    groups: list[tuple[int, int]] = []
     first = last = None
     count = 0
     for t, n in sorted(Counter(times).items()):
         if first is not None and count + n > per_window:
-            windows.append((first, last))
+            groups.append((first, last))
             first, count = None, 0
         if first is None:
             first = t
         last, count = t, count + n
     if first is not None:
-        windows.append((first, last))
-    return windows
-
-
-def _between(f: Filter, windows: list[tuple[int, int]]) -> list[Filter]:
-    """``f``'s time outside ``windows``: below the first (``f``'s own start kept, open if
-    it was), between them, above the last (``f``'s own end kept: nothing new is left out)."""
-    gaps = []
-    lo = f.since
-    for first, last in windows:
-        if lo is None or lo <= first - 1:
-            gaps.append(f.replace(since=lo, until=first - 1))
-        lo = last + 1
-    if f.until is None or lo <= f.until:
-        gaps.append(f.replace(since=lo, until=f.until))
-    return gaps
+        groups.append((first, last))
+    return groups
 
 
 def cut_before_start(cap: ResultCap, f: Filter, held: Iterable[tuple[int, str]]) -> Cut | None:
