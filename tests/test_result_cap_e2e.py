@@ -51,3 +51,31 @@ def test_a_result_cap_of_10_over_169_events_converges_in_at_most_15_refusals(
     assert nip77.refused >= 1, "the relay's cap was reached"
     assert nip77.refused <= 15, f"{nip77.refused} refusals"
     assert "negentropy_unsupported" not in gsync.log_text(), "NIP-77 stayed on"
+
+
+def test_a_later_repository_on_a_relay_whose_cap_is_known_is_cut_before_its_first_neg_open(
+        relay_factory, gsync_factory, scripted):
+    """The cap learnt from the first repository's refusal (10, as strfry reports it): a
+    repository added later, of which the own relay holds 40 issues, is cut by its holdings
+    before any NEG-OPEN, not one refusal later."""
+    own = relay_factory()
+    nip77 = Nip77Serve(max_results=CAP)
+    remote = scripted(negentropy=nip77, page_size=500)
+    first = our_announcement(own, [remote], d="capped-first")
+    first_issues = [f.issue(bob, first, subject=f"first {i}", created_at=f.BASE_CREATED_AT + 3600 * i)
+                    for i in range(30)]
+    remote.add(first, *first_issues)
+    publish(own.url, [first, *first_issues[::2]])
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, first_issues, timeout=60, what="the first repository's issues")
+    refused, cut = nip77.refused, gsync.log_text().count("negentropy_filter_cut")
+    assert refused >= 1, "the relay's cap was reached"
+    second = our_announcement(own, [remote], d="capped-second")
+    second_issues = [f.issue(bob, second, subject=f"second {i}", created_at=f.BASE_CREATED_AT + 3600 * i)
+                     for i in range(50)]
+    remote.add(second, *second_issues)
+    publish(own.url, [second, *second_issues[:40]])
+    assert_arrives(own, second_issues, timeout=60, what="the second repository's issues")
+    print(f"refused {refused} for the first repository, {nip77.refused - refused} for the second")
+    assert nip77.refused == refused, "the second repository's filter was refused first"
+    assert gsync.log_text().count("negentropy_filter_cut") > cut, "cut before its start"
