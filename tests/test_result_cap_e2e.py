@@ -54,13 +54,15 @@ def test_a_result_cap_of_10_over_169_events_converges_in_at_most_15_refusals(
     assert "negentropy_unsupported" not in gsync.log_text(), "NIP-77 stayed on"
 
 
+@pytest.mark.parametrize("reported", [True, False])
 def test_a_later_repository_on_a_relay_whose_cap_is_known_is_cut_before_its_first_neg_open(
-        relay_factory, gsync_factory, scripted):
-    """The cap learnt from the first repository's refusal (10, as strfry reports it): a
-    repository added later, of which the own relay holds 40 issues, is cut by its holdings
-    before any NEG-OPEN, not one refusal later."""
+        relay_factory, gsync_factory, scripted, reported):
+    """The cap learnt from the first repository (10, as strfry reports it; or, unreported,
+    the most events an exchange there was served for): a repository added later, of which
+    the own relay holds 40 issues, is cut by its holdings before any NEG-OPEN, not one
+    refusal later, into windows of 8 held (``FILL`` of 10): five exchanges."""
     own = relay_factory()
-    nip77 = Nip77Serve(max_results=CAP)
+    nip77 = Nip77Serve(max_results=CAP, report_cap=reported)
     remote = scripted(negentropy=nip77, page_size=500)
     first = our_announcement(own, [remote], d="capped-first")
     first_issues = [f.issue(bob, first, subject=f"first {i}", created_at=f.BASE_CREATED_AT + 3600 * i)
@@ -69,7 +71,7 @@ def test_a_later_repository_on_a_relay_whose_cap_is_known_is_cut_before_its_firs
     publish(own.url, [first, *first_issues[::2]])
     gsync = gsync_factory(own, [remote])
     assert_arrives(own, first_issues, timeout=60, what="the first repository's issues")
-    refused, cut = nip77.refused, gsync.log_text().count("negentropy_filter_cut")
+    refused, cut, opened = nip77.refused, gsync.log_text().count("negentropy_filter_cut"), nip77.opened
     assert refused >= 1, "the relay's cap was reached"
     second = our_announcement(own, [remote], d="capped-second")
     second_issues = [f.issue(bob, second, subject=f"second {i}", created_at=f.BASE_CREATED_AT + 3600 * i)
@@ -77,6 +79,10 @@ def test_a_later_repository_on_a_relay_whose_cap_is_known_is_cut_before_its_firs
     remote.add(second, *second_issues)
     publish(own.url, [second, *second_issues[:40]])
     assert_arrives(own, second_issues, timeout=60, what="the second repository's issues")
-    print(f"refused {refused} for the first repository, {nip77.refused - refused} for the second")
+    second_a = next(t[1] for t in second.tags if t[0] == "d")
+    by_second = [flt for flt in nip77.filters[opened:] if any(second_a in v for v in flt.tag("a") or ())]
+    print(f"refused {refused} for the first repository, {nip77.refused - refused} for the second, "
+          f"its NEG-OPENs {len(by_second)}")
     assert nip77.refused == refused, "the second repository's filter was refused first"
+    assert len(by_second) <= 6, [(flt.since, flt.until) for flt in by_second]
     assert gsync.log_text().count("negentropy_filter_cut") > cut, "cut before its start"

@@ -192,12 +192,15 @@ def test_an_exchange_holding_more_than_a_known_cap_is_cut_before_its_start():
     assert cut is not None and len(cut.exchanges) == 7
 
 
-def test_a_window_holding_as_many_as_one_refused_here_is_cut_before_its_start():
-    cap = ResultCap(reported=10, refused=8)  # a window of 8 held was refused: the relay has more there
+def test_a_sibling_of_a_refused_window_holding_as_many_is_cut_before_its_start():
+    cap = ResultCap()
+    cap.note_refused(10, 8, ISSUES.replace(since=BASE - 100, until=BASE - 1))  # the relay has more there
     window = ISSUES.replace(since=BASE, until=BASE + 100)
     assert cut_before_start(cap, window, _held(range(BASE, BASE + 7))) is None
     assert len(cut_before_start(cap, window, _held(range(BASE, BASE + 8))).exchanges) == 2
     assert cut_before_start(cap, ISSUES, _held(range(BASE, BASE + 8))) is None, "a whole filter: the cap only"
+    other = Filter.make(kinds=[1621], tags={"a": ["30617:x:other"]}, since=BASE, until=BASE + 100)
+    assert cut_before_start(cap, other, _held(range(BASE, BASE + 8))) is None, "another filter's windows"
 
 
 # -- convergence, as the manager drives it ------------------------------------------------------

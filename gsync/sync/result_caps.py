@@ -48,22 +48,35 @@ MAX_WINDOWS = 64
 
 @dataclass
 class ResultCap:
-    """What one relay's NIP-77 result cap is known to be (three numbers per relay, kept
+    """What one relay's NIP-77 result cap is known to be (a few numbers per relay, kept
     over sessions): the cap it ``reported`` in its last refusal, the most events an exchange
     there was served for (``passed``), and the fewest a refused filter was expected to match
-    (``refused``: the own relay's holdings of it, a lower estimate)."""
+    (``refused``: the own relay's holdings of it, a lower estimate). And the latest refusal
+    of a window (``refused_window``: its filter but for the time, and what the own relay
+    held of it): that window's siblings, cut alike, are cut again before their start."""
 
     reported: int | None = None
     passed: int = 0
     refused: int | None = None
+    refused_window: tuple[Filter, int] | None = None
 
-    def note_refused(self, reported: int | None, expected: int) -> None:
-        """A NEG-OPEN refused for its number of results; ``reported``: the cap the relay
-        gave (None if none); ``expected``: what the own relay holds of that filter."""
+    def note_refused(self, reported: int | None, expected: int, f: Filter | None = None) -> None:
+        """A NEG-OPEN of ``f`` refused for its number of results; ``reported``: the cap the
+        relay gave (None if none); ``expected``: what the own relay holds of ``f``."""
         if reported is not None:
             self.reported = reported
         if expected > 0 and (self.refused is None or expected < self.refused):
             self.refused = expected
+        if f is not None and f.since is not None and f.until is not None and expected > 0:
+            self.refused_window = (_timeless(f), expected)
+
+    def refused_like(self, f: Filter, held: int) -> bool:
+        """Is ``f`` a sibling of the latest window refused (a window of the same filter),
+        holding as many? The relay holds more than we do there too."""
+        if self.refused_window is None or f.since is None or f.until is None:
+            return False
+        timeless, refused_held = self.refused_window
+        return held >= refused_held and _timeless(f) == timeless
 
     def note_passed(self, size: int, held: int) -> None:
         """An exchange served over ``size`` events (the relay's, as the exchange found
@@ -169,8 +182,7 @@ def cut_before_start(cap: ResultCap, f: Filter, held: Iterable[tuple[int, str]])
     if limit is None:
         return None
     times = _times(held)
-    window = f.since is not None and f.until is not None
-    if len(times) <= limit and not (window and cap.refused is not None and len(times) >= cap.refused):
+    if len(times) <= limit and not cap.refused_like(f, len(times)):
         return None
     return cut_past_cap(f, times, limit)
 
@@ -184,7 +196,7 @@ def after_refusal(cap: ResultCap, f: Filter, held: Iterable[tuple[int, str]] | N
     only when nothing is known or the holdings cannot cut it; REQ pages when nothing can."""
     times = None if held is None else _times(held)
     if times is not None:
-        cap.note_refused(reported, len(times))
+        cap.note_refused(reported, len(times), f)
         cut = cut_past_cap(f, times, cap.limit())
         if cut is not None:
             return cut
@@ -192,6 +204,10 @@ def after_refusal(cap: ResultCap, f: Filter, held: Iterable[tuple[int, str]] | N
         cap.note_refused(reported, 0)
     halves = split_past_result_cap(f, now)
     return Cut([], [f]) if halves is None else Cut(halves, [])
+
+
+def _timeless(f: Filter) -> Filter:
+    return f.replace(since=None, until=None)
 
 
 def _times(held: Iterable[tuple[int, str]]) -> list[int]:
