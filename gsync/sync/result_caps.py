@@ -133,10 +133,10 @@ def cut_past_cap(f: Filter, held_times: Iterable[int], limit: int | None) -> Cut
         per_window = min(per_window, max(1, int(limit * FILL)))
     per_window = max(per_window, math.ceil(len(times) / MAX_WINDOWS))
     groups = _groups(times, per_window)
-    windows = [(groups[0][0] if f.since is None else f.since, None)]
-    windows += [(first, None) for first, _ in groups[1:]]
+    # each window from its first held second to the next one's; the outer ones to f's ends
+    starts = [groups[0][0] if f.since is None else f.since] + [first for first, _ in groups[1:]]
     ends = [first - 1 for first, _ in groups[1:]] + [groups[-1][1] if f.until is None else f.until]
-    windows = [(since, until) for (since, _), until in zip(windows, ends, strict=True)]
+    windows = list(zip(starts, ends, strict=True))
     below, above = f.since is None, f.until is None  # open: by pages
     if windows == [(f.since, f.until)]:  # one second held, in a window: pages around it
         windows, below, above = groups, True, True
