@@ -338,12 +338,13 @@ class Nip77Serve:
 
     ``max_results``: a NEG-OPEN whose filter matches more stored events is refused as strfry
     refuses past its ``maxSyncEvents``: ``["NEG-ERR", sub, "blocked: too many query results",
-    max_results]``; ``refused`` counts those."""
+    max_results]`` (without the number when not ``report_cap``); ``refused`` counts those."""
 
-    def __init__(self, max_results: int | None = None):
+    def __init__(self, max_results: int | None = None, report_cap: bool = True):
         self.opened = 0
         self.refused = 0
         self.max_results = max_results
+        self.report_cap = report_cap
         self.filters: list[Filter] = []
         self._sessions: dict[tuple[int, str], Any] = {}
 
@@ -359,7 +360,8 @@ class Nip77Serve:
                          if ev is not None and flt.matches(ev)]
             if self.max_results is not None and len(items) > self.max_results:
                 self.refused += 1
-                return [["NEG-ERR", sub, "blocked: too many query results", self.max_results]]
+                return [["NEG-ERR", sub, "blocked: too many query results",
+                         *([self.max_results] if self.report_cap else [])]]
             self._sessions[key] = NegentropyServer(Storage.from_hex(items))
             payload = message[3]
         elif kind == "NEG-MSG":

@@ -60,6 +60,7 @@ class NegentropyOutcome:
     bytes_down: int = 0
     reason: str = ""
     failure: str = ""  # NegentropyFailed.reason (e.g. "too-many-results"); "" otherwise
+    cap: int | None = None  # "too-many-results": the result cap the relay gave, if it did
     own_relay_failed: bool = False
     held: int = 0  # events of the filter the own relay holds
     # (``read_also``, what the own relay returned for it as ``HeldItems.entries``) when the
@@ -255,6 +256,6 @@ def exchange(conn, sub_id: str, flt: Filter, items, deadline_secs: float,
         metrics.NEGENTROPY_FAILURES.labels(exc.reason).inc()
         r = exc.result
         return NegentropyOutcome(False, rounds=r.rounds, bytes_up=r.bytes_up, bytes_down=r.bytes_down,
-                                 reason=f"{exc.reason}: {exc.text}", failure=exc.reason)
+                                 reason=f"{exc.reason}: {exc.text}", failure=exc.reason, cap=exc.cap)
     finally:
         conn.end_negentropy(sub_id)

@@ -51,12 +51,13 @@ class NegentropyFailed(Exception):
          "too-many-results"}
     )
 
-    def __init__(self, reason: str, text: str, result: NegentropyResult):
+    def __init__(self, reason: str, text: str, result: NegentropyResult, cap: int | None = None):
         assert reason in self.REASONS, reason
         super().__init__(f"{reason}: {text}")
         self.reason = reason
         self.text = text
         self.result = result  # the traffic so far: rounds and bytes still count
+        self.cap = cap  # "too-many-results": the result cap the relay gave, if it did
 
 
 def storage_of(items) -> Storage:
@@ -109,8 +110,8 @@ class _Exchange:
     def close(self) -> None:
         self.send(wire.neg_close(self.sub_id))
 
-    def fail(self, reason: str, text: str) -> NegentropyFailed:
-        return NegentropyFailed(reason, text, self.result)
+    def fail(self, reason: str, text: str, cap: int | None = None) -> NegentropyFailed:
+        return NegentropyFailed(reason, text, self.result, cap)
 
     def run(self, client: NegentropyClient, flt: Filter, deadline: float, clock) -> None:
         self.send(wire.neg_open(self.sub_id, flt, client.initiate().hex()))
@@ -148,7 +149,7 @@ class _Exchange:
                 self.count_down(frame)
                 if wire.says_too_many_results(message.text):  # NIP-77 is fine, the filter too wide
                     cap = f" (cap {message.cap})" if message.cap is not None else ""
-                    raise self.fail("too-many-results", _reason_text(message) + cap)
+                    raise self.fail("too-many-results", _reason_text(message) + cap, message.cap)
                 raise self.fail("neg-err", _reason_text(message))
             if isinstance(message, wire.Closed) and message.sub_id == self.sub_id:
                 # NIP-77 says NEG-ERR; a relay that ends the exchange as it ends a REQ means the same

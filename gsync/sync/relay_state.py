@@ -18,6 +18,7 @@ from ..constants import (
 )
 from .pending import BatchKind, PendingBatch
 from .policy import CoveragePauses
+from .result_caps import ResultCap
 from .status import ConnectionStatus
 from .targets import ConfirmedItems
 from .threads_ahead import ThreadsAhead
@@ -185,6 +186,8 @@ class RelayState:
     # REQ shape and subscription caps it refused past (kept over sessions and restarts)
     max_filters_learned: int | None = None
     max_subscriptions_learned: int | None = None
+    # its NIP-77 result cap, as far as refusals and served exchanges told (kept over sessions)
+    result_cap: ResultCap = field(default_factory=ResultCap)
     refused_reason: str = ""  # the SSRF guard said no: never dialled again
     round_started_at: float = 0.0  # the latest fresh start, quick reconnect or daily sync
     batch_failures: bool = False

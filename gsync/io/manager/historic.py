@@ -11,7 +11,7 @@ from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...protocol.filters import Filter
-from ...sync import filter_plan
+from ...sync import filter_plan, result_caps
 from ...sync.pending import (
     BatchKind,
     CrowdedSecond,
@@ -470,6 +470,8 @@ class HistoricSync:
                     and self.regroup_before_start(state, sub_id, group)):
                 continue
             batch = state.current.pending.get(state.current.sub_to_batch[sub_id])
+            if is_negentropy_token(sub_id) and self.cut_before_start(state, batch, sub_id, group[0]):
+                continue
             group = self.fill_before_start(state, batch, sub_id, group)
             size = wire.req_size(sub_id, group)
             if open_historic and state.current.conn.open_filter_bytes + size > constants.MAX_OPEN_FILTER_BYTES:
@@ -891,7 +893,7 @@ class HistoricSync:
         if result.ok:
             self.negentropy_served(state, batch, msg.filter, result)
         elif result.failure == "too-many-results":
-            self.split_past_result_cap(state, batch, msg.filter, result.reason)
+            self.split_past_result_cap(state, batch, msg.filter, result)
         else:
             self.negentropy_failed(state, batch, msg.filter, result)
         if not any(map(is_negentropy_token, batch.outstanding_subs)):
@@ -908,6 +910,8 @@ class HistoricSync:
         metrics.NEGENTROPY_BYTES.labels(state.url, "up").inc(result.bytes_up)
         metrics.NEGENTROPY_BYTES.labels(state.url, "down").inc(result.bytes_down)
         metrics.NEGENTROPY_ROUNDS.labels(state.url).inc(result.rounds)
+        state.result_cap.note_passed(result.held + result.beyond - len(result.have_ids) + len(result.need_ids),
+                                     result.held + result.beyond)
         # Several filters match the same events (a comment tags its root with both E
         # and e; repositories list several relays): each id is fetched once, by the
         # first batch that claims it; the others wait for it (``FetchClaims``).
@@ -1026,22 +1030,52 @@ class HistoricSync:
             batch.settle([i for i in batch.advertised_ids if i in self.seen])
             self.queue_id_fetches(state, batch, self.not_seen(batch.advertised_ids))
 
-    def split_past_result_cap(self, state: RelayState, batch: PendingBatch, flt: Filter, reason: str) -> None:
+    def split_past_result_cap(self, state: RelayState, batch: PendingBatch, flt: Filter, result) -> None:
         """The relay's NIP-77 refused ``flt`` for matching too many events (strfry past its
-        ``maxSyncEvents``): NIP-77 stays on, and ``flt`` is reconciled in two narrower
-        exchanges, first in the queue (``filter_plan.split_past_result_cap``: by its values,
-        then by time); halved again while refused. One that cannot be narrowed goes by REQ
-        pages."""
-        parts = filter_plan.split_past_result_cap(flt, int(self.clock()))
-        log.info("negentropy_filter_split", relay=state.url, batch_id=batch.batch_id,
-                 parts=len(parts or ()), reason=reason[:200])
-        if parts is None:
-            self.queue_reqs(state, batch, [flt], front=True)
-            return
+        ``maxSyncEvents``): NIP-77 stays on, and ``flt`` is cut by what the own relay holds
+        of it and the relay's cap as known (``result_caps.after_refusal``): time windows
+        expected to fit, reconciled first in the queue, and REQ pages where nothing is held."""
+        now = self.clock()
+        held = self.own_held.holdings(flt, now)
+        if held is not None:
+            held += self.have_beyond_holdings(flt)
+        cut = result_caps.after_refusal(state.result_cap, flt, held, result.cap, int(now))
+        log.info("negentropy_filter_split", relay=state.url, batch_id=batch.batch_id, parts=len(cut.exchanges),
+                 pages=len(cut.pages), limit=state.result_cap.limit(), reason=result.reason[:200])
+        self.queue_cut(state, batch, cut)
+
+    def cut_before_start(self, state: RelayState, batch: PendingBatch | None, token: str, flt: Filter) -> bool:
+        """An exchange about to start on a relay whose result cap is known, for a filter the
+        own relay alone holds more of than that: cut now (``result_caps.cut_before_start``),
+        not one refusal later. True if it was (its pieces are first in the queue)."""
+        if batch is None or state.result_cap.limit() is None:
+            return False
+        held = batch.own_holdings.get(token)
+        if held is None:
+            held = self.own_held.holdings(flt, self.clock())
+        if held is None:
+            return False  # the exchange reads it: known after a refusal, if one comes
+        cut = result_caps.cut_before_start(state.result_cap, flt, [*held, *self.have_beyond_holdings(flt)])
+        if cut is None:
+            return False
+        state.current.historic_queue.pop(0)
+        del state.current.sub_to_batch[token]
+        batch.own_holdings.pop(token, None)
+        batch.finish_subscription(token)
+        log.info("negentropy_filter_cut", relay=state.url, batch_id=batch.batch_id, parts=len(cut.exchanges),
+                 pages=len(cut.pages), limit=state.result_cap.limit())
+        self.queue_cut(state, batch, cut)
+        return True
+
+    def queue_cut(self, state: RelayState, batch: PendingBatch, cut) -> None:
+        """A filter's pieces past the result cap, first in the queue: they finish what was
+        started."""
+        if cut.pages:
+            self.queue_reqs(state, batch, cut.pages, front=True)
         tail = len(state.current.historic_queue)
-        for part in parts:
+        for part in cut.exchanges:
             self.queue_negentropy(state, batch, part, None)  # each exchange reads its own holdings
-        parted = state.current.historic_queue[tail:]  # first: they finish what was started
+        parted = state.current.historic_queue[tail:]
         del state.current.historic_queue[tail:]
         state.current.historic_queue[0:0] = parted
 

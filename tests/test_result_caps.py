@@ -1,0 +1,240 @@
+"""A NIP-77 result cap: what is known of a relay's cap, and how a refused filter is cut by
+what the own relay holds of it (``gsync.sync.result_caps``)."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gsync.protocol.filters import Filter
+from gsync.sync import result_caps
+from gsync.sync.result_caps import (
+    Cut,
+    ResultCap,
+    after_refusal,
+    cut_before_start,
+    cut_past_cap,
+    pages_pay,
+)
+
+NOW = 1_780_000_000
+BASE = 1_700_000_000
+ISSUES = Filter.make(kinds=[1621], tags={"a": ["30617:x:y"]})
+
+
+def _in(flt: Filter, t: int) -> bool:
+    return (flt.since is None or t >= flt.since) and (flt.until is None or t <= flt.until)
+
+
+def _held(times) -> list[tuple[int, str]]:
+    return [(t, f"{i:064x}") for i, t in enumerate(times)]
+
+
+def assert_tiles(flt: Filter, cut: Cut, probes) -> None:
+    """Exchanges and pages together ask exactly what ``flt`` asks: every second once."""
+    pieces = cut.exchanges + cut.pages
+    assert all(p.replace(since=None, until=None) == flt.replace(since=None, until=None) for p in pieces)
+    for t in probes:
+        assert sum(_in(p, t) for p in pieces) == (1 if _in(flt, t) else 0), (t, pieces)
+
+
+# -- what is known of the cap ----------------------------------------------------------------
+
+
+def test_a_reported_cap_is_the_limit():
+    cap = ResultCap()
+    cap.note_refused(10, expected=84)
+    assert cap.limit() == 10
+    cap.note_passed(7, held=4)
+    assert cap.limit() == 10
+
+
+def test_an_unreported_cap_is_searched_between_the_most_served_and_the_fewest_refused():
+    cap = ResultCap()
+    assert cap.limit() is None  # nothing known: nothing to cut by
+    cap.note_refused(None, expected=160)
+    assert cap.limit() == 80  # halfway down from what was refused
+    cap.note_passed(120, held=100)
+    assert cap.limit() == 120  # served: the cap is at least that
+    cap.note_refused(None, expected=130)
+    assert cap.limit() == 120
+    cap.note_refused(None, expected=20)  # the relay held far more there than we did
+    assert cap.limit() == 120, "what was served is known to fit"
+    cap = ResultCap()
+    cap.note_refused(None, expected=60)
+    cap.note_passed(25, held=24)
+    cap.note_refused(None, expected=40)
+    assert cap.limit() == 25
+
+
+def test_an_exchange_served_holding_as_many_as_one_refused_drops_that_estimate():
+    cap = ResultCap()
+    cap.note_refused(None, expected=10)
+    cap.note_passed(12, held=9)
+    assert cap.refused == 10 and cap.limit() == 12
+    cap.note_passed(12, held=10)
+    assert cap.refused is None and cap.limit() is None
+
+
+def test_a_refusal_of_nothing_held_teaches_no_estimate():
+    cap = ResultCap()
+    cap.note_refused(None, expected=0)
+    assert cap.refused is None and cap.limit() is None
+
+
+# -- pages or exchanges ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("held,limit,pages", [
+    (0, None, True),  # nothing held: NIP-77 would find nothing to save
+    (0, 10, True),
+    (1, 10, True),  # one event again by pages, against two exchanges or more
+    (2, 10, False),
+    (1, None, False),  # cap unknown: how much the relay holds besides is unknown too
+    (90_000, 1_000_000, True),
+    (200_000, 1_000_000, False),
+])
+def test_pages_pay_where_the_own_relay_holds_a_tenth_or_less_of_the_rest(held, limit, pages):
+    assert pages_pay(held, limit) is pages
+
+
+def test_a_filter_the_own_relay_holds_nothing_of_goes_by_pages_whole():
+    assert cut_past_cap(ISSUES, [], 10) == Cut([], [ISSUES])
+
+
+# -- the cut -----------------------------------------------------------------------------------
+
+
+def test_windows_hold_at_most_a_fill_of_the_cap_and_meet_and_the_open_ends_go_by_pages():
+    times = [BASE + 3600 * i for i in range(0, 169, 2)]  # every other of 169 hourly events
+    cut = cut_past_cap(ISSUES, times, 10)
+    per_window = [sum(_in(w, t) for t in times) for w in cut.exchanges]
+    assert max(per_window) == int(10 * result_caps.FILL) and sum(per_window) == len(times)
+    assert all(a.until + 1 == b.since for a, b in itertools.pairwise(cut.exchanges))
+    assert cut.exchanges[0].since == times[0] and cut.exchanges[-1].until == times[-1]
+    assert [(p.since, p.until) for p in cut.pages] == [(None, times[0] - 1), (times[-1] + 1, None)]
+    assert_tiles(ISSUES, cut, [0, BASE - 1, *range(BASE - 5, BASE + 3600 * 170, 600), NOW + 10**6])
+
+
+def test_a_window_refused_again_is_halved_by_what_it_holds():
+    times = [BASE + 3600 * i for i in range(8)]
+    window = ISSUES.replace(since=BASE, until=BASE + 3600 * 7)
+    cut = cut_past_cap(window, times, 10)
+    assert [sum(_in(w, t) for t in times) for w in cut.exchanges] == [4, 4]
+    assert_tiles(window, cut, range(BASE - 10, BASE + 3600 * 8, 100))
+
+
+def test_a_crowded_second_is_a_window_alone():
+    times = [BASE] * 12 + [BASE + 5, BASE + 6]
+    cut = cut_past_cap(ISSUES, times, 10)
+    assert [sum(_in(w, t) for t in times) for w in cut.exchanges] == [12, 2]
+    assert_tiles(ISSUES, cut, range(BASE - 3, BASE + 10))
+
+
+def test_a_window_holding_one_second_is_that_second_and_pages_around_it():
+    window = ISSUES.replace(since=BASE, until=BASE + 100)
+    cut = cut_past_cap(window, [BASE + 50] * 3, None)
+    assert [(w.since, w.until) for w in cut.exchanges] == [(BASE + 50, BASE + 50)]
+    assert [(p.since, p.until) for p in cut.pages] == [(BASE, BASE + 49), (BASE + 51, BASE + 100)]
+
+
+def test_one_second_all_held_cannot_be_cut_by_its_holdings():
+    second = ISSUES.replace(since=BASE, until=BASE)
+    assert cut_past_cap(second, [BASE] * 30, 10) is None
+    assert after_refusal(ResultCap(), second, _held([BASE] * 30), 10, NOW) == Cut([], [second])
+
+
+def test_a_huge_holding_under_a_tiny_cap_queues_a_bounded_number_of_windows():
+    times = list(range(BASE, BASE + 100_000))
+    cut = cut_past_cap(ISSUES, times, 1)
+    assert len(cut.exchanges) <= result_caps.MAX_WINDOWS
+
+
+@given(st.lists(st.integers(BASE, BASE + 500), max_size=60),
+       st.one_of(st.none(), st.integers(1, 30)),
+       st.one_of(st.none(), st.integers(BASE - 10, BASE + 250)),
+       st.one_of(st.none(), st.integers(BASE + 250, BASE + 510)))
+def test_a_cut_asks_exactly_what_the_filter_asks(times, limit, since, until):
+    flt = ISSUES.replace(since=since, until=until)
+    cut = cut_past_cap(flt, times, limit)
+    if cut is None:
+        assert flt.since is not None and flt.since == flt.until, "only one second cannot be cut"
+        return
+    assert_tiles(flt, cut, range(BASE - 12, BASE + 515))
+    held = [t for t in times if _in(flt, t)]
+    for w in cut.exchanges:
+        n = sum(_in(w, t) for t in held)
+        assert n >= 1, "every exchange has something held to save"
+        assert n < len(held) or len(set(held)) == 1
+
+
+# -- after a refusal, before a start -------------------------------------------------------------
+
+
+def test_nothing_known_of_the_holdings_halves_blindly():
+    cut = after_refusal(ResultCap(), ISSUES, None, 10, NOW)
+    assert len(cut.exchanges) == 2 and cut.pages == []
+
+
+def test_an_id_held_and_in_flight_counts_once():
+    cap = ResultCap()
+    after_refusal(cap, ISSUES, _held([BASE, BASE + 1]) * 2, None, NOW)
+    assert cap.refused == 2
+
+
+def test_an_exchange_holding_more_than_a_known_cap_is_cut_before_its_start():
+    cap = ResultCap(reported=10)
+    assert cut_before_start(ResultCap(), ISSUES, _held(range(BASE, BASE + 50))) is None  # nothing known
+    assert cut_before_start(cap, ISSUES, _held(range(BASE, BASE + 10))) is None  # fits
+    cut = cut_before_start(cap, ISSUES, _held(range(BASE, BASE + 50)))
+    assert cut is not None and len(cut.exchanges) == 7
+
+
+def test_a_sibling_of_a_refused_window_holding_as_many_is_cut_before_its_start():
+    cap = ResultCap()
+    cap.note_refused(10, 8, ISSUES.replace(since=BASE - 100, until=BASE - 1))  # the relay has more there
+    window = ISSUES.replace(since=BASE, until=BASE + 100)
+    assert cut_before_start(cap, window, _held(range(BASE, BASE + 7))) is None
+    assert len(cut_before_start(cap, window, _held(range(BASE, BASE + 8))).exchanges) == 2
+    assert cut_before_start(cap, ISSUES, _held(range(BASE, BASE + 8))) is None, "a whole filter: the cap only"
+    other = Filter.make(kinds=[1621], tags={"a": ["30617:x:other"]}, since=BASE, until=BASE + 100)
+    assert cut_before_start(cap, other, _held(range(BASE, BASE + 8))) is None, "another filter's windows"
+
+
+# -- convergence, as the manager drives it ------------------------------------------------------
+
+
+def converge(remote: list[int], held: list[int], cap: int) -> tuple[int, int, int]:
+    """The manager's loop over a relay refusing past ``cap``: (refusals, exchanges served,
+    page filters). Every remote event is asked exactly once."""
+    known = ResultCap()
+    queue, refusals, served, pages, asked = [ISSUES], 0, 0, 0, []
+    ids = itertools.count()
+    holding = lambda flt: [(t, f"{next(ids):064x}") for t in held if _in(flt, t)]  # noqa: E731
+    while queue:
+        flt = queue.pop(0)
+        cut = cut_before_start(known, flt, holding(flt))
+        if cut is None:
+            matched = [t for t in remote if _in(flt, t)]
+            if len(matched) <= cap:
+                served += 1
+                known.note_passed(len(matched), len(holding(flt)))
+                asked += matched
+                continue
+            refusals += 1
+            cut = after_refusal(known, flt, holding(flt), cap, NOW)
+        pages += len(cut.pages)
+        asked += [t for p in cut.pages for t in remote if _in(p, t)]
+        queue[0:0] = cut.exchanges
+    assert sorted(asked) == sorted(remote)
+    return refusals, served, pages
+
+
+@pytest.mark.parametrize("every", [1, 2, 3, 10, 20, 169])
+def test_a_cap_of_10_over_169_events_converges_in_few_refusals(every):
+    remote = [BASE + 3600 * i for i in range(169)]
+    refusals, served, pages = converge(remote, remote[::every], cap=10)
+    print(f"held every {every}: {refusals} refusals, {served} exchanges, {pages} page filters")
+    assert refusals <= 15
