@@ -1,0 +1,135 @@
+"""An id a relay advertises through NIP-77 and serves neither by id nor by its filter, in one
+process (tests/manager_harness.py): the relay keeps NIP-77, the id is not asked there again
+before its next daily fresh start, and it is asked by id from another relay listing the
+repository. (End to end, over real sockets: tests/test_unservable_e2e.py.)"""
+from gsync.io.inbox import HandshakeDone, NegentropyFinished, RelayDisconnected
+from gsync.io.negentropy_sync import NegentropyOutcome
+from gsync.ops import metrics
+from gsync.protocol import messages as wire
+from gsync.protocol.filters import Filter
+from gsync.sync.relay_state import ConnectionStatus
+
+from .factory import Author, announcement, issue
+from .manager_harness import FakeWs, ManagerHarness
+
+A, B = "wss://a.example", "wss://b.example"
+HELD = (1_700_000_000, "ab" * 32)  # the own relay holds something of every filter: NIP-77
+owner, bob = Author.named("owner"), Author.named("bob")
+
+
+def world(h, relays=(A,)):
+    repo = announcement(owner, "r", relays=list(relays))
+    hidden = issue(bob, repo, subject="advertised, never served")
+    h.own_relay_holds(repo, issue(owner, repo))
+    return repo, hidden
+
+
+def run(h, url, advertised, by_id=False, by_filter=False):
+    """``url``'s exchanges find missing what of ``advertised`` their filter matches; its
+    historic REQs end, with those events where they are served (``by_id``: to REQs of ids;
+    ``by_filter``: to the others). Until nothing is left to start, then the completion
+    check's wait."""
+    for _ in range(40):
+        h.answer_own_reads(held=lambda f: [HELD])
+        h.advance(1.1)
+        state = h.state(url)
+        for g in [g for g in h.effects.spawned if g.name == "reconcile_filter" and g.args[0] is h.conn(url)]:
+            h.effects.spawned.remove(g)
+            need = [e.id for e in advertised if g.args[2].matches(e)]
+            h.feed(NegentropyFinished(url, state.session, g.kwargs["batch_id"], g.kwargs["token"], g.args[2],
+                                      NegentropyOutcome(True, need_ids=need, rounds=1)))
+        historic = [(sub_id, fs.filters) for sub_id, fs in h.conn(url).subscriptions.items()
+                    if sub_id not in state.current.live_subs]
+        for sub_id, filters in historic:
+            served = by_id if all(f.ids is not None for f in filters) else by_filter
+            events = [e for e in advertised if served and any(f.matches(e) for f in filters)]
+            if events:
+                h.relay_sends(url, sub_id, *events)
+            h.relay_says(url, wire.Eose(sub_id))
+        if not historic and not state.current.historic_queue and not state.current.neg_running and not h.own_reads():
+            break
+    h.advance(10)
+
+
+def asks(h, url, event) -> tuple[int, int]:
+    """(REQs asking ``event`` by id, REQs whose filters match it otherwise) sent to ``url``, all
+    its sessions."""
+    by_id = by_filter = 0
+    for conn in h.effects.connections.get(url, []):
+        for frame in conn.frames:
+            if frame[0] != "REQ" or all(f.get("limit") == 0 for f in frame[2:]):
+                continue
+            filters = [Filter.from_dict(f) for f in frame[2:]]
+            if any(f.ids is not None and event.id in f.ids for f in filters):
+                by_id += 1
+            elif any(f.matches(event) for f in filters):
+                by_filter += 1
+    return by_id, by_filter
+
+
+def unservable_count(url) -> float:
+    return metrics.REGISTRY.get_sample_value("gsync_events_unservable_total", {"relay": url}) or 0.0
+
+
+def test_one_id_served_neither_by_id_nor_by_its_filter_is_unservable_there_and_costs_the_relay_nothing_else(tmp_path):
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    _, hidden = world(h)
+    counted = unservable_count(A)
+    h.connect(A)
+    run(h, A, [hidden])
+    state = h.state(A)
+    assert state.serves_ids(h.clock.now) and state.ids_unserved_at is None, "the relay keeps its NIP-77"
+    assert hidden.id in state.unservable
+    assert unservable_count(A) == counted + 1
+    assert state.status is ConnectionStatus.CONNECTED, "what is not there is not a failure"
+    assert asks(h, A, hidden) == (1, 1), "once by id, once by the filter that found it"
+    assert not h.manager.recovery.pending_ids(A)
+    for _ in range(60):  # recovery's attempts would come in this hour
+        h.advance(60)
+        h.tick()
+    assert asks(h, A, hidden) == (1, 1)
+
+    # A fresh start that is not the daily one (away for more than 15 minutes): its NIP-77
+    # finds the id missing again, and it is not asked.
+    h.feed(RelayDisconnected(A, state.session, "gone"))
+    h.advance(16 * 60)
+    h.tick()
+    h.feed(HandshakeDone(A, state.attempt, ws=FakeWs()))
+    run(h, A, [hidden])
+    assert asks(h, A, hidden) == (1, 1)
+    assert unservable_count(A) == counted + 1
+
+    # The daily fresh start asks it again (it may be served now).
+    h.advance(state.next_daily_at - h.clock.now + 1)
+    h.tick()
+    assert hidden.id not in state.unservable
+    run(h, A, [hidden], by_id=True)
+    assert asks(h, A, hidden) == (2, 1)
+
+
+def test_a_filter_that_brings_what_the_id_fetch_did_not_says_the_relay_does_not_serve_ids(tmp_path):
+    h = ManagerHarness(tmp_path)
+    _, hidden = world(h)
+    h.connect(A)
+    run(h, A, [hidden], by_filter=True)
+    state = h.state(A)
+    assert state.ids_unserved_at is not None and not state.serves_ids(h.clock.now)
+    assert hidden.id not in state.unservable
+    assert asks(h, A, hidden) == (1, 1)
+
+
+def test_an_id_unservable_on_one_relay_is_asked_by_id_from_another_listing_its_repository(tmp_path):
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    _, hidden = world(h, relays=(A, B))
+    h.connect(B)
+    run(h, B, [])  # B lacks it (it comes to B later)
+    h.connect(A)
+    run(h, A, [hidden])
+    assert hidden.id in h.state(A).unservable
+    assert h.manager.recovery.pending_ids(B) == {hidden.id}
+    assert not h.manager.recovery.pending_ids(A)
+    for _ in range(5):
+        h.advance(2)
+        h.tick()
+    by_id, by_filter = asks(h, B, hidden)
+    assert by_id >= 1 and by_filter == 0, "asked by id, never by a whole filter"
