@@ -133,3 +133,25 @@ def test_an_id_unservable_on_one_relay_is_asked_by_id_from_another_listing_its_r
         h.tick()
     by_id, by_filter = asks(h, B, hidden)
     assert by_id >= 1 and by_filter == 0, "asked by id, never by a whole filter"
+
+
+def test_recovery_asks_an_id_by_its_filter_once_and_then_it_is_unservable_there(tmp_path):
+    """An id recovery holds for a relay (one it skipped while another relay fetched it, say):
+    asked by id, then once by the filter that found it; that filter not bringing it either,
+    it is unservable there, counted, and neither is asked again."""
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    repo, hidden = world(h)
+    h.connect(A)
+    run(h, A, [])
+    counted = unservable_count(A)
+    found_by = Filter.make(tags={"a": [repo.address]})
+    h.manager.recovery.add_missing(A, [hidden.id], h.clock.now, found_by={hidden.id: found_by})
+    for _ in range(60):
+        h.advance(2)
+        h.tick()
+        run(h, A, [hidden])  # its REQs end, without it
+    assert asks(h, A, hidden) == (1, 1)
+    assert hidden.id in h.state(A).unservable and unservable_count(A) == counted + 1
+    assert not h.manager.recovery.pending_ids(A)
+    h.manager.historic.recover_ids(A, {hidden.id: found_by})  # a relay's claim released, say
+    assert not h.manager.recovery.pending_ids(A), "not asked there again"
