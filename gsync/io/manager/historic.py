@@ -827,7 +827,7 @@ class HistoricSync:
             for url in self.relays_listing(found[event_id], repos) - {state.url}:
                 elsewhere.setdefault(url, {})[event_id] = None
         log.warning("events_unservable", relay=state.url, ids=len(new), sample=new[:3],
-                    asked_elsewhere=sorted(elsewhere))
+                    asked_elsewhere=len(elsewhere))
         now = self.clock()
         for url, ids in elsewhere.items():
             other = self.relays.get(url)
