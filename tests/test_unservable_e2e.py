@@ -6,6 +6,8 @@ by id and one by its filter, and it comes from another relay listing its reposit
 (The decisions, in one process: tests/test_unservable_decisions.py.)"""
 from __future__ import annotations
 
+import pytest
+
 from gsync.protocol.filters import Filter
 
 from . import factory as f
@@ -33,6 +35,7 @@ def asks_of(remote, event) -> tuple[int, int]:
     return by_id, by_filter
 
 
+@pytest.mark.slow
 def test_an_event_a_relay_never_serves_leaves_it_its_nip77_and_comes_from_another_relay(
         relay_factory, gsync_factory, scripted):
     own = relay_factory()
