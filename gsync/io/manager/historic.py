@@ -831,7 +831,7 @@ class HistoricSync:
         now = self.clock()
         for url, ids in elsewhere.items():
             other = self.relays.get(url)
-            if other is not None and other.serves_ids(now):  # one that does not synced it by filter
+            if other is not None and other.serves_ids(now):  # one that does not brought it by its pages
                 self.recover_ids(url, ids)
 
     def relays_listing(self, flt: Filter | None, repos=()) -> set[str]:
