@@ -831,7 +831,8 @@ class HistoricSync:
         now = self.clock()
         for url, ids in elsewhere.items():
             other = self.relays.get(url)
-            if other is not None and other.serves_ids(now):  # one that does not brought it by its pages
+            # (not one that does not serve ids: it syncs by REQ pages, which brought it if it had it)
+            if other is not None and other.serves_ids(now):
                 self.recover_ids(url, ids)
 
     def relays_listing(self, flt: Filter | None, repos=()) -> set[str]:
