@@ -2,6 +2,9 @@
 process (tests/manager_harness.py): the relay keeps NIP-77, the id is not asked there again
 before its next daily fresh start, and it is asked by id from another relay listing the
 repository. (End to end, over real sockets: tests/test_unservable_e2e.py.)"""
+import json
+
+from gsync import constants
 from gsync.io.inbox import HandshakeDone, NegentropyFinished, RelayDisconnected
 from gsync.io.negentropy_sync import NegentropyOutcome
 from gsync.ops import metrics
@@ -24,11 +27,11 @@ def world(h, relays=(A,)):
     return repo, hidden
 
 
-def run(h, url, advertised, by_id=False, by_filter=False):
-    """``url``'s exchanges find missing what of ``advertised`` their filter matches; its
-    historic REQs end, with those events where they are served (``by_id``: to REQs of ids;
-    ``by_filter``: to the others). Until nothing is left to start, then the completion
-    check's wait."""
+def run(h, url, advertised, by_id=False, by_filter=False, refused=lambda flt: False, silent=lambda filters: False):
+    """``url``'s exchanges find missing what of ``advertised`` their filter matches (those
+    ``refused`` get a NEG-ERR); its historic REQs end (but those ``silent``: no word ever),
+    with those events where they are served (``by_id``: to REQs of ids; ``by_filter``: to
+    the others). Until nothing is left to start, then the completion check's wait."""
     for _ in range(40):
         h.answer_own_reads(held=lambda f: [HELD])
         h.advance(1.1)
@@ -36,10 +39,11 @@ def run(h, url, advertised, by_id=False, by_filter=False):
         for g in [g for g in h.effects.spawned if g.name == "reconcile_filter" and g.args[0] is h.conn(url)]:
             h.effects.spawned.remove(g)
             need = [e.id for e in advertised if g.args[2].matches(e)]
-            h.feed(NegentropyFinished(url, state.session, g.kwargs["batch_id"], g.kwargs["token"], g.args[2],
-                                      NegentropyOutcome(True, need_ids=need, rounds=1)))
+            outcome = (NegentropyOutcome(False, reason="error: not this one", failure="neg-err") if refused(g.args[2])
+                       else NegentropyOutcome(True, need_ids=need, rounds=1))
+            h.feed(NegentropyFinished(url, state.session, g.kwargs["batch_id"], g.kwargs["token"], g.args[2], outcome))
         historic = [(sub_id, fs.filters) for sub_id, fs in h.conn(url).subscriptions.items()
-                    if sub_id not in state.current.live_subs]
+                    if sub_id not in state.current.live_subs and not silent(fs.filters)]
         for sub_id, filters in historic:
             served = by_id if all(f.ids is not None for f in filters) else by_filter
             events = [e for e in advertised if served and any(f.matches(e) for f in filters)]
@@ -155,3 +159,53 @@ def test_recovery_asks_an_id_by_its_filter_once_and_then_it_is_unservable_there(
     assert not h.manager.recovery.pending_ids(A)
     h.manager.historic.recover_ids(A, {hidden.id: found_by})  # a relay's claim released, say
     assert not h.manager.recovery.pending_ids(A), "not asked there again"
+
+
+def stall_out(h):
+    """The silent REQs' stall deadline passes."""
+    h.advance(constants.REQ_STALL_SECS + 1)
+    h.tick()
+
+
+def test_an_id_is_judged_by_its_filter_when_another_req_of_its_batch_never_finished(tmp_path):
+    """The batch fails (its #E went by REQ pages, and they never ended), but the filter that
+    found the id answered without it: unservable there, not asked again by recovery."""
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    _, hidden = world(h)
+    h.connect(A)
+
+    def thread_E(flt):
+        return any(name == "E" for name, _ in flt.tags)
+
+    def silent(filters):
+        return any(map(thread_E, filters))
+
+    run(h, A, [hidden], refused=thread_E, silent=silent)
+    state = h.state(A)
+    for _ in range(5):  # a REQ that stalled is sent again alone, and stalls again
+        stall_out(h)
+        run(h, A, [hidden], silent=silent)
+        if state.status is not ConnectionStatus.SYNCING:
+            break
+    assert state.status is ConnectionStatus.CONNECTED_HISTORIC_SYNC_FAILURES  # the #E pages
+    assert any(map(thread_E, h.manager.recovery.pending_filters(A)))
+    assert hidden.id in state.unservable
+    assert hidden.id not in h.manager.recovery.pending_ids(A)
+    assert asks(h, A, hidden) == (1, 1)
+
+
+def test_an_id_whose_filter_never_answered_is_not_judged_but_recovered(tmp_path):
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    _, hidden = world(h)
+    h.connect(A)
+
+    def residual(filters):  # the filter asked for what the id fetch did not serve
+        return any(name == "a" for f in filters for name, _ in f.tags) and h.frames(A, "REQ")[-1][2:] == [
+            json.loads(f.to_json()) for f in filters]
+
+    run(h, A, [hidden], silent=residual)
+    stall_out(h)
+    run(h, A, [hidden])
+    state = h.state(A)
+    assert hidden.id not in state.unservable
+    assert hidden.id in h.manager.recovery.pending_ids(A)

@@ -231,6 +231,11 @@ class MissingEventRecovery:
         r = self._relays.get(relay)
         return set(r.pending) if r else set()
 
+    def pending_filters(self, relay: str) -> set[Filter]:
+        """The relay's filters whose REQ never finished."""
+        r = self._relays.get(relay)
+        return set(r.filters) if r else set()
+
     def pending_count(self) -> int:
         return sum(len(r.pending) for r in self._relays.values())
 

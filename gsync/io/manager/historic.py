@@ -751,10 +751,12 @@ class HistoricSync:
                 return
             if decision is ResidualDecision.FAIL:
                 missing = self.not_seen(batch.residual_ids())
-                if missing and batch.failed:  # a REQ of the batch did not finish: not judged
-                    self.recover_residual(state, batch, missing)
-                elif missing:
-                    self.note_unservable(state, {i: batch.found_by.get(i) for i in missing}, batch.items.repos)
+                unanswered = self.filter_unanswered(state, batch, missing)
+                if missing - unanswered:
+                    self.note_unservable(state, {i: batch.found_by.get(i) for i in missing - unanswered},
+                                         batch.items.repos)
+                if unanswered:
+                    self.recover_residual(state, batch, unanswered)
         self.confirm_batch(state, batch)
 
     def ask_residual_by_filter(self, state: RelayState, batch: PendingBatch) -> None:
@@ -776,8 +778,17 @@ class HistoricSync:
         if batch.is_complete:
             self.finish_batch(state, batch)
 
+    def filter_unanswered(self, state: RelayState, batch: PendingBatch, ids: set[str]) -> set[str]:
+        """Of ``ids``, asked by their filters, those whose filter's REQ never finished (the
+        batch failed, and the filter went to recovery: ``refusals.fail_into_recovery``): not
+        judged unservable, recovered instead."""
+        if not batch.failed or not ids:
+            return set()
+        unfinished = self.recovery.pending_filters(state.url)
+        return {i for i in ids if any(f in unfinished for f in batch.residual_filters([i]))}
+
     def recover_residual(self, state: RelayState, batch: PendingBatch, missing: set[str]) -> None:
-        """Ids neither served by id nor by their filters go to missing-event recovery."""
+        """Ids whose filter's REQ did not finish go to missing-event recovery."""
         self.recover_ids(state.url, {i: batch.found_by.get(i) for i in missing})
         log.warning("batch_incomplete", relay=state.url, batch_id=batch.batch_id, missing=len(missing))
 
