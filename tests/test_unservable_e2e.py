@@ -49,8 +49,8 @@ def test_an_event_a_relay_never_serves_leaves_it_its_nip77_and_comes_from_anothe
     other.add(first, *issues)
     Withholding([hidden.id], everywhere=True).install(remote)  # by id nor by filter
     publish(own.url, [first, *issues])  # all but the hidden one: NIP-77 advertises it alone
-    gsync = gsync_factory(own, [remote, other], extra={"sync": {"recovery_base_secs": "1"}},
-                          timers={"RECOVERY_MAX_SECS": 4})
+    gsync = gsync_factory(own, [remote, other], extra={"sync": {"recovery_base_secs": "1", "base_backoff_secs": "0.5"}},
+                          timers={"RECOVERY_MAX_SECS": 4, "QUICK_RECONNECT_SECS": 0})  # every reconnect a fresh start
 
     def unservable_noted():
         return [e for e in gsync.log_events() if e["event"] == "events_unservable"]
@@ -80,6 +80,19 @@ def test_an_event_a_relay_never_serves_leaves_it_its_nip77_and_comes_from_anothe
 
     # All this while (recovery's attempts come every 1 to 4 s here), the hidden event was
     # asked once by id and once by its filter, and not again.
+    assert asks_of(remote, hidden) == (1, 1)
+    # Nor by a fresh start that is not the daily one (a reconnect): its NIP-77 finds the
+    # event missing again, and it is not asked.
+    def found_again():
+        return sum(1 for flt in nip77.filters if flt.matches(hidden))
+
+    def synced(url):
+        return sum(1 for e in gsync.log_events() if e["event"] == "historic_sync_complete" and e["relay"] == url)
+
+    exchanged, completed = found_again(), synced(remote.url)
+    remote.drop_all()
+    wait_until(lambda: found_again() > exchanged and synced(remote.url) > completed, timeout=60,
+               what="the relay's next session synced by NIP-77")
     assert asks_of(remote, hidden) == (1, 1)
     # The other relay listing its repository gets it: asked there by id.
     other.add(hidden)
