@@ -144,6 +144,14 @@ OWN_READ_MAX_DEFER_SECS = 10.0
 # REQ+EOSE for this long before NIP-77 is tried there again (it may have been fixed).
 IDS_UNSERVED_RETRY_SECS = 24 * 3600.0
 RESIDUAL_FALLBACK_MAX_FRACTION = 0.10
+# Without the filter's word, only this many ids advertised and (nearly) none served by id say
+# that a relay does not serve ids (seed 001: "at least 20 IDs were advertised"); fewer are
+# judged by the filter that found them (``sync.unservable``).
+IDS_NOT_SERVED_MIN_ADVERTISED = 20
+# Ids a relay advertised and served neither by id nor by their filter, remembered per relay
+# until its next daily fresh start, this many at most (the oldest forgotten first: forgetting
+# one costs one more ask of it).
+UNSERVABLE_MAX_IDS = 10_000
 # After NIP-77, a filter whose events the own relay mostly lacks (more than one id fetch
 # missing, holding at most this fraction of that) is fetched by its REQ pages instead of by
 # id: ten filters of up to 500 events share one paced start, against 300 ids per id fetch.

@@ -41,7 +41,7 @@ def test_progress_clears_recovered_ids_and_resets_backoff():
     rec.record_result(A, [], now=62)  # zero progress: 60 s
     assert rec.next_attempt(A, now=121) is None
     rec.next_attempt(A, now=122)
-    assert rec.record_result(A, ids(2), now=123) == set()
+    assert rec.record_result(A, ids(2), now=123).dropped == set()
     assert rec.pending_ids(A) == set(ids(5)[2:])
     assert rec.next_attempt(A, now=152) is None
     assert rec.next_attempt(A, now=153) == ids(5)[2:]
@@ -70,7 +70,7 @@ def test_dropped_after_12_zero_progress_attempts():
     for attempt in range(1, 13):
         now += 1000
         assert rec.next_attempt(A, now) is not None
-        dropped = rec.record_result(A, [], now)
+        dropped = rec.record_result(A, [], now).dropped
         if attempt < 12:
             assert dropped == set()
     assert dropped == set(ids(4))
@@ -93,7 +93,7 @@ def test_progress_resets_the_zero_progress_count():
     for _i in range(11):
         now += 1000
         rec.next_attempt(A, now)
-        assert rec.record_result(A, [], now) == set()
+        assert rec.record_result(A, [], now).dropped == set()
     assert len(rec.pending_ids(A)) == 19
 
 
@@ -128,7 +128,7 @@ def test_arrival_during_an_attempt_then_result():
     rec.add_missing(A, ids(2), now=0)
     rec.next_attempt(A, now=30)
     rec.clear_arrived(ids(2))
-    assert rec.record_result(A, [], now=31) == set()
+    assert rec.record_result(A, [], now=31).dropped == set()
     assert rec.is_fully_recovered(A)
 
 
@@ -169,7 +169,7 @@ def test_forget_resets_a_relay_for_a_fresh_start():
 
 
 def test_result_for_unknown_relay_is_harmless():
-    assert MissingEventRecovery().record_result(A, ids(1), now=0) == set()
+    assert MissingEventRecovery().record_result(A, ids(1), now=0).dropped == set()
 
 
 def test_due_relays_lists_relays_with_an_attempt_due():
@@ -245,7 +245,7 @@ def test_arrivals_are_cleared_by_id_whatever_happened_to_the_relays_before():
             asked = rec.next_attempt(relay, now)
             if asked:
                 got = asked[: rng.randint(0, len(asked))]
-                dropped = rec.record_result(relay, got, now)
+                dropped = rec.record_result(relay, got, now).dropped
                 model[relay] -= set(got)
                 if dropped or not model[relay]:
                     del model[relay]
@@ -257,7 +257,7 @@ def test_arrivals_are_cleared_by_id_whatever_happened_to_the_relays_before():
     assert set(rec._owners) == set().union(*model.values()) if model else not rec._owners
 
 
-def test_an_id_not_served_by_id_is_asked_by_the_filter_that_found_it():
+def test_an_id_not_served_by_id_is_asked_by_the_filter_that_found_it_once():
     found_here = Filter.make(kinds=[1621], tags={"a": ["30617:aa:one"]})
     rec = MissingEventRecovery()
     rec.add_missing(A, ids(3), now=0, found_by=dict.fromkeys(ids(2), found_here))
@@ -267,24 +267,35 @@ def test_an_id_not_served_by_id_is_asked_by_the_filter_that_found_it():
     assert rec.next_attempt(A, now=61) == ids(1, start=2)  # the one without a filter only
     assert rec.attempt_filters(A) == [found_here]
     assert rec.awaited(A) == set(ids(3))
-    rec.record_result(A, ids(1), now=62, filters_done=True)  # one came by its filter
-    assert rec.pending_ids(A) == set(ids(2)[1:] + ids(1, start=2))
+    attempt = rec.record_result(A, ids(1), now=62, filters_done=True)  # one came by its filter
+    assert attempt.unservable == {ids(2)[1]: found_here}, "the other: not there, by id nor by filter"
+    assert rec.pending_ids(A) == set(ids(1, start=2))
     assert rec.next_attempt(A, now=92) == ids(1, start=2)
-    assert rec.attempt_filters(A) == [found_here], "asked by filter until it arrives"
+    assert rec.attempt_filters(A) == [], "the filter is not asked again for what it failed to bring"
 
 
-def test_ids_asked_by_filter_that_never_come_are_given_up_after_the_attempts():
+def test_an_id_its_filter_failed_to_bring_is_not_judged_when_that_req_did_not_finish():
     found_here = Filter.make(kinds=[1621])
-    rec = MissingEventRecovery(max_zero_progress=3)
-    rec.add_missing(A, ids(1), now=0, found_by=dict.fromkeys(ids(1), found_here))
-    now = 0
-    dropped = set()
-    for _ in range(3):
-        now += 10_000
-        rec.next_attempt(A, now=now)
-        dropped |= rec.record_result(A, [], now=now + 1, filters_done=True)
-    assert dropped == set(ids(1))
-    assert not rec.is_fully_recovered(A)
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(1), now=0, found_by=dict.fromkeys(ids(1), found_here), by_id_first=False)
+    rec.next_attempt(A, now=30)
+    assert rec.record_result(A, [], now=31, filters_done=False).unservable == {}
+    rec.next_attempt(A, now=100)
+    assert rec.attempt_filters(A) == [found_here]  # asked again: it never answered
+    assert rec.record_result(A, [], now=101, filters_done=True).unservable == {ids(1)[0]: found_here}
+    assert rec.is_fully_recovered(A)  # nothing left to ask there
+    assert not rec.is_missing(ids(1)[0])
+
+
+def test_an_id_added_while_the_filter_is_out_is_not_judged_by_that_attempt():
+    found_here = Filter.make(kinds=[1621])
+    rec = MissingEventRecovery()
+    rec.add_missing(A, ids(1), now=0, found_by=dict.fromkeys(ids(1), found_here), by_id_first=False)
+    rec.next_attempt(A, now=30)
+    later = ids(1, start=1)
+    rec.add_missing(A, later, now=30, found_by=dict.fromkeys(later, found_here), by_id_first=False)
+    assert set(rec.record_result(A, [], now=31, filters_done=True).unservable) == set(ids(1))
+    assert rec.pending_ids(A) == set(later)
 
 
 def test_an_id_asked_by_filter_that_arrives_elsewhere_is_settled():

@@ -150,6 +150,15 @@ EVENTS_UNRECOVERED = Counter(
     "12 attempts in a row that recovered nothing (log recovery_gave_up)",
     registry=REGISTRY,
 )
+EVENTS_UNSERVABLE = Counter(
+    "gsync_events_unservable_total",
+    "Ids a remote advertised through NIP-77 and served neither by id nor by the filter that "
+    "found them (hidden, expired or deleted there): not asked there again before its next "
+    "daily fresh start, recovered from the other relays listing their repository "
+    "(log events_unservable)",
+    ["relay"],
+    registry=REGISTRY,
+)
 CROWDED_SECONDS = Counter(
     "gsync_crowded_seconds_total",
     "Seconds in which a remote held more events of a filter than it serves in a page, by "

@@ -527,6 +527,7 @@ class PendingBatch:
     # the NIP-77 filter that advertised each id: what is not served by id is asked by it
     found_by: dict[str, Filter] = field(default_factory=dict)
     residual_by_filter: bool = False  # the missing ids were asked by their filters
+    residual_asked: set[str] = field(default_factory=set)  # the ids asked so (``sync.unservable``)
     # seconds its pages could not page inside, for the caller to complete another way
     crowded: list[CrowdedSecond] = field(default_factory=list)
     # filters NIP-77 found mostly missing: fetched by REQ after the last exchange

@@ -11,14 +11,17 @@ defers its attempts instead of spending them, so it neither expires its work nor
 A historic REQ that never finished (no EOSE) leaves no ids to ask for: its filter is kept
 instead (``add_missing_filters``) and asked again with the same schedule; it is recovered
 when a REQ for it finishes. An id given with the filter that found it (``found_by``) is asked
-by id once; if that attempt does not bring it, by that filter from then on (some relays
-advertise ids through NIP-77 and serve none of them by id), on the same schedule, until it
-arrives or the attempts run out.
+by id once; if that attempt does not bring it, by that filter, once (some relays advertise
+ids through NIP-77 and serve none of them by id). An id that filter does not bring either is
+*unservable there* (``sync.unservable``): it leaves that relay's recovery, returned to the
+manager (``Attempt.unservable``); a whole filter is never asked again for an id it failed to
+bring.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..constants import (
     MAX_IDS_PER_REQ,
@@ -39,9 +42,18 @@ class _RelayRecovery:
     zero_progress_attempts: int = 0
     in_flight: tuple[str, ...] | None = None
     filters_in_flight: tuple[Filter, ...] = ()
+    by_filter_in_flight: tuple[str, ...] = ()  # the ids the attempt in flight asks by filter
 
     def __bool__(self) -> bool:
         return bool(self.pending or self.filters)
+
+
+class Attempt(NamedTuple):
+    """What an attempt's end settled: ids given up for good (``dropped``), and ids its
+    filters finished without (``unservable``: id -> the filter that failed to bring it)."""
+
+    dropped: set[str]
+    unservable: dict[str, Filter]
 
 
 class MissingEventRecovery:
@@ -103,6 +115,7 @@ class MissingEventRecovery:
             return None
         ids = [i for i in r.pending if i not in r.by_filter][: self.ids_per_fetch]
         r.in_flight = tuple(ids)
+        r.by_filter_in_flight = tuple(r.by_filter)
         by_filter = dict.fromkeys(r.found_by[i] for i in r.by_filter)
         r.filters_in_flight = tuple(r.filters) + tuple(f for f in by_filter if f not in r.filters)
         return ids
@@ -126,16 +139,23 @@ class MissingEventRecovery:
         )
 
     def record_result(self, relay: str, delivered_ids: Iterable[str], now: float,
-                      filters_done: bool = False) -> set[str]:
+                      filters_done: bool = False) -> Attempt:
         """The in-flight fetch ended (EOSE). ``filters_done``: its filters' REQs finished
-        this time. Returns the ids dropped for good, if any."""
+        this time (else what they did not bring is not judged)."""
         r = self._relays.get(relay)
         if r is None:
-            return set()
+            return Attempt(set(), {})
         asked, r.in_flight = r.in_flight or (), None
+        asked_by_filter, r.by_filter_in_flight = r.by_filter_in_flight, ()
         recovered = [i for i in delivered_ids if i in r.pending]
         for event_id in recovered:
             self._settle(r, event_id, relay)
+        unservable = {}
+        if filters_done:  # asked by the filter that found them, and not brought by it either
+            for event_id in asked_by_filter:
+                if event_id in r.pending:
+                    unservable[event_id] = r.found_by[event_id]
+                    self._settle(r, event_id, relay)
         # REQs that never finished, finished now (a filter asked for ids is done only when
         # its ids arrive)
         finished = [f for f in r.filters_in_flight if f in r.filters] if filters_done else []
@@ -146,19 +166,19 @@ class MissingEventRecovery:
         r.by_filter.update(i for i in asked if i in r.pending and i in r.found_by)
         if not r:
             del self._relays[relay]
-            return set()
+            return Attempt(set(), unservable)
         if recovered or finished:
             r.zero_progress_attempts = 0
             r.next_attempt_at = now + self.base_delay
-            return set()
+            return Attempt(set(), unservable)
         r.zero_progress_attempts += 1
         if r.zero_progress_attempts >= self.max_zero_progress:
             self._drop(relay)
             self._gave_up.add(relay)
-            return set(r.pending)
+            return Attempt(set(r.pending), unservable)
         delay = self.base_delay * 2 ** (r.zero_progress_attempts - 1)
         r.next_attempt_at = now + min(delay, self.max_delay)
-        return set()
+        return Attempt(set(), unservable)
 
     def _settle(self, r: _RelayRecovery, event_id: str, relay: str) -> None:
         r.pending.pop(event_id, None)
@@ -172,6 +192,7 @@ class MissingEventRecovery:
         if r is not None:
             r.in_flight = None
             r.filters_in_flight = ()
+            r.by_filter_in_flight = ()
 
     def clear_arrived(self, ids: Iterable[str]) -> set[str]:
         """Ids that arrived by other means (live sync, another relay). Returns the relays
@@ -209,6 +230,11 @@ class MissingEventRecovery:
     def pending_ids(self, relay: str) -> set[str]:
         r = self._relays.get(relay)
         return set(r.pending) if r else set()
+
+    def pending_filters(self, relay: str) -> set[Filter]:
+        """The relay's filters whose REQ never finished."""
+        r = self._relays.get(relay)
+        return set(r.filters) if r else set()
 
     def pending_count(self) -> int:
         return sum(len(r.pending) for r in self._relays.values())

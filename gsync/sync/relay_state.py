@@ -22,6 +22,7 @@ from .result_caps import ResultCap
 from .status import ConnectionStatus
 from .targets import ConfirmedItems
 from .threads_ahead import ThreadsAhead
+from .unservable import UnservableIds
 
 
 @dataclass
@@ -214,6 +215,9 @@ class RelayState:
     # when the relay last advertised ids through NIP-77 and served (nearly) none of them by
     # id (kept over sessions): its batches go by REQ+EOSE until IDS_UNSERVED_RETRY_SECS pass
     ids_unserved_at: float | None = None
+    # ids it advertised and served neither by id nor by their filter: not asked here again
+    # before its next daily fresh start (``lifecycle.run_daily``), kept over sessions
+    unservable: UnservableIds = field(default_factory=UnservableIds)
     # when this relay, listing 77 in its NIP-11, last failed NIP-77 (refused it, or never
     # answered): kept over sessions, so NIP-77 is tried there at most once a NIP77_RETRY_SECS
     nip77_failed_at: float | None = None

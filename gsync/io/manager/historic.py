@@ -32,6 +32,7 @@ from ...sync.repos import identifier_of
 from ...sync.shard import OTHER_SHARD_LEAD
 from ...sync.status import Fact
 from ...sync.targets import PendingItems
+from ...sync.unservable import ids_not_served
 from .. import negentropy_sync
 from ..inbox import (
     CompletionRecheck,
@@ -740,6 +741,7 @@ class HistoricSync:
             self.finish_recovery(state, batch)
             return
         batch.settle([i for i in batch.residual_ids() if i in self.seen])
+        self.judge_by_filter(state, batch)
         if batch.advertised_ids:
             decision = batch.residual_decision()
             if decision is ResidualDecision.RETRY_RESIDUAL:
@@ -751,22 +753,24 @@ class HistoricSync:
                 return
             if decision is ResidualDecision.FAIL:
                 missing = self.not_seen(batch.residual_ids())
-                if missing:
-                    batch.mark_failed()
-                    self.recover_residual(state, batch, missing)
+                unanswered = self.filter_unanswered(state, batch, missing)
+                if missing - unanswered:
+                    self.note_unservable(state, {i: batch.found_by.get(i) for i in missing - unanswered},
+                                         batch.items.repos)
+                if unanswered:
+                    self.recover_residual(state, batch, unanswered)
         self.confirm_batch(state, batch)
 
     def ask_residual_by_filter(self, state: RelayState, batch: PendingBatch) -> None:
         """Ids the relay advertised and did not serve by id are asked by the filters that
-        found them (REQ pages), once. A relay that served (nearly) none of them by id does
-        not serve ids: remembered, so that its next batches go by REQ+EOSE from the start
-        (``RelayState.serves_ids``), for a day."""
+        found them (REQ pages), once. Of at least ``IDS_NOT_SERVED_MIN_ADVERTISED`` ids, a
+        relay that served (nearly) none by id does not serve ids (``ids_not_served``);
+        fewer are judged by what their filters bring (``judge_by_filter``)."""
         missing = self.not_seen(batch.residual_ids())
-        if not batch.first_pass_served_by_id() and state.serves_ids(self.clock()):
-            state.ids_unserved_at = self.clock()
-            log.warning("relay_ids_not_served", relay=state.url, batch_id=batch.batch_id,
-                        advertised=len(batch.advertised_ids), delivered=len(batch.received_ids))
+        if not batch.residual_retried:
+            self.judge_ids_served(state, batch, brought_by_filter=None)
         batch.residual_by_filter = True
+        batch.residual_asked = set(missing)
         if missing:
             filters = batch.residual_filters(missing)
             log.info("negentropy_ids_asked_by_filter", relay=state.url, batch_id=batch.batch_id,
@@ -776,8 +780,17 @@ class HistoricSync:
         if batch.is_complete:
             self.finish_batch(state, batch)
 
+    def filter_unanswered(self, state: RelayState, batch: PendingBatch, ids: set[str]) -> set[str]:
+        """Of ``ids``, asked by their filters, those whose filter's REQ never finished (the
+        batch failed, and the filter went to recovery: ``refusals.fail_into_recovery``): not
+        judged unservable, recovered instead."""
+        if not batch.failed or not ids:
+            return set()
+        unfinished = self.recovery.pending_filters(state.url)
+        return {i for i in ids if any(f in unfinished for f in batch.residual_filters([i]))}
+
     def recover_residual(self, state: RelayState, batch: PendingBatch, missing: set[str]) -> None:
-        """Ids neither served by id nor by their filters go to missing-event recovery."""
+        """Ids whose filter's REQ did not finish go to missing-event recovery."""
         self.recover_ids(state.url, {i: batch.found_by.get(i) for i in missing})
         log.warning("batch_incomplete", relay=state.url, batch_id=batch.batch_id, missing=len(missing))
 
@@ -787,8 +800,60 @@ class HistoricSync:
         (asked by id again, they would only come back empty)."""
         now = self.clock()
         state = self.relays.get(url)
+        if state is not None:
+            found = {i: flt for i, flt in found.items() if i not in state.unservable}
         self.recovery.add_missing(url, found, now, found_by=found,
                                   by_id_first=state is None or state.serves_ids(now))
+
+    def judge_ids_served(self, state: RelayState, batch: PendingBatch, brought_by_filter: int | None) -> None:
+        """A relay that does not serve by id what its NIP-77 advertises
+        (``unservable.ids_not_served``, on the batch's first id pass and, once asked, what
+        the filters brought) is remembered so: its next batches go by REQ+EOSE from the start
+        (``RelayState.serves_ids``), for a day."""
+        advertised = len(batch.advertised_ids)
+        by_id = advertised - len(batch.residual_asked or batch.residual_ids())
+        if not ids_not_served(advertised, by_id, brought_by_filter) or not state.serves_ids(self.clock()):
+            return
+        state.ids_unserved_at = self.clock()
+        log.warning("relay_ids_not_served", relay=state.url, batch_id=batch.batch_id,
+                    advertised=advertised, delivered=by_id, by_filter=brought_by_filter)
+
+    def judge_by_filter(self, state: RelayState, batch: PendingBatch) -> None:
+        """The filters asked for what the first id pass did not serve have answered
+        (judged once)."""
+        if batch.residual_asked and not batch.residual_retried:
+            self.judge_ids_served(state, batch, len(batch.residual_asked & batch.received_ids))
+        batch.residual_asked = set()
+
+    def note_unservable(self, state: RelayState, found: dict, repos=()) -> None:
+        """``found`` (id -> the filter that failed to bring it, or None) came neither by id
+        nor by that filter: unservable on this relay (``sync.unservable``). Counted, not asked
+        there again before its next daily fresh start, and asked by id (never by a whole
+        filter) from the other relays listing its repository: those the filter names, else
+        ``repos`` (the batch's)."""
+        new = state.unservable.add(i for i in found if i not in self.seen)
+        if not new:
+            return
+        metrics.EVENTS_UNSERVABLE.labels(state.url).inc(len(new))
+        elsewhere: dict[str, dict] = {}
+        for event_id in new:
+            for url in self.relays_listing(found[event_id], repos) - {state.url}:
+                elsewhere.setdefault(url, {})[event_id] = None
+        log.warning("events_unservable", relay=state.url, ids=len(new), sample=new[:3],
+                    asked_elsewhere=len(elsewhere))
+        now = self.clock()
+        for url, ids in elsewhere.items():
+            other = self.relays.get(url)
+            # (not one that does not serve ids: it syncs by REQ pages, which brought it if it had it)
+            if other is not None and other.serves_ids(now):
+                self.recover_ids(url, ids)
+
+    def relays_listing(self, flt: Filter | None, repos=()) -> set[str]:
+        """The relays listing the repositories ``flt`` asks by address (else ``repos``)."""
+        addresses = [v for name, values in (flt.tags if flt is not None else ()) if name in filter_plan.REPO_TAGS
+                     for v in values if v in self.repos] or repos
+        return {url for address in addresses if (needs := self.repos.get(address)) is not None
+                for url in needs.relays}
 
     def refetch_refused(self, relay: str, ids: list[str]) -> None:
         """Fetch released cold ids from the relay they came from; if it is not connected,
@@ -915,8 +980,10 @@ class HistoricSync:
         # Several filters match the same events (a comment tags its root with both E
         # and e; repositories list several relays): each id is fetched once, by the
         # first batch that claims it; the others wait for it (``FetchClaims``).
+        # (not what the relay served neither by id nor by filter already: ``sync.unservable``)
         need = self.claims.claim(state.url, batch.batch_id,
-                                 (i for i in result.need_ids if i not in self.seen), flt)
+                                 (i for i in result.need_ids if i not in self.seen and i not in state.unservable),
+                                 flt)
         log.debug("negentropy_done", relay=state.url, batch_id=batch.batch_id, need=len(need),
                   advertised=len(result.need_ids), have=len(result.have_ids),
                   rounds=result.rounds, held=result.held)
@@ -1124,8 +1191,10 @@ class HistoricSync:
     def finish_recovery(self, state: RelayState, batch: PendingBatch) -> None:
         self.release_claims(state, batch)
         state.current.pending.pop(batch.batch_id, None)
-        dropped = self.recovery.record_result(state.url, batch.received_ids, self.clock(),
-                                              filters_done=not batch.failed)
+        dropped, unservable = self.recovery.record_result(state.url, batch.received_ids, self.clock(),
+                                                          filters_done=not batch.failed)
+        if unservable:
+            self.note_unservable(state, unservable)
         if dropped:
             metrics.EVENTS_UNRECOVERED.inc(len(dropped))
             log.warning("recovery_gave_up", relay=state.url, dropped=len(dropped))

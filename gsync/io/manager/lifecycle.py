@@ -286,6 +286,7 @@ class RelayLifecycle:
                 state.next_daily_at = now + random.uniform(constants.DAILY_MIN_SECS, constants.DAILY_MAX_SECS)
                 log.info("daily_sync", relay=state.url)
                 move_status(state, Fact.DAILY_SYNC)
+                state.unservable.clear()  # asked again: it may be served now
                 self.fresh_start(state, now)
 
     def fresh_start(self, state: RelayState, now: float) -> None:

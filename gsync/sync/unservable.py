@@ -1,0 +1,59 @@
+"""Ids a relay advertises and does not serve, and what that says of the relay (SPEC §4
+residuals).
+
+A relay that advertised an id through NIP-77 and did not serve it by id is asked by the
+filter that found it. The filter is the witness: what it brings and the id fetch did not
+says the relay does not serve ids (``ids_not_served``: REQ+EOSE there for a day); what it
+does not bring either is not there to be served (hidden on read, expired, deleted between
+the exchange and the fetch): *unservable there* (``UnservableIds``), not asked on that relay
+again before its next daily fresh start, and recovered from the other relays that list its
+repository. One such id costs the relay nothing else, NIP-77 included.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..constants import (
+    IDS_NOT_SERVED_MIN_ADVERTISED,
+    RESIDUAL_FALLBACK_MAX_FRACTION,
+    UNSERVABLE_MAX_IDS,
+)
+
+
+def ids_not_served(advertised: int, served_by_id: int, brought_by_filter: int | None = None) -> bool:
+    """Does the relay not serve by id what its NIP-77 advertises? Only if its id fetch
+    served at most a tenth of the ``advertised`` ids, and either they were at least
+    ``IDS_NOT_SERVED_MIN_ADVERTISED`` (the seed's rule: judged before the filters are asked),
+    or their filters brought some of what the id fetch did not (``brought_by_filter``; None:
+    not asked yet). An id fetch that served none of one id, whose filter brought nothing
+    either, says nothing of the relay: that id is not there."""
+    if served_by_id > advertised * RESIDUAL_FALLBACK_MAX_FRACTION:
+        return False
+    return advertised >= IDS_NOT_SERVED_MIN_ADVERTISED or bool(brought_by_filter)
+
+
+class UnservableIds:
+    """One relay's unservable ids (see the module), oldest first, ``max_ids`` at most: the
+    relay's advertised ids are the work that fills it, its daily fresh start (``clear``)
+    and its retirement (the relay's state goes) what ends it."""
+
+    def __init__(self, max_ids: int = UNSERVABLE_MAX_IDS):
+        self.max_ids = max_ids
+        self._ids: dict[str, None] = {}
+
+    def add(self, ids: Iterable[str]) -> list[str]:
+        """Remember ``ids``; returns those not remembered before (what is counted)."""
+        new = [i for i in dict.fromkeys(ids) if i not in self._ids]
+        self._ids.update(dict.fromkeys(new))
+        while len(self._ids) > self.max_ids:
+            del self._ids[next(iter(self._ids))]
+        return new
+
+    def __contains__(self, event_id: str) -> bool:
+        return event_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def clear(self) -> None:
+        self._ids.clear()

@@ -1,0 +1,35 @@
+"""Which relays do not serve ids, and which ids are not there (``sync.unservable``): pure."""
+from gsync.constants import IDS_NOT_SERVED_MIN_ADVERTISED
+from gsync.sync.unservable import UnservableIds, ids_not_served
+
+
+def test_one_id_served_neither_by_id_nor_by_its_filter_says_nothing_of_the_relay():
+    assert not ids_not_served(advertised=1, served_by_id=0, brought_by_filter=0)
+    assert not ids_not_served(advertised=1, served_by_id=0)  # its filter not asked yet
+
+
+def test_a_filter_that_brings_what_the_id_fetch_did_not_says_the_relay_does_not_serve_ids():
+    assert ids_not_served(advertised=1, served_by_id=0, brought_by_filter=1)
+    assert ids_not_served(advertised=5, served_by_id=0, brought_by_filter=1)
+
+
+def test_twenty_advertised_and_a_tenth_served_need_no_filter_to_judge():
+    n = IDS_NOT_SERVED_MIN_ADVERTISED
+    assert ids_not_served(advertised=n, served_by_id=n // 10)
+    assert not ids_not_served(advertised=n - 1, served_by_id=0)
+    assert not ids_not_served(advertised=n, served_by_id=n // 10 + 1)
+
+
+def test_a_relay_that_served_more_than_a_tenth_by_id_serves_ids_whatever_its_filters_bring():
+    assert not ids_not_served(advertised=10, served_by_id=2, brought_by_filter=8)
+
+
+def test_unservable_ids_are_counted_once_bounded_and_cleared():
+    memory = UnservableIds(max_ids=3)
+    assert memory.add(["a", "b", "a"]) == ["a", "b"]
+    assert memory.add(["b", "c"]) == ["c"]
+    assert "a" in memory and len(memory) == 3
+    memory.add(["d"])
+    assert len(memory) == 3 and "a" not in memory and "d" in memory  # the oldest goes first
+    memory.clear()
+    assert len(memory) == 0 and "d" not in memory

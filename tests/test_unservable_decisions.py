@@ -1,0 +1,211 @@
+"""An id a relay advertises through NIP-77 and serves neither by id nor by its filter, in one
+process (tests/manager_harness.py): the relay keeps NIP-77, the id is not asked there again
+before its next daily fresh start, and it is asked by id from another relay listing the
+repository. (End to end, over real sockets: tests/test_unservable_e2e.py.)"""
+import json
+
+from gsync import constants
+from gsync.io.inbox import HandshakeDone, NegentropyFinished, RelayDisconnected
+from gsync.io.negentropy_sync import NegentropyOutcome
+from gsync.ops import metrics
+from gsync.protocol import messages as wire
+from gsync.protocol.filters import Filter
+from gsync.sync.relay_state import ConnectionStatus
+
+from .factory import Author, announcement, issue
+from .manager_harness import FakeWs, ManagerHarness
+
+A, B = "wss://a.example", "wss://b.example"
+HELD = (1_700_000_000, "ab" * 32)  # the own relay holds something of every filter: NIP-77
+owner, bob = Author.named("owner"), Author.named("bob")
+
+
+def world(h, relays=(A,)):
+    repo = announcement(owner, "r", relays=list(relays))
+    hidden = issue(bob, repo, subject="advertised, never served")
+    h.own_relay_holds(repo, issue(owner, repo))
+    return repo, hidden
+
+
+def run(h, url, advertised, by_id=False, by_filter=False, refused=lambda flt: False, silent=lambda filters: False):
+    """``url``'s exchanges find missing what of ``advertised`` their filter matches (those
+    ``refused`` get a NEG-ERR); its historic REQs end (but those ``silent``: no word ever),
+    with those events where they are served (``by_id``: to REQs of ids; ``by_filter``: to
+    the others). Until nothing is left to start, then the completion check's wait."""
+    for _ in range(40):
+        h.answer_own_reads(held=lambda f: [HELD])
+        h.advance(1.1)
+        state = h.state(url)
+        for g in [g for g in h.effects.spawned if g.name == "reconcile_filter" and g.args[0] is h.conn(url)]:
+            h.effects.spawned.remove(g)
+            need = [e.id for e in advertised if g.args[2].matches(e)]
+            outcome = (NegentropyOutcome(False, reason="error: not this one", failure="neg-err") if refused(g.args[2])
+                       else NegentropyOutcome(True, need_ids=need, rounds=1))
+            h.feed(NegentropyFinished(url, state.session, g.kwargs["batch_id"], g.kwargs["token"], g.args[2], outcome))
+        historic = [(sub_id, fs.filters) for sub_id, fs in h.conn(url).subscriptions.items()
+                    if sub_id not in state.current.live_subs and not silent(fs.filters)]
+        for sub_id, filters in historic:
+            served = by_id if all(f.ids is not None for f in filters) else by_filter
+            events = [e for e in advertised if served and any(f.matches(e) for f in filters)]
+            if events:
+                h.relay_sends(url, sub_id, *events)
+            h.relay_says(url, wire.Eose(sub_id))
+        if not historic and not state.current.historic_queue and not state.current.neg_running and not h.own_reads():
+            break
+    h.advance(10)
+
+
+def asks(h, url, event) -> tuple[int, int]:
+    """(REQs asking ``event`` by id, REQs whose filters match it otherwise) sent to ``url``, all
+    its sessions."""
+    by_id = by_filter = 0
+    for conn in h.effects.connections.get(url, []):
+        for frame in conn.frames:
+            if frame[0] != "REQ" or all(f.get("limit") == 0 for f in frame[2:]):
+                continue
+            filters = [Filter.from_dict(f) for f in frame[2:]]
+            if any(f.ids is not None and event.id in f.ids for f in filters):
+                by_id += 1
+            elif any(f.matches(event) for f in filters):
+                by_filter += 1
+    return by_id, by_filter
+
+
+def unservable_count(url) -> float:
+    return metrics.REGISTRY.get_sample_value("gsync_events_unservable_total", {"relay": url}) or 0.0
+
+
+def test_one_id_served_neither_by_id_nor_by_its_filter_is_unservable_there_and_costs_the_relay_nothing_else(tmp_path):
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    _, hidden = world(h)
+    counted = unservable_count(A)
+    h.connect(A)
+    run(h, A, [hidden])
+    state = h.state(A)
+    assert state.serves_ids(h.clock.now) and state.ids_unserved_at is None, "the relay keeps its NIP-77"
+    assert hidden.id in state.unservable
+    assert unservable_count(A) == counted + 1
+    assert state.status is ConnectionStatus.CONNECTED, "what is not there is not a failure"
+    assert asks(h, A, hidden) == (1, 1), "once by id, once by the filter that found it"
+    assert not h.manager.recovery.pending_ids(A)
+    for _ in range(60):  # recovery's attempts would come in this hour
+        h.advance(60)
+        h.tick()
+    assert asks(h, A, hidden) == (1, 1)
+
+    # A fresh start that is not the daily one (away for more than 15 minutes): its NIP-77
+    # finds the id missing again, and it is not asked.
+    h.feed(RelayDisconnected(A, state.session, "gone"))
+    h.advance(16 * 60)
+    h.tick()
+    h.feed(HandshakeDone(A, state.attempt, ws=FakeWs()))
+    run(h, A, [hidden])
+    assert asks(h, A, hidden) == (1, 1)
+    assert unservable_count(A) == counted + 1
+
+    # The daily fresh start asks it again (it may be served now).
+    h.advance(state.next_daily_at - h.clock.now + 1)
+    h.tick()
+    assert hidden.id not in state.unservable
+    run(h, A, [hidden], by_id=True)
+    assert asks(h, A, hidden) == (2, 1)
+
+
+def test_a_filter_that_brings_what_the_id_fetch_did_not_says_the_relay_does_not_serve_ids(tmp_path):
+    h = ManagerHarness(tmp_path)
+    _, hidden = world(h)
+    h.connect(A)
+    run(h, A, [hidden], by_filter=True)
+    state = h.state(A)
+    assert state.ids_unserved_at is not None and not state.serves_ids(h.clock.now)
+    assert hidden.id not in state.unservable
+    assert asks(h, A, hidden) == (1, 1)
+
+
+def test_an_id_unservable_on_one_relay_is_asked_by_id_from_another_listing_its_repository(tmp_path):
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    _, hidden = world(h, relays=(A, B))
+    h.connect(B)
+    run(h, B, [])  # B lacks it (it comes to B later)
+    h.connect(A)
+    run(h, A, [hidden])
+    assert hidden.id in h.state(A).unservable
+    assert h.manager.recovery.pending_ids(B) == {hidden.id}
+    assert not h.manager.recovery.pending_ids(A)
+    for _ in range(5):
+        h.advance(2)
+        h.tick()
+    by_id, by_filter = asks(h, B, hidden)
+    assert by_id >= 1 and by_filter == 0, "asked by id, never by a whole filter"
+
+
+def test_recovery_asks_an_id_by_its_filter_once_and_then_it_is_unservable_there(tmp_path):
+    """An id recovery holds for a relay (one it skipped while another relay fetched it, say):
+    asked by id, then once by the filter that found it; that filter not bringing it either,
+    it is unservable there, counted, and neither is asked again."""
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    repo, hidden = world(h)
+    h.connect(A)
+    run(h, A, [])
+    counted = unservable_count(A)
+    found_by = Filter.make(tags={"a": [repo.address]})
+    h.manager.recovery.add_missing(A, [hidden.id], h.clock.now, found_by={hidden.id: found_by})
+    for _ in range(60):
+        h.advance(2)
+        h.tick()
+        run(h, A, [hidden])  # its REQs end, without it
+    assert asks(h, A, hidden) == (1, 1)
+    assert hidden.id in h.state(A).unservable and unservable_count(A) == counted + 1
+    assert not h.manager.recovery.pending_ids(A)
+    h.manager.historic.recover_ids(A, {hidden.id: found_by})  # a relay's claim released, say
+    assert not h.manager.recovery.pending_ids(A), "not asked there again"
+
+
+def stall_out(h):
+    """The silent REQs' stall deadline passes."""
+    h.advance(constants.REQ_STALL_SECS + 1)
+    h.tick()
+
+
+def test_an_id_is_judged_by_its_filter_when_another_req_of_its_batch_never_finished(tmp_path):
+    """The batch fails (its #E went by REQ pages, and they never ended), but the filter that
+    found the id answered without it: unservable there, not asked again by recovery."""
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    _, hidden = world(h)
+    h.connect(A)
+
+    def thread_E(flt):
+        return any(name == "E" for name, _ in flt.tags)
+
+    def silent(filters):
+        return any(map(thread_E, filters))
+
+    run(h, A, [hidden], refused=thread_E, silent=silent)
+    state = h.state(A)
+    for _ in range(5):  # a REQ that stalled is sent again alone, and stalls again
+        stall_out(h)
+        run(h, A, [hidden], silent=silent)
+        if state.status is not ConnectionStatus.SYNCING:
+            break
+    assert state.status is ConnectionStatus.CONNECTED_HISTORIC_SYNC_FAILURES  # the #E pages
+    assert any(map(thread_E, h.manager.recovery.pending_filters(A)))
+    assert hidden.id in state.unservable
+    assert hidden.id not in h.manager.recovery.pending_ids(A)
+    assert asks(h, A, hidden) == (1, 1)
+
+
+def test_an_id_whose_filter_never_answered_is_not_judged_but_recovered(tmp_path):
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    _, hidden = world(h)
+    h.connect(A)
+
+    def residual(filters):  # the filter asked for what the id fetch did not serve
+        return any(name == "a" for f in filters for name, _ in f.tags) and h.frames(A, "REQ")[-1][2:] == [
+            json.loads(f.to_json()) for f in filters]
+
+    run(h, A, [hidden], silent=residual)
+    stall_out(h)
+    run(h, A, [hidden])
+    state = h.state(A)
+    assert hidden.id not in state.unservable
+    assert hidden.id in h.manager.recovery.pending_ids(A)
