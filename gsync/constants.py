@@ -45,7 +45,6 @@ CONSOLIDATION_EXCESS = 70  # subscriptions above the live baseline before consol
 # every 20 s, each time fetching the last 15 minutes again (the 30-minute soak: 483 of them).
 # Between two, coverage that does not fit is polled, fresh (``LiveCoverage.open_groups``).
 CONSOLIDATION_MIN_SECS = 60.0
-DESCENDANT_OVERLAP_SECS = 15 * 60
 # Serialized filter JSON we keep open on one connection. Relays bound it (LocalRelay refuses
 # past 1 MiB: "active subscriptions exceed max size"); NIP-11 has no field for it. Live
 # coverage gets 512 KiB, historic work the rest; what live cannot hold is polled instead.

@@ -158,7 +158,7 @@ def test_storage_from_hex_and_from_bytes_agree():
     assert len(by_bytes) == len(by_hex) == 41
     assert [by_bytes.item_bound(i) for i in range(41)] == [by_hex.item_bound(i) for i in range(41)]
     assert by_bytes.fingerprint(0, 41) == by_hex.fingerprint(0, 41)
-    assert type(by_bytes.id_at(0)) is bytes
+    assert type(by_bytes.ids(0, 1)[0]) is bytes
 
 
 def test_frame_size_limit_below_4096_is_refused():

@@ -192,10 +192,6 @@ def is_plain(text: str) -> bool:
     return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
 
 
-def matches_any(filters, event: Event) -> bool:
-    return any(f.matches(event) for f in filters)
-
-
 class FilterSet:
     """The filters of one subscription, indexed so that an event is checked only against
     those that could match it: by id for id filters, by their first tag for tag filters

@@ -234,9 +234,6 @@ class Storage:
     def __len__(self) -> int:
         return len(self._keys)
 
-    def id_at(self, index: int) -> bytes:
-        return self._keys[index][1]
-
     def ids(self, lower: int, upper: int) -> list[bytes]:
         return [i for _, i in self._keys[lower:upper]]
 
