@@ -412,6 +412,12 @@ class RelayHealthTracker:
             ready = max(ready, h.last_background_start_at + self.proactive_gap)
         return ready - now
 
+    def start_interval(self, relay: str) -> float:
+        """Seconds between background starts on ``relay`` now: the proactive gate, or the
+        reactive one after a query-rate refusal if that is longer."""
+        h = self._relays.get(relay)  # reading adds no record
+        return max(self.proactive_gap, (h.reactive_gap if h else None) or 0.0)
+
     def may_start_background(self, relay: str, now: float) -> float:
         return self.wait_before_start(relay, now, background=True)
 
