@@ -90,6 +90,8 @@ def test_the_progress_line_reads_at_a_glance():
     assert progress_line(p.as_dict()) == (
         f"syncing: 12/30 repos complete, 1/2 relays synced, 9,012 events delivered, "
         f"42 starts queued, about 1 min 10 s left (slowest: {A})")
+    one = sync_progress([syncing(A, queued=1, wait=0.5)], 1, 0)
+    assert progress_line(one.as_dict()).endswith(f"1 start queued, about 2 s left (slowest: {A})")
     done = sync_progress([RelayWork(A, S.CONNECTED, events_delivered=3),
                           RelayWork(B, S.DISCONNECTED, unreachable=True)], 2, 2)
     assert progress_line(done.as_dict()) == (

@@ -159,7 +159,8 @@ def progress_line(progress: Mapping) -> str:
     ]
     if not syncing:
         return "synced: " + ", ".join(parts)
-    parts.append(f"{p.get('starts_queued', 0):,} starts queued")
+    queued = p.get("starts_queued", 0)
+    parts.append(f"{queued:,} start{'' if queued == 1 else 's'} queued")
     left = p.get("secs_left")
     if left is None:
         parts.append("time left unknown (pacing gate off)")
