@@ -177,3 +177,19 @@ def test_the_gauges_follow_the_progress_and_keep_one_series_per_relay_in_the_tab
     metrics.forget_relay(A)
     relays = {s.labels.get("relay") for fam in metrics.STARTS_QUEUED.collect() for s in fam.samples}
     assert A not in relays
+
+
+def test_each_page_of_a_filter_counts_the_pages_before_it_and_its_split_pieces_keep_the_count():
+    from gsync.protocol.filters import Filter
+    from gsync.sync.pending import FilterPaginationState, PageCap
+
+    repos = [f"30617:{'a' * 64}:r{i}" for i in range(4)]
+    cap, bob = PageCap.per_filter(80), Author.named("bob")
+    state = FilterPaginationState.start(Filter.make(tags={"a": repos}))
+    for n in range(3):
+        assert state.pages == n
+        for i in range(80):
+            state.record(issue(bob, repos[i % 4], created_at=1_700_000_000 - 100 * n - i), own=True)
+        state = state.next_page(cap)
+    assert state.pages == 3
+    assert [piece.pages for piece in state.split(2)] == [3, 3]
