@@ -43,6 +43,13 @@ def test_a_relay_waiting_for_a_cooldown_adds_the_wait():
     assert p.secs_left == pytest.approx(125.0)
 
 
+def test_a_syncing_relay_has_the_completion_checks_wait_left_even_with_nothing_queued():
+    settling = RelayWork(A, S.SYNCING, gate_secs=1.0, settle_secs=1.5)
+    assert sync_progress([settling], 0, 0).secs_left == pytest.approx(1.5)
+    busy = RelayWork(A, S.SYNCING, starts_queued=4, gate_secs=1.0, settle_secs=1.5)
+    assert sync_progress([busy], 0, 0).secs_left == pytest.approx(5.5)
+
+
 def test_relays_not_syncing_leave_nothing_and_a_synced_world_has_no_time_left():
     done = RelayWork(A, S.CONNECTED, starts_queued=7, gate_secs=1.0)  # upkeep: not the round's
     gone = RelayWork(B, S.DISCONNECTED, starts_queued=0, gate_secs=1.0)
@@ -134,8 +141,9 @@ def test_a_first_sync_and_a_daily_fresh_start_show_their_progress(tmp_path):
     assert (first["repos_complete"], first["repos_total"]) == (0, 3)
     assert (first["relays_synced"], first["relays_total"], first["relays_syncing"]) == (0, 1, 1)
     assert first["starts_queued"] >= 1
-    assert first["secs_left"] == pytest.approx(first["starts_queued"] + h.manager.status_snapshot()
-                                               ["relays"][0]["pages_expected"], abs=1.0)
+    settle = h.config.sync.batch_window_ms / 1000 + 1  # the Syncing → Connected check's wait
+    expected = first["starts_queued"] + h.manager.status_snapshot()["relays"][0]["pages_expected"]
+    assert first["secs_left"] == pytest.approx(expected + settle, abs=1.0)
     # A full page of repository events: that filter has more pages, and their roots threads.
     h.advance(3)
     layer2 = next(r for r in h.historic_reqs(A) if any("#a" in flt for flt in r[2:]))

@@ -11,7 +11,8 @@ The time left. Under the pacing gate (SPEC §5, one background start per relay p
 seconds) a relay's historic sync takes one gate interval per start, whatever the start
 brings: the starts, not the bytes, set the pace. Relays are gated apart and run side by
 side, so the slowest sets the time: the max over syncing relays of
-``wait + (starts queued + pages expected) × gate``. The queue alone is not enough: a filter
+``wait + (starts queued + pages expected) × gate + settle`` (the Syncing → Connected check's
+wait once its last batch is done). The queue alone is not enough: a filter
 being paged holds one start in the queue at a time, however deep its history, and in a first
 sync against an own relay that holds nothing the pages are most of the work (measured: a
 remote of 9,000 issues over 30 repositories, 33 s under the 1 s gate; at 8 s the queue held 4
@@ -43,6 +44,7 @@ class RelayWork:
     pages_expected: int = 0  # further pages of the filters being paged (one per page taken)
     gate_secs: float = 0.0  # seconds between its background starts (proactive or reactive gate)
     wait_secs: float = 0.0  # until its next start may go (a cooldown, the gate)
+    settle_secs: float = 0.0  # the Syncing → Connected check's wait after its last batch
     events_delivered: int = 0
 
     @property
@@ -61,7 +63,7 @@ class RelayWork:
         starts = self.starts_queued + self.pages_expected
         if starts and self.gate_secs <= 0:
             return None
-        return max(0.0, self.wait_secs) + starts * self.gate_secs
+        return max(0.0, self.wait_secs) + starts * self.gate_secs + self.settle_secs
 
 
 @dataclass(frozen=True)

@@ -321,7 +321,7 @@ class SyncManager:
         metrics.REJECTED_ENTRIES.set(len(self.rejected))
         metrics.REJECTED_LIMIT.set(self.rejected.max_entries)
         metrics.BACKGROUND_START_INTERVAL.set(self.config.sync.background_start_interval_ms / 1000)
-        publish_progress(*read_progress(self.relays, self.repos, self.health, now))
+        publish_progress(*read_progress(self.relays, self.repos, self.health, self.config.sync, now))
 
     # -- operators ------------------------------------------------------------------------
 
@@ -346,7 +346,7 @@ class SyncManager:
 
     def status_snapshot(self) -> dict:
         now = self.clock()
-        progress, works = read_progress(self.relays, self.repos, self.health, now)
+        progress, works = read_progress(self.relays, self.repos, self.health, self.config.sync, now)
         works = {w.url: w for w in works}
         return {
             "own_relay": self.config.service.own_relay,

@@ -29,7 +29,7 @@ def pages_expected(state: RelayState) -> int:
     return expected
 
 
-def relay_work(state: RelayState, health, now: float) -> RelayWork:
+def relay_work(state: RelayState, health, now: float, settle_secs: float = 0.0) -> RelayWork:
     url = state.url
     return RelayWork(
         url=url,
@@ -40,13 +40,17 @@ def relay_work(state: RelayState, health, now: float) -> RelayWork:
         pages_expected=pages_expected(state),
         gate_secs=health.start_interval(url),
         wait_secs=health.may_start_background(url, now) if state.current.historic_queue else 0.0,
+        settle_secs=settle_secs,
         events_delivered=state.events_delivered,
     )
 
 
-def read_progress(relays, repos, health, now: float) -> tuple[SyncProgress, list[RelayWork]]:
-    """The round's progress, and the rows it was computed from (for per-relay gauges)."""
-    works = [relay_work(state, health, now) for state in relays.values()]
+def read_progress(relays, repos, health, sync, now: float) -> tuple[SyncProgress, list[RelayWork]]:
+    """The round's progress, and the rows it was computed from (for per-relay gauges).
+    ``sync``: the [sync] config, for the wait of the Syncing → Connected check
+    (``HistoricSync.check_historic_complete``: the batch window and a second)."""
+    settle = sync.batch_window_ms / 1000 + 1
+    works = [relay_work(state, health, now, settle) for state in relays.values()]
     counted = {w.url for w in works if not w.unreachable}
     done = repos_complete(((address, needs.sync_level, needs.relays) for address, needs in repos.items()),
                           {url: state.confirmed for url, state in relays.items()}, counted)
