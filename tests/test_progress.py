@@ -43,6 +43,33 @@ def test_a_relay_waiting_for_a_cooldown_adds_the_wait():
     assert p.secs_left == pytest.approx(125.0)
 
 
+def test_starts_slower_than_the_gate_count_at_the_pace_they_went():
+    slow = RelayWork(A, S.SYNCING, starts_queued=10, gate_secs=1.0, pace_secs=2.5)
+    assert sync_progress([slow], 0, 0).secs_left == pytest.approx(25.0)
+    fast = RelayWork(A, S.SYNCING, starts_queued=10, gate_secs=1.0, pace_secs=0.2)  # never under the gate
+    assert sync_progress([fast], 0, 0).secs_left == pytest.approx(10.0)
+    gate_off = RelayWork(A, S.SYNCING, starts_queued=10, gate_secs=0.0, pace_secs=0.3)
+    assert sync_progress([gate_off], 0, 0).secs_left == pytest.approx(3.0)
+
+
+def test_the_pace_of_a_relays_starts_is_a_moving_average_of_their_gaps_without_idle_ones():
+    from gsync.sync.health import PACE_IDLE_SECS, PACE_WEIGHT, RelayHealthTracker
+
+    health = RelayHealthTracker(proactive_gap=1.0)
+    health.record_success(A, 0.0)
+    assert health.start_pace(A) is None and health.start_pace(B) is None
+    for at in (10.0, 11.0, 12.0):
+        health.record_start(A, at, background=True)
+    assert health.start_pace(A) == pytest.approx(1.0)
+    health.record_start(A, 12.5, background=False)  # a live REQ: not paced, not counted
+    health.record_start(A, 15.0, background=True)
+    assert health.start_pace(A) == pytest.approx(1.0 + PACE_WEIGHT * (3.0 - 1.0))
+    health.record_start(A, 15.0 + PACE_IDLE_SECS + 1, background=True)  # nothing to start meanwhile
+    assert health.start_pace(A) == pytest.approx(1.0 + PACE_WEIGHT * (3.0 - 1.0))
+    health.record_success(A, 100.0)  # a new session: its own pace
+    assert health.start_pace(A) is None
+
+
 def test_a_syncing_relay_has_the_completion_checks_wait_left_even_with_nothing_queued():
     settling = RelayWork(A, S.SYNCING, gate_secs=1.0, settle_secs=1.5)
     assert sync_progress([settling], 0, 0).secs_left == pytest.approx(1.5)

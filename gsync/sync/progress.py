@@ -12,7 +12,9 @@ seconds) a relay's historic sync takes one gate interval per start, whatever the
 brings: the starts, not the bytes, set the pace. Relays are gated apart and run side by
 side, so the slowest sets the time: the max over syncing relays of
 ``wait + (starts queued + pages expected) × gate + settle`` (the Syncing → Connected check's
-wait once its last batch is done). The queue alone is not enough: a filter
+wait once its last batch is done), where ``gate`` is the slower of the gate's interval and the
+pace the relay's starts have actually gone at lately (``RelayHealthTracker.start_pace``:
+answers slower than the gate, or delivery holding history back, make them slower). The queue alone is not enough: a filter
 being paged holds one start in the queue at a time, however deep its history, and in a first
 sync against an own relay that holds nothing the pages are most of the work (measured: a
 remote of 9,000 issues over 30 repositories, 33 s under the 1 s gate; at 8 s the queue held 4
@@ -43,6 +45,7 @@ class RelayWork:
     starts_queued: int = 0  # historic REQs, pages and NIP-77 exchanges waiting for the gate
     pages_expected: int = 0  # further pages of the filters being paged (one per page taken)
     gate_secs: float = 0.0  # seconds between its background starts (proactive or reactive gate)
+    pace_secs: float | None = None  # seconds between its background starts as they went lately
     wait_secs: float = 0.0  # until its next start may go (a cooldown, the gate)
     settle_secs: float = 0.0  # the Syncing → Connected check's wait after its last batch
     events_delivered: int = 0
@@ -55,15 +58,19 @@ class RelayWork:
     def syncing(self) -> bool:
         return self.status is ConnectionStatus.SYNCING
 
+    def secs_per_start(self) -> float:
+        """The gate's interval, or the pace its starts went at lately if that is slower."""
+        return max(self.gate_secs, self.pace_secs or 0.0)
+
     def secs_left(self) -> float | None:
-        """Its historic sync's time left: 0 unless syncing; None with the gate off (starts
-        then go as fast as the relay answers, which the gate does not tell)."""
+        """Its historic sync's time left: 0 unless syncing; None with the gate off before
+        its starts have shown a pace (they then go as fast as the relay answers)."""
         if not self.syncing:
             return 0.0
         starts = self.starts_queued + self.pages_expected
-        if starts and self.gate_secs <= 0:
+        if starts and self.secs_per_start() <= 0:
             return None
-        return max(0.0, self.wait_secs) + starts * self.gate_secs + self.settle_secs
+        return max(0.0, self.wait_secs) + starts * self.secs_per_start() + self.settle_secs
 
 
 @dataclass(frozen=True)

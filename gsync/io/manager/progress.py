@@ -39,6 +39,7 @@ def relay_work(state: RelayState, health, now: float, settle_secs: float = 0.0) 
         starts_queued=len(state.current.historic_queue),
         pages_expected=pages_expected(state),
         gate_secs=health.start_interval(url),
+        pace_secs=health.start_pace(url),
         wait_secs=health.may_start_background(url, now) if state.current.historic_queue else 0.0,
         settle_secs=settle_secs,
         events_delivered=state.events_delivered,
