@@ -14,14 +14,17 @@ side, so the slowest sets the time: the max over syncing relays of
 ``wait + (starts queued + pages expected) × gate + settle`` (the Syncing → Connected check's
 wait once its last batch is done), where ``gate`` is the slower of the gate's interval and the
 pace the relay's starts have actually gone at lately (``RelayHealthTracker.start_pace``:
-answers slower than the gate, or delivery holding history back, make them slower). The queue alone is not enough: a filter
-being paged holds one start in the queue at a time, however deep its history, and in a first
-sync against an own relay that holds nothing the pages are most of the work (measured: a
-remote of 9,000 issues over 30 repositories, 33 s under the 1 s gate; at 8 s the queue held 4
-starts, 25 s were left). How deep a history goes is not known until the relay says EOSE, so a
-filter that has taken ``n`` pages is expected to take ``n`` more (``RelayWork.pages_expected``):
-past a quarter of a filter's pages this is within a factor of 2 in three cases of four if
-where it stands is uniformly unknown.
+answers slower than the gate, or delivery holding history back, make them slower).
+
+The queue alone is not enough: a filter being paged holds one start in the queue at a time,
+however deep its history, and in a first sync against an own relay that holds nothing the
+pages are most of the work (measured: a remote of 9,000 issues over 30 repositories, 33 s
+under the 1 s gate; at 8 s the queue held 4 starts, 25 s were left). How deep a history goes is not known until the relay says EOSE, so a
+filter that has taken ``n`` pages is expected to take ``n`` more (``RelayWork.pages_expected``,
+twice that for repository events: their roots' threads take starts of their own). Measured at
+a quarter of the way: 0.81-0.87 of the time then taken where the work is known up front
+(NIP-77, one filter a start: tests/test_first_sync_progress.py), 0.2-0.8 while histories are
+paged into an empty own relay (the threads of roots not fetched yet cannot be counted yet).
 """
 from __future__ import annotations
 
