@@ -228,3 +228,23 @@ def test_each_page_of_a_filter_counts_the_pages_before_it_and_its_split_pieces_k
         state = state.next_page(cap)
     assert state.pages == 3
     assert [piece.pages for piece in state.split(2)] == [3, 3]
+
+
+def test_a_relay_whose_answers_are_slower_than_the_gate_is_counted_at_the_pace_it_goes(tmp_path):
+    """One filter a REQ, one historic REQ open at once, answers after 4 s: the starts go 4 s
+    apart, not 1 s, and so does the time left."""
+    from gsync.protocol.nip11 import RelayLimits
+
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, 3))
+    h.connect(A, limits=RelayLimits(max_subscriptions=4, max_filters=1))
+    h.answer_own_reads()
+    for _ in range(3):
+        h.advance(4)
+        for sub_id in set(h.conn(A).subscriptions) - set(h.state(A).current.live_subs):
+            h.relay_says(A, wire.Eose(sub_id))
+    relay = h.manager.status_snapshot()["relays"][0]
+    assert relay["starts_queued"] >= 1
+    assert h.manager.health.start_pace(A) > 3.0
+    expected = relay["starts_queued"] + relay["pages_expected"]
+    assert progress(h)["secs_left"] >= 3.0 * expected
