@@ -179,10 +179,12 @@ def test_status_table_from_the_running_instance(synced):
     assert "1 repos" in head
     assert "delivery backlog 0" in head
     assert "2/2 relays connected" in head
-    columns = lines[2].split()
-    assert columns[:5] == ["RELAY", "STATUS", "HEALTH", "SUBS", "DELIVERED"]
-    assert lines[2].rstrip().endswith("LAST ERROR")
-    rows = {line.split()[0]: line.split() for line in lines[3:]}
+    assert lines[1] == (f"synced: 1/1 repos complete, 2/2 relays synced, "
+                        f"{len(synced.new_ids):,} events delivered")
+    columns = lines[3].split()
+    assert columns[:6] == ["RELAY", "STATUS", "HEALTH", "SUBS", "DELIVERED", "QUEUED"]
+    assert lines[3].rstrip().endswith("LAST ERROR")
+    rows = {line.split()[0]: line.split() for line in lines[4:]}
     assert set(rows) == {synced.a.url, synced.b.url}
     snapshot = {r["relay"]: r for r in synced.gsync.status()["relays"]}
     for url, row in rows.items():

@@ -29,6 +29,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..sync.progress import progress_line
 from . import localrelay
 
 KIND_NAMES = {
@@ -406,14 +407,11 @@ class Demo:
         bar = "#" * filled + "." * (width - filled)
         if not status:
             relays = "gsync starting…"
+        elif status.get("relays") and status.get("progress"):
+            relays = progress_line(status["progress"])  # what `gsync status` prints
         else:
-            parts = []
-            for r in status.get("relays", []):
-                port = r["relay"].rsplit(":", 1)[-1]
-                parts.append(f":{port} {r['status']} {r['subscriptions']} subs "
-                             f"{r['events_delivered']} delivered")
-            relays = " | ".join(parts) or ("ready, waiting for repositories" if status.get("ready")
-                                           else "subscribing to the own relay…")
+            relays = ("ready, waiting for repositories" if status.get("ready")
+                      else "subscribing to the own relay…")
         line = f"[{secs:5.1f}s] own relay [{bar}] {have:4d}/{total} events  {relays}"
         if self.tty:  # one line, rewritten in place: never wider than the terminal
             width = shutil.get_terminal_size((120, 24)).columns - 1

@@ -256,3 +256,31 @@ def forget_relay(relay: str) -> None:
                 metric.remove(*key)
             except KeyError:
                 pass
+
+
+# -- progress of the first sync and each daily fresh start (sync.progress) --------------------
+SYNC_REPOS_COMPLETE = Gauge(
+    "gsync_sync_repositories_complete",
+    "Repositories whose history every reachable relay listing them has given (of "
+    "gsync_repositories): falls back at a relay's daily fresh start until it has again",
+    registry=REGISTRY,
+)
+SYNC_RELAYS_SYNCED = Gauge(
+    "gsync_sync_relays_synced",
+    "Relays whose historic sync is done (ngit_sync_relay_connected 3 or 4), of "
+    "ngit_sync_relays_tracked_total",
+    registry=REGISTRY,
+)
+SYNC_SECONDS_LEFT = Gauge(
+    "gsync_sync_seconds_left",
+    "Estimated seconds until every syncing relay's historic sync is done: the slowest "
+    "relay's queued starts and expected pages times its gate interval (0: nothing syncing; "
+    "-1: unknown, the pacing gate is off)",
+    registry=REGISTRY,
+)
+STARTS_QUEUED = Gauge(
+    "gsync_starts_queued",
+    "Historic REQs, pages and NIP-77 exchanges waiting for the relay's pacing gate",
+    ["relay"],
+    registry=REGISTRY,
+)

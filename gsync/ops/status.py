@@ -2,8 +2,10 @@
 
 It reads ``GET /status`` on the ``[metrics] listen`` address of the instance's config file
 (or ``--url``) and prints a header (own relay up or down, ready, repositories, delivery
-backlog) and one line per remote relay: connection status, health, open subscriptions, events
-delivered from it, last error. ``--json`` prints the endpoint's JSON as is, for scripts.
+backlog), the sync round's progress in one line (``sync.progress.progress_line``: repositories
+complete, relays synced, events delivered, starts queued, time left), and one line per remote
+relay: connection status, health, open subscriptions, events delivered from it, starts
+queued, last error. ``--json`` prints the endpoint's JSON as is, for scripts.
 
 Only ``[metrics] listen`` is read from the config file — not the whole file through the
 checker — so an operator who cannot read the NIP-42 key file can still ask for the status.
@@ -144,9 +146,10 @@ COLUMNS = (
     ("HEALTH", "health"),
     ("SUBS", "subscriptions"),
     ("DELIVERED", "events_delivered"),
+    ("QUEUED", "starts_queued"),
     ("LAST ERROR", "last_error"),
 )
-_RIGHT = {"subscriptions", "events_delivered"}
+_RIGHT = {"subscriptions", "starts_queued", "events_delivered"}
 # ``ngit_sync_relay_connected`` 2, 3 and 4: a live connection.
 CONNECTED_STATUSES = ("syncing", "connected", "connected_historic_sync_failures")
 
@@ -181,8 +184,16 @@ def header(status: dict) -> str:
     return ", ".join(parts)
 
 
+def progress_lines(status: dict) -> list[str]:
+    """The sync round's progress, one line (none from a gsync that does not report it)."""
+    from ..sync.progress import progress_line
+
+    progress = status.get("progress")
+    return [progress_line(progress)] if isinstance(progress, dict) else []
+
+
 def render(status: dict) -> str:
-    lines = [header(status), *state_warning(status), ""]
+    lines = [header(status), *state_warning(status), *progress_lines(status), ""]
     relays = status.get("relays", [])
     if not relays:
         lines.append("no remote relays tracked yet")

@@ -38,6 +38,14 @@ from ..constants import (
 )
 from ..protocol.messages import is_filter_shape_refusal, is_rate_limit_text
 
+# How far apart a relay's background starts have actually gone (``start_pace``, read by the
+# progress estimate: answers slower than the gate, or delivery holding history, make starts
+# slower than the gate allows): a moving average of the gaps between them, the latest
+# weighing PACE_WEIGHT; a gap over PACE_IDLE_SECS was a relay with nothing to start, not a
+# slow one, and is left out.
+PACE_WEIGHT = 0.2
+PACE_IDLE_SECS = 30.0
+
 
 class HealthState(enum.Enum):
     HEALTHY = "healthy"
@@ -167,6 +175,7 @@ class _RelayHealth:
     reactive_gap: float | None = None  # None until a query-rate refusal this session
     last_start_at: float | None = None
     last_background_start_at: float | None = None
+    start_pace: float | None = None  # seconds between background starts lately (PACE_WEIGHT)
     negentropy_disabled: bool = False
 
 
@@ -230,7 +239,7 @@ class RelayHealthTracker:
         h.connected, h.connected_since = True, now
         h.parked_until, h.parked_reason = None, ""
         # Pacing gates and the NIP-77 verdict belong to the session; the cooldown does not.
-        h.reactive_gap = h.last_start_at = h.last_background_start_at = None
+        h.reactive_gap = h.last_start_at = h.last_background_start_at = h.start_pace = None
         h.negentropy_disabled = False
 
     def record_failure(self, relay: str, now: float, permanent: str = "") -> None:
@@ -412,6 +421,18 @@ class RelayHealthTracker:
             ready = max(ready, h.last_background_start_at + self.proactive_gap)
         return ready - now
 
+    def start_interval(self, relay: str) -> float:
+        """Seconds between background starts on ``relay`` now: the proactive gate, or the
+        reactive one after a query-rate refusal if that is longer."""
+        h = self._relays.get(relay)  # reading adds no record
+        return max(self.proactive_gap, (h.reactive_gap if h else None) or 0.0)
+
+    def start_pace(self, relay: str) -> float | None:
+        """Seconds between ``relay``'s background starts lately, as they went (None: fewer
+        than two this session)."""
+        h = self._relays.get(relay)
+        return h.start_pace if h else None
+
     def may_start_background(self, relay: str, now: float) -> float:
         return self.wait_before_start(relay, now, background=True)
 
@@ -422,7 +443,10 @@ class RelayHealthTracker:
         h = self._get(relay)
         h.last_start_at = now
         if background:
-            h.last_background_start_at = now
+            last, h.last_background_start_at = h.last_background_start_at, now
+            gap = None if last is None else now - last
+            if gap is not None and gap <= PACE_IDLE_SECS:
+                h.start_pace = gap if h.start_pace is None else h.start_pace + PACE_WEIGHT * (gap - h.start_pace)
 
 
 # -- misbehaviour --------------------------------------------------------------------------

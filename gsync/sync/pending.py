@@ -211,6 +211,7 @@ class FilterPaginationState:
     # set by ``next_page`` when this page left a second it could not page inside (more
     # events at ``until`` than the relay serves): (that second, ids seen at it)
     crowded: tuple[int, int] | None = None
+    pages: int = 0  # pages of this filter before this one: what the progress estimate reads
 
     @classmethod
     def start(cls, f: Filter) -> FilterPaginationState:
@@ -232,6 +233,7 @@ class FilterPaginationState:
         return FilterPaginationState(
             self.original_filter, self.page_filter, boundary_ids=self.boundary_ids,
             alone=self.alone, previous=self.previous, full=self.full, stalled=self.stalled,
+            pages=self.pages,
         )
 
     def brought_new(self) -> bool:
@@ -278,13 +280,14 @@ class FilterPaginationState:
             # A REQ that may have been cut before reaching it: the same page again, in any
             # REQ (the others' pages move on, so it is not cut off again for ever).
             return FilterPaginationState(self.original_filter, self.page_filter,
-                                         boundary_ids=self.boundary_ids, previous=previous)
+                                         boundary_ids=self.boundary_ids, previous=previous,
+                                         pages=self.pages + 1)
         if covered is None:
             # Everything it matched, another filter matched too, and the page size says
             # nothing: the same page again, alone, where all of it is its own.
             return FilterPaginationState(self.original_filter, self.page_filter,
                                          boundary_ids=self.boundary_ids, alone=True,
-                                         previous=previous)
+                                         previous=previous, pages=self.pages + 1)
         ids_at = {i for t, i in self.seen if t == covered}
         until = self.page_filter.until
         at_boundary = until is not None and covered >= until
@@ -299,7 +302,8 @@ class FilterPaginationState:
             # and what they teach may settle it), then alone, where the answer is all its own.
             return FilterPaginationState(self.original_filter, self.page_filter,
                                          boundary_ids=self.boundary_ids | ids_at,
-                                         alone=self.stalled, stalled=True, previous=previous)
+                                         alone=self.stalled, stalled=True, previous=previous,
+                                         pages=self.pages + 1)
         else:
             # No progress: the relay keeps returning the same page, all of it at one second
             # it serves no more of. Paging skips that second; the caller completes it.
@@ -314,6 +318,7 @@ class FilterPaginationState:
             boundary_ids=boundary,
             previous=previous,
             full=cap.filled(len(self.seen)),
+            pages=self.pages + 1,
         )
 
     def split(self, parts: int) -> list[FilterPaginationState]:
@@ -339,6 +344,7 @@ class FilterPaginationState:
                 boundary_ids=set(self.boundary_ids),
                 previous=self.previous,
                 full=self.full,
+                pages=self.pages,
             ))
             start = end
         return pieces

@@ -60,6 +60,8 @@ from .lifecycle import RelayLifecycle
 from .live import LiveCoverage
 from .own_reads import OwnReads
 from .own_relay import OwnRelaySide
+from .progress import publish as publish_progress
+from .progress import read_progress
 from .refusals import Refusals
 from .saved_state import SavedState
 
@@ -319,6 +321,7 @@ class SyncManager:
         metrics.REJECTED_ENTRIES.set(len(self.rejected))
         metrics.REJECTED_LIMIT.set(self.rejected.max_entries)
         metrics.BACKGROUND_START_INTERVAL.set(self.config.sync.background_start_interval_ms / 1000)
+        publish_progress(*read_progress(self.relays, self.repos, self.health, self.config.sync, now))
 
     # -- operators ------------------------------------------------------------------------
 
@@ -343,6 +346,8 @@ class SyncManager:
 
     def status_snapshot(self) -> dict:
         now = self.clock()
+        progress, works = read_progress(self.relays, self.repos, self.health, self.config.sync, now)
+        works = {w.url: w for w in works}
         return {
             "own_relay": self.config.service.own_relay,
             "own_relay_up": not self.own_relay.down,
@@ -353,6 +358,7 @@ class SyncManager:
             "state": self.state_status(now),
             "peaks": {"manager_queue": self.queue_peak, "handshakes": self.handshakes.peak,
                       "delivery_backlog": self.delivery_peak},
+            "progress": progress.as_dict(),
             "relays": [
                 {
                     "relay": s.url,
@@ -361,6 +367,8 @@ class SyncManager:
                     "subscriptions": len(s.current.conn.subscriptions) if s.current.conn else 0,
                     "subscriptions_peak": s.current.conn.peak_subscriptions if s.current.conn else 0,
                     "pending_batches": len(s.current.pending),
+                    "starts_queued": works[s.url].starts_queued,
+                    "pages_expected": works[s.url].pages_expected,
                     "paused_coverage": len(s.paused),
                     "events_delivered": s.events_delivered,
                     "bootstrap": s.is_bootstrap,
