@@ -627,9 +627,10 @@ class ScriptedRelay:
                 return
             if headers.get("upgrade", "").lower() != "websocket" or "sec-websocket-key" not in headers:
                 answered("http")
-                if self.hold_nip11 is not None:
+                hold = self.hold_nip11
+                if hold is not None:
                     self.nip11_held.set()
-                    self.hold_nip11.wait(30)
+                    hold.wait(30)
                 self._answer_http(sock, headers)
                 return
             if self.redirect_to is not None:

@@ -15,7 +15,7 @@ import pytest
 from . import factory as f
 from .grasp_relay import PURGATORY, GraspRelay
 from .relays import ids_on, publish, wait_until
-from .scenario import alice, our_announcement
+from .scenario import alice, bob, our_announcement
 
 TICK = {"MAINTENANCE_TICK_SECS": 0.2}
 
@@ -148,3 +148,77 @@ def test_a_purgatory_announcement_never_accepted_is_dropped_after_its_window(gsy
     assert _relays(gsync)[bootstrap.url] in ("syncing", "connected")
     assert gsync.status()["repos"] == 1
     assert own.offered(held_state) == 1, "the dropped repository's state was offered again"
+
+
+def _live_reqs(relay) -> int:
+    """Live (``limit: 0``) subscriptions open on ``relay``, layer 1's aside."""
+    return sum(1 for conn in relay.open_connections for sub_id, filters in list(conn.subs.items())
+               if sub_id.startswith("live-") and all(flt.limit == 0 for flt in filters))
+
+
+def _live_on_root(relay, root_id: str) -> bool:
+    return any(flt.limit == 0 and root_id in (flt.tag("e") or ())
+               for conn in relay.open_connections for filters in list(conn.subs.values()) for flt in filters)
+
+
+@pytest.mark.slow
+def test_consolidation_past_the_baseline_plus_70_waits_for_the_historic_batches(relay_factory, gsync_factory,
+                                                                                scripted):
+    """A relay allowing 300 subscriptions of one filter each (NIP-11): every new repository
+    with a root adds 7 live REQs (state, #a/#A/#q, #e/#E/#q), while packed anew all of them
+    take 7. Past the baseline + 70, a consolidation is due while the relay leaves the
+    round's historic REQs unanswered: it waits (SPEC §4), nothing is closed. Once they are
+    answered, the last batch's completion wakes it: the fragmented live REQs are closed and
+    the coverage reopened packed; live replies on the first and last roots arrive."""
+    holding = threading.Event()
+    held: list = []  # (connection, sub id) of historic REQs not answered yet
+
+    def hold_history(relay, conn, message):
+        if (holding.is_set() and isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 2
+                and not all(isinstance(flt, dict) and flt.get("limit") == 0 for flt in message[2:])):
+            held.append((conn, message[1]))
+            return []  # no events, no EOSE: the batch stays pending
+        return None
+
+    own = relay_factory()
+    remote = scripted(nip11={"limitation": {"max_subscriptions": 300, "max_filters": 1}}, page_size=500,
+                      on_message=hold_history)
+    first = our_announcement(own, [remote], d="r0")
+    roots = [f.issue(bob, first, subject="root 0")]
+    remote.add(first)
+    publish(own.url, [first, roots[0]])
+    gsync = gsync_factory(own, [remote], timers=TICK)
+    wait_until(lambda: _relays(gsync).get(remote.url) == "connected", timeout=40, what="first sync")
+    holding.set()
+    for i in range(1, 40):
+        if _events(gsync, "consolidation_waits", remote.url):
+            break
+        repo = our_announcement(own, [remote], d=f"r{i}")
+        roots.append(f.issue(bob, repo, subject=f"root {i}"))
+        seen = len(_events(gsync, "self_batch_processed"))
+        publish(own.url, [repo, roots[-1]])
+        wait_until(lambda seen=seen: len(_events(gsync, "self_batch_processed")) > seen, timeout=10,
+                   what=f"round {i}'s batch")
+    waits = _events(gsync, "consolidation_waits", remote.url)
+    assert waits and waits[0]["live_subscriptions"] > 70, waits
+    fragmented = _live_reqs(remote)
+    assert fragmented > 77, fragmented
+    assert not [m for m in remote.messages("CLOSE") if str(m[1]).startswith("live-")], \
+        "closed before the historic batches were done"
+
+    holding.clear()
+    released_at = time.monotonic()
+    for conn, sub_id in held:
+        conn.send("EOSE", sub_id)
+    wait_until(lambda: _events(gsync, "consolidated", remote.url), timeout=30, what="the consolidation")
+    wait_until(lambda: 0 < _live_reqs(remote) <= 10, timeout=30, what="live coverage packed again")
+    closes = [at for at, _, m in remote.received_with_times()
+              if isinstance(m, list) and m[:1] == ["CLOSE"] and str(m[1]).startswith("live-")]
+    assert len(closes) >= fragmented and min(closes) > released_at
+    wait_until(lambda: _live_on_root(remote, roots[0].id) and _live_on_root(remote, roots[-1].id),
+               timeout=30, what="live coverage of the first and last roots")
+    replies = [f.comment(alice, roots[0], content="live, first"), f.comment(alice, roots[-1], content="live, last")]
+    for reply in replies:
+        remote.broadcast(reply)
+    wait_until(lambda: {r.id for r in replies} <= ids_on(own.url, {"ids": [r.id for r in replies]}),
+               timeout=30, what="live replies after the consolidation")

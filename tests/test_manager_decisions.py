@@ -329,3 +329,41 @@ def test_a_reconnect_after_more_than_15_minutes_starts_fresh(tmp_path):
     h.advance(1.1)
     again = h.historic_reqs(A)
     assert again and all("since" not in flt for f in again for flt in f[2:])  # whole history
+
+
+# -- consolidation ---------------------------------------------------------------------------
+
+
+def test_a_consolidation_past_70_waits_for_the_historic_batches_until_its_deadline(tmp_path):
+    """One filter to a REQ, 300 subscriptions: each new repository adds 4 live REQs that
+    packed anew take none more. Past the baseline + 70 while the new repositories' batches
+    are pending, the consolidation waits (SPEC §4): nothing is closed, not even when a tick
+    comes, until CONSOLIDATION_WAIT_MAX_SECS from when it was due; then it goes although
+    the batches still run. (Their completion waking it is tested end to end:
+    tests/test_engine_lifecycle.py.)"""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, 1))
+    h.connect(A, limits=RelayLimits(max_subscriptions=300, max_filters=1))
+    h.settle(A)
+    state = h.state(A)
+    for i in range(40):  # their own-relay reads are never answered: the batches stay pending
+        h.own_relay_holds(*listed_on(A, 1, name=f"new{i}"))
+        if state.current.consolidation_waits_since is not None:
+            break
+    due_at = state.current.consolidation_waits_since
+    assert due_at is not None and state.current.syncing()
+    fragmented = state.current.data_live_subs()
+    assert fragmented > 70
+
+    def live_closed() -> int:
+        return sum(1 for f in h.frames(A, "CLOSE") if f[1].startswith("live-"))
+
+    assert live_closed() == 0
+    h.advance(due_at + constants.CONSOLIDATION_WAIT_MAX_SECS - 1 - h.clock.now)
+    h.tick()
+    assert live_closed() == 0 and state.current.data_live_subs() == fragmented
+    h.advance(2)
+    h.tick()
+    assert state.current.syncing(), "the deadline, not the batches, ended the wait"
+    assert live_closed() == fragmented
+    assert state.current.data_live_subs() < 10
