@@ -45,10 +45,6 @@ CONSOLIDATION_EXCESS = 70  # subscriptions above the live baseline before consol
 # every 20 s, each time fetching the last 15 minutes again (the 30-minute soak: 483 of them).
 # Between two, coverage that does not fit is polled, fresh (``LiveCoverage.open_groups``).
 CONSOLIDATION_MIN_SECS = 60.0
-# SPEC §4: a consolidation due while the relay's historic batches run waits for them (woken
-# by the last one's completion), at most this long from when it was first due; meanwhile
-# new coverage that does not fit is polled. 0: rebuild at once.
-CONSOLIDATION_WAIT_MAX_SECS = 300.0
 DESCENDANT_OVERLAP_SECS = 15 * 60
 # Serialized filter JSON we keep open on one connection. Relays bound it (LocalRelay refuses
 # past 1 MiB: "active subscriptions exceed max size"); NIP-11 has no field for it. Live
@@ -332,7 +328,7 @@ STATE_SAVE_SECS = 10.0
 # has the same idea: sub-second backoffs under its test mode.) Overlaps such as the 900 s of
 # ``since`` are not timers: they are compared with events' created_at and never change.
 TEST_TIMER_NAMES = (
-    "CONSOLIDATION_MIN_SECS", "CONSOLIDATION_WAIT_MAX_SECS", "PURGATORY_TTL_SECS", "POLL_SECS", "POLL_SECS_PER_KIB", "POLL_MAX_SECS",
+    "CONSOLIDATION_MIN_SECS", "PURGATORY_TTL_SECS", "POLL_SECS", "POLL_SECS_PER_KIB", "POLL_MAX_SECS",
     "FRESH_POLL_SECS",
     "POLL_DEFER_SECS", "NEGENTROPY_DEADLINE_SECS",
     "FOLLOWER_WAIT_MAX_SECS",

@@ -334,36 +334,30 @@ def test_a_reconnect_after_more_than_15_minutes_starts_fresh(tmp_path):
 # -- consolidation ---------------------------------------------------------------------------
 
 
-def test_a_consolidation_past_70_waits_for_the_historic_batches_until_its_deadline(tmp_path):
+def test_a_consolidation_past_70_goes_at_once_and_keeps_what_is_in_flight_live(tmp_path):
     """One filter to a REQ, 300 subscriptions: each new repository adds 4 live REQs that
-    packed anew take none more. Past the baseline + 70 while the new repositories' batches
-    are pending, the consolidation waits (SPEC §4): nothing is closed, not even when a tick
-    comes, until CONSOLIDATION_WAIT_MAX_SECS from when it was due; then it goes although
-    the batches still run. (Their completion waking it is tested end to end:
-    tests/test_engine_lifecycle.py.)"""
+    packed anew take none more. Past the baseline + 70, while the new repositories' batches
+    are pending (their own-relay reads never answered), the live REQs are rebuilt at once
+    (README, Design: not after the batches), every repository still in flight covered."""
     h = ManagerHarness(tmp_path)
     h.own_relay_holds(*listed_on(A, 1))
     h.connect(A, limits=RelayLimits(max_subscriptions=300, max_filters=1))
     h.settle(A)
     state = h.state(A)
-    for i in range(40):  # their own-relay reads are never answered: the batches stay pending
-        h.own_relay_holds(*listed_on(A, 1, name=f"new{i}"))
-        if state.current.consolidation_waits_since is not None:
+    fragmented, added = 0, []
+    for i in range(40):
+        before = len(h.frames(A, "CLOSE"))
+        repo = listed_on(A, 1, name=f"new{i}")[0]
+        added.append(repo.address)
+        h.own_relay_holds(repo)
+        if len(h.frames(A, "CLOSE")) > before:
             break
-    due_at = state.current.consolidation_waits_since
-    assert due_at is not None and state.current.syncing()
-    fragmented = state.current.data_live_subs()
+        fragmented = state.current.data_live_subs()
     assert fragmented > 70
-
-    def live_closed() -> int:
-        return sum(1 for f in h.frames(A, "CLOSE") if f[1].startswith("live-"))
-
-    assert live_closed() == 0
-    h.advance(due_at + constants.CONSOLIDATION_WAIT_MAX_SECS - 1 - h.clock.now)
-    h.tick()
-    assert live_closed() == 0 and state.current.data_live_subs() == fragmented
-    h.advance(2)
-    h.tick()
-    assert state.current.syncing(), "the deadline, not the batches, ended the wait"
-    assert live_closed() == fragmented
+    assert state.current.syncing(), "rebuilt while the batches run"
+    closed = {f[1] for f in h.frames(A, "CLOSE")}
+    assert sum(1 for s in closed if s.startswith("live-")) >= fragmented
     assert state.current.data_live_subs() < 10
+    live = [json.loads(flt.to_json()) for sub in state.current.live_subs.values() for flt in sub.filters]
+    covered = {v for flt in live for v in flt.get("#a", ())}
+    assert set(added) <= covered, "a repository in flight lost its live coverage"

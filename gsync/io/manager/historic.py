@@ -849,7 +849,6 @@ class HistoricSync:
         if probed is not None:
             self.probe_answered(state, probed, batch)
         self.check_historic_complete(state)
-        self.live.historic_done(state)
 
     def check_historic_complete(self, state: RelayState) -> None:
         """Double check (seed 001): no pending batch now, and still none 6 s later."""

@@ -48,37 +48,13 @@ class LiveCoverage:
         # a consolidation worth its cost. A full budget is rebuilt at most once a
         # CONSOLIDATION_MIN_SECS (what does not fit meanwhile is polled, fresh).
         full = not budget.fits(active, len(groups))
-        if self.waiting(state, self.clock()):
-            pass  # a consolidation waits for the historic batches: polled meanwhile
-        elif full and self.consolidated_recently(state, self.clock()):
+        if full and self.consolidated_recently(state, self.clock()):
             state.current.consolidation_due = True  # polled meanwhile (``consolidate_polled``)
         elif active > constants.CONSOLIDATION_EXCESS or full:
-            if self.packing_makes_room(state, len(groups), items) and not self.wait_for_batches(state):
+            if self.packing_makes_room(state, len(groups), items):
                 self.consolidate(state, items)
                 return
         self.open_groups(state, groups, fresh=len(groups))
-
-    def wait_for_batches(self, state: RelayState) -> bool:
-        """A consolidation is due: does it wait for the relay's historic batches (SPEC §4)?
-        Yes while any runs, up to CONSOLIDATION_WAIT_MAX_SECS from when it was first due;
-        the last one's completion wakes it (``historic_done``), the deadline the tick."""
-        if constants.CONSOLIDATION_WAIT_MAX_SECS <= 0 or not state.current.syncing():
-            return False
-        state.current.consolidation_waits_since = self.clock()
-        log.info("consolidation_waits", relay=state.url, live_subscriptions=state.current.data_live_subs(),
-                 batches=len(state.current.pending))
-        return True
-
-    @staticmethod
-    def waiting(state: RelayState, now: float) -> bool:
-        since = state.current.consolidation_waits_since
-        return since is not None and now - since < constants.CONSOLIDATION_WAIT_MAX_SECS
-
-    def historic_done(self, state: RelayState) -> None:
-        """A batch of the relay was confirmed: the last one wakes a consolidation waiting
-        for them."""
-        if state.current.consolidation_waits_since is not None and not state.current.syncing():
-            self.consolidate_polled(state, self.clock(), woken=True)
 
     @staticmethod
     def consolidated_recently(state: RelayState, now: float) -> bool:
@@ -230,18 +206,11 @@ class LiveCoverage:
                 due.insert(0, (fresh, "fresh"))
             self.start_poll(state, due, now)
 
-    def consolidate_polled(self, state: RelayState, now: float, woken: bool = False) -> bool:
+    def consolidate_polled(self, state: RelayState, now: float) -> bool:
         """New coverage polled because the budget was full when the relay had consolidated
         less than CONSOLIDATION_MIN_SECS before: once that has passed, one consolidation if
         packing anew brings more of it live. So a relay consolidates at most once a
-        CONSOLIDATION_MIN_SECS however fast new coverage comes. A consolidation waiting
-        for the historic batches goes when the last one ``woken`` it (``historic_done``),
-        or at its deadline (the tick)."""
-        if state.current.consolidation_waits_since is not None:
-            if not woken and self.waiting(state, now):
-                return False
-            state.current.consolidation_waits_since = None
-            state.current.consolidation_due = True
+        CONSOLIDATION_MIN_SECS however fast new coverage comes."""
         if not state.current.consolidation_due or self.consolidated_recently(state, now):
             return False
         state.current.consolidation_due = False
@@ -294,15 +263,16 @@ class LiveCoverage:
     def consolidate(self, state: RelayState, adding: PendingItems | None = None) -> None:
         """Replace fragmented live subscriptions with the fewest that cover everything.
 
-        The design waits for pending batches first; here live coverage is rebuilt from
-        confirmed *and* pending items at once (plus ``adding``, the items whose arrival
-        triggered this), so nothing in flight loses its live stream. What does not fit the
-        relay's budget is polled (logged). Events the old subscriptions had already sent are
-        kept (the connection still knows their filters until the relay's CLOSED); the
-        moment between the swap is fetched again, with the usual 15-minute overlap.
+        At once, from confirmed *and* pending items (plus ``adding``, the items whose
+        arrival triggered this), so nothing in flight loses its live stream: the seed and
+        SPEC §4 wait for the pending batches first, because their rebuild reads confirmed
+        items only; waiting kept budgets full longer, polled, and cost more paced starts
+        (README, Design: "Consolidation"). What does not fit the relay's budget is polled
+        (logged). Events the old subscriptions had already sent are kept (the connection
+        still knows their filters until the relay's CLOSED); the moment between the swap
+        is fetched again, with the usual 15-minute overlap.
         """
         state.current.consolidated_at = self.clock()
-        state.current.consolidation_waits_since = None
         for sub_id in [s for s, sub in state.current.live_subs.items() if not sub.control]:
             del state.current.live_subs[sub_id]
             state.current.conn.unsubscribe(sub_id)
