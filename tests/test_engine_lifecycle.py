@@ -114,10 +114,10 @@ def _live_for(relay, d: str) -> bool:
                for flt in filters)
 
 
-def _asked_live_for(relay, d: str) -> bool:
-    """Was ``relay`` ever asked for live state of ``d``?"""
-    return any(flt.get("limit") == 0 and d in flt.get("#d", ()) for _, filters in relay.reqs()
-               for flt in filters)
+def _asked_live_for(relay, d: str) -> int:
+    """How many times ``relay`` was asked for live state of ``d``."""
+    return sum(1 for _, filters in relay.reqs() for flt in filters
+               if flt.get("limit") == 0 and d in flt.get("#d", ()))
 
 
 @pytest.mark.slow
@@ -148,6 +148,13 @@ def test_a_purgatory_announcement_never_accepted_is_dropped_after_its_window(gsy
     assert _relays(gsync)[bootstrap.url] in ("syncing", "connected")
     assert gsync.status()["repos"] == 1
     assert own.offered(held_state) == 1, "the dropped repository's state was offered again"
+
+    # Announced again (still no git data): held again, and synced again, as a new repository
+    # (had the bootstrap relay still counted it confirmed, nothing would be asked of it)
+    asked = _asked_live_for(bootstrap, "held")
+    bootstrap.broadcast(our_announcement(own, [bootstrap, only], d="held", created_at=held.created_at + 1))
+    wait_until(lambda: _asked_live_for(bootstrap, "held") > asked, timeout=20,
+               what="live coverage of the repository announced again")
 
 
 def _live_reqs(relay) -> int:
