@@ -279,8 +279,8 @@ class RelayLifecycle:
                 for address in addresses:
                     items.repos.pop(address, None)
             log.info("repos_dropped", relay=url, repos=len(addresses), connected=state.connected)
-            if state.connected and state.current.data_live_subs():
-                self.live.consolidate(state)
+            if state.connected and state.current.data_live_subs() and self.wanted(state):
+                self.live.consolidate(state)  # (one left with no work is retired, not rebuilt)
         self.apply_dirty(set(by_relay))
 
     def learn_message_length(self, state: RelayState, sent: int) -> None:
