@@ -52,6 +52,9 @@ class FakeWs:
     def close(self, timeout=None) -> None:
         self.connected = False
 
+    def peer_closed(self) -> bool:
+        return not self.connected
+
 
 class Spawned:
     """A greenlet the manager asked for, not run: the test answers for it."""

@@ -56,6 +56,10 @@ Knobs for misbehaviour:
   websocket servers with a read limit do: ``how`` is ``"close"`` (a close frame with status
   1009, "message too big", then the socket closes) or ``"drop"`` (the socket closes, nothing
   said). ``oversized`` lists the sizes of the messages that did so.
+- ``hold_nip11``: a ``threading.Event``: every plain HTTP GET (gsync's NIP-11 fetch, which
+  comes after its websocket upgrade) waits for it before it is answered (at most 30 s), so a
+  test holds a handshake open, its socket upgraded, until it says so; ``nip11_held`` is set
+  when the first such GET is waiting.
 - ``host``: the loopback address to listen on (default ``127.0.0.1``; all of 127.0.0.0/8 is
   loopback on Linux).
 
@@ -396,6 +400,7 @@ class ScriptedRelay:
         nip11_redirect_to: str | None = None,
         refuse_upgrades: Iterable = (),
         max_message: tuple | None = None,
+        hold_nip11: threading.Event | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ):
@@ -423,6 +428,8 @@ class ScriptedRelay:
         self.upgrade_times: list[float] = []
         self.nip11_redirect_to = nip11_redirect_to
         self.max_message = max_message
+        self.hold_nip11 = hold_nip11
+        self.nip11_held = threading.Event()
         self.oversized: list[int] = []
         self.host = host
         self._requested_port = port
@@ -622,6 +629,10 @@ class ScriptedRelay:
                 return
             if headers.get("upgrade", "").lower() != "websocket" or "sec-websocket-key" not in headers:
                 answered("http")
+                hold = self.hold_nip11
+                if hold is not None:
+                    self.nip11_held.set()
+                    hold.wait(30)
                 self._answer_http(sock, headers)
                 return
             if self.redirect_to is not None:

@@ -329,3 +329,35 @@ def test_a_reconnect_after_more_than_15_minutes_starts_fresh(tmp_path):
     h.advance(1.1)
     again = h.historic_reqs(A)
     assert again and all("since" not in flt for f in again for flt in f[2:])  # whole history
+
+
+# -- consolidation ---------------------------------------------------------------------------
+
+
+def test_a_consolidation_past_70_goes_at_once_and_keeps_what_is_in_flight_live(tmp_path):
+    """One filter to a REQ, 300 subscriptions: each new repository adds 4 live REQs that
+    packed anew take none more. Past the baseline + 70, while the new repositories' batches
+    are pending (their own-relay reads never answered), the live REQs are rebuilt at once
+    (README, Design: not after the batches), every repository still in flight covered."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, 1))
+    h.connect(A, limits=RelayLimits(max_subscriptions=300, max_filters=1))
+    h.settle(A)
+    state = h.state(A)
+    fragmented, added = 0, []
+    for i in range(40):
+        before = len(h.frames(A, "CLOSE"))
+        repo = listed_on(A, 1, name=f"new{i}")[0]
+        added.append(repo.address)
+        h.own_relay_holds(repo)
+        if len(h.frames(A, "CLOSE")) > before:
+            break
+        fragmented = state.current.data_live_subs()
+    assert fragmented > 70
+    assert state.current.syncing(), "rebuilt while the batches run"
+    closed = {f[1] for f in h.frames(A, "CLOSE")}
+    assert sum(1 for s in closed if s.startswith("live-")) >= fragmented
+    assert state.current.data_live_subs() < 10
+    live = [json.loads(flt.to_json()) for sub in state.current.live_subs.values() for flt in sub.filters]
+    covered = {v for flt in live for v in flt.get("#a", ())}
+    assert set(added) <= covered, "a repository in flight lost its live coverage"

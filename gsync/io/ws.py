@@ -18,6 +18,7 @@ import socket
 import time
 
 import gevent
+import gevent.select
 import websocket
 
 from ..constants import (
@@ -223,6 +224,28 @@ class WsStream:
     def settimeout(self, timeout: float | None) -> None:
         self._idle_timeout = timeout
         self._sock.settimeout(timeout)
+
+    def peer_closed(self) -> bool:
+        """Has the peer closed or reset the connection, or begun to close it, as far as the
+        socket tells without waiting or reading? (A handshake's socket, before its session
+        begins: nothing reads it until then.) The first byte waiting is peeked at, on a
+        duplicate of the descriptor, at the TCP level, never taken: none at all (end of
+        stream), or a close frame's first byte (plain ws; under TLS any byte waiting says
+        the peer is still there)."""
+        if not self.connected:
+            return True
+        try:
+            readable, _, _ = gevent.select.select([self._sock], [], [], 0)
+            if not readable:
+                return False
+            with socket.socket(fileno=os.dup(self._sock.fileno())) as dup:
+                dup.setblocking(False)
+                first = dup.recv(1, socket.MSG_PEEK)
+            return first in (b"", bytes([0x80 | wsframes.OP_CLOSE]))
+        except BlockingIOError:
+            return False
+        except (OSError, ValueError):
+            return True
 
     @property
     def peer(self) -> tuple[int, tuple]:

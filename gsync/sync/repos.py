@@ -353,13 +353,17 @@ class RepoSyncIndex:
         """Drop StateOnly repos whose last ``purgatory:`` answer (to the announcement or to
         one of its state events) is ``ttl`` old. Dirty relays. (Asked every tick: it looks
         at StateOnly repos only.)"""
-        dirty: set[str] = set()
+        return {relay for relays in self.expire_state_only_repos(now, ttl).values() for relay in relays}
+
+    def expire_state_only_repos(self, now: float, ttl: float = PURGATORY_TTL_SECS) -> dict[str, set[str]]:
+        """``expire_state_only``, saying which repos went: address → the relays it listed."""
+        expired: dict[str, set[str]] = {}
         for address in list(self._state_only):
             needs = self._repos[address]
             if needs.purgatory_seen_at is not None and now - needs.purgatory_seen_at >= ttl:
                 self._forget(address)
-                dirty |= needs.relays
-        return dirty
+                expired[address] = set(needs.relays)
+        return expired
 
 
 # -- layer 1 forwarding (SPEC §3) --------------------------------------------------------

@@ -269,7 +269,9 @@ class SyncManager:
 
     def on_tick(self, msg: Tick) -> None:
         now = self.clock()
-        self.lifecycle.apply_dirty(self.repos.expire_state_only(now))
+        expired = self.repos.expire_state_only_repos(now)
+        if expired:
+            self.lifecycle.drop_repos(expired)
         self.lifecycle.connect_due_relays(now)  # retries relays whose backoff is over
         self.lifecycle.retire_unwanted_relays()
         self.lifecycle.run_daily(now)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import random
 
@@ -68,6 +69,11 @@ class RelayLifecycle:
         self.effects = effects
         self.clock = clock
         self.capped_relays: set[str] = set()  # over [network] max_relays, already logged
+        # Handshake attempts and sessions are numbered across relays, never again in the
+        # process: a relay retired and registered again starts a new RelayState, and what
+        # its earlier registration left in flight (a handshake, a connection's messages)
+        # must not match it.
+        self.serials = itertools.count(1)
         self.stopping = False
 
     def shut_down(self) -> None:
@@ -116,7 +122,7 @@ class RelayLifecycle:
             if not self.wanted(state):
                 continue
             if self.health.should_attempt_connection(state.url, now):
-                state.attempt += 1
+                state.attempt = next(self.serials)
                 move_status(state, Fact.DIALLED)
                 self.handshakes.request(state.url, state.attempt)
 
@@ -150,7 +156,8 @@ class RelayLifecycle:
             if msg.ws is not None:
                 msg.ws.close()
             return
-        if msg.ws is not None and not getattr(msg.ws, "connected", False):
+        if msg.ws is not None and msg.ws.peer_closed():  # closed since: no session on it, a retry
+            msg.ws.close()
             msg.error = "socket closed before the manager applied the handshake"
         if msg.error:
             self.handshake_failed(state, msg, now)
@@ -183,7 +190,7 @@ class RelayLifecycle:
         taught us), then a fresh start or a quick reconnect (seed 001)."""
         metrics.CONNECTION_ATTEMPTS.labels(msg.relay, "success").inc()
         self.health.record_success(msg.relay, now)
-        state.session += 1
+        state.session = next(self.serials)
         state.begin_session(
             self.effects.connection(msg.relay, msg.ws, state.session, auth_secret=self.config.auth.secret_key,
                                     seen=self.seen, room=self.delivery.room_for(msg.relay)),
@@ -249,6 +256,32 @@ class RelayLifecycle:
             self.recompute(state, since=None)
         if any(s.status is ConnectionStatus.DISCONNECTED and not s.refused_reason for s in states):
             self.connect_due_relays(self.clock())  # now, not at the next maintenance tick
+
+    def drop_repos(self, dropped: dict[str, set[str]]) -> None:
+        """Repositories the index no longer holds (a purgatory announcement never accepted,
+        past its window: ``RepoSyncIndex.expire_state_only_repos``; address → the relays it
+        listed): no relay owes them any more. They leave each relay's confirmed and pending
+        items, so that nothing rebuilds their coverage, and a connected relay's live
+        coverage is rebuilt without them (``LiveCoverage.consolidate``). A relay left with
+        no work is retired by the next ``retire_unwanted_relays``."""
+        by_relay: dict[str, set[str]] = {}
+        for address, relays in dropped.items():
+            for url in relays:
+                by_relay.setdefault(url, set()).add(address)
+        for url, addresses in by_relay.items():
+            state = self.relays.get(url)
+            if state is None:
+                continue
+            held = [state.confirmed, *(b.items for b in state.current.pending.values())]
+            if not any(a in items.repos for items in held for a in addresses):
+                continue
+            for items in held:
+                for address in addresses:
+                    items.repos.pop(address, None)
+            log.info("repos_dropped", relay=url, repos=len(addresses), connected=state.connected)
+            if state.connected and state.current.data_live_subs() and self.wanted(state):
+                self.live.consolidate(state)  # (one left with no work is retired, not rebuilt)
+        self.apply_dirty(set(by_relay))
 
     def learn_message_length(self, state: RelayState, sent: int) -> None:
         """The relay hung up just after a message ``sent`` bytes long: its read limit, most

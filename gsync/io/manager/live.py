@@ -263,12 +263,14 @@ class LiveCoverage:
     def consolidate(self, state: RelayState, adding: PendingItems | None = None) -> None:
         """Replace fragmented live subscriptions with the fewest that cover everything.
 
-        The design waits for pending batches first; here live coverage is rebuilt from
-        confirmed *and* pending items at once (plus ``adding``, the items whose arrival
-        triggered this), so nothing in flight loses its live stream. What does not fit the
-        relay's budget is polled (logged). Events the old subscriptions had already sent are
-        kept (the connection still knows their filters until the relay's CLOSED); the
-        moment between the swap is fetched again, with the usual 15-minute overlap.
+        At once, from confirmed *and* pending items (plus ``adding``, the items whose
+        arrival triggered this), so nothing in flight loses its live stream: the seed and
+        SPEC §4 wait for the pending batches first, because their rebuild reads confirmed
+        items only; waiting kept budgets full longer, polled, and cost more paced starts
+        (README, Design: "Consolidation"). What does not fit the relay's budget is polled
+        (logged). Events the old subscriptions had already sent are kept (the connection
+        still knows their filters until the relay's CLOSED); the moment between the swap
+        is fetched again, with the usual 15-minute overlap.
         """
         state.current.consolidated_at = self.clock()
         for sub_id in [s for s, sub in state.current.live_subs.items() if not sub.control]:
