@@ -1,0 +1,191 @@
+"""The deterministic simulator (gsync/sim): gsync's real manager through simulated weeks of
+a seeded world with faults, every invariant checked as it runs; a seed replays the same run;
+the relay model answers as LocalRelay does."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import websocket
+
+from gsync.io import negentropy_ws
+from gsync.protocol.filters import Filter
+from gsync.sim import run
+from gsync.sim.relay import SimRelay
+from gsync.sim.world import START, World
+
+from .relays import write_seed_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A small world, quick enough for the suite: 3 relays, 8 repositories, ticks every 5 minutes
+# while nothing happens (sim.Simulation.tick).
+SMALL = dict(relays=3, repos=8, idle_tick_secs=300)
+
+
+def test_the_same_seed_gives_the_same_trace_hash_and_another_seed_another():
+    a = run(seed=7, days=2, **SMALL)
+    b = run(seed=7, days=2, **SMALL)
+    c = run(seed=8, days=2, **SMALL)
+    assert a.trace_hash == b.trace_hash
+    assert a.messages == b.messages and a.messages > 500
+    assert c.trace_hash != a.trace_hash
+
+
+def test_a_seed_replays_the_same_run_in_another_process():
+    """bench/simulate runs under PYTHONHASHSEED=0: gsync iterates sets of relay URLs, so the
+    order of its per-relay actions follows str hashing, fixed then in every process."""
+    code = ("from gsync.sim import run; "
+            "print(run(seed=3, days=1, relays=3, repos=8, idle_tick_secs=300).trace_hash)")
+    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH=ROOT)
+    hashes = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                             check=True, timeout=120).stdout.strip() for _ in range(2)]
+    assert hashes[0] == hashes[1] and len(hashes[0]) == 64
+
+
+def _assert_clean(result):
+    assert result.ok, f"{result.violations}\nreplay: {result.replay_command()}"
+
+
+SUITE_SEEDS = range(1, 7)  # what fits in about 30 s on the 2-core machine
+
+
+@pytest.mark.parametrize("seed", SUITE_SEEDS)
+def test_thirty_days_with_faults_break_no_invariant(seed):
+    result = run(seed=seed, days=30, **SMALL)
+    _assert_clean(result)
+    assert result.summary["liveness_checks"] >= 24  # the liveness day came, and was checked
+    assert sum(result.summary["faults"].values()) > 100
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(7, 21))
+def test_thirty_days_with_faults_break_no_invariant_more_seeds(seed):
+    _assert_clean(run(seed=seed, days=30, **SMALL))
+
+
+# -- the relay model against LocalRelay -----------------------------------------------------
+
+
+def _world_events(n_repos=12):
+    world = World(random.Random(11), relays=3, repos=n_repos)
+    events = [e for _, e in world.history(int(START))]
+    # a crowded second: eight roots of one repository at the same created_at
+    repo = world.repos[0]
+    events += [world.root(repo, int(START) - 5000) for _ in range(8)]
+    return world, events
+
+
+def _scripted_filters(world, events):
+    repo = world.repos[0]
+    roots = [e for e in events if e.kind in (1617, 1621)]
+    crowded = int(START) - 5000
+    return [
+        {"kinds": [30617]},
+        {"kinds": [30617, 10317], "limit": 5},
+        {"kinds": [30618], "#d": [r.d for r in world.repos[:4]]},
+        {"#a": [repo.address]},
+        {"#a": [repo.address], "limit": 3},
+        {"#a": [repo.address], "until": crowded, "limit": 4},
+        {"#a": [repo.address], "since": crowded},
+        {"#E": [r.id for r in roots[:5]]},
+        {"#e": [r.id for r in roots[:5]], "kinds": [1111]},
+        {"ids": [e.id for e in events[::7]]},
+        {"authors": [repo.owner.pubkey], "kinds": [30617, 30618]},
+        {"kinds": [1111], "since": int(START) - 100 * 86400, "until": int(START) - 50 * 86400},
+        {"kinds": [1621], "limit": 0},
+        {"#q": ["nothing"]},
+    ]
+
+
+def _ask_localrelay(ws, sub_id, flt):
+    ws.send(json.dumps(["REQ", sub_id, flt]))
+    ids, end = [], None
+    while end is None:
+        msg = json.loads(ws.recv())
+        if msg[0] == "EVENT" and msg[1] == sub_id:
+            ids.append(msg[2]["id"])
+        elif msg[0] in ("EOSE", "CLOSED") and msg[1] == sub_id:
+            end = msg[0]
+    ws.send(json.dumps(["CLOSE", sub_id]))
+    return ids, end
+
+
+def _ask_model(relay, sub_id, flt):
+    ids, end = [], None
+    for frame in relay.handle(1, json.dumps(["REQ", sub_id, flt])):
+        msg = json.loads(frame)
+        if msg[0] == "EVENT":
+            ids.append(msg[2]["id"])
+        elif msg[0] in ("EOSE", "CLOSED"):
+            end = msg[0]
+    relay.handle(1, json.dumps(["CLOSE", sub_id]))
+    return ids, end
+
+
+def _reconcile(send, receive, flt, items):
+    return negentropy_ws.reconcile(send, receive, "neg-1", Filter.from_dict(flt), items, deadline_secs=10)
+
+
+def _model_wire(model):
+    """``send`` and ``receive`` over the model's session 1: it answers at once."""
+    pending: list = []
+
+    def send(text):
+        pending.extend(model.handle(1, text))
+
+    def receive(timeout):
+        return pending.pop(0) if pending else None
+
+    return send, receive
+
+
+def test_the_relay_model_answers_reqs_and_neg_opens_as_localrelay_does(relay_factory, tmp_path):
+    """The same scripted REQs (filters with since/until/limit, ids, tags, a crowded second,
+    limit 0) and NIP-77 reconciliations, sent to a LocalRelay and to the model holding the
+    same events: the same events in the same order, the same end (EOSE), the same ids found
+    missing and held."""
+    world, events = _world_events()
+    local = relay_factory(seed_file=write_seed_file(events, str(tmp_path)))
+    model = SimRelay("wss://model.example", page_cap=500, nip77=True)
+    for e in events:
+        model.store.add(e)
+    model.open_session(1)
+    ws = websocket.create_connection(local.url, timeout=10)
+    try:
+        answered = 0
+        for i, flt in enumerate(_scripted_filters(world, events)):
+            theirs = _ask_localrelay(ws, f"s{i}", flt)
+            ours = _ask_model(model, f"s{i}", flt)
+            assert ours == theirs, f"filter {flt}: model {ours} != LocalRelay {theirs}"
+            answered += len(ours[0])
+        assert answered > 100
+        rng = random.Random(5)
+        for flt in ({"kinds": [30617]}, {"#a": [world.repos[0].address]}, {"kinds": [1111]}, {}):
+            matching = [e for e in events if Filter.from_dict(flt).matches(e)]
+            held = [(e.created_at, e.id) for e in matching if rng.random() < 0.5]
+            held += [(int(START) - 7, "ab" * 32)]  # one the relays lack
+            ours = _reconcile(*_model_wire(model), flt, held)
+            theirs = _reconcile(ws.send, lambda timeout: ws.recv(), flt, held)
+            assert sorted(ours.need_ids) == sorted(theirs.need_ids), flt
+            assert sorted(ours.have_ids) == sorted(theirs.have_ids) == ["ab" * 32], flt
+            assert len(ours.need_ids) == len(matching) - len(held) + 1
+    finally:
+        ws.close()
+
+
+def test_the_model_refuses_as_told_closed_with_reasons():
+    relay = SimRelay("wss://m.example", max_subs=1)
+    relay.open_session(1)
+    assert json.loads(relay.handle(1, '["REQ","a",{"kinds":[1]}]')[-1]) == ["EOSE", "a"]
+    assert json.loads(relay.handle(1, '["REQ","b",{"kinds":[1]}]')[0])[:2] == ["CLOSED", "b"]
+    relay.handle(1, '["CLOSE","a"]')
+    relay.refused_tags = frozenset({"q"})
+    closed = json.loads(relay.handle(1, '["REQ","c",{"#q":["x"]}]')[0])
+    assert closed[0] == "CLOSED" and closed[2].startswith("blocked:")
+    relay.rate_limited_until = float("inf")
+    assert json.loads(relay.handle(1, '["REQ","d",{"kinds":[1]}]')[0])[2].startswith("rate-limited:")
