@@ -59,6 +59,8 @@ class Checker:
         self.hour_messages: dict[int, int] = {}
         self.hour_actions: dict[int, int] = {}
         self.max_hour_messages = 0
+        self.max_hour_detail = ""
+        self.hour_types: dict[str, int] = {}
         self.liveness_checks = 0
         self.left_behind_max = 0
         self.labelled = None  # the per-relay metrics, with their "relay" label's place
@@ -79,7 +81,8 @@ class Checker:
 
     def summary(self) -> dict:
         return {"violations": dict(self.counts), "liveness_checks": self.liveness_checks,
-                "max_hour_messages": self.max_hour_messages, "faults": dict(self.sim.faults.counts),
+                "max_hour_messages": self.max_hour_messages,
+                "max_hour": self.max_hour_detail, "faults": dict(self.sim.faults.counts),
                 "restarts": self.sim.restarts, "own_events": len(self.sim.own.store),
                 "world_events": len(self.sim.world.events)}
 
@@ -146,9 +149,11 @@ class Checker:
     # -- per step -------------------------------------------------------------------------
 
     def message(self, msg) -> None:
-        if type(msg).__name__ != "Tick":
+        name = type(msg).__name__
+        if name != "Tick":
             h = self._hour()
             self.hour_messages[h] = self.hour_messages.get(h, 0) + 1
+            self.hour_types[name] = self.hour_types.get(name, 0) + 1
         if isinstance(msg, RemoteEvents):
             world = self.sim.world.events
             for e in msg.events:
@@ -229,7 +234,11 @@ class Checker:
     def busy(self, hour: int) -> None:
         m = self.sim.manager
         n = self.hour_messages.pop(hour, 0)
-        self.max_hour_messages = max(self.max_hour_messages, n)
+        types, self.hour_types = self.hour_types, {}
+        if n > self.max_hour_messages:
+            self.max_hour_messages = n
+            top = sorted(types.items(), key=lambda kv: (-kv[1], kv[0]))[:4]
+            self.max_hour_detail = f"day {hour / 24:.2f}: " + ", ".join(f"{k} {v}" for k, v in top)
         actions = self.hour_actions.get(hour, 0) + self.hour_actions.get(hour - 1, 0)
         self.hour_actions.pop(hour - 1, None)
         relays = len(m.relays) if m is not None else 0

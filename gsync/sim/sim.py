@@ -718,6 +718,8 @@ class SimResult:
             extra += f" --liveness-after {o.liveness_after:g}"
         if o.idle_tick_secs != default.idle_tick_secs:
             extra += f" --idle-tick {o.idle_tick_secs:g}"
+        if o.tick_secs != default.tick_secs:
+            extra += f" --tick {o.tick_secs:g}"
         return (f"PYTHONHASHSEED=0 bench/simulate --seed {o.seed} --days {o.days:g} --relays {o.relays} "
                 f"--repos {o.repos}{extra} -v")
 
