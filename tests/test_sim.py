@@ -12,12 +12,16 @@ import sys
 import pytest
 import websocket
 
+from gsync import constants
 from gsync.io import negentropy_ws
+from gsync.io.inbox import DeliveryAnswered
 from gsync.protocol.filters import Filter
 from gsync.sim import run
 from gsync.sim.relay import SimRelay
 from gsync.sim.world import START, World
 
+from .factory import Author, announcement, comment, issue, state
+from .manager_harness import ManagerHarness
 from .relays import write_seed_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,6 +91,43 @@ def test_a_relay_restarting_every_few_minutes_is_kept_in_session():
     one-hour cap and gsync holds a session with the relay 0.13 h of the 3.7 h it was up."""
     result = run(seed=2, days=30, **SMALL)
     assert "neglected_relay" not in result.violations, result.violations["neglected_relay"][:3]
+
+
+# -- bugs the simulator found, fixed --------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_seed_1_six_relays_the_own_relay_restarted_empty():
+    """Found by seed 1 (6 relays, 20 repositories, 10 days): on day 3.88 the own relay comes
+    back empty (in memory); gsync, which still holds repo6 as accepted, delivers its events
+    before the announcement and they are refused ``blocked:`` (no such repository hosted).
+    The announcement and the roots then arrive again, but their release keys were only
+    taken for a repository or root new to gsync: the state and 17 comments stayed in the
+    rejected index (7 days). Fixed in OwnRelaySide (announcement_arrivals,
+    on_batch_window_closed); with either half reverted this seed leaves events behind."""
+    result = run(seed=1, days=10, relays=6, repos=20, idle_tick_secs=300)
+    assert "left_behind" not in result.violations, result.violations["left_behind"][:3]
+
+
+A = "wss://a.example"
+
+
+def test_events_refused_while_the_own_relay_lost_their_repository_are_released_when_it_holds_it_again(tmp_path):
+    """The in-process form of seed 1's bug: a repository gsync knows, its state and a reply
+    refused by an own relay that restarted empty; the own relay then shows the announcement
+    and the root again (delivered anew): both refusals are released (fetched again)."""
+    h = ManagerHarness(tmp_path)
+    owner = Author.named("u0")
+    repo = announcement(owner, "r0", relays=[A])
+    bug = issue(Author.named("bob"), repo)
+    h.own_relay_holds(repo, bug)
+    refused = [state(owner, "r0"), comment(Author.named("alice"), bug)]
+    for event in refused:
+        h.feed(DeliveryAnswered(event, "rejected", "blocked: not a repository hosted here", A))
+    assert all(event.id in h.manager.rejected for event in refused)
+    h.own_relay_holds(repo, bug)
+    h.advance(constants.MAINTENANCE_TICK_SECS)
+    assert [event.id in h.manager.rejected for event in refused] == [False, False]
 
 
 # -- the relay model against LocalRelay -----------------------------------------------------
