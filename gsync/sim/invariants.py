@@ -11,7 +11,8 @@ with the simulated day it happened and what broke.
   the own relay.
 - ``gate``: two background starts (a historic REQ, a NEG-OPEN) on one connection closer
   than the configured gate.
-- ``dial_storm``: more than 30 handshakes to one relay within an hour; ``dead_dialled``: a
+- ``dial_storm``: more than 30 handshakes to one relay within an hour (3 more for each time
+  it went down in that hour); ``dead_dialled``: a
   relay down for more than DEAD_AFTER_SECS + max backoff dialled twice within
   DEAD_RETRY_SECS (less an hour of slack).
 - ``relay_table``: a relay in gsync's relay table that no announcement the own relay holds
@@ -23,6 +24,8 @@ with the simulated day it happened and what broke.
   from was up (while gsync ran) for at least half the window, and gsync had a session with
   it for less than a quarter of that time — unless it had been down for 20 h or more in the
   26 h before (dead: one attempt a day is what SPEC asks).
+- ``refused_asked_again``: a tag key a relay refused by policy (CLOSED ``blocked:``) asked of
+  it again more than twice within POLICY_PROBE_SECS after gsync read the refusal.
 - ``illegal_status_move``: a status move ``sync.status`` has no row for.
 - ``busy_loop``: more manager messages (ticks apart) in a simulated hour than the bound
   ``BUSY_BASE + BUSY_PER_RELAY * relays + BUSY_PER_ACTION * actions`` (actions: publications
@@ -30,6 +33,8 @@ with the simulated day it happened and what broke.
 - ``handler_raised``: a manager handler raised (production logs it and goes on).
 """
 from __future__ import annotations
+
+import json
 
 from .. import constants
 from ..io.inbox import RemoteEvents
@@ -54,6 +59,7 @@ class Checker:
         self.unrequested: set[tuple] = set()  # (relay, sub id, event id) sent unasked
         self.published_at: dict[str, float] = {}
         self.dials: dict[str, list[float]] = {}
+        self.downs: dict[str, list[float]] = {}  # when each relay went down, the last hour
         self.down_since: dict[str, float] = {}
         self.unwanted_since: dict[str, float] = {}
         self.hour_messages: dict[int, int] = {}
@@ -69,6 +75,7 @@ class Checker:
         self.sessions_open: dict[str, int] = {}
         self.long_down_ended: dict[str, float] = {}
         self.own_lost_at = float("-inf")  # the own relay's last loss of data
+        self.refused_at: dict[tuple[str, str], list] = {}  # (relay, tag key) -> [read at, asked since]
 
     # -- recording ------------------------------------------------------------------------
 
@@ -102,6 +109,7 @@ class Checker:
 
     def relay_went_down(self, url: str) -> None:
         self.account(url)
+        self.downs.setdefault(url, []).append(self.sim.clock.now)
         self.down_since.setdefault(url, self.sim.clock.now)
         self.action()
 
@@ -174,6 +182,8 @@ class Checker:
             self._start(conn, text)
         elif verb == "REQ" and '"limit":0' not in text.replace(" ", ""):
             self._start(conn, text)
+        if verb in ("REQ", "NEG-OPEN") and self.refused_at:
+            self._asks_refused(conn, text if verb == "REQ" else '["REQ","",' + text.split(",", 2)[2])
 
     def _start(self, conn, text: str) -> None:
         gate = self.sim.manager.config.sync.background_start_interval_ms / 1000
@@ -188,7 +198,28 @@ class Checker:
         del conn.starts[:-2]
 
     def relay_frame(self, conn, frame: str) -> None:
-        pass
+        """A frame gsync reads: a policy refusal opens that tag key's probe period."""
+        if frame.startswith('["CLOSED"') and '"blocked: #' in frame:
+            key = frame.split('"blocked: #', 1)[1][:1]
+            now = self.sim.clock.now
+            started = self.refused_at.get((conn.relay, key))
+            if started is None or now - started[0] >= constants.POLICY_PROBE_SECS:
+                self.refused_at[(conn.relay, key)] = [now, 0]
+
+    def _asks_refused(self, conn, text: str) -> None:
+        now = self.sim.clock.now
+        keys = [k for (url, k), (t, _) in self.refused_at.items()
+                if url == conn.relay and now - t < constants.POLICY_PROBE_SECS]
+        if not keys:
+            return
+        used = {name[1:] for f in json.loads(text)[2:] if isinstance(f, dict) for name in f if name.startswith("#")}
+        for key in keys:
+            if key in used:
+                entry = self.refused_at[(conn.relay, key)]
+                entry[1] += 1
+                if entry[1] > 2:
+                    self.violation("refused_asked_again", f"{conn.relay} #{key} asked {entry[1]} times "
+                                   f"{(now - entry[0]) / HOUR:.1f} h after its refusal: {text[:100]}")
 
     def dialled(self, url: str) -> None:
         now = self.sim.clock.now
@@ -196,8 +227,13 @@ class Checker:
         times.append(now)
         while times and now - times[0] > DAY + HOUR:
             times.pop(0)
-        if sum(1 for t in times if now - t <= HOUR) > 30:
-            self.violation("dial_storm", f"{url}: more than 30 handshakes within an hour")
+        downs = self.downs.get(url, [])
+        while downs and now - downs[0] > HOUR:
+            downs.pop(0)
+        bound = 30 + 3 * len(downs)  # a relay restarting often is dialled again after each restart
+        if sum(1 for t in times if now - t <= HOUR) > bound:
+            self.violation("dial_storm", f"{url}: more than {bound} handshakes within an hour "
+                                         f"({len(downs)} restarts)")
         since = self.down_since.get(url)
         dead_at = None if since is None else since + constants.DEAD_AFTER_SECS + self.sim.manager.config.sync.max_backoff_secs
         if dead_at is not None and now > dead_at + HOUR:
