@@ -133,7 +133,7 @@ class Faults:
             relay.no_eose = relay.ids_unserved = False
             relay.neg_mode = "serve"
             if not relay.up and not relay.dead:
-                sim.relay_up(url)
+                sim.relay_up(url, force=True)
         self.junk_until.clear()
         if not sim.own.up:
             sim.own_back()

@@ -183,7 +183,7 @@ class Checker:
         elif verb == "REQ" and '"limit":0' not in text.replace(" ", ""):
             self._start(conn, text)
         if verb in ("REQ", "NEG-OPEN") and self.refused_at:
-            self._asks_refused(conn, text if verb == "REQ" else '["REQ","",' + text.split(",", 2)[2])
+            self._asks_refused(conn, text if verb == "REQ" else "[\"REQ\"," + text.split(",", 1)[1])
 
     def _start(self, conn, text: str) -> None:
         gate = self.sim.manager.config.sync.background_start_interval_ms / 1000
@@ -208,14 +208,18 @@ class Checker:
 
     def _asks_refused(self, conn, text: str) -> None:
         now = self.sim.clock.now
-        keys = [k for (url, k), (t, _) in self.refused_at.items()
+        keys = [k for (url, k), (t, *_) in self.refused_at.items()
                 if url == conn.relay and now - t < constants.POLICY_PROBE_SECS]
         if not keys:
             return
-        used = {name[1:] for f in json.loads(text)[2:] if isinstance(f, dict) for name in f if name.startswith("#")}
+        msg = json.loads(text)
+        used = {name[1:] for f in msg[2:] if isinstance(f, dict) for name in f if name.startswith("#")}
         for key in keys:
             if key in used:
                 entry = self.refused_at[(conn.relay, key)]
+                if (conn.number, msg[1]) in entry[2:]:
+                    continue  # the same REQ sent again (after AUTH): one ask
+                entry.append((conn.number, msg[1]))
                 entry[1] += 1
                 if entry[1] > 2:
                     self.violation("refused_asked_again", f"{conn.relay} #{key} asked {entry[1]} times "

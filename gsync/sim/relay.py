@@ -139,6 +139,7 @@ class SimRelay:
         self.auth_required = auth_required
         self.max_sync_events = max_sync_events  # strfry's maxSyncEvents: NEG-ERR past it
         self.up = True
+        self.down_until = float("-inf")  # while down: when it comes back (inf: dead for good)
         self.dead = False  # gone for good
         self.sessions: dict[int, RelaySession] = {}
         # faults, set and cleared by the simulator

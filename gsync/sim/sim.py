@@ -616,22 +616,31 @@ class Simulation:
         """``url`` goes down (``secs`` None: for good); ``lose``: the fraction of its events
         gone when it comes back."""
         relay = self.relays[url]
-        if not relay.up:
+        until = float("inf") if secs is None else self.clock.now + secs
+        if not relay.up:  # down already: the longer of the two
+            if until > relay.down_until:
+                relay.down_until, relay.dead = until, secs is None
+                if secs is not None:
+                    self.at(until, self.relay_up, url)
             return
         self.note("relay_down", url, secs, lose)
         self.checker.relay_went_down(url)  # (its up time so far is counted first)
         relay.up = False
         relay.dead = secs is None
+        relay.down_until = until
         self.drop_sessions(url)
         if lose:
             relay.lose(lose, self.faults.rng)
         if secs is not None:
-            self.at(self.clock.now + secs, self.relay_up, url)
+            self.at(until, self.relay_up, url)
 
-    def relay_up(self, url: str) -> None:
+    def relay_up(self, url: str, force: bool = False) -> None:
+        relay = self.relays[url]
+        if relay.up or (self.clock.now < relay.down_until and not force):
+            return  # (a shorter restart's timer, inside a longer outage)
         self.note("relay_up", url)
         self.checker.relay_came_up(url)
-        self.relays[url].up = True
+        relay.up = True
 
     def drop_sessions(self, url: str) -> None:
         for number, conn in list(self.conns.items()):
