@@ -87,8 +87,10 @@ def run_replayable(**options) -> Ran:
 
 
 # What fits in about 30 s (quiet machine; a seed's 30 days take 4-15 s there, 10-90 s under
-# the load of eight engineers): three seeds; the other seventeen are slow.
+# the load of eight engineers): three seeds, and four more marked slow. Twenty and more:
+# bench/simulate --seeds 20 --days 30 --relays 3 --repos 8 --idle-tick 300 (a few minutes).
 SUITE_SEEDS = (1, 2, 5)
+SLOW_SEEDS = (7, 8, 9, 10)
 
 
 @pytest.mark.parametrize("seed", SUITE_SEEDS)
@@ -100,7 +102,7 @@ def test_thirty_days_with_faults_break_no_invariant(seed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [s for s in range(1, 21) if s not in SUITE_SEEDS])
+@pytest.mark.parametrize("seed", SLOW_SEEDS)
 def test_thirty_days_with_faults_break_no_invariant_more_seeds(seed):
     _assert_clean(run_replayable(seed=seed, days=30, **SMALL))
 
