@@ -158,6 +158,38 @@ def test_refused_coverage_is_not_asked_again_before_its_probe():
     assert "refused_asked_again" not in result.violations, result.violations["refused_asked_again"]
 
 
+def test_junk_is_never_taken():
+    sim = Simulation(SimOptions(seed=3, days=0.5, faults=False, **SMALL))
+    for url in sim.world.relay_urls:
+        sim.faults.junk_until[url] = float("inf")
+    result = sim.run()
+    _assert_clean(result)
+    assert sim.faults.injected > 20
+
+
+def test_the_forged_and_unrequested_invariants_catch_a_connection_that_checks_nothing(monkeypatch):
+    """Their teeth: with the connection's signature check and filter match turned off, the
+    forged and unrequested events relays inject (the junk fault) are taken and delivered."""
+    from gsync.io import connection
+    from gsync.protocol.filters import FilterSet
+
+    monkeypatch.setattr(connection, "verify_event", lambda event: event)
+    monkeypatch.setattr(FilterSet, "matching", lambda self, event: (0,))
+    sim = Simulation(SimOptions(seed=3, days=0.5, faults=False, **SMALL))
+    for url in sim.world.relay_urls:  # every answer carries junk
+        sim.faults.junk_until[url] = float("inf")
+    result = sim.run()
+    assert {"forged_accepted", "forged_delivered", "unrequested_accepted"} <= result.violations.keys()
+
+
+def test_the_status_invariant_catches_a_move_the_table_lacks(monkeypatch):
+    from gsync.sync import status
+
+    monkeypatch.delitem(status.TRANSITIONS, (status.ConnectionStatus.SYNCING, status.Fact.HISTORIC_DONE))
+    result = run(seed=3, days=0.2, **SMALL)
+    assert "illegal_status_move" in result.violations
+
+
 # -- bugs the simulator found, fixed --------------------------------------------------------
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from ..protocol.event import compute_id
 from ..protocol.filters import Filter
 from .world import DAY, START
 
@@ -142,8 +143,8 @@ class Faults:
 
     def tamper(self, relay, conn, text: str, frames: list[str]) -> list[str]:
         """While ``junk`` lasts, a REQ's answer carries a forged event (a stored one with its
-        content changed: the id no longer matches) and an unrequested one (stored, matching
-        none of the REQ's filters), before its EOSE."""
+        content changed and its id made again: its signature does not match) and an
+        unrequested one (stored, matching none of the REQ's filters), before its EOSE."""
         until = self.junk_until.get(relay.url)
         if until is None or self.sim.clock.now >= until or not text.startswith('["REQ"'):
             return frames
@@ -152,7 +153,10 @@ class Faults:
             return frames
         sub_id = json.loads(text)[1]
         raw = json.loads(events[0])[2]
-        forged = dict(raw, content=raw["content"] + " (forged)")
+        # its content changed and its id computed again: only the signature gives it away
+        content = raw["content"] + " (forged)"
+        forged = dict(raw, content=content,
+                      id=compute_id(raw["pubkey"], raw["created_at"], raw["kind"], raw["tags"], content))
         extra = [json.dumps(["EVENT", sub_id, forged])]
         filters = [Filter.from_dict(f) for f in json.loads(text)[2:]]
         for event in relay.store.events.values():
