@@ -127,6 +127,8 @@ class OwnRelaySide:
                 dirty |= self.repos.apply_announcement(event, SyncLevel.FULL, now)
             else:
                 dirty |= self.repos.apply_root_event(event)
+                if event.kind in constants.ROOT_KINDS:  # held again after the own relay lost it, too
+                    arrived.add(event_key(event.id))
         arrived |= {event_key(root) for root in self.descendants.set_roots(full_root_ids(self.repos))}
         if not msg.first_read:
             self.release_dependents(arrived)
@@ -135,9 +137,10 @@ class OwnRelaySide:
 
     def announcement_arrivals(self, event) -> set[str]:
         """Release keys an accepted announcement satisfies (call before applying it): its
-        repository, if it was not accepted before, and maintainers it adds for its ``d``."""
-        keys = set() if self.repos.is_full(event.address) else {repo_key(event.address)}
-        return keys | self.maintainer_arrivals(event)
+        repository, and maintainers it adds for its ``d``. The repository even when gsync
+        holds it as accepted already: an own relay that lost the announcement (one in memory
+        restarted) refused the repository's events meanwhile, and takes them again now."""
+        return {repo_key(event.address)} | self.maintainer_arrivals(event)
 
     def maintainer_arrivals(self, event) -> set[str]:
         added = set(list_tag_values(event, "maintainers")) - self.repos.maintainers_of(event.d_tag)

@@ -1,0 +1,378 @@
+"""The invariants, checked as the simulation runs: each breach is recorded under its name
+with the simulated day it happened and what broke.
+
+- ``forged_accepted`` / ``forged_delivered``: an event whose id or signature does not match
+  what its author signed was taken by gsync as checked, or sent to the own relay.
+- ``unrequested_accepted``: an event a relay sent on a subscription whose filters it matches
+  none of was taken by gsync.
+- ``left_behind`` (liveness): from 25 simulated hours after the faults stopped, every event
+  the own relay would accept that is on an up relay gsync should sync from (bootstrap, or
+  listed by an announcement the own relay holds), published more than an hour before, is on
+  the own relay.
+- ``gate``: two background starts (a historic REQ, a NEG-OPEN) on one connection closer
+  than the configured gate.
+- ``dial_storm``: more than 30 handshakes to one relay within an hour (3 more for each time
+  it went down in that hour); ``dead_dialled``: a
+  relay down for more than DEAD_AFTER_SECS + max backoff dialled twice within
+  DEAD_RETRY_SECS (less an hour of slack).
+- ``relay_table``: a relay in gsync's relay table that no announcement the own relay holds
+  lists (and is not bootstrap) for more than an hour (a day after the own relay lost data:
+  gsync is not told what it lost); ``metric_labels``: a per-relay metric
+  series for a relay not in the table; ``table_bound``: seen, rejected, held, recovery
+  tables past a bound computed from the world.
+- ``neglected_relay``: over a window of NEGLECT_WINDOW_SECS, a relay gsync should sync
+  from was up (while gsync ran) for at least half the window, and gsync had a session with
+  it for less than a quarter of that time — unless it had been down for 20 h or more in the
+  26 h before (dead: one attempt a day is what SPEC asks).
+- ``refused_asked_again``: a tag key a relay refused by policy (CLOSED ``blocked:``) asked of
+  it again more than twice within POLICY_PROBE_SECS after gsync read the refusal.
+- ``illegal_status_move``: a status move ``sync.status`` has no row for.
+- ``busy_loop``: more manager messages (ticks apart) in a simulated hour than the bound
+  ``BUSY_BASE + BUSY_PER_RELAY * relays + BUSY_PER_ACTION * actions`` (actions: publications
+  and faults in that hour, those of the hour before too).
+- ``handler_raised``: a manager handler raised (production logs it and goes on).
+"""
+from __future__ import annotations
+
+import json
+
+from .. import constants
+from ..io.inbox import RemoteEvents
+from ..ops import metrics
+from .relay import all_values
+from .world import DAY, DOMAIN, START
+
+HOUR = 3600.0
+KEEP_PER_INVARIANT = 20
+BUSY_BASE = 3000
+BUSY_PER_RELAY = 400
+BUSY_PER_ACTION = 200
+NEGLECT_WINDOW_SECS = 4 * HOUR
+
+
+class Checker:
+    def __init__(self, sim):
+        self.sim = sim
+        self.violations: dict[str, list] = {}
+        self.counts: dict[str, int] = {}
+        self.served: set[str] = set()  # ids relays sent gsync on a subscription they matched
+        self.unrequested: set[tuple] = set()  # (relay, sub id, event id) sent unasked
+        self.published_at: dict[str, float] = {}
+        self.dials: dict[str, list[float]] = {}
+        self.downs: dict[str, list[float]] = {}  # when each relay went down, the last hour
+        self.down_since: dict[str, float] = {}
+        self.unwanted_since: dict[str, float] = {}
+        self.hour_messages: dict[int, int] = {}
+        self.hour_actions: dict[int, int] = {}
+        self.max_hour_messages = 0
+        self.max_hour_detail = ""
+        self.hour_types: dict[str, int] = {}
+        self.liveness_checks = 0
+        self.left_behind_max = 0
+        self.labelled = None  # the per-relay metrics, with their "relay" label's place
+        # per relay: [last accounted, seconds up while gsync ran, of which with a session]
+        self.uptime: dict[str, list] = {}
+        self.sessions_open: dict[str, int] = {}
+        self.long_down_ended: dict[str, float] = {}
+        self.own_lost_at = float("-inf")  # the own relay's last loss of data
+        self.refused_at: dict[tuple[str, str], list] = {}  # (relay, tag key) -> [read at, asked since]
+
+    # -- recording ------------------------------------------------------------------------
+
+    def violation(self, name: str, text: str, detail: str = "") -> None:
+        self.counts[name] = self.counts.get(name, 0) + 1
+        kept = self.violations.setdefault(name, [])
+        if len(kept) < KEEP_PER_INVARIANT:
+            day = (self.sim.clock.now - START) / DAY
+            kept.append((round(day, 4), text, detail))
+
+    def summary(self) -> dict:
+        return {"violations": dict(self.counts), "liveness_checks": self.liveness_checks,
+                "max_hour_messages": self.max_hour_messages,
+                "max_hour": self.max_hour_detail, "faults": dict(self.sim.faults.counts),
+                "restarts": self.sim.restarts, "own_events": len(self.sim.own.store),
+                "world_events": len(self.sim.world.events)}
+
+    def _hour(self) -> int:
+        return int((self.sim.clock.now - START) // HOUR)
+
+    def action(self) -> None:
+        h = self._hour()
+        self.hour_actions[h] = self.hour_actions.get(h, 0) + 1
+
+    def published(self, event, urls) -> None:
+        self.published_at.setdefault(event.id, self.sim.clock.now)
+        self.action()
+
+    def gsync_started(self) -> None:
+        self.action()
+
+    def relay_went_down(self, url: str) -> None:
+        self.account(url)
+        self.downs.setdefault(url, []).append(self.sim.clock.now)
+        self.down_since.setdefault(url, self.sim.clock.now)
+        self.action()
+
+    def relay_came_up(self, url: str) -> None:
+        self.account(url)
+        since = self.down_since.pop(url, None)
+        if since is not None and self.sim.clock.now - since >= 20 * HOUR:
+            self.long_down_ended[url] = self.sim.clock.now
+        self.action()
+
+    def session_changed(self, url: str, delta: int) -> None:
+        self.account(url)
+        self.sessions_open[url] = self.sessions_open.get(url, 0) + delta
+
+    def account(self, url: str) -> None:
+        """Up time and session time of ``url`` up to now (before either changes)."""
+        now = self.sim.clock.now
+        entry = self.uptime.setdefault(url, [now, 0.0, 0.0])
+        relay = self.sim.relays.get(url)
+        if relay is not None and relay.up and self.sim.manager is not None:
+            entry[1] += now - entry[0]
+            if self.sessions_open.get(url, 0) > 0:
+                entry[2] += now - entry[0]
+        entry[0] = now
+
+    def neglect(self) -> None:
+        now = self.sim.clock.now
+        wanted, _ = self.wanted_relays()
+        for url in sorted(self.uptime):
+            self.account(url)
+            _, up, with_session = self.uptime[url]
+            self.uptime[url] = [now, 0.0, 0.0]
+            if url not in wanted or up < NEGLECT_WINDOW_SECS / 2:
+                continue
+            if now - self.long_down_ended.get(url, float("-inf")) < 26 * HOUR + NEGLECT_WINDOW_SECS:
+                continue
+            if with_session < up / 4:
+                self.violation("neglected_relay", f"{url}: up {up / HOUR:.1f} h of the last {NEGLECT_WINDOW_SECS / HOUR:.0f}, "
+                                                  f"in session {with_session / HOUR:.2f} h")
+
+    def gsync_started_or_stopped(self) -> None:
+        for url in sorted(self.uptime):
+            self.account(url)
+
+    # -- per step -------------------------------------------------------------------------
+
+    def message(self, msg) -> None:
+        name = type(msg).__name__
+        if name != "Tick":
+            h = self._hour()
+            self.hour_messages[h] = self.hour_messages.get(h, 0) + 1
+            self.hour_types[name] = self.hour_types.get(name, 0) + 1
+        if isinstance(msg, RemoteEvents):
+            world = self.sim.world.events
+            for e in msg.events:
+                genuine = world.get(e.event.id)
+                if e.verified and (genuine is None or genuine.sig != e.event.sig
+                                   or genuine.content != e.event.content or genuine.tags != e.event.tags):
+                    self.violation("forged_accepted", f"{e.relay} {e.event.id[:16]}")
+                if (e.relay, e.sub_id, e.event.id) in self.unrequested:
+                    self.violation("unrequested_accepted", f"{e.relay} {e.sub_id} {e.event.id[:16]}")
+
+    def delivered(self, event) -> None:
+        genuine = self.sim.world.events.get(event.id)
+        if genuine is None or genuine.sig != event.sig or genuine.content != event.content:
+            self.violation("forged_delivered", event.id[:16])
+
+    def client_frame(self, conn, verb: str, text: str) -> None:
+        if verb == "NEG-OPEN":
+            self._start(conn, text)
+        elif verb == "REQ" and '"limit":0' not in text.replace(" ", ""):
+            self._start(conn, text)
+        if verb in ("REQ", "NEG-OPEN") and self.refused_at:
+            self._asks_refused(conn, text if verb == "REQ" else "[\"REQ\"," + text.split(",", 1)[1])
+
+    def _start(self, conn, text: str) -> None:
+        gate = self.sim.manager.config.sync.background_start_interval_ms / 1000
+        sub_id = text.split(",", 2)[1]
+        if sub_id in getattr(conn, "started_subs", ()):
+            return  # the same REQ again (after AUTH): not a new start
+        conn.started_subs = getattr(conn, "started_subs", set()) | {sub_id}
+        now = self.sim.clock.now
+        if conn.starts and now - conn.starts[-1] < gate - 1e-3:
+            self.violation("gate", f"{conn.relay} {now - conn.starts[-1]:.3f}s after the last start: {text[:120]}")
+        conn.starts.append(now)
+        del conn.starts[:-2]
+
+    def relay_frame(self, conn, frame: str) -> None:
+        """A frame gsync reads: a policy refusal opens that tag key's probe period."""
+        if frame.startswith('["CLOSED"') and '"blocked: #' in frame:
+            key = frame.split('"blocked: #', 1)[1][:1]
+            now = self.sim.clock.now
+            started = self.refused_at.get((conn.relay, key))
+            if started is None or now - started[0] >= constants.POLICY_PROBE_SECS:
+                self.refused_at[(conn.relay, key)] = [now, 0]
+
+    def _asks_refused(self, conn, text: str) -> None:
+        now = self.sim.clock.now
+        keys = [k for (url, k), (t, *_) in self.refused_at.items()
+                if url == conn.relay and now - t < constants.POLICY_PROBE_SECS]
+        if not keys:
+            return
+        msg = json.loads(text)
+        used = {name[1:] for f in msg[2:] if isinstance(f, dict) for name in f if name.startswith("#")}
+        for key in keys:
+            if key in used:
+                entry = self.refused_at[(conn.relay, key)]
+                if (conn.number, msg[1]) in entry[2:]:
+                    continue  # the same REQ sent again (after AUTH): one ask
+                entry.append((conn.number, msg[1]))
+                entry[1] += 1
+                if entry[1] > 2:
+                    self.violation("refused_asked_again", f"{conn.relay} #{key} asked {entry[1]} times "
+                                   f"{(now - entry[0]) / HOUR:.1f} h after its refusal: {text[:100]}")
+
+    def dialled(self, url: str) -> None:
+        now = self.sim.clock.now
+        times = self.dials.setdefault(url, [])
+        times.append(now)
+        while times and now - times[0] > DAY + HOUR:
+            times.pop(0)
+        downs = self.downs.get(url, [])
+        while downs and now - downs[0] > HOUR:
+            downs.pop(0)
+        bound = 30 + 3 * len(downs)  # a relay restarting often is dialled again after each restart
+        if sum(1 for t in times if now - t <= HOUR) > bound:
+            self.violation("dial_storm", f"{url}: more than {bound} handshakes within an hour "
+                                         f"({len(downs)} restarts)")
+        since = self.down_since.get(url)
+        dead_at = None if since is None else since + constants.DEAD_AFTER_SECS + self.sim.manager.config.sync.max_backoff_secs
+        if dead_at is not None and now > dead_at + HOUR:
+            earlier = [t for t in times[:-1] if t > dead_at]
+            if earlier and now - earlier[-1] < constants.DEAD_RETRY_SECS - HOUR:
+                self.violation("dead_dialled", f"{url}: dialled {now - earlier[-1]:.0f}s after the last attempt, "
+                                               f"down for {(now - since) / HOUR:.1f} h")
+
+    # -- periodic -------------------------------------------------------------------------
+
+    def schedule(self, end: float) -> None:
+        sim = self.sim
+        t = START + 600
+        while t <= end:
+            sim.at(t, self.bounded)
+            t += 600
+        t = START + HOUR
+        while t <= end:
+            sim.at(t, self.busy, int((t - START) // HOUR) - 1)
+            t += HOUR
+        t = START + NEGLECT_WINDOW_SECS
+        while t <= end:
+            sim.at(t, self.neglect)
+            t += NEGLECT_WINDOW_SECS
+        if sim.liveness_after is not None:
+            t = START + sim.liveness_after * DAY + 25 * HOUR
+            while t <= end:
+                sim.at(t, self.liveness)
+                t += HOUR
+
+    def finish(self) -> None:
+        pass
+
+    def busy(self, hour: int) -> None:
+        m = self.sim.manager
+        n = self.hour_messages.pop(hour, 0)
+        types, self.hour_types = self.hour_types, {}
+        if n > self.max_hour_messages:
+            self.max_hour_messages = n
+            top = sorted(types.items(), key=lambda kv: (-kv[1], kv[0]))[:4]
+            self.max_hour_detail = f"day {hour / 24:.2f}: " + ", ".join(f"{k} {v}" for k, v in top)
+        actions = self.hour_actions.get(hour, 0) + self.hour_actions.get(hour - 1, 0)
+        self.hour_actions.pop(hour - 1, None)
+        relays = len(m.relays) if m is not None else 0
+        bound = BUSY_BASE + BUSY_PER_RELAY * relays + BUSY_PER_ACTION * actions
+        if n > bound:
+            self.violation("busy_loop", f"hour {hour}: {n} messages > {bound} ({relays} relays, {actions} actions)")
+
+    def wanted_relays(self) -> tuple[set[str], dict[str, set[str]]]:
+        """The relays gsync should sync from (bootstrap, or listed by an announcement the
+        own relay holds), and per repository address the relays its announcement lists."""
+        own = self.sim.own
+        wanted = set(self.sim.world.bootstrap)
+        listing: dict[str, set[str]] = {}
+        for address, event_id in own.accepted.items():
+            event = own.store.events.get(event_id)
+            if event is None:
+                continue
+            urls = {v.rstrip("/") for v in all_values(event, "relays")} - {f"wss://{DOMAIN}", f"ws://{DOMAIN}"}
+            listing[address] = urls
+            wanted |= urls
+        return wanted, listing
+
+    def bounded(self) -> None:
+        m = self.sim.manager
+        if m is None:
+            return
+        now = self.sim.clock.now
+        wanted, _ = self.wanted_relays()
+        table = list(m.relays.keys())
+        for url in table:
+            if url in wanted or now - self.own_lost_at < 26 * HOUR:
+                # (gsync is not told what the own relay lost: it learns it within a day)
+                self.unwanted_since.pop(url, None)
+            elif now - self.unwanted_since.setdefault(url, now) > HOUR:
+                self.violation("relay_table", f"{url} unwanted for {(now - self.unwanted_since[url]) / HOUR:.1f} h")
+        for url in list(self.unwanted_since):
+            if url not in m.relays:
+                del self.unwanted_since[url]
+        known = set(table)
+        if self.labelled is None:
+            self.labelled = [(m, m._labelnames.index("relay")) for m in metrics.relay_labelled()]
+        for metric, i in self.labelled:
+            for key in list(metric._metrics):
+                if key[i] not in known and key[i] != "own":
+                    self.violation("metric_labels", f"{metric._name}{{relay={key[i]}}} for a relay not in the table")
+                    break
+        world_events = len(self.sim.world.events) + self.sim.faults.injected
+        bounds = [("seen", len(m.seen), world_events), ("rejected", len(m.rejected), m.rejected.max_entries),
+                  ("own_held", len(m.own_held), constants.OWN_HELD_MAX_EVENTS + world_events),
+                  ("recovery_ids", len(m.recovery._owners), world_events),
+                  ("health", len(m.health._relays), len(self.sim.relays)),
+                  ("claims", len(m.claims), world_events), ("lead", len(m.lead), world_events)]
+        for name, size, bound in bounds:
+            if size > bound:
+                self.violation("table_bound", f"{name}: {size} > {bound}")
+
+    def liveness(self) -> None:
+        sim = self.sim
+        now = sim.clock.now
+        self.liveness_checks += 1
+        wanted, listing = self.wanted_relays()
+        missing = []
+        for url in sorted(wanted):
+            relay = sim.relays.get(url)
+            if relay is None or not relay.up:
+                continue
+            for event in relay.store.events.values():
+                if event.id in relay.hidden or now - self.published_at.get(event.id, START) < HOUR:
+                    continue
+                if self.owed(event, url, listing) and not self.own_has(event):
+                    missing.append((url, event))
+        self.left_behind_max = max(self.left_behind_max, len(missing))
+        if missing:
+            url, event = missing[0]
+            self.violation("left_behind", f"{len(missing)} events, e.g. kind {event.kind} {event.id[:16]} on {url} "
+                                          f"(published day {(self.published_at.get(event.id, START) - START) / DAY:.2f})")
+
+    def owed(self, event, url: str, listing) -> bool:
+        """Would gsync owe this event to the own relay, found on ``url``?"""
+        own = self.sim.own
+        if event.kind == 30617:
+            return own.lists_us(event)
+        repo = self.sim.world.repo_of.get(event.id)
+        if repo is None or repo.address not in listing or url not in listing[repo.address]:
+            return False
+        roots = [t[1] for t in event.tags if len(t) >= 2 and t[0] == "E"]
+        if any(root not in own.store for root in roots):
+            return False  # gsync finds a comment by its root: one it cannot know of is not owed
+        return own.accepts(event)[0]
+
+    def own_has(self, event) -> bool:
+        store = self.sim.own.store
+        if event.id in store:
+            return True
+        key = store.key(event)
+        held = store.events.get(store.by_key.get(key)) if key is not None else None
+        return held is not None and held.created_at >= event.created_at

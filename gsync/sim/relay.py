@@ -1,0 +1,368 @@
+"""A relay simulated at the message level: NIP-01 (stored events, filters with
+``since``/``until``/``limit``, EOSE, CLOSED with reasons, live matching), NIP-11 limits,
+NIP-42 AUTH and NIP-77 through the project's negentropy (``protocol.negentropy``).
+
+``handle(session, text)`` takes one client frame and returns the frames the relay answers
+with, in order; ``publish`` stores an event and returns the live frames it causes per session.
+Faults are attributes the simulator sets and clears (``rate_limited_until``, ``refused_tags``,
+``no_eose``, ``neg_mode``, ``ids_unserved``, ``up``); by default it behaves as LocalRelay does
+(the differential test in tests/test_sim.py holds it to that).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ..protocol.event import Event, EventError, parse_event
+from ..protocol.filters import Filter
+from ..protocol.negentropy import NegentropyServer, Storage
+from ..protocol.nip11 import RelayLimits
+
+
+def _event_frame(sub_id: str, event: Event) -> str:
+    return '["EVENT",' + json.dumps(sub_id) + "," + event.to_json() + "]"
+
+
+def _closed(sub_id: str, text: str) -> str:
+    return json.dumps(["CLOSED", sub_id, text])
+
+
+def _newest_first(event: Event) -> tuple:
+    return (-event.created_at, event.id)
+
+
+@dataclass
+class RelaySession:
+    """One websocket session, as the relay sees it."""
+
+    number: int
+    subs: dict = field(default_factory=dict)  # sub id -> [Filter]
+    negs: dict = field(default_factory=dict)  # sub id -> NegentropyServer
+    challenge: str = ""
+    authed: bool = False
+
+
+class EventStore:
+    """Events by id, with indexes by kind and by tag value; replaceable and addressable
+    events keep only the newest per key (NIP-01)."""
+
+    def __init__(self):
+        self.events: dict[str, Event] = {}
+        self.by_kind: dict[int, dict[str, None]] = {}
+        self.by_tag: dict[tuple[str, str], dict[str, None]] = {}
+        self.by_key: dict[tuple, str] = {}
+
+    def __contains__(self, event_id: str) -> bool:
+        return event_id in self.events
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    @staticmethod
+    def key(event: Event) -> tuple | None:
+        if 30000 <= event.kind < 40000:
+            return (event.kind, event.pubkey, event.d_tag)
+        if 10000 <= event.kind < 20000 or event.kind in (0, 3):
+            return (event.kind, event.pubkey)
+        return None
+
+    def add(self, event: Event) -> bool:
+        """Store ``event``; False if held already or older than what its key holds."""
+        if event.id in self.events:
+            return False
+        key = self.key(event)
+        if key is not None:
+            old_id = self.by_key.get(key)
+            if old_id is not None:
+                old = self.events[old_id]
+                # the newest wins; of two at the same second, the lowest id (NIP-01)
+                if (-old.created_at, old.id) < (-event.created_at, event.id):
+                    return False
+                self.remove(old_id)
+            self.by_key[key] = event.id
+        self.events[event.id] = event
+        self.by_kind.setdefault(event.kind, {})[event.id] = None
+        for tag in event.tags:
+            if len(tag) >= 2 and len(tag[0]) == 1:
+                self.by_tag.setdefault((tag[0], tag[1]), {})[event.id] = None
+        return True
+
+    def remove(self, event_id: str) -> None:
+        event = self.events.pop(event_id, None)
+        if event is None:
+            return
+        self.by_kind.get(event.kind, {}).pop(event_id, None)
+        for tag in event.tags:
+            if len(tag) >= 2 and len(tag[0]) == 1:
+                self.by_tag.get((tag[0], tag[1]), {}).pop(event_id, None)
+        key = self.key(event)
+        if key is not None and self.by_key.get(key) == event_id:
+            del self.by_key[key]
+
+    def candidates(self, flt: Filter):
+        """Ids that may match ``flt``, from its most selective index."""
+        if flt.ids is not None:
+            return [i for i in sorted(flt.ids) if i in self.events]
+        best = None
+        for name, values in flt.tags:
+            ids: dict[str, None] = {}
+            for value in sorted(values):
+                ids.update(self.by_tag.get((name, value), {}))
+            if best is None or len(ids) < len(best):
+                best = ids
+        if best is None and flt.kinds is not None:
+            best = {}
+            for kind in sorted(flt.kinds):
+                best.update(self.by_kind.get(kind, {}))
+        return list(best) if best is not None else list(self.events)
+
+    def query(self, flt: Filter, cap: int | None = None, hidden=frozenset()) -> list[Event]:
+        """What ``flt`` matches, newest first, at most ``limit`` (and ``cap``)."""
+        found = [self.events[i] for i in self.candidates(flt)]
+        found = [e for e in found if e.id not in hidden and flt.matches(e)]
+        found.sort(key=_newest_first)
+        limit = flt.limit
+        if cap is not None:
+            limit = cap if limit is None else min(limit, cap)
+        return found if limit is None else found[:limit]
+
+
+class SimRelay:
+    def __init__(self, url: str, *, page_cap: int = 500, max_subs: int = 20, nip77: bool = True,
+                 nip11: bool = True, auth_required: bool = False, max_sync_events: int | None = None):
+        self.url = url
+        self.store = EventStore()
+        self.page_cap = page_cap
+        self.max_subs = max_subs
+        self.nip77 = nip77
+        self.nip11 = nip11
+        self.auth_required = auth_required
+        self.max_sync_events = max_sync_events  # strfry's maxSyncEvents: NEG-ERR past it
+        self.up = True
+        self.down_until = float("-inf")  # while down: when it comes back (inf: dead for good)
+        self.dead = False  # gone for good
+        self.sessions: dict[int, RelaySession] = {}
+        # faults, set and cleared by the simulator
+        self.rate_limited_until = float("-inf")
+        self.refused_tags: frozenset[str] = frozenset()
+        self.no_eose = False
+        self.neg_mode = "serve"  # "serve" | "notice" | "ignore"
+        self.ids_unserved = False
+        self.hidden: set[str] = set()  # stored, advertised by NIP-77, never served by REQ
+        self.now = 0.0  # set by the simulator before each call
+
+    # -- NIP-11 ---------------------------------------------------------------------------
+
+    def limits(self) -> RelayLimits | None:
+        if not self.nip11:
+            return None
+        nips = frozenset({1, 11, 42} | ({77} if self.nip77 else set()))
+        return RelayLimits(max_subscriptions=self.max_subs, max_limit=self.page_cap,
+                           auth_required=self.auth_required, supported_nips=nips)
+
+    # -- sessions -------------------------------------------------------------------------
+
+    def open_session(self, number: int) -> list[str]:
+        session = self.sessions[number] = RelaySession(number)
+        if self.auth_required:
+            session.challenge = f"challenge-{number}"
+            return [json.dumps(["AUTH", session.challenge])]
+        return []
+
+    def close_session(self, number: int) -> None:
+        self.sessions.pop(number, None)
+
+    def handle(self, number: int, text: str) -> list[str]:
+        session = self.sessions.get(number)
+        if session is None:
+            return []
+        try:
+            msg = json.loads(text)
+        except ValueError:
+            return [json.dumps(["NOTICE", "invalid: could not parse"])]
+        if not isinstance(msg, list) or not msg or not isinstance(msg[0], str):
+            return [json.dumps(["NOTICE", "invalid: not a message"])]
+        verb = msg[0]
+        if verb == "REQ" and len(msg) >= 2:
+            return self.on_req(session, msg[1], msg[2:])
+        if verb == "CLOSE" and len(msg) >= 2:
+            session.subs.pop(msg[1], None)
+            return []
+        if verb == "AUTH" and len(msg) >= 2:
+            return self.on_auth(session, msg[1])
+        if verb == "NEG-OPEN" and len(msg) >= 4:
+            return self.on_neg_open(session, msg[1], msg[2], msg[3])
+        if verb == "NEG-MSG" and len(msg) >= 3:
+            return self.on_neg_msg(session, msg[1], msg[2])
+        if verb == "NEG-CLOSE" and len(msg) >= 2:
+            session.negs.pop(msg[1], None)
+            return []
+        if verb == "EVENT" and len(msg) >= 2:
+            return self.on_event(msg[1])
+        return [json.dumps(["NOTICE", f"invalid: unknown message {verb[:20]}"])]
+
+    def on_auth(self, session: RelaySession, raw) -> list[str]:
+        try:
+            event = parse_event(raw)
+        except EventError as exc:
+            return [json.dumps(["OK", raw.get("id", "") if isinstance(raw, dict) else "", False, f"invalid: {exc}"])]
+        challenge = event.first_tag_value("challenge")
+        ok = event.kind == 22242 and session.challenge and challenge == session.challenge
+        session.authed = session.authed or bool(ok)
+        return [json.dumps(["OK", event.id, bool(ok), "" if ok else "invalid: wrong challenge"])]
+
+    def refusal(self, session: RelaySession, filters: list[Filter]) -> str | None:
+        if self.auth_required and not session.authed:
+            return "auth-required: authenticate first"
+        if self.now < self.rate_limited_until:
+            return "rate-limited: slow down"
+        for f in filters:
+            for name, _ in f.tags:
+                if name in self.refused_tags:
+                    return f"blocked: #{name} queries are not allowed here"
+        return None
+
+    def on_req(self, session: RelaySession, sub_id, raw_filters) -> list[str]:
+        if not isinstance(sub_id, str) or not sub_id:
+            return [json.dumps(["NOTICE", "invalid: bad subscription id"])]
+        try:
+            filters = [Filter.from_dict(f) for f in raw_filters]
+        except ValueError as exc:
+            return [_closed(sub_id, f"invalid: {exc}")]
+        if sub_id not in session.subs and len(session.subs) >= self.max_subs:
+            return [_closed(sub_id, "error: too many concurrent REQs")]
+        refused = self.refusal(session, filters)
+        if refused:
+            session.subs.pop(sub_id, None)
+            return [_closed(sub_id, refused)]
+        session.subs[sub_id] = filters
+        return [_event_frame(sub_id, e) for e in self.answer(filters)] + (
+            [] if self.no_eose and any(f.limit != 0 for f in filters) else [json.dumps(["EOSE", sub_id])])
+
+    def answer(self, filters: list[Filter]) -> list[Event]:
+        """The stored events a REQ's filters ask for, each once, per filter at most its
+        ``limit`` and the relay's page cap, newest first."""
+        out: dict[str, Event] = {}
+        for f in filters:
+            if f.limit == 0 or (self.ids_unserved and f.ids is not None):
+                continue
+            for e in self.store.query(f, self.page_cap, self.hidden):
+                out.setdefault(e.id, e)
+        return sorted(out.values(), key=_newest_first)
+
+    def on_neg_open(self, session: RelaySession, sub_id, raw_filter, message_hex) -> list[str]:
+        if not self.nip77 or self.neg_mode == "notice":
+            return [json.dumps(["NOTICE", "ERROR: negentropy is disabled"])]
+        if self.neg_mode == "ignore":
+            return []
+        try:
+            flt = Filter.from_dict(raw_filter)
+        except ValueError as exc:
+            return [json.dumps(["NEG-ERR", sub_id, f"invalid: {exc}"])]
+        refused = self.refusal(session, [flt])
+        if refused:
+            return [json.dumps(["NEG-ERR", sub_id, refused])]
+        items = self.store.query(flt.replace(limit=None))
+        if self.max_sync_events is not None and len(items) > self.max_sync_events:
+            return [json.dumps(["NEG-ERR", sub_id, "blocked: too many query results"])]
+        server = NegentropyServer(Storage.from_hex((e.created_at, e.id) for e in items))
+        session.negs[sub_id] = server
+        return self.on_neg_msg(session, sub_id, message_hex)
+
+    def on_neg_msg(self, session: RelaySession, sub_id, message_hex) -> list[str]:
+        server = session.negs.get(sub_id)
+        if server is None:
+            return [json.dumps(["NEG-ERR", sub_id, "closed: no such negentropy session"])]
+        try:
+            answer = server.respond(bytes.fromhex(message_hex))
+        except Exception as exc:  # a broken message ends the exchange, as relays do
+            session.negs.pop(sub_id, None)
+            return [json.dumps(["NEG-ERR", sub_id, f"invalid: {type(exc).__name__}"])]
+        return [json.dumps(["NEG-MSG", sub_id, answer.hex()])]
+
+    def on_event(self, raw) -> list[str]:
+        try:
+            event = parse_event(raw)
+        except EventError as exc:
+            return [json.dumps(["OK", raw.get("id", "") if isinstance(raw, dict) else "", False, f"invalid: {exc}"])]
+        stored = self.store.add(event)
+        return [json.dumps(["OK", event.id, True, "" if stored else "duplicate: already have this event"])]
+
+    # -- the world publishes --------------------------------------------------------------
+
+    def publish(self, event: Event) -> dict[int, list[str]]:
+        """Store ``event`` (as a user's client would publish it) and send it to every open
+        subscription it matches: session number -> frames."""
+        if not self.store.add(event):
+            return {}
+        out: dict[int, list[str]] = {}
+        for number, session in self.sessions.items():
+            for sub_id, filters in session.subs.items():
+                if any(f.matches(event) for f in filters):
+                    out.setdefault(number, []).append(_event_frame(sub_id, event))
+        return out
+
+    def lose(self, fraction: float, rng) -> int:
+        """A restart that lost data: ``fraction`` of the stored events, drawn by ``rng``."""
+        ids = sorted(self.store.events)
+        lost = [i for i in ids if rng.random() < fraction]
+        for i in lost:
+            self.store.remove(i)
+        return len(lost)
+
+
+def all_values(event: Event, name: str) -> list[str]:
+    """Every value of every tag called ``name`` (NIP-34's ``relays`` and ``clone`` tags
+    carry several)."""
+    return [v for t in event.tags if len(t) >= 2 and t[0] == name for v in t[1:]]
+
+
+class OwnRelay:
+    """The own relay, GRASP-like: it accepts announcements that list its domain (a clone URL
+    and a relays URL on it) and the events of repositories it accepted (``repo_of``: the
+    world's map from event id to repository); everything else is ``blocked:``."""
+
+    def __init__(self, domain: str, repo_of):
+        self.domain = domain
+        self.repo_of = repo_of
+        self.store = EventStore()
+        self.accepted: dict[str, str] = {}  # repository address -> the announcement's id
+        self.stored_at: dict[str, float] = {}  # id -> when it was stored (simulated time)
+        self.up = True
+
+    def lists_us(self, event: Event) -> bool:
+        clone = any(v.startswith(f"https://{self.domain}/") for v in all_values(event, "clone"))
+        relays = any(v.rstrip("/") in (f"wss://{self.domain}", f"ws://{self.domain}")
+                     for v in all_values(event, "relays"))
+        return clone and relays
+
+    def accepts(self, event: Event) -> tuple[bool, str]:
+        if event.kind == 30617:
+            return (True, "") if self.lists_us(event) else (False, "blocked: does not list this relay")
+        repo = self.repo_of.get(event.id)
+        if repo is None or repo.address not in self.accepted:
+            return False, "blocked: not an event of a repository hosted here"
+        return True, ""
+
+    def lose_since(self, since: float) -> int:
+        """A crash: what was stored at ``since`` or later is gone."""
+        lost = [i for i, at in self.stored_at.items() if at >= since]
+        for event_id in lost:
+            self.store.remove(event_id)
+            del self.stored_at[event_id]
+        self.accepted = {address: event_id for address, event_id in self.accepted.items() if event_id in self.store}
+        return len(lost)
+
+    def submit(self, event: Event, now: float) -> tuple[bool, str, bool]:
+        """An EVENT: (accepted, OK text, stored anew)."""
+        ok, why = self.accepts(event)
+        if not ok:
+            return False, why, False
+        if event.id in self.store:
+            return True, "duplicate: already have this event", False
+        stored = self.store.add(event)
+        if stored:
+            self.stored_at[event.id] = now
+        if stored and event.kind == 30617:
+            self.accepted[f"30617:{event.pubkey}:{event.d_tag}"] = event.id
+        return True, "" if stored else "duplicate: have a newer one", stored

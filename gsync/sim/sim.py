@@ -1,0 +1,791 @@
+"""The simulation: gsync's real ``SyncManager`` in one process, in a seeded world, through
+simulated time.
+
+Nothing is spawned and no socket is opened. The manager's timers, its NIP-77 exchanges and
+own-relay reads, every frame to and from a relay, delivery to the own relay and the
+self-subscription are events in one heap ordered by simulated time (``Simulation.at``); the
+clock jumps to the next one. What the manager's greenlets would do is done here, through
+gsync's own code where it can run without a hub:
+
+- a relay connection is gsync's ``RelayConnection`` (its frame checks, AUTH, NOTICE
+  handling) with ``send`` handing frames to the simulated relay (``relay.SimRelay``) and the
+  relay's answers fed to its ``_handle_frame`` after the relay's latency;
+- a NIP-77 exchange is ``negentropy_sync.reconcile_filter`` itself, run when its turn comes,
+  the relay answering each of its frames at once (an exchange the relay never answers is
+  left hanging, for the manager's deadline to end);
+- delivery is ``OwnRelayDelivery`` with its lanes replaced by a pump that hands events to the
+  own relay (``relay.OwnRelay``) and reads its ``OK`` through the wire parser;
+- gsync's state is a real ``state_dir`` (SQLite), so a kill and restart starts the next
+  manager on what the last one saved.
+
+Randomness comes from one ``random.Random(seed)``; iteration is over lists and insertion-
+ordered dicts only, so a seed gives the same run (``trace_hash``) in every process.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import heapq
+import itertools
+import json
+import random
+import tempfile
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+
+import structlog
+
+from .. import constants
+from ..io import connection as connection_module
+from ..io import negentropy_sync
+from ..io.connection import RelayConnection
+from ..io.delivery import OwnRelayDelivery
+from ..io.handshake import HandshakePool
+from ..io.inbox import (
+    HandshakeDone,
+    HandshakeStarted,
+    OwnEvents,
+    OwnReadsLanded,
+    OwnSubscribed,
+    RemoteEvents,
+    Tick,
+)
+from ..io.manager import SyncManager
+from ..io.manager import lifecycle as lifecycle_module
+from ..io.own_query import HeldItems
+from ..ops import metrics
+from ..ops.config import AuthConfig, Config, MetricsConfig, NetworkConfig, ServiceConfig, SyncConfig
+from ..ops.logging import configure_logging
+from ..protocol import messages as wire
+from ..protocol.event import Event
+from ..sync import status as status_module
+from . import faults as faults_module
+from .invariants import Checker
+from .relay import OwnRelay, SimRelay
+from .world import DAY, DOMAIN, OWN_URL, START, World
+
+GSYNC_SECRET = hashlib.sha256(b"gsync-sim:gsync").hexdigest()
+
+
+@dataclass
+class SimOptions:
+    seed: int = 1
+    days: float = 30.0
+    relays: int = 6
+    repos: int = 30
+    publish_per_day: float | None = None  # world activity; default: repos / 3 a day
+    faults: bool = True
+    fault_scale: float = 1.0  # every fault rate times this
+    liveness_after: float | None = None  # the day faults stop (default: days - 2, if > 1)
+    tick_secs: float = constants.MAINTENANCE_TICK_SECS
+    idle_tick_secs: float = 120.0  # the tick's period while nothing else happens (see tick)
+    busy_secs: float = 20.0  # ticks every tick_secs until this long after the last other message
+    gate_ms: int | None = None  # background_start_interval_ms (None: the default gate)
+    keep_state: bool = False
+    verbose_logs: bool = False  # gsync's own logs (debug) on stdout
+
+
+class SimTime:
+    """Stands in for the ``time`` module where gsync reads the clock."""
+
+    def __init__(self, clock):
+        self._clock = clock
+
+    def monotonic(self) -> float:
+        return self._clock.now
+
+    def time(self) -> float:
+        return self._clock.now
+
+
+class SimClock:
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class NoAnswer(BaseException):  # noqa: N818 (a control-flow signal, as GreenletExit)
+    """A NIP-77 exchange waits for an answer that will never come: it hangs (the manager's
+    deadline ends it), as its greenlet would."""
+
+
+class SimInbox:
+    """An exchange's inbox (``negentropy_sync.exchange``): the relay answered synchronously,
+    so an empty inbox means no answer is coming."""
+
+    def __init__(self):
+        self.items: deque = deque()
+
+    def qsize(self) -> int:
+        return len(self.items)
+
+    def put(self, item) -> None:
+        self.items.append(item)
+
+    def get(self, timeout=None):
+        if not self.items:
+            raise NoAnswer()
+        return self.items.popleft()
+
+
+class Spawned:
+    """A greenlet the manager asked for: run by the simulation when its turn comes."""
+
+    def __init__(self, fn, args, kwargs):
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+        self.killed = False
+        self.dead_callbacks: list = []
+        self.exception = None
+
+    def kill(self, block: bool = False) -> None:
+        self.killed = True
+
+    def link_exception(self, callback) -> None:
+        self.dead_callbacks.append(callback)
+
+
+class SimWs:
+    connected = True
+
+    def close(self, timeout=None) -> None:
+        self.connected = False
+
+
+class SimConnection(RelayConnection):
+    """gsync's connection object, its socket replaced by the simulation."""
+
+    def __init__(self, sim, number, *args, **kwargs):
+        super().__init__(*args, clock=sim.clock, **kwargs)
+        self.sim = sim
+        self.number = number
+        self.gen = sim.gen
+        self.last_arrival = 0.0
+        self.starts: list[float] = []  # when each background start went (politeness)
+
+    def start(self) -> None:
+        pass
+
+    def send(self, text: str) -> None:
+        if not self.closed:
+            self.sim.client_frame(self, text)
+
+    def _flush_events(self) -> None:
+        if self._events:
+            events, self._events = self._events, []
+            self._post(RemoteEvents(self.relay, self.session, events))
+
+    def close(self, reason: str = "closed by gsync") -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.sim.client_closed(self)
+
+
+class SimEffects:
+    def __init__(self, sim, gen: int):
+        self.sim = sim
+        self.gen = gen
+
+    def later(self, delay: float, msg) -> None:
+        self.sim.at(self.sim.clock.now + delay, self.sim.post, msg, gen=self.gen)
+
+    def every(self, interval: float, make_msg):
+        return Spawned(make_msg, (interval,), {})
+
+    def spawn(self, fn, *args, **kwargs) -> Spawned:
+        g = Spawned(fn, args, kwargs)
+        self.sim.run_spawned(g, self.gen)
+        return g
+
+    def connection(self, relay: str, ws, session: int, **kwargs) -> SimConnection:
+        return self.sim.open_connection(relay, session, **kwargs)
+
+    def monotonic(self) -> float:
+        return self.sim.clock.now
+
+
+class SimHandshakes(HandshakePool):
+    """Handshakes answered by the simulated relays after their latency."""
+
+    def __init__(self, sim):
+        super().__init__(sim.post, None, workers=8)
+        self.sim = sim
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def request(self, relay: str, attempt: int) -> None:
+        self.queued.add(relay)
+        self.sim.at(self.sim.clock.now + 0.01, self.sim.handshake, relay, attempt)
+
+
+class SimDelivery(OwnRelayDelivery):
+    """Delivery as gsync does it (tracking, retries, reports), its lanes replaced by a pump
+    the simulation runs: the own relay answers each event as it would over a lane."""
+
+    def __init__(self, sim):
+        super().__init__(OWN_URL, sim.post, clock=sim.clock, wallclock=sim.clock,
+                         max_backlog=constants.DELIVERY_MAX_BACKLOG)
+        self.sim = sim
+        self.pump_due = False
+        self.down = False
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def _wake_lanes(self) -> None:
+        if not self.pump_due:
+            self.pump_due = True
+            self.sim.at(self.sim.clock.now + 0.005, self.pump, gen=self.sim.gen)
+
+    def pump(self) -> None:
+        self.pump_due = False
+        now = self.sim.clock.now
+        while self._retry_heap and self._retry_heap[0][0] <= now:
+            _, _, event = heapq.heappop(self._retry_heap)
+            self._parked.discard(event.id)
+            if event.id in self._tracked:
+                self._queue.append(event, self._sources.get(event.id, ""))
+        if self._retry_heap:
+            self.sim.at(self._retry_heap[0][0], self._wake_lanes, gen=self.sim.gen)
+        own = self.sim.own
+        if not own.up:
+            if not self.down:
+                self.down = True
+                self._lane_down(self._lanes[0], "own relay away")
+            return  # the lanes dial again: pumped when it is back (Simulation.own_back)
+        if self.down:
+            self.down = False
+            self._lane_up()
+        lane = self._lanes[0]
+        sent = 0
+        while self._queue and sent < self._window:
+            event = self._queue.popleft()
+            if event.id not in self._tracked:
+                continue
+            sent += 1
+            lane.in_flight[event.id] = (event, now)
+            accepted, text, stored = self.sim.deliver_to_own(event)
+            frame = json.dumps(["OK", event.id, accepted, text])
+            self._on_ok(lane, wire.parse_relay_message(frame))
+        self._count_delivered()
+        if self._queue:
+            self._wake_lanes()
+
+
+class Simulation:
+    def __init__(self, options: SimOptions, state_dir: str | None = None):
+        self.options = o = options
+        self.rng = random.Random(o.seed)
+        self.world = World(random.Random(self.rng.random()), relays=o.relays, repos=o.repos)
+        self.clock = SimClock(START)
+        self.time = SimTime(self.clock)
+        self.heap: list = []
+        self.seq = itertools.count()
+        self.gen = 0  # the manager's incarnation: what a killed one scheduled is dropped
+        self.manager: SyncManager | None = None
+        self.hash = hashlib.sha256()
+        self.messages = 0
+        self.frames_up = 0
+        self.own = OwnRelay(DOMAIN, self.world.repo_of)
+        self.relays: dict[str, SimRelay] = {}
+        for url in self.world.relay_urls + self.world.spare_urls:
+            self.relays[url] = self.make_relay(url)
+        self.conns: dict[int, SimConnection] = {}  # open connections by number
+        self.conn_numbers = itertools.count(1)
+        self.own_session: dict = {"connected": False, "last_connected": None}
+        self._tmp = None
+        if state_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="gsync-sim-")
+            state_dir = self._tmp.name
+        self.state_dir = state_dir
+        self.checker = Checker(self)
+        self.liveness_after = (o.liveness_after if o.liveness_after is not None
+                               else (o.days - 2 if o.days > 2.5 else None))
+        self.faults = faults_module.Faults(self, random.Random(self.rng.random()))
+        self.last_busy = START  # the last moment something other than a tick happened
+        self.restarts = 0
+
+    def make_relay(self, url: str) -> SimRelay:
+        r = self.rng
+        relay = SimRelay(url, page_cap=r.choice((500, 500, 300, 100)), max_subs=r.choice((20, 20, 50, 10)),
+                         nip77=r.random() < 0.6, nip11=r.random() < 0.8, auth_required=r.random() < 0.1,
+                         max_sync_events=r.choice((None, None, None, 200)))
+        relay.latency = r.uniform(0.02, 0.25)
+        return relay
+
+    # -- the heap -----------------------------------------------------------------------
+
+    def at(self, when: float, fn, *args, gen: int | None = None) -> None:
+        """``fn(*args)`` at ``when``; ``gen``: only if that manager still runs."""
+        heapq.heappush(self.heap, (when, next(self.seq), gen, fn, args))
+
+    def note(self, *parts) -> None:
+        """One line of the trace (hashed; kept only in ``trace_lines`` if asked for)."""
+        line = f"{self.clock.now:.3f} " + " ".join(str(p) for p in parts) + "\n"
+        self.hash.update(line.encode())
+        if self.trace_lines is not None:
+            self.trace_lines.append(line)
+
+    trace_lines: list | None = None
+
+    def post(self, msg) -> None:
+        if self.manager is not None:
+            self.manager.post(msg)
+
+    # -- the manager ----------------------------------------------------------------------
+
+    def config(self) -> Config:
+        o = self.options
+        sync = dict(bootstrap_relays=tuple(self.world.bootstrap))
+        if o.gate_ms is not None:
+            sync["background_start_interval_ms"] = o.gate_ms
+        return Config(service=ServiceConfig(OWN_URL, (DOMAIN,), self.state_dir), sync=SyncConfig(**sync),
+                      network=NetworkConfig(), auth=AuthConfig(secret_key=GSYNC_SECRET),
+                      metrics=MetricsConfig(listen=None))
+
+    def start_gsync(self) -> None:
+        self.checker.gsync_started_or_stopped()
+        for m in metrics.relay_labelled():  # a new process: no series of the last one's
+            m.clear()
+        self.gen += 1
+        self.note("gsync_start", self.gen)
+        self.delivery = SimDelivery(self)
+        self.manager = SyncManager(self.config(), clock=self.clock, delivery=self.delivery,
+                                   effects=SimEffects(self, self.gen))
+        self.manager.handshakes = self.manager.lifecycle.handshakes = SimHandshakes(self)
+        self.own_session = {"connected": False, "last_connected": self.own_session.get("last_connected")
+                            if self.restarts == 0 else None}
+        self.at(self.clock.now + 0.01, self.self_sub_connect, gen=self.gen)
+        self.at(self.clock.now + self.options.tick_secs, self.tick, gen=self.gen)
+        self.checker.gsync_started()
+
+    def stop_gsync(self, graceful: bool) -> None:
+        """gsync stopped (SIGTERM: state saved) or killed (what it held in memory is lost)."""
+        m = self.manager
+        if m is None:
+            return
+        self.note("gsync_stop", graceful)
+        if graceful:
+            with contextlib.suppress(Exception):
+                m.stop()
+        for number in list(self.conns):
+            conn = self.conns.pop(number)
+            conn.closed = True
+            self.checker.session_changed(conn.relay, -1)
+            self.relays[conn.relay].close_session(number)
+        m.saved.close()
+        self.checker.gsync_started_or_stopped()
+        self.manager = None
+        self.gen += 1  # what the old one scheduled is dropped
+        self.restarts += 1
+
+    def tick(self) -> None:
+        """The maintenance tick: every ``tick_secs`` (2 s, as in production) until
+        ``busy_secs`` after the last message that is not a tick, every ``idle_tick_secs``
+        while nothing else happens. A simplification for speed: what only a tick starts
+        (retries, polls, probes, the daily fresh start) starts up to ``idle_tick_secs`` late
+        in a quiet world; every timer the manager sets itself fires on time."""
+        self.post(Tick(self.clock.now))
+        quiet = self.clock.now - self.last_busy > self.options.busy_secs
+        step = self.options.idle_tick_secs if quiet else self.options.tick_secs
+        self.at(self.clock.now + step, self.tick, gen=self.gen)
+
+    def handle(self, msg) -> None:
+        m = self.manager
+        name = type(msg).__name__
+        if name != "Tick":
+            self.last_busy = self.clock.now
+        self.messages += 1
+        self.checker.message(msg)
+        relay = getattr(msg, "relay", "")
+        self.note("msg", name, relay, getattr(msg, "session", ""))
+        try:
+            m.handlers[type(msg)](msg)
+        except Exception as exc:  # production logs it and goes on; here it is a violation
+            self.checker.violation("handler_raised", f"{name}: {type(exc).__name__}: {exc}",
+                                   detail=traceback.format_exc(limit=6))
+
+    def drain(self) -> None:
+        m = self.manager
+        while m is not None and not m.queue.empty():
+            self.handle(m.queue.get_nowait())
+            m = self.manager
+
+    # -- spawned greenlets ----------------------------------------------------------------
+
+    def run_spawned(self, g: Spawned, gen: int) -> None:
+        if g.fn is negentropy_sync.read_merged:
+            self.at(self.clock.now + 0.005, self.own_read, g, gen=gen)
+        elif g.fn is negentropy_sync.reconcile_filter:
+            self.at(self.clock.now + 0.001, self.exchange, g, gen=gen)
+        else:
+            raise RuntimeError(f"the simulation cannot run {g.fn!r}")
+
+    def own_read(self, g: Spawned) -> None:
+        if g.killed:
+            return
+        own_url, reads, post = g.args
+        if not self.own.up:
+            post(OwnReadsLanded(g.kwargs["read_id"], list(reads), None, "own relay query failed: ConnectionRefusedError",
+                                g.kwargs.get("epoch", 0)))
+            return
+        fresh = g.kwargs.get("fresh", False)
+        holdings = [None if f is None else negentropy_sync._holdings.get(own_url, f, fresh) for f in reads]
+        post(OwnReadsLanded(g.kwargs["read_id"], list(reads), holdings, "", g.kwargs.get("epoch", 0)))
+
+    def own_holdings(self, url: str, flt) -> HeldItems:
+        """What the own relay holds of ``flt`` (``SharedHoldings``' read)."""
+        if not self.own.up:
+            raise ConnectionRefusedError("own relay away")
+        return HeldItems(e.to_dict() for e in self.own.store.query(flt.replace(limit=None)))
+
+    def exchange(self, g: Spawned) -> None:
+        conn = g.args[0]
+        if g.killed or conn.closed:
+            return
+        self.exchanging = conn
+        latency = self.relays[conn.relay].latency
+
+        def post(msg) -> None:  # the answer after the rounds' round trips
+            rounds = max(1, getattr(msg.result, "rounds", 1))
+            self.at(self.clock.now + 2 * latency * rounds, self.post, msg, gen=self.gen)
+
+        args = list(g.args)
+        args[4] = post
+        try:
+            g.fn(*args, **g.kwargs)
+        except NoAnswer:
+            self.note("neg_hangs", conn.relay)
+        except Exception as exc:
+            g.exception = exc
+            for callback in g.dead_callbacks:
+                callback(g)
+        finally:
+            self.exchanging = None
+
+    exchanging = None
+
+    # -- the self-subscription ----------------------------------------------------------
+
+    def self_sub_connect(self) -> None:
+        if not self.own.up or self.own_session["connected"]:
+            return
+        last = self.own_session["last_connected"]
+        since = None if last is None else int(last) - constants.RECONNECT_OVERLAP_SECS
+        self.own_session["connected"] = True
+        self.own_session["last_connected"] = self.clock.now
+        kinds = constants.SELF_SUB_KINDS
+        events = [e for e in self.own.store.events.values()
+                  if e.kind in kinds and (since is None or e.created_at >= since)]
+        events.sort(key=lambda e: (-e.created_at, e.id))
+        for i in range(0, len(events), 500):
+            self.post(OwnEvents(events[i:i + 500]))
+        self.post(OwnSubscribed(reconnect=last is not None))
+
+    def own_away(self, secs: float, lose_last: float = 0.0) -> None:
+        """The own relay goes away for ``secs``; it comes back without what it stored in the
+        last ``lose_last`` seconds (a crash before its writes were flushed; ``inf``: a relay
+        in memory comes back empty)."""
+        self.note("own_away", secs, lose_last)
+        if lose_last and self.own.lose_since(self.clock.now - lose_last):
+            self.checker.own_lost_at = self.clock.now
+        self.own.up = False
+        self.own_session["connected"] = False
+        self.at(self.clock.now + secs, self.own_back)
+        if self.manager is not None:
+            self.delivery._wake_lanes()
+
+    def own_back(self) -> None:
+        self.note("own_back")
+        self.own.up = True
+        if self.manager is not None:
+            self.delivery._wake_lanes()
+            self.at(self.clock.now + 0.5, self.self_sub_connect, gen=self.gen)
+
+    def deliver_to_own(self, event: Event):
+        self.checker.delivered(event)
+        accepted, text, stored = self.own.submit(event, self.clock.now)
+        self.note("deliver", event.id[:16], accepted, bool(stored))
+        if stored and event.kind in constants.SELF_SUB_KINDS and self.own_session["connected"]:
+            self.at(self.clock.now + 0.01, self.post, OwnEvents([event]), gen=self.gen)
+        return accepted, text, stored
+
+    # -- relays ---------------------------------------------------------------------------
+
+    def handshake(self, url: str, attempt: int) -> None:
+        m = self.manager
+        m.handshakes.queued.discard(url)
+        self.post(HandshakeStarted(url, attempt))
+        relay = self.relays.get(url)
+        self.checker.dialled(url)
+        latency = relay.latency if relay is not None else 0.1
+        if relay is None or not relay.up:
+            done = HandshakeDone(url, attempt, error="ConnectionRefusedError: [Errno 111] Connection refused")
+        else:
+            done = HandshakeDone(url, attempt, ws=SimWs(), limits=relay.limits())
+        self.at(self.clock.now + 3 * latency, self.post, done, gen=self.gen)
+
+    def open_connection(self, url: str, session: int, **kwargs) -> SimConnection:
+        number = next(self.conn_numbers)
+        conn = SimConnection(self, number, url, SimWs(), session, self.post, **kwargs)
+        relay = self.relays[url]
+        if not relay.up:  # it went down between the handshake and now
+            self.at(self.clock.now + 0.001, conn._finish, "connection closed", gen=self.gen)
+            return conn
+        self.conns[number] = conn
+        self.checker.session_changed(url, +1)
+        relay.now = self.clock.now
+        frames = relay.open_session(number)
+        if frames:
+            self.to_client(conn, frames, relay.latency)
+        return conn
+
+    def client_closed(self, conn: SimConnection) -> None:
+        if self.conns.pop(conn.number, None) is not None:
+            self.checker.session_changed(conn.relay, -1)
+        self.relays[conn.relay].close_session(conn.number)
+
+    def client_frame(self, conn: SimConnection, text: str) -> None:
+        self.frames_up += 1
+        verb, sub_id = _verb_and_sub(text)
+        self.note("up", conn.relay, verb, sub_id, len(text))
+        self.checker.client_frame(conn, verb, text)
+        relay = self.relays[conn.relay]
+        if verb.startswith("NEG-") and self.exchanging is conn:
+            relay.now = self.clock.now
+            frames = relay.handle(conn.number, text)
+            for frame in frames:
+                conn._handle_frame(frame)
+            conn._flush_events()
+            return
+        self.at(self.clock.now + relay.latency, self.relay_reads, conn, text, gen=conn.gen)
+
+    def relay_reads(self, conn: SimConnection, text: str) -> None:
+        if conn.number not in self.conns:
+            return
+        relay = self.relays[conn.relay]
+        relay.now = self.clock.now
+        frames = relay.handle(conn.number, text)
+        frames = self.faults.tamper(relay, conn, text, frames)
+        if frames:
+            self.to_client(conn, frames, relay.latency)
+
+    def to_client(self, conn: SimConnection, frames: list[str], latency: float) -> None:
+        when = max(self.clock.now + latency, conn.last_arrival)
+        conn.last_arrival = when
+        self.at(when, self.client_reads, conn, frames, gen=conn.gen)
+
+    def client_reads(self, conn: SimConnection, frames: list[str]) -> None:
+        if conn.closed:
+            return
+        for frame in frames:
+            if conn.closed:
+                break
+            self.checker.relay_frame(conn, frame)
+            conn._handle_frame(frame)
+        conn._flush_events()
+
+    def publish(self, event: Event, urls: list[str], own: bool) -> None:
+        """A user publishes ``event`` to ``urls`` (and the own relay, if ``own``)."""
+        self.note("publish", event.id[:16], len(urls), own)
+        self.checker.published(event, urls)
+        for url in urls:
+            relay = self.relays[url]
+            if not relay.up:
+                continue
+            for number, frames in relay.publish(event).items():
+                conn = self.conns.get(number)
+                if conn is not None:
+                    self.to_client(conn, frames, relay.latency)
+        if own and self.own.up:
+            accepted, _, stored = self.own.submit(event, self.clock.now)
+            if stored and event.kind in constants.SELF_SUB_KINDS and self.own_session["connected"]:
+                self.at(self.clock.now + 0.01, self.post, OwnEvents([event]), gen=self.gen)
+
+    def relay_down(self, url: str, secs: float | None, lose: float = 0.0) -> None:
+        """``url`` goes down (``secs`` None: for good); ``lose``: the fraction of its events
+        gone when it comes back."""
+        relay = self.relays[url]
+        until = float("inf") if secs is None else self.clock.now + secs
+        if not relay.up:  # down already: the longer of the two
+            if until > relay.down_until:
+                relay.down_until, relay.dead = until, secs is None
+                if secs is not None:
+                    self.at(until, self.relay_up, url)
+            return
+        self.note("relay_down", url, secs, lose)
+        self.checker.relay_went_down(url)  # (its up time so far is counted first)
+        relay.up = False
+        relay.dead = secs is None
+        relay.down_until = until
+        self.drop_sessions(url)
+        if lose:
+            relay.lose(lose, self.faults.rng)
+        if secs is not None:
+            self.at(until, self.relay_up, url)
+
+    def relay_up(self, url: str, force: bool = False) -> None:
+        relay = self.relays[url]
+        if relay.up or (self.clock.now < relay.down_until and not force):
+            return  # (a shorter restart's timer, inside a longer outage)
+        self.note("relay_up", url)
+        self.checker.relay_came_up(url)
+        relay.up = True
+
+    def drop_sessions(self, url: str) -> None:
+        for number, conn in list(self.conns.items()):
+            if conn.relay == url:
+                self.conns.pop(number)
+                self.checker.session_changed(url, -1)
+                self.relays[url].close_session(number)
+                self.at(self.clock.now + 0.001, conn._finish, "connection closed", gen=conn.gen)
+
+    # -- the run --------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        with patched(self):
+            self.seed_world()
+            self.start_gsync()
+            end = START + self.options.days * DAY
+            self.faults.schedule(end)
+            self.checker.schedule(end)
+            while self.heap and self.heap[0][0] <= end:
+                when, _, gen, fn, args = heapq.heappop(self.heap)
+                if gen is not None and gen != self.gen:
+                    continue
+                self.clock.now = max(self.clock.now, when)
+                fn(*args)
+                self.drain()
+            self.clock.now = end
+            self.checker.finish()
+            if self.manager is not None:
+                self.stop_gsync(graceful=True)
+        if self._tmp is not None and not self.options.keep_state:
+            self._tmp.cleanup()
+        return SimResult(self.options, self.hash.hexdigest(), self.checker.violations, self.messages,
+                         self.frames_up, self.checker.summary())
+
+    def seed_world(self) -> None:
+        """What exists before gsync first starts: the history on the relays, and on the own
+        relay the announcements pushed to it directly (about half) with their events."""
+        for repo, event in self.world.history(int(START)):
+            urls = [u for u in repo.relays if self.rng.random() < 0.8] or repo.relays[:1]
+            for url in urls:
+                self.relays[url].store.add(event)
+            self.checker.published(event, urls)
+            if self.rng.random() < 0.3:
+                self.own.submit(event, self.clock.now)
+        self.schedule_activity(START + self.rng.expovariate(self.activity_rate()))
+
+    def activity_rate(self) -> float:
+        per_day = self.options.publish_per_day
+        if per_day is None:
+            per_day = max(2.0, self.options.repos / 3)
+        return per_day / DAY
+
+    def schedule_activity(self, when: float) -> None:
+        self.at(when, self.activity)
+
+    def activity(self) -> None:
+        made = self.world.activity(int(self.clock.now) - self.rng.choice((0, 0, 0, 5, 60)))
+        if made is not None:
+            repo, event = made
+            urls = [u for u in repo.relays if self.rng.random() < 0.7] or [self.rng.choice(repo.relays)]
+            self.publish(event, urls, own=self.rng.random() < 0.2)
+        self.schedule_activity(self.clock.now + self.rng.expovariate(self.activity_rate()))
+
+
+@dataclass
+class SimResult:
+    options: SimOptions
+    trace_hash: str
+    violations: dict = field(default_factory=dict)  # invariant -> [(when, text)]
+    messages: int = 0
+    frames_up: int = 0
+    summary: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def replay_command(self) -> str:
+        o, default = self.options, SimOptions()
+        extra = "" if o.faults else " --no-faults"
+        if o.fault_scale != default.fault_scale:
+            extra += f" --fault-scale {o.fault_scale:g}"
+        if o.liveness_after is not None:
+            extra += f" --liveness-after {o.liveness_after:g}"
+        if o.idle_tick_secs != default.idle_tick_secs:
+            extra += f" --idle-tick {o.idle_tick_secs:g}"
+        if o.tick_secs != default.tick_secs:
+            extra += f" --tick {o.tick_secs:g}"
+        return (f"PYTHONHASHSEED=0 bench/simulate --seed {o.seed} --days {o.days:g} --relays {o.relays} "
+                f"--repos {o.repos}{extra} -v")
+
+
+def _verb_and_sub(text: str) -> tuple[str, str]:
+    try:
+        msg = json.loads(text)
+        return str(msg[0]), str(msg[1]) if len(msg) > 1 and isinstance(msg[1], str) else ""
+    except (ValueError, IndexError, TypeError):
+        return "?", ""
+
+
+class _Random:
+    """``random`` as lifecycle reads it (``random.uniform``), drawn from the seed."""
+
+    def __init__(self, rng: random.Random):
+        self.uniform = rng.uniform
+
+
+@contextlib.contextmanager
+def patched(sim: Simulation):
+    """gsync's module-level clocks, randomness and greenlet plumbing, pointed at the
+    simulation for the run, then put back."""
+    saved = (connection_module.time, negentropy_sync.time, negentropy_sync._holdings, negentropy_sync.Queue,
+             lifecycle_module.random, status_module.move)
+    real_move = status_module.move
+
+    def move(state, fact):
+        before = state.status
+        try:
+            return real_move(state, fact)
+        except status_module.IllegalMove as exc:
+            sim.checker.violation("illegal_status_move", f"{state.url}: {before.name} on {fact.value}")
+            raise exc
+
+    for m in metrics.relay_labelled():
+        m.clear()
+    logs = structlog.get_config()
+    if not sim.options.verbose_logs:
+        configure_logging("error", stream=_Null())
+    connection_module.time = sim.time
+    negentropy_sync.time = sim.time
+    negentropy_sync._holdings = negentropy_sync.SharedHoldings(sim.own_holdings, clock=sim.time.monotonic)
+    negentropy_sync.Queue = SimInbox
+    lifecycle_module.random = _Random(random.Random(sim.rng.random()))
+    status_module.move = move
+    try:
+        yield
+    finally:
+        (connection_module.time, negentropy_sync.time, negentropy_sync._holdings, negentropy_sync.Queue,
+         lifecycle_module.random, status_module.move) = saved
+        structlog.configure(**logs)
+
+
+class _Null:
+    def write(self, text) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass

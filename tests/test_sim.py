@@ -1,0 +1,350 @@
+"""The deterministic simulator (gsync/sim): gsync's real manager through simulated weeks of
+a seeded world with faults, every invariant checked as it runs; a seed replays the same run;
+the relay model answers as LocalRelay does."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import websocket
+
+from gsync import constants
+from gsync.io import negentropy_ws
+from gsync.io.inbox import DeliveryAnswered
+from gsync.protocol.filters import Filter
+from gsync.sim import SimOptions, Simulation, run
+from gsync.sim.relay import SimRelay
+from gsync.sim.world import START, World
+
+from .factory import Author, announcement, comment, issue, state
+from .manager_harness import ManagerHarness
+from .relays import write_seed_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A small world, quick enough for the suite: 3 relays, 8 repositories, ticks every 5 minutes
+# while nothing happens (sim.Simulation.tick).
+SMALL = dict(relays=3, repos=8, idle_tick_secs=300)
+
+
+def test_the_same_seed_gives_the_same_trace_hash_and_another_seed_another():
+    a = run(seed=7, days=1, **SMALL)
+    b = run(seed=7, days=1, **SMALL)
+    c = run(seed=8, days=1, **SMALL)
+    assert a.trace_hash == b.trace_hash
+    assert a.messages == b.messages and a.messages > 300
+    assert c.trace_hash != a.trace_hash
+
+
+def test_a_seed_replays_the_same_run_in_another_process():
+    """bench/simulate runs under PYTHONHASHSEED=0: gsync iterates sets of relay URLs, so the
+    order of its per-relay actions follows str hashing, fixed then in every process."""
+    code = ("from gsync.sim import run; "
+            "print(run(seed=3, days=1, relays=3, repos=8, idle_tick_secs=300).trace_hash)")
+    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH=ROOT)
+    hashes = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                             check=True, timeout=120).stdout.strip() for _ in range(2)]
+    assert hashes[0] == hashes[1] and len(hashes[0]) == 64
+
+
+# Found by the simulator, not fixed (see test_a_relay_restarting_every_few_minutes_is_kept_in_session):
+# checked apart, so that the seeds below still guard every other invariant.
+KNOWN = ("neglected_relay",)
+
+
+def _assert_clean(result):
+    broken = {name: kept[:3] for name, kept in result.violations.items() if name not in KNOWN}
+    assert not broken, f"{broken}\nreplay: {result.replay_command()}"
+
+
+class Ran:
+    """What a simulation run in a child process reported (``run_replayable``)."""
+
+    def __init__(self, report: dict):
+        self.violations = report["violations"]
+        self.summary = report["summary"]
+        self.trace_hash = report["trace_hash"]
+        self._replay = report["replay"]
+
+    def replay_command(self) -> str:
+        return self._replay
+
+
+def run_replayable(**options) -> Ran:
+    """A simulation in a child process under PYTHONHASHSEED=0, as bench/simulate runs it (gsync
+    iterates sets of relay URLs): a seed pinned here is the run its replay command shows."""
+    code = ("import json, sys; from gsync.sim import run; r = run(**json.loads(sys.argv[1])); "
+            "print(json.dumps({'violations': {k: v[:3] for k, v in r.violations.items()}, "
+            "'summary': r.summary, 'trace_hash': r.trace_hash, 'replay': r.replay_command()}))")
+    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(options)], env=env, capture_output=True,
+                         text=True, check=True, timeout=600).stdout
+    return Ran(json.loads(out.strip().splitlines()[-1]))
+
+
+# What fits in about 30 s (quiet machine; a seed's 30 days take 4-15 s there, 10-90 s under
+# the load of eight engineers): three seeds, and four more marked slow. Twenty and more:
+# bench/simulate --seeds 20 --days 30 --relays 3 --repos 8 --idle-tick 300 (a few minutes).
+SUITE_SEEDS = (1, 2, 5)
+SLOW_SEEDS = (7, 8, 9, 10)
+
+
+@pytest.mark.parametrize("seed", SUITE_SEEDS)
+def test_thirty_days_with_faults_break_no_invariant(seed):
+    result = run_replayable(seed=seed, days=30, **SMALL)
+    _assert_clean(result)
+    assert result.summary["liveness_checks"] >= 24  # the liveness day came, and was checked
+    assert sum(result.summary["faults"].values()) > 100
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SLOW_SEEDS)
+def test_thirty_days_with_faults_break_no_invariant_more_seeds(seed):
+    _assert_clean(run_replayable(seed=seed, days=30, **SMALL))
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="a relay restarting every few minutes is backed off to an hour "
+                                      "(health.record_disconnect: the streak grows, never shrinks)")
+def test_a_relay_restarting_every_few_minutes_is_kept_in_session():
+    """Seed 2: from day 1.7 relay1 restarts every 2-7 minutes (down 5-30 s each time) for
+    hours. A redial during a restart fails and grows the failure streak; a session only
+    keeps it level when it lasted as long as the wait before it, which the wait itself
+    shortens; nothing short of 5 stable minutes brings it down. The streak climbs to the
+    one-hour cap and gsync holds a session with the relay 0.13 h of the 3.7 h it was up."""
+    result = run_replayable(seed=2, days=30, **SMALL)
+    assert "neglected_relay" not in result.violations, result.violations["neglected_relay"][:3]
+
+
+def _dead_relay_world(days: float):
+    """A quiet world (no faults) where a bootstrap relay dies for good on day 0.1."""
+    sim = Simulation(SimOptions(seed=4, days=days, relays=3, repos=8, faults=False, idle_tick_secs=300))
+    dead = sim.world.bootstrap[0]
+    sim.at(START + 0.1 * 86_400, sim.relay_down, dead, None)
+    return sim, dead
+
+
+def test_a_relay_dead_for_good_is_dialled_once_a_day():
+    sim, dead = _dead_relay_world(4)
+    result = sim.run()
+    _assert_clean(result)
+    dials = sim.checker.dials[dead]  # (the last 25 h of them)
+    assert len(dials) == 2 and 23 * 3600 <= dials[1] - dials[0] <= 25 * 3600, [(t - START) / 3600 for t in dials]
+
+
+def test_the_dead_relay_invariant_catches_a_relay_dialled_every_hour(monkeypatch):
+    """The invariant's teeth: with the daily retry of a dead relay made hourly, it breaks."""
+    from gsync.sync import health
+    monkeypatch.setattr(health, "DEAD_RETRY_SECS", 3600.0)
+    sim, dead = _dead_relay_world(4)
+    result = sim.run()
+    assert "dead_dialled" in result.violations, result.violations
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="coverage a relay refused by policy is asked again after a "
+                                      "consolidation, within the 24 h probe period")
+def test_refused_coverage_is_not_asked_again_before_its_probe():
+    """Seed 2 (6 relays, 20 repositories, 10 days): relay5 refuses ``#a`` (``blocked:``) on
+    day 7.009, as a quick reconnect sends its live coverage; its subscription cap then
+    refuses a burst of REQs ("too many concurrent REQs"), gsync consolidates, and the
+    rebuilt live REQs ask ``#a`` again twice within the hour (three asks after the refusal;
+    SPEC §5: do not recreate that coverage, one probe after 24 h)."""
+    result = run_replayable(seed=2, days=10, relays=6, repos=20, idle_tick_secs=300)
+    assert "refused_asked_again" not in result.violations, result.violations["refused_asked_again"]
+
+
+def test_junk_is_never_taken():
+    sim = Simulation(SimOptions(seed=3, days=0.5, faults=False, **SMALL))
+    for url in sim.world.relay_urls:
+        sim.faults.junk_until[url] = float("inf")
+    result = sim.run()
+    _assert_clean(result)
+    assert sim.faults.injected > 20
+
+
+def test_the_forged_and_unrequested_invariants_catch_a_connection_that_checks_nothing(monkeypatch):
+    """Their teeth: with the connection's signature check and filter match turned off, the
+    forged and unrequested events relays inject (the junk fault) are taken and delivered."""
+    from gsync.io import connection
+    from gsync.protocol.filters import FilterSet
+
+    monkeypatch.setattr(connection, "verify_event", lambda event: event)
+    monkeypatch.setattr(FilterSet, "matching", lambda self, event: (0,))
+    sim = Simulation(SimOptions(seed=3, days=0.5, faults=False, **SMALL))
+    for url in sim.world.relay_urls:  # every answer carries junk
+        sim.faults.junk_until[url] = float("inf")
+    result = sim.run()
+    assert {"forged_accepted", "forged_delivered", "unrequested_accepted"} <= result.violations.keys()
+
+
+def test_the_status_invariant_catches_a_move_the_table_lacks(monkeypatch):
+    from gsync.sync import status
+
+    monkeypatch.delitem(status.TRANSITIONS, (status.ConnectionStatus.SYNCING, status.Fact.HISTORIC_DONE))
+    result = run(seed=3, days=0.2, **SMALL)
+    assert "illegal_status_move" in result.violations
+
+
+# -- bugs the simulator found, fixed --------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_seed_1_six_relays_the_own_relay_restarted_empty():
+    """Found by seed 1 (6 relays, 20 repositories, 10 days): on day 3.88 the own relay comes
+    back empty (in memory); gsync, which still holds repo6 as accepted, delivers its events
+    before the announcement and they are refused ``blocked:`` (no such repository hosted).
+    The announcement and the roots then arrive again, but their release keys were only
+    taken for a repository or root new to gsync: the state and 17 comments stayed in the
+    rejected index (7 days). Fixed in OwnRelaySide (announcement_arrivals,
+    on_batch_window_closed); with either half reverted this seed leaves events behind."""
+    result = run_replayable(seed=1, days=10, relays=6, repos=20, idle_tick_secs=300)
+    assert "left_behind" not in result.violations, result.violations["left_behind"][:3]
+
+
+A = "wss://a.example"
+
+
+def test_events_refused_while_the_own_relay_lost_their_repository_are_released_when_it_holds_it_again(tmp_path):
+    """The in-process form of seed 1's bug: a repository gsync knows, its state and a reply
+    refused by an own relay that restarted empty; the own relay then shows the announcement
+    and the root again (delivered anew): both refusals are released (fetched again)."""
+    h = ManagerHarness(tmp_path)
+    owner = Author.named("u0")
+    repo = announcement(owner, "r0", relays=[A])
+    bug = issue(Author.named("bob"), repo)
+    h.own_relay_holds(repo, bug)
+    refused = [state(owner, "r0"), comment(Author.named("alice"), bug)]
+    for event in refused:
+        h.feed(DeliveryAnswered(event, "rejected", "blocked: not a repository hosted here", A))
+    assert all(event.id in h.manager.rejected for event in refused)
+    h.own_relay_holds(repo, bug)
+    h.advance(constants.MAINTENANCE_TICK_SECS)
+    assert [event.id in h.manager.rejected for event in refused] == [False, False]
+
+
+# -- the relay model against LocalRelay -----------------------------------------------------
+
+
+def _world_events(n_repos=12):
+    world = World(random.Random(11), relays=3, repos=n_repos)
+    events = [e for _, e in world.history(int(START))]
+    # a crowded second: eight roots of one repository at the same created_at
+    repo = world.repos[0]
+    events += [world.root(repo, int(START) - 5000) for _ in range(8)]
+    return world, events
+
+
+def _scripted_filters(world, events):
+    repo = world.repos[0]
+    roots = [e for e in events if e.kind in (1617, 1621)]
+    crowded = int(START) - 5000
+    return [
+        {"kinds": [30617]},
+        {"kinds": [30617, 10317], "limit": 5},
+        {"kinds": [30618], "#d": [r.d for r in world.repos[:4]]},
+        {"#a": [repo.address]},
+        {"#a": [repo.address], "limit": 3},
+        {"#a": [repo.address], "until": crowded, "limit": 4},
+        {"#a": [repo.address], "since": crowded},
+        {"#E": [r.id for r in roots[:5]]},
+        {"#e": [r.id for r in roots[:5]], "kinds": [1111]},
+        {"ids": [e.id for e in events[::7]]},
+        {"authors": [repo.owner.pubkey], "kinds": [30617, 30618]},
+        {"kinds": [1111], "since": int(START) - 100 * 86400, "until": int(START) - 50 * 86400},
+        {"kinds": [1621], "limit": 0},
+        {"#q": ["nothing"]},
+    ]
+
+
+def _ask_localrelay(ws, sub_id, flt):
+    ws.send(json.dumps(["REQ", sub_id, flt]))
+    ids, end = [], None
+    while end is None:
+        msg = json.loads(ws.recv())
+        if msg[0] == "EVENT" and msg[1] == sub_id:
+            ids.append(msg[2]["id"])
+        elif msg[0] in ("EOSE", "CLOSED") and msg[1] == sub_id:
+            end = msg[0]
+    ws.send(json.dumps(["CLOSE", sub_id]))
+    return ids, end
+
+
+def _ask_model(relay, sub_id, flt):
+    ids, end = [], None
+    for frame in relay.handle(1, json.dumps(["REQ", sub_id, flt])):
+        msg = json.loads(frame)
+        if msg[0] == "EVENT":
+            ids.append(msg[2]["id"])
+        elif msg[0] in ("EOSE", "CLOSED"):
+            end = msg[0]
+    relay.handle(1, json.dumps(["CLOSE", sub_id]))
+    return ids, end
+
+
+def _reconcile(send, receive, flt, items):
+    return negentropy_ws.reconcile(send, receive, "neg-1", Filter.from_dict(flt), items, deadline_secs=10)
+
+
+def _model_wire(model):
+    """``send`` and ``receive`` over the model's session 1: it answers at once."""
+    pending: list = []
+
+    def send(text):
+        pending.extend(model.handle(1, text))
+
+    def receive(timeout):
+        return pending.pop(0) if pending else None
+
+    return send, receive
+
+
+def test_the_relay_model_answers_reqs_and_neg_opens_as_localrelay_does(relay_factory, tmp_path):
+    """The same scripted REQs (filters with since/until/limit, ids, tags, a crowded second,
+    limit 0) and NIP-77 reconciliations, sent to a LocalRelay and to the model holding the
+    same events: the same events in the same order, the same end (EOSE), the same ids found
+    missing and held."""
+    world, events = _world_events()
+    local = relay_factory(seed_file=write_seed_file(events, str(tmp_path)))
+    model = SimRelay("wss://model.example", page_cap=500, nip77=True)
+    for e in events:
+        model.store.add(e)
+    model.open_session(1)
+    ws = websocket.create_connection(local.url, timeout=10)
+    try:
+        answered = 0
+        for i, flt in enumerate(_scripted_filters(world, events)):
+            theirs = _ask_localrelay(ws, f"s{i}", flt)
+            ours = _ask_model(model, f"s{i}", flt)
+            assert ours == theirs, f"filter {flt}: model {ours} != LocalRelay {theirs}"
+            answered += len(ours[0])
+        assert answered > 50
+        rng = random.Random(5)
+        for flt in ({"kinds": [30617]}, {"#a": [world.repos[0].address]}, {"kinds": [1111]}, {}):
+            matching = [e for e in events if Filter.from_dict(flt).matches(e)]
+            held = [(e.created_at, e.id) for e in matching if rng.random() < 0.5]
+            held += [(int(START) - 7, "ab" * 32)]  # one the relays lack
+            ours = _reconcile(*_model_wire(model), flt, held)
+            theirs = _reconcile(ws.send, lambda timeout: ws.recv(), flt, held)
+            assert sorted(ours.need_ids) == sorted(theirs.need_ids), flt
+            assert sorted(ours.have_ids) == sorted(theirs.have_ids) == ["ab" * 32], flt
+            assert len(ours.need_ids) == len(matching) - len(held) + 1
+    finally:
+        ws.close()
+
+
+def test_the_model_refuses_as_told_closed_with_reasons():
+    relay = SimRelay("wss://m.example", max_subs=1)
+    relay.open_session(1)
+    assert json.loads(relay.handle(1, '["REQ","a",{"kinds":[1]}]')[-1]) == ["EOSE", "a"]
+    assert json.loads(relay.handle(1, '["REQ","b",{"kinds":[1]}]')[0])[:2] == ["CLOSED", "b"]
+    relay.handle(1, '["CLOSE","a"]')
+    relay.refused_tags = frozenset({"q"})
+    closed = json.loads(relay.handle(1, '["REQ","c",{"#q":["x"]}]')[0])
+    assert closed[0] == "CLOSED" and closed[2].startswith("blocked:")
+    relay.rate_limited_until = float("inf")
+    assert json.loads(relay.handle(1, '["REQ","d",{"kinds":[1]}]')[0])[2].startswith("rate-limited:")
