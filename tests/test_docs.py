@@ -236,3 +236,27 @@ def test_a_missing_or_mistyped_metric_row_is_reported(tmp_path):
     process = _row(METRICS_DOC, "process_open_fds")
     assert metric_problems(doc=_edited(tmp_path, METRICS_DOC, process + "\n", "")) == [
         "metric 'process_open_fds' is emitted but not documented"]
+
+
+# -- links between the README and docs/ ----------------------------------------------------
+
+def _anchors(doc: Path) -> set[str]:
+    """GitHub's anchors for the headings of ``doc``: lower case, punctuation dropped,
+    spaces as hyphens."""
+    return {re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+            for line in doc.read_text().splitlines() if line.startswith("#")}
+
+
+def test_links_in_the_readme_and_docs_lead_somewhere():
+    broken = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (doc.parent / path).resolve() if path else doc
+            if not linked.exists():
+                broken.append(f"{doc.name}: {target} (no such file)")
+            elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+                broken.append(f"{doc.name}: {target} (no such heading)")
+    assert broken == []
