@@ -102,12 +102,11 @@ def test_bad_level_or_format_is_refused(level, fmt):
         configure_logging(level, fmt)
 
 
-def _readme_log_table() -> set[str]:
+def _documented_log_events() -> set[str]:
     import pathlib
     import re
 
-    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("### Logs"):readme.index("### Troubleshooting")]
+    section = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "logs.md").read_text()
     return {name for line in section.splitlines() if line.startswith("| `")
             for name in re.findall(r"`([a-z0-9_]+)`", line.split("|")[1])}
 
@@ -119,13 +118,13 @@ def _source() -> str:
     return "\n".join(p.read_text() for p in root.rglob("*.py"))
 
 
-def test_every_event_the_readme_lists_is_emitted():
+def test_every_event_docs_logs_lists_is_emitted():
     source = _source()
-    assert sorted(n for n in _readme_log_table() if f'"{n}"' not in source) == []
+    assert sorted(n for n in _documented_log_events() if f'"{n}"' not in source) == []
 
 
-def test_every_warning_and_error_gsync_emits_is_in_the_readme():
+def test_every_warning_and_error_gsync_emits_is_in_docs_logs():
     import re
 
     emitted = set(re.findall(r'\.(?:warning|error|exception)\(\s*"([a-z0-9_]+)"', _source()))
-    assert sorted(emitted - _readme_log_table()) == []
+    assert sorted(emitted - _documented_log_events()) == []
