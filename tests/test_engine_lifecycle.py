@@ -174,8 +174,8 @@ def test_consolidation_past_the_baseline_plus_70_rebuilds_at_once_with_what_is_i
     """A relay allowing 300 subscriptions of one filter each (NIP-11): every new repository
     with a root adds 7 live REQs (state, #a/#A/#q, #e/#E/#q), while packed anew all of them
     take 7 (14 with the new coverage packed apart). The relay leaves every new repository's historic REQs unanswered, so all their
-    batches are pending. Past the baseline + 70 the live REQs are rebuilt at once (README,
-    Design: not after the batches, as SPEC §4 has it): every fragmented one closed, the
+    batches are pending. Past the baseline + 70 the live REQs are rebuilt at once (docs/design.md,
+    "Consolidation of live subscriptions": not after the batches, as SPEC §4 has it): every fragmented one closed, the
     coverage reopened packed, the repositories and roots still in flight included; live
     replies on the first and last roots arrive."""
     holding = threading.Event()

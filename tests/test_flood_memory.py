@@ -12,7 +12,7 @@ gsync's resident memory may grow by at most the bound below above what it used b
 floods, and an honest relay's live events keep arriving within seconds. bench/flood runs the
 unrequested and duplicate floods at 1,000,000 events.
 
-The bound, from the design (README, "Hostile relays and memory"): per flooding connection
+The bound, from the design (docs/design.md, "Hostile relays and memory"): per flooding connection
 one read (256 KiB), its parsed bursts (the reader reads on only while fewer than two wait in the manager),
 ids it verified: about 2 MB each; plus the delivery backlog, 1,000 events and at most one
 burst (256 KiB of frames) per connection past it, each event in memory about four times its

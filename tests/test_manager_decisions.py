@@ -338,7 +338,7 @@ def test_a_consolidation_past_70_goes_at_once_and_keeps_what_is_in_flight_live(t
     """One filter to a REQ, 300 subscriptions: each new repository adds 4 live REQs that
     packed anew take none more. Past the baseline + 70, while the new repositories' batches
     are pending (their own-relay reads never answered), the live REQs are rebuilt at once
-    (README, Design: not after the batches), every repository still in flight covered."""
+    (docs/design.md, "Consolidation of live subscriptions": not after the batches), every repository still in flight covered."""
     h = ManagerHarness(tmp_path)
     h.own_relay_holds(*listed_on(A, 1))
     h.connect(A, limits=RelayLimits(max_subscriptions=300, max_filters=1))

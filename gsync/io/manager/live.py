@@ -267,7 +267,7 @@ class LiveCoverage:
         arrival triggered this), so nothing in flight loses its live stream: the seed and
         SPEC §4 wait for the pending batches first, because their rebuild reads confirmed
         items only; waiting kept budgets full longer, polled, and cost more paced starts
-        (README, Design: "Consolidation"). What does not fit the relay's budget is polled
+        (docs/design.md, "Consolidation of live subscriptions"). What does not fit the relay's budget is polled
         (logged). Events the old subscriptions had already sent are kept (the connection
         still knows their filters until the relay's CLOSED); the moment between the swap
         is fetched again, with the usual 15-minute overlap.
