@@ -144,34 +144,11 @@ OWN_READ_MAX_DEFER_SECS = 10.0
 # REQ+EOSE for this long before NIP-77 is tried there again (it may have been fixed).
 IDS_UNSERVED_RETRY_SECS = 24 * 3600.0
 RESIDUAL_FALLBACK_MAX_FRACTION = 0.10
-# After NIP-77, a filter whose events the own relay mostly lacks (more than one id fetch
-# missing, holding at most this fraction of that) is fetched by its REQ pages instead of by
-# id: ten filters of up to 500 events share one paced start, against 300 ids per id fetch.
-FETCH_BY_FILTER_MAX_HELD_FRACTION = 0.10
-# Which method a filter gets, before any paced start is spent on it: the own relay's holdings
-# are read first (loopback, unpaced). A REQ carries ten filters per start, a NEG-OPEN one:
-# NIP-77 costs about a start more per filter (then one per 300 missing ids), and in return
-# moves only what is missing, where REQ pages bring everything again. Nothing held (a first
-# sync, or a filter nobody answered yet): REQ pages, fewer starts for the same bytes. Held
-# at all: most of the filter, as on every re-sync (the remote rarely lacks what we hold),
-# so NIP-77; a filter it then finds mostly missing still goes by pages
-# (FETCH_BY_FILTER_MAX_HELD_FRACTION), at the cost of that one start.
-NEGENTROPY_MIN_HELD = 1
-# A repository several relays list, on a first sync (``sync.lead``): a batch overlapping
-# another relay's leading batch waits for it, at most FOLLOWER_WAIT_MAX_SECS, then takes
-# NIP-77 for a filter of which the own relay now holds (or has in flight) more than
-# FOLLOWER_REQ_MAX_FETCHED events, REQ pages otherwise (nothing of it came from anywhere:
-# the filter is this relay's alone). The same for a filter of a repository listed
-# elsewhere that no batch waited for (a new root's thread: the repository's statuses and
-# updates came with its leader's pages). It was 100 (a few copies cost less than a paced
-# start per filter): at bench/scale's 50 relays, those copies and the roots' threads
-# fetched again by REQ made 1.5 events received per event wanted; with 0, 1.15.
+# Which method a batch's filters get (NIP-77, REQ pages, an id fetch, waiting for another
+# relay's lead) is priced in ``sync.method``: starts, bytes down and own-relay reads, at the
+# exchange rate measured there (README, Design). A follower waits at most as long as its wait
+# is worth, and never more than FOLLOWER_WAIT_MAX_SECS (a slow or stalled leader).
 FOLLOWER_WAIT_MAX_SECS = 10.0
-FOLLOWER_REQ_MAX_FETCHED = 0
-# ... but not behind a leader with more than this many paced starts queued (a busy relay,
-# hundreds of relays syncing at once): the batch goes by NIP-77 at once, every filter, and
-# the claims share the fetches out (as after a wait that ran out).
-LEADER_MAX_QUEUED = 5
 QUICK_RECONNECT_SECS = 15 * 60
 # Events a layer-2 exchange found missing join the batch's thread exchanges not started yet
 # (``sync.threads_ahead``): a root among them stored within this many seconds needs no round
