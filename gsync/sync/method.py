@@ -183,18 +183,18 @@ class FollowerWait:
 
 
 def follower_wait(expected: int, leader_queued: int, gate_secs: float, cap_secs: float,
-                  start: int = START_BYTES) -> FollowerWait:
+                  own_behind: bool = False) -> FollowerWait:
     """Should a batch of ``expected`` events that another relay leads wait for that lead?
 
     Waiting saves the pages that would bring again what the lead brings (``expected`` events
-    by REQ, all of it a copy), less the NIP-77 start per filter it may then take, and costs
-    the leader relay's queued starts (``leader_queued``, each a gate interval of wait
-    before the lead's own start, ``start`` bytes each: ``start_bytes``) and one more
-    own-relay read. It waits when the pages saved are worth more; and at most as long as
-    they are worth (a start a gate interval; ``cap_secs`` in all, at least one interval),
-    so a slow or silent lead (another shard's) costs no more than it could save."""
+    by REQ, all of it a copy) and costs one more own-relay read, and the time until the
+    lead's pages come: the starts queued on the leader's relay (``leader_queued``) and its
+    own, a gate interval each. That time is worth ``WAIT_BYTES_PER_SEC`` a second, unless
+    the own relay is behind (``own_behind``: a page or more waiting to be stored; the sync
+    then goes at its pace, not the gate's). It waits when the pages saved are worth more
+    than the read and the time; and at most as long as they are worth (``cap_secs`` in
+    all), so a slow or silent lead (another shard's) costs no more than it could save."""
     saved = expected * EVENT_BYTES
-    cost = (leader_queued + 1) * start + OWN_READ_BYTES
-    interval = max(gate_secs, 0.1)  # the gate off: a lead's page still takes a round trip or so
-    worth_secs = min(cap_secs, max(interval, saved / start * interval))
-    return FollowerWait(saved > cost, worth_secs)
+    worth_secs = cap_secs if own_behind else min(cap_secs, saved / WAIT_BYTES_PER_SEC)
+    until_lead = (leader_queued + 1) * gate_secs
+    return FollowerWait(saved > OWN_READ_BYTES and until_lead <= worth_secs, worth_secs)

@@ -170,9 +170,8 @@ class HistoricSync:
         queued = max((len(s.current.historic_queue) for s in map(self.relays.get, {url for url, _ in leaders})
                       if s is not None), default=0)
         expected = method.expected_events(len(items.repos), len(items.root_events))
-        gate = self.gate_secs()
-        return method.follower_wait(expected, queued, gate, constants.FOLLOWER_WAIT_MAX_SECS,
-                                    method.start_bytes(gate, True, self.delivery.backlog))
+        return method.follower_wait(expected, queued, self.gate_secs(), constants.FOLLOWER_WAIT_MAX_SECS,
+                                    own_behind=self.delivery.backlog >= method.PAGE_EVENTS)
 
     def gate_secs(self) -> float:
         return self.sync.background_start_interval_ms / 1000
