@@ -149,6 +149,13 @@ RESIDUAL_FALLBACK_MAX_FRACTION = 0.10
 # exchange rate measured there (README, Design). A follower waits at most as long as its wait
 # is worth, and never more than FOLLOWER_WAIT_MAX_SECS (a slow or stalled leader).
 FOLLOWER_WAIT_MAX_SECS = 10.0
+# The model's two prices of a start, measured: bench/start_worth (LocalRelay on LMDB, 3,000
+# comments, load 6): 1.1-1.4 ms of the remote's CPU for an empty REQ or NEG-OPEN, 45 us per
+# KB served, so a start costs a remote what 30 KB of events do (45 events). And on a first
+# sync, the gate interval an operator waits for it: bench/method, the demo's world by REQ
+# pages under the default gate, took in 192 KB in 2.2-2.5 s, 80 KB a second.
+START_BYTES = 30_000
+WAIT_BYTES_PER_SEC = 80_000
 QUICK_RECONNECT_SECS = 15 * 60
 # Events a layer-2 exchange found missing join the batch's thread exchanges not started yet
 # (``sync.threads_ahead``): a root among them stored within this many seconds needs no round
@@ -304,6 +311,9 @@ STATE_SAVE_SECS = 10.0
 # INI keys, and gsync logs ``test_timers_active`` at start whenever either is set. (The seed
 # has the same idea: sub-second backoffs under its test mode.) Overlaps such as the 900 s of
 # ``since`` are not timers: they are compared with events' created_at and never change.
+# The two prices of a start (START_BYTES, WAIT_BYTES_PER_SEC) go with them: the suite's worlds
+# of a few events, under its 20 ms gate, exercise NIP-77 at a price of 0 (starts free), as
+# they exercise 24 h timers at a second; tests of the method choice keep the real prices.
 TEST_TIMER_NAMES = (
     "CONSOLIDATION_MIN_SECS", "PURGATORY_TTL_SECS", "POLL_SECS", "POLL_SECS_PER_KIB", "POLL_MAX_SECS",
     "FRESH_POLL_SECS",
@@ -319,6 +329,7 @@ TEST_TIMER_NAMES = (
     "READ_IDLE_TIMEOUT_SECS", "SELF_REREAD_SECS", "SELF_FULL_REREAD_SECS",
     "STATE_SAVE_SECS", "OWN_IDLE_PING_SECS", "OWN_HISTORY_DEADLINE_SECS",
     "OWN_READ_DEADLINE_SECS", "DELIVERY_RETRY_BASE_SECS", "DELIVERY_RETRY_MAX_SECS", "OWN_READ_WINDOW_SECS",
+    "START_BYTES", "WAIT_BYTES_PER_SEC",
 )
 
 

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from . import factory as f
+from .gsync_proc import PRODUCTION_PRICES
 from .relays import publish, wait_until
 from .scenario import assert_arrives, our_announcement
 from .scripted_relay import Nip77Serve
@@ -50,7 +51,7 @@ def test_a_follower_fetches_only_what_its_leader_did_not_bring(relay_factory, gs
         relay.add(*anns, *history)
     relays[1].add(*extra)
     publish(own.url, anns)
-    gsync = gsync_factory(own, relays)
+    gsync = gsync_factory(own, relays, timers=PRODUCTION_PRICES)
     assert_arrives(own, history + extra, timeout=30, what="the whole history, from both relays")
     wait_until(lambda: _synced(gsync), timeout=30, what="both relays synced")
     waited = [e for e in gsync.log_events() if e["event"] == "historic_waits_for_lead"]
@@ -79,7 +80,7 @@ def test_a_follower_waits_for_a_stalled_leader_only_so_long(relay_factory, gsync
     for relay in relays:
         relay.add(*anns, *history)
     publish(own.url, anns)
-    gsync = gsync_factory(own, relays, timers={"FOLLOWER_WAIT_MAX_SECS": 30, "MAINTENANCE_TICK_SECS": 0.2})
+    gsync = gsync_factory(own, relays, timers={**PRODUCTION_PRICES, "FOLLOWER_WAIT_MAX_SECS": 30, "MAINTENANCE_TICK_SECS": 0.2})
     began = time.monotonic()
     assert_arrives(own, history, timeout=30, what="the history, from the follower")
     assert time.monotonic() - began < 20, "the follower waited out the cap"
@@ -130,7 +131,7 @@ def test_a_follower_goes_when_the_leaders_pages_for_its_items_are_done(
     for relay in relays:
         relay.add(*anns, *history)
     publish(own.url, anns)
-    gsync = gsync_factory(own, relays, timers={"FOLLOWER_WAIT_MAX_SECS": 30})
+    gsync = gsync_factory(own, relays, timers={**PRODUCTION_PRICES, "FOLLOWER_WAIT_MAX_SECS": 30})
     assert_arrives(own, history, timeout=30, what="the history")
     wait_until(lambda: held["roots"] is not None, timeout=30, what="the held roots answered")
     assert held["confirm"] is not None, "no confirming page was held: the test did not test"
