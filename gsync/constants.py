@@ -123,8 +123,11 @@ OWN_READ_DEADLINE_SECS = 120.0
 # What batches lack of the own relay is read together (``sync.own_reads``): the unread parts
 # of every batch asking within this window (and while a read is under way) make one read
 # per tag. On an own relay whose tag queries scan, a read costs the same for one value as
-# for hundreds: the number of reads is its cost.
-OWN_READ_WINDOW_SECS = 0.5
+# for hundreds: the number of reads is its cost. The window is the batches that ask in the
+# same turn of the manager (0 s): a read is worth a start, 30 KB, and on a first sync every
+# batch's first start waited out the window, half a second worth 40 KB (``sync.method``);
+# what asks while a read is under way still joins the next one.
+OWN_READ_WINDOW_SECS = 0.0
 # An own-relay holdings read is shared by exchanges over the same filter for this long.
 SHARED_HOLDINGS_SECS = 5.0
 # What the own relay holds is read once per filter and session, then kept with what it

@@ -264,10 +264,13 @@ class HistoricSync:
             self.pump(state)
 
     def pump_after_choice(self, state: RelayState) -> None:
-        """Pump, or, while a merged read's answers are handed out, once they all are."""
+        """Pump, or, while a merged read's answers are handed out, once they all are; not
+        while another batch of the relay awaits its holdings (a read of loopback, under
+        way): its answer pumps, and the relay's next start carries both."""
         if self.landing is not None:
             self.landing[state.url] = state
-        else:
+        elif not any(token.startswith("own") for b in state.current.pending.values()
+                     for token in b.outstanding_subs):
             self.pump(state)
 
     def on_own_holdings_read(self, msg: OwnHoldingsRead) -> None:
