@@ -124,7 +124,7 @@ OWN_READ_DEADLINE_SECS = 120.0
 # of every batch asking within this window (and while a read is under way) make one read
 # per tag. On an own relay whose tag queries scan, a read costs the same for one value as
 # for hundreds: the number of reads is its cost. The window is the batches that ask in the
-# same turn of the manager (0 s): a read is worth a start, 30 KB, and on a first sync every
+# same turn of the manager (0 s): a read is worth a start, 10 KB, and on a first sync every
 # batch's first start waited out the window, half a second worth 40 KB (``sync.method``);
 # what asks while a read is under way still joins the next one.
 OWN_READ_WINDOW_SECS = 0.0
@@ -153,11 +153,12 @@ RESIDUAL_FALLBACK_MAX_FRACTION = 0.10
 # is worth, and never more than FOLLOWER_WAIT_MAX_SECS (a slow or stalled leader).
 FOLLOWER_WAIT_MAX_SECS = 10.0
 # The model's two prices of a start, measured: bench/start_worth (LocalRelay on LMDB, 3,000
-# comments, load 6): 1.1-1.4 ms of the remote's CPU for an empty REQ or NEG-OPEN, 45 us per
-# KB served, so a start costs a remote what 30 KB of events do (45 events). And on a first
-# sync, the gate interval an operator waits for it: bench/method, the demo's world by REQ
-# pages under the default gate, took in 192 KB in 2.2-2.5 s, 80 KB a second.
-START_BYTES = 30_000
+# comments, five runs at load 6-13): 0.37-1.4 ms of the remote's CPU for an empty REQ or
+# NEG-OPEN, 37-49 us per KB served, so a start costs a remote what 7.8-30 KB of events do
+# (median 9.6 KB, 14 events). And on a first sync, the gate interval an operator waits for
+# it: bench/method, the demo's world by REQ pages under the default gate, took in 192 KB in
+# 2.1-2.5 s, 80 KB a second.
+START_BYTES = 10_000
 WAIT_BYTES_PER_SEC = 80_000
 QUICK_RECONNECT_SECS = 15 * 60
 # Events a layer-2 exchange found missing join the batch's thread exchanges not started yet

@@ -30,7 +30,7 @@ TEST_GATE_MS = "20"
 # filter, where NIP-77 pays only when starts are free (as the 20 ms gate nearly makes them);
 # tests of the method choice pass ``PRODUCTION_PRICES``.
 TEST_TIMERS = {"OWN_READ_WINDOW_SECS": 0.1, "START_BYTES": 0, "WAIT_BYTES_PER_SEC": 0}
-PRODUCTION_PRICES = {"START_BYTES": 30_000, "WAIT_BYTES_PER_SEC": 80_000}
+PRODUCTION_PRICES = {"START_BYTES": 10_000, "WAIT_BYTES_PER_SEC": 80_000}
 
 
 def allow_list(*relays) -> str:

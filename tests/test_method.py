@@ -14,14 +14,13 @@ def held(n: int, prefix: str = "e") -> frozenset[str]:
 # -- what a start is worth ---------------------------------------------------------------
 
 
-def test_a_start_is_the_remotes_work_off_a_first_sync_or_with_the_own_relay_behind():
-    assert M.start_bytes(1.0, first_sync=False, own_backlog=0) == M.START_BYTES
-    assert M.start_bytes(1.0, first_sync=True, own_backlog=M.PAGE_EVENTS) == M.START_BYTES
+def test_a_start_is_the_remotes_work_off_a_first_sync():
+    assert M.start_bytes(1.0, first_sync=False) == M.START_BYTES
 
 
 def test_on_a_first_sync_a_start_is_also_the_operators_gate_interval():
-    assert M.start_bytes(1.0, first_sync=True, own_backlog=0) == M.START_BYTES + M.WAIT_BYTES_PER_SEC
-    assert M.start_bytes(0.0, first_sync=True, own_backlog=0) == M.START_BYTES  # the gate off
+    assert M.start_bytes(1.0, first_sync=True) == M.START_BYTES + M.WAIT_BYTES_PER_SEC
+    assert M.start_bytes(0.0, first_sync=True) == M.START_BYTES  # the gate off
 
 
 # -- NIP-77 or REQ pages -----------------------------------------------------------------
@@ -59,11 +58,12 @@ def test_only_the_filters_worth_their_start_go_by_nip77():
 
 def test_overlapping_filters_count_an_event_once_on_the_req_side():
     """A comment matches its root's #E and #e: one REQ brings it once. Counted twice,
-    60 events look like 120 and pay for NIP-77; they do not."""
-    same = held(60)
+    20 events look like 40 and pay for NIP-77; they do not."""
+    same = held(20)
     choice = M.choose_methods([FilterFacts(same), FilterFacts(same)])
     assert choice.negentropy == (False, False)
-    assert choice.bytes_down == 60 * M.EVENT_BYTES
+    assert choice.bytes_down == 20 * M.EVENT_BYTES
+    assert M.choose_methods([FilterFacts(same), FilterFacts(held(20, "x"))]).negentropy == (True, True)
 
 
 def test_the_operators_wait_tips_a_first_sync_to_req_pages():
@@ -71,15 +71,37 @@ def test_the_operators_wait_tips_a_first_sync_to_req_pages():
     not three more seconds of an operator's wait."""
     filters = [FilterFacts(held(60, "a")), FilterFacts(held(55, "b")), FilterFacts(held(45, "c"))]
     assert M.choose_methods(filters, start=M.START_BYTES).negentropy == (True, True, True)
-    first_sync = M.start_bytes(1.0, first_sync=True, own_backlog=0)
+    first_sync = M.start_bytes(1.0, first_sync=True)
     assert M.choose_methods(filters, start=first_sync).negentropy == (False, False, False)
+
+
+def test_on_a_first_sync_what_nip77_would_find_missing_costs_its_id_fetches():
+    """A new root's thread: 250 events held (statuses that came with the repository's pages)
+    of the 1,000 it likely has. NIP-77 would take its exchange and three id fetches, REQ
+    pages one start: at a re-sync's price of a start NIP-77 still pays, not at a first
+    sync's."""
+    thread = FilterFacts(held(250), expected=1000)
+    assert thread.missing == 750
+    resync = M.choose_methods([thread])
+    assert resync.negentropy == (True,) and resync.starts == 1 + 3
+    assert M.choose_methods([thread], start=M.start_bytes(1.0, True)).negentropy == (False,)
+
+
+def test_what_a_filter_likely_holds_comes_from_what_it_asks_for():
+    from gsync.protocol.filters import Filter
+
+    roots = Filter.make(kinds=[1111], tags={"E": [f"{i:064x}" for i in range(10)]})
+    repos = Filter.make(kinds=[1621], tags={"a": [f"30617:{'0' * 64}:r{i}" for i in range(4)]})
+    assert M.expected_of(roots) == 10 * M.EVENTS_PER_ROOT
+    assert M.expected_of(repos) == 4 * M.EVENTS_PER_REPO
+    assert M.expected_of(Filter.make(kinds=[30617])) == 0
 
 
 def test_what_another_relay_is_fetching_counts_as_brought_again():
     """A batch whose leaders were too slow to wait for: their share of what they fetch."""
     filters = [FilterFacts(elsewhere=150), FilterFacts(elsewhere=150)]
     assert M.choose_methods(filters).negentropy == (True, True)
-    assert M.choose_methods([FilterFacts(elsewhere=20)] * 2).negentropy == (False, False)
+    assert M.choose_methods([FilterFacts(elsewhere=5)] * 2).negentropy == (False, False)
 
 
 def test_refused_events_force_nip77_whatever_the_price():
@@ -108,8 +130,8 @@ def test_req_pages_start_count_follows_the_page_cap():
     (0, 0, False),
     (300, 0, False),  # one id fetch does it
     (301, 0, True),  # a fresh own relay: pages (one start for what two id fetches take)
-    (1000, 100, True),
-    (1000, 200, False),  # the pages would bring back more than the id fetches cost
+    (1000, 40, True),  # one start of pages, 28 KB again, against four id fetches
+    (1000, 50, False),  # the pages would bring back more than the id fetches cost
     (19_800, 20_000, False),  # the 99 % case: by id
 ])
 def test_missing_events_come_by_id_or_by_the_filter(need, again, by_filter):
@@ -134,17 +156,8 @@ def test_a_small_follower_goes_on_its_own():
     """The demo's follower: four repositories; their pages are worth less than the second
     until the lead's start."""
     assert not M.follower_wait(M.expected_events(4, 0), 0, 1.0, 10.0).wait
-    # one repository: not even worth the own-relay read the wait adds
-    assert not M.follower_wait(M.expected_events(1, 0), 0, 0.0, 10.0).wait
-
-
-def test_behind_the_own_relay_a_follower_waits_up_to_the_cap():
-    """bench/scale: the own relay stores more slowly than the remotes serve; a wait for a lead
-    a few starts away costs nobody time, and saves every copy."""
-    wait = M.follower_wait(M.expected_events(10, 0), leader_queued=5, gate_secs=1.0, cap_secs=10.0,
-                           own_behind=True)
-    assert wait.wait and wait.max_secs == 10.0
-    assert not M.follower_wait(M.expected_events(10, 0), 12, 1.0, 10.0, own_behind=True).wait
+    # two roots' threads: not even worth the own-relay read the wait adds
+    assert not M.follower_wait(M.expected_events(0, 2), 0, 0.0, 10.0).wait
 
 
 def test_a_followers_wait_is_bounded_by_what_it_saves():

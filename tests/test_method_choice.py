@@ -28,7 +28,8 @@ def many(n, base=0):
 def test_nip77_only_for_the_filter_whose_pages_would_bring_back_more_than_its_starts_are_worth(tmp_path):
     """A re-sync: the own relay holds 150 events of the repositories' #a filter and 3 of each
     other filter. Pages of the #a filter would bring back 105 KB, more than its exchange and
-    id fetch (two starts, 60 KB); pages of the others, 2 KB each: they share one REQ start."""
+    id fetch (two starts, 20 KB); pages of the others, 2 KB each, less than a start each:
+    they share one REQ start."""
     h = ManagerHarness(tmp_path)
     h.own_relay_holds(*listed_on([A], 3))
     h.connect(A)

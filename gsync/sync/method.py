@@ -9,9 +9,7 @@ Every choice is priced in one currency, bytes down, at an exchange rate measured
   nothing as on serving that many bytes of events. Under the pacing gate each start is
   also one gate interval of wait on that relay; on a first sync (nothing of the batch held
   before this round) that is the operator's wait, worth ``WAIT_BYTES_PER_SEC`` (what a
-  first sync by REQ pages takes in a second under the gate), unless the own relay has a
-  page or more to store (``own_backlog``): then the start waits beside its storing
-  (``start_bytes``);
+  first sync by REQ pages takes in a second under the gate) (``start_bytes``);
 - **bytes down**: an event brought again (held, in flight, or fetched by another relay)
   costs ``EVENT_BYTES``; NIP-77 costs ``NEG_ITEM_BYTES`` for each item the two sides compare;
 - **own-relay reads**: the holdings a NIP-77 exchange needs are read before any choice
@@ -22,8 +20,10 @@ What each method costs a batch's filters (missing events cost the same either wa
 
 - REQ pages: ten filters share a start, a filter of R events needs R // 500 + 1 pages; every
   event comes again.
-- NIP-77: one start per filter, then one id fetch (300 ids a start) for what is missing;
-  only the missing events move, and ``NEG_ITEM_BYTES`` per item compared.
+- NIP-77: one start per filter, then id fetches (300 ids a start) for what is missing (on a
+  first sync, what the filter likely holds in all, ``expected_of``, less what is held: a
+  new root's thread lacks most of it; on a re-sync, little: one fetch); only the missing
+  events move, and ``NEG_ITEM_BYTES`` per item compared.
 - After NIP-77, what is missing comes by id (a start per 300) or by the filter's pages
   (which bring again what is held): ``fetch_missing_by_filter``.
 - A follower waits for another relay's lead only while the pages the lead saves it are
@@ -65,23 +65,28 @@ class FilterFacts:
     ``held``: the ids of its events REQ pages would bring again, held by the own relay or in
     flight to it (filters of a batch overlap: a comment matches its root's ``#E`` and
     ``#e``; one REQ brings it once); ``elsewhere``: how many more another relay is fetching
-    right now (the expected share of a lead still running). ``refused``: the rejected index may match it: a REQ would bring refused events back,
+    right now (the expected share of a lead still running). ``expected``: on a first sync,
+    what it likely matches in all (``expected_of``). ``refused``: the rejected index may match it: a REQ would bring refused events back,
     NIP-77 counts them as held (SPEC §5: never fetched again)."""
 
     held: frozenset[str] = frozenset()
     elsewhere: int = 0
     refused: bool = False
+    expected: int = 0  # what it likely matches in all, on a first sync (0: about what is held)
+
+    @property
+    def missing(self) -> int:
+        return max(0, self.expected - self.again)
 
     @property
     def again(self) -> int:
         return len(self.held) + self.elsewhere
 
 
-def start_bytes(gate_secs: float, first_sync: bool, own_backlog: int) -> int:
+def start_bytes(gate_secs: float, first_sync: bool) -> int:
     """What one start is worth: the remote's work, and on a first sync the gate interval an
-    operator waits for it, while the own relay keeps up (fewer than a page of events waiting
-    to be stored: with more, the start's wait passes while it stores them)."""
-    if first_sync and own_backlog < PAGE_EVENTS:
+    operator waits for it."""
+    if first_sync:
         return START_BYTES + int(gate_secs * WAIT_BYTES_PER_SEC)
     return START_BYTES
 
@@ -112,12 +117,12 @@ def price(filters: Sequence[FilterFacts], negentropy: Sequence[bool], start: int
     """What fetching ``filters`` so costs (``negentropy[i]``: filter i by NIP-77)."""
     by_req = [f for f, neg in zip(filters, negentropy, strict=True) if not neg]
     by_neg = [f for f, neg in zip(filters, negentropy, strict=True) if neg]
-    starts = req_starts([f.again for f in by_req])
+    starts = req_starts([max(f.again, f.expected) for f in by_req])
     if by_neg:
-        # one exchange each, then an id fetch of what they find missing (a first sync's
-        # layer 1 finds the announcements of every repository not ours; a re-sync, what
-        # came since)
-        starts += len(by_neg) + 1
+        # one exchange each, then id fetches of what they find missing: what a first sync
+        # lacks, at least one (a first sync's layer 1 finds the announcements of every
+        # repository not ours; a re-sync, what came since)
+        starts += len(by_neg) + max(1, ceil(sum(f.missing for f in by_neg) / IDS_PER_FETCH))
     again_by_req = len(frozenset().union(*(f.held for f in by_req))) + sum(f.elsewhere for f in by_req)
     bytes_down = again_by_req * EVENT_BYTES + sum(f.again for f in by_neg) * NEG_ITEM_BYTES
     return MethodChoice(tuple(negentropy), starts, bytes_down, start)
@@ -162,6 +167,18 @@ def fetch_missing_by_filter(need: int, again: int, start: int = START_BYTES) -> 
     return by_filter < by_id
 
 
+def expected_of(flt) -> int:
+    """What a filter likely matches on a first sync, from the repositories (``#a``/``#A``)
+    and roots (``#e``/``#E``/``#q``) it asks for; 0 for any other (its holdings tell)."""
+    repos = roots = 0
+    for name, values in flt.tags:
+        if name in ("a", "A"):
+            repos = max(repos, len(values))
+        elif name in ("e", "E", "q"):
+            roots = max(roots, len(values))
+    return expected_events(repos, roots)
+
+
 def expected_events(repos: int, roots: int) -> int:
     """What a first sync of ``repos`` repositories and ``roots`` roots likely brings."""
     return repos * EVENTS_PER_REPO + roots * EVENTS_PER_ROOT
@@ -175,20 +192,18 @@ class FollowerWait:
     max_secs: float
 
 
-def follower_wait(expected: int, leader_queued: int, gate_secs: float, cap_secs: float,
-                  own_behind: bool = False) -> FollowerWait:
+def follower_wait(expected: int, leader_queued: int, gate_secs: float, cap_secs: float) -> FollowerWait:
     """Should a batch of ``expected`` events that another relay leads wait for that lead?
 
     Waiting saves the pages that would bring again what the lead brings (``expected`` events
     by REQ, all of it a copy) and costs one more own-relay read, and the time until the
     lead's pages come: the starts queued on the leader's relay (``leader_queued``) and its
-    own, a gate interval each. That time is worth ``WAIT_BYTES_PER_SEC`` a second, unless
-    the own relay is behind (``own_behind``: a page or more waiting to be stored; the sync
-    then goes at its pace, not the gate's). It waits when the pages saved are worth more
-    than the read and the time; and at most as long as they are worth (``cap_secs`` in
-    all), so a slow or silent lead (another shard's) costs no more than it could save."""
+    own, a gate interval each, worth ``WAIT_BYTES_PER_SEC`` a second. It waits when the
+    pages saved are worth more than the read and the time; and at most as long as they are
+    worth (``cap_secs`` in all), so a slow or silent lead (another shard's) costs no more
+    than it could save."""
     saved = expected * EVENT_BYTES
-    free = own_behind or WAIT_BYTES_PER_SEC <= 0  # (0: the test suite's tiny worlds)
+    free = WAIT_BYTES_PER_SEC <= 0  # (0: the test suite's tiny worlds)
     worth_secs = cap_secs if free else min(cap_secs, saved / WAIT_BYTES_PER_SEC)
     until_lead = (leader_queued + 1) * gate_secs
     return FollowerWait(saved > OWN_READ_BYTES and until_lead <= worth_secs, worth_secs)

@@ -170,8 +170,7 @@ class HistoricSync:
         queued = max((len(s.current.historic_queue) for s in map(self.relays.get, {url for url, _ in leaders})
                       if s is not None), default=0)
         expected = method.expected_events(len(items.repos), len(items.root_events))
-        return method.follower_wait(expected, queued, self.gate_secs(), constants.FOLLOWER_WAIT_MAX_SECS,
-                                    own_behind=self.delivery.backlog >= method.PAGE_EVENTS)
+        return method.follower_wait(expected, queued, self.gate_secs(), constants.FOLLOWER_WAIT_MAX_SECS)
 
     def gate_secs(self) -> float:
         return self.sync.background_start_interval_ms / 1000
@@ -318,10 +317,11 @@ class HistoricSync:
         pages): the cheapest split, priced by ``method.choose_methods`` from what REQ pages
         would bring again of each filter (``filter_facts``)."""
         allowed = self.use_negentropy(state, filters)  # it may have been turned off meanwhile
-        facts = [self.filter_facts(state, batch, f, held, len(filters)) for f, held in zip(filters, holdings, strict=True)]
         since = state.round_started_at  # held before this round: a re-sync, nobody waits for it
         first_sync = not any((self.seen.get(event_id) or -1.0) < since for held in holdings for _, event_id in held)
-        start = method.start_bytes(self.gate_secs(), first_sync, self.delivery.backlog)
+        facts = [self.filter_facts(state, batch, f, held, len(filters), first_sync)
+                 for f, held in zip(filters, holdings, strict=True)]
+        start = method.start_bytes(self.gate_secs(), first_sync)
         choice = method.choose_methods(facts, allowed, start)
         by_neg = [(f, held) for f, held, neg in zip(filters, holdings, choice.negentropy, strict=True) if neg]
         by_req = [f for f, neg in zip(filters, choice.negentropy, strict=True) if not neg]
@@ -330,18 +330,22 @@ class HistoricSync:
                   again=sum(f.again for f in facts), starts=choice.starts, start_bytes=start)
         return by_neg, by_req
 
-    def filter_facts(self, state: RelayState, batch: PendingBatch, flt: Filter, held, n_filters: int):
+    def filter_facts(self, state: RelayState, batch: PendingBatch, flt: Filter, held, n_filters: int,
+                     first_sync: bool):
         """What REQ pages of ``flt`` would bring again: what the own relay holds of it, what
         is in flight to it, and, for a batch whose leaders are still fetching its items
         (``share_all``: they were too slow to wait for), its share of what they likely
-        bring. And whether the rejected index may match it."""
+        bring. On a first sync, what it likely holds in all (``method.expected_of``: the
+        rest is missing, and NIP-77 fetches it by id, 300 a start). And whether the rejected
+        index may match it."""
         fetched = {event_id for _, event_id in held}
         fetched.update(event_id for _, event_id in self.delivery.tracked_matching(flt))
         elsewhere = 0
         if batch.share_all:
             items = batch.items
             elsewhere = method.expected_events(len(items.repos), len(items.root_events)) // max(n_filters, 1)
-        return method.FilterFacts(frozenset(fetched), elsewhere, self.rejected.any_may_match(flt))
+        expected = method.expected_of(flt) if first_sync else 0
+        return method.FilterFacts(frozenset(fetched), elsewhere, self.rejected.any_may_match(flt), expected)
 
     def listed_elsewhere(self, state: RelayState, batch: PendingBatch) -> bool:
         """Does another relay list a repository of this batch (of this relay, for a batch
