@@ -1,6 +1,6 @@
-"""Historic sync: PendingBatches, the method per filter (NIP-77 where the own relay already
-holds some of it, REQ+EOSE pages otherwise; on a repository several relays list, the first
-relay's batch leads and the others wait for it: ``sync.lead``), pagination on the page caps
+"""Historic sync: PendingBatches, the method per filter (NIP-77 or REQ+EOSE pages, as
+``sync.method`` prices them; on a repository several relays list, the first relay's batch
+leads and the others wait for it while that pays: ``sync.lead``), pagination on the page caps
 each connection learns, the pacing gate, residuals after NIP-77, missing-event recovery, and
 the Syncing → Connected check.
 """
