@@ -152,6 +152,15 @@ def test_a_follower_goes_on_its_own_behind_a_long_queue():
     assert not M.follower_wait(M.expected_events(10, 0), leader_queued=3, gate_secs=1.0, cap_secs=10.0).wait
 
 
+def test_a_follower_counts_the_exchanges_it_then_spends():
+    """After the wait the batch's filters go by NIP-77, an exchange each: at a first sync's
+    price of a start, 200 events' pages do not pay for four of them."""
+    first = M.start_bytes(1.0, first_sync=True)
+    assert M.follower_wait(M.expected_events(10, 0), 0, 1.0, 10.0).wait
+    assert not M.follower_wait(M.expected_events(10, 0), 0, 1.0, 10.0, filters=4, start=first).wait
+    assert M.follower_wait(M.expected_events(50, 0), 0, 1.0, 10.0, filters=4, start=first).wait
+
+
 def test_a_small_follower_goes_on_its_own():
     """The demo's follower: four repositories; their pages are worth less than the second
     until the lead's start."""

@@ -4,8 +4,6 @@ followers that wait for another relay's lead only while the wait pays, no longer
 worth."""
 from __future__ import annotations
 
-from gsync.sync import method
-
 from .factory import Author, announcement
 from .manager_harness import ManagerHarness
 
@@ -76,16 +74,16 @@ def test_a_small_follower_goes_at_once(tmp_path):
 
 
 def test_a_large_follower_waits_and_no_longer_than_its_pages_are_worth(tmp_path):
-    """Twenty repositories another relay leads (about 400 events, 280 KB, worth 3.5 s): the
-    batch waits for the lead; a lead that never ends its pages holds it 3.5 s, not
-    FOLLOWER_WAIT_MAX_SECS."""
+    """Fifty repositories another relay leads (about 1,000 events, 700 KB of pages, less the
+    exchanges the batch then spends, worth a few seconds): the batch waits for the lead; a
+    lead that never ends its pages holds it that long, not FOLLOWER_WAIT_MAX_SECS."""
     h = ManagerHarness(tmp_path)
-    _two_relays(h, 20)
+    _two_relays(h, 50)
     waiting = list(h.manager.lead._waits)
     assert len(waiting) == 1
     follower_url = waiting[0][0]
-    worth = method.follower_wait(method.expected_events(20, 0), 0, 1.0, 10.0).max_secs
-    assert 3 < worth < 10
+    worth = h.manager.lead._bounds[waiting[0]]
+    assert 1 < worth < 10
     h.answer_own_reads()
     h.advance(worth - 0.5)  # the leader's pages are never answered
     h.tick()
@@ -96,3 +94,12 @@ def test_a_large_follower_waits_and_no_longer_than_its_pages_are_worth(tmp_path)
     h.answer_own_reads()
     h.advance(1.1)
     assert h.historic_reqs(follower_url) or exchanges(h, follower_url)
+
+
+def test_a_follower_that_would_go_by_pages_after_the_wait_does_not_wait(tmp_path):
+    """Twenty repositories (about 400 events, 280 KB): after a wait, their few filters
+    would take an exchange each at a first sync's price (90 KB), more than the pages they
+    save: the batch goes at once."""
+    h = ManagerHarness(tmp_path)
+    _two_relays(h, 20)
+    assert not h.manager.lead._waits

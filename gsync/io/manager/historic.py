@@ -124,7 +124,7 @@ class HistoricSync:
         batch = PendingBatch(next(self.ids), items, kind=kind)
         batch.semantic_filters = list(filters)
         state.current.pending[batch.batch_id] = batch
-        wait = self.follower_wait(items, leaders) if asks_own and leaders else None
+        wait = self.follower_wait(items, leaders, len(filters)) if asks_own and leaders else None
         if wait is not None and (go_now or not (wait.wait or OTHER_SHARD_LEAD in leaders)):
             batch.share_all = True  # waiting would cost more than the pages it saves
             self.read_own_holdings(state, batch, filters, coalesce)
@@ -163,20 +163,22 @@ class HistoricSync:
         log.debug("historic_waits_for_lead", relay=state.url, batch_id=batch.batch_id,
                   leaders=sorted({url for url, _ in leaders}))
 
-    def follower_wait(self, items: PendingItems, leaders) -> method.FollowerWait:
+    def follower_wait(self, items: PendingItems, leaders, filters: int) -> method.FollowerWait:
         """Should a batch of ``items`` wait for ``leaders`` (other relays' batches leading
         them), and how long at most? While the pages the lead saves are worth more than the
         starts queued before it on the slowest leader's relay (``method.follower_wait``)."""
         queued = max((len(s.current.historic_queue) for s in map(self.relays.get, {url for url, _ in leaders})
                       if s is not None), default=0)
         expected = method.expected_events(len(items.repos), len(items.root_events))
-        return method.follower_wait(expected, queued, self.gate_secs(), constants.FOLLOWER_WAIT_MAX_SECS)
+        gate = self.gate_secs()
+        return method.follower_wait(expected, queued, gate, constants.FOLLOWER_WAIT_MAX_SECS,
+                                    filters, method.start_bytes(gate, first_sync=True))
 
     def gate_secs(self) -> float:
         return self.sync.background_start_interval_ms / 1000
 
-    def leaders_too_slow(self, items: PendingItems, leaders) -> bool:
-        return not self.follower_wait(items, leaders).wait
+    def leaders_too_slow(self, items: PendingItems, leaders, filters: int) -> bool:
+        return not self.follower_wait(items, leaders, filters).wait
 
     def release_followers(self, keys, overdue: bool = False) -> None:
         """Batches whose leaders are done: their holdings now. Those that waited too long

@@ -386,7 +386,8 @@ class RelayLifecycle:
         if confirm and since is None and self.historic.use_negentropy(state, filters):
             mine, theirs, leaders = self.lead.split(state.url, items)
             mine, elsewhere = self.split_led_elsewhere(state, mine)
-            too_slow = bool(theirs) and self.historic.leaders_too_slow(theirs, leaders)
+            too_slow = bool(theirs) and self.historic.leaders_too_slow(
+                theirs, leaders, len(sync_filters(state, theirs, since)))
             if elsewhere or (theirs and not too_slow):
                 if too_slow:  # as below: no wait, what the leaders bring priced in
                     mine.add(theirs)
