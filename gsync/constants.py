@@ -122,8 +122,11 @@ OWN_READ_DEADLINE_SECS = 120.0
 # What batches lack of the own relay is read together (``sync.own_reads``): the unread parts
 # of every batch asking within this window (and while a read is under way) make one read
 # per tag. On an own relay whose tag queries scan, a read costs the same for one value as
-# for hundreds: the number of reads is its cost.
-OWN_READ_WINDOW_SECS = 0.5
+# for hundreds: the number of reads is its cost. The window is the batches that ask in the
+# same turn of the manager (0 s): a read is worth a start, 10 KB, and on a first sync every
+# batch's first start waited out the window, half a second worth 40 KB (``sync.method``);
+# what asks while a read is under way still joins the next one.
+OWN_READ_WINDOW_SECS = 0.0
 # An own-relay holdings read is shared by exchanges over the same filter for this long.
 SHARED_HOLDINGS_SECS = 5.0
 # What the own relay holds is read once per filter and session, then kept with what it
@@ -151,34 +154,23 @@ IDS_NOT_SERVED_MIN_ADVERTISED = 20
 # until its next daily fresh start, this many at most (the oldest forgotten first: forgetting
 # one costs one more ask of it).
 UNSERVABLE_MAX_IDS = 10_000
-# After NIP-77, a filter whose events the own relay mostly lacks (more than one id fetch
-# missing, holding at most this fraction of that) is fetched by its REQ pages instead of by
-# id: ten filters of up to 500 events share one paced start, against 300 ids per id fetch.
+# A refused NIP-77 filter (a result cap, ``sync.result_caps``) goes by REQ pages whole when
+# the own relay holds at most this fraction of what the relay holds besides: the pages bring
+# little again, where windows of exchanges would each cost a start.
 FETCH_BY_FILTER_MAX_HELD_FRACTION = 0.10
-# Which method a filter gets, before any paced start is spent on it: the own relay's holdings
-# are read first (loopback, unpaced). A REQ carries ten filters per start, a NEG-OPEN one:
-# NIP-77 costs about a start more per filter (then one per 300 missing ids), and in return
-# moves only what is missing, where REQ pages bring everything again. Nothing held (a first
-# sync, or a filter nobody answered yet): REQ pages, fewer starts for the same bytes. Held
-# at all: most of the filter, as on every re-sync (the remote rarely lacks what we hold),
-# so NIP-77; a filter it then finds mostly missing still goes by pages
-# (FETCH_BY_FILTER_MAX_HELD_FRACTION), at the cost of that one start.
-NEGENTROPY_MIN_HELD = 1
-# A repository several relays list, on a first sync (``sync.lead``): a batch overlapping
-# another relay's leading batch waits for it, at most FOLLOWER_WAIT_MAX_SECS, then takes
-# NIP-77 for a filter of which the own relay now holds (or has in flight) more than
-# FOLLOWER_REQ_MAX_FETCHED events, REQ pages otherwise (nothing of it came from anywhere:
-# the filter is this relay's alone). The same for a filter of a repository listed
-# elsewhere that no batch waited for (a new root's thread: the repository's statuses and
-# updates came with its leader's pages). It was 100 (a few copies cost less than a paced
-# start per filter): at bench/scale's 50 relays, those copies and the roots' threads
-# fetched again by REQ made 1.5 events received per event wanted; with 0, 1.15.
+# Which method a batch's filters get (NIP-77, REQ pages, an id fetch, waiting for another
+# relay's lead) is priced in ``sync.method``: starts, bytes down and own-relay reads, at the
+# exchange rate measured there (README, Design). A follower waits at most as long as its wait
+# is worth, and never more than FOLLOWER_WAIT_MAX_SECS (a slow or stalled leader).
 FOLLOWER_WAIT_MAX_SECS = 10.0
-FOLLOWER_REQ_MAX_FETCHED = 0
-# ... but not behind a leader with more than this many paced starts queued (a busy relay,
-# hundreds of relays syncing at once): the batch goes by NIP-77 at once, every filter, and
-# the claims share the fetches out (as after a wait that ran out).
-LEADER_MAX_QUEUED = 5
+# The model's two prices of a start, measured: bench/start_worth (LocalRelay on LMDB, 3,000
+# comments, five runs at load 6-13): 0.37-1.4 ms of the remote's CPU for an empty REQ or
+# NEG-OPEN, 37-49 us per KB served, so a start costs a remote what 7.8-30 KB of events do
+# (median 9.6 KB, 14 events). And on a first sync, the gate interval an operator waits for
+# it: bench/method, the demo's world by REQ pages under the default gate, took in 192 KB in
+# 2.1-2.5 s, 80 KB a second.
+START_BYTES = 10_000
+WAIT_BYTES_PER_SEC = 80_000
 QUICK_RECONNECT_SECS = 15 * 60
 # Events a layer-2 exchange found missing join the batch's thread exchanges not started yet
 # (``sync.threads_ahead``): a root among them stored within this many seconds needs no round
@@ -334,6 +326,9 @@ STATE_SAVE_SECS = 10.0
 # INI keys, and gsync logs ``test_timers_active`` at start whenever either is set. (The seed
 # has the same idea: sub-second backoffs under its test mode.) Overlaps such as the 900 s of
 # ``since`` are not timers: they are compared with events' created_at and never change.
+# The two prices of a start (START_BYTES, WAIT_BYTES_PER_SEC) go with them: the suite's worlds
+# of a few events, under its 20 ms gate, exercise NIP-77 at a price of 0 (starts free), as
+# they exercise 24 h timers at a second; tests of the method choice keep the real prices.
 TEST_TIMER_NAMES = (
     "CONSOLIDATION_MIN_SECS", "PURGATORY_TTL_SECS", "POLL_SECS", "POLL_SECS_PER_KIB", "POLL_MAX_SECS",
     "FRESH_POLL_SECS",
@@ -349,6 +344,7 @@ TEST_TIMER_NAMES = (
     "READ_IDLE_TIMEOUT_SECS", "SELF_REREAD_SECS", "SELF_FULL_REREAD_SECS",
     "STATE_SAVE_SECS", "OWN_IDLE_PING_SECS", "OWN_HISTORY_DEADLINE_SECS",
     "OWN_READ_DEADLINE_SECS", "DELIVERY_RETRY_BASE_SECS", "DELIVERY_RETRY_MAX_SECS", "OWN_READ_WINDOW_SECS",
+    "START_BYTES", "WAIT_BYTES_PER_SEC",
 )
 
 

@@ -266,6 +266,14 @@ class ManagerHarness:
             self.relay_says(url, wire.Eose(sub_id))
 
 
+def resync_holdings(n: int = 150):
+    """``answer_own_reads``' ``held`` for a re-sync: the own relay holds ``n`` events of every
+    filter, enough that REQ pages would bring back more than NIP-77's starts cost
+    (``sync.method``): every filter goes by NIP-77."""
+    pairs = [(1_700_000_000 - i, f"{i + 1:064x}") for i in range(n)]
+    return lambda flt: pairs
+
+
 def held_items(flt, pairs, used: set) -> HeldItems:
     """What a read of ``flt`` returns when the own relay holds ``pairs`` (created_at, id) of
     it: events of its first kind and author, tagged with every value it asks for. An id in

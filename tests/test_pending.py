@@ -17,7 +17,6 @@ from gsync.sync.pending import (
     ResidualDecision,
     SyncMethod,
     decide_residual,
-    fetch_by_filter,
     split_crowded,
 )
 from gsync.sync.repos import SyncLevel
@@ -775,18 +774,6 @@ def test_a_confirming_page_that_brings_news_proves_the_cut_and_what_cut_it():
     # PATCHES was cut at 5 matches, fewer than the 15 the relay served one filter: not a
     # per-filter cap. Both pages had 20 in all, the most it served a REQ: a per-REQ cap.
     assert cap.per_filter_ruled_out and not cap.per_req_ruled_out
-
-
-@pytest.mark.parametrize("need, held, expected", [
-    (0, 0, False),
-    (300, 0, False),  # one id fetch does it
-    (301, 0, True),  # a fresh own relay: pages
-    (1000, 100, True),
-    (1000, 101, False),  # the REQ would bring back too much of what is held
-    (19_800, 20_000, False),  # the 99 % case: by id
-])
-def test_fetch_by_filter_when_the_own_relay_lacks_most_of_it(need, held, expected):
-    assert fetch_by_filter(need, held) is expected
 
 
 def _queue(sizes):

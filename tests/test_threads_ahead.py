@@ -14,10 +14,12 @@ from gsync.sync import filter_plan
 from gsync.sync.threads_ahead import ThreadsAhead
 
 from .factory import Author, announcement, comment, issue
-from .manager_harness import ManagerHarness, held_items
+from .manager_harness import ManagerHarness, held_items, resync_holdings
 
 A = "wss://a.example"
-HELD = (1_700_000_000, "ab" * 32)  # the own relay holds something of every filter: NIP-77
+HELD = (1_700_000_000, "ab" * 32)
+# the own relay holds much of every filter: NIP-77 (``sync.method``)
+HOLDINGS = resync_holdings()
 
 
 # -- the record ------------------------------------------------------------------------------
@@ -72,7 +74,7 @@ def world(h):
     known = issue(owner, repo)
     h.own_relay_holds(repo, known)
     h.connect(A)
-    h.answer_own_reads(held=lambda f: [HELD])
+    h.answer_own_reads(held=lambda f: [HELD, *HOLDINGS(f)])
     return repo, known
 
 
@@ -126,7 +128,7 @@ def test_a_root_found_missing_joins_the_thread_exchanges_and_needs_no_round_of_i
     h.relay_says(A, ["EOSE", fetches[0][1]])
     started, sent = len(h.effects.spawned), len(h.reqs(A))
     h.own_relay_holds(new_root)
-    h.answer_own_reads(held=lambda f: [HELD])
+    h.answer_own_reads(held=lambda f: [HELD, *HOLDINGS(f)])
     h.advance(5)
     assert not [g for g in h.effects.spawned[started:] if g.name == "reconcile_filter"]
     assert not [r for r in h.reqs(A)[sent:] if any(asks(f, new_root.id) for f in r[2:])]
@@ -152,7 +154,7 @@ def test_ids_too_many_to_join_leave_the_new_root_its_own_round(tmp_path):
             finish(h, g)
     started = len(h.effects.spawned)
     h.own_relay_holds(new_root)
-    h.answer_own_reads(held=lambda f: [HELD])
+    h.answer_own_reads(held=lambda f: [HELD, *HOLDINGS(f)])
     h.advance(5)
     later = [g for g in h.effects.spawned[started:] if g.name == "reconcile_filter"]
     later_reqs = [r for r in h.historic_reqs(A) if any(asks(f, new_root.id) for f in r[2:])]

@@ -17,8 +17,9 @@ own relay held some of it, a re-sync rather than a first one, so its followers g
 their exchanges run beside its own and the claims share the fetches out. A follower does
 not wait for the whole of a leader, which may go on for minutes taking in later
 AddFilters: only until none of the leader's open pages asks for what it follows
-(``progress``). A waiting batch never leads, and waits at most ``max_secs`` (a slow or
-stalled leader).
+(``progress``). A waiting batch never leads, and waits at most as long as the wait is worth
+(``sync.method.follower_wait``: its own bound, given to ``wait``), and never more than
+``overdue``'s ``max_secs`` (a slow or stalled leader).
 
 Pure: batches are keys ``(relay url, batch id)``, repositories and roots are strings
 (addresses and event ids); the manager reports what each batch leads, records waits,
@@ -38,6 +39,7 @@ class SharedLead:
         self._led_by: dict[str, set[BatchKey]] = {}  # repo address or root id → leading batches
         self._leads: dict[BatchKey, set[str]] = {}  # leading batch → what it leads
         self._waits: dict[BatchKey, tuple[float, set[BatchKey]]] = {}  # follower → (since, leaders)
+        self._bounds: dict[BatchKey, float] = {}  # follower → the longest its wait is worth
         self._followers: dict[BatchKey, set[BatchKey]] = {}  # leader → followers
         self._wanted: dict[BatchKey, set[str]] = {}  # follower → what it follows
 
@@ -109,6 +111,7 @@ class SharedLead:
                 ready.append(follower)
                 del self._waits[follower]
                 self._wanted.pop(follower, None)
+                self._bounds.pop(follower, None)
         return sorted(ready, key=lambda k: (k[1], k[0]))
 
     def succeed(self, old: BatchKey, new: BatchKey) -> None:
@@ -129,13 +132,15 @@ class SharedLead:
     # -- followers
 
     def wait(self, follower: BatchKey, leaders: Iterable[BatchKey], now: float,
-             items: SyncItems | None = None) -> None:
+             items: SyncItems | None = None, max_secs: float | None = None) -> None:
         """``follower`` waits until every one of ``leaders`` stopped leading, or has
-        nothing of ``items`` open any more (``progress``)."""
+        nothing of ``items`` open any more (``progress``), or ``max_secs`` passed."""
         leaders = set(leaders) - {follower}
         if not leaders:
             return
         self._waits[follower] = (now, leaders)
+        if max_secs is not None:
+            self._bounds[follower] = max_secs
         if items is not None:
             self._wanted[follower] = {*items.repos, *items.root_events}
         for leader in leaders:
@@ -145,6 +150,7 @@ class SharedLead:
         """``follower``'s batch was dropped (its relay went away)."""
         wait = self._waits.pop(follower, None)
         self._wanted.pop(follower, None)
+        self._bounds.pop(follower, None)
         if wait is None:
             return
         for leader in wait[1]:
@@ -155,8 +161,10 @@ class SharedLead:
                     del self._followers[leader]
 
     def overdue(self, now: float, max_secs: float) -> list[BatchKey]:
-        """Followers that have waited ``max_secs``: they go without their leaders."""
-        late = [k for k, (since, _) in self._waits.items() if now - since >= max_secs]
+        """Followers that have waited ``max_secs``, or their own bound (``wait``): they go
+        without their leaders."""
+        late = [k for k, (since, _) in self._waits.items()
+                if now - since >= min(max_secs, self._bounds.get(k, max_secs))]
         for follower in late:
             self.forget(follower)
         return late

@@ -49,12 +49,8 @@ from dataclasses import dataclass, field
 
 from .. import constants
 from ..constants import (
-    FETCH_BY_FILTER_MAX_HELD_FRACTION,
-    FOLLOWER_REQ_MAX_FETCHED,
     MAX_FILTERS_PER_REQ,
-    MAX_IDS_PER_REQ,
     MIN_PAGE_CAP,
-    NEGENTROPY_MIN_HELD,
     RESIDUAL_FALLBACK_MAX_FRACTION,
 )
 from ..protocol.event import Event
@@ -483,30 +479,6 @@ def _first_then_numbered(sub_id: str):
         count += 1
         return sub_id if count == 1 else f"{sub_id}.{count}"
     return name
-
-
-def negentropy_pays(held: int) -> bool:
-    """Before any paced start is spent on a filter: NIP-77 (one filter per start, then only
-    what is missing) when the own relay holds at least ``NEGENTROPY_MIN_HELD`` events of it,
-    REQ pages (ten filters per start, everything again) otherwise. See the constant."""
-    return held >= NEGENTROPY_MIN_HELD
-
-
-def follower_negentropy_pays(fetched: int) -> bool:
-    """A batch that waited for another relay's lead on the same repositories (``sync.lead``):
-    NIP-77 for a filter of which the leader brought more than ``FOLLOWER_REQ_MAX_FETCHED``
-    events (only what is still missing then moves), REQ pages for one it brought nothing of
-    (nothing would be saved)."""
-    return fetched > FOLLOWER_REQ_MAX_FETCHED
-
-
-def fetch_by_filter(need: int, again: int) -> bool:
-    """After NIP-77 over one filter: fetch what is missing with the filter's own REQ pages
-    rather than by id? Yes when more than one id fetch (300) is missing and the pages would
-    bring ``again`` at most a tenth of that besides (what the own relay holds or has in
-    flight, and what other batches fetch): a fresh own relay then fills in a few paced
-    starts instead of one start per 300 events."""
-    return need > MAX_IDS_PER_REQ and again <= need * FETCH_BY_FILTER_MAX_HELD_FRACTION
 
 
 # -- the batch ---------------------------------------------------------------------------

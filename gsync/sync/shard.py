@@ -33,7 +33,8 @@ from .targets import SyncItems
 
 # What a batch waits for when another shard leads its repositories' first sync
 # (``Shard.split_led_elsewhere``), as ``sync.lead`` keys a leading batch: no batch of this
-# instance is that leader, so only the wait's bound (FOLLOWER_WAIT_MAX_SECS) ends the wait.
+# instance is that leader, so only the wait's bound ends the wait: as long as the pages it
+# saves are worth (``sync.method.follower_wait``), FOLLOWER_WAIT_MAX_SECS at most.
 OTHER_SHARD_LEAD = ("another shard", 0)
 
 # ``i/N`` in the INI; ``i-of-N`` where a ``/`` cannot go (systemd instance names, directories).

@@ -1,6 +1,6 @@
-"""Historic sync: PendingBatches, the method per filter (NIP-77 where the own relay already
-holds some of it, REQ+EOSE pages otherwise; on a repository several relays list, the first
-relay's batch leads and the others wait for it: ``sync.lead``), pagination on the page caps
+"""Historic sync: PendingBatches, the method per filter (NIP-77 or REQ+EOSE pages, as
+``sync.method`` prices them; on a repository several relays list, the first relay's batch
+leads and the others wait for it while that pays: ``sync.lead``), pagination on the page caps
 each connection learns, the pacing gate, residuals after NIP-77, missing-event recovery, and
 the Syncing → Connected check.
 """
@@ -11,17 +11,14 @@ from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...protocol.filters import Filter
-from ...sync import filter_plan, result_caps
+from ...sync import filter_plan, method, result_caps
 from ...sync.pending import (
     BatchKind,
     CrowdedSecond,
     PendingBatch,
     ResidualDecision,
     SyncMethod,
-    fetch_by_filter,
-    follower_negentropy_pays,
     is_negentropy_token,
-    negentropy_pays,
     negentropy_token,
     one_second,
     split_crowded,
@@ -93,9 +90,10 @@ class HistoricSync:
         # historic starts wait while delivery is this far behind, and are held now
         self.backlog_high_water = int(sync.delivery_max_backlog * constants.DELIVERY_HIGH_WATER_FRACTION)
         self.held_for_delivery = False
+        self.landing: dict[str, RelayState] | None = None  # relays to pump once a read's answers are out
 
     def start(self, state: RelayState, items: PendingItems, filters,
-              kind: BatchKind = BatchKind.SYNC, coalesce=False, leaders=()) -> PendingBatch:
+              kind: BatchKind = BatchKind.SYNC, coalesce=False, leaders=(), go_now=False) -> PendingBatch:
         """A PendingBatch for ``filters``. Where the relay allows NIP-77 (full history only:
         a ``since`` catch-up is cheaper as a REQ), the own relay's holdings are read first
         and each filter gets the method that spends fewer paced starts on what it lacks
@@ -109,7 +107,10 @@ class HistoricSync:
 
         ``leaders``: batches of other relays leading these items' first sync
         (``lifecycle.start_sync``, ``sync.lead``): this batch waits for them before it reads
-        the own relay (``wait_for_leaders``). Without them, the batch leads its items.
+        the own relay (``wait_for_leaders``), while the wait pays (``follower_wait``; not
+        with ``go_now``: the caller found it does not). Another shard's lead is waited for
+        whatever it saves (no word comes from it: only the wait's bound ends it). Without
+        leaders, the batch leads its items.
 
         Filters whose shape the relay refused by policy are left out (``refusals``)."""
         filters = state.paused.allowed(filters)
@@ -124,11 +125,12 @@ class HistoricSync:
         batch = PendingBatch(next(self.ids), items, kind=kind)
         batch.semantic_filters = list(filters)
         state.current.pending[batch.batch_id] = batch
-        if asks_own and leaders and self.leaders_busy(leaders):
-            batch.share_all = True  # waiting would take longer than the starts it saves
+        wait = self.follower_wait(items, leaders, len(filters)) if asks_own and leaders else None
+        if wait is not None and (go_now or not (wait.wait or OTHER_SHARD_LEAD in leaders)):
+            batch.share_all = True  # waiting would cost more than the pages it saves
             self.read_own_holdings(state, batch, filters, coalesce)
-        elif asks_own and leaders:
-            self.wait_for_leaders(state, batch, coalesce, leaders)
+        elif wait is not None:
+            self.wait_for_leaders(state, batch, coalesce, leaders, wait.max_secs)
         elif asks_own:
             self.lead.lead((state.url, batch.batch_id), items)
             self.read_own_holdings(state, batch, filters, coalesce)
@@ -147,28 +149,37 @@ class HistoricSync:
         return next((b for b in reversed(state.current.pending.values())
                      if b.coalescable and b is not besides), None)
 
-    def wait_for_leaders(self, state: RelayState, batch: PendingBatch, coalesce: bool, leaders) -> None:
+    def wait_for_leaders(self, state: RelayState, batch: PendingBatch, coalesce: bool, leaders,
+                         max_secs: float) -> None:
         """Other relays are fetching these repositories first: this batch reads the own
         relay's holdings once none of their open pages asks for its items (or they chose
-        NIP-77, or ``FOLLOWER_WAIT_MAX_SECS`` passed), and then takes NIP-77 only where
-        they brought much. Nothing of it starts meanwhile."""
+        NIP-77, or ``max_secs`` passed: as long as the wait is worth, ``method.follower_wait``),
+        and then takes NIP-77 only where they brought enough to pay for its starts
+        (``method.choose_methods``). Nothing of it starts meanwhile."""
         batch.follower = True
         batch.led_elsewhere = OTHER_SHARD_LEAD in leaders
         batch.coalesce_wanted = coalesce
         batch.add_subscription(f"lead{batch.batch_id}")  # not complete while it waits
-        self.lead.wait((state.url, batch.batch_id), leaders, self.clock(), batch.items)
+        self.lead.wait((state.url, batch.batch_id), leaders, self.clock(), batch.items, max_secs)
         log.debug("historic_waits_for_lead", relay=state.url, batch_id=batch.batch_id,
                   leaders=sorted({url for url, _ in leaders}))
 
-    @staticmethod
-    def relay_busy(state: RelayState | None) -> bool:
-        """More paced starts queued than ``LEADER_MAX_QUEUED``? Then no batch waits for the
-        relay, and it leads nothing by REQ pages: its shared filters go by NIP-77, side by
-        side with the other relays' (as when hundreds sync at once)."""
-        return state is not None and len(state.current.historic_queue) > constants.LEADER_MAX_QUEUED
+    def follower_wait(self, items: PendingItems, leaders, filters: int) -> method.FollowerWait:
+        """Should a batch of ``items`` wait for ``leaders`` (other relays' batches leading
+        them), and how long at most? While the pages the lead saves are worth more than the
+        starts queued before it on the slowest leader's relay (``method.follower_wait``)."""
+        queued = max((len(s.current.historic_queue) for s in map(self.relays.get, {url for url, _ in leaders})
+                      if s is not None), default=0)
+        expected = method.expected_events(len(items.repos), len(items.root_events))
+        gate = self.gate_secs()
+        return method.follower_wait(expected, queued, gate, constants.FOLLOWER_WAIT_MAX_SECS,
+                                    filters, method.start_bytes(gate, first_sync=True))
 
-    def leaders_busy(self, leaders) -> bool:
-        return any(self.relay_busy(self.relays.get(url)) for url, _ in leaders)
+    def gate_secs(self) -> float:
+        return self.sync.background_start_interval_ms / 1000
+
+    def leaders_too_slow(self, items: PendingItems, leaders, filters: int) -> bool:
+        return not self.follower_wait(items, leaders, filters).wait
 
     def release_followers(self, keys, overdue: bool = False) -> None:
         """Batches whose leaders are done: their holdings now. Those that waited too long
@@ -242,13 +253,32 @@ class HistoricSync:
 
     def on_own_reads_landed(self, msg: OwnReadsLanded) -> None:
         """A merged read of the own relay landed (``own_reads``): each batch it answers
-        chooses its methods, and those that awaited its values ask again."""
-        self.own_reads.land(msg, answer=self.on_own_holdings_read, ask_again=self.ask_own_holdings)
+        chooses its methods, and those that awaited its values ask again. Each relay pumps
+        once all of them chose: a relay's first start then carries every batch the read
+        answered (layer 1 and the first AddFilters share a REQ, as with NIP-77 off), not the
+        first batch's alone with the others a gate interval behind."""
+        self.landing = {}
+        try:
+            self.own_reads.land(msg, answer=self.on_own_holdings_read, ask_again=self.ask_own_holdings)
+        finally:
+            landed, self.landing = self.landing, None
+        for state in landed.values():
+            self.pump(state)
+
+    def pump_after_choice(self, state: RelayState) -> None:
+        """Pump, or, while a merged read's answers are handed out, once they all are; not
+        while another batch of the relay awaits its holdings (a read of loopback, under
+        way): its answer pumps, and the relay's next start carries both."""
+        if self.landing is not None:
+            self.landing[state.url] = state
+        elif not any(token.startswith("own") for b in state.current.pending.values()
+                     for token in b.outstanding_subs):
+            self.pump(state)
 
     def on_own_holdings_read(self, msg: OwnHoldingsRead) -> None:
-        """Per filter: NIP-77 where what is already held makes it pay for its start
-        (``by_negentropy``), REQ pages (ten filters a start) otherwise. A batch left with
-        REQ pages only may join a pending one, as in ``start``."""
+        """Per filter: NIP-77 or REQ pages (ten filters a start), whichever costs less
+        (``choose_methods``). A batch left with REQ pages only may join a pending one, as in
+        ``start``."""
         state = self.relays.in_session(msg.relay, msg.session)
         batch = state and state.current.pending.get(msg.batch_id)
         if batch is None or msg.token not in batch.outstanding_subs:
@@ -261,7 +291,7 @@ class HistoricSync:
             holdings = msg.holdings
         by_neg, by_req = self.choose_methods(state, batch, msg.filters, holdings)
         if by_neg and not by_req and self.merge_into_waiting_negentropy(state, batch, by_neg):
-            self.pump(state)
+            self.pump_after_choice(state)
             return
         for flt, held in by_neg:
             self.queue_negentropy(state, batch, flt, held)
@@ -276,59 +306,49 @@ class HistoricSync:
                 state.current.pending.pop(batch.batch_id, None)
                 self.lead.succeed((state.url, batch.batch_id), (state.url, waiting.batch_id))
                 self.coalesce_into(state, waiting, batch.items, by_req)
-                self.pump(state)
+                self.pump_after_choice(state)
                 return
             batch.coalescable = batch.coalesce_wanted or batch.kind is BatchKind.LAYER1
         if by_req:
             self.queue_reqs(state, batch, by_req)
-        self.pump(state)
+        self.pump_after_choice(state)
         if batch.is_complete:
             self.finish_batch(state, batch)
 
     def choose_methods(self, state: RelayState, batch: PendingBatch, filters, holdings):
         """(filters for NIP-77 with what the own relay holds of each, filters for REQ
-        pages): each filter's method, given the own relay's holdings."""
+        pages): the cheapest split, priced by ``method.choose_methods`` from what REQ pages
+        would bring again of each filter (``filter_facts``)."""
         allowed = self.use_negentropy(state, filters)  # it may have been turned off meanwhile
-        shared = batch.follower or self.listed_elsewhere(state, batch)
-        if shared and not batch.follower and self.relay_busy(state):
-            batch.share_all = True  # too busy to lead: nobody would wait for its REQ pages
-        # A follower goes by NIP-77 throughout: a filter its leader brought nothing of may
-        # be what a third relay's exchanges are fetching by id right now, and REQ pages
-        # would bring it again (bench/scale: 1.9 copies of every event a follower paged).
-        everything = batch.share_all or batch.follower
-        chosen = [(f, held, allowed and (everything or self.by_negentropy(state, f, held, shared)))
-                  for f, held in zip(filters, holdings, strict=True)]
-        if shared and any(neg for _, _, neg in chosen):
-            # So does a batch of a repository listed elsewhere once one of its filters does:
-            # a new root's #E pages brought again the comments its #e exchange had claimed
-            # (its #e and #E match the same top-level comments), and the other relays'
-            # exchanges, fetching by id meanwhile, what its pages brought.
-            chosen = [(f, held, True) for f, held, _ in chosen]
-        by_neg = [(f, held) for f, held, neg in chosen if neg]
-        by_req = [f for f, _, neg in chosen if not neg]
+        since = state.round_started_at  # held before this round: a re-sync, nobody waits for it
+        first_sync = not any((self.seen.get(event_id) or -1.0) < since for held in holdings for _, event_id in held)
+        facts = [self.filter_facts(state, batch, f, held, len(filters), first_sync)
+                 for f, held in zip(filters, holdings, strict=True)]
+        start = method.start_bytes(self.gate_secs(), first_sync)
+        choice = method.choose_methods(facts, allowed, start)
+        by_neg = [(f, held) for f, held, neg in zip(filters, holdings, choice.negentropy, strict=True) if neg]
+        by_req = [f for f, neg in zip(filters, choice.negentropy, strict=True) if not neg]
         log.debug("historic_methods_chosen", relay=state.url, batch_id=batch.batch_id,
-                  negentropy=len(by_neg), req=len(by_req), held=sum(map(len, holdings)))
+                  negentropy=len(by_neg), req=len(by_req), held=sum(map(len, holdings)),
+                  again=sum(f.again for f in facts), starts=choice.starts, start_bytes=start)
         return by_neg, by_req
 
-    def by_negentropy(self, state: RelayState, flt: Filter, held, shared: bool = False) -> bool:
-        """NIP-77 for ``flt``? When the own relay held some of it before this sync round
-        began (``negentropy_pays``): what it holds only because gsync just fetched it (from
-        this relay's other filters, or from another relay syncing at the same time) is a
-        first sync filling up, not a sign that this filter is mostly held. Or when the
-        rejected index may match it: a REQ would bring refused events back, NIP-77 counts
-        them as held (SPEC §5: never fetched again). Or, for a repository another relay
-        lists too (``shared``: the batch waited for that relay's lead, or it synced before),
-        when that relay brought any of it: held, or still in flight to the own relay
-        (``follower_negentropy_pays``)."""
-        since = state.round_started_at
-        prior = sum(1 for _, event_id in held if (self.seen.get(event_id) or -1.0) < since)
-        if negentropy_pays(prior) or self.rejected.any_may_match(flt):
-            return True
-        if not shared:
-            return False
+    def filter_facts(self, state: RelayState, batch: PendingBatch, flt: Filter, held, n_filters: int,
+                     first_sync: bool):
+        """What REQ pages of ``flt`` would bring again: what the own relay holds of it, what
+        is in flight to it, and, for a batch whose leaders are still fetching its items
+        (``share_all``: they were too slow to wait for), its share of what they likely
+        bring. On a first sync, what it likely holds in all (``method.expected_of``: the
+        rest is missing, and NIP-77 fetches it by id, 300 a start). And whether the rejected
+        index may match it."""
         fetched = {event_id for _, event_id in held}
         fetched.update(event_id for _, event_id in self.delivery.tracked_matching(flt))
-        return follower_negentropy_pays(len(fetched))
+        elsewhere = 0
+        if batch.share_all:
+            items = batch.items
+            elsewhere = method.expected_events(len(items.repos), len(items.root_events)) // max(n_filters, 1)
+        expected = method.expected_of(flt) if first_sync else 0
+        return method.FilterFacts(frozenset(fetched), elsewhere, self.rejected.any_may_match(flt), expected)
 
     def listed_elsewhere(self, state: RelayState, batch: PendingBatch) -> bool:
         """Does another relay list a repository of this batch (of this relay, for a batch
@@ -995,7 +1015,7 @@ class HistoricSync:
         # pages run meanwhile, and only fetches by id keep to the claims (by filter,
         # bench/scale's 50 relays received 2.7 copies for each event fetched so).
         again = result.held + result.beyond + len(result.need_ids) - len(need)
-        if (fetch_by_filter(len(need), again) and not one_second(flt)
+        if (method.fetch_missing_by_filter(len(need), again) and not one_second(flt)
                 and not (batch.follower or batch.share_all or self.listed_elsewhere(state, batch))):
             log.debug("negentropy_fetch_by_filter", relay=state.url, batch_id=batch.batch_id,
                       need=len(need), held=result.held)

@@ -409,8 +409,8 @@ class RelayLifecycle:
 
         A first sync (no ``since``) that NIP-77 could serve goes in two batches when other
         relays already lead some of its items (``sync.lead``): one leading the rest, one
-        waiting for those leaders; in one, by NIP-77 throughout, when a leader's relay has
-        too much queued for a wait to pay. With shards, what another shard leads
+        waiting for those leaders; in one, when a leader's relay has too much queued for a
+        wait to pay (``sync.method.follower_wait``). With shards, what another shard leads
         (``split_led_elsewhere``) goes in a batch of its own that waits for that shard's
         events to reach the own relay."""
         filters = sync_filters(state, items, since)
@@ -420,8 +420,10 @@ class RelayLifecycle:
         if confirm and since is None and self.historic.use_negentropy(state, filters):
             mine, theirs, leaders = self.lead.split(state.url, items)
             mine, elsewhere = self.split_led_elsewhere(state, mine)
-            if elsewhere or (theirs and not self.historic.leaders_busy(leaders)):
-                if theirs and self.historic.leaders_busy(leaders):  # as below: NIP-77 throughout
+            too_slow = bool(theirs) and self.historic.leaders_too_slow(
+                theirs, leaders, len(sync_filters(state, theirs, since)))
+            if elsewhere or (theirs and not too_slow):
+                if too_slow:  # as below: no wait, what the leaders bring priced in
                     mine.add(theirs)
                     split = ((mine, leaders), (elsewhere, (OTHER_SHARD_LEAD,)))
                 else:
@@ -432,12 +434,13 @@ class RelayLifecycle:
                 self.live.subscribe(state, filter_plan.live(f for _, fs, _ in parts for f in fs), items)
                 for part, part_filters, led_by in parts:
                     if part_filters:
-                        self.historic.start(state, part, part_filters, coalesce=True, leaders=led_by)
+                        self.historic.start(state, part, part_filters, coalesce=True, leaders=led_by,
+                                            go_now=too_slow and led_by is leaders)
                 return
         self.live.subscribe(state, filter_plan.live(filters), items)
-        # busy leaders: NIP-77 throughout (``HistoricSync.start``), nothing to split
+        # leaders too slow to wait for (``HistoricSync.start``): nothing to split
         self.historic.start(state, items if confirm else PendingItems(), filters, coalesce=True,
-                            leaders=leaders)
+                            leaders=leaders, go_now=bool(leaders))
 
     def split_led_elsewhere(self, state: RelayState, items: PendingItems) -> tuple[PendingItems, PendingItems]:
         """(what this shard leads of ``items``, what another shard's relay leads:

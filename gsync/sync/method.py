@@ -1,0 +1,212 @@
+"""How a historic batch is fetched: NIP-77, REQ pages, an id fetch, or waiting for another
+relay's lead. The one place these choices are made; the manager gathers the facts and calls it.
+
+Every choice is priced in one currency, bytes down, at an exchange rate measured, not guessed
+(README, Design: "the method per batch"):
+
+- **a start** (a REQ page, a NEG-OPEN, an id fetch) is worth ``START_BYTES``: a remote
+  (LocalRelay on LMDB, ``bench/start_worth``) spends as much CPU on one start that finds
+  nothing as on serving that many bytes of events. Under the pacing gate each start is
+  also one gate interval of wait on that relay; on a first sync (nothing of the batch held
+  before this round) that is the operator's wait, worth ``WAIT_BYTES_PER_SEC`` (what a
+  first sync by REQ pages takes in a second under the gate) (``start_bytes``);
+- **bytes down**: an event brought again (held, in flight, or fetched by another relay)
+  costs ``EVENT_BYTES``; NIP-77 costs ``NEG_ITEM_BYTES`` for each item the two sides compare;
+- **own-relay reads**: the holdings a NIP-77 exchange needs are read before any choice
+  (loopback, unpaced, one merged read per batch), so they do not tell the methods apart;
+  a follower's wait costs one more read, ``OWN_READ_BYTES`` (the own relay's work for it).
+
+What each method costs a batch's filters (missing events cost the same either way):
+
+- REQ pages: ten filters share a start, a filter of R events needs R // 500 + 1 pages; every
+  event comes again.
+- NIP-77: one start per filter, then id fetches (300 ids a start) for what is missing (on a
+  first sync, what the filter likely holds in all, ``expected_of``, less what is held: a
+  new root's thread lacks most of it; on a re-sync, little: one fetch); only the missing
+  events move, and ``NEG_ITEM_BYTES`` per item compared.
+- After NIP-77, what is missing comes by id (a start per 300) or by the filter's pages
+  (which bring again what is held): ``fetch_missing_by_filter``.
+- A follower waits for another relay's lead only while the pages the lead saves it are
+  worth more than the wait (``follower_wait``), and no longer than that (its deadline).
+
+Pure: counts in, choices out; no clock (the gate interval is an argument).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import ceil
+
+from ..constants import MAX_IDS_PER_REQ, START_BYTES, WAIT_BYTES_PER_SEC
+
+# The mean EVENT frame of NIP-34 events (the demo's and bench/start_worth's comments: 665 B;
+# bench/historic's data set: 149,443 B of EVENT frames for 200 events, 747 B).
+EVENT_BYTES = 700
+# NIP-77's bytes per item compared: bench/historic --mode neg-99, 308,759 B of NEG-MSG down
+# for 20,000 items held on both sides.
+NEG_ITEM_BYTES = 16
+# One read of the own relay's holdings (a REQ on loopback, not paced): the own relay's CPU
+# for it, in the same currency as a remote's start.
+OWN_READ_BYTES = START_BYTES
+PAGE_EVENTS = 500  # LocalRelay's and strfry's cap per filter and page
+FILTERS_PER_REQ = 10
+IDS_PER_FETCH = MAX_IDS_PER_REQ  # ids an id fetch asks for at once
+# What a first sync of an item brings, before anything of it was read: the demo's world has
+# 24.5 events a repository (147 over 6), bench/scale's 20 (20,000 over 1,000), bench/historic's
+# 100 (20,000 over 200, most of it threads); a root's thread, 3 to 5 in all three.
+EVENTS_PER_REPO = 20
+EVENTS_PER_ROOT = 3
+
+
+@dataclass(frozen=True)
+class FilterFacts:
+    """What is known of one filter before any start is spent on it.
+
+    ``held``: the ids of its events REQ pages would bring again, held by the own relay or in
+    flight to it (filters of a batch overlap: a comment matches its root's ``#E`` and
+    ``#e``; one REQ brings it once); ``elsewhere``: how many more another relay is fetching
+    right now (the expected share of a lead still running). ``expected``: on a first sync,
+    what it likely matches in all (``expected_of``). ``refused``: the rejected index may match it: a REQ would bring refused events back,
+    NIP-77 counts them as held (SPEC §5: never fetched again)."""
+
+    held: frozenset[str] = frozenset()
+    elsewhere: int = 0
+    refused: bool = False
+    expected: int = 0  # what it likely matches in all, on a first sync (0: about what is held)
+
+    @property
+    def missing(self) -> int:
+        return max(0, self.expected - self.again)
+
+    @property
+    def again(self) -> int:
+        return len(self.held) + self.elsewhere
+
+
+def start_bytes(gate_secs: float, first_sync: bool) -> int:
+    """What one start is worth: the remote's work, and on a first sync the gate interval an
+    operator waits for it."""
+    if first_sync:
+        return START_BYTES + int(gate_secs * WAIT_BYTES_PER_SEC)
+    return START_BYTES
+
+
+@dataclass(frozen=True)
+class MethodChoice:
+    """Per filter, NIP-77 (True) or REQ pages (False), with what the choice costs: starts
+    at ``start`` bytes each, and bytes down."""
+
+    negentropy: tuple[bool, ...]
+    starts: int
+    bytes_down: int
+    start: int = START_BYTES
+
+    @property
+    def cost(self) -> int:
+        return self.starts * self.start + self.bytes_down
+
+
+def req_starts(again: Sequence[int]) -> int:
+    """Starts REQ pages take for filters that bring at least ``again`` events each."""
+    if not again:
+        return 0
+    return ceil(sum(n // PAGE_EVENTS + 1 for n in again) / FILTERS_PER_REQ)
+
+
+def price(filters: Sequence[FilterFacts], negentropy: Sequence[bool], start: int = START_BYTES) -> MethodChoice:
+    """What fetching ``filters`` so costs (``negentropy[i]``: filter i by NIP-77)."""
+    by_req = [f for f, neg in zip(filters, negentropy, strict=True) if not neg]
+    by_neg = [f for f, neg in zip(filters, negentropy, strict=True) if neg]
+    starts = req_starts([max(f.again, f.expected) for f in by_req])
+    if by_neg:
+        # one exchange each, then id fetches of what they find missing: what a first sync
+        # lacks, at least one (a first sync's layer 1 finds the announcements of every
+        # repository not ours; a re-sync, what came since)
+        starts += len(by_neg) + max(1, ceil(sum(f.missing for f in by_neg) / IDS_PER_FETCH))
+    again_by_req = len(frozenset().union(*(f.held for f in by_req))) + sum(f.elsewhere for f in by_req)
+    bytes_down = again_by_req * EVENT_BYTES + sum(f.again for f in by_neg) * NEG_ITEM_BYTES
+    return MethodChoice(tuple(negentropy), starts, bytes_down, start)
+
+
+def choose_methods(filters: Sequence[FilterFacts], negentropy_allowed: bool = True,
+                   start: int = START_BYTES) -> MethodChoice:
+    """The cheapest split of a batch's filters between NIP-77 and REQ pages.
+
+    The filters a REQ would bring most of again go by NIP-77 first: the best split is one
+    of those prefixes (each filter moved to NIP-77 costs about one start, and saves what
+    its pages bring again). Filters the rejected index may match go by NIP-77 whatever
+    the price. Without NIP-77 (not allowed here), REQ pages for all. ``start``: what a
+    start is worth here (``start_bytes``)."""
+    n = len(filters)
+    if not negentropy_allowed or n == 0:
+        return price(filters, [False] * n, start)
+    forced = [f.refused for f in filters]
+    order = sorted((i for i in range(n) if not forced[i]), key=lambda i: -filters[i].again)
+    best = None
+    chosen = list(forced)
+    for k in range(len(order) + 1):
+        if k:
+            chosen[order[k - 1]] = True
+        if k and filters[order[k - 1]].again == 0:
+            break  # nothing more to save: NIP-77 for it only adds starts
+        candidate = price(filters, chosen, start)
+        if best is None or candidate.cost < best.cost:
+            best = candidate
+    return best
+
+
+def fetch_missing_by_filter(need: int, again: int, start: int = START_BYTES) -> bool:
+    """After NIP-77 over one filter: fetch its ``need`` missing events by the filter's own REQ
+    pages rather than by id? The pages take (need + again) // 500 + 1 starts (shared with
+    nine other filters) and bring ``again`` events again (held, in flight, fetched
+    elsewhere); by id, a start per 300."""
+    if need == 0:
+        return False
+    by_id = ceil(need / IDS_PER_FETCH) * start
+    by_filter = req_starts([need + again]) * start + again * EVENT_BYTES
+    return by_filter < by_id
+
+
+def expected_of(flt) -> int:
+    """What a filter likely matches on a first sync, from the repositories (``#a``/``#A``)
+    and roots (``#e``/``#E``/``#q``) it asks for; 0 for any other (its holdings tell)."""
+    repos = roots = 0
+    for name, values in flt.tags:
+        if name in ("a", "A"):
+            repos = max(repos, len(values))
+        elif name in ("e", "E", "q"):
+            roots = max(roots, len(values))
+    return expected_events(repos, roots)
+
+
+def expected_events(repos: int, roots: int) -> int:
+    """What a first sync of ``repos`` repositories and ``roots`` roots likely brings."""
+    return repos * EVENTS_PER_REPO + roots * EVENTS_PER_ROOT
+
+
+@dataclass(frozen=True)
+class FollowerWait:
+    """Wait for another relay's lead (``wait``), and for at most ``max_secs``."""
+
+    wait: bool
+    max_secs: float
+
+
+def follower_wait(expected: int, leader_queued: int, gate_secs: float, cap_secs: float,
+                  filters: int = 0, start: int = 0) -> FollowerWait:
+    """Should a batch of ``expected`` events that another relay leads wait for that lead?
+
+    Waiting saves the pages that would bring again what the lead brings (``expected`` events
+    by REQ, all of it a copy), less the NIP-77 starts the batch then spends instead (one an
+    exchange for each of its ``filters``, at ``start`` each: on a first sync, a gate
+    interval of wait too), and costs one more own-relay read and the time until the lead's
+    pages come: the starts queued on the leader's relay (``leader_queued``) and its own, a
+    gate interval each, worth ``WAIT_BYTES_PER_SEC`` a second. It waits when what it saves
+    is worth more than the read and the time; and at most as long as that is worth
+    (``cap_secs`` in all), so a slow or silent lead (another shard's) costs no more than it
+    could save."""
+    saved = expected * EVENT_BYTES - filters * start
+    free = WAIT_BYTES_PER_SEC <= 0  # (0: the test suite's tiny worlds)
+    worth_secs = cap_secs if free else max(0.0, min(cap_secs, saved / WAIT_BYTES_PER_SEC))
+    until_lead = (leader_queued + 1) * gate_secs
+    return FollowerWait(saved > OWN_READ_BYTES and until_lead <= worth_secs, worth_secs)
