@@ -226,7 +226,7 @@ class ManagerHarness:
             self.answer_own_reads()
             self.advance(1.1)  # the pacing gate
             historic = self.conn(url).subscriptions.keys() - self.state(url).current.live_subs.keys()
-            if not historic and not self.own_reads():
+            if not historic and not self.own_reads() and not self.state(url).current.historic_queue:
                 break
             self.eose_all(url)
         self.answer_own_reads()

@@ -3,8 +3,10 @@ the operator's line; and, in process, that the manager feeds it from its tables 
 sync and for a daily fresh start."""
 import pytest
 
-from gsync.io.inbox import RemoteEvent, RemoteEvents
+from gsync.io.inbox import NegentropyFinished, RemoteEvent, RemoteEvents
+from gsync.io.negentropy_sync import NegentropyOutcome
 from gsync.protocol import messages as wire
+from gsync.protocol.nip11 import RelayLimits
 from gsync.sync.progress import (
     RelayWork,
     duration,
@@ -154,6 +156,15 @@ def page_of(h, url, sub_id, events):
         for e in events]))
 
 
+def nothing_missing(h, url):
+    """``url``'s NIP-77 exchanges under way conclude, finding nothing missing."""
+    state = h.state(url)
+    for g in [g for g in h.effects.spawned if g.name == "reconcile_filter" and g.args[0] is h.conn(url)]:
+        h.effects.spawned.remove(g)
+        h.feed(NegentropyFinished(url, state.session, g.kwargs["batch_id"], g.kwargs["token"], g.args[2],
+                                  NegentropyOutcome(True, need_ids=[], rounds=1)))
+
+
 def progress(h):
     return h.manager.status_snapshot()["progress"]
 
@@ -162,7 +173,7 @@ def test_a_first_sync_and_a_daily_fresh_start_show_their_progress(tmp_path):
     h = ManagerHarness(tmp_path)  # the default gate: a start a second
     repos = listed_on(A, 3)
     h.own_relay_holds(*repos)
-    h.connect(A)
+    h.connect(A, limits=RelayLimits(max_filters=2))  # two filters a REQ: starts wait for the gate
     h.answer_own_reads()  # it holds nothing: REQ pages
     first = progress(h)
     assert (first["repos_complete"], first["repos_total"]) == (0, 3)
@@ -191,6 +202,8 @@ def test_a_first_sync_and_a_daily_fresh_start_show_their_progress(tmp_path):
     assert (daily["repos_complete"], daily["relays_synced"], daily["relays_syncing"]) == (0, 0, 1)
     assert daily["secs_left"] > 0
     h.settle(A)
+    nothing_missing(h, A)  # the 500 issues it now holds: that filter goes by NIP-77
+    h.settle(A)
     assert progress(h)["repos_complete"] == 3
 
 
@@ -199,7 +212,7 @@ def test_the_gauges_follow_the_progress_and_keep_one_series_per_relay_in_the_tab
 
     h = ManagerHarness(tmp_path)
     h.own_relay_holds(*listed_on(A, 2))
-    h.connect(A)
+    h.connect(A, limits=RelayLimits(max_filters=2))  # two filters a REQ: starts wait for the gate
     h.answer_own_reads()
     h.manager.update_metrics(h.clock.now)
     assert metrics.SYNC_SECONDS_LEFT._value.get() > 0

@@ -13,10 +13,11 @@ from gsync.protocol.filters import Filter
 from gsync.sync.relay_state import ConnectionStatus
 
 from .factory import Author, announcement, issue
-from .manager_harness import FakeWs, ManagerHarness
+from .manager_harness import FakeWs, ManagerHarness, resync_holdings
 
 A, B = "wss://a.example", "wss://b.example"
-HELD = (1_700_000_000, "ab" * 32)  # the own relay holds something of every filter: NIP-77
+# the own relay holds enough of every filter that NIP-77 pays at production prices (sync.method)
+HELD = resync_holdings()
 owner, bob = Author.named("owner"), Author.named("bob")
 
 
@@ -33,7 +34,7 @@ def run(h, url, advertised, by_id=False, by_filter=False, refused=lambda flt: Fa
     with those events where they are served (``by_id``: to REQs of ids; ``by_filter``: to
     the others). Until nothing is left to start, then the completion check's wait."""
     for _ in range(40):
-        h.answer_own_reads(held=lambda f: [HELD])
+        h.answer_own_reads(held=HELD)
         h.advance(1.1)
         state = h.state(url)
         for g in [g for g in h.effects.spawned if g.name == "reconcile_filter" and g.args[0] is h.conn(url)]:
