@@ -175,6 +175,12 @@ NEGENTROPY_MIN_HELD = 1
 # start per filter): at bench/scale's 50 relays, those copies and the roots' threads
 # fetched again by REQ made 1.5 events received per event wanted; with 0, 1.15.
 FOLLOWER_WAIT_MAX_SECS = 10.0
+# A batch waiting for another shard's lead (``sync.shard``) sees what the other shards
+# store, live (``OwnLanded``): past FOLLOWER_WAIT_MAX_SECS it waits on while they stored
+# something within OTHER_SHARD_QUIET_SECS (their delivery backlogs drain at the own relay's
+# pace: the leader's events come late, not never), OTHER_SHARD_WAIT_MAX_SECS in all.
+OTHER_SHARD_QUIET_SECS = 5.0
+OTHER_SHARD_WAIT_MAX_SECS = 60.0
 FOLLOWER_REQ_MAX_FETCHED = 0
 # ... but not behind a leader with more than this many paced starts queued (a busy relay,
 # hundreds of relays syncing at once): the batch goes by NIP-77 at once, every filter, and

@@ -40,6 +40,15 @@ OTHER_SHARD_LEAD = ("another shard", 0)
 _SHARD_TEXT = re.compile(r"\s*(-?\d+)\s*(?:/|-of-)\s*(-?\d+)\s*\Z")
 
 
+def waits_on_other_shard(waited: float, since_landed: float | None, quiet: float, most: float) -> bool:
+    """Does a batch that has waited ``waited`` seconds for another shard's lead (past the
+    usual bound) wait on? While the other shards stored something within ``quiet``
+    seconds (``since_landed``; None: nothing yet), ``most`` seconds in all: a shard whose
+    delivery backlog drains at the own relay's pace stores its leads' events late, and
+    fetching them here meanwhile brings them twice."""
+    return waited < most and since_landed is not None and since_landed < quiet
+
+
 def shard_weight(relay_url: str, index: int) -> int:
     """The rendezvous weight of instance ``index`` for ``relay_url`` (a normalized URL)."""
     return _weight(f"{index}\n{relay_url}")

@@ -19,6 +19,7 @@ from ..inbox import (
     DeliveryAnswered,
     OwnEvents,
     OwnHeldConfirmed,
+    OwnLanded,
     OwnRelayState,
     OwnSubscribed,
 )
@@ -62,6 +63,7 @@ class OwnRelaySide:
         self.batch: list = []  # events of the self-subscription's open window
         self.window_open = False
         self.down_since: float | None = None
+        self.other_shard_landed_at: float | None = None  # another shard's last store seen (OwnLanded)
 
     @property
     def down(self) -> bool:
@@ -218,6 +220,28 @@ class OwnRelaySide:
                 now = self.clock()
                 for flt in filter_plan.root_event_filters(msg.new_roots):
                     self.own_held.learn(flt, (), now)
+
+    def on_own_landed(self, msg: OwnLanded) -> None:
+        """New events the own relay stored, seen live by one of several shards: mostly what
+        another shard delivered. Held (a filter another shard led is then known without
+        reading the own relay again) and seen (not fetched here again: claims settle,
+        recovery stops asking). One a broadcast missed is only fetched again."""
+        if self.down:
+            return
+        self.own_held.confirm(msg.entries)
+        seen, arrived = self.seen, []
+        for event_id, _ in msg.entries:
+            if event_id not in seen:
+                seen[event_id] = None
+                arrived.append(event_id)
+                self.claims.arrived(event_id)
+        if arrived:  # not this instance's own deliveries: another shard is storing
+            self.other_shard_landed_at = self.clock()
+        recovered = [event_id for event_id in arrived if self.recovery.is_missing(event_id)]
+        if recovered:
+            for url in self.recovery.clear_arrived(recovered):
+                self.historic.promote_if_recovered(url)
+        self.trim_seen()
 
     def on_delivery_answered(self, msg: DeliveryAnswered) -> None:
         now = self.clock()
