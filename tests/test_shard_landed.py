@@ -112,6 +112,32 @@ def test_a_batch_following_another_shard_waits_on_while_that_shard_is_storing(tm
     assert not waiting(h)
 
 
+def test_a_root_another_shard_stored_has_its_thread_known_without_a_read(tmp_path):
+    """A new root the other shard stored (seen by the self-subscription and live): its
+    thread holds only what is stored from now on, which comes live too, so its thread
+    filters need no read of the own relay."""
+    from gsync.io.inbox import OwnEvents
+
+    here, _there, _ann = split_world()
+    ann = announcement(Author.named("landed-owner"), "landed-alone", relays=[here])
+    h = ManagerHarness(tmp_path, shard=SHARD)
+    h.own_relay_holds(ann)
+    h.connect(here)
+    h.settle(here)
+    root = issue(Author.named("landed-dev"), ann)
+    h.feed(OwnEvents([root]))  # as the subscriber posts a burst: the self-subscription's first
+    h.feed(OwnLanded([(root.id, HeldEntry.of(root))]))
+    h.advance(h.config.sync.batch_window_ms / 1000)  # the window: the root's AddFilters
+    h.close_own_read_window()
+    asked = [flt for g in h.own_reads() for flt in g.args[1]]
+    assert not [flt for flt in asked if any(root.id in values for _, values in flt.tags)]
+    for _ in range(3):
+        h.advance(1.1)  # the pacing gate
+    threads = [flt for flt, _ in reconciles(h, here) if any(root.id in values for _, values in flt.tags)]
+    reqs = [r for r in h.reqs(here) if any(root.id in v for flt in r[2:] for v in flt.values() if isinstance(v, list))]
+    assert threads or reqs  # the thread is asked for
+
+
 def test_what_landed_is_not_asked_again_by_recovery_and_settles_its_claim(tmp_path):
     here, _there, ann = split_world()
     h = ManagerHarness(tmp_path, shard=SHARD)
@@ -125,48 +151,67 @@ def test_what_landed_is_not_asked_again_by_recovery_and_settles_its_claim(tmp_pa
     assert len(h.manager.claims) == 0
 
 
+_SUBSCRIBERS = """
+import gevent.monkey; gevent.monkey.patch_all()
+import json, sys
+from gsync.io.inbox import OwnEvents, OwnLanded, OwnSubscribed
+from gsync.io.self_subscriber import SelfSubscriber
+from gsync.ops.logging import get_logger
+
+def post_as(landed):
+    def post(msg):
+        if isinstance(msg, OwnSubscribed):
+            print(json.dumps([landed, "subscribed"]), flush=True)
+        elif isinstance(msg, OwnEvents):
+            print(json.dumps([landed, "events", [e.id for e in msg.events]]), flush=True)
+        elif isinstance(msg, OwnLanded):
+            print(json.dumps([landed, "landed", [[i, e.kind, list(map(list, e.tags))] for i, e in msg.entries]]), flush=True)
+    return post
+
+for landed in (True, False):
+    SelfSubscriber(sys.argv[1], post_as(landed), get_logger("test"), landed=landed, held={sys.argv[2]}).start()
+gevent.sleep(60)
+"""
+
+
 def test_a_shards_self_subscriber_shows_what_others_stored_and_skips_what_it_knows_is_held(relay_factory):
-    """A real own relay: another client stores two events after the self-subscription's
-    history is read. The shard's subscriber posts the one it did not know as held
-    (``OwnLanded``) and skips, unparsed, the one its instance knows is held (its own
-    delivery, answered OK); one instance (no shards) opens no such stream."""
-    import gevent
+    """A real own relay, and two self-subscribers (a shard's, one instance's) in a gevent
+    process of their own: another client stores two roots after their history is read.
+    The shard's subscriber posts the one its instance did not know as held (``OwnLanded``)
+    and skips the one it knows is held (its own delivery, answered OK); one instance opens
+    no such stream. Both still show both roots through the self-subscription."""
+    import json
+    import subprocess
+    import sys
+    import threading
 
-    from gsync.io.inbox import OwnSubscribed
-    from gsync.io.self_subscriber import SelfSubscriber
-    from gsync.ops.logging import get_logger
-
+    from .forks import gsync_env
     from .relays import publish, wait_until
 
     own = relay_factory()
     ann = announcement(Author.named("landed-owner"), "landed-e2e")
     known, other = issue(Author.named("landed-dev"), ann), issue(Author.named("landed-dev"), ann, subject="two")
-    subscribers = {}
-    for landed in (True, False):
-        posted: list = []
-        sub = SelfSubscriber(own.url, posted.append, get_logger("test"), landed=landed, held={known.id})
-        sub.start()
-        subscribers[landed] = (sub, posted)
+    child = subprocess.Popen([sys.executable, "-c", _SUBSCRIBERS, own.url, known.id], stdout=subprocess.PIPE, text=True,
+                             env=gsync_env())
+    lines: list = []
+    reader = threading.Thread(  # its log lines go to stdout too
+        target=lambda: lines.extend(json.loads(line) for line in child.stdout if line.startswith("[")), daemon=True)
+    reader.start()
+
+    def said(landed, what):
+        return [line[2] if len(line) > 2 else True for line in list(lines) if line[:2] == [landed, what]]
+
     try:
-        for _, posted in subscribers.values():
-            wait_until(lambda p=posted: gevent.sleep(0.05) or any(isinstance(m, OwnSubscribed) for m in p),
-                       timeout=20, what="the history read")
+        wait_until(lambda: said(True, "subscribed") and said(False, "subscribed"), timeout=20, what="the history reads")
         publish(own.url, [known, other])  # stored (and broadcast) in this order
-
-        def landed_ids(posted):
-            return [event_id for m in posted if isinstance(m, OwnLanded) for event_id, _ in m.entries]
-
-        shard_posted = subscribers[True][1]
-        wait_until(lambda: gevent.sleep(0.05) or other.id in landed_ids(shard_posted), timeout=20,
-                   what="the other client's event, live")
-        assert landed_ids(shard_posted) == [other.id]
-        [entry] = [e for m in shard_posted if isinstance(m, OwnLanded) for i, e in m.entries if i == other.id]
-        assert entry.kind == other.kind and ("a", address(ann)) in entry.tags
-        # the self-subscription itself still shows both roots, to both
-        for _, posted in subscribers.values():
-            wait_until(lambda p=posted: gevent.sleep(0.05) or {known.id, other.id} <= {
-                e.id for m in p if hasattr(m, "events") for e in m.events}, timeout=20, what="the roots")
-        assert landed_ids(subscribers[False][1]) == []
+        wait_until(lambda: any(other.id in [e[0] for e in m] for m in said(True, "landed")), timeout=20,
+                   what="the other client's root, live")
+        for landed in (True, False):
+            wait_until(lambda lt=landed: {known.id, other.id} <= {i for ids in said(lt, "events") for i in ids},
+                       timeout=20, what="both roots through the self-subscription")
+        [[(event_id, kind, tags)]] = said(True, "landed")  # the known one was skipped
+        assert event_id == other.id and kind == other.kind and ["a", address(ann)] in tags
+        assert said(False, "landed") == []
     finally:
-        for sub, _ in subscribers.values():
-            sub.stop()
+        child.kill()
+        child.wait()

@@ -10,8 +10,8 @@ relay stores (``{"limit":0}``): what the other shards deliver. Posted as ``OwnLa
 (id and ``HeldEntry``, no event checks: the own relay checked them), so that this instance
 knows what the own relay holds without reading it again (``sync.own_held``), and a filter
 another shard led is reconciled against what that shard brought. Events this instance
-already knows are held (its own deliveries, answered OK) are skipped before they are
-parsed.
+knows are held or fetched itself (its own deliveries: their OK tells the manager) are
+skipped before they are parsed.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def self_filter(since: int | None) -> Filter:
 
 
 class SelfSubscriber:
-    def __init__(self, url: str, post, log, *, clock=time.time, seen=frozenset(), landed: bool = False,
+    def __init__(self, url: str, post, log, *, clock=time.time, seen=None, landed: bool = False,
                  held=frozenset()):
         self.url = url
         # With shards: every new event the own relay stores (``LANDED_SUB_ID``), those not
@@ -55,7 +55,7 @@ class SelfSubscriber:
         self._held = held
         # Ids whose events gsync has checked already (the manager's dedupe set, only read
         # here): most roots the own relay accepts, gsync delivered itself.
-        self._seen = seen
+        self._seen = seen if seen is not None else {}
         self._post = post
         self._log = log
         self._clock = clock
@@ -198,7 +198,11 @@ class SelfSubscriber:
             return False
         start = at + len(_ID_KEY)
         event_id = data[start:start + 64]
-        return len(event_id) == 64 and data[start + 64:start + 65] == b'"' and event_id.decode("ascii", "replace") in self._held
+        if len(event_id) != 64 or data[start + 64:start + 65] != b'"':
+            return False
+        event_id = event_id.decode("ascii", "replace")
+        # held, or fetched here (in delivery: its OK tells the manager)
+        return event_id in self._held or self._seen.get(event_id) is not None
 
     def _post_landed(self, raws: list) -> None:
         """What another instance stored (``LANDED_SUB_ID``), as held entries, one message."""
