@@ -20,7 +20,9 @@ sync, and another shard's relays that list it wait, bounded, for those events to
 own relay before they choose their method (``split_led_elsewhere``; the manager does the
 waiting, as for a leader of its own, ``sync.lead``). Nothing is exchanged between shards:
 the own relay they share is the channel, and a leader's shard that is away only costs the
-wait.
+wait. Each shard sees what the others store there live (``io.self_subscriber``'s landed
+stream), so a waiting batch waits on while another shard is still storing
+(``waits_on_other_shard``) and then knows what it stored without reading it back.
 """
 from __future__ import annotations
 
