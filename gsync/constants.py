@@ -171,6 +171,12 @@ FOLLOWER_WAIT_MAX_SECS = 10.0
 # 2.1-2.5 s, 80 KB a second.
 START_BYTES = 10_000
 WAIT_BYTES_PER_SEC = 80_000
+# A batch waiting for another shard's lead (``sync.shard``) sees what the other shards
+# store, live (``OwnLanded``): past FOLLOWER_WAIT_MAX_SECS it waits on while they stored
+# something within OTHER_SHARD_QUIET_SECS (their delivery backlogs drain at the own relay's
+# pace: the leader's events come late, not never), OTHER_SHARD_WAIT_MAX_SECS in all.
+OTHER_SHARD_QUIET_SECS = 5.0
+OTHER_SHARD_WAIT_MAX_SECS = 60.0
 QUICK_RECONNECT_SECS = 15 * 60
 # Events a layer-2 exchange found missing join the batch's thread exchanges not started yet
 # (``sync.threads_ahead``): a root among them stored within this many seconds needs no round

@@ -31,7 +31,7 @@ from gsync.io.inbox import (
 )
 from gsync.io.manager import SyncManager
 from gsync.io.own_query import HeldItems
-from gsync.ops.config import Config, NetworkConfig, ServiceConfig, SyncConfig
+from gsync.ops.config import ClusterConfig, Config, NetworkConfig, ServiceConfig, SyncConfig
 from gsync.protocol import messages as wire
 
 OWN = "ws://127.0.0.1:9"  # never dialled: delivery and the self-subscription are not started
@@ -120,12 +120,14 @@ class RecordingEffects:
 
 
 class ManagerHarness:
-    def __init__(self, tmp_path, *, bootstrap=(), **sync):
+    def __init__(self, tmp_path, *, bootstrap=(), shard=None, **sync):
+        """``shard``: this instance's ``[cluster] shard`` (a ``Shard``; all relays without)."""
         sync.setdefault("bootstrap_relays", tuple(bootstrap))
         self.config = Config(
             service=ServiceConfig(OWN, ("127.0.0.1:9",), str(tmp_path / "state")),
             sync=SyncConfig(**sync),
             network=NetworkConfig(),
+            cluster=ClusterConfig(shard) if shard is not None else ClusterConfig(),
         )
         self.clock = FakeClock()
         self.effects = RecordingEffects(self.clock)

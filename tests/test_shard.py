@@ -137,3 +137,12 @@ def test_an_unknown_repository_and_one_instance_lead_everything_here():
     items = SyncItems({f"30617:x:{i}": SyncLevel.FULL for i in range(20)}, set())
     here, elsewhere = Shard(0, 1).split_led_elsewhere(items, lambda _: {a, b}, lambda _: None)
     assert here == items and not elsewhere
+
+
+def test_a_batch_waits_on_another_shard_only_while_it_stores_and_at_most_so_long():
+    from gsync.sync.shard import waits_on_other_shard
+
+    assert waits_on_other_shard(12, since_landed=1, quiet=5, most=60)
+    assert not waits_on_other_shard(12, since_landed=5, quiet=5, most=60)  # quiet
+    assert not waits_on_other_shard(12, since_landed=None, quiet=5, most=60)  # never stored: away
+    assert not waits_on_other_shard(60, since_landed=0, quiet=5, most=60)  # long enough

@@ -141,6 +141,14 @@ class OwnHeldConfirmed:
 
 
 @dataclass(slots=True)
+class OwnLanded:
+    """New events the own relay stored, seen live by an instance of several (``[cluster]
+    shard``): mostly what the other shards delivered. As (id, ``own_held.HeldEntry``)."""
+
+    entries: list
+
+
+@dataclass(slots=True)
 class OwnSubscribed:
     """The self-subscription reached EOSE (READY for systemd)."""
 

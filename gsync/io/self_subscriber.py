@@ -4,6 +4,14 @@
 ``since = last_connected - 900`` after a reconnect, read in pages (relays cap one REQ's
 answer). Every event is posted to the manager, which batches them; the end of the history is
 posted too (it is when systemd hears READY=1).
+
+With shards (``landed``), the same connection also subscribes to every new event the own
+relay stores (``{"limit":0}``): what the other shards deliver. Posted as ``OwnLanded``
+(id and ``HeldEntry``, no event checks: the own relay checked them), so that this instance
+knows what the own relay holds without reading it again (``sync.own_held``), and a filter
+another shard led is reconciled against what that shard brought. Events this instance
+knows are held or fetched itself (its own deliveries: their OK tells the manager) are
+skipped before they are parsed.
 """
 from __future__ import annotations
 
@@ -16,12 +24,16 @@ from ..protocol import messages as wire
 from ..protocol import wsframes
 from ..protocol.event import EventError, parse_event
 from ..protocol.filters import Filter
-from .inbox import OwnEvents, OwnSubscribed
+from ..sync.own_held import HeldEntry
+from .inbox import OwnEvents, OwnLanded, OwnSubscribed
 from .own_query import history_pages
 from .ws import Timeout
 from .ws import connect as ws_connect
 
 SUB_ID = "gsync-self"
+LANDED_SUB_ID = "gsync-landed"
+_LANDED_PREFIX = b'["EVENT","' + LANDED_SUB_ID.encode() + b'",'
+_ID_KEY = b'"id":"'
 
 
 class HistoryDeadline(Exception):
@@ -34,11 +46,16 @@ def self_filter(since: int | None) -> Filter:
 
 
 class SelfSubscriber:
-    def __init__(self, url: str, post, log, *, clock=time.time, seen=frozenset()):
+    def __init__(self, url: str, post, log, *, clock=time.time, seen=None, landed: bool = False,
+                 held=frozenset()):
         self.url = url
+        # With shards: every new event the own relay stores (``LANDED_SUB_ID``), those not
+        # in ``held`` (what this instance knows the own relay holds: only read here).
+        self._landed = landed
+        self._held = held
         # Ids whose events gsync has checked already (the manager's dedupe set, only read
         # here): most roots the own relay accepts, gsync delivered itself.
-        self._seen = seen
+        self._seen = seen if seen is not None else {}
         self._post = post
         self._log = log
         self._clock = clock
@@ -77,6 +94,8 @@ class SelfSubscriber:
                 # second connection: relays cap one REQ's answer, and nothing may slip
                 # between the two.
                 ws.send(wire.req(SUB_ID, [self_filter(None).replace(limit=0)]))
+                if self._landed:  # before any holdings read: a read and this cover everything
+                    ws.send(wire.req(LANDED_SUB_ID, [Filter.make(limit=0)]))
                 self._log.info("self_subscription_started", relay=self.url, since=since)
                 history = gevent.spawn(self._read_history, since, reconnect, ws, prior)
                 reread = gevent.spawn(self._reread_loop)
@@ -170,6 +189,37 @@ class SelfSubscriber:
         if events:
             self._post(OwnEvents(events))
 
+    def _known_held(self, data: bytes) -> bool:
+        """Is the landed event in ``data`` (an EVENT frame) one this instance knows is held?
+        Read off its ``"id"`` key without parsing the frame (a quote inside a JSON string
+        is escaped, so the first ``"id":"`` is the event's key); anything else is parsed."""
+        at = data.find(_ID_KEY)
+        if at < 0:
+            return False
+        start = at + len(_ID_KEY)
+        event_id = data[start:start + 64]
+        if len(event_id) != 64 or data[start + 64:start + 65] != b'"':
+            return False
+        event_id = event_id.decode("ascii", "replace")
+        # held, or fetched here (in delivery: its OK tells the manager)
+        return event_id in self._held or self._seen.get(event_id) is not None
+
+    def _post_landed(self, raws: list) -> None:
+        """What another instance stored (``LANDED_SUB_ID``), as held entries, one message."""
+        entries = []
+        for raw in raws:
+            try:
+                event_id = raw["id"]
+                if not (isinstance(event_id, str) and len(event_id) == 64 and type(raw["created_at"]) is int
+                        and type(raw["kind"]) is int and isinstance(raw["pubkey"], str)
+                        and isinstance(raw["tags"], list)):
+                    continue
+                entries.append((event_id, HeldEntry.of(raw)))
+            except (KeyError, TypeError):
+                continue
+        if entries:
+            self._post(OwnLanded(entries))
+
     def _read(self, ws) -> None:
         """The live subscription, until the session ends. Silence is asked about: after
         OWN_IDLE_PING_SECS with nothing read, a ping; nothing read again by the next
@@ -177,7 +227,7 @@ class SelfSubscriber:
         ws.settimeout(constants.OWN_IDLE_PING_SECS)
         pinged_at = None  # ws.reads when the unanswered ping went
         while True:
-            raws = []
+            raws, landed = [], []
             try:
                 try:
                     burst = ws.recv_burst()
@@ -193,12 +243,17 @@ class SelfSubscriber:
                         raise ConnectionError("the own relay closed the connection")
                     if opcode != wsframes.OP_TEXT:
                         continue
+                    if self._landed and data.startswith(_LANDED_PREFIX) and self._known_held(data):
+                        continue
                     msg = wire.parse_relay_message(data)
                     if isinstance(msg, wire.RelayEvent) and msg.sub_id == SUB_ID:
                         raws.append(msg.event)
+                    elif isinstance(msg, wire.RelayEvent) and msg.sub_id == LANDED_SUB_ID:
+                        landed.append(msg.event)
                     elif isinstance(msg, wire.Closed) and msg.sub_id == SUB_ID:
                         raise ConnectionError(f"own relay closed the self-subscription: {msg.text}")
             finally:
                 self._post_events(raws)  # what came before a close is kept
+                self._post_landed(landed)
             if raws and self._history_read:  # a failed history read is read again whole
                 self.last_connected = self._clock()

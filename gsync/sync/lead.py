@@ -160,11 +160,13 @@ class SharedLead:
                 if not followers:
                     del self._followers[leader]
 
-    def overdue(self, now: float, max_secs: float) -> list[BatchKey]:
+    def overdue(self, now: float, max_secs: float,
+                keep: Callable[[BatchKey, float], bool] | None = None) -> list[BatchKey]:
         """Followers that have waited ``max_secs``, or their own bound (``wait``): they go
-        without their leaders."""
+        without their leaders (unless ``keep(follower, waited)``)."""
         late = [k for k, (since, _) in self._waits.items()
-                if now - since >= min(max_secs, self._bounds.get(k, max_secs))]
+                if now - since >= min(max_secs, self._bounds.get(k, max_secs))
+                and not (keep is not None and keep(k, now - since))]
         for follower in late:
             self.forget(follower)
         return late

@@ -82,6 +82,10 @@ class OwnHeld:
     def __len__(self) -> int:
         return len(self._index)
 
+    def __contains__(self, event_id: str) -> bool:
+        """Is the event known to be held (read, or answered ``OK true``)?"""
+        return event_id in self._index
+
     @property
     def units(self) -> int:
         return len(self._covered)

@@ -20,7 +20,9 @@ sync, and another shard's relays that list it wait, bounded, for those events to
 own relay before they choose their method (``split_led_elsewhere``; the manager does the
 waiting, as for a leader of its own, ``sync.lead``). Nothing is exchanged between shards:
 the own relay they share is the channel, and a leader's shard that is away only costs the
-wait.
+wait. Each shard sees what the others store there live (``io.self_subscriber``'s landed
+stream), so a waiting batch waits on while another shard is still storing
+(``waits_on_other_shard``) and then knows what it stored without reading it back.
 """
 from __future__ import annotations
 
@@ -39,6 +41,15 @@ OTHER_SHARD_LEAD = ("another shard", 0)
 
 # ``i/N`` in the INI; ``i-of-N`` where a ``/`` cannot go (systemd instance names, directories).
 _SHARD_TEXT = re.compile(r"\s*(-?\d+)\s*(?:/|-of-)\s*(-?\d+)\s*\Z")
+
+
+def waits_on_other_shard(waited: float, since_landed: float | None, quiet: float, most: float) -> bool:
+    """Does a batch that has waited ``waited`` seconds for another shard's lead (past the
+    usual bound) wait on? While the other shards stored something within ``quiet``
+    seconds (``since_landed``; None: nothing yet), ``most`` seconds in all: a shard whose
+    delivery backlog drains at the own relay's pace stores its leads' events late, and
+    fetching them here meanwhile brings them twice."""
+    return waited < most and since_landed is not None and since_landed < quiet
 
 
 def shard_weight(relay_url: str, index: int) -> int:

@@ -26,6 +26,7 @@ from ...sync.own_held import OwnHeld
 from ...sync.recovery import MissingEventRecovery
 from ...sync.relay_state import RelayState, RelayTable
 from ...sync.repos import RepoSyncIndex
+from ...sync.shard import waits_on_other_shard
 from ..delivery import OwnRelayDelivery
 from ..handshake import HandshakePool
 from ..inbox import (
@@ -41,6 +42,7 @@ from ..inbox import (
     OwnEvents,
     OwnHeldConfirmed,
     OwnHoldingsRead,
+    OwnLanded,
     OwnReadsDue,
     OwnReadsLanded,
     OwnRelayState,
@@ -118,7 +120,9 @@ class SyncManager:
             max_backlog=sync.delivery_max_backlog,
         )
         self.seen: dict[str, float | None] = {}  # id -> when gsync fetched it (None: seen on the own relay)
-        self.self_sub = SelfSubscriber(svc.own_relay, self.post, log, clock=self.clock, seen=self.seen)
+        # with shards, it also shows what the other shards stored (``OwnLanded``)
+        self.self_sub = SelfSubscriber(svc.own_relay, self.post, log, clock=self.clock, seen=self.seen,
+                                       landed=config.cluster.shard.count > 1, held=self.own_held)
 
     def build_collaborators(self, config, on_ready) -> None:
         """The concerns the manager owns, each given what it reads and writes. Two pairs
@@ -172,6 +176,7 @@ class SyncManager:
             OwnReadsLanded: self.historic.on_own_reads_landed,
             OwnEvents: self.own_relay.on_own_events,
             OwnHeldConfirmed: self.own_relay.on_own_held_confirmed,
+            OwnLanded: self.own_relay.on_own_landed,
             OwnSubscribed: self.own_relay.on_own_subscribed,
             OwnRelayState: self.own_relay.on_own_relay_state,
             DeliveryAnswered: self.own_relay.on_delivery_answered,
@@ -267,6 +272,18 @@ class SyncManager:
 
     # -- maintenance --------------------------------------------------------------------
 
+    def waits_on_other_shard(self, follower, waited: float) -> bool:
+        """A batch waiting for another shard's lead waits on while that shard is storing
+        (``sync.shard.waits_on_other_shard``)."""
+        url, batch_id = follower
+        state = self.relays.get(url)
+        batch = state.current.pending.get(batch_id) if state is not None else None
+        if batch is None or not batch.led_elsewhere:
+            return False
+        landed_at = self.own_relay.other_shard_landed_at
+        return waits_on_other_shard(waited, None if landed_at is None else self.clock() - landed_at,
+                                    constants.OTHER_SHARD_QUIET_SECS, constants.OTHER_SHARD_WAIT_MAX_SECS)
+
     def on_tick(self, msg: Tick) -> None:
         now = self.clock()
         expired = self.repos.expire_state_only_repos(now)
@@ -276,7 +293,8 @@ class SyncManager:
         self.lifecycle.retire_unwanted_relays()
         self.lifecycle.run_daily(now)
         self.historic.on_delivery_caught_up()  # in case its message was lost with a restarted delivery
-        self.historic.release_followers(self.lead.overdue(now, constants.FOLLOWER_WAIT_MAX_SECS), overdue=True)
+        self.historic.release_followers(self.lead.overdue(now, constants.FOLLOWER_WAIT_MAX_SECS,
+                                                          keep=self.waits_on_other_shard), overdue=True)
         self.historic.run_recovery(now)
         self.refusals.expire_stalled(now)
         self.historic.expire_negentropy()

@@ -163,6 +163,22 @@ class HistoricSync:
         self.lead.wait((state.url, batch.batch_id), leaders, self.clock(), batch.items, max_secs)
         log.debug("historic_waits_for_lead", relay=state.url, batch_id=batch.batch_id,
                   leaders=sorted({url for url, _ in leaders}))
+        if batch.led_elsewhere:
+            self.read_ahead(state, batch)
+
+    def read_ahead(self, state: RelayState, batch: PendingBatch) -> None:
+        """A batch that waits for another shard's lead reads what it does not know of the
+        own relay now, with this instance's other reads, while the own relay holds little of
+        it: what the other shard stores meanwhile is seen live (``OwnLanded``), so once the
+        wait is over its holdings are known without reading that shard's events back."""
+        now = self.clock()
+        filters = batch.semantic_filters
+        if any(self.own_held.awaits(flt, now) for flt in filters):
+            return  # being read: its answer will be known in time
+        reads = [read for flt in filters if (read := self.own_held.missing(flt, now)) is not None]
+        if reads:
+            self.own_reads.queue(OwnReadWaiter(state.url, state.session, batch.batch_id, f"lead{batch.batch_id}",
+                                               [], reads, False, ahead=True))
 
     def follower_wait(self, items: PendingItems, leaders, filters: int) -> method.FollowerWait:
         """Should a batch of ``items`` wait for ``leaders`` (other relays' batches leading

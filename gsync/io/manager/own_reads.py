@@ -36,6 +36,9 @@ class OwnReadWaiter:
     filters: list
     reads: list  # OwnHeld.missing of each filter that lacked something
     fresh: bool  # a follower: not from a snapshot read before its leader's events came
+    # read ahead for a batch that waits for another shard's lead (``HistoricSync.
+    # wait_for_leaders``): learnt only, the batch asks once its wait is over
+    ahead: bool = False
 
 
 class OwnReads:
@@ -129,6 +132,8 @@ class OwnReads:
                     self.own_held.learn(read, held.entries, now)
         read_alone = None  # what the reads returned, for filters the session cannot answer
         for w in waiters:
+            if w.ahead:
+                continue
             holdings = None
             if msg.holdings is not None:
                 holdings = []

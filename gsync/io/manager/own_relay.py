@@ -19,6 +19,7 @@ from ..inbox import (
     DeliveryAnswered,
     OwnEvents,
     OwnHeldConfirmed,
+    OwnLanded,
     OwnRelayState,
     OwnSubscribed,
 )
@@ -62,6 +63,7 @@ class OwnRelaySide:
         self.batch: list = []  # events of the self-subscription's open window
         self.window_open = False
         self.down_since: float | None = None
+        self.other_shard_landed_at: float | None = None  # another shard's last store seen (OwnLanded)
 
     @property
     def down(self) -> bool:
@@ -221,6 +223,35 @@ class OwnRelaySide:
                 now = self.clock()
                 for flt in filter_plan.root_event_filters(msg.new_roots):
                     self.own_held.learn(flt, (), now)
+
+    def on_own_landed(self, msg: OwnLanded) -> None:
+        """New events the own relay stored, seen live by one of several shards: mostly what
+        another shard delivered. Held (a filter another shard led is then known without
+        reading the own relay again) and seen (not fetched here again: claims settle,
+        recovery stops asking). A root stored anew had no thread there but what is stored
+        from now on, which comes the same way: its thread filters are known without a read,
+        as for a root this instance stored (``on_own_held_confirmed``). One a broadcast
+        missed is only fetched again."""
+        if self.down:
+            return
+        self.own_held.confirm(msg.entries)
+        seen, now = self.seen, self.clock()
+        others = [(event_id, entry) for event_id, entry in msg.entries if seen.get(event_id) is None]
+        if not others:  # this instance's own deliveries
+            return
+        self.other_shard_landed_at = now  # another shard is storing
+        arrived = [event_id for event_id, _ in others if event_id not in seen]
+        for event_id in arrived:
+            seen[event_id] = None
+            self.claims.arrived(event_id)
+        recovered = [event_id for event_id in arrived if self.recovery.is_missing(event_id)]
+        if recovered:
+            for url in self.recovery.clear_arrived(recovered):
+                self.historic.promote_if_recovered(url)
+        new_roots = [event_id for event_id, entry in others if entry.kind in constants.ROOT_KINDS]
+        for flt in filter_plan.root_event_filters(new_roots) if new_roots else ():
+            self.own_held.learn(flt, (), now)
+        self.trim_seen()
 
     def on_delivery_answered(self, msg: DeliveryAnswered) -> None:
         now = self.clock()
