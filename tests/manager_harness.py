@@ -245,6 +245,11 @@ class ManagerHarness:
     def state(self, url: str):
         return self.manager.relays[url]
 
+    def recovering(self, url: str) -> set[str]:
+        """The ids missing-event recovery still asks ``url`` for."""
+        r = self.manager.recovery._relays.get(url)
+        return set(r.pending) if r else set()
+
     def conn(self, url: str) -> RecordedConnection:
         return self.effects.connections[url][-1]
 

@@ -7,9 +7,9 @@ import json
 from gsync import constants
 from gsync.io.inbox import HandshakeDone, RelayDisconnected
 from gsync.protocol import messages as wire
-from gsync.protocol.filters import Filter
 from gsync.protocol.messages import parse_relay_message
 from gsync.protocol.nip11 import RelayLimits
+from gsync.sim.relay import filter_from_json
 from gsync.sync.filter_plan import SubscriptionBudget
 from gsync.sync.relay_state import ConnectionStatus
 
@@ -213,7 +213,7 @@ def test_a_req_refused_by_policy_goes_again_one_shape_a_req_and_a_shape_refused_
     assert all(len(shapes(req)) == 1 for req in again)  # each shape alone
     alone = again[-1]
     h.relay_says(A, closed(alone[1], "blocked: not this one"))
-    assert h.state(A).paused.is_filter_paused(Filter.from_dict(alone[2]))
+    assert h.state(A).paused.is_filter_paused(filter_from_json(alone[2]))
     sent = len(h.historic_reqs(A))
     h.eose_all(A)
     for _ in range(5):
