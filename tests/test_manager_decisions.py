@@ -360,3 +360,22 @@ def test_a_consolidation_past_70_goes_at_once_and_keeps_what_is_in_flight_live(t
     live = [json.loads(flt.to_json()) for sub in state.current.live_subs.values() for flt in sub.filters]
     covered = {v for flt in live for v in flt.get("#a", ())}
     assert set(added) <= covered, "a repository in flight lost its live coverage"
+
+
+def test_an_exchange_whose_greenlet_dies_ends_as_a_failed_one_and_its_filter_goes_by_req(tmp_path):
+    """The effects report a greenlet's death (``on_death``): the manager ends the exchange
+    at once, as a failed one, instead of waiting out its deadline."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, 1))
+    h.connect(A)
+    h.answer_own_reads(held=resync_holdings())  # a re-sync: NIP-77
+    h.advance(0.5)
+    dying = next(g for g in h.effects.spawned if g.name == "reconcile_filter")
+    token, flt, state = dying.kwargs["token"], dying.args[2], h.state(A)
+    assert token in state.current.neg_running and len(dying.dead_callbacks) == 1
+    for died in dying.dead_callbacks:
+        died(RuntimeError("boom"))
+    h.feed(h.manager.queue.get_nowait())  # what the callback posted
+    assert token not in state.current.neg_running
+    h.advance(2)
+    assert any(json.loads(flt.to_json()) in r[2:] for r in h.historic_reqs(A))
