@@ -57,22 +57,18 @@ class FakeWs:
 
 
 class Spawned:
-    """A greenlet the manager asked for, not run: the test answers for it."""
+    """A greenlet the manager asked for, not run: the test answers for it. It is also the
+    handle the manager gets back (opaque to it): ``killed`` and ``dead_callbacks`` record
+    what the manager asked of it through the effects."""
 
     def __init__(self, fn, args, kwargs):
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.killed = False
-        self.dead_callbacks: list = []
+        self.dead_callbacks: list = []  # each takes the exception the greenlet died of
 
     @property
     def name(self) -> str:
         return getattr(self.fn, "__name__", repr(self.fn))
-
-    def kill(self, block: bool = False) -> None:
-        self.killed = True
-
-    def link_exception(self, callback) -> None:
-        self.dead_callbacks.append(callback)
 
 
 class RecordedConnection(RelayConnection):
@@ -109,6 +105,16 @@ class RecordingEffects:
         g = Spawned(fn, args, kwargs)
         self.spawned.append(g)
         return g
+
+    def on_death(self, handle: Spawned, callback) -> None:
+        handle.dead_callbacks.append(callback)
+
+    def kill(self, handle: Spawned) -> None:
+        handle.killed = True
+
+    @staticmethod
+    def send(conn: RecordedConnection, frame: str) -> None:
+        conn.send(frame)  # recorded in its ``frames``
 
     def connection(self, relay: str, ws, session: int, **kwargs) -> RecordedConnection:
         conn = RecordedConnection(relay, ws, session, lambda msg: None, fake_clock=self.clock, **kwargs)
@@ -238,6 +244,11 @@ class ManagerHarness:
 
     def state(self, url: str):
         return self.manager.relays[url]
+
+    def recovering(self, url: str) -> set[str]:
+        """The ids missing-event recovery still asks ``url`` for."""
+        r = self.manager.recovery._relays.get(url)
+        return set(r.pending) if r else set()
 
     def conn(self, url: str) -> RecordedConnection:
         return self.effects.connections[url][-1]

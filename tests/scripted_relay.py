@@ -82,6 +82,7 @@ from typing import Any
 from gsync.protocol.event import Event, EventError, parse_event
 from gsync.protocol.filters import Filter
 from gsync.protocol.negentropy import NegentropyServer, Storage
+from gsync.sim.relay import filter_from_json
 
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 MAX_HTTP_REQUEST = 64 * 1024
@@ -357,7 +358,7 @@ class Nip77Serve:
         key = (conn.id, sub)
         if kind == "NEG-OPEN":
             self.opened += 1
-            flt = Filter.from_dict(message[2])
+            flt = filter_from_json(message[2])
             self.filters.append(flt)
             with relay._store_lock:
                 items = [(ev.created_at, ev.id) for _, ev in relay._store.values()
@@ -785,7 +786,7 @@ class ScriptedRelay:
             return
         sub_id = message[1]
         try:
-            filters = [Filter.from_dict(f) for f in message[2:]]
+            filters = [filter_from_json(f) for f in message[2:]]
         except ValueError as exc:
             conn.send("CLOSED", sub_id, f"invalid: {exc}")
             return

@@ -191,8 +191,8 @@ def _hold_history_of(event_id: str, secs: float, held: list):
 
         def answer():
             time.sleep(secs)
-            from gsync.protocol.filters import Filter
-            for raw in relay.answer([Filter.from_dict(flt) for flt in filters]):
+            from gsync.sim.relay import filter_from_json
+            for raw in relay.answer([filter_from_json(flt) for flt in filters]):
                 conn.send("EVENT", message[1], raw)
             held[0][1] = time.monotonic()
             conn.send("EOSE", message[1])

@@ -22,12 +22,22 @@ from gsync.protocol.event import (
     compute_id,
     is_authentic,
     parse_event,
-    parse_event_json,
     public_key,
     sign_event,
     verify_event,
 )
 from tests import factory as f
+
+
+def parse_event_json(text: str | bytes, **checks):
+    """An event from JSON text, as a relay's frame carries it (the connection parses the
+    frame, then ``parse_event`` its event object)."""
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise EventError("malformed", "not JSON") from exc
+    return parse_event(obj, **checks)
+
 
 # Characters where JSON encoders are known to differ, or that a careless one breaks on.
 C0_CONTROLS = [chr(c) for c in range(0x20)]

@@ -39,26 +39,26 @@ def limits(**kw):
 
 
 def req_message(filters, subid="x" * 64):
-    return json.dumps(["REQ", subid, *[f.to_dict() for f in filters]], separators=(",", ":"))
+    return json.dumps(["REQ", subid, *[json.loads(f.to_json()) for f in filters]], separators=(",", ":"))
 
 
 # -- layer builders ----------------------------------------------------------------------
 
 
 def test_layer1_asks_for_announcements_and_grasp_lists():
-    assert layer1_filter().to_dict() == {"kinds": [10317, 30617]}
-    assert layer1_filter(since=100).to_dict() == {"kinds": [10317, 30617], "since": 100}
+    assert json.loads(layer1_filter().to_json()) == {"kinds": [10317, 30617]}
+    assert json.loads(layer1_filter(since=100).to_json()) == {"kinds": [10317, 30617], "since": 100}
 
 
 def test_state_filter_is_kind_30618_by_d():
-    assert [f.to_dict() for f in state_filters({"b", "a"}, since=5)] == [
+    assert [json.loads(f.to_json()) for f in state_filters({"b", "a"}, since=5)] == [
         {"kinds": [30618], "#d": ["a", "b"], "since": 5}
     ]
 
 
 def test_repo_tag_filters_use_a_A_and_q():
     addrs = ["30617:aa:one", "30617:bb:two"]
-    assert [f.to_dict() for f in repo_tag_filters(addrs)] == [
+    assert [json.loads(f.to_json()) for f in repo_tag_filters(addrs)] == [
         {"#a": sorted(addrs)},
         {"#A": sorted(addrs)},
         {"#q": sorted(addrs)},
@@ -67,7 +67,7 @@ def test_repo_tag_filters_use_a_A_and_q():
 
 def test_root_event_filters_use_e_E_and_q():
     ids = [hex_id(1), hex_id(2)]
-    assert [f.to_dict() for f in root_event_filters(ids, since=7)] == [
+    assert [json.loads(f.to_json()) for f in root_event_filters(ids, since=7)] == [
         {"#e": ids, "since": 7},
         {"#E": ids, "since": 7},
         {"#q": ids, "since": 7},
@@ -150,7 +150,7 @@ def test_oversized_single_value_gets_its_own_chunk():
 def test_full_repo_gets_state_layer2_and_layer3():
     repos = {"30617:aa:one": SyncLevel.FULL}
     filters = build_sync_level_aware_filters(repos, [hex_id(1)], since=9)
-    assert [f.to_dict() for f in filters] == [
+    assert [json.loads(f.to_json()) for f in filters] == [
         {"kinds": [30618], "#d": ["one"], "since": 9},
         {"#a": ["30617:aa:one"], "since": 9},
         {"#A": ["30617:aa:one"], "since": 9},
@@ -164,7 +164,7 @@ def test_full_repo_gets_state_layer2_and_layer3():
 def test_state_only_repo_gets_state_filters_only():
     repos = {"30617:aa:one": SyncLevel.STATE_ONLY, "30617:bb:two": SyncLevel.FULL}
     filters = build_sync_level_aware_filters(repos)
-    assert [f.to_dict() for f in filters] == [
+    assert [json.loads(f.to_json()) for f in filters] == [
         {"kinds": [30618], "#d": ["one", "two"]},
         {"#a": ["30617:bb:two"]},
         {"#A": ["30617:bb:two"]},

@@ -7,9 +7,9 @@ import json
 from gsync import constants
 from gsync.io.inbox import HandshakeDone, RelayDisconnected
 from gsync.protocol import messages as wire
-from gsync.protocol.filters import Filter
 from gsync.protocol.messages import parse_relay_message
 from gsync.protocol.nip11 import RelayLimits
+from gsync.sim.relay import filter_from_json
 from gsync.sync.filter_plan import SubscriptionBudget
 from gsync.sync.relay_state import ConnectionStatus
 
@@ -213,7 +213,7 @@ def test_a_req_refused_by_policy_goes_again_one_shape_a_req_and_a_shape_refused_
     assert all(len(shapes(req)) == 1 for req in again)  # each shape alone
     alone = again[-1]
     h.relay_says(A, closed(alone[1], "blocked: not this one"))
-    assert h.state(A).paused.is_filter_paused(Filter.from_dict(alone[2]))
+    assert h.state(A).paused.is_filter_paused(filter_from_json(alone[2]))
     sent = len(h.historic_reqs(A))
     h.eose_all(A)
     for _ in range(5):
@@ -360,3 +360,22 @@ def test_a_consolidation_past_70_goes_at_once_and_keeps_what_is_in_flight_live(t
     live = [json.loads(flt.to_json()) for sub in state.current.live_subs.values() for flt in sub.filters]
     covered = {v for flt in live for v in flt.get("#a", ())}
     assert set(added) <= covered, "a repository in flight lost its live coverage"
+
+
+def test_an_exchange_whose_greenlet_dies_ends_as_a_failed_one_and_its_filter_goes_by_req(tmp_path):
+    """The effects report a greenlet's death (``on_death``): the manager ends the exchange
+    at once, as a failed one, instead of waiting out its deadline."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, 1))
+    h.connect(A)
+    h.answer_own_reads(held=resync_holdings())  # a re-sync: NIP-77
+    h.advance(0.5)
+    dying = next(g for g in h.effects.spawned if g.name == "reconcile_filter")
+    token, flt, state = dying.kwargs["token"], dying.args[2], h.state(A)
+    assert token in state.current.neg_running and len(dying.dead_callbacks) == 1
+    for died in dying.dead_callbacks:
+        died(RuntimeError("boom"))
+    h.feed(h.manager.queue.get_nowait())  # what the callback posted
+    assert token not in state.current.neg_running
+    h.advance(2)
+    assert any(json.loads(flt.to_json()) in r[2:] for r in h.historic_reqs(A))

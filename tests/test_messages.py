@@ -292,10 +292,10 @@ def test_builders_write_compact_json():
 def test_req_is_the_json_array_of_its_parts(sub_id, filters):
     for flt in filters[:1]:
         flt.to_json()  # a filter encoded earlier (cached) reads the same
-    expected = json.dumps(["REQ", sub_id, *(f.to_dict() for f in filters)],
+    expected = json.dumps(["REQ", sub_id, *(json.loads(f.to_json()) for f in filters)],
                           ensure_ascii=False, separators=(",", ":"))
     assert m.req(sub_id, filters) == expected
-    assert json.loads(m.neg_open(sub_id, filters[0], "61")) == ["NEG-OPEN", sub_id, filters[0].to_dict(), "61"]
+    assert json.loads(m.neg_open(sub_id, filters[0], "61")) == ["NEG-OPEN", sub_id, json.loads(filters[0].to_json()), "61"]
 
 
 def test_req_needs_a_filter():

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from gsync.protocol.filters import Filter
+from gsync.sim.relay import filter_from_json
 
 from . import factory as f
 from .relays import publish, wait_until
@@ -95,7 +95,7 @@ class ArrivesElsewhereMeanwhile:
                 self.arrived = True
                 publish(self.own.url, [self.event])
                 time.sleep(1.5)  # the self-subscription hands it to gsync meanwhile
-            elif Filter.from_dict(message[2]).matches(self.event):
+            elif filter_from_json(message[2]).matches(self.event):
                 self.advertised = True
         return self.serve(relay, conn, message)
 

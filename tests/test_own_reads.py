@@ -1,6 +1,8 @@
 """Own-relay holdings reads merged across batches and relays (issue 26): the pure plan
 (``sync.own_reads.merged_reads``), and a real ``SyncManager`` (tests/manager_harness.py)
 whose waiting batches, of one relay and of two, are answered by one read per tag."""
+import pytest
+
 from gsync.io.inbox import OwnReadsLanded
 from gsync.io.own_query import HeldItems
 from gsync.protocol.filters import Filter
@@ -143,7 +145,10 @@ def test_batches_of_one_relay_and_of_two_waiting_on_the_same_tags_make_one_read_
     assert {address(ann) for ann in late_a + late_b} <= asked
 
 
-def test_a_merged_read_that_fails_answers_every_batch_waiting_on_it_and_teaches_nothing(tmp_path):
+@pytest.mark.parametrize("how", ["answered", "died"])
+def test_a_merged_read_that_fails_answers_every_batch_waiting_on_it_and_teaches_nothing(tmp_path, how):
+    """The read fails by its own answer (past its deadline), or its greenlet dies (the
+    effects report it: ``on_death``)."""
     h = ManagerHarness(tmp_path)
     h.own_relay_holds(*repos(A, ["a0"]), *repos(B, ["b0"]))
     h.connect(A)
@@ -151,8 +156,13 @@ def test_a_merged_read_that_fails_answers_every_batch_waiting_on_it_and_teaches_
     h.close_own_read_window()
     [g] = reads_in_flight(h)
     h.effects.spawned.remove(g)
-    h.feed(OwnReadsLanded(g.kwargs["read_id"], list(g.args[1]), None, "own relay query past its 120 s deadline",
-                          g.kwargs["epoch"]))
+    if how == "answered":
+        h.feed(OwnReadsLanded(g.kwargs["read_id"], list(g.args[1]), None, "own relay query past its 120 s deadline",
+                              g.kwargs["epoch"]))
+    else:
+        for died in g.dead_callbacks:
+            died(ConnectionRefusedError("own relay away"))
+        h.feed(h.manager.queue.get_nowait())  # what the callback posted
     h.advance(3)
     # both relays' batches went on by REQ pages (no NIP-77), none waits for a read
     assert h.historic_reqs(A) and h.historic_reqs(B)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gsync.protocol.filters import Filter
+from gsync.sim.relay import filter_from_json
 
 from . import factory as f
 from .relays import publish, wait_until
@@ -49,7 +49,7 @@ def test_a_nip77_query_past_the_relays_result_cap_is_split_and_stays_on_nip77(
     gsync = gsync_factory(own, [remote])
     assert_arrives(own, issues, timeout=30, what="the 120 issues")
     assert nip77.refused >= 1, "the relay's cap was reached"
-    by_a = [Filter.from_dict(flt) for _, filters in remote.reqs() for flt in filters
+    by_a = [filter_from_json(flt) for _, filters in remote.reqs() for flt in filters
             if "#a" in flt and "ids" not in flt and flt.get("limit") != 0]
     again = [flt for flt in by_a if any(flt.matches(issue) for issue in held)]
     assert again == [], f"REQ pages asked for held issues: {again}"

@@ -119,8 +119,8 @@ def test_a_follower_goes_when_the_leaders_pages_for_its_items_are_done(
 
         def answer():
             time.sleep(secs)
-            from gsync.protocol.filters import Filter
-            for raw in relay.answer([Filter.from_dict(flt) for flt in filters]):
+            from gsync.sim.relay import filter_from_json
+            for raw in relay.answer([filter_from_json(flt) for flt in filters]):
                 conn.send("EVENT", message[1], raw)
             held[which] = time.monotonic()
             conn.send("EOSE", message[1])

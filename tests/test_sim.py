@@ -15,9 +15,8 @@ import websocket
 from gsync import constants
 from gsync.io import negentropy_ws
 from gsync.io.inbox import DeliveryAnswered
-from gsync.protocol.filters import Filter
 from gsync.sim import SimOptions, Simulation, run
-from gsync.sim.relay import SimRelay
+from gsync.sim.relay import SimRelay, filter_from_json
 from gsync.sim.world import START, World
 
 from .factory import Author, announcement, comment, issue, state
@@ -287,7 +286,7 @@ def _ask_model(relay, sub_id, flt):
 
 
 def _reconcile(send, receive, flt, items):
-    return negentropy_ws.reconcile(send, receive, "neg-1", Filter.from_dict(flt), items, deadline_secs=10)
+    return negentropy_ws.reconcile(send, receive, "neg-1", filter_from_json(flt), items, deadline_secs=10)
 
 
 def _model_wire(model):
@@ -325,7 +324,7 @@ def test_the_relay_model_answers_reqs_and_neg_opens_as_localrelay_does(relay_fac
         assert answered > 50
         rng = random.Random(5)
         for flt in ({"kinds": [30617]}, {"#a": [world.repos[0].address]}, {"kinds": [1111]}, {}):
-            matching = [e for e in events if Filter.from_dict(flt).matches(e)]
+            matching = [e for e in events if filter_from_json(flt).matches(e)]
             held = [(e.created_at, e.id) for e in matching if rng.random() < 0.5]
             held += [(int(START) - 7, "ab" * 32)]  # one the relays lack
             ours = _reconcile(*_model_wire(model), flt, held)

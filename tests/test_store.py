@@ -25,7 +25,7 @@ from gsync.protocol.filters import Filter
 from gsync.sync import memory
 from gsync.sync.health import RelayHealthTracker
 from gsync.sync.policy import CoveragePauses, coverage_key
-from gsync.sync.rejected import RejectedIndex
+from gsync.sync.rejected import RejectedIndex, repo_key
 from gsync.sync.relay_state import RelayState
 from gsync.sync.repos import SyncLevel
 from gsync.sync.targets import SyncItems
@@ -174,8 +174,9 @@ def test_the_rejected_index_is_written_by_change_and_read_back(tmp_path):
     again = SavedState(_store(tmp_path), NOW)
     reloaded = again.load(NOW + 2)
     assert len(reloaded) == 50 and extra.id in reloaded and gone not in reloaded
-    assert reloaded.relay_of(extra.id) == URL
     assert reloaded.any_may_match(Filter.make(kinds=[1621], tags={"a": [REPO]}))
+    _, cold = reloaded.take_dependents({repo_key(REPO)}, NOW + 2)
+    assert (extra.id, URL) in cold  # its relay came back too: it is fetched again from there
     again.close()
 
 

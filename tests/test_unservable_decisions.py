@@ -10,6 +10,7 @@ from gsync.io.negentropy_sync import NegentropyOutcome
 from gsync.ops import metrics
 from gsync.protocol import messages as wire
 from gsync.protocol.filters import Filter
+from gsync.sim.relay import filter_from_json
 from gsync.sync.relay_state import ConnectionStatus
 
 from .factory import Author, announcement, issue
@@ -64,7 +65,7 @@ def asks(h, url, event) -> tuple[int, int]:
         for frame in conn.frames:
             if frame[0] != "REQ" or all(f.get("limit") == 0 for f in frame[2:]):
                 continue
-            filters = [Filter.from_dict(f) for f in frame[2:]]
+            filters = [filter_from_json(f) for f in frame[2:]]
             if any(f.ids is not None and event.id in f.ids for f in filters):
                 by_id += 1
             elif any(f.matches(event) for f in filters):
@@ -88,7 +89,7 @@ def test_one_id_served_neither_by_id_nor_by_its_filter_is_unservable_there_and_c
     assert unservable_count(A) == counted + 1
     assert state.status is ConnectionStatus.CONNECTED, "what is not there is not a failure"
     assert asks(h, A, hidden) == (1, 1), "once by id, once by the filter that found it"
-    assert not h.manager.recovery.pending_ids(A)
+    assert not h.recovering(A)
     for _ in range(60):  # recovery's attempts would come in this hour
         h.advance(60)
         h.tick()
@@ -131,8 +132,8 @@ def test_an_id_unservable_on_one_relay_is_asked_by_id_from_another_listing_its_r
     h.connect(A)
     run(h, A, [hidden])
     assert hidden.id in h.state(A).unservable
-    assert h.manager.recovery.pending_ids(B) == {hidden.id}
-    assert not h.manager.recovery.pending_ids(A)
+    assert h.recovering(B) == {hidden.id}
+    assert not h.recovering(A)
     for _ in range(5):
         h.advance(2)
         h.tick()
@@ -157,9 +158,9 @@ def test_recovery_asks_an_id_by_its_filter_once_and_then_it_is_unservable_there(
         run(h, A, [hidden])  # its REQs end, without it
     assert asks(h, A, hidden) == (1, 1)
     assert hidden.id in h.state(A).unservable and unservable_count(A) == counted + 1
-    assert not h.manager.recovery.pending_ids(A)
+    assert not h.recovering(A)
     h.manager.historic.recover_ids(A, {hidden.id: found_by})  # a relay's claim released, say
-    assert not h.manager.recovery.pending_ids(A), "not asked there again"
+    assert not h.recovering(A), "not asked there again"
 
 
 def stall_out(h):
@@ -191,7 +192,7 @@ def test_an_id_is_judged_by_its_filter_when_another_req_of_its_batch_never_finis
     assert state.status is ConnectionStatus.CONNECTED_HISTORIC_SYNC_FAILURES  # the #E pages
     assert any(map(thread_E, h.manager.recovery.pending_filters(A)))
     assert hidden.id in state.unservable
-    assert hidden.id not in h.manager.recovery.pending_ids(A)
+    assert hidden.id not in h.recovering(A)
     assert asks(h, A, hidden) == (1, 1)
 
 
@@ -209,4 +210,4 @@ def test_an_id_whose_filter_never_answered_is_not_judged_but_recovered(tmp_path)
     run(h, A, [hidden])
     state = h.state(A)
     assert hidden.id not in state.unservable
-    assert hidden.id in h.manager.recovery.pending_ids(A)
+    assert hidden.id in h.recovering(A)

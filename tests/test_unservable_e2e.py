@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from gsync.protocol.filters import Filter
+from gsync.sim.relay import filter_from_json
 
 from . import factory as f
 from .relays import publish, wait_until
@@ -27,7 +27,7 @@ def asks_of(remote, event) -> tuple[int, int]:
     for _, raw_filters in remote.reqs():
         if all(flt.get("limit") == 0 for flt in raw_filters):
             continue
-        filters = [Filter.from_dict(flt) for flt in raw_filters]
+        filters = [filter_from_json(flt) for flt in raw_filters]
         if any(flt.ids is not None and event.id in flt.ids for flt in filters):
             by_id += 1
         elif any(flt.matches(event) for flt in filters):

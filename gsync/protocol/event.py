@@ -247,16 +247,6 @@ def _check_id(event: Event, parts: tuple[str, str]) -> None:
         raise EventError("bad_id")
 
 
-def parse_event_json(text: str | bytes, **checks) -> Event:
-    if len(text) > MAX_EVENT_BYTES * 2:
-        raise EventError("too_large", f"{len(text)} bytes of JSON")
-    try:
-        obj = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise EventError("malformed", "not JSON") from exc
-    return parse_event(obj, **checks)
-
-
 # -- keys and signing (NIP-42 AUTH, tests, the demo) ----------------------------------------
 
 

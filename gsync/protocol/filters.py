@@ -41,33 +41,6 @@ class Filter:
         tag_items = tuple(sorted((k, frozenset(v)) for k, v in (tags or {}).items()))
         return cls(_frozen(ids), _frozen(authors), _frozen(kinds), tag_items, since, until, limit)
 
-    @classmethod
-    def from_dict(cls, obj: dict) -> Filter:
-        """Parse a filter as a relay or the INI would write it. Raises ``ValueError``."""
-        if not isinstance(obj, dict):
-            raise ValueError("filter is not an object")
-        kw: dict = {"tags": {}}
-        for key, value in obj.items():
-            if key in ("ids", "authors"):
-                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                    raise ValueError(f"{key} must be a list of strings")
-                kw[key] = value
-            elif key == "kinds":
-                if not isinstance(value, list) or not all(type(v) is int for v in value):
-                    raise ValueError("kinds must be a list of integers")
-                kw[key] = value
-            elif key.startswith("#") and len(key) == 2:
-                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                    raise ValueError(f"{key} must be a list of strings")
-                kw["tags"][key[1]] = value
-            elif key in ("since", "until", "limit"):
-                if type(value) is not int or value < 0:
-                    raise ValueError(f"{key} must be a non-negative integer")
-                kw[key] = value
-            else:
-                raise ValueError(f"unknown filter field {key!r}")
-        return cls.make(**kw)
-
     def tag(self, name: str) -> frozenset[str] | None:
         for k, v in self.tags:
             if k == name:
@@ -82,27 +55,9 @@ class Filter:
             object.__setattr__(derived, "_selectors", self._selectors_json())
         return derived
 
-    def to_dict(self) -> dict:
-        """Deterministic JSON object (sorted values) so equal filters serialise equally."""
-        out: dict = {}
-        if self.ids is not None:
-            out["ids"] = sorted(self.ids)
-        if self.authors is not None:
-            out["authors"] = sorted(self.authors)
-        if self.kinds is not None:
-            out["kinds"] = sorted(self.kinds)
-        for name, values in self.tags:
-            out["#" + name] = sorted(values)
-        if self.since is not None:
-            out["since"] = self.since
-        if self.until is not None:
-            out["until"] = self.until
-        if self.limit is not None:
-            out["limit"] = self.limit
-        return out
-
     def to_json(self) -> str:
-        """``json.dumps(self.to_dict())``, compact, made once."""
+        """Its JSON object (values sorted, unset fields left out: equal filters serialise
+        equally), compact, made once."""
         text = self._json
         if text is None:
             selectors, bounds = self._selectors_json(), self._bounds_json()

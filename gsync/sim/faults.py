@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ..protocol.event import compute_id
-from ..protocol.filters import Filter
+from .relay import filter_from_json
 from .world import DAY, START
 
 HOUR = 3600.0
@@ -158,7 +158,7 @@ class Faults:
         forged = dict(raw, content=content,
                       id=compute_id(raw["pubkey"], raw["created_at"], raw["kind"], raw["tags"], content))
         extra = [json.dumps(["EVENT", sub_id, forged])]
-        filters = [Filter.from_dict(f) for f in json.loads(text)[2:]]
+        filters = [filter_from_json(f) for f in json.loads(text)[2:]]
         for event in relay.store.events.values():
             if not any(f.matches(event) for f in filters):
                 self.sim.checker.unrequested.add((relay.url, sub_id, event.id))

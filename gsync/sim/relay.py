@@ -19,6 +19,34 @@ from ..protocol.negentropy import NegentropyServer, Storage
 from ..protocol.nip11 import RelayLimits
 
 
+def filter_from_json(obj) -> Filter:
+    """A filter as a client's REQ or NEG-OPEN carries it (its decoded JSON object), checked
+    as a relay checks it. Raises ``ValueError``."""
+    if not isinstance(obj, dict):
+        raise ValueError("filter is not an object")
+    kw: dict = {"tags": {}}
+    for key, value in obj.items():
+        if key in ("ids", "authors"):
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"{key} must be a list of strings")
+            kw[key] = value
+        elif key == "kinds":
+            if not isinstance(value, list) or not all(type(v) is int for v in value):
+                raise ValueError("kinds must be a list of integers")
+            kw[key] = value
+        elif key.startswith("#") and len(key) == 2:
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"{key} must be a list of strings")
+            kw["tags"][key[1]] = value
+        elif key in ("since", "until", "limit"):
+            if type(value) is not int or value < 0:
+                raise ValueError(f"{key} must be a non-negative integer")
+            kw[key] = value
+        else:
+            raise ValueError(f"unknown filter field {key!r}")
+    return Filter.make(**kw)
+
+
 def _event_frame(sub_id: str, event: Event) -> str:
     return '["EVENT",' + json.dumps(sub_id) + "," + event.to_json() + "]"
 
@@ -226,7 +254,7 @@ class SimRelay:
         if not isinstance(sub_id, str) or not sub_id:
             return [json.dumps(["NOTICE", "invalid: bad subscription id"])]
         try:
-            filters = [Filter.from_dict(f) for f in raw_filters]
+            filters = [filter_from_json(f) for f in raw_filters]
         except ValueError as exc:
             return [_closed(sub_id, f"invalid: {exc}")]
         if sub_id not in session.subs and len(session.subs) >= self.max_subs:
@@ -256,7 +284,7 @@ class SimRelay:
         if self.neg_mode == "ignore":
             return []
         try:
-            flt = Filter.from_dict(raw_filter)
+            flt = filter_from_json(raw_filter)
         except ValueError as exc:
             return [json.dumps(["NEG-ERR", sub_id, f"invalid: {exc}"])]
         refused = self.refusal(session, [flt])

@@ -132,19 +132,14 @@ class SimInbox:
 
 
 class Spawned:
-    """A greenlet the manager asked for: run by the simulation when its turn comes."""
+    """A greenlet the manager asked for: run by the simulation when its turn comes. It is
+    also the handle the manager gets back (opaque to it) and hands to ``SimEffects.kill``
+    and ``on_death``."""
 
     def __init__(self, fn, args, kwargs):
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.killed = False
-        self.dead_callbacks: list = []
-        self.exception = None
-
-    def kill(self, block: bool = False) -> None:
-        self.killed = True
-
-    def link_exception(self, callback) -> None:
-        self.dead_callbacks.append(callback)
+        self.dead_callbacks: list = []  # each takes the exception it died of
 
 
 class SimWs:
@@ -202,6 +197,18 @@ class SimEffects:
         g = Spawned(fn, args, kwargs)
         self.sim.run_spawned(g, self.gen)
         return g
+
+    @staticmethod
+    def on_death(handle: Spawned, callback) -> None:
+        handle.dead_callbacks.append(callback)
+
+    @staticmethod
+    def kill(handle: Spawned) -> None:
+        handle.killed = True
+
+    @staticmethod
+    def send(conn: SimConnection, frame: str) -> None:
+        conn.send(frame)
 
     def connection(self, relay: str, ws, session: int, **kwargs) -> SimConnection:
         return self.sim.open_connection(relay, session, **kwargs)
@@ -470,9 +477,8 @@ class Simulation:
         except NoAnswer:
             self.note("neg_hangs", conn.relay)
         except Exception as exc:
-            g.exception = exc
             for callback in g.dead_callbacks:
-                callback(g)
+                callback(exc)
         finally:
             self.exchanging = None
 

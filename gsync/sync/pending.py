@@ -213,10 +213,6 @@ class FilterPaginationState:
     def start(cls, f: Filter) -> FilterPaginationState:
         return cls(original_filter=f, page_filter=f)
 
-    @property
-    def event_count(self) -> int:
-        return len(self.seen)
-
     def record(self, event: Event, own: bool) -> None:
         """Count a matching event; ``own`` when no other filter of the REQ matches it."""
         self.seen.append((event.created_at, event.id))

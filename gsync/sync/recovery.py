@@ -227,17 +227,10 @@ class MissingEventRecovery:
             for event_id in r.pending:
                 self._disown(event_id, relay)
 
-    def pending_ids(self, relay: str) -> set[str]:
-        r = self._relays.get(relay)
-        return set(r.pending) if r else set()
-
     def pending_filters(self, relay: str) -> set[Filter]:
         """The relay's filters whose REQ never finished."""
         r = self._relays.get(relay)
         return set(r.filters) if r else set()
-
-    def pending_count(self) -> int:
-        return sum(len(r.pending) for r in self._relays.values())
 
     def is_fully_recovered(self, relay: str) -> bool:
         """Nothing pending and nothing given up on since the last ``forget``: the relay may

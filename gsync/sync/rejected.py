@@ -207,10 +207,6 @@ class RejectedIndex:
         back: NIP-77 counts them as held (SPEC §5: never fetched again)."""
         return self._index.any_matching(flt)
 
-    def relay_of(self, event_id: str) -> str | None:
-        entry = self._cold.get(event_id)
-        return entry.relay if entry is not None else None
-
     def take_dependents(self, keys, now: float) -> tuple[list[tuple[Event, str]], list[tuple[str, str]]]:
         """Entries waiting on any of ``keys``: ``(event, relay)`` still hot, to re-deliver
         now, and ``(id, relay)`` cold only, to re-fetch. Both leave the index."""

@@ -71,11 +71,12 @@ class PolledCoverage:
 
 @dataclass
 class RunningExchange:
-    """A NIP-77 exchange the manager started (``neg_running``): its greenlet, what it was
-    for, and when it was queued and took its turn (monotonic seconds; ``started`` gets the
-    time appended by the greenlet itself)."""
+    """A NIP-77 exchange the manager started (``neg_running``): its handle (the manager's
+    ``Effects`` map it to the greenlet running it), what it was for, and when it was queued
+    and took its turn (monotonic seconds; ``started`` gets the time appended by the greenlet
+    itself)."""
 
-    greenlet: Any
+    handle: Any
     batch_id: int
     filter: Any
     queued_at: float

@@ -217,7 +217,7 @@ class SyncManager:
 
     def stop(self) -> None:
         self.lifecycle.shut_down()
-        self._ticker.kill(block=False)
+        self.effects.kill(self._ticker)
         self.self_sub.stop()
         self.handshakes.stop()
         self.save_state(self.clock())

@@ -656,7 +656,7 @@ class HistoricSync:
         elif also is not None and (known := self.own_held.holdings(also, self.clock())) is not None:
             held, also = union_of_holdings(held, known), None
         started: list = []
-        greenlet = self.effects.spawn(
+        handle = self.effects.spawn(
             negentropy_sync.reconcile_filter,
             state.current.conn, self.own_relay, flt, self.have_beyond_holdings(flt),
             self.post, batch_id=batch_id, token=token, held=held, read_also=also,
@@ -664,15 +664,15 @@ class HistoricSync:
             busy=self.delivery.answering_slowly,
             started=started,
         )
-        state.current.neg_running[token] = RunningExchange(greenlet, batch_id, flt, self.effects.monotonic(), started,
+        state.current.neg_running[token] = RunningExchange(handle, batch_id, flt, self.effects.monotonic(), started,
                                                            epoch=self.own_held.forgotten)
         relay, session = state.url, state.session
 
-        def died(g) -> None:  # its answer will never come: this is it
+        def died(exc) -> None:  # its answer will never come: this is it
             self.post(NegentropyFinished(relay, session, batch_id, token, flt, negentropy_sync.NegentropyOutcome(
-                False, reason=f"exchange failed: {type(g.exception).__name__}: {str(g.exception)[:100]}")))
+                False, reason=f"exchange failed: {type(exc).__name__}: {str(exc)[:100]}")))
 
-        greenlet.link_exception(died)
+        self.effects.on_death(handle, died)
 
     def expire_negentropy(self) -> None:
         """Exchanges past the manager's deadline end as unanswered ones do, whatever their
@@ -685,8 +685,8 @@ class HistoricSync:
                 if not run.overdue(now, constants.NEGENTROPY_DEADLINE_SECS, constants.NEGENTROPY_GRACE_SECS,
                                    constants.NEGENTROPY_QUEUE_SECS):
                     continue
-                run.greenlet.kill(block=False)
-                state.current.conn.send(wire.neg_close(token))
+                self.effects.kill(run.handle)
+                self.effects.send(state.current.conn, wire.neg_close(token))
                 log.warning("negentropy_overdue", relay=state.url, token=token, batch_id=run.batch_id)
                 self.on_negentropy_finished(NegentropyFinished(
                     state.url, state.session, run.batch_id, token, run.filter,

@@ -93,15 +93,15 @@ class OwnReads:
         epoch = self.own_held.forgotten
         log.debug("own_reads_merged", read_id=read_id, batches=len(waiters),
                   asked=sum(len(w.reads) for w in waiters), reads=len(reads))
-        greenlet = self.effects.spawn(negentropy_sync.read_merged, self.own_relay, reads,
-                                      self.post, read_id=read_id, fresh=any(w.fresh for w in waiters),
-                                      epoch=epoch, busy=self.busy)
+        handle = self.effects.spawn(negentropy_sync.read_merged, self.own_relay, reads,
+                                    self.post, read_id=read_id, fresh=any(w.fresh for w in waiters),
+                                    epoch=epoch, busy=self.busy)
 
-        def died(g) -> None:  # its answer will never come: this is it
-            self.post(OwnReadsLanded(read_id, reads, None, f"own relay query failed: {type(g.exception).__name__}",
+        def died(exc) -> None:  # its answer will never come: this is it
+            self.post(OwnReadsLanded(read_id, reads, None, f"own relay query failed: {type(exc).__name__}",
                                      epoch))
 
-        greenlet.link_exception(died)
+        self.effects.on_death(handle, died)
 
     def await_read(self, waiter: OwnReadWaiter) -> None:
         """``waiter`` needs values a merged read is reading right now: it asks again once
