@@ -153,6 +153,9 @@ class SimWs:
     def close(self, timeout=None) -> None:
         self.connected = False
 
+    def peer_closed(self) -> bool:  # (a relay that went down after the handshake: open_connection)
+        return False
+
 
 class SimConnection(RelayConnection):
     """gsync's connection object, its socket replaced by the simulation."""
