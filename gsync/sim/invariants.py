@@ -350,6 +350,7 @@ class Checker:
         if m is None:
             return
         now = self.sim.clock.now
+        m.update_metrics(now)  # a scrape of /metrics (every 10 minutes): the gauges it sets, checked below
         wanted, _ = self.wanted_relays()
         table = list(m.relays.keys())
         for url in table:
