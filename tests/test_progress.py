@@ -264,3 +264,27 @@ def test_a_relay_whose_answers_are_slower_than_the_gate_is_counted_at_the_pace_i
     wait = max(0.0, h.manager.health.may_start_background(A, h.clock.now))
     settle = h.config.sync.batch_window_ms / 1000 + 1
     assert progress(h)["secs_left"] == pytest.approx(wait + expected * pace + settle, abs=0.1)
+
+
+def test_a_scrape_of_metrics_reads_the_progress_of_now_without_a_tick(tmp_path):
+    """The gauges read from the manager's tables are set when /metrics is scraped (the tick
+    no longer sets them every 2 s): a scrape shows the round as it is."""
+    from gsync.ops import metrics
+    from gsync.ops.http import make_app
+
+    def scrape(name: str, relay: str | None = None) -> float:
+        body = b"".join(make_app(h.manager)({"PATH_INFO": "/metrics"}, lambda status, headers: None)).decode()
+        label = "" if relay is None else f'{{relay="{relay}"}}'
+        return next(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(name + label + " "))
+
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, 2))
+    h.connect(A)
+    h.answer_own_reads()
+    assert scrape("gsync_starts_queued", A) >= 1
+    assert scrape("gsync_sync_seconds_left") > 0
+    assert scrape("ngit_sync_relays_connected_total") == 1
+    h.settle(A)  # no tick between the scrapes: what /metrics shows is read at the scrape
+    assert scrape("gsync_sync_repositories_complete") == 2
+    assert scrape("gsync_sync_seconds_left") == 0
+    metrics.forget_relay(A)

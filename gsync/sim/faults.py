@@ -100,7 +100,9 @@ class Faults:
             sim.at(now + r.uniform(HOUR, DAY), setattr, relay, "neg_mode", "serve")
         elif name == "ids_unserved":
             relay.ids_unserved = True
-            sim.at(now + r.uniform(HOUR, DAY), setattr, relay, "ids_unserved", False)
+            until = now + r.uniform(HOUR, DAY)
+            relay.ids_unserved_spans.append((now, until))
+            sim.at(until, setattr, relay, "ids_unserved", False)
         elif name == "hidden":
             ids = sorted(relay.store.events)
             for event_id in r.sample(ids, min(len(ids), 3)):

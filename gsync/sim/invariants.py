@@ -26,6 +26,12 @@ with the simulated day it happened and what broke.
   26 h before (dead: one attempt a day is what SPEC asks).
 - ``refused_asked_again``: a tag key a relay refused by policy (CLOSED ``blocked:``) asked of
   it again more than twice within POLICY_PROBE_SECS after gsync read the refusal.
+- ``unservable_asked_again``: an id a relay advertises and never serves (the ``hidden``
+  fault) asked of it by id more than UNSERVABLE_ASKS times within a day of one gsync run (once
+  at first, once by its recovery; its daily fresh start asks again).
+- ``ids_judged_unserved``: gsync judged a relay not to serve by id what its NIP-77 advertises
+  (``RelayState.ids_unserved_at``) while the relay served ids (its ``ids_unserved`` fault
+  off for the ten minutes before): the unservable event of one id must cost the relay nothing.
 - ``illegal_status_move``: a status move ``sync.status`` has no row for.
 - ``busy_loop``: more manager messages (ticks apart) in a simulated hour than the bound
   ``BUSY_BASE + BUSY_PER_RELAY * relays + BUSY_PER_ACTION * actions`` (actions: publications
@@ -44,6 +50,7 @@ from .world import DAY, DOMAIN, START
 
 HOUR = 3600.0
 KEEP_PER_INVARIANT = 20
+UNSERVABLE_ASKS = 3  # asks by id of an id never served, within a day of one gsync run
 BUSY_BASE = 3000
 BUSY_PER_RELAY = 400
 BUSY_PER_ACTION = 200
@@ -76,6 +83,8 @@ class Checker:
         self.long_down_ended: dict[str, float] = {}
         self.own_lost_at = float("-inf")  # the own relay's last loss of data
         self.refused_at: dict[tuple[str, str], list] = {}  # (relay, tag key) -> [read at, asked since]
+        self.hidden_asks: dict[tuple[str, str], list[float]] = {}  # (relay, hidden id) -> asked by id at
+        self.ids_judged: dict[str, float] = {}  # relay -> the ids_unserved_at last checked
 
     # -- recording ------------------------------------------------------------------------
 
@@ -106,6 +115,7 @@ class Checker:
 
     def gsync_started(self) -> None:
         self.action()
+        self.hidden_asks.clear()  # a new process: what it marked unservable is gone with the last
 
     def relay_went_down(self, url: str) -> None:
         self.account(url)
@@ -182,15 +192,48 @@ class Checker:
             self._start(conn, text)
         elif verb == "REQ" and '"limit":0' not in text.replace(" ", ""):
             self._start(conn, text)
+        if verb == "REQ" and '"ids"' in text and self.sim.relays[conn.relay].hidden:
+            self._asks_hidden(conn.relay, text)
         if verb in ("REQ", "NEG-OPEN") and self.refused_at:
             self._asks_refused(conn, text if verb == "REQ" else "[\"REQ\"," + text.split(",", 1)[1])
+
+    def _asks_hidden(self, url: str, text: str) -> None:
+        hidden = self.sim.relays[url].hidden
+        try:
+            filters = json.loads(text)[2:]
+        except ValueError:
+            return
+        now = self.sim.clock.now
+        asked = {i for f in filters if isinstance(f, dict) for i in f.get("ids") or () if i in hidden}
+        for event_id in sorted(asked):
+            times = self.hidden_asks.setdefault((url, event_id), [])
+            times.append(now)
+            del times[:-UNSERVABLE_ASKS - 1]
+            if len(times) > UNSERVABLE_ASKS and now - times[0] < DAY:
+                self.violation("unservable_asked_again", f"{url}: {event_id[:16]} asked by id {len(times)} times "
+                               f"in {(now - times[0]) / HOUR:.1f} h")
+
+    def ids_judgements(self) -> None:
+        m = self.sim.manager
+        if m is None:
+            return
+        for url, state in m.relays.items():
+            at = state.ids_unserved_at
+            relay = self.sim.relays.get(url)
+            if at is None or relay is None or self.ids_judged.get(url) == at:
+                continue
+            self.ids_judged[url] = at
+            if not any(start <= at and at - end < 600 for start, end in relay.ids_unserved_spans):
+                self.violation("ids_judged_unserved", f"{url}: judged at day {(at - START) / DAY:.3f} not to "
+                               "serve ids, while it served them")
 
     def _start(self, conn, text: str) -> None:
         gate = self.sim.manager.config.sync.background_start_interval_ms / 1000
         sub_id = text.split(",", 2)[1]
-        if sub_id in getattr(conn, "started_subs", ()):
+        started = conn.__dict__.setdefault("started_subs", set())
+        if sub_id in started:
             return  # the same REQ again (after AUTH): not a new start
-        conn.started_subs = getattr(conn, "started_subs", set()) | {sub_id}
+        started.add(sub_id)  # (added to, not copied: a long session's starts were quadratic)
         now = self.sim.clock.now
         if conn.starts and now - conn.starts[-1] < gate - 1e-3:
             self.violation("gate", f"{conn.relay} {now - conn.starts[-1]:.3f}s after the last start: {text[:120]}")
@@ -272,6 +315,7 @@ class Checker:
         pass
 
     def busy(self, hour: int) -> None:
+        self.ids_judgements()
         m = self.sim.manager
         n = self.hour_messages.pop(hour, 0)
         types, self.hour_types = self.hour_types, {}
@@ -306,6 +350,7 @@ class Checker:
         if m is None:
             return
         now = self.sim.clock.now
+        m.update_metrics(now)  # a scrape of /metrics (every 10 minutes): the gauges it sets, checked below
         wanted, _ = self.wanted_relays()
         table = list(m.relays.keys())
         for url in table:

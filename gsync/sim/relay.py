@@ -176,6 +176,7 @@ class SimRelay:
         self.no_eose = False
         self.neg_mode = "serve"  # "serve" | "notice" | "ignore"
         self.ids_unserved = False
+        self.ids_unserved_spans: list[tuple[float, float]] = []  # (from, until) of each such fault
         self.hidden: set[str] = set()  # stored, advertised by NIP-77, never served by REQ
         self.now = 0.0  # set by the simulator before each call
 

@@ -304,9 +304,12 @@ class SyncManager:
         self.rejected.expire(now)
         if self.saved.due(now):
             self.save_state(now)
-        self.update_metrics(now)
+        self.delivery_peak = max(self.delivery_peak, self.delivery.backlog)
 
     def update_metrics(self, now: float) -> None:
+        """The gauges read from the manager's tables (every relay's, the round's progress):
+        set when /metrics is scraped (``ops.http``), not on every tick — a tick's worth of
+        them cost more than the rest of the tick with many relays and repositories."""
         connected = dead = members = 0
         for state in self.relays.values():
             if state.gauges is None:  # the relay's children, looked up once (every 2 s × relays)
