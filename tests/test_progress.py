@@ -279,7 +279,7 @@ def test_a_scrape_of_metrics_reads_the_progress_of_now_without_a_tick(tmp_path):
 
     h = ManagerHarness(tmp_path)
     h.own_relay_holds(*listed_on(A, 2))
-    h.connect(A)
+    h.connect(A, limits=RelayLimits(max_filters=2))  # two filters a REQ: starts wait for the gate
     h.answer_own_reads()
     assert scrape("gsync_starts_queued", A) >= 1
     assert scrape("gsync_sync_seconds_left") > 0
