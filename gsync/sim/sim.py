@@ -153,6 +153,9 @@ class SimWs:
     def close(self, timeout=None) -> None:
         self.connected = False
 
+    def peer_closed(self) -> bool:  # (lifecycle.on_handshake_done asks: a stale handshake)
+        return not self.connected
+
 
 class SimConnection(RelayConnection):
     """gsync's connection object, its socket replaced by the simulation."""
