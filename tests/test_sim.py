@@ -51,13 +51,8 @@ def test_a_seed_replays_the_same_run_in_another_process():
     assert hashes[0] == hashes[1] and len(hashes[0]) == 64
 
 
-# Found by the simulator, not fixed (see test_a_relay_restarting_every_few_minutes_is_kept_in_session):
-# checked apart, so that the seeds below still guard every other invariant.
-KNOWN = ("neglected_relay",)
-
-
 def _assert_clean(result):
-    broken = {name: kept[:3] for name, kept in result.violations.items() if name not in KNOWN}
+    broken = {name: kept[:3] for name, kept in result.violations.items()}
     assert not broken, f"{broken}\nreplay: {result.replay_command()}"
 
 
@@ -90,7 +85,7 @@ def run_replayable(**options) -> Ran:
 # the load of eight engineers): three seeds, and four more marked slow. Twenty and more:
 # bench/simulate --seeds 20 --days 30 --relays 3 --repos 8 --idle-tick 300 (a few minutes).
 SUITE_SEEDS = (1, 2, 5)
-SLOW_SEEDS = (7, 8, 9, 10)
+SLOW_SEEDS = (7, 8, 10)  # (9: test_a_relay_restarting_every_few_minutes_is_kept_in_session)
 
 
 @pytest.mark.parametrize("seed", SUITE_SEEDS)
@@ -109,14 +104,15 @@ def test_thirty_days_with_faults_break_no_invariant_more_seeds(seed):
 
 @pytest.mark.slow
 def test_a_relay_restarting_every_few_minutes_is_kept_in_session():
-    """Seed 2: from day 1.7 relay1 restarts every 2-7 minutes (down 5-30 s each time) for
+    """Seed 9: from day 20.45 relay2 restarts every 2-7 minutes (down 5-30 s each time) for
     hours. A redial during a restart failed and grew the failure streak; a session only
     kept it level when it lasted as long as the wait before it, which the wait itself
-    shortened; nothing short of 5 stable minutes brought it down. The streak climbed to the
-    one-hour cap and gsync held a session with the relay 0.13 h of the 3.7 h it was up.
-    Now a session that served for a minute starts the streak again from one (sync.health)."""
-    result = run_replayable(seed=2, days=30, **SMALL)
-    assert "neglected_relay" not in result.violations, result.violations["neglected_relay"][:3]
+    shortened; nothing short of 5 stable minutes brought it down. gsync held a session with
+    the relay 0.11 h of the 3.5 h it was up. Now a session that served for a minute starts
+    the streak again from one (sync.health). (Seed 2 found it first, relay1 from day 1.7,
+    0.13 h of 3.7 h; with the simulator's redial tick on time it no longer tells the rules
+    apart, and runs with the suite's seeds.)"""
+    _assert_clean(run_replayable(seed=9, days=30, **SMALL))
 
 
 def _dead_relay_world(days: float):
@@ -133,6 +129,19 @@ def test_a_relay_dead_for_good_is_dialled_once_a_day():
     _assert_clean(result)
     dials = sim.checker.dials[dead]  # (the last 25 h of them)
     assert len(dials) == 2 and 23 * 3600 <= dials[1] - dials[0] <= 25 * 3600, [(t - START) / 3600 for t in dials]
+
+
+def test_a_quiet_world_redials_a_relay_when_its_backoff_ends_not_at_the_idle_tick():
+    """The simulator ticks every 5 minutes while nothing happens; the tick that redials a
+    relay comes when its backoff ends all the same (production ticks every 2 s): how long
+    gsync stays away from a relay is gsync's doing, which the invariants judge."""
+    sim = Simulation(SimOptions(seed=4, days=0.2, relays=3, repos=8, faults=False, idle_tick_secs=300))
+    url = sim.world.bootstrap[0]
+    down_at = START + 0.1 * 86_400
+    sim.at(down_at, sim.relay_down, url, 20.0)
+    _assert_clean(sim.run())
+    after = [t - down_at for t in sim.checker.dials[url] if t > down_at]
+    assert after and after[-1] <= 20 + 40 + 2 * constants.MAINTENANCE_TICK_SECS, after  # 5 + 10 + 20 s refused
 
 
 def test_the_dead_relay_invariant_catches_a_relay_dialled_every_hour(monkeypatch):
