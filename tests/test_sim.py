@@ -154,14 +154,14 @@ def test_the_dead_relay_invariant_catches_a_relay_dialled_every_hour(monkeypatch
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="coverage a relay refused by policy is asked again after a "
-                                      "consolidation, within the 24 h probe period")
 def test_refused_coverage_is_not_asked_again_before_its_probe():
     """Seed 2 (6 relays, 20 repositories, 10 days): relay5 refuses ``#a`` (``blocked:``) on
-    day 7.009, as a quick reconnect sends its live coverage; its subscription cap then
-    refuses a burst of REQs ("too many concurrent REQs"), gsync consolidates, and the
-    rebuilt live REQs ask ``#a`` again twice within the hour (three asks after the refusal;
-    SPEC §5: do not recreate that coverage, one probe after 24 h)."""
+    day 7.009, as a quick reconnect sends its live coverage; the REQ is split one shape a
+    REQ, and its subscription cap refuses those ("too many concurrent REQs"), so no shape
+    has its verdict when gsync consolidates. The rebuild packed ``#a`` with the others
+    again: refused, split, asked alone again (three asks after the refusal; SPEC §5: do not
+    recreate that coverage, one probe after 24 h). Now the shapes of a REQ refused by
+    policy go alone until each has its verdict (``CoveragePauses.suspect``)."""
     result = run_replayable(seed=2, days=10, relays=6, repos=20, idle_tick_secs=300)
     assert "refused_asked_again" not in result.violations, result.violations["refused_asked_again"]
 

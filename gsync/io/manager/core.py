@@ -257,6 +257,7 @@ class SyncManager:
         m = msg.message
         if isinstance(m, wire.Eose):
             self.health.record_served(state.url)
+            self.refusals.note_served(state, m.sub_id)
             self.historic.on_eose(state, m.sub_id)
         elif isinstance(m, wire.Closed):
             self.refusals.on_closed(state, m)
