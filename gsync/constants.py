@@ -203,10 +203,12 @@ DEAD_RETRY_SECS = 24 * 3600
 PERMANENT_FAILURE_PARK_SECS = 12 * 3600
 STABILITY_SECS = 5 * 60
 # A session that ends before it is stable continues the failure streak (SPEC §5), but one that
-# worked for at least this long, and for at least as long as gsync waited before dialling it,
-# does not make the streak grow: a relay that restarts every few minutes is redialled after
-# about as long as it stays up, not after an hour (seed 001: "a short-lived successful
-# handshake does not reset exponential backoff"; this one is not short-lived).
+# served (an EOSE or an event) for at least this long proves the relay works: the streak
+# starts again from one, its next dial waits the base backoff. One that lasted this long, and
+# as long as gsync waited before dialling it, without serving does not make the streak grow.
+# A relay that restarts every few minutes is redialled seconds after it is back, not after an
+# hour (seed 001: "a short-lived successful handshake does not reset exponential backoff";
+# a minute of service is not a short-lived handshake).
 PROVEN_SESSION_SECS = 60.0
 RATE_LIMIT_COOLDOWN_SECS = 65.0  # 60 s typical relay window + 5 s margin
 REACTIVE_GATE_START_SECS = 0.6

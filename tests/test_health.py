@@ -1,6 +1,8 @@
 """RelayHealthTracker: backoff, Dead, stability, rate-limit cooldown, pacing gates
 and refusal classification (SPEC §5). Time is passed in; nothing sleeps."""
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gsync.sync.health import (
     HealthState,
@@ -166,6 +168,160 @@ def test_a_relay_restarting_every_three_minutes_is_redialled_after_seconds_not_a
     assert now - back <= 180  # never away longer than it stays up
     assert t.state(R, now) is HealthState.DEGRADED
     assert not t.is_dead(R, now + DAY - 200)  # not failing continuously: never dead
+
+
+# -- a session that served: the relay works (record_served) ------------------------------
+
+
+def serve(t, now, lasted, served=True):
+    """A session from ``now`` that answered something a second in (if ``served``), ended
+    ``lasted`` seconds later by the relay."""
+    connect(t, now)
+    if served:
+        t.record_served(R)
+    t.record_disconnect(R, now + lasted)
+    return now + lasted
+
+
+def restarting_relay(t, up: float, down: float, cycles: int, now: float = 0.0):
+    """A relay up ``up`` seconds, then down ``down`` (restarting), ``cycles`` times; gsync
+    dials whenever the tracker allows, a dial while it is down fails, a session serves.
+    Returns, per restart, (seconds gsync stayed away after the relay was back, the session's
+    length), and the time the last cycle ended."""
+    cycles_seen = []
+    back = now  # the relay is up from here
+    for _ in range(cycles):
+        now = t.next_attempt_at(R, now)
+        while now < back:  # dialled while it restarts: refused
+            t.record_attempt_started(R, now)
+            t.record_failure(R, now)
+            now = t.next_attempt_at(R, now)
+        down_at = back + up
+        if now >= down_at:  # missed the whole window
+            cycles_seen.append((now - back, 0.0))
+        else:
+            serve(t, now, down_at - now)
+            cycles_seen.append((now - back, down_at - now))
+        back = down_at + down
+        now = max(now, down_at)
+    return cycles_seen, now
+
+
+@pytest.mark.parametrize("streak", [0, 3, 12])
+@pytest.mark.parametrize("down", [5, 13, 30])
+@pytest.mark.parametrize("up", [120, 180, 299, 420])
+def test_a_relay_restarting_every_few_minutes_is_redialled_seconds_after_it_is_back(up, down, streak):
+    """Seed 2 of the simulator (tests/test_sim.py): restarts every 2-7 minutes, 5-30 s each.
+    Whatever streak it started with (12: the hour's cap), gsync is back within the restart's
+    own length and the base backoff of the relay's return, every time, and it never turns Dead."""
+    t = tracker()
+    fail(t, 0, times=streak)
+    start = t.next_attempt_at(R, 0)
+    cycles, end = restarting_relay(t, up, down, cycles=int(DAY // (up + down)) + 2, now=start)
+    away = [a for a, _ in cycles[1:]]
+    assert max(away) <= down + 5, away
+    assert min(length for _, length in cycles) >= up - down - 5
+    assert not t.is_dead(R, end)
+
+
+def test_a_session_that_served_a_minute_starts_the_streak_again_from_one():
+    t = tracker()
+    fail(t, 0, times=12)  # at the cap
+    assert t.backoff(t.failures(R, 0)) == 3600
+    end = serve(t, 3600, 60)
+    assert t.failures(R, end) == 1
+    assert t.next_attempt_at(R, end) == end + 5
+    fail(t, end + 5)  # a dial while it restarts: the streak doubles from there
+    assert t.next_attempt_at(R, end + 5) == end + 5 + 10
+    assert t.state(R, end + 5) is HealthState.DEGRADED
+
+
+@pytest.mark.parametrize("lasted", [1, 30, 59.9])
+def test_a_session_that_served_less_than_a_minute_grows_the_streak(lasted):
+    t = tracker()
+    fail(t, 0, times=3)
+    end = serve(t, 100, lasted)
+    assert t.failures(R, end) == 4
+    assert t.next_attempt_at(R, end) == end + 40
+
+
+def test_a_relay_that_serves_and_drops_within_a_minute_backs_off_to_the_cap():
+    """It answers (an EOSE), then hangs up: a relay that crashes on a request, say."""
+    t = tracker()
+    now = 0.0
+    for _ in range(20):
+        now = t.next_attempt_at(R, serve(t, now, 30))
+    assert t.backoff(t.failures(R, now)) == 3600
+
+
+def test_a_session_that_served_nothing_does_not_start_the_streak_again():
+    t = tracker()
+    fail(t, 0, times=5)  # waiting 80 s
+    end = serve(t, 100, 70, served=False)  # over a minute, shorter than the wait: grows
+    assert t.failures(R, end) == 6
+    end = serve(t, end + 160, 200, served=False)  # not stable, longer than its 160 s wait: level
+    assert t.failures(R, end) == 6
+    assert t.next_attempt_at(R, end) == end + 160
+
+
+def test_served_is_the_session_s_own():
+    """A session that served does not lend it to the next one, nor does an answer read
+    while disconnected count (a late frame of the session that ended)."""
+    t = tracker()
+    fail(t, 0, times=6)
+    end = serve(t, 200, 120)  # served, two minutes: back to one
+    assert t.failures(R, end) == 1
+    t.record_served(R)  # disconnected: ignored
+    end = serve(t, end + 5, 30, served=False)  # half a minute, nothing served: grows
+    assert t.failures(R, end) == 2
+    end = serve(t, end + 10, 61, served=False)  # a minute, unserved: level (longer than 10 s)
+    assert t.failures(R, end) == 2
+
+
+def test_a_relay_refusing_after_its_last_served_session_backs_off_to_the_cap_then_is_dead():
+    t = tracker()
+    now = serve(t, 0, 120)
+    waits = []
+    while not t.is_dead(R, now):
+        nxt = t.next_attempt_at(R, now)
+        waits.append(nxt - now)
+        now = nxt
+        fail(t, now)
+    assert waits[:4] == [5, 10, 20, 40] and max(waits) == 3600
+    assert DAY <= now - 120 <= DAY + 3600  # 24 h of continuous failure after it served
+    assert t.next_attempt_at(R, now) == now + DAY
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["refused", "session"]), st.integers(0, 600), st.booleans()),
+                max_size=40))
+def test_the_rule_over_any_history(history):
+    """Over any history of refused dials and sessions (of any length, serving or not), at
+    the earliest time the tracker allows: after a session that served for a minute and
+    ended before stability the next wait is the base; after one that was stable, none; a
+    refused dial doubles the wait, up to the cap; a session under a minute never shortens
+    it; no wait is ever over the cap."""
+    t = tracker()
+    now = 0.0
+    for what, lasted, served in history:
+        before = t.failures(R, now)
+        now = t.next_attempt_at(R, now)
+        if what == "refused":
+            fail(t, now)
+            assert t.failures(R, now) == before + 1
+            assert t.next_attempt_at(R, now) - now == min(5 * 2 ** before, 3600)
+            continue
+        end = serve(t, now, lasted, served)
+        wait = t.next_attempt_at(R, end) - end
+        if lasted >= 300:
+            assert wait == 0 and t.failures(R, end) == 0
+        elif served and lasted >= 60:
+            assert wait == 5 and t.failures(R, end) == 1
+        elif lasted < 60:
+            assert t.failures(R, end) == before + 1
+            assert wait == min(5 * 2 ** before, 3600)
+        assert 0 <= wait <= 3600
+        now = end
 
 
 def test_a_first_drop_after_a_working_session_waits_the_base_backoff():

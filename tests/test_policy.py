@@ -115,3 +115,22 @@ def test_policy_and_prefixed_unsupported_refuse_a_shape_size_wording_does_not():
     assert refuses_a_shape(classify_refusal("unsupported", "no #q index"), "no #q index")
     assert not refuses_a_shape(classify_refusal("error", "too many filters"), "too many filters")
     assert not refuses_a_shape(Refusal.AUTH, "")
+
+
+def test_the_shapes_of_a_refused_req_go_alone_until_each_has_its_verdict():
+    """A REQ of shapes A, Q, D refused by policy: one of them is at fault. Until each is
+    served alone or refused alone, any REQ built meanwhile (a consolidation's) keeps them
+    apart, so the culprit is not packed with the others, refused and split again."""
+    pauses = CoveragePauses()
+    pauses.suspect([A, Q, D])
+    assert pauses.refused_any and pauses.suspects
+    assert pauses.separate([A, Q, D, Q2]) == [[A], [Q, Q2], [D]]
+    pauses.served([A])  # A served alone: innocent
+    pauses.served([Q, D])  # two shapes served together tell nothing
+    assert pauses.separate([A, Q, D]) == [[A], [Q], [D]]
+    pauses.pause(coverage_key(Q), now=0)  # Q refused alone: the culprit, paused
+    assert pauses.separate([A, D]) == [[A], [D]]
+    pauses.served([D])
+    assert pauses.separate([A, D]) == [[A, D]]
+    assert pauses.goes_alone(Q2) and pauses.is_filter_paused(Q2)  # refused once: alone for good
+    assert not pauses.suspects

@@ -50,15 +50,8 @@ def test_a_seed_replays_the_same_run_in_another_process():
     assert hashes[0] == hashes[1] and len(hashes[0]) == 64
 
 
-# Found by the simulator, not fixed (see test_a_relay_restarting_every_few_minutes_is_kept_in_session,
-# test_an_id_never_served_is_not_asked_by_id_every_few_minutes): checked apart, so that the seeds
-# below still guard every other invariant. ids_judged_unserved: seeds 9 and 12 (a relay judged
-# not to serve ids on one id its filter brought and its id fetch did not), not yet explained.
-KNOWN = ("neglected_relay", "unservable_asked_again", "ids_judged_unserved")
-
-
 def _assert_clean(result):
-    broken = {name: kept[:3] for name, kept in result.violations.items() if name not in KNOWN}
+    broken = {name: kept[:3] for name, kept in result.violations.items()}
     assert not broken, f"{broken}\nreplay: {result.replay_command()}"
 
 
@@ -98,6 +91,14 @@ def run_replayable_seeds(seeds, **options) -> list[Ran]:
 # Twenty seeds x 30 days in four child processes of five seeds (with -n 2, about 40 s of CPU
 # each worker: 70 s of CPU for the twenty; a seed's 30 days take 1-8 s of CPU); twenty more
 # marked slow. More: bench/simulate --seeds 100 --days 30 --relays 3 --repos 8 --idle-tick 300.
+# Among them: seed 9 found a relay restarting every few minutes after an outage dialled once
+# an hour (fixed in sync.health: a session that served for a minute starts the streak again
+# from one; the seed fails with the fix reverted). Seeds 1, 4 and 15 showed, before the
+# method-choice and Effects merges, an id advertised and never served asked by id every 10-15
+# minutes (unservable_asked_again); they no longer do, which change ended it is not known,
+# and these seeds keep watching. Seed 2 of 6 relays, 20 repositories and 10 days (refused coverage
+# asked again after a consolidation) and seed 1 of the same (refusals unreleased after the own
+# relay restarted empty) are pinned below.
 SUITE_SEEDS = tuple(range(1, 21))
 SLOW_SEEDS = tuple(range(21, 41))
 GROUP = 5
@@ -118,31 +119,6 @@ def test_thirty_days_with_faults_break_no_invariant_more_seeds(first):
         _assert_clean(result)
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="a relay restarting every few minutes is backed off to an hour "
-                                      "(health.record_disconnect: the streak grows, never shrinks)")
-def test_a_relay_restarting_every_few_minutes_is_kept_in_session():
-    """Seed 2: from day 1.7 relay1 restarts every 2-7 minutes (down 5-30 s each time) for
-    hours. A redial during a restart fails and grows the failure streak; a session only
-    keeps it level when it lasted as long as the wait before it, which the wait itself
-    shortens; nothing short of 5 stable minutes brings it down. The streak climbs to the
-    one-hour cap and gsync holds a session with the relay 0.13 h of the 3.7 h it was up."""
-    result = run_replayable(seed=2, days=30, **SMALL)
-    assert "neglected_relay" not in result.violations, result.violations["neglected_relay"][:3]
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="an id relay1 advertises and never serves is asked by id every "
-                                      "10-15 minutes for hours (missing-event recovery)")
-def test_an_id_never_served_is_not_asked_by_id_every_few_minutes():
-    """Seed 1: from day 12.25 one of relay1's hidden ids (stored, advertised by NIP-77, never
-    served) is asked of it by id, alone, in a new historic REQ every 10-15 minutes for over an
-    hour, and again the next day (issue 40: unservable there, not asked on that relay again
-    before its next daily fresh start). Seeds 4 and 15 do the same."""
-    result = run_replayable(seed=1, days=30, **SMALL)
-    assert "unservable_asked_again" not in result.violations, result.violations["unservable_asked_again"][:3]
-
-
 def _dead_relay_world(days: float):
     """A quiet world (no faults) where a bootstrap relay dies for good on day 0.1."""
     sim = Simulation(SimOptions(seed=4, days=days, relays=3, repos=8, faults=False, idle_tick_secs=300))
@@ -159,6 +135,19 @@ def test_a_relay_dead_for_good_is_dialled_once_a_day():
     assert len(dials) == 2 and 23 * 3600 <= dials[1] - dials[0] <= 25 * 3600, [(t - START) / 3600 for t in dials]
 
 
+def test_a_quiet_world_redials_a_relay_when_its_backoff_ends_not_at_the_idle_tick():
+    """The simulator ticks every 5 minutes while nothing happens; the tick that redials a
+    relay comes when its backoff ends all the same (production ticks every 2 s): how long
+    gsync stays away from a relay is gsync's doing, which the invariants judge."""
+    sim = Simulation(SimOptions(seed=4, days=0.2, relays=3, repos=8, faults=False, idle_tick_secs=300))
+    url = sim.world.bootstrap[0]
+    down_at = START + 0.1 * 86_400
+    sim.at(down_at, sim.relay_down, url, 20.0)
+    _assert_clean(sim.run())
+    after = [t - down_at for t in sim.checker.dials[url] if t > down_at]
+    assert after and after[-1] <= 20 + 40 + 2 * constants.MAINTENANCE_TICK_SECS, after  # 5 + 10 + 20 s refused
+
+
 def test_the_dead_relay_invariant_catches_a_relay_dialled_every_hour(monkeypatch):
     """The invariant's teeth: with the daily retry of a dead relay made hourly, it breaks."""
     from gsync.sync import health
@@ -169,14 +158,14 @@ def test_the_dead_relay_invariant_catches_a_relay_dialled_every_hour(monkeypatch
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="coverage a relay refused by policy is asked again after a "
-                                      "consolidation, within the 24 h probe period")
 def test_refused_coverage_is_not_asked_again_before_its_probe():
     """Seed 2 (6 relays, 20 repositories, 10 days): relay5 refuses ``#a`` (``blocked:``) on
-    day 7.009, as a quick reconnect sends its live coverage; its subscription cap then
-    refuses a burst of REQs ("too many concurrent REQs"), gsync consolidates, and the
-    rebuilt live REQs ask ``#a`` again twice within the hour (three asks after the refusal;
-    SPEC §5: do not recreate that coverage, one probe after 24 h)."""
+    day 7.009, as a quick reconnect sends its live coverage; the REQ is split one shape a
+    REQ, and its subscription cap refuses those ("too many concurrent REQs"), so no shape
+    has its verdict when gsync consolidates. The rebuild packed ``#a`` with the others
+    again: refused, split, asked alone again (three asks after the refusal; SPEC §5: do not
+    recreate that coverage, one probe after 24 h). Now the shapes of a REQ refused by
+    policy go alone until each has its verdict (``CoveragePauses.suspect``)."""
     result = run_replayable(seed=2, days=10, relays=6, repos=20, idle_tick_secs=300)
     assert "refused_asked_again" not in result.violations, result.violations["refused_asked_again"]
 

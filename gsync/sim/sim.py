@@ -60,6 +60,7 @@ from ..ops.logging import configure_logging
 from ..protocol import messages as wire
 from ..protocol.event import Event
 from ..sync import status as status_module
+from ..sync.relay_state import ConnectionStatus
 from . import faults as faults_module
 from .invariants import Checker
 from .relay import OwnRelay, SimRelay
@@ -323,6 +324,7 @@ class Simulation:
                                else (o.days - 2 if o.days > 2.5 else None))
         self.faults = faults_module.Faults(self, random.Random(self.rng.random()))
         self.last_busy = START  # the last moment something other than a tick happened
+        self.tick_serial, self.tick_due = 0, float("inf")  # the next tick (schedule_tick)
         self.restarts = 0
 
     def make_relay(self, url: str) -> SimRelay:
@@ -376,7 +378,7 @@ class Simulation:
         self.own_session = {"connected": False, "last_connected": self.own_session.get("last_connected")
                             if self.restarts == 0 else None}
         self.at(self.clock.now + 0.01, self.self_sub_connect, gen=self.gen)
-        self.at(self.clock.now + self.options.tick_secs, self.tick, gen=self.gen)
+        self.schedule_tick(self.clock.now + self.options.tick_secs)
         self.checker.gsync_started()
 
     def stop_gsync(self, graceful: bool) -> None:
@@ -399,16 +401,44 @@ class Simulation:
         self.gen += 1  # what the old one scheduled is dropped
         self.restarts += 1
 
-    def tick(self) -> None:
+    def tick(self, serial: int) -> None:
         """The maintenance tick: every ``tick_secs`` (2 s, as in production) until
         ``busy_secs`` after the last message that is not a tick, every ``idle_tick_secs``
         while nothing else happens. A simplification for speed: what only a tick starts
-        (retries, polls, probes, the daily fresh start) starts up to ``idle_tick_secs`` late
-        in a quiet world; every timer the manager sets itself fires on time."""
+        (polls, probes, the daily fresh start) starts up to ``idle_tick_secs`` late in a
+        quiet world; every timer the manager sets itself fires on time, and so does the
+        tick that redials a relay when its backoff ends (the invariants judge how long gsync
+        stays away from a relay: that must be gsync's backoff, not the simulator's tick)."""
+        if serial != self.tick_serial:
+            return  # brought forward since (redial_due)
         self.post(Tick(self.clock.now))
         quiet = self.clock.now - self.last_busy > self.options.busy_secs
         step = self.options.idle_tick_secs if quiet else self.options.tick_secs
-        self.at(self.clock.now + step, self.tick, gen=self.gen)
+        if quiet:  # (one due now is this tick's to dial, or not: max_relays)
+            step = min(step, max(self.options.tick_secs, self.next_redial(after=self.clock.now) - self.clock.now))
+        self.schedule_tick(self.clock.now + step)
+
+    def schedule_tick(self, when: float) -> None:
+        self.tick_serial += 1
+        self.tick_due = when
+        self.at(when, self.tick, self.tick_serial, gen=self.gen)
+
+    def redial_due(self) -> None:
+        """A relay went back to Disconnected (its session ended, or a dial failed): the tick
+        that dials it again comes when its backoff ends, if the next one is later."""
+        due = max(self.next_redial(after=float("-inf")), self.clock.now + self.options.tick_secs)
+        if due < self.tick_due:
+            self.schedule_tick(due)
+
+    def next_redial(self, after: float) -> float:
+        """When the manager's tick next dials a relay (as ``lifecycle.connect_due_relays``
+        chooses them) later than ``after``, if nothing changes meanwhile."""
+        m, now = self.manager, self.clock.now
+        if m is None:
+            return float("inf")
+        due = (m.health.next_attempt_at(s.url, now) for s in m.relays.values()
+               if s.status is ConnectionStatus.DISCONNECTED and not s.refused_reason and m.lifecycle.wanted(s))
+        return min((at for at in due if at > after), default=float("inf"))
 
     def handle(self, msg) -> None:
         m = self.manager
@@ -424,6 +454,8 @@ class Simulation:
         except Exception as exc:  # production logs it and goes on; here it is a violation
             self.checker.violation("handler_raised", f"{name}: {type(exc).__name__}: {exc}",
                                    detail=traceback.format_exc(limit=6))
+        if name in ("RelayDisconnected", "HandshakeDone") and self.manager is m:
+            self.redial_due()
 
     def drain(self) -> None:
         m = self.manager

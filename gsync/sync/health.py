@@ -177,6 +177,7 @@ class _RelayHealth:
     last_background_start_at: float | None = None
     start_pace: float | None = None  # seconds between background starts lately (PACE_WEIGHT)
     negentropy_disabled: bool = False
+    served: bool = False  # this session answered something (an EOSE, an event)
 
 
 class RelayHealthTracker:
@@ -240,7 +241,14 @@ class RelayHealthTracker:
         h.parked_until, h.parked_reason = None, ""
         # Pacing gates and the NIP-77 verdict belong to the session; the cooldown does not.
         h.reactive_gap = h.last_start_at = h.last_background_start_at = h.start_pace = None
-        h.negentropy_disabled = False
+        h.negentropy_disabled = h.served = False
+
+    def record_served(self, relay: str) -> None:
+        """The session answered a request (an EOSE, an event): it does real work, it is no
+        relay that accepts and drops (``record_disconnect``)."""
+        h = self._relays.get(relay)
+        if h is not None and h.connected:
+            h.served = True
 
     def record_failure(self, relay: str, now: float, permanent: str = "") -> None:
         """A connection attempt failed (including a stale success found closed).
@@ -263,14 +271,24 @@ class RelayHealthTracker:
 
     def record_disconnect(self, relay: str, now: float, *, misbehaved: bool = False) -> None:
         """An established connection ended. Before it was stable (5 min) that is a failure:
-        a relay that accepts and drops must back off, not be redialled in a tight loop. But
-        a session that worked for ``PROVEN_SESSION_SECS`` and for at least as long as the
-        wait before it continues the streak without growing it, and restarts its dead
-        clock: a relay that restarts every few minutes is redialled after about as long as
-        it stays up (it is not failing continuously), where doubling would keep it away for
-        an hour after ten restarts. A hang-up for misbehaviour is a failure however long the
-        session lasted, and the backoff grows with every such hang-up in a row: a relay that
-        keeps misbehaving is dialled less and less often."""
+        a relay that accepts and drops must back off, not be redialled in a tight loop. Two
+        kinds of session say otherwise, and restart the dead clock (the relay is not failing
+        continuously):
+
+        - one that served (``record_served``) for ``PROVEN_SESSION_SECS``: the relay works,
+          whatever the streak was. The streak starts again from one, so the next dial waits
+          the base backoff and the dials that fail while it restarts double from there: a
+          relay that restarts every few minutes is redialled seconds after it is back. (The
+          failed dials of one restart grew the streak, and a session had to outlast the
+          wait before it to keep it level; the wait shortened the session; only 5 stable
+          minutes cleared it: such a relay was redialled once an hour.)
+        - one that lasted as long, and as long as the wait before it, without serving: the
+          streak goes on without growing.
+
+        A relay that refuses connections, or accepts and drops (or serves and drops) within
+        a minute, still backs off to the cap. A hang-up for misbehaviour is a failure however
+        long the session lasted, and the backoff grows with every such hang-up in a row: a
+        relay that keeps misbehaving is dialled less and less often."""
         h = self._get(relay)
         if not h.connected:
             return  # already recorded (a failed attempt, or a repeated notification)
@@ -286,7 +304,10 @@ class RelayHealthTracker:
         h.misbehaviour_streak = 0
         if was_stable:
             return
-        if lasted >= max(PROVEN_SESSION_SECS, self.backoff(h.failures)):
+        if h.served and lasted >= PROVEN_SESSION_SECS:
+            h.failures = 1
+            h.first_failure_at = h.last_failure_at = now
+        elif lasted >= max(PROVEN_SESSION_SECS, self.backoff(h.failures)):
             h.failures = max(h.failures, 1)
             h.first_failure_at = h.last_failure_at = now
         else:

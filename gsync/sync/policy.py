@@ -78,11 +78,15 @@ class CoveragePauses:
     # shapes the relay refused for themselves at least once (not an auth-required that
     # paused a whole REQ): sent alone from then on, even once restored
     _refused: set[CoverageKey] = field(default_factory=set)
+    # shapes of a REQ refused by policy whose verdict is not in yet (``suspect``): alone
+    # too, until served alone (``served``) or refused alone (``pause``)
+    _suspects: set[CoverageKey] = field(default_factory=set)
 
     def pause(self, key: CoverageKey, now: float, *, shape_at_fault: bool = True) -> bool:
         """The relay refused ``key`` by policy. True if that is news (a refusal of a REQ
         sent before the first one came back does not move the probe)."""
         self._probing.discard(key)
+        self._suspects.discard(key)
         if shape_at_fault:
             self._refused.add(key)
         if key in self._until:
@@ -107,16 +111,39 @@ class CoveragePauses:
 
     @property
     def refused_any(self) -> bool:
-        return bool(self._refused)
+        """Does any shape go alone (``goes_alone``: refused once, or under suspicion)?"""
+        return bool(self._refused or self._suspects)
+
+    def suspect(self, filters: Iterable[Filter]) -> None:
+        """A REQ of these shapes was refused by policy: one of them is at fault, and the
+        REQs of one shape it was split into will tell which. Until a shape's verdict each
+        goes alone in whatever REQ is built meanwhile (a consolidation, a reconnect's live
+        coverage): packed again with the others, the refused one was refused again, split
+        again and asked alone again, three asks within the hour."""
+        self._suspects.update(coverage_key(f) for f in filters)
+
+    def served(self, filters: Iterable[Filter]) -> None:
+        """A REQ of ``filters`` was served (EOSE): a suspect shape served alone is cleared."""
+        if not self._suspects:
+            return
+        keys = {coverage_key(f) for f in filters}
+        if len(keys) == 1:
+            self._suspects -= keys
+
+    @property
+    def suspects(self) -> bool:
+        return bool(self._suspects)
 
     def goes_alone(self, f: Filter) -> bool:
-        """A shape this relay refused once: never in a REQ with other shapes."""
-        return coverage_key(f) in self._refused
+        """A shape this relay refused once, or one under suspicion: never in a REQ with
+        other shapes."""
+        key = coverage_key(f)
+        return key in self._refused or key in self._suspects
 
     def separate(self, group: Sequence[Filter]) -> list[list[Filter]]:
-        """``group`` as REQs in which a once-refused shape is alone (one REQ per such
-        shape, the rest together); ``[group]`` when it holds none."""
-        if not self._refused:
+        """``group`` as REQs in which a once-refused or suspect shape is alone (one REQ per
+        such shape, the rest together); ``[group]`` when it holds none."""
+        if not self._refused and not self._suspects:
             return [list(group)]
         rest = [f for f in group if not self.goes_alone(f)]
         alone = [[group[i] for i in idx] for idx in by_shape(group) if self.goes_alone(group[idx[0]])]

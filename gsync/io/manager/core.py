@@ -236,6 +236,7 @@ class SyncManager:
         if state is None:
             return
         state.received_metric.inc(len(msg.events))
+        self.health.record_served(state.url)
         if state.current.sub_activity:  # historic REQs that sent something are not stalled
             now = self.clock()
             for sub_id in {e.sub_id for e in msg.events} & state.current.sub_activity.keys():
@@ -260,6 +261,8 @@ class SyncManager:
             return
         m = msg.message
         if isinstance(m, wire.Eose):
+            self.health.record_served(state.url)
+            self.refusals.note_served(state, m.sub_id)
             self.historic.on_eose(state, m.sub_id)
         elif isinstance(m, wire.Closed):
             self.refusals.on_closed(state, m)

@@ -23,7 +23,7 @@ from ...sync.pending import (
     one_second,
     split_crowded,
 )
-from ...sync.policy import coverage_key
+from ...sync.policy import by_shape, coverage_key
 from ...sync.relay_state import ConnectionStatus, RelayState, RunningExchange
 from ...sync.repos import identifier_of
 from ...sync.shard import OTHER_SHARD_LEAD
@@ -628,7 +628,8 @@ class HistoricSync:
         alone = [i for i in keep
                  if coverage_key(group[i]) in state.current.stalled_shapes or state.paused.goes_alone(group[i])]
         rest = [i for i in keep if i not in alone]
-        parts = [rest, *([i] for i in alone)] if rest else [keep]
+        apart = [[alone[j] for j in idx] for idx in by_shape([group[i] for i in alone])]  # (no rest: a REQ a shape)
+        parts = [rest, *([i] for i in alone)] if rest else apart if len(apart) > 1 else [keep]
         if parts == [list(range(len(group)))]:
             return False
         state.current.historic_queue.pop(0)

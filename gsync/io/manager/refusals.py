@@ -124,6 +124,19 @@ class Refusals:
         else:
             self.live_closed(state, sub_id, kind, reason)
 
+    def note_served(self, state: RelayState, sub_id: str) -> None:
+        """An EOSE: a shape under suspicion (``CoveragePauses.suspect``) served alone is
+        cleared."""
+        if not state.paused.suspects:
+            return
+        live = state.current.live_subs.get(sub_id)
+        if live is not None:
+            state.paused.served(live.filters)
+            return
+        batch = state.current.pending.get(state.current.sub_to_batch.get(sub_id))
+        if batch is not None:
+            state.paused.served(batch.filters_of(sub_id))
+
     def learn_max_filters(self, state: RelayState, sub_id: str, batch_id: int | None) -> None:
         """A REQ of n filters refused for "too many filters": from now on this session
         packs at most n // 2 to a REQ (its halves are sent again, split, as for any refused
@@ -185,6 +198,8 @@ class Refusals:
                     self.pause_coverage(state, f, reason, shape_at_fault=kind is not Refusal.AUTH)
                 batch.finish_subscription(sub_id)  # not a failure: the relay will not serve it
             else:
+                if about_shape:
+                    state.paused.suspect(filters)
                 self.split_historic(state, batch, sub_id, filters, shapes=about_shape)
         else:
             batch.on_closed(sub_id)
@@ -235,6 +250,8 @@ class Refusals:
                     self.pause_coverage(state, f, reason, shape_at_fault=kind is not Refusal.AUTH)
             else:
                 keep = state.paused.allowed(live.filters)
+                if about_shape:
+                    state.paused.suspect(keep)
                 groups = [[keep[i] for i in group] for group in by_shape(keep)] if about_shape else halves(keep)
                 self.live.open_groups(state, [group for group in groups if group])
         else:

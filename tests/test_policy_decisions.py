@@ -1,0 +1,112 @@
+"""Coverage a relay refused by policy is not asked again before its probe (SPEC §5), whatever
+rebuilds live coverage meanwhile: a real ``SyncManager`` with recorded effects and a fake
+clock (tests/manager_harness.py), fed the relay's answers."""
+import json
+
+from gsync.io.inbox import HandshakeDone, RelayDisconnected
+from gsync.protocol import messages as wire
+from gsync.protocol.filters import Filter
+from gsync.protocol.messages import parse_relay_message
+from gsync.sync.policy import coverage_key
+
+from .factory import Author, announcement
+from .manager_harness import FakeWs, ManagerHarness
+
+A = "wss://a.example"
+
+
+def closed(sub_id, text):
+    return parse_relay_message(json.dumps(["CLOSED", sub_id, text]))
+
+
+def live_reqs(h):
+    """Live REQs (``limit: 0``) sent to A, in order, with the connection they went on."""
+    return [(n, f) for n, conn in enumerate(h.effects.connections[A]) for f in conn.frames
+            if f[0] == "REQ" and all(flt.get("limit") == 0 for flt in f[2:])]
+
+
+def keys(req):
+    return {coverage_key(Filter.from_dict(flt)) for flt in req[2:]}
+
+
+def test_a_consolidation_before_the_verdict_keeps_each_refused_shape_alone(tmp_path):
+    """A live REQ of several shapes is refused by policy (``blocked:``) and split, one shape a
+    REQ; the relay answers none of them (its subscription cap, say) before a consolidation
+    rebuilds live coverage. The rebuild keeps each shape alone: the culprit's lone REQ is its
+    second ask, refused, paused; a later rebuild asks it no more (three asks within the
+    hour, before: packed again, refused, split, asked alone again: seed 2 of 6/20/10)."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*[announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)])
+    h.connect(A)
+    h.answer_own_reads()
+    h.advance(1.1)
+    state = h.state(A)
+    multi = [f for _, f in live_reqs(h) if len(keys(f)) > 1]
+    assert multi, live_reqs(h)
+    refused = multi[0]
+    h.relay_says(A, closed(refused[1], "blocked: not here"))
+    split = [f for _, f in live_reqs(h)][len(live_reqs(h)) - len(keys(refused)):]
+    assert all(len(keys(f)) == 1 for f in split) and set().union(*map(keys, split)) == keys(refused)
+    culprit = next(iter(keys(split[-1])))
+
+    sent = len(live_reqs(h))
+    h.manager.live.consolidate(state)  # before any verdict
+    rebuilt = [f for _, f in live_reqs(h)[sent:]]
+    assert all(len(keys(f)) == 1 for f in rebuilt if keys(f) & keys(refused)), rebuilt
+    lone = [f for f in rebuilt if culprit in keys(f)]
+    assert len(lone) == 1
+    h.relay_says(A, closed(lone[0][1], "blocked: not this one"))
+    assert state.paused.is_paused(culprit)
+
+    sent = len(live_reqs(h))
+    h.manager.live.consolidate(state)
+    assert not [f for _, f in live_reqs(h)[sent:] if culprit in keys(f)]
+    asks = [f for _, f in live_reqs(h) if culprit in keys(f)]
+    assert len(asks) == 3  # the refused REQ, its split, the rebuild's lone REQ: two after the refusal
+
+
+def test_shapes_served_alone_are_packed_together_again(tmp_path):
+    """The split's innocent shapes answer (EOSE): cleared, a rebuild packs them as before;
+    the culprit, refused alone, is paused and left out."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*[announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)])
+    h.connect(A)
+    h.answer_own_reads()
+    h.advance(1.1)
+    state = h.state(A)
+    refused = next(f for _, f in live_reqs(h) if len(keys(f)) > 2)
+    h.relay_says(A, closed(refused[1], "blocked: not here"))
+    split = [f for _, f in live_reqs(h)][len(live_reqs(h)) - len(keys(refused)):]
+    culprit, innocent = split[0], split[1:]
+    h.relay_says(A, closed(culprit[1], "blocked: not this one"))
+    for f in innocent:
+        h.relay_says(A, wire.Eose(f[1]))
+    sent = len(live_reqs(h))
+    h.manager.live.consolidate(state)
+    rebuilt = [f for _, f in live_reqs(h)[sent:]]
+    together = set().union(*map(keys, innocent))
+    assert any(keys(f) >= together for f in rebuilt), rebuilt
+    assert not [f for f in rebuilt if keys(f) & keys(culprit)]
+
+
+def test_a_reconnect_before_the_verdict_keeps_each_shape_of_a_refused_historic_req_alone(tmp_path):
+    """A historic REQ of several shapes refused by policy; the connection drops before the
+    split REQs are answered. The next session's REQs (live and historic) hold each of those
+    shapes alone."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*[announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)])
+    h.connect(A)
+    h.answer_own_reads()
+    h.advance(1.1)
+    refused = next(f for f in h.historic_reqs(A) if len(keys(f)) > 1)
+    h.relay_says(A, closed(refused[1], "blocked: not here"))
+    h.feed(RelayDisconnected(A, h.state(A).session, "gone"))
+    h.advance(60)
+    h.tick()
+    h.feed(HandshakeDone(A, h.state(A).attempt, ws=FakeWs()))
+    for _ in range(10):
+        h.answer_own_reads()
+        h.advance(1.1)
+        h.eose_all(A)
+    again = [f for f in h.reqs(A) if keys(f) & keys(refused)]
+    assert again and all(len(keys(f) & keys(refused)) == 1 for f in again)
