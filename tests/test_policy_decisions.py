@@ -5,8 +5,8 @@ import json
 
 from gsync.io.inbox import HandshakeDone, RelayDisconnected
 from gsync.protocol import messages as wire
-from gsync.protocol.filters import Filter
 from gsync.protocol.messages import parse_relay_message
+from gsync.sim.relay import filter_from_json
 from gsync.sync.policy import coverage_key
 
 from .factory import Author, announcement
@@ -26,7 +26,7 @@ def live_reqs(h):
 
 
 def keys(req):
-    return {coverage_key(Filter.from_dict(flt)) for flt in req[2:]}
+    return {coverage_key(filter_from_json(flt)) for flt in req[2:]}
 
 
 def test_a_consolidation_before_the_verdict_keeps_each_refused_shape_alone(tmp_path):
