@@ -3,7 +3,14 @@ lacks, exhaustively; and what the phase says of the batch (``PendingBatch.starte
 ``residual_retried``, ``residual_by_filter``)."""
 import pytest
 
-from gsync.sync.batch_phase import RESIDUAL, STARTED, TRANSITIONS, BatchPhase, IllegalBatchMove, Step
+from gsync.sync.batch_phase import (
+    RESIDUAL,
+    STARTED,
+    TRANSITIONS,
+    BatchPhase,
+    IllegalBatchMove,
+    Step,
+)
 from gsync.sync.pending import PendingBatch
 from gsync.sync.targets import PendingItems
 
@@ -88,3 +95,31 @@ def test_what_the_phase_says_of_the_batch():
     direct.move(S.ASKED_BY_FILTER)
     assert (direct.residual_retried, direct.residual_by_filter) == (False, True)
     assert set(STARTED) == {P.STARTED, *RESIDUAL}
+
+
+# -- the manager moves its batches through the table (in process) -------------------------
+
+
+def test_a_relays_first_sync_moves_its_batches_through_the_table(tmp_path):
+    """Layer 1 and the first AddFilters read the own relay; it holds nothing, so both go by
+    REQ pages and the AddFilters joins layer 1's batch (one start carries both); layer 1's
+    batch starts, ends DONE, and nothing is left pending."""
+    from gsync.sync.pending import BatchKind
+    from gsync.sync.relay_state import ConnectionStatus
+
+    from .manager_harness import ManagerHarness
+    from .test_manager_decisions import A, listed_on
+
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, 3))
+    h.connect(A)
+    batches = list(h.state(A).current.pending.values())
+    assert [b.kind for b in batches] == [BatchKind.LAYER1, BatchKind.SYNC]
+    assert [b.phase for b in batches] == [P.READING_OWN, P.READING_OWN]
+    h.answer_own_reads()
+    layer1, sync = batches
+    assert (layer1.phase, sync.phase) == (P.STARTED, P.JOINED)
+    assert list(h.state(A).current.pending) == [layer1.batch_id]
+    h.settle(A)
+    assert h.state(A).status is ConnectionStatus.CONNECTED and not h.state(A).current.pending
+    assert (layer1.phase, sync.phase) == (P.DONE, P.JOINED)
