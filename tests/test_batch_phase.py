@@ -123,3 +123,20 @@ def test_a_relays_first_sync_moves_its_batches_through_the_table(tmp_path):
     h.settle(A)
     assert h.state(A).status is ConnectionStatus.CONNECTED and not h.state(A).current.pending
     assert (layer1.phase, sync.phase) == (P.DONE, P.JOINED)
+
+
+def test_the_manager_raises_an_illegal_move_under_tests_and_only_logs_it_outside(monkeypatch):
+    """``historic.move_batch``: as ``lifecycle.move_status`` for a relay's status."""
+    from types import SimpleNamespace
+
+    from gsync.io.manager.historic import move_batch
+
+    state = SimpleNamespace(url="wss://a.example")
+    b = batch_in(P.DONE)
+    monkeypatch.setenv("GSYNC_STRICT_STATUS", "1")
+    with pytest.raises(IllegalBatchMove):
+        move_batch(state, b, S.CONFIRMED)  # confirmed twice
+    monkeypatch.delenv("GSYNC_STRICT_STATUS")
+    move_batch(state, b, S.CONFIRMED)  # logged (illegal_batch_move); the manager goes on
+    assert b.phase is P.DONE
+    move_batch(state, batch_in(P.QUEUED), S.FIRST_START)
