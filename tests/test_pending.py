@@ -10,6 +10,7 @@ from gsync import constants
 from gsync.protocol import messages as wire
 from gsync.protocol.event import Event, generate_secret, sign_event
 from gsync.protocol.filters import Filter
+from gsync.sync.batch_phase import Step
 from gsync.sync.pending import (
     CrowdedSecond,
     PageCap,
@@ -480,6 +481,7 @@ def test_decide_residual(advertised, delivered, retried, by_filter_done, expecte
 
 def negentropy_batch(advertised, items=None):
     b = batch(SyncMethod.NEGENTROPY, items)
+    b.move(Step.FIRST_START)  # its exchanges ran
     b.expect_ids(e.id for e in advertised)
     return b
 
@@ -491,6 +493,7 @@ def test_small_residual_is_retried_once_then_asked_by_its_filter_then_fails():
     feed(b, "fetch", events[:8])
     b.on_eose("fetch")
     assert b.residual_decision() is ResidualDecision.RETRY_RESIDUAL
+    b.move(Step.IDS_ASKED_AGAIN)
     residual = b.begin_residual_retry()
     assert residual == {e.id for e in events[8:]}
     b.add_subscription("retry", [Filter.make(ids=residual)])
@@ -498,7 +501,7 @@ def test_small_residual_is_retried_once_then_asked_by_its_filter_then_fails():
     b.on_eose("retry")
     assert b.residual_decision() is ResidualDecision.SEMANTIC_FALLBACK
     assert b.first_pass_served_by_id()
-    b.residual_by_filter = True
+    b.move(Step.ASKED_BY_FILTER)
     assert b.residual_decision() is ResidualDecision.FAIL
     assert b.residual_ids() == {events[9].id}
 
@@ -507,6 +510,7 @@ def test_residual_retry_that_delivers_everything_is_done():
     events = page(1621, 1000, 10)
     b = negentropy_batch(events)
     feed(b, "fetch", events[:9])
+    b.move(Step.IDS_ASKED_AGAIN)
     b.begin_residual_retry()
     feed(b, "retry", events[9:])
     assert b.residual_decision() is ResidualDecision.DONE

@@ -9,6 +9,7 @@ subject): the self-subscriber of a shard shows what another client stored on a r
 relay, and skips what the instance already knows is held."""
 from gsync.io.inbox import OwnLanded
 from gsync.protocol.urls import normalize_relay_url as normalize_url
+from gsync.sync.batch_phase import BatchPhase
 from gsync.sync.own_held import HeldEntry
 from gsync.sync.shard import Shard, lead_relay
 
@@ -39,7 +40,8 @@ def test_a_batch_following_another_shard_reads_ahead_and_then_knows_what_that_sh
     h = ManagerHarness(tmp_path, shard=SHARD)
     h.own_relay_holds(ann)
     h.connect(here)
-    assert any(b.led_elsewhere for b in h.state(here).current.pending.values())
+    follower = next(b for b in h.state(here).current.pending.values() if b.led_elsewhere)
+    assert follower.phase is BatchPhase.FOLLOWING
 
     # The waiting batch's values are read now, with layer 1's: the own relay holds nothing yet.
     h.close_own_read_window()
@@ -64,6 +66,7 @@ def test_a_batch_following_another_shard_reads_ahead_and_then_knows_what_that_sh
     for _ in range(4):
         h.advance(1.1)  # the pacing gate: each exchange starts
     assert h.own_reads() == []
+    assert follower.phase is BatchPhase.STARTED  # it read its holdings, chose NIP-77, started
     by_a = [held for flt, held in reconciles(h, here) if any(name == "a" for name, _ in flt.tags)]
     assert by_a and all(root.id in {i for _, i in held} for held in by_a)
 

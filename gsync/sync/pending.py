@@ -56,6 +56,8 @@ from ..constants import (
 from ..protocol.event import Event
 from ..protocol.filters import Filter
 from ..protocol.messages import req_size
+from . import batch_phase
+from .batch_phase import BatchPhase, Step
 from .targets import PendingItems
 
 
@@ -486,6 +488,8 @@ class PendingBatch:
 
     ``outstanding_subs`` holds REQ subscription ids and, for NIP-77, any token the caller
     uses for the negentropy exchange itself (added without filters).
+
+    Where it is in its life is ``phase``, moved only through ``move`` (``sync.batch_phase``).
     """
 
     batch_id: int
@@ -497,17 +501,16 @@ class PendingBatch:
     # NIP-77 hydration: ids the relay advertised that the own relay lacks, and arrivals.
     advertised_ids: set[str] = field(default_factory=set)
     received_ids: set[str] = field(default_factory=set)
-    residual_retried: bool = False
     # the NIP-77 filter that advertised each id: what is not served by id is asked by it
     found_by: dict[str, Filter] = field(default_factory=dict)
-    residual_by_filter: bool = False  # the missing ids were asked by their filters
     residual_asked: set[str] = field(default_factory=set)  # the ids asked so (``sync.unservable``)
     # seconds its pages could not page inside, for the caller to complete another way
     crowded: list[CrowdedSecond] = field(default_factory=list)
     # filters NIP-77 found mostly missing: fetched by REQ after the last exchange
     fetch_by_filter: list[Filter] = field(default_factory=list)
     # An AddFilters batch whose REQs all still wait for the pacing gate may take in the next
-    # AddFilters (``coalescable``), so that their filters share REQs; ``started`` ends that.
+    # AddFilters (``coalescable``), so that their filters share REQs; once ``started``, they
+    # queue beside its pages instead.
     coalescable: bool = False
     coalesce_wanted: bool = False  # an AddFilters batch whose methods are still being chosen
     # another relay's first sync of the same repositories (``sync.lead``): ``follower``
@@ -517,7 +520,7 @@ class PendingBatch:
     # it waits for another shard's lead (``sync.shard``): the end of its wait is the
     # normal case, and the method is chosen per filter from what the own relay then holds
     led_elsewhere: bool = False
-    started: bool = False
+    phase: BatchPhase = BatchPhase.QUEUED
     # NIP-77 token -> the own relay's (created_at, id) for its filter, read when NIP-77 was
     # chosen for it: the exchange starts from these instead of asking again
     own_holdings: dict[str, list] = field(default_factory=dict)
@@ -536,6 +539,27 @@ class PendingBatch:
     # the relay's NIP-77 cannot serve them (residuals) or a batch joins another
     semantic_filters: list[Filter] = field(default_factory=list)
     _retry_asked: int = 0  # residual size when the retry started
+
+    # -- its phase (``sync.batch_phase``)
+
+    def move(self, step: Step) -> BatchPhase:
+        """``batch_phase.move``: ``IllegalBatchMove`` if the table has no such move."""
+        return batch_phase.move(self, step)
+
+    @property
+    def started(self) -> bool:
+        """A start of it went: a later AddFilters queues beside it, not re-packing it."""
+        return self.phase in batch_phase.STARTED
+
+    @property
+    def residual_retried(self) -> bool:
+        """Its NIP-77 residual was asked by id once more."""
+        return self.phase in (BatchPhase.IDS_RETRIED, BatchPhase.BY_FILTER_AFTER_RETRY)
+
+    @property
+    def residual_by_filter(self) -> bool:
+        """The ids still missing were asked by their filters."""
+        return self.phase in (BatchPhase.BY_FILTER, BatchPhase.BY_FILTER_AFTER_RETRY)
 
     # -- subscriptions
 
@@ -767,9 +791,9 @@ class PendingBatch:
         return serves_by_id(asked, asked - len(self.residual_ids()))
 
     def begin_residual_retry(self) -> set[str]:
-        """Start the one retry; returns the ids to ask for again."""
+        """Start the one retry, once the batch moved on ``Step.IDS_ASKED_AGAIN``; returns
+        the ids to ask for again."""
         residual = self.residual_ids()
-        self.residual_retried = True
         self._retry_asked = len(residual)
         return residual
 

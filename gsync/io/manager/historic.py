@@ -6,12 +6,15 @@ the Syncing → Connected check.
 """
 from __future__ import annotations
 
+import os
+
 from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...protocol.filters import Filter
-from ...sync import filter_plan, method, result_caps
+from ...sync import batch_phase, filter_plan, method, result_caps
+from ...sync.batch_phase import Step
 from ...sync.pending import (
     BatchKind,
     CrowdedSecond,
@@ -46,6 +49,19 @@ from .own_reads import OwnReadWaiter
 log = get_logger("gsync.manager")
 
 MAX_HISTORIC_SUBS = 4  # concurrent historic REQs per relay, within the transient budget
+
+
+def move_batch(state: RelayState, batch: PendingBatch, step: Step) -> None:
+    """``batch``'s phase after ``step`` (``sync.batch_phase.TRANSITIONS``). A move the
+    table does not have is a bug: logged, the phase left as it was; raised where
+    GSYNC_STRICT_STATUS=1 (the tests), as ``lifecycle.move_status``."""
+    try:
+        batch.move(step)
+    except batch_phase.IllegalBatchMove as exc:
+        if os.environ.get("GSYNC_STRICT_STATUS") == "1":
+            raise
+        log.error("illegal_batch_move", relay=state.url, batch_id=batch.batch_id, phase=exc.phase.name,
+                  step=exc.step.value)
 
 
 class HistoricSync:
@@ -156,6 +172,7 @@ class HistoricSync:
         NIP-77, or ``max_secs`` passed: as long as the wait is worth, ``method.follower_wait``),
         and then takes NIP-77 only where they brought enough to pay for its starts
         (``method.choose_methods``). Nothing of it starts meanwhile."""
+        move_batch(state, batch, Step.WAITS_FOR_LEAD)
         batch.follower = True
         batch.led_elsewhere = OTHER_SHARD_LEAD in leaders
         batch.coalesce_wanted = coalesce
@@ -238,6 +255,7 @@ class HistoricSync:
     def read_own_holdings(self, state: RelayState, batch: PendingBatch, filters, coalesce: bool) -> None:
         """Ask the own relay what it holds of each filter, before any paced start is spent
         on them (loopback, unpaced), in a greenlet: the answer comes back as a message."""
+        move_batch(state, batch, Step.READS_OWN)
         token = f"own{batch.batch_id}-{next(self.ids)}"
         batch.add_subscription(token)  # the batch is not complete while its methods are open
         batch.coalesce_wanted = coalesce
@@ -306,6 +324,7 @@ class HistoricSync:
         else:
             holdings = msg.holdings
         by_neg, by_req = self.choose_methods(state, batch, msg.filters, holdings)
+        move_batch(state, batch, Step.METHODS_CHOSEN)
         if by_neg and not by_req and self.merge_into_waiting_negentropy(state, batch, by_neg):
             self.pump_after_choice(state)
             return
@@ -320,6 +339,7 @@ class HistoricSync:
             waiting = self.waiting_req_batch(state, besides=batch) if batch.coalesce_wanted else None
             if waiting is not None:  # as start would have, had it known at once
                 state.current.pending.pop(batch.batch_id, None)
+                move_batch(state, batch, Step.JOINED)
                 self.lead.succeed((state.url, batch.batch_id), (state.url, waiting.batch_id))
                 self.coalesce_into(state, waiting, batch.items, by_req)
                 self.pump_after_choice(state)
@@ -412,6 +432,7 @@ class HistoricSync:
         waiting.items.add(batch.items)
         waiting.semantic_filters += batch.semantic_filters
         state.current.pending.pop(batch.batch_id, None)
+        move_batch(state, batch, Step.JOINED)
         self.stop_leading(state, batch)
         log.debug("negentropy_batch_merged", relay=state.url, batch_id=batch.batch_id,
                   into=waiting.batch_id, filters=len(by_neg))
@@ -514,8 +535,8 @@ class HistoricSync:
             if open_historic and state.current.conn.open_filter_bytes + size > constants.MAX_OPEN_FILTER_BYTES:
                 return  # wait for a historic REQ to finish and free room
             state.current.historic_queue.pop(0)
-            if batch is not None:
-                batch.started = True  # a later AddFilters now queues beside it, not re-packing it
+            if batch is not None and not batch.started:
+                move_batch(state, batch, Step.FIRST_START)  # a later AddFilters queues beside it
             self.send_historic_start(state, batch, sub_id, group, now)
             open_historic += 1
 
@@ -782,6 +803,7 @@ class HistoricSync:
         if batch.advertised_ids:
             decision = batch.residual_decision()
             if decision is ResidualDecision.RETRY_RESIDUAL:
+                move_batch(state, batch, Step.IDS_ASKED_AGAIN)
                 self.queue_id_fetches(state, batch, batch.begin_residual_retry())
                 self.pump(state)
                 return
@@ -806,7 +828,7 @@ class HistoricSync:
         missing = self.not_seen(batch.residual_ids())
         if not batch.residual_retried:
             self.judge_ids_served(state, batch, brought_by_filter=None)
-        batch.residual_by_filter = True
+        move_batch(state, batch, Step.ASKED_BY_FILTER)
         batch.residual_asked = set(missing)
         if missing:
             filters = batch.residual_filters(missing)
@@ -936,6 +958,7 @@ class HistoricSync:
     def confirm_batch(self, state: RelayState, batch: PendingBatch) -> None:
         self.release_claims(state, batch)
         state.current.pending.pop(batch.batch_id, None)
+        move_batch(state, batch, Step.CONFIRMED)
         self.stop_leading(state, batch)
         if batch.kind is BatchKind.POLL and not batch.failed:
             for tier in batch.poll_tiers:
@@ -1228,6 +1251,7 @@ class HistoricSync:
     def finish_recovery(self, state: RelayState, batch: PendingBatch) -> None:
         self.release_claims(state, batch)
         state.current.pending.pop(batch.batch_id, None)
+        move_batch(state, batch, Step.CONFIRMED)
         dropped, unservable = self.recovery.record_result(state.url, batch.received_ids, self.clock(),
                                                           filters_done=not batch.failed)
         if unservable:
