@@ -1,4 +1,5 @@
 """RelayState's small rules: the order queued starts go out in after a cooldown."""
+from gsync.sync.batch_phase import BatchPhase
 from gsync.sync.pending import BatchKind, PendingBatch
 from gsync.sync.relay_state import RelayState
 from gsync.sync.targets import PendingItems
@@ -19,7 +20,7 @@ def test_after_a_cooldown_discovery_then_started_work_then_new_batches_then_upke
     _batch(state, 7, "recovery", kind=BatchKind.RECOVERY)
     _batch(state, 5, "new-later")
     _batch(state, 3, "new-earlier")
-    _batch(state, 9, "page", started=True)
+    _batch(state, 9, "page", phase=BatchPhase.STARTED)
     _batch(state, 8, "discovery", kind=BatchKind.LAYER1)
     _batch(state, 6, "poll", kind=BatchKind.POLL)
     state.current.poll_batch = 6
