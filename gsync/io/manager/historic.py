@@ -794,7 +794,10 @@ class HistoricSync:
 
     def finish_batch(self, state: RelayState, batch: PendingBatch) -> None:
         """All subscriptions answered. After NIP-77, judge what the id fetches delivered
-        (SPEC §4 residuals) before the items are confirmed."""
+        (SPEC §4 residuals) before the items are confirmed. Once: a batch a pump already
+        finished (its last answer came in the same message) is left alone."""
+        if state.current.pending.get(batch.batch_id) is not batch:
+            return
         if batch.kind is BatchKind.RECOVERY:
             self.finish_recovery(state, batch)
             return
