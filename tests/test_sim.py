@@ -111,6 +111,7 @@ SUITE_SEEDS = tuple(range(1, 11))
 GROUP = 5
 
 
+@pytest.mark.slow  # a minute of a worker each: the suite runs them, the quick loop does not
 @pytest.mark.parametrize("first", SUITE_SEEDS[::GROUP])
 def test_thirty_days_with_faults_break_no_invariant(first):
     for result in run_replayable_seeds(range(first, first + GROUP), days=30, **SMALL):
