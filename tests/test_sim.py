@@ -111,7 +111,8 @@ SUITE_SEEDS = tuple(range(1, 11))
 GROUP = 5
 
 
-@pytest.mark.slow  # a minute of a worker each: the suite runs them, the quick loop does not
+@pytest.mark.slow  # a minute of a worker each: the suite runs them (first), the quick loop does not
+@pytest.mark.long
 @pytest.mark.parametrize("first", SUITE_SEEDS[::GROUP])
 def test_thirty_days_with_faults_break_no_invariant(first):
     for result in run_replayable_seeds(range(first, first + GROUP), days=30, **SMALL):
