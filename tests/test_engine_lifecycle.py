@@ -211,8 +211,12 @@ def test_consolidation_past_the_baseline_plus_70_rebuilds_at_once_with_what_is_i
                    what=f"round {i}'s batch")
     assert _events(gsync, "consolidated", remote.url), "no consolidation"
     assert fragmented > 70, fragmented
-    closed = {m[1] for m in remote.messages("CLOSE") if str(m[1]).startswith("live-")}
-    assert len(closed) > 77, f"{len(closed)} live REQs closed: not past the baseline (7) + 70"
+    # the CLOSEs follow the log line that says so: wait for them to reach the relay
+    def closed() -> set:
+        return {m[1] for m in remote.messages("CLOSE") if str(m[1]).startswith("live-")}
+
+    wait_until(lambda: len(closed()) > 77, timeout=20,
+               what="past the baseline (7) + 70 live REQs closed")
     # packed: the 7 of everything, and the 7 of the round that triggered it, apart (its new
     # coverage keeps live room first)
     wait_until(lambda: 0 < _live_reqs(remote) <= 14, timeout=30, what="live coverage packed again")
