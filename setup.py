@@ -18,7 +18,10 @@ setup(
         # nostr-sdk ships LocalRelay: the real relay used by tests, benchmarks and `gsync demo`.
         "demo": ["nostr-sdk==0.45.1"],
         "test": [
-            "pytest>=8,<10",
+            # pytest 9 ignores the rename (nodeid@group) by which pytest-xdist 3.8 keeps an
+            # xdist_group on one worker: every worker then builds the group's costly fixture
+            # again (tests/conftest.py fails the run if that happens).
+            "pytest>=8,<9",
             "pytest-timeout>=2.3,<3",
             "pytest-xdist>=3.5,<4",  # the suite runs on ten workers (pytest.ini, tests/conftest.py)
             "hypothesis>=6.100,<7",
