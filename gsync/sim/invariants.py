@@ -21,8 +21,8 @@ with the simulated day it happened and what broke.
   series for a relay not in the table; ``table_bound``: seen, rejected, held, recovery
   tables past a bound computed from the world.
 - ``neglected_relay``: over a window of NEGLECT_WINDOW_SECS, a relay gsync should sync
-  from was up (while gsync ran) for at least half the window, and gsync had a session with
-  it for less than a quarter of that time — unless it had been down for 20 h or more in the
+  from was up (while gsync ran and it was wanted, as sampled every 10 minutes) for at least
+  half the window, and gsync had a session with it for less than a quarter of that time — unless it had been down for 20 h or more in the
   26 h before (dead: one attempt a day is what SPEC asks).
 - ``refused_asked_again``: a tag key a relay refused by policy (CLOSED ``blocked:``) asked of
   it again more than twice within POLICY_PROBE_SECS after gsync read the refusal.
@@ -347,11 +347,15 @@ class Checker:
 
     def bounded(self) -> None:
         m = self.sim.manager
+        now = self.sim.clock.now
+        wanted, _ = self.wanted_relays()
+        for url in self.uptime:
+            if url not in wanted:  # (neglect judges only the time a relay was wanted: sampled here)
+                self.account(url)
+                self.uptime[url] = [now, 0.0, 0.0]
         if m is None:
             return
-        now = self.sim.clock.now
         m.update_metrics(now)  # a scrape of /metrics (every 10 minutes): the gauges it sets, checked below
-        wanted, _ = self.wanted_relays()
         table = list(m.relays.keys())
         for url in table:
             if url in wanted or now - self.own_lost_at < 26 * HOUR:
