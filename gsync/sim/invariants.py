@@ -14,7 +14,8 @@ with the simulated day it happened and what broke.
 - ``dial_storm``: more than 30 handshakes to one relay within an hour (3 more for each time
   it went down in that hour); ``dead_dialled``: a
   relay down for more than DEAD_AFTER_SECS + max backoff dialled twice within
-  DEAD_RETRY_SECS (less an hour of slack).
+  DEAD_RETRY_SECS (less an hour of slack); counted from its first dial since it entered gsync's
+  table (a relay retired leaves its dead mark with it: sampled every 10 minutes).
 - ``relay_table``: a relay in gsync's relay table that no announcement the own relay holds
   lists (and is not bootstrap) for more than an hour (a day after the own relay lost data:
   gsync is not told what it lost); ``metric_labels``: a per-relay metric
@@ -85,6 +86,7 @@ class Checker:
         self.refused_at: dict[tuple[str, str], list] = {}  # (relay, tag key) -> [read at, asked since]
         self.hidden_asks: dict[tuple[str, str], list[float]] = {}  # (relay, hidden id) -> asked by id at
         self.ids_judged: dict[str, float] = {}  # relay -> the ids_unserved_at last checked
+        self.tabled_since: dict[str, float] = {}  # relay -> its first dial since it (re)entered the table
 
     # -- recording ------------------------------------------------------------------------
 
@@ -282,6 +284,8 @@ class Checker:
             self.violation("dial_storm", f"{url}: more than {bound} handshakes within an hour "
                                          f"({len(downs)} restarts)")
         since = self.down_since.get(url)
+        if since is not None:  # (a relay retired forgets its dead mark: counted from its return to the table)
+            since = max(since, self.tabled_since.setdefault(url, now))
         dead_at = None if since is None else since + constants.DEAD_AFTER_SECS + self.sim.manager.config.sync.max_backoff_secs
         if dead_at is not None and now > dead_at + HOUR:
             earlier = [t for t in times[:-1] if t > dead_at]
@@ -366,6 +370,9 @@ class Checker:
         for url in list(self.unwanted_since):
             if url not in m.relays:
                 del self.unwanted_since[url]
+        for url in list(self.tabled_since):
+            if url not in m.relays:
+                del self.tabled_since[url]
         known = set(table)
         if self.labelled is None:
             self.labelled = [(m, m._labelnames.index("relay")) for m in metrics.relay_labelled()]
