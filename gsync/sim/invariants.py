@@ -23,8 +23,9 @@ with the simulated day it happened and what broke.
   tables past a bound computed from the world.
 - ``neglected_relay``: over a window of NEGLECT_WINDOW_SECS, a relay gsync should sync
   from was up (while gsync ran and it was wanted, as sampled every 10 minutes) for at least
-  half the window, and gsync had a session with it for less than a quarter of that time — unless it had been down for 20 h or more in the
-  26 h before (dead: one attempt a day is what SPEC asks).
+  half the window, and gsync had a session with it for less than a quarter of that time —
+  unless it had been down for 20 h or more in the 26 h before (dead: one attempt a day is
+  what SPEC asks).
 - ``refused_asked_again``: a tag key a relay refused by policy (CLOSED ``blocked:``) asked of
   it again more than twice within POLICY_PROBE_SECS after gsync read the refusal.
 - ``unservable_asked_again``: an id a relay advertises and never serves (the ``hidden``
