@@ -33,3 +33,14 @@ def test_unservable_ids_are_counted_once_bounded_and_cleared():
     assert len(memory) == 3 and "a" not in memory and "d" in memory  # the oldest goes first
     memory.clear()
     assert len(memory) == 0 and "d" not in memory
+
+
+def test_what_was_unservable_before_the_last_daily_clear_is_remembered_until_the_next():
+    memory = UnservableIds()
+    memory.add(["a"])
+    assert memory.before("a") and not memory.before("b")
+    memory.clear()
+    assert "a" not in memory and memory.before("a")
+    memory.add(["b"])
+    memory.clear()
+    assert not memory.before("a") and memory.before("b")

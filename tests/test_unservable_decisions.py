@@ -29,11 +29,13 @@ def world(h, relays=(A,)):
     return repo, hidden
 
 
-def run(h, url, advertised, by_id=False, by_filter=False, refused=lambda flt: False, silent=lambda filters: False):
+def run(h, url, advertised, by_id=False, by_filter=False, refused=lambda flt: False, silent=lambda filters: False,
+        never=()):
     """``url``'s exchanges find missing what of ``advertised`` their filter matches (those
     ``refused`` get a NEG-ERR); its historic REQs end (but those ``silent``: no word ever),
     with those events where they are served (``by_id``: to REQs of ids; ``by_filter``: to
-    the others). Until nothing is left to start, then the completion check's wait."""
+    the others; those ``never`` not at all). Until nothing is left to start, then the
+    completion check's wait."""
     for _ in range(40):
         h.answer_own_reads(held=HELD)
         h.advance(1.1)
@@ -48,7 +50,7 @@ def run(h, url, advertised, by_id=False, by_filter=False, refused=lambda flt: Fa
                     if sub_id not in state.current.live_subs and not silent(fs.filters)]
         for sub_id, filters in historic:
             served = by_id if all(f.ids is not None for f in filters) else by_filter
-            events = [e for e in advertised if served and any(f.matches(e) for f in filters)]
+            events = [e for e in advertised if served and e not in never and any(f.matches(e) for f in filters)]
             if events:
                 h.relay_sends(url, sub_id, *events)
             h.relay_says(url, wire.Eose(sub_id))
@@ -111,6 +113,29 @@ def test_one_id_served_neither_by_id_nor_by_its_filter_is_unservable_there_and_c
     assert hidden.id not in state.unservable
     run(h, A, [hidden], by_id=True)
     assert asks(h, A, hidden) == (2, 1)
+
+
+def test_an_id_unservable_the_day_before_is_asked_by_id_once_at_the_daily_fresh_start_not_retried(tmp_path):
+    """Found by the simulator (seed 33): an id advertised with others the relay serves by id
+    gets the residual's retry by id (lag), then its filter: unservable there. The next daily
+    fresh start asks it again, by id, once, then by its filter: it was unservable the day
+    before, not lag (it was asked by id four times in 23.6 h, two daily fresh starts)."""
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    repo, hidden = world(h)
+    h.connect(A)
+    served = [issue(bob, repo, subject=f"served {i}") for i in range(2)]
+    run(h, A, [hidden, *served], by_id=True, never=[hidden])
+    state = h.state(A)
+    assert hidden.id in state.unservable and state.serves_ids(h.clock.now)
+    assert asks(h, A, hidden) == (2, 1), "by id, once more by id (lag), then by its filter"
+
+    h.advance(state.next_daily_at - h.clock.now + 1)
+    h.tick()
+    assert hidden.id not in state.unservable
+    more = [issue(bob, repo, subject=f"later {i}") for i in range(2)]
+    run(h, A, [hidden, *more], by_id=True, never=[hidden])
+    assert hidden.id in state.unservable
+    assert asks(h, A, hidden) == (3, 2), "asked again by id once, then by its filter"
 
 
 def test_a_filter_that_brings_what_the_id_fetch_did_not_says_the_relay_does_not_serve_ids(tmp_path):

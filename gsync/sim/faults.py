@@ -3,6 +3,7 @@ said), stopped on the liveness day (``Simulation.liveness_after``), when everyth
 from __future__ import annotations
 
 import json
+import random
 
 from ..protocol.event import compute_id
 from .relay import filter_from_json
@@ -26,6 +27,10 @@ RELAY_RATES = {
     "hidden": 0.05,  # a few events stored and advertised, never served (for good)
     "junk": 0.2,  # for 10 min, answers carry a forged and an unrequested event
 }
+# A relay dropped by every repository listing it (each re-announced without it; one it was
+# the only relay of moves to another): gsync must retire it. Per day for the world, drawn
+# from a generator of its own, so that the other faults of a seed stay where they were.
+ABANDON_PER_DAY = 0.25
 WORLD_RATES = {
     "own_away": 0.3,  # the own relay away 30 s - 2 h; 35 % lose their last writes, 5 % all
     "gsync_killed": 0.3,  # killed, started again after 1 s - 2 min on its state_dir
@@ -52,6 +57,11 @@ class Faults:
                 self._arrivals(name, RELAY_RATES[name] * scale, stop, url)
         for name in sorted(WORLD_RATES):
             self._arrivals(name, WORLD_RATES[name] * scale, stop, None)
+        self.abandon_rng = random.Random(f"abandon:{sim.options.seed}")
+        t = sim.clock.now
+        rate = sim.options.abandon_per_day * scale
+        while rate > 0 and (t := t + self.abandon_rng.expovariate(rate / DAY)) < stop:
+            sim.at(t, self.abandon)
         if sim.liveness_after is not None:
             sim.at(stop, self.heal)
 
@@ -120,6 +130,24 @@ class Faults:
                 sim.at(now + r.uniform(1, 120), sim.start_gsync)
         if relay is not None or name in WORLD_RATES:
             sim.note("fault", name, url or "")
+
+    def abandon(self) -> None:
+        """A remote relay (not a bootstrap one) every repository listing it drops: each is
+        announced again without it, published as a user would (to its relays, one time in
+        five to the own relay too)."""
+        sim, r, world = self.sim, self.abandon_rng, self.sim.world
+        listed = [u for u in world.relay_urls + world.spare_urls
+                  if u not in world.bootstrap and any(u in repo.relays for repo in world.repos)]
+        if not listed:
+            return
+        url = r.choice(listed)
+        self.counts["abandoned"] = self.counts.get("abandoned", 0) + 1
+        sim.note("fault", "abandoned", url)
+        for repo in world.repos:
+            if url in repo.relays:
+                repo.relays = [u for u in repo.relays if u != url] or [r.choice([u for u in world.relay_urls if u != url])]
+                event = world.announce(repo, int(sim.clock.now))
+                sim.publish(event, list(repo.relays), own=r.random() < 0.2)
 
     def unrefuse(self, url: str, key: str) -> None:
         relay = self.sim.relays[url]

@@ -14,16 +14,18 @@ with the simulated day it happened and what broke.
 - ``dial_storm``: more than 30 handshakes to one relay within an hour (3 more for each time
   it went down in that hour); ``dead_dialled``: a
   relay down for more than DEAD_AFTER_SECS + max backoff dialled twice within
-  DEAD_RETRY_SECS (less an hour of slack).
+  DEAD_RETRY_SECS (less an hour of slack); counted from its first dial since it entered gsync's
+  table (a relay retired leaves its dead mark with it: sampled every 10 minutes).
 - ``relay_table``: a relay in gsync's relay table that no announcement the own relay holds
   lists (and is not bootstrap) for more than an hour (a day after the own relay lost data:
   gsync is not told what it lost); ``metric_labels``: a per-relay metric
   series for a relay not in the table; ``table_bound``: seen, rejected, held, recovery
   tables past a bound computed from the world.
 - ``neglected_relay``: over a window of NEGLECT_WINDOW_SECS, a relay gsync should sync
-  from was up (while gsync ran) for at least half the window, and gsync had a session with
-  it for less than a quarter of that time — unless it had been down for 20 h or more in the
-  26 h before (dead: one attempt a day is what SPEC asks).
+  from was up (while gsync ran and it was wanted, as sampled every 10 minutes) for at least
+  half the window, and gsync had a session with it for less than a quarter of that time —
+  unless it had been down for 20 h or more in the 26 h before (dead: one attempt a day is
+  what SPEC asks).
 - ``refused_asked_again``: a tag key a relay refused by policy (CLOSED ``blocked:``) asked of
   it again more than twice within POLICY_PROBE_SECS after gsync read the refusal.
 - ``unservable_asked_again``: an id a relay advertises and never serves (the ``hidden``
@@ -85,6 +87,7 @@ class Checker:
         self.refused_at: dict[tuple[str, str], list] = {}  # (relay, tag key) -> [read at, asked since]
         self.hidden_asks: dict[tuple[str, str], list[float]] = {}  # (relay, hidden id) -> asked by id at
         self.ids_judged: dict[str, float] = {}  # relay -> the ids_unserved_at last checked
+        self.tabled_since: dict[str, float] = {}  # relay -> its first dial since it (re)entered the table
 
     # -- recording ------------------------------------------------------------------------
 
@@ -282,6 +285,8 @@ class Checker:
             self.violation("dial_storm", f"{url}: more than {bound} handshakes within an hour "
                                          f"({len(downs)} restarts)")
         since = self.down_since.get(url)
+        if since is not None:  # (a relay retired forgets its dead mark: counted from its return to the table)
+            since = max(since, self.tabled_since.setdefault(url, now))
         dead_at = None if since is None else since + constants.DEAD_AFTER_SECS + self.sim.manager.config.sync.max_backoff_secs
         if dead_at is not None and now > dead_at + HOUR:
             earlier = [t for t in times[:-1] if t > dead_at]
@@ -347,11 +352,15 @@ class Checker:
 
     def bounded(self) -> None:
         m = self.sim.manager
+        now = self.sim.clock.now
+        wanted, _ = self.wanted_relays()
+        for url in self.uptime:
+            if url not in wanted:  # (neglect judges only the time a relay was wanted: sampled here)
+                self.account(url)
+                self.uptime[url] = [now, 0.0, 0.0]
         if m is None:
             return
-        now = self.sim.clock.now
         m.update_metrics(now)  # a scrape of /metrics (every 10 minutes): the gauges it sets, checked below
-        wanted, _ = self.wanted_relays()
         table = list(m.relays.keys())
         for url in table:
             if url in wanted or now - self.own_lost_at < 26 * HOUR:
@@ -362,6 +371,9 @@ class Checker:
         for url in list(self.unwanted_since):
             if url not in m.relays:
                 del self.unwanted_since[url]
+        for url in list(self.tabled_since):
+            if url not in m.relays:
+                del self.tabled_since[url]
         known = set(table)
         if self.labelled is None:
             self.labelled = [(m, m._labelnames.index("relay")) for m in metrics.relay_labelled()]

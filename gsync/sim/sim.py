@@ -78,6 +78,7 @@ class SimOptions:
     publish_per_day: float | None = None  # world activity; default: repos / 3 a day
     faults: bool = True
     fault_scale: float = 1.0  # every fault rate times this
+    abandon_per_day: float = faults_module.ABANDON_PER_DAY  # relays dropped by every repository listing them
     liveness_after: float | None = None  # the day faults stop (default: days - 2, if > 1)
     tick_secs: float = constants.MAINTENANCE_TICK_SECS
     idle_tick_secs: float = 120.0  # the tick's period while nothing else happens (see tick)
@@ -764,6 +765,8 @@ class SimResult:
         extra = "" if o.faults else " --no-faults"
         if o.fault_scale != default.fault_scale:
             extra += f" --fault-scale {o.fault_scale:g}"
+        if o.abandon_per_day != default.abandon_per_day:
+            extra += f" --abandon-rate {o.abandon_per_day:g}"
         if o.liveness_after is not None:
             extra += f" --liveness-after {o.liveness_after:g}"
         if o.idle_tick_secs != default.idle_tick_secs:

@@ -7,7 +7,10 @@ says the relay does not serve ids (``ids_not_served``: REQ+EOSE there for a day)
 does not bring either is not there to be served (hidden on read, expired, deleted between
 the exchange and the fetch): *unservable there* (``UnservableIds``), not asked on that relay
 again before its next daily fresh start, and recovered from the other relays that list its
-repository. One such id costs the relay nothing else, NIP-77 included.
+repository. One such id costs the relay nothing else, NIP-77 included. The fresh start asks
+it again, by id, once: an id that was unservable there before that fresh start
+(``UnservableIds.before``) is not lag, and does not get the residual's retry by id (it goes
+to its filter at once).
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ class UnservableIds:
     def __init__(self, max_ids: int = UNSERVABLE_MAX_IDS):
         self.max_ids = max_ids
         self._ids: dict[str, None] = {}
+        self._before: frozenset[str] = frozenset()  # what was unservable at the last ``clear``
 
     def add(self, ids: Iterable[str]) -> list[str]:
         """Remember ``ids``; returns those not remembered before (what is counted)."""
@@ -55,5 +59,12 @@ class UnservableIds:
     def __len__(self) -> int:
         return len(self._ids)
 
+    def before(self, event_id: str) -> bool:
+        """Was ``event_id`` unservable here before the last daily fresh start (or is it now)?"""
+        return event_id in self._ids or event_id in self._before
+
     def clear(self) -> None:
+        """The daily fresh start: each id is asked once more; what was unservable is
+        remembered until the next one (``before``), no more (bounded as ``max_ids``)."""
+        self._before = frozenset(self._ids)
         self._ids.clear()

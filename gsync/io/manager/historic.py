@@ -805,6 +805,10 @@ class HistoricSync:
         self.judge_by_filter(state, batch)
         if batch.advertised_ids:
             decision = batch.residual_decision()
+            if decision is ResidualDecision.RETRY_RESIDUAL and all(
+                    state.unservable.before(i) for i in batch.residual_ids()):
+                # (unservable there the day before: not lag, no retry by id; by its filter)
+                decision = ResidualDecision.SEMANTIC_FALLBACK
             if decision is ResidualDecision.RETRY_RESIDUAL:
                 move_batch(state, batch, Step.IDS_ASKED_AGAIN)
                 self.queue_id_fetches(state, batch, batch.begin_residual_retry())
