@@ -82,18 +82,6 @@ class BatchKind(enum.Enum):
         return self in (BatchKind.RECOVERY, BatchKind.POLL, BatchKind.PROBE)
 
 
-NEGENTROPY_TOKEN = "neg"  # a NIP-77 exchange's token; REQ sub ids start otherwise ("h", …)
-
-
-def negentropy_token(batch_id: int, n: int) -> str:
-    return f"{NEGENTROPY_TOKEN}{batch_id}-{n}"
-
-
-def is_negentropy_token(sub_id: str) -> bool:
-    """A queued or outstanding entry of a batch that is a NIP-77 exchange, not a REQ."""
-    return sub_id.startswith(NEGENTROPY_TOKEN)
-
-
 # -- pagination ---------------------------------------------------------------------------
 
 
