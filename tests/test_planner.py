@@ -12,6 +12,7 @@ from gsync.protocol.event import Event
 from gsync.protocol.filters import Filter
 from gsync.protocol.nip11 import RelayLimits
 from gsync.sync import plan_actions as act
+from gsync.sync import start_queue
 from gsync.sync.batch_phase import BatchPhase, Step
 from gsync.sync.claims import FetchClaims
 from gsync.sync.health import RelayHealthTracker
@@ -264,10 +265,10 @@ def test_the_first_queued_start_goes_and_the_batch_has_started():
     state = w.relay()
     batch = w.batch(state, ISSUES)
     w.plan.queue.add_reqs(state, batch, [ISSUES])
-    start = w.plan.next_start(state, False, 0, NOW)
+    start = start_queue.next_start(w.plan, state, False, 0, NOW)
     assert isinstance(start, act.Start) and start.filters == [ISSUES] and start.batch is batch
     assert batch.phase is BatchPhase.STARTED and not state.current.historic_queue
-    assert w.plan.next_start(state, False, 0, NOW) is None
+    assert start_queue.next_start(w.plan, state, False, 0, NOW) is None
 
 
 def test_an_exchange_starts_with_what_its_batch_read_of_the_own_relay():
@@ -275,7 +276,7 @@ def test_an_exchange_starts_with_what_its_batch_read_of_the_own_relay():
     state = w.relay()
     batch = w.batch(state, ISSUES)
     w.plan.queue.add_exchange(state, batch, ISSUES, [(1, "a")])
-    start = w.plan.next_start(state, False, 0, NOW)
+    start = start_queue.next_start(w.plan, state, False, 0, NOW)
     assert start.holdings == ([(1, "a")], None) and not batch.own_holdings
 
 
@@ -284,9 +285,9 @@ def test_a_req_past_the_open_filters_bytes_waits_for_one_to_end():
     state = w.relay()
     batch = w.batch(state, ISSUES)
     w.plan.queue.add_reqs(state, batch, [ISSUES])
-    assert w.plan.next_start(state, True, 10**9, NOW) is None
+    assert start_queue.next_start(w.plan, state, True, 10**9, NOW) is None
     assert len(state.current.historic_queue) == 1
-    assert w.plan.next_start(state, False, 10**9, NOW) is not None  # alone it goes whatever its size
+    assert start_queue.next_start(w.plan, state, False, 10**9, NOW) is not None  # alone it goes whatever its size
 
 
 def test_thread_starts_wait_for_their_batchs_layer2_exchanges():
@@ -295,10 +296,10 @@ def test_thread_starts_wait_for_their_batchs_layer2_exchanges():
     batch = w.batch(state, ISSUES)
     state.current.neg_running["neg0-0"] = RunningExchange(None, batch.batch_id, LAYER2, NOW)
     w.plan.queue.add_reqs(state, batch, [THREAD])
-    assert w.plan.next_start(state, False, 0, NOW) is None
+    assert start_queue.next_start(w.plan, state, False, 0, NOW) is None
     other = w.batch(state, ISSUES)
     w.plan.queue.add_reqs(state, other, [ISSUES])
-    assert w.plan.next_start(state, False, 0, NOW).batch is other  # not held behind them
+    assert start_queue.next_start(w.plan, state, False, 0, NOW).batch is other  # not held behind them
 
 
 def test_a_shape_refused_by_policy_leaves_a_queued_req_before_it_starts():
@@ -307,7 +308,7 @@ def test_a_shape_refused_by_policy_leaves_a_queued_req_before_it_starts():
     batch = w.batch(state, ISSUES)
     w.plan.queue.add_reqs(state, batch, [ISSUES, PATCHES])
     state.paused.pause(coverage_key(PATCHES), NOW)
-    start = w.plan.next_start(state, False, 0, NOW)
+    start = start_queue.next_start(w.plan, state, False, 0, NOW)
     assert start.filters == [ISSUES]
 
 
@@ -317,7 +318,7 @@ def test_a_batch_a_regroup_empties_is_finished_before_the_queue_is_asked_again()
     batch = w.batch(state, PATCHES)
     w.plan.queue.add_reqs(state, batch, [PATCHES])
     state.paused.pause(coverage_key(PATCHES), NOW)
-    assert w.plan.next_start(state, False, 0, NOW) is act.AGAIN
+    assert start_queue.next_start(w.plan, state, False, 0, NOW) is act.AGAIN
     assert w.take(act.Advance) == [act.Advance(state, batch, pump=False)] and batch.is_complete
 
 
@@ -328,7 +329,7 @@ def test_an_exchange_over_the_known_result_cap_is_cut_before_it_starts():
     batch = w.batch(state, ISSUES)
     held = [(1_700_000_000 + i * 60, f"{i:064x}") for i in range(1000)]
     token = w.plan.queue.add_exchange(state, batch, ISSUES, held)
-    start = w.plan.next_start(state, False, 0, NOW)
+    start = start_queue.next_start(w.plan, state, False, 0, NOW)
     assert [a.event for a in w.take(act.Log)] == ["negentropy_filter_cut"]
     assert token not in batch.outstanding_subs
     assert start.filters[0].until is not None or start.filters[0].since is not None  # a window of it
@@ -343,7 +344,7 @@ def test_an_eose_closes_the_req_and_queues_a_full_pages_next_page_first():
     w.plan.queue.add_reqs(state, batch, [ISSUES])
     other = w.batch(state, PATCHES)
     w.plan.queue.add_reqs(state, other, [PATCHES])
-    start = w.plan.next_start(state, False, 0, NOW)
+    start = start_queue.next_start(w.plan, state, False, 0, NOW)
     for i in range(500):  # a full page: the relay's cap may have cut it
         event = Event(id=f"{i:064x}", pubkey="ab" * 32, created_at=1_700_000_000 + i, kind=1621,
                       tags=(("a", REPO),), content="", sig="00" * 64)
@@ -378,7 +379,7 @@ def test_historic_slots_are_what_the_budget_leaves_beside_live_coverage():
     batch = w.batch(state, ISSUES)
     w.plan.queue.add_reqs(state, batch, [ISSUES])
     sub_id = state.current.historic_queue[0][0]
-    assert w.plan.slots(state, {sub_id}) == (2, 1)
+    assert start_queue.slots(state, {sub_id}) == (2, 1)
     state.current.live_subs.update(a=None, b=None)
-    assert w.plan.slots(state, set()) == (1, 0)  # never none
+    assert start_queue.slots(state, set()) == (1, 0)  # never none
     assert Step.FIRST_START not in [s for _, s in w.moves]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from gsync.io.negentropy_sync import NegentropyOutcome
 from gsync.protocol.filters import Filter
 from gsync.protocol.nip11 import RelayLimits
-from gsync.sync import batch_end
+from gsync.sync import batch_end, start_queue
 from gsync.sync import plan_actions as act
 from gsync.sync.batch_phase import BatchPhase
 from gsync.sync.pending import BatchKind, SyncMethod
@@ -31,7 +31,7 @@ def exchange_of(w, state, flt=ISSUES, items=None, kind=BatchKind.SYNC):
     batch = w.batch(state, flt, kind=kind, items=items or repo_items())
     batch.method = SyncMethod.NEGENTROPY
     token = w.plan.queue.add_exchange(state, batch, flt, [])
-    w.plan.next_start(state, False, 0, NOW)
+    start_queue.next_start(w.plan, state, False, 0, NOW)
     w.plan.queue.ended(state, token)
     w.take()
     return batch, token
@@ -41,7 +41,7 @@ def started(w, batch):
     """The batch's REQs all started and answered."""
     state = w.relays[batch_relay(w, batch)]
     while state.current.historic_queue:
-        start = w.plan.next_start(state, False, 0, NOW)
+        start = start_queue.next_start(w.plan, state, False, 0, NOW)
         w.plan.queue.ended(state, start.sub_id)
         batch.finish_subscription(start.sub_id)
 

@@ -11,30 +11,22 @@ the lookups it is given (``own_held``, ``seen``, ``rejected``, ``delivery``)."""
 from __future__ import annotations
 
 from .. import constants
-from ..constants import MAX_OPEN_FILTER_BYTES
 from ..protocol.filters import Filter
-from ..protocol.messages import req_size
-from . import filter_plan, method, result_caps
+from . import filter_plan, method
 from .batch_phase import Step
 from .pending import BatchKind, CrowdedSecond, PendingBatch, SyncMethod, split_crowded
 from .plan_actions import (
-    AGAIN,
-    Advance,
     AwaitRead,
     Close,
     Count,
     LogActions,
     OwnKnown,
     ReadOwn,
-    Start,
 )
-from .policy import by_shape, coverage_key
 from .repos import identifier_of
 from .shard import OTHER_SHARD_LEAD
 from .start_queue import StartQueue, is_exchange, is_own_read, queued_of, union_of_holdings
 from .targets import PendingItems
-
-MAX_HISTORIC_SUBS = 4  # concurrent historic REQs per relay, within the transient budget
 
 
 class HistoricPlanner:
@@ -358,152 +350,13 @@ class HistoricPlanner:
                  filters=len(by_neg))
         return True
 
-    # -- the next start ---------------------------------------------------------------------
-
-    def next_start(self, state, open_any: bool, open_bytes: int, now: float):
-        """The queued start that goes now (``Start``), taken from the queue; ``AGAIN`` when
-        a regroup left its batch with nothing outstanding (it is finished: ``Advance``,
-        then the queue asked again); None when nothing may go: the queue is empty, what is
-        queued waits for exchanges to answer (``first_startable``), or the REQ would pass
-        the open filters' bytes (one open historic REQ must end first)."""
-        session = state.current
-        while session.historic_queue:
-            first = self.first_startable(state)
-            if first is None:
-                return None  # thread starts waiting for their batch's layer-2 exchanges: those pump
-            self.queue.to_front(state, first)
-            sub_id, group = session.historic_queue[0]
-            if sub_id not in session.sub_to_batch:
-                self.queue.drop_first(state)
-                continue
-            if state.paused or session.stalled_shapes or state.paused.refused_any:
-                regrouped = self.regroup_before_start(state, sub_id, group)
-                if regrouped is not None:
-                    if regrouped.is_complete:
-                        self.todo.append(Advance(state, regrouped, pump=False))
-                        return AGAIN
-                    continue
-            batch = session.pending.get(session.sub_to_batch[sub_id])
-            if is_exchange(sub_id) and self.cut_before_start(state, batch, sub_id, group[0], now):
-                continue
-            group = self.fill_before_start(state, batch, sub_id, group)
-            if open_any and open_bytes + req_size(sub_id, group) > MAX_OPEN_FILTER_BYTES:
-                return None  # wait for a historic REQ to finish and free room
-            self.queue.drop_first(state)
-            if batch is not None and not batch.started:
-                self.move(state, batch, Step.FIRST_START)  # a later AddFilters queues beside it
-            return Start(sub_id, group, batch, self.exchange_holdings(batch, sub_id, group[0], now)
-                         if is_exchange(sub_id) else None)
-        return None
-
-    @staticmethod
-    def first_startable(state) -> int | None:
-        """Where the first queued start that may go now is: the first, unless it asks for
-        threads (``#e``/``#E``/``#q`` of roots: an exchange, or a REQ with such a filter) for a
-        batch whose layer-2 exchanges have not all answered; what those find missing may be
-        roots, whose threads then join it (``cover_threads_ahead``) instead of taking a round
-        of their own. They end by their deadline, and pump again when they do. None: all
-        that is queued waits so."""
-        queue, session = state.current.historic_queue, state.current
-        layer2 = None  # batches with a layer-2 exchange queued or running
-        for i, (sub_id, group) in enumerate(queue):
-            if not any(map(filter_plan.asks_by_root, group)):
-                return i
-            if layer2 is None:
-                layer2 = {run.batch_id for run in session.neg_running.values() if filter_plan.asks_by_repo(run.filter)}
-                layer2.update(session.sub_to_batch[token] for token, g in queue if token in session.sub_to_batch
-                              and is_exchange(token) and filter_plan.asks_by_repo(g[0]))
-            if session.sub_to_batch.get(sub_id) not in layer2:  # a stale entry (None) goes: pump drops it
-                return i
-        return None
-
-    def regroup_before_start(self, state, sub_id: str, group) -> PendingBatch | None:
-        """A queued REQ meets what the relay taught us since it was queued: shapes it
-        refused by policy go (a probe's own filter stays), and a shape that stalled on this
-        connection, or that the relay refused once (``CoveragePauses.goes_alone``), goes
-        alone, so that it cannot hold or take down the rest. Its batch if it changed."""
-        session = state.current
-        batch_id = session.sub_to_batch[sub_id]
-        if batch_id in session.probes:
-            return None
-        keep = [i for i, f in enumerate(group) if not state.paused.is_filter_paused(f)]
-        alone = [i for i in keep
-                 if coverage_key(group[i]) in session.stalled_shapes or state.paused.goes_alone(group[i])]
-        rest = [i for i in keep if i not in alone]
-        apart = [[alone[j] for j in idx] for idx in by_shape([group[i] for i in alone])]  # (no rest: a REQ a shape)
-        parts = [rest, *([i] for i in alone)] if rest else apart if len(apart) > 1 else [keep]
-        if parts == [list(range(len(group)))]:
-            return None
-        batch = session.pending[batch_id]
-        self.queue.drop_first_of(state, None, sub_id)
-        if is_exchange(sub_id):
-            batch.finish_subscription(sub_id)
-        else:
-            self.queue.split_first(state, batch, sub_id, parts)
-        return batch
-
-    def cut_before_start(self, state, batch: PendingBatch | None, token: str, flt: Filter, now: float) -> bool:
-        """An exchange about to start on a relay whose result cap is known, for a filter the
-        own relay alone holds more of than that: cut now (``result_caps.cut_before_start``),
-        not one refusal later. True if it was (its pieces are first in the queue)."""
-        if batch is None or state.result_cap.limit() is None:
-            return False
-        held = batch.own_holdings.get(token)
-        if held is None:
-            held = self.own_held.holdings(flt, now)
-        if held is None:
-            return False  # the exchange reads it: known after a refusal, if one comes
-        cut = result_caps.cut_before_start(state.result_cap, flt, [*held, *self.have_beyond_holdings(flt)])
-        if cut is None:
-            return False
-        self.queue.drop_first_of(state, batch, token)
-        self.log.info("negentropy_filter_cut", relay=state.url, batch_id=batch.batch_id, parts=len(cut.exchanges),
-                 pages=len(cut.pages), limit=state.result_cap.limit())
-        self.queue.add_cut(state, batch, cut)
-        return True
-
-    def fill_before_start(self, state, batch: PendingBatch | None, sub_id: str, group: list[Filter]) -> list[Filter]:
-        """The REQ about to start: its filters that filled their last page are split into
-        the room left (``PendingBatch.fill_by_splitting``), within the relay's message size.
-        Not towards a relay that refused us for query rate: more filters for the same
-        events would only bring its next refusal sooner."""
-        if batch is None or is_exchange(sub_id) or self.health.limits_query_rate(state.url):
-            return group
-        group = batch.fill_by_splitting(sub_id, filter_plan.filters_per_req(state.current.limits),
-                                        filter_plan.req_length_limit(state.current.limits))
-        self.queue.replace_filters(state, 0, sub_id, group)
-        return group
-
-    def exchange_holdings(self, batch: PendingBatch | None, token: str, flt: Filter, now: float):
-        """(what the own relay holds of ``flt``, a part of it whose holdings are not known)
-        for an exchange about to start: what its batch read for it, with what is now known
-        of values that joined it since; else what the session knows (None: the exchange
-        reads it)."""
-        held = batch.own_holdings.pop(token, None) if batch is not None else None
-        also = batch.read_also.pop(token, None) if batch is not None else None
-        if held is None:
-            return self.own_held.holdings(flt, now), None
-        if also is not None and (known := self.own_held.holdings(also, now)) is not None:
-            return union_of_holdings(held, known), None
-        return held, also
+    # -- what the exchanges read besides the own relay's holdings ---------------------------
 
     def have_beyond_holdings(self, flt: Filter) -> list[tuple[int, str]]:
         """What a NIP-77 have-set for ``flt`` claims besides the own relay's holdings: the
         refused events and those in flight to the own relay that ``flt`` matches (indexed:
         the cost follows the filter, not everything in flight)."""
         return self.rejected.items_matching(flt) + self.delivery.tracked_matching(flt)
-
-    @staticmethod
-    def slots(state, open_subs) -> tuple[int, int]:
-        """(historic REQs and exchanges the relay may have open at once, those open):
-        what its subscription budget leaves beside live coverage, 1 to MAX_HISTORIC_SUBS;
-        and its historic REQs among ``open_subs`` (the connection's) with the NIP-77
-        exchanges running."""
-        session = state.current
-        budget = filter_plan.SubscriptionBudget.from_limits(session.limits)
-        room = budget.max_subscriptions - len(session.live_subs) - 1
-        return (max(1, min(MAX_HISTORIC_SUBS, room)),
-                len(session.neg_running) + sum(1 for s in session.sub_to_batch if s in open_subs))
 
     # -- an EOSE ----------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...protocol.filters import Filter
-from ...sync import batch_end, batch_phase, filter_plan
+from ...sync import batch_end, batch_phase, filter_plan, start_queue
 from ...sync import plan_actions as act
 from ...sync.batch_phase import Step
 from ...sync.pending import BatchKind, PendingBatch
@@ -226,14 +226,14 @@ class HistoricSync:
             return
         if self.delivery_holds_history():
             return
-        limit, open_historic = self.plan.slots(state, state.current.conn.subscriptions)
+        limit, open_historic = start_queue.slots(state, state.current.conn.subscriptions)
         while state.current.historic_queue and open_historic < limit:
             now = self.clock()
             wait = self.health.may_start_background(state.url, now)
             if wait > 0:
                 self.live.wake_pump_in(state, wait)
                 return
-            start = self.plan.next_start(state, open_historic > 0, state.current.conn.open_filter_bytes, now)
+            start = start_queue.next_start(self.plan, state, open_historic > 0, state.current.conn.open_filter_bytes, now)
             self.execute()
             if start is act.AGAIN:
                 continue
