@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 from types import SimpleNamespace
 
+from gsync.io.inbox import OwnHoldingsRead
 from gsync.protocol.event import Event
 from gsync.protocol.filters import Filter
 from gsync.protocol.nip11 import RelayLimits
@@ -102,6 +103,22 @@ class World:
 
 def queued(state):
     return [(type(sub_id), filters) for sub_id, filters in state.current.historic_queue]
+
+
+def answer(state, batch, filters, holdings):
+    """The own relay's holdings of ``filters``, for the read ``batch`` waits on."""
+    [token] = batch.outstanding_subs
+    return OwnHoldingsRead(state.url, state.session, batch.batch_id, token, filters, holdings)
+
+
+def test_an_own_relay_that_cannot_say_what_it_holds_is_read_as_holding_nothing():
+    w = World()
+    state = w.relay()
+    batch, _ = w.plan.start(state, repo_items(), [ISSUES], BatchKind.SYNC, False, (), False, NOW)
+    w.take()
+    assert w.plan.holdings_read(state, batch, answer(state, batch, [ISSUES], None), NOW)
+    assert queued(state) == [(ReqId, [ISSUES])]
+    assert "negentropy_own_relay_unavailable" in [a.event for a in w.take(act.Log)]
 
 
 def repo_items():
@@ -224,8 +241,8 @@ def test_what_the_own_relay_lacks_entirely_goes_by_req_pages_on_a_first_sync():
     w = World()
     state = w.relay()
     batch, _ = w.plan.start(state, repo_items(), [ISSUES], BatchKind.SYNC, False, (), False, NOW)
-    batch.finish_subscription(next(iter(batch.outstanding_subs)))
-    assert w.plan.holdings_read(state, batch, [ISSUES], [[]], NOW)
+    assert w.plan.holdings_read(state, batch, answer(state, batch, [ISSUES], [[]]), NOW)
+    assert not batch.outstanding_subs - set(state.current.sub_to_batch)  # the own read is answered
     assert queued(state) == [(ReqId, [ISSUES])] and batch.method is SyncMethod.REQ_EOSE
 
 
@@ -235,8 +252,7 @@ def test_what_the_own_relay_holds_much_of_goes_by_an_exchange_with_those_holding
     held = [(1_700_000_000 + i, f"{i:064x}") for i in range(3000)]
     w.plan.seen.update((event_id, None) for _, event_id in held)  # held before this round
     batch, _ = w.plan.start(state, repo_items(), [ISSUES], BatchKind.SYNC, False, (), False, NOW)
-    batch.finish_subscription(next(iter(batch.outstanding_subs)))
-    assert w.plan.holdings_read(state, batch, [ISSUES], [held], NOW)
+    assert w.plan.holdings_read(state, batch, answer(state, batch, [ISSUES], [held]), NOW)
     [(token, [flt])] = state.current.historic_queue
     assert isinstance(token, ExchangeToken) and flt == ISSUES and batch.own_holdings[token] == held
     assert batch.method is SyncMethod.NEGENTROPY

@@ -6,6 +6,7 @@ test_unservable_decisions.py, test_result_caps.py, test_threads_ahead.py and
 test_negentropy_sync.py."""
 from __future__ import annotations
 
+from gsync.io.inbox import NegentropyFinished
 from gsync.io.negentropy_sync import NegentropyOutcome
 from gsync.protocol.filters import Filter
 from gsync.protocol.nip11 import RelayLimits
@@ -26,13 +27,18 @@ def served(need=(), **kwargs):
     return NegentropyOutcome(True, need_ids=list(need), rounds=1, **kwargs)
 
 
+def finished(w, state, batch, token, flt, result, now=NOW):
+    """The exchange ``token`` of ``batch`` for ``flt`` answers ``result``."""
+    answer = NegentropyFinished(state.url, state.session, batch.batch_id, token, flt, result)
+    return batch_end.exchange_finished(w.plan, state, answer, w.plan.own_held.forgotten, now)
+
+
 def exchange_of(w, state, flt=ISSUES, items=None, kind=BatchKind.SYNC):
     """A batch with one exchange for ``flt``, started."""
     batch = w.batch(state, flt, kind=kind, items=items or repo_items())
     batch.method = SyncMethod.NEGENTROPY
     token = w.plan.queue.add_exchange(state, batch, flt, [])
     start_queue.next_start(w.plan, state, False, 0, NOW)
-    w.plan.queue.ended(state, token)
     w.take()
     return batch, token
 
@@ -57,7 +63,7 @@ def test_what_an_exchange_finds_missing_is_claimed_then_fetched_by_id_first_in_t
     state = w.relay()
     batch, token = exchange_of(w, state)
     w.plan.queue.add_reqs(state, w.batch(state, PATCHES), [PATCHES])  # newer work
-    batch_end.exchange_finished(w.plan, state, batch, token, ISSUES, served(IDS[:3]), NOW)
+    finished(w, state, batch, token, ISSUES, served(IDS[:3]), NOW)
     assert w.take(act.Served) == [act.Served(state)]
     assert batch.advertised_ids == set(IDS[:3]) and batch.found_by[IDS[0]] == ISSUES
     (first, [by_id]), _ = state.current.historic_queue
@@ -70,7 +76,7 @@ def test_an_exchange_that_lacks_most_of_its_filter_fetches_it_by_its_pages():
     state = w.relay()
     batch, token = exchange_of(w, state)
     many = [f"{i:064x}" for i in range(2000)]
-    batch_end.exchange_finished(w.plan, state, batch, token, ISSUES, served(many), NOW)
+    finished(w, state, batch, token, ISSUES, served(many), NOW)
     assert queued(state) == [(ReqId, [ISSUES])] and not batch.advertised_ids
 
 
@@ -80,7 +86,7 @@ def test_where_other_relays_list_the_repository_the_missing_go_by_id_whatever_th
     state = w.relay()
     batch, token = exchange_of(w, state)
     many = [f"{i:064x}" for i in range(2000)]
-    batch_end.exchange_finished(w.plan, state, batch, token, ISSUES, served(many), NOW)
+    finished(w, state, batch, token, ISSUES, served(many), NOW)
     assert len(batch.advertised_ids) == 2000 and all(f.ids for _, [f] in queued(state))
 
 
@@ -90,7 +96,7 @@ def test_a_failed_exchange_turns_nip77_off_and_its_filter_and_the_queued_exchang
     batch, token = exchange_of(w, state)
     waiting = w.plan.queue.add_exchange(state, batch, PATCHES, [])
     failed = NegentropyOutcome(False, reason="blocked: no negentropy here")
-    batch_end.exchange_finished(w.plan, state, batch, token, ISSUES, failed, NOW)
+    finished(w, state, batch, token, ISSUES, failed, NOW)
     assert not state.current.negentropy_ok and not w.plan.health.negentropy_allowed(A)
     assert queued(state) == [(ReqId, [ISSUES, PATCHES])] and waiting not in batch.outstanding_subs
     assert [a.event for a in w.take(act.Log)] == ["negentropy_unsupported"]
@@ -101,12 +107,12 @@ def test_an_advertised_nip77_refused_rests_for_a_day_and_a_rate_limit_is_told():
     w = World()
     state = w.relay(limits=RelayLimits(supported_nips=frozenset({77})))
     batch, token = exchange_of(w, state)
-    batch_end.exchange_finished(w.plan, state, batch, token, ISSUES, NegentropyOutcome(False, reason="error"), NOW)
+    finished(w, state, batch, token, ISSUES, NegentropyOutcome(False, reason="error"), NOW)
     assert state.nip77_failed_at == NOW
     other = w.relay(B)
     batch, token = exchange_of(w, other)
     limited = NegentropyOutcome(False, reason="rate-limited: slow down")
-    batch_end.exchange_finished(w.plan, other, batch, token, ISSUES, limited, NOW)
+    finished(w, other, batch, token, ISSUES, limited, NOW)
     assert w.take(act.RateLimited) == [act.RateLimited(other, "rate-limited: slow down")]
 
 
@@ -115,7 +121,7 @@ def test_an_own_relay_failure_keeps_nip77_on():
     state = w.relay()
     batch, token = exchange_of(w, state)
     failed = NegentropyOutcome(False, reason="own relay query failed", own_relay_failed=True)
-    batch_end.exchange_finished(w.plan, state, batch, token, ISSUES, failed, NOW)
+    finished(w, state, batch, token, ISSUES, failed, NOW)
     assert state.current.negentropy_ok and queued(state) == [(ReqId, [ISSUES])]
 
 
@@ -125,7 +131,7 @@ def test_an_exchange_past_the_result_cap_is_cut_into_windows_first_in_the_queue(
     batch, token = exchange_of(w, state)
     w.plan.own_held.learn(ISSUES, [], NOW)  # (known: the own relay holds none of it)
     refused = NegentropyOutcome(False, reason="too many", failure="too-many-results", cap=100)
-    batch_end.exchange_finished(w.plan, state, batch, token, ISSUES, refused, NOW)
+    finished(w, state, batch, token, ISSUES, refused, NOW)
     assert state.current.negentropy_ok and state.result_cap.limit() == 100
     assert state.current.historic_queue and [a.event for a in w.take(act.Log)] == ["negentropy_filter_split"]
 
@@ -136,7 +142,7 @@ def test_roots_a_layer2_exchange_finds_join_the_batchs_thread_exchange_and_are_c
     batch, token = exchange_of(w, state, LAYER2)
     thread = w.plan.queue.add_exchange(state, batch, THREAD, [])
     w.plan.queue.add_reqs(state, batch, [Filter.make(tags={"e": ["cd" * 32]})])  # room for the other shapes
-    batch_end.exchange_finished(w.plan, state, batch, token, LAYER2, served(IDS[:2]), NOW)
+    finished(w, state, batch, token, LAYER2, served(IDS[:2]), NOW)
     [(joined, [merged])] = [(t, g) for t, g in state.current.historic_queue if isinstance(t, ExchangeToken)]
     assert joined == thread and merged.tags[0][1] == {"cd" * 32, *IDS[:2]}
     assert batch.read_also[thread].tags[0][1] == set(IDS[:2])  # read when it starts

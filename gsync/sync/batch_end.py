@@ -29,9 +29,19 @@ from .unservable import ids_not_served
 
 # -- an exchange's outcome ------------------------------------------------------------------
 
-def exchange_finished(plan, state, batch: PendingBatch, token: str, flt: Filter, result, now: float) -> None:
-    """The exchange ``token`` of ``batch`` answered (or failed, or passed its deadline); the
-    batch's last exchange fetches everything they found."""
+def exchange_finished(plan, state, answer, epoch: int, now: float) -> PendingBatch | None:
+    """``answer`` (a ``NegentropyFinished``): an exchange answered, failed or passed its
+    deadline. What it read of the own relay is kept (unless the session's holdings were
+    forgotten since it began: ``epoch``); its batch's last exchange fetches everything they
+    found. Returns its batch, if still pending."""
+    token, flt, result = answer.token, answer.filter, answer.result
+    if result.read_also is not None and epoch == plan.own_held.forgotten:
+        part, entries = result.read_also  # new values' holdings: other relays' exchanges use them
+        plan.own_held.learn(part, entries, now)
+    batch = state.current.pending.get(answer.batch_id)
+    plan.queue.ended(state, token)
+    if batch is None:
+        return None
     batch.finish_subscription(token)
     if result.ok:
         exchange_served(plan, state, batch, flt, result, now)
@@ -41,6 +51,7 @@ def exchange_finished(plan, state, batch: PendingBatch, token: str, flt: Filter,
         exchange_failed(plan, state, batch, flt, result, now)
     if not any(map(is_exchange, batch.outstanding_subs)):
         fetch_what_the_exchanges_found(plan, state, batch)
+    return batch
 
 
 def exchange_served(plan, state, batch: PendingBatch, flt, result, now: float) -> None:

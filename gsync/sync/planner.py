@@ -62,8 +62,26 @@ class HistoricPlanner:
 
     def start(self, state, items: PendingItems, filters, kind: BatchKind, coalesce: bool, leaders, go_now: bool,
               now: float) -> tuple[PendingBatch, bool]:
-        """A batch for ``filters`` (``HistoricSync.start`` tells the rules); (it, True), or
-        (the pending batch it joined, False)."""
+        """A PendingBatch for ``filters``. Where the relay allows NIP-77 (full history only:
+        a ``since`` catch-up is cheaper as a REQ), the own relay's holdings are read first
+        and each filter gets the method that spends fewer paced starts on what it lacks
+        (``on_own_holdings_read``); otherwise grouped REQ+EOSE at once.
+
+        ``coalesce`` (AddFilters): when an earlier REQ+EOSE batch of AddFilters (or of
+        layer 1) on this relay is still pending, this one joins it instead, and their
+        filters share REQs with its queued ones: fewer, fuller REQs for the same paced
+        starts. Its items then confirm with that batch, as if both had come in one
+        AddFilters.
+
+        ``leaders``: batches of other relays leading these items' first sync
+        (``lifecycle.start_sync``, ``sync.lead``): this batch waits for them before it reads
+        the own relay (``wait_for_leaders``), while the wait pays (``follower_wait``; not
+        with ``go_now``: the caller found it does not). Another shard's lead is waited for
+        whatever it saves (no word comes from it: only the wait's bound ends it). Without
+        leaders, the batch leads its items.
+
+        Filters whose shape the relay refused by policy are left out (``refusals``).
+        Returns (the batch, True), or (the pending batch it joined, False)."""
         filters = state.paused.allowed(filters)
         asks_own = kind is not BatchKind.RECOVERY and self.use_negentropy(state, filters, now)
         if coalesce and not asks_own:
@@ -240,10 +258,17 @@ class HistoricPlanner:
         self.todo.append(ReadOwn(state, batch.batch_id, token, filters, [read for read in reads if read is not None],
                                  batch.follower))
 
-    def holdings_read(self, state, batch: PendingBatch, filters, holdings, now: float) -> bool:
-        """Per filter: NIP-77 or REQ pages (ten filters a start), whichever costs less
-        (``choose_methods``). A batch left with REQ pages only may join a pending one, as in
-        ``start``. False when the batch is gone into another (nothing of it to finish)."""
+    def holdings_read(self, state, batch: PendingBatch, answer, now: float) -> bool:
+        """``answer`` (an ``OwnHoldingsRead``): the own relay's holdings of ``batch``'s
+        filters (None: it could not say; read as holding nothing). Per filter: NIP-77 or
+        REQ pages (ten filters a start), whichever costs less (``choose_methods``). A batch
+        left with REQ pages only may join a pending one, as in ``start``. False when the
+        batch is gone into another (nothing of it to finish)."""
+        batch.finish_subscription(answer.token)
+        filters, holdings = answer.filters, answer.holdings
+        if holdings is None:
+            self.log.warning("negentropy_own_relay_unavailable", relay=state.url, reason=answer.reason)
+            holdings = [[] for _ in filters]
         by_neg, by_req = self.choose_methods(state, batch, filters, holdings, now)
         self.move(state, batch, Step.METHODS_CHOSEN)
         if by_neg and not by_req and self.merge_into_waiting_negentropy(state, batch, by_neg, now):

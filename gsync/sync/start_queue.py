@@ -123,9 +123,7 @@ class StartQueue:
         """Id fetches finish a batch already started: first, as the next pages are
         (appended, a steady stream of new batches would starve them), one filter a REQ
         (relays cap ids per filter and per REQ)."""
-        ids = sorted(ids)
-        filters = [Filter.make(ids=ids[i:i + MAX_IDS_PER_REQ]) for i in range(0, len(ids), MAX_IDS_PER_REQ)]
-        for flt in reversed(filters):
+        for flt in reversed(id_filters(ids)):
             self.add_reqs(state, batch, [flt], front=True)
 
     def add_cut(self, state, batch: PendingBatch, cut) -> None:
@@ -229,6 +227,12 @@ class StartQueue:
         """``sub_id`` ended (answered, closed, stalled): it names no batch any more.
         Returns the batch it was of."""
         return state.current.sub_to_batch.pop(sub_id, None)
+
+
+def id_filters(ids) -> list[Filter]:
+    """``ids`` by id, in order, as many to a filter as relays take."""
+    ids = sorted(ids)
+    return [Filter.make(ids=ids[i:i + MAX_IDS_PER_REQ]) for i in range(0, len(ids), MAX_IDS_PER_REQ)]
 
 
 def share_queued_reqs(state, batch: PendingBatch) -> None:

@@ -19,16 +19,11 @@ from ...sync import plan_actions as act
 from ...sync.batch_phase import Step
 from ...sync.pending import BatchKind, PendingBatch
 from ...sync.planner import HistoricPlanner
-from ...sync.relay_state import ConnectionStatus, RelayState, RunningExchange
-from ...sync.start_queue import StartQueue, is_exchange
-from ...sync.start_queue import (
-    share_queued_reqs as share_queued_reqs,  # (tests/test_pending reads it here)
-)
-from ...sync.status import Fact
+from ...sync.relay_state import RelayState, RunningExchange
+from ...sync.start_queue import StartQueue, is_exchange, share_queued_reqs  # noqa: F401 (test_pending's)
 from ...sync.targets import PendingItems
 from .. import negentropy_sync
 from ..inbox import (
-    CompletionRecheck,
     DeliveryCaughtUp,
     HistoricSlotDue,
     NegentropyFinished,
@@ -36,7 +31,6 @@ from ..inbox import (
     OwnReadsLanded,
 )
 from .coverage import member_filters, sync_filters
-from .lifecycle import move_status
 from .own_reads import OwnReadWaiter
 
 log = get_logger("gsync.manager")
@@ -56,18 +50,17 @@ def move_batch(state: RelayState, batch: PendingBatch, step: Step) -> None:
 
 
 class HistoricSync:
-    """Every relay's historic batches, started through the gate and answered through the
-    planner (``plan``, which reads ``lead``, ``claims``, ``recovery``, ``own_held``,
-    ``seen``, ``rejected``, ``delivery`` and ``repos``). Starts wait for the relay's gates
-    in ``health``, for ``live`` REQs (pumped first), while ``own_relay_down()``, and while
-    delivery's backlog holds them (owned here). Own-relay reads go through ``own_reads``,
-    exchanges through ``effects`` and answer through ``post``. What a relay's answers say of
-    its rate and policy goes back to the refusals side: ``request_served(state)``,
-    ``rate_limited(state, text)``, ``probe_answered(state, key, batch)``."""
+    """Every relay's historic batches: decided by the planner (``plan``, over ``lead``,
+    ``claims``, ``recovery``, ``own_held``, ``seen``, ``rejected``, ``delivery``, ``repos``),
+    started through the gate (``health``'s pacing, ``live`` REQs first, the own relay up,
+    delivery's backlog: held here), answered through ``own_reads``, ``effects`` and ``post``.
+    What the relays' answers say of their rate and policy goes to the refusals side
+    (``request_served``, ``rate_limited``, ``probe_answered``); a relay's end of historic
+    sync to ``completion``."""
 
     def __init__(self, *, sync, own_relay: str, relays, repos, health, live, lead, claims, recovery,
                  own_held, own_reads, seen, rejected, delivery, own_relay_down, request_served,
-                 rate_limited, probe_answered, effects, post, clock, ids):
+                 rate_limited, probe_answered, completion, effects, post, clock, ids):
         self.sync = sync  # [sync]: negentropy on or off, the batch window
         self.own_relay = own_relay
         self.relays = relays
@@ -81,6 +74,7 @@ class HistoricSync:
         self.request_served = request_served
         self.rate_limited = rate_limited
         self.probe_answered = probe_answered
+        self.completion = completion  # the relay's historic sync done, recovered
         self.effects = effects
         self.post = post
         self.clock = clock
@@ -103,15 +97,17 @@ class HistoricSync:
             elif isinstance(a, act.Count):
                 metric = getattr(metrics, a.metric)
                 (metric.labels(*a.labels) if a.labels else metric).inc(a.n)
-            elif isinstance(a, (act.ReadOwn, act.AwaitRead)):
-                waiter = OwnReadWaiter(a.state.url, a.state.session, a.batch_id, a.token, a.filters,
-                                       a.reads if isinstance(a, act.ReadOwn) else [], a.follower,
-                                       ahead=isinstance(a, act.ReadOwn) and a.ahead)
-                (self.own_reads.queue if isinstance(a, act.ReadOwn) else self.own_reads.await_read)(waiter)
+            elif isinstance(a, act.ReadOwn):
+                self.own_reads.queue(OwnReadWaiter(a.state.url, a.state.session, a.batch_id, a.token, a.filters,
+                                                   a.reads, a.follower, ahead=a.ahead))
+            elif isinstance(a, act.AwaitRead):
+                self.own_reads.await_read(OwnReadWaiter(a.state.url, a.state.session, a.batch_id, a.token,
+                                                        a.filters, [], a.follower))
             elif isinstance(a, act.OwnKnown):
                 self.post(OwnHoldingsRead(a.state.url, a.state.session, a.batch_id, a.token, a.filters, a.holdings))
             elif isinstance(a, act.Close):
-                a.state.current.conn.unsubscribe(a.sub_id)
+                if (frame := a.state.current.conn.close_frame(a.sub_id)) is not None:
+                    self.effects.send(a.state.current.conn, frame)
             elif isinstance(a, act.Pump):
                 self.pump(a.state)
             elif isinstance(a, act.Advance):
@@ -125,21 +121,20 @@ class HistoricSync:
             elif isinstance(a, act.Confirmed):
                 if a.probed is not None:
                     self.probe_answered(a.state, a.probed, a.batch)
-                self.check_historic_complete(a.state)
+                self.completion.check(a.state)
             elif isinstance(a, act.RecoveryFinished):
-                self.promote_if_recovered(a.state.url)
-                self.check_historic_complete(a.state)
+                self.completion.promote_if_recovered(a.state.url)
+                self.completion.check(a.state)
 
     def advance(self, state: RelayState, batch: PendingBatch | None, pump: bool = True) -> None:
-        """Pump, then finish ``batch`` if nothing of it is outstanding any more."""
+        """Pump, then finish ``batch`` (judge its residuals, confirm it: ``batch_end.finish``)
+        if nothing of it is outstanding any more."""
         if pump:
             self.pump(state)
         if batch is not None and batch.is_complete:
             self.finish_batch(state, batch)
 
     def finish_batch(self, state: RelayState, batch: PendingBatch) -> None:
-        """Nothing of ``batch`` is outstanding: its residuals judged, then confirmed
-        (``batch_end.finish``)."""
         batch_end.finish(self.plan, state, batch, self.clock())
         self.execute()
 
@@ -147,25 +142,7 @@ class HistoricSync:
 
     def start(self, state: RelayState, items: PendingItems, filters,
               kind: BatchKind = BatchKind.SYNC, coalesce=False, leaders=(), go_now=False) -> PendingBatch:
-        """A PendingBatch for ``filters``. Where the relay allows NIP-77 (full history only:
-        a ``since`` catch-up is cheaper as a REQ), the own relay's holdings are read first
-        and each filter gets the method that spends fewer paced starts on what it lacks
-        (``on_own_holdings_read``); otherwise grouped REQ+EOSE at once.
-
-        ``coalesce`` (AddFilters): when an earlier REQ+EOSE batch of AddFilters (or of
-        layer 1) on this relay is still pending, this one joins it instead, and their
-        filters share REQs with its queued ones: fewer, fuller REQs for the same paced
-        starts. Its items then confirm with that batch, as if both had come in one
-        AddFilters.
-
-        ``leaders``: batches of other relays leading these items' first sync
-        (``lifecycle.start_sync``, ``sync.lead``): this batch waits for them before it reads
-        the own relay (``wait_for_leaders``), while the wait pays (``follower_wait``; not
-        with ``go_now``: the caller found it does not). Another shard's lead is waited for
-        whatever it saves (no word comes from it: only the wait's bound ends it). Without
-        leaders, the batch leads its items.
-
-        Filters whose shape the relay refused by policy are left out (``refusals``)."""
+        """A PendingBatch for ``filters`` (``HistoricPlanner.start``), pumped."""
         batch, new = self.plan.start(state, items, filters, kind, coalesce, leaders, go_now, self.clock())
         self.execute()
         if new:
@@ -198,15 +175,9 @@ class HistoricSync:
     def recover_ids(self, url: str, found: dict) -> None:
         batch_end.recover_ids(self.plan, url, found, self.clock())
 
-    def queue_reqs(self, state: RelayState, batch: PendingBatch, filters) -> None:
-        self.queue.add_reqs(state, batch, filters)
-
     def disable_negentropy(self, state: RelayState, reason: str) -> None:
         batch_end.disable_negentropy(self.plan, state, reason)
         self.execute()
-
-    def requeue_negentropy_as_reqs(self, state: RelayState) -> None:
-        self.queue.exchanges_to_reqs(state)
 
     # -- the gate, and the starts ---------------------------------------------------------------
 
@@ -284,7 +255,7 @@ class HistoricSync:
         else:
             metrics.BACKGROUND_STARTS.labels(state.url, "req", purpose).inc()
             state.current.historic_sent_at[sub_id] = now
-            state.current.conn.subscribe(sub_id, group)
+            self.effects.send(state.current.conn, state.current.conn.req_frame(sub_id, group))
             state.current.sub_activity[sub_id] = now
 
     def start_negentropy(self, state: RelayState, token: str, flt: Filter, held, also) -> None:
@@ -329,10 +300,8 @@ class HistoricSync:
 
     def on_own_reads_landed(self, msg: OwnReadsLanded) -> None:
         """A merged read of the own relay landed (``own_reads``): each batch it answers
-        chooses its methods, and those that awaited its values ask again. Each relay pumps
-        once all of them chose: a relay's first start then carries every batch the read
-        answered (layer 1 and the first AddFilters share a REQ, as with NIP-77 off), not the
-        first batch's alone with the others a gate interval behind."""
+        chooses its methods (those that awaited its values ask again), then each relay pumps
+        once: its first start carries every batch the read answered, not the first alone."""
         self.landing = {}
         try:
             self.own_reads.land(msg, answer=self.on_own_holdings_read, ask_again=self.ask_own_holdings)
@@ -346,20 +315,14 @@ class HistoricSync:
         self.execute()
 
     def on_own_holdings_read(self, msg: OwnHoldingsRead) -> None:
-        """The own relay's holdings of a batch's filters: its methods are chosen
-        (``HistoricPlanner.holdings_read``). The relay pumps then, or, while a merged read's
-        answers are handed out, once they all are; not while another batch of the relay
-        awaits its holdings (a read of loopback, under way): its answer pumps, and the
-        relay's next start carries both."""
+        """A batch's methods are chosen (``HistoricPlanner.holdings_read``); the relay pumps
+        then (once a merged read's answers are all out), unless another of its batches awaits
+        its holdings: that answer pumps, and the next start carries both."""
         state = self.relays.in_session(msg.relay, msg.session)
         batch = state and state.current.pending.get(msg.batch_id)
         if batch is None or msg.token not in batch.outstanding_subs:
             return
-        batch.finish_subscription(msg.token)
-        if msg.holdings is None:
-            log.warning("negentropy_own_relay_unavailable", relay=state.url, reason=msg.reason)
-        holdings = msg.holdings if msg.holdings is not None else [[] for _ in msg.filters]
-        still_its_own = self.plan.holdings_read(state, batch, msg.filters, holdings, self.clock())
+        still_its_own = self.plan.holdings_read(state, batch, msg, self.clock())
         self.execute()
         if self.landing is not None:
             self.landing[state.url] = state
@@ -391,17 +354,11 @@ class HistoricSync:
         run = state.current.neg_running.pop(msg.token, None)
         if run is None:
             return  # answered already (the manager's deadline, or its greenlet's death)
-        if msg.result.read_also is not None and run.epoch == self.own_held.forgotten:
-            part, entries = msg.result.read_also  # new values' holdings: other relays' exchanges use them
-            self.own_held.learn(part, entries, self.clock())
-        batch = state.current.pending.get(msg.batch_id)
-        self.queue.ended(state, msg.token)
-        if batch is not None:
-            batch_end.exchange_finished(self.plan, state, batch, msg.token, msg.filter, msg.result, self.clock())
-            self.execute()
+        batch = batch_end.exchange_finished(self.plan, state, msg, run.epoch, self.clock())
+        self.execute()
         self.advance(state, batch)
 
-    # -- recovery, refetches, completion --------------------------------------------------------
+    # -- recovery and refetches --------------------------------------------------------
 
     def run_recovery(self, now: float) -> None:
         for url in self.recovery.due_relays(now):
@@ -438,39 +395,5 @@ class HistoricSync:
 
     def fetch_ids(self, state: RelayState, ids) -> None:
         """Fetch ``ids`` by id from ``state``'s relay, as many to a REQ as relays take."""
-        ids = sorted(ids)
-        for start in range(0, len(ids), constants.MAX_IDS_PER_REQ):
-            self.start(state, PendingItems(), [Filter.make(ids=ids[start:start + constants.MAX_IDS_PER_REQ])])
-
-    def promote_if_recovered(self, url: str) -> None:
-        state = self.relays.get(url)
-        if (
-            state is not None
-            and state.status == ConnectionStatus.CONNECTED_HISTORIC_SYNC_FAILURES
-            and self.recovery.is_fully_recovered(url)
-            and not state.unrelated_failure
-        ):
-            move_status(state, Fact.RECOVERED)
-            state.batch_failures = False
-            log.info("relay_recovered", relay=url)
-
-    def check_historic_complete(self, state: RelayState) -> None:
-        """Double check (seed 001): no pending batch now, and still none 6 s later."""
-        if (state.current.syncing() or state.current.completion_check_scheduled
-                or state.status != ConnectionStatus.SYNCING):
-            return
-        state.current.completion_check_scheduled = True
-        delay = self.sync.batch_window_ms / 1000 + 1
-        self.effects.later(delay, CompletionRecheck(state.url, state.session))
-
-    def on_completion_recheck(self, msg: CompletionRecheck) -> None:
-        state = self.relays.in_session(msg.relay, msg.session)
-        if state is None:
-            return
-        state.current.completion_check_scheduled = False
-        if state.current.syncing() or state.status != ConnectionStatus.SYNCING:
-            return
-        move_status(state, Fact.HISTORIC_DONE_WITH_FAILURES if state.batch_failures else Fact.HISTORIC_DONE)
-        state.historic_sync_completed_at = self.clock()
-        log.info("historic_sync_complete", relay=state.url, status=state.status.name)
-        self.promote_if_recovered(state.url)  # recovery may have finished before this check
+        for flt in start_queue.id_filters(ids):
+            self.start(state, PendingItems(), [flt])
