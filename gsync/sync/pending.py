@@ -513,7 +513,7 @@ class PendingBatch:
     # chosen for it: the exchange starts from these instead of asking again
     own_holdings: dict[str, list] = field(default_factory=dict)
     # NIP-77 token -> the part of its filter whose holdings are not in ``own_holdings``:
-    # values that joined it after they were read (``HistoricSync.cover_threads_ahead``)
+    # values that joined it after they were read (``batch_end.cover_threads_ahead``)
     read_also: dict[str, Filter] = field(default_factory=dict)
     # parts of a REQ split to find a filter at fault: merged again they would only be
     # refused (or stall) as a whole once more

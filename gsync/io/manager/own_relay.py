@@ -85,7 +85,7 @@ class OwnRelaySide:
             self.rejected.add(event, self.clock(), source)
             return
         # when it was fetched: what the own relay holds only thanks to this sync round's own
-        # fetches says nothing of what the next filter lacks (HistoricSync.by_negentropy)
+        # fetches says nothing of what the next filter lacks (HistoricPlanner.choose_methods)
         self.seen[event.id] = self.clock()
         self.claims.arrived(event.id)
         if self.recovery.is_missing(event.id):
