@@ -326,10 +326,8 @@ class HistoricSync:
         self.execute()
         if self.landing is not None:
             self.landing[state.url] = state
-        elif not self.plan.reading_own(state):
-            self.pump(state)
-        if still_its_own and batch.is_complete:
-            self.finish_batch(state, batch)
+        self.advance(state, batch if still_its_own else None,
+                     pump=self.landing is None and not self.plan.reading_own(state))
 
     def on_eose(self, state: RelayState, sub_id: str) -> None:
         self.request_served(state)
