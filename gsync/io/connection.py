@@ -160,6 +160,11 @@ class RelayConnection:
             self._outbox.put(text)
 
     def subscribe(self, sub_id: str, filters) -> None:
+        self.send(self.req_frame(sub_id, filters))
+
+    def req_frame(self, sub_id: str, filters) -> str:
+        """``sub_id`` is open from now (its events are matched, its bytes counted): its REQ,
+        for the caller to send."""
         filters = tuple(filters)
         self.forget(sub_id)
         self.subscriptions[sub_id] = FilterSet(filters)
@@ -170,7 +175,7 @@ class RelayConnection:
         self.filter_bytes[sub_id] = len(text)
         self.open_filter_bytes += len(text)
         self._unanswered[sub_id] = time.monotonic()
-        self.send(text)
+        return text
 
     def open_negentropy(self, sub_id: str, inbox: Queue) -> None:
         """A NIP-77 exchange begins: the relay's frames for ``sub_id`` go to ``inbox``."""
@@ -191,10 +196,18 @@ class RelayConnection:
     def unsubscribe(self, sub_id: str) -> None:
         """CLOSE it; its late events are still read until the relay's CLOSED (``_closing``:
         many relays never send one)."""
+        frame = self.close_frame(sub_id)
+        if frame is not None:
+            self.send(frame)
+
+    def close_frame(self, sub_id: str) -> str | None:
+        """``sub_id`` is closing from now: its CLOSE, for the caller to send (None: it is not
+        open)."""
         filters, size = self._drop_sub(sub_id)
-        if filters is not None:
-            self._closing.add(sub_id, filters, size)
-            self.send(wire.close(sub_id))
+        if filters is None:
+            return None
+        self._closing.add(sub_id, filters, size)
+        return wire.close(sub_id)
 
     def forget(self, sub_id: str) -> None:
         """The relay closed it: no CLOSE to send; its late events are still read

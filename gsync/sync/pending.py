@@ -82,18 +82,6 @@ class BatchKind(enum.Enum):
         return self in (BatchKind.RECOVERY, BatchKind.POLL, BatchKind.PROBE)
 
 
-NEGENTROPY_TOKEN = "neg"  # a NIP-77 exchange's token; REQ sub ids start otherwise ("h", …)
-
-
-def negentropy_token(batch_id: int, n: int) -> str:
-    return f"{NEGENTROPY_TOKEN}{batch_id}-{n}"
-
-
-def is_negentropy_token(sub_id: str) -> bool:
-    """A queued or outstanding entry of a batch that is a NIP-77 exchange, not a REQ."""
-    return sub_id.startswith(NEGENTROPY_TOKEN)
-
-
 # -- pagination ---------------------------------------------------------------------------
 
 
@@ -525,7 +513,7 @@ class PendingBatch:
     # chosen for it: the exchange starts from these instead of asking again
     own_holdings: dict[str, list] = field(default_factory=dict)
     # NIP-77 token -> the part of its filter whose holdings are not in ``own_holdings``:
-    # values that joined it after they were read (``HistoricSync.cover_threads_ahead``)
+    # values that joined it after they were read (``batch_end.cover_threads_ahead``)
     read_also: dict[str, Filter] = field(default_factory=dict)
     # parts of a REQ split to find a filter at fault: merged again they would only be
     # refused (or stall) as a whole once more

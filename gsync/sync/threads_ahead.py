@@ -5,7 +5,7 @@ events the own relay lacks before any of them is fetched. Some are roots (issues
 PRs): once fetched and stored they become targets, and their threads (``#e``/``#E``/``#q``
 of each) would take a round of exchanges of their own, then a fetch by id of what those
 find. Instead, the ids join the batch's thread exchanges that have not started yet
-(``HistoricSync.cover_threads_ahead``), with live coverage of their threads opened at once,
+(``batch_end.cover_threads_ahead``), with live coverage of their threads opened at once,
 and are noted here. A root among them that the own relay stores later is covered already:
 its thread's history by that batch's exchanges, what comes after by the live coverage
 (``RelayLifecycle.take_threads_ahead`` takes it from here instead of starting a sync).

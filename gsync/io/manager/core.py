@@ -55,6 +55,7 @@ from ..inbox import (
     Tick,
 )
 from ..self_subscriber import SelfSubscriber
+from .completion import HistoricCompletion
 from .descendants import Descendants
 from .effects import GeventEffects
 from .historic import HistoricSync
@@ -137,6 +138,8 @@ class SyncManager:
             relays=self.relays, health=self.health, effects=self.effects, clock=self.clock, ids=self.ids,
             start_historic=lambda *args, **kwargs: self.historic.start(*args, **kwargs),
             catch_up=lambda *args: self.historic.catch_up(*args))
+        self.completion = HistoricCompletion(sync=config.sync, relays=self.relays, recovery=self.recovery,
+                                             effects=self.effects, clock=self.clock)
         self.historic = HistoricSync(
             sync=config.sync, own_relay=config.service.own_relay, relays=self.relays, repos=self.repos,
             health=self.health, live=self.live, lead=self.lead, claims=self.claims, recovery=self.recovery,
@@ -145,10 +148,10 @@ class SyncManager:
             request_served=lambda state: self.refusals.note_request_succeeded(state),
             rate_limited=lambda state, text: self.refusals.note_rate_limited(state, text),
             probe_answered=lambda state, key, batch: self.refusals.probe_answered(state, key, batch),
-            effects=self.effects, post=self.post, clock=self.clock, ids=self.ids)
+            completion=self.completion, effects=self.effects, post=self.post, clock=self.clock, ids=self.ids)
         self.refusals = Refusals(relays=self.relays, repos=self.repos, health=self.health, live=self.live,
                                  historic=self.historic, recovery=self.recovery, seen=self.seen,
-                                 delivery=self.delivery, effects=self.effects, clock=self.clock, ids=self.ids)
+                                 delivery=self.delivery, effects=self.effects, clock=self.clock)
         self.descendants = Descendants(self.relays, self.live, self.historic.start)
         self.lifecycle = RelayLifecycle(
             config=config, relays=self.relays, repos=self.repos, saved=self.saved, health=self.health,
@@ -159,7 +162,7 @@ class SyncManager:
             own_relay=config.service.own_relay, batch_window_secs=config.sync.batch_window_ms / 1000,
             relays=self.relays, repos=self.repos, domains=self.domains, rejected=self.rejected,
             recovery=self.recovery, claims=self.claims, delivery=self.delivery, own_held=self.own_held,
-            seen=self.seen, descendants=self.descendants, historic=self.historic,
+            seen=self.seen, descendants=self.descendants, historic=self.historic, completion=self.completion,
             apply_dirty=self.lifecycle.apply_dirty, effects=self.effects, clock=self.clock, on_ready=on_ready)
 
     def dispatch_table(self) -> dict:
@@ -182,7 +185,7 @@ class SyncManager:
             DeliveryAnswered: self.own_relay.on_delivery_answered,
             DeliveryCaughtUp: self.historic.on_delivery_caught_up,
             BatchWindowClosed: self.own_relay.on_batch_window_closed,
-            CompletionRecheck: self.historic.on_completion_recheck,
+            CompletionRecheck: self.completion.on_completion_recheck,
             HistoricSlotDue: self.historic.on_historic_slot_due,
             CooldownEnded: self.refusals.on_cooldown_ended,
             Tick: self.on_tick,

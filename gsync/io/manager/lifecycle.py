@@ -387,7 +387,7 @@ class RelayLifecycle:
 
     def take_threads_ahead(self, state: RelayState, items: PendingItems) -> None:
         """New roots of ``items`` whose threads a batch of this session reconciled before
-        they were known (``HistoricSync.cover_threads_ahead``; live coverage opened then):
+        they were known (``batch_end.cover_threads_ahead``; live coverage opened then):
         no sync of their own, they confirm with that batch (or are confirmed, that batch
         done). They leave ``items``."""
         taken = state.current.threads_ahead.take(items.root_events, self.clock())

@@ -245,7 +245,7 @@ class LiveCoverage:
 
     def desired_items(self, state: RelayState) -> PendingItems:
         """What the relay's live coverage covers: confirmed and pending items, and the ids
-        whose threads this session reconciled ahead (``HistoricSync.cover_threads_ahead``)."""
+        whose threads this session reconciled ahead (``batch_end.cover_threads_ahead``)."""
         items = state.confirmed.copy()
         for batch in state.current.pending.values():
             items.add(batch.items)

@@ -1,11 +1,11 @@
 """Own-relay holdings reads merged across batches and relays (``sync.own_reads``).
 
-A batch that lacks part of its filters' holdings (``HistoricSync.ask_own_holdings``) waits
+A batch that lacks part of its filters' holdings (``HistoricPlanner.ask_own_holdings``) waits
 here instead of reading alone: within ``OWN_READ_WINDOW_SECS`` of the first such batch (and,
 while a merged read is under way, until it lands) every waiting batch's unread values are
 collected, read as one filter per (kinds, authors, tag) in chunks of the tag-value budget,
 and each batch is answered from what the session then knows (``OwnHeld``), as if it had
-read alone (``HistoricSync.on_own_holdings_read``). A read that fails or passes its deadline answers
+read alone (``HistoricPlanner.holdings_read``). A read that fails or passes its deadline answers
 every batch waiting on it as failed: each goes by REQ pages, as a batch whose own read
 failed always has.
 """

@@ -40,7 +40,7 @@ class OwnRelaySide:
     ``apply_dirty``; refused events released again are fetched through ``historic``."""
 
     def __init__(self, *, own_relay: str, batch_window_secs: float, relays, repos, domains, rejected,
-                 recovery, claims, delivery, own_held, seen, descendants, historic, apply_dirty,
+                 recovery, claims, delivery, own_held, seen, descendants, historic, completion, apply_dirty,
                  effects, clock, on_ready):
         self.own_relay = own_relay
         self.batch_window_secs = batch_window_secs
@@ -55,6 +55,7 @@ class OwnRelaySide:
         self.seen = seen
         self.descendants = descendants
         self.historic = historic
+        self.completion = completion
         self.apply_dirty = apply_dirty
         self.effects = effects
         self.clock = clock
@@ -84,12 +85,12 @@ class OwnRelaySide:
             self.rejected.add(event, self.clock(), source)
             return
         # when it was fetched: what the own relay holds only thanks to this sync round's own
-        # fetches says nothing of what the next filter lacks (HistoricSync.by_negentropy)
+        # fetches says nothing of what the next filter lacks (HistoricPlanner.choose_methods)
         self.seen[event.id] = self.clock()
         self.claims.arrived(event.id)
         if self.recovery.is_missing(event.id):
             for url in self.recovery.clear_arrived((event.id,)):
-                self.historic.promote_if_recovered(url)
+                self.completion.promote_if_recovered(url)
         self.trim_seen()
         if not self.delivery.submit(event, source) and not self.delivery.is_tracked(event.id):
             del self.seen[event.id]  # dropped for backlog (counted): a later copy may go through
@@ -247,7 +248,7 @@ class OwnRelaySide:
         recovered = [event_id for event_id in arrived if self.recovery.is_missing(event_id)]
         if recovered:
             for url in self.recovery.clear_arrived(recovered):
-                self.historic.promote_if_recovered(url)
+                self.completion.promote_if_recovered(url)
         new_roots = [event_id for event_id, entry in others if entry.kind in constants.ROOT_KINDS]
         for flt in filter_plan.root_event_filters(new_roots) if new_roots else ():
             self.own_held.learn(flt, (), now)

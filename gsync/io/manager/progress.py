@@ -49,7 +49,7 @@ def relay_work(state: RelayState, health, now: float, settle_secs: float = 0.0) 
 def read_progress(relays, repos, health, sync, now: float) -> tuple[SyncProgress, list[RelayWork]]:
     """The round's progress, and the rows it was computed from (for per-relay gauges).
     ``sync``: the [sync] config, for the wait of the Syncing → Connected check
-    (``HistoricSync.check_historic_complete``: the batch window and a second)."""
+    (``HistoricCompletion.check``: the batch window and a second)."""
     settle = sync.batch_window_ms / 1000 + 1
     works = [relay_work(state, health, now, settle) for state in relays.values()]
     counted = {w.url for w in works if not w.unreachable}

@@ -79,7 +79,7 @@ class Refusals:
     what ``seen`` says arrived); the stall clocks stand still while ``delivery`` holds
     reading; ``repos`` says what is still wanted."""
 
-    def __init__(self, *, relays, repos, health, live, historic, recovery, seen, delivery, effects, clock, ids):
+    def __init__(self, *, relays, repos, health, live, historic, recovery, seen, delivery, effects, clock):
         self.relays = relays
         self.repos = repos
         self.health = health
@@ -90,7 +90,6 @@ class Refusals:
         self.delivery = delivery
         self.effects = effects
         self.clock = clock
-        self.ids = ids  # the manager's counter: sub ids unique among its tokens
         self.stall_checked_at = clock()  # historic REQs' clocks stand still while delivery holds reading
 
     # -- CLOSED ---------------------------------------------------------------------------
@@ -116,7 +115,7 @@ class Refusals:
             self.note_rate_limited(state, closed.text)
         else:
             metrics.REFUSALS.labels(closed.prefix.value).inc()
-        batch_id = state.current.sub_to_batch.pop(sub_id, None)
+        batch_id = self.historic.queue.ended(state, sub_id)
         if kind is Refusal.UNSUPPORTED and wire.says_too_many_filters(closed.text):
             self.learn_max_filters(state, sub_id, batch_id)
         if batch_id is not None:
@@ -184,11 +183,7 @@ class Refusals:
         filters = batch.filters_of(sub_id)
         if kind in (CAPACITY, SUBSCRIPTIONS, Refusal.RATE_LIMIT) and filters:
             # The same page again once the cooldown and the reactive gate allow it.
-            new_id = f"h{batch_id}-{next(self.ids)}"
-            batch.rename_subscription(sub_id, new_id)
-            batch.restart_page(new_id)
-            state.current.sub_to_batch[new_id] = batch_id
-            state.current.historic_queue.insert(0, (new_id, filters))
+            self.historic.queue.again_first(state, batch, sub_id, filters)
             self.historic.pump(state)
             return
         if kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH) and filters:
@@ -205,9 +200,7 @@ class Refusals:
             batch.on_closed(sub_id)
             if batch_id not in state.current.probes:
                 state.unrelated_failure = True
-        self.historic.pump(state)
-        if batch.is_complete:
-            self.historic.finish_batch(state, batch)
+        self.historic.advance(state, batch)
 
     def split_historic(self, state: RelayState, batch: PendingBatch, sub_id: str, filters,
                        shapes: bool = False) -> None:
@@ -217,11 +210,7 @@ class Refusals:
         keep = [i for i, f in enumerate(filters) if not state.paused.is_filter_paused(f)]
         groups = ([[keep[j] for j in group] for group in by_shape([filters[i] for i in keep])]
                   if shapes else halves(keep))
-        parts = [(f"h{batch.batch_id}-{next(self.ids)}", group) for group in groups if group]
-        entries = batch.split_subscription(sub_id, parts)
-        for new_id, _ in entries:
-            state.current.sub_to_batch[new_id] = batch.batch_id
-        state.current.historic_queue[0:0] = entries
+        entries = self.historic.queue.split_first(state, batch, sub_id, groups)
         log.info("subscription_split", relay=state.url, sub_id=sub_id,
                  parts=[len(group) for _, group in entries])
 
@@ -317,10 +306,10 @@ class Refusals:
             metrics.PAUSED_COVERAGE.labels(state.url).set(len(state.paused))
             return
         log.info("coverage_probe", relay=state.url, coverage=describe(key))
-        batch = PendingBatch(next(self.ids), PendingItems(), kind=BatchKind.PROBE)
+        batch = PendingBatch(self.historic.queue.batch_id(), PendingItems(), kind=BatchKind.PROBE)
         state.current.pending[batch.batch_id] = batch
         state.current.probes[batch.batch_id] = key
-        self.historic.queue_reqs(state, batch, filters[:1])
+        self.historic.queue.add_reqs(state, batch, filters[:1])
         self.historic.pump(state)
 
     def probe_answered(self, state: RelayState, key, batch: PendingBatch) -> None:
@@ -351,7 +340,7 @@ class Refusals:
                     cooldown_secs=constants.RATE_LIMIT_COOLDOWN_SECS)
         self.update_health_metric(state, now)
         if state.current.conn is not None:
-            self.historic.requeue_negentropy_as_reqs(state)  # NIP-77 is off for the session
+            self.historic.queue.exchanges_to_reqs(state)  # NIP-77 is off for the session
         self.effects.later(constants.RATE_LIMIT_COOLDOWN_SECS, CooldownEnded(state.url))
 
     def on_cooldown_ended(self, msg: CooldownEnded) -> None:
@@ -380,7 +369,7 @@ class Refusals:
                     state.current.live_subs[sub_id] = dataclasses.replace(live, filters=tuple(filters))
                 else:
                     del state.current.live_subs[sub_id]
-        state.current.historic_queue.sort(key=lambda entry: state.current.start_priority(entry[0]))
+        self.historic.queue.by_priority(state)
 
     def note_request_succeeded(self, state: RelayState) -> None:
         """A request was served: a relay Probing after its cooldown is back to its state."""
@@ -424,7 +413,7 @@ class Refusals:
     def on_stalled(self, state: RelayState, sub_id: str, lifetime: bool = False) -> None:
         state.current.sub_activity.pop(sub_id, None)
         state.current.historic_sent_at.pop(sub_id, None)
-        batch_id = state.current.sub_to_batch.pop(sub_id, None)
+        batch_id = self.historic.queue.ended(state, sub_id)
         state.current.conn.unsubscribe(sub_id)  # the relay frees it, and so do we
         log.warning("subscription_stalled", relay=state.url, sub_id=sub_id, batch_id=batch_id,
                     secs=constants.REQ_LIFETIME_SECS if lifetime else constants.REQ_STALL_SECS,
@@ -436,9 +425,7 @@ class Refusals:
                 self.split_historic(state, batch, sub_id, filters)
             else:
                 self.fail_into_recovery(state, batch, sub_id, filters)
-        self.historic.pump(state)
-        if batch is not None and batch.is_complete:
-            self.historic.finish_batch(state, batch)
+        self.historic.advance(state, batch)
 
     def fail_into_recovery(self, state: RelayState, batch: PendingBatch, sub_id: str, filters) -> None:
         """The batch failed; what the stalled REQ owed goes to missing-event recovery: its

@@ -1,0 +1,414 @@
+"""A relay's queue of historic starts and the ids they go by: the one place both are
+written. ``HistoricSync`` and ``Refusals`` change the queue only through ``StartQueue``. Pure.
+
+A session's queue is ``RelaySession.historic_queue``: ``(sub id, filters)`` entries in start
+order, each an outstanding subscription of the batch ``RelaySession.sub_to_batch`` names
+(``PendingBatch.outstanding_subs``, with its pages in ``PendingBatch.pagination``): the three
+are kept in step here. An entry's kind is its id's type, minted here alone: a ``ReqId`` (a
+REQ of filter pages, ``h…``) or an ``ExchangeToken`` (a NIP-77 exchange of one filter,
+``neg…``). A batch's other outstanding marks, never queued, are an ``OwnReadToken`` (its
+methods wait for the own relay's holdings, ``own…``) and a ``LeadWait`` (it waits for
+other relays' lead on its items, ``lead…``). An id that comes back from a relay is a plain
+string: its kind is that of the id it equals here.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from ..constants import MAX_IDS_PER_REQ, MAX_OPEN_FILTER_BYTES
+from ..protocol.filters import Filter
+from ..protocol.messages import req_size
+from . import filter_plan, result_caps
+from .batch_phase import Step
+from .pending import PendingBatch
+from .plan_actions import AGAIN, Advance, Start
+from .policy import by_shape, coverage_key
+
+MAX_HISTORIC_SUBS = 4  # concurrent historic REQs per relay, within the transient budget
+
+
+class ReqId(str):
+    """A historic REQ's subscription id."""
+
+    __slots__ = ()
+
+
+class ExchangeToken(str):
+    """A NIP-77 exchange's token (its NEG-OPEN's subscription id)."""
+
+    __slots__ = ()
+
+
+class OwnReadToken(str):
+    """A batch waits for what the own relay holds of its filters (its methods are chosen then)."""
+
+    __slots__ = ()
+
+
+class LeadWait(str):
+    """A batch waits for other relays' batches leading its items (``sync.lead``)."""
+
+    __slots__ = ()
+
+
+def is_exchange(sub_id: str) -> bool:
+    return isinstance(sub_id, ExchangeToken)
+
+
+def is_own_read(sub_id: str) -> bool:
+    return isinstance(sub_id, OwnReadToken)
+
+
+def union_of_holdings(a, b) -> list:
+    """Two holdings lists ((created_at, id) pairs) as one, each id once."""
+    union = {event_id: (at, event_id) for at, event_id in a}
+    union.update((event_id, (at, event_id)) for at, event_id in b)
+    return list(union.values())
+
+
+class StartQueue:
+    """Every relay's start queue, written through these methods only, and the ids of what
+    is queued, minted from ``ids`` (the manager's counter: unique among its tokens)."""
+
+    def __init__(self, ids: Iterator[int]):
+        self.ids = ids
+
+    # -- ids ------------------------------------------------------------------------------
+
+    def batch_id(self) -> int:
+        return next(self.ids)
+
+    def req_id(self, batch_id: int) -> ReqId:
+        return ReqId(f"h{batch_id}-{next(self.ids)}")
+
+    def exchange_token(self, batch_id: int) -> ExchangeToken:
+        return ExchangeToken(f"neg{batch_id}-{next(self.ids)}")
+
+    def own_read_token(self, batch_id: int) -> OwnReadToken:
+        return OwnReadToken(f"own{batch_id}-{next(self.ids)}")
+
+    @staticmethod
+    def lead_wait(batch_id: int) -> LeadWait:
+        return LeadWait(f"lead{batch_id}")
+
+    # -- adding ---------------------------------------------------------------------------
+
+    def add_reqs(self, state, batch: PendingBatch, filters, front: bool = False) -> None:
+        """``filters`` as REQs of ``batch``, packed within the relay's limits, at the end
+        (or first: ``front``), then sharing REQs with the batch's queued ones."""
+        session = state.current
+        entries = []
+        for group in filter_plan.pack_into_reqs(filters, session.limits, key=filter_plan.paging_key):
+            sub_id = self.req_id(batch.batch_id)
+            batch.add_subscription(sub_id, group)
+            session.sub_to_batch[sub_id] = batch.batch_id
+            entries.append((sub_id, group))
+        if front:
+            session.historic_queue[0:0] = entries
+        else:
+            session.historic_queue.extend(entries)
+        share_queued_reqs(state, batch)
+
+    def add_exchange(self, state, batch: PendingBatch, flt: Filter, held) -> ExchangeToken:
+        """One NIP-77 exchange for ``flt``, last; ``held`` (what the own relay holds of it,
+        or None: the exchange reads it) is kept for it, so it is not asked again."""
+        token = self.exchange_token(batch.batch_id)
+        batch.add_subscription(token)
+        batch.own_holdings[token] = held
+        state.current.sub_to_batch[token] = batch.batch_id
+        state.current.historic_queue.append((token, [flt]))
+        return token
+
+    def add_id_fetches(self, state, batch: PendingBatch, ids) -> None:
+        """Id fetches finish a batch already started: first, as the next pages are
+        (appended, a steady stream of new batches would starve them), one filter a REQ
+        (relays cap ids per filter and per REQ)."""
+        for flt in reversed(id_filters(ids)):
+            self.add_reqs(state, batch, [flt], front=True)
+
+    def add_cut(self, state, batch: PendingBatch, cut) -> None:
+        """A filter's pieces past the relay's result cap (``result_caps``), first in the
+        queue: they finish what was started."""
+        if cut.pages:
+            self.add_reqs(state, batch, cut.pages, front=True)
+        queue = state.current.historic_queue
+        tail = len(queue)
+        for part in cut.exchanges:
+            self.add_exchange(state, batch, part, None)  # each exchange reads its own holdings
+        parted = queue[tail:]
+        del queue[tail:]
+        queue[0:0] = parted
+
+    def add_next_pages(self, state, batch: PendingBatch, pages) -> None:
+        """Pages after an EOSE (``PendingBatch.on_eose`` named them: ``req_id``), first:
+        they finish what was started."""
+        for new_id, _ in pages:
+            state.current.sub_to_batch[new_id] = batch.batch_id
+        state.current.historic_queue[0:0] = pages
+        share_queued_reqs(state, batch)
+
+    def wait_for(self, batch: PendingBatch, mark: str) -> None:
+        """``batch`` is not complete while it waits (an own read, a lead): ``mark`` is out."""
+        batch.add_subscription(mark)
+
+    # -- changing what is queued ----------------------------------------------------------
+
+    def again_first(self, state, batch: PendingBatch, sub_id: str, filters) -> None:
+        """A REQ the relay refused for rate or capacity: the same page again, first, under
+        a new id (what it delivered so far is forgotten: it comes again)."""
+        new_id = self.req_id(batch.batch_id)
+        batch.rename_subscription(sub_id, new_id)
+        batch.restart_page(new_id)
+        state.current.sub_to_batch[new_id] = batch.batch_id
+        state.current.historic_queue.insert(0, (new_id, filters))
+
+    def split_first(self, state, batch: PendingBatch, sub_id: str, groups) -> list:
+        """``sub_id``'s filters again as several REQs, first: ``groups`` are indices into
+        its filters, one REQ each (``PendingBatch.split_subscription``). Returns them."""
+        entries = batch.split_subscription(sub_id, [(self.req_id(batch.batch_id), g) for g in groups if g])
+        for new_id, _ in entries:
+            state.current.sub_to_batch[new_id] = batch.batch_id
+        state.current.historic_queue[0:0] = entries
+        return entries
+
+    def unqueue_batch(self, state, batch: PendingBatch) -> None:
+        """Every queued start of ``batch`` (none started) goes: it is packed anew."""
+        queued = set(batch.outstanding_subs)
+        state.current.historic_queue = [e for e in state.current.historic_queue if e[0] not in queued]
+        for sub_id in queued:
+            batch.finish_subscription(sub_id)
+            state.current.sub_to_batch.pop(sub_id, None)
+
+    def exchanges_to_reqs(self, state) -> None:
+        """NIP-77 is off: exchanges still queued become REQs of their batches."""
+        session = state.current
+        queued = [(t, g) for t, g in session.historic_queue if is_exchange(t)]
+        session.historic_queue = [e for e in session.historic_queue if not is_exchange(e[0])]
+        for token, group in queued:
+            batch = session.pending.get(session.sub_to_batch.pop(token, -1))
+            if batch is not None:
+                batch.finish_subscription(token)
+                batch.own_holdings.pop(token, None)
+                batch.read_also.pop(token, None)
+                self.add_reqs(state, batch, group)
+
+    def replace_filters(self, state, index: int, sub_id: str, filters) -> None:
+        state.current.historic_queue[index] = (sub_id, filters)
+
+    def by_priority(self, state) -> None:
+        """Queued work re-derived after a rate-limit cooldown: in ``start_priority`` order."""
+        state.current.historic_queue.sort(key=lambda entry: state.current.start_priority(entry[0]))
+
+    # -- taking ---------------------------------------------------------------------------
+
+    @staticmethod
+    def to_front(state, index: int) -> None:
+        queue = state.current.historic_queue
+        if index:
+            queue.insert(0, queue.pop(index))
+
+    @staticmethod
+    def drop_first(state) -> tuple:
+        """The first entry leaves the queue (it starts, or it is stale)."""
+        return state.current.historic_queue.pop(0)
+
+    @staticmethod
+    def drop_first_of(state, batch: PendingBatch | None, sub_id: str) -> None:
+        """The first entry (``sub_id``) goes without starting, and with it the batch's
+        subscription (what it held of the own relay too)."""
+        state.current.historic_queue.pop(0)
+        del state.current.sub_to_batch[sub_id]
+        if batch is not None:
+            batch.own_holdings.pop(sub_id, None)
+            batch.finish_subscription(sub_id)
+
+    @staticmethod
+    def ended(state, sub_id: str) -> int | None:
+        """``sub_id`` ended (answered, closed, stalled): it names no batch any more.
+        Returns the batch it was of."""
+        return state.current.sub_to_batch.pop(sub_id, None)
+
+
+def id_filters(ids) -> list[Filter]:
+    """``ids`` by id, in order, as many to a filter as relays take."""
+    ids = sorted(ids)
+    return [Filter.make(ids=ids[i:i + MAX_IDS_PER_REQ]) for i in range(0, len(ids), MAX_IDS_PER_REQ)]
+
+
+def share_queued_reqs(state, batch: PendingBatch) -> None:
+    """Queued REQs of one batch (next pages, first pages of a later AddFilters) are
+    packed again filter by filter, in queue order, ten to a REQ within the relay's
+    message size: every start carries as many filter pages as it can, the pages that
+    finish what was started first, and a REQ of next pages takes first pages along
+    rather than waiting to be filled by splitting (``HistoricSync.fill_before_start``).
+    Exact-id fetches and pages that must go alone stay as they are."""
+    session = state.current
+    shared = [sub_id for sub_id, _ in session.historic_queue
+              if session.sub_to_batch.get(sub_id) == batch.batch_id and batch.may_share(sub_id)]
+    if len(shared) < 2:
+        return
+    groups = batch.repack(shared, filter_plan.filters_per_req(session.limits),
+                          filter_plan.req_length_limit(session.limits))
+    kept = []
+    for sub_id, group in session.historic_queue:
+        if sub_id in groups:
+            kept.append((sub_id, groups[sub_id]))
+        elif sub_id in shared:
+            session.sub_to_batch.pop(sub_id, None)  # its filters went to earlier REQs
+        else:
+            kept.append((sub_id, group))
+    session.historic_queue = kept
+
+
+def queued_of(state, batch: PendingBatch) -> Iterable[tuple[int, str, list]]:
+    """(index, id, filters) of each queued start of ``batch``."""
+    for i, (sub_id, group) in enumerate(state.current.historic_queue):
+        if state.current.sub_to_batch.get(sub_id) == batch.batch_id:
+            yield i, sub_id, group
+
+
+# -- the next start ------------------------------------------------------------------------
+
+
+def next_start(plan, state, open_any: bool, open_bytes: int, now: float):
+    """The queued start that goes now (``Start``), taken from the queue; ``AGAIN`` when
+    a regroup left its batch with nothing outstanding (it is finished: ``Advance``,
+    then the queue asked again); None when nothing may go: the queue is empty, what is
+    queued waits for exchanges to answer (``first_startable``), or the REQ would pass
+    the open filters' bytes (one open historic REQ must end first)."""
+    session = state.current
+    while session.historic_queue:
+        first = first_startable(state)
+        if first is None:
+            return None  # thread starts waiting for their batch's layer-2 exchanges: those pump
+        plan.queue.to_front(state, first)
+        sub_id, group = session.historic_queue[0]
+        if sub_id not in session.sub_to_batch:
+            plan.queue.drop_first(state)
+            continue
+        if state.paused or session.stalled_shapes or state.paused.refused_any:
+            regrouped = regroup_before_start(plan, state, sub_id, group)
+            if regrouped is not None:
+                if regrouped.is_complete:
+                    plan.todo.append(Advance(state, regrouped, pump=False))
+                    return AGAIN
+                continue
+        batch = session.pending.get(session.sub_to_batch[sub_id])
+        if is_exchange(sub_id) and cut_before_start(plan, state, batch, sub_id, group[0], now):
+            continue
+        group = fill_before_start(plan, state, batch, sub_id, group)
+        if open_any and open_bytes + req_size(sub_id, group) > MAX_OPEN_FILTER_BYTES:
+            return None  # wait for a historic REQ to finish and free room
+        plan.queue.drop_first(state)
+        if batch is not None and not batch.started:
+            plan.move(state, batch, Step.FIRST_START)  # a later AddFilters queues beside it
+        return Start(sub_id, group, batch, exchange_holdings(plan, batch, sub_id, group[0], now)
+                     if is_exchange(sub_id) else None)
+    return None
+
+
+def first_startable(state) -> int | None:
+    """Where the first queued start that may go now is: the first, unless it asks for
+    threads (``#e``/``#E``/``#q`` of roots: an exchange, or a REQ with such a filter) for a
+    batch whose layer-2 exchanges have not all answered; what those find missing may be
+    roots, whose threads then join it (``cover_threads_ahead``) instead of taking a round
+    of their own. They end by their deadline, and pump again when they do. None: all
+    that is queued waits so."""
+    queue, session = state.current.historic_queue, state.current
+    layer2 = None  # batches with a layer-2 exchange queued or running
+    for i, (sub_id, group) in enumerate(queue):
+        if not any(map(filter_plan.asks_by_root, group)):
+            return i
+        if layer2 is None:
+            layer2 = {run.batch_id for run in session.neg_running.values() if filter_plan.asks_by_repo(run.filter)}
+            layer2.update(session.sub_to_batch[token] for token, g in queue if token in session.sub_to_batch
+                          and is_exchange(token) and filter_plan.asks_by_repo(g[0]))
+        if session.sub_to_batch.get(sub_id) not in layer2:  # a stale entry (None) goes: pump drops it
+            return i
+    return None
+
+
+def regroup_before_start(plan, state, sub_id: str, group) -> PendingBatch | None:
+    """A queued REQ meets what the relay taught us since it was queued: shapes it
+    refused by policy go (a probe's own filter stays), and a shape that stalled on this
+    connection, or that the relay refused once (``CoveragePauses.goes_alone``), goes
+    alone, so that it cannot hold or take down the rest. Its batch if it changed."""
+    session = state.current
+    batch_id = session.sub_to_batch[sub_id]
+    if batch_id in session.probes:
+        return None
+    keep = [i for i, f in enumerate(group) if not state.paused.is_filter_paused(f)]
+    alone = [i for i in keep
+             if coverage_key(group[i]) in session.stalled_shapes or state.paused.goes_alone(group[i])]
+    rest = [i for i in keep if i not in alone]
+    apart = [[alone[j] for j in idx] for idx in by_shape([group[i] for i in alone])]  # (no rest: a REQ a shape)
+    parts = [rest, *([i] for i in alone)] if rest else apart if len(apart) > 1 else [keep]
+    if parts == [list(range(len(group)))]:
+        return None
+    batch = session.pending[batch_id]
+    plan.queue.drop_first_of(state, None, sub_id)
+    if is_exchange(sub_id):
+        batch.finish_subscription(sub_id)
+    else:
+        plan.queue.split_first(state, batch, sub_id, parts)
+    return batch
+
+
+def cut_before_start(plan, state, batch: PendingBatch | None, token: str, flt: Filter, now: float) -> bool:
+    """An exchange about to start on a relay whose result cap is known, for a filter the
+    own relay alone holds more of than that: cut now (``result_caps.cut_before_start``),
+    not one refusal later. True if it was (its pieces are first in the queue)."""
+    if batch is None or state.result_cap.limit() is None:
+        return False
+    held = batch.own_holdings.get(token)
+    if held is None:
+        held = plan.own_held.holdings(flt, now)
+    if held is None:
+        return False  # the exchange reads it: known after a refusal, if one comes
+    cut = result_caps.cut_before_start(state.result_cap, flt, [*held, *plan.have_beyond_holdings(flt)])
+    if cut is None:
+        return False
+    plan.queue.drop_first_of(state, batch, token)
+    plan.log.info("negentropy_filter_cut", relay=state.url, batch_id=batch.batch_id, parts=len(cut.exchanges),
+             pages=len(cut.pages), limit=state.result_cap.limit())
+    plan.queue.add_cut(state, batch, cut)
+    return True
+
+
+def fill_before_start(plan, state, batch: PendingBatch | None, sub_id: str, group: list[Filter]) -> list[Filter]:
+    """The REQ about to start: its filters that filled their last page are split into
+    the room left (``PendingBatch.fill_by_splitting``), within the relay's message size.
+    Not towards a relay that refused us for query rate: more filters for the same
+    events would only bring its next refusal sooner."""
+    if batch is None or is_exchange(sub_id) or plan.health.limits_query_rate(state.url):
+        return group
+    group = batch.fill_by_splitting(sub_id, filter_plan.filters_per_req(state.current.limits),
+                                    filter_plan.req_length_limit(state.current.limits))
+    plan.queue.replace_filters(state, 0, sub_id, group)
+    return group
+
+
+def exchange_holdings(plan, batch: PendingBatch | None, token: str, flt: Filter, now: float):
+    """(what the own relay holds of ``flt``, a part of it whose holdings are not known)
+    for an exchange about to start: what its batch read for it, with what is now known
+    of values that joined it since; else what the session knows (None: the exchange
+    reads it)."""
+    held = batch.own_holdings.pop(token, None) if batch is not None else None
+    also = batch.read_also.pop(token, None) if batch is not None else None
+    if held is None:
+        return plan.own_held.holdings(flt, now), None
+    if also is not None and (known := plan.own_held.holdings(also, now)) is not None:
+        return union_of_holdings(held, known), None
+    return held, also
+
+
+def slots(state, open_subs) -> tuple[int, int]:
+    """(historic REQs and exchanges the relay may have open at once, those open):
+    what its subscription budget leaves beside live coverage, 1 to MAX_HISTORIC_SUBS;
+    and its historic REQs among ``open_subs`` (the connection's) with the NIP-77
+    exchanges running."""
+    session = state.current
+    budget = filter_plan.SubscriptionBudget.from_limits(session.limits)
+    room = budget.max_subscriptions - len(session.live_subs) - 1
+    return (max(1, min(MAX_HISTORIC_SUBS, room)),
+            len(session.neg_running) + sum(1 for s in session.sub_to_batch if s in open_subs))

@@ -1,0 +1,401 @@
+"""The historic planner's decisions (``sync.planner``, ``sync.start_queue``), without the
+manager: a relay's state and batches in, what the planner queued, moved and asked for
+(``sync.plan_actions``) out. One test per decision; the same decisions end to end, through
+the manager, are in tests/test_manager_decisions.py, test_method_choice.py,
+test_shared_lead.py, test_result_caps.py and test_threads_ahead.py."""
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+from gsync.io.inbox import OwnHoldingsRead
+from gsync.protocol.event import Event
+from gsync.protocol.filters import Filter
+from gsync.protocol.nip11 import RelayLimits
+from gsync.sync import plan_actions as act
+from gsync.sync import start_queue
+from gsync.sync.batch_phase import BatchPhase, Step
+from gsync.sync.claims import FetchClaims
+from gsync.sync.health import RelayHealthTracker
+from gsync.sync.lead import SharedLead
+from gsync.sync.own_held import OwnHeld
+from gsync.sync.pending import BatchKind, CrowdedSecond, PendingBatch, SyncMethod
+from gsync.sync.planner import HistoricPlanner
+from gsync.sync.policy import coverage_key
+from gsync.sync.recovery import MissingEventRecovery
+from gsync.sync.relay_state import ConnectionStatus, RelaySession, RelayState, RunningExchange
+from gsync.sync.repos import SyncLevel
+from gsync.sync.start_queue import ExchangeToken, LeadWait, OwnReadToken, ReqId, StartQueue
+from gsync.sync.targets import PendingItems
+
+A, B = "wss://a.example", "wss://b.example"
+NOW = 1_780_000_000.0
+REPO = "30617:" + "ab" * 32 + ":repo"
+ISSUES = Filter.make(kinds=[1621], tags={"a": [REPO]})
+PATCHES = Filter.make(kinds=[1617], tags={"a": [REPO]})
+THREAD = Filter.make(tags={"E": ["cd" * 32]})  # layer 3: a root's thread
+LAYER2 = Filter.make(tags={"a": [REPO]})  # what refers to the repository
+
+
+class Nothing:
+    """The rejected index and delivery's in-flight index, both empty."""
+
+    @staticmethod
+    def items_matching(flt):
+        return []
+
+    tracked_matching = items_matching
+
+    @staticmethod
+    def any_may_match(flt):
+        return False
+
+
+class Repos:
+    """Which relays list each repository (none, unless given)."""
+
+    def __init__(self, listing=None):
+        self.listing = listing or {}
+
+    def __contains__(self, address):
+        return address in self.listing
+
+    def get(self, address):
+        relays = self.listing.get(address)
+        return None if relays is None else SimpleNamespace(relays=set(relays))
+
+    def repos_listing(self, url):
+        return {a for a, relays in self.listing.items() if url in relays}
+
+
+class World:
+    def __init__(self, negentropy=True, repos=None):
+        self.moves = []
+        self.relays = {}
+        self.plan = HistoricPlanner(
+            sync=SimpleNamespace(negentropy=negentropy, background_start_interval_ms=1000),
+            queue=StartQueue(itertools.count(1)), relays=self.relays, repos=repos or Repos(),
+            health=RelayHealthTracker(), lead=SharedLead(), claims=FetchClaims(), recovery=MissingEventRecovery(),
+            own_held=OwnHeld(ttl=3600, max_entries=10_000), seen={}, rejected=Nothing(), delivery=Nothing(),
+            move=self.move)
+
+    def move(self, state, batch, step):
+        self.moves.append((batch.batch_id, step))
+        batch.move(step)
+
+    def relay(self, url=A, limits=None) -> RelayState:
+        state = RelayState(url)
+        state.current = RelaySession(conn=object(), limits=limits or RelayLimits(), page_cap=None)
+        state.status = ConnectionStatus.SYNCING
+        self.relays[url] = state
+        return state
+
+    def batch(self, state, *filters, kind=BatchKind.SYNC, items=None) -> PendingBatch:
+        batch = PendingBatch(self.plan.queue.batch_id(), items or PendingItems(), kind=kind)
+        batch.semantic_filters = list(filters)
+        state.current.pending[batch.batch_id] = batch
+        return batch
+
+    def take(self, kind=None):
+        actions = self.plan.take()
+        return actions if kind is None else [a for a in actions if isinstance(a, kind)]
+
+
+def queued(state):
+    return [(type(sub_id), filters) for sub_id, filters in state.current.historic_queue]
+
+
+def answer(state, batch, filters, holdings):
+    """The own relay's holdings of ``filters``, for the read ``batch`` waits on."""
+    [token] = batch.outstanding_subs
+    return OwnHoldingsRead(state.url, state.session, batch.batch_id, token, filters, holdings)
+
+
+def test_an_own_relay_that_cannot_say_what_it_holds_is_read_as_holding_nothing():
+    w = World()
+    state = w.relay()
+    batch, _ = w.plan.start(state, repo_items(), [ISSUES], BatchKind.SYNC, False, (), False, NOW)
+    w.take()
+    assert w.plan.holdings_read(state, batch, answer(state, batch, [ISSUES], None), NOW)
+    assert queued(state) == [(ReqId, [ISSUES])]
+    assert "negentropy_own_relay_unavailable" in [a.event for a in w.take(act.Log)]
+
+
+def repo_items():
+    return PendingItems(repos={REPO: SyncLevel.FULL})
+
+
+# -- ids and the queue ----------------------------------------------------------------------
+
+def test_ids_are_minted_in_one_place_typed_by_what_they_name_and_never_twice():
+    q = StartQueue(itertools.count(1))
+    ids = [q.req_id(5), q.exchange_token(5), q.own_read_token(5), q.batch_id()]
+    assert [type(i) for i in ids[:3]] == [ReqId, ExchangeToken, OwnReadToken]
+    assert ids[:3] == ["h5-1", "neg5-2", "own5-3"] and ids[3] == 4
+    assert q.lead_wait(5) == "lead5" and isinstance(q.lead_wait(5), LeadWait)
+
+
+def test_queued_reqs_and_exchanges_are_kept_in_step_with_their_batch():
+    w = World()
+    state = w.relay()
+    batch = w.batch(state, ISSUES)
+    w.plan.queue.add_reqs(state, batch, [ISSUES, PATCHES])
+    token = w.plan.queue.add_exchange(state, batch, THREAD, [])
+    assert queued(state) == [(ReqId, [ISSUES, PATCHES]), (ExchangeToken, [THREAD])]
+    assert set(state.current.sub_to_batch) == batch.outstanding_subs
+    w.plan.queue.exchanges_to_reqs(state)  # NIP-77 is off: it shares the queued REQ
+    assert queued(state) == [(ReqId, [ISSUES, PATCHES, THREAD])]
+    assert token not in batch.outstanding_subs and token not in batch.own_holdings
+    assert set(state.current.sub_to_batch) == batch.outstanding_subs
+
+
+def test_a_refused_page_goes_again_first_under_a_new_id_and_a_split_as_parts_first():
+    w = World()
+    state = w.relay()
+    batch = w.batch(state, ISSUES)
+    by_id = Filter.make(ids=["ef" * 32])
+    w.plan.queue.add_reqs(state, batch, [by_id])
+    w.plan.queue.add_reqs(state, batch, [ISSUES, PATCHES])  # (an id fetch shares no REQ)
+    (first, _), (second, _) = state.current.historic_queue
+    w.plan.queue.drop_first(state)
+    w.plan.queue.again_first(state, batch, first, [by_id])
+    again = state.current.historic_queue[0][0]
+    assert again != first and isinstance(again, ReqId) and again in batch.outstanding_subs
+    assert first not in batch.outstanding_subs
+    w.plan.queue.ended(state, second)
+    w.plan.queue.split_first(state, batch, second, [[0], [1]])
+    assert [g for _, g in state.current.historic_queue[:2]] == [[ISSUES], [PATCHES]]
+    assert second not in batch.outstanding_subs
+
+
+# -- a batch's start ------------------------------------------------------------------------
+
+def test_without_nip77_a_batch_queues_its_reqs_at_once_and_leads_its_items():
+    w = World(negentropy=False)
+    state = w.relay()
+    batch, new = w.plan.start(state, repo_items(), [ISSUES, PATCHES], BatchKind.SYNC, True, (), False, NOW)
+    assert new and batch.coalescable and batch.phase is BatchPhase.QUEUED
+    assert queued(state) == [(ReqId, [ISSUES, PATCHES])]
+    assert w.plan.lead.split(B, repo_items())[1].repos  # another relay's batch follows it
+
+
+def test_with_nip77_a_batch_first_reads_what_the_own_relay_holds():
+    w = World()
+    state = w.relay()
+    batch, _ = w.plan.start(state, repo_items(), [ISSUES], BatchKind.SYNC, False, (), False, NOW)
+    assert batch.phase is BatchPhase.READING_OWN and not state.current.historic_queue
+    [token] = batch.outstanding_subs
+    assert isinstance(token, OwnReadToken)
+    [read] = w.take(act.ReadOwn)
+    assert (read.token, read.filters, read.reads) == (token, [ISSUES], [ISSUES])
+
+
+def test_holdings_known_answer_at_once_without_a_read():
+    w = World()
+    state = w.relay()
+    w.plan.own_held.learn(ISSUES, [], NOW)
+    batch, _ = w.plan.start(state, repo_items(), [ISSUES], BatchKind.SYNC, False, (), False, NOW)
+    [known] = w.take(act.OwnKnown)
+    assert known.holdings == [[]] and known.batch_id == batch.batch_id
+
+
+def test_an_addfilters_joins_the_waiting_req_batch_and_their_filters_share_a_req():
+    w = World(negentropy=False)
+    state = w.relay()
+    first, _ = w.plan.start(state, repo_items(), [ISSUES], BatchKind.SYNC, True, (), False, NOW)
+    joined, new = w.plan.start(state, PendingItems(root_events={"cd" * 32}), [PATCHES], BatchKind.SYNC, True, (),
+                               False, NOW)
+    assert joined is first and not new
+    assert queued(state) == [(ReqId, [ISSUES, PATCHES])]
+    assert first.items.root_events == {"cd" * 32}
+    assert [a.event for a in w.take(act.Log)] == ["batch_coalesced"]
+
+
+def test_a_follower_waits_for_its_leader_and_reads_the_own_relay_once_released():
+    w = World()
+    leader_state, state = w.relay(B), w.relay(A)
+    many = PendingItems(repos={f"30617:{'ab' * 32}:r{i}": SyncLevel.FULL for i in range(50)})
+    leader, _ = w.plan.start(leader_state, many, [ISSUES], BatchKind.SYNC, False, (), False, NOW)
+    w.take()
+    follower, _ = w.plan.start(state, many, [ISSUES], BatchKind.SYNC, False, {(B, leader.batch_id)}, False, NOW)
+    assert follower.phase is BatchPhase.FOLLOWING and follower.outstanding_subs == {f"lead{follower.batch_id}"}
+    assert isinstance(next(iter(follower.outstanding_subs)), LeadWait) and not w.take(act.ReadOwn)
+    w.plan.stop_leading(leader_state, leader, NOW)
+    assert follower.phase is BatchPhase.READING_OWN
+    assert [r.batch_id for r in w.take(act.ReadOwn)] == [follower.batch_id]
+
+
+def test_a_follower_whose_wait_would_not_pay_reads_at_once_and_shares_the_fetches():
+    w = World()
+    leader_state, state = w.relay(B), w.relay(A)
+    leader, _ = w.plan.start(leader_state, repo_items(), [ISSUES], BatchKind.SYNC, False, (), False, NOW)
+    w.take()
+    follower, _ = w.plan.start(state, repo_items(), [ISSUES], BatchKind.SYNC, False,
+                               {(B, leader.batch_id)}, False, NOW)
+    assert follower.phase is BatchPhase.READING_OWN and follower.share_all
+
+
+# -- the method per filter ------------------------------------------------------------------
+
+def test_what_the_own_relay_lacks_entirely_goes_by_req_pages_on_a_first_sync():
+    w = World()
+    state = w.relay()
+    batch, _ = w.plan.start(state, repo_items(), [ISSUES], BatchKind.SYNC, False, (), False, NOW)
+    assert w.plan.holdings_read(state, batch, answer(state, batch, [ISSUES], [[]]), NOW)
+    assert not batch.outstanding_subs - set(state.current.sub_to_batch)  # the own read is answered
+    assert queued(state) == [(ReqId, [ISSUES])] and batch.method is SyncMethod.REQ_EOSE
+
+
+def test_what_the_own_relay_holds_much_of_goes_by_an_exchange_with_those_holdings():
+    w = World()
+    state = w.relay()
+    held = [(1_700_000_000 + i, f"{i:064x}") for i in range(3000)]
+    w.plan.seen.update((event_id, None) for _, event_id in held)  # held before this round
+    batch, _ = w.plan.start(state, repo_items(), [ISSUES], BatchKind.SYNC, False, (), False, NOW)
+    assert w.plan.holdings_read(state, batch, answer(state, batch, [ISSUES], [held]), NOW)
+    [(token, [flt])] = state.current.historic_queue
+    assert isinstance(token, ExchangeToken) and flt == ISSUES and batch.own_holdings[token] == held
+    assert batch.method is SyncMethod.NEGENTROPY
+
+
+def test_a_nip77_only_batch_merges_into_a_waiting_one_of_the_same_shape():
+    w = World()
+    state = w.relay()
+    waiting = w.batch(state, THREAD)
+    waiting.method = SyncMethod.NEGENTROPY
+    token = w.plan.queue.add_exchange(state, waiting, THREAD, [(1, "a")])
+    other = Filter.make(tags={"E": ["ef" * 32]})
+    batch = w.batch(state, other, items=PendingItems(root_events={"ef" * 32}))
+    assert w.plan.merge_into_waiting_negentropy(state, batch, [(other, [(2, "b")])], NOW)
+    [(same, [merged])] = state.current.historic_queue
+    assert same == token and merged.tags == (("E", frozenset({"cd" * 32, "ef" * 32})),)
+    assert sorted(waiting.own_holdings[token]) == [(1, "a"), (2, "b")]
+    assert batch.batch_id not in state.current.pending and waiting.items.root_events == {"ef" * 32}
+    assert batch.phase is BatchPhase.JOINED
+
+
+# -- the next start -------------------------------------------------------------------------
+
+def test_the_first_queued_start_goes_and_the_batch_has_started():
+    w = World()
+    state = w.relay()
+    batch = w.batch(state, ISSUES)
+    w.plan.queue.add_reqs(state, batch, [ISSUES])
+    start = start_queue.next_start(w.plan, state, False, 0, NOW)
+    assert isinstance(start, act.Start) and start.filters == [ISSUES] and start.batch is batch
+    assert batch.phase is BatchPhase.STARTED and not state.current.historic_queue
+    assert start_queue.next_start(w.plan, state, False, 0, NOW) is None
+
+
+def test_an_exchange_starts_with_what_its_batch_read_of_the_own_relay():
+    w = World()
+    state = w.relay()
+    batch = w.batch(state, ISSUES)
+    w.plan.queue.add_exchange(state, batch, ISSUES, [(1, "a")])
+    start = start_queue.next_start(w.plan, state, False, 0, NOW)
+    assert start.holdings == ([(1, "a")], None) and not batch.own_holdings
+
+
+def test_a_req_past_the_open_filters_bytes_waits_for_one_to_end():
+    w = World()
+    state = w.relay()
+    batch = w.batch(state, ISSUES)
+    w.plan.queue.add_reqs(state, batch, [ISSUES])
+    assert start_queue.next_start(w.plan, state, True, 10**9, NOW) is None
+    assert len(state.current.historic_queue) == 1
+    assert start_queue.next_start(w.plan, state, False, 10**9, NOW) is not None  # alone it goes whatever its size
+
+
+def test_thread_starts_wait_for_their_batchs_layer2_exchanges():
+    w = World()
+    state = w.relay()
+    batch = w.batch(state, ISSUES)
+    state.current.neg_running["neg0-0"] = RunningExchange(None, batch.batch_id, LAYER2, NOW)
+    w.plan.queue.add_reqs(state, batch, [THREAD])
+    assert start_queue.next_start(w.plan, state, False, 0, NOW) is None
+    other = w.batch(state, ISSUES)
+    w.plan.queue.add_reqs(state, other, [ISSUES])
+    assert start_queue.next_start(w.plan, state, False, 0, NOW).batch is other  # not held behind them
+
+
+def test_a_shape_refused_by_policy_leaves_a_queued_req_before_it_starts():
+    w = World()
+    state = w.relay()
+    batch = w.batch(state, ISSUES)
+    w.plan.queue.add_reqs(state, batch, [ISSUES, PATCHES])
+    state.paused.pause(coverage_key(PATCHES), NOW)
+    start = start_queue.next_start(w.plan, state, False, 0, NOW)
+    assert start.filters == [ISSUES]
+
+
+def test_a_batch_a_regroup_empties_is_finished_before_the_queue_is_asked_again():
+    w = World()
+    state = w.relay()
+    batch = w.batch(state, PATCHES)
+    w.plan.queue.add_reqs(state, batch, [PATCHES])
+    state.paused.pause(coverage_key(PATCHES), NOW)
+    assert start_queue.next_start(w.plan, state, False, 0, NOW) is act.AGAIN
+    assert w.take(act.Advance) == [act.Advance(state, batch, pump=False)] and batch.is_complete
+
+
+def test_an_exchange_over_the_known_result_cap_is_cut_before_it_starts():
+    w = World()
+    state = w.relay()
+    state.result_cap.note_refused(100, 1000)  # the relay said: 100 results at most
+    batch = w.batch(state, ISSUES)
+    held = [(1_700_000_000 + i * 60, f"{i:064x}") for i in range(1000)]
+    token = w.plan.queue.add_exchange(state, batch, ISSUES, held)
+    start = start_queue.next_start(w.plan, state, False, 0, NOW)
+    assert [a.event for a in w.take(act.Log)] == ["negentropy_filter_cut"]
+    assert token not in batch.outstanding_subs
+    assert start.filters[0].until is not None or start.filters[0].since is not None  # a window of it
+
+
+# -- an EOSE --------------------------------------------------------------------------------
+
+def test_an_eose_closes_the_req_and_queues_a_full_pages_next_page_first():
+    w = World()
+    state = w.relay()
+    batch = w.batch(state, ISSUES)
+    w.plan.queue.add_reqs(state, batch, [ISSUES])
+    other = w.batch(state, PATCHES)
+    w.plan.queue.add_reqs(state, other, [PATCHES])
+    start = start_queue.next_start(w.plan, state, False, 0, NOW)
+    for i in range(500):  # a full page: the relay's cap may have cut it
+        event = Event(id=f"{i:064x}", pubkey="ab" * 32, created_at=1_700_000_000 + i, kind=1621,
+                      tags=(("a", REPO),), content="", sig="00" * 64)
+        batch.record_event(start.sub_id, event)
+    w.plan.on_eose(state, batch, start.sub_id, 0.1, NOW)
+    assert w.take(act.Close) == [act.Close(state, start.sub_id)]
+    (first, [page]), _ = state.current.historic_queue
+    assert state.current.sub_to_batch[first] == batch.batch_id and page.until == 1_700_000_000
+    assert start.sub_id not in state.current.sub_to_batch
+
+
+def test_a_crowded_second_goes_by_nip77_where_the_relay_has_it_else_split():
+    w = World()
+    state = w.relay()
+    batch = w.batch(state, ISSUES)
+    second = ISSUES.replace(since=1_700_000_000, until=1_700_000_000)
+    w.plan.complete_crowded_second(state, batch, CrowdedSecond(second, 1_700_000_000, 600), NOW)
+    assert queued(state) == [(ExchangeToken, [second])] and batch.method is SyncMethod.NEGENTROPY
+    state.current.negentropy_ok = False
+    two = Filter.make(kinds=[1621, 1617], tags={"a": [REPO]}, since=5, until=5)
+    w.plan.complete_crowded_second(state, batch, CrowdedSecond(two, 5, 600), NOW)
+    [(_, halves)] = queued(state)[:1]  # first: they finish what was started
+    assert [f.kinds for f in halves] == [frozenset({1617}), frozenset({1621})]
+    w.plan.complete_crowded_second(state, batch, CrowdedSecond(second, 1_700_000_000, 600, again=True), NOW)
+    assert batch.failed
+    assert [c.labels for c in w.take(act.Count)] == [("negentropy",), ("split",), ("incomplete",)]
+
+
+def test_historic_slots_are_what_the_budget_leaves_beside_live_coverage():
+    w = World()
+    state = w.relay(limits=RelayLimits(max_subscriptions=3))
+    batch = w.batch(state, ISSUES)
+    w.plan.queue.add_reqs(state, batch, [ISSUES])
+    sub_id = state.current.historic_queue[0][0]
+    assert start_queue.slots(state, {sub_id}) == (2, 1)
+    state.current.live_subs.update(a=None, b=None)
+    assert start_queue.slots(state, set()) == (1, 0)  # never none
+    assert Step.FIRST_START not in [s for _, s in w.moves]

@@ -1,0 +1,247 @@
+"""How a historic batch's work ends, decided without the manager (``sync.batch_end``): an
+exchange's outcome and a batch's residual, judged from a relay's state and batches in, what
+was queued, moved, recorded and asked for (``sync.plan_actions``) out. One test per
+decision; through the manager and on real relays they are in tests/test_manager_decisions.py,
+test_unservable_decisions.py, test_result_caps.py, test_threads_ahead.py and
+test_negentropy_sync.py."""
+from __future__ import annotations
+
+from gsync.io.inbox import NegentropyFinished
+from gsync.io.negentropy_sync import NegentropyOutcome
+from gsync.protocol.filters import Filter
+from gsync.protocol.nip11 import RelayLimits
+from gsync.sync import batch_end, start_queue
+from gsync.sync import plan_actions as act
+from gsync.sync.batch_phase import BatchPhase
+from gsync.sync.pending import BatchKind, SyncMethod
+from gsync.sync.start_queue import ExchangeToken, ReqId
+from gsync.sync.targets import PendingItems
+
+from .test_planner import ISSUES, LAYER2, NOW, PATCHES, REPO, THREAD, World, queued, repo_items
+
+A, B = "wss://a.example", "wss://b.example"
+IDS = [f"{i:064x}" for i in range(10)]
+
+
+def served(need=(), **kwargs):
+    return NegentropyOutcome(True, need_ids=list(need), rounds=1, **kwargs)
+
+
+def finished(w, state, batch, token, flt, result, now=NOW):
+    """The exchange ``token`` of ``batch`` for ``flt`` answers ``result``."""
+    answer = NegentropyFinished(state.url, state.session, batch.batch_id, token, flt, result)
+    return batch_end.exchange_finished(w.plan, state, answer, w.plan.own_held.forgotten, now)
+
+
+def exchange_of(w, state, flt=ISSUES, items=None, kind=BatchKind.SYNC):
+    """A batch with one exchange for ``flt``, started."""
+    batch = w.batch(state, flt, kind=kind, items=items or repo_items())
+    batch.method = SyncMethod.NEGENTROPY
+    token = w.plan.queue.add_exchange(state, batch, flt, [])
+    start_queue.next_start(w.plan, state, False, 0, NOW)
+    w.take()
+    return batch, token
+
+
+def started(w, batch):
+    """The batch's REQs all started and answered."""
+    state = w.relays[batch_relay(w, batch)]
+    while state.current.historic_queue:
+        start = start_queue.next_start(w.plan, state, False, 0, NOW)
+        w.plan.queue.ended(state, start.sub_id)
+        batch.finish_subscription(start.sub_id)
+
+
+def batch_relay(w, batch):
+    return next(url for url, s in w.relays.items() if batch.batch_id in s.current.pending)
+
+
+# -- an exchange's outcome ------------------------------------------------------------------
+
+def test_what_an_exchange_finds_missing_is_claimed_then_fetched_by_id_first_in_the_queue():
+    w = World()
+    state = w.relay()
+    batch, token = exchange_of(w, state)
+    w.plan.queue.add_reqs(state, w.batch(state, PATCHES), [PATCHES])  # newer work
+    finished(w, state, batch, token, ISSUES, served(IDS[:3]), NOW)
+    assert w.take(act.Served) == [act.Served(state)]
+    assert batch.advertised_ids == set(IDS[:3]) and batch.found_by[IDS[0]] == ISSUES
+    (first, [by_id]), _ = state.current.historic_queue
+    assert isinstance(first, ReqId) and by_id.ids == frozenset(IDS[:3])
+    assert w.plan.claims.claim(B, 99, IDS[:3]) == set()  # claimed: another batch does not fetch them
+
+
+def test_an_exchange_that_lacks_most_of_its_filter_fetches_it_by_its_pages():
+    w = World()
+    state = w.relay()
+    batch, token = exchange_of(w, state)
+    many = [f"{i:064x}" for i in range(2000)]
+    finished(w, state, batch, token, ISSUES, served(many), NOW)
+    assert queued(state) == [(ReqId, [ISSUES])] and not batch.advertised_ids
+
+
+def test_where_other_relays_list_the_repository_the_missing_go_by_id_whatever_their_number():
+    from .test_planner import Repos
+    w = World(repos=Repos({REPO: [A, B]}))
+    state = w.relay()
+    batch, token = exchange_of(w, state)
+    many = [f"{i:064x}" for i in range(2000)]
+    finished(w, state, batch, token, ISSUES, served(many), NOW)
+    assert len(batch.advertised_ids) == 2000 and all(f.ids for _, [f] in queued(state))
+
+
+def test_a_failed_exchange_turns_nip77_off_and_its_filter_and_the_queued_exchanges_go_by_req():
+    w = World()
+    state = w.relay()
+    batch, token = exchange_of(w, state)
+    waiting = w.plan.queue.add_exchange(state, batch, PATCHES, [])
+    failed = NegentropyOutcome(False, reason="blocked: no negentropy here")
+    finished(w, state, batch, token, ISSUES, failed, NOW)
+    assert not state.current.negentropy_ok and not w.plan.health.negentropy_allowed(A)
+    assert queued(state) == [(ReqId, [ISSUES, PATCHES])] and waiting not in batch.outstanding_subs
+    assert [a.event for a in w.take(act.Log)] == ["negentropy_unsupported"]
+    assert state.nip77_failed_at is None  # a NEG-ERR where 77 was never advertised: this session only
+
+
+def test_an_advertised_nip77_refused_rests_for_a_day_and_a_rate_limit_is_told():
+    w = World()
+    state = w.relay(limits=RelayLimits(supported_nips=frozenset({77})))
+    batch, token = exchange_of(w, state)
+    finished(w, state, batch, token, ISSUES, NegentropyOutcome(False, reason="error"), NOW)
+    assert state.nip77_failed_at == NOW
+    other = w.relay(B)
+    batch, token = exchange_of(w, other)
+    limited = NegentropyOutcome(False, reason="rate-limited: slow down")
+    finished(w, other, batch, token, ISSUES, limited, NOW)
+    assert w.take(act.RateLimited) == [act.RateLimited(other, "rate-limited: slow down")]
+
+
+def test_an_own_relay_failure_keeps_nip77_on():
+    w = World()
+    state = w.relay()
+    batch, token = exchange_of(w, state)
+    failed = NegentropyOutcome(False, reason="own relay query failed", own_relay_failed=True)
+    finished(w, state, batch, token, ISSUES, failed, NOW)
+    assert state.current.negentropy_ok and queued(state) == [(ReqId, [ISSUES])]
+
+
+def test_an_exchange_past_the_result_cap_is_cut_into_windows_first_in_the_queue():
+    w = World()
+    state = w.relay()
+    batch, token = exchange_of(w, state)
+    w.plan.own_held.learn(ISSUES, [], NOW)  # (known: the own relay holds none of it)
+    refused = NegentropyOutcome(False, reason="too many", failure="too-many-results", cap=100)
+    finished(w, state, batch, token, ISSUES, refused, NOW)
+    assert state.current.negentropy_ok and state.result_cap.limit() == 100
+    assert state.current.historic_queue and [a.event for a in w.take(act.Log)] == ["negentropy_filter_split"]
+
+
+def test_roots_a_layer2_exchange_finds_join_the_batchs_thread_exchange_and_are_covered_live():
+    w = World()
+    state = w.relay()
+    batch, token = exchange_of(w, state, LAYER2)
+    thread = w.plan.queue.add_exchange(state, batch, THREAD, [])
+    w.plan.queue.add_reqs(state, batch, [Filter.make(tags={"e": ["cd" * 32]})])  # room for the other shapes
+    finished(w, state, batch, token, LAYER2, served(IDS[:2]), NOW)
+    [(joined, [merged])] = [(t, g) for t, g in state.current.historic_queue if isinstance(t, ExchangeToken)]
+    assert joined == thread and merged.tags[0][1] == {"cd" * 32, *IDS[:2]}
+    assert batch.read_also[thread].tags[0][1] == set(IDS[:2])  # read when it starts
+    [live] = w.take(act.CoverLive)
+    assert live.items.root_events == set(IDS[:2])
+    assert state.current.threads_ahead.roots(NOW) == set(IDS[:2])
+
+
+def test_the_last_exchange_fetches_what_all_found_leaving_out_what_arrived_meanwhile():
+    w = World()
+    state = w.relay()
+    batch, token = exchange_of(w, state)
+    batch.expect_ids(IDS[:4])
+    w.plan.seen[IDS[0]] = NOW  # fetched elsewhere meanwhile
+    batch_end.fetch_what_the_exchanges_found(w.plan, state, batch)
+    assert batch.advertised_ids == set(IDS[1:4])
+    [(_, [flt])] = state.current.historic_queue
+    assert flt.ids == frozenset(IDS[1:4])
+
+
+# -- a batch's end --------------------------------------------------------------------------
+
+def test_a_batch_with_nothing_missing_is_confirmed_and_its_relay_checked_for_completion():
+    w = World(negentropy=False)
+    state = w.relay()
+    batch, _ = w.plan.start(state, repo_items(), [ISSUES], BatchKind.LAYER1, False, (), False, NOW)
+    started(w, batch)
+    w.take()
+    batch_end.finish(w.plan, state, batch, NOW)
+    assert batch.phase is BatchPhase.DONE and batch.batch_id not in state.current.pending
+    assert REPO in state.confirmed.repos and state.announcements_synced and not state.batch_failures
+    assert w.take(act.Confirmed) == [act.Confirmed(state, batch, None)]
+    batch_end.finish(w.plan, state, batch, NOW)  # once
+    assert not w.take(act.Confirmed)
+
+
+def test_a_small_residual_is_asked_by_id_once_more():
+    w = World()
+    state = w.relay()
+    batch, _ = exchange_of(w, state)
+    batch.expect_ids(IDS)
+    batch.received_ids |= set(IDS[:9])
+    batch_end.finish(w.plan, state, batch, NOW)
+    assert batch.phase is BatchPhase.IDS_RETRIED and w.take(act.Pump) == [act.Pump(state)]
+    [(_, [flt])] = state.current.historic_queue
+    assert flt.ids == {IDS[9]}
+
+
+def test_ids_not_served_by_id_are_asked_by_the_filters_that_found_them():
+    w = World()
+    state = w.relay()
+    batch, _ = exchange_of(w, state)
+    batch.expect_ids(IDS, found_by=ISSUES)  # none served by id
+    batch_end.finish(w.plan, state, batch, NOW)
+    assert batch.phase is BatchPhase.BY_FILTER and batch.residual_asked == set(IDS)
+    assert queued(state) == [(ReqId, [ISSUES])]
+    assert w.take(act.Advance) == [act.Advance(state, batch, pump=True)]
+
+
+def test_what_neither_id_nor_filter_brought_is_unservable_here_and_asked_by_id_elsewhere():
+    from .test_planner import Repos
+    w = World(repos=Repos({REPO: [A, B]}))
+    state, other = w.relay(A), w.relay(B)
+    batch, _ = exchange_of(w, state)
+    batch.expect_ids(IDS[:2], found_by=ISSUES)
+    batch_end.finish(w.plan, state, batch, NOW)  # asked by filter
+    started(w, batch)
+    w.take()
+    batch_end.finish(w.plan, state, batch, NOW)
+    assert all(i in state.unservable for i in IDS[:2]) and batch.phase is BatchPhase.DONE
+    assert [c.metric for c in w.take(act.Count)] == ["EVENTS_UNSERVABLE"]
+    assert set(w.plan.recovery.next_attempt(B, NOW + 10**6)) == set(IDS[:2])
+    assert w.plan.recovery.is_fully_recovered(A)
+    assert other.serves_ids(NOW)
+
+
+def test_a_recovery_attempt_ends_by_recording_what_it_brought():
+    w = World(negentropy=False)
+    state = w.relay()
+    w.plan.recovery.add_missing(A, IDS[:2], NOW)
+    ids = w.plan.recovery.next_attempt(A, NOW + 10**6)
+    batch, _ = w.plan.start(state, PendingItems(), [Filter.make(ids=ids)], BatchKind.RECOVERY, False, (),
+                            False, NOW)
+    batch.expect_ids(IDS[:2])
+    started(w, batch)
+    batch.received_ids.add(IDS[0])
+    w.take()
+    batch_end.finish(w.plan, state, batch, NOW)
+    assert w.take(act.RecoveryFinished) == [act.RecoveryFinished(state)]
+    assert w.plan.recovery.is_missing(IDS[1]) and not w.plan.recovery.is_missing(IDS[0])
+    assert batch.phase is BatchPhase.DONE
+
+
+def test_a_probe_batch_confirmed_answers_its_probe():
+    w = World(negentropy=False)
+    state = w.relay()
+    batch, _ = w.plan.start(state, PendingItems(), [ISSUES], BatchKind.PROBE, False, (), False, NOW)
+    state.current.probes[batch.batch_id] = "key"
+    started(w, batch)
+    w.take()
+    batch_end.finish(w.plan, state, batch, NOW)
+    assert w.take(act.Confirmed) == [act.Confirmed(state, batch, "key")] and not state.current.probes
