@@ -8,6 +8,7 @@ and its exchange is given what the other shard brought. End to end (the socket i
 subject): the self-subscriber of a shard shows what another client stored on a real own
 relay, and skips what the instance already knows is held."""
 from gsync.io.inbox import OwnLanded
+from gsync.protocol.filters import Filter
 from gsync.protocol.urls import normalize_relay_url as normalize_url
 from gsync.sync.batch_phase import BatchPhase
 from gsync.sync.own_held import HeldEntry
@@ -220,3 +221,45 @@ def test_a_shards_self_subscriber_shows_what_others_stored_and_skips_what_it_kno
     finally:
         child.kill()
         child.wait()
+
+
+def test_roots_another_shard_leads_wait_in_one_batch_and_then_go_by_nip77(tmp_path):
+    """Roots of a repository another shard leads, discovered a batch window apart, join the
+    batch already waiting for that shard instead of each waiting in a batch of its own. Once
+    the wait is over and the other shard stored their threads, their thread filters go by
+    NIP-77 (what the own relay holds is not brought again); a batch of each root's thread
+    alone, a few comments held, went by REQ pages, every comment brought again (bench/scale
+    --shards 2: 9,000 copies)."""
+    from gsync import constants
+
+    here, _there, ann = split_world()
+    h = ManagerHarness(tmp_path, shard=SHARD)
+    h.own_relay_holds(ann)
+    h.connect(here)
+    h.answer_own_reads()
+    dev = Author.named("landed-dev")
+    waves = [[issue(dev, ann, subject=f"wave {w} root {i}") for i in range(3)] for w in range(3)]
+    threads = {root.id: [comment(dev, root, content=f"c{j}") for j in range(6)] for wave in waves for root in wave}
+    for wave in waves:  # the other shard stores roots: seen live, and by the self-subscription
+        h.feed(OwnLanded([(e.id, HeldEntry.of(e)) for e in wave]))
+        h.own_relay_holds(*wave)
+        h.answer_own_reads()
+
+    waiting = [b for b in h.state(here).current.pending.values() if b.led_elsewhere]
+    assert len(waiting) == 1
+    assert {root.id for wave in waves for root in wave} <= waiting[0].items.root_events
+
+    # the other shard stores their threads meanwhile: seen live
+    h.feed(OwnLanded([(e.id, HeldEntry.of(e)) for thread in threads.values() for e in thread]))
+    h.advance(constants.FOLLOWER_WAIT_MAX_SECS + constants.OTHER_SHARD_QUIET_SECS)
+    h.tick()  # the wait is over
+    h.answer_own_reads()
+    for _ in range(8):
+        h.advance(1.1)  # the pacing gate: each exchange starts
+    comments = [e for thread in threads.values() for e in thread]
+    by_nip77 = [flt for flt, _ in reconciles(h, here) if any(flt.matches(e) for e in comments)]
+    asked = [Filter.make(kinds=f.get("kinds"), tags={k[1:]: v for k, v in f.items() if k.startswith("#")})
+             for r in h.historic_reqs(here) for f in r[2:]]
+    assert by_nip77
+    assert not [flt for flt in asked if any(flt.matches(e) for e in comments)]  # none comes again
+
