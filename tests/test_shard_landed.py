@@ -263,3 +263,36 @@ def test_roots_another_shard_leads_wait_in_one_batch_and_then_go_by_nip77(tmp_pa
     assert by_nip77
     assert not [flt for flt in asked if any(flt.matches(e) for e in comments)]  # none comes again
 
+
+def test_a_batch_following_another_shard_reads_ahead_what_no_read_under_way_asks(tmp_path):
+    """Two relays of this shard list a repository another shard leads; the second lists one
+    more. The second's waiting batch reads that one now, beside the read of the first's
+    values under way (which it does not read twice), not once its wait is over, when the
+    own relay holds what the other shard stored of it meanwhile."""
+    owner = Author.named("landed-owner")
+    here = [u for i in range(200) if SHARD.owns(u := f"wss://here{i}.example")][:2]
+    there = next(u for i in range(100) if not SHARD.owns(u := f"wss://there{i}.example"))
+
+    def led_there(name: str, relays: list[str]):
+        for i in range(200):
+            ann = announcement(owner, f"{name}-{i}", relays=relays)
+            if lead_relay(address(ann), [normalize_url(u) for u in relays]) == normalize_url(there):
+                return ann
+        raise AssertionError("no repository led by the other shard")
+
+    shared = led_there("shared", [here[0], here[1], there])
+    second = led_there("second", [here[1], there])
+    h = ManagerHarness(tmp_path, shard=SHARD)
+    h.own_relay_holds(shared, second)
+    h.connect(here[0])
+    h.close_own_read_window()
+    flying = h.own_reads()
+    assert any(address(shared) in values for g in flying for flt in g.args[1] for _, values in flt.tags)
+    h.connect(here[1])  # its batch waits too, while the first read is under way
+    for g in flying:
+        land(h, g)  # the reads queued meanwhile go now
+    h.close_own_read_window()
+    later = [flt for g in h.own_reads() for flt in g.args[1]]
+    asked = {v for flt in later for _, values in flt.tags for v in values}
+    assert address(second) in asked  # read ahead now
+    assert address(shared) not in asked  # being read already

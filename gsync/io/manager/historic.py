@@ -191,9 +191,8 @@ class HistoricSync:
         known without reading that shard's events back."""
         now = self.clock()
         filters = batch.semantic_filters if filters is None else filters
-        if any(self.own_held.awaits(flt, now) for flt in filters):
-            return  # being read: its answer will be known in time
-        reads = [read for flt in filters if (read := self.own_held.missing(flt, now)) is not None]
+        # what is being read will be known in time: the rest is read now
+        reads = [read for flt in filters if (read := self.own_held.unread(flt, now)) is not None]
         if reads:
             self.own_reads.queue(OwnReadWaiter(state.url, state.session, batch.batch_id, f"lead{batch.batch_id}",
                                                [], reads, False, ahead=True))
