@@ -177,6 +177,10 @@ WAIT_BYTES_PER_SEC = 80_000
 # pace: the leader's events come late, not never), OTHER_SHARD_WAIT_MAX_SECS in all.
 OTHER_SHARD_QUIET_SECS = 5.0
 OTHER_SHARD_WAIT_MAX_SECS = 60.0
+# What another shard leads, found within this many seconds of a relay's batch beginning to
+# wait for another shard, joins that batch (``HistoricSync.join_other_shard_wait``): one
+# wait and one exchange per filter shape for the batch windows of half the longest wait.
+OTHER_SHARD_JOIN_SECS = 30.0
 QUICK_RECONNECT_SECS = 15 * 60
 # Events a layer-2 exchange found missing join the batch's thread exchanges not started yet
 # (``sync.threads_ahead``): a root among them stored within this many seconds needs no round

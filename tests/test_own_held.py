@@ -107,3 +107,15 @@ def test_values_being_read_are_waited_for_not_read_again():
     bounded = Filter.make(tags={"a": [B]}, since=10)
     own.begin(bounded)  # teaches nothing: nobody waits for it
     assert not own.awaits(by_ab, now=2)
+
+
+def test_unread_leaves_out_what_a_read_under_way_will_teach():
+    held = OwnHeld(ttl=100, max_entries=1000)
+    both = Filter.make(kinds=[1621], tags={"a": {"x", "y"}})
+    held.begin(Filter.make(kinds=[1621], tags={"a": {"x"}}))
+    assert held.unread(both, 0) == Filter.make(kinds=[1621], tags={"a": {"y"}})
+    assert held.missing(both, 0) == both  # nothing known yet
+    held.begin(Filter.make(kinds=[1621], tags={"a": {"y"}}))
+    assert held.unread(both, 0) is None
+    held.end(Filter.make(kinds=[1621], tags={"a": {"x"}}))
+    assert held.unread(both, 0) == Filter.make(kinds=[1621], tags={"a": {"x"}})

@@ -8,6 +8,7 @@ and its exchange is given what the other shard brought. End to end (the socket i
 subject): the self-subscriber of a shard shows what another client stored on a real own
 relay, and skips what the instance already knows is held."""
 from gsync.io.inbox import OwnLanded
+from gsync.protocol.filters import Filter
 from gsync.protocol.urls import normalize_relay_url as normalize_url
 from gsync.sync.batch_phase import BatchPhase
 from gsync.sync.own_held import HeldEntry
@@ -220,3 +221,78 @@ def test_a_shards_self_subscriber_shows_what_others_stored_and_skips_what_it_kno
     finally:
         child.kill()
         child.wait()
+
+
+def test_roots_another_shard_leads_wait_in_one_batch_and_then_go_by_nip77(tmp_path):
+    """Roots of a repository another shard leads, discovered a batch window apart, join the
+    batch already waiting for that shard instead of each waiting in a batch of its own. Once
+    the wait is over and the other shard stored their threads, their thread filters go by
+    NIP-77 (what the own relay holds is not brought again); a batch of each root's thread
+    alone, a few comments held, went by REQ pages, every comment brought again (bench/scale
+    --shards 2: 9,000 copies)."""
+    from gsync import constants
+
+    here, _there, ann = split_world()
+    h = ManagerHarness(tmp_path, shard=SHARD)
+    h.own_relay_holds(ann)
+    h.connect(here)
+    h.answer_own_reads()
+    dev = Author.named("landed-dev")
+    waves = [[issue(dev, ann, subject=f"wave {w} root {i}") for i in range(3)] for w in range(3)]
+    threads = {root.id: [comment(dev, root, content=f"c{j}") for j in range(6)] for wave in waves for root in wave}
+    for wave in waves:  # the other shard stores roots: seen live, and by the self-subscription
+        h.feed(OwnLanded([(e.id, HeldEntry.of(e)) for e in wave]))
+        h.own_relay_holds(*wave)
+        h.answer_own_reads()
+
+    waiting = [b for b in h.state(here).current.pending.values() if b.led_elsewhere]
+    assert len(waiting) == 1
+    assert {root.id for wave in waves for root in wave} <= waiting[0].items.root_events
+
+    # the other shard stores their threads meanwhile: seen live
+    h.feed(OwnLanded([(e.id, HeldEntry.of(e)) for thread in threads.values() for e in thread]))
+    h.advance(constants.FOLLOWER_WAIT_MAX_SECS + constants.OTHER_SHARD_QUIET_SECS)
+    h.tick()  # the wait is over
+    h.answer_own_reads()
+    for _ in range(8):
+        h.advance(1.1)  # the pacing gate: each exchange starts
+    comments = [e for thread in threads.values() for e in thread]
+    by_nip77 = [flt for flt, _ in reconciles(h, here) if any(flt.matches(e) for e in comments)]
+    asked = [Filter.make(kinds=f.get("kinds"), tags={k[1:]: v for k, v in f.items() if k.startswith("#")})
+             for r in h.historic_reqs(here) for f in r[2:]]
+    assert by_nip77
+    assert not [flt for flt in asked if any(flt.matches(e) for e in comments)]  # none comes again
+
+
+def test_a_batch_following_another_shard_reads_ahead_what_no_read_under_way_asks(tmp_path):
+    """Two relays of this shard list a repository another shard leads; the second lists one
+    more. The second's waiting batch reads that one now, beside the read of the first's
+    values under way (which it does not read twice), not once its wait is over, when the
+    own relay holds what the other shard stored of it meanwhile."""
+    owner = Author.named("landed-owner")
+    here = [u for i in range(200) if SHARD.owns(u := f"wss://here{i}.example")][:2]
+    there = next(u for i in range(100) if not SHARD.owns(u := f"wss://there{i}.example"))
+
+    def led_there(name: str, relays: list[str]):
+        for i in range(200):
+            ann = announcement(owner, f"{name}-{i}", relays=relays)
+            if lead_relay(address(ann), [normalize_url(u) for u in relays]) == normalize_url(there):
+                return ann
+        raise AssertionError("no repository led by the other shard")
+
+    shared = led_there("shared", [here[0], here[1], there])
+    second = led_there("second", [here[1], there])
+    h = ManagerHarness(tmp_path, shard=SHARD)
+    h.own_relay_holds(shared, second)
+    h.connect(here[0])
+    h.close_own_read_window()
+    flying = h.own_reads()
+    assert any(address(shared) in values for g in flying for flt in g.args[1] for _, values in flt.tags)
+    h.connect(here[1])  # its batch waits too, while the first read is under way
+    for g in flying:
+        land(h, g)  # the reads queued meanwhile go now
+    h.close_own_read_window()
+    later = [flt for g in h.own_reads() for flt in g.args[1]]
+    asked = {v for flt in later for _, values in flt.tags for v in values}
+    assert address(second) in asked  # read ahead now
+    assert address(shared) not in asked  # being read already

@@ -146,6 +146,11 @@ class SharedLead:
         for leader in leaders:
             self._followers.setdefault(leader, set()).add(follower)
 
+    def waiting_since(self, follower: BatchKey) -> float | None:
+        """When ``follower`` began to wait (None: it does not wait)."""
+        wait = self._waits.get(follower)
+        return wait[0] if wait is not None else None
+
     def forget(self, follower: BatchKey) -> None:
         """``follower``'s batch was dropped (its relay went away)."""
         wait = self._waits.pop(follower, None)

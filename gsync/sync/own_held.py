@@ -121,6 +121,22 @@ class OwnHeld:
         name = unread[0][2]
         return flt.replace(tags=((name, frozenset(unit[3] for unit in unread)),))
 
+    def unread(self, flt: Filter, now: float) -> Filter | None:
+        """``missing``, less what a read under way will teach: what a read of ``flt`` must
+        still ask now (None: nothing)."""
+        narrowed = self.missing(flt, now)
+        if narrowed is None or not self._reading:
+            return narrowed
+        units = _unbounded_units(narrowed)
+        if not units:
+            return narrowed
+        left = [unit for unit in units if unit not in self._reading]
+        if not left:
+            return None
+        if len(left) == len(units) or left[0][2] is None:
+            return narrowed
+        return narrowed.replace(tags=((left[0][2], frozenset(unit[3] for unit in left)),))
+
     def begin(self, flt: Filter) -> None:
         """A read of ``flt`` is under way: a filter needing its units ``awaits`` it."""
         for unit in _unbounded_units(flt):

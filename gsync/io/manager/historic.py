@@ -149,6 +149,11 @@ class HistoricSync:
             self.advance(state, batch)
         return batch
 
+    def join_other_shard_wait(self, state: RelayState, items: PendingItems) -> bool:
+        joined = self.plan.join_other_shard_wait(state, items, lambda i: sync_filters(state, i, None), self.clock())
+        self.execute()
+        return joined
+
     def catch_up(self, state: RelayState, items: PendingItems, since: int) -> None:
         """Historic only, confirming nothing: what ``items``' live subscriptions (still open,
         or just replaced) may have missed since ``since``, and layer 1 with it."""
@@ -193,9 +198,7 @@ class HistoricSync:
         the planner's (``HistoricPlanner.next_start``).
         """
         if (state.current.pump_held or not state.connected or not self.live.pump(state)
-                or self.own_relay_down()):
-            return
-        if self.delivery_holds_history():
+                or self.own_relay_down() or self.delivery_holds_history()):
             return
         limit, open_historic = start_queue.slots(state, state.current.conn.subscriptions)
         while state.current.historic_queue and open_historic < limit:

@@ -433,9 +433,11 @@ class RelayLifecycle:
                          for part, led_by in split]
                 self.live.subscribe(state, filter_plan.live(f for _, fs, _ in parts for f in fs), items)
                 for part, part_filters, led_by in parts:
-                    if part_filters:
-                        self.historic.start(state, part, part_filters, coalesce=True, leaders=led_by,
-                                            go_now=too_slow and led_by is leaders)
+                    if not part_filters or (led_by == (OTHER_SHARD_LEAD,)
+                                            and self.historic.join_other_shard_wait(state, part)):
+                        continue  # (joined the batch already waiting for another shard)
+                    self.historic.start(state, part, part_filters, coalesce=True, leaders=led_by,
+                                        go_now=too_slow and led_by is leaders)
                 return
         self.live.subscribe(state, filter_plan.live(filters), items)
         # leaders too slow to wait for (``HistoricSync.start``): nothing to split
