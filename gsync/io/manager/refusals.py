@@ -34,7 +34,7 @@ from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
-from ...sync import filter_plan
+from ...sync import filter_plan, start_queue
 from ...sync.health import HealthState, Refusal, classify_refusal, refuses_a_shape
 from ...sync.pending import BatchKind, PendingBatch
 from ...sync.policy import by_shape, coverage_key, describe, halves
@@ -134,7 +134,7 @@ class Refusals:
             return
         batch = state.current.pending.get(state.current.sub_to_batch.get(sub_id))
         if batch is not None:
-            state.paused.served(batch.filters_of(sub_id))
+            state.paused.served(start_queue.filters_of(batch, sub_id))
 
     def learn_max_filters(self, state: RelayState, sub_id: str, batch_id: int | None) -> None:
         """A REQ of n filters refused for "too many filters": from now on this session
@@ -142,7 +142,7 @@ class Refusals:
         REQ of several filters), so that every later REQ is not refused and split too."""
         if batch_id is not None:
             batch = state.current.pending.get(batch_id)
-            refused = len(batch.filters_of(sub_id)) if batch is not None else 0
+            refused = len(start_queue.filters_of(batch, sub_id)) if batch is not None else 0
         else:
             live = state.current.live_subs.get(sub_id)
             refused = len(live.filters) if live is not None else 0
@@ -180,7 +180,7 @@ class Refusals:
         batch = state.current.pending.get(batch_id)
         if batch is None:
             return
-        filters = batch.filters_of(sub_id)
+        filters = start_queue.filters_of(batch, sub_id)
         if kind in (CAPACITY, SUBSCRIPTIONS, Refusal.RATE_LIMIT) and filters:
             # The same page again once the cooldown and the reactive gate allow it.
             self.historic.queue.again_first(state, batch, sub_id, filters)
@@ -191,13 +191,13 @@ class Refusals:
             if kind is Refusal.AUTH or len(filters) == 1 or (about_shape and len(by_shape(filters)) == 1):
                 for f in filters:
                     self.pause_coverage(state, f, reason, shape_at_fault=kind is not Refusal.AUTH)
-                batch.finish_subscription(sub_id)  # not a failure: the relay will not serve it
+                start_queue.finish_subscription(batch, sub_id)  # not a failure: the relay will not serve it
             else:
                 if about_shape:
                     state.paused.suspect(filters)
                 self.split_historic(state, batch, sub_id, filters, shapes=about_shape)
         else:
-            batch.on_closed(sub_id)
+            start_queue.on_closed(batch, sub_id)
             if batch_id not in state.current.probes:
                 state.unrelated_failure = True
         self.historic.advance(state, batch)
@@ -420,7 +420,7 @@ class Refusals:
                     rule="lifetime" if lifetime else "silence")
         batch = state.current.pending.get(batch_id)
         if batch is not None:
-            filters = batch.filters_of(sub_id)
+            filters = start_queue.filters_of(batch, sub_id)
             if len(filters) > 1:
                 self.split_historic(state, batch, sub_id, filters)
             else:
@@ -430,7 +430,7 @@ class Refusals:
     def fail_into_recovery(self, state: RelayState, batch: PendingBatch, sub_id: str, filters) -> None:
         """The batch failed; what the stalled REQ owed goes to missing-event recovery: its
         ids (not the residual retry's any more), or the filter itself."""
-        batch.on_closed(sub_id)
+        start_queue.on_closed(batch, sub_id)
         state.current.stalled_shapes.update(coverage_key(f) for f in filters)  # later REQs send it alone
         if batch.kind is BatchKind.RECOVERY:
             return  # a recovery attempt: finish_recovery counts it as one without progress
