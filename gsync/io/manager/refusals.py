@@ -42,6 +42,7 @@ from ...sync.relay_state import RelayState
 from ...sync.targets import PendingItems, derive_relay_targets
 from ..inbox import CooldownEnded
 from .coverage import member_filters, sync_filters
+from .effects import unsubscribe
 from .lifecycle import LAYER1_LIVE_SUB
 
 log = get_logger("gsync.manager")
@@ -98,7 +99,7 @@ class Refusals:
         sub_id = closed.sub_id
         if sub_id not in state.current.sub_to_batch and sub_id not in state.current.live_subs:
             return  # already finished (some relays close an ids-only REQ after its EOSE)
-        state.current.conn.forget(sub_id)
+        state.current.book.forget(sub_id)
         state.current.sub_activity.pop(sub_id, None)
         state.current.historic_sent_at.pop(sub_id, None)
         reason = f"{closed.prefix.value}: {closed.text}"[:200]
@@ -162,7 +163,7 @@ class Refusals:
         fewer REQs (what still does not fit is polled). False when the budget cannot go
         lower (it is there already, or at ``MIN_SUBSCRIPTIONS``): the refusal is read as a
         rate limit then, so that a REQ refused again and again cannot loop."""
-        open_now = len(state.current.conn.subscriptions)  # the refused REQ is forgotten already
+        open_now = len(state.current.book.subscriptions)  # the refused REQ is forgotten already
         budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
         allowed = max(filter_plan.MIN_SUBSCRIPTIONS, open_now)
         if state.current.limits is None or allowed >= budget.max_subscriptions:
@@ -339,7 +340,7 @@ class Refusals:
         log.warning("relay_rate_limited", relay=state.url, text=text[:200],
                     cooldown_secs=constants.RATE_LIMIT_COOLDOWN_SECS)
         self.update_health_metric(state, now)
-        if state.current.conn is not None:
+        if state.current.link is not None:
             self.historic.queue.exchanges_to_reqs(state)  # NIP-77 is off for the session
         self.effects.later(constants.RATE_LIMIT_COOLDOWN_SECS, CooldownEnded(state.url))
 
@@ -414,7 +415,7 @@ class Refusals:
         state.current.sub_activity.pop(sub_id, None)
         state.current.historic_sent_at.pop(sub_id, None)
         batch_id = self.historic.queue.ended(state, sub_id)
-        state.current.conn.unsubscribe(sub_id)  # the relay frees it, and so do we
+        unsubscribe(self.effects, state.current, sub_id)  # the relay frees it, and so do we
         log.warning("subscription_stalled", relay=state.url, sub_id=sub_id, batch_id=batch_id,
                     secs=constants.REQ_LIFETIME_SECS if lifetime else constants.REQ_STALL_SECS,
                     rule="lifetime" if lifetime else "silence")
