@@ -31,7 +31,7 @@ from ..inbox import (
     OwnReadsLanded,
 )
 from .coverage import member_filters, sync_filters
-from .effects import subscribe, unsubscribe
+from .effects import unsubscribe
 from .own_reads import OwnReadWaiter
 
 log = get_logger("gsync.manager")
@@ -255,7 +255,7 @@ class HistoricSync:
         else:
             metrics.BACKGROUND_STARTS.labels(state.url, "req", purpose).inc()
             state.current.historic_sent_at[sub_id] = now
-            subscribe(self.effects, state.current, sub_id, group)
+            self.effects.send(state.current.link, state.current.book.req_frame(sub_id, group))
             state.current.sub_activity[sub_id] = now
 
     def start_negentropy(self, state: RelayState, token: str, flt: Filter, held, also) -> None:
