@@ -30,6 +30,7 @@ from gsync.io.inbox import (
     Tick,
 )
 from gsync.io.manager import SyncManager
+from gsync.io.manager.effects import link
 from gsync.io.own_query import HeldItems
 from gsync.ops.config import ClusterConfig, Config, NetworkConfig, ServiceConfig, SyncConfig
 from gsync.protocol import messages as wire
@@ -94,6 +95,8 @@ class RecordingEffects:
         self._seq = itertools.count()
         self.spawned: list[Spawned] = []
         self.connections: dict[str, list[RecordedConnection]] = {}
+        self.links: dict[int, RecordedConnection] = {}  # connection handle → the connection
+        self.handles = itertools.count(1)
 
     def later(self, delay: float, msg) -> None:
         heapq.heappush(self.timers, (self.clock.now + delay, next(self._seq), msg))
@@ -112,14 +115,23 @@ class RecordingEffects:
     def kill(self, handle: Spawned) -> None:
         handle.killed = True
 
-    @staticmethod
-    def send(conn: RecordedConnection, frame: str) -> None:
-        conn.send(frame)  # recorded in its ``frames``
+    def send(self, handle: int, frame: str) -> None:
+        conn = self.links.get(handle)
+        if conn is not None:
+            conn.send(frame)  # recorded in its ``frames``
 
-    def connection(self, relay: str, ws, session: int, **kwargs) -> RecordedConnection:
+    def close(self, handle: int, reason: str) -> None:
+        conn = self.links.pop(handle, None)
+        if conn is not None:
+            conn.close(reason)
+
+    def spawn_on(self, handle: int, fn, *args, **kwargs) -> Spawned:
+        return self.spawn(fn, self.links.get(handle), *args, **kwargs)
+
+    def connection(self, relay: str, ws, session: int, **kwargs):
         conn = RecordedConnection(relay, ws, session, lambda msg: None, fake_clock=self.clock, **kwargs)
         self.connections.setdefault(relay, []).append(conn)
-        return conn
+        return link(self.links, self.handles, conn)
 
     def monotonic(self) -> float:
         return self.clock.now
@@ -175,7 +187,7 @@ class ManagerHarness:
         """A tick dials ``url`` (it must be wanted: bootstrap, or listed); its handshake
         succeeds at once."""
         state = self.manager.relays.get(url)
-        if state is None or state.current.conn is None:
+        if state is None or state.current.link is None:
             self.tick()
         state = self.manager.relays[url]
         assert url in self.manager.handshakes.queued, f"{url} not dialled"

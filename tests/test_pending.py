@@ -21,6 +21,19 @@ from gsync.sync.pending import (
     split_crowded,
 )
 from gsync.sync.repos import SyncLevel
+from gsync.sync.start_queue import (
+    add_subscription,
+    fill_by_splitting,
+    filters_of,
+    finish_subscription,
+    may_share,
+    on_closed,
+    on_eose,
+    rename_subscription,
+    repack,
+    restart_page,
+    split_subscription,
+)
 from gsync.sync.targets import SyncItems
 
 SECRET = generate_secret()
@@ -70,9 +83,9 @@ def learnt(size=P):
 
 def test_short_page_finishes_the_sub_and_completes_the_batch():
     b = batch()
-    b.add_subscription("s1", [ISSUES])
+    add_subscription(b, "s1", [ISSUES])
     feed(b, "s1", page(1621, 1000, P - 1))
-    assert flat(b.on_eose("s1", cap=learnt())) == []
+    assert flat(on_eose(b, "s1", cap=learnt())) == []
     assert "s1" not in b.outstanding_subs
     assert b.is_complete
     assert not b.failed
@@ -80,45 +93,45 @@ def test_short_page_finishes_the_sub_and_completes_the_batch():
 
 def test_full_page_asks_next_page_with_inclusive_until():
     b = batch()
-    b.add_subscription("s1", [ISSUES])
+    add_subscription(b, "s1", [ISSUES])
     feed(b, "s1", page(1621, 1000, P))
     oldest = 1000 - (P - 1)
-    assert flat(b.on_eose("s1", cap=learnt())) == [ISSUES.replace(until=oldest)]
+    assert flat(on_eose(b, "s1", cap=learnt())) == [ISSUES.replace(until=oldest)]
     assert not b.is_complete
-    assert b.filters_of("s1") == [ISSUES.replace(until=oldest)]
+    assert filters_of(b, "s1") == [ISSUES.replace(until=oldest)]
 
 
 def test_each_or_filter_paginates_on_its_own_and_pages_stay_grouped():
     b = batch()
-    b.add_subscription("s1", [ISSUES, PATCHES, Filter.make(kinds=[1618])])
+    add_subscription(b, "s1", [ISSUES, PATCHES, Filter.make(kinds=[1618])])
     feed(b, "s1", page(1621, 1000, P))
     feed(b, "s1", page(1617, 2000, P, step=2))
     feed(b, "s1", page(1618, 3000, 3))
-    assert flat(b.on_eose("s1", cap=learnt())) == [
+    assert flat(on_eose(b, "s1", cap=learnt())) == [
         ISSUES.replace(until=1000 - (P - 1)), PATCHES.replace(until=2000 - 2 * (P - 1))]
 
 
 def test_pagination_keeps_since_and_counters_reset_per_page():
     since_filter = ISSUES.replace(since=800)
     b = batch()
-    b.add_subscription("s1", [since_filter])
+    add_subscription(b, "s1", [since_filter])
     cap = learnt()
     feed(b, "s1", page(1621, 1000, P))
-    assert flat(b.on_eose("s1", cap=cap)) == [since_filter.replace(until=1000 - (P - 1))]
+    assert flat(on_eose(b, "s1", cap=cap)) == [since_filter.replace(until=1000 - (P - 1))]
     feed(b, "s1", page(1621, 1000 - P, 10))
-    assert flat(b.on_eose("s1", cap=cap)) == []
+    assert flat(on_eose(b, "s1", cap=cap)) == []
     assert b.is_complete
 
 
 def test_next_page_below_since_ends_the_filter():
     f = ISSUES.replace(since=1000)
     b = batch()
-    b.add_subscription("s1", [f])
+    add_subscription(b, "s1", [f])
     crowd = [event(1621, 1000) for _ in range(P)]
     feed(b, "s1", crowd)
-    assert flat(b.on_eose("s1", cap=learnt())) == [f.replace(until=1000)]
+    assert flat(on_eose(b, "s1", cap=learnt())) == [f.replace(until=1000)]
     feed(b, "s1", crowd)  # no progress: stepping to 999 would leave since behind
-    assert flat(b.on_eose("s1", cap=learnt())) == []
+    assert flat(on_eose(b, "s1", cap=learnt())) == []
 
 
 def test_shared_events_count_for_every_filter_but_only_certain_ones_set_until():
@@ -126,26 +139,26 @@ def test_shared_events_count_for_every_filter_but_only_certain_ones_set_until():
     # match may have come from the other one's page, from further back than this one's.
     issues_or_patches = Filter.make(kinds=[1621, 1617])
     b = batch()
-    b.add_subscription("s1", [ISSUES, issues_or_patches])
+    add_subscription(b, "s1", [ISSUES, issues_or_patches])
     feed(b, "s1", page(1621, 1000, 45))  # shared: down to 956
     feed(b, "s1", page(1617, 2000, 45))  # only the second filter's: down to 1956
     assert len(b.pagination["s1"].filters[1].seen) == 90
     # ISSUES saw 45, under the relay's 80 a filter: done. The other matched 90: its own
     # events reach 1956, and, since the relay serves each filter 80, its 80 newest matches
     # (down to 966) were its own page.
-    assert flat(b.on_eose("s1", cap=learnt())) == [issues_or_patches.replace(until=966)]
+    assert flat(on_eose(b, "s1", cap=learnt())) == [issues_or_patches.replace(until=966)]
 
 
 def test_when_a_per_req_cap_may_have_cut_the_page_only_own_events_bound_it():
     issues_or_patches = Filter.make(kinds=[1621, 1617])
     b = batch()
-    b.add_subscription("s1", [ISSUES, issues_or_patches])
+    add_subscription(b, "s1", [ISSUES, issues_or_patches])
     feed(b, "s1", page(1621, 1000, 40))
     feed(b, "s1", page(1617, 2000, 40))
     # The connection's first page: the relay may cap per REQ at 80, and then the shared
     # events say nothing of either filter's page. The second filter's own events bound it;
     # ISSUES has none, and is asked again alone.
-    pages = b.on_eose("s1", cap=PageCap())
+    pages = on_eose(b, "s1", cap=PageCap())
     assert sorted(map(str, (filters for _, filters in pages))) == sorted(
         map(str, ([ISSUES], [issues_or_patches.replace(until=1961)])))
 
@@ -154,10 +167,10 @@ def test_page_cap_learns_what_the_relay_served_and_never_shrinks():
     cap = PageCap()
     assert (cap.filter_served, cap.req_served) == (0, 0)
     b = batch()
-    b.add_subscription("s1", [ISSUES, PATCHES])
+    add_subscription(b, "s1", [ISSUES, PATCHES])
     feed(b, "s1", page(1621, 1000, 120))  # all its own: the relay serves a filter >= 120
     feed(b, "s1", page(1617, 1000, 90))
-    b.on_eose("s1", cap=cap)
+    on_eose(b, "s1", cap=cap)
     assert (cap.filter_served, cap.req_served) == (120, 210)
     cap.observe(80, 100)
     assert (cap.filter_served, cap.req_served) == (120, 210)
@@ -166,10 +179,10 @@ def test_page_cap_learns_what_the_relay_served_and_never_shrinks():
 def test_filter_without_certain_events_is_asked_again_alone():
     both = Filter.make(kinds=[1621, 1617])
     b = batch()
-    b.add_subscription("s1", [ISSUES, both])
+    add_subscription(b, "s1", [ISSUES, both])
     cap = PageCap()
     feed(b, "s1", page(1621, 1000, 75))
-    pages = b.on_eose("s1", cap=cap)
+    pages = on_eose(b, "s1", cap=cap)
     # Neither can tell which events were its own: each repeats its page in a REQ of its own.
     assert sorted(map(str, (filters for _, filters in pages))) == sorted(
         map(str, ([ISSUES], [both])))
@@ -178,7 +191,7 @@ def test_filter_without_certain_events_is_asked_again_alone():
     # Alone, every event is its own: the next page moves on.
     name = next(n for n, filters in pages if filters == [ISSUES])
     feed(b, name, page(1621, 1000, 75))
-    assert flat(b.on_eose(name, cap=cap)) == [ISSUES.replace(until=926)]
+    assert flat(on_eose(b, name, cap=cap)) == [ISSUES.replace(until=926)]
 
 
 def _full_page_over_25_roots():
@@ -186,7 +199,7 @@ def _full_page_over_25_roots():
     roots = [f"{i:064x}" for i in range(25)]
     f = Filter.make(tags={"E": roots})
     b = batch()
-    b.add_subscription("s1", [f])
+    add_subscription(b, "s1", [f])
     feed(b, "s1", [sign_event(SECRET, created_at=1000 - i, kind=1111, content=str(i),
                               tags=[["E", roots[i % 25]]]) for i in range(P)])
     return roots, f, b
@@ -194,10 +207,10 @@ def _full_page_over_25_roots():
 
 def test_full_page_of_many_values_is_split_to_fill_the_next_req():
     roots, f, b = _full_page_over_25_roots()
-    pages = b.on_eose("s1", per_req=10, cap=learnt())
+    pages = on_eose(b, "s1", per_req=10, cap=learnt())
     assert pages == [("s1", [f.replace(until=1000 - (P - 1))])]  # whole until it starts
-    pieces = b.fill_by_splitting("s1", per_req=10)
-    assert b.filters_of("s1") == pieces
+    pieces = fill_by_splitting(b, "s1", per_req=10)
+    assert filters_of(b, "s1") == pieces
     assert len(pieces) == 10
     assert {p.until for p in pieces} == {1000 - (P - 1)}
     values = [v for p in pieces for v in p.tag("E")]
@@ -207,39 +220,39 @@ def test_full_page_of_many_values_is_split_to_fill_the_next_req():
 
 def test_a_split_takes_only_the_room_the_req_has_left():
     roots, f, b = _full_page_over_25_roots()
-    b.on_eose("s1", per_req=10, cap=learnt())
-    b.add_subscription("s2", [ISSUES, PATCHES])
-    b.repack(["s1", "s2"])  # two first pages of a later AddFilters ride along
-    pieces = b.fill_by_splitting("s1", per_req=10)
+    on_eose(b, "s1", per_req=10, cap=learnt())
+    add_subscription(b, "s2", [ISSUES, PATCHES])
+    repack(b, ["s1", "s2"])  # two first pages of a later AddFilters ride along
+    pieces = fill_by_splitting(b, "s1", per_req=10)
     assert len(pieces) == 10 and pieces[-2:] == [ISSUES, PATCHES]
     assert sorted(v for p in pieces[:8] for v in p.tag("E")) == roots
     # With the room taken by whole filters, nothing is split.
     _, f, b = _full_page_over_25_roots()
-    b.on_eose("s1", per_req=10, cap=learnt())
-    b.add_subscription("s2", [Filter.make(kinds=[k]) for k in range(1, 10)])
-    b.repack(["s1", "s2"])
-    assert b.fill_by_splitting("s1", per_req=10)[0] == f.replace(until=1000 - (P - 1))
+    on_eose(b, "s1", per_req=10, cap=learnt())
+    add_subscription(b, "s2", [Filter.make(kinds=[k]) for k in range(1, 10)])
+    repack(b, ["s1", "s2"])
+    assert fill_by_splitting(b, "s1", per_req=10)[0] == f.replace(until=1000 - (P - 1))
 
 
 def test_a_split_stays_within_what_fits():
     """A relay whose messages hold four pieces of the page, not five."""
     _, _, four = _full_page_over_25_roots()
-    four.on_eose("s1", per_req=10, cap=learnt())
-    max_chars = len(wire.req("s1", four.fill_by_splitting("s1", per_req=4)))
+    on_eose(four, "s1", per_req=10, cap=learnt())
+    max_chars = len(wire.req("s1", fill_by_splitting(four, "s1", per_req=4)))
     roots, f, b = _full_page_over_25_roots()
-    b.on_eose("s1", per_req=10, cap=learnt())
-    pieces = b.fill_by_splitting("s1", per_req=10, max_chars=max_chars)
+    on_eose(b, "s1", per_req=10, cap=learnt())
+    pieces = fill_by_splitting(b, "s1", per_req=10, max_chars=max_chars)
     assert len(pieces) == 4
     assert sorted(v for p in pieces for v in p.tag("E")) == roots
 
 
 def test_split_parts_are_never_merged_back_into_one_req():
     b = batch()
-    b.add_subscription("s1", [ISSUES, PATCHES])
-    b.add_subscription("s9", [Filter.make(kinds=[1618])])
-    b.split_subscription("s1", [("s2", [0]), ("s3", [1])])
-    assert not b.may_share("s2") and not b.may_share("s3")
-    assert b.may_share("s9")
+    add_subscription(b, "s1", [ISSUES, PATCHES])
+    add_subscription(b, "s9", [Filter.make(kinds=[1618])])
+    split_subscription(b, "s1", [("s2", [0]), ("s3", [1])])
+    assert not may_share(b, "s2") and not may_share(b, "s3")
+    assert may_share(b, "s9")
 
 
 def test_split_shares_the_req_between_the_filters_that_continue():
@@ -248,13 +261,13 @@ def test_split_shares_the_req_between_the_filters_that_continue():
     vals = [f"{i:064x}" for i in range(30)]
     filters = [tagged("e", vals), tagged("E", vals), tagged("q", vals), ISSUES]
     b = batch()
-    b.add_subscription("s1", filters)
+    add_subscription(b, "s1", filters)
     for i in range(P):  # each event carries one tag: all are their filter's own
         for name in ("e", "E", "q"):
             b.record_event("s1", sign_event(SECRET, created_at=2000 - i, kind=1, content=name,
                                             tags=[[name, vals[i % 30]]]))
-    b.on_eose("s1", per_req=10, cap=learnt())
-    pieces = b.fill_by_splitting("s1", per_req=10)
+    on_eose(b, "s1", per_req=10, cap=learnt())
+    pieces = fill_by_splitting(b, "s1", per_req=10)
     assert len(pieces) == 10  # 3 filters: 4 + 3 + 3 slices of their 30 values
     assert sorted(len(p.tags[0][1]) for p in pieces) == [7, 7, 8, 8] + [10] * 6
     for name in ("e", "E", "q"):
@@ -264,11 +277,11 @@ def test_split_shares_the_req_between_the_filters_that_continue():
 def test_next_pages_are_packed_and_named_by_the_caller():
     filters = [Filter.make(kinds=[k]) for k in range(1, 5)]
     b = batch()
-    b.add_subscription("s1", filters)
+    add_subscription(b, "s1", filters)
     for k in range(1, 5):
         feed(b, "s1", page(k, 1000, P))
     names = iter(["p1", "p2"])
-    pages = b.on_eose("s1", pack=lambda fs: [fs[:3], fs[3:]], new_sub_id=lambda: next(names),
+    pages = on_eose(b, "s1", pack=lambda fs: [fs[:3], fs[3:]], new_sub_id=lambda: next(names),
                       cap=learnt())
     assert [(n, len(fs)) for n, fs in pages] == [("p1", 3), ("p2", 1)]
     assert b.outstanding_subs == {"p1", "p2"}
@@ -277,7 +290,7 @@ def test_next_pages_are_packed_and_named_by_the_caller():
 
 def test_event_matching_no_filter_is_reported_and_not_counted():
     b = batch()
-    b.add_subscription("s1", [ISSUES])
+    add_subscription(b, "s1", [ISSUES])
     assert not b.record_event("s1", event(kind=1))
     assert b.record_event("s1", event(kind=1621))
     assert not b.record_event("unknown", event(kind=1621))
@@ -286,81 +299,81 @@ def test_event_matching_no_filter_is_reported_and_not_counted():
 
 def test_events_outside_the_page_until_are_not_counted():
     b = batch()
-    b.add_subscription("s1", [ISSUES])
+    add_subscription(b, "s1", [ISSUES])
     feed(b, "s1", page(1621, 1000, P))
-    b.on_eose("s1", cap=learnt())
+    on_eose(b, "s1", cap=learnt())
     assert not b.record_event("s1", event(1621, 5000))
 
 
 def test_batch_completes_only_when_every_sub_is_done():
     b = batch()
-    b.add_subscription("s1", [ISSUES])
-    b.add_subscription("s2", [PATCHES])
-    assert flat(b.on_eose("s1")) == []
+    add_subscription(b, "s1", [ISSUES])
+    add_subscription(b, "s2", [PATCHES])
+    assert flat(on_eose(b, "s1")) == []
     assert not b.is_complete
-    assert flat(b.on_eose("s2")) == []
+    assert flat(on_eose(b, "s2")) == []
     assert b.is_complete
 
 
 def test_rename_subscription_carries_pagination():
     b = batch()
-    b.add_subscription("s1", [ISSUES])
+    add_subscription(b, "s1", [ISSUES])
     feed(b, "s1", page(1621, 1000, P))
-    nxt = flat(b.on_eose("s1", cap=learnt()))
-    b.rename_subscription("s1", "s1-p2")
+    nxt = flat(on_eose(b, "s1", cap=learnt()))
+    rename_subscription(b, "s1", "s1-p2")
     assert b.outstanding_subs == {"s1-p2"}
-    assert b.filters_of("s1-p2") == nxt
+    assert filters_of(b, "s1-p2") == nxt
     feed(b, "s1-p2", page(1621, nxt[0].until - 1, 3))
-    assert flat(b.on_eose("s1-p2", cap=learnt())) == []
+    assert flat(on_eose(b, "s1-p2", cap=learnt())) == []
     assert b.is_complete
 
 
 def test_restarted_page_does_not_count_events_twice():
     b = batch()
-    b.add_subscription("s1", [ISSUES])
+    add_subscription(b, "s1", [ISSUES])
     first_half = page(1621, 1000, 50)
     feed(b, "s1", first_half)
-    b.restart_page("s1")  # CLOSED rate-limited: the same page goes out again
+    restart_page(b, "s1")  # CLOSED rate-limited: the same page goes out again
     feed(b, "s1", first_half + page(1621, 950, 10))
-    assert flat(b.on_eose("s1", cap=learnt())) == []  # 60 events, not 110: that was the last page
+    assert flat(on_eose(b, "s1", cap=learnt())) == []  # 60 events, not 110: that was the last page
 
 
 def test_split_subscription_sends_parts_again_on_the_same_page():
     later = ISSUES.replace(until=900)
     b = batch()
-    b.add_subscription("s1", [later, PATCHES, Filter.make(kinds=[1618])])
+    add_subscription(b, "s1", [later, PATCHES, Filter.make(kinds=[1618])])
     feed(b, "s1", page(1621, 900, 10))  # a refusal may follow events: they do not count twice
-    parts = b.split_subscription("s1", [("s2", [0, 1]), ("s3", [2]), ("s4", [])])
+    parts = split_subscription(b, "s1", [("s2", [0, 1]), ("s3", [2]), ("s4", [])])
     assert parts == [("s2", [later, PATCHES]), ("s3", [Filter.make(kinds=[1618])])]
     assert b.outstanding_subs == {"s2", "s3"}
     assert len(b.pagination["s2"].filters[0].seen) == 0
-    assert b.split_subscription("s3", []) == []  # a filter dropped: the sub is done
+    assert split_subscription(b, "s3", []) == []  # a filter dropped: the sub is done
     feed(b, "s2", page(1621, 900, 5))
-    assert flat(b.on_eose("s2")) == []
+    assert flat(on_eose(b, "s2")) == []
     assert b.is_complete and not b.failed
 
 
 def test_id_filters_never_paginate():
     events = page(1621, 1000, 100)
     b = batch()
-    b.add_subscription("fetch", [Filter.make(ids=[e.id for e in events])])
+    add_subscription(b, "fetch", [Filter.make(ids=[e.id for e in events])])
     feed(b, "fetch", events)
     assert len(b.pagination["fetch"].filters[0].seen) == 100
-    assert flat(b.on_eose("fetch")) == []  # an exact-id answer is complete; shortfalls are residuals
+    assert flat(on_eose(b, "fetch")) == []  # an exact-id answer is complete; shortfalls are residuals
     assert b.is_complete
 
 
 def test_closed_before_eose_fails_the_batch():
     b = batch()
-    b.add_subscription("s1", [ISSUES])
-    assert b.on_closed("s1") == [ISSUES]
+    add_subscription(b, "s1", [ISSUES])
+    assert on_closed(b, "s1") == [ISSUES]
     assert b.failed
     assert b.is_complete
 
 
 def test_eose_for_unknown_sub_is_harmless():
     b = batch()
-    assert flat(b.on_eose("nope")) == []
+    assert flat(on_eose(b, "nope")) == []
 
 
 # -- the inclusive-until loop ------------------------------------------------------------
@@ -371,24 +384,24 @@ def test_crowded_second_does_not_loop_forever():
     second. After one page without progress, until steps past that second."""
     crowd = [event(1621, 1000) for _ in range(P)]
     b = batch()
-    b.add_subscription("s1", [ISSUES])
+    add_subscription(b, "s1", [ISSUES])
     feed(b, "s1", crowd)
-    assert flat(b.on_eose("s1", cap=learnt())) == [ISSUES.replace(until=1000)]
+    assert flat(on_eose(b, "s1", cap=learnt())) == [ISSUES.replace(until=1000)]
     feed(b, "s1", crowd)  # the same page again
-    assert flat(b.on_eose("s1", cap=learnt())) == [ISSUES.replace(until=999)]
+    assert flat(on_eose(b, "s1", cap=learnt())) == [ISSUES.replace(until=999)]
     feed(b, "s1", page(1621, 999, 5))
-    assert flat(b.on_eose("s1", cap=learnt())) == []
+    assert flat(on_eose(b, "s1", cap=learnt())) == []
 
 
 def test_a_second_paging_cannot_enter_is_reported_for_completing_another_way():
     crowd = [event(1621, 1000) for _ in range(P)]
     b = batch()
-    b.add_subscription("s1", [ISSUES])
+    add_subscription(b, "s1", [ISSUES])
     feed(b, "s1", crowd)
-    b.on_eose("s1", cap=learnt())
+    on_eose(b, "s1", cap=learnt())
     assert b.take_crowded() == []  # one full page at a second: asked again first
     feed(b, "s1", crowd)
-    b.on_eose("s1", cap=learnt())
+    on_eose(b, "s1", cap=learnt())
     assert b.take_crowded() == [CrowdedSecond(ISSUES.replace(since=1000, until=1000), 1000, P)]
     assert b.take_crowded() == []
 
@@ -397,11 +410,11 @@ def test_a_crowded_second_asked_alone_and_crowded_again_says_so():
     alone = ISSUES.replace(since=1000, until=1000)
     crowd = [event(1621, 1000) for _ in range(P)]
     b = batch()
-    b.add_subscription("s1", [alone])
+    add_subscription(b, "s1", [alone])
     feed(b, "s1", crowd)
-    b.on_eose("s1", cap=learnt())
+    on_eose(b, "s1", cap=learnt())
     feed(b, "s1", crowd)
-    assert flat(b.on_eose("s1", cap=learnt())) == []
+    assert flat(on_eose(b, "s1", cap=learnt())) == []
     assert b.take_crowded() == [CrowdedSecond(alone, 1000, P, again=True)]
 
 
@@ -423,34 +436,34 @@ def test_crowded_second_with_new_ids_is_asked_once_more():
     first = [event(1621, 1000) for _ in range(P)]
     second = first[:40] + [event(1621, 1000) for _ in range(P - 40)]
     b = batch()
-    b.add_subscription("s1", [ISSUES])
+    add_subscription(b, "s1", [ISSUES])
     feed(b, "s1", first)
-    b.on_eose("s1", cap=learnt())
+    on_eose(b, "s1", cap=learnt())
     feed(b, "s1", second)  # some new ids at 1000: progress
-    assert flat(b.on_eose("s1", cap=learnt())) == [ISSUES.replace(until=1000)]
+    assert flat(on_eose(b, "s1", cap=learnt())) == [ISSUES.replace(until=1000)]
     feed(b, "s1", second)  # nothing new now
-    assert flat(b.on_eose("s1", cap=learnt())) == [ISSUES.replace(until=999)]
+    assert flat(on_eose(b, "s1", cap=learnt())) == [ISSUES.replace(until=999)]
 
 
 def test_boundary_second_reappearing_with_older_events_is_progress():
     b = batch()
-    b.add_subscription("s1", [ISSUES])
+    add_subscription(b, "s1", [ISSUES])
     first = page(1621, 1100, P)  # down to 1100 - (P - 1)
     oldest = 1100 - (P - 1)
     feed(b, "s1", first)
-    assert flat(b.on_eose("s1", cap=learnt())) == [ISSUES.replace(until=oldest)]
+    assert flat(on_eose(b, "s1", cap=learnt())) == [ISSUES.replace(until=oldest)]
     feed(b, "s1", [first[-1]] + page(1621, oldest - 1, P - 1))
-    assert flat(b.on_eose("s1", cap=learnt())) == [ISSUES.replace(until=oldest - 1 - (P - 2))]
+    assert flat(on_eose(b, "s1", cap=learnt())) == [ISSUES.replace(until=oldest - 1 - (P - 2))]
 
 
 def test_until_never_goes_negative():
     b = batch()
-    b.add_subscription("s1", [ISSUES])
+    add_subscription(b, "s1", [ISSUES])
     crowd = [event(1621, 0) for _ in range(P)]
     feed(b, "s1", crowd)
-    assert flat(b.on_eose("s1", cap=learnt())) == [ISSUES.replace(until=0)]
+    assert flat(on_eose(b, "s1", cap=learnt())) == [ISSUES.replace(until=0)]
     feed(b, "s1", crowd)
-    assert flat(b.on_eose("s1", cap=learnt())) == []
+    assert flat(on_eose(b, "s1", cap=learnt())) == []
 
 
 # -- residuals after NIP-77 --------------------------------------------------------------
@@ -489,16 +502,16 @@ def negentropy_batch(advertised, items=None):
 def test_small_residual_is_retried_once_then_asked_by_its_filter_then_fails():
     events = page(1621, 1000, 10)
     b = negentropy_batch(events)
-    b.add_subscription("fetch", [Filter.make(ids=[e.id for e in events])])
+    add_subscription(b, "fetch", [Filter.make(ids=[e.id for e in events])])
     feed(b, "fetch", events[:8])
-    b.on_eose("fetch")
+    on_eose(b, "fetch")
     assert b.residual_decision() is ResidualDecision.RETRY_RESIDUAL
     b.move(Step.IDS_ASKED_AGAIN)
     residual = b.begin_residual_retry()
     assert residual == {e.id for e in events[8:]}
-    b.add_subscription("retry", [Filter.make(ids=residual)])
+    add_subscription(b, "retry", [Filter.make(ids=residual)])
     feed(b, "retry", events[8:9])  # one of two: still incomplete
-    b.on_eose("retry")
+    on_eose(b, "retry")
     assert b.residual_decision() is ResidualDecision.SEMANTIC_FALLBACK
     assert b.first_pass_served_by_id()
     b.move(Step.ASKED_BY_FILTER)
@@ -541,9 +554,9 @@ def test_layer1_batch_asks_what_it_was_not_served_by_its_filter_too():
 
 def test_negentropy_exchange_is_an_outstanding_entry_without_filters():
     b = negentropy_batch([])
-    b.add_subscription("neg-1")
+    add_subscription(b, "neg-1")
     assert not b.is_complete
-    b.finish_subscription("neg-1")
+    finish_subscription(b, "neg-1")
     assert b.is_complete
     assert b.residual_decision() is ResidualDecision.DONE
 
@@ -626,14 +639,14 @@ def sync_all(store, filters, relay=RELAYS["per filter 80"], per_req=10, seed=0, 
     and how many REQs it took."""
     rng = random.Random(seed)
     b = batch()
-    b.add_subscription("s0", filters)
+    add_subscription(b, "s0", filters)
     queue = [("s0", filters)]
     received, reqs = {}, 0
     counter = itertools.count(1)
     cap = cap or PageCap()
     while queue:
         sub, _ = queue.pop(0)
-        page_filters = b.fill_by_splitting(sub, per_req)  # as the manager does at its start
+        page_filters = fill_by_splitting(b, sub, per_req)  # as the manager does at its start
         reqs += 1
         assert reqs < 2_000, "pagination does not terminate"
         assert len(page_filters) <= per_req
@@ -641,7 +654,7 @@ def sync_all(store, filters, relay=RELAYS["per filter 80"], per_req=10, seed=0, 
         for e in events:
             received[e.id] = e
             b.record_event(sub, e)
-        queue[0:0] = b.on_eose(sub, per_req=per_req, new_sub_id=lambda: f"s{next(counter)}",
+        queue[0:0] = on_eose(b, sub, per_req=per_req, new_sub_id=lambda: f"s{next(counter)}",
                                cap=cap, elapsed=elapsed)
     assert b.is_complete
     return received, reqs
@@ -728,53 +741,53 @@ def test_a_connection_learns_a_per_req_cap_and_then_ends_small_reqs_at_once():
 
 def test_a_page_at_the_most_a_fresh_connection_has_served_is_confirmed():
     b = batch()
-    b.add_subscription("s1", [ISSUES])
+    add_subscription(b, "s1", [ISSUES])
     feed(b, "s1", page(1621, 1000, 12))
     # A relay capping at 12 would look just like this: the next page says which it is.
-    assert flat(b.on_eose("s1", cap=PageCap())) == [ISSUES.replace(until=989)]
+    assert flat(on_eose(b, "s1", cap=PageCap())) == [ISSUES.replace(until=989)]
 
 
 def test_fewer_events_than_any_relay_caps_a_page_at_are_complete():
     b = batch()
-    b.add_subscription("s1", [ISSUES, PATCHES])
+    add_subscription(b, "s1", [ISSUES, PATCHES])
     feed(b, "s1", page(1621, 1000, 5) + page(1617, 1000, constants.MIN_PAGE_CAP - 6))
-    assert flat(b.on_eose("s1", cap=PageCap())) == []
+    assert flat(on_eose(b, "s1", cap=PageCap())) == []
 
 
 def test_an_empty_filter_in_a_req_that_may_have_been_cut_is_asked_again():
     b = batch()
-    b.add_subscription("s1", [ISSUES, PATCHES])
+    add_subscription(b, "s1", [ISSUES, PATCHES])
     feed(b, "s1", page(1621, 1000, 20))
     # A relay capping each REQ at 20 may have stopped before any patch: PATCHES again,
     # unchanged (not alone: it has no events another filter could have taken).
-    assert flat(b.on_eose("s1", cap=PageCap())) == [ISSUES.replace(until=981), PATCHES]
+    assert flat(on_eose(b, "s1", cap=PageCap())) == [ISSUES.replace(until=981), PATCHES]
 
 
 def test_a_slow_page_is_confirmed_until_a_slow_page_brings_nothing():
     b = batch()
-    b.add_subscription("s1", [ISSUES])
+    add_subscription(b, "s1", [ISSUES])
     issues = page(1621, 1000, 10)
     feed(b, "s1", issues)
     cap = learnt()
     # 10 < 80: complete, unless the relay stopped a slow query early.
-    assert flat(b.on_eose("s1", cap=cap, elapsed=SLOW)) == [ISSUES.replace(until=991)]
+    assert flat(on_eose(b, "s1", cap=cap, elapsed=SLOW)) == [ISSUES.replace(until=991)]
     feed(b, "s1", issues[-1:])  # slow again, only the boundary second: step past it
-    assert flat(b.on_eose("s1", cap=cap, elapsed=SLOW)) == [ISSUES.replace(until=990)]
+    assert flat(on_eose(b, "s1", cap=cap, elapsed=SLOW)) == [ISSUES.replace(until=990)]
     # slow, and nothing at all: a relay that is slow every time, not one that cut
-    assert flat(b.on_eose("s1", cap=cap, elapsed=SLOW)) == []
+    assert flat(on_eose(b, "s1", cap=cap, elapsed=SLOW)) == []
     assert b.is_complete
 
 
 def test_a_confirming_page_that_brings_news_proves_the_cut_and_what_cut_it():
     cap = PageCap()
     b = batch()
-    b.add_subscription("s1", [ISSUES, PATCHES])
+    add_subscription(b, "s1", [ISSUES, PATCHES])
     feed(b, "s1", page(1621, 1000, 15) + page(1617, 1000, 5))  # 20 in all
-    pages = b.on_eose("s1", cap=cap)
+    pages = on_eose(b, "s1", cap=cap)
     name, filters = pages[0]
     assert set(filters) == {ISSUES.replace(until=986), PATCHES.replace(until=996)}
     feed(b, name, page(1621, 986, 15) + page(1617, 996, 5))  # both had more
-    b.on_eose(name, cap=cap)
+    on_eose(b, name, cap=cap)
     # PATCHES was cut at 5 matches, fewer than the 15 the relay served one filter: not a
     # per-filter cap. Both pages had 20 in all, the most it served a REQ: a per-REQ cap.
     assert cap.per_filter_ruled_out and not cap.per_req_ruled_out
@@ -788,7 +801,7 @@ def _queue(sizes):
     n = itertools.count()
     for sub_id, size in sizes:
         group = [Filter.make(kinds=[1], authors=[f"{next(n):064x}"]) for _ in range(size)]
-        b.add_subscription(sub_id, group)
+        add_subscription(b, sub_id, group)
         state.current.sub_to_batch[sub_id] = b.batch_id
         state.current.historic_queue.append((sub_id, group))
     return state, b
@@ -804,7 +817,7 @@ def test_queued_reqs_of_a_batch_fill_the_room_earlier_reqs_left():
     share_queued_reqs(state, b)
     assert [(sub_id, len(group)) for sub_id, group in state.current.historic_queue] == [("a", 10), ("b", 10)]
     assert b.outstanding_subs == {"a", "b"}
-    assert b.filters_of("a") + b.filters_of("b") == order  # queue order kept
+    assert filters_of(b, "a") + filters_of(b, "b") == order  # queue order kept
 
 
 def test_a_next_page_takes_first_pages_along_instead_of_waiting_for_a_split():
@@ -821,7 +834,7 @@ def test_a_next_page_takes_first_pages_along_instead_of_waiting_for_a_split():
 
 def test_repacking_keeps_within_the_relays_message_size():
     state, b = _queue((("a", 3), ("b", 3)))
-    size = len(wire.req("a", b.filters_of("a")))
-    groups = b.repack(["a", "b"], per_req=10, max_chars=size)
+    size = len(wire.req("a", filters_of(b, "a")))
+    groups = repack(b, ["a", "b"], per_req=10, max_chars=size)
     assert [len(g) for g in groups.values()] == [3, 3]
     assert all(len(wire.req(s, g)) <= size for s, g in groups.items())

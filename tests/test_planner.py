@@ -85,7 +85,7 @@ class World:
 
     def relay(self, url=A, limits=None) -> RelayState:
         state = RelayState(url)
-        state.current = RelaySession(conn=object(), limits=limits or RelayLimits(), page_cap=None)
+        state.current = RelaySession(link=1, limits=limits or RelayLimits(), page_cap=None)
         state.status = ConnectionStatus.SYNCING
         self.relays[url] = state
         return state

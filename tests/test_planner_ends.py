@@ -49,7 +49,7 @@ def started(w, batch):
     while state.current.historic_queue:
         start = start_queue.next_start(w.plan, state, False, 0, NOW)
         w.plan.queue.ended(state, start.sub_id)
-        batch.finish_subscription(start.sub_id)
+        start_queue.finish_subscription(batch, start.sub_id)
 
 
 def batch_relay(w, batch):

@@ -23,7 +23,12 @@ from ..ops.logging import get_logger
 from ..protocol import messages as wire
 from ..protocol import wsframes
 from ..protocol.event import EventError, parse_event, sign_event, verify_event
-from ..protocol.filters import FilterSet
+from ..protocol.subscription_book import (  # noqa: F401
+    CLOSING_CAPACITY,
+    ENDED_FILTER_BYTES,
+    EndedFilters,
+    SubscriptionBook,
+)
 from ..sync.health import MisbehaviourBudget
 from . import ws as ws_stream
 from .inbox import RelayDisconnected, RemoteEvent, RemoteEvents, RemoteMessage
@@ -38,12 +43,6 @@ SEND_BATCH = 64  # queued messages joined into one socket write
 # is plenty; about 1 MB.
 CHECKED_CAPACITY = 10_000
 CLOSE_MESSAGE_TOO_BIG = 1009  # RFC 6455 close status
-# Filters of subscriptions that ended, kept so that their late events are still read
-# (``EndedFilters``): at most this many per connection, and at most this much REQ text (a
-# filter of 489 root ids is about 33 KB sent and several times that held), so that a session
-# of days keeps what its last few minutes of subscriptions need, not every REQ it ever sent.
-CLOSING_CAPACITY = 1_000
-ENDED_FILTER_BYTES = 256 * 1024
 NEG_INBOX_FRAMES = 16  # NIP-77 frames waiting for one exchange (it is owed one at a time)
 # Read bursts posted to the manager and not yet applied: the reader waits beyond this, so
 # the manager's queue holds at most this many bursts per connection however many relays
@@ -55,48 +54,6 @@ NOTICE_REFUSAL_SECS = 30.0
 # ...unless the relay also said it in a CLOSED this recently (some say both).
 NOTICE_ECHO_SECS = 2.0
 
-
-class EndedFilters:
-    """Filters of ended subscriptions by sub id, oldest dropped first past ``CLOSING_CAPACITY``
-    entries or ``ENDED_FILTER_BYTES`` of their REQ text. A late event on one dropped is
-    dropped as on an unknown subscription.
-
-    A connection keeps two: subscriptions it sent CLOSE for whose CLOSED has not come
-    (events the relay sent before reading the CLOSE, or waiting in our socket, are still
-    checked against their filters and kept, not dropped as "unknown subscription"), and
-    subscriptions that ended (the relay's CLOSED, to our CLOSE or on its own: some relays
-    still send events, or a second EOSE or CLOSED, after it; events matching the ended
-    filters are kept, what we asked for, harmlessly late, and the rest of the traffic is
-    dropped and counted without a misbehaviour point)."""
-
-    def __init__(self):
-        self._filters: dict[str, tuple[FilterSet, int]] = {}
-        self.bytes = 0
-
-    def __contains__(self, sub_id: str) -> bool:
-        return sub_id in self._filters
-
-    def __len__(self) -> int:
-        return len(self._filters)
-
-    def get(self, sub_id: str) -> FilterSet | None:
-        entry = self._filters.get(sub_id)
-        return entry[0] if entry else None
-
-    def add(self, sub_id: str, filters: FilterSet | None, size: int) -> None:
-        if filters is None:
-            return
-        self.pop(sub_id)
-        self._filters[sub_id] = (filters, size)
-        self.bytes += size
-        while len(self._filters) > 1 and (len(self._filters) > CLOSING_CAPACITY
-                                          or self.bytes > ENDED_FILTER_BYTES):
-            self.pop(next(iter(self._filters)))
-
-    def pop(self, sub_id: str) -> tuple[FilterSet | None, int]:
-        filters, size = self._filters.pop(sub_id, (None, 0))
-        self.bytes -= size
-        return filters, size
 
 
 class RelayConnection:
@@ -117,14 +74,15 @@ class RelayConnection:
         # slot: 4.6 us an event at this capacity; an OrderedDict is fast but 2.3x the size)
         self._checked: dict[str, None] = {}
         self._checked_order: deque[str] = deque()
-        self.subscriptions: dict[str, FilterSet] = {}
-        self.filter_bytes: dict[str, int] = {}  # REQ size per open subscription
-        # REQs the relay has not answered yet (no EVENT, EOSE or CLOSED), oldest sent first,
-        # with when: what a NOTICE that names no subscription can be refusing.
-        self._unanswered: dict[str, float] = {}
+        # what is open on it, closing and ended (pure, shared with the manager's session):
+        # the same tables under their old names, for the reader
+        self.book = SubscriptionBook(clock=lambda: time.monotonic())  # this module's clock (the simulator's there)
+        self.subscriptions = self.book.subscriptions
+        self.filter_bytes = self.book.filter_bytes
+        self._unanswered = self.book.unanswered
+        self._closing = self.book.closing
+        self._ended = self.book.ended
         self._refusal_closed_at = float("-inf")  # the last CLOSED refusing for count or rate
-        self.open_filter_bytes = 0
-        self.peak_subscriptions = 0  # the most REQs open at once: checked against the budget
         self.neg_waiters: dict[str, Queue] = {}
         # NIP-77 exchanges running (``neg_waiters``) → their NEG-OPEN while the relay has not
         # answered it: sent again after AUTH if refused for want of it (``_reopened_after_auth``);
@@ -136,8 +94,6 @@ class RelayConnection:
         self._auth_event_id: str | None = None
         self._auth_refused = False  # the relay said OK false to our AUTH
         self._auth_retried: set[str] = set()
-        self._closing = EndedFilters()  # CLOSE sent, the relay's CLOSED not yet seen
-        self._ended = EndedFilters()  # ended: late events matching them are kept
         self._junk_streak = 0
         self._budget = MisbehaviourBudget(
             constants.MISBEHAVIOUR_BUDGET, constants.MISBEHAVIOUR_REFILL_PER_SEC, time.monotonic()
@@ -163,19 +119,15 @@ class RelayConnection:
         self.send(self.req_frame(sub_id, filters))
 
     def req_frame(self, sub_id: str, filters) -> str:
-        """``sub_id`` is open from now (its events are matched, its bytes counted): its REQ,
-        for the caller to send."""
-        filters = tuple(filters)
-        self.forget(sub_id)
-        self.subscriptions[sub_id] = FilterSet(filters)
-        self.peak_subscriptions = max(self.peak_subscriptions, len(self.subscriptions))
-        text = wire.req(sub_id, filters)
-        for f in filters:  # kept for matching; their JSON now lives in ``text`` only
-            f.drop_json()
-        self.filter_bytes[sub_id] = len(text)
-        self.open_filter_bytes += len(text)
-        self._unanswered[sub_id] = time.monotonic()
-        return text
+        return self.book.req_frame(sub_id, filters)
+
+    @property
+    def open_filter_bytes(self) -> int:
+        return self.book.open_filter_bytes
+
+    @property
+    def peak_subscriptions(self) -> int:
+        return self.book.peak_subscriptions
 
     def open_negentropy(self, sub_id: str, inbox: Queue) -> None:
         """A NIP-77 exchange begins: the relay's frames for ``sub_id`` go to ``inbox``."""
@@ -201,24 +153,10 @@ class RelayConnection:
             self.send(frame)
 
     def close_frame(self, sub_id: str) -> str | None:
-        """``sub_id`` is closing from now: its CLOSE, for the caller to send (None: it is not
-        open)."""
-        filters, size = self._drop_sub(sub_id)
-        if filters is None:
-            return None
-        self._closing.add(sub_id, filters, size)
-        return wire.close(sub_id)
+        return self.book.close_frame(sub_id)
 
     def forget(self, sub_id: str) -> None:
-        """The relay closed it: no CLOSE to send; its late events are still read
-        (``_ended``)."""
-        self._ended.add(sub_id, *self._drop_sub(sub_id))
-
-    def _drop_sub(self, sub_id: str) -> tuple[FilterSet | None, int]:
-        size = self.filter_bytes.pop(sub_id, 0)
-        self.open_filter_bytes -= size
-        self._unanswered.pop(sub_id, None)
-        return self.subscriptions.pop(sub_id, None), size
+        self.book.forget(sub_id)
 
     def close(self, reason: str = "closed by gsync") -> None:
         if self.closed:

@@ -23,7 +23,7 @@ from .plan_actions import (
     RecoveryFinished,
     Served,
 )
-from .start_queue import is_exchange, queued_of
+from .start_queue import finish_subscription, is_exchange, may_share, queued_of
 from .targets import PendingItems
 from .unservable import ids_not_served
 
@@ -42,7 +42,7 @@ def exchange_finished(plan, state, answer, epoch: int, now: float) -> PendingBat
     plan.queue.ended(state, token)
     if batch is None:
         return None
-    batch.finish_subscription(token)
+    finish_subscription(batch, token)
     if result.ok:
         exchange_served(plan, state, batch, flt, result, now)
     elif result.failure == "too-many-results":
@@ -213,7 +213,7 @@ def thread_places(state, batch: PendingBatch, wanted):
             joins.append((*join, part))
     if by_req:
         reqs = [group for _, sub_id, group in queued_of(state, batch)
-                if not is_exchange(sub_id) and batch.may_share(sub_id)]
+                if not is_exchange(sub_id) and may_share(batch, sub_id)]
         if len(by_req) > len(reqs) * filter_plan.filters_per_req(session.limits) - sum(map(len, reqs)):
             return None
     return joins, by_req

@@ -35,7 +35,7 @@ Counting all matches for the "maybe cut" test errs towards one more page, never 
 Relays cap events per filter, and the proactive gate paces REQ starts, so a REQ of ten
 filters moves up to ten times what a REQ of one does for the same start. A filter that filled
 its page and carries many tag values is therefore split, by value, into the room its next REQ
-has left (``PendingBatch.fill_by_splitting``). Only just before that REQ starts: by then the
+has left (``start_queue.fill_by_splitting``). Only just before that REQ starts: by then the
 batch's other queued pages (a later AddFilters' first pages, say) have taken what room they
 need, and a split only fills the slots nothing else would use. (Split earlier, the pieces
 would take every slot and push those pages to later starts; and pieces of a filter with few
@@ -49,13 +49,11 @@ from dataclasses import dataclass, field
 
 from .. import constants
 from ..constants import (
-    MAX_FILTERS_PER_REQ,
     MIN_PAGE_CAP,
     RESIDUAL_FALLBACK_MAX_FRACTION,
 )
 from ..protocol.event import Event
 from ..protocol.filters import Filter
-from ..protocol.messages import req_size
 from . import batch_phase
 from .batch_phase import BatchPhase, Step
 from .targets import PendingItems
@@ -332,18 +330,6 @@ class FilterPaginationState:
         return pieces
 
 
-def split_for_throughput(states: list[FilterPaginationState], per_req: int):
-    """Split the filters that filled a page so that, with the others of their REQ (kept
-    whole), they fill one REQ of ``per_req`` filters: the full ones share the slots left
-    as evenly as they divide."""
-    full = [s for s in states if s.full]
-    rest = [s for s in states if not s.full]
-    if not full:
-        return rest
-    share, extra = divmod(max(0, per_req - len(rest)), len(full))
-    return [piece for i, s in enumerate(full) for piece in s.split(share + (i < extra))] + rest
-
-
 @dataclass(frozen=True)
 class CrowdedSecond:
     """A second in which a relay holds more events of ``filter`` than it serves in a page:
@@ -457,16 +443,6 @@ def decide_residual(advertised: int, delivered: int, retried: bool,
     return ResidualDecision.SEMANTIC_FALLBACK
 
 
-def _first_then_numbered(sub_id: str):
-    count = 0
-
-    def name() -> str:
-        nonlocal count
-        count += 1
-        return sub_id if count == 1 else f"{sub_id}.{count}"
-    return name
-
-
 # -- the batch ---------------------------------------------------------------------------
 
 
@@ -475,7 +451,9 @@ class PendingBatch:
     """Historic sync of ``items`` on one relay; complete when no subscription is outstanding.
 
     ``outstanding_subs`` holds REQ subscription ids and, for NIP-77, any token the caller
-    uses for the negentropy exchange itself (added without filters).
+    uses for the negentropy exchange itself (added without filters); ``pagination`` the
+    pages of its REQs. Both are written by ``sync.start_queue`` alone (``add_subscription``,
+    ``on_eose``, ``split_subscription``, ...), which keeps them in step with the queue.
 
     Where it is in its life is ``phase``, moved only through ``move`` (``sync.batch_phase``).
     """
@@ -549,52 +527,6 @@ class PendingBatch:
         """The ids still missing were asked by their filters."""
         return self.phase in (BatchPhase.BY_FILTER, BatchPhase.BY_FILTER_AFTER_RETRY)
 
-    # -- subscriptions
-
-    def add_subscription(self, sub_id: str, filters: Iterable[Filter] = ()) -> None:
-        self.outstanding_subs.add(sub_id)
-        states = [FilterPaginationState.start(f) for f in filters]
-        if states:
-            self.pagination[sub_id] = PaginationState(states)
-
-    def finish_subscription(self, sub_id: str) -> None:
-        """The caller's own end for a filterless entry (e.g. the NIP-77 exchange)."""
-        self.outstanding_subs.discard(sub_id)
-        self.pagination.pop(sub_id, None)
-
-    def rename_subscription(self, old: str, new: str) -> None:
-        """Carry pagination over when the next page is sent under a fresh subscription id."""
-        if old in self.outstanding_subs:
-            self.outstanding_subs.discard(old)
-            self.outstanding_subs.add(new)
-        if old in self.pagination:
-            self.pagination[new] = self.pagination.pop(old)
-
-    def restart_page(self, sub_id: str) -> None:
-        """The current page will be sent again (its sub was refused for rate): forget what
-        it delivered so far, or re-delivered events would be counted twice."""
-        state = self.pagination.get(sub_id)
-        if state is not None:
-            state.filters = [s.restarted() for s in state.filters]
-
-    def split_subscription(self, sub_id: str, parts) -> list[tuple[str, list[Filter]]]:
-        """Send ``sub_id``'s filters again as several REQs: ``parts`` is ``(new sub id,
-        indices into its filters)`` each; filters in no part are dropped. For a REQ the
-        relay refused or never finished as a whole, to find the filter at fault. Each
-        part restarts the page it was on. Returns ``(new sub id, filters)`` to queue."""
-        state = self.pagination.pop(sub_id, None)
-        self.outstanding_subs.discard(sub_id)
-        out = []
-        for new_id, indices in parts:
-            group = [state.filters[i].restarted() for i in indices] if state else []
-            if not group:
-                continue
-            self.outstanding_subs.add(new_id)
-            self.pagination[new_id] = PaginationState(group)
-            self.split_parts.add(new_id)
-            out.append((new_id, [s.page_filter for s in group]))
-        return out
-
     @property
     def purpose(self) -> str:
         """What its starts are for, for the metric: ``sync`` (layer 1 and AddFilters, which
@@ -602,45 +534,6 @@ class PendingBatch:
         if self.kind is BatchKind.RECOVERY:
             return "recovery"
         return "sync" if self.kind is BatchKind.LAYER1 or self.items else "other"
-
-    def may_share(self, sub_id: str) -> bool:
-        """May this (queued) subscription share a REQ with others of the batch? Not an
-        exact-id fetch (relays cap those per REQ too), nor a page that must go alone."""
-        state = self.pagination.get(sub_id)
-        return state is not None and sub_id not in self.split_parts and not any(
-            s.alone or s.page_filter.ids is not None for s in state.filters)
-
-    def repack(self, sub_ids: list[str], per_req: int = MAX_FILTERS_PER_REQ,
-               max_chars: int | None = None) -> dict[str, list[Filter]]:
-        """Queued subscriptions (none started, all ``may_share``) share out their filters
-        again, filter by filter in order, into as few REQs as ``per_req`` filters and
-        ``max_chars`` of ``["REQ",…]`` allow: the first subscriptions take them, the rest
-        end. Returns sub id -> filters for those that carry some. (Filling in order is
-        optimal: each original REQ fit, so no more REQs come out than went in.)"""
-        states = [s for sid in sub_ids for s in self.pagination[sid].filters]
-        frame = max(req_size(sid, ()) for sid in sub_ids)
-        names = iter(sub_ids)
-        out: dict[str, list[Filter]] = {}
-        group: list[FilterPaginationState] = []
-        size = frame
-        for s in states + [None]:
-            cost = 0 if s is None else s.page_filter.serialized_size() + 1  # as req_size counts
-            over = max_chars is not None and size + cost > max_chars
-            if group and (s is None or len(group) >= per_req or over):
-                name = next(names)
-                self.pagination[name].filters = group
-                out[name] = [g.page_filter for g in group]
-                group, size = [], frame
-            if s is not None:
-                group.append(s)
-                size += cost
-        for name in names:
-            self.finish_subscription(name)
-        return out
-
-    def filters_of(self, sub_id: str) -> list[Filter]:
-        state = self.pagination.get(sub_id)
-        return state.page_filters if state else []
 
     def record_event(self, sub_id: str, event: Event,
                      matched_indices: tuple[int, ...] | None = None) -> bool:
@@ -651,73 +544,6 @@ class PendingBatch:
             self.received_ids.add(event.id)
         state = self.pagination.get(sub_id)
         return state is not None and state.record(event, matched_indices)
-
-    def fill_by_splitting(self, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ,
-                          max_chars: int | None = None) -> list[Filter]:
-        """Just before ``sub_id`` starts: its filters that filled their last page are split
-        by value (``split_for_throughput``) into the slots of the REQ that nothing else
-        took, as many as ``max_chars`` of ``["REQ",…]`` allow. The pieces replace the
-        filters in its pagination. Returns its filters. Not for a REQ that must stay as it
-        is (``may_share``: an id fetch, a page alone)."""
-        state = self.pagination.get(sub_id)
-        if state is None or not self.may_share(sub_id) or not any(s.full for s in state.filters):
-            return self.filters_of(sub_id)
-        for slots in range(per_req, len(state.filters), -1):
-            pieces = split_for_throughput(state.filters, slots)
-            if len(pieces) == len(state.filters):
-                break  # nothing divides further (single values)
-            if max_chars is None or req_size(sub_id, [p.page_filter for p in pieces]) <= max_chars:
-                state.filters = pieces
-                break
-        return state.page_filters
-
-    def on_eose(self, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ, pack=None,
-                new_sub_id=None, cap: PageCap | None = None,
-                elapsed: float | None = None) -> list[tuple[str, list[Filter]]]:
-        """The next pages after ``sub_id``'s EOSE, as ``(sub_id, filters)`` REQs to send;
-        empty when every filter of the sub is done. Each REQ is an outstanding sub of the
-        batch. The first keeps ``sub_id`` unless ``new_sub_id`` (a callable) names them all;
-        ``pack`` groups filters into REQs (default: one REQ, ``per_req`` filters at most).
-        ``cap`` is the relay's ``PageCap``, kept per connection: this page teaches it too.
-        ``elapsed``: seconds from the REQ to its EOSE (a slow page may have been cut).
-        Pages that filled stay whole here; ``fill_by_splitting`` splits them when their
-        REQ is about to start.
-        """
-        state = self.pagination.get(sub_id)
-        self.finish_subscription(sub_id)
-        if state is None:
-            return []
-        cap = cap or PageCap()
-        state.teach(cap)
-        by_itself = len(state.filters) == 1
-        continuing = [n for n in (s.next_page(cap, state.total, elapsed, by_itself)
-                                  for s in state.filters) if n]
-        self.crowded += [
-            CrowdedSecond(crowded_second_filter(s.page_filter, s.crowded[0]), *s.crowded,
-                          again=one_second(s.page_filter))
-            for s in state.filters if s.crowded is not None]
-        by_filter = {s.page_filter: s for s in continuing if not s.alone}
-        pack = pack or (lambda fs: [fs[i:i + per_req] for i in range(0, len(fs), per_req)])
-        groups = [[s] for s in continuing if s.alone]
-        if by_filter:
-            groups += [[by_filter[f] for f in group] for group in pack(list(by_filter))]
-        names = new_sub_id or _first_then_numbered(sub_id)
-        pages = []
-        for group in groups:
-            name = names()
-            self.outstanding_subs.add(name)
-            self.pagination[name] = PaginationState(group)
-            pages.append((name, [s.page_filter for s in group]))
-        return pages
-
-    def on_closed(self, sub_id: str) -> list[Filter]:
-        """The relay ended a sub before EOSE: the batch cannot complete cleanly. Returns the
-        filters the sub was carrying, for the caller's log or rebuild."""
-        filters = self.filters_of(sub_id)
-        if sub_id in self.outstanding_subs:
-            self.failed = True
-        self.finish_subscription(sub_id)
-        return filters
 
     @property
     def is_complete(self) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .. import constants
 from ..protocol.filters import Filter
-from . import filter_plan, method
+from . import filter_plan, method, start_queue
 from .batch_phase import Step
 from .pending import BatchKind, CrowdedSecond, PendingBatch, SyncMethod, split_crowded
 from .plan_actions import (
@@ -227,7 +227,7 @@ class HistoricPlanner:
             elif overdue:
                 self.log.info("historic_lead_waited_too_long", relay=state.url, batch_id=batch_id)
                 batch.share_all = True
-            batch.finish_subscription(self.queue.lead_wait(batch_id))
+            start_queue.finish_subscription(batch, self.queue.lead_wait(batch_id))
             self.read_own_holdings(state, batch, batch.semantic_filters, batch.coalesce_wanted, now)
 
     def stop_leading(self, state, batch: PendingBatch, now: float) -> None:
@@ -288,7 +288,7 @@ class HistoricPlanner:
         REQ pages (ten filters a start), whichever costs less (``choose_methods``). A batch
         left with REQ pages only may join a pending one, as in ``start``. False when the
         batch is gone into another (nothing of it to finish)."""
-        batch.finish_subscription(answer.token)
+        start_queue.finish_subscription(batch, answer.token)
         filters, holdings = answer.filters, answer.holdings
         if holdings is None:
             self.log.warning("negentropy_own_relay_unavailable", relay=state.url, reason=answer.reason)
@@ -414,8 +414,8 @@ class HistoricPlanner:
         started), its crowded seconds completed another way, followers its pages no longer
         ask for released."""
         limits = state.current.limits
-        pages = batch.on_eose(
-            sub_id,
+        pages = start_queue.on_eose(
+            batch, sub_id,
             per_req=filter_plan.filters_per_req(limits),
             pack=lambda filters: filter_plan.pack_into_reqs(filters, limits),
             new_sub_id=lambda: self.queue.req_id(batch.batch_id),

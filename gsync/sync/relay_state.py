@@ -99,7 +99,10 @@ class RelaySession:
     the relay is disconnected an idle one (no connection, nothing pending) stands in, so
     nothing is cleared by hand and readers need no ``None`` check."""
 
-    conn: Any = None  # the RelayConnection
+    # its connection: a handle that only ``Effects`` sends on and closes (it owns the socket),
+    # and what is open on it (``protocol.subscription_book.SubscriptionBook``, pure)
+    link: Any = None
+    book: Any = None
     limits: Any = None  # the relay's published limits, lowered by what it taught us
     page_cap: Any = None  # pending.PageCap: what this session taught us of its page size
     negentropy_ok: bool = True  # a NIP-77 verdict holds for one session (SPEC §4)
@@ -135,7 +138,7 @@ class RelaySession:
     def renewed(self) -> RelaySession:
         """A new session on the same connection (the daily fresh start): the connection and
         what it taught us (limits, page size, the NIP-77 verdict) stay; the work goes."""
-        return RelaySession(conn=self.conn, limits=self.limits, page_cap=self.page_cap,
+        return RelaySession(link=self.link, book=self.book, limits=self.limits, page_cap=self.page_cap,
                             negentropy_ok=self.negentropy_ok)
 
     def start_priority(self, sub_id: str) -> tuple:
@@ -230,7 +233,7 @@ class RelayState:
 
     @property
     def connected(self) -> bool:
-        return self.current.conn is not None and self.status >= ConnectionStatus.SYNCING
+        return self.current.link is not None and self.status >= ConnectionStatus.SYNCING
 
     def serves_ids(self, now: float) -> bool:
         """May what its NIP-77 advertises be fetched by id? Not for a day after it failed to."""
@@ -246,9 +249,9 @@ class RelayState:
             return True
         return self.disconnected_at is None or now - self.disconnected_at > QUICK_RECONNECT_SECS
 
-    def begin_session(self, conn, limits, page_cap) -> RelaySession:
-        """A handshake succeeded: a new session on ``conn``."""
-        self.current = RelaySession(conn=conn, limits=limits, page_cap=page_cap)
+    def begin_session(self, link, book, limits, page_cap) -> RelaySession:
+        """A handshake succeeded: a new session on the connection ``link`` (``book``: what it has open)."""
+        self.current = RelaySession(link=link, book=book, limits=limits, page_cap=page_cap)
         return self.current
 
     def end_session(self, keep_connection: bool = False) -> RelaySession:
@@ -286,6 +289,6 @@ class RelayTable(dict):
         """``url``'s state while ``session`` is its current, connected one (else None: a
         message or timer of an ended session)."""
         state = self.get(url)
-        if state is None or state.session != session or state.current.conn is None:
+        if state is None or state.session != session or state.current.link is None:
             return None
         return state

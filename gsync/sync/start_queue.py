@@ -15,12 +15,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from ..constants import MAX_IDS_PER_REQ, MAX_OPEN_FILTER_BYTES
+from ..constants import MAX_FILTERS_PER_REQ, MAX_IDS_PER_REQ, MAX_OPEN_FILTER_BYTES
 from ..protocol.filters import Filter
 from ..protocol.messages import req_size
 from . import filter_plan, result_caps
 from .batch_phase import Step
-from .pending import PendingBatch
+from .pending import (
+    CrowdedSecond,
+    FilterPaginationState,
+    PageCap,
+    PaginationState,
+    PendingBatch,
+    crowded_second_filter,
+    one_second,
+)
 from .plan_actions import AGAIN, Advance, Start
 from .policy import by_shape, coverage_key
 
@@ -100,7 +108,7 @@ class StartQueue:
         entries = []
         for group in filter_plan.pack_into_reqs(filters, session.limits, key=filter_plan.paging_key):
             sub_id = self.req_id(batch.batch_id)
-            batch.add_subscription(sub_id, group)
+            add_subscription(batch, sub_id, group)
             session.sub_to_batch[sub_id] = batch.batch_id
             entries.append((sub_id, group))
         if front:
@@ -113,7 +121,7 @@ class StartQueue:
         """One NIP-77 exchange for ``flt``, last; ``held`` (what the own relay holds of it,
         or None: the exchange reads it) is kept for it, so it is not asked again."""
         token = self.exchange_token(batch.batch_id)
-        batch.add_subscription(token)
+        add_subscription(batch, token)
         batch.own_holdings[token] = held
         state.current.sub_to_batch[token] = batch.batch_id
         state.current.historic_queue.append((token, [flt]))
@@ -140,7 +148,7 @@ class StartQueue:
         queue[0:0] = parted
 
     def add_next_pages(self, state, batch: PendingBatch, pages) -> None:
-        """Pages after an EOSE (``PendingBatch.on_eose`` named them: ``req_id``), first:
+        """Pages after an EOSE (``on_eose`` named them: ``req_id``), first:
         they finish what was started."""
         for new_id, _ in pages:
             state.current.sub_to_batch[new_id] = batch.batch_id
@@ -149,7 +157,7 @@ class StartQueue:
 
     def wait_for(self, batch: PendingBatch, mark: str) -> None:
         """``batch`` is not complete while it waits (an own read, a lead): ``mark`` is out."""
-        batch.add_subscription(mark)
+        add_subscription(batch, mark)
 
     # -- changing what is queued ----------------------------------------------------------
 
@@ -157,15 +165,15 @@ class StartQueue:
         """A REQ the relay refused for rate or capacity: the same page again, first, under
         a new id (what it delivered so far is forgotten: it comes again)."""
         new_id = self.req_id(batch.batch_id)
-        batch.rename_subscription(sub_id, new_id)
-        batch.restart_page(new_id)
+        rename_subscription(batch, sub_id, new_id)
+        restart_page(batch, new_id)
         state.current.sub_to_batch[new_id] = batch.batch_id
         state.current.historic_queue.insert(0, (new_id, filters))
 
     def split_first(self, state, batch: PendingBatch, sub_id: str, groups) -> list:
         """``sub_id``'s filters again as several REQs, first: ``groups`` are indices into
-        its filters, one REQ each (``PendingBatch.split_subscription``). Returns them."""
-        entries = batch.split_subscription(sub_id, [(self.req_id(batch.batch_id), g) for g in groups if g])
+        its filters, one REQ each (``split_subscription``). Returns them."""
+        entries = split_subscription(batch, sub_id, [(self.req_id(batch.batch_id), g) for g in groups if g])
         for new_id, _ in entries:
             state.current.sub_to_batch[new_id] = batch.batch_id
         state.current.historic_queue[0:0] = entries
@@ -176,7 +184,7 @@ class StartQueue:
         queued = set(batch.outstanding_subs)
         state.current.historic_queue = [e for e in state.current.historic_queue if e[0] not in queued]
         for sub_id in queued:
-            batch.finish_subscription(sub_id)
+            finish_subscription(batch, sub_id)
             state.current.sub_to_batch.pop(sub_id, None)
 
     def exchanges_to_reqs(self, state) -> None:
@@ -187,7 +195,7 @@ class StartQueue:
         for token, group in queued:
             batch = session.pending.get(session.sub_to_batch.pop(token, -1))
             if batch is not None:
-                batch.finish_subscription(token)
+                finish_subscription(batch, token)
                 batch.own_holdings.pop(token, None)
                 batch.read_also.pop(token, None)
                 self.add_reqs(state, batch, group)
@@ -220,7 +228,7 @@ class StartQueue:
         del state.current.sub_to_batch[sub_id]
         if batch is not None:
             batch.own_holdings.pop(sub_id, None)
-            batch.finish_subscription(sub_id)
+            finish_subscription(batch, sub_id)
 
     @staticmethod
     def ended(state, sub_id: str) -> int | None:
@@ -244,10 +252,10 @@ def share_queued_reqs(state, batch: PendingBatch) -> None:
     Exact-id fetches and pages that must go alone stay as they are."""
     session = state.current
     shared = [sub_id for sub_id, _ in session.historic_queue
-              if session.sub_to_batch.get(sub_id) == batch.batch_id and batch.may_share(sub_id)]
+              if session.sub_to_batch.get(sub_id) == batch.batch_id and may_share(batch, sub_id)]
     if len(shared) < 2:
         return
-    groups = batch.repack(shared, filter_plan.filters_per_req(session.limits),
+    groups = repack(batch, shared, filter_plan.filters_per_req(session.limits),
                           filter_plan.req_length_limit(session.limits))
     kept = []
     for sub_id, group in session.historic_queue:
@@ -348,7 +356,7 @@ def regroup_before_start(plan, state, sub_id: str, group) -> PendingBatch | None
     batch = session.pending[batch_id]
     plan.queue.drop_first_of(state, None, sub_id)
     if is_exchange(sub_id):
-        batch.finish_subscription(sub_id)
+        finish_subscription(batch, sub_id)
     else:
         plan.queue.split_first(state, batch, sub_id, parts)
     return batch
@@ -377,12 +385,12 @@ def cut_before_start(plan, state, batch: PendingBatch | None, token: str, flt: F
 
 def fill_before_start(plan, state, batch: PendingBatch | None, sub_id: str, group: list[Filter]) -> list[Filter]:
     """The REQ about to start: its filters that filled their last page are split into
-    the room left (``PendingBatch.fill_by_splitting``), within the relay's message size.
+    the room left (``fill_by_splitting``), within the relay's message size.
     Not towards a relay that refused us for query rate: more filters for the same
     events would only bring its next refusal sooner."""
     if batch is None or is_exchange(sub_id) or plan.health.limits_query_rate(state.url):
         return group
-    group = batch.fill_by_splitting(sub_id, filter_plan.filters_per_req(state.current.limits),
+    group = fill_by_splitting(batch, sub_id, filter_plan.filters_per_req(state.current.limits),
                                     filter_plan.req_length_limit(state.current.limits))
     plan.queue.replace_filters(state, 0, sub_id, group)
     return group
@@ -412,3 +420,190 @@ def slots(state, open_subs) -> tuple[int, int]:
     room = budget.max_subscriptions - len(session.live_subs) - 1
     return (max(1, min(MAX_HISTORIC_SUBS, room)),
             len(session.neg_running) + sum(1 for s in session.sub_to_batch if s in open_subs))
+
+
+# -- a batch's subscriptions: its outstanding ids and their pages -------------------------
+# (``PendingBatch.outstanding_subs`` and ``PendingBatch.pagination`` are written here alone)
+
+
+def add_subscription(batch: PendingBatch, sub_id: str, filters: Iterable[Filter] = ()) -> None:
+    batch.outstanding_subs.add(sub_id)
+    states = [FilterPaginationState.start(f) for f in filters]
+    if states:
+        batch.pagination[sub_id] = PaginationState(states)
+
+
+def finish_subscription(batch: PendingBatch, sub_id: str) -> None:
+    """The caller's own end for a filterless entry (e.g. the NIP-77 exchange)."""
+    batch.outstanding_subs.discard(sub_id)
+    batch.pagination.pop(sub_id, None)
+
+
+def rename_subscription(batch: PendingBatch, old: str, new: str) -> None:
+    """Carry pagination over when the next page is sent under a fresh subscription id."""
+    if old in batch.outstanding_subs:
+        batch.outstanding_subs.discard(old)
+        batch.outstanding_subs.add(new)
+    if old in batch.pagination:
+        batch.pagination[new] = batch.pagination.pop(old)
+
+
+def restart_page(batch: PendingBatch, sub_id: str) -> None:
+    """The current page will be sent again (its sub was refused for rate): forget what
+    it delivered so far, or re-delivered events would be counted twice."""
+    state = batch.pagination.get(sub_id)
+    if state is not None:
+        state.filters = [s.restarted() for s in state.filters]
+
+
+def split_subscription(batch: PendingBatch, sub_id: str, parts) -> list[tuple[str, list[Filter]]]:
+    """Send ``sub_id``'s filters again as several REQs: ``parts`` is ``(new sub id,
+    indices into its filters)`` each; filters in no part are dropped. For a REQ the
+    relay refused or never finished as a whole, to find the filter at fault. Each
+    part restarts the page it was on. Returns ``(new sub id, filters)`` to queue."""
+    state = batch.pagination.pop(sub_id, None)
+    batch.outstanding_subs.discard(sub_id)
+    out = []
+    for new_id, indices in parts:
+        group = [state.filters[i].restarted() for i in indices] if state else []
+        if not group:
+            continue
+        batch.outstanding_subs.add(new_id)
+        batch.pagination[new_id] = PaginationState(group)
+        batch.split_parts.add(new_id)
+        out.append((new_id, [s.page_filter for s in group]))
+    return out
+
+
+def may_share(batch: PendingBatch, sub_id: str) -> bool:
+    """May this (queued) subscription share a REQ with others of the batch? Not an
+    exact-id fetch (relays cap those per REQ too), nor a page that must go alone."""
+    state = batch.pagination.get(sub_id)
+    return state is not None and sub_id not in batch.split_parts and not any(
+        s.alone or s.page_filter.ids is not None for s in state.filters)
+
+
+def repack(batch: PendingBatch, sub_ids: list[str], per_req: int = MAX_FILTERS_PER_REQ,
+           max_chars: int | None = None) -> dict[str, list[Filter]]:
+    """Queued subscriptions (none started, all ``may_share``) share out their filters
+    again, filter by filter in order, into as few REQs as ``per_req`` filters and
+    ``max_chars`` of ``["REQ",…]`` allow: the first subscriptions take them, the rest
+    end. Returns sub id -> filters for those that carry some. (Filling in order is
+    optimal: each original REQ fit, so no more REQs come out than went in.)"""
+    states = [s for sid in sub_ids for s in batch.pagination[sid].filters]
+    frame = max(req_size(sid, ()) for sid in sub_ids)
+    names = iter(sub_ids)
+    out: dict[str, list[Filter]] = {}
+    group: list[FilterPaginationState] = []
+    size = frame
+    for s in states + [None]:
+        cost = 0 if s is None else s.page_filter.serialized_size() + 1  # as req_size counts
+        over = max_chars is not None and size + cost > max_chars
+        if group and (s is None or len(group) >= per_req or over):
+            name = next(names)
+            batch.pagination[name].filters = group
+            out[name] = [g.page_filter for g in group]
+            group, size = [], frame
+        if s is not None:
+            group.append(s)
+            size += cost
+    for name in names:
+        finish_subscription(batch, name)
+    return out
+
+
+def filters_of(batch: PendingBatch, sub_id: str) -> list[Filter]:
+    state = batch.pagination.get(sub_id)
+    return state.page_filters if state else []
+
+
+def fill_by_splitting(batch: PendingBatch, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ,
+                      max_chars: int | None = None) -> list[Filter]:
+    """Just before ``sub_id`` starts: its filters that filled their last page are split
+    by value (``split_for_throughput``) into the slots of the REQ that nothing else
+    took, as many as ``max_chars`` of ``["REQ",…]`` allow. The pieces replace the
+    filters in its pagination. Returns its filters. Not for a REQ that must stay as it
+    is (``may_share``: an id fetch, a page alone)."""
+    state = batch.pagination.get(sub_id)
+    if state is None or not may_share(batch, sub_id) or not any(s.full for s in state.filters):
+        return filters_of(batch, sub_id)
+    for slots in range(per_req, len(state.filters), -1):
+        pieces = split_for_throughput(state.filters, slots)
+        if len(pieces) == len(state.filters):
+            break  # nothing divides further (single values)
+        if max_chars is None or req_size(sub_id, [p.page_filter for p in pieces]) <= max_chars:
+            state.filters = pieces
+            break
+    return state.page_filters
+
+
+def on_eose(batch: PendingBatch, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ, pack=None,
+            new_sub_id=None, cap: PageCap | None = None,
+            elapsed: float | None = None) -> list[tuple[str, list[Filter]]]:
+    """The next pages after ``sub_id``'s EOSE, as ``(sub_id, filters)`` REQs to send;
+    empty when every filter of the sub is done. Each REQ is an outstanding sub of the
+    batch. The first keeps ``sub_id`` unless ``new_sub_id`` (a callable) names them all;
+    ``pack`` groups filters into REQs (default: one REQ, ``per_req`` filters at most).
+    ``cap`` is the relay's ``PageCap``, kept per connection: this page teaches it too.
+    ``elapsed``: seconds from the REQ to its EOSE (a slow page may have been cut).
+    Pages that filled stay whole here; ``fill_by_splitting`` splits them when their
+    REQ is about to start.
+    """
+    state = batch.pagination.get(sub_id)
+    finish_subscription(batch, sub_id)
+    if state is None:
+        return []
+    cap = cap or PageCap()
+    state.teach(cap)
+    by_itself = len(state.filters) == 1
+    continuing = [n for n in (s.next_page(cap, state.total, elapsed, by_itself)
+                              for s in state.filters) if n]
+    batch.crowded += [
+        CrowdedSecond(crowded_second_filter(s.page_filter, s.crowded[0]), *s.crowded,
+                      again=one_second(s.page_filter))
+        for s in state.filters if s.crowded is not None]
+    by_filter = {s.page_filter: s for s in continuing if not s.alone}
+    pack = pack or (lambda fs: [fs[i:i + per_req] for i in range(0, len(fs), per_req)])
+    groups = [[s] for s in continuing if s.alone]
+    if by_filter:
+        groups += [[by_filter[f] for f in group] for group in pack(list(by_filter))]
+    names = new_sub_id or _first_then_numbered(sub_id)
+    pages = []
+    for group in groups:
+        name = names()
+        batch.outstanding_subs.add(name)
+        batch.pagination[name] = PaginationState(group)
+        pages.append((name, [s.page_filter for s in group]))
+    return pages
+
+
+def on_closed(batch: PendingBatch, sub_id: str) -> list[Filter]:
+    """The relay ended a sub before EOSE: the batch cannot complete cleanly. Returns the
+    filters the sub was carrying, for the caller's log or rebuild."""
+    filters = filters_of(batch, sub_id)
+    if sub_id in batch.outstanding_subs:
+        batch.failed = True
+    finish_subscription(batch, sub_id)
+    return filters
+
+
+def split_for_throughput(states: list[FilterPaginationState], per_req: int):
+    """Split the filters that filled a page so that, with the others of their REQ (kept
+    whole), they fill one REQ of ``per_req`` filters: the full ones share the slots left
+    as evenly as they divide."""
+    full = [s for s in states if s.full]
+    rest = [s for s in states if not s.full]
+    if not full:
+        return rest
+    share, extra = divmod(max(0, per_req - len(rest)), len(full))
+    return [piece for i, s in enumerate(full) for piece in s.split(share + (i < extra))] + rest
+
+
+def _first_then_numbered(sub_id: str):
+    count = 0
+
+    def name() -> str:
+        nonlocal count
+        count += 1
+        return sub_id if count == 1 else f"{sub_id}.{count}"
+    return name

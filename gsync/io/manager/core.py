@@ -324,7 +324,7 @@ class SyncManager:
             connected_g.set(int(state.status))
             status_g.set(self.health.status_metric(state.url, now))
             failures_g.set(self.health.failures(state.url, now))
-            subscriptions_g.set(len(state.current.conn.subscriptions) if state.current.conn else 0)
+            subscriptions_g.set(len(state.current.book.subscriptions) if state.current.book else 0)
             parked = self.health.parked(state.url, now)
             parked_g.set(round(parked[1]) if parked else 0)
             connected += state.connected
@@ -393,8 +393,8 @@ class SyncManager:
                     "relay": s.url,
                     "status": s.status.name.lower(),
                     "health": self.health.state(s.url, now).name.lower(),
-                    "subscriptions": len(s.current.conn.subscriptions) if s.current.conn else 0,
-                    "subscriptions_peak": s.current.conn.peak_subscriptions if s.current.conn else 0,
+                    "subscriptions": len(s.current.book.subscriptions) if s.current.book else 0,
+                    "subscriptions_peak": s.current.book.peak_subscriptions if s.current.book else 0,
                     "pending_batches": len(s.current.pending),
                     "starts_queued": works[s.url].starts_queued,
                     "pages_expected": works[s.url].pages_expected,

@@ -2,8 +2,11 @@
 later, the connections it opens, the frames it sends on them and the monotonic clock of its
 deadlines.
 
-The manager holds no greenlet: ``spawn`` and ``every`` return an opaque handle, which it
-hands back to ``kill`` and ``on_death``; the effects map it to the greenlet while that runs.
+The manager holds no greenlet and no socket: ``spawn`` and ``every`` return an opaque handle,
+which it hands back to ``kill`` and ``on_death``; the effects map it to the greenlet while that
+runs. ``connection`` returns a handle to the connection (``send``, ``close``, ``spawn_on``) and
+its ``SubscriptionBook``, the pure bookkeeping the session keeps (``subscribe``,
+``unsubscribe`` write it and send what it says).
 Production uses ``GeventEffects``; a test gives ``SyncManager`` a recorder of its own (and a
 fake ``clock``) and feeds it inbox messages, so the manager's decisions are tested in one
 process, without sockets or waits.
@@ -15,6 +18,7 @@ import time
 
 import gevent
 
+from ...protocol.subscription_book import SubscriptionBook
 from ..connection import RelayConnection
 
 
@@ -25,6 +29,7 @@ class GeventEffects:
         self.post = post  # the manager's inbox
         self._running: dict[int, gevent.Greenlet] = {}  # handle → its greenlet, until it ends
         self._handles = itertools.count(1)
+        self._links: dict[int, RelayConnection] = {}  # connection handle → the connection, while open
 
     def _hold(self, greenlet: gevent.Greenlet) -> int:
         handle = next(self._handles)
@@ -63,18 +68,50 @@ class GeventEffects:
         if greenlet is not None:
             greenlet.kill(block=False)
 
-    def connection(self, relay: str, ws, session: int, **kwargs) -> RelayConnection:
+    def connection(self, relay: str, ws, session: int, **kwargs) -> tuple[int, SubscriptionBook]:
         """A started connection over the handshake's socket: its reader posts to the inbox,
-        its writer sends what the manager queues."""
+        its writer sends what the manager queues. Returns (its handle, its bookkeeping)."""
         conn = RelayConnection(relay, ws, session, self.post, **kwargs)
         conn.start()
-        return conn
+        return link(self._links, self._handles, conn)
 
-    @staticmethod
-    def send(conn: RelayConnection, frame: str) -> None:
-        """Queue ``frame`` (a wire message) for ``conn``'s writer."""
-        conn.send(frame)
+    def send(self, handle: int, frame: str) -> None:
+        """Queue ``frame`` (a wire message) for the connection's writer."""
+        conn = self._links.get(handle)
+        if conn is not None:
+            conn.send(frame)
+
+    def close(self, handle: int, reason: str) -> None:
+        conn = self._links.pop(handle, None)
+        if conn is not None:
+            conn.close(reason)
+
+    def spawn_on(self, handle: int, fn, *args, **kwargs) -> int:
+        """``spawn(fn, the connection, *args)``: a NIP-77 exchange runs on the socket itself."""
+        return self.spawn(fn, self._links.get(handle), *args, **kwargs)
 
     @staticmethod
     def monotonic() -> float:
         return time.monotonic()
+
+
+def link(links: dict, handles, conn) -> tuple[int, SubscriptionBook]:
+    """``conn`` under a new handle in ``links`` (any effects' table), closed ones dropped:
+    the table holds the open connections and those closed since the last one opened."""
+    for handle in [h for h, c in links.items() if c.closed]:
+        del links[handle]
+    handle = next(handles)
+    links[handle] = conn
+    return handle, conn.book
+
+
+def subscribe(effects, session, sub_id: str, filters) -> None:
+    """REQ ``sub_id`` on ``session``'s connection: open in its book, then sent."""
+    effects.send(session.link, session.book.req_frame(sub_id, filters))
+
+
+def unsubscribe(effects, session, sub_id: str) -> None:
+    """CLOSE ``sub_id``, if open; its late events are still read until the relay's CLOSED."""
+    frame = session.book.close_frame(sub_id)
+    if frame is not None:
+        effects.send(session.link, frame)

@@ -31,6 +31,7 @@ from ..inbox import (
     OwnReadsLanded,
 )
 from .coverage import member_filters, sync_filters
+from .effects import unsubscribe
 from .own_reads import OwnReadWaiter
 
 log = get_logger("gsync.manager")
@@ -106,8 +107,7 @@ class HistoricSync:
             elif isinstance(a, act.OwnKnown):
                 self.post(OwnHoldingsRead(a.state.url, a.state.session, a.batch_id, a.token, a.filters, a.holdings))
             elif isinstance(a, act.Close):
-                if (frame := a.state.current.conn.close_frame(a.sub_id)) is not None:
-                    self.effects.send(a.state.current.conn, frame)
+                unsubscribe(self.effects, a.state.current, a.sub_id)
             elif isinstance(a, act.Pump):
                 self.pump(a.state)
             elif isinstance(a, act.Advance):
@@ -200,14 +200,14 @@ class HistoricSync:
         if (state.current.pump_held or not state.connected or not self.live.pump(state)
                 or self.own_relay_down() or self.delivery_holds_history()):
             return
-        limit, open_historic = start_queue.slots(state, state.current.conn.subscriptions)
+        limit, open_historic = start_queue.slots(state, state.current.book.subscriptions)
         while state.current.historic_queue and open_historic < limit:
             now = self.clock()
             wait = self.health.may_start_background(state.url, now)
             if wait > 0:
                 self.live.wake_pump_in(state, wait)
                 return
-            start = start_queue.next_start(self.plan, state, open_historic > 0, state.current.conn.open_filter_bytes, now)
+            start = start_queue.next_start(self.plan, state, open_historic > 0, state.current.book.open_filter_bytes, now)
             self.execute()
             if start is act.AGAIN:
                 continue
@@ -258,16 +258,15 @@ class HistoricSync:
         else:
             metrics.BACKGROUND_STARTS.labels(state.url, "req", purpose).inc()
             state.current.historic_sent_at[sub_id] = now
-            self.effects.send(state.current.conn, state.current.conn.req_frame(sub_id, group))
+            self.effects.send(state.current.link, state.current.book.req_frame(sub_id, group))
             state.current.sub_activity[sub_id] = now
 
     def start_negentropy(self, state: RelayState, token: str, flt: Filter, held, also) -> None:
         batch_id = state.current.sub_to_batch[token]
         started: list = []
         limit = negentropy_sync.frame_size_limit(filter_plan.req_length_limit(state.current.limits))
-        handle = self.effects.spawn(
-            negentropy_sync.reconcile_filter,
-            state.current.conn, self.own_relay, flt, self.plan.have_beyond_holdings(flt),
+        handle = self.effects.spawn_on(
+            state.current.link, negentropy_sync.reconcile_filter, self.own_relay, flt, self.plan.have_beyond_holdings(flt),
             self.post, batch_id=batch_id, token=token, held=held, read_also=also,
             frame_size_limit=limit, busy=self.delivery.answering_slowly, started=started,
         )
@@ -293,7 +292,7 @@ class HistoricSync:
                                    constants.NEGENTROPY_QUEUE_SECS):
                     continue
                 self.effects.kill(run.handle)
-                self.effects.send(state.current.conn, wire.neg_close(token))
+                self.effects.send(state.current.link, wire.neg_close(token))
                 log.warning("negentropy_overdue", relay=state.url, token=token, batch_id=run.batch_id)
                 self.on_negentropy_finished(NegentropyFinished(
                     state.url, state.session, run.batch_id, token, run.filter,

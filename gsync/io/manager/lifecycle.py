@@ -24,6 +24,7 @@ from ..inbox import (
     RelayDisconnected,
 )
 from .coverage import member_filters, sync_filters
+from .effects import unsubscribe
 
 log = get_logger("gsync.manager")
 
@@ -80,8 +81,8 @@ class RelayLifecycle:
         """The manager stops: no handshake is applied any more, every connection closes."""
         self.stopping = True
         for state in self.relays.values():
-            if state.current.conn is not None:
-                state.current.conn.close("shutting down")
+            if state.current.link is not None:
+                self.effects.close(state.current.link, "shutting down")
 
     def register_relay(self, url: str) -> RelayState:
         """``url``'s state, registered (saved memory restored) if it was not yet; a
@@ -135,8 +136,8 @@ class RelayLifecycle:
             if self.wanted(state) or (state.connected and state.current.pending):
                 continue
             log.info("relay_retired", relay=state.url, connected=state.connected)
-            if state.current.conn is not None:
-                state.current.conn.close("no work left")
+            if state.current.link is not None:
+                self.effects.close(state.current.link, "no work left")
             move_status(state, Fact.RETIRED)
             self.end_session(state)
             del self.relays[state.url]
@@ -192,8 +193,8 @@ class RelayLifecycle:
         self.health.record_success(msg.relay, now)
         state.session = next(self.serials)
         state.begin_session(
-            self.effects.connection(msg.relay, msg.ws, state.session, auth_secret=self.config.auth.secret_key,
-                                    seen=self.seen, room=self.delivery.room_for(msg.relay)),
+            *self.effects.connection(msg.relay, msg.ws, state.session, auth_secret=self.config.auth.secret_key,
+                                     seen=self.seen, room=self.delivery.room_for(msg.relay)),
             limits=self.with_learned_limits(state, msg.limits),
             page_cap=PageCap(),  # learnt again: the relay may have changed
         )
@@ -218,7 +219,7 @@ class RelayLifecycle:
 
     def on_relay_disconnected(self, msg: RelayDisconnected) -> None:
         state = self.relays.get(msg.relay)
-        if state is None or msg.session != state.session or state.current.conn is None:
+        if state is None or msg.session != state.session or state.current.link is None:
             return
         now = self.clock()
         log.info("relay_disconnected", relay=msg.relay, reason=msg.reason)
@@ -325,8 +326,8 @@ class RelayLifecycle:
     def fresh_start(self, state: RelayState, now: float) -> None:
         # The daily sync runs on a live connection: close every subscription it abandons,
         # historic ones included (a NIP-77 exchange closes itself when it ends).
-        for sub_id in list(state.current.conn.subscriptions):
-            state.current.conn.unsubscribe(sub_id)
+        for sub_id in list(state.current.book.subscriptions):
+            unsubscribe(self.effects, state.current, sub_id)
         self.end_session(state, keep_connection=True)
         state.new_members |= state.reopen_members  # their whole history too, on the next tick
         state.reopen_members = set()

@@ -16,6 +16,7 @@ from ...sync.relay_state import LiveSub, RelayState
 from ...sync.targets import PendingItems
 from ..inbox import HistoricSlotDue
 from .coverage import member_filters, sync_filters
+from .effects import subscribe, unsubscribe
 
 log = get_logger("gsync.manager")
 
@@ -80,7 +81,7 @@ class LiveCoverage:
         if slots is None:
             budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
             slots = budget.live_slots - state.current.data_live_subs()
-        live_bytes = sum(state.current.conn.filter_bytes.get(s, 0) for s in state.current.live_subs)
+        live_bytes = sum(state.current.book.filter_bytes.get(s, 0) for s in state.current.live_subs)
         # a shape the relay refused once goes alone: refused again, it takes nothing down
         flagged = [(part, n < fresh) for n, group in enumerate(groups)
                    for part in state.paused.separate(group)]
@@ -141,7 +142,7 @@ class LiveCoverage:
                 return False
             sub_id = state.current.live_queue.pop(0)
             live = state.current.live_subs.get(sub_id)
-            if live is None or sub_id in state.current.conn.subscriptions:
+            if live is None or sub_id in state.current.book.subscriptions:
                 continue  # closed by a consolidation while it waited, or already out
             filters = state.paused.allowed(live.filters)
             if not filters:
@@ -150,7 +151,7 @@ class LiveCoverage:
             if len(filters) < len(live.filters):
                 state.current.live_subs[sub_id] = dataclasses.replace(live, filters=tuple(filters))
             self.health.record_start(state.url, now, background=False)
-            state.current.conn.subscribe(sub_id, filters)
+            subscribe(self.effects, state.current, sub_id, filters)
         return True
 
     def evict_descendants(self, state: RelayState, bytes_needed: int, slots_needed: int) -> tuple[int, int]:
@@ -159,15 +160,15 @@ class LiveCoverage:
         left. Returns the bytes and subscriptions freed."""
         freed = closed = 0
         subs = sorted((s for s, sub in state.current.live_subs.items() if sub.descendants),
-                      key=lambda s: -state.current.conn.filter_bytes.get(s, 0))
+                      key=lambda s: -state.current.book.filter_bytes.get(s, 0))
         for sub_id in subs:
             if freed >= bytes_needed and closed >= slots_needed:
                 break
-            freed += state.current.conn.filter_bytes.get(sub_id, 0)
+            freed += state.current.book.filter_bytes.get(sub_id, 0)
             closed += 1
             evicted = state.current.live_subs.pop(sub_id)
             self.poll_instead(state, evicted.filters, fresh=evicted.fresh)
-            state.current.conn.unsubscribe(sub_id)  # not sent yet: pump skips it
+            unsubscribe(self.effects, state.current, sub_id)  # not sent yet: pump skips it
         return freed, closed
 
     def poll_instead(self, state: RelayState, filters, fresh: bool = False) -> None:
@@ -275,7 +276,7 @@ class LiveCoverage:
         state.current.consolidated_at = self.clock()
         for sub_id in [s for s, sub in state.current.live_subs.items() if not sub.control]:
             del state.current.live_subs[sub_id]
-            state.current.conn.unsubscribe(sub_id)
+            unsubscribe(self.effects, state.current, sub_id)
         state.fresh_polled.clear()
         state.polled.clear()
         wanted = self.desired_items(state)

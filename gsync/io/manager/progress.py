@@ -15,7 +15,7 @@ def pages_expected(state: RelayState) -> int:
     goes is not known before its EOSE), twice over for repository events (layer 2): each
     such page brings roots, whose threads then take a start of their own."""
     session = state.current
-    open_subs = session.conn.subscriptions if session.conn is not None else ()
+    open_subs = session.book.subscriptions if session.book is not None else ()
     sub_ids = [sub_id for sub_id, _ in session.historic_queue]
     sub_ids += [sub_id for sub_id in session.sub_to_batch if sub_id in open_subs]
     expected = 0

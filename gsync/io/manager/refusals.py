@@ -34,7 +34,7 @@ from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
-from ...sync import filter_plan
+from ...sync import filter_plan, start_queue
 from ...sync.health import HealthState, Refusal, classify_refusal, refuses_a_shape
 from ...sync.pending import BatchKind, PendingBatch
 from ...sync.policy import by_shape, coverage_key, describe, halves
@@ -42,6 +42,7 @@ from ...sync.relay_state import RelayState
 from ...sync.targets import PendingItems, derive_relay_targets
 from ..inbox import CooldownEnded
 from .coverage import member_filters, sync_filters
+from .effects import unsubscribe
 from .lifecycle import LAYER1_LIVE_SUB
 
 log = get_logger("gsync.manager")
@@ -98,7 +99,7 @@ class Refusals:
         sub_id = closed.sub_id
         if sub_id not in state.current.sub_to_batch and sub_id not in state.current.live_subs:
             return  # already finished (some relays close an ids-only REQ after its EOSE)
-        state.current.conn.forget(sub_id)
+        state.current.book.forget(sub_id)
         state.current.sub_activity.pop(sub_id, None)
         state.current.historic_sent_at.pop(sub_id, None)
         reason = f"{closed.prefix.value}: {closed.text}"[:200]
@@ -134,7 +135,7 @@ class Refusals:
             return
         batch = state.current.pending.get(state.current.sub_to_batch.get(sub_id))
         if batch is not None:
-            state.paused.served(batch.filters_of(sub_id))
+            state.paused.served(start_queue.filters_of(batch, sub_id))
 
     def learn_max_filters(self, state: RelayState, sub_id: str, batch_id: int | None) -> None:
         """A REQ of n filters refused for "too many filters": from now on this session
@@ -142,7 +143,7 @@ class Refusals:
         REQ of several filters), so that every later REQ is not refused and split too."""
         if batch_id is not None:
             batch = state.current.pending.get(batch_id)
-            refused = len(batch.filters_of(sub_id)) if batch is not None else 0
+            refused = len(start_queue.filters_of(batch, sub_id)) if batch is not None else 0
         else:
             live = state.current.live_subs.get(sub_id)
             refused = len(live.filters) if live is not None else 0
@@ -162,7 +163,7 @@ class Refusals:
         fewer REQs (what still does not fit is polled). False when the budget cannot go
         lower (it is there already, or at ``MIN_SUBSCRIPTIONS``): the refusal is read as a
         rate limit then, so that a REQ refused again and again cannot loop."""
-        open_now = len(state.current.conn.subscriptions)  # the refused REQ is forgotten already
+        open_now = len(state.current.book.subscriptions)  # the refused REQ is forgotten already
         budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
         allowed = max(filter_plan.MIN_SUBSCRIPTIONS, open_now)
         if state.current.limits is None or allowed >= budget.max_subscriptions:
@@ -180,7 +181,7 @@ class Refusals:
         batch = state.current.pending.get(batch_id)
         if batch is None:
             return
-        filters = batch.filters_of(sub_id)
+        filters = start_queue.filters_of(batch, sub_id)
         if kind in (CAPACITY, SUBSCRIPTIONS, Refusal.RATE_LIMIT) and filters:
             # The same page again once the cooldown and the reactive gate allow it.
             self.historic.queue.again_first(state, batch, sub_id, filters)
@@ -191,13 +192,13 @@ class Refusals:
             if kind is Refusal.AUTH or len(filters) == 1 or (about_shape and len(by_shape(filters)) == 1):
                 for f in filters:
                     self.pause_coverage(state, f, reason, shape_at_fault=kind is not Refusal.AUTH)
-                batch.finish_subscription(sub_id)  # not a failure: the relay will not serve it
+                start_queue.finish_subscription(batch, sub_id)  # not a failure: the relay will not serve it
             else:
                 if about_shape:
                     state.paused.suspect(filters)
                 self.split_historic(state, batch, sub_id, filters, shapes=about_shape)
         else:
-            batch.on_closed(sub_id)
+            start_queue.on_closed(batch, sub_id)
             if batch_id not in state.current.probes:
                 state.unrelated_failure = True
         self.historic.advance(state, batch)
@@ -339,7 +340,7 @@ class Refusals:
         log.warning("relay_rate_limited", relay=state.url, text=text[:200],
                     cooldown_secs=constants.RATE_LIMIT_COOLDOWN_SECS)
         self.update_health_metric(state, now)
-        if state.current.conn is not None:
+        if state.current.link is not None:
             self.historic.queue.exchanges_to_reqs(state)  # NIP-77 is off for the session
         self.effects.later(constants.RATE_LIMIT_COOLDOWN_SECS, CooldownEnded(state.url))
 
@@ -414,13 +415,13 @@ class Refusals:
         state.current.sub_activity.pop(sub_id, None)
         state.current.historic_sent_at.pop(sub_id, None)
         batch_id = self.historic.queue.ended(state, sub_id)
-        state.current.conn.unsubscribe(sub_id)  # the relay frees it, and so do we
+        unsubscribe(self.effects, state.current, sub_id)  # the relay frees it, and so do we
         log.warning("subscription_stalled", relay=state.url, sub_id=sub_id, batch_id=batch_id,
                     secs=constants.REQ_LIFETIME_SECS if lifetime else constants.REQ_STALL_SECS,
                     rule="lifetime" if lifetime else "silence")
         batch = state.current.pending.get(batch_id)
         if batch is not None:
-            filters = batch.filters_of(sub_id)
+            filters = start_queue.filters_of(batch, sub_id)
             if len(filters) > 1:
                 self.split_historic(state, batch, sub_id, filters)
             else:
@@ -430,7 +431,7 @@ class Refusals:
     def fail_into_recovery(self, state: RelayState, batch: PendingBatch, sub_id: str, filters) -> None:
         """The batch failed; what the stalled REQ owed goes to missing-event recovery: its
         ids (not the residual retry's any more), or the filter itself."""
-        batch.on_closed(sub_id)
+        start_queue.on_closed(batch, sub_id)
         state.current.stalled_shapes.update(coverage_key(f) for f in filters)  # later REQs send it alone
         if batch.kind is BatchKind.RECOVERY:
             return  # a recovery attempt: finish_recovery counts it as one without progress
