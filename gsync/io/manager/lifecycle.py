@@ -315,7 +315,7 @@ class RelayLifecycle:
         """A connected relay's daily sync is due (a random 20-28 h after the last): a fresh
         start on the same connection."""
         for state in self.relays.values():
-            if state.connected and state.next_daily_at and now >= state.next_daily_at:
+            if state.next_daily_at and now >= state.next_daily_at and state.connected:
                 state.next_daily_at = now + random.uniform(constants.DAILY_MIN_SECS, constants.DAILY_MAX_SECS)
                 log.info("daily_sync", relay=state.url)
                 move_status(state, Fact.DAILY_SYNC)
