@@ -208,6 +208,39 @@ def _learnt_relay():
     return state, q
 
 
+def test_whatever_changes_a_relays_record_changes_its_key():
+    """A save builds a relay's record only when ``memory.record_key`` changed: every field
+    the record holds, the health fields and the pauses included, must change the key."""
+    from gsync.sync.status import ConnectionStatus
+
+    state, q = _learnt_relay()
+    health = RelayHealthTracker()
+
+    def now_():
+        return (memory.record_key(state, health.values(URL, memory.HEALTH_VALUES)),
+                memory.relay_memory(state, health.snapshot(URL, memory.HEALTH_FIELDS)))
+
+    changes = [lambda name=name, i=i: setattr(state, name, NOW + i) for i, name in enumerate(
+        ("last_connected", "disconnected_at", "next_daily_at", "nip77_failed_at", "ids_unserved_at"))]
+    changes += [lambda name=name: setattr(state, name, 7) for name in
+                ("max_message_learned", "max_filters_learned", "max_subscriptions_learned")]
+    changes += [lambda: setattr(state, "announcements_synced", False),
+                lambda: (setattr(state.current, "conn", object()), setattr(state, "status", ConnectionStatus.SYNCING)),
+                lambda: state.paused.pause(coverage_key(Filter.make(kinds=[1], tags={"e": ["y"]})), NOW),
+                lambda: state.paused.due_probes(NOW + 10 ** 6),  # probing now: saved as due at once
+                lambda: health.record_failure(URL, NOW), lambda: health.record_failure(URL, NOW + 5),
+                lambda: health.record_rate_limited(URL, NOW + 6),
+                lambda: (health.record_success(URL, NOW + 7), health.record_disconnect(URL, NOW + 8, misbehaved=True))]
+    key, record = now_()
+    for i, change in enumerate(changes):
+        change()
+        new_key, new_record = now_()
+        assert new_record != record, i  # (the change is one the record holds)
+        assert new_key != key, i
+        key, record = new_key, new_record
+    assert now_()[0] == key  # and nothing else does
+
+
 def test_a_relays_memory_round_trips_through_json():
     state, q = _learnt_relay()
     health = RelayHealthTracker()

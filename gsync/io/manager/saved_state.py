@@ -50,6 +50,7 @@ class SavedState:
         self._members: dict[str, list] = {}  # url → saved (member, roots) rows, the same
         self._prior_saved_at: float | None = None  # the previous process's last save
         self._saved_records: dict[str, dict] = {}  # url → record as last written
+        self._record_keys: dict[str, tuple] = {}  # url → memory.record_key of that record
         self._saved_confirmed: dict[str, ConfirmedItems] = {}  # url → confirmed as last written
         self._signatures: dict[str, tuple] = {}  # url → what its confirmed looked like then
         self._saved_members: dict[str, set] = {}  # url → its members as last written
@@ -144,6 +145,7 @@ class SavedState:
         self._forget.add(url)
         self._members_of.pop(url, None)
         self._saved_records.pop(url, None)
+        self._record_keys.pop(url, None)
         self._saved_confirmed.pop(url, None)
         self._signatures.pop(url, None)
         self._saved_members.pop(url, None)
@@ -191,9 +193,12 @@ class SavedState:
     def _collect(self, state, health, c: _Changes) -> None:
         """What of ``state`` changed since it was last saved (its memory, confirmed items,
         thread members), into ``c``; taken as saved (undone by ``_not_saved``)."""
-        record = memory.relay_memory(state, health.snapshot(state.url, memory.HEALTH_FIELDS))
-        if self._saved_records.get(state.url) != record:
-            c.records[state.url] = record
+        key = memory.record_key(state, health.values(state.url, memory.HEALTH_VALUES))
+        if self._record_keys.get(state.url) != key:  # (the record unchanged: not built again)
+            record = memory.relay_memory(state, health.snapshot(state.url, memory.HEALTH_FIELDS))
+            if self._saved_records.get(state.url) != record:
+                c.records[state.url] = record
+            self._record_keys[state.url] = key
         signature = _signature(state.confirmed)
         if self._signatures.get(state.url) != signature:
             put, delete = memory.confirmed_diff(
@@ -224,6 +229,7 @@ class SavedState:
         """The write failed: what ``_collect`` took as saved is written again next time."""
         for url in c.records:
             self._saved_records.pop(url, None)
+            self._record_keys.pop(url, None)
         for url in set(c.puts) | set(c.deletes):  # written again whole next time
             self._saved_confirmed.pop(url, None)
             self._signatures.pop(url, None)
