@@ -30,6 +30,7 @@ import itertools
 import json
 import os
 import random
+import re
 import tempfile
 import traceback
 from collections import deque
@@ -778,7 +779,15 @@ class SimResult:
                 f"--repos {o.repos}{extra} -v")
 
 
+_VERB_AND_SUB = re.compile(r'\["([A-Z-]+)", ?"([^"\\]*)"[,\]]')
+
+
 def _verb_and_sub(text: str) -> tuple[str, str]:
+    """A client frame's verb and subscription id (or ""): read off its start when both are
+    plain strings (every frame gsync writes), decoded otherwise."""
+    plain = _VERB_AND_SUB.match(text)
+    if plain is not None:
+        return plain.group(1), plain.group(2)
     try:
         msg = json.loads(text)
         return str(msg[0]), str(msg[1]) if len(msg) > 1 and isinstance(msg[1], str) else ""
