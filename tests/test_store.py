@@ -357,6 +357,37 @@ def test_thread_members_come_back_for_their_descendants(tmp_path):
     saved.close()
 
 
+def test_a_relays_own_members_table_is_written_when_it_changes_and_only_then(tmp_path):
+    """A relay's member_roots (a ChangeTrackedDict) is compared with the rows written only
+    after it changed: every change in place is still written."""
+    saved = SavedState(_store(tmp_path), NOW)
+    rejected = saved.load(NOW)
+    state, _ = _learnt_relay()
+    written = []
+    save = saved.store.save
+
+    def spy(*args, **kwargs):
+        written.append((kwargs.get("member_puts") or {}, kwargs.get("member_deletes") or {}))
+        save(*args, **kwargs)
+
+    saved.store.save = spy
+    health = RelayHealthTracker()
+    state.member_roots["m1"] = frozenset({"r1"})
+    state.member_roots.update(m2=frozenset({"r1", "r2"}))
+    saved.save({URL: state}, health, rejected, NOW, ready=True)
+    saved.save({URL: state}, health, rejected, NOW + 1, ready=True)  # unchanged: nothing written
+    del state.member_roots["m1"]
+    saved.save({URL: state}, health, rejected, NOW + 2, ready=True)
+    state.member_roots["m3"] = frozenset({"r2"})
+    saved.save({URL: state}, health, rejected, NOW + 3, ready=True)
+    state.member_roots.pop("m2")
+    saved.save({URL: state}, health, rejected, NOW + 4, ready=True)
+    assert [(sorted(p.get(URL, {})), sorted(d.get(URL, []))) for p, d in written] == [
+        (["m1", "m2"], []), ([], []), ([], ["m1"]), (["m3"], []), ([], ["m2"])]
+    assert sorted(m for m, _ in saved.store.member_rows()[URL]) == ["m3"]
+    saved.close()
+
+
 def test_a_failed_save_leaves_everything_it_held_to_the_next_save(tmp_path):
     saved = SavedState(_store(tmp_path, _Log()), NOW)
     rejected = saved.load(NOW)
