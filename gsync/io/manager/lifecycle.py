@@ -111,9 +111,10 @@ class RelayLifecycle:
 
     def connect_due_relays(self, now: float) -> None:
         listed = self.repos.listed_relays()
-        for url in list(listed):
-            if url not in self.relays:
-                self.register_relay(url)
+        if not self.relays.keys() >= listed:  # (a set comparison in C: on most ticks every one is)
+            for url in list(listed):
+                if url not in self.relays:
+                    self.register_relay(url)
         if self.capped_relays:  # said once per relay while it waits for room, not for ever
             self.capped_relays.intersection_update(listed)
         for state in list(self.relays.values()):
