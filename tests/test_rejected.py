@@ -84,6 +84,41 @@ def test_cold_entries_expire_after_seven_days_and_take_their_keys_along():
     assert ann.id not in index and index.take_dependents({maintainer_key(carol.pubkey, "proj")}, 0) == ([], [])
 
 
+def test_expire_skips_its_scans_only_while_nothing_is_due():
+    """``expire`` runs every tick and skips its scans until the earliest entry is due: the
+    same entries go, at the same calls, as with a scan at every call."""
+    import random
+
+    rng = random.Random(5)
+    events = [f.issue(carol, CAROLS_REPO, subject=f"s{i}") for i in range(12)]
+    skipping, scanning = RejectedIndex(hot_secs=120, cold_secs=3600), RejectedIndex(hot_secs=120, cold_secs=3600)
+    now = 0.0
+    for _ in range(400):
+        now += rng.choice((1, 7, 60, 119, 120, 121, 900, 3599))
+        roll = rng.random()
+        if roll < 0.3:
+            event, at = rng.choice(events), now - rng.choice((0, 0, 5, 3000))
+            skipping.add(event, at)
+            scanning.add(event, at)
+        elif roll < 0.35:
+            event = rng.choice(events)
+            skipping.remove(event.id)
+            scanning.remove(event.id)
+        else:
+            skipping.expire(now)
+            scanning._expiry = float("-inf")  # a scan at every call
+            scanning.expire(now)
+        assert skipping.items() == scanning.items() and skipping._hot.keys() == scanning._hot.keys()
+    # read back from its rows (cold entries only): they expire as well
+    index = RejectedIndex(hot_secs=120, cold_secs=3600)
+    index.add(events[0], now)
+    loaded, _ = RejectedIndex.from_rows(index.take_changes()[0], now + 60, hot_secs=120, cold_secs=3600)
+    loaded.expire(now + 3599)
+    assert len(loaded) == 1
+    loaded.expire(now + 3600)
+    assert len(loaded) == 0
+
+
 def test_a_new_refusal_replaces_the_old_entry():
     index = RejectedIndex()
     ann = f.announcement(carol, "proj")

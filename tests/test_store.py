@@ -208,6 +208,39 @@ def _learnt_relay():
     return state, q
 
 
+def test_whatever_changes_a_relays_record_changes_its_key():
+    """A save builds a relay's record only when ``memory.record_key`` changed: every field
+    the record holds, the health fields and the pauses included, must change the key."""
+    from gsync.sync.status import ConnectionStatus
+
+    state, q = _learnt_relay()
+    health = RelayHealthTracker()
+
+    def now_():
+        return (memory.record_key(state, health.values(URL, memory.HEALTH_VALUES)),
+                memory.relay_memory(state, health.snapshot(URL, memory.HEALTH_FIELDS)))
+
+    changes = [lambda name=name, i=i: setattr(state, name, NOW + i) for i, name in enumerate(
+        ("last_connected", "disconnected_at", "next_daily_at", "nip77_failed_at", "ids_unserved_at"))]
+    changes += [lambda name=name: setattr(state, name, 7) for name in
+                ("max_message_learned", "max_filters_learned", "max_subscriptions_learned")]
+    changes += [lambda: setattr(state, "announcements_synced", False),
+                lambda: (setattr(state.current, "link", 1), setattr(state, "status", ConnectionStatus.SYNCING)),
+                lambda: state.paused.pause(coverage_key(Filter.make(kinds=[1], tags={"e": ["y"]})), NOW),
+                lambda: state.paused.due_probes(NOW + 10 ** 6),  # probing now: saved as due at once
+                lambda: health.record_failure(URL, NOW), lambda: health.record_failure(URL, NOW + 5),
+                lambda: health.record_rate_limited(URL, NOW + 6),
+                lambda: (health.record_success(URL, NOW + 7), health.record_disconnect(URL, NOW + 8, misbehaved=True))]
+    key, record = now_()
+    for i, change in enumerate(changes):
+        change()
+        new_key, new_record = now_()
+        assert new_record != record, i  # (the change is one the record holds)
+        assert new_key != key, i
+        key, record = new_key, new_record
+    assert now_()[0] == key  # and nothing else does
+
+
 def test_a_relays_memory_round_trips_through_json():
     state, q = _learnt_relay()
     health = RelayHealthTracker()
@@ -321,6 +354,37 @@ def test_thread_members_come_back_for_their_descendants(tmp_path):
     saved.restore(back, RelayHealthTracker())
     # as after a disconnect: their coverage is opened again by the next connection
     assert back.reopen_members == {"m2", "m3"} and back.member_roots["m2"] == {"r1", "r2"}
+    saved.close()
+
+
+def test_a_relays_own_members_table_is_written_when_it_changes_and_only_then(tmp_path):
+    """A relay's member_roots (a ChangeTrackedDict) is compared with the rows written only
+    after it changed: every change in place is still written."""
+    saved = SavedState(_store(tmp_path), NOW)
+    rejected = saved.load(NOW)
+    state, _ = _learnt_relay()
+    written = []
+    save = saved.store.save
+
+    def spy(*args, **kwargs):
+        written.append((kwargs.get("member_puts") or {}, kwargs.get("member_deletes") or {}))
+        save(*args, **kwargs)
+
+    saved.store.save = spy
+    health = RelayHealthTracker()
+    state.member_roots["m1"] = frozenset({"r1"})
+    state.member_roots.update(m2=frozenset({"r1", "r2"}))
+    saved.save({URL: state}, health, rejected, NOW, ready=True)
+    saved.save({URL: state}, health, rejected, NOW + 1, ready=True)  # unchanged: nothing written
+    del state.member_roots["m1"]
+    saved.save({URL: state}, health, rejected, NOW + 2, ready=True)
+    state.member_roots["m3"] = frozenset({"r2"})
+    saved.save({URL: state}, health, rejected, NOW + 3, ready=True)
+    state.member_roots.pop("m2")
+    saved.save({URL: state}, health, rejected, NOW + 4, ready=True)
+    assert [(sorted(p.get(URL, {})), sorted(d.get(URL, []))) for p, d in written] == [
+        (["m1", "m2"], []), ([], []), ([], ["m1"]), (["m3"], []), ([], ["m2"])]
+    assert sorted(m for m, _ in saved.store.member_rows()[URL]) == ["m3"]
     saved.close()
 
 

@@ -337,7 +337,17 @@ class Checker:
 
     def wanted_relays(self) -> tuple[set[str], dict[str, set[str]]]:
         """The relays gsync should sync from (bootstrap, or listed by an announcement the
-        own relay holds), and per repository address the relays its announcement lists."""
+        own relay holds), and per repository address the relays its announcement lists.
+        Computed again only when the own relay's store changed (do not modify them)."""
+        own = self.sim.own
+        key = (own.store.changes, id(own.accepted))
+        if self._wanted is None or self._wanted[0] != key:
+            self._wanted = key, self._wanted_now()
+        return self._wanted[1]
+
+    _wanted = None  # (own store's changes, accepted) -> (wanted, listing)
+
+    def _wanted_now(self) -> tuple[set[str], dict[str, set[str]]]:
         own = self.sim.own
         wanted = set(self.sim.world.bootstrap)
         listing: dict[str, set[str]] = {}

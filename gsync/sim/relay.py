@@ -79,6 +79,7 @@ class EventStore:
         self.by_kind: dict[int, dict[str, None]] = {}
         self.by_tag: dict[tuple[str, str], dict[str, None]] = {}
         self.by_key: dict[tuple, str] = {}
+        self.changes = 0  # events added and removed so far (a cache of what it holds is stale when this moved)
 
     def __contains__(self, event_id: str) -> bool:
         return event_id in self.events
@@ -109,6 +110,7 @@ class EventStore:
                 self.remove(old_id)
             self.by_key[key] = event.id
         self.events[event.id] = event
+        self.changes += 1
         self.by_kind.setdefault(event.kind, {})[event.id] = None
         for tag in event.tags:
             if len(tag) >= 2 and len(tag[0]) == 1:
@@ -119,6 +121,7 @@ class EventStore:
         event = self.events.pop(event_id, None)
         if event is None:
             return
+        self.changes += 1
         self.by_kind.get(event.kind, {}).pop(event_id, None)
         for tag in event.tags:
             if len(tag) >= 2 and len(tag[0]) == 1:

@@ -180,6 +180,9 @@ class _RelayHealth:
     served: bool = False  # this session answered something (an EOSE, an event)
 
 
+_UNKNOWN = _RelayHealth()  # the record of a relay not tracked (read, never written)
+
+
 class RelayHealthTracker:
     def __init__(
         self,
@@ -209,6 +212,12 @@ class RelayHealthTracker:
         """The named fields of ``relay``'s record (what outlives the process: ``sync.memory``)."""
         h = self._relays.get(relay) or _RelayHealth()
         return {name: getattr(h, name) for name in fields}
+
+    def values(self, relay: str, getter) -> tuple:
+        """``getter`` (an ``operator.attrgetter`` of field names) of ``relay``'s record: what
+        ``snapshot`` reads, as a tuple."""
+        h = self._relays.get(relay)
+        return getter(h if h is not None else _UNKNOWN)
 
     def restore(self, relay: str, saved: dict) -> None:
         """Fields saved by ``snapshot`` in an earlier process: a dead relay stays dead, a

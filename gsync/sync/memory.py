@@ -16,6 +16,7 @@ live subscriptions).
 """
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 from .policy import CoveragePauses
@@ -51,6 +52,21 @@ def relay_memory(state, health: dict[str, Any]) -> dict[str, Any]:
         "ids_unserved_at": state.ids_unserved_at,
         "health": {k: health.get(k) for k in HEALTH_FIELDS},
     }
+
+
+# What ``relay_memory`` reads of a relay, read in C: equal keys, equal records (a save builds
+# and compares the record only for a relay whose key changed: ``io.manager.saved_state``).
+_RECORD_FIELDS = attrgetter("connected", "last_connected", "disconnected_at", "announcements_synced",
+                            "next_daily_at", "max_message_learned", "max_filters_learned",
+                            "max_subscriptions_learned", "nip77_failed_at", "ids_unserved_at")
+HEALTH_VALUES = attrgetter(*HEALTH_FIELDS)
+
+
+def record_key(state, health_values: tuple) -> tuple:
+    """Everything ``relay_memory`` makes the record of ``state`` from (``health_values``:
+    ``HEALTH_VALUES`` of its health record), as one comparable value: cheaper to take at
+    every save than the record."""
+    return _RECORD_FIELDS(state), health_values, state.paused.key()
 
 
 def restore_relay(state, memory: dict[str, Any], saved_at: float | None) -> dict[str, Any] | None:

@@ -174,6 +174,12 @@ class CoveragePauses:
         out = [[_key_json(key), until] for key, until in self._until.items()]
         return out + [[_key_json(key), 0.0] for key in self._probing]
 
+    def key(self) -> tuple | None:
+        """What ``snapshot`` is made of, as one comparable value (None: nothing paused)."""
+        if not (self._until or self._probing):
+            return None
+        return tuple(self._until.items()), frozenset(self._probing)
+
     @classmethod
     def restore(cls, saved) -> CoveragePauses:
         pauses = cls()

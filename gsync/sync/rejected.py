@@ -152,6 +152,7 @@ class RejectedIndex:
         self._index = HaveIndex()  # the cold entries, by what filters select on
         self.dirty = False
         self._changed: set[str] = set()  # ids added or removed since the last take_changes
+        self._expiry = float("inf")  # no entry expires before this (expire's scans skipped until)
 
     def __contains__(self, event_id: str) -> bool:
         return event_id in self._cold
@@ -162,6 +163,7 @@ class RejectedIndex:
     def add(self, event: Event, now: float, relay: str = "") -> None:
         self.remove(event.id)
         self._hot[event.id] = (event, now + self.hot_secs)
+        self._expiry = min(self._expiry, now + self.hot_secs)
         self._put(event.id, _Cold(event.created_at, now, relay, dependencies(event),
                                   event.kind, event.pubkey, filter_refs(event)))
 
@@ -170,6 +172,7 @@ class RejectedIndex:
                               or self.bytes + entry.size > self.max_bytes):  # the oldest makes room
             self.remove(next(iter(self._cold)))
         self._cold[event_id] = entry
+        self._expiry = min(self._expiry, entry.rejected_at + self.cold_secs)
         self.bytes += entry.size
         self._changed.add(event_id)
         self._index.add(event_id, entry)
@@ -225,10 +228,14 @@ class RejectedIndex:
         return hot, cold
 
     def expire(self, now: float) -> None:
+        if now + 1.0 < self._expiry:
+            return  # nothing is due: no scan of every entry (this runs every tick)
         for eid in [e for e, (_, until) in self._hot.items() if until <= now]:
             del self._hot[eid]
         for eid in [e for e, entry in self._cold.items() if now - entry.rejected_at >= self.cold_secs]:
             self.remove(eid)
+        self._expiry = min(min((until for _, until in self._hot.values()), default=float("inf")),
+                           min((e.rejected_at for e in self._cold.values()), default=float("inf")) + self.cold_secs)
 
     # -- persistence (cold tier only) --------------------------------------------------
 

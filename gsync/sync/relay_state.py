@@ -25,6 +25,49 @@ from .threads_ahead import ThreadsAhead
 from .unservable import UnservableIds
 
 
+class ChangeTrackedDict(dict):
+    """A dict that says whether it changed since ``changed`` was last set False (every
+    mutator sets it): a save writes its rows again only then, instead of comparing them
+    all at every save (``io.manager.saved_state``)."""
+
+    changed = True
+
+    def __setitem__(self, key, value):
+        self.changed = True
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key):
+        self.changed = True
+        super().__delitem__(key)
+
+    def __ior__(self, other):
+        self.changed = True
+        return super().__ior__(other)
+
+    def clear(self):
+        self.changed = True
+        super().clear()
+
+    def pop(self, *args):
+        self.changed = True
+        return super().pop(*args)
+
+    def popitem(self):
+        self.changed = True
+        return super().popitem()
+
+    def setdefault(self, key, default=None):
+        self.changed = True
+        return super().setdefault(key, default)
+
+    def update(self, *args, **kwargs):
+        self.changed = True
+        super().update(*args, **kwargs)
+
+
+_SYNCING = ConnectionStatus.SYNCING  # (an enum member looked up on its class costs 3x the compare: every tick reads it per relay)
+
+
 @dataclass
 class LiveSub:
     filters: tuple
@@ -203,7 +246,7 @@ class RelayState:
     # thread members found in a session, whose coverage the next descendants tick opens
     # (kept if the session ends first)
     new_members: set = field(default_factory=set)
-    member_roots: dict = field(default_factory=dict)  # member → the roots it is one of
+    member_roots: dict = field(default_factory=ChangeTrackedDict)  # member → the roots it is one of
     # members whose coverage went with the last session (or the last process): reopened
     # by the next connection (lifecycle.reopen_members)
     reopen_members: set = field(default_factory=set)
@@ -233,7 +276,7 @@ class RelayState:
 
     @property
     def connected(self) -> bool:
-        return self.current.link is not None and self.status >= ConnectionStatus.SYNCING
+        return self.current.link is not None and self.status >= _SYNCING
 
     def serves_ids(self, now: float) -> bool:
         """May what its NIP-77 advertises be fetched by id? Not for a day after it failed to."""

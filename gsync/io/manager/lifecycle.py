@@ -112,9 +112,10 @@ class RelayLifecycle:
 
     def connect_due_relays(self, now: float) -> None:
         listed = self.repos.listed_relays()
-        for url in list(listed):
-            if url not in self.relays:
-                self.register_relay(url)
+        if not self.relays.keys() >= listed:  # (a set comparison in C: on most ticks every one is)
+            for url in list(listed):
+                if url not in self.relays:
+                    self.register_relay(url)
         if self.capped_relays:  # said once per relay while it waits for room, not for ever
             self.capped_relays.intersection_update(listed)
         for state in list(self.relays.values()):
@@ -316,7 +317,7 @@ class RelayLifecycle:
         """A connected relay's daily sync is due (a random 20-28 h after the last): a fresh
         start on the same connection."""
         for state in self.relays.values():
-            if state.connected and state.next_daily_at and now >= state.next_daily_at:
+            if state.next_daily_at and now >= state.next_daily_at and state.connected:
                 state.next_daily_at = now + random.uniform(constants.DAILY_MIN_SECS, constants.DAILY_MAX_SECS)
                 log.info("daily_sync", relay=state.url)
                 move_status(state, Fact.DAILY_SYNC)

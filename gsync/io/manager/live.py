@@ -187,13 +187,15 @@ class LiveCoverage:
         ``POLL_DEFER_SECS``): its batches fetch the same history, and the gate's starts are
         theirs."""
         for state in self.relays.values():
+            fresh = state.fresh_polled
+            if not (fresh.filters or state.polled.filters or state.current.consolidation_due):
+                continue  # nothing polled, nothing to consolidate (the common case, every tick)
             if not state.connected:
                 continue
             if self.consolidate_polled(state, now):
                 continue
             if state.current.poll_batch in state.current.pending:
                 continue
-            fresh = state.fresh_polled
             if fresh.filters and now - fresh.added_at >= constants.FRESH_POLL_SECS:
                 state.polled.absorb(fresh)
             due = [(tier, name) for tier, name in ((fresh, "fresh"), (state.polled, "settled"))

@@ -286,7 +286,7 @@ class Refusals:
 
     def run_policy_probes(self, now: float) -> None:
         for state in self.relays.values():
-            if state.connected and state.paused:
+            if state.paused and state.connected:
                 for key in state.paused.due_probes(now):
                     self.probe_coverage(state, key)
 
@@ -398,7 +398,7 @@ class Refusals:
         held = not self.delivery.room.is_set()
         elapsed, self.stall_checked_at = now - self.stall_checked_at, now
         for state in self.relays.values():
-            if not (state.connected and state.current.sub_activity):
+            if not (state.current.sub_activity and state.connected):
                 continue
             for sub_id, last in list(state.current.sub_activity.items()):
                 sent_at = state.current.historic_sent_at.get(sub_id)

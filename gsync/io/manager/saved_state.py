@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass, field
+from operator import countOf
 
 from ... import constants
 from ...ops.logging import get_logger
 from ...ops.store import StateRefused, StateStore, environmental
 from ...sync import memory
 from ...sync.rejected import RejectedIndex
+from ...sync.relay_state import ChangeTrackedDict
 from ...sync.targets import ConfirmedItems
 
 log = get_logger("gsync.state")
@@ -48,9 +50,11 @@ class SavedState:
         self._members: dict[str, list] = {}  # url → saved (member, roots) rows, the same
         self._prior_saved_at: float | None = None  # the previous process's last save
         self._saved_records: dict[str, dict] = {}  # url → record as last written
+        self._record_keys: dict[str, tuple] = {}  # url → memory.record_key of that record
         self._saved_confirmed: dict[str, ConfirmedItems] = {}  # url → confirmed as last written
         self._signatures: dict[str, tuple] = {}  # url → what its confirmed looked like then
         self._saved_members: dict[str, set] = {}  # url → its members as last written
+        self._members_of: dict[str, object] = {}  # url → the member_roots they were read from
         self._forget: set[str] = set()  # retired relays whose rows go with the next save
 
     @classmethod
@@ -139,7 +143,9 @@ class SavedState:
     def forget(self, url: str) -> None:
         """A retired relay: its rows go with the next save."""
         self._forget.add(url)
+        self._members_of.pop(url, None)
         self._saved_records.pop(url, None)
+        self._record_keys.pop(url, None)
         self._saved_confirmed.pop(url, None)
         self._signatures.pop(url, None)
         self._saved_members.pop(url, None)
@@ -187,9 +193,12 @@ class SavedState:
     def _collect(self, state, health, c: _Changes) -> None:
         """What of ``state`` changed since it was last saved (its memory, confirmed items,
         thread members), into ``c``; taken as saved (undone by ``_not_saved``)."""
-        record = memory.relay_memory(state, health.snapshot(state.url, memory.HEALTH_FIELDS))
-        if self._saved_records.get(state.url) != record:
-            c.records[state.url] = record
+        key = memory.record_key(state, health.values(state.url, memory.HEALTH_VALUES))
+        if self._record_keys.get(state.url) != key:  # (the record unchanged: not built again)
+            record = memory.relay_memory(state, health.snapshot(state.url, memory.HEALTH_FIELDS))
+            if self._saved_records.get(state.url) != record:
+                c.records[state.url] = record
+            self._record_keys[state.url] = key
         signature = _signature(state.confirmed)
         if self._signatures.get(state.url) != signature:
             put, delete = memory.confirmed_diff(
@@ -200,6 +209,12 @@ class SavedState:
                 c.deletes[state.url] = delete
             self._saved_confirmed[state.url] = state.confirmed.copy()
             self._signatures[state.url] = signature
+        roots = state.member_roots
+        if not getattr(roots, "changed", True) and self._members_of.get(state.url) is roots:
+            return  # unchanged since written (comparing every member at every save was a fifth of a save)
+        if isinstance(roots, ChangeTrackedDict):
+            roots.changed = False
+            self._members_of[state.url] = roots
         saved_members = self._saved_members.get(state.url, set())
         if len(saved_members) != len(state.member_roots) or not saved_members >= state.member_roots.keys():
             members = set(state.member_roots)
@@ -214,11 +229,13 @@ class SavedState:
         """The write failed: what ``_collect`` took as saved is written again next time."""
         for url in c.records:
             self._saved_records.pop(url, None)
+            self._record_keys.pop(url, None)
         for url in set(c.puts) | set(c.deletes):  # written again whole next time
             self._saved_confirmed.pop(url, None)
             self._signatures.pop(url, None)
         for url in set(c.member_puts) | set(c.member_deletes):
             self._saved_members.pop(url, None)
+            self._members_of.pop(url, None)
 
     def close(self) -> None:
         self.store.close()
@@ -227,4 +244,4 @@ class SavedState:
 def _signature(confirmed) -> tuple:
     """Cheap to take every save: a new object (cleared), an item added, a level raised."""
     return (id(confirmed), len(confirmed.root_events), len(confirmed.repos),
-            sum(level is memory.SyncLevel.FULL for level in confirmed.repos.values()))
+            countOf(confirmed.repos.values(), memory.SyncLevel.FULL))  # (in C: a Python sum was a tenth of a save)
