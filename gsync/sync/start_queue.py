@@ -104,9 +104,13 @@ class StartQueue:
     def add_reqs(self, state, batch: PendingBatch, filters, front: bool = False) -> None:
         """``filters`` as REQs of ``batch``, packed within the relay's limits, at the end
         (or first: ``front``), then sharing REQs with the batch's queued ones."""
+        self.add_packed(state, batch, pack(state, filters), front)
+
+    def add_packed(self, state, batch: PendingBatch, groups, front: bool = False) -> None:
+        """``groups`` (``pack``) as REQs of ``batch``, as ``add_reqs``."""
         session = state.current
         entries = []
-        for group in filter_plan.pack_into_reqs(filters, session.limits, key=filter_plan.paging_key):
+        for group in groups:
             sub_id = self.req_id(batch.batch_id)
             add_subscription(batch, sub_id, group)
             session.sub_to_batch[sub_id] = batch.batch_id
@@ -134,11 +138,11 @@ class StartQueue:
         for flt in reversed(id_filters(ids)):
             self.add_reqs(state, batch, [flt], front=True)
 
-    def add_cut(self, state, batch: PendingBatch, cut) -> None:
+    def add_cut(self, state, batch: PendingBatch, cut, pages) -> None:
         """A filter's pieces past the relay's result cap (``result_caps``), first in the
-        queue: they finish what was started."""
-        if cut.pages:
-            self.add_reqs(state, batch, cut.pages, front=True)
+        queue: they finish what was started (``pages``: its REQ pages packed, ``pack``)."""
+        if pages:
+            self.add_packed(state, batch, pages, front=True)
         queue = state.current.historic_queue
         tail = len(queue)
         for part in cut.exchanges:
@@ -237,6 +241,11 @@ class StartQueue:
         return state.current.sub_to_batch.pop(sub_id, None)
 
 
+def pack(state, filters) -> list[list[Filter]]:
+    """``filters`` as REQs within the relay's limits (``filter_plan.pack_into_reqs``)."""
+    return filter_plan.pack_into_reqs(filters, state.current.limits, key=filter_plan.paging_key)
+
+
 def id_filters(ids) -> list[Filter]:
     """``ids`` by id, in order, as many to a filter as relays take."""
     ids = sorted(ids)
@@ -290,7 +299,7 @@ def next_start(plan, state, open_any: bool, open_bytes: int, now: float):
         ready = before_start(plan, state, now)
         if ready is None:
             return None  # thread starts waiting for their batch's layer-2 exchanges: those pump
-        first, sub_id, group, parts, cut = ready
+        first, sub_id, group, parts, cut, pages = ready
         plan.queue.to_front(state, first)
         if sub_id not in session.sub_to_batch:
             plan.queue.drop_first(state)
@@ -306,7 +315,7 @@ def next_start(plan, state, open_any: bool, open_bytes: int, now: float):
             plan.queue.drop_first_of(state, batch, sub_id)
             plan.log.info("negentropy_filter_cut", relay=state.url, batch_id=batch.batch_id, parts=len(cut.exchanges),
                           pages=len(cut.pages), limit=state.result_cap.limit())
-            plan.queue.add_cut(state, batch, cut)
+            plan.queue.add_cut(state, batch, cut, pages)
             continue
         group = fill_before_start(plan, state, batch, sub_id, group)
         if open_any and open_bytes + req_size(sub_id, group) > MAX_OPEN_FILTER_BYTES:
@@ -322,13 +331,14 @@ def next_start(plan, state, open_any: bool, open_bytes: int, now: float):
 def before_start(plan, state, now: float):
     """The queued start that may go first (``first_startable``; None: none may) and what
     the relay taught us since it was queued says of it, decided before the queue changes:
-    ``(index, id, filters, parts, cut)``. ``parts`` (``policy.regroup_parts``): a REQ that
+    ``(index, id, filters, parts, cut, pages)``. ``parts`` (``policy.regroup_parts``): a REQ that
     meets shapes paused, stalled or refused goes as these REQs (an exchange not at all; a
     probe's own filter stays as it is). ``cut`` (``result_caps.cut_before_start``): an
     exchange, on a relay whose result cap is known, for a filter the own relay alone holds
     more of than that, goes as these pieces now, not one refusal later (its holdings: what
     its batch read for it, else what the session knows; unknown, the exchange reads them
-    and a refusal cuts it if one comes). Either is None when the start goes as it is."""
+    and a refusal cuts it if one comes), ``pages`` its REQ pages packed (``pack``). Each
+    is None when the start goes as it is."""
     first = first_startable(state)
     if first is None:
         return None
@@ -336,7 +346,7 @@ def before_start(plan, state, now: float):
     sub_id, group = session.historic_queue[first]
     batch_id = session.sub_to_batch.get(sub_id)
     if batch_id is None:
-        return first, sub_id, group, None, None  # stale: it is dropped
+        return first, sub_id, group, None, None, None  # stale: it is dropped
     parts = None
     if batch_id not in session.probes and (state.paused or session.stalled_shapes or state.paused.refused_any):
         parts = regroup_parts(state.paused, session.stalled_shapes, group)
@@ -346,10 +356,12 @@ def before_start(plan, state, now: float):
         held = batch.own_holdings.get(sub_id)
         if held is None:
             held = plan.own_held.holdings(group[0], now)
-    cut = None
+    cut = pages = None
     if held is not None:
         cut = result_caps.cut_before_start(state.result_cap, group[0], [*held, *plan.have_beyond_holdings(group[0])])
-    return first, sub_id, group, parts, cut
+    if cut is not None:
+        pages = filter_plan.pack_into_reqs(cut.pages, session.limits, key=filter_plan.paging_key)
+    return first, sub_id, group, parts, cut, pages
 
 
 def first_startable(state) -> int | None:
