@@ -23,7 +23,7 @@ from .plan_actions import (
     RecoveryFinished,
     Served,
 )
-from .start_queue import finish_subscription, is_exchange, may_share, queued_of
+from .start_queue import finish_subscription, is_exchange, may_share, pack, queued_of
 from .targets import PendingItems
 from .unservable import ids_not_served
 
@@ -150,7 +150,7 @@ def split_past_result_cap(plan, state, batch: PendingBatch, flt: Filter, result,
     cut = result_caps.after_refusal(state.result_cap, flt, held, result.cap, int(now))
     plan.log.info("negentropy_filter_split", relay=state.url, batch_id=batch.batch_id, parts=len(cut.exchanges),
              pages=len(cut.pages), limit=state.result_cap.limit(), reason=result.reason[:200])
-    plan.queue.add_cut(state, batch, cut)
+    plan.queue.add_cut(state, batch, cut, pack(state, cut.pages))
 
 
 def cover_threads_ahead(plan, state, batch: PendingBatch, flt: Filter, found, now: float) -> None:

@@ -199,3 +199,16 @@ class CoveragePauses:
 def _key_json(key: CoverageKey) -> list:
     kinds, tags, ids, authors = key
     return [None if kinds is None else list(kinds), list(tags), ids, authors]
+
+
+def regroup_parts(pauses: CoveragePauses, stalled_shapes, group: Sequence[Filter]) -> list[list[int]] | None:
+    """A queued REQ's filters (``group``) against what the relay taught us since it was
+    queued: indices into ``group``, one list a REQ; shapes ``pauses`` holds go, and a
+    shape that stalled on this connection (``stalled_shapes``) or goes alone
+    (``CoveragePauses.goes_alone``) goes alone. None: it goes as it is."""
+    keep = [i for i, f in enumerate(group) if not pauses.is_filter_paused(f)]
+    alone = [i for i in keep if coverage_key(group[i]) in stalled_shapes or pauses.goes_alone(group[i])]
+    rest = [i for i in keep if i not in alone]
+    apart = [[alone[j] for j in idx] for idx in by_shape([group[i] for i in alone])]  # (no rest: a REQ a shape)
+    parts = [rest, *([i] for i in alone)] if rest else apart if len(apart) > 1 else [keep]
+    return None if parts == [list(range(len(group)))] else parts

@@ -30,7 +30,7 @@ from .pending import (
     one_second,
 )
 from .plan_actions import AGAIN, Advance, Start
-from .policy import by_shape, coverage_key
+from .policy import regroup_parts
 
 MAX_HISTORIC_SUBS = 4  # concurrent historic REQs per relay, within the transient budget
 
@@ -104,9 +104,13 @@ class StartQueue:
     def add_reqs(self, state, batch: PendingBatch, filters, front: bool = False) -> None:
         """``filters`` as REQs of ``batch``, packed within the relay's limits, at the end
         (or first: ``front``), then sharing REQs with the batch's queued ones."""
+        self.add_packed(state, batch, pack(state, filters), front)
+
+    def add_packed(self, state, batch: PendingBatch, groups, front: bool = False) -> None:
+        """``groups`` (``pack``) as REQs of ``batch``, as ``add_reqs``."""
         session = state.current
         entries = []
-        for group in filter_plan.pack_into_reqs(filters, session.limits, key=filter_plan.paging_key):
+        for group in groups:
             sub_id = self.req_id(batch.batch_id)
             add_subscription(batch, sub_id, group)
             session.sub_to_batch[sub_id] = batch.batch_id
@@ -134,11 +138,11 @@ class StartQueue:
         for flt in reversed(id_filters(ids)):
             self.add_reqs(state, batch, [flt], front=True)
 
-    def add_cut(self, state, batch: PendingBatch, cut) -> None:
+    def add_cut(self, state, batch: PendingBatch, cut, pages) -> None:
         """A filter's pieces past the relay's result cap (``result_caps``), first in the
-        queue: they finish what was started."""
-        if cut.pages:
-            self.add_reqs(state, batch, cut.pages, front=True)
+        queue: they finish what was started (``pages``: its REQ pages packed, ``pack``)."""
+        if pages:
+            self.add_packed(state, batch, pages, front=True)
         queue = state.current.historic_queue
         tail = len(queue)
         for part in cut.exchanges:
@@ -237,6 +241,11 @@ class StartQueue:
         return state.current.sub_to_batch.pop(sub_id, None)
 
 
+def pack(state, filters) -> list[list[Filter]]:
+    """``filters`` as REQs within the relay's limits (``filter_plan.pack_into_reqs``)."""
+    return filter_plan.pack_into_reqs(filters, state.current.limits, key=filter_plan.paging_key)
+
+
 def id_filters(ids) -> list[Filter]:
     """``ids`` by id, in order, as many to a filter as relays take."""
     ids = sorted(ids)
@@ -283,26 +292,30 @@ def next_start(plan, state, open_any: bool, open_bytes: int, now: float):
     a regroup left its batch with nothing outstanding (it is finished: ``Advance``,
     then the queue asked again); None when nothing may go: the queue is empty, what is
     queued waits for exchanges to answer (``first_startable``), or the REQ would pass
-    the open filters' bytes (one open historic REQ must end first)."""
+    the open filters' bytes (one open historic REQ must end first). What goes first is
+    decided before the queue changes (``before_start``)."""
     session = state.current
     while session.historic_queue:
-        first = first_startable(state)
-        if first is None:
+        ready = before_start(plan, state, now)
+        if ready is None:
             return None  # thread starts waiting for their batch's layer-2 exchanges: those pump
+        first, sub_id, group, parts, cut, pages = ready
         plan.queue.to_front(state, first)
-        sub_id, group = session.historic_queue[0]
         if sub_id not in session.sub_to_batch:
             plan.queue.drop_first(state)
             continue
-        if state.paused or session.stalled_shapes or state.paused.refused_any:
-            regrouped = regroup_before_start(plan, state, sub_id, group)
-            if regrouped is not None:
-                if regrouped.is_complete:
-                    plan.todo.append(Advance(state, regrouped, pump=False))
-                    return AGAIN
-                continue
+        if parts is not None:
+            regrouped = regroup(plan, state, sub_id, parts)
+            if regrouped.is_complete:
+                plan.todo.append(Advance(state, regrouped, pump=False))
+                return AGAIN
+            continue
         batch = session.pending.get(session.sub_to_batch[sub_id])
-        if is_exchange(sub_id) and cut_before_start(plan, state, batch, sub_id, group[0], now):
+        if cut is not None:
+            plan.queue.drop_first_of(state, batch, sub_id)
+            plan.log.info("negentropy_filter_cut", relay=state.url, batch_id=batch.batch_id, parts=len(cut.exchanges),
+                          pages=len(cut.pages), limit=state.result_cap.limit())
+            plan.queue.add_cut(state, batch, cut, pages)
             continue
         group = fill_before_start(plan, state, batch, sub_id, group)
         if open_any and open_bytes + req_size(sub_id, group) > MAX_OPEN_FILTER_BYTES:
@@ -313,6 +326,42 @@ def next_start(plan, state, open_any: bool, open_bytes: int, now: float):
         return Start(sub_id, group, batch, exchange_holdings(plan, batch, sub_id, group[0], now)
                      if is_exchange(sub_id) else None)
     return None
+
+
+def before_start(plan, state, now: float):
+    """The queued start that may go first (``first_startable``; None: none may) and what
+    the relay taught us since it was queued says of it, decided before the queue changes:
+    ``(index, id, filters, parts, cut, pages)``. ``parts`` (``policy.regroup_parts``): a REQ that
+    meets shapes paused, stalled or refused goes as these REQs (an exchange not at all; a
+    probe's own filter stays as it is). ``cut`` (``result_caps.cut_before_start``): an
+    exchange, on a relay whose result cap is known, for a filter the own relay alone holds
+    more of than that, goes as these pieces now, not one refusal later (its holdings: what
+    its batch read for it, else what the session knows; unknown, the exchange reads them
+    and a refusal cuts it if one comes), ``pages`` its REQ pages packed (``pack``). Each
+    is None when the start goes as it is."""
+    first = first_startable(state)
+    if first is None:
+        return None
+    session = state.current
+    sub_id, group = session.historic_queue[first]
+    batch_id = session.sub_to_batch.get(sub_id)
+    if batch_id is None:
+        return first, sub_id, group, None, None, None  # stale: it is dropped
+    parts = None
+    if batch_id not in session.probes and (state.paused or session.stalled_shapes or state.paused.refused_any):
+        parts = regroup_parts(state.paused, session.stalled_shapes, group)
+    batch = session.pending.get(batch_id)
+    held = None
+    if parts is None and batch is not None and is_exchange(sub_id) and state.result_cap.limit() is not None:
+        held = batch.own_holdings.get(sub_id)
+        if held is None:
+            held = plan.own_held.holdings(group[0], now)
+    cut = pages = None
+    if held is not None:
+        cut = result_caps.cut_before_start(state.result_cap, group[0], [*held, *plan.have_beyond_holdings(group[0])])
+    if cut is not None:
+        pages = filter_plan.pack_into_reqs(cut.pages, session.limits, key=filter_plan.paging_key)
+    return first, sub_id, group, parts, cut, pages
 
 
 def first_startable(state) -> int | None:
@@ -336,51 +385,17 @@ def first_startable(state) -> int | None:
     return None
 
 
-def regroup_before_start(plan, state, sub_id: str, group) -> PendingBatch | None:
-    """A queued REQ meets what the relay taught us since it was queued: shapes it
-    refused by policy go (a probe's own filter stays), and a shape that stalled on this
-    connection, or that the relay refused once (``CoveragePauses.goes_alone``), goes
-    alone, so that it cannot hold or take down the rest. Its batch if it changed."""
+def regroup(plan, state, sub_id: str, parts) -> PendingBatch:
+    """The first queued start (``sub_id``) goes as ``parts`` (``policy.regroup_parts``):
+    a REQ as several, first; an exchange not at all. Its batch."""
     session = state.current
-    batch_id = session.sub_to_batch[sub_id]
-    if batch_id in session.probes:
-        return None
-    keep = [i for i, f in enumerate(group) if not state.paused.is_filter_paused(f)]
-    alone = [i for i in keep
-             if coverage_key(group[i]) in session.stalled_shapes or state.paused.goes_alone(group[i])]
-    rest = [i for i in keep if i not in alone]
-    apart = [[alone[j] for j in idx] for idx in by_shape([group[i] for i in alone])]  # (no rest: a REQ a shape)
-    parts = [rest, *([i] for i in alone)] if rest else apart if len(apart) > 1 else [keep]
-    if parts == [list(range(len(group)))]:
-        return None
-    batch = session.pending[batch_id]
+    batch = session.pending[session.sub_to_batch[sub_id]]
     plan.queue.drop_first_of(state, None, sub_id)
     if is_exchange(sub_id):
         finish_subscription(batch, sub_id)
     else:
         plan.queue.split_first(state, batch, sub_id, parts)
     return batch
-
-
-def cut_before_start(plan, state, batch: PendingBatch | None, token: str, flt: Filter, now: float) -> bool:
-    """An exchange about to start on a relay whose result cap is known, for a filter the
-    own relay alone holds more of than that: cut now (``result_caps.cut_before_start``),
-    not one refusal later. True if it was (its pieces are first in the queue)."""
-    if batch is None or state.result_cap.limit() is None:
-        return False
-    held = batch.own_holdings.get(token)
-    if held is None:
-        held = plan.own_held.holdings(flt, now)
-    if held is None:
-        return False  # the exchange reads it: known after a refusal, if one comes
-    cut = result_caps.cut_before_start(state.result_cap, flt, [*held, *plan.have_beyond_holdings(flt)])
-    if cut is None:
-        return False
-    plan.queue.drop_first_of(state, batch, token)
-    plan.log.info("negentropy_filter_cut", relay=state.url, batch_id=batch.batch_id, parts=len(cut.exchanges),
-             pages=len(cut.pages), limit=state.result_cap.limit())
-    plan.queue.add_cut(state, batch, cut)
-    return True
 
 
 def fill_before_start(plan, state, batch: PendingBatch | None, sub_id: str, group: list[Filter]) -> list[Filter]:
