@@ -211,6 +211,33 @@ def test_a_dead_relay_retired_and_listed_again_is_judged_from_its_return():
     assert 23 * 3600 <= dials[1] - dials[0] <= 25 * 3600
 
 
+def test_a_relay_listed_by_an_announcement_the_own_relay_lost_is_not_judged_left_in_the_table():
+    """Seed 1's year (relay_table, day 233.9; the checker's mistake): the newest announcement
+    of a repository listed relay2, dead since; the own relay lost everything and took back
+    the older one, from the one relay still up that held it. gsync keeps the newest
+    announcement its self-subscription showed (SPEC §3: a newer one replaces the relay set)
+    until it restarts, and relay2 in its table: the checker judged that against the older one."""
+    sim = Simulation(SimOptions(seed=4, days=1.6, faults=False, **SMALL))
+    relay2 = sim.world.spare_urls[0]  # (listed by no repository yet)
+    repos = []
+
+    def announce_with_relay2():
+        repos.append(repo := sim.world.repos[0])
+        repo.relays.append(relay2)  # published to relay2 only, and to the own relay
+        sim.publish(sim.world.announce(repo, int(sim.clock.now)), [relay2], own=True)
+        repo.relays.remove(relay2)
+
+    sim.at(START + 0.05 * 86_400, announce_with_relay2)
+    sim.at(START + 0.1 * 86_400, sim.relay_down, relay2, None)
+    sim.at(START + 0.2 * 86_400, sim.own_away, 60.0, float("inf"))
+    seen = []
+    sim.at(START + 1.55 * 86_400, lambda: seen.append((relay2 in sim.manager.relays,
+                                                       relay2 in sim.checker.wanted_relays()[0])))
+    result = sim.run()
+    assert seen == [(True, False)]  # in gsync's table; the own relay's announcement does not list it
+    _assert_clean(result)
+
+
 def test_a_quiet_world_redials_a_relay_when_its_backoff_ends_not_at_the_idle_tick():
     """The simulator ticks every 5 minutes while nothing happens; the tick that redials a
     relay comes when its backoff ends all the same (production ticks every 2 s): how long

@@ -18,7 +18,11 @@ with the simulated day it happened and what broke.
   table (a relay retired leaves its dead mark with it: sampled every 10 minutes).
 - ``relay_table``: a relay in gsync's relay table that no announcement the own relay holds
   lists (and is not bootstrap) for more than an hour (a day after the own relay lost data:
-  gsync is not told what it lost); ``metric_labels``: a per-relay metric
+  gsync is not told what it lost), nor the newest announcement of a repository it ever
+  stored (one a loss took: gsync keeps the newest announcement its self-subscription
+  showed, SPEC §3, until it restarts; seed 1's year, where the one relay still holding the
+  repository had an older one, delivered again after the own relay lost everything);
+  ``metric_labels``: a per-relay metric
   series for a relay not in the table; ``table_bound``: seen, rejected, held, recovery
   tables past a bound computed from the world.
 - ``neglected_relay``: over a window of NEGLECT_WINDOW_SECS, a relay gsync should sync
@@ -335,9 +339,12 @@ class Checker:
         if n > bound:
             self.violation("busy_loop", f"hour {hour}: {n} messages > {bound} ({relays} relays, {actions} actions)")
 
-    def wanted_relays(self) -> tuple[set[str], dict[str, set[str]]]:
+    def wanted_relays(self, tabled: bool = False) -> tuple[set[str], dict[str, set[str]]]:
         """The relays gsync should sync from (bootstrap, or listed by an announcement the
-        own relay holds), and per repository address the relays its announcement lists."""
+        own relay holds), and per repository address the relays its announcement lists.
+        ``tabled``: also those listed by the newest announcement the own relay ever stored
+        of a repository, where a loss took it (gsync keeps the newest one its
+        self-subscription showed until it restarts)."""
         own = self.sim.own
         wanted = set(self.sim.world.bootstrap)
         listing: dict[str, set[str]] = {}
@@ -345,10 +352,18 @@ class Checker:
             event = own.store.events.get(event_id)
             if event is None:
                 continue
-            urls = {v.rstrip("/") for v in all_values(event, "relays")} - {f"wss://{DOMAIN}", f"ws://{DOMAIN}"}
+            urls = self.announced(event)
             listing[address] = urls
             wanted |= urls
+        if tabled:
+            for address, (_, event_id) in own.newest.items():
+                if own.accepted.get(address) != event_id and (event := self.sim.world.events.get(event_id)):
+                    wanted |= self.announced(event)
         return wanted, listing
+
+    @staticmethod
+    def announced(event) -> set[str]:
+        return {v.rstrip("/") for v in all_values(event, "relays")} - {f"wss://{DOMAIN}", f"ws://{DOMAIN}"}
 
     def bounded(self) -> None:
         m = self.sim.manager
@@ -362,6 +377,8 @@ class Checker:
             return
         m.update_metrics(now)  # a scrape of /metrics (every 10 minutes): the gauges it sets, checked below
         table = list(m.relays.keys())
+        if any(url not in wanted for url in table):
+            wanted, _ = self.wanted_relays(tabled=True)
         for url in table:
             if url in wanted or now - self.own_lost_at < 26 * HOUR:
                 # (gsync is not told what the own relay lost: it learns it within a day)
