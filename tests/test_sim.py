@@ -179,6 +179,29 @@ def test_a_relay_dead_for_good_is_dialled_once_a_day():
     assert len(dials) == 2 and 23 * 3600 <= dials[1] - dials[0] <= 25 * 3600, [(t - START) / 3600 for t in dials]
 
 
+def test_a_dead_relays_daily_attempt_a_killed_gsync_had_not_saved_is_not_judged_a_second_dial():
+    """Seed 2's year (dead_dialled, day 228.52; the checker's mistake): gsync killed 54 s
+    after a dead relay's daily attempt, before the tick that saves its failure; the next
+    process, a minute later, knew the day before's attempt and made this one again. A kill
+    loses what was not saved (every STATE_SAVE_SECS in production): not gsync's to know."""
+    sim, dead = _dead_relay_world(3.2)
+    dead_at = START + 0.1 * 86_400 + constants.DEAD_AFTER_SECS + 3600
+    dialled, killed = sim.checker.dialled, []
+
+    def dialled_then_killed(url):
+        dialled(url)
+        if url == dead and sim.clock.now > dead_at and not killed:
+            killed.append(sim.clock.now)
+            assert sim.manager.saved.saved_at < sim.clock.now
+            sim.at(sim.clock.now + 5, sim.stop_gsync, False)
+            sim.at(sim.clock.now + 65, sim.start_gsync)
+
+    sim.checker.dialled = dialled_then_killed
+    _assert_clean(sim.run())
+    dials = [t for t in sim.checker.dials[dead] if t >= killed[0]]
+    assert len(dials) == 3 and dials[1] - dials[0] < 120, [(t - START) / 3600 for t in dials]  # again at once
+
+
 def test_a_dead_relay_retired_and_listed_again_is_judged_from_its_return():
     """A relay retired leaves its failure streak and dead mark with it (bounded tables): dead
     for good, dropped by every repository listing it (retired), listed again a day later,

@@ -15,7 +15,8 @@ with the simulated day it happened and what broke.
   it went down in that hour); ``dead_dialled``: a
   relay down for more than DEAD_AFTER_SECS + max backoff dialled twice within
   DEAD_RETRY_SECS (less an hour of slack); counted from its first dial since it entered gsync's
-  table (a relay retired leaves its dead mark with it: sampled every 10 minutes).
+  table (a relay retired leaves its dead mark with it: sampled every 10 minutes); a dial a
+  killed gsync had not saved yet is not counted (the next process cannot know it).
 - ``relay_table``: a relay in gsync's relay table that no announcement the own relay holds
   lists (and is not bootstrap) for more than an hour (a day after the own relay lost data:
   gsync is not told what it lost), nor the newest announcement of a repository it ever
@@ -92,6 +93,8 @@ class Checker:
         self.hidden_asks: dict[tuple[str, str], list[float]] = {}  # (relay, hidden id) -> asked by id at
         self.ids_judged: dict[str, float] = {}  # relay -> the ids_unserved_at last checked
         self.tabled_since: dict[str, float] = {}  # relay -> its first dial since it (re)entered the table
+        self.gsync_since = START  # when the running gsync started
+        self.unsaved_dials: dict[str, list[float]] = {}  # dials a killed gsync had not saved
 
     # -- recording ------------------------------------------------------------------------
 
@@ -122,7 +125,19 @@ class Checker:
 
     def gsync_started(self) -> None:
         self.action()
+        self.gsync_since = self.sim.clock.now
         self.hidden_asks.clear()  # a new process: what it marked unservable is gone with the last
+
+    def gsync_killed(self, saved_at: float | None) -> None:
+        """gsync killed: the dials since its last save (every STATE_SAVE_SECS in production,
+        at the simulator's ticks here) are lost with it; the next process cannot know them
+        (dead_dialled does not count them; seed 2's year, day 228.52: killed 54 s after a
+        dead relay's daily attempt, the next process made it again)."""
+        cut = max(saved_at if saved_at is not None else self.gsync_since, self.gsync_since)
+        for url, times in self.dials.items():
+            unsaved = [t for t in times if t > cut]
+            if unsaved:
+                self.unsaved_dials.setdefault(url, []).extend(unsaved)
 
     def relay_went_down(self, url: str) -> None:
         self.account(url)
@@ -292,8 +307,11 @@ class Checker:
         if since is not None:  # (a relay retired forgets its dead mark: counted from its return to the table)
             since = max(since, self.tabled_since.setdefault(url, now))
         dead_at = None if since is None else since + constants.DEAD_AFTER_SECS + self.sim.manager.config.sync.max_backoff_secs
+        unsaved = self.unsaved_dials.get(url)
+        if unsaved:
+            unsaved[:] = [t for t in unsaved if now - t <= DAY + HOUR]
         if dead_at is not None and now > dead_at + HOUR:
-            earlier = [t for t in times[:-1] if t > dead_at]
+            earlier = [t for t in times[:-1] if t > dead_at and t not in (unsaved or ())]
             if earlier and now - earlier[-1] < constants.DEAD_RETRY_SECS - HOUR:
                 self.violation("dead_dialled", f"{url}: dialled {now - earlier[-1]:.0f}s after the last attempt, "
                                                f"down for {(now - since) / HOUR:.1f} h")
