@@ -8,6 +8,7 @@ import os
 import random
 import subprocess
 import sys
+import types
 
 import pytest
 import websocket
@@ -161,6 +162,31 @@ def test_an_id_never_served_is_not_asked_by_id_again_and_again():
     by id at the next fresh start, then by its filter (``UnservableIds.before``; in process:
     test_unservable_decisions)."""
     _assert_clean(run_replayable(seed=33, days=30, abandon_per_day=0, **SMALL))
+
+
+def test_an_id_asked_of_a_relay_that_sends_no_eose_is_not_judged_asked_again():
+    """Seed 4's year (unservable_asked_again, day 286.37; the checker's mistake): relay0 hid
+    five ids and sent no EOSE to historic REQs (the no_eose fault); gsync's id fetch at its
+    daily fresh start stalled, and recovery asked again on its schedule. A REQ without EOSE
+    was not answered: its retries are not asks of an id the relay said it does not serve."""
+    sim = Simulation(SimOptions(seed=4, days=0.2, faults=False, **SMALL))
+    url = sim.world.relay_urls[0]
+    relay = sim.relays[url]
+    relay.hidden = {"ab" * 32}
+    counts = []
+
+    def asked(no_eose, times):
+        relay.no_eose = no_eose
+        for i in range(times):
+            conn = types.SimpleNamespace(relay=url, number=i, starts=[])
+            sim.checker.client_frame(conn, "REQ", json.dumps(["REQ", f"x{no_eose}{i}", {"ids": ["ab" * 32]}]))
+        relay.no_eose = False
+        counts.append(dict(sim.checker.counts))
+
+    sim.at(START + 0.1 * 86_400, asked, True, 5)
+    sim.at(START + 0.1 * 86_400 + 60, asked, False, 4)
+    sim.run()
+    assert counts == [{}, {"unservable_asked_again": 1}]
 
 
 def _dead_relay_world(days: float):

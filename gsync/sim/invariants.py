@@ -35,7 +35,8 @@ with the simulated day it happened and what broke.
   it again more than twice within POLICY_PROBE_SECS after gsync read the refusal.
 - ``unservable_asked_again``: an id a relay advertises and never serves (the ``hidden``
   fault) asked of it by id more than UNSERVABLE_ASKS times within a day of one gsync run (once
-  at first, once by its recovery; its daily fresh start asks again).
+  at first, once by its recovery; its daily fresh start asks again); an ask the relay leaves
+  without EOSE (the ``no_eose`` fault) is not counted: the relay did not answer it.
 - ``ids_judged_unserved``: gsync judged a relay not to serve by id what its NIP-77 advertises
   (``RelayState.ids_unserved_at``) while the relay served ids (its ``ids_unserved`` fault
   off for the ten minutes before): the unservable event of one id must cost the relay nothing.
@@ -214,7 +215,9 @@ class Checker:
             self._start(conn, text)
         elif verb == "REQ" and '"limit":0' not in text.replace(" ", ""):
             self._start(conn, text)
-        if verb == "REQ" and '"ids"' in text and self.sim.relays[conn.relay].hidden:
+        if verb == "REQ" and '"ids"' in text and self.sim.relays[conn.relay].hidden and not self.sim.relays[conn.relay].no_eose:
+            # (a REQ the relay leaves without EOSE is not answered: asked again, it is a fetch
+            # that never ended retried, not an id it said it does not serve asked again)
             self._asks_hidden(conn.relay, text)
         if verb in ("REQ", "NEG-OPEN") and self.refused_at:
             self._asks_refused(conn, text if verb == "REQ" else "[\"REQ\"," + text.split(",", 1)[1])
