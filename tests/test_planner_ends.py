@@ -219,32 +219,6 @@ def test_what_neither_id_nor_filter_brought_is_unservable_here_and_asked_by_id_e
     assert other.serves_ids(NOW)
 
 
-def test_an_id_unservable_here_and_not_served_by_id_elsewhere_is_asked_there_once():
-    """Seed 3's year run: relay0, asked for ids relay1 advertised and did not serve, was
-    asked for them by id 12 times (recovery's lag schedule); it hid them too."""
-    from .test_planner import Repos
-    w = World(repos=Repos({REPO: [A, B]}))
-    state, other = w.relay(A), w.relay(B)
-    batch, _ = exchange_of(w, state)
-    batch.expect_ids(IDS[:2], found_by=ISSUES)
-    batch_end.finish(w.plan, state, batch, NOW)  # asked by filter
-    started(w, batch)
-    w.take()
-    batch_end.finish(w.plan, state, batch, NOW)  # unservable on A: asked by id on B
-    ids = w.plan.recovery.next_attempt(B, NOW + 10**6)
-    assert set(ids) == set(IDS[:2])
-    attempt, _ = w.plan.start(other, PendingItems(), [Filter.make(ids=ids)], BatchKind.RECOVERY, False, (),
-                              False, NOW)
-    attempt.expect_ids(ids)
-    started(w, attempt)
-    w.take()
-    batch_end.finish(w.plan, other, attempt, NOW + 10**6)  # EOSE, none of them
-    assert all(i in other.unservable for i in IDS[:2])
-    assert w.plan.recovery.next_attempt(B, NOW + 10**7) is None  # not asked by id there again
-    assert w.plan.recovery.is_fully_recovered(B)
-    assert [c.metric for c in w.take(act.Count)] == ["EVENTS_UNSERVABLE"]
-
-
 def test_a_recovery_attempt_ends_by_recording_what_it_brought():
     w = World(negentropy=False)
     state = w.relay()

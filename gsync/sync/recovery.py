@@ -15,9 +15,7 @@ by id once; if that attempt does not bring it, by that filter, once (some relays
 ids through NIP-77 and serve none of them by id). An id that filter does not bring either is
 *unservable there* (``sync.unservable``): it leaves that relay's recovery, returned to the
 manager (``Attempt.unservable``); a whole filter is never asked again for an id it failed to
-bring. An id recovered from a relay other than the one that advertised it is asked there by
-id once: one fetch that ends without it is unservable there too (12 asks by id, the lag
-schedule, of an id that relay hides were 4 within the hour: seed 3's year run).
+bring.
 """
 from __future__ import annotations
 
@@ -39,7 +37,6 @@ class _RelayRecovery:
     pending: dict[str, None] = field(default_factory=dict)  # ordered set: oldest asked first
     found_by: dict[str, Filter] = field(default_factory=dict)  # pending id -> its filter here
     by_filter: set[str] = field(default_factory=set)  # pending ids asked by found_by now
-    once: set[str] = field(default_factory=set)  # pending ids another relay advertised: asked by id once
     filters: dict[Filter, None] = field(default_factory=dict)  # REQs that never finished
     next_attempt_at: float = 0.0
     zero_progress_attempts: int = 0
@@ -53,11 +50,10 @@ class _RelayRecovery:
 
 class Attempt(NamedTuple):
     """What an attempt's end settled: ids given up for good (``dropped``), and ids its
-    filters finished without (``unservable``: id -> the filter that failed to bring it, None
-    for an id asked once by id, ``add_missing(once=True)``)."""
+    filters finished without (``unservable``: id -> the filter that failed to bring it)."""
 
     dropped: set[str]
-    unservable: dict[str, Filter | None]
+    unservable: dict[str, Filter]
 
 
 class MissingEventRecovery:
@@ -79,22 +75,16 @@ class MissingEventRecovery:
         self._owners: dict[str, set[str]] = {}
 
     def add_missing(self, relay: str, ids: Iterable[str], now: float,
-                    found_by: dict[str, Filter | None] | None = None, by_id_first: bool = True,
-                    once: bool = False) -> None:
+                    found_by: dict[str, Filter | None] | None = None, by_id_first: bool = True) -> None:
         """Register ids a failed batch did not get; merged with any already pending.
         ``found_by``: id -> the filter that found it on this relay, asked if the id is not
-        served by id (at once unless ``by_id_first``: a relay known not to serve ids).
-        ``once``: ids another relay advertised and did not serve, asked here by id once
-        (an id fetch that ends without one says it is not served here: not lag, since
-        another relay had it already); one not brought is unservable here too."""
+        served by id (at once unless ``by_id_first``: a relay known not to serve ids)."""
         ids = list(ids)
         if ids:
             r = self._relay(relay, now)
             r.pending.update(dict.fromkeys(ids))
             for event_id in ids:
                 self._owners.setdefault(event_id, set()).add(relay)
-                if once and event_id not in r.found_by:
-                    r.once.add(event_id)
                 flt = (found_by or {}).get(event_id)
                 if flt is not None:
                     r.found_by[event_id] = flt
@@ -166,10 +156,6 @@ class MissingEventRecovery:
                 if event_id in r.pending:
                     unservable[event_id] = r.found_by[event_id]
                     self._settle(r, event_id, relay)
-            for event_id in asked:  # asked once (another relay's), not served here either
-                if event_id in r.once and event_id in r.pending:
-                    unservable[event_id] = None
-                    self._settle(r, event_id, relay)
         # REQs that never finished, finished now (a filter asked for ids is done only when
         # its ids arrive)
         finished = [f for f in r.filters_in_flight if f in r.filters] if filters_done else []
@@ -198,7 +184,6 @@ class MissingEventRecovery:
         r.pending.pop(event_id, None)
         r.found_by.pop(event_id, None)
         r.by_filter.discard(event_id)
-        r.once.discard(event_id)
         self._disown(event_id, relay)
 
     def cancel_attempt(self, relay: str) -> None:
@@ -219,7 +204,6 @@ class MissingEventRecovery:
                 r.pending.pop(event_id, None)
                 r.found_by.pop(event_id, None)
                 r.by_filter.discard(event_id)
-                r.once.discard(event_id)
                 if not r:
                     del self._relays[relay]
                     recovered_relays.add(relay)
