@@ -8,6 +8,7 @@ import os
 import random
 import subprocess
 import sys
+import types
 
 import pytest
 import websocket
@@ -165,6 +166,31 @@ def test_an_id_never_served_is_not_asked_by_id_again_and_again():
     _assert_clean(run_replayable(seed=33, days=30, abandon_per_day=0, **SMALL))
 
 
+def test_an_id_asked_of_a_relay_that_sends_no_eose_is_not_judged_asked_again():
+    """Seed 4's year (unservable_asked_again, day 286.37; the checker's mistake): relay0 hid
+    five ids and sent no EOSE to historic REQs (the no_eose fault); gsync's id fetch at its
+    daily fresh start stalled, and recovery asked again on its schedule. A REQ without EOSE
+    was not answered: its retries are not asks of an id the relay said it does not serve."""
+    sim = Simulation(SimOptions(seed=4, days=0.2, faults=False, **SMALL))
+    url = sim.world.relay_urls[0]
+    relay = sim.relays[url]
+    relay.hidden = {"ab" * 32}
+    counts = []
+
+    def asked(no_eose, times):
+        relay.no_eose = no_eose
+        for i in range(times):
+            conn = types.SimpleNamespace(relay=url, number=i, starts=[])
+            sim.checker.client_frame(conn, "REQ", json.dumps(["REQ", f"x{no_eose}{i}", {"ids": ["ab" * 32]}]))
+        relay.no_eose = False
+        counts.append(dict(sim.checker.counts))
+
+    sim.at(START + 0.1 * 86_400, asked, True, 5)
+    sim.at(START + 0.1 * 86_400 + 60, asked, False, 4)
+    sim.run()
+    assert counts == [{}, {"unservable_asked_again": 1}]
+
+
 def _dead_relay_world(days: float):
     """A quiet world (no faults) where a bootstrap relay dies for good on day 0.1."""
     sim = Simulation(SimOptions(seed=4, days=days, relays=3, repos=8, faults=False, idle_tick_secs=300))
@@ -179,6 +205,29 @@ def test_a_relay_dead_for_good_is_dialled_once_a_day():
     _assert_clean(result)
     dials = sim.checker.dials[dead]  # (the last 25 h of them)
     assert len(dials) == 2 and 23 * 3600 <= dials[1] - dials[0] <= 25 * 3600, [(t - START) / 3600 for t in dials]
+
+
+def test_a_dead_relays_daily_attempt_a_killed_gsync_had_not_saved_is_not_judged_a_second_dial():
+    """Seed 2's year (dead_dialled, day 228.52; the checker's mistake): gsync killed 54 s
+    after a dead relay's daily attempt, before the tick that saves its failure; the next
+    process, a minute later, knew the day before's attempt and made this one again. A kill
+    loses what was not saved (every STATE_SAVE_SECS in production): not gsync's to know."""
+    sim, dead = _dead_relay_world(3.2)
+    dead_at = START + 0.1 * 86_400 + constants.DEAD_AFTER_SECS + 3600
+    dialled, killed = sim.checker.dialled, []
+
+    def dialled_then_killed(url):
+        dialled(url)
+        if url == dead and sim.clock.now > dead_at and not killed:
+            killed.append(sim.clock.now)
+            assert sim.manager.saved.saved_at < sim.clock.now
+            sim.at(sim.clock.now + 5, sim.stop_gsync, False)
+            sim.at(sim.clock.now + 65, sim.start_gsync)
+
+    sim.checker.dialled = dialled_then_killed
+    _assert_clean(sim.run())
+    dials = [t for t in sim.checker.dials[dead] if t >= killed[0]]
+    assert len(dials) == 3 and dials[1] - dials[0] < 120, [(t - START) / 3600 for t in dials]  # again at once
 
 
 def test_a_dead_relay_retired_and_listed_again_is_judged_from_its_return():
@@ -211,6 +260,33 @@ def test_a_dead_relay_retired_and_listed_again_is_judged_from_its_return():
     dials = sim.checker.dials[relay2]  # (the last 25 h of them)
     assert len(dials) == 2 and dials[0] > back + constants.DEAD_AFTER_SECS - 2 * 3600, [(t - START) / 86_400 for t in dials]
     assert 23 * 3600 <= dials[1] - dials[0] <= 25 * 3600
+
+
+def test_a_relay_listed_by_an_announcement_the_own_relay_lost_is_not_judged_left_in_the_table():
+    """Seed 1's year (relay_table, day 233.9; the checker's mistake): the newest announcement
+    of a repository listed relay2, dead since; the own relay lost everything and took back
+    the older one, from the one relay still up that held it. gsync keeps the newest
+    announcement its self-subscription showed (SPEC §3: a newer one replaces the relay set)
+    until it restarts, and relay2 in its table: the checker judged that against the older one."""
+    sim = Simulation(SimOptions(seed=4, days=1.6, faults=False, **SMALL))
+    relay2 = sim.world.spare_urls[0]  # (listed by no repository yet)
+    repos = []
+
+    def announce_with_relay2():
+        repos.append(repo := sim.world.repos[0])
+        repo.relays.append(relay2)  # published to relay2 only, and to the own relay
+        sim.publish(sim.world.announce(repo, int(sim.clock.now)), [relay2], own=True)
+        repo.relays.remove(relay2)
+
+    sim.at(START + 0.05 * 86_400, announce_with_relay2)
+    sim.at(START + 0.1 * 86_400, sim.relay_down, relay2, None)
+    sim.at(START + 0.2 * 86_400, sim.own_away, 60.0, float("inf"))
+    seen = []
+    sim.at(START + 1.55 * 86_400, lambda: seen.append((relay2 in sim.manager.relays,
+                                                       relay2 in sim.checker.wanted_relays()[0])))
+    result = sim.run()
+    assert seen == [(True, False)]  # in gsync's table; the own relay's announcement does not list it
+    _assert_clean(result)
 
 
 def test_a_quiet_world_redials_a_relay_when_its_backoff_ends_not_at_the_idle_tick():

@@ -15,10 +15,15 @@ with the simulated day it happened and what broke.
   it went down in that hour); ``dead_dialled``: a
   relay down for more than DEAD_AFTER_SECS + max backoff dialled twice within
   DEAD_RETRY_SECS (less an hour of slack); counted from its first dial since it entered gsync's
-  table (a relay retired leaves its dead mark with it: sampled every 10 minutes).
+  table (a relay retired leaves its dead mark with it: sampled every 10 minutes); a dial a
+  killed gsync had not saved yet is not counted (the next process cannot know it).
 - ``relay_table``: a relay in gsync's relay table that no announcement the own relay holds
   lists (and is not bootstrap) for more than an hour (a day after the own relay lost data:
-  gsync is not told what it lost); ``metric_labels``: a per-relay metric
+  gsync is not told what it lost), nor the newest announcement of a repository it ever
+  stored (one a loss took: gsync keeps the newest announcement its self-subscription
+  showed, SPEC §3, until it restarts; seed 1's year, where the one relay still holding the
+  repository had an older one, delivered again after the own relay lost everything);
+  ``metric_labels``: a per-relay metric
   series for a relay not in the table; ``table_bound``: seen, rejected, held, recovery
   tables past a bound computed from the world.
 - ``neglected_relay``: over a window of NEGLECT_WINDOW_SECS, a relay gsync should sync
@@ -30,7 +35,8 @@ with the simulated day it happened and what broke.
   it again more than twice within POLICY_PROBE_SECS after gsync read the refusal.
 - ``unservable_asked_again``: an id a relay advertises and never serves (the ``hidden``
   fault) asked of it by id more than UNSERVABLE_ASKS times within a day of one gsync run (once
-  at first, once by its recovery; its daily fresh start asks again).
+  at first, once by its recovery; its daily fresh start asks again); an ask the relay leaves
+  without EOSE (the ``no_eose`` fault) is not counted: the relay did not answer it.
 - ``ids_judged_unserved``: gsync judged a relay not to serve by id what its NIP-77 advertises
   (``RelayState.ids_unserved_at``) while the relay served ids (its ``ids_unserved`` fault
   off for the ten minutes before): the unservable event of one id must cost the relay nothing.
@@ -88,6 +94,8 @@ class Checker:
         self.hidden_asks: dict[tuple[str, str], list[float]] = {}  # (relay, hidden id) -> asked by id at
         self.ids_judged: dict[str, float] = {}  # relay -> the ids_unserved_at last checked
         self.tabled_since: dict[str, float] = {}  # relay -> its first dial since it (re)entered the table
+        self.gsync_since = START  # when the running gsync started
+        self.unsaved_dials: dict[str, list[float]] = {}  # dials a killed gsync had not saved
 
     # -- recording ------------------------------------------------------------------------
 
@@ -118,7 +126,19 @@ class Checker:
 
     def gsync_started(self) -> None:
         self.action()
+        self.gsync_since = self.sim.clock.now
         self.hidden_asks.clear()  # a new process: what it marked unservable is gone with the last
+
+    def gsync_killed(self, saved_at: float | None) -> None:
+        """gsync killed: the dials since its last save (every STATE_SAVE_SECS in production,
+        at the simulator's ticks here) are lost with it; the next process cannot know them
+        (dead_dialled does not count them; seed 2's year, day 228.52: killed 54 s after a
+        dead relay's daily attempt, the next process made it again)."""
+        cut = max(saved_at if saved_at is not None else self.gsync_since, self.gsync_since)
+        for url, times in self.dials.items():
+            unsaved = [t for t in times if t > cut]
+            if unsaved:
+                self.unsaved_dials.setdefault(url, []).extend(unsaved)
 
     def relay_went_down(self, url: str) -> None:
         self.account(url)
@@ -195,7 +215,9 @@ class Checker:
             self._start(conn, text)
         elif verb == "REQ" and '"limit":0' not in text.replace(" ", ""):
             self._start(conn, text)
-        if verb == "REQ" and '"ids"' in text and self.sim.relays[conn.relay].hidden:
+        if verb == "REQ" and '"ids"' in text and self.sim.relays[conn.relay].hidden and not self.sim.relays[conn.relay].no_eose:
+            # (a REQ the relay leaves without EOSE is not answered: asked again, it is a fetch
+            # that never ended retried, not an id it said it does not serve asked again)
             self._asks_hidden(conn.relay, text)
         if verb in ("REQ", "NEG-OPEN") and self.refused_at:
             self._asks_refused(conn, text if verb == "REQ" else "[\"REQ\"," + text.split(",", 1)[1])
@@ -288,8 +310,11 @@ class Checker:
         if since is not None:  # (a relay retired forgets its dead mark: counted from its return to the table)
             since = max(since, self.tabled_since.setdefault(url, now))
         dead_at = None if since is None else since + constants.DEAD_AFTER_SECS + self.sim.manager.config.sync.max_backoff_secs
+        unsaved = self.unsaved_dials.get(url)
+        if unsaved:
+            unsaved[:] = [t for t in unsaved if now - t <= DAY + HOUR]
         if dead_at is not None and now > dead_at + HOUR:
-            earlier = [t for t in times[:-1] if t > dead_at]
+            earlier = [t for t in times[:-1] if t > dead_at and t not in (unsaved or ())]
             if earlier and now - earlier[-1] < constants.DEAD_RETRY_SECS - HOUR:
                 self.violation("dead_dialled", f"{url}: dialled {now - earlier[-1]:.0f}s after the last attempt, "
                                                f"down for {(now - since) / HOUR:.1f} h")
@@ -335,15 +360,24 @@ class Checker:
         if n > bound:
             self.violation("busy_loop", f"hour {hour}: {n} messages > {bound} ({relays} relays, {actions} actions)")
 
-    def wanted_relays(self) -> tuple[set[str], dict[str, set[str]]]:
+    def wanted_relays(self, tabled: bool = False) -> tuple[set[str], dict[str, set[str]]]:
         """The relays gsync should sync from (bootstrap, or listed by an announcement the
         own relay holds), and per repository address the relays its announcement lists.
-        Computed again only when the own relay's store changed (do not modify them)."""
+        ``tabled``: also those listed by the newest announcement the own relay ever stored
+        of a repository, where a loss took it (gsync keeps the newest one its
+        self-subscription showed until it restarts). The untabled answer is computed again
+        only when the own relay's store changed (do not modify it)."""
         own = self.sim.own
         key = (own.store.changes, id(own.accepted))
         if self._wanted is None or self._wanted[0] != key:
             self._wanted = key, self._wanted_now()
-        return self._wanted[1]
+        wanted, listing = self._wanted[1]
+        if tabled:
+            wanted = set(wanted)
+            for address, (_, event_id) in own.newest.items():
+                if own.accepted.get(address) != event_id and (event := self.sim.world.events.get(event_id)):
+                    wanted |= self.announced(event)
+        return wanted, listing
 
     _wanted = None  # (own store's changes, accepted) -> (wanted, listing)
 
@@ -355,10 +389,14 @@ class Checker:
             event = own.store.events.get(event_id)
             if event is None:
                 continue
-            urls = {v.rstrip("/") for v in all_values(event, "relays")} - {f"wss://{DOMAIN}", f"ws://{DOMAIN}"}
+            urls = self.announced(event)
             listing[address] = urls
             wanted |= urls
         return wanted, listing
+
+    @staticmethod
+    def announced(event) -> set[str]:
+        return {v.rstrip("/") for v in all_values(event, "relays")} - {f"wss://{DOMAIN}", f"ws://{DOMAIN}"}
 
     def bounded(self) -> None:
         m = self.sim.manager
@@ -372,6 +410,8 @@ class Checker:
             return
         m.update_metrics(now)  # a scrape of /metrics (every 10 minutes): the gauges it sets, checked below
         table = list(m.relays.keys())
+        if any(url not in wanted for url in table):
+            wanted, _ = self.wanted_relays(tabled=True)
         for url in table:
             if url in wanted or now - self.own_lost_at < 26 * HOUR:
                 # (gsync is not told what the own relay lost: it learns it within a day)

@@ -359,6 +359,9 @@ class OwnRelay:
         self.repo_of = repo_of
         self.store = EventStore()
         self.accepted: dict[str, str] = {}  # repository address -> the announcement's id
+        # address -> (created_at, id) of the newest announcement it ever stored, kept through
+        # losses (what gsync's self-subscription showed it: ``Checker.wanted_relays``)
+        self.newest: dict[str, tuple[int, str]] = {}
         self.stored_at: dict[str, float] = {}  # id -> when it was stored (simulated time)
         self.up = True
 
@@ -397,4 +400,7 @@ class OwnRelay:
             self.stored_at[event.id] = now
         if stored and event.kind == 30617:
             self.accepted[f"30617:{event.pubkey}:{event.d_tag}"] = event.id
+            at, newest_id = self.newest.get(event.address, (-1, ""))
+            if event.created_at > at or (event.created_at == at and event.id < newest_id):
+                self.newest[event.address] = (event.created_at, event.id)
         return True, "" if stored else "duplicate: have a newer one", stored

@@ -406,6 +406,8 @@ class Simulation:
         if m is None:
             return
         self.note("gsync_stop", graceful)
+        if not graceful:
+            self.checker.gsync_killed(m.saved.saved_at)
         if graceful:
             with contextlib.suppress(Exception):
                 m.stop()
