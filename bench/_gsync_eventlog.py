@@ -4,7 +4,9 @@ finding which path brings an event again (issue 40: events received per event wa
 One tab-separated line per event, appended to the file named by ``GSYNC_EVENT_LOG``:
 monotonic time, relay, subscription id, event id, and what the subscription belonged to:
 the batch's kind, method, ``follower``/``share_all``/``fetch_by_filter`` (F, S, B; D: no items, descendants), whether its filter
-asks by id, and the filter's tag names. ``bench/_eventlog_report.py`` reads it. Slows gsync
+asks by id, and the filter's tag names. Lines starting ``#wait`` are ``method.follower_wait``'s
+answers (expected events, starts queued on the leader's relay and on its own, exchanges,
+wait, bound). ``bench/_eventlog_report.py`` reads it. Slows gsync
 a little (one line per event)."""
 from gevent import monkey
 
@@ -43,6 +45,19 @@ def _install(path: str) -> None:
         return original(self, state, msg)
 
     SyncManager.apply_remote_event = apply_remote_event
+
+    from gsync.sync import method
+
+    follower_wait = method.follower_wait
+
+    def logged_follower_wait(expected, leader_queued, gate_secs, cap_secs, filters=0, start=method.START_BYTES,
+                             own_queued=None):
+        wait = follower_wait(expected, leader_queued, gate_secs, cap_secs, filters, start, own_queued)
+        out.write(f"#wait\t{time.monotonic():.3f}\t{expected}\t{leader_queued}\t{own_queued}\t{filters}"
+                  f"\t{wait.wait}\t{wait.max_secs:.2f}\n")
+        return wait
+
+    method.follower_wait = logged_follower_wait
 
 
 if __name__ == "__main__":

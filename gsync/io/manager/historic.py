@@ -212,8 +212,12 @@ class HistoricSync:
                   and b.follower]
         budget = filter_plan.tag_value_budget(state.current.limits) // 2
         adds = sum(1 for f in filters if not any(filter_plan.merge_tag_values(c, f, budget) for c in checks))
+        own_queued = len(state.current.historic_queue)
+        # the checks hide behind the work queued here; past it, each is a gate interval of wait
+        # too, for what the other relay lacked (the demo's world: every relay holds its own)
+        start = method.START_BYTES if own_queued >= adds else method.start_bytes(gate, first_sync=True)
         return method.follower_wait(expected, queued, gate, constants.FOLLOWER_WAIT_MAX_SECS,
-                                    adds, method.START_BYTES, len(state.current.historic_queue))
+                                    adds, start, own_queued)
 
     def gate_secs(self) -> float:
         return self.sync.background_start_interval_ms / 1000
