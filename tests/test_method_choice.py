@@ -208,3 +208,15 @@ def test_a_relay_follows_the_leaders_soon_enough_and_fetches_what_later_ones_lea
     assert follows and all(address.endswith(tuple(f":y{i}" for i in range(30))) for address in follows)
     led_by_c = {address for key, led in h.manager.lead._leads.items() if key[0] == C for address in led}
     assert led_by_c == {address for address in (a.address for a in anns) if ":x" in address}
+
+
+def test_a_batch_that_goes_at_once_leads_its_items(tmp_path):
+    """Three repositories another relay leads: not worth a wait, the batch goes at once; it
+    fetches them, so it leads them too (a later relay may follow it rather than fetch them
+    a third time)."""
+    h = ManagerHarness(tmp_path)
+    anns = _two_relays(h, 3)
+    assert not h.manager.lead._waits
+    addresses = {a.address for a in anns}
+    leaders = {key[0] for key, led in h.manager.lead._leads.items() if addresses <= led}
+    assert leaders == {A, B}
