@@ -220,3 +220,21 @@ def test_a_batch_that_goes_at_once_leads_its_items(tmp_path):
     addresses = {a.address for a in anns}
     leaders = {key[0] for key, led in h.manager.lead._leads.items() if addresses <= led}
     assert leaders == {A, B}
+
+
+def test_a_follower_does_not_wait_for_a_lead_later_than_its_own_pages_are_worth(tmp_path):
+    """Fifty repositories another relay leads with six starts queued before them, nothing
+    queued on the follower's relay: its own pages would come in a gate interval, the lead's
+    in seven, later than the few seconds the saving is worth: the batch goes at once. (With
+    four queued there, it waits.)"""
+    def waits(busy: int) -> bool:
+        h = ManagerHarness(tmp_path / str(busy), background_start_interval_ms=1000)
+        h.own_relay_holds(*listed_on([A, B], 50))
+        h.connect(A)
+        h.answer_own_reads()
+        h.state(A).current.historic_queue.extend((f"busy{i}", [Filter.make(kinds=[1])]) for i in range(busy))
+        h.connect(B)
+        return bool(h.manager.lead._waits)
+
+    assert waits(4)
+    assert not waits(6)
