@@ -84,6 +84,18 @@ def test_an_addfilters_is_split_into_what_it_leads_and_what_it_follows():
     assert set(mine.repos) == {"r1"} and set(theirs.repos) == {"r2"} and leaders == {B1}
 
 
+def test_what_only_leaders_too_late_lead_is_fetched_as_well():
+    """``follow`` names the leaders soon enough to wait for: what only the others lead goes
+    with what this relay leads."""
+    lead = SharedLead()
+    lead.lead(A1, _items(repos=["r1", "r2"], roots=["x"]))
+    lead.lead(B1, _items(repos=["r2", "r3"]))
+    mine, theirs, leaders = lead.split("ws://c", _items(repos=["r1", "r2", "r3"], roots=["x"]),
+                                       follow={B1}.__contains__)
+    assert set(mine.repos) == {"r1"} and mine.root_events == {"x"}
+    assert set(theirs.repos) == {"r2", "r3"} and leaders == {B1}
+
+
 def test_a_leader_done_leads_nothing_any_more():
     lead = SharedLead()
     lead.lead(A1, _items(repos=["r1"], roots=["x"]))

@@ -87,6 +87,21 @@ def test_on_a_first_sync_what_nip77_would_find_missing_costs_its_id_fetches():
     assert M.choose_methods([thread], start=M.start_bytes(1.0, True)).negentropy == (False,)
 
 
+def test_a_re_sync_expects_no_id_fetch():
+    """bench/historic --mode neg-99's descendants: the replies to 161 new thread members, 28
+    held, of #e; nothing of #E and #q. Priced with an id fetch as well as the exchange,
+    one REQ bringing the 28 again looked cheaper; on a re-sync a fetch follows only what
+    is found, half the time: the exchange costs less than the copies."""
+    filters = [FilterFacts(held(28)), FilterFacts(), FilterFacts()]
+    assert M.choose_methods(filters, first_sync=True).negentropy == (False, False, False)
+    resync = M.choose_methods(filters, first_sync=False)
+    assert resync.negentropy == (True, False, False)
+    assert resync.starts == 1 + 1  # the exchange, the REQ of the other two
+    assert resync.likely_starts == M.RESYNC_FETCH_ODDS  # and the fetch, if it finds anything
+    # a few held events alone: one REQ start brings them for less than the exchange and its likely fetch
+    assert M.choose_methods([FilterFacts(held(3))], first_sync=False).negentropy == (False,)
+
+
 def test_what_a_filter_likely_holds_comes_from_what_it_asks_for():
     from gsync.protocol.filters import Filter
 
@@ -141,36 +156,45 @@ def test_missing_events_come_by_id_or_by_the_filter(need, again, by_filter):
 # -- waiting for another relay's lead ----------------------------------------------------
 
 
-def test_a_follower_waits_while_the_pages_it_saves_are_worth_more():
-    # 10 repositories, ~200 events, 140 KB of pages: worth 1.75 s of wait, a lead one start away
-    wait = M.follower_wait(M.expected_events(10, 0), leader_queued=0, gate_secs=1.0, cap_secs=10.0)
+def test_a_follower_waits_when_the_lead_comes_as_soon_as_its_own_pages_would():
+    """10 repositories, ~200 events, 140 KB of pages; checking the lead's work afterwards
+    takes four exchanges at the remote's price (40 KB) and a read: the lead, as far away
+    as the batch's own pages, costs no wait; it waits as long as its own pages would have
+    taken, and what the saving is worth beyond that."""
+    wait = M.follower_wait(M.expected_events(10, 0), leader_queued=2, gate_secs=1.0, cap_secs=10.0,
+                           filters=4, own_queued=2)
     assert wait.wait
-    assert wait.max_secs == pytest.approx(M.expected_events(10, 0) * M.EVENT_BYTES / M.WAIT_BYTES_PER_SEC)
+    saved = M.expected_events(10, 0) * M.EVENT_BYTES - 4 * M.START_BYTES - M.OWN_READ_BYTES
+    assert wait.max_secs == pytest.approx(3.0 + saved / M.WAIT_BYTES_PER_SEC)
 
 
-def test_a_follower_goes_on_its_own_behind_a_long_queue():
-    assert not M.follower_wait(M.expected_events(10, 0), leader_queued=3, gate_secs=1.0, cap_secs=10.0).wait
+def test_a_follower_goes_on_its_own_when_the_lead_is_later_than_its_saving_is_worth():
+    expected = M.expected_events(10, 0)
+    assert M.follower_wait(expected, leader_queued=1, gate_secs=1.0, cap_secs=10.0, filters=4, own_queued=0).wait
+    assert not M.follower_wait(expected, leader_queued=5, gate_secs=1.0, cap_secs=10.0, filters=4,
+                               own_queued=0).wait
 
 
-def test_a_follower_counts_the_exchanges_it_then_spends():
-    """After the wait the batch's filters go by NIP-77, an exchange each: at a first sync's
-    price of a start, 200 events' pages do not pay for four of them."""
+def test_the_exchanges_checking_the_lead_are_the_remotes_work_only():
+    """The events come by the lead meanwhile: the exchanges that check it, queued behind the
+    relay's own leads, are priced at a start's remote work, not at a first sync's gate
+    interval too (90 KB: 200 events' pages would not pay for four of them)."""
     first = M.start_bytes(1.0, first_sync=True)
-    assert M.follower_wait(M.expected_events(10, 0), 0, 1.0, 10.0).wait
-    assert not M.follower_wait(M.expected_events(10, 0), 0, 1.0, 10.0, filters=4, start=first).wait
-    assert M.follower_wait(M.expected_events(50, 0), 0, 1.0, 10.0, filters=4, start=first).wait
+    assert M.follower_wait(M.expected_events(10, 0), 0, 1.0, 10.0, filters=4, own_queued=0).wait
+    assert not M.follower_wait(M.expected_events(10, 0), 0, 1.0, 10.0, filters=4, start=first, own_queued=0).wait
 
 
 def test_a_small_follower_goes_on_its_own():
-    """The demo's follower: four repositories; their pages are worth less than the second
-    until the lead's start."""
-    assert not M.follower_wait(M.expected_events(4, 0), 0, 1.0, 10.0).wait
-    # two roots' threads: not even worth the own-relay read the wait adds
-    assert not M.follower_wait(M.expected_events(0, 2), 0, 0.0, 10.0).wait
+    """Two roots' threads (6 events): their copies cost less than the three exchanges and the
+    read that would check the lead."""
+    assert not M.follower_wait(M.expected_events(0, 2), 0, 1.0, 10.0, filters=3, own_queued=0).wait
+    assert not M.follower_wait(M.expected_events(2, 0), 0, 1.0, 10.0, filters=4, own_queued=0).wait
 
 
-def test_a_followers_wait_is_bounded_by_what_it_saves():
+def test_a_followers_wait_is_bounded():
     """Another shard's lead sends no word: the wait ends when it stops paying, not at the cap."""
-    wait = M.follower_wait(M.expected_events(3, 0), leader_queued=0, gate_secs=0.02, cap_secs=10.0)
-    assert wait.max_secs == pytest.approx(3 * M.EVENTS_PER_REPO * M.EVENT_BYTES / M.WAIT_BYTES_PER_SEC)
+    wait = M.follower_wait(M.expected_events(3, 0), leader_queued=0, gate_secs=0.02, cap_secs=10.0, own_queued=0)
+    assert wait.max_secs == pytest.approx(0.02 + (3 * M.EVENTS_PER_REPO * M.EVENT_BYTES - M.OWN_READ_BYTES)
+                                          / M.WAIT_BYTES_PER_SEC)
     assert wait.max_secs < 1.0
+    assert M.follower_wait(M.expected_events(500, 0), 0, 1.0, 10.0, own_queued=0).max_secs == 10.0

@@ -58,16 +58,18 @@ class SharedLead:
         for key in keys:
             self._led_by.setdefault(key, set()).add(leader)
 
-    def split(self, relay: str, items: SyncItems) -> tuple[SyncItems, SyncItems, set[BatchKey]]:
+    def split(self, relay: str, items: SyncItems,
+              follow: Callable[[BatchKey], bool] | None = None) -> tuple[SyncItems, SyncItems, set[BatchKey]]:
         """``items`` of ``relay``'s AddFilters: (what no batch of another relay leads, what
-        some do, those leaders)."""
+        some do, those leaders). With ``follow``, only the leaders it accepts count: what
+        only others lead goes with the first part (too late to wait for)."""
         mine, theirs, leaders = SyncItems(), SyncItems(), set()
         for address, level in items.repos.items():
-            others = {k for k in self._led_by.get(address, ()) if k[0] != relay}
+            others = {k for k in self._led_by.get(address, ()) if k[0] != relay and (follow is None or follow(k))}
             (theirs if others else mine).repos[address] = level
             leaders |= others
         for root in items.root_events:
-            others = {k for k in self._led_by.get(root, ()) if k[0] != relay}
+            others = {k for k in self._led_by.get(root, ()) if k[0] != relay and (follow is None or follow(k))}
             (theirs if others else mine).root_events.add(root)
             leaders |= others
         return mine, theirs, leaders

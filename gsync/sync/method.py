@@ -49,6 +49,9 @@ NEG_ITEM_BYTES = 16
 # for it, in the same currency as a remote's start.
 OWN_READ_BYTES = START_BYTES
 PAGE_EVENTS = 500  # LocalRelay's and strfry's cap per filter and page
+# How often a re-sync's exchanges find something to fetch: bench/historic --mode neg-99, two
+# batches (layer 1; layers 2 and 3), one id fetch after them.
+RESYNC_FETCH_ODDS = 0.5
 FILTERS_PER_REQ = 10
 IDS_PER_FETCH = MAX_IDS_PER_REQ  # ids an id fetch asks for at once
 # What a first sync of an item brings, before anything of it was read: the demo's world has
@@ -100,10 +103,11 @@ class MethodChoice:
     starts: int
     bytes_down: int
     start: int = START_BYTES
+    likely_starts: float = 0.0  # starts that follow only if something is found (a re-sync's id fetch)
 
     @property
-    def cost(self) -> int:
-        return self.starts * self.start + self.bytes_down
+    def cost(self) -> float:
+        return (self.starts + self.likely_starts) * self.start + self.bytes_down
 
 
 def req_starts(again: Sequence[int]) -> int:
@@ -113,33 +117,41 @@ def req_starts(again: Sequence[int]) -> int:
     return ceil(sum(n // PAGE_EVENTS + 1 for n in again) / FILTERS_PER_REQ)
 
 
-def price(filters: Sequence[FilterFacts], negentropy: Sequence[bool], start: int = START_BYTES) -> MethodChoice:
+def price(filters: Sequence[FilterFacts], negentropy: Sequence[bool], start: int = START_BYTES,
+          first_sync: bool = True) -> MethodChoice:
     """What fetching ``filters`` so costs (``negentropy[i]``: filter i by NIP-77)."""
     by_req = [f for f, neg in zip(filters, negentropy, strict=True) if not neg]
     by_neg = [f for f, neg in zip(filters, negentropy, strict=True) if neg]
     starts = req_starts([max(f.again, f.expected) for f in by_req])
+    likely = 0.0
     if by_neg:
         # one exchange each, then id fetches of what they find missing: what a first sync
         # lacks, at least one (a first sync's layer 1 finds the announcements of every
-        # repository not ours; a re-sync, what came since)
-        starts += len(by_neg) + max(1, ceil(sum(f.missing for f in by_neg) / IDS_PER_FETCH))
+        # repository not ours); on a re-sync, what came since: a fetch follows only what is
+        # found, RESYNC_FETCH_ODDS of the time (bench/historic --mode neg-99's descendants,
+        # 28 events held of one filter, came again by a REQ priced against a whole fetch)
+        fetches = ceil(sum(f.missing for f in by_neg) / IDS_PER_FETCH)
+        starts += len(by_neg) + (max(1, fetches) if first_sync else fetches)
+        if not first_sync and not fetches:
+            likely = RESYNC_FETCH_ODDS
     again_by_req = len(frozenset().union(*(f.held for f in by_req))) + sum(f.elsewhere for f in by_req)
     bytes_down = again_by_req * EVENT_BYTES + sum(f.again for f in by_neg) * NEG_ITEM_BYTES
-    return MethodChoice(tuple(negentropy), starts, bytes_down, start)
+    return MethodChoice(tuple(negentropy), starts, bytes_down, start, likely)
 
 
 def choose_methods(filters: Sequence[FilterFacts], negentropy_allowed: bool = True,
-                   start: int = START_BYTES) -> MethodChoice:
+                   start: int = START_BYTES, first_sync: bool = True) -> MethodChoice:
     """The cheapest split of a batch's filters between NIP-77 and REQ pages.
 
     The filters a REQ would bring most of again go by NIP-77 first: the best split is one
     of those prefixes (each filter moved to NIP-77 costs about one start, and saves what
     its pages bring again). Filters the rejected index may match go by NIP-77 whatever
     the price. Without NIP-77 (not allowed here), REQ pages for all. ``start``: what a
-    start is worth here (``start_bytes``)."""
+    start is worth here (``start_bytes``); ``first_sync``: nothing of the batch was held
+    before this round (``price``: a re-sync expects no id fetch)."""
     n = len(filters)
     if not negentropy_allowed or n == 0:
-        return price(filters, [False] * n, start)
+        return price(filters, [False] * n, start, first_sync)
     forced = [f.refused for f in filters]
     order = sorted((i for i in range(n) if not forced[i]), key=lambda i: -filters[i].again)
     best = None
@@ -149,7 +161,7 @@ def choose_methods(filters: Sequence[FilterFacts], negentropy_allowed: bool = Tr
             chosen[order[k - 1]] = True
         if k and filters[order[k - 1]].again == 0:
             break  # nothing more to save: NIP-77 for it only adds starts
-        candidate = price(filters, chosen, start)
+        candidate = price(filters, chosen, start, first_sync)
         if best is None or candidate.cost < best.cost:
             best = candidate
     return best
@@ -193,20 +205,27 @@ class FollowerWait:
 
 
 def follower_wait(expected: int, leader_queued: int, gate_secs: float, cap_secs: float,
-                  filters: int = 0, start: int = 0) -> FollowerWait:
+                  filters: int = 0, start: int = START_BYTES, own_queued: int | None = None) -> FollowerWait:
     """Should a batch of ``expected`` events that another relay leads wait for that lead?
 
     Waiting saves the pages that would bring again what the lead brings (``expected`` events
-    by REQ, all of it a copy), less the NIP-77 starts the batch then spends instead (one an
-    exchange for each of its ``filters``, at ``start`` each: on a first sync, a gate
-    interval of wait too), and costs one more own-relay read and the time until the lead's
-    pages come: the starts queued on the leader's relay (``leader_queued``) and its own, a
-    gate interval each, worth ``WAIT_BYTES_PER_SEC`` a second. It waits when what it saves
-    is worth more than the read and the time; and at most as long as that is worth
-    (``cap_secs`` in all), so a slow or silent lead (another shard's) costs no more than it
-    could save."""
-    saved = expected * EVENT_BYTES - filters * start
+    by REQ, all of it a copy), less what checking the lead's work then costs: an exchange
+    for each of the batch's ``filters`` at ``start`` each (the remote's work: the events the
+    operator waits for come by the lead meanwhile, so the exchanges, queued behind the
+    relay's own leads, add no wait of theirs) and one more own-relay read.
+
+    The wait costs the operator only the lead's lateness: the lead's pages come after the
+    starts queued on the leader's relay (``leader_queued``), the batch's own would have come
+    after those queued on its own relay (``own_queued``), a gate interval each, worth
+    ``WAIT_BYTES_PER_SEC`` a second. It waits at most as long as its own pages would have
+    taken plus what the saving is worth (``cap_secs`` in all), so a slow or silent lead
+    (another shard's) costs no more than it could save; and only when the lead comes within
+    that. ``own_queued`` None: as long as the leader's (the lead is never late)."""
+    saved = expected * EVENT_BYTES - filters * start - OWN_READ_BYTES
     free = WAIT_BYTES_PER_SEC <= 0  # (0: the test suite's tiny worlds)
-    worth_secs = cap_secs if free else max(0.0, min(cap_secs, saved / WAIT_BYTES_PER_SEC))
     until_lead = (leader_queued + 1) * gate_secs
-    return FollowerWait(saved > OWN_READ_BYTES and until_lead <= worth_secs, worth_secs)
+    until_own = until_lead if own_queued is None else (own_queued + 1) * gate_secs
+    if free:
+        return FollowerWait(saved > 0 and until_lead <= cap_secs, cap_secs)
+    max_secs = min(cap_secs, until_own + max(0.0, saved / WAIT_BYTES_PER_SEC))
+    return FollowerWait(saved > 0 and until_lead <= max_secs, max_secs)

@@ -94,9 +94,10 @@ class HistoricPlanner:
         batch = PendingBatch(self.queue.batch_id(), items, kind=kind)
         batch.semantic_filters = list(filters)
         state.current.pending[batch.batch_id] = batch
-        wait = self.follower_wait(items, leaders, len(filters)) if asks_own and leaders else None
+        wait = self.follower_wait(state, items, leaders, filters) if asks_own and leaders else None
         if wait is not None and (go_now or not (wait.wait or OTHER_SHARD_LEAD in leaders)):
             batch.share_all = True  # waiting would cost more than the pages it saves
+            self.lead.lead((state.url, batch.batch_id), items)  # it fetches them: a later relay may follow it
             self.read_own_holdings(state, batch, filters, coalesce, now)
         elif wait is not None:
             self.wait_for_leaders(state, batch, coalesce, leaders, wait.max_secs, now)
@@ -199,16 +200,43 @@ class HistoricPlanner:
         self.read_ahead(state, batch, now, added)
         return True
 
-    def follower_wait(self, items: PendingItems, leaders, filters: int) -> method.FollowerWait:
+    def follower_wait(self, state, items: PendingItems, leaders, filters) -> method.FollowerWait:
         """Should a batch of ``items`` wait for ``leaders`` (other relays' batches leading
         them), and how long at most? While the pages the lead saves are worth more than the
-        starts queued before it on the slowest leader's relay (``method.follower_wait``)."""
+        exchanges checking it (those of its ``filters`` that no check queued on this relay
+        takes in) and the lead comes no later than that is worth (``method.follower_wait``)."""
         queued = max((len(s.current.historic_queue) for s in map(self.relays.get, {url for url, _ in leaders})
                       if s is not None), default=0)
         expected = method.expected_events(len(items.repos), len(items.root_events))
         gate = self.gate_secs()
+        checks = [g[0] for token, g in state.current.historic_queue if is_exchange(token)
+                  and (b := state.current.pending.get(state.current.sub_to_batch.get(token))) is not None
+                  and b.follower]
+        budget = filter_plan.tag_value_budget(state.current.limits) // 2
+        adds = sum(1 for f in filters if not any(filter_plan.merge_tag_values(c, f, budget) for c in checks))
+        own_queued = len(state.current.historic_queue)
+        # the checks hide behind the work queued here; past it, each is a gate interval of wait
+        # too, for what the other relay lacked (the demo's world: every relay holds its own)
+        start = method.START_BYTES if own_queued >= adds else method.start_bytes(gate, first_sync=True)
         return method.follower_wait(expected, queued, gate, constants.FOLLOWER_WAIT_MAX_SECS,
-                                    filters, method.start_bytes(gate, first_sync=True))
+                                    adds, start, own_queued)
+
+    def leaders_to_follow(self, state, items: PendingItems, leaders, filters_of) -> set:
+        """Of ``leaders`` (other relays' batches leading some of ``items``), those a batch of
+        what they lead would wait for (``follower_wait``): all, or the soonest (fewest
+        starts queued on their relays) that still pay for the wait. What only later leaders
+        lead, this relay fetches too: waiting for the slowest leader held back what the
+        others would bring as soon (``filters_of(items)``: the filters of a part)."""
+        def queued(key) -> int:
+            s = self.relays.get(key[0])
+            return len(s.current.historic_queue) if s is not None else 0
+
+        for bound in sorted({queued(k) for k in leaders}, reverse=True):
+            kept = {k for k in leaders if queued(k) <= bound}
+            _, theirs, followed = self.lead.split(state.url, items, follow=kept.__contains__)
+            if theirs and self.follower_wait(state, theirs, followed, filters_of(theirs)).wait:
+                return kept
+        return set(leaders)  # none pays: all of them, as before (the batch then goes at once)
 
     def gate_secs(self) -> float:
         return self.sync.background_start_interval_ms / 1000
@@ -331,8 +359,8 @@ class HistoricPlanner:
         first_sync = not any((self.seen.get(event_id) or -1.0) < since for held in holdings for _, event_id in held)
         facts = [self.filter_facts(batch, f, held, len(filters), first_sync)
                  for f, held in zip(filters, holdings, strict=True)]
-        start = method.start_bytes(self.gate_secs(), first_sync)
-        choice = method.choose_methods(facts, allowed, start)
+        start = method.start_bytes(self.gate_secs(), first_sync and not batch.follower)
+        choice = method.choose_methods(facts, allowed, start, first_sync)
         by_neg = [(f, held) for f, held, neg in zip(filters, holdings, choice.negentropy, strict=True) if neg]
         by_req = [f for f, neg in zip(filters, choice.negentropy, strict=True) if not neg]
         self.log.debug("historic_methods_chosen", relay=state.url, batch_id=batch.batch_id,

@@ -370,19 +370,26 @@ def first_startable(state) -> int | None:
     batch whose layer-2 exchanges have not all answered; what those find missing may be
     roots, whose threads then join it (``cover_threads_ahead``) instead of taking a round
     of their own. They end by their deadline, and pump again when they do. None: all
-    that is queued waits so."""
+    that is queued waits so. A follower's starts (checks of another relay's lead) go after
+    the relay's own leads."""
     queue, session = state.current.historic_queue, state.current
     layer2 = None  # batches with a layer-2 exchange queued or running
+    follower = None  # the first startable entry of a follower's batch: after the others
     for i, (sub_id, group) in enumerate(queue):
-        if not any(map(filter_plan.asks_by_root, group)):
+        if any(map(filter_plan.asks_by_root, group)):
+            if layer2 is None:
+                layer2 = {run.batch_id for run in session.neg_running.values()
+                          if filter_plan.asks_by_repo(run.filter)}
+                layer2.update(session.sub_to_batch[token] for token, g in queue if token in session.sub_to_batch
+                              and is_exchange(token) and filter_plan.asks_by_repo(g[0]))
+            if session.sub_to_batch.get(sub_id) in layer2:
+                continue
+        batch = session.pending.get(session.sub_to_batch.get(sub_id))
+        if batch is None or not batch.follower:  # a stale entry (None) goes: pump drops it
             return i
-        if layer2 is None:
-            layer2 = {run.batch_id for run in session.neg_running.values() if filter_plan.asks_by_repo(run.filter)}
-            layer2.update(session.sub_to_batch[token] for token, g in queue if token in session.sub_to_batch
-                          and is_exchange(token) and filter_plan.asks_by_repo(g[0]))
-        if session.sub_to_batch.get(sub_id) not in layer2:  # a stale entry (None) goes: pump drops it
-            return i
-    return None
+        if follower is None:
+            follower = i
+    return follower
 
 
 def regroup(plan, state, sub_id: str, parts) -> PendingBatch:

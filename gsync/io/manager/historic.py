@@ -167,8 +167,8 @@ class HistoricSync:
     def use_negentropy(self, state: RelayState, filters) -> bool:
         return self.plan.use_negentropy(state, filters, self.clock())
 
-    def leaders_too_slow(self, items: PendingItems, leaders, filters: int) -> bool:
-        return not self.plan.follower_wait(items, leaders, filters).wait
+    def leaders_too_slow(self, state: RelayState, items: PendingItems, leaders, filters) -> bool:
+        return not self.plan.follower_wait(state, items, leaders, filters).wait
 
     def release_followers(self, keys, overdue: bool = False) -> None:
         self.plan.release_followers(keys, self.clock(), overdue)

@@ -421,9 +421,13 @@ class RelayLifecycle:
         leaders = ()
         if confirm and since is None and self.historic.use_negentropy(state, filters):
             mine, theirs, leaders = self.lead.split(state.url, items)
+            if theirs:  # follow the leaders soon enough to wait for; lead the rest too
+                follow = self.historic.plan.leaders_to_follow(state, items, leaders,
+                                                             lambda i: sync_filters(state, i, since))
+                mine, theirs, leaders = self.lead.split(state.url, items, follow=follow.__contains__)
             mine, elsewhere = self.split_led_elsewhere(state, mine)
             too_slow = bool(theirs) and self.historic.leaders_too_slow(
-                theirs, leaders, len(sync_filters(state, theirs, since)))
+                state, theirs, leaders, sync_filters(state, theirs, since))
             if elsewhere or (theirs and not too_slow):
                 if too_slow:  # as below: no wait, what the leaders bring priced in
                     mine.add(theirs)

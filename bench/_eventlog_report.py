@@ -1,0 +1,57 @@
+"""Which paths brought events again: reads ``bench/_gsync_eventlog.py``'s log.
+
+    python bench/_eventlog_report.py LOG [--top 25]
+
+Each event's first arrival is "first"; every later one is a copy, counted by what brought it
+(the batch's kind/method/flags/by-id-or-filter/tags/kinds, as logged) and by whether the same
+relay had brought it before ("same relay") or only another relay ("other relay"); and by
+what brought its first arrival (the path it duplicated)."""
+from __future__ import annotations
+
+import argparse
+import collections
+
+
+def report(path: str, top: int = 25) -> list[str]:
+    first: dict[str, tuple[float, str, str]] = {}
+    seen_on: dict[str, set[str]] = collections.defaultdict(set)
+    firsts = collections.Counter()
+    again = collections.Counter()
+    pairs = collections.Counter()
+    total = 0
+    with open(path) as fh:
+        for line in fh:
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) != 5:
+                continue
+            t, relay, _sub, event_id, what = parts
+            total += 1
+            if event_id not in first:
+                first[event_id] = (float(t), relay, what)
+                firsts[what] += 1
+            else:
+                where = "same relay" if relay in seen_on[event_id] else "other relay"
+                again[(what, where)] += 1
+                pairs[(first[event_id][2], what)] += 1
+            seen_on[event_id].add(relay)
+    out = [f"event log {path}: {total:,} received, {len(first):,} distinct, "
+           f"{total / max(1, len(first)):.2f} a distinct event"]
+    out.append("  first arrivals by path:")
+    out += [f"    {n:7,}  {what}" for what, n in firsts.most_common(top)]
+    out.append("  copies by path (and whether that relay had sent it before):")
+    out += [f"    {n:7,}  {what}  [{where}]" for (what, where), n in again.most_common(top)]
+    out.append("  copies by (path of the first arrival -> path of the copy):")
+    out += [f"    {n:7,}  {a}  ->  {b}" for (a, b), n in pairs.most_common(top)]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("log")
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    print("\n".join(report(args.log, args.top)))
+
+
+if __name__ == "__main__":
+    main()
