@@ -1,6 +1,7 @@
 """Shared fixtures: real relays, scripted relays and gsync processes, always stopped."""
 import contextlib
 import os
+import subprocess
 import sys
 
 # pytest rewrites the asserts of every test module a worker imports, and of hypothesis (a
@@ -29,6 +30,32 @@ settings.load_profile("gsync")
 
 
 _PEERS = {"relay_factory", "gsync_factory", "scripted", "seeded_relay"}
+
+
+def pytest_configure(config):
+    """A run on several workers starts cold (a fresh clone): each worker would rewrite the
+    asserts of every test module it imports and compile gsync, all ten at once (2.8 s of
+    CPU each: half a minute of the two cores). One collection in one process first writes
+    what they all read (about 4 s); skipped once the caches are warm."""
+    if (os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("GSYNC_WARMING")
+            or not isinstance(config.getoption("numprocesses", None), int)
+            or config.getoption("numprocesses") < 2 or _caches_warm(config)):
+        return
+    subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
+                    *config.args], env=dict(os.environ, GSYNC_WARMING="1"),
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300, check=False)
+
+
+def _caches_warm(config) -> bool:
+    """Does every test module have its rewritten bytecode, newer than its source?"""
+    here = os.path.dirname(os.path.abspath(__file__))
+    tag = f"{sys.implementation.cache_tag}-pytest-{pytest.__version__}.pyc"
+    for name in os.listdir(here):
+        if name.startswith("test_") and name.endswith(".py"):
+            cached = os.path.join(here, "__pycache__", name[:-3] + "." + tag)
+            if not os.path.exists(cached) or os.path.getmtime(cached) < os.path.getmtime(os.path.join(here, name)):
+                return False
+    return True
 
 
 def pytest_xdist_auto_num_workers(config):
