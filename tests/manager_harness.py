@@ -30,7 +30,7 @@ from gsync.io.inbox import (
     Tick,
 )
 from gsync.io.manager import SyncManager
-from gsync.io.manager.effects import link
+from gsync.io.manager.effects import ConnectionLinks
 from gsync.io.own_query import HeldItems
 from gsync.ops.config import ClusterConfig, Config, NetworkConfig, ServiceConfig, SyncConfig
 from gsync.protocol import messages as wire
@@ -88,15 +88,15 @@ class RecordedConnection(RelayConnection):
             self.sent_at.append(self.fake_clock.now)
 
 
-class RecordingEffects:
+class RecordingEffects(ConnectionLinks):
     def __init__(self, clock: FakeClock):
         self.clock = clock
         self.timers: list = []  # heap of (due, seq, msg)
         self._seq = itertools.count()
         self.spawned: list[Spawned] = []
         self.connections: dict[str, list[RecordedConnection]] = {}
-        self.links: dict[int, RecordedConnection] = {}  # connection handle → the connection
-        self.handles = itertools.count(1)
+        self._links: dict[int, RecordedConnection] = {}  # connection handle → the connection
+        self._handles = itertools.count(1)
 
     def later(self, delay: float, msg) -> None:
         heapq.heappush(self.timers, (self.clock.now + delay, next(self._seq), msg))
@@ -115,23 +115,10 @@ class RecordingEffects:
     def kill(self, handle: Spawned) -> None:
         handle.killed = True
 
-    def send(self, handle: int, frame: str) -> None:
-        conn = self.links.get(handle)
-        if conn is not None:
-            conn.send(frame)  # recorded in its ``frames``
-
-    def close(self, handle: int, reason: str) -> None:
-        conn = self.links.pop(handle, None)
-        if conn is not None:
-            conn.close(reason)
-
-    def spawn_on(self, handle: int, fn, *args, **kwargs) -> Spawned:
-        return self.spawn(fn, self.links.get(handle), *args, **kwargs)
-
     def connection(self, relay: str, ws, session: int, **kwargs):
         conn = RecordedConnection(relay, ws, session, lambda msg: None, fake_clock=self.clock, **kwargs)
         self.connections.setdefault(relay, []).append(conn)
-        return link(self.links, self.handles, conn)
+        return self._link(conn)
 
     def monotonic(self) -> float:
         return self.clock.now

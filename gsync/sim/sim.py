@@ -55,7 +55,7 @@ from ..io.inbox import (
 )
 from ..io.manager import SyncManager
 from ..io.manager import lifecycle as lifecycle_module
-from ..io.manager.effects import link
+from ..io.manager.effects import ConnectionLinks
 from ..io.own_query import HeldItems
 from ..ops import metrics
 from ..ops.config import AuthConfig, Config, MetricsConfig, NetworkConfig, ServiceConfig, SyncConfig
@@ -188,12 +188,12 @@ class SimConnection(RelayConnection):
         self.sim.client_closed(self)
 
 
-class SimEffects:
+class SimEffects(ConnectionLinks):
     def __init__(self, sim, gen: int):
         self.sim = sim
         self.gen = gen
-        self.links: dict[int, SimConnection] = {}  # connection handle → the connection
-        self.handles = itertools.count(1)
+        self._links: dict[int, SimConnection] = {}  # connection handle → the connection
+        self._handles = itertools.count(1)
 
     def later(self, delay: float, msg) -> None:
         self.sim.at(self.sim.clock.now + delay, self.sim.post, msg, gen=self.gen)
@@ -214,21 +214,8 @@ class SimEffects:
     def kill(handle: Spawned) -> None:
         handle.killed = True
 
-    def send(self, handle: int, frame: str) -> None:
-        conn = self.links.get(handle)
-        if conn is not None:
-            conn.send(frame)
-
-    def close(self, handle: int, reason: str) -> None:
-        conn = self.links.pop(handle, None)
-        if conn is not None:
-            conn.close(reason)
-
-    def spawn_on(self, handle: int, fn, *args, **kwargs) -> Spawned:
-        return self.spawn(fn, self.links.get(handle), *args, **kwargs)
-
     def connection(self, relay: str, ws, session: int, **kwargs):
-        return link(self.links, self.handles, self.sim.open_connection(relay, session, **kwargs))
+        return self._link(self.sim.open_connection(relay, session, **kwargs))
 
     def monotonic(self) -> float:
         return self.sim.clock.now

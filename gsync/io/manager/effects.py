@@ -22,7 +22,34 @@ from ...protocol.subscription_book import SubscriptionBook
 from ..connection import RelayConnection
 
 
-class GeventEffects:
+class ConnectionLinks:
+    """The relay connections an effects holds, by handle (``_links``, handles drawn from
+    ``_handles``): what the manager sends and closes goes through these, the same for the
+    real connections, the simulator's and the harness's."""
+
+    _links: dict
+    _handles: itertools.count
+
+    def _link(self, conn) -> tuple[int, SubscriptionBook]:
+        return link(self._links, self._handles, conn)
+
+    def send(self, handle: int, frame: str) -> None:
+        """Queue ``frame`` (a wire message) for the connection's writer."""
+        conn = self._links.get(handle)
+        if conn is not None:
+            conn.send(frame)
+
+    def close(self, handle: int, reason: str) -> None:
+        conn = self._links.pop(handle, None)
+        if conn is not None:
+            conn.close(reason)
+
+    def spawn_on(self, handle: int, fn, *args, **kwargs):
+        """``spawn(fn, the connection, *args)``: a NIP-77 exchange runs on the socket itself."""
+        return self.spawn(fn, self._links.get(handle), *args, **kwargs)
+
+
+class GeventEffects(ConnectionLinks):
     """Real greenlets and timers (gevent), real relay connections."""
 
     def __init__(self, post):
@@ -73,22 +100,7 @@ class GeventEffects:
         its writer sends what the manager queues. Returns (its handle, its bookkeeping)."""
         conn = RelayConnection(relay, ws, session, self.post, **kwargs)
         conn.start()
-        return link(self._links, self._handles, conn)
-
-    def send(self, handle: int, frame: str) -> None:
-        """Queue ``frame`` (a wire message) for the connection's writer."""
-        conn = self._links.get(handle)
-        if conn is not None:
-            conn.send(frame)
-
-    def close(self, handle: int, reason: str) -> None:
-        conn = self._links.pop(handle, None)
-        if conn is not None:
-            conn.close(reason)
-
-    def spawn_on(self, handle: int, fn, *args, **kwargs) -> int:
-        """``spawn(fn, the connection, *args)``: a NIP-77 exchange runs on the socket itself."""
-        return self.spawn(fn, self._links.get(handle), *args, **kwargs)
+        return self._link(conn)
 
     @staticmethod
     def monotonic() -> float:
