@@ -401,15 +401,15 @@ def test_a_relay_that_ignores_since_is_not_hung_up_on(relay_factory, scripted, g
     assert gsync.metric(DROPS, reason="no_matching_filter") == 0
 
 
-def _sync_issues_and_comments(own, remote, gsync_factory, d: str, count: int):
+def _sync_issues_and_comments(own, remote, gsync_factory, d: str, count: int, own_holds_issues=False):
     """A repository of ``count`` issues on ``remote``, one in ten with a comment (reachable
-    only through its issue's id: layer 3), announced on ``own``; gsync started and every
-    one of them arrived. Returns gsync."""
+    only through its issue's id: layer 3), announced on ``own`` (with the issues too, when
+    ``own_holds_issues``); gsync started and every one of them arrived. Returns gsync."""
     repo = our_announcement(own, [remote], d=d)
     issues = [f.issue(carol, repo, subject=f"issue {n}") for n in range(count)]
     replies = [f.comment(alice, issue) for issue in issues[::10]]
     remote.add(repo, *issues, *replies)
-    publish(own.url, [repo])
+    publish(own.url, [repo, *issues] if own_holds_issues else [repo])
     gsync = gsync_factory(own, [remote], extra={"sync": {"base_backoff_secs": "1"}})
     assert_arrives(own, issues + replies, timeout=60, what="the issues and their comments")
     return gsync
@@ -423,10 +423,13 @@ def test_a_relay_that_hangs_up_on_long_messages_is_synced_in_shorter_reqs(relay_
     # publish it; this one does not): a longer message ends the session, with a close frame
     # saying 1009 ("message too big") or without a word. 600 issues make layer-3 REQs of
     # about 120 kB. Sent again after every reconnect, they would never get through; the
-    # hang-up teaches gsync to send shorter ones, and the issues' comments arrive.
+    # hang-up teaches gsync to send shorter ones, and the issues' comments arrive. The own
+    # relay holds the issues from the start, so the first layer-3 REQs name all 600 ids
+    # whatever the machine's load (fetched first, the issues could land a few at a time on
+    # a busy machine and make only short REQs: the hang-up was then never tested).
     own = relay_factory()
     remote = scripted(page_size=2000, max_message=(64 * 1024, how))
-    gsync = _sync_issues_and_comments(own, remote, gsync_factory, "short-messages", 600)
+    gsync = _sync_issues_and_comments(own, remote, gsync_factory, "short-messages", 600, own_holds_issues=True)
     assert 1 <= len(remote.oversized) <= 4, remote.oversized
     learned = [e for e in gsync.log_events() if e.get("event") == "message_length_lowered"]
     assert learned and learned[-1]["max_message_length"] <= 64 * 1024, learned
