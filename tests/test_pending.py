@@ -838,3 +838,16 @@ def test_repacking_keeps_within_the_relays_message_size():
     groups = repack(b, ["a", "b"], per_req=10, max_chars=size)
     assert [len(g) for g in groups.values()] == [3, 3]
     assert all(len(wire.req(s, g)) <= size for s, g in groups.items())
+
+
+def test_the_queues_measure_of_a_req_is_the_bytes_the_wire_sends():
+    """``start_queue.req_bytes`` measures the REQs the queue will send as ``messages.req``
+    builds them, for every kind of id it mints (a page after an EOSE, ``h…-….2``, too)."""
+    from gsync.sync.start_queue import StartQueue, req_bytes
+
+    queue = StartQueue(itertools.count(7))
+    filters = [Filter.make(kinds=[1], tags={"e": ["a" * 64, "b" * 64]}, until=5),
+               Filter.make(tags={"d": ["漢字", "x\n"]}, limit=0)]
+    for sub_id in (queue.req_id(3), queue.exchange_token(3), f"{queue.req_id(12345)}.2"):
+        for group in (filters, filters[:1]):
+            assert req_bytes(sub_id, group) == len(wire.req(sub_id, group).encode())

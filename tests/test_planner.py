@@ -8,7 +8,9 @@ from __future__ import annotations
 import itertools
 from types import SimpleNamespace
 
+from gsync.constants import MAX_OPEN_FILTER_BYTES
 from gsync.io.inbox import OwnHoldingsRead
+from gsync.protocol import messages as wire
 from gsync.protocol.event import Event
 from gsync.protocol.filters import Filter
 from gsync.protocol.nip11 import RelayLimits
@@ -304,6 +306,17 @@ def test_a_req_past_the_open_filters_bytes_waits_for_one_to_end():
     assert start_queue.next_start(w.plan, state, True, 10**9, NOW) is None
     assert len(state.current.historic_queue) == 1
     assert start_queue.next_start(w.plan, state, False, 10**9, NOW) is not None  # alone it goes whatever its size
+
+
+def test_the_open_filters_bytes_count_the_req_as_the_wire_sends_it():
+    w = World()
+    state = w.relay()
+    batch = w.batch(state, ISSUES)
+    w.plan.queue.add_reqs(state, batch, [ISSUES])
+    size = len(wire.req(*state.current.historic_queue[0]).encode())
+    assert start_queue.next_start(w.plan, state, True, MAX_OPEN_FILTER_BYTES - size + 1, NOW) is None
+    start = start_queue.next_start(w.plan, state, True, MAX_OPEN_FILTER_BYTES - size, NOW)  # it just fits
+    assert start is not None and start.filters == [ISSUES]
 
 
 def test_thread_starts_wait_for_their_batchs_layer2_exchanges():

@@ -17,7 +17,6 @@ from collections.abc import Iterable, Iterator
 
 from ..constants import MAX_FILTERS_PER_REQ, MAX_IDS_PER_REQ, MAX_OPEN_FILTER_BYTES
 from ..protocol.filters import Filter
-from ..protocol.messages import req_size
 from . import filter_plan, result_caps
 from .batch_phase import Step
 from .pending import (
@@ -65,6 +64,15 @@ def is_exchange(sub_id: str) -> bool:
 
 def is_own_read(sub_id: str) -> bool:
     return isinstance(sub_id, OwnReadToken)
+
+
+def req_bytes(sub_id: str, filters: Iterable[Filter] = ()) -> int:
+    """Bytes of the REQ ``["REQ",<sub_id>,<filter>,…]`` that a queued start sends
+    (``protocol.messages.req``), measured without building it: the queue's one measure of
+    its REQs, for sharing them out (``repack``), filling one (``fill_by_splitting``) and the
+    open filters' bytes (``next_start``). Its ids are minted here, plain ASCII: as JSON
+    each is itself in quotes. A filter adds its JSON and a comma."""
+    return 10 + len(sub_id) + sum(f.serialized_size() + 1 for f in filters)
 
 
 def union_of_holdings(a, b) -> list:
@@ -318,7 +326,7 @@ def next_start(plan, state, open_any: bool, open_bytes: int, now: float):
             plan.queue.add_cut(state, batch, cut, pages)
             continue
         group = fill_before_start(plan, state, batch, sub_id, group)
-        if open_any and open_bytes + req_size(sub_id, group) > MAX_OPEN_FILTER_BYTES:
+        if open_any and open_bytes + req_bytes(sub_id, group) > MAX_OPEN_FILTER_BYTES:
             return None  # wait for a historic REQ to finish and free room
         plan.queue.drop_first(state)
         if batch is not None and not batch.started:
@@ -513,13 +521,13 @@ def repack(batch: PendingBatch, sub_ids: list[str], per_req: int = MAX_FILTERS_P
     end. Returns sub id -> filters for those that carry some. (Filling in order is
     optimal: each original REQ fit, so no more REQs come out than went in.)"""
     states = [s for sid in sub_ids for s in batch.pagination[sid].filters]
-    frame = max(req_size(sid, ()) for sid in sub_ids)
+    frame = max(req_bytes(sid) for sid in sub_ids)
     names = iter(sub_ids)
     out: dict[str, list[Filter]] = {}
     group: list[FilterPaginationState] = []
     size = frame
     for s in states + [None]:
-        cost = 0 if s is None else s.page_filter.serialized_size() + 1  # as req_size counts
+        cost = 0 if s is None else s.page_filter.serialized_size() + 1  # as req_bytes counts
         over = max_chars is not None and size + cost > max_chars
         if group and (s is None or len(group) >= per_req or over):
             name = next(names)
@@ -553,7 +561,7 @@ def fill_by_splitting(batch: PendingBatch, sub_id: str, per_req: int = MAX_FILTE
         pieces = split_for_throughput(state.filters, slots)
         if len(pieces) == len(state.filters):
             break  # nothing divides further (single values)
-        if max_chars is None or req_size(sub_id, [p.page_filter for p in pieces]) <= max_chars:
+        if max_chars is None or req_bytes(sub_id, [p.page_filter for p in pieces]) <= max_chars:
             state.filters = pieces
             break
     return state.page_filters
