@@ -92,8 +92,7 @@ def test_an_own_relay_lacking_most_of_a_filter_fetches_it_by_pages(gsync_factory
     try:
         gsync = gsync_factory(own, [remote], timers=PRODUCTION_PRICES)
         want = {e.id for e in events}
-        wait_until(lambda: len(ids_on(own.url, {"kinds": [30617, 1621, 1111]})) == len(want),
-                   timeout=120, interval=0.5, what="the whole history")  # each look reads 1,050 events
+        assert_arrives(own, events, timeout=120, what="the whole history")
         assert ids_on(own.url, {"kinds": [30617, 1621, 1111]}) == want
         by_filter = [e for e in gsync.log_events() if e["event"] == "negentropy_fetch_by_filter"]
         assert by_filter, "no filter fetched by its pages"
