@@ -69,7 +69,7 @@ def seed(url: str, events: list[str], connections: int = 10) -> None:
     LocalRelay allows about 6,000 quick frames per connection and hangs up silently past
     that, so the events are spread over several connections and a dropped one is retried.
     """
-    pending = {json.loads(e)["id"]: json.loads(e) for e in events}
+    pending = {json.loads(e)["id"]: e for e in events}
     for _ in range(5):
         chunks = [list(pending.values())[i::connections] for i in range(connections)]
         results: dict = {}
