@@ -331,7 +331,7 @@ class SyncManager:
             values = (int(state.status), failures, subscriptions, round(parked[1]) if parked else 0)
             if values != state.gauge_values:  # set only here: unchanged, not set again
                 for gauge, value, last in zip((connected_g, failures_g, subscriptions_g, parked_g), values,
-                                              state.gauge_values or (None,) * 4):
+                                              state.gauge_values or (None,) * 4, strict=True):
                     if value != last:
                         gauge.set(value)
                 state.gauge_values = values
@@ -360,7 +360,7 @@ class SyncManager:
         metrics.BACKGROUND_START_INTERVAL.set(self.config.sync.background_start_interval_ms / 1000)
         progress, works = read_progress(self.relays, self.repos, self.health, self.config.sync, now)
         publish_progress(progress)
-        for state, work in zip(self.relays.values(), works):  # (works: one per relay, in order)
+        for state, work in zip(self.relays.values(), works, strict=True):  # (works: one per relay, in order)
             queued = state.gauges[-1]
             if work.starts_queued != state.queued_value:
                 queued.set(work.starts_queued)
