@@ -227,6 +227,35 @@ def test_the_gauges_follow_the_progress_and_keep_one_series_per_relay_in_the_tab
     assert A not in relays
 
 
+def test_a_relays_gauges_follow_each_change_across_scrapes(tmp_path):
+    """update_metrics sets a relay's gauges only when their value changed (issue 41: most
+    scrapes find them as they were): each scrape still reads the relay as it is now, back
+    and forth."""
+    from gsync.io.inbox import RelayDisconnected
+    from gsync.ops import metrics
+
+    def scrape():
+        h.manager.update_metrics(h.clock.now)
+        return (metrics.RELAY_CONNECTED.labels(A)._value.get(), metrics.RELAY_FAILURES.labels(A)._value.get(),
+                metrics.STARTS_QUEUED.labels(A)._value.get())
+
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, 2))
+    h.connect(A, limits=RelayLimits(max_filters=2))
+    h.answer_own_reads()
+    syncing_now = scrape()
+    assert syncing_now[0] == int(ConnectionStatus.SYNCING) and syncing_now[2] >= 1
+    assert scrape() == syncing_now  # nothing changed: the same values
+    h.settle(A)
+    assert scrape()[2] == 0
+    h.feed(RelayDisconnected(A, h.state(A).session, "connection closed"))
+    connected, failures, queued = scrape()
+    assert (connected, failures, queued) == (int(h.state(A).status), 1, 0) and connected != syncing_now[0]
+    h.advance(3600)
+    h.connect(A)
+    assert scrape()[0] == int(h.state(A).status) != connected
+
+
 def test_each_page_of_a_filter_counts_the_pages_before_it_and_its_split_pieces_keep_the_count():
     from gsync.protocol.filters import Filter
     from gsync.sync.pending import FilterPaginationState, PageCap

@@ -95,8 +95,9 @@ def run_replayable_seeds(seeds, **options) -> list[Ran]:
 
 
 # Ten seeds x 30 days in five child processes of two seeds (together 54 s of CPU on a loaded
-# machine, 73 s before issue 41's speed-ups; a seed's 30 days take 3-13 s, seed 6 the most: in
-# pairs, no child runs much longer than the others and ends the run alone). Twenty would take
+# machine, 73 s before issue 41's speed-ups, about a tenth less since its second pass; a seed's
+# 30 days take 3-13 s, seed 6 the most: in pairs, no child runs much longer than the others
+# and ends the run alone). Twenty would take
 # about 100 s of CPU (seeds 11-20 are clean; seed 20 alone takes 16 s): the whole suite's time is
 # the bound. More: bench/simulate --seeds 100 --days 30 --relays 3 --repos 8 --idle-tick 300.
 # Among them: seed 9 found a relay restarting every few minutes after an outage dialled once

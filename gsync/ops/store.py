@@ -336,6 +336,14 @@ class StateStore:
         ``member_deletes``: relay → [member]. Raises ``sqlite3.Error``/``OSError`` (a full
         disk, say): the caller keeps its changes for the next save."""
         db = self.db
+        if (meta and len(meta) == 1 and not (rejected_puts or rejected_deletes or relays or forget_relays
+                                             or confirmed_puts or confirmed_deletes or member_puts or member_deletes)):
+            # most saves: nothing changed but the time. One statement is its own transaction
+            # (BEGIN and COMMIT around it cost as much again)
+            ((key, value),) = meta.items()
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+            self.saved_at = now
+            return
         with _transaction(db):
             if rejected_puts:
                 db.executemany("INSERT OR REPLACE INTO rejected (id, entry) VALUES (?, ?)", rejected_puts)

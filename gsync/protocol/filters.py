@@ -48,11 +48,15 @@ class Filter:
         return None
 
     def replace(self, **changes) -> Filter:
-        derived = dataclasses.replace(self, **changes)
-        if changes.keys() <= _BOUNDS:
-            # Made here if not yet, so that the two share it: a filter and its live form
-            # (or next page) are both sized and sent, and were each encoding the same values.
-            object.__setattr__(derived, "_selectors", self._selectors_json())
+        if not changes.keys() <= _BOUNDS:
+            return dataclasses.replace(self, **changes)
+        # the usual change (a page's until, a live form's limit): built directly, as
+        # dataclasses.replace would (which reads every field's definition at each call)
+        derived = type(self)(self.ids, self.authors, self.kinds, self.tags, changes.get("since", self.since),
+                             changes.get("until", self.until), changes.get("limit", self.limit))
+        # Made here if not yet, so that the two share it: a filter and its live form (or
+        # next page) are both sized and sent, and were each encoding the same values.
+        object.__setattr__(derived, "_selectors", self._selectors_json())
         return derived
 
     def to_json(self) -> str:

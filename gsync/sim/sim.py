@@ -307,7 +307,8 @@ class Simulation:
         self.seq = itertools.count()
         self.gen = 0  # the manager's incarnation: what a killed one scheduled is dropped
         self.manager: SyncManager | None = None
-        self.hash = hashlib.sha256()
+        self.hash = hashlib.sha256()  # of the trace: read it through hashed()
+        self._unhashed: list[str] = []  # trace lines not in it yet
         self.messages = 0
         self.frames_up = 0
         self.own = OwnRelay(DOMAIN, self.world.repo_of)
@@ -349,10 +350,19 @@ class Simulation:
 
     def note(self, *parts) -> None:
         """One line of the trace (hashed; kept only in ``trace_lines`` if asked for)."""
-        line = f"{self.clock.now:.3f} " + " ".join(str(p) for p in parts) + "\n"
-        self.hash.update(line.encode())
+        line = f"{self.clock.now:.3f} " + " ".join(map(str, parts)) + "\n"
+        self._unhashed.append(line)
+        if len(self._unhashed) >= 1024:  # hashed a thousand lines at a time: the same digest
+            self.hashed()
         if self.trace_lines is not None:
             self.trace_lines.append(line)
+
+    def hashed(self):
+        """The trace's hash (``hashlib``), every line noted so far in it."""
+        if self._unhashed:
+            self.hash.update("".join(self._unhashed).encode())
+            self._unhashed.clear()
+        return self.hash
 
     trace_lines: list | None = None
 
@@ -721,7 +731,7 @@ class Simulation:
                 self.stop_gsync(graceful=True)
         if self._tmp is not None and not self.options.keep_state:
             self._tmp.cleanup()
-        return SimResult(self.options, self.hash.hexdigest(), self.checker.violations, self.messages,
+        return SimResult(self.options, self.hashed().hexdigest(), self.checker.violations, self.messages,
                          self.frames_up, self.checker.summary())
 
     def seed_world(self) -> None:

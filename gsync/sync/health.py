@@ -196,7 +196,10 @@ class RelayHealthTracker:
         self._relays: dict[str, _RelayHealth] = {}
 
     def _get(self, relay: str) -> _RelayHealth:
-        return self._relays.setdefault(relay, _RelayHealth())
+        h = self._relays.get(relay)
+        if h is None:  # (not setdefault: that built a record at every read, 264k a month of the simulator)
+            h = self._relays[relay] = _RelayHealth()
+        return h
 
     def _settle(self, h: _RelayHealth, now: float) -> None:
         """Apply the transitions that only need time to pass."""

@@ -272,7 +272,9 @@ class RelayState:
     last_error: str = ""
     events_delivered: int = 0
     received_metric: Any = None  # the relay's gsync_remote_events_total child, kept
-    gauges: Any = None  # its children of metrics.PER_RELAY_GAUGES, kept
+    gauges: Any = None  # its children of metrics.PER_RELAY_GAUGES and STARTS_QUEUED, kept
+    gauge_values: tuple | None = None  # what update_metrics last set of them (unchanged: not set again)
+    queued_value: int | None = None  # the same, of STARTS_QUEUED
 
     @property
     def connected(self) -> bool:

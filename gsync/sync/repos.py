@@ -41,6 +41,8 @@ class SyncLevel(enum.Enum):
 
 # -- reading announcements ---------------------------------------------------------------
 
+_NO_REPOS: frozenset[str] = frozenset()  # repos_listing of a relay no repository lists
+
 
 def list_tag_values(event: Event, name: str) -> list[str]:
     """Every value of every ``name`` tag, whether written as one tag or one tag per value."""
@@ -221,9 +223,9 @@ class RepoSyncIndex:
         """Every relay some repo's announcement lists (a view)."""
         return self._by_relay.keys()
 
-    def repos_listing(self, relay: str) -> set[str]:
+    def repos_listing(self, relay: str) -> set[str] | frozenset[str]:
         """Addresses of the repos whose announcement lists ``relay`` (do not modify)."""
-        return self._by_relay.get(relay, set())
+        return self._by_relay.get(relay, _NO_REPOS)  # (not a new set() at every call: ticks ask it per relay)
 
     def maintainers_of(self, identifier: str) -> set[str]:
         """Pubkeys in the ``maintainers`` tags of every known repo called ``identifier``."""

@@ -319,14 +319,22 @@ class SyncManager:
         connected = dead = members = 0
         for state in self.relays.values():
             if state.gauges is None:  # the relay's children, looked up once (every 2 s × relays)
-                state.gauges = tuple(g.labels(state.url) for g in metrics.PER_RELAY_GAUGES)
-            connected_g, status_g, failures_g, subscriptions_g, _paused, parked_g = state.gauges  # paused: set where it changes
-            connected_g.set(int(state.status))
+                state.gauges = (*(g.labels(state.url) for g in metrics.PER_RELAY_GAUGES),
+                                metrics.STARTS_QUEUED.labels(state.url))
+                state.gauge_values = None
+            # paused: set where it changes; status: set here and by the refusals
+            connected_g, status_g, failures_g, subscriptions_g, _paused, parked_g, _queued = state.gauges
             status_g.set(self.health.status_metric(state.url, now))
-            failures_g.set(self.health.failures(state.url, now))
-            subscriptions_g.set(len(state.current.book.subscriptions) if state.current.book else 0)
+            failures = self.health.failures(state.url, now)
+            subscriptions = len(state.current.book.subscriptions) if state.current.book else 0
             parked = self.health.parked(state.url, now)
-            parked_g.set(round(parked[1]) if parked else 0)
+            values = (int(state.status), failures, subscriptions, round(parked[1]) if parked else 0)
+            if values != state.gauge_values:  # set only here: unchanged, not set again
+                for gauge, value, last in zip((connected_g, failures_g, subscriptions_g, parked_g), values,
+                                              state.gauge_values or (None,) * 4, strict=True):
+                    if value != last:
+                        gauge.set(value)
+                state.gauge_values = values
             connected += state.connected
             dead += self.health.is_dead(state.url, now)
             members += len(state.member_roots)
@@ -350,7 +358,13 @@ class SyncManager:
         metrics.REJECTED_ENTRIES.set(len(self.rejected))
         metrics.REJECTED_LIMIT.set(self.rejected.max_entries)
         metrics.BACKGROUND_START_INTERVAL.set(self.config.sync.background_start_interval_ms / 1000)
-        publish_progress(*read_progress(self.relays, self.repos, self.health, self.config.sync, now))
+        progress, works = read_progress(self.relays, self.repos, self.health, self.config.sync, now)
+        publish_progress(progress)
+        for state, work in zip(self.relays.values(), works, strict=True):  # (works: one per relay, in order)
+            queued = state.gauges[-1]
+            if work.starts_queued != state.queued_value:
+                queued.set(work.starts_queued)
+                state.queued_value = work.starts_queued
 
     # -- operators ------------------------------------------------------------------------
 

@@ -58,11 +58,9 @@ def read_progress(relays, repos, health, sync, now: float) -> tuple[SyncProgress
     return sync_progress(works, len(repos), done), works
 
 
-def publish(progress: SyncProgress, works) -> None:
-    """The progress gauges; per relay, series only for the relays in the table (a retired
-    relay's go with ``metrics.forget_relay``)."""
+def publish(progress: SyncProgress) -> None:
+    """The progress gauges (per relay, ``metrics.STARTS_QUEUED`` is the manager's
+    ``update_metrics``': a series only for a relay in the table)."""
     metrics.SYNC_REPOS_COMPLETE.set(progress.repos_complete)
     metrics.SYNC_RELAYS_SYNCED.set(progress.relays_synced)
     metrics.SYNC_SECONDS_LEFT.set(-1 if progress.secs_left is None else progress.secs_left)
-    for work in works:
-        metrics.STARTS_QUEUED.labels(work.url).set(work.starts_queued)
