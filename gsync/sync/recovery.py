@@ -18,7 +18,8 @@ manager (``Attempt.unservable``); a whole filter is never asked again for an id 
 bring. An id unservable on one relay is asked of the others listing its repository by id
 once (``once``): one that does not serve it either is unservable there too (one ask per
 relay a day, not the backoff's dozen: seeds 3 and 4's year asked a relay hiding it 4 times
-in an hour).
+in an hour); an id held without a filter, answered without it by id ``UNSERVED_ID_ASKS``
+times, is unservable there too.
 """
 from __future__ import annotations
 
@@ -34,6 +35,12 @@ from ..constants import (
 )
 from ..protocol.filters import Filter
 
+# An id recovery holds without the filter that found it (a stalled REQ's, say), answered
+# without it by id this many times: unservable there, not asked again with the backoff
+# (seeds 5 and 9's year: a relay hiding 6 ids a stalled REQ had asked asked for them again
+# every 2 minutes, its attempts making progress on other work).
+UNSERVED_ID_ASKS = 2
+
 
 @dataclass
 class _RelayRecovery:
@@ -41,6 +48,7 @@ class _RelayRecovery:
     found_by: dict[str, Filter] = field(default_factory=dict)  # pending id -> its filter here
     by_filter: set[str] = field(default_factory=set)  # pending ids asked by found_by now
     once: set[str] = field(default_factory=set)  # pending ids asked by id once (no filter)
+    unserved: dict[str, int] = field(default_factory=dict)  # id (no filter) -> answered asks without it
     filters: dict[Filter, None] = field(default_factory=dict)  # REQs that never finished
     next_attempt_at: float = 0.0
     zero_progress_attempts: int = 0
@@ -167,8 +175,11 @@ class MissingEventRecovery:
                 if event_id in r.pending:
                     unservable[event_id] = r.found_by[event_id]
                     self._settle(r, event_id, relay)
-            for event_id in asked:  # asked by id once, and not served
-                if event_id in r.once and event_id in r.pending:
+            for event_id in asked:  # asked by id, answered without it, and no filter to ask
+                if event_id not in r.pending or event_id in r.found_by:
+                    continue
+                r.unserved[event_id] = times = r.unserved.get(event_id, 0) + 1
+                if event_id in r.once or times >= UNSERVED_ID_ASKS:
                     unservable[event_id] = None
                     self._settle(r, event_id, relay)
         # REQs that never finished, finished now (a filter asked for ids is done only when
@@ -200,6 +211,7 @@ class MissingEventRecovery:
         r.found_by.pop(event_id, None)
         r.by_filter.discard(event_id)
         r.once.discard(event_id)
+        r.unserved.pop(event_id, None)
         self._disown(event_id, relay)
 
     def cancel_attempt(self, relay: str) -> None:
@@ -221,6 +233,7 @@ class MissingEventRecovery:
                 r.found_by.pop(event_id, None)
                 r.by_filter.discard(event_id)
                 r.once.discard(event_id)
+                r.unserved.pop(event_id, None)
                 if not r:
                     del self._relays[relay]
                     recovered_relays.add(relay)
