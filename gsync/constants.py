@@ -63,6 +63,11 @@ POLL_MAX_SECS = 600.0
 # events are likely) is polled apart from the rest, on the cadence its own size allows: a
 # few new roots past a full budget are asked for every few seconds, not every ten minutes.
 FRESH_POLL_SECS = 3600.0
+# A relay whose live coverage is polled is looked at this often: if its live subscriptions
+# packed anew take fewer REQs than are open (they fragmented as coverage came a little at a
+# time), one consolidation brings polled coverage live. Seed 4's year: a relay allowing 10
+# subscriptions, 7 live ones open, its new coverage polled every 5 s for hours (busy_loop).
+POLLED_CONSOLIDATION_CHECK_SECS = 600.0
 # A live REQ the relay closed for no stated reason (not rate, policy or size) is opened again
 # from the current index; closed again within this long of that, it is polled instead: a
 # relay that closes every live REQ at once must not get a REQ/CLOSED loop.

@@ -343,9 +343,11 @@ class Nip77Serve:
 
     ``max_results``: a NEG-OPEN whose filter matches more stored events is refused as strfry
     refuses past its ``maxSyncEvents``: ``["NEG-ERR", sub, "blocked: too many query results",
-    max_results]`` (without the number when not ``report_cap``); ``refused`` counts those."""
+    max_results]`` (without the number when not ``report_cap``); ``refused`` counts those.
+    ``unlisted``: ids stored and never advertised (an index that lags)."""
 
-    def __init__(self, max_results: int | None = None, report_cap: bool = True):
+    def __init__(self, max_results: int | None = None, report_cap: bool = True, unlisted=()):
+        self.unlisted = set(unlisted)
         self.opened = 0
         self.refused = 0
         self.max_results = max_results
@@ -362,7 +364,7 @@ class Nip77Serve:
             self.filters.append(flt)
             with relay._store_lock:
                 items = [(ev.created_at, ev.id) for _, ev in relay._store.values()
-                         if ev is not None and flt.matches(ev)]
+                         if ev is not None and flt.matches(ev) and ev.id not in self.unlisted]
             if self.max_results is not None and len(items) > self.max_results:
                 self.refused += 1
                 return [["NEG-ERR", sub, "blocked: too many query results",

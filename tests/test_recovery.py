@@ -322,3 +322,21 @@ def test_a_relay_known_not_to_serve_ids_is_asked_by_filter_from_the_first_attemp
     rec.add_missing(A, ids(2), now=0, found_by=dict.fromkeys(ids(2), found_here), by_id_first=False)
     assert rec.next_attempt(A, now=30) == []
     assert rec.attempt_filters(A) == [found_here]
+
+
+def test_an_id_held_without_its_filter_answered_twice_without_it_is_unservable_there():
+    """Found by the simulator (seeds 5 and 9, a year): ids a stalled REQ had asked (no
+    filter known) went on being asked every 2 minutes of a relay that hid them, its
+    attempts making progress on other work. Answered twice by id without it, an id is
+    unservable there (returned, with no filter), not asked again."""
+    rec = MissingEventRecovery()
+    hidden = ids(1)
+    rec.add_missing(A, hidden, now=0)
+    assert rec.next_attempt(A, now=30) == hidden
+    assert rec.record_result(A, [], now=31, filters_done=False).unservable == {}, "not answered: not judged"
+    assert rec.next_attempt(A, now=61) == hidden
+    assert rec.record_result(A, [], now=62, filters_done=True).unservable == {}
+    assert rec.next_attempt(A, now=200) == hidden
+    assert rec.record_result(A, [], now=201, filters_done=True).unservable == {hidden[0]: None}
+    assert not rec.is_missing(hidden[0])
+    assert rec.next_attempt(A, now=10_000) is None

@@ -166,6 +166,35 @@ def test_an_id_unservable_on_one_relay_is_asked_by_id_from_another_listing_its_r
     assert by_id >= 1 and by_filter == 0, "asked by id, never by a whole filter"
 
 
+def test_an_id_unservable_on_one_relay_is_asked_of_each_other_relay_once_a_day(tmp_path):
+    """Found by the simulator (seeds 3 and 4, a year): the other relays listing the
+    repository are asked the id by id once each; one that does not serve it either (lacks
+    it, or hides it as the first does) is not asked again with recovery's backoff (that was
+    4 asks within the hour, a dozen in 2.5 h, every day): it is unservable there too, until
+    its next daily fresh start, and asks no one else."""
+    C = "wss://c.example"
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    _, hidden = world(h, relays=(A, B, C))
+    for url in (B, C):
+        h.connect(url)
+        run(h, url, [])  # they lack it
+    h.connect(A)
+    run(h, A, [hidden])
+    assert h.recovering(B) == h.recovering(C) == {hidden.id}
+    counted = unservable_count(B)
+    for _ in range(30):  # recovery's backoff would have asked a dozen times in these hours
+        h.advance(300)
+        h.tick()
+        for url in (B, C):
+            run(h, url, [])  # their REQs end, without it
+    for url in (B, C):
+        assert asks(h, url, hidden) == (1, 0), "asked by id once, never by a whole filter"
+        assert hidden.id in h.state(url).unservable
+        assert not h.recovering(url)
+    assert unservable_count(B) == counted + 1
+    assert asks(h, A, hidden) == (1, 1)
+
+
 def test_recovery_asks_an_id_by_its_filter_once_and_then_it_is_unservable_there(tmp_path):
     """An id recovery holds for a relay (one it skipped while another relay fetched it, say):
     asked by id, then once by the filter that found it; that filter not bringing it either,

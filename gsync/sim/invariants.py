@@ -35,7 +35,8 @@ with the simulated day it happened and what broke.
   it again more than twice within POLICY_PROBE_SECS after gsync read the refusal.
 - ``unservable_asked_again``: an id a relay advertises and never serves (the ``hidden``
   fault) asked of it by id more than UNSERVABLE_ASKS times within a day of one gsync run (once
-  at first, once by its recovery; its daily fresh start asks again); an ask the relay leaves
+  at first, once by its recovery; once when another relay found it unservable, after which
+  it is unservable here too; its daily fresh start asks again); an ask the relay leaves
   without EOSE (the ``no_eose`` fault) is not counted: the relay did not answer it.
 - ``ids_judged_unserved``: gsync judged a relay not to serve by id what its NIP-77 advertises
   (``RelayState.ids_unserved_at``) while the relay served ids (its ``ids_unserved`` fault

@@ -305,14 +305,16 @@ def filter_unanswered(plan, state, batch: PendingBatch, ids: set[str]) -> set[st
     return {i for i in ids if any(f in unfinished for f in batch.residual_filters([i]))}
 
 
-def recover_ids(plan, url: str, found: dict, now: float) -> None:
+def recover_ids(plan, url: str, found: dict, now: float, once: bool = False) -> None:
     """Missing-event recovery for ``found`` (id -> the filter that found it on ``url``,
     or None): by id where the relay serves ids, by those filters where it does not
-    (asked by id again, they would only come back empty)."""
+    (asked by id again, they would only come back empty). ``once``: asked by id once,
+    unservable there if not served (``MissingEventRecovery.add_missing``)."""
     state = plan.relays.get(url)
     if state is not None:
         found = {i: flt for i, flt in found.items() if i not in state.unservable}
-    plan.recovery.add_missing(url, found, now, found_by=found, by_id_first=state is None or state.serves_ids(now))
+    plan.recovery.add_missing(url, found, now, found_by=found, by_id_first=state is None or state.serves_ids(now),
+                              once=once)
 
 
 def judge_ids_served(plan, state, batch: PendingBatch, brought_by_filter: int | None, now: float) -> None:
@@ -342,7 +344,8 @@ def note_unservable(plan, state, found: dict, now: float, repos=()) -> None:
     nor by that filter: unservable on this relay (``sync.unservable``). Counted, not asked
     there again before its next daily fresh start, and asked by id (never by a whole
     filter) from the other relays listing its repository: those the filter names, else
-    ``repos`` (the batch's)."""
+    ``repos`` (the batch's); by id once, each (one not serving it either: unservable there
+    too, and asks no other; ``found`` has no filter then)."""
     new = state.unservable.add(i for i in found if i not in plan.seen)
     if not new:
         return
@@ -356,7 +359,7 @@ def note_unservable(plan, state, found: dict, now: float, repos=()) -> None:
         other = plan.relays.get(url)
         # (not one that does not serve ids: it syncs by REQ pages, which brought it if it had it)
         if other is not None and other.serves_ids(now):
-            recover_ids(plan, url, ids, now)
+            recover_ids(plan, url, ids, now, once=True)
 
 
 def relays_listing(plan, flt: Filter | None, repos=()) -> set[str]:

@@ -15,7 +15,11 @@ by id once; if that attempt does not bring it, by that filter, once (some relays
 ids through NIP-77 and serve none of them by id). An id that filter does not bring either is
 *unservable there* (``sync.unservable``): it leaves that relay's recovery, returned to the
 manager (``Attempt.unservable``); a whole filter is never asked again for an id it failed to
-bring.
+bring. An id unservable on one relay is asked of the others listing its repository by id
+once (``once``): one that does not serve it either is unservable there too (one ask per
+relay a day, not the backoff's dozen: seeds 3 and 4's year asked a relay hiding it 4 times
+in an hour); an id held without a filter, answered without it by id ``UNSERVED_ID_ASKS``
+times, is unservable there too.
 """
 from __future__ import annotations
 
@@ -31,12 +35,20 @@ from ..constants import (
 )
 from ..protocol.filters import Filter
 
+# An id recovery holds without the filter that found it (a stalled REQ's, say), answered
+# without it by id this many times: unservable there, not asked again with the backoff
+# (seeds 5 and 9's year: a relay hiding 6 ids a stalled REQ had asked asked for them again
+# every 2 minutes, its attempts making progress on other work).
+UNSERVED_ID_ASKS = 2
+
 
 @dataclass
 class _RelayRecovery:
     pending: dict[str, None] = field(default_factory=dict)  # ordered set: oldest asked first
     found_by: dict[str, Filter] = field(default_factory=dict)  # pending id -> its filter here
     by_filter: set[str] = field(default_factory=set)  # pending ids asked by found_by now
+    once: set[str] = field(default_factory=set)  # pending ids asked by id once (no filter)
+    unserved: dict[str, int] = field(default_factory=dict)  # id (no filter) -> answered asks without it
     filters: dict[Filter, None] = field(default_factory=dict)  # REQs that never finished
     next_attempt_at: float = 0.0
     zero_progress_attempts: int = 0
@@ -50,10 +62,11 @@ class _RelayRecovery:
 
 class Attempt(NamedTuple):
     """What an attempt's end settled: ids given up for good (``dropped``), and ids its
-    filters finished without (``unservable``: id -> the filter that failed to bring it)."""
+    filters finished without (``unservable``: id -> the filter that failed to bring it, None
+    for an id asked by id ``once``)."""
 
     dropped: set[str]
-    unservable: dict[str, Filter]
+    unservable: dict[str, Filter | None]
 
 
 class MissingEventRecovery:
@@ -75,10 +88,13 @@ class MissingEventRecovery:
         self._owners: dict[str, set[str]] = {}
 
     def add_missing(self, relay: str, ids: Iterable[str], now: float,
-                    found_by: dict[str, Filter | None] | None = None, by_id_first: bool = True) -> None:
+                    found_by: dict[str, Filter | None] | None = None, by_id_first: bool = True,
+                    once: bool = False) -> None:
         """Register ids a failed batch did not get; merged with any already pending.
         ``found_by``: id -> the filter that found it on this relay, asked if the id is not
-        served by id (at once unless ``by_id_first``: a relay known not to serve ids)."""
+        served by id (at once unless ``by_id_first``: a relay known not to serve ids).
+        ``once``: ids unservable on another relay, asked here by id once; not served, they
+        are unservable here too (``Attempt.unservable``, with no filter)."""
         ids = list(ids)
         if ids:
             r = self._relay(relay, now)
@@ -88,8 +104,11 @@ class MissingEventRecovery:
                 flt = (found_by or {}).get(event_id)
                 if flt is not None:
                     r.found_by[event_id] = flt
+                    r.once.discard(event_id)
                     if not by_id_first:
                         r.by_filter.add(event_id)
+                elif once and event_id not in r.found_by:
+                    r.once.add(event_id)
 
     def add_missing_filters(self, relay: str, filters: Iterable[Filter], now: float) -> None:
         """Register filters whose REQ never finished (the relay sent no EOSE)."""
@@ -156,6 +175,13 @@ class MissingEventRecovery:
                 if event_id in r.pending:
                     unservable[event_id] = r.found_by[event_id]
                     self._settle(r, event_id, relay)
+            for event_id in asked:  # asked by id, answered without it, and no filter to ask
+                if event_id not in r.pending or event_id in r.found_by:
+                    continue
+                r.unserved[event_id] = times = r.unserved.get(event_id, 0) + 1
+                if event_id in r.once or times >= UNSERVED_ID_ASKS:
+                    unservable[event_id] = None
+                    self._settle(r, event_id, relay)
         # REQs that never finished, finished now (a filter asked for ids is done only when
         # its ids arrive)
         finished = [f for f in r.filters_in_flight if f in r.filters] if filters_done else []
@@ -184,6 +210,8 @@ class MissingEventRecovery:
         r.pending.pop(event_id, None)
         r.found_by.pop(event_id, None)
         r.by_filter.discard(event_id)
+        r.once.discard(event_id)
+        r.unserved.pop(event_id, None)
         self._disown(event_id, relay)
 
     def cancel_attempt(self, relay: str) -> None:
@@ -204,6 +232,8 @@ class MissingEventRecovery:
                 r.pending.pop(event_id, None)
                 r.found_by.pop(event_id, None)
                 r.by_filter.discard(event_id)
+                r.once.discard(event_id)
+                r.unserved.pop(event_id, None)
                 if not r:
                     del self._relays[relay]
                     recovered_relays.add(relay)

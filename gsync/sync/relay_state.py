@@ -170,6 +170,7 @@ class RelaySession:
     poll_batch: int | None = None  # the poll in flight (one at a time)
     consolidated_at: float | None = None  # this session's last consolidation
     consolidation_due: bool = False  # one was skipped for being too soon after the last
+    polled_checked_at: float | None = None  # polled coverage last looked at (``consolidate_polled``)
     # Timers this session scheduled: their messages are ignored once it is gone, so a new
     # session must start without these flags (a relay stuck in Syncing for ever).
     completion_check_scheduled: bool = False

@@ -213,15 +213,41 @@ class LiveCoverage:
         """New coverage polled because the budget was full when the relay had consolidated
         less than CONSOLIDATION_MIN_SECS before: once that has passed, one consolidation if
         packing anew brings more of it live. So a relay consolidates at most once a
-        CONSOLIDATION_MIN_SECS however fast new coverage comes."""
-        if not state.current.consolidation_due or self.consolidated_recently(state, now):
+        CONSOLIDATION_MIN_SECS however fast new coverage comes. Any polled coverage is
+        looked at once a POLLED_CONSOLIDATION_CHECK_SECS too (``fragmented``)."""
+        if self.consolidated_recently(state, now):
             return False
+        if not state.current.consolidation_due:
+            checked = state.current.polled_checked_at
+            if checked is not None and now - checked < constants.POLLED_CONSOLIDATION_CHECK_SECS:
+                return False
+            state.current.polled_checked_at = now
+            if not self.fragmented(state):
+                return False
+            self.consolidate(state)
+            return True
         state.current.consolidation_due = False
         polled = len(filter_plan.pack_into_reqs(state.fresh_polled.filters, state.current.limits))
         if not self.packing_makes_room(state, max(1, polled)):
             return False
         self.consolidate(state)
         return True
+
+    def fragmented(self, state: RelayState) -> bool:
+        """Would the relay's live coverage (thread members included), packed anew, take
+        fewer REQs than it takes now, live and polled, with no room left? Then one
+        consolidation brings some polled coverage live; once packed, not again until
+        coverage fragments anew (no consolidation that gains nothing)."""
+        budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
+        open_now = state.current.data_live_subs()
+        if budget.fits(open_now, 1):
+            return False  # room left: what is polled is so for its bytes, not for room
+        members = state.current.members
+        packed = self.baseline(state) + (len(filter_plan.pack_into_reqs(
+            filter_plan.live(member_filters(state, members)), state.current.limits)) if members else 0)
+        polled = filter_plan.pack_into_reqs(filter_plan.live(state.fresh_polled.filters + state.polled.filters),
+                                            state.current.limits)
+        return packed < open_now + len(polled)
 
     def start_poll(self, state: RelayState, due, now: float) -> None:
         filters = []
