@@ -115,8 +115,12 @@ def test_notices_are_counted_by_prefix_and_spend_the_budget(session):
     before = metrics.NOTICES.labels("rate-limited")._value.get()
     session._handle_frame(frame("NOTICE", "rate-limited: slow down"))
     assert metrics.NOTICES.labels("rate-limited")._value.get() == before + 1
-    for _ in range(constants.MISBEHAVIOUR_BUDGET + 5):
+    # as above: twice the budget overdraws it however slowly a loaded machine runs the loop
+    # (the budget and five failed once in a run under load: the budget had refilled meanwhile)
+    for _ in range(2 * constants.MISBEHAVIOUR_BUDGET):
         session._handle_frame(frame("NOTICE", "hello"))
+        if session.closed:
+            break
     assert session.closed
 
 
