@@ -17,11 +17,9 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from datetime import datetime
 
 import pytest
-import websocket
 
 from gsync.ops import build
 from gsync.ops import status as status_cmd
@@ -29,7 +27,7 @@ from gsync.ops.localrelay import LocalRelayProcess
 
 from . import factory as f
 from .gsync_proc import ROOT, GsyncProcess
-from .relays import RelayProcess, free_port, ids_on, publish, wait_until, write_seed_file
+from .relays import RelayProcess, count_on, free_port, ids_on, publish, wait_until, write_seed_file
 from .scenario import our_announcement, two_remote_history
 
 GSYNC = os.path.join(ROOT, "bin", "gsync")
@@ -83,23 +81,6 @@ class NotifyListener:
             os.rmdir(self.dir)
         except OSError:
             pass
-
-
-def count_on(url: str, filt: dict) -> int:
-    """How many events one REQ returns (LocalRelay caps a REQ at 500): a cheap progress probe."""
-    ws = websocket.create_connection(url, timeout=10)
-    try:
-        sub = uuid.uuid4().hex[:12]
-        ws.send(json.dumps(["REQ", sub, filt]))
-        n = 0
-        while True:
-            msg = json.loads(ws.recv())
-            if msg[0] == "EVENT" and msg[1] == sub:
-                n += 1
-            elif msg[0] in ("EOSE", "CLOSED") and msg[1] == sub:
-                return n
-    finally:
-        ws.close()
 
 
 def run_cli(*args, timeout: float = 30) -> subprocess.CompletedProcess:
