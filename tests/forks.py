@@ -187,16 +187,18 @@ def _start_zygote(kind: str, env: dict) -> tuple[subprocess.Popen, socket.socket
 
 
 def _relay_runner():
+    """(prepare, run) for a relay zygote: nothing to prepare; run serves the request."""
     import asyncio  # noqa: F401 - imported before the forks, which then need not
 
     import nostr_sdk  # noqa: F401
 
     from gsync.ops import localrelay
 
-    return lambda request: localrelay.main([json.dumps(request)])
+    return (lambda request: None), (lambda request: localrelay.main([json.dumps(request)]))
 
 
 def _gsync_runner():
+    """(prepare, run) for a gsync zygote: prepare imports gsync in the zygote (see below)."""
     from gevent._hub_local import get_hub_if_exists
 
     from gsync.ops.cli import patch_for_gevent
@@ -253,8 +255,7 @@ def _gsync_runner():
 
         return main(sys.argv[1:])
 
-    run.prepare = prepare
-    return run
+    return prepare, run
 
 
 def _serve(kind: str, fd: int) -> None:
@@ -262,7 +263,7 @@ def _serve(kind: str, fd: int) -> None:
     module, and this one must block the plain way, not through a hub), then a fork per
     request."""
     sock = socket.socket(fileno=fd)
-    run = _relay_runner() if kind == "relay" else _gsync_runner()
+    prepare, run = _relay_runner() if kind == "relay" else _gsync_runner()
     _real_signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     while True:
         try:
@@ -272,8 +273,7 @@ def _serve(kind: str, fd: int) -> None:
         if not msg:
             return  # the test process ended
         request = json.loads(msg)
-        if hasattr(run, "prepare"):
-            run.prepare(request)
+        prepare(request)  # in the zygote, before the fork
         pid = _real_fork()
         if pid == 0:
             sock.close()

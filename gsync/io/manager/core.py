@@ -321,7 +321,6 @@ class SyncManager:
             if state.gauges is None:  # the relay's children, looked up once (every 2 s × relays)
                 state.gauges = (*(g.labels(state.url) for g in metrics.PER_RELAY_GAUGES),
                                 metrics.STARTS_QUEUED.labels(state.url))
-                state.gauge_values = None
             # paused: set where it changes; status: set here and by the refusals
             connected_g, status_g, failures_g, subscriptions_g, _paused, parked_g, _queued = state.gauges
             status_g.set(self.health.status_metric(state.url, now))
