@@ -107,19 +107,22 @@ def test_a_refused_event_is_not_downloaded_again_by_a_fresh_start_nor_after_a_re
     first = gsync_factory(own, [remote], extra=settings,
                           timers={"DAILY_MIN_SECS": 2, "DAILY_MAX_SECS": 2})
     wait_until(lambda: own.stores(bug) and own.refused(intruder), timeout=30, what="first sync")
-    assert remote.sent_count(intruder.id) == 1
+    # What the first sync downloaded is not the subject (a page retried under a starved
+    # machine may bring it twice); what it downloads after the refusal is.
+    first_sync, first_offers = remote.sent_count(intruder.id), own.offered(intruder)
+    assert first_sync >= 1 and first_offers >= 1
 
     def fresh_start_done():
         names = [e["event"] for e in first.log_events()]
         return "daily_sync" in names and "historic_sync_complete" in names[names.index("daily_sync"):]
 
     wait_until(fresh_start_done, timeout=30, what="a daily fresh start completing")
-    assert remote.sent_count(intruder.id) == 1, "downloaded again by the fresh start"
+    assert remote.sent_count(intruder.id) == first_sync, "downloaded again by the fresh start"
     first.terminate()  # the cold tier is saved in state_dir
     second = gsync_factory(own, [remote], extra=settings)
     wait_until(lambda: _connected(second), timeout=30, what="the second run's historic sync")
-    assert remote.sent_count(intruder.id) == 1, "downloaded again"
-    assert own.offered(intruder) == 1
+    assert remote.sent_count(intruder.id) == first_sync, "downloaded again"
+    assert own.offered(intruder) == first_offers
     assert remote.sent_count(bug.id) >= 1
 
 
