@@ -130,6 +130,9 @@ class CoveragePauses:
         if len(keys) == 1:
             self._suspects -= keys
 
+    def is_suspect(self, key: CoverageKey) -> bool:
+        return key in self._suspects
+
     @property
     def suspects(self) -> bool:
         return bool(self._suspects)
@@ -199,6 +202,26 @@ class CoveragePauses:
 def _key_json(key: CoverageKey) -> list:
     kinds, tags, ids, authors = key
     return [None if kinds is None else list(kinds), list(tags), ids, authors]
+
+
+def awaits_verdict(pauses: CoveragePauses, trials: dict, open_subs, sub_id: str, filters: Sequence[Filter]) -> bool:
+    """Must the live REQ ``sub_id`` of ``filters`` wait? Yes while it asks a suspect shape
+    whose verdict another REQ, open on the relay, is out to get (``trials``: suspect key ->
+    that REQ's sub id, kept here; a trial ended — its REQ closed, or its shape cleared or
+    paused — is dropped). Otherwise its suspect shapes are on trial by it. Without this, a
+    shape refused in two REQs sent together (a fresh start's live coverage) was asked alone
+    once for each, and once more by coverage added before the first verdict: three asks of
+    a refused shape within a second (seed 9's year, day 241.93)."""
+    for key, trial in list(trials.items()):
+        if trial not in open_subs or not pauses.is_suspect(key):
+            del trials[key]
+    keys = {coverage_key(f) for f in filters}
+    keys = {key for key in keys if pauses.is_suspect(key)}
+    if any(trials.get(key, sub_id) != sub_id for key in keys):
+        return True
+    for key in keys:
+        trials[key] = sub_id
+    return False
 
 
 def regroup_parts(pauses: CoveragePauses, stalled_shapes, group: Sequence[Filter]) -> list[list[int]] | None:

@@ -161,6 +161,9 @@ class RelaySession:
     # historic sub id → when it last showed life (sent, or an event): stalled ones time out
     sub_activity: dict = field(default_factory=dict)
     stalled_shapes: set = field(default_factory=set)  # coverage keys that stalled alone
+    # coverage key under suspicion (``CoveragePauses.suspect``) -> the live sub id asking it
+    # alone, whose verdict is awaited: other live REQs of that shape wait for it
+    trials: dict = field(default_factory=dict)
     probes: dict = field(default_factory=dict)  # batch id → the coverage key it probes
     # direct members of threads seen from this relay whose descendants' coverage this
     # session has open (their replies are fetched too); the next one reopens them

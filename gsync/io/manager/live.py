@@ -12,6 +12,7 @@ from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...sync import filter_plan
 from ...sync.pending import BatchKind
+from ...sync.policy import awaits_verdict
 from ...sync.relay_state import LiveSub, RelayState
 from ...sync.targets import PendingItems
 from ..inbox import HistoricSlotDue
@@ -133,7 +134,16 @@ class LiveCoverage:
 
     def pump(self, state: RelayState) -> bool:
         """Send queued live REQs while no cooldown holds them and the reactive gate allows
-        (no proactive gate: live coverage is not background work). False while they wait."""
+        (no proactive gate: live coverage is not background work). False while they wait.
+        A REQ of a suspect shape whose verdict another REQ awaits stays queued
+        (``policy.awaits_verdict``): the verdict's EOSE or CLOSED pumps again."""
+        held: list = []
+        try:
+            return self._pump(state, held)
+        finally:
+            state.current.live_queue[:0] = held
+
+    def _pump(self, state: RelayState, held: list) -> bool:
         while state.current.live_queue:
             now = self.clock()
             wait = self.health.may_start_live(state.url, now)
@@ -150,6 +160,10 @@ class LiveCoverage:
                 continue
             if len(filters) < len(live.filters):
                 state.current.live_subs[sub_id] = dataclasses.replace(live, filters=tuple(filters))
+            if state.paused.suspects and awaits_verdict(state.paused, state.current.trials,
+                                                        state.current.book.subscriptions, sub_id, filters):
+                held.append(sub_id)
+                continue
             self.health.record_start(state.url, now, background=False)
             subscribe(self.effects, state.current, sub_id, filters)
         return True
