@@ -433,3 +433,43 @@ def test_live_coverage_of_a_suspect_shape_goes_once_its_verdict_is_served(tmp_pa
     h.relay_says(A, wire.Eose(trial[1]))  # served alone: not the shape at fault
     [req] = [r for r in h.reqs(A)[sent:] if shape in shapes(r)]
     assert filter_from_json(req[2]) == more
+
+
+def test_live_coverage_held_for_a_verdict_goes_when_the_trial_has_none_within_the_stall_deadline(tmp_path):
+    # A relay silent to the trial (neither EOSE nor CLOSED) must not hold the other live
+    # REQs of its shape for the whole connection: past REQ_STALL_SECS they go.
+    h = ManagerHarness(tmp_path)
+    multi, alone = refused_live_split(h)
+    trial = alone[-1]
+    trial_sent = h.clock.now
+    shape = shapes(trial)[0]
+    more = filter_from_json(next(f for f in multi[2:] if shapes(["", "", f]) == [shape]))
+    sent = len(live_reqs(h, A))
+    h.manager.live.open_groups(h.state(A), [[more]])
+    for _ in range(int(constants.REQ_STALL_SECS / 2) - 1):  # history served: nothing else stirs
+        h.answer_own_reads()
+        for sub_id in h.conn(A).subscriptions.keys() - h.state(A).current.live_subs.keys():
+            h.relay_says(A, wire.Eose(sub_id))
+        h.advance(2)
+        h.tick()
+    assert h.clock.now - trial_sent < constants.REQ_STALL_SECS
+    assert not [r for r in live_reqs(h, A)[sent:] if shape in shapes(r)]  # still within the deadline
+    h.advance(trial_sent + constants.REQ_STALL_SECS - h.clock.now)
+    h.tick()
+    [req] = [r for r in live_reqs(h, A)[sent:] if shape in shapes(r)]  # silence: not refused
+    assert filter_from_json(req[2]) == more
+    h.advance(constants.REQ_STALL_SECS)
+    h.tick()
+    assert len([r for r in live_reqs(h, A)[sent:] if shape in shapes(r)]) == 1  # once (historic REQs of it stall meanwhile)
+
+
+def test_a_trial_held_live_coverage_is_dropped_with_its_connection(tmp_path):
+    h = ManagerHarness(tmp_path)
+    multi, alone = refused_live_split(h)
+    shape = shapes(alone[-1])[0]
+    more = filter_from_json(next(f for f in multi[2:] if shapes(["", "", f]) == [shape]))
+    h.manager.live.open_groups(h.state(A), [[more]])
+    [held] = h.state(A).current.live_queue
+    assert h.state(A).current.trials
+    h.feed(RelayDisconnected(A, h.state(A).session, "gone"))
+    assert not h.state(A).current.trials and held not in h.state(A).current.live_subs

@@ -132,7 +132,7 @@ class Refusals:
         live = state.current.live_subs.get(sub_id)
         if live is not None:
             state.paused.served(live.filters)
-            if sub_id in state.current.trials.values():
+            if sub_id in state.current.trials:
                 self.live.pump(state)  # a verdict: live REQs of its shape that waited for it go
             return
         batch = state.current.pending.get(state.current.sub_to_batch.get(sub_id))
@@ -240,7 +240,7 @@ class Refusals:
             if kind is Refusal.AUTH or len(live.filters) == 1 or (about_shape and len(by_shape(live.filters)) == 1):
                 for f in live.filters:
                     self.pause_coverage(state, f, reason, shape_at_fault=kind is not Refusal.AUTH)
-                if sub_id in state.current.trials.values():
+                if sub_id in state.current.trials:
                     self.live.pump(state)  # a verdict: what waited for it is dropped (paused)
             else:
                 keep = state.paused.allowed(live.filters)
