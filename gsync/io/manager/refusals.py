@@ -19,7 +19,9 @@
   that relay (``sync.policy``), everything packed with it completes, one probe asks again
   after 24 h, and from then on the shape goes alone in any REQ. A refusal worded about size
   ("too many filters", "filter too large") is split in halves instead. An
-  ``auth-required:`` is about us, not a filter: every filter of the REQ is paused.
+  ``auth-required:`` is about us, not a filter: every filter of the REQ is paused. Until a
+  shape's verdict, the first live REQ asking it alone is its trial: other live REQs of that
+  shape wait for its EOSE or CLOSED, at most ``REQ_STALL_SECS`` (``sync.policy.Trials``).
 - **Any other CLOSED** of a live subscription: its replacement is rebuilt from the current
   index (obsolete items dropped) and the gap fetched with ``since``.
 - **Stalls.** A historic REQ with neither EOSE nor events for ``REQ_STALL_SECS`` is closed
