@@ -293,6 +293,71 @@ def test_a_relay_that_never_ends_one_filter_fails_that_batch_into_recovery(relay
           f"Connected {recovered_after:.1f} s after the relay answered again")
 
 
+def _req_shapes(message, live: bool) -> list[tuple] | None:
+    """The shapes (tag names) of a REQ's filters if it is live (``limit: 0``) or historic as
+    ``live`` says; None for any other message."""
+    if not (isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 2):
+        return None
+    filters = message[2:]
+    if not all(isinstance(flt, dict) and (flt.get("limit") == 0) == live for flt in filters):
+        return None
+    return sorted({tuple(sorted(k for k in flt if k.startswith("#"))) for flt in filters})
+
+
+@pytest.mark.slow
+def test_live_coverage_held_for_a_silent_trial_goes_after_the_stall_bound(relay_factory, gsync_factory,
+                                                                          scripted):
+    """A relay that refuses live REQs packing ``#E`` with other shapes, and never answers
+    the first live REQ of ``#E`` alone (the trial of that suspect shape: no EOSE, no
+    CLOSED). Live coverage of ``#E`` for a root found meanwhile waits for the trial's
+    verdict, but not for ever: it goes on the wire once the stall bound has passed since the
+    trial, not before, and a live reply reachable only by ``#E`` arrives."""
+    trial_at: list[float] = []
+
+    def refuses_E_packed_ignores_its_trial(relay, conn, message):
+        live, historic = _req_shapes(message, live=True), _req_shapes(message, live=False)
+        if live and len(live) > 1 and ("#E",) in live:
+            return [["CLOSED", message[1], "blocked: no #E here"]]
+        if live == [("#E",)] and not trial_at:
+            trial_at.append(time.monotonic())
+            return []  # the trial: never answered
+        if historic == [("#E",)]:
+            return []  # nor #E alone in history (served, it would clear the suspicion)
+        return None
+
+    own = relay_factory()
+    remote = scripted(page_size=500, on_message=refuses_E_packed_ignores_its_trial)
+    repo = our_announcement(own, [remote], d="silent-trial")
+    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(2)]
+    remote.add(repo, *bugs)
+    publish(own.url, [repo, *bugs])
+    bound = 3.0  # REQ_STALL_SECS under test: the trial's deadline
+    gsync_factory(own, [remote], extra={"sync": {"batch_window_ms": "100", "negentropy": "false"}},
+                  timers={"REQ_STALL_SECS": bound, "MAINTENANCE_TICK_SECS": 0.25})
+    wait_until(lambda: trial_at, timeout=30, what="the trial of #E alone")
+    time.sleep(1.0)  # the new root's historic #E REQ (silent too) then stalls well after the trial's deadline
+    new = f.issue(bob, repo, subject="found while the trial is out", created_at=int(time.time()))
+    remote.add(new)
+    publish(own.url, [new])
+
+    def sent_at(live: bool) -> list[float]:
+        return [t - trial_at[0] for t, _, m in remote.received_with_times()
+                if _req_shapes(m, live=live) == [("#E",)] and any(new.id in flt.get("#E", ()) for flt in m[2:])]
+
+    wait_until(lambda: sent_at(live=True), timeout=30, what="live #E coverage of the new root")
+    [historic], [live] = sent_at(live=False)[:1], sent_at(live=True)[:1]
+    assert historic < bound, f"the new root came {historic:.2f} s after the trial: nothing was held"
+    assert live >= bound - 0.1, f"sent {live:.2f} s after the trial, before its deadline ({bound} s)"
+    # by the trial's deadline, not by some other pump (its historic REQ's own stall comes later)
+    assert live < historic + bound - 0.2, f"sent {live:.2f} s after the trial"
+    reply = alice.sign(1111, [["E", new.id, "", bob.pubkey], ["K", "1621"]], "reachable by #E only",
+                       created_at=int(time.time()))
+    remote.broadcast(reply)
+    assert_arrives(own, [reply], timeout=20, what="the live reply by #E")
+    print(f"\nheld live #E REQ sent {live:.2f} s after its silent trial (bound {bound} s; "
+          f"new root's historic REQ at {historic:.2f} s)")
+
+
 # -- budgets -------------------------------------------------------------------------------------
 
 

@@ -379,3 +379,97 @@ def test_an_exchange_whose_greenlet_dies_ends_as_a_failed_one_and_its_filter_goe
     assert token not in state.current.neg_running
     h.advance(2)
     assert any(json.loads(flt.to_json()) in r[2:] for r in h.historic_reqs(A))
+
+
+
+def live_reqs(h, url):
+    return [r for r in h.reqs(url) if all(flt.get("limit") == 0 for flt in r[2:])]
+
+
+def refused_live_split(h):
+    """A live REQ of several shapes refused by policy: each shape is asked alone (suspect)."""
+    h.own_relay_holds(*listed_on(A, 40))
+    h.connect(A, limits=RelayLimits(max_message_length=8000))  # live coverage: #d, #a, #A in one REQ
+    h.answer_own_reads()
+    h.advance(1.1)
+    multi = next(r for r in live_reqs(h, A) if len(shapes(r)) > 1)
+    sent = len(h.reqs(A))
+    h.relay_says(A, closed(multi[1], "blocked: one of these is not allowed here"))
+    alone = h.reqs(A)[sent:]
+    assert sorted(s for r in alone for s in shapes(r)) == sorted(shapes(multi))
+    return multi, alone
+
+
+def test_live_coverage_of_a_suspect_shape_waits_for_its_verdict_and_a_refusal_drops_it(tmp_path):
+    # seed 9's year, day 241.93: a fresh start's live REQs holding #E refused one after the
+    # other, each split by shape, and coverage of a new thread added meanwhile: #E asked
+    # alone three times in a second, before the first of those asks was answered.
+    h = ManagerHarness(tmp_path)
+    multi, alone = refused_live_split(h)
+    trial = alone[-1]
+    shape = shapes(trial)[0]
+    more = filter_from_json(next(f for f in multi[2:] if shapes(["", "", f]) == [shape]))
+    sent = len(h.reqs(A))
+    h.manager.live.open_groups(h.state(A), [[more]])  # new coverage of that shape (a new root's)
+    h.advance(1.1)
+    assert not [r for r in h.reqs(A)[sent:] if shape in shapes(r)]  # its verdict is out
+    h.relay_says(A, closed(trial[1], "blocked: this one"))
+    h.advance(1.1)
+    assert h.state(A).paused.is_filter_paused(more)
+    assert not [r for r in h.reqs(A)[sent:] if shape in shapes(r)]  # refused: paused, not asked
+    assert not [s for s, sub in h.state(A).current.live_subs.items() if more in sub.filters]
+
+
+def test_live_coverage_of_a_suspect_shape_goes_once_its_verdict_is_served(tmp_path):
+    h = ManagerHarness(tmp_path)
+    multi, alone = refused_live_split(h)
+    trial = alone[-1]
+    shape = shapes(trial)[0]
+    more = filter_from_json(next(f for f in multi[2:] if shapes(["", "", f]) == [shape]))
+    sent = len(h.reqs(A))
+    h.manager.live.open_groups(h.state(A), [[more]])
+    h.advance(1.1)
+    assert not [r for r in h.reqs(A)[sent:] if shape in shapes(r)]
+    h.relay_says(A, wire.Eose(trial[1]))  # served alone: not the shape at fault
+    [req] = [r for r in h.reqs(A)[sent:] if shape in shapes(r)]
+    assert filter_from_json(req[2]) == more
+
+
+def test_live_coverage_held_for_a_verdict_goes_when_the_trial_has_none_within_the_stall_deadline(tmp_path):
+    # A relay silent to the trial (neither EOSE nor CLOSED) must not hold the other live
+    # REQs of its shape for the whole connection: past REQ_STALL_SECS they go.
+    h = ManagerHarness(tmp_path)
+    multi, alone = refused_live_split(h)
+    trial = alone[-1]
+    trial_sent = h.clock.now
+    shape = shapes(trial)[0]
+    more = filter_from_json(next(f for f in multi[2:] if shapes(["", "", f]) == [shape]))
+    sent = len(live_reqs(h, A))
+    h.manager.live.open_groups(h.state(A), [[more]])
+    for _ in range(int(constants.REQ_STALL_SECS / 2) - 1):  # history served: nothing else stirs
+        h.answer_own_reads()
+        for sub_id in h.conn(A).subscriptions.keys() - h.state(A).current.live_subs.keys():
+            h.relay_says(A, wire.Eose(sub_id))
+        h.advance(2)
+        h.tick()
+    assert h.clock.now - trial_sent < constants.REQ_STALL_SECS
+    assert not [r for r in live_reqs(h, A)[sent:] if shape in shapes(r)]  # still within the deadline
+    h.advance(trial_sent + constants.REQ_STALL_SECS - h.clock.now)
+    h.tick()
+    [req] = [r for r in live_reqs(h, A)[sent:] if shape in shapes(r)]  # silence: not refused
+    assert filter_from_json(req[2]) == more
+    h.advance(constants.REQ_STALL_SECS)
+    h.tick()
+    assert len([r for r in live_reqs(h, A)[sent:] if shape in shapes(r)]) == 1  # once (historic REQs of it stall meanwhile)
+
+
+def test_a_trial_held_live_coverage_is_dropped_with_its_connection(tmp_path):
+    h = ManagerHarness(tmp_path)
+    multi, alone = refused_live_split(h)
+    shape = shapes(alone[-1])[0]
+    more = filter_from_json(next(f for f in multi[2:] if shapes(["", "", f]) == [shape]))
+    h.manager.live.open_groups(h.state(A), [[more]])
+    [held] = h.state(A).current.live_queue
+    assert h.state(A).current.trials
+    h.feed(RelayDisconnected(A, h.state(A).session, "gone"))
+    assert not h.state(A).current.trials and held not in h.state(A).current.live_subs

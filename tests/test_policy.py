@@ -1,7 +1,8 @@
 """Policy refusals (gsync.sync.policy): which coverage a relay refused, the 24 h pause, the
 one probe after it, and splitting a refused REQ to find its culprit. Time is passed in."""
+from gsync.constants import REQ_STALL_SECS
 from gsync.protocol.filters import Filter
-from gsync.sync.policy import CoveragePauses, coverage_key, describe, halves
+from gsync.sync.policy import CoveragePauses, Trials, coverage_key, describe, halves
 
 DAY = 24 * 3600.0
 
@@ -134,3 +135,33 @@ def test_the_shapes_of_a_refused_req_go_alone_until_each_has_its_verdict():
     assert pauses.separate([A, D]) == [[A, D]]
     assert pauses.goes_alone(Q2) and pauses.is_filter_paused(Q2)  # refused once: alone for good
     assert not pauses.suspects
+
+
+def test_a_trial_holds_other_reqs_of_its_shape_until_its_verdict_or_the_stall_deadline():
+    p = CoveragePauses()
+    p.suspect([quotes, replies])
+    t = Trials()
+    assert not t.holds(p, {"live-1"}, "live-1", [more_quotes], now=0)  # the trial: it goes
+    assert "live-1" in t
+    assert t.holds(p, {"live-1"}, "live-2", [quotes], now=1)  # its verdict is out
+    assert not t.holds(p, {"live-1"}, "live-3", [state], now=1)  # not a suspect shape
+    assert not t.overdue(REQ_STALL_SECS - 1)
+    assert t.holds(p, {"live-1"}, "live-2", [quotes], now=REQ_STALL_SECS - 1)
+    assert t.overdue(REQ_STALL_SECS) and not t.overdue(REQ_STALL_SECS + 1)  # once
+    assert not t.holds(p, {"live-1"}, "live-2", [quotes], now=REQ_STALL_SECS)  # silence: it goes
+    assert "live-2" not in t  # ... and is no new trial
+    p.pause(coverage_key(quotes), now=REQ_STALL_SECS + 5)  # the late verdict ends the trial
+    assert not t.holds(p, {"live-1"}, "live-4", [replies], now=REQ_STALL_SECS + 5)
+    assert "live-1" not in t and len(t) == 1  # live-4 tries #e
+
+
+def test_a_trial_served_or_closed_lets_the_next_req_go():
+    p = CoveragePauses()
+    p.suspect([quotes, replies])
+    t = Trials()
+    assert not t.holds(p, {"live-1"}, "live-1", [quotes], now=0)
+    assert not t.holds(p, set(), "live-2", [quotes], now=1)  # live-1 closed: live-2 is the trial
+    assert "live-2" in t and "live-1" not in t
+    p.served([quotes])
+    assert not t.holds(p, {"live-2"}, "live-3", [quotes], now=2)
+    assert len(t) == 0

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..constants import POLICY_PROBE_SECS
+from ..constants import POLICY_PROBE_SECS, REQ_STALL_SECS
 from ..protocol.filters import Filter
 
 CoverageKey = tuple  # (kinds, tag names, has ids, has authors)
@@ -130,6 +130,9 @@ class CoveragePauses:
         if len(keys) == 1:
             self._suspects -= keys
 
+    def is_suspect(self, key: CoverageKey) -> bool:
+        return key in self._suspects
+
     @property
     def suspects(self) -> bool:
         return bool(self._suspects)
@@ -199,6 +202,59 @@ class CoveragePauses:
 def _key_json(key: CoverageKey) -> list:
     kinds, tags, ids, authors = key
     return [None if kinds is None else list(kinds), list(tags), ids, authors]
+
+
+@dataclass
+class Trials:
+    """One session's trials: a suspect shape (``CoveragePauses.suspect``) asked alone by a
+    live REQ whose verdict (EOSE: served, CLOSED: refused) the other live REQs of that shape
+    wait for. Without it, a shape refused in two REQs sent together (a fresh start's live
+    coverage) was asked alone once for each, and once more by coverage added before the
+    first verdict: three asks of a refused shape within a second (seed 9's year, day
+    241.93). The wait has a deadline: a relay that never answers the trial (no EOSE, no
+    CLOSED) would hold the others — live coverage never sent — for the whole connection.
+    ``REQ_STALL_SECS`` after the trial went, its silence counts as "not refused": the
+    REQs it held go (``overdue``; the shape stays suspect until a verdict comes)."""
+
+    # suspect key -> (the trial's sub id, until when its verdict is waited for; None: no
+    # longer, the REQs it held were let go)
+    _open: dict[CoverageKey, tuple[str, float | None]] = field(default_factory=dict)
+
+    def __contains__(self, sub_id: str) -> bool:
+        """Is ``sub_id`` a trial (its verdict may let REQs go)?"""
+        return any(trial == sub_id for trial, _ in self._open.values())
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def holds(self, pauses: CoveragePauses, open_subs, sub_id: str, filters: Sequence[Filter], now: float) -> bool:
+        """Must the live REQ ``sub_id`` of ``filters`` wait? Yes while it asks a suspect
+        shape whose verdict another REQ, open on the relay (``open_subs``), is out to get,
+        and that REQ went less than ``REQ_STALL_SECS`` ago. Otherwise its suspect shapes
+        not yet on trial are on trial by it from ``now`` (it goes). A trial ended — its REQ
+        closed, or its shape cleared or paused — is dropped."""
+        for key, (trial, _) in list(self._open.items()):
+            if trial not in open_subs or not pauses.is_suspect(key):
+                del self._open[key]
+        keys = {key for key in map(coverage_key, filters) if pauses.is_suspect(key)}
+        waits = False
+        for key in keys:
+            trial, until = self._open.get(key, (sub_id, None))
+            if trial != sub_id and until is not None and now < until:
+                waits = True
+        if waits:
+            return True
+        for key in keys - self._open.keys():
+            self._open[key] = (sub_id, now + REQ_STALL_SECS)
+        return False
+
+    def overdue(self, now: float) -> bool:
+        """Did a trial's wait end (``REQ_STALL_SECS`` without a verdict) since last asked?
+        Then the REQs it held go now (the caller pumps them)."""
+        late = [key for key, (_, until) in self._open.items() if until is not None and now >= until]
+        for key in late:
+            self._open[key] = (self._open[key][0], None)
+        return bool(late)
 
 
 def regroup_parts(pauses: CoveragePauses, stalled_shapes, group: Sequence[Filter]) -> list[list[int]] | None:

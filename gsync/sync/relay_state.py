@@ -17,7 +17,7 @@ from ..constants import (
     THREADS_AHEAD_SECS,
 )
 from .pending import BatchKind, PendingBatch
-from .policy import CoveragePauses
+from .policy import CoveragePauses, Trials
 from .result_caps import ResultCap
 from .status import ConnectionStatus
 from .targets import ConfirmedItems
@@ -161,6 +161,9 @@ class RelaySession:
     # historic sub id → when it last showed life (sent, or an event): stalled ones time out
     sub_activity: dict = field(default_factory=dict)
     stalled_shapes: set = field(default_factory=set)  # coverage keys that stalled alone
+    # live REQs asking a suspect shape alone (``CoveragePauses.suspect``), whose verdict
+    # other live REQs of that shape wait for, at most REQ_STALL_SECS (``policy.Trials``)
+    trials: Trials = field(default_factory=Trials)
     probes: dict = field(default_factory=dict)  # batch id → the coverage key it probes
     # direct members of threads seen from this relay whose descendants' coverage this
     # session has open (their replies are fetched too); the next one reopens them

@@ -303,6 +303,7 @@ class SyncManager:
                                                           keep=self.waits_on_other_shard), overdue=True)
         self.historic.run_recovery(now)
         self.refusals.expire_stalled(now)
+        self.live.release_overdue_trials(now)
         self.historic.expire_negentropy()
         self.refusals.run_policy_probes(now)
         self.live.run_polls(now)

@@ -133,7 +133,17 @@ class LiveCoverage:
 
     def pump(self, state: RelayState) -> bool:
         """Send queued live REQs while no cooldown holds them and the reactive gate allows
-        (no proactive gate: live coverage is not background work). False while they wait."""
+        (no proactive gate: live coverage is not background work). False while they wait.
+        A REQ of a suspect shape whose verdict another REQ awaits stays queued
+        (``policy.Trials``): the verdict's EOSE or CLOSED pumps again, or, without one,
+        ``release_overdue_trials``."""
+        held: list = []
+        try:
+            return self._pump(state, held)
+        finally:
+            state.current.live_queue[:0] = held
+
+    def _pump(self, state: RelayState, held: list) -> bool:
         while state.current.live_queue:
             now = self.clock()
             wait = self.health.may_start_live(state.url, now)
@@ -150,9 +160,20 @@ class LiveCoverage:
                 continue
             if len(filters) < len(live.filters):
                 state.current.live_subs[sub_id] = dataclasses.replace(live, filters=tuple(filters))
+            if state.paused.suspects and state.current.trials.holds(
+                    state.paused, state.current.book.subscriptions, sub_id, filters, now):
+                held.append(sub_id)
+                continue
             self.health.record_start(state.url, now, background=False)
             subscribe(self.effects, state.current, sub_id, filters)
         return True
+
+    def release_overdue_trials(self, now: float) -> None:
+        """Live REQs held for a trial's verdict that did not come in time (``Trials``: a
+        relay silent to the trial) go now: a live REQ never sent is coverage lost."""
+        for state in self.relays.values():
+            if state.current.trials and state.current.trials.overdue(now) and state.connected:
+                self.pump(state)
 
     def evict_descendants(self, state: RelayState, bytes_needed: int, slots_needed: int) -> tuple[int, int]:
         """Close descendant live subscriptions (largest first, polled from now on) until

@@ -19,7 +19,9 @@
   that relay (``sync.policy``), everything packed with it completes, one probe asks again
   after 24 h, and from then on the shape goes alone in any REQ. A refusal worded about size
   ("too many filters", "filter too large") is split in halves instead. An
-  ``auth-required:`` is about us, not a filter: every filter of the REQ is paused.
+  ``auth-required:`` is about us, not a filter: every filter of the REQ is paused. Until a
+  shape's verdict, the first live REQ asking it alone is its trial: other live REQs of that
+  shape wait for its EOSE or CLOSED, at most ``REQ_STALL_SECS`` (``sync.policy.Trials``).
 - **Any other CLOSED** of a live subscription: its replacement is rebuilt from the current
   index (obsolete items dropped) and the gap fetched with ``since``.
 - **Stalls.** A historic REQ with neither EOSE nor events for ``REQ_STALL_SECS`` is closed
@@ -132,6 +134,8 @@ class Refusals:
         live = state.current.live_subs.get(sub_id)
         if live is not None:
             state.paused.served(live.filters)
+            if sub_id in state.current.trials:
+                self.live.pump(state)  # a verdict: live REQs of its shape that waited for it go
             return
         batch = state.current.pending.get(state.current.sub_to_batch.get(sub_id))
         if batch is not None:
@@ -238,6 +242,8 @@ class Refusals:
             if kind is Refusal.AUTH or len(live.filters) == 1 or (about_shape and len(by_shape(live.filters)) == 1):
                 for f in live.filters:
                     self.pause_coverage(state, f, reason, shape_at_fault=kind is not Refusal.AUTH)
+                if sub_id in state.current.trials:
+                    self.live.pump(state)  # a verdict: what waited for it is dropped (paused)
             else:
                 keep = state.paused.allowed(live.filters)
                 if about_shape:
