@@ -265,3 +265,32 @@ def test_an_id_whose_filter_never_answered_is_not_judged_but_recovered(tmp_path)
     state = h.state(A)
     assert hidden.id not in state.unservable
     assert hidden.id in h.recovering(A)
+
+
+def test_an_id_fetch_that_never_answered_leaves_its_ids_to_recovery_with_the_filter_that_found_them(tmp_path):
+    """Found by the simulator (seed 10's year, day 113.1): at a daily fresh start the relay
+    sent no EOSE to the id fetch of an id it hides; the stalled fetch handed the id to
+    recovery without the filter that found it, and recovery asked it by id twice more (an id
+    held without a filter), four asks by id in 23.8 h with the day before's two. An id fetch
+    that never answered leaves its ids with their filter: recovery asks by id once, then by
+    that filter (SPEC §4 residuals: never only by id again); not brought, unservable there."""
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    _, hidden = world(h)
+    h.connect(A)
+
+    def id_fetch(filters):
+        return any(f.ids is not None for f in filters) and h.clock.now < stalled_until
+
+    stalled_until = float("inf")
+    run(h, A, [hidden], silent=id_fetch)
+    stall_out(h)
+    stalled_until = h.clock.now
+    assert hidden.id in h.recovering(A)
+    for _ in range(30):  # recovery's attempts, on its backoff
+        h.advance(60)
+        h.tick()
+        run(h, A, [hidden])  # its REQs end, without it
+    state = h.state(A)
+    assert asks(h, A, hidden) == (2, 1), "the stalled fetch, once by id by recovery, then by its filter"
+    assert hidden.id in state.unservable and not h.recovering(A)
+    assert state.serves_ids(h.clock.now), "one id not there costs the relay nothing"
