@@ -192,6 +192,27 @@ def test_an_id_asked_of_a_relay_that_sends_no_eose_is_not_judged_asked_again():
     assert counts == [{}, {"unservable_asked_again": 1}]
 
 
+def test_a_graceful_stop_saves_gsync_state():
+    """Seed 10's year (dead_dialled, day 292.15; the simulator's mistake): gsync stopped
+    gracefully 104 s after a dead relay's daily attempt and, started again, dialled it at
+    once: the simulation's stop raised before its save (the manager's ticker, which ``stop``
+    kills, was never started) and the error was swallowed, so every graceful stop was a kill.
+    A graceful stop saves the state, and raises nothing."""
+    sim = Simulation(SimOptions(seed=4, days=0.2, faults=False, **SMALL))
+    stopped = {}
+
+    def stop_and_start():
+        m = sim.manager
+        sim.stop_gsync(graceful=True)
+        stopped.update(at=sim.clock.now, saved_at=m.saved.saved_at)
+        sim.start_gsync()
+
+    sim.at(START + 0.1 * 86_400 + 7, stop_and_start)  # (between two saves of the tick)
+    result = sim.run()
+    assert stopped["saved_at"] == stopped["at"]
+    _assert_clean(result)
+
+
 def _dead_relay_world(days: float):
     """A quiet world (no faults) where a bootstrap relay dies for good on day 0.1."""
     sim = Simulation(SimOptions(seed=4, days=days, relays=3, repos=8, faults=False, idle_tick_secs=300))
