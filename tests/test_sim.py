@@ -15,7 +15,7 @@ import websocket
 
 from gsync import constants
 from gsync.io import negentropy_ws
-from gsync.io.inbox import DeliveryAnswered
+from gsync.io.inbox import DeliveryAnswered, RemoteEvent, RemoteEvents
 from gsync.sim import SimOptions, Simulation, run
 from gsync.sim.relay import SimRelay, filter_from_json
 from gsync.sim.world import START, World
@@ -211,6 +211,31 @@ def test_a_graceful_stop_saves_gsync_state():
     result = sim.run()
     assert stopped["saved_at"] == stopped["at"]
     _assert_clean(result)
+
+
+def test_an_unrequested_event_is_judged_on_the_subscription_it_came_on_not_a_later_one_of_that_id():
+    """Seed 10's year (unrequested_accepted, day 317.33; the checker's mistake): a junk answer
+    to REQ h79-95 on day 138 carried an event matching none of its filters; 179 days and
+    many restarts later another process's h79-95 asked for it, and gsync took it. The
+    checker keyed what was sent unasked by sub id alone: it is the subscription of one
+    session of one process."""
+    sim = Simulation(SimOptions(seed=4, days=0.1, faults=False, **SMALL))
+    sim.seed_world()
+    url = sim.world.relay_urls[0]
+    relay = sim.relays[url]
+    asked = next(iter(relay.store.events.values()))
+    sim.faults.junk_until[url] = float("inf")
+    conn = types.SimpleNamespace(relay=url, gen=sim.gen, session=7, number=1)
+    frames = ['["EVENT","h79-95",' + asked.to_json() + "]", '["EOSE","h79-95"]']
+    sim.faults.tamper(relay, conn, json.dumps(["REQ", "h79-95", {"ids": [asked.id]}]), frames)
+    (unasked,) = [sim.world.events[key[-1]] for key in sim.checker.unrequested]
+
+    def taken(session):
+        sim.checker.message(RemoteEvents(url, session, [RemoteEvent(url, session, "h79-95", unasked)]))
+        return sim.checker.counts.get("unrequested_accepted", 0)
+
+    assert taken(session=8) == 0, "a later session's h79-95, which may ask for it"
+    assert taken(session=7) == 1, "taken from the subscription it came on unasked"
 
 
 def _dead_relay_world(days: float):
