@@ -294,3 +294,33 @@ def test_an_id_fetch_that_never_answered_leaves_its_ids_to_recovery_with_the_fil
     assert asks(h, A, hidden) == (2, 1), "the stalled fetch, once by id by recovery, then by its filter"
     assert hidden.id in state.unservable and not h.recovering(A)
     assert state.serves_ids(h.clock.now), "one id not there costs the relay nothing"
+
+
+def test_a_fresh_start_at_reconnect_shortly_before_the_daily_is_that_days_fresh_start(tmp_path):
+    """Found by the simulator (seed 13's year, day 191.7): relay1 came back after more than 15
+    minutes away (a fresh start: the whole history) two minutes before its daily fresh start
+    was due, which then ran the whole history again and asked an id it hides again, and the
+    next day's asked it a fourth time within 24 h. A fresh start at reconnect within the
+    daily's spread (2 h) before it is that day's (``RelayState.daily_near``): the daily timer
+    starts again from it, and the ids unservable there are asked again (they may be served
+    now)."""
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    _, hidden = world(h)
+    h.connect(A)
+    run(h, A, [hidden])
+    state = h.state(A)
+    assert hidden.id in state.unservable and asks(h, A, hidden) == (1, 1)
+
+    h.feed(RelayDisconnected(A, state.session, "gone"))
+    h.advance(state.next_daily_at - h.clock.now - 30 * 60)  # back 30 minutes before the daily
+    h.tick()
+    h.feed(HandshakeDone(A, state.attempt, ws=FakeWs()))
+    back = h.clock.now
+    run(h, A, [hidden])
+    assert state.next_daily_at >= back + constants.DAILY_MIN_SECS
+    assert asks(h, A, hidden) == (2, 2), "asked again by id once, then by its filter"
+    frames = len(h.conn(A).frames)
+    for _ in range(60):  # the hour the daily was due in
+        h.advance(60)
+        h.tick()
+    assert len(h.conn(A).frames) == frames, "no second fresh start"
