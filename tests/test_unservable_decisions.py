@@ -11,7 +11,10 @@ from gsync.ops import metrics
 from gsync.protocol import messages as wire
 from gsync.protocol.filters import Filter
 from gsync.sim.relay import filter_from_json
+from gsync.sync import filter_plan
+from gsync.sync.policy import coverage_key
 from gsync.sync.relay_state import ConnectionStatus
+from gsync.sync.start_queue import is_exchange
 
 from .factory import Author, announcement, issue
 from .manager_harness import FakeWs, ManagerHarness, resync_holdings
@@ -324,3 +327,36 @@ def test_a_fresh_start_at_reconnect_shortly_before_the_daily_is_that_days_fresh_
         h.advance(60)
         h.tick()
     assert len(h.conn(A).frames) == frames, "no second fresh start"
+
+
+def test_what_an_exchange_found_is_fetched_by_id_when_the_batchs_last_exchange_is_dropped_for_a_paused_shape(tmp_path):
+    """Found by the simulator (seed 13's year, day 329.97): a batch's layer-2 exchange found
+    four ids missing, to be fetched by id when its thread exchange (queued behind it) had
+    answered; the relay refused #e and #q by policy meanwhile, and that exchange was dropped
+    before it started (``start_queue.regroup``) without fetching what the first had found.
+    Never asked by id, the ids went to their filter, which brought one: the relay was judged
+    not to serve ids. The batch's last exchange dropped so, what the others found is fetched
+    by id, as at the last one's answer."""
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    repo, _ = world(h)
+    wanted = issue(bob, repo, subject="served by id")
+    h.connect(A)
+    state = h.state(A)
+    for _ in range(10):
+        h.answer_own_reads(held=HELD)
+        h.advance(1.1)
+        layer2 = [g for g in h.effects.spawned if g.name == "reconcile_filter" and filter_plan.asks_by_repo(g.args[2])]
+        if layer2:
+            break
+    g = layer2[0]
+    assert any(is_exchange(token) and any(map(filter_plan.asks_by_root, group))
+               for token, group in state.current.historic_queue), "a thread exchange waits behind it"
+    for key in {coverage_key(f) for _, group in state.current.historic_queue for f in group
+                if filter_plan.asks_by_root(f)}:
+        state.paused.pause(key, h.clock.now)  # refused by policy meanwhile
+    h.effects.spawned.remove(g)
+    h.feed(NegentropyFinished(A, state.session, g.kwargs["batch_id"], g.kwargs["token"], g.args[2],
+                              NegentropyOutcome(True, need_ids=[wanted.id], rounds=1)))
+    run(h, A, [wanted], by_id=True, by_filter=True)
+    assert asks(h, A, wanted)[0] == 1, "fetched by id"
+    assert state.ids_unserved_at is None and state.serves_ids(h.clock.now)
