@@ -15,7 +15,7 @@ import websocket
 
 from gsync import constants
 from gsync.io import negentropy_ws
-from gsync.io.inbox import DeliveryAnswered
+from gsync.io.inbox import DeliveryAnswered, RemoteEvent, RemoteEvents
 from gsync.sim import SimOptions, Simulation, run
 from gsync.sim.relay import SimRelay, filter_from_json
 from gsync.sim.world import START, World
@@ -190,6 +190,52 @@ def test_an_id_asked_of_a_relay_that_sends_no_eose_is_not_judged_asked_again():
     sim.at(START + 0.1 * 86_400 + 60, asked, False, 4)
     sim.run()
     assert counts == [{}, {"unservable_asked_again": 1}]
+
+
+def test_a_graceful_stop_saves_gsync_state():
+    """Seed 10's year (dead_dialled, day 292.15; the simulator's mistake): gsync stopped
+    gracefully 104 s after a dead relay's daily attempt and, started again, dialled it at
+    once: the simulation's stop raised before its save (the manager's ticker, which ``stop``
+    kills, was never started) and the error was swallowed, so every graceful stop was a kill.
+    A graceful stop saves the state, and raises nothing."""
+    sim = Simulation(SimOptions(seed=4, days=0.2, faults=False, **SMALL))
+    stopped = {}
+
+    def stop_and_start():
+        m = sim.manager
+        sim.stop_gsync(graceful=True)
+        stopped.update(at=sim.clock.now, saved_at=m.saved.saved_at)
+        sim.start_gsync()
+
+    sim.at(START + 0.1 * 86_400 + 7, stop_and_start)  # (between two saves of the tick)
+    result = sim.run()
+    assert stopped["saved_at"] == stopped["at"]
+    _assert_clean(result)
+
+
+def test_an_unrequested_event_is_judged_on_the_subscription_it_came_on_not_a_later_one_of_that_id():
+    """Seed 10's year (unrequested_accepted, day 317.33; the checker's mistake): a junk answer
+    to REQ h79-95 on day 138 carried an event matching none of its filters; 179 days and
+    many restarts later another process's h79-95 asked for it, and gsync took it. The
+    checker keyed what was sent unasked by sub id alone: it is the subscription of one
+    session of one process."""
+    sim = Simulation(SimOptions(seed=4, days=0.1, faults=False, **SMALL))
+    sim.seed_world()
+    url = sim.world.relay_urls[0]
+    relay = sim.relays[url]
+    asked = next(iter(relay.store.events.values()))
+    sim.faults.junk_until[url] = float("inf")
+    conn = types.SimpleNamespace(relay=url, gen=sim.gen, session=7, number=1)
+    frames = ['["EVENT","h79-95",' + asked.to_json() + "]", '["EOSE","h79-95"]']
+    sim.faults.tamper(relay, conn, json.dumps(["REQ", "h79-95", {"ids": [asked.id]}]), frames)
+    (unasked,) = [sim.world.events[key[-1]] for key in sim.checker.unrequested]
+
+    def taken(session):
+        sim.checker.message(RemoteEvents(url, session, [RemoteEvent(url, session, "h79-95", unasked)]))
+        return sim.checker.counts.get("unrequested_accepted", 0)
+
+    assert taken(session=8) == 0, "a later session's h79-95, which may ask for it"
+    assert taken(session=7) == 1, "taken from the subscription it came on unasked"
 
 
 def _dead_relay_world(days: float):

@@ -11,7 +11,10 @@ from gsync.ops import metrics
 from gsync.protocol import messages as wire
 from gsync.protocol.filters import Filter
 from gsync.sim.relay import filter_from_json
+from gsync.sync import filter_plan
+from gsync.sync.policy import coverage_key
 from gsync.sync.relay_state import ConnectionStatus
+from gsync.sync.start_queue import is_exchange
 
 from .factory import Author, announcement, issue
 from .manager_harness import FakeWs, ManagerHarness, resync_holdings
@@ -265,3 +268,95 @@ def test_an_id_whose_filter_never_answered_is_not_judged_but_recovered(tmp_path)
     state = h.state(A)
     assert hidden.id not in state.unservable
     assert hidden.id in h.recovering(A)
+
+
+def test_an_id_fetch_that_never_answered_leaves_its_ids_to_recovery_with_the_filter_that_found_them(tmp_path):
+    """Found by the simulator (seed 10's year, day 113.1): at a daily fresh start the relay
+    sent no EOSE to the id fetch of an id it hides; the stalled fetch handed the id to
+    recovery without the filter that found it, and recovery asked it by id twice more (an id
+    held without a filter), four asks by id in 23.8 h with the day before's two. An id fetch
+    that never answered leaves its ids with their filter: recovery asks by id once, then by
+    that filter (SPEC §4 residuals: never only by id again); not brought, unservable there."""
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    _, hidden = world(h)
+    h.connect(A)
+
+    def id_fetch(filters):
+        return any(f.ids is not None for f in filters) and h.clock.now < stalled_until
+
+    stalled_until = float("inf")
+    run(h, A, [hidden], silent=id_fetch)
+    stall_out(h)
+    stalled_until = h.clock.now
+    assert hidden.id in h.recovering(A)
+    for _ in range(30):  # recovery's attempts, on its backoff
+        h.advance(60)
+        h.tick()
+        run(h, A, [hidden])  # its REQs end, without it
+    state = h.state(A)
+    assert asks(h, A, hidden) == (2, 1), "the stalled fetch, once by id by recovery, then by its filter"
+    assert hidden.id in state.unservable and not h.recovering(A)
+    assert state.serves_ids(h.clock.now), "one id not there costs the relay nothing"
+
+
+def test_a_fresh_start_at_reconnect_shortly_before_the_daily_is_that_days_fresh_start(tmp_path):
+    """Found by the simulator (seed 13's year, day 191.7): relay1 came back after more than 15
+    minutes away (a fresh start: the whole history) two minutes before its daily fresh start
+    was due, which then ran the whole history again and asked an id it hides again, and the
+    next day's asked it a fourth time within 24 h. A fresh start at reconnect within the
+    daily's spread (2 h) before it is that day's (``RelayState.daily_near``): the daily timer
+    starts again from it, and the ids unservable there are asked again (they may be served
+    now)."""
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    _, hidden = world(h)
+    h.connect(A)
+    run(h, A, [hidden])
+    state = h.state(A)
+    assert hidden.id in state.unservable and asks(h, A, hidden) == (1, 1)
+
+    h.feed(RelayDisconnected(A, state.session, "gone"))
+    h.advance(state.next_daily_at - h.clock.now - 30 * 60)  # back 30 minutes before the daily
+    h.tick()
+    h.feed(HandshakeDone(A, state.attempt, ws=FakeWs()))
+    back = h.clock.now
+    run(h, A, [hidden])
+    assert state.next_daily_at >= back + constants.DAILY_MIN_SECS
+    assert asks(h, A, hidden) == (2, 2), "asked again by id once, then by its filter"
+    frames = len(h.conn(A).frames)
+    for _ in range(60):  # the hour the daily was due in
+        h.advance(60)
+        h.tick()
+    assert len(h.conn(A).frames) == frames, "no second fresh start"
+
+
+def test_what_an_exchange_found_is_fetched_by_id_when_the_batchs_last_exchange_is_dropped_for_a_paused_shape(tmp_path):
+    """Found by the simulator (seed 13's year, day 329.97): a batch's layer-2 exchange found
+    four ids missing, to be fetched by id when its thread exchange (queued behind it) had
+    answered; the relay refused #e and #q by policy meanwhile, and that exchange was dropped
+    before it started (``start_queue.regroup``) without fetching what the first had found.
+    Never asked by id, the ids went to their filter, which brought one: the relay was judged
+    not to serve ids. The batch's last exchange dropped so, what the others found is fetched
+    by id, as at the last one's answer."""
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    repo, _ = world(h)
+    wanted = issue(bob, repo, subject="served by id")
+    h.connect(A)
+    state = h.state(A)
+    for _ in range(10):
+        h.answer_own_reads(held=HELD)
+        h.advance(1.1)
+        layer2 = [g for g in h.effects.spawned if g.name == "reconcile_filter" and filter_plan.asks_by_repo(g.args[2])]
+        if layer2:
+            break
+    g = layer2[0]
+    assert any(is_exchange(token) and any(map(filter_plan.asks_by_root, group))
+               for token, group in state.current.historic_queue), "a thread exchange waits behind it"
+    for key in {coverage_key(f) for _, group in state.current.historic_queue for f in group
+                if filter_plan.asks_by_root(f)}:
+        state.paused.pause(key, h.clock.now)  # refused by policy meanwhile
+    h.effects.spawned.remove(g)
+    h.feed(NegentropyFinished(A, state.session, g.kwargs["batch_id"], g.kwargs["token"], g.args[2],
+                              NegentropyOutcome(True, need_ids=[wanted.id], rounds=1)))
+    run(h, A, [wanted], by_id=True, by_filter=True)
+    assert asks(h, A, wanted)[0] == 1, "fetched by id"
+    assert state.ids_unserved_at is None and state.serves_ids(h.clock.now)

@@ -191,7 +191,7 @@ class Faults:
         filters = [filter_from_json(f) for f in json.loads(text)[2:]]
         for event in relay.store.events.values():
             if not any(f.matches(event) for f in filters):
-                self.sim.checker.unrequested.add((relay.url, sub_id, event.id))
+                self.sim.checker.unrequested.add((relay.url, conn.gen, conn.session, sub_id, event.id))
                 extra.append('["EVENT",' + json.dumps(sub_id) + "," + event.to_json() + "]")
                 break
         self.injected += len(extra)

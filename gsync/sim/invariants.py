@@ -4,7 +4,7 @@ with the simulated day it happened and what broke.
 - ``forged_accepted`` / ``forged_delivered``: an event whose id or signature does not match
   what its author signed was taken by gsync as checked, or sent to the own relay.
 - ``unrequested_accepted``: an event a relay sent on a subscription whose filters it matches
-  none of was taken by gsync.
+  none of was taken by gsync (from that subscription: its id may name another one later).
 - ``left_behind`` (liveness): from 25 simulated hours after the faults stopped, every event
   the own relay would accept that is on an up relay gsync should sync from (bootstrap, or
   listed by an announcement the own relay holds), published more than an hour before, is on
@@ -72,7 +72,9 @@ class Checker:
         self.violations: dict[str, list] = {}
         self.counts: dict[str, int] = {}
         self.served: set[str] = set()  # ids relays sent gsync on a subscription they matched
-        self.unrequested: set[tuple] = set()  # (relay, sub id, event id) sent unasked
+        # (relay, gsync process, session, sub id, event id) sent unasked (sub ids are
+        # used again by later sessions and processes: seed 10's year, day 317.33)
+        self.unrequested: set[tuple] = set()
         self.published_at: dict[str, float] = {}
         self.dials: dict[str, list[float]] = {}
         self.downs: dict[str, list[float]] = {}  # when each relay went down, the last hour
@@ -203,7 +205,7 @@ class Checker:
                 if e.verified and (genuine is None or genuine.sig != e.event.sig
                                    or genuine.content != e.event.content or genuine.tags != e.event.tags):
                     self.violation("forged_accepted", f"{e.relay} {e.event.id[:16]}")
-                if (e.relay, e.sub_id, e.event.id) in self.unrequested:
+                if (e.relay, self.sim.gen, e.session, e.sub_id, e.event.id) in self.unrequested:
                     self.violation("unrequested_accepted", f"{e.relay} {e.sub_id} {e.event.id[:16]}")
 
     def delivered(self, event) -> None:

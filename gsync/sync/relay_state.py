@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..constants import (
+    DAILY_MAX_SECS,
+    DAILY_MIN_SECS,
     IDS_UNSERVED_RETRY_SECS,
     NIP77_RETRY_SECS,
     QUICK_RECONNECT_SECS,
@@ -297,6 +299,13 @@ class RelayState:
         if self.last_connected is None or not self.announcements_synced:
             return True
         return self.disconnected_at is None or now - self.disconnected_at > QUICK_RECONNECT_SECS
+
+    def daily_near(self, now: float) -> bool:
+        """Is the daily fresh start due, or due within its spread (DAILY_MAX_SECS less
+        DAILY_MIN_SECS)? A fresh start at reconnect then is that day's: the whole history is
+        not run again minutes later (seed 13's year: two minutes later, an id the relay hides
+        asked by id a fourth time within 24 h)."""
+        return self.next_daily_at is not None and now >= self.next_daily_at - (DAILY_MAX_SECS - DAILY_MIN_SECS)
 
     def begin_session(self, link, book, limits, page_cap) -> RelaySession:
         """A handshake succeeded: a new session on the connection ``link`` (``book``: what it has open)."""

@@ -209,6 +209,8 @@ class RelayLifecycle:
         fresh = state.should_fresh_start(now)
         log.info("relay_connected", relay=msg.relay, fresh_start=fresh)
         if fresh:
+            if state.daily_near(now):
+                self.start_day(state, now)  # this fresh start is the daily's: not run again minutes later
             self.fresh_start(state, now)
         else:
             self.quick_reconnect(state, now)
@@ -318,11 +320,17 @@ class RelayLifecycle:
         start on the same connection."""
         for state in self.relays.values():
             if state.next_daily_at and now >= state.next_daily_at and state.connected:
-                state.next_daily_at = now + random.uniform(constants.DAILY_MIN_SECS, constants.DAILY_MAX_SECS)
-                log.info("daily_sync", relay=state.url)
+                self.start_day(state, now)
                 move_status(state, Fact.DAILY_SYNC)
-                state.unservable.clear()  # asked again: it may be served now
                 self.fresh_start(state, now)
+
+    @staticmethod
+    def start_day(state: RelayState, now: float) -> None:
+        """A relay's daily fresh start (or a fresh start at reconnect shortly before it):
+        the next one a random 23-25 h later, and what was unservable there asked again."""
+        state.next_daily_at = now + random.uniform(constants.DAILY_MIN_SECS, constants.DAILY_MAX_SECS)
+        log.info("daily_sync", relay=state.url)
+        state.unservable.clear()  # asked again: it may be served now
 
     def fresh_start(self, state: RelayState, now: float) -> None:
         # The daily sync runs on a live connection: close every subscription it abandons,

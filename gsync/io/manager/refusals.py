@@ -436,7 +436,9 @@ class Refusals:
 
     def fail_into_recovery(self, state: RelayState, batch: PendingBatch, sub_id: str, filters) -> None:
         """The batch failed; what the stalled REQ owed goes to missing-event recovery: its
-        ids (not the residual retry's any more), or the filter itself."""
+        ids (not the residual retry's any more), with the filter that found each (by id once
+        more, then by it: seed 10's year asked an id the relay hides by id twice more), or
+        the filter itself."""
         start_queue.on_closed(batch, sub_id)
         state.current.stalled_shapes.update(coverage_key(f) for f in filters)  # later REQs send it alone
         if batch.kind is BatchKind.RECOVERY:
@@ -446,5 +448,5 @@ class Refusals:
         if ids:
             missing = ids - batch.received_ids - self.seen.keys()
             batch.advertised_ids -= missing
-            self.recovery.add_missing(state.url, missing, now)
+            self.historic.recover_ids(state.url, {i: batch.found_by.get(i) for i in missing})
         self.recovery.add_missing_filters(state.url, [f for f in filters if f.ids is None], now)
