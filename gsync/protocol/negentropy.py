@@ -394,7 +394,7 @@ class _Reconciler:
     def _answer_range(
         self,
         enc: _Encoder,
-        mode: Mode,
+        mode: int,
         payload: bytes,
         lower: int,
         upper: int,
