@@ -31,7 +31,7 @@ import bisect
 import hashlib
 import itertools
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -101,6 +101,9 @@ class Bound(NamedTuple):
 
 
 INFINITE_BOUND = Bound(INFINITY)
+
+# A decoded range: (upper bound, mode, payload, lower and upper index of our items in it).
+_Range = tuple[Bound, int, bytes, int, int]
 
 
 class _Decoder:
@@ -340,26 +343,26 @@ class _Reconciler:
             if self.initiator:
                 raise UnsupportedVersion(version)
             return bytes([PROTOCOL_VERSION])  # tell the client which version we speak
-        ranges = _ranges(message, self.storage)
-        self._received(ranges)
-        return self._answer_ranges(ranges, have, need)
+        return self._answer_ranges(self._read(message), have, need)
 
-    def _received(self, ranges: list[tuple[Bound, int, bytes, int, int]]) -> None:
-        """A hook: the peer's message, decoded, before we answer it."""
+    def _read(self, message: bytes) -> Iterable[_Range]:
+        """The peer's ranges, decoded as they are answered: a range after the frame is
+        full is never read."""
+        return _ranges(message, self.storage)
 
     def _new_encoder(self) -> _Encoder:
         return _Encoder()
 
-    def _answer_ranges(
-        self, ranges: list[tuple[Bound, int, bytes, int, int]], have: list[bytes], need: list[bytes]
-    ) -> bytes:
+    def _answer_ranges(self, ranges: Iterable[_Range], have: list[bytes], need: list[bytes]) -> bytes:
         enc = self._new_encoder()
         prev_bound = Bound(0)
         # Settled ranges are only written when something follows them: a message that ends
         # early implies Skip up to infinity.
         skip_pending = False
-        for at, (bound, mode, payload, lower, upper) in enumerate(ranges):
-            more = at + 1 < len(ranges)
+        ranges = iter(ranges)
+        following = next(ranges, None)
+        while following is not None:
+            (bound, mode, payload, lower, upper), following = following, next(ranges, None)
             start = enc.mark()
             if skip_pending:
                 enc.range(prev_bound, Mode.SKIP)
@@ -376,7 +379,7 @@ class _Reconciler:
                 # Our whole id list for that range went out, and took the frame past its
                 # limit by less than the slack (``_answer_id_list`` adds ids while there is
                 # room): keep it, as the reference does, and continue after it next round.
-                if more:
+                if following is not None:
                     self._close_early(enc, upper)
                 break
             elif not self._fits(len(enc.out)):
@@ -443,12 +446,11 @@ class _Reconciler:
         return stop
 
 
-def _ranges(message: bytes, storage: Storage) -> list[tuple[Bound, int, bytes, int, int]]:
+def _ranges(message: bytes, storage: Storage) -> Iterator[_Range]:
     """A message's ranges (after the version byte) as (upper bound, mode, payload, lower,
     upper): the payload is the fingerprint, the ids one after another, or nothing for a
     Skip; ``lower`` and ``upper`` delimit the storage's items in the range."""
     dec = _Decoder(message, start=1)
-    out = []
     lower = 0
     while not dec.at_end():
         bound, mode = dec.bound(), dec.varint()
@@ -464,9 +466,8 @@ def _ranges(message: bytes, storage: Storage) -> list[tuple[Bound, int, bytes, i
         else:
             raise NegentropyError(f"unknown range mode {mode}")
         upper = storage.find_lower_bound(lower, bound)
-        out.append((bound, mode, payload, lower, upper))
+        yield bound, mode, payload, lower, upper
         lower = upper
-    return out
 
 
 def _compare_ids(
@@ -536,7 +537,13 @@ class NegentropyClient(_Reconciler):
         self._sent = enc.bounds
         return enc
 
-    def _received(self, ranges: list[tuple[Bound, int, bytes, int, int]]) -> None:
+    def _read(self, message: bytes) -> list[_Range]:
+        """The whole message first: which buckets to probe takes their siblings."""
+        ranges = list(_ranges(message, self.storage))
+        self._find_probes(ranges)
+        return ranges
+
+    def _find_probes(self, ranges: list[_Range]) -> None:
         """Find the server's differing buckets that hold fewer than ``ID_LIST_THRESHOLD``
         of its items for sure, to probe them (see the class docstring)."""
         self._probe = set()
