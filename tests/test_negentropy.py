@@ -387,3 +387,87 @@ def test_a_whole_id_list_that_takes_the_frame_past_its_limit_is_kept():
         (Mode.ID_LIST, 100), (Mode.ID_LIST, 22), (Mode.FINGERPRINT, None)]
     assert ranges[1][0] == Bound(123)
     assert ranges[2][2] == Storage(items).fingerprint(122, 300)
+
+
+# -- probes: the client's answer to a nearly settled bucket ------------------------------
+
+
+class ReferenceClient(NegentropyClient):
+    """Answers as the reference does: a differing bucket under 32 items with its ids."""
+
+    def _answer_differing(self, enc, lower, upper, bound):
+        self._split_range(enc, lower, upper, bound)
+
+
+def exchange(client, server_items, server_limit=0):
+    """A whole exchange: (bytes up, bytes down, rounds, need, the server's answers)."""
+    server = NegentropyServer(Storage(server_items), server_limit)
+    up = down = rounds = 0
+    need, answers = [], []
+    message = client.initiate()
+    while message is not None:
+        answer = server.respond(message)
+        up, down, rounds = up + len(message), down + len(answer), rounds + 1
+        answers.append(answer)
+        step = client.reconcile(answer)
+        need += step.need
+        message = step.message
+    return up, down, rounds, need, answers
+
+
+def test_a_nearly_settled_exchange_probes_its_buckets_and_the_server_sends_a_fifth():
+    # 6,700 items of which the client lacks 1 %: every top bucket differs, the server
+    # splits each into 16 buckets of ~26 items, and ~60 of those differ. The reference
+    # answers them with ~1,600 ids and hears back as many; probes hear back ~2 a missing id.
+    server_items = ids_at(11, 6700, lambda r, i: 1_700_000_000 + r.randrange(86_400 * 365))
+    missing = set(random.Random(12).sample(range(6700), 67))
+    client_items = [x for i, x in enumerate(server_items) if i not in missing]
+    up, down, rounds, need, answers = exchange(NegentropyClient(Storage(client_items)), server_items)
+    ref_up, ref_down, ref_rounds, ref_need, _ = exchange(ReferenceClient(Storage(client_items)), server_items)
+    assert sorted(need) == sorted(ref_need) == sorted(server_items[i][1] for i in missing)
+    assert rounds == ref_rounds == 2
+    assert down < ref_down / 4 and up < ref_up * 0.7
+    last = decode_ranges(answers[-1])
+    assert {mode for _, mode, _ in last} == {Mode.SKIP, Mode.ID_LIST}
+    assert sum(len(ids) for _, mode, ids in last if mode == Mode.ID_LIST) <= 2 * len(missing)
+
+
+def test_a_bucket_whose_siblings_all_differ_is_answered_with_ids():
+    # Nothing tells the client how many items the server holds there (it might be 32 or
+    # more, which a probe would turn into another round), so it sends its ids.
+    server_items = ids_at(13, 2048)
+    client_items = server_items[1::2]  # every bucket of every split differs
+    client = NegentropyClient(Storage(client_items))
+    server = NegentropyServer(Storage(server_items))
+    answer = server.respond(client.initiate())
+    assert {mode for _, mode, _ in decode_ranges(answer)} == {Mode.FINGERPRINT}
+    step = client.reconcile(answer)
+    assert {mode for _, mode, _ in decode_ranges(step.message)} == {Mode.ID_LIST}
+    assert client.reconcile(server.respond(step.message)).message is None
+
+
+def test_probes_dearer_than_ids_are_not_sent():
+    # One timestamp and ids sharing 26 leading bytes: each probe's bound is a 27-byte
+    # prefix, more than the id it stands for.
+    prefix = bytes(26)
+    r = random.Random(14)
+    server_items = [(5, prefix + r.randbytes(6)) for _ in range(6000)]
+    client_items = server_items[:2000] + server_items[2010:]
+    client = NegentropyClient(Storage(client_items))
+    server = NegentropyServer(Storage(server_items))
+    step = client.reconcile(server.respond(client.initiate()))
+    assert Mode.FINGERPRINT not in {mode for _, mode, _ in decode_ranges(step.message)}
+    step = client.reconcile(server.respond(step.message))
+    assert step.message is None and sorted(step.need) == sorted(i for _, i in server_items[2000:2010])
+
+
+@pytest.mark.slow
+@settings(max_examples=120, deadline=None)
+@given(set_pairs(max_items=4000), LIMITS)
+def test_probes_never_cost_a_round(pair, server_limit):
+    # Against a server splitting as the reference does: no probe holds 32 of its items.
+    client_items, server_items = pair
+    probed = exchange(NegentropyClient(Storage(client_items)), server_items, server_limit)
+    reference = exchange(ReferenceClient(Storage(client_items)), server_items, server_limit)
+    assert probed[2] <= reference[2]
+    assert sorted(probed[3]) == sorted(reference[3])

@@ -21,8 +21,10 @@ import websocket
 from gsync.io.negentropy_ws import NegentropyFailed, reconcile
 from gsync.protocol.event import generate_secret, public_key, sign_event
 from gsync.protocol.filters import Filter
+from gsync.protocol.negentropy import NegentropyClient, Storage
 
 from .relays import RelayProcess, publish
+from .test_negentropy import ReferenceClient, exchange
 from .test_negentropy_ws import ws_functions
 
 # One worker runs the module: the seeded relay (a module fixture) is signed and seeded once.
@@ -193,6 +195,38 @@ def test_have_and_need_are_exact_against_localrelay(seeded_relay, size, overlap,
     assert sorted(result.have_ids) == sorted(i for _, i in own)
     assert meter.largest_up <= client_limit
     assert meter.largest_down <= RELAY_FRAME_LIMIT
+
+
+def test_localrelay_answers_probes_as_our_server_does(seeded_relay):
+    # The client probes nearly settled buckets (``NegentropyClient``): LocalRelay answers
+    # each round with exactly the bytes our own server would, in as many rounds as the
+    # reference client takes. Its buckets here hold ~4 items, so its answer to the probes
+    # (~2 ids a missing event) is only about half its answer to the reference's id lists.
+    author, relay_items = seeded_relay.group(1_000)
+    held = random.Random(5).sample(relay_items, 990)
+    answers = []
+    ws = connect(seeded_relay.relay.url)
+    try:
+        send, receive = ws_functions(ws)
+
+        def metered_receive(timeout):
+            frame = receive(timeout)
+            if frame is not None and json.loads(frame)[0] == "NEG-MSG":
+                answers.append(len(json.loads(frame)[2]) // 2)
+            return frame
+
+        flt = Filter.make(authors=[author], kinds=[1])
+        result = reconcile(send, metered_receive, "neg-probe", flt, held,
+                           frame_size_limit=RELAY_FRAME_LIMIT, deadline_secs=60)
+    finally:
+        ws.close()
+    assert set(result.need_ids) == {i for _, i in relay_items} - {i for _, i in held}
+    server_items = [(t, bytes.fromhex(i)) for t, i in relay_items]
+    ours = exchange(NegentropyClient(Storage.from_hex(held), RELAY_FRAME_LIMIT), server_items)
+    reference = exchange(ReferenceClient(Storage.from_hex(held), RELAY_FRAME_LIMIT), server_items)
+    assert answers == [len(answer) for answer in ours[4]]
+    assert result.rounds == ours[2] == reference[2] == 2
+    assert answers[-1] < 0.75 * len(reference[4][-1])
 
 
 def test_localrelay_demanding_auth_is_a_neg_err(relay_factory):

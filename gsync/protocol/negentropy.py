@@ -21,7 +21,9 @@ Wire details follow docs/negentropy-protocol-v1.md of hoytech/negentropy; the ch
 spec leaves open (bucket count, IdList threshold, 200 bytes of frame slack) are the
 reference implementation's, so our messages match its messages byte for byte — except when
 a frame limit cuts a message short, where our closing range always describes exactly the
-items it covers (see ``_close_early``).
+items it covers (see ``_close_early``), and where the client probes a nearly settled
+bucket instead of sending its ids (see ``NegentropyClient``; the spec lets the sender pick
+its ranges, and any server answers them).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import bisect
 import hashlib
 import itertools
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -75,8 +77,10 @@ class UnsupportedVersion(NegentropyError):
 
 def encode_varint(n: int) -> bytes:
     """Base-128, most significant digit first, high bit set on all but the last byte."""
-    if n < 0:
-        raise ValueError("varint must be non-negative")
+    if n < 0x80:
+        if n < 0:
+            raise ValueError("varint must be non-negative")
+        return bytes((n,))
     digits = [n & 0x7F]
     n >>= 7
     while n:
@@ -97,6 +101,9 @@ class Bound(NamedTuple):
 
 
 INFINITE_BOUND = Bound(INFINITY)
+
+# A decoded range: (upper bound, mode, payload, lower and upper index of our items in it).
+_Range = tuple[Bound, int, bytes, int, int]
 
 
 class _Decoder:
@@ -151,13 +158,16 @@ class _Decoder:
 
 
 class _Encoder:
-    """Writes bounds as deltas; ``mark``/``rewind`` undo a piece that did not fit."""
+    """Writes bounds as deltas; ``mark``/``rewind`` undo a piece that did not fit.
 
-    __slots__ = ("out", "last_timestamp")
+    ``bounds`` lists the ranges' upper bounds as written."""
+
+    __slots__ = ("out", "last_timestamp", "bounds")
 
     def __init__(self):
         self.out = bytearray([PROTOCOL_VERSION])
         self.last_timestamp = 0
+        self.bounds: list[Bound] = []
 
     def bound(self, bound: Bound) -> None:
         if bound.timestamp == INFINITY:
@@ -167,6 +177,7 @@ class _Encoder:
         self.last_timestamp = bound.timestamp
         self.out += encode_varint(len(bound.id_prefix))
         self.out += bound.id_prefix
+        self.bounds.append(bound)
 
     def range(self, bound: Bound, mode: Mode, payload: bytes = b"") -> None:
         self.bound(bound)
@@ -176,12 +187,13 @@ class _Encoder:
     def id_list(self, bound: Bound, ids: list[bytes]) -> None:
         self.range(bound, Mode.ID_LIST, encode_varint(len(ids)) + b"".join(ids))
 
-    def mark(self) -> tuple[int, int]:
-        return (len(self.out), self.last_timestamp)
+    def mark(self) -> tuple[int, int, int]:
+        return (len(self.out), self.last_timestamp, len(self.bounds))
 
-    def rewind(self, mark: tuple[int, int]) -> None:
+    def rewind(self, mark: tuple[int, int, int]) -> None:
         del self.out[mark[0] :]
         self.last_timestamp = mark[1]
+        del self.bounds[mark[2] :]
 
 
 # -- storage -----------------------------------------------------------------------------
@@ -305,6 +317,9 @@ class _Reconciler:
             enc.range(bound, Mode.FINGERPRINT, storage.fingerprint(start, end))
             start = end
 
+    def _answer_differing(self, enc: _Encoder, lower: int, upper: int, bound: Bound) -> None:
+        self._split_range(enc, lower, upper, bound)
+
     def _close_early(self, enc: _Encoder, index: int) -> None:
         """Cover everything from ``index`` to infinity with one range, for a later round.
 
@@ -328,23 +343,31 @@ class _Reconciler:
             if self.initiator:
                 raise UnsupportedVersion(version)
             return bytes([PROTOCOL_VERSION])  # tell the client which version we speak
-        return self._answer_ranges(_Decoder(message, start=1), have, need)
+        return self._answer_ranges(self._read(message), have, need)
 
-    def _answer_ranges(self, dec: _Decoder, have: list[bytes], need: list[bytes]) -> bytes:
-        enc = _Encoder()
-        prev_index, prev_bound = 0, Bound(0)
+    def _read(self, message: bytes) -> Iterable[_Range]:
+        """The peer's ranges, decoded as they are answered: a range after the frame is
+        full is never read."""
+        return _ranges(message, self.storage)
+
+    def _new_encoder(self) -> _Encoder:
+        return _Encoder()
+
+    def _answer_ranges(self, ranges: Iterable[_Range], have: list[bytes], need: list[bytes]) -> bytes:
+        enc = self._new_encoder()
+        prev_bound = Bound(0)
         # Settled ranges are only written when something follows them: a message that ends
         # early implies Skip up to infinity.
         skip_pending = False
-        while not dec.at_end():
-            bound = dec.bound()
-            mode = dec.varint()
-            lower, upper = prev_index, self.storage.find_lower_bound(prev_index, bound)
+        ranges = iter(ranges)
+        following = next(ranges, None)
+        while following is not None:
+            (bound, mode, payload, lower, upper), following = following, next(ranges, None)
             start = enc.mark()
             if skip_pending:
                 enc.range(prev_bound, Mode.SKIP)
             settled, resume_at = self._answer_range(
-                dec, enc, mode, lower, upper, bound, start[0], have, need
+                enc, mode, payload, lower, upper, bound, start[0], have, need
             )
             if settled:
                 enc.rewind(start)
@@ -356,7 +379,7 @@ class _Reconciler:
                 # Our whole id list for that range went out, and took the frame past its
                 # limit by less than the slack (``_answer_id_list`` adds ids while there is
                 # room): keep it, as the reference does, and continue after it next round.
-                if not dec.at_end():
+                if following is not None:
                     self._close_early(enc, upper)
                 break
             elif not self._fits(len(enc.out)):
@@ -368,14 +391,14 @@ class _Reconciler:
                 break
             else:
                 skip_pending = False
-            prev_index, prev_bound = upper, bound
+            prev_bound = bound
         return bytes(enc.out)
 
     def _answer_range(
         self,
-        dec: _Decoder,
         enc: _Encoder,
         mode: int,
+        payload: bytes,
         lower: int,
         upper: int,
         bound: Bound,
@@ -383,7 +406,7 @@ class _Reconciler:
         have: list[bytes],
         need: list[bytes],
     ) -> tuple[bool, int | None]:
-        """Read one range's payload and write our answer to it.
+        """Write our answer to one range of the peer's.
 
         Returns (settled, resume_at): settled means we have nothing to say (a Skip);
         ``resume_at`` is set when the frame limit cut our id list short at that index.
@@ -391,20 +414,17 @@ class _Reconciler:
         if mode == Mode.SKIP:
             return True, None
         if mode == Mode.FINGERPRINT:
-            if dec.take(FINGERPRINT_SIZE) == self.storage.fingerprint(lower, upper):
+            if payload == self.storage.fingerprint(lower, upper):
                 return True, None
-            self._split_range(enc, lower, upper, bound)
+            self._answer_differing(enc, lower, upper, bound)
             return False, None
-        if mode == Mode.ID_LIST:
-            count = dec.varint()
-            if count * ID_SIZE > dec.remaining():
-                raise NegentropyError("id list longer than the message")
-            theirs = [dec.take(ID_SIZE) for _ in range(count)]
-            if self.initiator:
-                _compare_ids(self.storage.ids(lower, upper), theirs, have, need)
-                return True, None
-            return False, self._answer_id_list(enc, lower, upper, bound, used)
-        raise NegentropyError(f"unknown range mode {mode}")
+        # An id list (``_ranges`` lets no other mode through). The server answers with all
+        # of its ids, whatever the client's.
+        if self.initiator:
+            theirs = [payload[i : i + ID_SIZE] for i in range(0, len(payload), ID_SIZE)]
+            _compare_ids(self.storage.ids(lower, upper), theirs, have, need)
+            return True, None
+        return False, self._answer_id_list(enc, lower, upper, bound, used)
 
     def _answer_id_list(
         self, enc: _Encoder, lower: int, upper: int, bound: Bound, used: int
@@ -426,6 +446,30 @@ class _Reconciler:
         return stop
 
 
+def _ranges(message: bytes, storage: Storage) -> Iterator[_Range]:
+    """A message's ranges (after the version byte) as (upper bound, mode, payload, lower,
+    upper): the payload is the fingerprint, the ids one after another, or nothing for a
+    Skip; ``lower`` and ``upper`` delimit the storage's items in the range."""
+    dec = _Decoder(message, start=1)
+    lower = 0
+    while not dec.at_end():
+        bound, mode = dec.bound(), dec.varint()
+        if mode == Mode.SKIP:
+            payload = b""
+        elif mode == Mode.FINGERPRINT:
+            payload = dec.take(FINGERPRINT_SIZE)
+        elif mode == Mode.ID_LIST:
+            count = dec.varint()
+            if count * ID_SIZE > dec.remaining():
+                raise NegentropyError("id list longer than the message")
+            payload = dec.take(count * ID_SIZE)
+        else:
+            raise NegentropyError(f"unknown range mode {mode}")
+        upper = storage.find_lower_bound(lower, bound)
+        yield bound, mode, payload, lower, upper
+        lower = upper
+
+
 def _compare_ids(
     ours: list[bytes], theirs: list[bytes], have: list[bytes], need: list[bytes]
 ) -> None:
@@ -436,7 +480,23 @@ def _compare_ids(
 
 
 class NegentropyClient(_Reconciler):
-    """The initiator: learns which ids each side is missing."""
+    """The initiator: learns which ids each side is missing.
+
+    It answers like the reference but for one case, where it saves most of the bytes of a
+    nearly settled exchange. A differing bucket of a server's split, known to hold fewer
+    than ``ID_LIST_THRESHOLD`` of the server's items, would be answered with our ids in it,
+    and the server would answer with all of its own: a whole bucket each way for each id
+    that differs. We probe it instead: one fingerprinted range for each of our items in it
+    (from the item up to our next one; the first also takes what lies below it), ~20 bytes
+    up where an id is 32, and the server answers only the probes that differ, each with its
+    two or three ids. Rounds do not change: no probe holds 2 * BUCKETS server items, so
+    every differing probe comes back as an id list, which settles it as the ids would have.
+    What the server holds in a bucket is known from its siblings: a split cuts one range of
+    ours into BUCKETS of equal size give or take one item, and a sibling whose fingerprint
+    matches ours holds exactly our items there. Without such a sibling the bucket is
+    answered with ids, as before. (6,700 items, 1 % missing: the server sends a fifth of
+    the reference's bytes, we send two thirds; see tests/test_negentropy.py.)
+    """
 
     initiator = True
 
@@ -446,12 +506,16 @@ class NegentropyClient(_Reconciler):
         # A cut-short server message covers the rest of the space with one range, which
         # can reopen ranges already settled: the ids found there again are not news.
         self._reported: set[bytes] = set()
+        # Our last message's range bounds, which tell a server's splits apart, and the
+        # upper bounds of the server's buckets that may be probed this round.
+        self._sent: list[Bound] = []
+        self._probe: set[Bound] = set()
 
     def initiate(self) -> bytes:
         if self._initiated:
             raise RuntimeError("already initiated")
         self._initiated = True
-        enc = _Encoder()
+        enc = self._new_encoder()
         self._split_range(enc, 0, len(self.storage), INFINITE_BOUND)
         return bytes(enc.out)
 
@@ -467,6 +531,71 @@ class NegentropyClient(_Reconciler):
         out = self._process(message, have, need)
         have, need = self._first_reports(have), self._first_reports(need)
         return ClientStep(out if len(out) > 1 else None, have, need)
+
+    def _new_encoder(self) -> _Encoder:
+        enc = _Encoder()
+        self._sent = enc.bounds
+        return enc
+
+    def _read(self, message: bytes) -> list[_Range]:
+        """The whole message first: which buckets to probe takes their siblings."""
+        ranges = list(_ranges(message, self.storage))
+        self._find_probes(ranges)
+        return ranges
+
+    def _find_probes(self, ranges: list[_Range]) -> None:
+        """Find the server's differing buckets that hold fewer than ``ID_LIST_THRESHOLD``
+        of its items for sure, to probe them (see the class docstring)."""
+        self._probe = set()
+        # A split is BUCKETS fingerprints answering one range of ours, and nothing else
+        # there: look only inside runs of at least that many fingerprints.
+        runs, first = [], None
+        for at, (_, mode, _, _, _) in enumerate([*ranges, (None, Mode.SKIP, b"", 0, 0)]):
+            if mode == Mode.FINGERPRINT:
+                first = at if first is None else first
+            elif first is not None:
+                if at - first >= BUCKETS:
+                    runs.append((first, at))
+                first = None
+        if not runs:
+            return
+        sent = [bound.key() for bound in self._sent]
+
+        def ours(at: int) -> int | None:  # which of our ranges the server's range answers
+            return bisect.bisect_left(sent, ranges[at][0].key()) if 0 <= at < len(ranges) else None
+
+        storage = self.storage
+        for first, end in runs:
+            owners = {at: ours(at) for at in range(first - 1, end + 1)}
+            for owner, group in itertools.groupby(range(first, end), owners.__getitem__):
+                members = list(group)
+                if len(members) != BUCKETS or owner in (owners[members[0] - 1], owners[members[-1] + 1]):
+                    continue
+                matched, differing = [], []
+                for at in members:
+                    bound, _, fingerprint, lower, upper = ranges[at]
+                    if fingerprint == storage.fingerprint(lower, upper):
+                        matched.append(upper - lower)
+                    else:
+                        differing.append(bound)
+                if matched and min(matched) + 1 < ID_LIST_THRESHOLD:
+                    self._probe.update(differing)
+
+    def _answer_differing(self, enc: _Encoder, lower: int, upper: int, bound: Bound) -> None:
+        if bound not in self._probe or not 0 < upper - lower < ID_LIST_THRESHOLD:
+            self._split_range(enc, lower, upper, bound)
+            return
+        storage = self.storage
+        start = enc.mark()
+        for index in range(lower + 1, upper):
+            enc.range(storage.bound_between(index), Mode.FINGERPRINT, storage.fingerprint(index - 1, index))
+        enc.range(bound, Mode.FINGERPRINT, storage.fingerprint(upper - 1, upper))
+        if len(enc.out) - start[0] > (upper - lower) * (ID_SIZE + 1):
+            # Long bounds (ids sharing many leading bytes at one timestamp) make probes
+            # dearer than the ids (a byte an id of slack: probes also spare the server's
+            # answer): send the ids, as the reference does.
+            enc.rewind(start)
+            self._split_range(enc, lower, upper, bound)
 
     def _first_reports(self, ids: list[bytes]) -> list[bytes]:
         fresh = [i for i in ids if i not in self._reported]

@@ -42,9 +42,10 @@ from ..constants import MAX_IDS_PER_REQ, START_BYTES, WAIT_BYTES_PER_SEC
 # The mean EVENT frame of NIP-34 events (the demo's and bench/start_worth's comments: 665 B;
 # bench/historic's data set: 149,443 B of EVENT frames for 200 events, 747 B).
 EVENT_BYTES = 700
-# NIP-77's bytes per item compared: bench/historic --mode neg-99, 308,759 B of NEG-MSG down
-# for 20,000 items held on both sides.
-NEG_ITEM_BYTES = 16
+# NIP-77's bytes per item compared: bench/historic --mode neg-99, 175,459 B of NEG-MSG down
+# for 20,000 items held on both sides (308,759 B before the client probed nearly settled
+# buckets, protocol/negentropy.py).
+NEG_ITEM_BYTES = 9
 # One read of the own relay's holdings (a REQ on loopback, not paced): the own relay's CPU
 # for it, in the same currency as a remote's start.
 OWN_READ_BYTES = START_BYTES
