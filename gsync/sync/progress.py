@@ -110,11 +110,15 @@ def repos_complete(repos: Iterable[tuple[str, SyncLevel, Iterable[str]]],
     repository's level). ``repos``: ``(address, level, relays)``; ``counted``: the relays
     this instance syncs and can reach now (another shard's relays, and unreachable ones,
     do not hold a repository back: nothing more can be fetched from them for now)."""
-    nothing = SyncItems()
     done = 0
-    for address, level, relays in repos:
-        done += all(confirmed.get(url, nothing).covers_repo(address, level)
-                    for url in relays if url in counted)
+    for address, level, relays in repos:  # (loops, not all() of a generator: a scrape's cost, per repository)
+        for url in relays:
+            if url in counted:
+                items = confirmed.get(url)
+                if items is None or not items.covers_repo(address, level):
+                    break
+        else:
+            done += 1
     return done
 
 
