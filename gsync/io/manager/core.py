@@ -325,7 +325,10 @@ class SyncManager:
                                 metrics.STARTS_QUEUED.labels(state.url))
             # paused: set where it changes; status: set here and by the refusals
             connected_g, status_g, failures_g, subscriptions_g, _paused, parked_g, _queued = state.gauges
-            status_g.set(self.health.status_metric(state.url, now))
+            status = self.health.status_metric(state.url, now)
+            if status != state.status_value:
+                status_g.set(status)
+                state.status_value = status
             failures = self.health.failures(state.url, now)
             subscriptions = len(state.current.book.subscriptions) if state.current.book else 0
             parked = self.health.parked(state.url, now)
