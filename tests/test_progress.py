@@ -317,3 +317,30 @@ def test_a_scrape_of_metrics_reads_the_progress_of_now_without_a_tick(tmp_path):
     assert scrape("gsync_sync_repositories_complete") == 2
     assert scrape("gsync_sync_seconds_left") == 0
     metrics.forget_relay(A)
+
+
+def test_a_relays_status_gauge_shows_the_health_of_now_after_the_refusals_set_it(tmp_path):
+    """A scrape sets a relay's status only when it changed since that relay's last; the
+    refusals set it too (a rate limit begins, a probe is served): a scrape after them
+    compares with what they set, so the health of now is what shows."""
+    from gsync import constants
+    from gsync.ops import metrics
+
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, 1))
+    h.connect(A)
+    h.answer_own_reads()
+    m, state = h.manager, h.manager.relays[A]
+    gauge = metrics.RELAY_STATUS.labels(A)
+    now = m.clock()
+    m.update_metrics(now)
+    healthy = gauge._value.get()
+    m.health.record_rate_limited(A, now)
+    m.refusals.update_health_metric(state, now)  # as note_rate_limited does
+    limited = gauge._value.get()
+    assert limited != healthy  # (no scrape while it lasts)
+    later = now + constants.RATE_LIMIT_COOLDOWN_SECS + 1
+    m.health.record_request_succeeded(A, later)  # the probe served: healthy again, and no refusal said so
+    m.update_metrics(later)
+    assert gauge._value.get() == healthy
+    metrics.forget_relay(A)

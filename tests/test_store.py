@@ -320,6 +320,32 @@ def test_saved_state_restores_relays_and_forgets_those_no_longer_registered(tmp_
     saved.close()
 
 
+def test_the_last_saves_time_and_a_relays_newest_record_are_read_back(tmp_path):
+    """Written by UPDATE where the row is (saved_at at every save, a changed record), by
+    INSERT the first time: a restart reads the last of each, one row apiece."""
+    saved = SavedState(_store(tmp_path), NOW)
+    rejected = saved.load(NOW)
+    state, health = RelayState(URL), RelayHealthTracker()
+    state.last_connected = NOW - 100
+    saved.save({URL: state}, health, rejected, NOW, ready=True)  # the record's first write
+    saved.save({URL: state}, health, rejected, NOW + 10, ready=True)  # nothing changed but the time
+    state.last_connected = NOW + 15
+    saved.save({URL: state}, health, rejected, NOW + 20, ready=True)  # the record again
+    saved.save({URL: state}, health, rejected, NOW + 30, ready=True)
+    saved.close()
+
+    again = SavedState(_store(tmp_path), NOW + 40)
+    again.load(NOW + 40)
+    assert again._prior_saved_at == NOW + 30
+    back = RelayState(URL)
+    again.restore(back, RelayHealthTracker())
+    assert back.last_connected == NOW + 15
+    rows = again.store.db.execute("SELECT count(*) FROM relays").fetchone()[0]
+    keys = [k for k, in again.store.db.execute("SELECT key FROM meta")]
+    assert rows == 1 and len(keys) == len(set(keys))
+    again.close()
+
+
 def test_a_database_of_an_older_schema_is_migrated_in_place(tmp_path):
     from gsync.ops.store import MIGRATIONS
 

@@ -13,6 +13,7 @@ import sys
 from typing import TextIO
 
 import structlog
+from structlog._config import _CONFIG as _STRUCTLOG_CONFIG  # what configure() sets (_Logger)
 
 LEVELS = {
     "debug": logging.DEBUG,
@@ -100,4 +101,32 @@ def get_logger(name: str | None = None, **context):
     (Binding the name as context would freeze the logger to the configuration of the moment.)
     """
     args = (name,) if name else ()
-    return structlog.get_logger(*args, **context)
+    return _Logger(structlog.get_logger(*args, **context))
+
+
+class _Logger:
+    """structlog's lazy proxy, its logger kept while the configuration is the same: the
+    proxy assembles a new logger at every call (4.8 us, where a kept one takes 0.3 us to
+    drop a line below the level), and most calls are dropped (the simulator's manager
+    makes tens of thousands). ``configure`` sets a new wrapper class (the level), logger
+    factory (the stream) or processor list: any of them changed, the next call assembles
+    the logger again. (A processor list changed in place, as ``structlog.testing``
+    does, is the same list the kept logger reads; the context class stays dict.)"""
+
+    __slots__ = ("_proxy", "_logger", "_wrapper", "_factory", "_processors")
+
+    def __init__(self, proxy):
+        self._proxy = proxy
+        self._logger = self._wrapper = self._factory = self._processors = None
+
+    def bind(self, **values):
+        return self._proxy.bind(**values)
+
+    def __getattr__(self, name: str):
+        config = _STRUCTLOG_CONFIG
+        if (self._wrapper is not config.default_wrapper_class or self._factory is not config.logger_factory
+                or self._processors is not config.default_processors):
+            self._logger = self._proxy.bind()
+            self._wrapper, self._factory = config.default_wrapper_class, config.logger_factory
+            self._processors = config.default_processors
+        return getattr(self._logger, name)

@@ -198,6 +198,9 @@ class CoveragePauses:
     def __len__(self) -> int:
         return len(self._until) + len(self._probing)
 
+    def __bool__(self) -> bool:  # (asked of every relay at every tick: run_policy_probes)
+        return bool(self._until or self._probing)
+
 
 def _key_json(key: CoverageKey) -> list:
     kinds, tags, ids, authors = key

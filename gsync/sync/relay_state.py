@@ -281,6 +281,7 @@ class RelayState:
     gauges: Any = None  # its children of metrics.PER_RELAY_GAUGES and STARTS_QUEUED, kept
     gauge_values: tuple | None = None  # what update_metrics last set of them (unchanged: not set again)
     queued_value: int | None = None  # the same, of STARTS_QUEUED
+    status_value: int | None = None  # the same, of RELAY_STATUS (set by update_metrics and the refusals)
 
     @property
     def connected(self) -> bool:

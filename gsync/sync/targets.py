@@ -32,7 +32,7 @@ class SyncItems:
             self.repos[address] = _higher(self.repos.get(address), level)
         self.root_events |= other.root_events
 
-    def covers_repo(self, address: str, level: SyncLevel) -> bool:
+    def covers_repo(self, address: str, level: SyncLevel) -> bool:  # (inlined in progress.repos_complete)
         have = self.repos.get(address)
         return have is SyncLevel.FULL or (have is not None and level is SyncLevel.STATE_ONLY)
 

@@ -89,6 +89,8 @@ class SyncManager:
         self.last_loop_at = self.effects.monotonic()
         self.queue_peak = 0  # the deepest the inbox has been (a 2 s gauge would miss bursts)
         self.delivery_peak = 0
+        self.gauge_values: tuple | None = None  # the manager-wide gauges as last set (update_metrics)
+        self.progress_published = None  # the progress they were last set from
         self.handlers = self.dispatch_table()
         for url in config.sync.bootstrap_relays:
             self.lifecycle.register_relay(url).is_bootstrap = True
@@ -324,7 +326,10 @@ class SyncManager:
                                 metrics.STARTS_QUEUED.labels(state.url))
             # paused: set where it changes; status: set here and by the refusals
             connected_g, status_g, failures_g, subscriptions_g, _paused, parked_g, _queued = state.gauges
-            status_g.set(self.health.status_metric(state.url, now))
+            status = self.health.status_metric(state.url, now)
+            if status != state.status_value:
+                status_g.set(status)
+                state.status_value = status
             failures = self.health.failures(state.url, now)
             subscriptions = len(state.current.book.subscriptions) if state.current.book else 0
             parked = self.health.parked(state.url, now)
@@ -338,28 +343,24 @@ class SyncManager:
             connected += state.connected
             dead += self.health.is_dead(state.url, now)
             members += len(state.member_roots)
-        metrics.RELAYS_TRACKED.set(len(self.relays))
-        metrics.RELAYS_HELD.set(len(self.relays))
-        metrics.THREAD_MEMBERS.set(members)
-        metrics.REJECTED_BYTES.set(self.rejected.bytes)
         saved_at = self.saved.saved_at
-        metrics.STATE_SAVE_AGE.set(-1 if saved_at is None else max(0.0, now - saved_at))
-        metrics.RELAYS_CONNECTED.set(connected)
-        metrics.RELAYS_DEAD.set(dead)
-        metrics.QUEUE_DEPTH.labels("manager").set(self.queue.qsize())
-        metrics.QUEUE_DEPTH.labels("delivery").set(self.delivery.backlog)
         self.delivery_peak = max(self.delivery_peak, self.delivery.backlog)
-        metrics.QUEUE_DEPTH_PEAK.labels("manager").set(self.queue_peak)
-        metrics.QUEUE_DEPTH_PEAK.labels("delivery").set(self.delivery_peak)
-        metrics.READY.set(int(self.own_relay.ready))
-        metrics.OWN_RELAY_UP.set(int(not self.own_relay.down and self.self_sub.connected))
-        metrics.REPOSITORIES.set(len(self.repos))
-        metrics.DELIVERY_BACKLOG_LIMIT.set(self.config.sync.delivery_max_backlog)
-        metrics.REJECTED_ENTRIES.set(len(self.rejected))
-        metrics.REJECTED_LIMIT.set(self.rejected.max_entries)
-        metrics.BACKGROUND_START_INTERVAL.set(self.config.sync.background_start_interval_ms / 1000)
+        values = (len(self.relays), len(self.relays), members, self.rejected.bytes,
+                  -1 if saved_at is None else max(0.0, now - saved_at), connected, dead, self.queue.qsize(),
+                  self.delivery.backlog, self.queue_peak, self.delivery_peak, int(self.own_relay.ready),
+                  int(not self.own_relay.down and self.self_sub.connected), len(self.repos),
+                  self.config.sync.delivery_max_backlog, len(self.rejected), self.rejected.max_entries,
+                  self.config.sync.background_start_interval_ms / 1000)
+        if values != self.gauge_values:  # set only here, as the relays' above: unchanged, not set again
+            for gauge, value, last in zip(_manager_gauges(), values, self.gauge_values or (None,) * len(values),
+                                          strict=True):
+                if value != last:
+                    gauge.set(value)
+            self.gauge_values = values
         progress, works = read_progress(self.relays, self.repos, self.health, self.config.sync, now)
-        publish_progress(progress)
+        if progress != self.progress_published:  # (its gauges: unchanged, not set again)
+            publish_progress(progress)
+            self.progress_published = progress
         for state, work in zip(self.relays.values(), works, strict=True):  # (works: one per relay, in order)
             queued = state.gauges[-1]
             if work.starts_queued != state.queued_value:
@@ -442,3 +443,19 @@ class SyncManager:
         self.saved.save(self.relays, self.health, self.rejected, now, ready=self.own_relay.ready)
 
 
+_MANAGER_GAUGES: tuple = ()
+
+
+def _manager_gauges() -> tuple:
+    """The gauges ``update_metrics`` sets from the manager's own tables, in the order of
+    its values (the labelled ones' children looked up once)."""
+    global _MANAGER_GAUGES
+    if not _MANAGER_GAUGES:
+        _MANAGER_GAUGES = (
+            metrics.RELAYS_TRACKED, metrics.RELAYS_HELD, metrics.THREAD_MEMBERS, metrics.REJECTED_BYTES,
+            metrics.STATE_SAVE_AGE, metrics.RELAYS_CONNECTED, metrics.RELAYS_DEAD,
+            metrics.QUEUE_DEPTH.labels("manager"), metrics.QUEUE_DEPTH.labels("delivery"),
+            metrics.QUEUE_DEPTH_PEAK.labels("manager"), metrics.QUEUE_DEPTH_PEAK.labels("delivery"),
+            metrics.READY, metrics.OWN_RELAY_UP, metrics.REPOSITORIES, metrics.DELIVERY_BACKLOG_LIMIT,
+            metrics.REJECTED_ENTRIES, metrics.REJECTED_LIMIT, metrics.BACKGROUND_START_INTERVAL)
+    return _MANAGER_GAUGES

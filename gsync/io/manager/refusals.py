@@ -393,7 +393,8 @@ class Refusals:
             self.note_rate_limited(state, f"{message.prefix.value}: {message.text}")
 
     def update_health_metric(self, state: RelayState, now: float) -> None:
-        metrics.RELAY_STATUS.labels(state.url).set(self.health.status_metric(state.url, now))
+        state.status_value = self.health.status_metric(state.url, now)  # (update_metrics sets it only if changed)
+        metrics.RELAY_STATUS.labels(state.url).set(state.status_value)
 
     # -- stalls ---------------------------------------------------------------------------
 
