@@ -232,10 +232,6 @@ class StateStore:
                 raise _Unreadable(f"quick_check: {check}")
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints, never corrupt
-            # The lock file keeps any other gsync out (_lock): SQLite need not take and drop
-            # its file locks around every save (six fcntl calls a transaction, a third of a
-            # save that changes only saved_at)
-            db.execute("PRAGMA locking_mode=EXCLUSIVE")
             db.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")  # a big first save's WAL shrinks
             for step in range(version, SCHEMA_VERSION):
                 with _transaction(db):
