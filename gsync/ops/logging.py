@@ -13,7 +13,6 @@ import sys
 from typing import TextIO
 
 import structlog
-from structlog._config import _CONFIG as _STRUCTLOG_CONFIG  # what configure() sets (_Logger)
 
 LEVELS = {
     "debug": logging.DEBUG,
@@ -123,10 +122,9 @@ class _Logger:
         return self._proxy.bind(**values)
 
     def __getattr__(self, name: str):
-        config = _STRUCTLOG_CONFIG
-        if (self._wrapper is not config.default_wrapper_class or self._factory is not config.logger_factory
-                or self._processors is not config.default_processors):
+        config = structlog.get_config()  # public; the same objects configure() set
+        wrapper, factory, processors = config["wrapper_class"], config["logger_factory"], config["processors"]
+        if self._wrapper is not wrapper or self._factory is not factory or self._processors is not processors:
             self._logger = self._proxy.bind()
-            self._wrapper, self._factory = config.default_wrapper_class, config.logger_factory
-            self._processors = config.default_processors
+            self._wrapper, self._factory, self._processors = wrapper, factory, processors
         return getattr(self._logger, name)
