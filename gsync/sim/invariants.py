@@ -97,6 +97,7 @@ class Checker:
         self.tabled_since: dict[str, float] = {}  # relay -> its first dial since it (re)entered the table
         self.gsync_since = START  # when the running gsync started
         self.unsaved_dials: dict[str, list[float]] = {}  # dials a killed gsync had not saved
+        self._announced = {}
 
     # -- recording ------------------------------------------------------------------------
 
@@ -395,9 +396,16 @@ class Checker:
             wanted |= urls
         return wanted, listing
 
-    @staticmethod
-    def announced(event) -> set[str]:
-        return {v.rstrip("/") for v in all_values(event, "relays")} - {f"wss://{DOMAIN}", f"ws://{DOMAIN}"}
+    def announced(self, event) -> frozenset[str]:
+        """The remote relays an announcement lists (kept per announcement: the wanted set is
+        made again at each change of the own relay's store, from every announcement it holds)."""
+        urls = self._announced.get(event.id)
+        if urls is None:
+            urls = self._announced[event.id] = frozenset(
+                {v.rstrip("/") for v in all_values(event, "relays")} - {f"wss://{DOMAIN}", f"ws://{DOMAIN}"})
+        return urls
+
+    _announced: dict  # announcement id -> announced(it) (bounded by the world's announcements)
 
     def bounded(self) -> None:
         m = self.sim.manager
@@ -456,7 +464,7 @@ class Checker:
             for event in relay.store.events.values():
                 if event.id in relay.hidden or now - self.published_at.get(event.id, START) < HOUR:
                     continue
-                if self.owed(event, url, listing) and not self.own_has(event):
+                if not self.own_has(event) and self.owed(event, url, listing):
                     missing.append((url, event))
         self.left_behind_max = max(self.left_behind_max, len(missing))
         if missing:

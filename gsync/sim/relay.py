@@ -47,6 +47,28 @@ def filter_from_json(obj) -> Filter:
     return Filter.make(**kw)
 
 
+_FILTERS: dict[str, list[Filter] | str] = {}  # a REQ's filters' JSON -> filter_from_json of each, or why not
+_FILTERS_KEPT = 4096  # (emptied when full: gsync asks the same filters of many relays, and again)
+
+
+def filters_from_json(raw_filters: list, text: str = "") -> list[Filter]:
+    """``filter_from_json`` of each of a REQ's filters; ``text``: their JSON as the frame
+    carries it (the same text, the same filters: made once). Raises ``ValueError``."""
+    made = _FILTERS.get(text) if text else None
+    if made is None:
+        try:
+            made = [filter_from_json(f) for f in raw_filters]
+        except ValueError as exc:
+            made = str(exc)
+        if text:
+            if len(_FILTERS) >= _FILTERS_KEPT:
+                _FILTERS.clear()
+            _FILTERS[text] = made
+    if isinstance(made, str):
+        raise ValueError(made)
+    return made
+
+
 def _event_frame(sub_id: str, event: Event) -> str:
     return '["EVENT",' + json.dumps(sub_id) + "," + event.to_json() + "]"
 
@@ -216,7 +238,8 @@ class SimRelay:
             return [json.dumps(["NOTICE", "invalid: not a message"])]
         verb = msg[0]
         if verb == "REQ" and len(msg) >= 2:
-            return self.on_req(session, msg[1], msg[2:])
+            head = f'["REQ",{json.dumps(msg[1])},' if isinstance(msg[1], str) else None
+            return self.on_req(session, msg[1], msg[2:], text[len(head):] if head and text.startswith(head) else "")
         if verb == "CLOSE" and len(msg) >= 2:
             session.subs.pop(msg[1], None)
             return []
@@ -254,11 +277,11 @@ class SimRelay:
                     return f"blocked: #{name} queries are not allowed here"
         return None
 
-    def on_req(self, session: RelaySession, sub_id, raw_filters) -> list[str]:
+    def on_req(self, session: RelaySession, sub_id, raw_filters, text: str = "") -> list[str]:
         if not isinstance(sub_id, str) or not sub_id:
             return [json.dumps(["NOTICE", "invalid: bad subscription id"])]
         try:
-            filters = [filter_from_json(f) for f in raw_filters]
+            filters = filters_from_json(raw_filters, text)
         except ValueError as exc:
             return [_closed(sub_id, f"invalid: {exc}")]
         if sub_id not in session.subs and len(session.subs) >= self.max_subs:
