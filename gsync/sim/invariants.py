@@ -191,13 +191,13 @@ class Checker:
 
     # -- per step -------------------------------------------------------------------------
 
-    def message(self, msg) -> None:
-        name = type(msg).__name__
+    def message(self, msg, name: str = "") -> None:
+        name = name or type(msg).__name__
         if name != "Tick":
-            h = self._hour()
+            h = int((self.sim.clock.now - START) // HOUR)
             self.hour_messages[h] = self.hour_messages.get(h, 0) + 1
             self.hour_types[name] = self.hour_types.get(name, 0) + 1
-        if isinstance(msg, RemoteEvents):
+        if type(msg) is RemoteEvents:
             world = self.sim.world.events
             for e in msg.events:
                 genuine = world.get(e.event.id)
@@ -215,7 +215,7 @@ class Checker:
     def client_frame(self, conn, verb: str, text: str) -> None:
         if verb == "NEG-OPEN":
             self._start(conn, text)
-        elif verb == "REQ" and '"limit":0' not in text.replace(" ", ""):
+        elif verb == "REQ" and '"limit":0' not in (text.replace(" ", "") if " " in text else text):
             self._start(conn, text)
         if verb == "REQ" and '"ids"' in text and self.sim.relays[conn.relay].hidden and not self.sim.relays[conn.relay].no_eose:
             # (a REQ the relay leaves without EOSE is not answered: asked again, it is a fetch

@@ -102,6 +102,8 @@ class EventStore:
         self.by_tag: dict[tuple[str, str], dict[str, None]] = {}
         self.by_key: dict[tuple, str] = {}
         self.changes = 0  # events added and removed so far (a cache of what it holds is stale when this moved)
+        self._matched: dict[Filter, list[Event]] = {}  # filter -> every event it matches, newest first
+        self._matched_at = 0  # the changes count _matched holds for
 
     def __contains__(self, event_id: str) -> bool:
         return event_id in self.events
@@ -171,9 +173,18 @@ class EventStore:
 
     def query(self, flt: Filter, cap: int | None = None, hidden=frozenset()) -> list[Event]:
         """What ``flt`` matches, newest first, at most ``limit`` (and ``cap``)."""
-        found = [self.events[i] for i in self.candidates(flt)]
-        found = [e for e in found if e.id not in hidden and flt.matches(e)]
-        found.sort(key=_newest_first)
+        if self._matched_at != self.changes:  # (what each filter matched, while nothing changed)
+            self._matched.clear()
+            self._matched_at = self.changes
+        found = self._matched.get(flt)
+        if found is None:
+            if len(self._matched) >= 256:
+                self._matched.clear()
+            found = [self.events[i] for i in self.candidates(flt)]
+            found = [e for e in found if flt.matches(e)]
+            found.sort(key=_newest_first)
+            self._matched[flt] = found
+        found = [e for e in found if e.id not in hidden] if hidden else list(found)
         limit = flt.limit
         if cap is not None:
             limit = cap if limit is None else min(limit, cap)

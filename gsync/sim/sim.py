@@ -350,9 +350,10 @@ class Simulation:
 
     def note(self, *parts) -> None:
         """One line of the trace (hashed; kept only in ``trace_lines`` if asked for)."""
-        line = f"{self.clock.now:.3f} " + " ".join(map(str, parts)) + "\n"
-        self._unhashed.append(line)
-        if len(self._unhashed) >= 1024:  # hashed a thousand lines at a time: the same digest
+        line = f"{self.clock.now:.3f} {' '.join(map(str, parts))}\n"
+        unhashed = self._unhashed
+        unhashed.append(line)
+        if len(unhashed) >= 1024:  # hashed a thousand lines at a time: the same digest
             self.hashed()
         if self.trace_lines is not None:
             self.trace_lines.append(line)
@@ -460,15 +461,16 @@ class Simulation:
 
     def handle(self, msg) -> None:
         m = self.manager
-        name = type(msg).__name__
-        if name != "Tick":
+        kind = type(msg)
+        name = kind.__name__
+        if kind is not Tick:
             self.last_busy = self.clock.now
         self.messages += 1
-        self.checker.message(msg)
+        self.checker.message(msg, name)
         relay = getattr(msg, "relay", "")
         self.note("msg", name, relay, getattr(msg, "session", ""))
         try:
-            m.handlers[type(msg)](msg)
+            m.handlers[kind](msg)
         except Exception as exc:  # production logs it and goes on; here it is a violation
             self.checker.violation("handler_raised", f"{name}: {type(exc).__name__}: {exc}",
                                    detail=traceback.format_exc(limit=6))
@@ -718,13 +720,17 @@ class Simulation:
             end = START + self.options.days * DAY
             self.faults.schedule(end)
             self.checker.schedule(end)
-            while self.heap and self.heap[0][0] <= end:
-                when, _, gen, fn, args = heapq.heappop(self.heap)
+            heap, pop, clock = self.heap, heapq.heappop, self.clock
+            while heap and heap[0][0] <= end:
+                when, _, gen, fn, args = pop(heap)
                 if gen is not None and gen != self.gen:
                     continue
-                self.clock.now = max(self.clock.now, when)
+                if when > clock.now:
+                    clock.now = when
                 fn(*args)
-                self.drain()
+                m = self.manager
+                if m is not None and m.queue.qsize():
+                    self.drain()
             self.clock.now = end
             self.checker.finish()
             if self.manager is not None:
