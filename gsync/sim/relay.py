@@ -11,6 +11,7 @@ Faults are attributes the simulator sets and clears (``rate_limited_until``, ``r
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from ..protocol.event import Event, EventError, parse_event
@@ -49,6 +50,11 @@ def filter_from_json(obj) -> Filter:
 
 _FILTERS: dict[str, list[Filter] | str] = {}  # a REQ's filters' JSON -> filter_from_json of each, or why not
 _FILTERS_KEPT = 4096  # (emptied when full: gsync asks the same filters of many relays, and again)
+
+
+# a REQ's start with a subscription id JSON writes as it is (printable ASCII, no quote or
+# backslash): the rest of the frame is the text ``filters_from_json`` keeps filters by
+_REQ_HEAD = re.compile(r'\["REQ","([ !#-\[\]-~]*)",')
 
 
 def filters_from_json(raw_filters: list, text: str = "") -> list[Filter]:
@@ -104,6 +110,7 @@ class EventStore:
         self.changes = 0  # events added and removed so far (a cache of what it holds is stale when this moved)
         self._matched: dict[Filter, list[Event]] = {}  # filter -> every event it matches, newest first
         self._matched_at = 0  # the changes count _matched holds for
+        self._storages: dict[Filter, tuple[int, Storage]] = {}  # filter -> storage(filter), as _matched
 
     def __contains__(self, event_id: str) -> bool:
         return event_id in self.events
@@ -155,26 +162,40 @@ class EventStore:
             del self.by_key[key]
 
     def candidates(self, flt: Filter):
-        """Ids that may match ``flt``, from its most selective index."""
+        """Ids that may match ``flt``, from its most selective index, in no order (``query``
+        sorts what matches)."""
         if flt.ids is not None:
-            return [i for i in sorted(flt.ids) if i in self.events]
-        best = None
+            return [i for i in flt.ids if i in self.events]
+        best = best_size = None
         for name, values in flt.tags:
-            ids: dict[str, None] = {}
-            for value in sorted(values):
-                ids.update(self.by_tag.get((name, value), {}))
-            if best is None or len(ids) < len(best):
-                best = ids
+            found = [ids for ids in map(self.by_tag.get, [(name, v) for v in values]) if ids]
+            size = sum(map(len, found))
+            if best is None or size < best_size:
+                best, best_size = found, size
         if best is None and flt.kinds is not None:
-            best = {}
-            for kind in sorted(flt.kinds):
-                best.update(self.by_kind.get(kind, {}))
-        return list(best) if best is not None else list(self.events)
+            best = [ids for ids in map(self.by_kind.get, flt.kinds) if ids]
+        if best is None:
+            return list(self.events)
+        return best[0] if len(best) == 1 else set().union(*best)
+
+    def storage(self, flt: Filter) -> tuple[int, Storage]:
+        """What ``flt`` matches (no limit) as a NIP-77 storage, with its size: made once
+        while nothing changed (storages are read only)."""
+        if self._matched_at != self.changes:
+            self.query(flt)  # (empties the caches)
+        made = self._storages.get(flt)
+        if made is None:
+            if len(self._storages) >= 64:
+                self._storages.clear()
+            items = self.query(flt)
+            made = self._storages[flt] = (len(items), Storage.from_hex((e.created_at, e.id) for e in items))
+        return made
 
     def query(self, flt: Filter, cap: int | None = None, hidden=frozenset()) -> list[Event]:
         """What ``flt`` matches, newest first, at most ``limit`` (and ``cap``)."""
         if self._matched_at != self.changes:  # (what each filter matched, while nothing changed)
             self._matched.clear()
+            self._storages.clear()
             self._matched_at = self.changes
         found = self._matched.get(flt)
         if found is None:
@@ -241,6 +262,9 @@ class SimRelay:
         session = self.sessions.get(number)
         if session is None:
             return []
+        if text.startswith('["REQ","') and (head := _REQ_HEAD.match(text)) and text[head.end():] in _FILTERS:
+            # (filters seen before, after a plain subscription id: the frame is read as it was)
+            return self.on_req(session, head.group(1), None, text[head.end():])
         try:
             msg = json.loads(text)
         except ValueError:
@@ -328,10 +352,10 @@ class SimRelay:
         refused = self.refusal(session, [flt])
         if refused:
             return [json.dumps(["NEG-ERR", sub_id, refused])]
-        items = self.store.query(flt.replace(limit=None))
-        if self.max_sync_events is not None and len(items) > self.max_sync_events:
+        size, storage = self.store.storage(flt.replace(limit=None))
+        if self.max_sync_events is not None and size > self.max_sync_events:
             return [json.dumps(["NEG-ERR", sub_id, "blocked: too many query results"])]
-        server = NegentropyServer(Storage.from_hex((e.created_at, e.id) for e in items))
+        server = NegentropyServer(storage)
         session.negs[sub_id] = server
         return self.on_neg_msg(session, sub_id, message_hex)
 
