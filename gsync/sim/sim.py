@@ -728,9 +728,25 @@ class Simulation:
             end = START + self.options.days * DAY
             self.faults.schedule(end)
             self.checker.schedule(end)
+            # What is scheduled by now (the faults and the checker's rounds of the whole run,
+            # drawn up front) is taken in order from a sorted list, beside the heap of what the
+            # run schedules as it goes: the same order ((time, sequence) is unique), and a heap
+            # of tens, not of tens of thousands, at every push and pop of a long run.
             heap, pop, clock = self.heap, heapq.heappop, self.clock
-            while heap and heap[0][0] <= end:
-                when, _, gen, fn, args = pop(heap)
+            planned = sorted(heap)
+            heap.clear()
+            planned.append((float("inf"), -1, None, None, ()))  # (the end of the list)
+            i = 0
+            while True:
+                if heap and heap[0] < planned[i]:
+                    if heap[0][0] > end:
+                        break
+                    when, _, gen, fn, args = pop(heap)
+                else:
+                    if planned[i][0] > end:
+                        break
+                    when, _, gen, fn, args = planned[i]
+                    i += 1
                 if gen is not None and gen != self.gen:
                     continue
                 if when > clock.now:
