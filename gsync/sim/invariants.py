@@ -99,6 +99,7 @@ class Checker:
         self.tabled_since: dict[str, float] = {}  # relay -> its first dial since it (re)entered the table
         self.gsync_since = START  # when the running gsync started
         self.unsaved_dials: dict[str, list[float]] = {}  # dials a killed gsync had not saved
+        self._announced = {}
 
     # -- recording ------------------------------------------------------------------------
 
@@ -192,13 +193,13 @@ class Checker:
 
     # -- per step -------------------------------------------------------------------------
 
-    def message(self, msg) -> None:
-        name = type(msg).__name__
+    def message(self, msg, name: str = "") -> None:
+        name = name or type(msg).__name__
         if name != "Tick":
-            h = self._hour()
+            h = int((self.sim.clock.now - START) // HOUR)
             self.hour_messages[h] = self.hour_messages.get(h, 0) + 1
             self.hour_types[name] = self.hour_types.get(name, 0) + 1
-        if isinstance(msg, RemoteEvents):
+        if type(msg) is RemoteEvents:
             world = self.sim.world.events
             for e in msg.events:
                 genuine = world.get(e.event.id)
@@ -216,7 +217,7 @@ class Checker:
     def client_frame(self, conn, verb: str, text: str) -> None:
         if verb == "NEG-OPEN":
             self._start(conn, text)
-        elif verb == "REQ" and '"limit":0' not in text.replace(" ", ""):
+        elif verb == "REQ" and '"limit":0' not in (text.replace(" ", "") if " " in text else text):
             self._start(conn, text)
         if verb == "REQ" and '"ids"' in text and self.sim.relays[conn.relay].hidden and not self.sim.relays[conn.relay].no_eose:
             # (a REQ the relay leaves without EOSE is not answered: asked again, it is a fetch
@@ -397,9 +398,16 @@ class Checker:
             wanted |= urls
         return wanted, listing
 
-    @staticmethod
-    def announced(event) -> set[str]:
-        return {v.rstrip("/") for v in all_values(event, "relays")} - {f"wss://{DOMAIN}", f"ws://{DOMAIN}"}
+    def announced(self, event) -> frozenset[str]:
+        """The remote relays an announcement lists (kept per announcement: the wanted set is
+        made again at each change of the own relay's store, from every announcement it holds)."""
+        urls = self._announced.get(event.id)
+        if urls is None:
+            urls = self._announced[event.id] = frozenset(
+                {v.rstrip("/") for v in all_values(event, "relays")} - {f"wss://{DOMAIN}", f"ws://{DOMAIN}"})
+        return urls
+
+    _announced: dict  # announcement id -> announced(it) (bounded by the world's announcements)
 
     def bounded(self) -> None:
         m = self.sim.manager
@@ -458,7 +466,7 @@ class Checker:
             for event in relay.store.events.values():
                 if event.id in relay.hidden or now - self.published_at.get(event.id, START) < HOUR:
                     continue
-                if self.owed(event, url, listing) and not self.own_has(event):
+                if not self.own_has(event) and self.owed(event, url, listing):
                     missing.append((url, event))
         self.left_behind_max = max(self.left_behind_max, len(missing))
         if missing:

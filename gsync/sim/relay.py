@@ -11,7 +11,9 @@ Faults are attributes the simulator sets and clears (``rate_limited_until``, ``r
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from ..protocol.event import Event, EventError, parse_event
 from ..protocol.filters import Filter
@@ -24,27 +26,66 @@ def filter_from_json(obj) -> Filter:
     as a relay checks it. Raises ``ValueError``."""
     if not isinstance(obj, dict):
         raise ValueError("filter is not an object")
-    kw: dict = {"tags": {}}
+    # (built as Filter.make builds it, and the lists checked by map: a relay model reads
+    # every filter of every REQ, and this showed in the simulator's profiles)
+    ids = authors = kinds = since = until = limit = None
+    tags = []
     for key, value in obj.items():
         if key in ("ids", "authors"):
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            if not isinstance(value, list) or not all(map(isinstance, value, repeat(str))):
                 raise ValueError(f"{key} must be a list of strings")
-            kw[key] = value
+            if key == "ids":
+                ids = frozenset(value)
+            else:
+                authors = frozenset(value)
         elif key == "kinds":
-            if not isinstance(value, list) or not all(type(v) is int for v in value):
+            if not isinstance(value, list) or not set(map(type, value)) <= {int}:
                 raise ValueError("kinds must be a list of integers")
-            kw[key] = value
+            kinds = frozenset(value)
         elif key.startswith("#") and len(key) == 2:
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            if not isinstance(value, list) or not all(map(isinstance, value, repeat(str))):
                 raise ValueError(f"{key} must be a list of strings")
-            kw["tags"][key[1]] = value
+            tags.append((key[1], frozenset(value)))
         elif key in ("since", "until", "limit"):
             if type(value) is not int or value < 0:
                 raise ValueError(f"{key} must be a non-negative integer")
-            kw[key] = value
+            if key == "since":
+                since = value
+            elif key == "until":
+                until = value
+            else:
+                limit = value
         else:
             raise ValueError(f"unknown filter field {key!r}")
-    return Filter.make(**kw)
+    tags.sort()
+    return Filter(ids, authors, kinds, tuple(tags), since, until, limit)
+
+
+_FILTERS: dict[str, list[Filter] | str] = {}  # a REQ's filters' JSON -> filter_from_json of each, or why not
+_FILTERS_KEPT = 4096  # (emptied when full: gsync asks the same filters of many relays, and again)
+
+
+# a REQ's start with a subscription id JSON writes as it is (printable ASCII, no quote or
+# backslash): the rest of the frame is the text ``filters_from_json`` keeps filters by
+_REQ_HEAD = re.compile(r'\["REQ","([ !#-\[\]-~]*)",')
+
+
+def filters_from_json(raw_filters: list, text: str = "") -> list[Filter]:
+    """``filter_from_json`` of each of a REQ's filters; ``text``: their JSON as the frame
+    carries it (the same text, the same filters: made once). Raises ``ValueError``."""
+    made = _FILTERS.get(text) if text else None
+    if made is None:
+        try:
+            made = [filter_from_json(f) for f in raw_filters]
+        except ValueError as exc:
+            made = str(exc)
+        if text:
+            if len(_FILTERS) >= _FILTERS_KEPT:
+                _FILTERS.clear()
+            _FILTERS[text] = made
+    if isinstance(made, str):
+        raise ValueError(made)
+    return made
 
 
 def _event_frame(sub_id: str, event: Event) -> str:
@@ -80,6 +121,9 @@ class EventStore:
         self.by_tag: dict[tuple[str, str], dict[str, None]] = {}
         self.by_key: dict[tuple, str] = {}
         self.changes = 0  # events added and removed so far (a cache of what it holds is stale when this moved)
+        self._matched: dict[Filter, list[Event]] = {}  # filter -> every event it matches, newest first
+        self._matched_at = 0  # the changes count _matched holds for
+        self._storages: dict[Filter, tuple[int, Storage]] = {}  # filter -> storage(filter), as _matched
 
     def __contains__(self, event_id: str) -> bool:
         return event_id in self.events
@@ -131,27 +175,50 @@ class EventStore:
             del self.by_key[key]
 
     def candidates(self, flt: Filter):
-        """Ids that may match ``flt``, from its most selective index."""
+        """Ids that may match ``flt``, from its most selective index, in no order (``query``
+        sorts what matches)."""
         if flt.ids is not None:
-            return [i for i in sorted(flt.ids) if i in self.events]
-        best = None
+            return [i for i in flt.ids if i in self.events]
+        best = best_size = None
         for name, values in flt.tags:
-            ids: dict[str, None] = {}
-            for value in sorted(values):
-                ids.update(self.by_tag.get((name, value), {}))
-            if best is None or len(ids) < len(best):
-                best = ids
+            found = [ids for ids in map(self.by_tag.get, [(name, v) for v in values]) if ids]
+            size = sum(map(len, found))
+            if best is None or size < best_size:
+                best, best_size = found, size
         if best is None and flt.kinds is not None:
-            best = {}
-            for kind in sorted(flt.kinds):
-                best.update(self.by_kind.get(kind, {}))
-        return list(best) if best is not None else list(self.events)
+            best = [ids for ids in map(self.by_kind.get, flt.kinds) if ids]
+        if best is None:
+            return list(self.events)
+        return best[0] if len(best) == 1 else set().union(*best)
+
+    def storage(self, flt: Filter) -> tuple[int, Storage]:
+        """What ``flt`` matches (no limit) as a NIP-77 storage, with its size: made once
+        while nothing changed (storages are read only)."""
+        if self._matched_at != self.changes:
+            self.query(flt)  # (empties the caches)
+        made = self._storages.get(flt)
+        if made is None:
+            if len(self._storages) >= 64:
+                self._storages.clear()
+            items = self.query(flt)
+            made = self._storages[flt] = (len(items), Storage.from_hex((e.created_at, e.id) for e in items))
+        return made
 
     def query(self, flt: Filter, cap: int | None = None, hidden=frozenset()) -> list[Event]:
         """What ``flt`` matches, newest first, at most ``limit`` (and ``cap``)."""
-        found = [self.events[i] for i in self.candidates(flt)]
-        found = [e for e in found if e.id not in hidden and flt.matches(e)]
-        found.sort(key=_newest_first)
+        if self._matched_at != self.changes:  # (what each filter matched, while nothing changed)
+            self._matched.clear()
+            self._storages.clear()
+            self._matched_at = self.changes
+        found = self._matched.get(flt)
+        if found is None:
+            if len(self._matched) >= 256:
+                self._matched.clear()
+            found = [self.events[i] for i in self.candidates(flt)]
+            found = [e for e in found if flt.matches(e)]
+            found.sort(key=_newest_first)
+            self._matched[flt] = found
+        found = [e for e in found if e.id not in hidden] if hidden else list(found)
         limit = flt.limit
         if cap is not None:
             limit = cap if limit is None else min(limit, cap)
@@ -208,6 +275,9 @@ class SimRelay:
         session = self.sessions.get(number)
         if session is None:
             return []
+        if text.startswith('["REQ","') and (head := _REQ_HEAD.match(text)) and text[head.end():] in _FILTERS:
+            # (filters seen before, after a plain subscription id: the frame is read as it was)
+            return self.on_req(session, head.group(1), None, text[head.end():])
         try:
             msg = json.loads(text)
         except ValueError:
@@ -216,7 +286,8 @@ class SimRelay:
             return [json.dumps(["NOTICE", "invalid: not a message"])]
         verb = msg[0]
         if verb == "REQ" and len(msg) >= 2:
-            return self.on_req(session, msg[1], msg[2:])
+            head = f'["REQ",{json.dumps(msg[1])},' if isinstance(msg[1], str) else None
+            return self.on_req(session, msg[1], msg[2:], text[len(head):] if head and text.startswith(head) else "")
         if verb == "CLOSE" and len(msg) >= 2:
             session.subs.pop(msg[1], None)
             return []
@@ -254,11 +325,11 @@ class SimRelay:
                     return f"blocked: #{name} queries are not allowed here"
         return None
 
-    def on_req(self, session: RelaySession, sub_id, raw_filters) -> list[str]:
+    def on_req(self, session: RelaySession, sub_id, raw_filters, text: str = "") -> list[str]:
         if not isinstance(sub_id, str) or not sub_id:
             return [json.dumps(["NOTICE", "invalid: bad subscription id"])]
         try:
-            filters = [filter_from_json(f) for f in raw_filters]
+            filters = filters_from_json(raw_filters, text)
         except ValueError as exc:
             return [_closed(sub_id, f"invalid: {exc}")]
         if sub_id not in session.subs and len(session.subs) >= self.max_subs:
@@ -294,10 +365,10 @@ class SimRelay:
         refused = self.refusal(session, [flt])
         if refused:
             return [json.dumps(["NEG-ERR", sub_id, refused])]
-        items = self.store.query(flt.replace(limit=None))
-        if self.max_sync_events is not None and len(items) > self.max_sync_events:
+        size, storage = self.store.storage(flt.replace(limit=None))
+        if self.max_sync_events is not None and size > self.max_sync_events:
             return [json.dumps(["NEG-ERR", sub_id, "blocked: too many query results"])]
-        server = NegentropyServer(Storage.from_hex((e.created_at, e.id) for e in items))
+        server = NegentropyServer(storage)
         session.negs[sub_id] = server
         return self.on_neg_msg(session, sub_id, message_hex)
 
