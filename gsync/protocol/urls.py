@@ -16,10 +16,13 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from urllib.parse import quote
 
 # Longer URLs are junk from a hostile announcement, not a relay anyone runs.
 MAX_URL_LENGTH = 2048
+# URLs split lately and kept (``_split_text``): far more than a network's relays and hosts.
+_SPLIT_CACHE = 4096
 
 _DEFAULT_PORTS = {"ws": 80, "wss": 443, "http": 80, "https": 443}
 _RELAY_SCHEME_FOR = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}
@@ -61,6 +64,14 @@ class _Parts:
 def _split(url: object, schemes: frozenset[str]) -> _Parts:
     if not isinstance(url, str):
         raise UrlError(f"not a string: {type(url).__name__}")
+    return _split_text(url, schemes)
+
+
+@lru_cache(maxsize=_SPLIT_CACHE)
+def _split_text(url: str, schemes: frozenset[str]) -> _Parts:
+    # Cached: every announcement names its relays and clone hosts, and every instance (one
+    # per shard) reads every announcement, so the same few hundred URLs are split again
+    # and again (a fifth of applying an announcement). A URL that fails is not cached.
     text = url.strip()
     if len(text) > MAX_URL_LENGTH:
         raise UrlError(f"longer than {MAX_URL_LENGTH} characters")

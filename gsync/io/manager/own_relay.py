@@ -10,6 +10,7 @@ from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol.event import is_authentic
 from ...sync import filter_plan
+from ...sync.descendants import REFERENCE_TAGS as EVENT_TAGS
 from ...sync.descendants import full_root_ids
 from ...sync.rejected import author_key, event_key, maintainer_key, repo_key
 from ...sync.relay_state import RelayState
@@ -178,6 +179,8 @@ class OwnRelaySide:
         return is_authentic(event)
 
     def on_own_subscribed(self, msg: OwnSubscribed) -> None:
+        if msg.layer1 is not None and not self.down:  # layer 1's holdings, read whole
+            self.own_held.learn(filter_plan.layer1_filter(), msg.layer1, self.clock())
         if not self.ready:
             self.ready = True
             self.on_batch_window_closed(BatchWindowClosed(self.clock(), first_read=True))
@@ -214,25 +217,42 @@ class OwnRelaySide:
     def on_own_held_confirmed(self, msg: OwnHeldConfirmed) -> None:
         """What the own relay stored is held. A root it stored anew had no thread there
         but what gsync delivers from now on (joining here as it is answered): its layer-3
-        filters are known without a read. (What someone publishes there directly meanwhile
-        is not known: fetched again, answered ``duplicate``; never claimed and missing.)
-        The new roots' threads were three own-relay reads per root batch and relay, most of
-        what gsync read of its own relay in a first sync (bench/scale)."""
+        filters are known without a read; so are the descendant filters of a direct member
+        it stored anew (``learn_new_threads``). (What someone publishes there directly
+        meanwhile is not known: fetched again, answered ``duplicate``; never claimed and
+        missing.) The new roots' threads were three own-relay reads per root batch and
+        relay, most of what gsync read of its own relay in a first sync (bench/scale); the
+        new members' descendants, four fifths of what was left."""
         if not self.down:
             self.own_held.confirm(msg.entries)
-            if msg.new_roots:
-                now = self.clock()
-                for flt in filter_plan.root_event_filters(msg.new_roots):
-                    self.own_held.learn(flt, (), now)
+            if msg.stored_anew:
+                anew = set(msg.stored_anew)
+                self.learn_new_threads([(event_id, entry) for event_id, entry in msg.entries if event_id in anew])
+
+    def learn_new_threads(self, stored) -> None:
+        """``stored`` (id, ``HeldEntry``), events the own relay stored anew: of the roots and
+        direct members among them, what tags them (``#e``, ``#E``, ``#q``: a root's thread,
+        a member's descendants) is held only from now on, and comes as it is stored: known
+        without a read. A reply the own relay took before its parent is not known: fetched
+        again, answered ``duplicate`` (a copy, never a loss: nothing is claimed that the own
+        relay lacks)."""
+        root_ids = self.descendants.root_ids
+        threads = [event_id for event_id, entry in stored
+                   if entry.kind in constants.ROOT_KINDS
+                   or any(name in EVENT_TAGS and value in root_ids for name, value in entry.tags)]
+        if threads:
+            now = self.clock()
+            for flt in filter_plan.root_event_filters(threads):
+                self.own_held.learn(flt, (), now)
 
     def on_own_landed(self, msg: OwnLanded) -> None:
         """New events the own relay stored, seen live by one of several shards: mostly what
         another shard delivered. Held (a filter another shard led is then known without
         reading the own relay again) and seen (not fetched here again: claims settle,
-        recovery stops asking). A root stored anew had no thread there but what is stored
-        from now on, which comes the same way: its thread filters are known without a read,
-        as for a root this instance stored (``on_own_held_confirmed``). One a broadcast
-        missed is only fetched again."""
+        recovery stops asking). A root (or direct member) stored anew had no thread (no
+        descendants) there but what is stored from now on, which comes the same way: its
+        thread filters are known without a read, as for one this instance stored
+        (``learn_new_threads``). One a broadcast missed is only fetched again."""
         if self.down:
             return
         self.own_held.confirm(msg.entries)
@@ -249,9 +269,7 @@ class OwnRelaySide:
         if recovered:
             for url in self.recovery.clear_arrived(recovered):
                 self.completion.promote_if_recovered(url)
-        new_roots = [event_id for event_id, entry in others if entry.kind in constants.ROOT_KINDS]
-        for flt in filter_plan.root_event_filters(new_roots) if new_roots else ():
-            self.own_held.learn(flt, (), now)
+        self.learn_new_threads(others)
         self.trim_seen()
 
     def on_delivery_answered(self, msg: DeliveryAnswered) -> None:
