@@ -301,3 +301,30 @@ def test_a_batch_following_another_shard_reads_ahead_what_no_read_under_way_asks
     asked = {v for flt in later for _, values in flt.tags for v in values}
     assert address(second) in asked  # read ahead now
     assert address(shared) not in asked  # being read already
+
+
+def test_a_member_both_shards_fetched_keeps_its_descendants_known_though_answered_duplicate(tmp_path):
+    """With shards, the own relay's ``duplicate`` mostly means another shard stored the
+    event a moment before (both fetched it): what tags it comes through the landed stream
+    as for any event stored anew, so its descendants are not read (reading them brought
+    back what that shard stored). One instance reads them (test_own_reads)."""
+    from gsync import constants
+    from gsync.io.inbox import OwnHeldConfirmed
+
+    from .factory import comment
+
+    here, _there, _ann = split_world()
+    ann = announcement(Author.named("landed-owner"), "landed-both", relays=[here])
+    root = issue(Author.named("landed-dev"), ann)
+    h = ManagerHarness(tmp_path, shard=SHARD)
+    h.own_relay_holds(ann, root)
+    h.connect(here)
+    h.settle(here)
+    member = comment(Author.named("landed-reply"), root, content="fetched by both shards")
+    h.relay_sends(here, "some-sub", member)
+    h.feed(OwnHeldConfirmed([(member.id, HeldEntry.of(member))], stored_anew=[]))  # duplicate
+    h.advance(constants.DESCENDANT_TICK_SECS)
+    h.tick()  # the member's descendant batch
+    h.close_own_read_window()
+    asked = {value for g in h.own_reads() for flt in g.args[1] for _, values in flt.tags for value in values}
+    assert member.id not in asked

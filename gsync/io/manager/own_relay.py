@@ -41,7 +41,7 @@ class OwnRelaySide:
 
     def __init__(self, *, own_relay: str, batch_window_secs: float, relays, repos, domains, rejected,
                  recovery, claims, delivery, own_held, seen, descendants, historic, completion, apply_dirty,
-                 effects, clock, on_ready):
+                 effects, clock, on_ready, shards: bool = False):
         self.own_relay = own_relay
         self.batch_window_secs = batch_window_secs
         self.relays = relays
@@ -65,6 +65,7 @@ class OwnRelaySide:
         self.window_open = False
         self.down_since: float | None = None
         self.other_shard_landed_at: float | None = None  # another shard's last store seen (OwnLanded)
+        self.shards = shards  # one of several instances ([cluster] shard)
 
     @property
     def down(self) -> bool:
@@ -226,12 +227,14 @@ class OwnRelaySide:
         own relay in a first sync (bench/scale); the members' descendants, read while
         the members waited in the delivery backlog, were four fifths of what was left (80
         of 103 REQs; 23 left). One answered ``duplicate`` was held before: what tags it is
-        read."""
+        read; but not with shards, where ``duplicate`` mostly means another shard stored
+        it a moment before (both fetched it), and its thread then comes through the landed
+        stream like any (reading it brought back what that shard stored)."""
         if not self.down:
             self.own_held.confirm(msg.entries)
             anew = set(msg.stored_anew)
             self.own_held.new_threads(anew, self.clock())
-            if len(anew) < len(msg.entries):
+            if len(anew) < len(msg.entries) and not self.shards:
                 self.own_held.not_new([event_id for event_id, _ in msg.entries if event_id not in anew])
 
     def on_own_landed(self, msg: OwnLanded) -> None:
