@@ -119,3 +119,27 @@ def test_unread_leaves_out_what_a_read_under_way_will_teach():
     assert held.unread(both, 0) is None
     held.end(Filter.make(kinds=[1621], tags={"a": {"x"}}))
     assert held.unread(both, 0) == Filter.make(kinds=[1621], tags={"a": {"x"}})
+
+
+def test_what_tags_an_event_stored_anew_is_known_until_it_proves_held_before():
+    """An event stored anew: its thread (#e, #E, #q, any kinds) holds what was confirmed
+    since, nothing read; a day on, or answered ``duplicate``, or after an outage, it is
+    read again. Other tags of it are not known."""
+    own = held()
+    root = f.issue(bob, A)
+    reply = f.comment(alice, root)
+    own.new_threads([root.id], now=0)
+    own.confirm([root, reply])
+    for name in ("e", "E", "q"):
+        thread = Filter.make(tags={name: [root.id]})
+        assert own.missing(thread, now=1) is None
+    assert own.holdings(Filter.make(tags={"E": [root.id]}), now=1) == [(reply.created_at, reply.id)]
+    assert own.holdings(Filter.make(kinds=[1111], tags={"e": [root.id]}), now=1) is not None
+    assert own.holdings(Filter.make(tags={"e": [root.id, reply.id]}), now=1) is None, "the reply's was never known"
+    assert own.holdings(Filter.make(tags={"a": [A]}), now=1) is None
+    assert own.holdings(Filter.make(tags={"e": [root.id]}), now=100) is None, "a day on"
+    own.not_new([root.id])
+    assert own.holdings(Filter.make(tags={"e": [root.id]}), now=1) is None, "answered duplicate"
+    own.new_threads([root.id], now=0)
+    own.forget()
+    assert own.holdings(Filter.make(tags={"e": [root.id]}), now=1) is None, "an outage"

@@ -169,3 +169,56 @@ def test_a_merged_read_that_fails_answers_every_batch_waiting_on_it_and_teaches_
     assert not [g for g in h.effects.spawned if g.name == "reconcile_filter"]
     assert not h.manager.own_reads.flying and not h.manager.own_reads.queued
     assert h.manager.own_held.units == 0  # nothing learnt: read again next time
+
+
+# -- what is known without a read ------------------------------------------------------------
+
+
+def test_layer_one_is_known_from_the_self_subscriptions_whole_history_read(tmp_path):
+    """The self-subscription's first history read (whole, not since a reconnect) also asks
+    layer 1's kinds: layer 1's holdings are then known, and no relay's layer-1 exchange
+    reads them again (each shard read every announcement for it)."""
+    from gsync.io.inbox import OwnEvents, OwnSubscribed
+    from gsync.sync.filter_plan import layer1_filter
+    from gsync.sync.own_held import HeldEntry
+
+    h = ManagerHarness(tmp_path)
+    on_a = repos(A, ["l0", "l1"])
+    h.feed(OwnEvents(on_a))
+    h.feed(OwnSubscribed(reconnect=False, layer1=[(ann.id, HeldEntry.of(ann)) for ann in on_a]))
+    h.connect(A)
+    h.close_own_read_window()
+    asked = [flt for g in reads_in_flight(h) for flt in g.args[1]]
+    assert asked and all(flt.tags for flt in asked)  # the repositories' filters; not layer 1
+    known = h.manager.own_held.holdings(layer1_filter(), h.clock.now)
+    assert sorted(known) == sorted((ann.created_at, ann.id) for ann in on_a)
+
+
+def test_the_descendants_of_a_member_the_own_relay_stores_anew_are_known_without_a_read(tmp_path):
+    """A direct member of a thread that gsync sends the own relay, not knowing it held,
+    has no replies there but those stored from then on, which delivery confirms as they
+    are stored: its descendant filters (#e, #E, #q) need no read, even while it waits in
+    the delivery backlog (its members' batch reads within seconds, the backlog drains at
+    the own relay's pace). One the own relay answered ``duplicate`` to was held already:
+    read."""
+    from gsync import constants
+    from gsync.io.inbox import OwnHeldConfirmed
+    from gsync.sync.own_held import HeldEntry
+
+    from .factory import comment
+
+    h = ManagerHarness(tmp_path)
+    [ann] = repos(A, ["m0"])
+    root = issue(Author.named("m-dev"), ann)
+    h.own_relay_holds(ann, root)
+    h.connect(A)
+    h.settle(A)
+    fresh, held = (comment(Author.named("m-reply"), root, content=f"member {i}") for i in range(2))
+    h.relay_sends(A, "some-sub", fresh, held)
+    h.feed(OwnHeldConfirmed([(held.id, HeldEntry.of(held))], stored_anew=[]))  # fresh: no answer yet
+    h.advance(constants.DESCENDANT_TICK_SECS)
+    h.tick()  # the members' descendant batch
+    h.close_own_read_window()
+    asked = {value for g in reads_in_flight(h) for flt in g.args[1] for _, values in flt.tags for value in values}
+    assert held.id in asked
+    assert fresh.id not in asked

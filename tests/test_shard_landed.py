@@ -166,8 +166,8 @@ from gsync.ops.logging import get_logger
 
 def post_as(landed):
     def post(msg):
-        if isinstance(msg, OwnSubscribed):
-            print(json.dumps([landed, "subscribed"]), flush=True)
+        if isinstance(msg, OwnSubscribed):  # with the layer-1 holdings its history read told
+            print(json.dumps([landed, "subscribed", sorted(i for i, _ in msg.layer1 or ())]), flush=True)
         elif isinstance(msg, OwnEvents):
             print(json.dumps([landed, "events", [e.id for e in msg.events]]), flush=True)
         elif isinstance(msg, OwnLanded):
@@ -185,7 +185,9 @@ def test_a_shards_self_subscriber_shows_what_others_stored_and_skips_what_it_kno
     process of their own: another client stores two roots after their history is read.
     The shard's subscriber posts the one its instance did not know as held (``OwnLanded``)
     and skips the one it knows is held (its own delivery, answered OK); one instance opens
-    no such stream. Both still show both roots through the self-subscription."""
+    no such stream. Both still show both roots through the self-subscription. Their whole
+    history reads told layer 1's holdings: the announcement and a user's GRASP list (10317)
+    the own relay held, not its roots."""
     import json
     import subprocess
     import sys
@@ -196,6 +198,8 @@ def test_a_shards_self_subscriber_shows_what_others_stored_and_skips_what_it_kno
 
     own = relay_factory()
     ann = announcement(Author.named("landed-owner"), "landed-e2e")
+    grasp_list = Author.named("landed-owner").sign(10317, [["g", "wss://grasp.example"]])
+    publish(own.url, [ann, grasp_list])
     known, other = issue(Author.named("landed-dev"), ann), issue(Author.named("landed-dev"), ann, subject="two")
     child = subprocess.Popen([sys.executable, "-c", _SUBSCRIBERS, own.url, known.id], stdout=subprocess.PIPE, text=True,
                              env=gsync_env())
@@ -209,6 +213,7 @@ def test_a_shards_self_subscriber_shows_what_others_stored_and_skips_what_it_kno
 
     try:
         wait_until(lambda: said(True, "subscribed") and said(False, "subscribed"), timeout=20, what="the history reads")
+        assert said(True, "subscribed") == said(False, "subscribed") == [sorted([ann.id, grasp_list.id])]
         publish(own.url, [known, other])  # stored (and broadcast) in this order
         wait_until(lambda: any(other.id in [e[0] for e in m] for m in said(True, "landed")), timeout=20,
                    what="the other client's root, live")
@@ -296,3 +301,30 @@ def test_a_batch_following_another_shard_reads_ahead_what_no_read_under_way_asks
     asked = {v for flt in later for _, values in flt.tags for v in values}
     assert address(second) in asked  # read ahead now
     assert address(shared) not in asked  # being read already
+
+
+def test_a_member_both_shards_fetched_keeps_its_descendants_known_though_answered_duplicate(tmp_path):
+    """With shards, the own relay's ``duplicate`` mostly means another shard stored the
+    event a moment before (both fetched it): what tags it comes through the landed stream
+    as for any event stored anew, so its descendants are not read (reading them brought
+    back what that shard stored). One instance reads them (test_own_reads)."""
+    from gsync import constants
+    from gsync.io.inbox import OwnHeldConfirmed
+
+    from .factory import comment
+
+    here, _there, _ann = split_world()
+    ann = announcement(Author.named("landed-owner"), "landed-both", relays=[here])
+    root = issue(Author.named("landed-dev"), ann)
+    h = ManagerHarness(tmp_path, shard=SHARD)
+    h.own_relay_holds(ann, root)
+    h.connect(here)
+    h.settle(here)
+    member = comment(Author.named("landed-reply"), root, content="fetched by both shards")
+    h.relay_sends(here, "some-sub", member)
+    h.feed(OwnHeldConfirmed([(member.id, HeldEntry.of(member))], stored_anew=[]))  # duplicate
+    h.advance(constants.DESCENDANT_TICK_SECS)
+    h.tick()  # the member's descendant batch
+    h.close_own_read_window()
+    asked = {value for g in h.own_reads() for flt in g.args[1] for _, values in flt.tags for value in values}
+    assert member.id not in asked

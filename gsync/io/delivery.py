@@ -199,7 +199,7 @@ class OwnRelayDelivery:
         # Everything it answered OK true to (stored and served), told to the manager once
         # per read burst too: the session's knowledge of what it holds (``sync.own_held``).
         self._confirmed: list = []
-        self._new_roots: list[str] = []  # roots among them it stored anew
+        self._stored_anew: list[str] = []  # those it stored anew (not ``duplicate``)
 
     # -- manager-facing -----------------------------------------------------------------
 
@@ -472,8 +472,8 @@ class OwnRelayDelivery:
             self._confirmed.append((event.id, HeldEntry.of(event)))
             if event.kind in constants.SELF_SUB_KINDS:
                 self._accepted_roots.append(event)
-            if outcome == "delivered" and event.kind in constants.ROOT_KINDS:
-                self._new_roots.append(event.id)
+            if outcome == "delivered":
+                self._stored_anew.append(event.id)
         if outcome in ("rejected", "purgatory"):
             # The manager acts on these (rejected index, StateOnly); a plain delivery needs
             # nothing from it, so it is not told (one queue round trip less per event).
@@ -491,8 +491,8 @@ class OwnRelayDelivery:
             self._post(OwnEvents(accepted))
         if self._confirmed:
             confirmed, self._confirmed = self._confirmed, []
-            new_roots, self._new_roots = self._new_roots, []
-            self._post(OwnHeldConfirmed(confirmed, new_roots))
+            stored_anew, self._stored_anew = self._stored_anew, []
+            self._post(OwnHeldConfirmed(confirmed, stored_anew))
 
     def _outcome(self, outcome: str):
         """The outcome's counter child, looked up once (this runs for every event)."""

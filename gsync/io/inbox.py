@@ -134,10 +134,10 @@ class OwnEvents:
 class OwnHeldConfirmed:
     """Events the own relay answered ``OK true`` to (``duplicate`` included, ``purgatory``
     not), as (id, ``own_held.HeldEntry``): held, for the NIP-77 have-sets (one read burst).
-    ``new_roots``: ids of the roots among them it stored anew (not ``duplicate``)."""
+    ``stored_anew``: ids of those it stored anew (not ``duplicate``)."""
 
     entries: list
-    new_roots: list = field(default_factory=list)
+    stored_anew: list = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -150,9 +150,13 @@ class OwnLanded:
 
 @dataclass(slots=True)
 class OwnSubscribed:
-    """The self-subscription reached EOSE (READY for systemd)."""
+    """The self-subscription reached EOSE (READY for systemd). ``layer1``: when its history
+    read was whole (not since a reconnect), every layer-1 event (30617, 10317) the own relay
+    holds, as (id, ``own_held.HeldEntry``): layer 1's holdings, known without a read of
+    their own."""
 
     reconnect: bool
+    layer1: list | None = None
 
 
 @dataclass(slots=True)

@@ -36,6 +36,12 @@ _LANDED_PREFIX = b'["EVENT","' + LANDED_SUB_ID.encode() + b'",'
 _ID_KEY = b'"id":"'
 
 
+def _plain(raw: dict) -> bool:
+    """Has ``raw`` the fields a ``HeldEntry`` is made of, of the right types?"""
+    return (isinstance(raw.get("id"), str) and type(raw.get("created_at")) is int
+            and isinstance(raw.get("pubkey"), str) and isinstance(raw.get("tags"), list))
+
+
 class HistoryDeadline(Exception):
     """A history read ran past OWN_HISTORY_DEADLINE_SECS (not a socket timeout: websocket
     calls would take one for their own and say only "timed out")."""
@@ -43,6 +49,15 @@ class HistoryDeadline(Exception):
 
 def self_filter(since: int | None) -> Filter:
     return Filter.make(kinds=constants.SELF_SUB_KINDS, since=since)
+
+
+def history_filter(since: int | None) -> Filter:
+    """What a history read asks: the self-subscription's kinds and layer 1's (user GRASP
+    lists besides the announcements, few), so that a whole read also tells layer 1's
+    holdings (``OwnSubscribed.layer1``): each instance read them again for its layer-1
+    exchanges, every announcement (0.6 MB in bench/scale's 1,000-repository world)."""
+    return Filter.make(kinds=tuple(dict.fromkeys(constants.SELF_SUB_KINDS + constants.LAYER1_KINDS)),
+                       since=since)
 
 
 class SelfSubscriber:
@@ -116,8 +131,9 @@ class SelfSubscriber:
 
     def _read_history(self, since: int | None, reconnect: bool, live, prior: float | None) -> None:
         started = self._clock()
+        layer1 = [] if since is None else None  # a whole read tells layer 1's holdings
         try:
-            count = self._read_since(since)
+            count = self._read_since(since, layer1=layer1)
         except Exception as exc:
             # The session ends (its live read with it) and the next one reads from the same
             # point: what this one would have read is not skipped.
@@ -130,19 +146,22 @@ class SelfSubscriber:
         if since is None:
             self._full_read_at = started
         self._log.info("self_history_read", relay=self.url, events=count, since=since)
-        self._post(OwnSubscribed(reconnect))
+        self._post(OwnSubscribed(reconnect, layer1))
 
-    def _read_since(self, since: int | None, unseen_only: bool = False) -> int:
+    def _read_since(self, since: int | None, unseen_only: bool = False, layer1: list | None = None) -> int:
         """The own relay's history since ``since``, in pages on a connection of its own,
         each posted as it comes (``unseen_only``: what the manager has not seen); how many
-        events it held."""
+        events it held. ``layer1`` gets the layer-1 events among them (id, ``HeldEntry``)."""
         deadline = constants.OWN_HISTORY_DEADLINE_SECS
         count = 0
         with gevent.Timeout(deadline, HistoryDeadline(f"history read past its {deadline:g} s deadline")):
             ws = ws_connect(self.url, 30)
             try:
-                for page in history_pages(ws, self_filter(since)):
+                for page in history_pages(ws, history_filter(since)):
                     count += len(page)
+                    if layer1 is not None:
+                        layer1 += [(raw["id"], HeldEntry.of(raw)) for raw in page
+                                   if raw.get("kind") in constants.LAYER1_KINDS and _plain(raw)]
                     if unseen_only:
                         page = [raw for raw in page if raw.get("id") not in self._seen]
                     self._post_events(page)

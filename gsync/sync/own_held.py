@@ -22,12 +22,21 @@ exchange then fetches them again and the own relay answers ``duplicate`` (a copy
 loss). An own-relay outage may have lost anything (a relay that restarts in memory holds
 nothing after): ``forget`` drops everything, and the next exchanges read again.
 
+An event the own relay stores anew (``new_threads``: gsync delivered it and it was not
+known to be held, or another shard's landed stream showed it) had nothing tagging it there
+but what is stored from now on, which comes as it is stored (OK answers, the landed stream):
+every filter asking what tags it by ``#e``, ``#E`` or ``#q`` (a root's thread, a direct
+member's descendants) is known without a read. One id per event, not a unit per tag. A
+reply the own relay took before its parent is not known: fetched again (``duplicate``).
+
 Pure: the manager owns it, passes ``now``, and feeds it reads and confirmations.
 """
 from __future__ import annotations
 
 from ..protocol.filters import Filter
 from .have_index import INDEXED_TAGS, HaveIndex
+
+THREAD_TAGS = frozenset("eEq")  # what tags an event: a root's thread, a member's descendants
 
 Unit = tuple  # (kinds, authors, tag name or None, tag value or None)
 
@@ -76,6 +85,7 @@ class OwnHeld:
         self.max_entries = max_entries
         self._index = HaveIndex()
         self._covered: dict[Unit, float] = {}  # unit -> when it was read
+        self._new: dict[str, float] = {}  # event id -> when stored anew (``new_threads``)
         self._reading: dict[Unit, int] = {}  # unit -> reads of it under way
         self.forgotten = 0  # times everything was dropped (outage, bound reached)
 
@@ -96,12 +106,18 @@ class OwnHeld:
         units = coverage_units(flt)
         if not units:
             return None
-        covered = self._covered
         for unit in units:
-            read_at = covered.get(unit)
+            read_at = self._known_at(unit)
             if read_at is None or now - read_at >= self.ttl:
                 return None
         return self._index.matching(flt.replace(limit=None))
+
+    def _known_at(self, unit: Unit) -> float | None:
+        """When ``unit`` was read, or its event stored anew (None: neither)."""
+        read_at = self._covered.get(unit)
+        if read_at is None and unit[2] in THREAD_TAGS:
+            return self._new.get(unit[3])
+        return read_at
 
     def missing(self, flt: Filter, now: float) -> Filter | None:
         """What must still be read of the own relay for ``flt``: None when all of it is
@@ -111,9 +127,9 @@ class OwnHeld:
         units = coverage_units(flt)
         if not units:
             return flt
-        covered = self._covered
+        known_at = self._known_at
         unread = [unit for unit in units
-                  if (read_at := covered.get(unit)) is None or now - read_at >= self.ttl]
+                  if (read_at := known_at(unit)) is None or now - read_at >= self.ttl]
         if not unread:
             return None
         if len(unread) == len(units) or unread[0][2] is None:
@@ -156,9 +172,9 @@ class OwnHeld:
         ``flt`` waits for that one instead of reading the same values again."""
         if not self._reading:
             return False
-        covered = self._covered
+        known_at = self._known_at
         return any(unit in self._reading
-                   and ((read_at := covered.get(unit)) is None or now - read_at >= self.ttl)
+                   and ((read_at := known_at(unit)) is None or now - read_at >= self.ttl)
                    for unit in _unbounded_units(flt))
 
     def learn(self, flt: Filter, events, now: float) -> None:
@@ -179,12 +195,27 @@ class OwnHeld:
             self._add(*_id_and_entry(event))
         self._bound()
 
+    def new_threads(self, event_ids, now: float) -> None:
+        """The own relay stored these events anew (or is storing them, sent by gsync, which
+        did not know them held): what tags them is known from ``now`` (module docstring)."""
+        new = self._new
+        for event_id in event_ids:
+            new[event_id] = now
+        self._bound()
+
+    def not_new(self, event_ids) -> None:
+        """These were held already (answered ``duplicate``): what tags them may be too."""
+        new = self._new
+        for event_id in event_ids:
+            new.pop(event_id, None)
+
     def forget(self) -> None:
         """Nothing known is to be trusted any more (an own-relay outage): read again."""
-        if self._covered or len(self._index):
+        if self._covered or self._new or len(self._index):
             self.forgotten += 1
         self._index = HaveIndex()
         self._covered = {}
+        self._new = {}
 
     def _add(self, event_id: str, entry: HeldEntry) -> None:
         self._index.add(event_id, entry)
@@ -192,7 +223,7 @@ class OwnHeld:
     def _bound(self) -> None:
         """Held past ``max_entries``: start over (reads come back as needed) rather than
         grow with uptime."""
-        if len(self._index) > self.max_entries:
+        if len(self._index) > self.max_entries or len(self._new) > self.max_entries:
             self.forget()
 
 

@@ -30,6 +30,7 @@ import hashlib
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .targets import SyncItems
 
@@ -38,6 +39,8 @@ from .targets import SyncItems
 # instance is that leader, so only the wait's bound ends the wait: as long as the pages it
 # saves are worth (``sync.method.follower_wait``), FOLLOWER_WAIT_MAX_SECS at most.
 OTHER_SHARD_LEAD = ("another shard", 0)
+
+_CACHED = 4096  # relays' shards and repositories' lead relays kept (a hash each, asked often)
 
 # ``i/N`` in the INI; ``i-of-N`` where a ``/`` cannot go (systemd instance names, directories).
 _SHARD_TEXT = re.compile(r"\s*(-?\d+)\s*(?:/|-of-)\s*(-?\d+)\s*\Z")
@@ -61,8 +64,10 @@ def _weight(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
+@lru_cache(maxsize=_CACHED)
 def shard_of(relay_url: str, count: int) -> int:
-    """Which of ``count`` shards syncs the relay at ``relay_url`` (a normalized URL)."""
+    """Which of ``count`` shards syncs the relay at ``relay_url`` (a normalized URL).
+    (Cached: asked of every relay a repository lists, at every tick and batch.)"""
     return max(range(count), key=lambda index: shard_weight(relay_url, index))
 
 
@@ -70,7 +75,12 @@ def lead_relay(address: str, relays: Iterable[str]) -> str | None:
     """The relay that leads the first sync of the repository at ``address`` across shards:
     the heaviest of ``relays`` (normalized URLs) by SHA-256 of the address and the URL, so
     leads spread over the relays and every shard picks the same one. None without relays."""
-    return max(sorted(relays), key=lambda url: _weight(f"{address}\n{url}"), default=None)
+    return _lead_relay(address, tuple(sorted(relays)))
+
+
+@lru_cache(maxsize=_CACHED)
+def _lead_relay(address: str, relays: tuple[str, ...]) -> str | None:
+    return max(relays, key=lambda url: _weight(f"{address}\n{url}"), default=None)
 
 
 @dataclass(frozen=True)

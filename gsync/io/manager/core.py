@@ -165,7 +165,8 @@ class SyncManager:
             relays=self.relays, repos=self.repos, domains=self.domains, rejected=self.rejected,
             recovery=self.recovery, claims=self.claims, delivery=self.delivery, own_held=self.own_held,
             seen=self.seen, descendants=self.descendants, historic=self.historic, completion=self.completion,
-            apply_dirty=self.lifecycle.apply_dirty, effects=self.effects, clock=self.clock, on_ready=on_ready)
+            apply_dirty=self.lifecycle.apply_dirty, effects=self.effects, clock=self.clock, on_ready=on_ready,
+            shards=config.cluster.shard.count > 1)
 
     def dispatch_table(self) -> dict:
         """Inbox message type -> its handler: one per thing that can happen."""
