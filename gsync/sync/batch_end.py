@@ -23,15 +23,7 @@ from .plan_actions import (
     RecoveryFinished,
     Served,
 )
-from .start_queue import (
-    fetch_what_the_exchanges_found,
-    finish_subscription,
-    is_exchange,
-    may_share,
-    not_seen,
-    pack,
-    queued_of,
-)
+from .start_queue import finish_subscription, is_exchange, may_share, pack, queued_of
 from .targets import PendingItems
 from .unservable import ids_not_served
 
@@ -225,6 +217,26 @@ def thread_places(state, batch: PendingBatch, wanted):
         if len(by_req) > len(reqs) * filter_plan.filters_per_req(session.limits) - sum(map(len, reqs)):
             return None
     return joins, by_req
+
+
+def fetch_what_the_exchanges_found(plan, state, batch: PendingBatch) -> None:
+    """The batch's last exchange: fetch everything they found at once, in as few REQs as
+    the caps allow (each REQ start is paced): mostly-missing filters by their pages,
+    sharing REQs, the rest by id, 300 a REQ."""
+    if batch.fetch_by_filter:
+        filters, batch.fetch_by_filter = batch.fetch_by_filter, []
+        plan.queue.add_reqs(state, batch, filters, front=True)
+    if batch.advertised_ids:
+        batch.settle([i for i in batch.advertised_ids if i in plan.seen])
+        plan.queue.add_id_fetches(state, batch, not_seen(plan, batch.advertised_ids))
+
+
+def not_seen(plan, ids) -> set[str]:
+    """``ids`` not yet handed to delivery. (``set - dict.keys()`` would walk the whole
+    dedupe index, hundreds of thousands of ids, for a batch's few hundred.)"""
+    seen = plan.seen
+    return {i for i in ids if i not in seen}
+
 
 
 # -- the end of a batch ---------------------------------------------------------------------

@@ -116,6 +116,15 @@ class Advance:
 
 
 @dataclass(frozen=True)
+class ExchangesEnded:
+    """The batch's last exchange ended without an answer (dropped before it started):
+    fetch what its other exchanges found (``batch_end.fetch_what_the_exchanges_found``)."""
+
+    state: Any
+    batch: Any
+
+
+@dataclass(frozen=True)
 class Served:
     """The relay served a request (a rate-limit episode's probing is over)."""
 

@@ -28,7 +28,7 @@ from .pending import (
     crowded_second_filter,
     one_second,
 )
-from .plan_actions import AGAIN, Advance, Start
+from .plan_actions import AGAIN, Advance, ExchangesEnded, Start
 from .policy import regroup_parts
 
 MAX_HISTORIC_SUBS = 4  # concurrent historic REQs per relay, within the transient budget
@@ -314,6 +314,12 @@ def next_start(plan, state, open_any: bool, open_bytes: int, now: float):
             continue
         if parts is not None:
             regrouped = regroup(plan, state, sub_id, parts)
+            if is_exchange(sub_id) and not any(map(is_exchange, regrouped.outstanding_subs)):
+                # its last exchange, dropped: what the others found is fetched now, as at the
+                # last one's answer (seed 13's year judged a relay not to serve ids it was
+                # never asked by id)
+                plan.todo += [ExchangesEnded(state, regrouped), Advance(state, regrouped, pump=False)]
+                return AGAIN
             if regrouped.is_complete:
                 plan.todo.append(Advance(state, regrouped, pump=False))
                 return AGAIN
@@ -408,32 +414,9 @@ def regroup(plan, state, sub_id: str, parts) -> PendingBatch:
     plan.queue.drop_first_of(state, None, sub_id)
     if is_exchange(sub_id):
         finish_subscription(batch, sub_id)
-        if not any(map(is_exchange, batch.outstanding_subs)):
-            # (its last exchange: what the others found is fetched now, as at the last one's
-            # answer; seed 13's year judged a relay not to serve ids it was never asked by id)
-            fetch_what_the_exchanges_found(plan, state, batch)
     else:
         plan.queue.split_first(state, batch, sub_id, parts)
     return batch
-
-
-def fetch_what_the_exchanges_found(plan, state, batch: PendingBatch) -> None:
-    """The batch's last exchange: fetch everything they found at once, in as few REQs as
-    the caps allow (each REQ start is paced): mostly-missing filters by their pages,
-    sharing REQs, the rest by id, 300 a REQ."""
-    if batch.fetch_by_filter:
-        filters, batch.fetch_by_filter = batch.fetch_by_filter, []
-        plan.queue.add_reqs(state, batch, filters, front=True)
-    if batch.advertised_ids:
-        batch.settle([i for i in batch.advertised_ids if i in plan.seen])
-        plan.queue.add_id_fetches(state, batch, not_seen(plan, batch.advertised_ids))
-
-
-def not_seen(plan, ids) -> set[str]:
-    """``ids`` not yet handed to delivery. (``set - dict.keys()`` would walk the whole
-    dedupe index, hundreds of thousands of ids, for a batch's few hundred.)"""
-    seen = plan.seen
-    return {i for i in ids if i not in seen}
 
 
 def fill_before_start(plan, state, batch: PendingBatch | None, sub_id: str, group: list[Filter]) -> list[Filter]:

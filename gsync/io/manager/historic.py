@@ -2,9 +2,8 @@
 budget, live REQs first, the own relay up, delivery's backlog), the starts themselves (a
 REQ sent, a NIP-77 exchange spawned) and the messages that answer them. What to start and
 what an answer leads to is decided by the planner (``sync.planner``, ``sync.batch_end``),
-which alone writes the start queue (``sync.start_queue``); its actions
-(``sync.plan_actions``) are executed here, in order.
-"""
+which alone writes the start queue (``sync.start_queue``); its actions (``sync.plan_actions``)
+are executed here, in order."""
 from __future__ import annotations
 
 import os
@@ -110,6 +109,8 @@ class HistoricSync:
                 unsubscribe(self.effects, a.state.current, a.sub_id)
             elif isinstance(a, act.Pump):
                 self.pump(a.state)
+            elif isinstance(a, act.ExchangesEnded):
+                batch_end.fetch_what_the_exchanges_found(self.plan, a.state, a.batch)
             elif isinstance(a, act.Advance):
                 self.advance(a.state, a.batch, pump=a.pump)
             elif isinstance(a, act.Served):
