@@ -360,3 +360,26 @@ def test_what_an_exchange_found_is_fetched_by_id_when_the_batchs_last_exchange_i
     run(h, A, [wanted], by_id=True, by_filter=True)
     assert asks(h, A, wanted)[0] == 1, "fetched by id"
     assert state.ids_unserved_at is None and state.serves_ids(h.clock.now)
+
+
+def test_an_id_unservable_the_day_before_is_not_retried_by_id_beside_a_new_one_that_is(tmp_path):
+    """Found by the simulator (seed 1's year of 20 relays, day 182.05): at the daily fresh
+    start two ids unservable there the day before were missing again beside a third, new
+    one; the residual's retry by id (lag) asked all three, the two a fourth time in 23.4 h.
+    Only the new one is retried by id; all go to their filter then."""
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    repo, hidden = world(h)
+    h.connect(A)
+    served = [issue(bob, repo, subject=f"served {i}") for i in range(2)]
+    run(h, A, [hidden, *served], by_id=True, never=[hidden])
+    state = h.state(A)
+    assert hidden.id in state.unservable and asks(h, A, hidden) == (2, 1)
+
+    h.advance(state.next_daily_at - h.clock.now + 1)
+    h.tick()
+    new = issue(bob, repo, subject="new, never served either")
+    more = [issue(bob, repo, subject=f"later {i}") for i in range(3)]
+    run(h, A, [hidden, new, *more], by_id=True, never=[hidden, new])
+    assert hidden.id in state.unservable and new.id in state.unservable
+    assert asks(h, A, new)[0] == 2, "new: by id, once more by id (lag); then by its filter"
+    assert asks(h, A, hidden) == (3, 2), "unservable the day before: asked again by id once, then by its filter"

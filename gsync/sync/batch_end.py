@@ -254,13 +254,14 @@ def finish(plan, state, batch: PendingBatch, now: float) -> None:
     judge_by_filter(plan, state, batch, now)
     if batch.advertised_ids:
         decision = batch.residual_decision()
-        if decision is ResidualDecision.RETRY_RESIDUAL and all(
-                state.unservable.before(i) for i in batch.residual_ids()):
-            # (unservable there the day before: not lag, no retry by id; by its filter)
+        # (unservable there the day before: not lag, no retry by id; by its filter, after
+        # the others' retry: seed 1's year of 20 relays, day 182.05, one new id beside two)
+        lag = {i for i in batch.residual_ids() if not state.unservable.before(i)}
+        if decision is ResidualDecision.RETRY_RESIDUAL and not lag:
             decision = ResidualDecision.SEMANTIC_FALLBACK
         if decision is ResidualDecision.RETRY_RESIDUAL:
             plan.move(state, batch, Step.IDS_ASKED_AGAIN)
-            plan.queue.add_id_fetches(state, batch, batch.begin_residual_retry())
+            plan.queue.add_id_fetches(state, batch, batch.begin_residual_retry() & lag)
             plan.todo.append(Pump(state))
             return
         if decision is ResidualDecision.SEMANTIC_FALLBACK:
