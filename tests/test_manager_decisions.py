@@ -400,15 +400,20 @@ def refused_live_split(h):
     return multi, alone
 
 
+def suspect_trial(h):
+    """``refused_live_split``, then its trial (the last shape asked alone), that shape, and
+    a new filter of that shape."""
+    multi, alone = refused_live_split(h)
+    trial = alone[-1]
+    shape = shapes(trial)[0]
+    return trial, shape, filter_from_json(next(f for f in multi[2:] if shapes(["", "", f]) == [shape]))
+
 def test_live_coverage_of_a_suspect_shape_waits_for_its_verdict_and_a_refusal_drops_it(tmp_path):
     # seed 9's year, day 241.93: a fresh start's live REQs holding #E refused one after the
     # other, each split by shape, and coverage of a new thread added meanwhile: #E asked
     # alone three times in a second, before the first of those asks was answered.
     h = ManagerHarness(tmp_path)
-    multi, alone = refused_live_split(h)
-    trial = alone[-1]
-    shape = shapes(trial)[0]
-    more = filter_from_json(next(f for f in multi[2:] if shapes(["", "", f]) == [shape]))
+    trial, shape, more = suspect_trial(h)
     sent = len(h.reqs(A))
     h.manager.live.open_groups(h.state(A), [[more]])  # new coverage of that shape (a new root's)
     h.advance(1.1)
@@ -422,10 +427,7 @@ def test_live_coverage_of_a_suspect_shape_waits_for_its_verdict_and_a_refusal_dr
 
 def test_live_coverage_of_a_suspect_shape_goes_once_its_verdict_is_served(tmp_path):
     h = ManagerHarness(tmp_path)
-    multi, alone = refused_live_split(h)
-    trial = alone[-1]
-    shape = shapes(trial)[0]
-    more = filter_from_json(next(f for f in multi[2:] if shapes(["", "", f]) == [shape]))
+    trial, shape, more = suspect_trial(h)
     sent = len(h.reqs(A))
     h.manager.live.open_groups(h.state(A), [[more]])
     h.advance(1.1)
@@ -439,11 +441,8 @@ def test_live_coverage_held_for_a_verdict_goes_when_the_trial_has_none_within_th
     # A relay silent to the trial (neither EOSE nor CLOSED) must not hold the other live
     # REQs of its shape for the whole connection: past REQ_STALL_SECS they go.
     h = ManagerHarness(tmp_path)
-    multi, alone = refused_live_split(h)
-    trial = alone[-1]
+    trial, shape, more = suspect_trial(h)
     trial_sent = h.clock.now
-    shape = shapes(trial)[0]
-    more = filter_from_json(next(f for f in multi[2:] if shapes(["", "", f]) == [shape]))
     sent = len(live_reqs(h, A))
     h.manager.live.open_groups(h.state(A), [[more]])
     for _ in range(int(constants.REQ_STALL_SECS / 2) - 1):  # history served: nothing else stirs
@@ -465,9 +464,7 @@ def test_live_coverage_held_for_a_verdict_goes_when_the_trial_has_none_within_th
 
 def test_a_trial_held_live_coverage_is_dropped_with_its_connection(tmp_path):
     h = ManagerHarness(tmp_path)
-    multi, alone = refused_live_split(h)
-    shape = shapes(alone[-1])[0]
-    more = filter_from_json(next(f for f in multi[2:] if shapes(["", "", f]) == [shape]))
+    _, shape, more = suspect_trial(h)
     h.manager.live.open_groups(h.state(A), [[more]])
     [held] = h.state(A).current.live_queue
     assert h.state(A).current.trials
