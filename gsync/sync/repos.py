@@ -220,7 +220,8 @@ class RepoSyncIndex:
         return set(self._by_identifier)
 
     def listed_relays(self):
-        """Every relay some repo's announcement lists (a view)."""
+        """Every relay some repo's announcement lists (a view; a relay whose last repo went
+        leaves it)."""
         return self._by_relay.keys()
 
     def repos_listing(self, relay: str) -> set[str] | frozenset[str]:
