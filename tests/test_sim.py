@@ -368,6 +368,15 @@ def test_a_relay_only_an_older_announcement_lists_after_a_loss_took_the_newest_i
     _assert_clean(result)
 
 
+def test_a_relay_retired_and_listed_again_is_judged_for_refused_asks_from_its_return():
+    """Seed 2's year (refused_asked_again, day 4.71; the checker's mistake, as the dead mark
+    was): relay2 refused #a on day 4.005; dropped by every repository on day 4.23, gsync
+    retired it, its pauses with it (tables follow the work, SPEC §8); listed again on day
+    4.71, it was asked #a twice, a trial and the REQ it held, counted with the asks before
+    it left. A relay's refusals now go with it from the table, as its dead mark does."""
+    _assert_clean(run_replayable(seed=2, days=5, relays=6, repos=30, liveness_after=363))
+
+
 def test_a_quiet_world_redials_a_relay_when_its_backoff_ends_not_at_the_idle_tick():
     """The simulator ticks every 5 minutes while nothing happens; the tick that redials a
     relay comes when its backoff ends all the same (production ticks every 2 s): how long

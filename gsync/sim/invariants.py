@@ -32,7 +32,8 @@ with the simulated day it happened and what broke.
   unless it had been down for 20 h or more in the 26 h before (dead: one attempt a day is
   what SPEC asks).
 - ``refused_asked_again``: a tag key a relay refused by policy (CLOSED ``blocked:``) asked of
-  it again more than twice within POLICY_PROBE_SECS after gsync read the refusal.
+  it again more than twice within POLICY_PROBE_SECS after gsync read the refusal (a relay
+  retired meanwhile forgets it, as it does its dead mark: counted from its return).
 - ``unservable_asked_again``: an id a relay advertises and never serves (the ``hidden``
   fault) asked of it by id more than UNSERVABLE_ASKS times within a day of one gsync run (once
   at first, once by its recovery; once when another relay found it unservable, after which
@@ -94,6 +95,7 @@ class Checker:
         self.long_down_ended: dict[str, float] = {}
         self.own_lost_at = float("-inf")  # the own relay's last loss of data
         self.refused_at: dict[tuple[str, str], list] = {}  # (relay, tag key) -> [read at, asked since]
+        self.refused_by: dict[tuple[str, str], tuple] = {}  # the same -> _relay_state when read (or reset)
         self.hidden_asks: dict[tuple[str, str], list[float]] = {}  # (relay, hidden id) -> asked by id at
         self.ids_judged: dict[str, float] = {}  # relay -> the ids_unserved_at last checked
         self.tabled_since: dict[str, float] = {}  # relay -> its first dial since it (re)entered the table
@@ -277,6 +279,7 @@ class Checker:
             started = self.refused_at.get((conn.relay, key))
             if started is None or now - started[0] >= constants.POLICY_PROBE_SECS:
                 self.refused_at[(conn.relay, key)] = [now, 0]
+                self.refused_by[(conn.relay, key)] = self._relay_state(conn.relay)
 
     def _asks_refused(self, conn, text: str) -> None:
         now = self.sim.clock.now
@@ -289,6 +292,13 @@ class Checker:
         for key in keys:
             if key in used:
                 entry = self.refused_at[(conn.relay, key)]
+                (gen, record), current = self.refused_by[(conn.relay, key)], self._relay_state(conn.relay)
+                if record is not current[1]:
+                    if gen == current[0]:
+                        # retired and listed again since, by this gsync process: its refusals
+                        # went with it (as its dead mark does); its asks count from its return
+                        entry[1:] = [0]
+                    self.refused_by[(conn.relay, key)] = current  # (a restart restores them: counted on)
                 if (conn.number, msg[1]) in entry[2:]:
                     continue  # the same REQ sent again (after AUTH): one ask
                 entry.append((conn.number, msg[1]))
@@ -296,6 +306,12 @@ class Checker:
                 if entry[1] > 2:
                     self.violation("refused_asked_again", f"{conn.relay} #{key} asked {entry[1]} times "
                                    f"{(now - entry[0]) / HOUR:.1f} h after its refusal: {text[:100]}")
+
+    def _relay_state(self, url: str) -> tuple:
+        """Which of gsync's records of ``url`` is current: the process, and its table's
+        object (a relay retired and listed again gets a new one)."""
+        m = self.sim.manager
+        return self.sim.gen, m.relays.get(url) if m is not None else None
 
     def dialled(self, url: str) -> None:
         now = self.sim.clock.now
