@@ -456,6 +456,10 @@ class Checker:
         m = self.sim.manager
         now = self.sim.clock.now
         owed = self.owed_relays()
+        for key, (read_at, *_) in list(self.refused_at.items()):  # (each REQ is checked against those left)
+            if now - read_at >= constants.POLICY_PROBE_SECS:
+                del self.refused_at[key]
+                self.refused_by.pop(key, None)
         for url in self.uptime:
             if url not in owed:  # (neglect judges only the time a relay was owed: sampled here)
                 self.account(url)
