@@ -6,6 +6,7 @@ in tests; ``replace`` derives the next page (``until``) or a live form (``limit=
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 
 from .event import Event
@@ -84,13 +85,13 @@ class Filter:
         if text is None:
             parts = []
             if self.ids is not None:
-                parts.append('"ids":' + _dumps(sorted(self.ids)))
+                parts.append('"ids":' + _strings_json(self.ids))
             if self.authors is not None:
-                parts.append('"authors":' + _dumps(sorted(self.authors)))
+                parts.append('"authors":' + _strings_json(self.authors))
             if self.kinds is not None:
-                parts.append('"kinds":' + _dumps(sorted(self.kinds)))
+                parts.append('"kinds":' + _kinds_json(self.kinds))
             for name, values in self.tags:
-                parts.append(_dumps("#" + name) + ":" + _dumps(sorted(values)))
+                parts.append(_tag_key_json(name) + _values_json(values))
             text = ",".join(parts)
             object.__setattr__(self, "_selectors", text)
         return text
@@ -135,6 +136,48 @@ class Filter:
                 if not present or values.isdisjoint(present):
                     return False
         return True
+
+
+# Encoding a filter's selectors, the same text as ``_dumps`` of each sorted, for less: most
+# filters hold a few values (one repository's roots), and the encoder's call cost more than
+# their text. Tag names are a few constants, remembered.
+
+
+def _strings_json(values) -> str:
+    """``_dumps(sorted(values))`` for strings: joined directly when none needs escaping
+    (ids, addresses and most identifiers)."""
+    ordered = sorted(values)
+    if ordered and is_plain("".join(ordered)):
+        return '["' + '","'.join(ordered) + '"]'
+    return _dumps(ordered)
+
+
+def _kinds_json(kinds) -> str:
+    """``_dumps(sorted(kinds))``; integers are their ``str``."""
+    ordered = sorted(kinds)
+    if all(type(kind) is int for kind in ordered):
+        return "[" + ",".join(map(str, ordered)) + "]"
+    return _dumps(ordered)
+
+
+@functools.lru_cache(maxsize=64)
+def _tag_key_json(name: str) -> str:
+    return _dumps("#" + name) + ":"
+
+
+# The last tag values encoded and their JSON: layers 2 and 3 ask one set of values (the same
+# frozenset: ``filter_plan._tag_filters``) under three tags, whose filters are encoded one
+# after the other. One entry, by identity: nothing to compare, nothing to grow.
+_last_values: tuple[frozenset, str] = (frozenset(), "[]")
+
+
+def _values_json(values: frozenset[str]) -> str:
+    """``_strings_json(values)``, once for the filters sharing ``values``."""
+    global _last_values
+    last = _last_values
+    if values is not last[0]:
+        last = _last_values = (values, _strings_json(values))
+    return last[1]
 
 
 def json_size(value: str) -> int:

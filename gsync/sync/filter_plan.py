@@ -8,7 +8,6 @@ Pure. Builders return historic filters (optional ``since``); the live form of an
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -82,9 +81,11 @@ def _plain_and_equally_long(values: list[str]) -> bool:
 
 
 def _tag_filters(values, tag_names, since, budget, kinds=None) -> list[Filter]:
+    """A filter of each chunk under each tag: the tags' filters of a chunk share its values
+    (one frozenset, and its JSON when they are encoded one after the other)."""
     return [
         Filter.make(kinds=kinds, tags={name: chunk}, since=since)
-        for chunk in chunk_by_tag_bytes(values, budget)
+        for chunk in map(frozenset, chunk_by_tag_bytes(values, budget))
         for name in tag_names
     ]
 
@@ -200,7 +201,7 @@ def _subid_length(limits) -> int:
 
 
 def _req_overhead(limits) -> int:
-    return len(json.dumps(["REQ", "x" * _subid_length(limits)], separators=(",", ":")))
+    return len('["REQ",""]') + _subid_length(limits)  # ``["REQ","<sub id>"]`` (ids need no escaping)
 
 
 def _filter_cost(f: Filter) -> int:
