@@ -353,3 +353,13 @@ def test_filters_sharing_their_values_encode_them_as_json_dumps(values, others, 
     filters = [Filter.make(authors=authors, tags={name: shared}, limit=0) for name in ("e", "E")]
     filters += [Filter.make(tags={"q": others}), Filter.make(kinds=[1], tags={"q": shared}), Filter.make(tags={"e": []})]
     assert [flt.to_json() for flt in filters] == [dumped(flt) for flt in filters]
+
+
+@given(st.text(max_size=12) | st.sampled_from(["", " ", "~", "\x7f", "\x1f", '"', "\\", "é", "a" * 64]))
+def test_is_plain_means_printable_ascii_that_json_does_not_escape(text):
+    from gsync.protocol.filters import is_plain
+
+    definition = text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
+    assert is_plain(text) is definition
+    if definition:
+        assert json.dumps(text, ensure_ascii=False) == '"' + text + '"'

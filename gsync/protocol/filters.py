@@ -189,9 +189,15 @@ def json_size(value: str) -> int:
     return len(_dumps(value).encode())
 
 
+# Printable ASCII but the two characters JSON escapes: what ``is_plain`` strips away.
+_PLAIN_BYTES = bytes(c for c in range(0x20, 0x7F) if chr(c) not in '"\\')
+
+
 def is_plain(text: str) -> bool:
-    """Printable ASCII with nothing JSON escapes: as a JSON string, its length + 2 bytes."""
-    return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
+    """Printable ASCII with nothing JSON escapes: as a JSON string, its length + 2 bytes.
+    (``isascii`` reads a flag; the bytes' ``translate`` then checks the rest several times
+    faster than ``isprintable``: thousands of ids are checked at each reconnect.)"""
+    return text.isascii() and not text.encode().translate(None, _PLAIN_BYTES)
 
 
 class FilterSet:
