@@ -180,6 +180,11 @@ def _values_json(values: frozenset[str]) -> str:
     return last[1]
 
 
+def json_string(value: str) -> str:
+    """``_dumps(value)``: quoted as it is when nothing in it needs escaping (sub ids, hex)."""
+    return '"' + value + '"' if is_plain(value) else _dumps(value)
+
+
 def json_size(value: str) -> int:
     """Bytes of ``value`` as a JSON string, quotes included. Ids and addresses (printable
     ASCII, nothing to escape) are counted without encoding: filter building sizes every

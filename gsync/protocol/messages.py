@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..constants import MAX_MESSAGE_BYTES
 from .event import Event
 from .event import compact_json as _dump
-from .filters import Filter
+from .filters import Filter, json_size, json_string
 
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 
@@ -407,17 +407,17 @@ def req(sub_id: str, filters: Iterable[Filter]) -> str:
     filter_texts = [f.to_json() for f in filters]
     if not filter_texts:
         raise ValueError("a REQ needs at least one filter")
-    return f'["REQ",{_dump(sub_id)},{",".join(filter_texts)}]'
+    return f'["REQ",{json_string(sub_id)},{",".join(filter_texts)}]'
 
 
 def req_size(sub_id: str, filters: Iterable[Filter]) -> int:
     """UTF-8 bytes of ``req(sub_id, filters)``, without building it: packing and budgets
     measure REQs many times over, and each filter's size comes from its cached selectors."""
-    return 8 + len(_dump(sub_id).encode()) + sum(f.serialized_size() + 1 for f in filters)
+    return 8 + json_size(sub_id) + sum(f.serialized_size() + 1 for f in filters)
 
 
 def close(sub_id: str) -> str:
-    return _dump(["CLOSE", sub_id])
+    return f'["CLOSE",{json_string(sub_id)}]'
 
 
 def event(ev: Event) -> str:
@@ -431,12 +431,12 @@ def auth(ev: Event) -> str:
 
 
 def neg_open(sub_id: str, flt: Filter, message_hex: str) -> str:
-    return f'["NEG-OPEN",{_dump(sub_id)},{flt.to_json()},{_dump(message_hex)}]'
+    return f'["NEG-OPEN",{json_string(sub_id)},{flt.to_json()},{json_string(message_hex)}]'
 
 
 def neg_msg(sub_id: str, message_hex: str) -> str:
-    return _dump(["NEG-MSG", sub_id, message_hex])
+    return f'["NEG-MSG",{json_string(sub_id)},{json_string(message_hex)}]'
 
 
 def neg_close(sub_id: str) -> str:
-    return _dump(["NEG-CLOSE", sub_id])
+    return f'["NEG-CLOSE",{json_string(sub_id)}]'
