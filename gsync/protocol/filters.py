@@ -6,10 +6,9 @@ in tests; ``replace`` derives the next page (``until``) or a live form (``limit=
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass, field
 
-from .event import Event
+from .event import Event, is_plain
 from .event import compact_json as _dumps
 
 _BOUNDS = frozenset({"since", "until", "limit"})  # what ``replace`` may change and keep the selectors' JSON
@@ -91,7 +90,7 @@ class Filter:
             if self.kinds is not None:
                 parts.append('"kinds":' + _kinds_json(self.kinds))
             for name, values in self.tags:
-                parts.append(_tag_key_json(name) + _values_json(values))
+                parts.append(_dumps("#" + name) + ":" + _values_json(values))
             text = ",".join(parts)
             object.__setattr__(self, "_selectors", text)
         return text
@@ -140,7 +139,7 @@ class Filter:
 
 # Encoding a filter's selectors, the same text as ``_dumps`` of each sorted, for less: most
 # filters hold a few values (one repository's roots), and the encoder's call cost more than
-# their text. Tag names are a few constants, remembered.
+# their text.
 
 
 def _strings_json(values) -> str:
@@ -160,11 +159,6 @@ def _kinds_json(kinds) -> str:
     return _dumps(ordered)
 
 
-@functools.lru_cache(maxsize=64)
-def _tag_key_json(name: str) -> str:
-    return _dumps("#" + name) + ":"
-
-
 # The last tag values encoded and their JSON: layers 2 and 3 ask one set of values (the same
 # frozenset: ``filter_plan._tag_filters``) under three tags, whose filters are encoded one
 # after the other. One entry, by identity: nothing to compare, nothing to grow.
@@ -180,11 +174,6 @@ def _values_json(values: frozenset[str]) -> str:
     return last[1]
 
 
-def json_string(value: str) -> str:
-    """``_dumps(value)``: quoted as it is when nothing in it needs escaping (sub ids, hex)."""
-    return '"' + value + '"' if is_plain(value) else _dumps(value)
-
-
 def json_size(value: str) -> int:
     """Bytes of ``value`` as a JSON string, quotes included. Ids and addresses (printable
     ASCII, nothing to escape) are counted without encoding: filter building sizes every
@@ -192,17 +181,6 @@ def json_size(value: str) -> int:
     if is_plain(value):
         return len(value) + 2
     return len(_dumps(value).encode())
-
-
-# Printable ASCII but the two characters JSON escapes: what ``is_plain`` strips away.
-_PLAIN_BYTES = bytes(c for c in range(0x20, 0x7F) if chr(c) not in '"\\')
-
-
-def is_plain(text: str) -> bool:
-    """Printable ASCII with nothing JSON escapes: as a JSON string, its length + 2 bytes.
-    (``isascii`` reads a flag; the bytes' ``translate`` then checks the rest several times
-    faster than ``isprintable``: thousands of ids are checked at each reconnect.)"""
-    return text.isascii() and not text.encode().translate(None, _PLAIN_BYTES)
 
 
 class FilterSet:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..constants import MAX_MESSAGE_BYTES
 from .event import Event
 from .event import compact_json as _dump
-from .filters import Filter, json_size, json_string
+from .filters import Filter, json_size
 
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 
@@ -407,7 +407,7 @@ def req(sub_id: str, filters: Iterable[Filter]) -> str:
     filter_texts = [f.to_json() for f in filters]
     if not filter_texts:
         raise ValueError("a REQ needs at least one filter")
-    return f'["REQ",{json_string(sub_id)},{",".join(filter_texts)}]'
+    return f'["REQ",{_dump(sub_id)},{",".join(filter_texts)}]'
 
 
 def req_size(sub_id: str, filters: Iterable[Filter]) -> int:
@@ -417,7 +417,7 @@ def req_size(sub_id: str, filters: Iterable[Filter]) -> int:
 
 
 def close(sub_id: str) -> str:
-    return f'["CLOSE",{json_string(sub_id)}]'
+    return f'["CLOSE",{_dump(sub_id)}]'
 
 
 def event(ev: Event) -> str:
@@ -431,12 +431,12 @@ def auth(ev: Event) -> str:
 
 
 def neg_open(sub_id: str, flt: Filter, message_hex: str) -> str:
-    return f'["NEG-OPEN",{json_string(sub_id)},{flt.to_json()},{json_string(message_hex)}]'
+    return f'["NEG-OPEN",{_dump(sub_id)},{flt.to_json()},{_dump(message_hex)}]'
 
 
 def neg_msg(sub_id: str, message_hex: str) -> str:
-    return f'["NEG-MSG",{json_string(sub_id)},{json_string(message_hex)}]'
+    return f'["NEG-MSG",{_dump(sub_id)},{_dump(message_hex)}]'
 
 
 def neg_close(sub_id: str) -> str:
-    return f'["NEG-CLOSE",{json_string(sub_id)}]'
+    return f'["NEG-CLOSE",{_dump(sub_id)}]'
