@@ -23,6 +23,7 @@ from gsync.protocol.event import (
     is_authentic,
     parse_event,
     public_key,
+    serialize_for_id,
     sign_event,
     verify_event,
 )
@@ -146,6 +147,18 @@ _tag = st.lists(st.text(max_size=20), min_size=1, max_size=4)
 def test_hypothesis_events_verify_in_nostr_sdk(content, tags, kind, created_at):
     ev = sign_event(SECRETS[2], created_at=created_at, kind=kind, tags=tags, content=content)
     assert_sdk_agrees(ev)
+
+
+_plain_or_not = st.text(max_size=12) | st.sampled_from(["e", "a" * 64, "30617:" + "b" * 64 + ":repo", 'q"', "\\", "\x7f"])
+
+
+@given(tags=st.lists(st.lists(_plain_or_not, min_size=1, max_size=3), max_size=4), content=_plain_or_not)
+def test_the_commitment_is_json_dumps_of_the_array(tags, content):
+    # Plain values are joined without the encoder: the text must be the encoder's all the same.
+    pubkey = "c" * 64
+    expected = json.dumps([0, pubkey, 7, 1, tags, content], ensure_ascii=False, separators=(",", ":"))
+    assert serialize_for_id(pubkey, 7, 1, tags, content) == expected.encode()
+    assert serialize_for_id(pubkey, 7, 1, tuple(map(tuple, tags)), content) == expected.encode()
 
 
 def _sdk_sign(keys, kind, content, tags, created_at) -> nostr_sdk.Event:

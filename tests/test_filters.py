@@ -335,3 +335,31 @@ def test_the_json_of_a_filter_and_of_the_pages_derived_from_it_is_json_dumps(ids
     assert narrower.to_json() == dumped(narrower)
     page.drop_json()
     assert page.to_json() == dumped(page)
+
+
+@given(
+    values=st.lists(st.one_of(st.text(max_size=6), st.sampled_from(["1" * 64, "30617:" + "a" * 64 + ":r"])),
+                    max_size=4),
+    others=st.lists(st.text(max_size=6), max_size=3),
+    authors=st.one_of(st.none(), st.lists(st.text(max_size=6), max_size=3)),
+)
+def test_filters_sharing_their_values_encode_them_as_json_dumps(values, others, authors):
+    # Layers 2 and 3 ask one frozenset under three tags (its JSON made once for them); a
+    # filter of other values between them, or none at all, encodes as json.dumps all the same.
+    def dumped(flt):
+        return json.dumps(filter_dict(flt), ensure_ascii=False, separators=(",", ":"))
+
+    shared = frozenset(values)
+    filters = [Filter.make(authors=authors, tags={name: shared}, limit=0) for name in ("e", "E")]
+    filters += [Filter.make(tags={"q": others}), Filter.make(kinds=[1], tags={"q": shared}), Filter.make(tags={"e": []})]
+    assert [flt.to_json() for flt in filters] == [dumped(flt) for flt in filters]
+
+
+@given(st.text(max_size=12) | st.sampled_from(["", " ", "~", "\x7f", "\x1f", '"', "\\", "é", "a" * 64]))
+def test_is_plain_means_printable_ascii_that_json_does_not_escape(text):
+    from gsync.protocol.filters import is_plain
+
+    definition = text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
+    assert is_plain(text) is definition
+    if definition:
+        assert json.dumps(text, ensure_ascii=False) == '"' + text + '"'

@@ -298,6 +298,20 @@ def test_req_is_the_json_array_of_its_parts(sub_id, filters):
     assert json.loads(m.neg_open(sub_id, filters[0], "61")) == ["NEG-OPEN", sub_id, json.loads(filters[0].to_json()), "61"]
 
 
+@given(st.text(max_size=12) | st.sampled_from(["live-12", "h3-4", 'a"b', "\\", "\x7f", "\n"]),
+       st.text(alphabet="0123456789abcdef", max_size=40) | st.text(max_size=4))
+def test_close_and_negentropy_frames_are_json_dumps(sub_id, message):
+    def dumped(*parts):
+        return json.dumps(list(parts), ensure_ascii=False, separators=(",", ":"))
+
+    assert m.close(sub_id) == dumped("CLOSE", sub_id)
+    assert m.neg_msg(sub_id, message) == dumped("NEG-MSG", sub_id, message)
+    assert m.neg_close(sub_id) == dumped("NEG-CLOSE", sub_id)
+    flt = Filter.make(kinds=[1])
+    assert m.neg_open(sub_id, flt, message) == dumped("NEG-OPEN", sub_id, {"kinds": [1]}, message)
+    assert m.req_size(sub_id, [flt]) == len(m.req(sub_id, [flt]).encode())
+
+
 def test_req_needs_a_filter():
     with pytest.raises(ValueError):
         m.req("s1", [])

@@ -7,6 +7,7 @@ the caller counts (``reason`` is a metric label, so the set of values is closed)
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -82,7 +83,7 @@ class Event:
         }
 
     def to_json(self) -> str:
-        tags_json, content_json = self._json_parts or (_dumps(self.tags), _dumps(self.content))
+        tags_json, content_json = self._json_parts or (_tags_json(self.tags), _dumps(self.content))
         return (
             f'{{"id":"{self.id}","pubkey":"{self.pubkey}","created_at":{self.created_at},'
             f'"kind":{self.kind},"tags":{tags_json},"content":{content_json},"sig":"{self.sig}"}}'
@@ -121,13 +122,36 @@ def serialize_for_id(pubkey: str, created_at: int, kind: int, tags, content: str
     which most relays use) escape: ``"``, ``\\``, the short forms ``\\n \\r \\t \\b \\f`` and the
     other C0 controls as ``\\u00xx``; everything else is written verbatim as UTF-8.
     """
-    return _commitment(pubkey, created_at, kind, _dumps(tags), _dumps(content))
+    return _commitment(pubkey, created_at, kind, _tags_json(tags), _dumps(content))
 
 
 # Compact JSON as NIP-01 serialises (see serialize_for_id). One encoder for every call:
 # json.dumps with options builds a new JSONEncoder each time, a third of its cost here.
 compact_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _dumps = compact_json
+
+
+# Printable ASCII but the two characters JSON escapes: what ``is_plain`` strips away.
+_PLAIN_BYTES = bytes(c for c in range(0x20, 0x7F) if chr(c) not in '"\\')
+
+
+def is_plain(text: str) -> bool:
+    """Printable ASCII with nothing JSON escapes: as a JSON string, its length + 2 bytes.
+    (``isascii`` reads a flag; the bytes' ``translate`` then checks the rest several times
+    faster than ``isprintable``: thousands of ids are checked at each reconnect.)"""
+    return text.isascii() and not text.encode().translate(None, _PLAIN_BYTES)
+
+
+def _tags_json(tags) -> str:
+    """``_dumps(tags)``, joined directly when every value is a string needing no escape
+    (every event read is checked: its id is the hash of this text)."""
+    try:
+        plain = all(tags) and is_plain("".join(itertools.chain.from_iterable(tags)))
+    except TypeError:  # a value that is not a string: the encoder's business
+        plain = False
+    if not plain:
+        return _dumps(tags)
+    return "[" + ",".join(['["' + '","'.join(tag) + '"]' for tag in tags]) + "]"
 
 
 def _commitment(pubkey: str, created_at: int, kind: int, tags_json: str, content_json: str) -> bytes:
@@ -218,7 +242,7 @@ def parse_event(obj, *, check_id: bool = True, check_sig: bool = True) -> Event:
     if len(content) > MAX_EVENT_BYTES:
         raise EventError("too_large", f"content of {len(content)} characters")
     tags = _as_str_tags(raw_tags)
-    parts = (_dumps(raw_tags), _dumps(content)) if check_id else None
+    parts = (_tags_json(raw_tags), _dumps(content)) if check_id else None
     event = Event(eid, pubkey, created_at, kind, tags, content, sig, _json_parts=parts)
     if check_id:
         _check_id(event, parts)
@@ -231,7 +255,7 @@ def verify_event(event: Event) -> Event:
     """``event`` (parsed with the checks off) with its id recomputed and its signature
     verified, or ``EventError``. Lets a reader run the cheap checks (does it match what we
     asked for?) before the costly ones."""
-    parts = (_dumps(event.tags), _dumps(event.content))  # tuples encode as the lists they were
+    parts = (_tags_json(event.tags), _dumps(event.content))  # tuples encode as the lists they were
     _check_id(event, parts)
     object.__setattr__(event, "_json_parts", parts)
     if not verify_signature(event):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .event import Event
+from .event import Event, is_plain
 from .event import compact_json as _dumps
 
 _BOUNDS = frozenset({"since", "until", "limit"})  # what ``replace`` may change and keep the selectors' JSON
@@ -84,13 +84,13 @@ class Filter:
         if text is None:
             parts = []
             if self.ids is not None:
-                parts.append('"ids":' + _dumps(sorted(self.ids)))
+                parts.append('"ids":' + _strings_json(self.ids))
             if self.authors is not None:
-                parts.append('"authors":' + _dumps(sorted(self.authors)))
+                parts.append('"authors":' + _strings_json(self.authors))
             if self.kinds is not None:
-                parts.append('"kinds":' + _dumps(sorted(self.kinds)))
+                parts.append('"kinds":' + _kinds_json(self.kinds))
             for name, values in self.tags:
-                parts.append(_dumps("#" + name) + ":" + _dumps(sorted(values)))
+                parts.append(_dumps("#" + name) + ":" + _values_json(values))
             text = ",".join(parts)
             object.__setattr__(self, "_selectors", text)
         return text
@@ -137,6 +137,43 @@ class Filter:
         return True
 
 
+# Encoding a filter's selectors, the same text as ``_dumps`` of each sorted, for less: most
+# filters hold a few values (one repository's roots), and the encoder's call cost more than
+# their text.
+
+
+def _strings_json(values) -> str:
+    """``_dumps(sorted(values))`` for strings: joined directly when none needs escaping
+    (ids, addresses and most identifiers)."""
+    ordered = sorted(values)
+    if ordered and is_plain("".join(ordered)):
+        return '["' + '","'.join(ordered) + '"]'
+    return _dumps(ordered)
+
+
+def _kinds_json(kinds) -> str:
+    """``_dumps(sorted(kinds))``; integers are their ``str``."""
+    ordered = sorted(kinds)
+    if all(type(kind) is int for kind in ordered):
+        return "[" + ",".join(map(str, ordered)) + "]"
+    return _dumps(ordered)
+
+
+# The last tag values encoded and their JSON: layers 2 and 3 ask one set of values (the same
+# frozenset: ``filter_plan._tag_filters``) under three tags, whose filters are encoded one
+# after the other. One entry, by identity: nothing to compare, nothing to grow.
+_last_values: tuple[frozenset, str] = (frozenset(), "[]")
+
+
+def _values_json(values: frozenset[str]) -> str:
+    """``_strings_json(values)``, once for the filters sharing ``values``."""
+    global _last_values
+    last = _last_values
+    if values is not last[0]:
+        last = _last_values = (values, _strings_json(values))
+    return last[1]
+
+
 def json_size(value: str) -> int:
     """Bytes of ``value`` as a JSON string, quotes included. Ids and addresses (printable
     ASCII, nothing to escape) are counted without encoding: filter building sizes every
@@ -144,11 +181,6 @@ def json_size(value: str) -> int:
     if is_plain(value):
         return len(value) + 2
     return len(_dumps(value).encode())
-
-
-def is_plain(text: str) -> bool:
-    """Printable ASCII with nothing JSON escapes: as a JSON string, its length + 2 bytes."""
-    return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
 
 
 class FilterSet:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..constants import MAX_MESSAGE_BYTES
 from .event import Event
 from .event import compact_json as _dump
-from .filters import Filter
+from .filters import Filter, json_size
 
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 
@@ -413,11 +413,11 @@ def req(sub_id: str, filters: Iterable[Filter]) -> str:
 def req_size(sub_id: str, filters: Iterable[Filter]) -> int:
     """UTF-8 bytes of ``req(sub_id, filters)``, without building it: packing and budgets
     measure REQs many times over, and each filter's size comes from its cached selectors."""
-    return 8 + len(_dump(sub_id).encode()) + sum(f.serialized_size() + 1 for f in filters)
+    return 8 + json_size(sub_id) + sum(f.serialized_size() + 1 for f in filters)
 
 
 def close(sub_id: str) -> str:
-    return _dump(["CLOSE", sub_id])
+    return f'["CLOSE",{_dump(sub_id)}]'
 
 
 def event(ev: Event) -> str:
@@ -435,8 +435,8 @@ def neg_open(sub_id: str, flt: Filter, message_hex: str) -> str:
 
 
 def neg_msg(sub_id: str, message_hex: str) -> str:
-    return _dump(["NEG-MSG", sub_id, message_hex])
+    return f'["NEG-MSG",{_dump(sub_id)},{_dump(message_hex)}]'
 
 
 def neg_close(sub_id: str) -> str:
-    return _dump(["NEG-CLOSE", sub_id])
+    return f'["NEG-CLOSE",{_dump(sub_id)}]'

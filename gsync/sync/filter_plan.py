@@ -8,7 +8,6 @@ Pure. Builders return historic filters (optional ``since``); the live form of an
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -45,9 +44,12 @@ def _limit(limits, name: str) -> int | None:
 # -- layer builders ----------------------------------------------------------------------
 
 
+_LAYER1 = Filter.make(kinds=LAYER1_KINDS)  # its JSON made once, shared by those derived from it
+
+
 def layer1_filter(since: int | None = None) -> Filter:
     """Every repository announcement and user GRASP list: how new repos are discovered."""
-    return Filter.make(kinds=LAYER1_KINDS, since=since)
+    return _LAYER1.replace(since=since)
 
 
 def chunk_by_tag_bytes(values: Iterable[str], budget: int = MAX_TAG_VALUE_BYTES_PER_FILTER):
@@ -82,9 +84,12 @@ def _plain_and_equally_long(values: list[str]) -> bool:
 
 
 def _tag_filters(values, tag_names, since, budget, kinds=None) -> list[Filter]:
+    """A filter of each chunk under each tag: the tags' filters of a chunk share its values
+    (one frozenset, and its JSON when they are encoded one after the other)."""
+    kinds = None if kinds is None else frozenset(kinds)
     return [
-        Filter.make(kinds=kinds, tags={name: chunk}, since=since)
-        for chunk in chunk_by_tag_bytes(values, budget)
+        Filter(kinds=kinds, tags=((name, chunk),), since=since)  # (``Filter.make``'s form, made directly)
+        for chunk in map(frozenset, chunk_by_tag_bytes(values, budget))
         for name in tag_names
     ]
 
@@ -200,7 +205,7 @@ def _subid_length(limits) -> int:
 
 
 def _req_overhead(limits) -> int:
-    return len(json.dumps(["REQ", "x" * _subid_length(limits)], separators=(",", ":")))
+    return len('["REQ",""]') + _subid_length(limits)  # ``["REQ","<sub id>"]`` (ids need no escaping)
 
 
 def _filter_cost(f: Filter) -> int:
