@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from itertools import repeat
 
@@ -121,7 +122,8 @@ class EventStore:
         self.by_tag: dict[tuple[str, str], dict[str, None]] = {}
         self.by_key: dict[tuple, str] = {}
         self.changes = 0  # events added and removed so far (a cache of what it holds is stale when this moved)
-        self._matched: dict[Filter, list[Event]] = {}  # filter -> every event it matches, newest first
+        # a filter's selectors -> (every event they match, newest first; their -created_at)
+        self._matched: dict[tuple, tuple[list[Event], list[int]]] = {}
         self._matched_at = 0  # the changes count _matched holds for
         self._storages: dict[Filter, tuple[int, Storage]] = {}  # filter -> storage(filter), as _matched
 
@@ -210,19 +212,30 @@ class EventStore:
             self._matched.clear()
             self._storages.clear()
             self._matched_at = self.changes
-        found = self._matched.get(flt)
-        if found is None:
+        # Kept by its selectors (ids, authors, kinds, tags), not by its bounds: gsync asks the
+        # same selectors with another since, until or limit at nearly every REQ (a page, a
+        # poll, a live form), and what matches in a time span is a run of the list, newest
+        # first: found by bisection on the negated created_at.
+        key = (flt.ids, flt.authors, flt.kinds, flt.tags)
+        made = self._matched.get(key)
+        if made is None:
             if len(self._matched) >= 256:
                 self._matched.clear()
             found = [self.events[i] for i in self.candidates(flt)]
-            found = [e for e in found if flt.matches(e)]
+            found = [e for e in found if flt.matches(e, in_time=False)]
             found.sort(key=_newest_first)
-            self._matched[flt] = found
-        found = [e for e in found if e.id not in hidden] if hidden else list(found)
+            made = self._matched[key] = (found, [-e.created_at for e in found])
+        found, negated = made
+        since, until = flt.since, flt.until
+        lo = 0 if until is None else bisect_left(negated, -until)
+        hi = len(found) if since is None else bisect_right(negated, -since)
         limit = flt.limit
         if cap is not None:
             limit = cap if limit is None else min(limit, cap)
-        return found if limit is None else found[:limit]
+        if hidden:
+            found = [e for e in found[lo:hi] if e.id not in hidden]
+            return found if limit is None else found[:limit]
+        return found[lo:hi if limit is None else min(hi, lo + limit)]
 
 
 class SimRelay:
