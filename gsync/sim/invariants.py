@@ -93,7 +93,7 @@ class Checker:
         self.sessions_open: dict[str, int] = {}
         self.long_down_ended: dict[str, float] = {}
         self.own_lost_at = float("-inf")  # the own relay's last loss of data
-        self.refused_at: dict[tuple[str, str], list] = {}  # (relay, tag key) -> [read at, asked since]
+        self.refused_at: dict[str, dict[str, list]] = {}  # relay -> tag key -> [read at, asked since, ...]
         self.hidden_asks: dict[tuple[str, str], list[float]] = {}  # (relay, hidden id) -> asked by id at
         self.ids_judged: dict[str, float] = {}  # relay -> the ids_unserved_at last checked
         self.tabled_since: dict[str, float] = {}  # relay -> its first dial since it (re)entered the table
@@ -223,7 +223,7 @@ class Checker:
             # (a REQ the relay leaves without EOSE is not answered: asked again, it is a fetch
             # that never ended retried, not an id it said it does not serve asked again)
             self._asks_hidden(conn.relay, text)
-        if verb in ("REQ", "NEG-OPEN") and self.refused_at:
+        if verb in ("REQ", "NEG-OPEN") and conn.relay in self.refused_at:
             self._asks_refused(conn, text if verb == "REQ" else "[\"REQ\"," + text.split(",", 1)[1])
 
     def _asks_hidden(self, url: str, text: str) -> None:
@@ -274,21 +274,22 @@ class Checker:
         if frame.startswith('["CLOSED"') and '"blocked: #' in frame:
             key = frame.split('"blocked: #', 1)[1][:1]
             now = self.sim.clock.now
-            started = self.refused_at.get((conn.relay, key))
+            refused = self.refused_at.setdefault(conn.relay, {})
+            started = refused.get(key)
             if started is None or now - started[0] >= constants.POLICY_PROBE_SECS:
-                self.refused_at[(conn.relay, key)] = [now, 0]
+                refused[key] = [now, 0]
 
     def _asks_refused(self, conn, text: str) -> None:
         now = self.sim.clock.now
-        keys = [k for (url, k), (t, *_) in self.refused_at.items()
-                if url == conn.relay and now - t < constants.POLICY_PROBE_SECS]
+        refused = self.refused_at[conn.relay]
+        keys = [k for k, entry in refused.items() if now - entry[0] < constants.POLICY_PROBE_SECS]
         if not keys:
             return
         msg = json.loads(text)
         used = {name[1:] for f in msg[2:] if isinstance(f, dict) for name in f if name.startswith("#")}
         for key in keys:
             if key in used:
-                entry = self.refused_at[(conn.relay, key)]
+                entry = refused[key]
                 if (conn.number, msg[1]) in entry[2:]:
                     continue  # the same REQ sent again (after AUTH): one ask
                 entry.append((conn.number, msg[1]))
@@ -370,9 +371,9 @@ class Checker:
         ``tabled``: also those listed by the newest announcement the own relay ever stored
         of a repository, where a loss took it (gsync keeps the newest one its
         self-subscription showed until it restarts). The untabled answer is computed again
-        only when the own relay's store changed (do not modify it)."""
+        only when the own relay's announcements changed (do not modify it)."""
         own = self.sim.own
-        key = (own.store.changes, id(own.accepted))
+        key = (own.listing_changes, id(own.accepted))
         if self._wanted is None or self._wanted[0] != key:
             self._wanted = key, self._wanted_now()
         wanted, listing = self._wanted[1]
@@ -383,7 +384,7 @@ class Checker:
                     wanted |= self.announced(event)
         return wanted, listing
 
-    _wanted = None  # (own store's changes, accepted) -> (wanted, listing)
+    _wanted = None  # (own relay's listing changes, accepted) -> (wanted, listing)
 
     def _wanted_now(self) -> tuple[set[str], dict[str, set[str]]]:
         own = self.sim.own

@@ -447,6 +447,9 @@ class OwnRelay:
         # losses (what gsync's self-subscription showed it: ``Checker.wanted_relays``)
         self.newest: dict[str, tuple[int, str]] = {}
         self.stored_at: dict[str, float] = {}  # id -> when it was stored (simulated time)
+        # announcements stored and losses so far: what ``accepted`` and the store hold of the
+        # announcements moved when this did (``Checker.wanted_relays`` keys on it)
+        self.listing_changes = 0
         self.up = True
 
     def lists_us(self, event: Event) -> bool:
@@ -466,6 +469,7 @@ class OwnRelay:
     def lose_since(self, since: float) -> int:
         """A crash: what was stored at ``since`` or later is gone."""
         lost = [i for i, at in self.stored_at.items() if at >= since]
+        self.listing_changes += 1
         for event_id in lost:
             self.store.remove(event_id)
             del self.stored_at[event_id]
@@ -483,6 +487,7 @@ class OwnRelay:
         if stored:
             self.stored_at[event.id] = now
         if stored and event.kind == 30617:
+            self.listing_changes += 1
             self.accepted[f"30617:{event.pubkey}:{event.d_tag}"] = event.id
             at, newest_id = self.newest.get(event.address, (-1, ""))
             if event.created_at > at or (event.created_at == at and event.id < newest_id):
