@@ -89,6 +89,87 @@ def filters_from_json(raw_filters: list, text: str = "") -> list[Filter]:
     return made
 
 
+# A filter's bounds as gsync writes them (``Filter.to_json``: after its selectors, the last
+# of which ends with the ``]`` of its list), each after a comma
+_N = "(0|[1-9][0-9]*)"
+_BOUNDS = re.compile(f'(?:,"since":{_N})?(?:,"until":{_N})?(?:,"limit":{_N})?')
+_NO_SELECTORS = (None, None, None, ())
+_SELECTORS: dict[str, tuple | None] = {}  # selectors' text -> (ids, authors, kinds, tags) of a filter, or None
+_SELECTORS_KEPT = 4096
+
+
+def _selectors(text: str) -> tuple | None:
+    """The selectors a filter's selectors' text gives (``filter_from_json`` of it), or None
+    if it is not a valid filter's (or names a bound): made once."""
+    made = _SELECTORS.get(text)
+    if made is None and text not in _SELECTORS:
+        try:
+            obj = json.loads("{" + text + "}")
+            made = None if obj.keys() & {"since", "until", "limit"} else filter_from_json(obj)
+        except ValueError:
+            made = None
+        if made is not None:
+            made = (made.ids, made.authors, made.kinds, made.tags)
+        if len(_SELECTORS) >= _SELECTORS_KEPT:
+            _SELECTORS.clear()
+        _SELECTORS[text] = made
+    return made
+
+
+def plain_filters(text: str) -> list[Filter] | None:
+    """A REQ's filters from their text in the frame (``{...},{...}]``, what follows its
+    subscription id) when each is written as gsync writes filters: its selectors' JSON read
+    once (``_selectors``), its bounds (since, until, limit) off the text; the same filters as
+    ``filters_from_json`` of the decoded frame. None when the text is anything else (or its
+    selectors are not a valid filter's): the frame is decoded then.
+
+    A filter is taken to end at the first ``}`` after its start, its bounds to be the
+    comma-separated bounds before that: the selectors' text that leaves is read as JSON (as
+    an object's content) and must be valid, which it is only if the cut is where JSON ends
+    them (a cut inside a string leaves it unterminated, one inside a list leaves it open)."""
+    filters = []
+    pos, last = 0, len(text) - 1
+    bounds = _BOUNDS.fullmatch
+    while text.startswith("{", pos):
+        close = text.find("}", pos)
+        if close < 0:
+            return None
+        end = text.rfind("]", pos, close) + 1  # (the selectors' end, if any)
+        if end:
+            m = bounds(text, end, close)
+            if m is None:
+                return None
+            parts = _selectors(text[pos + 1:end])
+            if parts is None:
+                return None
+        else:  # bounds only, or nothing
+            m = bounds("," + text[pos + 1:close]) if close > pos + 1 else bounds("")
+            if m is None:
+                return None
+            parts = _NO_SELECTORS
+        since, until, limit = m.groups()
+        filters.append(Filter(*parts, since and int(since), until and int(until), limit and int(limit)))
+        if close == last - 1 and text[last] == "]":
+            return filters
+        if text.startswith(",", close + 1):
+            pos = close + 2
+        else:
+            return None
+    return None
+
+
+def _read_plain(text: str) -> bool:
+    """``plain_filters`` of ``text``, kept in ``_FILTERS`` (where ``filters_from_json`` finds
+    it); False if not plain."""
+    made = plain_filters(text)
+    if made is None:
+        return False
+    if len(_FILTERS) >= _FILTERS_KEPT:
+        _FILTERS.clear()
+    _FILTERS[text] = made
+    return True
+
+
 def _event_frame(sub_id: str, event: Event) -> str:
     return '["EVENT",' + json.dumps(sub_id) + "," + event.to_json() + "]"
 
@@ -288,9 +369,12 @@ class SimRelay:
         session = self.sessions.get(number)
         if session is None:
             return []
-        if text.startswith('["REQ","') and (head := _REQ_HEAD.match(text)) and text[head.end():] in _FILTERS:
-            # (filters seen before, after a plain subscription id: the frame is read as it was)
-            return self.on_req(session, head.group(1), None, text[head.end():])
+        if text.startswith('["REQ","') and (head := _REQ_HEAD.match(text)):
+            # (filters seen before, or written as gsync writes them, after a plain subscription
+            # id: the frame is read without decoding it)
+            rest = text[head.end():]
+            if rest in _FILTERS or _read_plain(rest):
+                return self.on_req(session, head.group(1), None, rest)
         try:
             msg = json.loads(text)
         except ValueError:
