@@ -50,6 +50,7 @@ with the simulated day it happened and what broke.
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 
 from .. import constants
 from ..io.inbox import RemoteEvents
@@ -219,7 +220,8 @@ class Checker:
             self._start(conn, text)
         elif verb == "REQ" and '"limit":0' not in (text.replace(" ", "") if " " in text else text):
             self._start(conn, text)
-        if verb == "REQ" and '"ids"' in text and self.sim.relays[conn.relay].hidden and not self.sim.relays[conn.relay].no_eose:
+        relay = self.sim.relays[conn.relay]
+        if verb == "REQ" and relay.hidden and not relay.no_eose and '"ids"' in text:
             # (a REQ the relay leaves without EOSE is not answered: asked again, it is a fetch
             # that never ended retried, not an id it said it does not serve asked again)
             self._asks_hidden(conn.relay, text)
@@ -308,7 +310,8 @@ class Checker:
         while downs and now - downs[0] > HOUR:
             downs.pop(0)
         bound = 30 + 3 * len(downs)  # a relay restarting often is dialled again after each restart
-        if sum(1 for t in times if now - t <= HOUR) > bound:
+        # (the dials of the last hour: those at the end of the list, in time order)
+        if len(times) - bisect_left(times, True, key=lambda t: now - t <= HOUR) > bound:
             self.violation("dial_storm", f"{url}: more than {bound} handshakes within an hour "
                                          f"({len(downs)} restarts)")
         since = self.down_since.get(url)
