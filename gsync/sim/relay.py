@@ -200,7 +200,7 @@ class EventStore:
     def __init__(self):
         self.events: dict[str, Event] = {}
         self.by_kind: dict[int, dict[str, None]] = {}
-        self.by_tag: dict[tuple[str, str], dict[str, None]] = {}
+        self.by_tag: dict[str, dict[str, dict[str, None]]] = {}  # tag name -> value -> ids
         self.by_key: dict[tuple, str] = {}
         self.changes = 0  # events added and removed so far (a cache of what it holds is stale when this moved)
         # a filter's selectors -> (every event they match, newest first; their -created_at)
@@ -241,7 +241,7 @@ class EventStore:
         self.by_kind.setdefault(event.kind, {})[event.id] = None
         for tag in event.tags:
             if len(tag) >= 2 and len(tag[0]) == 1:
-                self.by_tag.setdefault((tag[0], tag[1]), {})[event.id] = None
+                self.by_tag.setdefault(tag[0], {}).setdefault(tag[1], {})[event.id] = None
         return True
 
     def remove(self, event_id: str) -> None:
@@ -252,7 +252,7 @@ class EventStore:
         self.by_kind.get(event.kind, {}).pop(event_id, None)
         for tag in event.tags:
             if len(tag) >= 2 and len(tag[0]) == 1:
-                self.by_tag.get((tag[0], tag[1]), {}).pop(event_id, None)
+                self.by_tag.get(tag[0], {}).get(tag[1], {}).pop(event_id, None)
         key = self.key(event)
         if key is not None and self.by_key.get(key) == event_id:
             del self.by_key[key]
@@ -264,7 +264,8 @@ class EventStore:
             return [i for i in flt.ids if i in self.events]
         best = best_size = None
         for name, values in flt.tags:
-            found = [ids for ids in map(self.by_tag.get, [(name, v) for v in values]) if ids]
+            index = self.by_tag.get(name)
+            found = [ids for ids in map(index.get, values) if ids] if index else []
             size = sum(map(len, found))
             if best is None or size < best_size:
                 best, best_size = found, size
