@@ -203,10 +203,11 @@ class EventStore:
         self.by_tag: dict[str, dict[str, dict[str, None]]] = {}  # tag name -> value -> ids
         self.by_key: dict[tuple, str] = {}
         self.changes = 0  # events added and removed so far (a cache of what it holds is stale when this moved)
-        # a filter's selectors -> (every event they match, newest first; their -created_at)
-        self._matched: dict[tuple, tuple[list[Event], list[int]]] = {}
-        self._matched_at = 0  # the changes count _matched holds for
-        self._storages: dict[Filter, tuple[int, Storage]] = {}  # filter -> storage(filter), as _matched
+        # a filter's selectors -> (a filter of them, every event they match newest first, the
+        # negated created_at of each): kept up to date by add and remove (``_matched_changed``)
+        self._matched: dict[tuple, tuple[Filter, list[Event], list[int]]] = {}
+        self._storages: dict[Filter, tuple[int, Storage]] = {}  # filter -> storage(filter), while nothing changed
+        self._storages_at = 0  # the changes count _storages holds for
 
     def __contains__(self, event_id: str) -> bool:
         return event_id in self.events
@@ -242,6 +243,8 @@ class EventStore:
         for tag in event.tags:
             if len(tag) >= 2 and len(tag[0]) == 1:
                 self.by_tag.setdefault(tag[0], {}).setdefault(tag[1], {})[event.id] = None
+        if self._matched:
+            self._matched_changed(event, added=True)
         return True
 
     def remove(self, event_id: str) -> None:
@@ -256,6 +259,22 @@ class EventStore:
         key = self.key(event)
         if key is not None and self.by_key.get(key) == event_id:
             del self.by_key[key]
+        if self._matched:
+            self._matched_changed(event, added=False)
+
+    def _matched_changed(self, event: Event, added: bool) -> None:
+        """``event`` added or removed: put in or taken out of each kept list it matches, at
+        its place (newest first; of one second, by id), as ``query`` would make it again."""
+        place = _newest_first(event)
+        for flt, found, negated in self._matched.values():
+            if flt.matches(event, in_time=False):
+                i = bisect_left(found, place, key=_newest_first)
+                if added:
+                    found.insert(i, event)
+                    negated.insert(i, -event.created_at)
+                elif i < len(found) and found[i] is event:
+                    del found[i]
+                    del negated[i]
 
     def candidates(self, flt: Filter):
         """Ids that may match ``flt``, from its most selective index, in no order (``query``
@@ -278,8 +297,9 @@ class EventStore:
     def storage(self, flt: Filter) -> tuple[int, Storage]:
         """What ``flt`` matches (no limit) as a NIP-77 storage, with its size: made once
         while nothing changed (storages are read only)."""
-        if self._matched_at != self.changes:
-            self.query(flt)  # (empties the caches)
+        if self._storages_at != self.changes:
+            self._storages.clear()
+            self._storages_at = self.changes
         made = self._storages.get(flt)
         if made is None:
             if len(self._storages) >= 64:
@@ -290,14 +310,12 @@ class EventStore:
 
     def query(self, flt: Filter, cap: int | None = None, hidden=frozenset()) -> list[Event]:
         """What ``flt`` matches, newest first, at most ``limit`` (and ``cap``)."""
-        if self._matched_at != self.changes:  # (what each filter matched, while nothing changed)
-            self._matched.clear()
-            self._storages.clear()
-            self._matched_at = self.changes
         # Kept by its selectors (ids, authors, kinds, tags), not by its bounds: gsync asks the
         # same selectors with another since, until or limit at nearly every REQ (a page, a
         # poll, a live form), and what matches in a time span is a run of the list, newest
-        # first: found by bisection on the negated created_at.
+        # first: found by bisection on the negated created_at. Kept through changes (add and
+        # remove put each event in or out of the lists it matches): publications would
+        # otherwise empty a relay's lists several times a day.
         key = (flt.ids, flt.authors, flt.kinds, flt.tags)
         made = self._matched.get(key)
         if made is None:
@@ -306,8 +324,8 @@ class EventStore:
             found = [self.events[i] for i in self.candidates(flt)]
             found = [e for e in found if flt.matches(e, in_time=False)]
             found.sort(key=_newest_first)
-            made = self._matched[key] = (found, [-e.created_at for e in found])
-        found, negated = made
+            made = self._matched[key] = (flt, found, [-e.created_at for e in found])
+        _, found, negated = made
         since, until = flt.since, flt.until
         lo = 0 if until is None else bisect_left(negated, -until)
         hi = len(found) if since is None else bisect_right(negated, -since)
