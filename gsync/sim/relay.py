@@ -203,9 +203,12 @@ class EventStore:
         self.by_tag: dict[str, dict[str, dict[str, None]]] = {}  # tag name -> value -> ids
         self.by_key: dict[tuple, str] = {}
         self.changes = 0  # events added and removed so far (a cache of what it holds is stale when this moved)
-        # a filter's selectors -> (a filter of them, every event they match newest first, the
-        # negated created_at of each): kept up to date by add and remove (``_matched_changed``)
-        self._matched: dict[tuple, tuple[Filter, list[Event], list[int]]] = {}
+        # a filter's selectors -> [a filter of them, every event they match newest first, the
+        # negated created_at of each, the changes count they hold for]: brought up to date
+        # when next asked, from the changes since (``_changed``, ``_catch_up``)
+        self._matched: dict[tuple, list] = {}
+        self._changed: list[tuple[bool, Event]] = []  # (added, event) of the last changes
+        self._changed_from = 0  # the changes count before _changed[0]
         self._storages: dict[Filter, tuple[int, Storage]] = {}  # filter -> storage(filter), while nothing changed
         self._storages_at = 0  # the changes count _storages holds for
 
@@ -243,8 +246,7 @@ class EventStore:
         for tag in event.tags:
             if len(tag) >= 2 and len(tag[0]) == 1:
                 self.by_tag.setdefault(tag[0], {}).setdefault(tag[1], {})[event.id] = None
-        if self._matched:
-            self._matched_changed(event, added=True)
+        self._change(True, event)
         return True
 
     def remove(self, event_id: str) -> None:
@@ -259,22 +261,39 @@ class EventStore:
         key = self.key(event)
         if key is not None and self.by_key.get(key) == event_id:
             del self.by_key[key]
-        if self._matched:
-            self._matched_changed(event, added=False)
+        self._change(False, event)
 
-    def _matched_changed(self, event: Event, added: bool) -> None:
-        """``event`` added or removed: put in or taken out of each kept list it matches, at
-        its place (newest first; of one second, by id), as ``query`` would make it again."""
-        place = _newest_first(event)
-        for flt, found, negated in self._matched.values():
+    _CHANGES_KEPT = 512  # (a kept list further behind is made again)
+
+    def _change(self, added: bool, event: Event) -> None:
+        changed = self._changed
+        if not self._matched:  # (nothing kept to bring up to date)
+            changed.clear()
+            self._changed_from = self.changes
+            return
+        if len(changed) >= 2 * self._CHANGES_KEPT:
+            del changed[:self._CHANGES_KEPT]
+            self._changed_from += self._CHANGES_KEPT
+        changed.append((added, event))
+
+    def _catch_up(self, made: list) -> bool:
+        """Bring a kept list up to date: each event added or removed since is put in or taken
+        out of it where its selectors match it, at its place (newest first; of one second, by
+        id), as ``query`` would make it again. False if it is too far behind."""
+        flt, found, negated, at = made
+        if at < self._changed_from:
+            return False
+        for added, event in self._changed[at - self._changed_from:]:
             if flt.matches(event, in_time=False):
-                i = bisect_left(found, place, key=_newest_first)
+                i = bisect_left(found, _newest_first(event), key=_newest_first)
                 if added:
                     found.insert(i, event)
                     negated.insert(i, -event.created_at)
                 elif i < len(found) and found[i] is event:
                     del found[i]
                     del negated[i]
+        made[3] = self.changes
+        return True
 
     def candidates(self, flt: Filter):
         """Ids that may match ``flt``, from its most selective index, in no order (``query``
@@ -313,19 +332,21 @@ class EventStore:
         # Kept by its selectors (ids, authors, kinds, tags), not by its bounds: gsync asks the
         # same selectors with another since, until or limit at nearly every REQ (a page, a
         # poll, a live form), and what matches in a time span is a run of the list, newest
-        # first: found by bisection on the negated created_at. Kept through changes (add and
-        # remove put each event in or out of the lists it matches): publications would
-        # otherwise empty a relay's lists several times a day.
+        # first: found by bisection on the negated created_at. Kept through changes (brought
+        # up to date from the changes since, when asked): publications would otherwise empty
+        # a relay's lists several times a day.
         key = (flt.ids, flt.authors, flt.kinds, flt.tags)
         made = self._matched.get(key)
+        if made is not None and made[3] != self.changes and not self._catch_up(made):
+            made = None
         if made is None:
             if len(self._matched) >= 256:
                 self._matched.clear()
             found = [self.events[i] for i in self.candidates(flt)]
             found = [e for e in found if flt.matches(e, in_time=False)]
             found.sort(key=_newest_first)
-            made = self._matched[key] = (flt, found, [-e.created_at for e in found])
-        _, found, negated = made
+            made = self._matched[key] = [flt, found, [-e.created_at for e in found], self.changes]
+        _, found, negated, _ = made
         since, until = flt.since, flt.until
         lo = 0 if until is None else bisect_left(negated, -until)
         hi = len(found) if since is None else bisect_right(negated, -since)
