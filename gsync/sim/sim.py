@@ -318,6 +318,7 @@ class Simulation:
         for url in self.world.relay_urls + self.world.spare_urls:
             self.relays[url] = self.make_relay(url)
         self.conns: dict[int, SimConnection] = {}  # open connections by number
+        self._as_read: dict[str, tuple[Event, dict]] = {}  # id -> (event, as_read(it)): bounded by the world's events
         self.conn_numbers = itertools.count(1)
         self.own_session: dict = {"connected": False, "last_connected": None}
         self._tmp = None
@@ -547,7 +548,15 @@ class Simulation:
         """What the own relay holds of ``flt`` (``SharedHoldings``' read)."""
         if not self.own.up:
             raise ConnectionRefusedError("own relay away")
-        return HeldItems(e.to_dict() for e in self.own.store.query(flt.replace(limit=None)))
+        return HeldItems(map(self.as_read, self.own.store.query(flt.replace(limit=None))))
+
+    def as_read(self, event: Event) -> dict:
+        """``event`` as a read of the own relay returns it (its JSON object): made once per
+        event (the own relay's holdings are read tens of thousands of times a month)."""
+        made = self._as_read.get(event.id)
+        if made is None or made[0] is not event:  # (the same id, another event: a forged one)
+            made = self._as_read[event.id] = (event, event.to_dict())
+        return made[1]
 
     def exchange(self, g: Spawned) -> None:
         conn = g.args[0]
