@@ -476,18 +476,23 @@ class SimRelay:
             session.subs.pop(sub_id, None)
             return [_closed(sub_id, refused)]
         session.subs[sub_id] = filters
-        return [_event_frame(sub_id, e) for e in self.answer(filters)] + (
+        head = '["EVENT",' + json.dumps(sub_id) + ","  # (_event_frame's start, made once per REQ)
+        return [head + e.to_json() + "]" for e in self.answer(filters)] + (
             [] if self.no_eose and any(f.limit != 0 for f in filters) else [json.dumps(["EOSE", sub_id])])
 
     def answer(self, filters: list[Filter]) -> list[Event]:
         """The stored events a REQ's filters ask for, each once, per filter at most its
         ``limit`` and the relay's page cap, newest first."""
         out: dict[str, Event] = {}
+        asked = 0
         for f in filters:
             if f.limit == 0 or (self.ids_unserved and f.ids is not None):
                 continue
+            asked += 1
             for e in self.store.query(f, self.page_cap, self.hidden):
                 out.setdefault(e.id, e)
+        if asked == 1:  # (one filter's answer: newest first already, each event once)
+            return list(out.values())
         return sorted(out.values(), key=_newest_first)
 
     def on_neg_open(self, session: RelaySession, sub_id, raw_filter, message_hex) -> list[str]:
