@@ -51,6 +51,7 @@ with the simulated day it happened and what broke.
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 
 from .. import constants
 from ..io.inbox import RemoteEvents
@@ -94,8 +95,8 @@ class Checker:
         self.sessions_open: dict[str, int] = {}
         self.long_down_ended: dict[str, float] = {}
         self.own_lost_at = float("-inf")  # the own relay's last loss of data
-        self.refused_at: dict[tuple[str, str], list] = {}  # (relay, tag key) -> [read at, asked since]
-        self.refused_by: dict[tuple[str, str], tuple] = {}  # the same -> _relay_state when read (or reset)
+        self.refused_at: dict[str, dict[str, list]] = {}  # relay -> tag key -> [read at, asked since, ...]
+        self.refused_by: dict[tuple[str, str], tuple] = {}  # (relay, tag key) -> _relay_state when read (or reset)
         self.hidden_asks: dict[tuple[str, str], list[float]] = {}  # (relay, hidden id) -> asked by id at
         self.ids_judged: dict[str, float] = {}  # relay -> the ids_unserved_at last checked
         self.tabled_since: dict[str, float] = {}  # relay -> its first dial since it (re)entered the table
@@ -221,11 +222,12 @@ class Checker:
             self._start(conn, text)
         elif verb == "REQ" and '"limit":0' not in (text.replace(" ", "") if " " in text else text):
             self._start(conn, text)
-        if verb == "REQ" and '"ids"' in text and self.sim.relays[conn.relay].hidden and not self.sim.relays[conn.relay].no_eose:
+        relay = self.sim.relays[conn.relay]
+        if verb == "REQ" and relay.hidden and not relay.no_eose and '"ids"' in text:
             # (a REQ the relay leaves without EOSE is not answered: asked again, it is a fetch
             # that never ended retried, not an id it said it does not serve asked again)
             self._asks_hidden(conn.relay, text)
-        if verb in ("REQ", "NEG-OPEN") and self.refused_at:
+        if verb in ("REQ", "NEG-OPEN") and conn.relay in self.refused_at:
             self._asks_refused(conn, text if verb == "REQ" else "[\"REQ\"," + text.split(",", 1)[1])
 
     def _asks_hidden(self, url: str, text: str) -> None:
@@ -276,22 +278,23 @@ class Checker:
         if frame.startswith('["CLOSED"') and '"blocked: #' in frame:
             key = frame.split('"blocked: #', 1)[1][:1]
             now = self.sim.clock.now
-            started = self.refused_at.get((conn.relay, key))
+            refused = self.refused_at.setdefault(conn.relay, {})
+            started = refused.get(key)
             if started is None or now - started[0] >= constants.POLICY_PROBE_SECS:
-                self.refused_at[(conn.relay, key)] = [now, 0]
+                refused[key] = [now, 0]
                 self.refused_by[(conn.relay, key)] = self._relay_state(conn.relay)
 
     def _asks_refused(self, conn, text: str) -> None:
         now = self.sim.clock.now
-        keys = [k for (url, k), (t, *_) in self.refused_at.items()
-                if url == conn.relay and now - t < constants.POLICY_PROBE_SECS]
+        refused = self.refused_at[conn.relay]
+        keys = [k for k, entry in refused.items() if now - entry[0] < constants.POLICY_PROBE_SECS]
         if not keys:
             return
         msg = json.loads(text)
         used = {name[1:] for f in msg[2:] if isinstance(f, dict) for name in f if name.startswith("#")}
         for key in keys:
             if key in used:
-                entry = self.refused_at[(conn.relay, key)]
+                entry = refused[key]
                 (gen, record), current = self.refused_by[(conn.relay, key)], self._relay_state(conn.relay)
                 if record is not current[1]:
                     if gen == current[0]:
@@ -323,7 +326,8 @@ class Checker:
         while downs and now - downs[0] > HOUR:
             downs.pop(0)
         bound = 30 + 3 * len(downs)  # a relay restarting often is dialled again after each restart
-        if sum(1 for t in times if now - t <= HOUR) > bound:
+        # (the dials of the last hour: those at the end of the list, in time order)
+        if len(times) - bisect_left(times, True, key=lambda t: now - t <= HOUR) > bound:
             self.violation("dial_storm", f"{url}: more than {bound} handshakes within an hour "
                                          f"({len(downs)} restarts)")
         since = self.down_since.get(url)
@@ -386,9 +390,9 @@ class Checker:
         ``tabled``: also those listed by the newest announcement the own relay ever stored
         of a repository, where a loss took it (gsync keeps the newest one its
         self-subscription showed until it restarts). The untabled answer is computed again
-        only when the own relay's store changed (do not modify it)."""
+        only when the own relay's announcements changed (do not modify it)."""
         own = self.sim.own
-        key = (own.store.changes, id(own.accepted))
+        key = (own.listing_changes, id(own.accepted))
         if self._wanted is None or self._wanted[0] != key:
             self._wanted = key, self._wanted_now()
         wanted, listing = self._wanted[1]
@@ -399,7 +403,7 @@ class Checker:
                     wanted |= self.announced(event)
         return wanted, listing
 
-    _wanted = None  # (own store's changes, accepted) -> (wanted, listing)
+    _wanted = None  # (own relay's listing changes, accepted) -> (wanted, listing)
 
     def _wanted_now(self) -> tuple[set[str], dict[str, set[str]]]:
         own = self.sim.own
@@ -436,7 +440,7 @@ class Checker:
         restart (seed 2's year, when the newest replaced the older: 74 neglected_relay)."""
         wanted, listing = self.wanted_relays()
         own = self.sim.own
-        key = (own.store.changes, id(own.accepted))
+        key = (own.listing_changes, id(own.accepted))
         if self._owed is None or self._owed[0] != key:
             owed = wanted
             lost = [(address, event_id) for address, (_, event_id) in own.newest.items()
@@ -450,16 +454,19 @@ class Checker:
             self._owed = key, owed
         return self._owed[1]
 
-    _owed = None  # (own store's changes, accepted) -> owed_relays()
+    _owed = None  # (own relay's listing changes, accepted) -> owed_relays()
 
     def bounded(self) -> None:
         m = self.sim.manager
         now = self.sim.clock.now
         owed = self.owed_relays()
-        for key, (read_at, *_) in list(self.refused_at.items()):  # (each REQ is checked against those left)
-            if now - read_at >= constants.POLICY_PROBE_SECS:
-                del self.refused_at[key]
-                self.refused_by.pop(key, None)
+        for url, refused in list(self.refused_at.items()):  # (each REQ is checked against those left)
+            for key, (read_at, *_) in list(refused.items()):
+                if now - read_at >= constants.POLICY_PROBE_SECS:
+                    del refused[key]
+                    self.refused_by.pop((url, key), None)
+            if not refused:
+                del self.refused_at[url]
         for url in self.uptime:
             if url not in owed:  # (neglect judges only the time a relay was owed: sampled here)
                 self.account(url)

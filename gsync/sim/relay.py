@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from itertools import repeat
 
@@ -88,6 +89,87 @@ def filters_from_json(raw_filters: list, text: str = "") -> list[Filter]:
     return made
 
 
+# A filter's bounds as gsync writes them (``Filter.to_json``: after its selectors, the last
+# of which ends with the ``]`` of its list), each after a comma
+_N = "(0|[1-9][0-9]*)"
+_BOUNDS = re.compile(f'(?:,"since":{_N})?(?:,"until":{_N})?(?:,"limit":{_N})?')
+_NO_SELECTORS = (None, None, None, ())
+_SELECTORS: dict[str, tuple | None] = {}  # selectors' text -> (ids, authors, kinds, tags) of a filter, or None
+_SELECTORS_KEPT = 4096
+
+
+def _selectors(text: str) -> tuple | None:
+    """The selectors a filter's selectors' text gives (``filter_from_json`` of it), or None
+    if it is not a valid filter's (or names a bound): made once."""
+    made = _SELECTORS.get(text)
+    if made is None and text not in _SELECTORS:
+        try:
+            obj = json.loads("{" + text + "}")
+            made = None if obj.keys() & {"since", "until", "limit"} else filter_from_json(obj)
+        except ValueError:
+            made = None
+        if made is not None:
+            made = (made.ids, made.authors, made.kinds, made.tags)
+        if len(_SELECTORS) >= _SELECTORS_KEPT:
+            _SELECTORS.clear()
+        _SELECTORS[text] = made
+    return made
+
+
+def plain_filters(text: str) -> list[Filter] | None:
+    """A REQ's filters from their text in the frame (``{...},{...}]``, what follows its
+    subscription id) when each is written as gsync writes filters: its selectors' JSON read
+    once (``_selectors``), its bounds (since, until, limit) off the text; the same filters as
+    ``filters_from_json`` of the decoded frame. None when the text is anything else (or its
+    selectors are not a valid filter's): the frame is decoded then.
+
+    A filter is taken to end at the first ``}`` after its start, its bounds to be the
+    comma-separated bounds before that: the selectors' text that leaves is read as JSON (as
+    an object's content) and must be valid, which it is only if the cut is where JSON ends
+    them (a cut inside a string leaves it unterminated, one inside a list leaves it open)."""
+    filters = []
+    pos, last = 0, len(text) - 1
+    bounds = _BOUNDS.fullmatch
+    while text.startswith("{", pos):
+        close = text.find("}", pos)
+        if close < 0:
+            return None
+        end = text.rfind("]", pos, close) + 1  # (the selectors' end, if any)
+        if end:
+            m = bounds(text, end, close)
+            if m is None:
+                return None
+            parts = _selectors(text[pos + 1:end])
+            if parts is None:
+                return None
+        else:  # bounds only, or nothing
+            m = bounds("," + text[pos + 1:close]) if close > pos + 1 else bounds("")
+            if m is None:
+                return None
+            parts = _NO_SELECTORS
+        since, until, limit = m.groups()
+        filters.append(Filter(*parts, since and int(since), until and int(until), limit and int(limit)))
+        if close == last - 1 and text[last] == "]":
+            return filters
+        if text.startswith(",", close + 1):
+            pos = close + 2
+        else:
+            return None
+    return None
+
+
+def _read_plain(text: str) -> bool:
+    """``plain_filters`` of ``text``, kept in ``_FILTERS`` (where ``filters_from_json`` finds
+    it); False if not plain."""
+    made = plain_filters(text)
+    if made is None:
+        return False
+    if len(_FILTERS) >= _FILTERS_KEPT:
+        _FILTERS.clear()
+    _FILTERS[text] = made
+    return True
+
+
 def _event_frame(sub_id: str, event: Event) -> str:
     return '["EVENT",' + json.dumps(sub_id) + "," + event.to_json() + "]"
 
@@ -118,12 +200,17 @@ class EventStore:
     def __init__(self):
         self.events: dict[str, Event] = {}
         self.by_kind: dict[int, dict[str, None]] = {}
-        self.by_tag: dict[tuple[str, str], dict[str, None]] = {}
+        self.by_tag: dict[str, dict[str, dict[str, None]]] = {}  # tag name -> value -> ids
         self.by_key: dict[tuple, str] = {}
         self.changes = 0  # events added and removed so far (a cache of what it holds is stale when this moved)
-        self._matched: dict[Filter, list[Event]] = {}  # filter -> every event it matches, newest first
-        self._matched_at = 0  # the changes count _matched holds for
-        self._storages: dict[Filter, tuple[int, Storage]] = {}  # filter -> storage(filter), as _matched
+        # a filter's selectors -> [a filter of them, every event they match newest first, the
+        # negated created_at of each, the changes count they hold for]: brought up to date
+        # when next asked, from the changes since (``_changed``, ``_catch_up``)
+        self._matched: dict[tuple, list] = {}
+        self._changed: list[tuple[bool, Event]] = []  # (added, event) of the last changes
+        self._changed_from = 0  # the changes count before _changed[0]
+        self._storages: dict[Filter, tuple[int, Storage]] = {}  # filter -> storage(filter), while nothing changed
+        self._storages_at = 0  # the changes count _storages holds for
 
     def __contains__(self, event_id: str) -> bool:
         return event_id in self.events
@@ -158,7 +245,8 @@ class EventStore:
         self.by_kind.setdefault(event.kind, {})[event.id] = None
         for tag in event.tags:
             if len(tag) >= 2 and len(tag[0]) == 1:
-                self.by_tag.setdefault((tag[0], tag[1]), {})[event.id] = None
+                self.by_tag.setdefault(tag[0], {}).setdefault(tag[1], {})[event.id] = None
+        self._change(True, event)
         return True
 
     def remove(self, event_id: str) -> None:
@@ -169,10 +257,43 @@ class EventStore:
         self.by_kind.get(event.kind, {}).pop(event_id, None)
         for tag in event.tags:
             if len(tag) >= 2 and len(tag[0]) == 1:
-                self.by_tag.get((tag[0], tag[1]), {}).pop(event_id, None)
+                self.by_tag.get(tag[0], {}).get(tag[1], {}).pop(event_id, None)
         key = self.key(event)
         if key is not None and self.by_key.get(key) == event_id:
             del self.by_key[key]
+        self._change(False, event)
+
+    _CHANGES_KEPT = 512  # (a kept list further behind is made again)
+
+    def _change(self, added: bool, event: Event) -> None:
+        changed = self._changed
+        if not self._matched:  # (nothing kept to bring up to date)
+            changed.clear()
+            self._changed_from = self.changes
+            return
+        if len(changed) >= 2 * self._CHANGES_KEPT:
+            del changed[:self._CHANGES_KEPT]
+            self._changed_from += self._CHANGES_KEPT
+        changed.append((added, event))
+
+    def _catch_up(self, made: list) -> bool:
+        """Bring a kept list up to date: each event added or removed since is put in or taken
+        out of it where its selectors match it, at its place (newest first; of one second, by
+        id), as ``query`` would make it again. False if it is too far behind."""
+        flt, found, negated, at = made
+        if at < self._changed_from:
+            return False
+        for added, event in self._changed[at - self._changed_from:]:
+            if flt.matches(event, in_time=False):
+                i = bisect_left(found, _newest_first(event), key=_newest_first)
+                if added:
+                    found.insert(i, event)
+                    negated.insert(i, -event.created_at)
+                elif i < len(found) and found[i] is event:
+                    del found[i]
+                    del negated[i]
+        made[3] = self.changes
+        return True
 
     def candidates(self, flt: Filter):
         """Ids that may match ``flt``, from its most selective index, in no order (``query``
@@ -181,7 +302,8 @@ class EventStore:
             return [i for i in flt.ids if i in self.events]
         best = best_size = None
         for name, values in flt.tags:
-            found = [ids for ids in map(self.by_tag.get, [(name, v) for v in values]) if ids]
+            index = self.by_tag.get(name)
+            found = [ids for ids in map(index.get, values) if ids] if index else []
             size = sum(map(len, found))
             if best is None or size < best_size:
                 best, best_size = found, size
@@ -194,8 +316,9 @@ class EventStore:
     def storage(self, flt: Filter) -> tuple[int, Storage]:
         """What ``flt`` matches (no limit) as a NIP-77 storage, with its size: made once
         while nothing changed (storages are read only)."""
-        if self._matched_at != self.changes:
-            self.query(flt)  # (empties the caches)
+        if self._storages_at != self.changes:
+            self._storages.clear()
+            self._storages_at = self.changes
         made = self._storages.get(flt)
         if made is None:
             if len(self._storages) >= 64:
@@ -206,23 +329,34 @@ class EventStore:
 
     def query(self, flt: Filter, cap: int | None = None, hidden=frozenset()) -> list[Event]:
         """What ``flt`` matches, newest first, at most ``limit`` (and ``cap``)."""
-        if self._matched_at != self.changes:  # (what each filter matched, while nothing changed)
-            self._matched.clear()
-            self._storages.clear()
-            self._matched_at = self.changes
-        found = self._matched.get(flt)
-        if found is None:
+        # Kept by its selectors (ids, authors, kinds, tags), not by its bounds: gsync asks the
+        # same selectors with another since, until or limit at nearly every REQ (a page, a
+        # poll, a live form), and what matches in a time span is a run of the list, newest
+        # first: found by bisection on the negated created_at. Kept through changes (brought
+        # up to date from the changes since, when asked): publications would otherwise empty
+        # a relay's lists several times a day.
+        key = (flt.ids, flt.authors, flt.kinds, flt.tags)
+        made = self._matched.get(key)
+        if made is not None and made[3] != self.changes and not self._catch_up(made):
+            made = None
+        if made is None:
             if len(self._matched) >= 256:
                 self._matched.clear()
             found = [self.events[i] for i in self.candidates(flt)]
-            found = [e for e in found if flt.matches(e)]
+            found = [e for e in found if flt.matches(e, in_time=False)]
             found.sort(key=_newest_first)
-            self._matched[flt] = found
-        found = [e for e in found if e.id not in hidden] if hidden else list(found)
+            made = self._matched[key] = [flt, found, [-e.created_at for e in found], self.changes]
+        _, found, negated, _ = made
+        since, until = flt.since, flt.until
+        lo = 0 if until is None else bisect_left(negated, -until)
+        hi = len(found) if since is None else bisect_right(negated, -since)
         limit = flt.limit
         if cap is not None:
             limit = cap if limit is None else min(limit, cap)
-        return found if limit is None else found[:limit]
+        if hidden:
+            found = [e for e in found[lo:hi] if e.id not in hidden]
+            return found if limit is None else found[:limit]
+        return found[lo:hi if limit is None else min(hi, lo + limit)]
 
 
 class SimRelay:
@@ -275,9 +409,12 @@ class SimRelay:
         session = self.sessions.get(number)
         if session is None:
             return []
-        if text.startswith('["REQ","') and (head := _REQ_HEAD.match(text)) and text[head.end():] in _FILTERS:
-            # (filters seen before, after a plain subscription id: the frame is read as it was)
-            return self.on_req(session, head.group(1), None, text[head.end():])
+        if text.startswith('["REQ","') and (head := _REQ_HEAD.match(text)):
+            # (filters seen before, or written as gsync writes them, after a plain subscription
+            # id: the frame is read without decoding it)
+            rest = text[head.end():]
+            if rest in _FILTERS or _read_plain(rest):
+                return self.on_req(session, head.group(1), None, rest)
         try:
             msg = json.loads(text)
         except ValueError:
@@ -339,18 +476,23 @@ class SimRelay:
             session.subs.pop(sub_id, None)
             return [_closed(sub_id, refused)]
         session.subs[sub_id] = filters
-        return [_event_frame(sub_id, e) for e in self.answer(filters)] + (
+        head = '["EVENT",' + json.dumps(sub_id) + ","  # (_event_frame's start, made once per REQ)
+        return [head + e.to_json() + "]" for e in self.answer(filters)] + (
             [] if self.no_eose and any(f.limit != 0 for f in filters) else [json.dumps(["EOSE", sub_id])])
 
     def answer(self, filters: list[Filter]) -> list[Event]:
         """The stored events a REQ's filters ask for, each once, per filter at most its
         ``limit`` and the relay's page cap, newest first."""
         out: dict[str, Event] = {}
+        asked = 0
         for f in filters:
             if f.limit == 0 or (self.ids_unserved and f.ids is not None):
                 continue
+            asked += 1
             for e in self.store.query(f, self.page_cap, self.hidden):
                 out.setdefault(e.id, e)
+        if asked == 1:  # (one filter's answer: newest first already, each event once)
+            return list(out.values())
         return sorted(out.values(), key=_newest_first)
 
     def on_neg_open(self, session: RelaySession, sub_id, raw_filter, message_hex) -> list[str]:
@@ -434,6 +576,9 @@ class OwnRelay:
         # losses (what gsync's self-subscription showed it: ``Checker.wanted_relays``)
         self.newest: dict[str, tuple[int, str]] = {}
         self.stored_at: dict[str, float] = {}  # id -> when it was stored (simulated time)
+        # announcements stored and losses so far: what ``accepted`` and the store hold of the
+        # announcements moved when this did (``Checker.wanted_relays`` keys on it)
+        self.listing_changes = 0
         self.up = True
 
     def lists_us(self, event: Event) -> bool:
@@ -453,6 +598,7 @@ class OwnRelay:
     def lose_since(self, since: float) -> int:
         """A crash: what was stored at ``since`` or later is gone."""
         lost = [i for i, at in self.stored_at.items() if at >= since]
+        self.listing_changes += 1
         for event_id in lost:
             self.store.remove(event_id)
             del self.stored_at[event_id]
@@ -470,6 +616,7 @@ class OwnRelay:
         if stored:
             self.stored_at[event.id] = now
         if stored and event.kind == 30617:
+            self.listing_changes += 1
             self.accepted[f"30617:{event.pubkey}:{event.d_tag}"] = event.id
             at, newest_id = self.newest.get(event.address, (-1, ""))
             if event.created_at > at or (event.created_at == at and event.id < newest_id):

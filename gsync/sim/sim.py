@@ -24,6 +24,7 @@ ordered dicts only, so a seed gives the same run (``trace_hash``) in every proce
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import hashlib
 import heapq
@@ -317,6 +318,7 @@ class Simulation:
         for url in self.world.relay_urls + self.world.spare_urls:
             self.relays[url] = self.make_relay(url)
         self.conns: dict[int, SimConnection] = {}  # open connections by number
+        self._as_read: dict[str, tuple[Event, dict]] = {}  # id -> (event, as_read(it)): bounded by the world's events
         self.conn_numbers = itertools.count(1)
         self.own_session: dict = {"connected": False, "last_connected": None}
         self._tmp = None
@@ -349,9 +351,19 @@ class Simulation:
         """``fn(*args)`` at ``when``; ``gen``: only if that manager still runs."""
         heapq.heappush(self.heap, (when, next(self.seq), gen, fn, args))
 
+    def stamp(self) -> str:
+        """The clock as the trace writes it (``%.3f``): made again only when it moved (the
+        messages a step drains share it)."""
+        now = self.clock.now
+        if now != self._stamped_at:
+            self._stamped_at, self._stamp = now, f"{now:.3f}"
+        return self._stamp
+
+    _stamped_at, _stamp = None, ""
+
     def note(self, *parts) -> None:
         """One line of the trace (hashed; kept only in ``trace_lines`` if asked for)."""
-        line = f"{self.clock.now:.3f} {' '.join(map(str, parts))}\n"
+        line = f"{self.stamp()} {' '.join(map(str, parts))}\n"
         unhashed = self._unhashed
         unhashed.append(line)
         if len(unhashed) >= 1024:  # hashed a thousand lines at a time: the same digest
@@ -463,9 +475,14 @@ class Simulation:
         m, now = self.manager, self.clock.now
         if m is None:
             return float("inf")
-        due = (m.health.next_attempt_at(s.url, now) for s in m.relays.values()
-               if s.status is ConnectionStatus.DISCONNECTED and not s.refused_reason and m.lifecycle.wanted(s))
-        return min((at for at in due if at > after), default=float("inf"))
+        soonest = float("inf")
+        next_attempt_at, wanted, disconnected = m.health.next_attempt_at, m.lifecycle.wanted, ConnectionStatus.DISCONNECTED
+        for s in m.relays.values():
+            if s.status is disconnected and not s.refused_reason and wanted(s):
+                at = next_attempt_at(s.url, now)
+                if after < at < soonest:
+                    soonest = at
+        return soonest
 
     def handle(self, msg) -> None:
         m = self.manager
@@ -476,7 +493,15 @@ class Simulation:
         self.messages += 1
         self.checker.message(msg, name)
         # (note("msg", name, relay, session), written out: one line per message)
-        line = f"{self.clock.now:.3f} msg {name} {getattr(msg, 'relay', '')!s} {getattr(msg, 'session', '')!s}\n"
+        fields = _TRACED.get(kind)
+        if fields is None:
+            fields = _TRACED[kind] = _traced(kind)
+        if fields is not False:
+            relay = msg.relay if fields[0] else ""
+            session = msg.session if fields[1] else ""
+        else:
+            relay, session = getattr(msg, "relay", ""), getattr(msg, "session", "")
+        line = f"{self.stamp()} msg {name} {relay!s} {session!s}\n"
         unhashed = self._unhashed
         unhashed.append(line)
         if len(unhashed) >= 1024:
@@ -523,7 +548,15 @@ class Simulation:
         """What the own relay holds of ``flt`` (``SharedHoldings``' read)."""
         if not self.own.up:
             raise ConnectionRefusedError("own relay away")
-        return HeldItems(e.to_dict() for e in self.own.store.query(flt.replace(limit=None)))
+        return HeldItems(map(self.as_read, self.own.store.query(flt.replace(limit=None))))
+
+    def as_read(self, event: Event) -> dict:
+        """``event`` as a read of the own relay returns it (its JSON object): made once per
+        event (the own relay's holdings are read tens of thousands of times a month)."""
+        made = self._as_read.get(event.id)
+        if made is None or made[0] is not event:  # (the same id, another event: a forged one)
+            made = self._as_read[event.id] = (event, event.to_dict())
+        return made[1]
 
     def exchange(self, g: Spawned) -> None:
         conn = g.args[0]
@@ -829,6 +862,22 @@ class SimResult:
             extra += f" --tick {o.tick_secs:g}"
         return (f"PYTHONHASHSEED=0 bench/simulate --seed {o.seed} --days {o.days:g} --relays {o.relays} "
                 f"--repos {o.repos}{extra} -v")
+
+
+_TRACED: dict[type, tuple | bool] = {}  # message type -> _traced(it)
+
+
+def _traced(kind: type) -> tuple[bool, bool] | bool:
+    """Whether a message type has a ``relay`` and a ``session`` field, where that is what
+    ``getattr(msg, name, "")`` finds on every message of it (a slotted dataclass, instances
+    without a ``__dict__``, no such name but a field's): False where it is not, read by
+    ``getattr`` then. (Reading a name a slotted message lacks raises inside ``getattr``.)"""
+    if not dataclasses.is_dataclass(kind) or kind.__dictoffset__:
+        return False
+    names = {f.name for f in dataclasses.fields(kind)}
+    if any(name not in names and hasattr(kind, name) for name in ("relay", "session")):
+        return False
+    return "relay" in names, "session" in names
 
 
 _VERB_AND_SUB = re.compile(r'\["([A-Z-]+)", ?"([^"\\]*)"[,\]]')
