@@ -368,6 +368,43 @@ def test_a_relay_only_an_older_announcement_lists_after_a_loss_took_the_newest_i
     _assert_clean(result)
 
 
+def test_a_relay_listed_by_the_older_announcement_a_restarted_gsync_was_shown_is_not_judged_left_in_the_table():
+    """Seed 6's year (relay_table, day 129.35; the checker's mistake): a loss took the newest
+    announcement of a repository, which dropped relay2, and the own relay took back the older
+    one, listing relay2; gsync restarted, and was shown the older one only. relay2 went down
+    for good, and the own relay lost everything: gsync keeps the newest announcement its self-subscription showed (SPEC
+    §3) until it restarts, the older one, and relay2 in its table: the checker judged that
+    against the newest the own relay ever stored, which the running gsync never saw."""
+    sim = Simulation(SimOptions(seed=4, days=1.6, faults=False, **SMALL))
+    relay2 = sim.world.spare_urls[0]  # (listed by no repository yet)
+
+    def announce(with_relay2: bool):
+        repo = sim.world.repos[0]  # (made when the run starts)
+        if with_relay2:
+            repo.relays.append(relay2)
+        event = sim.world.announce(repo, int(sim.clock.now))
+        if with_relay2:
+            repo.relays.remove(relay2)
+        sim.publish(event, [relay2] if with_relay2 else [], own=True)
+        published.append(event)
+
+    published, seen = [], []
+    sim.at(START + 0.02 * 86_400, announce, True)
+    sim.at(START + 0.05 * 86_400, announce, False)  # to the own relay only: lost with it
+    sim.at(START + 0.05 * 86_400 + 10, sim.own_away, 60.0, 30.0)
+    sim.at(START + 0.06 * 86_400, lambda: sim.publish(published[0], [], own=True))  # the older one again
+    sim.at(START + 0.1 * 86_400, sim.stop_gsync, True)
+    sim.at(START + 0.1 * 86_400 + 30, sim.start_gsync)  # shown the older one only
+    sim.at(START + 0.15 * 86_400, lambda: seen.append(relay2 in sim.manager.relays))
+    sim.at(START + 0.16 * 86_400, sim.relay_down, relay2, None)  # (no one delivers the older one again)
+    sim.at(START + 0.2 * 86_400, sim.own_away, 60.0, float("inf"))
+    sim.at(START + 1.55 * 86_400, lambda: seen.append((relay2 in sim.manager.relays,
+                                                       relay2 in sim.checker.wanted_relays()[0])))
+    result = sim.run()
+    assert seen == [True, (True, False)]  # tabled again after the restart; the own relay lists it no more
+    _assert_clean(result)
+
+
 def test_a_relay_retired_and_listed_again_is_judged_for_refused_asks_from_its_return():
     """Seed 2's year (refused_asked_again, day 4.71; the checker's mistake, as the dead mark
     was): relay2 refused #a on day 4.005; dropped by every repository on day 4.23, gsync

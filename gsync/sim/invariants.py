@@ -19,10 +19,12 @@ with the simulated day it happened and what broke.
   killed gsync had not saved yet is not counted (the next process cannot know it).
 - ``relay_table``: a relay in gsync's relay table that no announcement the own relay holds
   lists (and is not bootstrap) for more than an hour (a day after the own relay lost data:
-  gsync is not told what it lost), nor the newest announcement of a repository it ever
-  stored (one a loss took: gsync keeps the newest announcement its self-subscription
-  showed, SPEC §3, until it restarts; seed 1's year, where the one relay still holding the
-  repository had an older one, delivered again after the own relay lost everything);
+  gsync is not told what it lost), nor the newest announcement of a repository the running
+  gsync's self-subscription showed it (one a loss took: gsync keeps the newest announcement
+  its self-subscription showed, SPEC §3, until it restarts; seed 1's year, where the one
+  relay still holding the repository had an older one, delivered again after the own relay
+  lost everything; seed 6's year, where the process running was started after a loss took
+  the newest, and was shown the older one);
   ``metric_labels``: a per-relay metric
   series for a relay not in the table; ``table_bound``: seen, rejected, held, recovery
   tables past a bound computed from the world.
@@ -54,7 +56,7 @@ import json
 from bisect import bisect_left
 
 from .. import constants
-from ..io.inbox import RemoteEvents
+from ..io.inbox import OwnEvents, RemoteEvents
 from ..ops import metrics
 from .relay import all_values
 from .world import DAY, DOMAIN, START
@@ -103,6 +105,9 @@ class Checker:
         self.gsync_since = START  # when the running gsync started
         self.unsaved_dials: dict[str, list[float]] = {}  # dials a killed gsync had not saved
         self._announced = {}
+        # address -> (created_at, id) of the newest announcement the running gsync's
+        # self-subscription showed it (what its relay table follows: ``wanted_relays``)
+        self.shown: dict[str, tuple[int, str]] = {}
 
     # -- recording ------------------------------------------------------------------------
 
@@ -135,6 +140,7 @@ class Checker:
         self.action()
         self.gsync_since = self.sim.clock.now
         self.hidden_asks.clear()  # a new process: what it marked unservable is gone with the last
+        self.shown.clear()  # and the announcements the last one was shown
 
     def gsync_killed(self, saved_at: float | None) -> None:
         """gsync killed: the dials since its last save (every STATE_SAVE_SECS in production,
@@ -202,7 +208,14 @@ class Checker:
             h = int((self.sim.clock.now - START) // HOUR)
             self.hour_messages[h] = self.hour_messages.get(h, 0) + 1
             self.hour_types[name] = self.hour_types.get(name, 0) + 1
-        if type(msg) is RemoteEvents:
+        if type(msg) is OwnEvents:
+            shown = self.shown
+            for e in msg.events:
+                if e.kind == 30617:
+                    at, newest_id = shown.get(e.address, (-1, ""))
+                    if e.created_at > at or (e.created_at == at and e.id < newest_id):
+                        shown[e.address] = (e.created_at, e.id)
+        elif type(msg) is RemoteEvents:
             world = self.sim.world.events
             for e in msg.events:
                 genuine = world.get(e.event.id)
@@ -387,9 +400,11 @@ class Checker:
     def wanted_relays(self, tabled: bool = False) -> tuple[set[str], dict[str, set[str]]]:
         """The relays gsync should sync from (bootstrap, or listed by an announcement the
         own relay holds), and per repository address the relays its announcement lists.
-        ``tabled``: also those listed by the newest announcement the own relay ever stored
-        of a repository, where a loss took it (gsync keeps the newest one its
-        self-subscription showed until it restarts). The untabled answer is computed again
+        ``tabled``: also those listed by the newest announcement of a repository the running
+        gsync's self-subscription showed it, where the own relay holds another (a loss took
+        it, or gsync has not been shown the newer one yet): gsync keeps the newest one it was
+        shown until it restarts, and a process started after a loss took the newest was shown
+        the older one only (seed 6's year, day 129.35). The untabled answer is computed again
         only when the own relay's announcements changed (do not modify it)."""
         own = self.sim.own
         key = (own.listing_changes, id(own.accepted))
@@ -398,7 +413,7 @@ class Checker:
         wanted, listing = self._wanted[1]
         if tabled:
             wanted = set(wanted)
-            for address, (_, event_id) in own.newest.items():
+            for address, (_, event_id) in self.shown.items():
                 if own.accepted.get(address) != event_id and (event := self.sim.world.events.get(event_id)):
                     wanted |= self.announced(event)
         return wanted, listing
