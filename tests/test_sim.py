@@ -252,6 +252,37 @@ def test_a_relay_dead_for_good_is_dialled_once_a_day():
     assert len(dials) == 2 and 23 * 3600 <= dials[1] - dials[0] <= 25 * 3600, [(t - START) / 3600 for t in dials]
 
 
+@pytest.mark.parametrize("fails_by", ["session dropped", "handshake refused"])
+def test_a_dead_relay_whose_daily_attempt_failed_is_not_judged_neglected_till_the_next(fails_by):
+    """Seed 6's year (neglected_relay, day 313.5; the checker's mistake): a relay down for a
+    day, dead to gsync, came back flapping; gsync's daily attempt found it up and lost the
+    session within seconds, a failure (``record_disconnect``; or found it down a moment): the
+    relay stays dead, its next attempt a day later, as SPEC asks. The checker's leave for a
+    dead relay ran 26 h from its return, not from the failed attempt: it judged the relay,
+    up since, neglected."""
+    sim, dead = _dead_relay_world(3.4)
+    back = START + 1.27 * 86_400  # (about 20 h before the daily attempt)
+    sim.at(back, sim.relay_up, dead, True)
+    dialled, dropped = sim.checker.dialled, []
+
+    def daily_attempt_dropped(url):
+        times = sim.checker.dials.get(url)
+        if url == dead and sim.clock.now > back and times and sim.clock.now - times[-1] > 20 * 3600 and not dropped:
+            dropped.append(sim.clock.now)
+            if fails_by == "session dropped":
+                sim.at(sim.clock.now + 10, sim.relay_down, dead, 30.0)  # its session gone within seconds
+            else:
+                sim.relay_down(dead, 30.0)  # a restart: the handshake finds it down
+        dialled(url)
+
+    sim.checker.dialled = daily_attempt_dropped
+    result = sim.run()
+    dials = [t for t in sim.checker.dials[dead] if t >= dropped[0]]
+    assert len(dials) == 2 and 23 * 3600 <= dials[1] - dials[0] <= 25 * 3600, [(t - START) / 3600 for t in dials]
+    assert dials[1] > back + 26 * 3600 + 2 * 4 * 3600  # (two windows past the leave from its return)
+    _assert_clean(result)
+
+
 def test_a_dead_relays_daily_attempt_a_killed_gsync_had_not_saved_is_not_judged_a_second_dial():
     """Seed 2's year (dead_dialled, day 228.52; the checker's mistake): gsync killed 54 s
     after a dead relay's daily attempt, before the tick that saves its failure; the next

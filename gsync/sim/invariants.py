@@ -32,7 +32,9 @@ with the simulated day it happened and what broke.
   from was up (while gsync ran and it was wanted, as sampled every 10 minutes) for at least
   half the window, and gsync had a session with it for less than a quarter of that time —
   unless it had been down for 20 h or more in the 26 h before (dead: one attempt a day is
-  what SPEC asks).
+  what SPEC asks), or a daily attempt of it (no dial in the 20 h before) failed in the 26 h
+  before: the relay down, or its session over within PROVEN_SESSION_SECS (a flapping relay
+  stays dead to gsync: seed 6's year, day 313.5).
 - ``refused_asked_again``: a tag key a relay refused by policy (CLOSED ``blocked:``) asked of
   it again more than twice within POLICY_PROBE_SECS after gsync read the refusal (a relay
   retired meanwhile forgets it, as it does its dead mark: counted from its return).
@@ -95,7 +97,11 @@ class Checker:
         # per relay: [last accounted, seconds up while gsync ran, of which with a session]
         self.uptime: dict[str, list] = {}
         self.sessions_open: dict[str, int] = {}
+        # relay -> when it last came back from 20 h down, or a daily attempt of it failed
+        # (dead to gsync: its next attempt is a day later; ``neglect``)
         self.long_down_ended: dict[str, float] = {}
+        self.daily_dial: dict[str, float] = {}  # relay -> its last dial, where none came in the 20 h before
+        self.session_opened: dict[str, float] = {}  # relay -> when its open sessions began
         self.own_lost_at = float("-inf")  # the own relay's last loss of data
         self.refused_at: dict[str, dict[str, list]] = {}  # relay -> tag key -> [read at, asked since, ...]
         self.refused_by: dict[tuple[str, str], tuple] = {}  # (relay, tag key) -> _relay_state when read (or reset)
@@ -168,7 +174,17 @@ class Checker:
 
     def session_changed(self, url: str, delta: int) -> None:
         self.account(url)
-        self.sessions_open[url] = self.sessions_open.get(url, 0) + delta
+        now, was = self.sim.clock.now, self.sessions_open.get(url, 0)
+        self.sessions_open[url] = was + delta
+        if delta > 0 and not was:
+            self.session_opened[url] = now
+        elif delta < 0 and was == 1:
+            opened, daily = self.session_opened.pop(url, now), self.daily_dial.get(url)
+            if daily is not None and opened - daily < HOUR and now - opened < constants.PROVEN_SESSION_SECS:
+                # a dead relay's daily attempt, its session gone within a minute: a failure
+                # (``RelayHealthTracker.record_disconnect``), the next attempt a day later
+                # (seed 6's year, day 313.16: a flapping relay, 5 neglected_relay)
+                self.long_down_ended[url] = now
 
     def account(self, url: str) -> None:
         """Up time and session time of ``url`` up to now (before either changes)."""
@@ -332,6 +348,12 @@ class Checker:
     def dialled(self, url: str) -> None:
         now = self.sim.clock.now
         times = self.dials.setdefault(url, [])
+        if times and now - times[-1] >= 20 * HOUR:  # a dead relay's daily attempt
+            self.daily_dial[url] = now
+            if not getattr(self.sim.relays.get(url), "up", False):  # failed: the next is a day later (``neglect``)
+                self.long_down_ended[url] = now
+        else:
+            self.daily_dial.pop(url, None)
         times.append(now)
         while times and now - times[0] > DAY + HOUR:
             times.pop(0)
