@@ -118,9 +118,8 @@ class RelayLifecycle:
                     self.register_relay(url)
         if self.capped_relays:  # said once per relay while it waits for room, not for ever
             self.capped_relays.intersection_update(listed)
-        for state in list(self.relays.values()):
-            if state.refused_reason or state.status != ConnectionStatus.DISCONNECTED:
-                continue
+        disconnected = ConnectionStatus.DISCONNECTED  # (most are connected: picked out at every tick)
+        for state in [s for s in self.relays.values() if s.status is disconnected and not s.refused_reason]:
             if not self.wanted(state):
                 continue
             if self.health.should_attempt_connection(state.url, now):
