@@ -445,6 +445,44 @@ def test_a_relay_retired_and_listed_again_is_judged_for_refused_asks_from_its_re
     _assert_clean(run_replayable(seed=2, days=5, relays=6, repos=30, liveness_after=363))
 
 
+def test_a_refusal_a_killed_gsync_had_not_saved_is_not_counted_against_the_next_process():
+    """Seed 1's year (refused_asked_again, day 222.78; the checker's mistake, as for unsaved
+    dials): relay1 refused #e to a new root's live coverage between two idle ticks; gsync
+    paused it, and was killed 288 s later, before the next tick saved the pause. The next
+    process cannot know it: its fresh start asked #e packed (live and historic), then alone,
+    counted as asks 3 to 5 of the refusal the last process read. Its own read of the
+    refusal opens the probe period anew."""
+    sim = Simulation(SimOptions(seed=4, days=0.3, faults=False, publish_per_day=0.001, **SMALL))
+    url = sim.world.relay_urls[1]
+    read, asks_after, relay_frame, client_frame = [], [], sim.checker.relay_frame, sim.checker.client_frame
+
+    def refuse_and_publish():
+        sim.relays[url].refused_tags = frozenset({"e"})
+        repo = next(r for r in sim.world.repos if url in r.relays)
+        sim.publish(sim.world.root(repo, int(sim.clock.now)), list(repo.relays), own=True)
+
+    def kill():
+        assert sim.manager.saved.saved_at < read[0] and sim.manager.relays[url].paused  # paused, not saved
+        sim.stop_gsync(False)
+        sim.at(sim.clock.now + 5, sim.start_gsync)
+
+    def frame_read(conn, frame):
+        relay_frame(conn, frame)
+        if conn.relay == url and '"blocked: #e' in frame and not read:
+            read.append(sim.clock.now)
+            sim.at(sim.clock.now + 200, kill)
+
+    def frame_sent(conn, verb, text):
+        client_frame(conn, verb, text)
+        if read and conn.relay == url and verb == "REQ" and '"#e"' in text and sim.clock.now > read[0] + 200:
+            asks_after.append(text.split(",", 2)[1])
+
+    sim.checker.relay_frame, sim.checker.client_frame = frame_read, frame_sent
+    sim.at(START + 0.2 * 86_400, lambda: sim.at(sim.tick_due + 2, refuse_and_publish))  # (just after an idle tick)
+    _assert_clean(sim.run())
+    assert len(asks_after) >= 3, asks_after  # the next process asked #e again: packed, then alone
+
+
 def test_a_quiet_world_redials_a_relay_when_its_backoff_ends_not_at_the_idle_tick():
     """The simulator ticks every 5 minutes while nothing happens; the tick that redials a
     relay comes when its backoff ends all the same (production ticks every 2 s): how long

@@ -37,7 +37,9 @@ with the simulated day it happened and what broke.
   stays dead to gsync: seed 6's year, day 313.5).
 - ``refused_asked_again``: a tag key a relay refused by policy (CLOSED ``blocked:``) asked of
   it again more than twice within POLICY_PROBE_SECS after gsync read the refusal (a relay
-  retired meanwhile forgets it, as it does its dead mark: counted from its return).
+  retired meanwhile forgets it, as it does its dead mark: counted from its return; a
+  refusal read after a killed gsync's last save is not counted against the next process,
+  which cannot know it, as ``dead_dialled`` does not count unsaved dials).
 - ``unservable_asked_again``: an id a relay advertises and never serves (the ``hidden``
   fault) asked of it by id more than UNSERVABLE_ASKS times within a day of one gsync run (once
   at first, once by its recovery; once when another relay found it unservable, after which
@@ -158,6 +160,17 @@ class Checker:
             unsaved = [t for t in times if t > cut]
             if unsaved:
                 self.unsaved_dials.setdefault(url, []).extend(unsaved)
+        # and so are the refusals it read since: the next process asks again what it cannot
+        # know was refused (seed 1's year, day 222.78: relay1's #e refusal read between two
+        # idle ticks, gsync killed 288 s later, before the next tick saved the pause); its
+        # own read of the refusal opens the probe period anew
+        for url, refused in list(self.refused_at.items()):
+            for key, (read_at, *_) in list(refused.items()):
+                if read_at > cut:
+                    del refused[key]
+                    self.refused_by.pop((url, key), None)
+            if not refused:
+                del self.refused_at[url]
 
     def relay_went_down(self, url: str) -> None:
         self.account(url)
