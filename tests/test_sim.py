@@ -447,22 +447,28 @@ def test_a_relay_retired_and_listed_again_is_judged_for_refused_asks_from_its_re
 
 def test_a_refusal_a_killed_gsync_had_not_saved_is_not_counted_against_the_next_process():
     """Seed 1's year (refused_asked_again, day 222.78; the checker's mistake, as for unsaved
-    dials): relay1 refused #e to a new root's live coverage between two idle ticks; gsync
-    paused it, and was killed 288 s later, before the next tick saved the pause. The next
-    process cannot know it: its fresh start asked #e packed (live and historic), then alone,
-    counted as asks 3 to 5 of the refusal the last process read. Its own read of the
-    refusal opens the probe period anew."""
+    dials): relay1 refused #e to a new root's live coverage; gsync paused it, and was killed
+    before a save wrote the pause (the year's idle tick of 5 minutes left it unsaved 288 s;
+    the simulator now ticks again within 2 s of a message, saves within 10 s, as production).
+    The next process cannot know it: its fresh start asked #e packed (live and historic),
+    then alone, counted as asks 3 to 5 of the refusal the last process read. Its own read of
+    the refusal opens the probe period anew."""
     sim = Simulation(SimOptions(seed=4, days=0.3, faults=False, publish_per_day=0.001, **SMALL))
     url = sim.world.relay_urls[1]
-    read, asks_after, relay_frame, client_frame = [], [], sim.checker.relay_frame, sim.checker.client_frame
+    read, killed, asks_after = [], [], []
+    relay_frame, client_frame = sim.checker.relay_frame, sim.checker.client_frame
 
     def refuse_and_publish():
         sim.relays[url].refused_tags = frozenset({"e"})
         repo = next(r for r in sim.world.repos if url in r.relays)
         sim.publish(sim.world.root(repo, int(sim.clock.now)), list(repo.relays), own=True)
 
-    def kill():
-        assert sim.manager.saved.saved_at < read[0] and sim.manager.relays[url].paused  # paused, not saved
+    def kill_once_paused():
+        assert sim.manager.saved.saved_at < read[0]  # not saved since the refusal
+        if not sim.manager.relays[url].paused:
+            sim.at(sim.clock.now + 0.05, kill_once_paused)
+            return
+        killed.append(sim.clock.now)
         sim.stop_gsync(False)
         sim.at(sim.clock.now + 5, sim.start_gsync)
 
@@ -470,17 +476,39 @@ def test_a_refusal_a_killed_gsync_had_not_saved_is_not_counted_against_the_next_
         relay_frame(conn, frame)
         if conn.relay == url and '"blocked: #e' in frame and not read:
             read.append(sim.clock.now)
-            sim.at(sim.clock.now + 200, kill)
+            kill_once_paused()
 
     def frame_sent(conn, verb, text):
         client_frame(conn, verb, text)
-        if read and conn.relay == url and verb == "REQ" and '"#e"' in text and sim.clock.now > read[0] + 200:
+        if killed and conn.relay == url and verb == "REQ" and '"#e"' in text:
             asks_after.append(text.split(",", 2)[1])
 
     sim.checker.relay_frame, sim.checker.client_frame = frame_read, frame_sent
     sim.at(START + 0.2 * 86_400, lambda: sim.at(sim.tick_due + 2, refuse_and_publish))  # (just after an idle tick)
     _assert_clean(sim.run())
     assert len(asks_after) >= 3, asks_after  # the next process asked #e again: packed, then alone
+
+
+def test_a_message_in_a_quiet_stretch_brings_the_next_tick_within_two_seconds():
+    """Production ticks every 2 s; the simulator ticks every 5 minutes while nothing
+    happens, and a message ends that at once: what it starts that only a tick goes on with
+    (the state save, a follower's release) waited for the idle tick before (a refusal's pause
+    unsaved 288 s in seed 1's year)."""
+    sim = Simulation(SimOptions(seed=4, days=0.25, faults=False, publish_per_day=0.001, **SMALL))
+    sim.trace_lines = []
+    published = []
+
+    def publish():
+        repo = sim.world.repos[0]
+        published.append(sim.clock.now)
+        sim.publish(sim.world.root(repo, int(sim.clock.now)), list(repo.relays), own=True)
+
+    sim.at(START + 0.2 * 86_400, lambda: sim.at(sim.tick_due + 2, publish))  # (just after an idle tick)
+    _assert_clean(sim.run())
+    lines = [line.split() for line in sim.trace_lines if float(line.split()[0]) > published[0]]
+    first = next(float(p[0]) for p in lines if p[1] == "msg" and p[2] != "Tick")
+    tick = next(float(p[0]) for p in lines if p[1] == "msg" and p[2] == "Tick")
+    assert tick <= first + SimOptions().tick_secs, (tick - first)
 
 
 def test_a_quiet_world_redials_a_relay_when_its_backoff_ends_not_at_the_idle_tick():
