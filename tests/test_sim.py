@@ -365,14 +365,11 @@ def test_a_relay_listed_by_an_announcement_the_own_relay_lost_is_not_judged_left
     _assert_clean(result)
 
 
-def test_a_relay_only_an_older_announcement_lists_after_a_loss_took_the_newest_is_not_judged_neglected():
-    """Seed 1, 20 relays x 200 repos, 30 days (neglected_relay from day 28.5; the checker's
-    mistake): the newest announcement of a repository dropped relay2; the own relay lost it
-    and holds the older one, which lists relay2. gsync keeps the newest its self-subscription
-    showed (SPEC §3) and rightly retired relay2: the checker judged relay2 neglected by the
-    older announcement, up for hours with no session."""
-    sim = Simulation(SimOptions(seed=4, days=0.55, faults=False, **SMALL))
-    relay2 = sim.world.spare_urls[0]  # (listed by no repository yet)
+def _newest_announcement_lost(sim: Simulation, relay2: str) -> None:
+    """Scheduled on ``sim``: repository 0 announced listing ``relay2`` (to relay2 and the own
+    relay), then without it (to the own relay only); the own relay loses that newest one and
+    takes the older one back (a client sends it once more)."""
+    published = []
 
     def announce(with_relay2: bool):
         repo = sim.world.repos[0]  # (made when the run starts)
@@ -384,12 +381,22 @@ def test_a_relay_only_an_older_announcement_lists_after_a_loss_took_the_newest_i
         sim.publish(event, [relay2] if with_relay2 else [], own=True)
         published.append(event)
 
-    published, seen = [], []
     sim.at(START + 0.02 * 86_400, announce, True)
     sim.at(START + 0.05 * 86_400, announce, False)  # to the own relay only: lost with it
     sim.at(START + 0.05 * 86_400 + 10, sim.own_away, 60.0, 30.0)
-    # the older one reaches the own relay again (a client sends it once more)
     sim.at(START + 0.06 * 86_400, lambda: sim.publish(published[0], [], own=True))
+
+
+def test_a_relay_only_an_older_announcement_lists_after_a_loss_took_the_newest_is_not_judged_neglected():
+    """Seed 1, 20 relays x 200 repos, 30 days (neglected_relay from day 28.5; the checker's
+    mistake): the newest announcement of a repository dropped relay2; the own relay lost it
+    and holds the older one, which lists relay2. gsync keeps the newest its self-subscription
+    showed (SPEC §3) and rightly retired relay2: the checker judged relay2 neglected by the
+    older announcement, up for hours with no session."""
+    sim = Simulation(SimOptions(seed=4, days=0.55, faults=False, **SMALL))
+    relay2 = sim.world.spare_urls[0]  # (listed by no repository yet)
+    seen = []
+    _newest_announcement_lost(sim, relay2)
     sim.at(START + 0.04 * 86_400, lambda: seen.append(relay2 in sim.manager.relays))
     sim.at(START + 0.5 * 86_400, lambda: seen.append((relay2 in sim.manager.relays,
                                                       relay2 in sim.checker.wanted_relays()[0])))
@@ -408,22 +415,8 @@ def test_a_relay_listed_by_the_older_announcement_a_restarted_gsync_was_shown_is
     against the newest the own relay ever stored, which the running gsync never saw."""
     sim = Simulation(SimOptions(seed=4, days=1.6, faults=False, **SMALL))
     relay2 = sim.world.spare_urls[0]  # (listed by no repository yet)
-
-    def announce(with_relay2: bool):
-        repo = sim.world.repos[0]  # (made when the run starts)
-        if with_relay2:
-            repo.relays.append(relay2)
-        event = sim.world.announce(repo, int(sim.clock.now))
-        if with_relay2:
-            repo.relays.remove(relay2)
-        sim.publish(event, [relay2] if with_relay2 else [], own=True)
-        published.append(event)
-
-    published, seen = [], []
-    sim.at(START + 0.02 * 86_400, announce, True)
-    sim.at(START + 0.05 * 86_400, announce, False)  # to the own relay only: lost with it
-    sim.at(START + 0.05 * 86_400 + 10, sim.own_away, 60.0, 30.0)
-    sim.at(START + 0.06 * 86_400, lambda: sim.publish(published[0], [], own=True))  # the older one again
+    seen = []
+    _newest_announcement_lost(sim, relay2)
     sim.at(START + 0.1 * 86_400, sim.stop_gsync, True)
     sim.at(START + 0.1 * 86_400 + 30, sim.start_gsync)  # shown the older one only
     sim.at(START + 0.15 * 86_400, lambda: seen.append(relay2 in sim.manager.relays))
