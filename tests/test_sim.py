@@ -406,6 +406,27 @@ def test_a_relay_only_an_older_announcement_lists_after_a_loss_took_the_newest_i
     _assert_clean(result)
 
 
+def test_events_only_the_older_announcement_s_relay_holds_after_a_loss_took_the_newest_are_not_judged_left_behind():
+    """Seed 52's 30 days of 3 x 8 (left_behind, 4 roots from day 29.2; the checker's mistake):
+    a loss took a repository's newest announcement, and the own relay took back the older
+    one, listing relay2; gsync follows the newest it was shown (SPEC §3) until it restarts,
+    so relay2's roots of that repository are not owed, though the own relay's announcement
+    lists relay2."""
+    sim = Simulation(SimOptions(seed=4, days=1.6, faults=False, liveness_after=0.1, **SMALL))
+    relay2 = sim.world.spare_urls[0]  # (listed by no repository yet)
+    _newest_announcement_lost(sim, relay2)
+    roots = []
+
+    def root_on_relay2_only():
+        roots.append(sim.world.root(sim.world.repos[0], int(sim.clock.now)))
+        sim.publish(roots[-1], [relay2], own=False)
+
+    sim.at(START + 0.07 * 86_400, root_on_relay2_only)
+    result = sim.run()
+    assert sim.checker.liveness_checks and roots[0].id not in sim.own.store  # judged, and not there
+    _assert_clean(result)
+
+
 def test_a_relay_listed_by_the_older_announcement_a_restarted_gsync_was_shown_is_not_judged_left_in_the_table():
     """Seed 6's year (relay_table, day 129.35; the checker's mistake): a loss took the newest
     announcement of a repository, which dropped relay2, and the own relay took back the older

@@ -563,6 +563,7 @@ class Checker:
         now = sim.clock.now
         self.liveness_checks += 1
         wanted, listing = self.wanted_relays()
+        listing = self._followed(listing)
         missing = []
         for url in sorted(wanted):
             relay = sim.relays.get(url)
@@ -578,6 +579,26 @@ class Checker:
             url, event = missing[0]
             self.violation("left_behind", f"{len(missing)} events, e.g. kind {event.kind} {event.id[:16]} on {url} "
                                           f"(published day {(self.published_at.get(event.id, START) - START) / DAY:.2f})")
+
+    def _followed(self, listing: dict[str, set[str]]) -> dict[str, set[str]]:
+        """``listing`` as the running gsync follows it: where its self-subscription showed it
+        a newer announcement of a repository than the one the own relay holds (a loss took
+        the newer one), that newer one's relays. gsync keeps the newest it was shown (SPEC
+        §3) until it restarts: the events of a relay only the older one lists are not owed
+        (seed 52's 30 days of 3 x 8: a loss took repo7's newest announcement, listing relay0;
+        the own relay took back the older one, listing relay2; 4 roots on relay2 judged left
+        behind)."""
+        own, events = self.sim.own, self.sim.world.events
+        followed = listing
+        for address, (at, event_id) in self.shown.items():
+            held = events.get(own.accepted.get(address, ""))
+            if held is None or held.id == event_id or (at, held.id) < (held.created_at, event_id):
+                continue  # the own relay holds it, or a newer one gsync will be shown
+            if (shown := events.get(event_id)) is not None:
+                if followed is listing:
+                    followed = dict(listing)
+                followed[address] = self.announced(shown)
+        return followed
 
     def owed(self, event, url: str, listing) -> bool:
         """Would gsync owe this event to the own relay, found on ``url``?"""
