@@ -525,6 +525,16 @@ def test_a_message_in_a_quiet_stretch_brings_the_next_tick_within_two_seconds():
     assert tick <= first + SimOptions().tick_secs, (tick - first)
 
 
+def test_a_relay_forgotten_at_a_start_is_judged_for_refused_asks_from_its_return():
+    """Seed 94's 30 days of 3 x 8 (refused_asked_again, day 1.0065; the checker's mistake):
+    relay2 refused #a on day 0.335; the own relay lost everything, and gsync, stopped and
+    started again, listed no repository on relay2 when ready and forgot its saved memory,
+    pauses with it; listed again, relay2 was asked #a in the new process's first REQs,
+    counted with the asks before. A relay out of gsync's table and memory forgets its
+    refusals, as one retired does."""
+    _assert_clean(run_replayable(seed=94, days=1.01, relays=3, repos=8, idle_tick_secs=300, liveness_after=28))
+
+
 def test_a_quiet_world_redials_a_relay_when_its_backoff_ends_not_at_the_idle_tick():
     """The simulator ticks every 5 minutes while nothing happens; the tick that redials a
     relay comes when its backoff ends all the same (production ticks every 2 s): how long

@@ -37,7 +37,8 @@ with the simulated day it happened and what broke.
   stays dead to gsync: seed 6's year, day 313.5).
 - ``refused_asked_again``: a tag key a relay refused by policy (CLOSED ``blocked:``) asked of
   it again more than twice within POLICY_PROBE_SECS after gsync read the refusal (a relay
-  retired meanwhile forgets it, as it does its dead mark: counted from its return; a
+  retired or forgotten meanwhile forgets it, as it does its dead mark: counted from its
+  return (a relay out of gsync's table and saved memory at a 10-minute sample); a
   refusal read after a killed gsync's last save is not counted against the next process,
   which cannot know it, as ``dead_dialled`` does not count unsaved dials).
 - ``unservable_asked_again``: an id a relay advertises and never serves (the ``hidden``
@@ -540,6 +541,14 @@ class Checker:
         for url in list(self.tabled_since):
             if url not in m.relays:
                 del self.tabled_since[url]
+        for url in list(self.refused_at):
+            if url not in m.relays and url not in m.saved._memories:
+                # gsync keeps nothing of it (retired, or forgotten at a start that did not
+                # list it): its refusals went with it, as its dead mark does (seed 94, day
+                # 1.0065: the own relay lost everything; the next process forgot relay2's
+                # saved pauses, and asked #a again when relay2 was listed again)
+                for key in self.refused_at.pop(url):
+                    self.refused_by.pop((url, key), None)
         known = set(table)
         if self.labelled is None:
             self.labelled = [(m, m._labelnames.index("relay")) for m in metrics.relay_labelled()]
