@@ -165,13 +165,7 @@ class Checker:
         # know was refused (seed 1's year, day 222.78: relay1's #e refusal read between two
         # idle ticks, gsync killed 288 s later, before the next tick saved the pause); its
         # own read of the refusal opens the probe period anew
-        for url, refused in list(self.refused_at.items()):
-            for key, (read_at, *_) in list(refused.items()):
-                if read_at > cut:
-                    del refused[key]
-                    self.refused_by.pop((url, key), None)
-            if not refused:
-                del self.refused_at[url]
+        self._drop_refusals(lambda url, read_at: read_at > cut)
 
     def relay_went_down(self, url: str) -> None:
         self.account(url)
@@ -353,6 +347,17 @@ class Checker:
                     self.violation("refused_asked_again", f"{conn.relay} #{key} asked {entry[1]} times "
                                    f"{(now - entry[0]) / HOUR:.1f} h after its refusal: {text[:100]}")
 
+    def _drop_refusals(self, drop) -> None:
+        """Forget the refusals ``drop(relay, read_at)`` says gsync no longer holds, or whose
+        probe period is over."""
+        for url, refused in list(self.refused_at.items()):
+            for key, (read_at, *_) in list(refused.items()):
+                if drop(url, read_at):
+                    del refused[key]
+                    self.refused_by.pop((url, key), None)
+            if not refused:
+                del self.refused_at[url]
+
     def _relay_state(self, url: str) -> tuple:
         """Which of gsync's records of ``url`` is current: the process, and its table's
         object (a relay retired and listed again gets a new one)."""
@@ -511,13 +516,8 @@ class Checker:
         m = self.sim.manager
         now = self.sim.clock.now
         owed = self.owed_relays()
-        for url, refused in list(self.refused_at.items()):  # (each REQ is checked against those left)
-            for key, (read_at, *_) in list(refused.items()):
-                if now - read_at >= constants.POLICY_PROBE_SECS:
-                    del refused[key]
-                    self.refused_by.pop((url, key), None)
-            if not refused:
-                del self.refused_at[url]
+        # (each REQ is checked against those left)
+        self._drop_refusals(lambda url, read_at: now - read_at >= constants.POLICY_PROBE_SECS)
         for url in self.uptime:
             if url not in owed:  # (neglect judges only the time a relay was owed: sampled here)
                 self.account(url)
@@ -541,14 +541,11 @@ class Checker:
         for url in list(self.tabled_since):
             if url not in m.relays:
                 del self.tabled_since[url]
-        for url in list(self.refused_at):
-            if url not in m.relays and url not in m.saved._memories:
-                # gsync keeps nothing of it (retired, or forgotten at a start that did not
-                # list it): its refusals went with it, as its dead mark does (seed 94, day
-                # 1.0065: the own relay lost everything; the next process forgot relay2's
-                # saved pauses, and asked #a again when relay2 was listed again)
-                for key in self.refused_at.pop(url):
-                    self.refused_by.pop((url, key), None)
+        # A relay gsync keeps nothing of (retired, or forgotten at a start that did not list
+        # it): its refusals went with it, as its dead mark does (seed 94, day 1.0065: the own
+        # relay lost everything; the next process forgot relay2's saved pauses, and asked #a
+        # again when relay2 was listed again)
+        self._drop_refusals(lambda url, read_at: url not in m.relays and url not in m.saved._memories)
         known = set(table)
         if self.labelled is None:
             self.labelled = [(m, m._labelnames.index("relay")) for m in metrics.relay_labelled()]
