@@ -407,7 +407,9 @@ def test_sigterm_during_a_sync_drains_and_exits_cleanly(tmp_path):
         stopping = [e for e in events if e.get("event") == "stopping"]
         stopped = [e for e in events if e.get("event") == "stopped"]
         detail = f"stopping={stopping} stopped={stopped} exit={code} took={took:.1f}s on_own={on_own}"
-        assert on_own < total, "the sync had finished before SIGTERM: nothing was tested. " + detail
+        # The backlog gsync logs at the signal is what proves the sync was under way: the drain
+        # may then deliver everything (the remote had sent it all), so the own relay's count
+        # after the exit says nothing about it.
         assert stopping and stopping[0]["backlog"] > 0, "no delivery in flight at SIGTERM. " + detail
         assert code == 0, detail + "\n" + gsync.log_text()[-3000:]
         assert took < 25, detail
