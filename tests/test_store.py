@@ -320,6 +320,24 @@ def test_saved_state_restores_relays_and_forgets_those_no_longer_registered(tmp_
     saved.close()
 
 
+def test_confirmed_items_replaced_by_an_object_of_the_same_shape_are_written(tmp_path):
+    """A relay's confirmed items replaced by a new object (a fresh start clears them) with as
+    many repositories, roots and full ones as the old: its rows are still written, even where
+    the new object is given the freed old one's id (CPython reuses it at once)."""
+    saved = SavedState(_store(tmp_path), NOW)
+    rejected = saved.load(NOW)
+    state, health = RelayState(URL), RelayHealthTracker()
+    state.confirmed = SyncItems({REPO: SyncLevel.FULL}, {"r1"})
+    saved.save({URL: state}, health, rejected, NOW, ready=True)
+    for n in range(20):  # (whether an id comes back is up to the allocator: many tries)
+        state.confirmed = SyncItems()  # the saved object freed: its id free for the next one
+        state.confirmed = SyncItems({f"30617:x:{n}": SyncLevel.FULL}, {f"root{n}"})
+        saved.save({URL: state}, health, rejected, NOW + 1 + n, ready=True)
+        rows = dict(saved.store.confirmed_rows()[URL])
+        assert rows == {f"30617:x:{n}": 2, f"root{n}": memory.ROOT_LEVEL}, n
+    saved.close()
+
+
 def test_the_last_saves_time_and_a_relays_newest_record_are_read_back(tmp_path):
     """Written by UPDATE where the row is (saved_at at every save, a changed record), by
     INSERT the first time: a restart reads the last of each, one row apiece."""

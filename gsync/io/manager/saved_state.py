@@ -52,7 +52,7 @@ class SavedState:
         self._saved_records: dict[str, dict] = {}  # url → record as last written
         self._record_keys: dict[str, tuple] = {}  # url → memory.record_key of that record
         self._saved_confirmed: dict[str, ConfirmedItems] = {}  # url → confirmed as last written
-        self._signatures: dict[str, tuple] = {}  # url → what its confirmed looked like then
+        self._signatures: dict[str, tuple] = {}  # url → its confirmed then, and how it looked
         self._saved_members: dict[str, set] = {}  # url → its members as last written
         self._members_of: dict[str, object] = {}  # url → the member_roots they were read from
         self._forget: set[str] = set()  # retired relays whose rows go with the next save
@@ -200,7 +200,8 @@ class SavedState:
                 c.records[state.url] = record
             self._record_keys[state.url] = key
         signature = _signature(state.confirmed)
-        if self._signatures.get(state.url) != signature:
+        saved = self._signatures.get(state.url)
+        if saved is None or saved[0] is not signature[0] or saved[1:] != signature[1:]:
             put, delete = memory.confirmed_diff(
                 self._saved_confirmed.get(state.url) or ConfirmedItems(), state.confirmed)
             if put:
@@ -242,6 +243,8 @@ class SavedState:
 
 
 def _signature(confirmed) -> tuple:
-    """Cheap to take every save: a new object (cleared), an item added, a level raised."""
-    return (id(confirmed), len(confirmed.root_events), len(confirmed.repos),
+    """Cheap to take every save: a new object (cleared), an item added, a level raised. The
+    object itself, compared by identity: held here, it cannot be freed and its id given to
+    the object that replaced it (an id alone could not tell them apart)."""
+    return (confirmed, len(confirmed.root_events), len(confirmed.repos),
             countOf(confirmed.repos.values(), memory.SyncLevel.FULL))  # (in C: a Python sum was a tenth of a save)
