@@ -5,7 +5,7 @@ from gsync.sync.unservable import UnservableIds, ids_not_served
 
 def test_one_id_served_neither_by_id_nor_by_its_filter_says_nothing_of_the_relay():
     assert not ids_not_served(advertised=1, served_by_id=0, brought_by_filter=0)
-    assert not ids_not_served(advertised=1, served_by_id=0)  # its filter not asked yet
+    assert not ids_not_served(advertised=1, served_by_id=0)  # its filter could not answer
 
 
 def test_a_filter_that_brings_what_the_id_fetch_did_not_says_the_relay_does_not_serve_ids():
@@ -13,11 +13,18 @@ def test_a_filter_that_brings_what_the_id_fetch_did_not_says_the_relay_does_not_
     assert ids_not_served(advertised=5, served_by_id=0, brought_by_filter=1)
 
 
-def test_twenty_advertised_and_a_tenth_served_need_no_filter_to_judge():
+def test_where_the_filters_could_not_answer_twenty_advertised_and_a_tenth_served_judge():
     n = IDS_NOT_SERVED_MIN_ADVERTISED
-    assert ids_not_served(advertised=n, served_by_id=n // 10)
+    assert ids_not_served(advertised=n, served_by_id=n // 10)  # (brought_by_filter None)
     assert not ids_not_served(advertised=n - 1, served_by_id=0)
     assert not ids_not_served(advertised=n, served_by_id=n // 10 + 1)
+
+
+def test_many_ids_that_their_filters_did_not_bring_either_say_nothing_of_the_relay():
+    n = IDS_NOT_SERVED_MIN_ADVERTISED
+    assert not ids_not_served(advertised=n, served_by_id=0, brought_by_filter=0)
+    assert not ids_not_served(advertised=10 * n, served_by_id=n, brought_by_filter=0)
+    assert ids_not_served(advertised=n, served_by_id=0, brought_by_filter=1)
 
 
 def test_a_relay_that_served_more_than_a_tenth_by_id_serves_ids_whatever_its_filters_bring():

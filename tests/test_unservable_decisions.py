@@ -38,13 +38,15 @@ def run(h, url, advertised, by_id=False, by_filter=False, refused=lambda flt: Fa
     ``refused`` get a NEG-ERR); its historic REQs end (but those ``silent``: no word ever),
     with those events where they are served (``by_id``: to REQs of ids; ``by_filter``: to
     the others; those ``never`` not at all). Until nothing is left to start, then the
-    completion check's wait."""
+    completion check's wait. Returns how many exchanges it answered."""
+    exchanges = 0
     for _ in range(40):
         h.answer_own_reads(held=HELD)
         h.advance(1.1)
         state = h.state(url)
         for g in [g for g in h.effects.spawned if g.name == "reconcile_filter" and g.args[0] is h.conn(url)]:
             h.effects.spawned.remove(g)
+            exchanges += 1
             need = [e.id for e in advertised if g.args[2].matches(e)]
             outcome = (NegentropyOutcome(False, reason="error: not this one", failure="neg-err") if refused(g.args[2])
                        else NegentropyOutcome(True, need_ids=need, rounds=1))
@@ -60,6 +62,7 @@ def run(h, url, advertised, by_id=False, by_filter=False, refused=lambda flt: Fa
         if not historic and not state.current.historic_queue and not state.current.neg_running and not h.own_reads():
             break
     h.advance(10)
+    return exchanges
 
 
 def sent(h, url) -> int:
@@ -390,3 +393,57 @@ def test_an_id_unservable_the_day_before_is_not_retried_by_id_beside_a_new_one_t
     assert hidden.id in state.unservable and new.id in state.unservable
     assert asks(h, A, new, after=day_two) == (2, 1), "new: by id, once more by id (lag); then by its filter"
     assert asks(h, A, hidden) == (3, 2), "unservable the day before: asked again by id once, then by its filter"
+
+
+def test_twenty_ids_served_neither_by_id_nor_by_their_filter_cost_the_relay_nothing(tmp_path):
+    """Found by the simulator (seed 28's year, day 349.24): a relay that still advertised 20
+    events it would not serve (hidden on read, gathered over months) lost its NIP-77 at
+    every daily fresh start, judged by the seed's count (20 advertised, none served by id)
+    before their filter was asked. The filter is the witness: it brought none of them
+    either, so they are not there, and the relay serves ids."""
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    repo, _ = world(h)
+    hidden = [issue(bob, repo, subject=f"advertised, never served {i}") for i in range(25)]
+    h.connect(A)
+    run(h, A, hidden, by_id=True, by_filter=True, never=hidden)
+    state = h.state(A)
+    assert state.ids_unserved_at is None and state.serves_ids(h.clock.now), "the relay keeps its NIP-77"
+    assert all(e.id in state.unservable for e in hidden)
+    assert all(asks(h, A, e) == (1, 1) for e in hidden), "once by id, once by the filter that found it"
+
+    h.advance(state.next_daily_at - h.clock.now + 1)  # the daily fresh start asks them again
+    h.tick()
+    day_two = sent(h, A)
+    assert run(h, A, hidden, by_id=True, by_filter=True, never=hidden), "by NIP-77 still"
+    assert state.ids_unserved_at is None and state.serves_ids(h.clock.now)
+    assert all(asks(h, A, e, after=day_two) == (1, 1) for e in hidden)
+
+
+def test_twenty_ids_not_served_by_id_whose_filter_brings_them_say_the_relay_does_not_serve_ids(tmp_path):
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    repo, _ = world(h)
+    advertised = [issue(bob, repo, subject=f"served by filter only {i}") for i in range(25)]
+    h.connect(A)
+    run(h, A, advertised, by_filter=True)
+    state = h.state(A)
+    assert state.ids_unserved_at is not None and not state.serves_ids(h.clock.now)
+    assert not any(e.id in state.unservable for e in advertised)
+
+
+def test_twenty_ids_not_served_by_id_whose_filter_never_answered_are_judged_by_the_count(tmp_path):
+    """No witness (the filter asked for them stalled): the seed's count decides, 20
+    advertised and none served by id."""
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    repo, _ = world(h)
+    advertised = [issue(bob, repo, subject=f"never served by id {i}") for i in range(25)]
+    h.connect(A)
+
+    def residual(filters):  # the filter asked for what the id fetch did not serve
+        return any(name == "a" for f in filters for name, _ in f.tags) and h.frames(A, "REQ")[-1][2:] == [
+            json.loads(f.to_json()) for f in filters]
+
+    run(h, A, advertised, silent=residual)
+    stall_out(h)
+    run(h, A, advertised)
+    state = h.state(A)
+    assert state.ids_unserved_at is not None and not state.serves_ids(h.clock.now)

@@ -281,12 +281,8 @@ def finish(plan, state, batch: PendingBatch, now: float) -> None:
 
 def ask_residual_by_filter(plan, state, batch: PendingBatch, now: float) -> None:
     """Ids the relay advertised and did not serve by id are asked by the filters that
-    found them (REQ pages), once. Of at least ``IDS_NOT_SERVED_MIN_ADVERTISED`` ids, a
-    relay that served (nearly) none by id does not serve ids (``ids_not_served``);
-    fewer are judged by what their filters bring (``judge_by_filter``)."""
+    found them (REQ pages), once; what they bring judges the relay (``judge_by_filter``)."""
     missing = not_seen(plan, batch.residual_ids())
-    if not batch.residual_retried:
-        judge_ids_served(plan, state, batch, None, now)
     plan.move(state, batch, Step.ASKED_BY_FILTER)
     batch.residual_asked = set(missing)
     if missing:
@@ -321,9 +317,9 @@ def recover_ids(plan, url: str, found: dict, now: float, once: bool = False) -> 
 
 def judge_ids_served(plan, state, batch: PendingBatch, brought_by_filter: int | None, now: float) -> None:
     """A relay that does not serve by id what its NIP-77 advertises
-    (``unservable.ids_not_served``, on the batch's first id pass and, once asked, what
-    the filters brought) is remembered so: its next batches go by REQ+EOSE from the start
-    (``RelayState.serves_ids``), for a day."""
+    (``unservable.ids_not_served``: the batch's first id pass, and what the filters brought,
+    None where they could not answer) is remembered so: its next batches go by REQ+EOSE
+    from the start (``RelayState.serves_ids``), for a day."""
     advertised = len(batch.advertised_ids)
     by_id = advertised - len(batch.residual_asked or batch.residual_ids())
     if not ids_not_served(advertised, by_id, brought_by_filter) or not state.serves_ids(now):
@@ -337,7 +333,8 @@ def judge_by_filter(plan, state, batch: PendingBatch, now: float) -> None:
     """The filters asked for what the first id pass did not serve have answered
     (judged once)."""
     if batch.residual_asked and not batch.residual_retried:
-        judge_ids_served(plan, state, batch, len(batch.residual_asked & batch.received_ids), now)
+        answered = batch.residual_asked - filter_unanswered(plan, state, batch, batch.residual_asked)
+        judge_ids_served(plan, state, batch, len(answered & batch.received_ids) if answered else None, now)
     batch.residual_asked = set()
 
 

@@ -3,7 +3,8 @@ residuals).
 
 A relay that advertised an id through NIP-77 and did not serve it by id is asked by the
 filter that found it. The filter is the witness: what it brings and the id fetch did not
-says the relay does not serve ids (``ids_not_served``: REQ+EOSE there for a day); what it
+says the relay does not serve ids (``ids_not_served``: REQ+EOSE there for a day; judged once
+the filters answered, by the seed's count only where they could not); what it
 does not bring either is not there to be served (hidden on read, expired, deleted between
 the exchange and the fetch): *unservable there* (``UnservableIds``), not asked on that relay
 again before its next daily fresh start, and recovered from the other relays that list its
@@ -25,14 +26,18 @@ from ..constants import (
 
 def ids_not_served(advertised: int, served_by_id: int, brought_by_filter: int | None = None) -> bool:
     """Does the relay not serve by id what its NIP-77 advertises? Only if its id fetch
-    served at most a tenth of the ``advertised`` ids, and either they were at least
-    ``IDS_NOT_SERVED_MIN_ADVERTISED`` (the seed's rule: judged before the filters are asked),
-    or their filters brought some of what the id fetch did not (``brought_by_filter``; None:
-    not asked yet). An id fetch that served none of one id, whose filter brought nothing
-    either, says nothing of the relay: that id is not there."""
+    served at most a tenth of the ``advertised`` ids, and their filters brought some of what
+    the id fetch did not (``brought_by_filter``). Where the filters could not answer (None:
+    refused, silent), the seed's count decides: at least ``IDS_NOT_SERVED_MIN_ADVERTISED``
+    advertised. Ids that neither the id fetch nor their filters brought say nothing of the
+    relay, however many: they are not there (a relay that hides on read, or still advertises
+    what it deleted, would otherwise lose its NIP-77 at every daily fresh start; seed 28's
+    year: 20 such ids, gathered over months)."""
     if served_by_id > advertised * RESIDUAL_FALLBACK_MAX_FRACTION:
         return False
-    return advertised >= IDS_NOT_SERVED_MIN_ADVERTISED or bool(brought_by_filter)
+    if brought_by_filter is None:
+        return advertised >= IDS_NOT_SERVED_MIN_ADVERTISED
+    return brought_by_filter > 0
 
 
 class UnservableIds:
