@@ -51,3 +51,13 @@ def test_what_was_unservable_before_the_last_daily_clear_is_remembered_until_the
     memory.add(["b"])
     memory.clear()
     assert not memory.before("a") and memory.before("b")
+
+
+def test_an_id_unservable_the_day_before_is_asked_by_id_once_a_day():
+    memory = UnservableIds()
+    memory.add(["a"])
+    memory.clear()  # the daily fresh start
+    memory.asked_by_id(["a", "new"])
+    assert memory.asked_today("a") and not memory.asked_today("new"), "only what was unservable before"
+    memory.clear()  # the next daily: asked again ("a" was not unservable when it came)
+    assert not memory.asked_today("a") and not memory.before("a")

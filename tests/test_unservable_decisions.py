@@ -447,3 +447,35 @@ def test_twenty_ids_not_served_by_id_whose_filter_never_answered_are_judged_by_t
     run(h, A, advertised)
     state = h.state(A)
     assert state.ids_unserved_at is not None and not state.serves_ids(h.clock.now)
+
+
+def test_an_id_the_daily_fresh_start_asked_by_id_is_not_asked_so_again_by_a_fresh_start_after_a_cut(tmp_path):
+    """Found by the simulator (seed 46's year, day 293.99): the daily fresh start asked an id
+    unservable there the day before by id, once, and the connection dropped before its
+    filter answered; the fresh start at the reconnect asked it by id again, a fourth time in
+    23.7 h. The day's ask by id was had: the reconnect asks it by its filter only."""
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    _, hidden = world(h)
+    h.connect(A)
+    run(h, A, [hidden], by_id=True, never=[hidden])
+    state = h.state(A)
+    assert hidden.id in state.unservable
+
+    h.advance(state.next_daily_at - h.clock.now + 1)
+    h.tick()
+    daily = sent(h, A)
+
+    def residual(filters):  # the filter asked for what the id fetch did not serve: cut off
+        return any(name == "a" for f in filters for name, _ in f.tags) and h.frames(A, "REQ")[-1][2:] == [
+            json.loads(f.to_json()) for f in filters]
+
+    run(h, A, [hidden], by_id=True, never=[hidden], silent=residual)
+    assert asks(h, A, hidden, after=daily)[0] == 1, "the daily's ask by id"
+    h.feed(RelayDisconnected(A, state.session, "gone"))
+    h.advance(16 * 60)  # away long enough for a fresh start, the daily not near
+    h.tick()
+    h.feed(HandshakeDone(A, state.attempt, ws=FakeWs()))
+    run(h, A, [hidden], by_id=True, never=[hidden])
+    assert asks(h, A, hidden, after=daily)[0] == 1, "not by id again that day"
+    assert asks(h, A, hidden, after=daily)[1] >= 1, "by its filter"
+    assert hidden.id in state.unservable

@@ -228,7 +228,12 @@ def fetch_what_the_exchanges_found(plan, state, batch: PendingBatch) -> None:
         plan.queue.add_reqs(state, batch, filters, front=True)
     if batch.advertised_ids:
         batch.settle([i for i in batch.advertised_ids if i in plan.seen])
-        plan.queue.add_id_fetches(state, batch, not_seen(plan, batch.advertised_ids))
+        # (unservable there the day before and asked by id since that day's fresh start: to
+        # its filter, as the residual, ``finish``)
+        unservable = state.unservable
+        ids = {i for i in not_seen(plan, batch.advertised_ids) if not unservable.asked_today(i)}
+        unservable.asked_by_id(ids)
+        plan.queue.add_id_fetches(state, batch, ids)
 
 
 def not_seen(plan, ids) -> set[str]:

@@ -49,6 +49,7 @@ class UnservableIds:
         self.max_ids = max_ids
         self._ids: dict[str, None] = {}
         self._before: frozenset[str] = frozenset()  # what was unservable at the last ``clear``
+        self._asked: set[str] = set()  # of those, what was asked by id since (``asked_by_id``)
 
     def add(self, ids: Iterable[str]) -> list[str]:
         """Remember ``ids``; returns those not remembered before (what is counted)."""
@@ -68,8 +69,22 @@ class UnservableIds:
         """Was ``event_id`` unservable here before the last daily fresh start (or is it now)?"""
         return event_id in self._ids or event_id in self._before
 
+    def asked_by_id(self, ids: Iterable[str]) -> None:
+        """``ids`` are asked by id: those unservable before the last daily fresh start have
+        had that day's ask (``asked_today``)."""
+        before = self._before
+        self._asked.update(i for i in ids if i in before)
+
+    def asked_today(self, event_id: str) -> bool:
+        """Was ``event_id``, unservable before the last daily fresh start, asked by id since?
+        Then not by id again before the next one, whatever the session: a fresh start at a
+        reconnect after the daily's batch was cut off goes to its filter at once (seed 46's
+        year, day 293.99: asked by id a fourth time in 23.7 h)."""
+        return event_id in self._asked
+
     def clear(self) -> None:
         """The daily fresh start: each id is asked once more; what was unservable is
         remembered until the next one (``before``), no more (bounded as ``max_ids``)."""
         self._before = frozenset(self._ids)
         self._ids.clear()
+        self._asked = set()
