@@ -328,3 +328,72 @@ def test_a_member_both_shards_fetched_keeps_its_descendants_known_though_answere
     h.close_own_read_window()
     asked = {value for g in h.own_reads() for flt in g.args[1] for _, values in flt.tags for value in values}
     assert member.id not in asked
+
+
+_TRICKLE_SUBSCRIBER = """
+import gevent.monkey; gevent.monkey.patch_all()
+import json, sys
+from gsync.io.inbox import OwnEvents, OwnLanded, OwnSubscribed
+from gsync.io.self_subscriber import SelfSubscriber
+from gsync.ops.logging import get_logger
+
+def post(msg):
+    if isinstance(msg, OwnSubscribed):
+        print(json.dumps(["subscribed"]), flush=True)
+    elif isinstance(msg, (OwnEvents, OwnLanded)):
+        ids = [e.id for e in msg.events] if isinstance(msg, OwnEvents) else [i for i, _ in msg.entries]
+        print(json.dumps([type(msg).__name__, ids]), flush=True)
+
+SelfSubscriber(sys.argv[1], post, get_logger("test"), landed=True).start()
+gevent.sleep(60)
+"""
+
+
+def test_what_the_own_relay_stores_one_at_a_time_is_read_in_bursts(relay_factory):
+    """A shard's self-subscription carries every event any shard stores, as the own relay
+    stores them: one at a time. Read as it came, each cost a socket read, its timeout and a
+    loop turn (more of each shard's CPU than it spent on all it parsed, issue 40). A real
+    own relay stores 60 roots, each on a connection of its own, another client's; the
+    self-subscriber shows every one (live and landed), in at most one message of each kind
+    per SELF_READ_PACE_SECS of the trickle, not one per event."""
+    import json
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from gsync import constants
+
+    from .forks import gsync_env
+    from .relays import publish, wait_until
+
+    own = relay_factory()
+    ann = announcement(Author.named("landed-owner"), "landed-trickle")
+    publish(own.url, [ann])
+    roots = [issue(Author.named("landed-dev"), ann, subject=f"trickle {i}") for i in range(60)]
+    child = subprocess.Popen([sys.executable, "-c", _TRICKLE_SUBSCRIBER, own.url], stdout=subprocess.PIPE,
+                             text=True, env=gsync_env())
+    lines: list = []
+    reader = threading.Thread(
+        target=lambda: lines.extend(json.loads(line) for line in child.stdout if line.startswith("[")), daemon=True)
+    reader.start()
+
+    def posts(kind):
+        return [ids for line in list(lines) if line[0] == kind for ids in [line[1]] if set(ids) & wanted]
+
+    wanted = {root.id for root in roots}
+    try:
+        wait_until(lambda: ["subscribed"] in list(lines), timeout=20, what="the history read")
+        began = time.monotonic()
+        for root in roots:
+            publish(own.url, [root], per_connection=1)  # stored and broadcast one at a time
+        took = time.monotonic() - began
+        for kind in ("OwnEvents", "OwnLanded"):
+            wait_until(lambda k=kind: wanted <= {i for ids in posts(k) for i in ids}, timeout=20,
+                       what=f"every root ({kind})")
+            # at most one read per pace interval while they trickled in, and the last ones
+            bound = took / constants.SELF_READ_PACE_SECS + 3
+            assert len(posts(kind)) <= min(bound, len(roots) / 2), (kind, len(posts(kind)), took)
+    finally:
+        child.kill()
+        child.wait()
