@@ -190,6 +190,46 @@ def test_an_id_asked_of_a_relay_that_sends_no_eose_is_not_judged_asked_again():
     assert counts == [{}, {"unservable_asked_again": 1}]
 
 
+def test_an_id_asked_of_a_relay_retired_and_listed_again_is_counted_from_its_return():
+    """Seed 52's year (unservable_asked_again, day 98.91; the checker's mistake): relay4's
+    hidden id was asked by id twice at its daily fresh start; every repository dropped
+    relay4, gsync retired it (what it marked unservable there with it: tables follow the
+    work, SPEC §8), and when it was listed again 9 hours later asked it twice more, counted
+    with the asks before it left. Asks count from the relay's return, as refusals do."""
+    sim = Simulation(SimOptions(seed=4, days=0.3, faults=False, publish_per_day=0.001, **SMALL))
+    url = sim.world.relay_urls[2]
+    relay = sim.relays[url]
+    relay.hidden = {"ab" * 32}
+    sim.faults.abandon_rng = random.Random(1)
+    listing, states, counts = [], [], []
+
+    def asked(times):
+        states.append(sim.manager.relays.get(url))
+        for i in range(times):
+            conn = types.SimpleNamespace(relay=url, number=len(counts) * 10 + i, starts=[])
+            sim.checker.client_frame(conn, "REQ", json.dumps(["REQ", f"x{len(counts)}{i}", {"ids": ["ab" * 32]}]))
+        counts.append(dict(sim.checker.counts))
+
+    def abandoned():
+        listing.extend(repo for repo in sim.world.repos if url in repo.relays)
+        sim.faults.abandon()  # (relay2 the only relay listed that is not a bootstrap one)
+
+    def listed_again():
+        assert url not in sim.manager.relays  # retired
+        for repo in listing:
+            repo.relays.append(url)
+            sim.publish(sim.world.announce(repo, int(sim.clock.now)), list(repo.relays), own=True)
+
+    sim.at(START + 0.1 * 86_400, asked, 2)
+    sim.at(START + 0.12 * 86_400, abandoned)
+    sim.at(START + 0.2 * 86_400, listed_again)
+    sim.at(START + 0.25 * 86_400, asked, 2)
+    sim.at(START + 0.26 * 86_400, asked, 2)  # four since its return: one too many
+    sim.run()
+    assert listing and states[0] is not None and states[1] is not None and states[1] is not states[0]
+    assert counts == [{}, {}, {"unservable_asked_again": 1}], counts
+
+
 def test_a_graceful_stop_saves_gsync_state():
     """Seed 10's year (dead_dialled, day 292.15; the simulator's mistake): gsync stopped
     gracefully 104 s after a dead relay's daily attempt and, started again, dialled it at

@@ -45,7 +45,8 @@ with the simulated day it happened and what broke.
   fault) asked of it by id more than UNSERVABLE_ASKS times within a day of one gsync run (once
   at first, once by its recovery; once when another relay found it unservable, after which
   it is unservable here too; its daily fresh start asks again); an ask the relay leaves
-  without EOSE (the ``no_eose`` fault) is not counted: the relay did not answer it.
+  without EOSE (the ``no_eose`` fault) is not counted: the relay did not answer it; a relay
+  retired and listed again by the same process is counted from its return.
 - ``ids_judged_unserved``: gsync judged a relay not to serve by id what its NIP-77 advertises
   (``RelayState.ids_unserved_at``) while the relay served ids (its ``ids_unserved`` fault
   off for the ten minutes before): the unservable event of one id must cost the relay nothing.
@@ -108,7 +109,7 @@ class Checker:
         self.own_lost_at = float("-inf")  # the own relay's last loss of data
         self.refused_at: dict[str, dict[str, list]] = {}  # relay -> tag key -> [read at, asked since, ...]
         self.refused_by: dict[tuple[str, str], tuple] = {}  # (relay, tag key) -> _relay_state when read (or reset)
-        self.hidden_asks: dict[tuple[str, str], list[float]] = {}  # (relay, hidden id) -> asked by id at
+        self.hidden_asks: dict[tuple[str, str], tuple] = {}  # (relay, hidden id) -> (gsync's record of it, asked by id at)
         self.ids_judged: dict[str, float] = {}  # relay -> the ids_unserved_at last checked
         self.tabled_since: dict[str, float] = {}  # relay -> its first dial since it (re)entered the table
         self.gsync_since = START  # when the running gsync started
@@ -275,8 +276,15 @@ class Checker:
             return
         now = self.sim.clock.now
         asked = {i for f in filters if isinstance(f, dict) for i in f.get("ids") or () if i in hidden}
+        record = self._relay_state(url)[1]
         for event_id in sorted(asked):
-            times = self.hidden_asks.setdefault((url, event_id), [])
+            held = self.hidden_asks.get((url, event_id))
+            if held is None or held[0] is not record:
+                # first asked, or the relay retired and listed again since, by this gsync
+                # process: what it marked unservable there went with it (as its refusals and
+                # dead mark do); its asks count from its return (seed 52's year, day 98.91)
+                held = self.hidden_asks[(url, event_id)] = (record, [])
+            times = held[1]
             times.append(now)
             del times[:-UNSERVABLE_ASKS - 1]
             if len(times) > UNSERVABLE_ASKS and now - times[0] < DAY:
