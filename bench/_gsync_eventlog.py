@@ -6,7 +6,7 @@ monotonic time, relay, subscription id, event id, and what the subscription belo
 the batch's kind, method, ``follower``/``share_all``/``fetch_by_filter`` (F, S, B; D: no items, descendants), whether its filter
 asks by id, and the filter's tag names. Lines starting ``#wait`` are ``method.follower_wait``'s
 answers (expected events, starts queued on the leader's relay and on its own, exchanges,
-wait, bound). ``bench/_eventlog_report.py`` reads it. Slows gsync
+wait, bound, relays syncing side by side, a check's price). ``bench/_eventlog_report.py`` reads it. Slows gsync
 a little (one line per event)."""
 from gevent import monkey
 
@@ -51,10 +51,10 @@ def _install(path: str) -> None:
     follower_wait = method.follower_wait
 
     def logged_follower_wait(expected, leader_queued, gate_secs, cap_secs, filters=0, start=method.START_BYTES,
-                             own_queued=None):
-        wait = follower_wait(expected, leader_queued, gate_secs, cap_secs, filters, start, own_queued)
+                             own_queued=None, side_by_side=1):
+        wait = follower_wait(expected, leader_queued, gate_secs, cap_secs, filters, start, own_queued, side_by_side)
         out.write(f"#wait\t{time.monotonic():.3f}\t{expected}\t{leader_queued}\t{own_queued}\t{filters}"
-                  f"\t{wait.wait}\t{wait.max_secs:.2f}\n")
+                  f"\t{wait.wait}\t{wait.max_secs:.2f}\t{side_by_side}\t{start}\n")
         return wait
 
     method.follower_wait = logged_follower_wait

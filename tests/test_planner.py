@@ -237,6 +237,23 @@ def test_a_follower_whose_wait_would_not_pay_reads_at_once_and_shares_the_fetche
     assert follower.phase is BatchPhase.READING_OWN and follower.share_all
 
 
+def test_a_follower_waits_when_many_relays_sync_side_by_side():
+    """Five repositories another relay leads, four filters: with two relays syncing, four
+    checks at a gate interval each cost more than the pages they save, and it goes at once;
+    with fifty syncing (bench/scale), the own relay's pace, not the gate, is what the
+    operator waits for (``method.wait_bytes_per_sec``), and it waits for the lead."""
+    five = PendingItems(repos={f"30617:{'ab' * 32}:r{i}": SyncLevel.FULL for i in range(5)})
+    filters = [ISSUES, PATCHES, LAYER2, THREAD]
+    for crowd, waits in ((0, False), (48, True)):
+        w = World()
+        for i in range(crowd):
+            w.batch(w.relay(f"wss://r{i}.example"), LAYER2)  # syncing too
+        leader_state, state = w.relay(B), w.relay(A)
+        leader, _ = w.plan.start(leader_state, five, filters, BatchKind.SYNC, False, (), False, NOW)
+        follower, _ = w.plan.start(state, five, filters, BatchKind.SYNC, False, {(B, leader.batch_id)}, False, NOW)
+        assert (follower.phase is BatchPhase.FOLLOWING) is waits and follower.share_all is not waits
+
+
 # -- the method per filter ------------------------------------------------------------------
 
 def test_what_the_own_relay_lacks_entirely_goes_by_req_pages_on_a_first_sync():

@@ -217,9 +217,10 @@ class HistoricPlanner:
         own_queued = len(state.current.historic_queue)
         # the checks hide behind the work queued here; past it, each is a gate interval of wait
         # too, for what the other relay lacked (the demo's world: every relay holds its own)
-        start = method.START_BYTES if own_queued >= adds else method.start_bytes(gate, first_sync=True)
+        side_by_side = self.side_by_side()
+        start = method.START_BYTES if own_queued >= adds else method.start_bytes(gate, True, side_by_side)
         return method.follower_wait(expected, queued, gate, constants.FOLLOWER_WAIT_MAX_SECS,
-                                    adds, start, own_queued)
+                                    adds, start, own_queued, side_by_side)
 
     def leaders_to_follow(self, state, items: PendingItems, leaders, filters_of) -> set:
         """Of ``leaders`` (other relays' batches leading some of ``items``), those a batch of
@@ -240,6 +241,12 @@ class HistoricPlanner:
 
     def gate_secs(self) -> float:
         return self.sync.background_start_interval_ms / 1000
+
+    def side_by_side(self) -> int:
+        """Relays whose historic sync runs now: on a first sync they share what the own relay
+        stores, so a gate interval of one of them is worth less of the operator's wait
+        (``method.wait_bytes_per_sec``)."""
+        return sum(1 for s in self.relays.values() if s.connected and s.current.syncing())
 
     def release_followers(self, keys, now: float, overdue: bool = False) -> None:
         """Batches whose leaders are done: their holdings now. Those that waited too long
@@ -359,7 +366,7 @@ class HistoricPlanner:
         first_sync = not any((self.seen.get(event_id) or -1.0) < since for held in holdings for _, event_id in held)
         facts = [self.filter_facts(batch, f, held, len(filters), first_sync)
                  for f, held in zip(filters, holdings, strict=True)]
-        start = method.start_bytes(self.gate_secs(), first_sync and not batch.follower)
+        start = method.start_bytes(self.gate_secs(), first_sync and not batch.follower, self.side_by_side())
         choice = method.choose_methods(facts, allowed, start, first_sync)
         by_neg = [(f, held) for f, held, neg in zip(filters, holdings, choice.negentropy, strict=True) if neg]
         by_req = [f for f, neg in zip(filters, choice.negentropy, strict=True) if not neg]
