@@ -7,6 +7,12 @@ the batch's kind, method, ``follower``/``share_all``/``fetch_by_filter`` (F, S, 
 asks by id, and the filter's tag names. Lines starting ``#wait`` are ``method.follower_wait``'s
 answers (expected events, starts queued on the leader's relay and on its own, exchanges,
 wait, bound, relays syncing side by side, a check's price). ``bench/_eventlog_report.py`` reads it. Slows gsync
+
+
+wait, bound); lines starting ``#method`` are the planner's method choices (relay, batch,
+filters by NIP-77 and by REQ pages, follower/share_all); ``#start`` its batch starts (relay,
+batch, new or joined, kind, repositories, roots, leaders, go_now, follower/share_all, starts
+queued on the relay). ``bench/_eventlog_report.py`` reads it. Slows gsync
 a little (one line per event)."""
 from gevent import monkey
 
@@ -58,6 +64,30 @@ def _install(path: str) -> None:
         return wait
 
     method.follower_wait = logged_follower_wait
+
+    from gsync.sync.planner import HistoricPlanner
+
+    choose_methods = HistoricPlanner.choose_methods
+
+    def logged_choose_methods(self, state, batch, filters, holdings, now):
+        by_neg, by_req = choose_methods(self, state, batch, filters, holdings, now)
+        out.write(f"#method\t{time.monotonic():.3f}\t{state.url}\t{batch.batch_id}\t{len(by_neg)}\t{len(by_req)}"
+                  f"\t{'F' if batch.follower else ''}{'S' if batch.share_all else ''}\n")
+        return by_neg, by_req
+
+    HistoricPlanner.choose_methods = logged_choose_methods
+
+    start = HistoricPlanner.start
+
+    def logged_start(self, state, items, filters, kind, coalesce, leaders, go_now, now):
+        batch, new = start(self, state, items, filters, kind, coalesce, leaders, go_now, now)
+        out.write(f"#start\t{time.monotonic():.3f}\t{state.url}\t{batch.batch_id}\t{int(new)}\t{kind.name}"
+                  f"\t{len(items.repos)}\t{len(items.root_events)}\t{len(leaders)}\t{int(go_now)}"
+                  f"\t{'F' if batch.follower else ''}{'S' if batch.share_all else ''}"
+                  f"\t{len(state.current.historic_queue)}\n")
+        return batch, new
+
+    HistoricPlanner.start = logged_start
 
 
 if __name__ == "__main__":
