@@ -254,6 +254,28 @@ def test_a_follower_waits_when_many_relays_sync_side_by_side():
         assert (follower.phase is BatchPhase.FOLLOWING) is waits and follower.share_all is not waits
 
 
+def test_a_follower_whose_leader_goes_on_by_nip77_prices_in_what_the_leader_fetches():
+    """The leader's holdings read chose NIP-77: it leads no more, its follower reads the own
+    relay at once, before the leader's events land. Priced as holding nothing it went by REQ
+    pages and brought every event again (bench/scale: 0.28 copies per wanted event); it
+    counts what the leader fetches as brought again and goes by NIP-77, the claims sharing
+    the fetches out."""
+    w = World()
+    leader_state, state = w.relay(B), w.relay(A)
+    many = PendingItems(repos={f"30617:{'ab' * 32}:r{i}": SyncLevel.FULL for i in range(50)})
+    leader, _ = w.plan.start(leader_state, many, [ISSUES], BatchKind.SYNC, False, (), False, NOW)
+    follower, _ = w.plan.start(state, many, [ISSUES], BatchKind.SYNC, False, {(B, leader.batch_id)}, False, NOW)
+    assert follower.phase is BatchPhase.FOLLOWING
+    held = [(1_700_000_000 + i, f"{i:064x}") for i in range(3000)]
+    w.plan.seen.update((event_id, None) for _, event_id in held)  # the leader's relay re-syncs
+    assert w.plan.holdings_read(leader_state, leader, answer(leader_state, leader, [ISSUES], [held]), NOW)
+    assert leader.method is SyncMethod.NEGENTROPY and follower.phase is BatchPhase.READING_OWN
+    assert follower.share_all
+    assert w.plan.holdings_read(state, follower, answer(state, follower, [ISSUES], [[]]), NOW)
+    [(token, [flt])] = state.current.historic_queue
+    assert isinstance(token, ExchangeToken) and follower.method is SyncMethod.NEGENTROPY
+
+
 # -- the method per filter ------------------------------------------------------------------
 
 def test_what_the_own_relay_lacks_entirely_goes_by_req_pages_on_a_first_sync():
