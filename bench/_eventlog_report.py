@@ -19,7 +19,7 @@ def report(path: str, top: int = 25) -> list[str]:
     again = collections.Counter()
     pairs = collections.Counter()
     chosen: dict[tuple[str, str], float] = {}  # (relay, batch id) → when its methods were chosen
-    causes = collections.Counter()
+    timing = collections.Counter()
     total = 0
     with open(path) as fh:
         for line in fh:
@@ -38,7 +38,7 @@ def report(path: str, top: int = 25) -> list[str]:
                 where = "same relay" if relay in seen_on[event_id] else "other relay"
                 again[(what, where)] += 1
                 pairs[(first[event_id][2], what)] += 1
-                causes[_cause(where, first[event_id][0], chosen, relay, sub)] += 1
+                timing[_timing(where, first[event_id][0], chosen, relay, sub)] += 1
             seen_on[event_id].add(relay)
     out = [f"event log {path}: {total:,} received, {len(first):,} distinct, "
            f"{total / max(1, len(first)):.2f} a distinct event"]
@@ -48,9 +48,9 @@ def report(path: str, top: int = 25) -> list[str]:
     out += [f"    {n:7,}  {what}" for what, n in firsts.most_common(top)]
     out.append("  copies by path (and whether that relay had sent it before):")
     out += [f"    {n:7,}  {what}  [{where}]" for (what, where), n in again.most_common(top)]
-    out.append("  copies by cause (known: the first arrival came before the copy's batch chose its methods,"
+    out.append("  copies by timing (known: the first arrival came before the copy's batch chose its methods,"
                " so the planner priced it in; concurrent: it came after):")
-    out += [f"    {n:7,}  {cause}" for cause, n in causes.most_common()]
+    out += [f"    {n:7,}  {n / max(1, len(first)):.2f}  {cause}" for cause, n in timing.most_common()]
     out.append("  copies by (path of the first arrival -> path of the copy):")
     out += [f"    {n:7,}  {a}  ->  {b}" for (a, b), n in pairs.most_common(top)]
     return out
@@ -85,7 +85,7 @@ def causes(again: collections.Counter) -> collections.Counter:
     return out
 
 
-def _cause(where: str, first_at: float, chosen: dict, relay: str, sub: str) -> str:
+def _timing(where: str, first_at: float, chosen: dict, relay: str, sub: str) -> str:
     if where == "same relay":
         return "same relay (its own filters overlap)"
     batch = sub[1:].split("-", 1)[0] if sub.startswith("h") else None

@@ -6,10 +6,7 @@ monotonic time, relay, subscription id, event id, and what the subscription belo
 the batch's kind, method, ``follower``/``share_all``/``fetch_by_filter`` (F, S, B; D: no items, descendants), whether its filter
 asks by id, and the filter's tag names. Lines starting ``#wait`` are ``method.follower_wait``'s
 answers (expected events, starts queued on the leader's relay and on its own, exchanges,
-wait, bound, relays syncing side by side, a check's price). ``bench/_eventlog_report.py`` reads it. Slows gsync
-
-
-wait, bound); lines starting ``#method`` are the planner's method choices (relay, batch,
+wait, bound, relays syncing side by side, a check's price); lines starting ``#method`` are the planner's method choices (relay, batch,
 filters by NIP-77 and by REQ pages, follower/share_all); ``#start`` its batch starts (relay,
 batch, new or joined, kind, repositories, roots, leaders, go_now, follower/share_all, starts
 queued on the relay). ``bench/_eventlog_report.py`` reads it. Slows gsync
