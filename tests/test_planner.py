@@ -304,6 +304,32 @@ def test_a_leader_going_on_partly_by_nip77_leads_what_its_pages_fetch_until_they
 
 # -- the method per filter ------------------------------------------------------------------
 
+def test_descendants_held_with_their_thread_go_by_nip77_where_a_new_thread_would_not():
+    """A thread's members' replies mostly tag its root and came with the thread's pages: a
+    descendants batch (no items of its own) lacks what a re-sync lacks, so the nested
+    replies its ``#e`` holds go by NIP-77 (bench/scale: its pages brought 0.10 copies per
+    wanted event). The same holdings of a new root's thread go by REQ pages: most of a new
+    thread is missing, and NIP-77 would fetch it by id besides."""
+    from gsync.sync import filter_plan
+
+    members = [f"{i:064x}" for i in range(1, 4)]
+    held = [(1_700_000_000 + i, f"{i + 100:064x}") for i in range(220)]
+    outcomes = {}
+    for name, items, filters in (
+            ("descendants", PendingItems(), filter_plan.descendant_filters(members)),
+            ("thread", PendingItems(root_events={members[0]}), filter_plan.root_event_filters([members[0]]))):
+        w = World()
+        state = w.relay()
+        state.round_started_at = NOW - 10
+        w.plan.seen.update((event_id, NOW - 1) for _, event_id in held)  # came this round
+        batch, _ = w.plan.start(state, items, filters, BatchKind.SYNC, False, (), False, NOW)
+        holdings = [held if flt.tags[0][0] == "e" else [] for flt in filters]
+        assert w.plan.holdings_read(state, batch, answer(state, batch, filters, holdings), NOW)
+        outcomes[name] = sorted(flt.tags[0][0] for token, [flt, *_] in state.current.historic_queue
+                                if isinstance(token, ExchangeToken))
+    assert outcomes == {"descendants": ["e"], "thread": []}
+
+
 def test_what_the_own_relay_lacks_entirely_goes_by_req_pages_on_a_first_sync():
     w = World()
     state = w.relay()
