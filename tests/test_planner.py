@@ -330,6 +330,33 @@ def test_descendants_held_with_their_thread_go_by_nip77_where_a_new_thread_would
     assert outcomes == {"descendants": ["e"], "thread": []}
 
 
+def test_a_first_syncs_start_costs_less_when_many_relays_sync_side_by_side():
+    """A new root's thread whose statuses (100) came with its repository's pages: alone, a
+    start is a gate interval of the operator's wait (90 KB), and the copies cost less than
+    NIP-77's exchange and fetch; with fifty relays syncing (bench/scale), the own relay's
+    pace is the wait, a start costs little more than the remote's work, and NIP-77 takes
+    the ``#e`` that holds them."""
+    from gsync.sync import filter_plan
+
+    root = "cd" * 32
+    held = [(1_700_000_000 + i, f"{i + 100:064x}") for i in range(100)]
+    filters = filter_plan.root_event_filters([root])
+    outcomes = {}
+    for crowd in (0, 48):
+        w = World()
+        for i in range(crowd):
+            w.batch(w.relay(f"wss://r{i}.example"), LAYER2)  # syncing too
+        state = w.relay()
+        state.round_started_at = NOW - 10
+        w.plan.seen.update((event_id, NOW - 1) for _, event_id in held)  # came this round
+        batch, _ = w.plan.start(state, PendingItems(root_events={root}), filters, BatchKind.SYNC, False, (), False, NOW)
+        holdings = [held if flt.tags[0][0] == "e" else [] for flt in filters]
+        assert w.plan.holdings_read(state, batch, answer(state, batch, filters, holdings), NOW)
+        outcomes[crowd] = sorted(flt.tags[0][0] for token, [flt, *_] in state.current.historic_queue
+                                 if isinstance(token, ExchangeToken))
+    assert outcomes == {0: [], 48: ["e"]}
+
+
 def test_what_the_own_relay_lacks_entirely_goes_by_req_pages_on_a_first_sync():
     w = World()
     state = w.relay()
