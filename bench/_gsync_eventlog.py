@@ -6,7 +6,10 @@ monotonic time, relay, subscription id, event id, and what the subscription belo
 the batch's kind, method, ``follower``/``share_all``/``fetch_by_filter`` (F, S, B; D: no items, descendants), whether its filter
 asks by id, and the filter's tag names. Lines starting ``#wait`` are ``method.follower_wait``'s
 answers (expected events, starts queued on the leader's relay and on its own, exchanges,
-wait, bound). ``bench/_eventlog_report.py`` reads it. Slows gsync
+wait, bound, relays syncing side by side, a check's price); lines starting ``#method`` are the planner's method choices (relay, batch,
+filters by NIP-77 and by REQ pages, follower/share_all); ``#start`` its batch starts (relay,
+batch, new or joined, kind, repositories, roots, leaders, go_now, follower/share_all, starts
+queued on the relay). ``bench/_eventlog_report.py`` reads it. Slows gsync
 a little (one line per event)."""
 from gevent import monkey
 
@@ -51,13 +54,37 @@ def _install(path: str) -> None:
     follower_wait = method.follower_wait
 
     def logged_follower_wait(expected, leader_queued, gate_secs, cap_secs, filters=0, start=method.START_BYTES,
-                             own_queued=None):
-        wait = follower_wait(expected, leader_queued, gate_secs, cap_secs, filters, start, own_queued)
+                             own_queued=None, side_by_side=1):
+        wait = follower_wait(expected, leader_queued, gate_secs, cap_secs, filters, start, own_queued, side_by_side)
         out.write(f"#wait\t{time.monotonic():.3f}\t{expected}\t{leader_queued}\t{own_queued}\t{filters}"
-                  f"\t{wait.wait}\t{wait.max_secs:.2f}\n")
+                  f"\t{wait.wait}\t{wait.max_secs:.2f}\t{side_by_side}\t{start}\n")
         return wait
 
     method.follower_wait = logged_follower_wait
+
+    from gsync.sync.planner import HistoricPlanner
+
+    choose_methods = HistoricPlanner.choose_methods
+
+    def logged_choose_methods(self, state, batch, filters, holdings, now):
+        by_neg, by_req = choose_methods(self, state, batch, filters, holdings, now)
+        out.write(f"#method\t{time.monotonic():.3f}\t{state.url}\t{batch.batch_id}\t{len(by_neg)}\t{len(by_req)}"
+                  f"\t{'F' if batch.follower else ''}{'S' if batch.share_all else ''}\n")
+        return by_neg, by_req
+
+    HistoricPlanner.choose_methods = logged_choose_methods
+
+    start = HistoricPlanner.start
+
+    def logged_start(self, state, items, filters, kind, coalesce, leaders, go_now, now):
+        batch, new = start(self, state, items, filters, kind, coalesce, leaders, go_now, now)
+        out.write(f"#start\t{time.monotonic():.3f}\t{state.url}\t{batch.batch_id}\t{int(new)}\t{kind.name}"
+                  f"\t{len(items.repos)}\t{len(items.root_events)}\t{len(leaders)}\t{int(go_now)}"
+                  f"\t{'F' if batch.follower else ''}{'S' if batch.share_all else ''}"
+                  f"\t{len(state.current.historic_queue)}\n")
+        return batch, new
+
+    HistoricPlanner.start = logged_start
 
 
 if __name__ == "__main__":

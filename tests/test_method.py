@@ -23,6 +23,32 @@ def test_on_a_first_sync_a_start_is_also_the_operators_gate_interval():
     assert M.start_bytes(0.0, first_sync=True) == M.START_BYTES  # the gate off
 
 
+def test_relays_syncing_side_by_side_share_what_the_own_relay_stores():
+    """One relay alone, or two (the demo): its gate interval is the operator's wait. Fifty
+    at once (bench/scale) are held to what the own relay stores: a gate interval of one of
+    them is worth its share of that, and a start costs little more than the remote's work."""
+    assert M.wait_bytes_per_sec(1) == M.WAIT_BYTES_PER_SEC
+    assert M.wait_bytes_per_sec(2) == M.WAIT_BYTES_PER_SEC
+    assert M.wait_bytes_per_sec(50) == pytest.approx(M.OWN_STORE_BYTES_PER_SEC / 50)
+    assert M.start_bytes(1.0, True, 2) == M.start_bytes(1.0, True)
+    assert M.START_BYTES < M.start_bytes(1.0, True, 50) < M.START_BYTES + 4_000
+    assert M.start_bytes(1.0, False, 50) == M.START_BYTES
+
+
+def test_a_follower_of_many_relays_syncing_at_once_waits_for_its_lead():
+    """bench/scale, 50 relays: a follower of five repositories with nothing queued on its
+    relay went at once, its four checks priced at a gate interval each (90 KB); with fifty
+    relays syncing, the gate is not what the operator waits for, and it waits."""
+    expected = M.expected_events(5, 0)
+    alone = M.start_bytes(1.0, True)
+    assert not M.follower_wait(expected, 0, 1.0, 10.0, filters=4, start=alone, own_queued=0).wait
+    crowded = M.start_bytes(1.0, True, 50)
+    wait = M.follower_wait(expected, 0, 1.0, 10.0, filters=4, start=crowded, own_queued=0, side_by_side=50)
+    assert wait.wait
+    saved = expected * M.EVENT_BYTES - 4 * crowded - M.OWN_READ_BYTES
+    assert wait.max_secs == pytest.approx(1.0 + saved / M.wait_bytes_per_sec(50))  # a second's wait costs little
+
+
 # -- NIP-77 or REQ pages -----------------------------------------------------------------
 
 

@@ -237,7 +237,125 @@ def test_a_follower_whose_wait_would_not_pay_reads_at_once_and_shares_the_fetche
     assert follower.phase is BatchPhase.READING_OWN and follower.share_all
 
 
+def test_a_follower_waits_when_many_relays_sync_side_by_side():
+    """Five repositories another relay leads, four filters: with two relays syncing, four
+    checks at a gate interval each cost more than the pages they save, and it goes at once;
+    with fifty syncing (bench/scale), the own relay's pace, not the gate, is what the
+    operator waits for (``method.wait_bytes_per_sec``), and it waits for the lead."""
+    five = PendingItems(repos={f"30617:{'ab' * 32}:r{i}": SyncLevel.FULL for i in range(5)})
+    filters = [ISSUES, PATCHES, LAYER2, THREAD]
+    for crowd, waits in ((0, False), (48, True)):
+        w = World()
+        for i in range(crowd):
+            w.batch(w.relay(f"wss://r{i}.example"), LAYER2)  # syncing too
+        leader_state, state = w.relay(B), w.relay(A)
+        leader, _ = w.plan.start(leader_state, five, filters, BatchKind.SYNC, False, (), False, NOW)
+        follower, _ = w.plan.start(state, five, filters, BatchKind.SYNC, False, {(B, leader.batch_id)}, False, NOW)
+        assert (follower.phase is BatchPhase.FOLLOWING) is waits and follower.share_all is not waits
+
+
+def test_a_follower_whose_leader_goes_on_by_nip77_prices_in_what_the_leader_fetches():
+    """The leader's holdings read chose NIP-77: it leads no more, its follower reads the own
+    relay at once, before the leader's events land. Priced as holding nothing it went by REQ
+    pages and brought every event again (bench/scale: 0.28 copies per wanted event); it
+    counts what the leader fetches as brought again and goes by NIP-77, the claims sharing
+    the fetches out."""
+    w = World()
+    leader_state, state = w.relay(B), w.relay(A)
+    many = PendingItems(repos={f"30617:{'ab' * 32}:r{i}": SyncLevel.FULL for i in range(50)})
+    leader, _ = w.plan.start(leader_state, many, [ISSUES], BatchKind.SYNC, False, (), False, NOW)
+    follower, _ = w.plan.start(state, many, [ISSUES], BatchKind.SYNC, False, {(B, leader.batch_id)}, False, NOW)
+    assert follower.phase is BatchPhase.FOLLOWING
+    held = [(1_700_000_000 + i, f"{i:064x}") for i in range(3000)]
+    w.plan.seen.update((event_id, None) for _, event_id in held)  # the leader's relay re-syncs
+    assert w.plan.holdings_read(leader_state, leader, answer(leader_state, leader, [ISSUES], [held]), NOW)
+    assert leader.method is SyncMethod.NEGENTROPY and follower.phase is BatchPhase.READING_OWN
+    assert follower.share_all
+    assert w.plan.holdings_read(state, follower, answer(state, follower, [ISSUES], [[]]), NOW)
+    [(token, [flt])] = state.current.historic_queue
+    assert isinstance(token, ExchangeToken) and follower.method is SyncMethod.NEGENTROPY
+
+
+def test_a_leader_going_on_partly_by_nip77_leads_what_its_pages_fetch_until_they_are_done():
+    """The leader's holdings read chose NIP-77 for one filter (the own relay held much of
+    it) and REQ pages for another (nothing held): a follower of what its pages ask for waits
+    on for them (released at once, it read the own relay before they landed and brought
+    them all again: bench/scale N=50, 0.39 copies per wanted event); a follower of what only
+    the exchange fetches goes now, pricing in what the exchange fetches."""
+    w = World()
+    leader_state, state, other = w.relay(B), w.relay(A), w.relay("wss://c.example")
+    root = "cd" * 32
+    both = PendingItems(repos={REPO: SyncLevel.FULL}, root_events={root})
+    leader, _ = w.plan.start(leader_state, both, [ISSUES, THREAD], BatchKind.SYNC, False, (), False, NOW)
+    of_thread = w.batch(state, THREAD, items=PendingItems(root_events={root}))
+    of_repo = w.batch(other, ISSUES, items=PendingItems(repos={REPO: SyncLevel.FULL}))
+    for follower_state, follower in ((state, of_thread), (other, of_repo)):
+        w.plan.wait_for_leaders(follower_state, follower, False, {(B, leader.batch_id)}, 10.0, NOW)
+    held = [(1_700_000_000 + i, f"{i:064x}") for i in range(3000)]
+    w.plan.seen.update((event_id, None) for _, event_id in held)  # held before: a re-sync of ISSUES
+    assert w.plan.holdings_read(leader_state, leader, answer(leader_state, leader, [ISSUES, THREAD], [held, []]), NOW)
+    assert [type(token) for token, _ in leader_state.current.historic_queue] == [ExchangeToken, ReqId]
+    assert of_thread.phase is BatchPhase.FOLLOWING  # the leader's page asks for its root
+    assert of_repo.phase is BatchPhase.READING_OWN and of_repo.share_all
+    [req] = [token for token, _ in leader_state.current.historic_queue if isinstance(token, ReqId)]
+    w.plan.on_eose(leader_state, leader, req, 0.1, NOW)  # its pages are done: the other follower goes
+    assert of_thread.phase is BatchPhase.READING_OWN
+
+
 # -- the method per filter ------------------------------------------------------------------
+
+def test_descendants_held_with_their_thread_go_by_nip77_where_a_new_thread_would_not():
+    """A thread's members' replies mostly tag its root and came with the thread's pages: a
+    descendants batch (no items of its own) lacks what a re-sync lacks, so the nested
+    replies its ``#e`` holds go by NIP-77 (bench/scale: its pages brought 0.10 copies per
+    wanted event). The same holdings of a new root's thread go by REQ pages: most of a new
+    thread is missing, and NIP-77 would fetch it by id besides."""
+    from gsync.sync import filter_plan
+
+    members = [f"{i:064x}" for i in range(1, 4)]
+    held = [(1_700_000_000 + i, f"{i + 100:064x}") for i in range(220)]
+    outcomes = {}
+    for name, items, filters in (
+            ("descendants", PendingItems(), filter_plan.descendant_filters(members)),
+            ("thread", PendingItems(root_events={members[0]}), filter_plan.root_event_filters([members[0]]))):
+        w = World()
+        state = w.relay()
+        state.round_started_at = NOW - 10
+        w.plan.seen.update((event_id, NOW - 1) for _, event_id in held)  # came this round
+        batch, _ = w.plan.start(state, items, filters, BatchKind.SYNC, False, (), False, NOW)
+        holdings = [held if flt.tags[0][0] == "e" else [] for flt in filters]
+        assert w.plan.holdings_read(state, batch, answer(state, batch, filters, holdings), NOW)
+        outcomes[name] = sorted(flt.tags[0][0] for token, [flt, *_] in state.current.historic_queue
+                                if isinstance(token, ExchangeToken))
+    assert outcomes == {"descendants": ["e"], "thread": []}
+
+
+def test_a_first_syncs_start_costs_less_when_many_relays_sync_side_by_side():
+    """A new root's thread whose statuses (100) came with its repository's pages: alone, a
+    start is a gate interval of the operator's wait (90 KB), and the copies cost less than
+    NIP-77's exchange and fetch; with fifty relays syncing (bench/scale), the own relay's
+    pace is the wait, a start costs little more than the remote's work, and NIP-77 takes
+    the ``#e`` that holds them."""
+    from gsync.sync import filter_plan
+
+    root = "cd" * 32
+    held = [(1_700_000_000 + i, f"{i + 100:064x}") for i in range(100)]
+    filters = filter_plan.root_event_filters([root])
+    outcomes = {}
+    for crowd in (0, 48):
+        w = World()
+        for i in range(crowd):
+            w.batch(w.relay(f"wss://r{i}.example"), LAYER2)  # syncing too
+        state = w.relay()
+        state.round_started_at = NOW - 10
+        w.plan.seen.update((event_id, NOW - 1) for _, event_id in held)  # came this round
+        batch, _ = w.plan.start(state, PendingItems(root_events={root}), filters, BatchKind.SYNC, False, (), False, NOW)
+        holdings = [held if flt.tags[0][0] == "e" else [] for flt in filters]
+        assert w.plan.holdings_read(state, batch, answer(state, batch, filters, holdings), NOW)
+        outcomes[crowd] = sorted(flt.tags[0][0] for token, [flt, *_] in state.current.historic_queue
+                                 if isinstance(token, ExchangeToken))
+    assert outcomes == {0: [], 48: ["e"]}
+
 
 def test_what_the_own_relay_lacks_entirely_goes_by_req_pages_on_a_first_sync():
     w = World()

@@ -137,6 +137,26 @@ def test_a_root_found_missing_joins_the_thread_exchanges_and_needs_no_round_of_i
         new_root.id in b.items.root_events for b in state.current.pending.values())
 
 
+def test_a_root_received_since_the_exchange_read_its_holdings_does_not_join(tmp_path):
+    """Another relay's pages brought the new root after this batch read the own relay: the
+    exchange still finds it missing, but it is no one's to fetch here, and its thread takes
+    the usual round once stored (where another relay's lead is followed): its thread joins
+    none of this batch's filters (bench/scale: followers' pages brought threads another
+    relay was fetching)."""
+    h = ManagerHarness(tmp_path)
+    repo, known = world(h)
+    new_root = issue(Author.named("reporter"), repo, subject="fetched elsewhere")
+    h.manager.seen[new_root.id] = h.clock.now
+    run_until_layer2_found(h, [new_root])
+    assert not h.state(A).current.threads_ahead.roots(h.clock.now)
+    for _ in range(10):
+        h.advance(1.1)
+        for g in exchanges(h):
+            assert new_root.id not in g.args[2].to_json()
+            finish(h, g)
+    assert not [r for r in h.historic_reqs(A) if any(asks(f, new_root.id) for f in r[2:])]
+
+
 def test_ids_too_many_to_join_leave_the_new_root_its_own_round(tmp_path):
     """The counterpart: the #a exchange finds more ids missing than one thread filter of
     each shape can take (600 and the new root: more than a filter's tag budget), so none

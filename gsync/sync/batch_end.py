@@ -163,11 +163,16 @@ def cover_threads_ahead(plan, state, batch: PendingBatch, flt: Filter, found, no
     is known later) and noted (``RelaySession.threads_ahead``): a root the own relay
     stores then confirms with this batch (``RelayLifecycle.take_threads_ahead``). Most
     ids are not roots: they cost their bytes in the filters, and their threads' live
-    coverage for ``THREADS_AHEAD_SECS``."""
+    coverage for ``THREADS_AHEAD_SECS``. Ids gsync has received since (``seen``) do not
+    join."""
     if batch.kind is not BatchKind.SYNC or not found or not filter_plan.asks_by_repo(flt):
         return
     session = state.current
-    ids = set(found) - batch.items.root_events
+    # what came meanwhile (another relay's pages landed after this exchange's holdings were
+    # read) is no one's to fetch here: a root among it takes the usual round once stored,
+    # where another relay's lead of its thread is followed (bench/scale N=50: followers'
+    # pages brought threads another relay was fetching, 0.17 copies per wanted event)
+    ids = {i for i in found if i not in plan.seen} - batch.items.root_events
     if not ids or len(ids) > session.threads_ahead.room(now):
         return
     items = PendingItems(root_events=ids)

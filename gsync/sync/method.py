@@ -9,7 +9,9 @@ Every choice is priced in one currency, bytes down, at an exchange rate measured
   nothing as on serving that many bytes of events. Under the pacing gate each start is
   also one gate interval of wait on that relay; on a first sync (nothing of the batch held
   before this round) that is the operator's wait, worth ``WAIT_BYTES_PER_SEC`` (what a
-  first sync by REQ pages takes in a second under the gate) (``start_bytes``);
+  first sync by REQ pages takes in a second under the gate) (``start_bytes``), or, when
+  many relays sync side by side, that relay's share of what the own relay stores in a
+  second (``wait_bytes_per_sec``);
 - **bytes down**: an event brought again (held, in flight, or fetched by another relay)
   costs ``EVENT_BYTES``; NIP-77 costs ``NEG_ITEM_BYTES`` for each item the two sides compare;
 - **own-relay reads**: the holdings a NIP-77 exchange needs are read before any choice
@@ -60,6 +62,9 @@ IDS_PER_FETCH = MAX_IDS_PER_REQ  # ids an id fetch asks for at once
 # 100 (20,000 over 200, most of it threads); a root's thread, 3 to 5 in all three.
 EVENTS_PER_REPO = 20
 EVENTS_PER_ROOT = 3
+# What the own relay stores in a second, whatever feeds it: bench/own_store, an LMDB
+# LocalRelay alone, 263 events a second (bench/README).
+OWN_STORE_BYTES_PER_SEC = 263 * EVENT_BYTES
 
 
 @dataclass(frozen=True)
@@ -87,11 +92,24 @@ class FilterFacts:
         return len(self.held) + self.elsewhere
 
 
-def start_bytes(gate_secs: float, first_sync: bool) -> int:
+def wait_bytes_per_sec(side_by_side: int = 1) -> float:
+    """What a second of one relay's gate is worth to an operator waiting for a first sync
+    that ``side_by_side`` relays run at once. One relay alone takes in WAIT_BYTES_PER_SEC by
+    REQ pages; many together are held to what the own relay stores
+    (``OWN_STORE_BYTES_PER_SEC``: delivery's backlog holds their starts back past it), so a
+    gate interval on one of them holds the operator back by its share of that at most.
+    bench/scale, 50 relays: NIP-77 on and off took the same time (125 s) with 2.2 and 3.2
+    events received per wanted: the own relay, not the gate, set the pace."""
+    if WAIT_BYTES_PER_SEC <= 0:
+        return 0.0
+    return min(WAIT_BYTES_PER_SEC, OWN_STORE_BYTES_PER_SEC / max(1, side_by_side))
+
+
+def start_bytes(gate_secs: float, first_sync: bool, side_by_side: int = 1) -> int:
     """What one start is worth: the remote's work, and on a first sync the gate interval an
-    operator waits for it."""
+    operator waits for it (``wait_bytes_per_sec``: ``side_by_side`` relays syncing)."""
     if first_sync:
-        return START_BYTES + int(gate_secs * WAIT_BYTES_PER_SEC)
+        return START_BYTES + int(gate_secs * wait_bytes_per_sec(side_by_side))
     return START_BYTES
 
 
@@ -206,7 +224,8 @@ class FollowerWait:
 
 
 def follower_wait(expected: int, leader_queued: int, gate_secs: float, cap_secs: float,
-                  filters: int = 0, start: int = START_BYTES, own_queued: int | None = None) -> FollowerWait:
+                  filters: int = 0, start: int = START_BYTES, own_queued: int | None = None,
+                  side_by_side: int = 1) -> FollowerWait:
     """Should a batch of ``expected`` events that another relay leads wait for that lead?
 
     Waiting saves the pages that would bring again what the lead brings (``expected`` events
@@ -218,7 +237,7 @@ def follower_wait(expected: int, leader_queued: int, gate_secs: float, cap_secs:
     The wait costs the operator only the lead's lateness: the lead's pages come after the
     starts queued on the leader's relay (``leader_queued``), the batch's own would have come
     after those queued on its own relay (``own_queued``), a gate interval each, worth
-    ``WAIT_BYTES_PER_SEC`` a second. It waits at most as long as its own pages would have
+    ``wait_bytes_per_sec(side_by_side)`` a second. It waits at most as long as its own pages would have
     taken plus what the saving is worth (``cap_secs`` in all), so a slow or silent lead
     (another shard's) costs no more than it could save; and only when the lead comes within
     that. ``own_queued`` None: as long as the leader's (the lead is never late)."""
@@ -228,5 +247,5 @@ def follower_wait(expected: int, leader_queued: int, gate_secs: float, cap_secs:
     until_own = until_lead if own_queued is None else (own_queued + 1) * gate_secs
     if free:
         return FollowerWait(saved > 0 and until_lead <= cap_secs, cap_secs)
-    max_secs = min(cap_secs, until_own + max(0.0, saved / WAIT_BYTES_PER_SEC))
+    max_secs = min(cap_secs, until_own + max(0.0, saved / wait_bytes_per_sec(side_by_side)))
     return FollowerWait(saved > 0 and until_lead <= max_secs, max_secs)

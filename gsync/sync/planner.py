@@ -217,9 +217,10 @@ class HistoricPlanner:
         own_queued = len(state.current.historic_queue)
         # the checks hide behind the work queued here; past it, each is a gate interval of wait
         # too, for what the other relay lacked (the demo's world: every relay holds its own)
-        start = method.START_BYTES if own_queued >= adds else method.start_bytes(gate, first_sync=True)
+        side_by_side = self.side_by_side()
+        start = method.START_BYTES if own_queued >= adds else method.start_bytes(gate, True, side_by_side)
         return method.follower_wait(expected, queued, gate, constants.FOLLOWER_WAIT_MAX_SECS,
-                                    adds, start, own_queued)
+                                    adds, start, own_queued, side_by_side)
 
     def leaders_to_follow(self, state, items: PendingItems, leaders, filters_of) -> set:
         """Of ``leaders`` (other relays' batches leading some of ``items``), those a batch of
@@ -241,10 +242,19 @@ class HistoricPlanner:
     def gate_secs(self) -> float:
         return self.sync.background_start_interval_ms / 1000
 
-    def release_followers(self, keys, now: float, overdue: bool = False) -> None:
-        """Batches whose leaders are done: their holdings now. Those that waited too long
-        take NIP-77 for every filter: the leaders are still fetching, and the claims
-        share the fetches out between the exchanges."""
+    def side_by_side(self) -> int:
+        """Relays whose historic sync runs now: on a first sync they share what the own relay
+        stores, so a gate interval of one of them is worth less of the operator's wait
+        (``method.wait_bytes_per_sec``)."""
+        return sum(1 for s in self.relays.values() if s.connected and s.current.syncing())
+
+    def release_followers(self, keys, now: float, overdue: bool = False, still_fetching: bool = False) -> None:
+        """Batches whose leaders are done: their holdings now. Those that waited too long,
+        or whose leaders went on by NIP-77 (``still_fetching``), price in what the leaders
+        are still fetching as brought again (``share_all``): their filters take NIP-77 where
+        that is worth it, and the claims share the fetches out between the exchanges (by
+        REQ pages, read before the leaders' events landed, they brought every event again:
+        bench/scale, 0.28 copies per wanted event)."""
         for url, batch_id in keys:
             state = self.relays.get(url)
             batch = state.current.pending.get(batch_id) if state is not None and state.connected else None
@@ -255,15 +265,19 @@ class HistoricPlanner:
             elif overdue:
                 self.log.info("historic_lead_waited_too_long", relay=state.url, batch_id=batch_id)
                 batch.share_all = True
+            elif still_fetching:
+                batch.share_all = True
             start_queue.finish_subscription(batch, self.queue.lead_wait(batch_id))
             self.read_own_holdings(state, batch, batch.semantic_filters, batch.coalesce_wanted, now)
 
-    def stop_leading(self, state, batch: PendingBatch, now: float) -> None:
-        self.release_followers(self.lead.done((state.url, batch.batch_id)), now)
+    def stop_leading(self, state, batch: PendingBatch, now: float, still_fetching: bool = False) -> None:
+        """``batch`` leads no more: complete, or going on by NIP-77 (``still_fetching``)."""
+        self.release_followers(self.lead.done((state.url, batch.batch_id)), now, still_fetching=still_fetching)
 
     def leader_progressed(self, state, batch: PendingBatch, now: float) -> None:
-        """A page of a leading batch ended: followers whose repositories and roots none of
-        its open pages asks for any more go (``SharedLead.progress``)."""
+        """A page of a leading batch ended, or its methods were chosen: followers whose
+        repositories and roots none of its open pages asks for any more go
+        (``SharedLead.progress``); while its exchanges run, pricing in what they fetch."""
         key = (state.url, batch.batch_id)
         if not self.lead.has_followers(key):
             return
@@ -277,7 +291,8 @@ class HistoricPlanner:
         def still_open(key: str) -> bool:
             return key in values or identifier_of(key) in values  # a state filter asks by d
 
-        self.release_followers(self.lead.progress(key, still_open), now)
+        still_fetching = any(map(is_exchange, batch.outstanding_subs))
+        self.release_followers(self.lead.progress(key, still_open), now, still_fetching=still_fetching)
 
     # -- the own relay's holdings, and the method per filter ------------------------------
 
@@ -331,7 +346,10 @@ class HistoricPlanner:
             batch.method = SyncMethod.NEGENTROPY
             # NIP-77 for some of it (a re-sync, a follower, a relay too busy to lead): the
             # other relays' exchanges run beside this one's, the claims share the fetches out.
-            self.stop_leading(state, batch, now)
+            # What it fetches by REQ pages as well it leads on: those pages bring it once,
+            # and a follower of it waits for them (below)
+            if not by_req:
+                self.stop_leading(state, batch, now, still_fetching=True)
         else:
             waiting = self.waiting_req_batch(state, besides=batch) if batch.coalesce_wanted else None
             if waiting is not None:  # as start would have, had it known at once
@@ -343,6 +361,12 @@ class HistoricPlanner:
             batch.coalescable = batch.coalesce_wanted or batch.kind is BatchKind.LAYER1
         if by_req:
             self.queue.add_reqs(state, batch, by_req)
+        if by_neg and by_req:
+            # followers of what only its exchanges fetch go now, beside them (bench/scale
+            # N=50, the start priced by the relays side by side: followers released by a
+            # leader's NIP-77 read before its pages landed, and brought 0.39 copies per
+            # wanted event by theirs)
+            self.leader_progressed(state, batch, now)
         return True
 
     @staticmethod
@@ -357,10 +381,15 @@ class HistoricPlanner:
         allowed = self.use_negentropy(state, filters, now)  # it may have been turned off meanwhile
         since = state.round_started_at  # held before this round: a re-sync, nobody waits for it
         first_sync = not any((self.seen.get(event_id) or -1.0) < since for held in holdings for _, event_id in held)
-        facts = [self.filter_facts(batch, f, held, len(filters), first_sync)
+        # descendants (a batch of thread members' replies, no items of its own): most reply
+        # to a member and tag its root, and came with the thread's filters; what they lack
+        # is what a re-sync lacks, not what a new filter likely matches (bench/scale N=50:
+        # their pages brought 1,807 nested comments again, 0.10 per wanted event)
+        lacks_most = first_sync and not (batch.kind is BatchKind.SYNC and not batch.items)
+        facts = [self.filter_facts(batch, f, held, len(filters), lacks_most)
                  for f, held in zip(filters, holdings, strict=True)]
-        start = method.start_bytes(self.gate_secs(), first_sync and not batch.follower)
-        choice = method.choose_methods(facts, allowed, start, first_sync)
+        start = method.start_bytes(self.gate_secs(), first_sync and not batch.follower, self.side_by_side())
+        choice = method.choose_methods(facts, allowed, start, lacks_most)
         by_neg = [(f, held) for f, held, neg in zip(filters, holdings, choice.negentropy, strict=True) if neg]
         by_req = [f for f, neg in zip(filters, choice.negentropy, strict=True) if not neg]
         self.log.debug("historic_methods_chosen", relay=state.url, batch_id=batch.batch_id,
@@ -422,7 +451,7 @@ class HistoricPlanner:
         waiting.semantic_filters += batch.semantic_filters
         state.current.pending.pop(batch.batch_id, None)
         self.move(state, batch, Step.JOINED)
-        self.stop_leading(state, batch, now)
+        self.stop_leading(state, batch, now, still_fetching=True)
         self.log.debug("negentropy_batch_merged", relay=state.url, batch_id=batch.batch_id, into=waiting.batch_id,
                  filters=len(by_neg))
         return True
