@@ -276,32 +276,6 @@ def test_a_follower_whose_leader_goes_on_by_nip77_prices_in_what_the_leader_fetc
     assert isinstance(token, ExchangeToken) and follower.method is SyncMethod.NEGENTROPY
 
 
-def test_a_leader_going_on_partly_by_nip77_leads_what_its_pages_fetch_until_they_are_done():
-    """The leader's holdings read chose NIP-77 for one filter (the own relay held much of
-    it) and REQ pages for another (nothing held): a follower of what its pages ask for waits
-    on for them (released at once, it read the own relay before they landed and brought
-    them all again: bench/scale N=50, 0.39 copies per wanted event); a follower of what only
-    the exchange fetches goes now, pricing in what the exchange fetches."""
-    w = World()
-    leader_state, state, other = w.relay(B), w.relay(A), w.relay("wss://c.example")
-    root = "cd" * 32
-    both = PendingItems(repos={REPO: SyncLevel.FULL}, root_events={root})
-    leader, _ = w.plan.start(leader_state, both, [ISSUES, THREAD], BatchKind.SYNC, False, (), False, NOW)
-    of_thread = w.batch(state, THREAD, items=PendingItems(root_events={root}))
-    of_repo = w.batch(other, ISSUES, items=PendingItems(repos={REPO: SyncLevel.FULL}))
-    for follower_state, follower in ((state, of_thread), (other, of_repo)):
-        w.plan.wait_for_leaders(follower_state, follower, False, {(B, leader.batch_id)}, 10.0, NOW)
-    held = [(1_700_000_000 + i, f"{i:064x}") for i in range(3000)]
-    w.plan.seen.update((event_id, None) for _, event_id in held)  # held before: a re-sync of ISSUES
-    assert w.plan.holdings_read(leader_state, leader, answer(leader_state, leader, [ISSUES, THREAD], [held, []]), NOW)
-    assert [type(token) for token, _ in leader_state.current.historic_queue] == [ExchangeToken, ReqId]
-    assert of_thread.phase is BatchPhase.FOLLOWING  # the leader's page asks for its root
-    assert of_repo.phase is BatchPhase.READING_OWN and of_repo.share_all
-    [req] = [token for token, _ in leader_state.current.historic_queue if isinstance(token, ReqId)]
-    w.plan.on_eose(leader_state, leader, req, 0.1, NOW)  # its pages are done: the other follower goes
-    assert of_thread.phase is BatchPhase.READING_OWN
-
-
 # -- the method per filter ------------------------------------------------------------------
 
 def test_descendants_held_with_their_thread_go_by_nip77_where_a_new_thread_would_not():

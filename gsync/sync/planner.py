@@ -275,9 +275,8 @@ class HistoricPlanner:
         self.release_followers(self.lead.done((state.url, batch.batch_id)), now, still_fetching=still_fetching)
 
     def leader_progressed(self, state, batch: PendingBatch, now: float) -> None:
-        """A page of a leading batch ended, or its methods were chosen: followers whose
-        repositories and roots none of its open pages asks for any more go
-        (``SharedLead.progress``); while its exchanges run, pricing in what they fetch."""
+        """A page of a leading batch ended: followers whose repositories and roots none of
+        its open pages asks for any more go (``SharedLead.progress``)."""
         key = (state.url, batch.batch_id)
         if not self.lead.has_followers(key):
             return
@@ -291,8 +290,7 @@ class HistoricPlanner:
         def still_open(key: str) -> bool:
             return key in values or identifier_of(key) in values  # a state filter asks by d
 
-        still_fetching = any(map(is_exchange, batch.outstanding_subs))
-        self.release_followers(self.lead.progress(key, still_open), now, still_fetching=still_fetching)
+        self.release_followers(self.lead.progress(key, still_open), now)
 
     # -- the own relay's holdings, and the method per filter ------------------------------
 
@@ -346,10 +344,7 @@ class HistoricPlanner:
             batch.method = SyncMethod.NEGENTROPY
             # NIP-77 for some of it (a re-sync, a follower, a relay too busy to lead): the
             # other relays' exchanges run beside this one's, the claims share the fetches out.
-            # What it fetches by REQ pages as well it leads on: those pages bring it once,
-            # and a follower of it waits for them (below)
-            if not by_req:
-                self.stop_leading(state, batch, now, still_fetching=True)
+            self.stop_leading(state, batch, now, still_fetching=True)
         else:
             waiting = self.waiting_req_batch(state, besides=batch) if batch.coalesce_wanted else None
             if waiting is not None:  # as start would have, had it known at once
@@ -361,12 +356,6 @@ class HistoricPlanner:
             batch.coalescable = batch.coalesce_wanted or batch.kind is BatchKind.LAYER1
         if by_req:
             self.queue.add_reqs(state, batch, by_req)
-        if by_neg and by_req:
-            # followers of what only its exchanges fetch go now, beside them (bench/scale
-            # N=50, the start priced by the relays side by side: followers released by a
-            # leader's NIP-77 read before its pages landed, and brought 0.39 copies per
-            # wanted event by theirs)
-            self.leader_progressed(state, batch, now)
         return True
 
     @staticmethod
