@@ -137,6 +137,15 @@ def test_a_root_found_missing_joins_the_thread_exchanges_and_needs_no_round_of_i
         new_root.id in b.items.root_events for b in state.current.pending.values())
 
 
+def exchanges_without(h, root) -> None:
+    """Ten seconds of the batch's exchanges, answered, none of them asking for ``root``'s thread."""
+    for _ in range(10):
+        h.advance(1.1)
+        for g in exchanges(h):
+            assert root.id not in g.args[2].to_json()
+            finish(h, g)
+
+
 def test_a_root_received_since_the_exchange_read_its_holdings_does_not_join(tmp_path):
     """Another relay's pages brought the new root after this batch read the own relay: the
     exchange still finds it missing, but it is no one's to fetch here, and its thread takes
@@ -149,11 +158,7 @@ def test_a_root_received_since_the_exchange_read_its_holdings_does_not_join(tmp_
     h.manager.seen[new_root.id] = h.clock.now
     run_until_layer2_found(h, [new_root])
     assert not h.state(A).current.threads_ahead.roots(h.clock.now)
-    for _ in range(10):
-        h.advance(1.1)
-        for g in exchanges(h):
-            assert new_root.id not in g.args[2].to_json()
-            finish(h, g)
+    exchanges_without(h, new_root)
     assert not [r for r in h.historic_reqs(A) if any(asks(f, new_root.id) for f in r[2:])]
 
 
@@ -167,11 +172,7 @@ def test_ids_too_many_to_join_leave_the_new_root_its_own_round(tmp_path):
     many = [type("Found", (), {"id": f"{n:064x}"})() for n in range(600)]
     run_until_layer2_found(h, [new_root, *many])
     assert not h.state(A).current.threads_ahead.roots(h.clock.now)
-    for _ in range(10):
-        h.advance(1.1)
-        for g in exchanges(h):
-            assert new_root.id not in g.args[2].to_json()
-            finish(h, g)
+    exchanges_without(h, new_root)
     started = len(h.effects.spawned)
     h.own_relay_holds(new_root)
     h.answer_own_reads(held=lambda f: [HELD, *HOLDINGS(f)])
