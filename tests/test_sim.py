@@ -3,6 +3,8 @@ a seeded world with faults, every invariant checked as it runs; a seed replays t
 the relay model answers as LocalRelay does."""
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import json
 import os
 import random
@@ -49,6 +51,25 @@ def test_a_seed_replays_the_same_run_in_another_process():
     hashes = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                              check=True, timeout=120).stdout.strip() for _ in range(2)]
     assert hashes[0] == hashes[1] and len(hashes[0]) == 64
+
+
+def test_bench_simulate_reports_a_seed_whose_run_raised_and_goes_on(monkeypatch):
+    """A run that raises (the background run's seed 67 or 68: a dial after a kill) is that
+    seed's failure with its replay command, not the end of a thousand-seed run."""
+    loader = importlib.machinery.SourceFileLoader("bench_simulate", os.path.join(ROOT, "bench", "simulate"))
+    script = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(script)
+
+    def raises(self):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(Simulation, "run", raises)
+    args = types.SimpleNamespace(days=0.01, relays=3, repos=8, no_faults=False, fault_scale=1.0,
+                                 liveness_after=None, logs=False, abandon_rate=None, idle_tick=None, tick=None)
+    seed, result, _, _ = script._run(args, 5)
+    [(day, text, detail)] = result.violations["simulator_raised"]
+    assert seed == 5 and day == 0.0 and text == "RuntimeError: boom" and "raises" in detail
+    assert "--seed 5 " in result.replay_command()
 
 
 # Found by the simulator and not fixed yet, so checked apart while the seeds guard every
@@ -228,6 +249,23 @@ def test_an_id_asked_of_a_relay_retired_and_listed_again_is_counted_from_its_ret
     sim.run()
     assert listing and states[0] is not None and states[1] is not None and states[1] is not states[0]
     assert counts == [{}, {}, {"unservable_asked_again": 1}], counts
+
+
+def test_a_dial_requested_just_before_gsync_is_killed_is_dropped_with_it():
+    """Seed 67 or 68's year (the background run; the simulator's mistake): gsync was killed
+    within 10 ms of asking for a handshake, and the simulated handshake then ran with no
+    manager, raising out of the run. What a stopped process asked for goes with it."""
+    sim = Simulation(SimOptions(seed=4, days=0.05, faults=False, **SMALL))
+    url = sim.world.relay_urls[0]
+
+    def dial_then_kill():
+        sim.manager.handshakes.request(url, 99)
+        sim.stop_gsync(False)
+        sim.at(sim.clock.now + 5, sim.start_gsync)
+
+    sim.at(START + 0.02 * 86_400, dial_then_kill)
+    _assert_clean(sim.run())  # (it raised out of the run before)
+    assert sim.restarts == 2  # the kill, and the stop at the end of every run
 
 
 def test_a_graceful_stop_saves_gsync_state():

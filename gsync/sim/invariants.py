@@ -55,6 +55,8 @@ with the simulated day it happened and what broke.
   ``BUSY_BASE + BUSY_PER_RELAY * relays + BUSY_PER_ACTION * actions`` (actions: publications
   and faults in that hour, those of the hour before too).
 - ``handler_raised``: a manager handler raised (production logs it and goes on).
+- ``simulator_raised`` (``bench/simulate``): the run itself raised; that seed fails with its
+  replay command, the others run on.
 """
 from __future__ import annotations
 

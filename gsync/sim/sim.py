@@ -238,7 +238,8 @@ class SimHandshakes(HandshakePool):
 
     def request(self, relay: str, attempt: int) -> None:
         self.queued.add(relay)
-        self.sim.at(self.sim.clock.now + 0.01, self.sim.handshake, relay, attempt)
+        # (this gsync process's: one stopped or killed within the 10 ms dials nothing)
+        self.sim.at(self.sim.clock.now + 0.01, self.sim.handshake, relay, attempt, gen=self.sim.gen)
 
 
 class SimDelivery(OwnRelayDelivery):
