@@ -613,6 +613,32 @@ def test_a_relay_forgotten_at_a_start_is_judged_for_refused_asks_from_its_return
     _assert_clean(run_replayable(seed=94, days=1.01, relays=3, repos=8, idle_tick_secs=300, liveness_after=28))
 
 
+def test_relays_a_restarted_gsync_forgets_when_ready_are_judged_from_their_return():
+    """Seed 71's year (dead_dialled from day 230.51; the checker's mistake): the own relay had
+    lost its announcements; gsync, started again, listed no repository on relay3 when ready
+    and forgot its saved memory, dead mark included; 400 s later relay3 was listed again and
+    dialled with backoff from the start, counted against the dead mark gsync no longer had
+    (the checker's 10-minute sample never saw relay3 out of the table). The checker is now
+    told what a process forgets when it forgets it."""
+    sim = Simulation(SimOptions(seed=4, days=0.3, faults=False, publish_per_day=0.001, **SMALL))
+    forgotten, real = [], sim.checker.forgotten
+    sim.checker.forgotten = lambda urls: (forgotten.append(set(urls)), real(urls))
+    restart = START + 0.1 * 86_400
+    listed = [u for u in sim.world.relay_urls if u not in sim.world.bootstrap]
+
+    def lose_all_and_restart():
+        for url in listed:
+            sim.checker.tabled_since[url] = START  # (as if tabled since the start)
+        sim.stop_gsync(True)
+        sim.own_away(30.0, float("inf"))  # back empty: no announcement listing them
+        sim.at(sim.clock.now + 60, sim.start_gsync)
+
+    sim.at(restart, lose_all_and_restart)
+    _assert_clean(sim.run())
+    assert forgotten and set(listed) <= forgotten[0], forgotten
+    assert all(sim.checker.tabled_since.get(url, restart) >= restart for url in listed)
+
+
 def test_a_quiet_world_redials_a_relay_when_its_backoff_ends_not_at_the_idle_tick():
     """The simulator ticks every 5 minutes while nothing happens; the tick that redials a
     relay comes when its backoff ends all the same (production ticks every 2 s): how long

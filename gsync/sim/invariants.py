@@ -15,7 +15,8 @@ with the simulated day it happened and what broke.
   it went down in that hour); ``dead_dialled``: a
   relay down for more than DEAD_AFTER_SECS + max backoff dialled twice within
   DEAD_RETRY_SECS (less an hour of slack); counted from its first dial since it entered gsync's
-  table (a relay retired leaves its dead mark with it: sampled every 10 minutes); a dial a
+  table (a relay retired leaves its dead mark with it: sampled every 10 minutes; one a process
+  forgets when ready, no repository listing it then, as it forgets it: ``forgotten``); a dial a
   killed gsync had not saved yet is not counted (the next process cannot know it).
 - ``relay_table``: a relay in gsync's relay table that no announcement the own relay holds
   lists (and is not bootstrap) for more than an hour (a day after the own relay lost data:
@@ -373,6 +374,13 @@ class Checker:
         object (a relay retired and listed again gets a new one)."""
         m = self.sim.manager
         return self.sim.gen, m.relays.get(url) if m is not None else None
+
+    def forgotten(self, urls: set[str]) -> None:
+        """gsync forgot what it saved of ``urls`` (no repository listed them when it was
+        ready): their dead marks and refusals went with it; judged from their return."""
+        for url in urls:
+            self.tabled_since.pop(url, None)
+        self._drop_refusals(lambda url, read_at: url in urls)
 
     def dialled(self, url: str) -> None:
         now = self.sim.clock.now

@@ -406,6 +406,7 @@ class Simulation:
         self.manager = SyncManager(self.config(), clock=self.clock, delivery=self.delivery,
                                    effects=SimEffects(self, self.gen))
         self.manager.handshakes = self.manager.lifecycle.handshakes = SimHandshakes(self)
+        self.watch_forgetting(self.manager.saved)
         # (``SyncManager.start`` is not called: the simulation ticks it (``tick``), runs its
         # delivery and self-subscription; this is the ticker's handle ``stop`` kills, without
         # which ``stop`` raised before its save: every graceful stop was a kill, seed 10's year)
@@ -415,6 +416,21 @@ class Simulation:
         self.at(self.clock.now + 0.01, self.self_sub_connect, gen=self.gen)
         self.schedule_tick(self.clock.now + self.options.tick_secs)
         self.checker.gsync_started()
+
+    def watch_forgetting(self, saved) -> None:
+        """The checker is told which saved relays a process forgets, when it forgets them: the
+        first save once ready drops the memories of relays no repository listed then
+        (``SavedState.save``), minutes before they may be listed again (seed 71's year, day
+        230.51: the own relay had lost its announcements; relay3's dead mark went 400 s before
+        relay3 was registered anew, between two of the checker's 10-minute samples)."""
+        real_save = saved.save
+
+        def save(relays, health, rejected, now, *, ready):
+            if ready and saved._memories:
+                self.checker.forgotten(set(saved._memories))
+            return real_save(relays, health, rejected, now, ready=ready)
+
+        saved.save = save
 
     def stop_gsync(self, graceful: bool) -> None:
         """gsync stopped (SIGTERM: state saved) or killed (what it held in memory is lost)."""
