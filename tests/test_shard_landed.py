@@ -391,8 +391,8 @@ def test_what_the_own_relay_stores_one_at_a_time_is_read_in_bursts(relay_factory
         for kind in ("OwnEvents", "OwnLanded"):
             wait_until(lambda k=kind: wanted <= {i for ids in posts(k) for i in ids}, timeout=20,
                        what=f"every root ({kind})")
-            # at most one read per pace interval while they trickled in, and the last ones
-            bound = took / constants.SELF_READ_PACE_SECS + 3
+            # at most one read per pace interval while they trickled in, and the last
+            bound = took / constants.SELF_READ_PACE_SECS + 2
             assert len(posts(kind)) <= min(bound, len(roots) / 2), (kind, len(posts(kind)), took)
     finally:
         child.kill()
