@@ -17,14 +17,6 @@ SELF_FULL_REREAD_SECS = 24 * 3600
 # pings; nothing again for as long (not even the pong) and the socket is half-open: the
 # session ends and a new one reads since the last one (found within 50 s, SPEC §8).
 OWN_IDLE_PING_SECS = 25.0
-# The self-subscription's live read waits this long after a burst of fewer than
-# SELF_READ_BURST_FRAMES frames before it reads again, so that what the own relay stores one
-# event at a time is read in bursts: with shards its stream carries every event any shard
-# stores, and read as it came (a socket read, its timeout and a loop turn per event) it cost
-# each shard more CPU than all it parsed (bench/scale --shards 1,2 --sample: 1.2 s of each
-# shard's 3.8). What it shows waits in a batch window (seconds) or for a lead (seconds).
-SELF_READ_PACE_SECS = 0.05
-SELF_READ_BURST_FRAMES = 200
 # A read of the own relay's history (the first, or a re-read) ends by this deadline
 # whatever the relay sends (a relay dribbling events never reaches the per-read timeout);
 # the first read then starts a new session, a re-read is tried at the next round. LocalRelay

@@ -242,9 +242,7 @@ class SelfSubscriber:
     def _read(self, ws) -> None:
         """The live subscription, until the session ends. Silence is asked about: after
         OWN_IDLE_PING_SECS with nothing read, a ping; nothing read again by the next
-        timeout (not even its pong) and the socket is taken for half-open. After a burst of
-        few frames it waits SELF_READ_PACE_SECS before reading again: what the own relay
-        stores one at a time is read in bursts, not one socket read each."""
+        timeout (not even its pong) and the socket is taken for half-open."""
         ws.settimeout(constants.OWN_IDLE_PING_SECS)
         pinged_at = None  # ws.reads when the unanswered ping went
         while True:
@@ -278,5 +276,3 @@ class SelfSubscriber:
                 self._post_landed(landed)
             if raws and self._history_read:  # a failed history read is read again whole
                 self.last_connected = self._clock()
-            if len(burst) < constants.SELF_READ_BURST_FRAMES:
-                gevent.sleep(constants.SELF_READ_PACE_SECS)  # let the next ones gather (constants)
