@@ -10,7 +10,7 @@ from gsync.protocol import messages as wire
 from gsync.protocol.messages import parse_relay_message
 from gsync.protocol.nip11 import RelayLimits
 from gsync.sim.relay import filter_from_json
-from gsync.sync.filter_plan import SubscriptionBudget
+from gsync.sync.filter_plan import MIN_SUBSCRIPTIONS, SubscriptionBudget
 from gsync.sync.relay_state import ConnectionStatus
 
 from .factory import Author, announcement, comment, issue
@@ -237,6 +237,30 @@ def test_too_many_open_subscriptions_learns_the_cap_and_consolidates_live_covera
     live_after = [s for s, sub in h.state(A).current.live_subs.items() if not sub.control]
     assert len(live_after) <= SubscriptionBudget(cap).live_slots < len(live_before)
     assert set(live_before) - set(live_after) <= {f[1] for f in h.frames(A, "CLOSE")}
+    h.relay_says(A, wire.Eose(h.historic_reqs(A)[0][1]))  # layer 1 served: room for it
+    for _ in range(5):
+        h.advance(1.1)
+        assert len(conn.subscriptions) <= cap
+    again = [r for r in h.historic_reqs(A) if r[1] != refused[1] and r[2:] == refused[2:]]
+    assert again, "the refused REQ was not sent again"
+
+
+def test_a_relay_whose_nip11_gsync_never_had_still_teaches_its_subscription_cap(tmp_path):
+    """No limits from the handshake (seed 67's year, day 242.64: a relay without NIP-11
+    capping at 10 open, 10 open): its "too many concurrent REQs" was read as a rate limit
+    because there were no limits to lower, and every probe was refused for 3.2 h while
+    live coverage kept the cap full. Unknown limits are the defaults: the cap is learnt."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, 40))
+    conn = h.connect(A, limits=None)
+    h.answer_own_reads()
+    h.advance(1.1)
+    refused = h.historic_reqs(A)[-1]
+    open_then = len(conn.subscriptions) - 1
+    h.relay_says(A, closed(refused[1], "error: too many concurrent REQs"))
+    cap = h.state(A).max_subscriptions_learned
+    assert cap == max(MIN_SUBSCRIPTIONS, open_then)
+    assert h.manager.health.cooldown_remaining(A, h.clock.now) == 0  # not read as a rate limit
     h.relay_says(A, wire.Eose(h.historic_reqs(A)[0][1]))  # layer 1 served: room for it
     for _ in range(5):
         h.advance(1.1)

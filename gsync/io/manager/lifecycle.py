@@ -12,6 +12,7 @@ import random
 from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
+from ...protocol.nip11 import RelayLimits
 from ...sync import filter_plan, status
 from ...sync.pending import BatchKind, PageCap
 from ...sync.relay_state import ConnectionStatus, RelayState
@@ -302,9 +303,11 @@ class RelayLifecycle:
     @staticmethod
     def with_learned_limits(state: RelayState, limits):
         """The session's limits: what the relay published, lowered by what it taught us
-        (in earlier sessions, or before a restart)."""
+        (in earlier sessions, or before a restart). None, no limits known, is the defaults,
+        as a relay without NIP-11 gets them (``nip11_fetch``): what it teaches is learnt too
+        (seed 67's year: a cap refusal with nothing to lower was read as a rate limit)."""
         if limits is None:
-            return limits
+            limits = RelayLimits()
         learned = state.max_message_learned
         if learned is not None and learned < filter_plan.req_length_limit(limits):
             limits = dataclasses.replace(limits, max_message_length=learned)
