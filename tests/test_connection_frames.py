@@ -265,6 +265,23 @@ def test_after_a_subscription_ended_its_matching_events_are_kept_and_its_echoes_
     assert not session.closed
 
 
+def test_a_req_sent_again_under_the_id_of_one_the_relay_ended_has_its_answers_told(session):
+    """A live REQ closed "rate-limited:" waits out the cooldown and goes again under its id
+    (seed 91's year, day 204.95): the relay's EOSE and CLOSED to the new REQ are its
+    answers, not echoes of the old one's end. Dropped as such, a policy refusal never
+    reached the manager, and the refused tag was asked twice more at once."""
+    session.forget("s")  # the relay closed it ("rate-limited: slow down")
+    session.posted.clear()
+    session.req_frame("s", [Filter.make(kinds=[1621], tags={"e": ["ab" * 32]}, limit=0)])
+    session._handle_frame(frame("CLOSED", "s", "blocked: #e queries are not allowed here"))
+    told = [m.message for m in session.posted if isinstance(m, RemoteMessage)]
+    assert [(type(m), m.sub_id) for m in told] == [(wire.Closed, "s")]
+    session.posted.clear()
+    session.req_frame("s", [Filter.make(kinds=[1621], limit=0)])  # and once more: its EOSE
+    session._handle_frame(frame("EOSE", "s"))
+    assert [(type(m.message), m.message.sub_id) for m in session.posted] == [(wire.Eose, "s")]
+
+
 # -- a NEG-OPEN refused for want of AUTH -------------------------------------------------
 
 

@@ -367,7 +367,13 @@ class RelayConnection:
     def _ended_here(self, msg) -> bool:
         """An EOSE or CLOSED the connection deals with itself, never told to the manager:
         the answer to our own CLOSE, a second end of a subscription, one about no
-        subscription of ours, an auth-required CLOSED whose REQ goes again after AUTH."""
+        subscription of ours, an auth-required CLOSED whose REQ goes again after AUTH. A
+        subscription open now is the one answered, whatever ended under its id before (a
+        live REQ closed "rate-limited:" goes again under its id after the cooldown: seed
+        91's year, day 204.95, its policy refusal was dropped as an echo of the old end)."""
+        if msg.sub_id in self.subscriptions:
+            return (isinstance(msg, wire.Closed) and msg.prefix is wire.Prefix.AUTH_REQUIRED
+                    and self._retry_after_auth(msg.sub_id))
         if msg.sub_id in self._closing:
             if isinstance(msg, wire.Closed):
                 self._ended.add(msg.sub_id, *self._closing.pop(msg.sub_id))  # the answer to our own CLOSE
@@ -375,13 +381,10 @@ class RelayConnection:
         if msg.sub_id in self._ended:
             self._drop("ended_subscription", misbehaved=False)  # a second EOSE or CLOSED: harmless
             return True
-        if msg.sub_id not in self.subscriptions:
-            # About no subscription of ours (or one the relay already ended): nothing to
-            # tell the manager, and a stream of them spends the budget like unasked events.
-            self._drop("unknown_subscription")
-            return True
-        return (isinstance(msg, wire.Closed) and msg.prefix is wire.Prefix.AUTH_REQUIRED
-                and self._retry_after_auth(msg.sub_id))
+        # About no subscription of ours (or one the relay already ended): nothing to tell
+        # the manager, and a stream of them spends the budget like unasked events.
+        self._drop("unknown_subscription")
+        return True
 
     def _reopened_after_auth(self, msg) -> bool:
         """The relay's first answer to an exchange's NEG-OPEN refuses it ``auth-required:``
