@@ -211,6 +211,38 @@ def test_an_id_asked_of_a_relay_that_sends_no_eose_is_not_judged_asked_again():
     assert counts == [{}, {"unservable_asked_again": 1}]
 
 
+def test_an_id_fetch_the_relay_closed_unanswered_and_sent_again_is_one_ask():
+    """Seed 77's year (unservable_asked_again, day 306.01; the checker's mistake): relay1 found
+    15 ids unservable at its daily fresh start and recovery asked relay3 for them by id, once;
+    relay3 closed the REQ "rate-limited: slow down", and gsync sent it again after each 65 s
+    cooldown, three times, each counted as a new ask. A REQ the relay closed unanswered is not
+    an ask of an id it said it does not serve: sent again, it is the same ask. Asks answered
+    still count."""
+    sim = Simulation(SimOptions(seed=4, days=0.2, faults=False, **SMALL))
+    url = sim.world.relay_urls[0]
+    sim.relays[url].hidden = {"ab" * 32}
+    counts = []
+
+    def ask(sub_id, *answer):
+        conn = types.SimpleNamespace(relay=url, number=len(sub_id) * 100 + sum(map(ord, sub_id)), starts=[])
+        sim.checker.client_frame(conn, "REQ", json.dumps(["REQ", sub_id, {"ids": ["ab" * 32]}]))
+        sim.checker.relay_frame(conn, json.dumps([answer[0], sub_id, *answer[1:]]))
+
+    def asked():
+        ask("first", "EOSE")
+        for i in range(4):  # recovery's fetch, rate-limited, sent again a cooldown apart
+            ask(f"again{i}", "CLOSED", "rate-limited: slow down")
+        ask("answered", "EOSE")
+        counts.append(dict(sim.checker.counts))
+        ask("third", "EOSE")
+        ask("fourth", "EOSE")  # four answered asks within the day: one too many
+        counts.append(dict(sim.checker.counts))
+
+    sim.at(START + 0.1 * 86_400, asked)
+    sim.run()
+    assert counts == [{}, {"unservable_asked_again": 1}], counts
+
+
 def test_an_id_asked_of_a_relay_retired_and_listed_again_is_counted_from_its_return():
     """Seed 52's year (unservable_asked_again, day 98.91; the checker's mistake): relay4's
     hidden id was asked by id twice at its daily fresh start; every repository dropped

@@ -46,8 +46,9 @@ with the simulated day it happened and what broke.
   fault) asked of it by id more than UNSERVABLE_ASKS times within a day of one gsync run (once
   at first, once by its recovery; once when another relay found it unservable, after which
   it is unservable here too; its daily fresh start asks again); an ask the relay leaves
-  without EOSE (the ``no_eose`` fault) is not counted: the relay did not answer it; a relay
-  retired and listed again by the same process is counted from its return.
+  without EOSE (the ``no_eose`` fault) is not counted: the relay did not answer it, nor is
+  one it closed unanswered (rate-limited, too many REQs open: sent again, it is the same ask);
+  a relay retired and listed again by the same process is counted from its return.
 - ``ids_judged_unserved``: gsync judged a relay not to serve by id what its NIP-77 advertises
   (``RelayState.ids_unserved_at``) while the relay served ids (its ``ids_unserved`` fault
   off for the ten minutes before): the unservable event of one id must cost the relay nothing.
@@ -267,14 +268,16 @@ class Checker:
         if verb == "REQ" and relay.hidden and not relay.no_eose and '"ids"' in text:
             # (a REQ the relay leaves without EOSE is not answered: asked again, it is a fetch
             # that never ended retried, not an id it said it does not serve asked again)
-            self._asks_hidden(conn.relay, text)
+            self._asks_hidden(conn, text)
         if verb in ("REQ", "NEG-OPEN") and conn.relay in self.refused_at:
             self._asks_refused(conn, text if verb == "REQ" else "[\"REQ\"," + text.split(",", 1)[1])
 
-    def _asks_hidden(self, url: str, text: str) -> None:
+    def _asks_hidden(self, conn, text: str) -> None:
+        url = conn.relay
         hidden = self.sim.relays[url].hidden
         try:
-            filters = json.loads(text)[2:]
+            msg = json.loads(text)
+            filters = msg[2:]
         except ValueError:
             return
         now = self.sim.clock.now
@@ -290,9 +293,28 @@ class Checker:
             times = held[1]
             times.append(now)
             del times[:-UNSERVABLE_ASKS - 1]
+            # (until the relay answers it: one it closes unanswered is taken back, ``relay_frame``)
+            conn.__dict__.setdefault("id_asks", {}).setdefault(msg[1], []).append((times, now))
             if len(times) > UNSERVABLE_ASKS and now - times[0] < DAY:
                 self.violation("unservable_asked_again", f"{url}: {event_id[:16]} asked by id {len(times)} times "
                                f"in {(now - times[0]) / HOUR:.1f} h")
+
+    @staticmethod
+    def _id_ask_answered(asks: dict, frame: str) -> None:
+        """An EOSE or CLOSED of a REQ that asked hidden ids (``asks``: the connection's, by
+        sub id). Closed, the relay did not answer it (rate-limited, too many REQs open,
+        auth-required): gsync sending it again once the cooldown allows is the same ask, not
+        an id the relay said it does not serve asked again; it is taken back from the count
+        (seed 77's year, day 306.01: relay3 rate-limited a recovery's id fetch, and its three
+        sends a cooldown apart were counted as asks 2 to 4 within a day)."""
+        try:
+            verb, sub_id = json.loads(frame)[:2]
+            answered = asks.pop(sub_id, ())
+        except (ValueError, TypeError):
+            return
+        for times, at in answered:
+            if verb == "CLOSED" and at in times:
+                times.remove(at)
 
     def ids_judgements(self) -> None:
         m = self.sim.manager
@@ -322,7 +344,11 @@ class Checker:
         del conn.starts[:-2]
 
     def relay_frame(self, conn, frame: str) -> None:
-        """A frame gsync reads: a policy refusal opens that tag key's probe period."""
+        """A frame gsync reads: a policy refusal opens that tag key's probe period; a REQ of
+        hidden ids the relay closed unanswered was no ask (``_id_ask_answered``)."""
+        asks = conn.__dict__.get("id_asks")
+        if asks and frame.startswith(('["CLOSED"', '["EOSE"')):
+            self._id_ask_answered(asks, frame)
         if frame.startswith('["CLOSED"') and '"blocked: #' in frame:
             key = frame.split('"blocked: #', 1)[1][:1]
             now = self.sim.clock.now
