@@ -613,6 +613,52 @@ def test_a_refusal_a_killed_gsync_had_not_saved_is_not_counted_against_the_next_
     assert len(asks_after) >= 3, asks_after  # the next process asked #e again: packed, then alone
 
 
+def test_a_refusal_gsync_had_no_verdict_on_when_it_stopped_is_not_counted_against_the_next_process():
+    """Seed 82's year (refused_asked_again, day 47.97; the checker's mistake): relay1 refused a
+    REQ for its #e filter; gsync split it by shape, and the trial of #e alone was closed "too
+    many concurrent REQs" again and again for 16 minutes: no verdict, nothing paused, nothing
+    saved. gsync stopped and started again; the new process's first REQs asked #e packed with
+    other shapes, counted as asks 2 to 6 of the refusal the last process read. A process
+    cannot know a refusal the last held no pause of; one it paused is judged on after a
+    restart (its pause restored)."""
+    sim = Simulation(SimOptions(seed=4, days=0.3, faults=False, publish_per_day=0.001, **SMALL))
+    url = sim.world.relay_urls[1]
+    shape = (None, ("z",), False, False)  # a tag gsync never asks: only these REQs use it
+    counts, serial = [], iter(range(10_000, 20_000))
+
+    def conn():
+        return types.SimpleNamespace(relay=url, number=next(serial), starts=[])
+
+    def ask(times):
+        for _ in range(times):
+            c = conn()
+            sim.checker.client_frame(c, "REQ", json.dumps(["REQ", f"z{c.number}", {"#z": ["x"]}]))
+        counts.append(dict(sim.checker.counts))
+
+    def refused_then_asked(paused):
+        sim.checker.relay_frame(conn(), json.dumps(["CLOSED", "r", "blocked: #z queries are not allowed here"]))
+        if paused:
+            sim.manager.relays[url].paused.pause(shape, sim.clock.now)
+        ask(1)
+
+    def restart():
+        sim.stop_gsync(True)
+        sim.at(sim.clock.now + 5, sim.start_gsync)
+
+    day = 86_400
+    sim.at(START + 0.05 * day, refused_then_asked, False)  # no verdict when it stops
+    sim.at(START + 0.06 * day, restart)
+    sim.at(START + 0.1 * day, ask, 2)
+    sim.at(START + 0.15 * day, refused_then_asked, True)  # paused when it stops
+    sim.at(START + 0.16 * day, restart)
+    restored = []
+    sim.at(START + 0.2 * day, lambda: restored.append(sim.manager.relays[url].paused.is_paused(shape)))
+    sim.at(START + 0.2 * day, ask, 2)
+    sim.run()
+    assert restored == [True]
+    assert counts == [{}, {}, {}, {"refused_asked_again": 1}], counts
+
+
 def test_a_message_in_a_quiet_stretch_brings_the_next_tick_within_two_seconds():
     """Production ticks every 2 s; the simulator ticks every 5 minutes while nothing
     happens, and a message ends that at once: what it starts that only a tick goes on with

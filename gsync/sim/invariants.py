@@ -41,7 +41,8 @@ with the simulated day it happened and what broke.
   retired or forgotten meanwhile forgets it, as it does its dead mark: counted from its
   return (a relay out of gsync's table and saved memory at a 10-minute sample); a
   refusal read after a killed gsync's last save is not counted against the next process,
-  which cannot know it, as ``dead_dialled`` does not count unsaved dials).
+  which cannot know it, as ``dead_dialled`` does not count unsaved dials; nor is one the
+  process held no pause of when it ended: it had no verdict on it yet).
 - ``unservable_asked_again``: an id a relay advertises and never serves (the ``hidden``
   fault) asked of it by id more than UNSERVABLE_ASKS times within a day of one gsync run (once
   at first, once by its recovery; once when another relay found it unservable, after which
@@ -155,6 +156,32 @@ class Checker:
         self.gsync_since = self.sim.clock.now
         self.hidden_asks.clear()  # a new process: what it marked unservable is gone with the last
         self.shown.clear()  # and the announcements the last one was shown
+
+    def gsync_ending(self) -> None:
+        """gsync stopped or killed: a refusal it read and holds no pause of (no verdict yet:
+        the REQ it split to find the refused shape unanswered) goes with it; the next process
+        cannot know it, and its own read opens the probe period anew (seed 82's year, day
+        47.97: relay1 refused #e; the trial of #e alone was closed "too many concurrent
+        REQs" for 16 minutes, then gsync was stopped; the next process's first REQs asked #e
+        packed, counted as asks 2 to 6 of the refusal the last one read). What it paused is
+        judged on: a restart restores it (unless killed before a save: ``gsync_killed``)."""
+        for url, refused in list(self.refused_at.items()):
+            paused = self._paused_tags(url)
+            for key in [key for key in refused if key not in paused]:
+                del refused[key]
+                self.refused_by.pop((url, key), None)
+            if not refused:
+                del self.refused_at[url]
+
+    def _paused_tags(self, url: str) -> set[str]:
+        """The tag names of the shapes the running gsync holds paused on ``url`` (or in the
+        saved memory it has not restored yet: the relay not registered)."""
+        m = self.sim.manager
+        state = m.relays.get(url)
+        if state is not None:
+            return {name for key in state.paused.keys() for name in key[1]}
+        record = m.saved._memories.get(url) or {}
+        return {name for key, _ in record.get("paused") or () for name in key[1]}
 
     def gsync_killed(self, saved_at: float | None) -> None:
         """gsync killed: the dials since its last save (every STATE_SAVE_SECS in production,
