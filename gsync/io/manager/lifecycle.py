@@ -12,6 +12,7 @@ import random
 from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
+from ...protocol.nip11 import RelayLimits
 from ...sync import filter_plan, status
 from ...sync.pending import BatchKind, PageCap
 from ...sync.relay_state import ConnectionStatus, RelayState
@@ -302,9 +303,13 @@ class RelayLifecycle:
     @staticmethod
     def with_learned_limits(state: RelayState, limits):
         """The session's limits: what the relay published, lowered by what it taught us
-        (in earlier sessions, or before a restart)."""
+        (in earlier sessions, or before a restart). A relay that published none is taught
+        the same (what gsync assumes, lowered)."""
         if limits is None:
-            return limits
+            if state.max_message_learned is None and state.max_filters_learned is None \
+                    and state.max_subscriptions_learned is None:
+                return None
+            limits = RelayLimits()
         learned = state.max_message_learned
         if learned is not None and learned < filter_plan.req_length_limit(limits):
             limits = dataclasses.replace(limits, max_message_length=learned)
