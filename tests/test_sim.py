@@ -616,9 +616,10 @@ def test_a_refusal_a_killed_gsync_had_not_saved_is_not_counted_against_the_next_
 def test_a_refusal_gsync_had_no_verdict_on_when_it_stopped_is_not_counted_against_the_next_process():
     """Seed 82's year (refused_asked_again, day 47.97; the checker's mistake): relay1 refused a
     REQ for its #e filter; gsync split it by shape, and the trial of #e alone was closed "too
-    many concurrent REQs" again and again for 16 minutes: no verdict, nothing paused, nothing
-    saved. gsync stopped and started again; the new process's first REQs asked #e packed with
-    other shapes, counted as asks 2 to 6 of the refusal the last process read. A process
+    many concurrent REQs" again and again for 16 minutes: no verdict, nothing paused, its saves
+    since with no pause to write. gsync was killed and started again; the new process's first
+    REQs asked #e packed with other shapes, counted as asks 2 to 6 of the refusal the last
+    process read (the kill came after saves: ``gsync_killed`` kept it). A process
     cannot know a refusal the last held no pause of; one it paused is judged on after a
     restart (its pause restored)."""
     sim = Simulation(SimOptions(seed=4, days=0.3, faults=False, publish_per_day=0.001, **SMALL))

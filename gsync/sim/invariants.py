@@ -162,8 +162,9 @@ class Checker:
         the REQ it split to find the refused shape unanswered) goes with it; the next process
         cannot know it, and its own read opens the probe period anew (seed 82's year, day
         47.97: relay1 refused #e; the trial of #e alone was closed "too many concurrent
-        REQs" for 16 minutes, then gsync was stopped; the next process's first REQs asked #e
-        packed, counted as asks 2 to 6 of the refusal the last one read). What it paused is
+        REQs" for 16 minutes, then gsync was killed, its saves since the refusal with no pause
+        to write; the next process's first REQs asked #e packed, counted as asks 2 to 6 of
+        the refusal the last one read). What it paused is
         judged on: a restart restores it (unless killed before a save: ``gsync_killed``)."""
         for url, refused in list(self.refused_at.items()):
             paused = self._paused_tags(url)
