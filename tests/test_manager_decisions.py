@@ -245,14 +245,18 @@ def test_too_many_open_subscriptions_learns_the_cap_and_consolidates_live_covera
     assert again, "the refused REQ was not sent again"
 
 
-def test_a_relay_whose_nip11_gsync_never_had_still_teaches_its_subscription_cap(tmp_path):
-    """No limits from the handshake (seed 67's year, day 242.64: a relay without NIP-11
-    capping at 10 open, 10 open): its "too many concurrent REQs" was read as a rate limit
-    because there were no limits to lower, and every probe was refused for 3.2 h while
-    live coverage kept the cap full. Unknown limits are the defaults: the cap is learnt."""
+def test_a_relay_without_nip11_refusing_too_many_open_subscriptions_teaches_the_cap_too(tmp_path):
+    """Found by the simulator (seed 82's year, days 47.96 and 129.88): a relay with no NIP-11
+    document (no limits known) and a cap of 10 REQs. Its "too many concurrent REQs" taught
+    nothing (the cap was learnt only into published limits): it was read as a rate limit,
+    and the refused REQ went out again after each cooldown, refused again, for as long as
+    the connection lasted (16 minutes and more), live coverage holding every slot. The cap
+    is learnt from what was open whatever the relay published, and later sessions start
+    there. (Seed 67's year, day 242.64, was the same: refused for 3.2 h, every probe
+    refused while live coverage kept the cap full.)"""
     h = ManagerHarness(tmp_path)
     h.own_relay_holds(*listed_on(A, 40))
-    conn = h.connect(A, limits=None)
+    conn = h.connect(A)  # no NIP-11 document
     h.answer_own_reads()
     h.advance(1.1)
     refused = h.historic_reqs(A)[-1]
@@ -267,6 +271,37 @@ def test_a_relay_whose_nip11_gsync_never_had_still_teaches_its_subscription_cap(
         assert len(conn.subscriptions) <= cap
     again = [r for r in h.historic_reqs(A) if r[1] != refused[1] and r[2:] == refused[2:]]
     assert again, "the refused REQ was not sent again"
+    assert h.state(A).current.limits.max_subscriptions == cap
+
+    state = h.state(A)
+    h.feed(RelayDisconnected(A, state.session, "gone"))
+    h.advance(60)
+    h.tick()
+    h.feed(HandshakeDone(A, state.attempt, ws=FakeWs()))  # no NIP-11 again
+    assert h.state(A).current.limits is not None and h.state(A).current.limits.max_subscriptions == cap
+
+
+def test_a_relay_without_nip11_refusing_too_many_filters_teaches_its_filters_per_req(tmp_path):
+    """As the subscription cap: a relay that published no NIP-11 document and refuses a REQ
+    of several filters for "too many filters" is taught as one that published limits is:
+    its REQs are packed smaller from then on, later sessions included."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, 3))
+    h.connect(A)  # no NIP-11 document
+    h.answer_own_reads()
+    h.advance(1.1)
+    refused = next(req for req in h.historic_reqs(A) if len(req) > 3)
+    h.relay_says(A, closed(refused[1], "error: too many filters"))
+    learned = h.state(A).max_filters_learned
+    assert learned == (len(refused) - 2) // 2
+    assert h.state(A).current.limits.max_filters == learned
+
+    state = h.state(A)
+    h.feed(RelayDisconnected(A, state.session, "gone"))
+    h.advance(60)
+    h.tick()
+    h.feed(HandshakeDone(A, state.attempt, ws=FakeWs()))
+    assert h.state(A).current.limits.max_filters == learned
 
 
 # -- the daily fresh start ---------------------------------------------------------------------

@@ -211,6 +211,38 @@ def test_an_id_asked_of_a_relay_that_sends_no_eose_is_not_judged_asked_again():
     assert counts == [{}, {"unservable_asked_again": 1}]
 
 
+def test_an_id_fetch_the_relay_closed_unanswered_and_sent_again_is_one_ask():
+    """Seed 77's year (unservable_asked_again, day 306.01; the checker's mistake): relay1 found
+    15 ids unservable at its daily fresh start and recovery asked relay3 for them by id, once;
+    relay3 closed the REQ "rate-limited: slow down", and gsync sent it again after each 65 s
+    cooldown, three times, each counted as a new ask. A REQ the relay closed unanswered is not
+    an ask of an id it said it does not serve: sent again, it is the same ask. Asks answered
+    still count."""
+    sim = Simulation(SimOptions(seed=4, days=0.2, faults=False, **SMALL))
+    url = sim.world.relay_urls[0]
+    sim.relays[url].hidden = {"ab" * 32}
+    counts = []
+
+    def ask(sub_id, *answer):
+        conn = types.SimpleNamespace(relay=url, number=len(sub_id) * 100 + sum(map(ord, sub_id)), starts=[])
+        sim.checker.client_frame(conn, "REQ", json.dumps(["REQ", sub_id, {"ids": ["ab" * 32]}]))
+        sim.checker.relay_frame(conn, json.dumps([answer[0], sub_id, *answer[1:]]))
+
+    def asked():
+        ask("first", "EOSE")
+        for i in range(4):  # recovery's fetch, rate-limited, sent again a cooldown apart
+            ask(f"again{i}", "CLOSED", "rate-limited: slow down")
+        ask("answered", "EOSE")
+        counts.append(dict(sim.checker.counts))
+        ask("third", "EOSE")
+        ask("fourth", "EOSE")  # four answered asks within the day: one too many
+        counts.append(dict(sim.checker.counts))
+
+    sim.at(START + 0.1 * 86_400, asked)
+    sim.run()
+    assert counts == [{}, {"unservable_asked_again": 1}], counts
+
+
 def test_an_id_asked_of_a_relay_retired_and_listed_again_is_counted_from_its_return():
     """Seed 52's year (unservable_asked_again, day 98.91; the checker's mistake): relay4's
     hidden id was asked by id twice at its daily fresh start; every repository dropped
@@ -579,6 +611,53 @@ def test_a_refusal_a_killed_gsync_had_not_saved_is_not_counted_against_the_next_
     sim.at(START + 0.2 * 86_400, lambda: sim.at(sim.tick_due + 2, refuse_and_publish))  # (just after an idle tick)
     _assert_clean(sim.run())
     assert len(asks_after) >= 3, asks_after  # the next process asked #e again: packed, then alone
+
+
+def test_a_refusal_gsync_had_no_verdict_on_when_it_stopped_is_not_counted_against_the_next_process():
+    """Seed 82's year (refused_asked_again, day 47.97; the checker's mistake): relay1 refused a
+    REQ for its #e filter; gsync split it by shape, and the trial of #e alone was closed "too
+    many concurrent REQs" again and again for 16 minutes: no verdict, nothing paused, its saves
+    since with no pause to write. gsync was killed and started again; the new process's first
+    REQs asked #e packed with other shapes, counted as asks 2 to 6 of the refusal the last
+    process read (the kill came after saves: ``gsync_killed`` kept it). A process
+    cannot know a refusal the last held no pause of; one it paused is judged on after a
+    restart (its pause restored)."""
+    sim = Simulation(SimOptions(seed=4, days=0.3, faults=False, publish_per_day=0.001, **SMALL))
+    url = sim.world.relay_urls[1]
+    shape = (None, ("z",), False, False)  # a tag gsync never asks: only these REQs use it
+    counts, serial = [], iter(range(10_000, 20_000))
+
+    def conn():
+        return types.SimpleNamespace(relay=url, number=next(serial), starts=[])
+
+    def ask(times):
+        for _ in range(times):
+            c = conn()
+            sim.checker.client_frame(c, "REQ", json.dumps(["REQ", f"z{c.number}", {"#z": ["x"]}]))
+        counts.append(dict(sim.checker.counts))
+
+    def refused_then_asked(paused):
+        sim.checker.relay_frame(conn(), json.dumps(["CLOSED", "r", "blocked: #z queries are not allowed here"]))
+        if paused:
+            sim.manager.relays[url].paused.pause(shape, sim.clock.now)
+        ask(1)
+
+    def restart():
+        sim.stop_gsync(True)
+        sim.at(sim.clock.now + 5, sim.start_gsync)
+
+    day = 86_400
+    sim.at(START + 0.05 * day, refused_then_asked, False)  # no verdict when it stops
+    sim.at(START + 0.06 * day, restart)
+    sim.at(START + 0.1 * day, ask, 2)
+    sim.at(START + 0.15 * day, refused_then_asked, True)  # paused when it stops
+    sim.at(START + 0.16 * day, restart)
+    restored = []
+    sim.at(START + 0.2 * day, lambda: restored.append(sim.manager.relays[url].paused.is_paused(shape)))
+    sim.at(START + 0.2 * day, ask, 2)
+    sim.run()
+    assert restored == [True]
+    assert counts == [{}, {}, {}, {"refused_asked_again": 1}], counts
 
 
 def test_a_message_in_a_quiet_stretch_brings_the_next_tick_within_two_seconds():

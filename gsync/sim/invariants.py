@@ -41,13 +41,15 @@ with the simulated day it happened and what broke.
   retired or forgotten meanwhile forgets it, as it does its dead mark: counted from its
   return (a relay out of gsync's table and saved memory at a 10-minute sample); a
   refusal read after a killed gsync's last save is not counted against the next process,
-  which cannot know it, as ``dead_dialled`` does not count unsaved dials).
+  which cannot know it, as ``dead_dialled`` does not count unsaved dials; nor is one the
+  process held no pause of when it ended: it had no verdict on it yet).
 - ``unservable_asked_again``: an id a relay advertises and never serves (the ``hidden``
   fault) asked of it by id more than UNSERVABLE_ASKS times within a day of one gsync run (once
   at first, once by its recovery; once when another relay found it unservable, after which
   it is unservable here too; its daily fresh start asks again); an ask the relay leaves
-  without EOSE (the ``no_eose`` fault) is not counted: the relay did not answer it; a relay
-  retired and listed again by the same process is counted from its return.
+  without EOSE (the ``no_eose`` fault) is not counted: the relay did not answer it, nor is
+  one it closed unanswered (rate-limited, too many REQs open: sent again, it is the same ask);
+  a relay retired and listed again by the same process is counted from its return.
 - ``ids_judged_unserved``: gsync judged a relay not to serve by id what its NIP-77 advertises
   (``RelayState.ids_unserved_at``) while the relay served ids (its ``ids_unserved`` fault
   off for the ten minutes before): the unservable event of one id must cost the relay nothing.
@@ -154,6 +156,33 @@ class Checker:
         self.gsync_since = self.sim.clock.now
         self.hidden_asks.clear()  # a new process: what it marked unservable is gone with the last
         self.shown.clear()  # and the announcements the last one was shown
+
+    def gsync_ending(self) -> None:
+        """gsync stopped or killed: a refusal it read and holds no pause of (no verdict yet:
+        the REQ it split to find the refused shape unanswered) goes with it; the next process
+        cannot know it, and its own read opens the probe period anew (seed 82's year, day
+        47.97: relay1 refused #e; the trial of #e alone was closed "too many concurrent
+        REQs" for 16 minutes, then gsync was killed, its saves since the refusal with no pause
+        to write; the next process's first REQs asked #e packed, counted as asks 2 to 6 of
+        the refusal the last one read). What it paused is
+        judged on: a restart restores it (unless killed before a save: ``gsync_killed``)."""
+        for url, refused in list(self.refused_at.items()):
+            paused = self._paused_tags(url)
+            for key in [key for key in refused if key not in paused]:
+                del refused[key]
+                self.refused_by.pop((url, key), None)
+            if not refused:
+                del self.refused_at[url]
+
+    def _paused_tags(self, url: str) -> set[str]:
+        """The tag names of the shapes the running gsync holds paused on ``url`` (or in the
+        saved memory it has not restored yet: the relay not registered)."""
+        m = self.sim.manager
+        state = m.relays.get(url)
+        if state is not None:
+            return {name for key in state.paused.keys() for name in key[1]}
+        record = m.saved._memories.get(url) or {}
+        return {name for key, _ in record.get("paused") or () for name in key[1]}
 
     def gsync_killed(self, saved_at: float | None) -> None:
         """gsync killed: the dials since its last save (every STATE_SAVE_SECS in production,
@@ -267,14 +296,16 @@ class Checker:
         if verb == "REQ" and relay.hidden and not relay.no_eose and '"ids"' in text:
             # (a REQ the relay leaves without EOSE is not answered: asked again, it is a fetch
             # that never ended retried, not an id it said it does not serve asked again)
-            self._asks_hidden(conn.relay, text)
+            self._asks_hidden(conn, text)
         if verb in ("REQ", "NEG-OPEN") and conn.relay in self.refused_at:
             self._asks_refused(conn, text if verb == "REQ" else "[\"REQ\"," + text.split(",", 1)[1])
 
-    def _asks_hidden(self, url: str, text: str) -> None:
+    def _asks_hidden(self, conn, text: str) -> None:
+        url = conn.relay
         hidden = self.sim.relays[url].hidden
         try:
-            filters = json.loads(text)[2:]
+            msg = json.loads(text)
+            filters = msg[2:]
         except ValueError:
             return
         now = self.sim.clock.now
@@ -290,9 +321,28 @@ class Checker:
             times = held[1]
             times.append(now)
             del times[:-UNSERVABLE_ASKS - 1]
+            # (until the relay answers it: one it closes unanswered is taken back, ``relay_frame``)
+            conn.__dict__.setdefault("id_asks", {}).setdefault(msg[1], []).append((times, now))
             if len(times) > UNSERVABLE_ASKS and now - times[0] < DAY:
                 self.violation("unservable_asked_again", f"{url}: {event_id[:16]} asked by id {len(times)} times "
                                f"in {(now - times[0]) / HOUR:.1f} h")
+
+    @staticmethod
+    def _id_ask_answered(asks: dict, frame: str) -> None:
+        """An EOSE or CLOSED of a REQ that asked hidden ids (``asks``: the connection's, by
+        sub id). Closed, the relay did not answer it (rate-limited, too many REQs open,
+        auth-required): gsync sending it again once the cooldown allows is the same ask, not
+        an id the relay said it does not serve asked again; it is taken back from the count
+        (seed 77's year, day 306.01: relay3 rate-limited a recovery's id fetch, and its three
+        sends a cooldown apart were counted as asks 2 to 4 within a day)."""
+        try:
+            verb, sub_id = json.loads(frame)[:2]
+            answered = asks.pop(sub_id, ())
+        except (ValueError, TypeError):
+            return
+        for times, at in answered:
+            if verb == "CLOSED" and at in times:
+                times.remove(at)
 
     def ids_judgements(self) -> None:
         m = self.sim.manager
@@ -322,7 +372,11 @@ class Checker:
         del conn.starts[:-2]
 
     def relay_frame(self, conn, frame: str) -> None:
-        """A frame gsync reads: a policy refusal opens that tag key's probe period."""
+        """A frame gsync reads: a policy refusal opens that tag key's probe period; a REQ of
+        hidden ids the relay closed unanswered was no ask (``_id_ask_answered``)."""
+        asks = conn.__dict__.get("id_asks")
+        if asks and frame.startswith(('["CLOSED"', '["EOSE"')):
+            self._id_ask_answered(asks, frame)
         if frame.startswith('["CLOSED"') and '"blocked: #' in frame:
             key = frame.split('"blocked: #', 1)[1][:1]
             now = self.sim.clock.now

@@ -438,6 +438,7 @@ class Simulation:
         if m is None:
             return
         self.note("gsync_stop", graceful)
+        self.checker.gsync_ending()
         if not graceful:
             self.checker.gsync_killed(m.saved.saved_at)
         if graceful:

@@ -303,10 +303,12 @@ class RelayLifecycle:
     @staticmethod
     def with_learned_limits(state: RelayState, limits):
         """The session's limits: what the relay published, lowered by what it taught us
-        (in earlier sessions, or before a restart). None, no limits known, is the defaults,
-        as a relay without NIP-11 gets them (``nip11_fetch``): what it teaches is learnt too
-        (seed 67's year: a cap refusal with nothing to lower was read as a rate limit)."""
+        (in earlier sessions, or before a restart). A relay that published none is taught
+        the same (what gsync assumes, lowered)."""
         if limits is None:
+            if state.max_message_learned is None and state.max_filters_learned is None \
+                    and state.max_subscriptions_learned is None:
+                return None
             limits = RelayLimits()
         learned = state.max_message_learned
         if learned is not None and learned < filter_plan.req_length_limit(limits):

@@ -36,6 +36,7 @@ from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
+from ...protocol.nip11 import RelayLimits
 from ...sync import filter_plan, start_queue
 from ...sync.health import HealthState, Refusal, classify_refusal, refuses_a_shape
 from ...sync.pending import BatchKind, PendingBatch
@@ -151,12 +152,13 @@ class Refusals:
         else:
             live = state.current.live_subs.get(sub_id)
             refused = len(live.filters) if live is not None else 0
-        if refused < 2 or state.current.limits is None:
+        if refused < 2:
             return
+        limits = state.current.limits or RelayLimits()  # (no NIP-11 document: taught the same)
         allowed = max(1, refused // 2)
-        current = state.current.limits.max_filters
+        current = limits.max_filters
         if current is None or allowed < current:
-            state.current.limits = dataclasses.replace(state.current.limits, max_filters=allowed)
+            state.current.limits = dataclasses.replace(limits, max_filters=allowed)
             state.max_filters_learned = allowed  # later sessions and restarts start there
             log.info("filters_per_req_lowered", relay=state.url, max_filters=allowed, refused=refused)
 
@@ -168,11 +170,14 @@ class Refusals:
         lower (it is there already, or at ``MIN_SUBSCRIPTIONS``): the refusal is read as a
         rate limit then, so that a REQ refused again and again cannot loop."""
         open_now = len(state.current.book.subscriptions)  # the refused REQ is forgotten already
-        budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
+        # (no NIP-11 document: what gsync assumed, lowered; seed 82's year, a relay capped at 10
+        # read as rate-limited for as long as its connection lasted)
+        limits = state.current.limits or RelayLimits()
+        budget = filter_plan.SubscriptionBudget.from_limits(limits)
         allowed = max(filter_plan.MIN_SUBSCRIPTIONS, open_now)
-        if state.current.limits is None or allowed >= budget.max_subscriptions:
+        if allowed >= budget.max_subscriptions:
             return False
-        state.current.limits = dataclasses.replace(state.current.limits, max_subscriptions=allowed)
+        state.current.limits = dataclasses.replace(limits, max_subscriptions=allowed)
         state.max_subscriptions_learned = allowed  # later sessions and restarts start there
         log.info("subscriptions_cap_lowered", relay=state.url, max_subscriptions=allowed,
                  was=budget.max_subscriptions)
