@@ -393,6 +393,24 @@ def test_a_dead_relay_whose_daily_attempt_failed_is_not_judged_neglected_till_th
     _assert_clean(result)
 
 
+def test_a_relay_down_20_h_of_26_in_two_outages_is_dead_to_gsync_and_not_judged_neglected():
+    """Seed 313's year (neglected_relay, day 9.5; the checker's mistake): relay2 was down for
+    14.6 h, up for 38 minutes (flapping, between two of gsync's hourly dials), then down for
+    18.2 h: gsync's dials failed for a day, and it is dead to gsync (one attempt a day, SPEC
+    §5). The checker's leave for a dead relay counted one outage of 20 h, not 20 h down of
+    the 26: it judged the relay, up since, neglected before its daily attempt."""
+    sim = Simulation(SimOptions(seed=4, days=2.0, relays=3, repos=8, faults=False, idle_tick_secs=300))
+    dead = sim.world.bootstrap[0]
+    first, gap, second = START + 0.1 * 86_400, 14 * 3600, 12 * 3600
+    sim.at(first, sim.relay_down, dead, gap)
+    sim.at(first + gap + 30, sim.relay_down, dead, second)  # up 30 s between the two
+    seen = []
+    sim.at(first + gap + 30 + second + 60, lambda: seen.append(sim.manager.health.is_dead(dead, sim.clock.now)))
+    result = sim.run()
+    assert seen == [True]  # gsync's dials failed for a day: dead to it, one attempt a day
+    _assert_clean(result)
+
+
 def test_a_dead_relays_daily_attempt_a_killed_gsync_had_not_saved_is_not_judged_a_second_dial():
     """Seed 2's year (dead_dialled, day 228.52; the checker's mistake): gsync killed 54 s
     after a dead relay's daily attempt, before the tick that saves its failure; the next
