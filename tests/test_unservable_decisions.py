@@ -479,3 +479,32 @@ def test_an_id_the_daily_fresh_start_asked_by_id_is_not_asked_so_again_by_a_fres
     assert asks(h, A, hidden, after=daily)[0] == 1, "not by id again that day"
     assert asks(h, A, hidden, after=daily)[1] >= 1, "by its filter"
     assert hidden.id in state.unservable
+
+
+def test_an_id_asked_by_id_and_not_served_is_not_asked_so_again_that_day_after_a_cut(tmp_path):
+    """Found by the simulator (seed 300's year, day 191.77): the daily fresh start asked ids
+    new that day by id, and once more (the residual retry); the connection dropped before
+    their filter answered, and the fresh start at the reconnect asked them by id a third
+    time (the next daily, 23 h on, a fourth within a day). Asked by id and not served, an id
+    goes to its filter from then on that day, whatever it was the day before."""
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    _, hidden = world(h)
+    h.connect(A)
+    state = h.state(A)
+    first = sent(h, A)
+
+    def residual(filters):  # the filter asked for what the id fetch did not serve: cut off
+        return any(name == "a" for f in filters for name, _ in f.tags) and h.frames(A, "REQ")[-1][2:] == [
+            json.loads(f.to_json()) for f in filters]
+
+    run(h, A, [hidden], by_id=True, never=[hidden], silent=residual)
+    by_id = asks(h, A, hidden, after=first)[0]
+    assert 1 <= by_id <= 2, by_id  # the ask, and the residual retry
+    assert hidden.id not in state.unservable  # no verdict yet: its filter was cut off
+    h.feed(RelayDisconnected(A, state.session, "gone"))
+    h.advance(16 * 60)  # away long enough for a fresh start, the daily not near
+    h.tick()
+    h.feed(HandshakeDone(A, state.attempt, ws=FakeWs()))
+    run(h, A, [hidden], by_id=True, never=[hidden])
+    assert asks(h, A, hidden, after=first)[0] == by_id, "not by id again that day"
+    assert hidden.id in state.unservable  # its filter's verdict

@@ -295,6 +295,9 @@ def ask_residual_by_filter(plan, state, batch: PendingBatch, now: float) -> None
     missing = not_seen(plan, batch.residual_ids())
     plan.move(state, batch, Step.ASKED_BY_FILTER)
     batch.residual_asked = set(missing)
+    # asked by id and not served: by its filter from now on, until the next daily fresh start,
+    # whatever cuts this batch off before the filter answers (seed 300's year, day 191.77)
+    state.unservable.asked_by_id(missing, unserved=True)
     if missing:
         filters = batch.residual_filters(missing)
         plan.log.info("negentropy_ids_asked_by_filter", relay=state.url, batch_id=batch.batch_id,

@@ -49,7 +49,7 @@ class UnservableIds:
         self.max_ids = max_ids
         self._ids: dict[str, None] = {}
         self._before: frozenset[str] = frozenset()  # what was unservable at the last ``clear``
-        self._asked: set[str] = set()  # of those, what was asked by id since (``asked_by_id``)
+        self._asked: dict[str, None] = {}  # asked by id since (``asked_by_id``), oldest first
 
     def add(self, ids: Iterable[str]) -> list[str]:
         """Remember ``ids``; returns those not remembered before (what is counted)."""
@@ -69,11 +69,16 @@ class UnservableIds:
         """Was ``event_id`` unservable here before the last daily fresh start (or is it now)?"""
         return event_id in self._ids or event_id in self._before
 
-    def asked_by_id(self, ids: Iterable[str]) -> None:
+    def asked_by_id(self, ids: Iterable[str], *, unserved: bool = False) -> None:
         """``ids`` are asked by id: those unservable before the last daily fresh start have
-        had that day's ask (``asked_today``)."""
+        had that day's ask (``asked_today``); so have all of them when ``unserved`` (asked
+        by id and not served: on their way to their filter, whose verdict a cut may lose;
+        seed 300's year, day 191.77: asked by id a third time at the reconnect). At most
+        twice ``max_ids``, oldest dropped first."""
         before = self._before
-        self._asked.update(i for i in ids if i in before)
+        self._asked.update(dict.fromkeys(i for i in ids if unserved or i in before))
+        while len(self._asked) > 2 * self.max_ids:
+            del self._asked[next(iter(self._asked))]
 
     def asked_today(self, event_id: str) -> bool:
         """Was ``event_id``, unservable before the last daily fresh start, asked by id since?
@@ -87,4 +92,4 @@ class UnservableIds:
         remembered until the next one (``before``), no more (bounded as ``max_ids``)."""
         self._before = frozenset(self._ids)
         self._ids.clear()
-        self._asked = set()
+        self._asked = {}
