@@ -434,6 +434,38 @@ def test_a_dead_relays_daily_attempt_a_killed_gsync_had_not_saved_is_not_judged_
     assert len(dials) == 3 and dials[1] - dials[0] < 120, [(t - START) / 3600 for t in dials]  # again at once
 
 
+def test_a_dead_relay_retired_and_listed_again_between_two_samples_is_judged_from_its_return():
+    """Seed 329's year (dead_dialled x11 from day 75.37; the checker's mistake): relay5, down
+    for good, dead to gsync, was dropped by a repository and listed again 4 s later. Retired,
+    it left its failure streak and dead mark with it, and was dialled with backoff anew; the
+    checker samples gsync's table every 10 minutes, so it never saw relay5 leave, and
+    counted its dials from when it went down. A dial of a relay whose table entry this
+    process made anew since its last dial counts from its return."""
+    sim = Simulation(SimOptions(seed=4, days=3.2, faults=False, **SMALL))
+    relay2 = sim.world.relay_urls[2]
+    sim.faults.abandon_rng = random.Random(1)
+    listing, gone = [], []
+
+    def abandoned():
+        listing.extend(repo for repo in sim.world.repos if relay2 in repo.relays)
+        sim.faults.abandon()  # (relay2 the only relay listed that is not a bootstrap one)
+
+    def listed_again():
+        gone.append(relay2 not in sim.manager.relays)
+        for repo in listing:
+            repo.relays.append(relay2)
+            sim.publish(sim.world.announce(repo, int(sim.clock.now)), list(repo.relays), own=True)
+
+    sim.at(START + 0.1 * 86_400, sim.relay_down, relay2, None)
+    back = START + 1.3 * 86_400 + 200  # (dead to gsync since day 1.15; samples at 10-minute marks)
+    sim.at(back - 120, abandoned)
+    sim.at(back, listed_again)
+    _assert_clean(sim.run())
+    assert listing and gone == [True]
+    dials = [t for t in sim.checker.dials[relay2] if t >= back]  # (the last 25 h of them)
+    assert dials and dials[0] - back < 60, [(t - START) / 86_400 for t in dials]  # anew, with backoff
+
+
 def test_a_dead_relay_retired_and_listed_again_is_judged_from_its_return():
     """A relay retired leaves its failure streak and dead mark with it (bounded tables): dead
     for good, dropped by every repository listing it (retired), listed again a day later,

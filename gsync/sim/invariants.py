@@ -95,6 +95,7 @@ class Checker:
         self.downs: dict[str, list[float]] = {}  # when each relay went down, the last hour
         self.down_since: dict[str, float] = {}
         self.down_spans: dict[str, list[tuple[float, float]]] = {}  # (outages ended in the last 26 h)
+        self.dialled_by: dict[str, tuple] = {}  # relay -> gsync's record of it at its last dial
         self.unwanted_since: dict[str, float] = {}
         self.hour_messages: dict[int, int] = {}
         self.hour_actions: dict[int, int] = {}
@@ -469,6 +470,14 @@ class Checker:
         if len(times) - bisect_left(times, True, key=lambda t: now - t <= HOUR) > bound:
             self.violation("dial_storm", f"{url}: more than {bound} handshakes within an hour "
                                          f"({len(downs)} restarts)")
+        record = self._relay_state(url)
+        last = self.dialled_by.get(url)
+        if last is not None and last[0] == record[0] and last[1] is not record[1]:
+            # retired and listed again by this process since its last dial, between two of
+            # the 10-minute samples (seed 329's year, day 75.37: dropped and listed again 4 s
+            # later): its dead mark went with it, counted from its return
+            self.tabled_since[url] = now
+        self.dialled_by[url] = record
         since = self.down_since.get(url)
         if since is not None:  # (a relay retired forgets its dead mark: counted from its return to the table)
             since = max(since, self.tabled_since.setdefault(url, now))
@@ -626,6 +635,7 @@ class Checker:
         for url in list(self.tabled_since):
             if url not in m.relays:
                 del self.tabled_since[url]
+                self.dialled_by.pop(url, None)
         # A relay gsync keeps nothing of (retired, or forgotten at a start that did not list
         # it): its refusals went with it, as its dead mark does (seed 94, day 1.0065: the own
         # relay lost everything; the next process forgot relay2's saved pauses, and asked #a
