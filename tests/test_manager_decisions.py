@@ -221,6 +221,16 @@ def test_a_req_refused_by_policy_goes_again_one_shape_a_req_and_a_shape_refused_
     assert not [r for r in h.historic_reqs(A)[sent:] if shapes(alone)[0] in shapes(r)]
 
 
+def sent_again_within_the_cap(h, conn, refused, cap: int) -> None:
+    """Layer 1 served makes room: the refused REQ goes again, never past the learnt cap."""
+    h.relay_says(A, wire.Eose(h.historic_reqs(A)[0][1]))  # layer 1 served: room for it
+    for _ in range(5):
+        h.advance(1.1)
+        assert len(conn.subscriptions) <= cap
+    again = [r for r in h.historic_reqs(A) if r[1] != refused[1] and r[2:] == refused[2:]]
+    assert again, "the refused REQ was not sent again"
+
+
 def test_too_many_open_subscriptions_learns_the_cap_and_consolidates_live_coverage_within_it(tmp_path):
     h = ManagerHarness(tmp_path)
     h.own_relay_holds(*listed_on(A, 40))
@@ -237,12 +247,7 @@ def test_too_many_open_subscriptions_learns_the_cap_and_consolidates_live_covera
     live_after = [s for s, sub in h.state(A).current.live_subs.items() if not sub.control]
     assert len(live_after) <= SubscriptionBudget(cap).live_slots < len(live_before)
     assert set(live_before) - set(live_after) <= {f[1] for f in h.frames(A, "CLOSE")}
-    h.relay_says(A, wire.Eose(h.historic_reqs(A)[0][1]))  # layer 1 served: room for it
-    for _ in range(5):
-        h.advance(1.1)
-        assert len(conn.subscriptions) <= cap
-    again = [r for r in h.historic_reqs(A) if r[1] != refused[1] and r[2:] == refused[2:]]
-    assert again, "the refused REQ was not sent again"
+    sent_again_within_the_cap(h, conn, refused, cap)
 
 
 def test_a_relay_without_nip11_refusing_too_many_open_subscriptions_teaches_the_cap_too(tmp_path):
@@ -265,12 +270,7 @@ def test_a_relay_without_nip11_refusing_too_many_open_subscriptions_teaches_the_
     cap = h.state(A).max_subscriptions_learned
     assert cap == max(MIN_SUBSCRIPTIONS, open_then)
     assert h.manager.health.cooldown_remaining(A, h.clock.now) == 0  # not read as a rate limit
-    h.relay_says(A, wire.Eose(h.historic_reqs(A)[0][1]))  # layer 1 served: room for it
-    for _ in range(5):
-        h.advance(1.1)
-        assert len(conn.subscriptions) <= cap
-    again = [r for r in h.historic_reqs(A) if r[1] != refused[1] and r[2:] == refused[2:]]
-    assert again, "the refused REQ was not sent again"
+    sent_again_within_the_cap(h, conn, refused, cap)
     assert h.state(A).current.limits.max_subscriptions == cap
 
     state = h.state(A)

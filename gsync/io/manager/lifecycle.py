@@ -303,12 +303,10 @@ class RelayLifecycle:
     @staticmethod
     def with_learned_limits(state: RelayState, limits):
         """The session's limits: what the relay published, lowered by what it taught us
-        (in earlier sessions, or before a restart). A relay that published none is taught
-        the same (what gsync assumes, lowered)."""
+        (in earlier sessions, or before a restart). A relay that published none has what
+        gsync assumes (``RelayLimits()``, as ``nip11_fetch`` gives it), and is taught the same:
+        a session's limits are never None (``Refusals.learn_*`` lower them)."""
         if limits is None:
-            if state.max_message_learned is None and state.max_filters_learned is None \
-                    and state.max_subscriptions_learned is None:
-                return None
             limits = RelayLimits()
         learned = state.max_message_learned
         if learned is not None and learned < filter_plan.req_length_limit(limits):

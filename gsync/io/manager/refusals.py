@@ -36,7 +36,6 @@ from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
-from ...protocol.nip11 import RelayLimits
 from ...sync import filter_plan, start_queue
 from ...sync.health import HealthState, Refusal, classify_refusal, refuses_a_shape
 from ...sync.pending import BatchKind, PendingBatch
@@ -154,7 +153,7 @@ class Refusals:
             refused = len(live.filters) if live is not None else 0
         if refused < 2:
             return
-        limits = state.current.limits or RelayLimits()  # (no NIP-11 document: taught the same)
+        limits = state.current.limits
         allowed = max(1, refused // 2)
         current = limits.max_filters
         if current is None or allowed < current:
@@ -170,9 +169,9 @@ class Refusals:
         lower (it is there already, or at ``MIN_SUBSCRIPTIONS``): the refusal is read as a
         rate limit then, so that a REQ refused again and again cannot loop."""
         open_now = len(state.current.book.subscriptions)  # the refused REQ is forgotten already
-        # (no NIP-11 document: what gsync assumed, lowered; seed 82's year, a relay capped at 10
-        # read as rate-limited for as long as its connection lasted)
-        limits = state.current.limits or RelayLimits()
+        # (no NIP-11 document: what gsync assumed, lowered, ``with_learned_limits``; seed 82's
+        # year, a relay capped at 10 read as rate-limited for as long as its connection lasted)
+        limits = state.current.limits
         budget = filter_plan.SubscriptionBudget.from_limits(limits)
         allowed = max(filter_plan.MIN_SUBSCRIPTIONS, open_now)
         if allowed >= budget.max_subscriptions:
