@@ -411,6 +411,32 @@ def test_a_relay_down_20_h_of_26_in_two_outages_is_dead_to_gsync_and_not_judged_
     _assert_clean(result)
 
 
+def test_a_relay_that_cuts_every_session_within_a_minute_is_backed_off_to_the_cap_and_not_judged_neglected():
+    """Seed 326's year (neglected_relay, day 201.5; the checker's mistake): relay1, restarting
+    every few minutes, came back from a longer outage and cut gsync's next three sessions
+    within 17-35 s each. A session over within PROVEN_SESSION_SECS is a failure to gsync
+    (``record_disconnect``: a relay that accepts and drops backs off to the cap), so it was
+    dialled once an hour while up nearly all the time. The checker owed it a session for
+    that time. Here the relay goes down for 10 s 20 s into each of gsync's sessions."""
+    sim = Simulation(SimOptions(seed=4, days=1.0, relays=3, repos=8, faults=False, idle_tick_secs=300))
+    cutting = sim.world.bootstrap[0]
+    session_changed = sim.checker.session_changed
+
+    def cut_each_session(url, delta):
+        session_changed(url, delta)
+        if url == cutting and delta > 0 and sim.clock.now > START + 0.1 * 86_400:
+            sim.at(sim.clock.now + 20, sim.relay_down, cutting, 10)
+
+    sim.checker.session_changed = cut_each_session
+    sim.at(START + 0.1 * 86_400, sim.relay_down, cutting, 10)  # (its first session, from the start)
+    result = sim.run()
+    _assert_clean(result)
+    dials = sim.checker.dials[cutting][1:]  # (those after its first session)
+    gaps = [b - a for a, b in zip(dials, dials[1:])]
+    assert max(gaps) == pytest.approx(constants.MAX_BACKOFF_SECS, abs=310), gaps  # backed off to the cap
+    assert len([g for g in gaps if g > 3000]) >= 12, gaps  # (and kept there: every dial's session cut)
+
+
 def test_a_dead_relays_daily_attempt_a_killed_gsync_had_not_saved_is_not_judged_a_second_dial():
     """Seed 2's year (dead_dialled, day 228.52; the checker's mistake): gsync killed 54 s
     after a dead relay's daily attempt, before the tick that saves its failure; the next

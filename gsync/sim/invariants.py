@@ -35,7 +35,10 @@ with the simulated day it happened and what broke.
   unless it had been down for 20 h or more in the 26 h before (dead: one attempt a day is
   what SPEC asks), or a daily attempt of it (no dial in the 20 h before) failed in the 26 h
   before: the relay down, or its session over within PROVEN_SESSION_SECS (a flapping relay
-  stays dead to gsync: seed 6's year, day 313.5).
+  stays dead to gsync: seed 6's year, day 313.5). Up time after a failed attempt (a dial,
+  or a session over within PROVEN_SESSION_SECS) is not owed until the next dial, up to
+  MAX_BACKOFF_SECS and a tick: gsync backs off from such a relay by design (seed 326's year,
+  day 201.5: relay1 restarting every few minutes cut three sessions in a row within 35 s).
 - ``refused_asked_again``: a tag key a relay refused by policy (CLOSED ``blocked:``) asked of
   it again more than twice within POLICY_PROBE_SECS after gsync read the refusal (a relay
   retired or forgotten meanwhile forgets it, as it does its dead mark: counted from its
@@ -79,6 +82,8 @@ BUSY_BASE = 3000
 BUSY_PER_RELAY = 400
 BUSY_PER_ACTION = 200
 NEGLECT_WINDOW_SECS = 4 * HOUR
+# after a failed attempt, gsync's next one comes within its backoff's cap (and a tick)
+BACKOFF_LEAVE_SECS = constants.MAX_BACKOFF_SECS + 600
 
 
 class Checker:
@@ -113,6 +118,9 @@ class Checker:
         self.long_down_ended: dict[str, float] = {}
         self.daily_dial: dict[str, float] = {}  # relay -> its last dial, where none came in the 20 h before
         self.session_opened: dict[str, float] = {}  # relay -> when its open sessions began
+        # relay -> since when gsync has had no session of it after an attempt that failed
+        # (its dial, or a session over within PROVEN_SESSION_SECS): its backoff (``neglect``)
+        self.failing_since: dict[str, float] = {}
         self.own_lost_at = float("-inf")  # the own relay's last loss of data
         self.refused_at: dict[str, dict[str, list]] = {}  # relay -> tag key -> [read at, asked since, ...]
         self.refused_by: dict[tuple[str, str], tuple] = {}  # (relay, tag key) -> _relay_state when read (or reset)
@@ -233,8 +241,11 @@ class Checker:
         self.sessions_open[url] = was + delta
         if delta > 0 and not was:
             self.session_opened[url] = now
+            self.failing_since.pop(url, None)
         elif delta < 0 and was == 1:
             opened, daily = self.session_opened.pop(url, now), self.daily_dial.get(url)
+            if now - opened < constants.PROVEN_SESSION_SECS:
+                self.failing_since[url] = now  # a failure to gsync: it backs off (seed 326)
             if daily is not None and opened - daily < HOUR and now - opened < constants.PROVEN_SESSION_SECS:
                 # a dead relay's daily attempt, its session gone within a minute: a failure
                 # (``RelayHealthTracker.record_disconnect``), the next attempt a day later
@@ -242,12 +253,17 @@ class Checker:
                 self.long_down_ended[url] = now
 
     def account(self, url: str) -> None:
-        """Up time and session time of ``url`` up to now (before either changes)."""
+        """Up time and session time of ``url`` up to now (before either changes). Up time
+        gsync spends in its backoff after a failed attempt, up to MAX_BACKOFF_SECS (and its
+        tick), is not owed a session: a relay whose sessions end within PROVEN_SESSION_SECS
+        is failing to gsync, by design (``RelayHealthTracker.record_disconnect``)."""
         now = self.sim.clock.now
         entry = self.uptime.setdefault(url, [now, 0.0, 0.0])
         relay = self.sim.relays.get(url)
         if relay is not None and relay.up and self.sim.manager is not None:
-            entry[1] += now - entry[0]
+            since = self.failing_since.get(url)
+            excused = 0.0 if since is None else max(0.0, min(now, since + BACKOFF_LEAVE_SECS) - max(entry[0], since))
+            entry[1] += now - entry[0] - excused
             if self.sessions_open.get(url, 0) > 0:
                 entry[2] += now - entry[0]
         entry[0] = now
@@ -452,6 +468,8 @@ class Checker:
 
     def dialled(self, url: str) -> None:
         now = self.sim.clock.now
+        self.account(url)
+        self.failing_since[url] = now  # (until its session opens: a failure if none does)
         times = self.dials.setdefault(url, [])
         if times and now - times[-1] >= 20 * HOUR:  # a dead relay's daily attempt
             self.daily_dial[url] = now
