@@ -8,6 +8,7 @@ Pure. Builders return historic filters (optional ``since``); the live form of an
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -24,6 +25,10 @@ from ..constants import (
     TRANSIENT_HISTORIC_SLOTS,
 )
 from ..protocol.filters import Filter, is_plain, json_size
+
+# item sets whose filters are remembered (``_sync_level_aware_filters``): a few per relay
+# reconnecting often; each entry as large as one relay's filters
+SYNC_FILTERS_MEMO = 128
 from .repos import SyncLevel, identifier_of
 
 REPO_TAGS = ("a", "A", "q")  # layer 2: events tagging a repository address
@@ -141,11 +146,22 @@ def build_sync_level_aware_filters(
     ``root_events`` must already be limited to Full repos' roots (``derive_relay_targets``
     and ``compute_actions`` do that).
     """
-    full = [address for address, level in repos.items() if level is SyncLevel.FULL]
-    return (
-        state_filters({identifier_of(a) for a in repos}, since, budget)
-        + repo_tag_filters(full, since, budget)
-        + root_event_filters(root_events, since, budget)
+    base = _sync_level_aware_filters(frozenset(repos.items()), frozenset(root_events), budget)
+    return list(base) if since is None else [f.replace(since=since) for f in base]
+
+
+@functools.lru_cache(maxsize=SYNC_FILTERS_MEMO)
+def _sync_level_aware_filters(repos: frozenset, root_events: frozenset, budget: int) -> tuple[Filter, ...]:
+    """``build_sync_level_aware_filters`` without ``since``, remembered: a relay's confirmed
+    items are built into the same filters at each of its reconnections (a relay restarting
+    every few minutes, its gap fetched with ``since``), by its live and historic sides, and
+    their JSON is made once (``Filter.replace`` shares it). Filters are immutable: shared,
+    they are never changed (``drop_json`` only forgets JSON, made again when needed)."""
+    full = [address for address, level in repos if level is SyncLevel.FULL]
+    return tuple(
+        state_filters({identifier_of(a) for a, _ in repos}, None, budget)
+        + repo_tag_filters(full, None, budget)
+        + root_event_filters(root_events, None, budget)
     )
 
 
