@@ -354,7 +354,7 @@ class StateStore:
                 db.execute("DELETE FROM confirmed WHERE relay = ?", (url,))
                 db.execute("DELETE FROM members WHERE relay = ?", (url,))
             for url, m in (relays or {}).items():  # (an UPDATE where the row is: as _put_meta)
-                text = json.dumps(m, separators=(",", ":"))
+                text = _compact(m)
                 if not db.execute("UPDATE relays SET memory = ?, saved_at = ? WHERE url = ?", (text, now, url)).rowcount:
                     db.execute("INSERT INTO relays (url, memory, saved_at) VALUES (?, ?, ?)", (url, text, now))
             for relay, rows in (confirmed_puts or {}).items():
@@ -394,6 +394,10 @@ class StateStore:
         path = os.path.join(self.dir, LEGACY_REJECTED)
         if os.path.exists(path):
             os.replace(path, path + ".migrated")
+
+
+# ``json.dumps(m, separators=...)`` made an encoder at each call: most of a record's cost
+_compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _put_meta(db: sqlite3.Connection, key: str, value: str) -> None:
