@@ -4,6 +4,7 @@ one process (tests/manager_harness.py): one consolidation packs it live, and the
 Found by the simulator (seed 4's year, day 244: a relay allowing 10 subscriptions, its
 members' coverage polled every 5 s for hours, ``busy_loop``)."""
 from gsync.io.manager.coverage import member_filters
+from gsync.protocol import messages as wire
 from gsync.protocol.nip11 import RelayLimits
 
 from .factory import Author, announcement
@@ -38,3 +39,43 @@ def test_polled_coverage_beside_fragmented_subscriptions_is_consolidated_and_no_
     assert state.current.data_live_subs() < 7, "packed"
     assert polls_sent(h, start + 1800) == 0, "no polls the second half hour"
     assert polls_sent(h, start) < 150
+
+
+def live_reqs_with(h, value: str) -> list:
+    """The live REQs (``limit: 0``) sent this session that ask ``value`` of some tag."""
+    return [f for f in h.reqs(A) if all(flt.get("limit") == 0 for flt in f[2:])
+            and any(value in vals for flt in f[2:] for key, vals in flt.items() if key.startswith("#"))]
+
+
+def test_coverage_polled_for_want_of_room_goes_live_once_a_refusal_frees_room(tmp_path):
+    """Seed 74's 60 days (the simulator's, day 47.01; no invariant broke): relay3 refused
+    ``#e`` by policy. The first live REQ it closed was split by shape with no room left, so
+    its other shapes were polled; the next, ``#e`` alone, paused the shape and freed its
+    slot, and more went as the paused shape left the open REQs. Polled coverage with room
+    beside it was polled every 6.2 s for the 14 hours the run had left (consolidation looks
+    only at a full budget). Once there is room, polled coverage goes live, one last poll
+    fetching what came since the previous one, and the polls stop."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(announcement(owner, "r", relays=[A]))
+    h.connect(A, limits=RelayLimits(max_subscriptions=10))
+    h.settle(A)
+    state, live = h.state(A), h.manager.live
+    for n in range(7):  # thread members one at a time: the seven slots full
+        ids = {f"{n + 1:064x}"}
+        state.current.members |= ids
+        live.open_members(state, member_filters(state, ids), fresh=True)
+    members = [s for s, sub in state.current.live_subs.items() if sub.descendants]
+    h.relay_says(A, wire.Closed(members[0], wire.Prefix.BLOCKED, "#e queries are not allowed here"))
+    alone = [s for s, sub in state.current.live_subs.items() if [f.tags[0][0] for f in sub.filters if f.tags] == ["e"]]
+    h.relay_says(A, wire.Closed(alone[0], wire.Prefix.BLOCKED, "#e queries are not allowed here"))
+    polled = {v for f in state.paused.allowed(state.fresh_polled.filters + state.polled.filters)
+              for _, vals in f.tags for v in vals}
+    assert polled and state.current.data_live_subs() < 7, "polled beside a free slot"
+    start = h.clock.now
+    for _ in range(90):  # a quarter of an hour, its polls answered with nothing
+        h.advance(10)
+        h.tick()
+        h.eose_all(A)
+    assert not state.paused.allowed(state.fresh_polled.filters + state.polled.filters), "all of it live"
+    assert all(live_reqs_with(h, v) for v in polled), "each polled value asked live"
+    assert polls_sent(h, start + 700) == 0, "no polls once live"

@@ -25,11 +25,11 @@ from ..constants import (
     TRANSIENT_HISTORIC_SLOTS,
 )
 from ..protocol.filters import Filter, is_plain, json_size
+from .repos import SyncLevel, identifier_of
 
 # item sets whose filters are remembered (``_sync_level_aware_filters``): a few per relay
 # reconnecting often; each entry as large as one relay's filters
 SYNC_FILTERS_MEMO = 128
-from .repos import SyncLevel, identifier_of
 
 REPO_TAGS = ("a", "A", "q")  # layer 2: events tagging a repository address
 EVENT_TAGS = ("e", "E", "q")  # layer 3 and descendants: events tagging an event id

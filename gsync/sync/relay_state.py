@@ -176,6 +176,9 @@ class RelaySession:
     consolidated_at: float | None = None  # this session's last consolidation
     consolidation_due: bool = False  # one was skipped for being too soon after the last
     polled_checked_at: float | None = None  # polled coverage last looked at (``consolidate_polled``)
+    # the relay refused a live REQ for its total filter size ("exceed max size"): what it
+    # made polled stays so this session (``LiveCoverage.bring_live``)
+    capacity_refused: bool = False
     # Timers this session scheduled: their messages are ignored once it is gone, so a new
     # session must start without these flags (a relay stuck in Syncing for ever).
     completion_check_scheduled: bool = False

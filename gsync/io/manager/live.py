@@ -243,6 +243,8 @@ class LiveCoverage:
             if checked is not None and now - checked < constants.POLLED_CONSOLIDATION_CHECK_SECS:
                 return False
             state.current.polled_checked_at = now
+            if self.bring_live(state, now):
+                return True
             if not self.fragmented(state):
                 return False
             self.consolidate(state)
@@ -252,6 +254,36 @@ class LiveCoverage:
         if not self.packing_makes_room(state, max(1, polled)):
             return False
         self.consolidate(state)
+        return True
+
+    def bring_live(self, state: RelayState, now: float) -> bool:
+        """Polled coverage goes live once the relay has room for it again (a subscription
+        it closed or paused, members' coverage gone): polled for want of room, it would
+        otherwise be asked for every few seconds for the rest of the session (seed 74's 60
+        days: relay3, 2 of its 7 live slots free, polled two filters every 6.2 s). One last
+        poll fetches what came since the previous one, as the live REQs start; what still
+        does not fit is polled again. Not while historic sync runs (``run_polls`` defers
+        polls then), nor on a relay that refused a live REQ for its total filter size this
+        session (it would refuse again)."""
+        if state.current.capacity_refused or state.current.poll_batch in state.current.pending:
+            return False
+        budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
+        slots = budget.live_slots - state.current.data_live_subs()
+        if slots <= 0 or state.current.syncing():
+            return False
+        due = [(tier, name) for tier, name in ((state.fresh_polled, "fresh"), (state.polled, "settled"))
+               if tier.filters]
+        filters = [f for tier, _ in due for f in state.paused.allowed(tier.filters)]
+        groups = filter_plan.pack_into_reqs(filter_plan.live(filters), state.current.limits)
+        live_bytes = sum(state.current.book.filter_bytes.get(s, 0) for s in state.current.live_subs)
+        if not groups or live_bytes + wire.req_size("live-00000000", groups[0]) > constants.MAX_LIVE_FILTER_BYTES:
+            return False  # polled for its size, not for room
+        self.start_poll(state, due, now)
+        for tier, _ in due:
+            tier.clear()
+        self.open_groups(state, groups, slots=slots, descendants=True)
+        log.info("polled_coverage_live", relay=state.url, filters=len(filters),
+                 still_polled=len(state.polled.filters) + len(state.fresh_polled.filters))
         return True
 
     def fragmented(self, state: RelayState) -> bool:

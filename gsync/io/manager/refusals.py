@@ -228,6 +228,7 @@ class Refusals:
         if live is None:
             return
         if kind is CAPACITY:
+            state.current.capacity_refused = True
             self.live.poll_instead(state, live.filters, fresh=live.fresh)
         elif kind is SUBSCRIPTIONS:
             # The cap is learnt (and coverage consolidated, if it had to be): again within it.
