@@ -74,10 +74,15 @@ class HaveIndex:
         """(created_at, id) of every entry ``flt`` may match. The work is the filter's
         values plus the candidates, not the size of the index."""
         entries = self._entries
+        # Candidates found by the filter's one indexed tag carry one of its values there
+        # (the index is made of the entries' own tags): only the rest is checked. Own-relay
+        # holdings are asked so, of tens of thousands of entries in a long-running process.
+        tags_known = (len(flt.tags) == 1 and flt.ids is None and flt.tags[0][0] in INDEXED_TAGS
+                      and not self._loose)
         out = []
         for eid in self._candidates(flt):
             entry = entries[eid]
-            if may_match(eid, entry, flt):
+            if may_match(eid, entry, flt, tags_known):
                 out.append((entry.created_at, eid))
         return out
 
@@ -103,9 +108,9 @@ class HaveIndex:
         return found
 
 
-def may_match(event_id: str, entry, flt: Filter) -> bool:
+def may_match(event_id: str, entry, flt: Filter, tags_known: bool = False) -> bool:
     """NIP-01 matching (single-letter tags are all filters use); an unknown part (None)
-    counts as a match."""
+    counts as a match. ``tags_known``: the entry is known to match the filter's tags."""
     if flt.ids is not None and event_id not in flt.ids:
         return False
     if flt.authors is not None and entry.pubkey is not None and entry.pubkey not in flt.authors:
@@ -116,7 +121,7 @@ def may_match(event_id: str, entry, flt: Filter) -> bool:
     if (flt.since is not None and created_at < flt.since) or (flt.until is not None and created_at > flt.until):
         return False
     tags = entry.tags
-    if tags is None:
+    if tags is None or tags_known:
         return True
     compact = getattr(entry, "compact", False)  # only INDEXED_TAGS kept: others unknown
     for name, values in flt.tags:

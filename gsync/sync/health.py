@@ -364,10 +364,19 @@ class RelayHealthTracker:
         return earliest
 
     def should_attempt_connection(self, relay: str, now: float) -> bool:
+        """``next_attempt_at(relay, now) <= now`` for one not connected nor being dialled,
+        each wait compared where it is read (asked of every disconnected relay at every
+        tick: dead ones gather in a long-running table)."""
         h = self._get(relay)
         if h.connected or h.attempt_in_flight:
             return False
-        return self.next_attempt_at(relay, now) <= now
+        self._settle(h, now)
+        if h.failures and h.last_failure_at is not None:
+            wait = DEAD_RETRY_SECS if self._is_dead(h, now) else self.backoff(h.failures)
+            if h.last_failure_at + wait > now:
+                return False
+        return ((h.cooldown_until is None or h.cooldown_until <= now)
+                and (h.parked_until is None or h.parked_until <= now))
 
     def state(self, relay: str, now: float) -> HealthState:
         h = self._get(relay)
