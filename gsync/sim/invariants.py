@@ -56,6 +56,11 @@ with the simulated day it happened and what broke.
 - ``ids_judged_unserved``: gsync judged a relay not to serve by id what its NIP-77 advertises
   (``RelayState.ids_unserved_at``) while the relay served ids (its ``ids_unserved`` fault
   off for the ten minutes before): the unservable event of one id must cost the relay nothing.
+- ``polled_with_room``: a connected relay whose live coverage is polled (what its pauses
+  allow) beside a free live slot, outside historic sync and with no capacity refusal this
+  session, at every 10-minute sample for over POLLED_CONSOLIDATION_CHECK_SECS and 20
+  minutes: a REQ every few seconds where a live subscription fits (seed 74's 60 days, day
+  47.01: two filters every 6.2 s for 14 hours beside two free slots; ``LiveCoverage.bring_live``).
 - ``illegal_status_move``: a status move ``sync.status`` has no row for.
 - ``busy_loop``: more manager messages (ticks apart) in a simulated hour than the bound
   ``BUSY_BASE + BUSY_PER_RELAY * relays + BUSY_PER_ACTION * actions`` (actions: publications
@@ -72,6 +77,8 @@ from bisect import bisect_left
 from .. import constants
 from ..io.inbox import OwnEvents, RemoteEvents
 from ..ops import metrics
+from ..protocol import messages as wire
+from ..sync import filter_plan
 from .relay import all_values
 from .world import DAY, DOMAIN, START
 
@@ -126,6 +133,7 @@ class Checker:
         self.refused_by: dict[tuple[str, str], tuple] = {}  # (relay, tag key) -> _relay_state when read (or reset)
         self.hidden_asks: dict[tuple[str, str], tuple] = {}  # (relay, hidden id) -> (gsync's record of it, asked by id at)
         self.ids_judged: dict[str, float] = {}  # relay -> the ids_unserved_at last checked
+        self.polled_room_since: dict[str, float] = {}  # relay -> first sample it polled beside room
         self.tabled_since: dict[str, float] = {}  # relay -> its first dial since it (re)entered the table
         self.gsync_since = START  # when the running gsync started
         self.unsaved_dials: dict[str, list[float]] = {}  # dials a killed gsync had not saved
@@ -667,6 +675,7 @@ class Checker:
                 if key[i] not in known and key[i] != "own":
                     self.violation("metric_labels", f"{metric._name}{{relay={key[i]}}} for a relay not in the table")
                     break
+        self.polled_beside_room(m, now)
         world_events = len(self.sim.world.events) + self.sim.faults.injected
         bounds = [("seen", len(m.seen), world_events), ("rejected", len(m.rejected), m.rejected.max_entries),
                   ("own_held", len(m.own_held), constants.OWN_HELD_MAX_EVENTS + world_events),
@@ -676,6 +685,20 @@ class Checker:
         for name, size, bound in bounds:
             if size > bound:
                 self.violation("table_bound", f"{name}: {size} > {bound}")
+
+    def polled_beside_room(self, m, now: float) -> None:
+        """``polled_with_room``, at a sample."""
+        for url, state in m.relays.items():
+            polled = ((state.fresh_polled.filters or state.polled.filters) and state.connected
+                      and state.paused.allowed(state.fresh_polled.filters + state.polled.filters))
+            if not polled or state.current.capacity_refused or state.current.syncing() or not _room_for(state, polled):
+                self.polled_room_since.pop(url, None)
+            elif now - self.polled_room_since.setdefault(url, now) > constants.POLLED_CONSOLIDATION_CHECK_SECS + 1200:
+                self.violation("polled_with_room", f"{url}: {len(polled)} filters polled beside a free live slot "
+                                                   f"for {(now - self.polled_room_since[url]) / 60:.0f} min")
+                self.polled_room_since[url] = now  # (once a stretch)
+        for url in [u for u in self.polled_room_since if u not in m.relays]:
+            del self.polled_room_since[url]
 
     def liveness(self) -> None:
         sim = self.sim
@@ -739,3 +762,14 @@ class Checker:
         key = store.key(event)
         held = store.events.get(store.by_key.get(key)) if key is not None else None
         return held is not None and held.created_at >= event.created_at
+
+
+def _room_for(state, polled) -> bool:
+    """A live slot free for the first REQ of ``polled`` (its subscription cap, and the
+    filter bytes live subscriptions may take: MAX_LIVE_FILTER_BYTES)."""
+    limits = state.current.limits
+    if not filter_plan.SubscriptionBudget.from_limits(limits).fits(state.current.data_live_subs(), 1):
+        return False
+    first = filter_plan.pack_into_reqs(filter_plan.live(polled), limits)[:1]
+    live_bytes = sum(state.current.book.filter_bytes.get(s, 0) for s in state.current.live_subs)
+    return bool(first) and live_bytes + wire.req_size("live-00000000", first[0]) <= constants.MAX_LIVE_FILTER_BYTES
