@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left
+from collections import deque
 
 from .. import constants
 from ..io.inbox import OwnEvents, RemoteEvents
@@ -99,7 +100,8 @@ class Checker:
         self.dials: dict[str, list[float]] = {}
         self.downs: dict[str, list[float]] = {}  # when each relay went down, the last hour
         self.down_since: dict[str, float] = {}
-        self.down_spans: dict[str, list[tuple[float, float]]] = {}  # (outages ended in the last 26 h)
+        self.down_spans: dict[str, deque[tuple[float, float]]] = {}  # (outages ended in the last 26 h)
+        self.down_total: dict[str, float] = {}  # relay -> the summed length of its down_spans
         self.dialled_by: dict[str, tuple] = {}  # relay -> gsync's record of it at its last dial
         self.unwanted_since: dict[str, float] = {}
         self.hour_messages: dict[int, int] = {}
@@ -226,11 +228,21 @@ class Checker:
         if since is None:
             self.action()
             return
-        spans = self.down_spans.setdefault(url, [])
+        # The time down within the 26 h: the outages' summed length, kept as they come and
+        # go (summed at every come-up, it was quadratic in a relay restarting every few
+        # minutes), less the part of the oldest before the 26 h (outages are one after
+        # another: only the oldest can begin before). Within a second of the bound, summed
+        # as it always was, so that no rounding of the running total can move a judgement.
+        spans = self.down_spans.setdefault(url, deque())
         spans.append((since, now))
+        total = self.down_total.get(url, 0.0) + (now - since)
         while spans and now - spans[0][1] >= 26 * HOUR:
-            spans.pop(0)  # (bounded: the outages of the last 26 h)
-        down = sum(end - max(start, now - 26 * HOUR) for start, end in spans)
+            start, end = spans.popleft()  # (bounded: the outages of the last 26 h)
+            total -= end - start
+        self.down_total[url] = total
+        down = total - max(0.0, now - 26 * HOUR - spans[0][0])
+        if abs(down - 20 * HOUR) < 1.0:
+            down = sum(end - max(start, now - 26 * HOUR) for start, end in spans)
         if down >= 20 * HOUR:
             self.long_down_ended[url] = now
         self.action()
