@@ -1021,3 +1021,17 @@ def test_the_model_refuses_as_told_closed_with_reasons():
     assert closed[0] == "CLOSED" and closed[2].startswith("blocked:")
     relay.rate_limited_until = float("inf")
     assert json.loads(relay.handle(1, '["REQ","d",{"kinds":[1]}]')[0])[2].startswith("rate-limited:")
+
+
+def test_the_model_reads_a_req_s_filters_as_written_not_as_a_look_alike_read_before():
+    """The relay model keeps what it read of a REQ's filters by their text, found again by
+    the text's length and ends (``relay.KeptByText``): a REQ alike at both ends and another
+    in the middle is read as written."""
+    relay = SimRelay("wss://m.example")
+    relay.open_session(1)
+    a, b, c, other = (f"{n:064x}" for n in (1, 2, 3, 4))
+    relay.handle(1, f'["REQ","x",{{"authors":["{a}","{b}","{c}"],"since":5}}]')
+    relay.handle(1, f'["REQ","y",{{"authors":["{a}","{other}","{c}"],"since":5}}]')
+    subs = relay.sessions[1].subs
+    assert subs["x"][0].authors == {a, b, c} and subs["y"][0].authors == {a, other, c}
+    assert subs["y"][0] == filter_from_json({"authors": [a, other, c], "since": 5})
