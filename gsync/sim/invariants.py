@@ -434,6 +434,8 @@ class Checker:
         keys = [k for k, entry in refused.items() if now - entry[0] < constants.POLICY_PROBE_SECS]
         if not keys:
             return
+        if "\\" not in text and not any(f'"#{key}"' in text for key in keys):
+            return  # (a filter uses a tag key only where its name is in the frame as JSON writes it, or escaped)
         msg = json.loads(text)
         used = {name[1:] for f in msg[2:] if isinstance(f, dict) for name in f if name.startswith("#")}
         for key in keys:
