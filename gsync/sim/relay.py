@@ -63,9 +63,9 @@ def filter_from_json(obj) -> Filter:
 
 
 class KeptByText:
-    """Values made from a piece of text (a REQ's filters, a filter's selectors), kept by that
-    text and found again without hashing it: a REQ's filters are kilobytes of JSON (300 MB
-    of them in a month of the 20 x 200 world), and copying each out of its frame and hashing
+    """Values made from a piece of text (a REQ's filters), kept by that text and found again
+    without hashing it: a REQ's filters are kilobytes of JSON (300 MB of them in a month of
+    the 20 x 200 world, most REQs over 4 KB), and copying each out of its frame and hashing
     it showed in the simulator's profiles. An entry is keyed by the text's length, head and
     tail, and found only where the text it was made of is the same, compared in place
     (``startswith`` at the piece's offset in its frame); two texts alike at both ends take
@@ -125,25 +125,25 @@ def req_filters(raw_filters: list, text: str = "") -> list[Filter] | str:
 _N = "(0|[1-9][0-9]*)"
 _BOUNDS = re.compile(f'(?:,"since":{_N})?(?:,"until":{_N})?(?:,"limit":{_N})?')
 _NO_SELECTORS = (None, None, None, ())
-_SELECTORS = KeptByText(4096)  # selectors' text -> (ids, authors, kinds, tags) of a filter, or None
+_SELECTORS: dict[str, tuple | None] = {}  # selectors' text -> (ids, authors, kinds, tags) of a filter, or None
+_SELECTORS_KEPT = 4096
 
 
-def _selectors(text: str, start: int, end: int) -> tuple | None:
-    """The selectors a filter's selectors' text (``text[start:end]``) gives
-    (``filter_from_json`` of it), or None if it is not a valid filter's (or names a bound):
-    made once."""
-    kept = _SELECTORS.get(text, start, end)
-    if kept is not None:
-        return kept[1]
-    piece = text[start:end]
-    try:
-        obj = json.loads("{" + piece + "}")
-        made = None if obj.keys() & {"since", "until", "limit"} else filter_from_json(obj)
-    except ValueError:
-        made = None
-    if made is not None:
-        made = (made.ids, made.authors, made.kinds, made.tags)
-    _SELECTORS.put(piece, made)
+def _selectors(text: str) -> tuple | None:
+    """The selectors a filter's selectors' text gives (``filter_from_json`` of it), or None
+    if it is not a valid filter's (or names a bound): made once."""
+    made = _SELECTORS.get(text)
+    if made is None and text not in _SELECTORS:
+        try:
+            obj = json.loads("{" + text + "}")
+            made = None if obj.keys() & {"since", "until", "limit"} else filter_from_json(obj)
+        except ValueError:
+            made = None
+        if made is not None:
+            made = (made.ids, made.authors, made.kinds, made.tags)
+        if len(_SELECTORS) >= _SELECTORS_KEPT:
+            _SELECTORS.clear()
+        _SELECTORS[text] = made
     return made
 
 
@@ -170,7 +170,7 @@ def plain_filters(text: str, pos: int = 0) -> list[Filter] | None:
             m = bounds(text, end, close)
             if m is None:
                 return None
-            parts = _selectors(text, pos + 1, end)
+            parts = _selectors(text[pos + 1:end])
             if parts is None:
                 return None
         else:  # bounds only, or nothing
