@@ -15,6 +15,7 @@ import re
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from itertools import repeat
+from json.encoder import encode_basestring_ascii as _json_string  # (json.dumps of a str)
 
 from ..protocol.event import Event, EventError, parse_event
 from ..protocol.filters import Filter
@@ -202,11 +203,18 @@ def _plain_req_filters(text: str, start: int) -> list[Filter] | str | None:
 
 
 def _event_frame(sub_id: str, event: Event) -> str:
-    return '["EVENT",' + json.dumps(sub_id) + "," + event.to_json() + "]"
+    return '["EVENT",' + _json_string(sub_id) + "," + event.to_json() + "]"
 
 
+# The frames a REQ is answered with, a string at a time: what json.dumps writes of the list
+# (its ", " between items), without its encoder's walk of the list (one EOSE per REQ
+# showed in profiles)
 def _closed(sub_id: str, text: str) -> str:
-    return json.dumps(["CLOSED", sub_id, text])
+    return '["CLOSED", ' + _json_string(sub_id) + ", " + _json_string(text) + "]"
+
+
+def _eose(sub_id: str) -> str:
+    return '["EOSE", ' + _json_string(sub_id) + "]"
 
 
 def _newest_first(event: Event) -> tuple:
@@ -508,9 +516,9 @@ class SimRelay:
             session.subs.pop(sub_id, None)
             return [_closed(sub_id, refused)]
         session.subs[sub_id] = filters
-        head = '["EVENT",' + json.dumps(sub_id) + ","  # (_event_frame's start, made once per REQ)
+        head = '["EVENT",' + _json_string(sub_id) + ","  # (_event_frame's start, made once per REQ)
         return [head + e.to_json() + "]" for e in self.answer(filters)] + (
-            [] if self.no_eose and any(f.limit != 0 for f in filters) else [json.dumps(["EOSE", sub_id])])
+            [] if self.no_eose and any(f.limit != 0 for f in filters) else [_eose(sub_id)])
 
     def answer(self, filters: list[Filter]) -> list[Event]:
         """The stored events a REQ's filters ask for, each once, per filter at most its
