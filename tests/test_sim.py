@@ -1024,9 +1024,8 @@ def test_the_model_refuses_as_told_closed_with_reasons():
 
 
 def test_the_model_reads_a_req_s_filters_as_written_not_as_a_look_alike_read_before():
-    """The relay model keeps what it read of a REQ's filters by their text, found again by
-    the text's length and ends (``relay.KeptByText``): a REQ alike at both ends and another
-    in the middle is read as written."""
+    """The relay model keeps what it read of a REQ's filters by their text: a REQ alike at
+    both ends and another in the middle is read as written."""
     relay = SimRelay("wss://m.example")
     relay.open_session(1)
     a, b, c, other = (f"{n:064x}" for n in (1, 2, 3, 4))

@@ -63,61 +63,30 @@ def filter_from_json(obj) -> Filter:
     return Filter(ids, authors, kinds, tuple(tags), since, until, limit)
 
 
-class KeptByText:
-    """Values made from a piece of text (a REQ's filters), kept by that text and found again
-    without hashing it: a REQ's filters are kilobytes of JSON (300 MB of them in a month of
-    the 20 x 200 world, most REQs over 4 KB), and copying each out of its frame and hashing
-    it showed in the simulator's profiles. An entry is keyed by the text's length, head and
-    tail, and found only where the text it was made of is the same, compared in place
-    (``startswith`` at the piece's offset in its frame); two texts alike at both ends take
-    turns in one entry. Bounded: emptied when ``kept`` entries are held."""
-
-    _ENDS = 64  # (the characters of each end in a key)
-
-    def __init__(self, kept: int):
-        self._kept = kept
-        self._made: dict[tuple, tuple] = {}  # (length, head, tail) -> (the text, what it made)
-
-    def _key(self, text: str, start: int, end: int) -> tuple:
-        ends = self._ENDS
-        return end - start, text[start:start + ends], text[max(start, end - ends):end]
-
-    def get(self, text: str, start: int = 0, end: int | None = None) -> tuple | None:
-        """(the text, what it made) kept for ``text[start:end]``, or None."""
-        end = len(text) if end is None else end
-        kept = self._made.get(self._key(text, start, end))
-        if kept is not None and text.startswith(kept[0], start):  # (of the same length: the key's)
-            return kept
-        return None
-
-    def put(self, text: str, made) -> None:
-        if len(self._made) >= self._kept:
-            self._made.clear()
-        self._made[self._key(text, 0, len(text))] = (text, made)
-
-
-# a REQ's filters' JSON -> filter_from_json of each, or why not (gsync asks the same
-# filters of many relays, and again)
-_FILTERS = KeptByText(4096)
+_FILTERS: dict[str, list[Filter] | str] = {}  # a REQ's filters' JSON -> filter_from_json of each, or why not
+_FILTERS_KEPT = 4096  # (emptied when full: gsync asks the same filters of many relays, and again)
 
 
 # a REQ's start with a subscription id JSON writes as it is (printable ASCII, no quote or
-# backslash): the rest of the frame is the text ``req_filters`` keeps filters by
+# backslash): the rest of the frame is the text ``filters_from_json`` keeps filters by
 _REQ_HEAD = re.compile(r'\["REQ","([ !#-\[\]-~]*)",')
 
 
-def req_filters(raw_filters: list, text: str = "") -> list[Filter] | str:
-    """``filter_from_json`` of each of a REQ's filters, or why they are not valid; ``text``:
-    their JSON as the frame carries it (the same text, the same filters: made once)."""
-    kept = _FILTERS.get(text) if text else None
-    if kept is not None:
-        return kept[1]
-    try:
-        made = [filter_from_json(f) for f in raw_filters]
-    except ValueError as exc:
-        made = str(exc)
-    if text:
-        _FILTERS.put(text, made)
+def filters_from_json(raw_filters: list, text: str = "") -> list[Filter]:
+    """``filter_from_json`` of each of a REQ's filters; ``text``: their JSON as the frame
+    carries it (the same text, the same filters: made once). Raises ``ValueError``."""
+    made = _FILTERS.get(text) if text else None
+    if made is None:
+        try:
+            made = [filter_from_json(f) for f in raw_filters]
+        except ValueError as exc:
+            made = str(exc)
+        if text:
+            if len(_FILTERS) >= _FILTERS_KEPT:
+                _FILTERS.clear()
+            _FILTERS[text] = made
+    if isinstance(made, str):
+        raise ValueError(made)
     return made
 
 
@@ -148,19 +117,19 @@ def _selectors(text: str) -> tuple | None:
     return made
 
 
-def plain_filters(text: str, pos: int = 0) -> list[Filter] | None:
+def plain_filters(text: str) -> list[Filter] | None:
     """A REQ's filters from their text in the frame (``{...},{...}]``, what follows its
-    subscription id, from ``pos``) when each is written as gsync writes filters: its
-    selectors' JSON read once (``_selectors``), its bounds (since, until, limit) off the
-    text; the same filters as ``req_filters`` of the decoded frame. None when the text is
-    anything else (or its selectors are not a valid filter's): the frame is decoded then.
+    subscription id) when each is written as gsync writes filters: its selectors' JSON read
+    once (``_selectors``), its bounds (since, until, limit) off the text; the same filters as
+    ``filters_from_json`` of the decoded frame. None when the text is anything else (or its
+    selectors are not a valid filter's): the frame is decoded then.
 
     A filter is taken to end at the first ``}`` after its start, its bounds to be the
     comma-separated bounds before that: the selectors' text that leaves is read as JSON (as
     an object's content) and must be valid, which it is only if the cut is where JSON ends
     them (a cut inside a string leaves it unterminated, one inside a list leaves it open)."""
     filters = []
-    last = len(text) - 1
+    pos, last = 0, len(text) - 1
     bounds = _BOUNDS.fullmatch
     while text.startswith("{", pos):
         close = text.find("}", pos)
@@ -190,16 +159,16 @@ def plain_filters(text: str, pos: int = 0) -> list[Filter] | None:
     return None
 
 
-def _plain_req_filters(text: str, start: int) -> list[Filter] | str | None:
-    """What ``req_filters`` gives for a REQ's filters, the text from ``start`` on, where
-    they are kept (``_FILTERS``) or plain (``plain_filters``, then kept); None otherwise."""
-    kept = _FILTERS.get(text, start)
-    if kept is not None:
-        return kept[1]
-    made = plain_filters(text, start)
-    if made is not None:
-        _FILTERS.put(text[start:], made)
-    return made
+def _read_plain(text: str) -> bool:
+    """``plain_filters`` of ``text``, kept in ``_FILTERS`` (where ``filters_from_json`` finds
+    it); False if not plain."""
+    made = plain_filters(text)
+    if made is None:
+        return False
+    if len(_FILTERS) >= _FILTERS_KEPT:
+        _FILTERS.clear()
+    _FILTERS[text] = made
+    return True
 
 
 def _event_frame(sub_id: str, event: Event) -> str:
@@ -451,9 +420,9 @@ class SimRelay:
         if text.startswith('["REQ","') and (head := _REQ_HEAD.match(text)):
             # (filters seen before, or written as gsync writes them, after a plain subscription
             # id: the frame is read without decoding it)
-            filters = _plain_req_filters(text, head.end())
-            if filters is not None:
-                return self.on_req(session, head.group(1), filters)
+            rest = text[head.end():]
+            if rest in _FILTERS or _read_plain(rest):
+                return self.on_req(session, head.group(1), None, rest)
         try:
             msg = json.loads(text)
         except ValueError:
@@ -463,8 +432,7 @@ class SimRelay:
         verb = msg[0]
         if verb == "REQ" and len(msg) >= 2:
             head = f'["REQ",{json.dumps(msg[1])},' if isinstance(msg[1], str) else None
-            filters = "" if head is None else req_filters(msg[2:], text[len(head):] if text.startswith(head) else "")
-            return self.on_req(session, msg[1], filters)
+            return self.on_req(session, msg[1], msg[2:], text[len(head):] if head and text.startswith(head) else "")
         if verb == "CLOSE" and len(msg) >= 2:
             session.subs.pop(msg[1], None)
             return []
@@ -502,13 +470,13 @@ class SimRelay:
                     return f"blocked: #{name} queries are not allowed here"
         return None
 
-    def on_req(self, session: RelaySession, sub_id, filters) -> list[str]:
-        """A REQ; ``filters``: ``req_filters`` of its filters (read only with a subscription
-        id that is a string)."""
+    def on_req(self, session: RelaySession, sub_id, raw_filters, text: str = "") -> list[str]:
         if not isinstance(sub_id, str) or not sub_id:
             return [json.dumps(["NOTICE", "invalid: bad subscription id"])]
-        if isinstance(filters, str):
-            return [_closed(sub_id, f"invalid: {filters}")]
+        try:
+            filters = filters_from_json(raw_filters, text)
+        except ValueError as exc:
+            return [_closed(sub_id, f"invalid: {exc}")]
         if sub_id not in session.subs and len(session.subs) >= self.max_subs:
             return [_closed(sub_id, "error: too many concurrent REQs")]
         refused = self.refusal(session, filters)
