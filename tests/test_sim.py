@@ -18,8 +18,9 @@ import websocket
 from gsync import constants
 from gsync.io import negentropy_ws
 from gsync.io.inbox import DeliveryAnswered, RemoteEvent, RemoteEvents
+from gsync.protocol.filters import Filter
 from gsync.sim import SimOptions, Simulation, run
-from gsync.sim.relay import SimRelay, filter_from_json
+from gsync.sim.relay import EventStore, SimRelay, filter_from_json
 from gsync.sim.world import START, World
 
 from .factory import Author, announcement, comment, issue, state
@@ -1034,3 +1035,22 @@ def test_the_model_reads_a_req_s_filters_as_written_not_as_a_look_alike_read_bef
     subs = relay.sessions[1].subs
     assert subs["x"][0].authors == {a, b, c} and subs["y"][0].authors == {a, other, c}
     assert subs["y"][0] == filter_from_json({"authors": [a, other, c], "since": 5})
+
+
+def test_the_model_s_store_answers_a_filter_as_nip01_matching_does():
+    """What the relay model's store finds for a filter (by its indexes: by its only tag's
+    values, only kinds and authors checked) is what ``Filter.matches`` takes, newest first."""
+    world, rng, store = World(random.Random(3), relays=3, repos=30), random.Random(5), EventStore()
+    events = [event for _, event in world.history(int(START))]
+    for event in events:
+        store.add(event)
+    for _ in range(300):
+        pick = rng.sample(events, 3)
+        tags = [t for e in pick for t in e.tags if len(t) >= 2 and len(t[0]) == 1]
+        tag = rng.choice(tags) if tags and rng.random() < 0.8 else None
+        flt = Filter.make(kinds=rng.choice([None, {e.kind for e in pick}, {pick[0].kind}]),
+                          authors=rng.choice([None, None, {pick[0].pubkey}, {e.pubkey for e in pick}]),
+                          tags=None if tag is None else {tag[0]: [tag[1], "x"]})
+        held = sorted((e for e in store.events.values() if flt.matches(e, in_time=False)),
+                      key=lambda e: (-e.created_at, e.id))
+        assert store.query(flt) == held

@@ -303,11 +303,12 @@ class EventStore:
         made[3] = self.changes
         return True
 
-    def candidates(self, flt: Filter):
+    def candidates(self, flt: Filter) -> tuple:
         """Ids that may match ``flt``, from its most selective index, in no order (``query``
-        sorts what matches)."""
+        sorts what matches); and whether they are those of its only tag's values, each
+        matching its selectors if it is of its kinds and authors (``_matching``)."""
         if flt.ids is not None:
-            return [i for i in flt.ids if i in self.events]
+            return [i for i in flt.ids if i in self.events], False
         best = best_size = None
         for name, values in flt.tags:
             index = self.by_tag.get(name)
@@ -315,11 +316,26 @@ class EventStore:
             size = sum(map(len, found))
             if best is None or size < best_size:
                 best, best_size = found, size
-        if best is None and flt.kinds is not None:
+        if best is not None:
+            return (best[0] if len(best) == 1 else set().union(*best)), len(flt.tags) == 1
+        if flt.kinds is not None:
             best = [ids for ids in map(self.by_kind.get, flt.kinds) if ids]
-        if best is None:
-            return list(self.events)
-        return best[0] if len(best) == 1 else set().union(*best)
+            return (best[0] if len(best) == 1 else set().union(*best)), False
+        return list(self.events), False
+
+    def _matching(self, flt: Filter) -> list[Event]:
+        """Every stored event ``flt``'s selectors match (``Filter.matches``, its bounds
+        aside), in no order. Found by its only tag's values (most of gsync's filters), an
+        event has the tag: only its kind and author are left to check, here (matching the
+        tag again, per event, showed in profiles)."""
+        ids, by_its_tag = self.candidates(flt)
+        events = map(self.events.__getitem__, ids)
+        if not by_its_tag:
+            return [e for e in events if flt.matches(e, in_time=False)]
+        kinds, authors = flt.kinds, flt.authors
+        if authors is None:
+            return list(events) if kinds is None else [e for e in events if e.kind in kinds]
+        return [e for e in events if (kinds is None or e.kind in kinds) and e.pubkey in authors]
 
     def storage(self, flt: Filter) -> tuple[int, Storage]:
         """What ``flt`` matches (no limit) as a NIP-77 storage, with its size: made once
@@ -350,8 +366,7 @@ class EventStore:
         if made is None:
             if len(self._matched) >= 256:
                 self._matched.clear()
-            found = [self.events[i] for i in self.candidates(flt)]
-            found = [e for e in found if flt.matches(e, in_time=False)]
+            found = self._matching(flt)
             found.sort(key=_newest_first)
             made = self._matched[key] = [flt, found, [-e.created_at for e in found], self.changes]
         _, found, negated, _ = made
