@@ -18,6 +18,7 @@ import websocket
 from gsync import constants
 from gsync.io import negentropy_ws
 from gsync.io.inbox import DeliveryAnswered, RemoteEvent, RemoteEvents
+from gsync.ops import metrics
 from gsync.protocol.filters import Filter
 from gsync.sim import SimOptions, Simulation, run
 from gsync.sim.relay import EventStore, SimRelay, filter_from_json
@@ -1054,3 +1055,15 @@ def test_the_model_s_store_answers_a_filter_as_nip01_matching_does():
         held = sorted((e for e in store.events.values() if flt.matches(e, in_time=False)),
                       key=lambda e: (-e.created_at, e.id))
         assert store.query(flt) == held
+
+
+def test_the_metric_labels_invariant_catches_a_series_of_a_relay_not_in_the_table():
+    sim = Simulation(SimOptions(seed=3, days=0.1, faults=False, **SMALL))
+
+    def stray():
+        for metric in metrics.relay_labelled():
+            metric.labels(**{name: "wss://gone.example" if name == "relay" else "x" for name in metric._labelnames})
+
+    sim.at(START + 0.05 * 86_400, stray)
+    kept = sim.run().violations["metric_labels"]
+    assert kept[0][1].endswith("{relay=wss://gone.example} for a relay not in the table")
