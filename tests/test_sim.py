@@ -18,8 +18,10 @@ import websocket
 from gsync import constants
 from gsync.io import negentropy_ws
 from gsync.io.inbox import DeliveryAnswered, RemoteEvent, RemoteEvents
+from gsync.ops import metrics
+from gsync.protocol.filters import Filter
 from gsync.sim import SimOptions, Simulation, run
-from gsync.sim.relay import SimRelay, filter_from_json
+from gsync.sim.relay import EventStore, SimRelay, filter_from_json
 from gsync.sim.world import START, World
 
 from .factory import Author, announcement, comment, issue, state
@@ -1021,3 +1023,47 @@ def test_the_model_refuses_as_told_closed_with_reasons():
     assert closed[0] == "CLOSED" and closed[2].startswith("blocked:")
     relay.rate_limited_until = float("inf")
     assert json.loads(relay.handle(1, '["REQ","d",{"kinds":[1]}]')[0])[2].startswith("rate-limited:")
+
+
+def test_the_model_reads_a_req_s_filters_as_written_not_as_a_look_alike_read_before():
+    """The relay model keeps what it read of a REQ's filters by their text: a REQ alike at
+    both ends and another in the middle is read as written."""
+    relay = SimRelay("wss://m.example")
+    relay.open_session(1)
+    a, b, c, other = (f"{n:064x}" for n in (1, 2, 3, 4))
+    relay.handle(1, f'["REQ","x",{{"authors":["{a}","{b}","{c}"],"since":5}}]')
+    relay.handle(1, f'["REQ","y",{{"authors":["{a}","{other}","{c}"],"since":5}}]')
+    subs = relay.sessions[1].subs
+    assert subs["x"][0].authors == {a, b, c} and subs["y"][0].authors == {a, other, c}
+    assert subs["y"][0] == filter_from_json({"authors": [a, other, c], "since": 5})
+
+
+def test_the_model_s_store_answers_a_filter_as_nip01_matching_does():
+    """What the relay model's store finds for a filter (by its indexes: by its only tag's
+    values, only kinds and authors checked) is what ``Filter.matches`` takes, newest first."""
+    world, rng, store = World(random.Random(3), relays=3, repos=30), random.Random(5), EventStore()
+    events = [event for _, event in world.history(int(START))]
+    for event in events:
+        store.add(event)
+    for _ in range(300):
+        pick = rng.sample(events, 3)
+        tags = [t for e in pick for t in e.tags if len(t) >= 2 and len(t[0]) == 1]
+        tag = rng.choice(tags) if tags and rng.random() < 0.8 else None
+        flt = Filter.make(kinds=rng.choice([None, {e.kind for e in pick}, {pick[0].kind}]),
+                          authors=rng.choice([None, None, {pick[0].pubkey}, {e.pubkey for e in pick}]),
+                          tags=None if tag is None else {tag[0]: [tag[1], "x"]})
+        held = sorted((e for e in store.events.values() if flt.matches(e, in_time=False)),
+                      key=lambda e: (-e.created_at, e.id))
+        assert store.query(flt) == held
+
+
+def test_the_metric_labels_invariant_catches_a_series_of_a_relay_not_in_the_table():
+    sim = Simulation(SimOptions(seed=3, days=0.1, faults=False, **SMALL))
+
+    def stray():
+        for metric in metrics.relay_labelled():
+            metric.labels(**{name: "wss://gone.example" if name == "relay" else "x" for name in metric._labelnames})
+
+    sim.at(START + 0.05 * 86_400, stray)
+    kept = sim.run().violations["metric_labels"]
+    assert kept[0][1].endswith("{relay=wss://gone.example} for a relay not in the table")

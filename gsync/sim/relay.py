@@ -15,6 +15,7 @@ import re
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from itertools import repeat
+from json.encoder import encode_basestring_ascii as _json_string  # (json.dumps of a str)
 
 from ..protocol.event import Event, EventError, parse_event
 from ..protocol.filters import Filter
@@ -171,11 +172,18 @@ def _read_plain(text: str) -> bool:
 
 
 def _event_frame(sub_id: str, event: Event) -> str:
-    return '["EVENT",' + json.dumps(sub_id) + "," + event.to_json() + "]"
+    return '["EVENT",' + _json_string(sub_id) + "," + event.to_json() + "]"
 
 
+# The frames a REQ is answered with, a string at a time: what json.dumps writes of the list
+# (its ", " between items), without its encoder's walk of the list (one EOSE per REQ
+# showed in profiles)
 def _closed(sub_id: str, text: str) -> str:
-    return json.dumps(["CLOSED", sub_id, text])
+    return '["CLOSED", ' + _json_string(sub_id) + ", " + _json_string(text) + "]"
+
+
+def _eose(sub_id: str) -> str:
+    return '["EOSE", ' + _json_string(sub_id) + "]"
 
 
 def _newest_first(event: Event) -> tuple:
@@ -295,11 +303,12 @@ class EventStore:
         made[3] = self.changes
         return True
 
-    def candidates(self, flt: Filter):
+    def candidates(self, flt: Filter) -> tuple:
         """Ids that may match ``flt``, from its most selective index, in no order (``query``
-        sorts what matches)."""
+        sorts what matches); and whether they are those of its only tag's values, each
+        matching its selectors if it is of its kinds and authors (``_matching``)."""
         if flt.ids is not None:
-            return [i for i in flt.ids if i in self.events]
+            return [i for i in flt.ids if i in self.events], False
         best = best_size = None
         for name, values in flt.tags:
             index = self.by_tag.get(name)
@@ -307,11 +316,26 @@ class EventStore:
             size = sum(map(len, found))
             if best is None or size < best_size:
                 best, best_size = found, size
-        if best is None and flt.kinds is not None:
+        if best is not None:
+            return (best[0] if len(best) == 1 else set().union(*best)), len(flt.tags) == 1
+        if flt.kinds is not None:
             best = [ids for ids in map(self.by_kind.get, flt.kinds) if ids]
-        if best is None:
-            return list(self.events)
-        return best[0] if len(best) == 1 else set().union(*best)
+            return (best[0] if len(best) == 1 else set().union(*best)), False
+        return list(self.events), False
+
+    def _matching(self, flt: Filter) -> list[Event]:
+        """Every stored event ``flt``'s selectors match (``Filter.matches``, its bounds
+        aside), in no order. Found by its only tag's values (most of gsync's filters), an
+        event has the tag: only its kind and author are left to check, here (matching the
+        tag again, per event, showed in profiles)."""
+        ids, by_its_tag = self.candidates(flt)
+        events = map(self.events.__getitem__, ids)
+        if not by_its_tag:
+            return [e for e in events if flt.matches(e, in_time=False)]
+        kinds, authors = flt.kinds, flt.authors
+        if authors is None:
+            return list(events) if kinds is None else [e for e in events if e.kind in kinds]
+        return [e for e in events if (kinds is None or e.kind in kinds) and e.pubkey in authors]
 
     def storage(self, flt: Filter) -> tuple[int, Storage]:
         """What ``flt`` matches (no limit) as a NIP-77 storage, with its size: made once
@@ -342,8 +366,7 @@ class EventStore:
         if made is None:
             if len(self._matched) >= 256:
                 self._matched.clear()
-            found = [self.events[i] for i in self.candidates(flt)]
-            found = [e for e in found if flt.matches(e, in_time=False)]
+            found = self._matching(flt)
             found.sort(key=_newest_first)
             made = self._matched[key] = [flt, found, [-e.created_at for e in found], self.changes]
         _, found, negated, _ = made
@@ -476,9 +499,9 @@ class SimRelay:
             session.subs.pop(sub_id, None)
             return [_closed(sub_id, refused)]
         session.subs[sub_id] = filters
-        head = '["EVENT",' + json.dumps(sub_id) + ","  # (_event_frame's start, made once per REQ)
+        head = '["EVENT",' + _json_string(sub_id) + ","  # (_event_frame's start, made once per REQ)
         return [head + e.to_json() + "]" for e in self.answer(filters)] + (
-            [] if self.no_eose and any(f.limit != 0 for f in filters) else [json.dumps(["EOSE", sub_id])])
+            [] if self.no_eose and any(f.limit != 0 for f in filters) else [_eose(sub_id)])
 
     def answer(self, filters: list[Filter]) -> list[Event]:
         """The stored events a REQ's filters ask for, each once, per filter at most its

@@ -65,6 +65,7 @@ from ..ops.logging import configure_logging
 from ..protocol import messages as wire
 from ..protocol.event import Event
 from ..sync import status as status_module
+from ..sync.own_held import HeldEntry
 from ..sync.relay_state import ConnectionStatus
 from . import faults as faults_module
 from .invariants import Checker
@@ -319,7 +320,7 @@ class Simulation:
         for url in self.world.relay_urls + self.world.spare_urls:
             self.relays[url] = self.make_relay(url)
         self.conns: dict[int, SimConnection] = {}  # open connections by number
-        self._as_read: dict[str, tuple[Event, dict]] = {}  # id -> (event, as_read(it)): bounded by the world's events
+        self._held: dict[str, tuple[Event, tuple]] = {}  # id -> (event, held(it)): bounded by the world's events
         self.conn_numbers = itertools.count(1)
         self.own_session: dict = {"connected": False, "last_connected": None}
         self._tmp = None
@@ -568,17 +569,24 @@ class Simulation:
         post(OwnReadsLanded(g.kwargs["read_id"], list(reads), holdings, "", g.kwargs.get("epoch", 0)))
 
     def own_holdings(self, url: str, flt) -> HeldItems:
-        """What the own relay holds of ``flt`` (``SharedHoldings``' read)."""
+        """What the own relay holds of ``flt`` (``SharedHoldings``' read): ``HeldItems`` of
+        the events a read returns, as ``HeldItems(events)`` makes it, each event's entry made
+        once (``held``)."""
         if not self.own.up:
             raise ConnectionRefusedError("own relay away")
-        return HeldItems(map(self.as_read, self.own.store.query(flt.replace(limit=None))))
+        items = HeldItems()
+        items.entries = entries = [self.held(e) for e in self.own.store.query(flt.replace(limit=None))]
+        items.extend([(entry.created_at, event_id) for event_id, entry in entries])
+        return items
 
-    def as_read(self, event: Event) -> dict:
-        """``event`` as a read of the own relay returns it (its JSON object): made once per
-        event (the own relay's holdings are read tens of thousands of times a month)."""
-        made = self._as_read.get(event.id)
+    def held(self, event: Event) -> tuple[str, HeldEntry]:
+        """``event`` as ``HeldItems`` keeps a read of it: (id, ``HeldEntry`` of its JSON
+        object). Made once per event (the own relay's holdings are read thousands of times a
+        month, and making every entry of every read showed in profiles); an entry is never
+        changed, so reads share it."""
+        made = self._held.get(event.id)
         if made is None or made[0] is not event:  # (the same id, another event: a forged one)
-            made = self._as_read[event.id] = (event, event.to_dict())
+            made = self._held[event.id] = (event, (event.id, HeldEntry.of(event.to_dict())))
         return made[1]
 
     def exchange(self, g: Spawned) -> None:
