@@ -795,5 +795,5 @@ def _room_for(state, polled) -> bool:
     if not filter_plan.SubscriptionBudget.from_limits(limits).fits(state.current.data_live_subs(), 1):
         return False
     first = filter_plan.pack_into_reqs(filter_plan.live(polled), limits)[:1]
-    live_bytes = sum(state.current.book.filter_bytes.get(s, 0) for s in state.current.live_subs)
+    live_bytes = state.current.live_filter_bytes()
     return bool(first) and live_bytes + wire.req_size("live-00000000", first[0]) <= constants.MAX_LIVE_FILTER_BYTES

@@ -211,6 +211,11 @@ class RelaySession:
         policy probe (those run for as long as a relay is connected: they are upkeep)."""
         return any(not b.kind.upkeep for b in self.pending.values())
 
+    def live_filter_bytes(self) -> int:
+        """What the live subscriptions' filters take on the wire (MAX_LIVE_FILTER_BYTES
+        bounds it)."""
+        return sum(self.book.filter_bytes.get(s, 0) for s in self.live_subs)
+
     def data_live_subs(self) -> int:
         """Live subscriptions open for data (layer 1's control subscription aside): what the
         relay's subscription budget counts."""

@@ -81,7 +81,7 @@ class LiveCoverage:
         if slots is None:
             budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
             slots = budget.live_slots - state.current.data_live_subs()
-        live_bytes = sum(state.current.book.filter_bytes.get(s, 0) for s in state.current.live_subs)
+        live_bytes = state.current.live_filter_bytes()
         # a shape the relay refused once goes alone: refused again, it takes nothing down
         flagged = [(part, n < fresh) for n, group in enumerate(groups)
                    for part in state.paused.separate(group)]
@@ -275,7 +275,7 @@ class LiveCoverage:
                if tier.filters]
         filters = [f for tier, _ in due for f in state.paused.allowed(tier.filters)]
         groups = filter_plan.pack_into_reqs(filter_plan.live(filters), state.current.limits)
-        live_bytes = sum(state.current.book.filter_bytes.get(s, 0) for s in state.current.live_subs)
+        live_bytes = state.current.live_filter_bytes()
         if not groups or live_bytes + wire.req_size("live-00000000", groups[0]) > constants.MAX_LIVE_FILTER_BYTES:
             return False  # polled for its size, not for room
         self.start_poll(state, due, now)
