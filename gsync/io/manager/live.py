@@ -281,6 +281,8 @@ class LiveCoverage:
         self.start_poll(state, due, now)
         for tier, _ in due:
             tier.clear()
+        # (as descendants: it takes free room only, and gives way first to coverage that
+        # comes later, polled again until the next look)
         self.open_groups(state, groups, slots=slots, descendants=True)
         log.info("polled_coverage_live", relay=state.url, filters=len(filters),
                  still_polled=len(state.polled.filters) + len(state.fresh_polled.filters))
