@@ -47,14 +47,10 @@ def live_reqs_with(h, value: str) -> list:
             and any(value in vals for flt in f[2:] for key, vals in flt.items() if key.startswith("#"))]
 
 
-def test_coverage_polled_for_want_of_room_goes_live_once_a_refusal_frees_room(tmp_path):
-    """Seed 74's 60 days (the simulator's, day 47.01; no invariant broke): relay3 refused
-    ``#e`` by policy. The first live REQ it closed was split by shape with no room left, so
-    its other shapes were polled; the next, ``#e`` alone, paused the shape and freed its
-    slot, and more went as the paused shape left the open REQs. Polled coverage with room
-    beside it was polled every 6.2 s for the 14 hours the run had left (consolidation looks
-    only at a full budget). Once there is room, polled coverage goes live, one last poll
-    fetching what came since the previous one, and the polls stop."""
+def _polled_beside_room(tmp_path):
+    """Seven members' live REQs fill a relay's seven live slots; it refuses ``#e``: the
+    first REQ closed is split by shape with no room (its other shapes polled), the next,
+    ``#e`` alone, pauses the shape and frees its slot."""
     h = ManagerHarness(tmp_path)
     h.own_relay_holds(announcement(owner, "r", relays=[A]))
     h.connect(A, limits=RelayLimits(max_subscriptions=10))
@@ -71,6 +67,18 @@ def test_coverage_polled_for_want_of_room_goes_live_once_a_refusal_frees_room(tm
     polled = {v for f in state.paused.allowed(state.fresh_polled.filters + state.polled.filters)
               for _, vals in f.tags for v in vals}
     assert polled and state.current.data_live_subs() < 7, "polled beside a free slot"
+    return h, state, polled
+
+
+def test_coverage_polled_for_want_of_room_goes_live_once_a_refusal_frees_room(tmp_path):
+    """Seed 74's 60 days (the simulator's, day 47.01; no invariant broke): relay3 refused
+    ``#e`` by policy. The first live REQ it closed was split by shape with no room left, so
+    its other shapes were polled; the next, ``#e`` alone, paused the shape and freed its
+    slot, and more went as the paused shape left the open REQs. Polled coverage with room
+    beside it was polled every 6.2 s for the 14 hours the run had left (consolidation looks
+    only at a full budget). Once there is room, polled coverage goes live, one last poll
+    fetching what came since the previous one, and the polls stop."""
+    h, state, polled = _polled_beside_room(tmp_path)
     start = h.clock.now
     for _ in range(90):  # a quarter of an hour, its polls answered with nothing
         h.advance(10)
@@ -79,3 +87,5 @@ def test_coverage_polled_for_want_of_room_goes_live_once_a_refusal_frees_room(tm
     assert not state.paused.allowed(state.fresh_polled.filters + state.polled.filters), "all of it live"
     assert all(live_reqs_with(h, v) for v in polled), "each polled value asked live"
     assert polls_sent(h, start + 700) == 0, "no polls once live"
+
+

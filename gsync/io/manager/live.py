@@ -261,11 +261,13 @@ class LiveCoverage:
         it closed or paused, members' coverage gone): polled for want of room, it would
         otherwise be asked for every few seconds for the rest of the session (seed 74's 60
         days: relay3, 2 of its 7 live slots free, polled two filters every 6.2 s). One last
-        poll fetches what came since the previous one, as the live REQs start; what still
-        does not fit is polled again. Not while historic sync runs (``run_polls`` defers
-        polls then), nor on a relay that refused a live REQ for its total filter size this
-        session (it would refuse again)."""
-        if state.current.capacity_refused or state.current.poll_batch in state.current.pending:
+        poll fetches what came since the previous one, as the live REQs start (beside a
+        poll still in flight: one the relay never ends would otherwise hold the coverage
+        polled for as long, seed 359's year, day 174.90); what still does not fit is polled
+        again. Not while historic sync runs (``run_polls`` defers polls then), nor on a
+        relay that refused a live REQ for its total filter size this session (it would
+        refuse again)."""
+        if state.current.capacity_refused:
             return False
         budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
         slots = budget.live_slots - state.current.data_live_subs()
