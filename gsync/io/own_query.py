@@ -62,8 +62,19 @@ class HeldItems(list):
     __slots__ = ("entries",)
 
     def __init__(self, events=()):
-        self.entries = [(e["id"], HeldEntry.of(e)) for e in events]
-        super().__init__((entry.created_at, event_id) for event_id, entry in self.entries)
+        self._take([(e["id"], HeldEntry.of(e)) for e in events])
+
+    @classmethod
+    def of_entries(cls, entries) -> HeldItems:
+        """The same, of (id, ``HeldEntry``) pairs made already (entries are never changed:
+        reads may share them)."""
+        items = cls()
+        items._take(list(entries))
+        return items
+
+    def _take(self, entries: list) -> None:
+        self.entries = entries
+        self[:] = [(entry.created_at, event_id) for event_id, entry in entries]
 
 
 class KeptConnections:

@@ -78,9 +78,8 @@ from operator import itemgetter
 
 from .. import constants
 from ..io.inbox import OwnEvents, RemoteEvents
+from ..io.manager.live import live_groups_with_room
 from ..ops import metrics
-from ..protocol import messages as wire
-from ..sync import filter_plan
 from .relay import all_values
 from .world import DAY, DOMAIN, START
 
@@ -715,7 +714,8 @@ class Checker:
         for url, state in m.relays.items():
             polled = ((state.fresh_polled.filters or state.polled.filters) and state.connected
                       and state.paused.allowed(state.fresh_polled.filters + state.polled.filters))
-            if not polled or state.current.capacity_refused or state.current.syncing() or not _room_for(state, polled):
+            if (not polled or state.current.capacity_refused or state.current.syncing()
+                    or not live_groups_with_room(state, polled)):
                 self.polled_room_since.pop(url, None)
             elif now - self.polled_room_since.setdefault(url, now) > constants.POLLED_CONSOLIDATION_CHECK_SECS + 1200:
                 self.violation("polled_with_room", f"{url}: {len(polled)} filters polled beside a free live slot "
@@ -787,13 +787,3 @@ class Checker:
         held = store.events.get(store.by_key.get(key)) if key is not None else None
         return held is not None and held.created_at >= event.created_at
 
-
-def _room_for(state, polled) -> bool:
-    """A live slot free for the first REQ of ``polled`` (its subscription cap, and the
-    filter bytes live subscriptions may take: MAX_LIVE_FILTER_BYTES)."""
-    limits = state.current.limits
-    if not filter_plan.SubscriptionBudget.from_limits(limits).fits(state.current.data_live_subs(), 1):
-        return False
-    first = filter_plan.pack_into_reqs(filter_plan.live(polled), limits)[:1]
-    live_bytes = state.current.live_filter_bytes()
-    return bool(first) and live_bytes + wire.req_size("live-00000000", first[0]) <= constants.MAX_LIVE_FILTER_BYTES

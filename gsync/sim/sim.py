@@ -569,15 +569,11 @@ class Simulation:
         post(OwnReadsLanded(g.kwargs["read_id"], list(reads), holdings, "", g.kwargs.get("epoch", 0)))
 
     def own_holdings(self, url: str, flt) -> HeldItems:
-        """What the own relay holds of ``flt`` (``SharedHoldings``' read): ``HeldItems`` of
-        the events a read returns, as ``HeldItems(events)`` makes it, each event's entry made
-        once (``held``)."""
+        """What the own relay holds of ``flt`` (``SharedHoldings``' read), each event's entry
+        made once (``held``)."""
         if not self.own.up:
             raise ConnectionRefusedError("own relay away")
-        items = HeldItems()
-        items.entries = entries = [self.held(e) for e in self.own.store.query(flt.replace(limit=None))]
-        items.extend([(entry.created_at, event_id) for event_id, entry in entries])
-        return items
+        return HeldItems.of_entries(map(self.held, self.own.store.query(flt.replace(limit=None))))
 
     def held(self, event: Event) -> tuple[str, HeldEntry]:
         """``event`` as ``HeldItems`` keeps a read of it: (id, ``HeldEntry`` of its JSON

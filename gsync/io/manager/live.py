@@ -276,9 +276,8 @@ class LiveCoverage:
         due = [(tier, name) for tier, name in ((state.fresh_polled, "fresh"), (state.polled, "settled"))
                if tier.filters]
         filters = [f for tier, _ in due for f in state.paused.allowed(tier.filters)]
-        groups = filter_plan.pack_into_reqs(filter_plan.live(filters), state.current.limits)
-        live_bytes = state.current.live_filter_bytes()
-        if not groups or live_bytes + wire.req_size("live-00000000", groups[0]) > constants.MAX_LIVE_FILTER_BYTES:
+        groups = live_groups_with_room(state, filters)
+        if not groups:
             return False  # polled for its size, not for room
         self.start_poll(state, due, now)
         for tier, _ in due:
@@ -380,3 +379,16 @@ class LiveCoverage:
         self.catch_up(state, wanted, int(self.clock()) - constants.RECONNECT_OVERLAP_SECS)
         log.info("consolidated", relay=state.url, live_subscriptions=len(state.current.live_subs) - 1,
                  polled_filters=len(state.polled.filters) + len(state.fresh_polled.filters))
+
+
+def live_groups_with_room(state: RelayState, filters) -> list:
+    """``filters``' live REQs, packed, when the relay has room for the first of them (a
+    free live slot, and the filter bytes live subscriptions may take): else none."""
+    budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
+    if not budget.fits(state.current.data_live_subs(), 1):
+        return []
+    groups = filter_plan.pack_into_reqs(filter_plan.live(filters), state.current.limits)
+    if groups and (state.current.live_filter_bytes() + wire.req_size("live-00000000", groups[0])
+                   > constants.MAX_LIVE_FILTER_BYTES):
+        return []
+    return groups
