@@ -138,6 +138,11 @@ def test_storage_sorts_by_timestamp_then_id_and_refuses_bad_items():
         Storage([(INFINITY, a)])
     with pytest.raises(ValueError):
         Storage([(1, b"short")])
+    with pytest.raises(ValueError):
+        Storage([(1, a, 3)])
+    listed = Storage([[5, b], [1, a]])  # (items as lists: kept as the tuples a bound compares with)
+    assert [listed.item_bound(i) for i in range(2)] == [Bound(1, a), Bound(5, b)]
+    assert listed.find_lower_bound(0, Bound(5)) == 1
 
 
 @pytest.mark.parametrize("items", [

@@ -381,6 +381,45 @@ def test_root_event_before_its_announcement_is_adopted_later():
     assert index.get(repo.address).root_events == {issue.id}
 
 
+def test_roots_version_moves_on_whenever_the_roots_of_full_repos_may_change():
+    """``roots_version`` is what decides whether the descendants' roots are read again
+    (``OwnRelaySide.on_batch_window_closed``): every change to a Full repository's roots
+    moves it on, and nothing else needs to."""
+    index = new_index()
+    full = lambda: {r for _, needs in index.items() if needs.sync_level is SyncLevel.FULL
+                    for r in needs.root_events}
+    seen = [(index.roots_version, full())]
+
+    def step(changed: bool):
+        version, roots = index.roots_version, full()
+        if roots != seen[-1][1]:
+            assert version != seen[-1][0], "the roots changed and the version did not"
+        assert (version != seen[-1][0]) == changed
+        seen.append((version, roots))
+
+    repo = ours(relays=["wss://a.example"])
+    early = root(repos=[repo.address])
+    index.apply_root_event(early)
+    step(changed=False)  # parked: no repository yet
+    index.apply_announcement(repo, SyncLevel.FULL, now=0)
+    step(changed=True)  # adopted with its repository
+    index.apply_root_event(root(repos=[repo.address], created_at=T0 + 20))
+    step(changed=True)
+    index.apply_root_event(early)
+    step(changed=False)  # known already
+    held = ours(d="held", relays=["wss://b.example"])
+    index.apply_announcement(held, SyncLevel.STATE_ONLY, now=0)
+    index.apply_root_event(root(repos=[held.address]))
+    index.apply_announcement(held, SyncLevel.FULL, now=1)
+    step(changed=True)  # promoted: its roots count now
+    purgatory = ours(d="gone", relays=["wss://c.example"])
+    index.apply_announcement(purgatory, SyncLevel.STATE_ONLY, now=0)
+    index.apply_root_event(root(repos=[purgatory.address]))
+    seen[-1] = (index.roots_version, full())
+    index.expire_state_only(now=PURGATORY_TTL_SECS)
+    step(changed=True)
+
+
 def test_root_event_with_non_repo_a_tag_is_ignored():
     index = new_index()
     issue = root(repos=["30023:abc:article"])

@@ -51,6 +51,7 @@ ID_LIST_THRESHOLD = 2 * BUCKETS
 FRAME_SLACK = 200
 
 _SUM_MASK = (1 << 256) - 1
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 _MAX_VARINT_BYTES = 10  # 64 bits; longer is hostile input, not a bigger number
 
 
@@ -214,15 +215,21 @@ class Storage:
         # Checked and summed column by column, in C (map, set, zip): a Python loop per item
         # made building a storage most of a NIP-77 exchange's cost at scale.
         keys = sorted(items)
-        stamps, ids = tuple(zip(*keys, strict=True)) or ((), ())
+        if keys and set(map(len, keys)) != {2}:
+            raise ValueError("an item is not (timestamp, id)")
+        # (columns by itemgetter: ``zip(*keys)`` made an iterator per item, the most of a build)
+        stamps = list(map(_FIRST, keys))
+        ids = list(map(_SECOND, keys))
         if stamps and (not set(map(type, stamps)) <= {int} or stamps[0] < 0 or stamps[-1] >= INFINITY):
             bad = next(t for t in stamps if type(t) is not int or not 0 <= t < INFINITY)
             raise ValueError(f"timestamp {bad!r} out of range")
         if ids and set(map(len, ids)) != {ID_SIZE}:
             raise ValueError("an id is not 32 bytes")
         if not set(map(type, ids)) <= {bytes}:
-            ids = tuple(map(bytes, ids))  # bytearray or memoryview: an immutable copy
-        keys = list(zip(stamps, ids, strict=True))
+            ids = list(map(bytes, ids))  # bytearray or memoryview: an immutable copy
+            keys = list(zip(stamps, ids, strict=True))
+        elif not set(map(type, keys)) <= {tuple}:
+            keys = list(zip(stamps, ids, strict=True))  # (lists, say: kept as tuples)
         if any(map(operator.eq, keys, itertools.islice(keys, 1, None))):
             raise ValueError("duplicate item")
         self._keys = keys

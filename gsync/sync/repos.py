@@ -198,6 +198,9 @@ class RepoSyncIndex:
         self._by_relay: dict[str, set[str]] = {}
         self._state_only: set[str] = set()  # what the per-tick expiry looks at
         self._waiting_count = 0  # root ids in _waiting_roots
+        # Moves on whenever the roots of Full repos may have changed (a root, a repository
+        # added, promoted or forgotten): ``full_root_ids`` is read again only then
+        self.roots_version = 0
 
     # -- reading
 
@@ -254,6 +257,7 @@ class RepoSyncIndex:
         needs = self._repos.get(address)
         if needs is None:
             needs = self._repos[address] = RepoSyncNeeds(relays=set())
+            self.roots_version += 1
             self._by_identifier.setdefault(identifier_of(address), set()).add(address)
             self._replace_announcement(needs, event)
             needs.sync_level = level
@@ -275,6 +279,7 @@ class RepoSyncIndex:
             # Promoted from purgatory: every relay now owes layers 2 and 3 as well.
             needs.sync_level = SyncLevel.FULL
             needs.purgatory_seen_at = None
+            self.roots_version += 1
             self._state_only.discard(address)
             dirty |= needs.relays
         elif level is SyncLevel.STATE_ONLY and needs.sync_level is SyncLevel.STATE_ONLY:
@@ -324,6 +329,7 @@ class RepoSyncIndex:
                 self._park_root(address, event.id)
             elif event.id not in needs.root_events:
                 needs.root_events.add(event.id)
+                self.roots_version += 1
                 dirty |= needs.relays
         return dirty
 
@@ -336,6 +342,7 @@ class RepoSyncIndex:
                     del self._by_relay[relay]
 
     def _forget(self, address: str) -> None:
+        self.roots_version += 1
         self._state_only.discard(address)
         self._unlist(address, self._repos[address].relays)
         del self._repos[address]

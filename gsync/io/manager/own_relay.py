@@ -66,6 +66,7 @@ class OwnRelaySide:
         self.down_since: float | None = None
         self.other_shard_landed_at: float | None = None  # another shard's last store seen (OwnLanded)
         self.shards = shards  # one of several instances ([cluster] shard)
+        self.roots_version = -1  # of ``repos`` when the descendants' roots were last set
 
     @property
     def down(self) -> bool:
@@ -135,7 +136,9 @@ class OwnRelaySide:
                 dirty |= self.repos.apply_root_event(event)
                 if event.kind in constants.ROOT_KINDS:  # held again after the own relay lost it, too
                     arrived.add(event_key(event.id))
-        arrived |= {event_key(root) for root in self.descendants.set_roots(full_root_ids(self.repos))}
+        if self.repos.roots_version != self.roots_version:  # (a walk over every root otherwise)
+            self.roots_version = self.repos.roots_version
+            arrived |= {event_key(root) for root in self.descendants.set_roots(full_root_ids(self.repos))}
         if not msg.first_read:
             self.release_dependents(arrived)
         log.info("self_batch_processed", events=len(events), repos=len(self.repos), dirty_relays=len(dirty))
@@ -149,6 +152,9 @@ class OwnRelaySide:
         return {repo_key(event.address)} | self.maintainer_arrivals(event)
 
     def maintainer_arrivals(self, event) -> set[str]:
+        needs = self.repos.get(event.address)
+        if needs is not None and needs.announcement_id == event.id:
+            return set()  # the announcement applied already: its maintainers are known (the own relay's re-reads)
         added = set(list_tag_values(event, "maintainers")) - self.repos.maintainers_of(event.d_tag)
         return {maintainer_key(pubkey, event.d_tag) for pubkey in added} | {
             author_key(pubkey) for pubkey in added  # entries saved before keys existed
