@@ -386,8 +386,10 @@ def test_roots_version_moves_on_whenever_the_roots_of_full_repos_may_change():
     (``OwnRelaySide.on_batch_window_closed``): every change to a Full repository's roots
     moves it on, and nothing else needs to."""
     index = new_index()
-    full = lambda: {r for _, needs in index.items() if needs.sync_level is SyncLevel.FULL
-                    for r in needs.root_events}
+
+    def full():
+        return {r for _, needs in index.items() if needs.sync_level is SyncLevel.FULL for r in needs.root_events}
+
     seen = [(index.roots_version, full())]
 
     def step(changed: bool):
