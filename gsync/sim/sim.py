@@ -462,8 +462,8 @@ class Simulation:
     def tick(self, serial: int) -> None:
         """The maintenance tick: every ``tick_secs`` (2 s, as in production) until
         ``busy_secs`` after the last message that is not a tick, every ``idle_tick_secs``
-        while nothing else happens; a message in a quiet stretch brings the next tick to
-        within ``tick_secs`` (``handle``: what it starts that only a tick goes on with, the
+        while nothing else happens; a message in a quiet stretch (but a dial, or its failure)
+        brings the next tick to within ``tick_secs`` (``handle``: what it starts that only a tick goes on with, the
         state save among them, waited for the idle tick, up to five minutes; seed 1's year
         at day 222.78, a refusal's pause unsaved 288 s). A simplification for speed: what only a tick starts
         (polls, probes, the daily fresh start) starts up to ``idle_tick_secs`` late in a
@@ -510,7 +510,10 @@ class Simulation:
         m = self.manager
         kind = type(msg)
         name = kind.__name__
-        if kind is not Tick:
+        if kind is not Tick and not (kind is HandshakeStarted or (kind is HandshakeDone and msg.ws is None)):
+            # (a dial, and one that failed, start nothing a tick goes on with but the redial,
+            # whose tick comes when its backoff ends (``redial_due``): a dead relay's dials
+            # were most of the quiet stretches ended, a tenth of a busy world's messages)
             self.last_busy = self.clock.now
             if self.tick_due > self.clock.now + self.options.tick_secs:  # a quiet stretch ends (see tick)
                 self.schedule_tick(self.clock.now + self.options.tick_secs)
