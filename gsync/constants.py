@@ -334,6 +334,12 @@ DELIVERY_SOURCE_ALLOWANCE = 50
 # in one transaction from the manager's maintenance tick, and at stop. A kill loses at
 # most this much: a rejected entry fetched again, a relay memory slightly older.
 STATE_SAVE_SECS = 10.0
+# ... while messages come. On ticks alone (nothing but time has passed) at most this often:
+# what only time changes (a failure streak over, a cooldown ended) is re-derived after a
+# restart anyway, and the time of the save (when the relays it says connected were) may be
+# this much older: a quick reconnect asks that much more again. An idle gsync does not
+# rewrite its database every 10 s.
+STATE_QUIET_SAVE_SECS = 60.0
 
 # -- test-only timers ----------------------------------------------------------------------
 # End-to-end tests cannot wait a 24 h policy probe or a 65 s cooldown. The environment
@@ -359,7 +365,7 @@ TEST_TIMER_NAMES = (
     "POLICY_PROBE_SECS", "NIP77_RETRY_SECS", "MAINTENANCE_TICK_SECS", "HANDSHAKE_TIMEOUT_SECS", "DESCENDANT_TICK_SECS",
     "REJECTED_HOT_SECS", "REJECTED_COLD_SECS", "TIME_CUT_SUSPECT_SECS", "MESSAGE_STALL_SECS",
     "READ_IDLE_TIMEOUT_SECS", "SELF_REREAD_SECS", "SELF_FULL_REREAD_SECS",
-    "STATE_SAVE_SECS", "OWN_IDLE_PING_SECS", "OWN_HISTORY_DEADLINE_SECS",
+    "STATE_SAVE_SECS", "STATE_QUIET_SAVE_SECS", "OWN_IDLE_PING_SECS", "OWN_HISTORY_DEADLINE_SECS",
     "OWN_READ_DEADLINE_SECS", "DELIVERY_RETRY_BASE_SECS", "DELIVERY_RETRY_MAX_SECS", "OWN_READ_WINDOW_SECS",
     "START_BYTES", "WAIT_BYTES_PER_SEC",
 )

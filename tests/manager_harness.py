@@ -144,10 +144,10 @@ class ManagerHarness:
         """Hand ``msg`` to its handler, then whatever the manager posted to itself meanwhile,
         as its loop would."""
         m = self.manager
-        m.handlers[type(msg)](msg)
+        m.apply(msg)
         while not m.queue.empty():
             queued = m.queue.get_nowait()
-            m.handlers[type(queued)](queued)
+            m.apply(queued)
 
     def advance(self, secs: float) -> None:
         """Move the clock ``secs`` on, firing the timers that fall due on the way, in order."""

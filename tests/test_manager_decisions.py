@@ -529,3 +529,36 @@ def test_a_trial_held_live_coverage_is_dropped_with_its_connection(tmp_path):
     assert h.state(A).current.trials
     h.feed(RelayDisconnected(A, h.state(A).session, "gone"))
     assert not h.state(A).current.trials and held not in h.state(A).current.live_subs
+
+
+def test_the_state_is_saved_every_10_s_while_messages_come_and_every_minute_on_ticks_alone(tmp_path):
+    """``SavedState.due``: what a message changed is on disk within STATE_SAVE_SECS (and a
+    tick); on ticks alone, where only time passes, the save (and its time, which a restart
+    reads as "connected until") waits STATE_QUIET_SAVE_SECS."""
+    h = ManagerHarness(tmp_path, bootstrap=[A])
+    h.connect(A)
+    h.settle(A)
+    store = h.manager.saved.store
+
+    def ticks_until(end: float) -> list[float]:
+        """Ticks every 2 s; the times the database's save time moved."""
+        moved, last = [], store.meta("saved_at")
+        while h.clock.now + constants.MAINTENANCE_TICK_SECS <= end:
+            h.clock.now += constants.MAINTENANCE_TICK_SECS
+            h.tick()
+            if store.meta("saved_at") != last:
+                moved.append(h.clock.now)
+                last = store.meta("saved_at")
+        return moved
+
+    start = h.clock.now
+    moved = ticks_until(start + 150)
+    assert moved[0] <= start + constants.STATE_SAVE_SECS + constants.MAINTENANCE_TICK_SECS  # what settle changed
+    gaps = [b - a for a, b in zip(moved, moved[1:], strict=False)]
+    assert gaps and all(constants.STATE_QUIET_SAVE_SECS <= g <= constants.STATE_QUIET_SAVE_SECS
+                        + constants.MAINTENANCE_TICK_SECS for g in gaps), moved
+    h.feed(RelayDisconnected(A, h.state(A).session, "gone"))  # a message: saved within 10 s again
+    said_at = h.clock.now
+    moved = ticks_until(said_at + 20)
+    assert moved and moved[0] - said_at <= constants.STATE_SAVE_SECS + constants.MAINTENANCE_TICK_SECS, moved
+    assert store.relay_memories()[A]["connected"] is False

@@ -56,7 +56,7 @@ def test_a_restart_reconnects_quickly_asks_nothing_refused_and_leaves_dead_relay
     settings = {"service": {"state_dir": str(tmp_path / "state")}, "sync": {"base_backoff_secs": "1"},
                 "network": {"allow_private_addresses": f"127.0.0.1:{remote.port}, 127.0.0.1:{picky.port},"
                                                       f" 127.0.0.1:{dead.port}"}}
-    timers = {"STATE_SAVE_SECS": 0.5, "DEAD_AFTER_SECS": 2, "DEAD_RETRY_SECS": 3600}
+    timers = {"STATE_SAVE_SECS": 0.5, "STATE_QUIET_SAVE_SECS": 0.5, "DEAD_AFTER_SECS": 2, "DEAD_RETRY_SECS": 3600}
     first = gsync_factory(own, [remote, picky], extra=settings, timers=timers)
     assert_arrives(own, [bug, reply], timeout=30, what="the first sync")
 

@@ -224,7 +224,7 @@ def test_a_disk_that_fills_while_running_shows_in_the_save_age_and_in_gsync_stat
     own = types.SimpleNamespace(url="ws://127.0.0.1:1", port=1)
     state_dir = os.path.join(disk, "state")
     gsync = gsync_factory(own, extra={"service": {"state_dir": state_dir}},
-                          timers={"STATE_SAVE_SECS": 0.2})
+                          timers={"STATE_SAVE_SECS": 0.2, "STATE_QUIET_SAVE_SECS": 0.2})
     wait_until(lambda: 0 <= gsync.metric("gsync_state_save_age_seconds") < 1, timeout=10, what="saving")
     filler = _fill(disk)
 

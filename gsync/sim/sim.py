@@ -536,7 +536,7 @@ class Simulation:
         if self.trace_lines is not None:
             self.trace_lines.append(line)
         try:
-            m.handlers[kind](msg)
+            m.apply(msg)
         except Exception as exc:  # production logs it and goes on; here it is a violation
             self.checker.violation("handler_raised", f"{name}: {type(exc).__name__}: {exc}",
                                    detail=traceback.format_exc(limit=6))

@@ -215,11 +215,17 @@ class SyncManager:
                 self.queue_peak = depth
             if isinstance(msg, Stop):
                 return
-            handler = self.handlers.get(type(msg))
             try:
-                handler(msg)
+                self.apply(msg)
             except Exception:
                 log.exception("handler_failed", message=type(msg).__name__)
+
+    def apply(self, msg) -> None:
+        """One message, by its handler (``run``'s, and the simulator's)."""
+        kind = type(msg)
+        if kind is not Tick:
+            self.saved.touched = True  # (only time passes on ticks alone: ``SavedState.due``)
+        self.handlers[kind](msg)
 
     def stop(self) -> None:
         self.lifecycle.shut_down()

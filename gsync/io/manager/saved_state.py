@@ -45,6 +45,7 @@ class SavedState:
         self.saved_at: float | None = now if store.saved_at is not None else None
         self.save_error: str | None = None  # why the saves fail, while they do (gsync status)
         self.last_save_try = now
+        self.touched = False  # a message other than a tick applied since the last save (``SyncManager.apply``)
         self._memories: dict[str, dict] = {}  # url → record, until that relay is registered
         self._confirmed: dict[str, list] = {}  # url → saved (item, level) rows, the same
         self._members: dict[str, list] = {}  # url → saved (member, roots) rows, the same
@@ -153,13 +154,16 @@ class SavedState:
     # -- writing, by change -----------------------------------------------------------------
 
     def due(self, now: float) -> bool:
-        return now - self.last_save_try >= constants.STATE_SAVE_SECS
+        """Every ``STATE_SAVE_SECS`` while messages come, every ``STATE_QUIET_SAVE_SECS`` on
+        ticks alone."""
+        waited = now - self.last_save_try
+        return waited >= constants.STATE_SAVE_SECS and (self.touched or waited >= constants.STATE_QUIET_SAVE_SECS)
 
     def save(self, relays, health, rejected: RejectedIndex, now: float, *, ready: bool) -> None:
         """Write what changed since the last save, in one transaction. Once the manager is
         ready (the own relay's first read applied: every relay with work is registered),
         saved relays no longer registered are forgotten."""
-        self.last_save_try = now
+        self.last_save_try, self.touched = now, False
         c = _Changes()
         for state in relays.values():
             if not state.refused_reason:
@@ -181,6 +185,7 @@ class SavedState:
             log.warning("state_save_failed", path=self.store.path, reason=self.save_error)
             rejected.keep_changes([i for i, _ in rejected_puts] + list(rejected_deletes))
             self._not_saved(c)
+            self.touched = True  # tried again at the next STATE_SAVE_SECS
             return
         self._forget -= forget
         self._saved_records.update(c.records)
