@@ -52,6 +52,7 @@ from ..io.inbox import (
     OwnEvents,
     OwnReadsLanded,
     OwnSubscribed,
+    RelayDisconnected,
     RemoteEvents,
     Tick,
 )
@@ -510,10 +511,7 @@ class Simulation:
         m = self.manager
         kind = type(msg)
         name = kind.__name__
-        if kind is not Tick and not (kind is HandshakeStarted or (kind is HandshakeDone and msg.ws is None)):
-            # (a dial, and one that failed, start nothing a tick goes on with but the redial,
-            # whose tick comes when its backoff ends (``redial_due``): a dead relay's dials
-            # were most of the quiet stretches ended, a tenth of a busy world's messages)
+        if kind is not Tick and not self.starts_only_a_redial(msg, kind):
             self.last_busy = self.clock.now
             if self.tick_due > self.clock.now + self.options.tick_secs:  # a quiet stretch ends (see tick)
                 self.schedule_tick(self.clock.now + self.options.tick_secs)
@@ -542,6 +540,21 @@ class Simulation:
                                    detail=traceback.format_exc(limit=6))
         if name in ("RelayDisconnected", "HandshakeDone") and self.manager is m:
             self.redial_due()
+
+    def starts_only_a_redial(self, msg, kind) -> bool:
+        """A dial, a dial that failed, and the end of a session that had nothing pending
+        start nothing a tick goes on with but the relay's redial, whose tick comes when its
+        backoff ends (``redial_due``). (A session's pending batches, abandoned, hand what
+        they claimed to other relays' recovery, which a tick starts.) A dead or restarting
+        relay's dials and idle sessions ended most quiet stretches."""
+        if kind is HandshakeStarted:
+            return True
+        if kind is HandshakeDone:
+            return msg.ws is None
+        if kind is RelayDisconnected:
+            state = self.manager.relays.get(msg.relay)
+            return state is None or not state.current.pending
+        return False
 
     def drain(self) -> None:
         m = self.manager
