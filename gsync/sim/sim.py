@@ -463,8 +463,9 @@ class Simulation:
     def tick(self, serial: int) -> None:
         """The maintenance tick: every ``tick_secs`` (2 s, as in production) until
         ``busy_secs`` after the last message that is not a tick, every ``idle_tick_secs``
-        while nothing else happens; a message in a quiet stretch (but a dial, or its failure)
-        brings the next tick to within ``tick_secs`` (``handle``: what it starts that only a tick goes on with, the
+        while nothing else happens; a message in a quiet stretch (but those that start only a
+        redial: ``starts_only_a_redial``) brings the next tick to within ``tick_secs``
+        (``handle``: what it starts that only a tick goes on with, the
         state save among them, waited for the idle tick, up to five minutes; seed 1's year
         at day 222.78, a refusal's pause unsaved 288 s). A simplification for speed: what only a tick starts
         (polls, probes, the daily fresh start) starts up to ``idle_tick_secs`` late in a
