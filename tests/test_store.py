@@ -7,6 +7,7 @@ import sqlite3
 
 import pytest
 
+from gsync import constants
 from gsync.io.manager import saved_state
 from gsync.io.manager.saved_state import SavedState
 from gsync.ops.store import (
@@ -457,6 +458,29 @@ def test_a_failed_save_leaves_everything_it_held_to_the_next_save(tmp_path):
     assert back.confirmed.repos == {REPO: SyncLevel.FULL} and back.confirmed.root_events == {"r1"}
     assert back.paused.is_filter_paused(q) and back.max_filters_learned == 3
     assert back.reopen_members == {"m1"}
+    saved.close()
+
+
+def test_a_save_is_due_every_10_s_after_a_message_or_a_failed_save_and_every_minute_on_ticks_alone(tmp_path):
+    """``SavedState.due``: the manager marks a message (``SyncManager.apply``); a save that
+    failed is tried again at the next STATE_SAVE_SECS with or without one."""
+    saved = SavedState(_store(tmp_path, _Log()), NOW)
+    rejected = saved.load(NOW)
+    short, quiet = constants.STATE_SAVE_SECS, constants.STATE_QUIET_SAVE_SECS
+    assert not saved.due(NOW + short) and saved.due(NOW + quiet)
+    saved.touched = True
+    assert not saved.due(NOW + short - 1) and saved.due(NOW + short)
+    write = saved.store.save
+
+    def disk_full(*args, **kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    saved.store.save = disk_full
+    saved.save({}, RelayHealthTracker(), rejected, NOW + short, ready=True)
+    assert saved.due(NOW + 2 * short)  # no message since: the failure is reason enough
+    saved.store.save = write
+    saved.save({}, RelayHealthTracker(), rejected, NOW + 2 * short, ready=True)
+    assert not saved.due(NOW + 3 * short) and saved.due(NOW + 2 * short + quiet)
     saved.close()
 
 
