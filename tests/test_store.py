@@ -468,7 +468,7 @@ def test_a_save_is_due_every_10_s_after_a_message_or_a_failed_save_and_every_min
     rejected = saved.load(NOW)
     short, quiet = constants.STATE_SAVE_SECS, constants.STATE_QUIET_SAVE_SECS
     assert not saved.due(NOW + short) and saved.due(NOW + quiet)
-    saved.touched = True
+    saved.note_message()
     assert not saved.due(NOW + short - 1) and saved.due(NOW + short)
     write = saved.store.save
 

@@ -353,30 +353,31 @@ class RelayHealthTracker:
         """Earliest time a connection attempt is allowed (``now`` if it is allowed now)."""
         h = self._get(relay)
         self._settle(h, now)
-        earliest = now
-        if h.failures and h.last_failure_at is not None:
-            wait = DEAD_RETRY_SECS if self._is_dead(h, now) else self.backoff(h.failures)
-            earliest = max(earliest, h.last_failure_at + wait)
-        if h.cooldown_until is not None:
-            earliest = max(earliest, h.cooldown_until)
-        if h.parked_until is not None:
-            earliest = max(earliest, h.parked_until)
-        return earliest
+        return self._earliest(h, now)
 
     def should_attempt_connection(self, relay: str, now: float) -> bool:
-        """``next_attempt_at(relay, now) <= now`` for one not connected nor being dialled,
-        each wait compared where it is read (asked of every disconnected relay at every
-        tick: dead ones gather in a long-running table)."""
+        """``next_attempt_at(relay, now) <= now`` for one not connected nor being dialled
+        (asked of every disconnected relay at every tick: dead ones gather in a long-running
+        table)."""
         h = self._get(relay)
         if h.connected or h.attempt_in_flight:
             return False
         self._settle(h, now)
+        return self._earliest(h, now) <= now
+
+    def _earliest(self, h: _RelayHealth, now: float) -> float:
+        """The latest of ``now``, the backoff's (or a dead relay's) retry, the cooldown's
+        end and the park's (each compared where it is read: no ``max`` call per tick)."""
+        earliest = now
         if h.failures and h.last_failure_at is not None:
-            wait = DEAD_RETRY_SECS if self._is_dead(h, now) else self.backoff(h.failures)
-            if h.last_failure_at + wait > now:
-                return False
-        return ((h.cooldown_until is None or h.cooldown_until <= now)
-                and (h.parked_until is None or h.parked_until <= now))
+            retry = h.last_failure_at + (DEAD_RETRY_SECS if self._is_dead(h, now) else self.backoff(h.failures))
+            if retry > earliest:
+                earliest = retry
+        if h.cooldown_until is not None and h.cooldown_until > earliest:
+            earliest = h.cooldown_until
+        if h.parked_until is not None and h.parked_until > earliest:
+            earliest = h.parked_until
+        return earliest
 
     def state(self, relay: str, now: float) -> HealthState:
         h = self._get(relay)

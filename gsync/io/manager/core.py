@@ -224,7 +224,7 @@ class SyncManager:
         """One message, by its handler (``run``'s, and the simulator's)."""
         kind = type(msg)
         if kind is not Tick:
-            self.saved.touched = True  # (only time passes on ticks alone: ``SavedState.due``)
+            self.saved.note_message()  # (only time passes on ticks alone: ``SavedState.due``)
         self.handlers[kind](msg)
 
     def stop(self) -> None:

@@ -267,24 +267,20 @@ class LiveCoverage:
         again. Not while historic sync runs (``run_polls`` defers polls then), nor on a
         relay that refused a live REQ for its total filter size this session (it would
         refuse again)."""
-        if state.current.capacity_refused:
-            return False
-        budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
-        slots = budget.live_slots - state.current.data_live_subs()
-        if slots <= 0 or state.current.syncing():
+        if state.current.capacity_refused or state.current.syncing():
             return False
         due = [(tier, name) for tier, name in ((state.fresh_polled, "fresh"), (state.polled, "settled"))
                if tier.filters]
         filters = [f for tier, _ in due for f in state.paused.allowed(tier.filters)]
         groups = live_groups_with_room(state, filters)
         if not groups:
-            return False  # polled for its size, not for room
+            return False  # no free slot, or polled for its size
         self.start_poll(state, due, now)
         for tier, _ in due:
             tier.clear()
         # (as descendants: it takes free room only, and gives way first to coverage that
         # comes later, polled again until the next look)
-        self.open_groups(state, groups, slots=slots, descendants=True)
+        self.open_groups(state, groups, descendants=True)
         log.info("polled_coverage_live", relay=state.url, filters=len(filters),
                  still_polled=len(state.polled.filters) + len(state.fresh_polled.filters))
         return True

@@ -45,7 +45,7 @@ class SavedState:
         self.saved_at: float | None = now if store.saved_at is not None else None
         self.save_error: str | None = None  # why the saves fail, while they do (gsync status)
         self.last_save_try = now
-        self.touched = False  # a message other than a tick applied since the last save (``SyncManager.apply``)
+        self.touched = False  # a message other than a tick applied since the last save (``note_message``)
         self._memories: dict[str, dict] = {}  # url → record, until that relay is registered
         self._confirmed: dict[str, list] = {}  # url → saved (item, level) rows, the same
         self._members: dict[str, list] = {}  # url → saved (member, roots) rows, the same
@@ -152,6 +152,11 @@ class SavedState:
         self._saved_members.pop(url, None)
 
     # -- writing, by change -----------------------------------------------------------------
+
+    def note_message(self) -> None:
+        """A message other than a tick was applied (``SyncManager.apply``): what it changed
+        is saved within STATE_SAVE_SECS."""
+        self.touched = True
 
     def due(self, now: float) -> bool:
         """Every ``STATE_SAVE_SECS`` while messages come, every ``STATE_QUIET_SAVE_SECS`` on
