@@ -461,7 +461,7 @@ def test_a_failed_save_leaves_everything_it_held_to_the_next_save(tmp_path):
     saved.close()
 
 
-def test_a_save_is_due_every_10_s_after_a_message_or_a_failed_save_and_every_minute_on_ticks_alone(tmp_path):
+def test_a_save_is_due_every_30_s_after_a_message_or_a_failed_save_and_every_minute_on_ticks_alone(tmp_path):
     """``SavedState.due``: the manager marks a message (``SyncManager.apply``); a save that
     failed is tried again at the next STATE_SAVE_SECS with or without one."""
     saved = SavedState(_store(tmp_path, _Log()), NOW)

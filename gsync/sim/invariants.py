@@ -90,10 +90,11 @@ BUSY_BASE = 3000
 BUSY_PER_RELAY = 400
 BUSY_PER_ACTION = 200
 NEGLECT_WINDOW_SECS = 4 * HOUR
-# gsync's /metrics scraped every third sample: a series it leaks stays and is found at any
-# later one (the label check runs at every sample), and a scrape with hundreds of
-# repositories cost more than the rest of a sample (4 % of a year of 20 x 200)
-SCRAPE_SECS = 30 * 60
+# gsync's /metrics scraped every 2 simulated hours: a series it leaks stays and is found at
+# any later sample (the label check runs at every sample), and a scrape with hundreds of
+# repositories cost more than the rest of a sample (every 30 minutes: 2.75 % of a year of
+# 20 x 200)
+SCRAPE_SECS = 2 * 60 * 60
 # after a failed attempt, gsync's next one comes within its backoff's cap (and a tick)
 BACKOFF_LEAVE_SECS = constants.MAX_BACKOFF_SECS + 600
 
