@@ -563,6 +563,7 @@ def floor_cost(json_strings: list[str]) -> dict:
     from gsync.protocol import event as ev
 
     ev._xonly_key.cache_clear()
+    ev._signed.cache_clear()
     out = {}
     for label, checks in (("full", {}), ("no_sig", {"check_sig": False})):
         t = time.process_time()

@@ -278,6 +278,23 @@ def test_verify_event_does_the_checks_parse_event_skipped(signed):
     assert info.value.reason == "bad_signature"
 
 
+def test_a_remembered_signature_vouches_for_no_other_content_or_signature(signed):
+    """Signatures are remembered once verified (the same event comes from every relay
+    that holds it): a second copy costs no verification, and the memory vouches for nothing
+    but the exact (id, pubkey, sig) it verified."""
+    from gsync.protocol import event as ev
+
+    ev._signed.cache_clear()
+    verify_event(parse_event(signed.to_dict(), check_id=False, check_sig=False))
+    verify_event(parse_event(signed.to_dict(), check_id=False, check_sig=False))
+    assert (ev._signed.cache_info().hits, ev._signed.cache_info().misses) == (1, 1)
+    for name, value in TAMPERINGS.values():  # the same id and signature on other content
+        assert _reason({**signed.to_dict(), name: value}) == "bad_id"
+        assert not is_authentic(parse_event({**signed.to_dict(), name: value}, check_id=False, check_sig=False))
+    for at in (0, 64, -1):
+        assert _reason({**signed.to_dict(), "sig": _flip_hex(signed.sig, at)}) == "bad_signature"
+
+
 def test_verify_event_keeps_the_json_delivery_sends(signed):
     event = verify_event(parse_event(signed.to_dict(), check_id=False, check_sig=False))
     assert event.to_json() == parse_event(signed.to_dict()).to_json()
