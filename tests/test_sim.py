@@ -651,7 +651,7 @@ def test_a_refusal_a_killed_gsync_had_not_saved_is_not_counted_against_the_next_
     """Seed 1's year (refused_asked_again, day 222.78; the checker's mistake, as for unsaved
     dials): relay1 refused #e to a new root's live coverage; gsync paused it, and was killed
     before a save wrote the pause (the year's idle tick of 5 minutes left it unsaved 288 s;
-    the simulator now ticks again within 2 s of a message, saves within 10 s, as production).
+    the simulator now ticks again within 2 s of a message, saves within STATE_SAVE_SECS, as production).
     The next process cannot know it: its fresh start asked #e packed (live and historic),
     then alone, counted as asks 3 to 5 of the refusal the last process read. Its own read of
     the refusal opens the probe period anew."""
@@ -1067,3 +1067,28 @@ def test_the_metric_labels_invariant_catches_a_series_of_a_relay_not_in_the_tabl
     sim.at(START + 0.05 * 86_400, stray)
     kept = sim.run().violations["metric_labels"]
     assert kept[0][1].endswith("{relay=wss://gone.example} for a relay not in the table")
+
+
+def test_a_comment_is_owed_an_hour_after_its_root_reached_the_own_relay():
+    """Seed 418's year (left_behind, day 364.9583; the checker's mistake): the own relay
+    lost a patch and its comment; a new announcement listed a relay that held the patch, which
+    gsync delivered at once, and the comment (found by its root) 9 s later. The hourly check
+    fell between the two and owed the comment from the instant its root landed. A comment is
+    owed from an hour after its root reached the own relay, as an event is from an hour after
+    its publication."""
+    sim = Simulation(SimOptions(seed=4, days=1, faults=False, **SMALL))
+    sim.seed_world()
+    checker, own, world = sim.checker, sim.own, sim.world
+    repo = next(r for r in world.repos if any(own.accepts(e)[0] for e in r.roots))
+    url = repo.relays[0]
+    listing = {repo.address: set(repo.relays)}
+    root = world.root(repo, int(sim.clock.now))
+    comment = world.comment(repo, root, int(sim.clock.now))
+    assert not checker.owed(comment, url, listing)  # its root is not on the own relay
+    sim.clock.now += 600
+    assert own.submit(root, sim.clock.now)[2]
+    assert not checker.owed(comment, url, listing)
+    sim.clock.now += 3599
+    assert not checker.owed(comment, url, listing)
+    sim.clock.now += 1
+    assert checker.owed(comment, url, listing)
