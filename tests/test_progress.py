@@ -207,6 +207,23 @@ def test_a_first_sync_and_a_daily_fresh_start_show_their_progress(tmp_path):
     assert progress(h)["repos_complete"] == 3
 
 
+def test_filters_waiting_for_the_own_relays_holdings_count_a_start_each_until_their_methods_are_chosen(tmp_path):
+    """A read of loopback takes a second, or seconds on a loaded machine (CI: 7 s of a 38 s
+    first sync, while the queue alone said 2 s were left): what waits for it is work to come."""
+    h = ManagerHarness(tmp_path)
+    repos = listed_on(A, 3)
+    h.own_relay_holds(*repos)
+    h.connect(A)
+    relay = h.manager.status_snapshot()["relays"][0]
+    reading = relay["starts_reading_own"]
+    assert reading >= 1  # the first sync's filters, before their holdings are read
+    settle = h.config.sync.batch_window_ms / 1000 + 1
+    assert progress(h)["secs_left"] == pytest.approx(relay["starts_queued"] + reading + settle, abs=1.0)
+    h.answer_own_reads()
+    relay = h.manager.status_snapshot()["relays"][0]
+    assert relay["starts_reading_own"] == 0  # their methods chosen: their starts queued, or gone
+
+
 def test_the_gauges_follow_the_progress_and_keep_one_series_per_relay_in_the_table(tmp_path):
     from gsync.ops import metrics
 

@@ -21,7 +21,11 @@ however deep its history, and in a first sync against an own relay that holds no
 pages are most of the work (measured: a remote of 9,000 issues over 30 repositories, 33 s
 under the 1 s gate; at 8 s the queue held 4 starts, 25 s were left). How deep a history goes is not known until the relay says EOSE, so a
 filter that has taken ``n`` pages is expected to take ``n`` more (``RelayWork.pages_expected``,
-twice that for repository events: their roots' threads take starts of their own). Measured at
+twice that for repository events: their roots' threads take starts of their own). Nor is
+what waits for the own relay's holdings before its methods are chosen: a start for each of its
+filters (NIP-77's one a filter; REQ pages take fewer, ten filters a start, then pages), an
+estimate on the high side for the second or so a read of loopback takes (seconds on a loaded
+machine: 7 of a 38 s first sync, when the queue said 2 s were left). Measured at
 a quarter of the way: 0.81-0.87 of the time then taken where the work is known up front
 (NIP-77, one filter a start: tests/test_first_sync_progress.py), 0.2-0.8 while histories are
 paged into an empty own relay (the threads of roots not fetched yet cannot be counted yet).
@@ -47,6 +51,7 @@ class RelayWork:
     unreachable: bool = False  # refused, parked or dead: nothing is fetched from it for now
     starts_queued: int = 0  # historic REQs, pages and NIP-77 exchanges waiting for the gate
     pages_expected: int = 0  # further pages of the filters being paged (one per page taken)
+    starts_reading_own: int = 0  # filters whose methods wait for the own relay's holdings: a start each
     gate_secs: float = 0.0  # seconds between its background starts (proactive or reactive gate)
     pace_secs: float | None = None  # seconds between its background starts as they went lately
     wait_secs: float = 0.0  # until its next start may go (a cooldown, the gate)
@@ -70,7 +75,7 @@ class RelayWork:
         its starts have shown a pace (they then go as fast as the relay answers)."""
         if not self.syncing:
             return 0.0
-        starts = self.starts_queued + self.pages_expected
+        starts = self.starts_queued + self.pages_expected + self.starts_reading_own
         if starts and self.secs_per_start() <= 0:
             return None
         return max(0.0, self.wait_secs) + starts * self.secs_per_start() + self.settle_secs

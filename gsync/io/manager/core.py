@@ -420,6 +420,7 @@ class SyncManager:
                     "pending_batches": len(s.current.pending),
                     "starts_queued": works[s.url].starts_queued,
                     "pages_expected": works[s.url].pages_expected,
+                    "starts_reading_own": works[s.url].starts_reading_own,
                     "paused_coverage": len(s.paused),
                     "events_delivered": s.events_delivered,
                     "bootstrap": s.is_bootstrap,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ...ops import metrics
 from ...sync import filter_plan
+from ...sync.batch_phase import BatchPhase
 from ...sync.progress import RelayWork, SyncProgress, repos_complete, sync_progress
 from ...sync.relay_state import RelayState
 
@@ -29,6 +30,13 @@ def pages_expected(state: RelayState) -> int:
     return expected
 
 
+def starts_reading_own(state: RelayState) -> int:
+    """Filters of the relay's batches whose methods wait for the own relay's holdings
+    (``sync.progress``: a start each, until their methods are chosen)."""
+    return sum(len(batch.semantic_filters) for batch in state.current.pending.values()
+               if batch.phase is BatchPhase.READING_OWN)
+
+
 def relay_work(state: RelayState, health, now: float, settle_secs: float = 0.0) -> RelayWork:
     url = state.url
     return RelayWork(
@@ -38,6 +46,7 @@ def relay_work(state: RelayState, health, now: float, settle_secs: float = 0.0) 
         or health.is_dead(url, now),
         starts_queued=len(state.current.historic_queue),
         pages_expected=pages_expected(state),
+        starts_reading_own=starts_reading_own(state),
         gate_secs=health.start_interval(url),
         pace_secs=health.start_pace(url),
         wait_secs=health.may_start_background(url, now) if state.current.historic_queue else 0.0,
