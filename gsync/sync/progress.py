@@ -21,11 +21,12 @@ however deep its history, and in a first sync against an own relay that holds no
 pages are most of the work (measured: a remote of 9,000 issues over 30 repositories, 33 s
 under the 1 s gate; at 8 s the queue held 4 starts, 25 s were left). How deep a history goes is not known until the relay says EOSE, so a
 filter that has taken ``n`` pages is expected to take ``n`` more (``RelayWork.pages_expected``,
-twice that for repository events: their roots' threads take starts of their own). Nor is
-what waits for the own relay's holdings before its methods are chosen: a start for each of its
-filters (NIP-77's one a filter; REQ pages take fewer, ten filters a start, then pages), an
-estimate on the high side for the second or so a read of loopback takes (seconds on a loaded
-machine: 7 of a 38 s first sync, when the queue said 2 s were left). Measured at
+twice that for repository events: their roots' threads take starts of their own). The queue
+also leaves out the batches whose methods wait for the own relay's holdings: each of their
+filters counts a start (``RelayWork.starts_reading_own``; NIP-77 takes one a filter, REQ pages
+fewer, ten filters a start, then pages), an estimate on the high side for the second or so a
+read of loopback takes (seconds on a loaded machine: 7 of a 38 s first sync, while the queue
+said 2 s were left). Measured at
 a quarter of the way: 0.81-0.87 of the time then taken where the work is known up front
 (NIP-77, one filter a start: tests/test_first_sync_progress.py), 0.2-0.8 while histories are
 paged into an empty own relay (the threads of roots not fetched yet cannot be counted yet).
