@@ -1092,3 +1092,30 @@ def test_a_comment_is_owed_an_hour_after_its_root_reached_the_own_relay():
     assert not checker.owed(comment, url, listing)
     sim.clock.now += 1
     assert checker.owed(comment, url, listing)
+
+
+def test_a_dead_relays_daily_session_that_served_nothing_within_the_hour_is_a_failure_to_the_checker_too():
+    """Seed 444's year (neglected_relay, days 254.17-254.67; the checker's mistake): relay5,
+    dead after a day of failed dials, held its daily attempt's session for 160 s, was
+    rate-limited in it and served nothing. ``record_disconnect`` counts that a failure (it
+    neither served for PROVEN_SESSION_SECS nor lasted the hour of backoff before it): the
+    next attempt a day later. The checker excused only a session gone within a minute."""
+    sim = Simulation(SimOptions(seed=4, days=1, faults=False, **SMALL))
+    checker, url = sim.checker, sim.world.relay_urls[0]
+    conn = types.SimpleNamespace(relay=url, number=1, starts=[])
+
+    def daily_session(secs, served):
+        checker.long_down_ended.pop(url, None)
+        checker.daily_dial[url] = sim.clock.now
+        checker.session_changed(url, 1)
+        if served:
+            checker.relay_frame(conn, json.dumps(["EOSE", "h1-2"]))
+        sim.clock.now += secs
+        checker.session_changed(url, -1)
+        sim.clock.now += 10
+        return url in checker.long_down_ended
+
+    assert daily_session(30, served=True)  # gone within a minute: a failure, served or not
+    assert daily_session(160, served=False)  # within the hour, nothing served: a failure
+    assert not daily_session(160, served=True)  # it served for a minute: the relay works
+    assert not daily_session(3700, served=False)  # as long as the backoff before it: no failure

@@ -132,6 +132,7 @@ class Checker:
         self.long_down_ended: dict[str, float] = {}
         self.daily_dial: dict[str, float] = {}  # relay -> its last dial, where none came in the 20 h before
         self.session_opened: dict[str, float] = {}  # relay -> when its open sessions began
+        self.session_served: set[str] = set()  # relays whose open sessions sent an EOSE or an event
         # relay -> since when gsync has had no session of it after an attempt that failed
         # (its dial, or a session over within PROVEN_SESSION_SECS): its backoff (``neglect``)
         self.failing_since: dict[str, float] = {}
@@ -267,15 +268,21 @@ class Checker:
         self.sessions_open[url] = was + delta
         if delta > 0 and not was:
             self.session_opened[url] = now
+            self.session_served.discard(url)
             self.failing_since.pop(url, None)
         elif delta < 0 and was == 1:
             opened, daily = self.session_opened.pop(url, now), self.daily_dial.get(url)
-            if now - opened < constants.PROVEN_SESSION_SECS:
+            lasted, served = now - opened, url in self.session_served
+            self.session_served.discard(url)
+            if lasted < constants.PROVEN_SESSION_SECS:
                 self.failing_since[url] = now  # a failure to gsync: it backs off (seed 326)
-            if daily is not None and opened - daily < HOUR and now - opened < constants.PROVEN_SESSION_SECS:
-                # a dead relay's daily attempt, its session gone within a minute: a failure
+            if daily is not None and opened - daily < HOUR and (
+                    lasted < constants.PROVEN_SESSION_SECS or (not served and lasted < constants.MAX_BACKOFF_SECS)):
+                # a dead relay's daily attempt, its session gone within a minute, or within
+                # the hour of backoff before it having served nothing: a failure
                 # (``RelayHealthTracker.record_disconnect``), the next attempt a day later
-                # (seed 6's year, day 313.16: a flapping relay, 5 neglected_relay)
+                # (seed 6's year, day 313.16: a flapping relay, 5 neglected_relay; seed 444's,
+                # day 253.68: a session of 160 s, rate-limited, 4 neglected_relay)
                 self.long_down_ended[url] = now
 
     def account(self, url: str) -> None:
@@ -430,6 +437,8 @@ class Checker:
     def relay_frame(self, conn, frame: str) -> None:
         """A frame gsync reads: a policy refusal opens that tag key's probe period; a REQ of
         hidden ids the relay closed unanswered was no ask (``_id_ask_answered``)."""
+        if frame.startswith(('["EOSE"', '["EVENT"')):
+            self.session_served.add(conn.relay)  # (``RelayHealthTracker.record_served``)
         asks = conn.__dict__.get("id_asks")
         if asks and frame.startswith(('["CLOSED"', '["EOSE"')):
             self._id_ask_answered(asks, frame)
