@@ -50,10 +50,14 @@ CONSOLIDATION_MIN_SECS = 60.0
 # coverage gets 512 KiB, historic work the rest; what live cannot hold is polled instead.
 MAX_OPEN_FILTER_BYTES = 768 * 1024
 MAX_LIVE_FILTER_BYTES = 512 * 1024
-POLL_SECS = 5.0  # live coverage that did not fit is asked for again on this cadence, at most
+# Live coverage that did not fit is asked for again this long after its last poll started,
+# at the soonest, for every REQ the poll takes (each is a subscription, and one of the
+# relay's paced starts: a poll of three shapes that go alone every 5 s took three of every
+# five starts for the rest of a session, seed 515's year).
+POLL_SECS = 5.0
 # Every poll sends all of its filters again: 4,000 roots' e/E/q coverage past the live budget
 # is about 300 kB, which every 5 s was 3.7 MB a minute (and 23 paced starts) to a relay that
-# had nothing new (bench/historic --idle). So polls are spaced by what they send: a second
+# had nothing new (bench/historic --idle). So polls are spaced by what they send too: a second
 # for every KiB of their filters (at most about 1 kB/s a relay), up to POLL_MAX_SECS apart.
 # Nothing is missed by spacing them: each asks since the last successful poll, less the
 # 15-minute overlap.

@@ -390,9 +390,10 @@ def test_descendants_of_2000_repositories_keep_within_20_subscriptions(relay_fac
     remote.add(*repos, *bugs, *members)
     publish(own.url, [*repos, *bugs])
     # What does not fit is polled (about 600 kB of filters: 10 minutes apart by default, at
-    # a second a KiB); this test is about the budget, so its polls come every 3 s or so.
+    # a second a KiB and 5 s a REQ); this test is about the budget, so its polls come every
+    # 3 s or so.
     gsync_factory(own, [remote], timers={"DESCENDANT_TICK_SECS": 0.25, "MAINTENANCE_TICK_SECS": 0.25,
-                                         "POLL_SECS_PER_KIB": 0.005})
+                                         "POLL_SECS_PER_KIB": 0.005, "POLL_SECS": 0.05})
     assert_arrives(own, members, timeout=90, what="2,000 replies")
     live_members = []
     for n in range(8):  # a new direct member per tick, each wanting live coverage of its own

@@ -308,7 +308,7 @@ def test_restrict_to_keeps_only_what_the_index_still_wants():
     ]
 
 
-def test_polls_are_spaced_by_what_they_send(monkeypatch):
+def test_polls_are_spaced_by_the_bytes_and_reqs_they_send(monkeypatch):
     from gsync import constants
     from gsync.sync.filter_plan import poll_interval
     monkeypatch.setattr(constants, "POLL_SECS", 5.0)
@@ -318,6 +318,11 @@ def test_polls_are_spaced_by_what_they_send(monkeypatch):
     assert poll_interval(300 * 1024) == 300.0  # 4,000 roots past the live budget: 5 minutes
     assert poll_interval(10 * 1024 * 1024) == 600.0  # never further apart than POLL_MAX_SECS
     assert poll_interval(51_200) < poll_interval(102_400)
+    # ... and by the REQs they take: each is a subscription and one of the relay's paced starts
+    assert poll_interval(2_000, reqs=3) == 15.0  # three shapes that go alone: 5 s each
+    assert poll_interval(300 * 1024, reqs=3) == 300.0  # (the longer of the two)
+    assert poll_interval(0, reqs=500) == 600.0
+    assert poll_interval(0, reqs=0) == 5.0
 
 
 def test_filters_differing_only_in_one_tags_values_merge_within_a_budget():

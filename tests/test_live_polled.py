@@ -5,7 +5,9 @@ Found by the simulator (seed 4's year, day 244: a relay allowing 10 subscription
 members' coverage polled every 5 s for hours, ``busy_loop``)."""
 from gsync.io.manager.coverage import member_filters
 from gsync.protocol import messages as wire
+from gsync.protocol.filters import Filter
 from gsync.protocol.nip11 import RelayLimits
+from gsync.sync.policy import coverage_key
 
 from .factory import Author, announcement
 from .manager_harness import ManagerHarness
@@ -89,3 +91,34 @@ def test_coverage_polled_for_want_of_room_goes_live_once_a_refusal_frees_room(tm
     assert polls_sent(h, start + 700) == 0, "no polls once live"
 
 
+
+
+def test_a_poll_of_shapes_that_go_alone_is_spaced_by_the_reqs_it_takes(tmp_path):
+    """Seed 515's year (day 58.42, ``busy_loop``): relay5 allows 5 subscriptions, its two
+    live slots full; it had refused ``#e`` and ``#q`` once, so they go alone since, even
+    restored by their probes. Its polled thread coverage went as three REQs, each a
+    subscription and one of its paced starts; spaced by its bytes alone, it was asked every
+    5 s for the rest of the session. Spaced 5 s for every REQ it takes, it is asked at most
+    every 15 s."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(announcement(owner, "r", relays=[A]))
+    h.connect(A, limits=RelayLimits(max_subscriptions=5))
+    h.settle(A)
+    state, live = h.state(A), h.manager.live
+    for shape in ("e", "q"):  # refused once, restored by the probe: alone from then on
+        state.paused.pause(coverage_key(Filter.make(tags={shape: ["0" * 64]})), h.clock.now)
+    for key in state.paused.due_probes(float("inf")):
+        state.paused.probe_passed(key)
+    for n in range(6):  # thread members one at a time, as descendants.run opens them
+        ids = {f"{n + 1:064x}"}
+        state.current.members |= ids
+        live.open_members(state, member_filters(state, ids), fresh=True)
+    polled = state.fresh_polled.filters + state.polled.filters
+    assert {f.tags[0][0] for f in polled} == {"e", "E", "q"}, "polled, its #e and #q alone"
+    start = h.clock.now
+    for _ in range(900):  # half an hour, polls answered with nothing
+        h.advance(2)
+        h.tick()
+        h.eose_all(A)
+    reqs = polls_sent(h, start + 60)  # 29 minutes; a poll is three REQs (#E; #e; #q)
+    assert 174 <= reqs <= 351, f"{reqs} REQs: 116 polls 15 s apart take 348 (5 s apart: 870)"

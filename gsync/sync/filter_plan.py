@@ -343,15 +343,18 @@ def live_baseline(filters: Iterable[Filter], limits=None) -> int:
 # -- polled live coverage ------------------------------------------------------------------
 
 
-def poll_interval(filter_bytes: int) -> float:
+def poll_interval(filter_bytes: int, reqs: int = 1) -> float:
     """How long after one poll of live coverage that did not fit the next may start, for
-    polls whose filters serialize to ``filter_bytes``: ``POLL_SECS_PER_KIB`` a KiB of them,
-    no less than ``POLL_SECS`` and no more than ``POLL_MAX_SECS``. A poll resends every
-    filter, so a large one asked every few seconds costs a relay with nothing new megabytes
-    a minute; what it asks reaches back to the last poll, so a wider spacing loses nothing,
-    it only delays what the poll finds."""
+    polls whose filters serialize to ``filter_bytes`` and go out as ``reqs`` REQs:
+    ``POLL_SECS_PER_KIB`` a KiB of them and ``POLL_SECS`` a REQ, whichever is longer, and no
+    more than ``POLL_MAX_SECS``. A poll resends every filter, so a large one asked every few
+    seconds costs a relay with nothing new megabytes a minute; and each of its REQs is a
+    subscription opened and closed and one of the relay's paced starts, so a poll of shapes
+    that go alone (refused once) asked every 5 s took three of every five starts for the rest
+    of the session (seed 515's year, relay5: a busy loop). What it asks reaches back to the
+    last poll, so a wider spacing loses nothing, it only delays what the poll finds."""
     by_size = filter_bytes / 1024 * constants.POLL_SECS_PER_KIB
-    return min(constants.POLL_MAX_SECS, max(constants.POLL_SECS, by_size))
+    return min(constants.POLL_MAX_SECS, max(constants.POLL_SECS * max(1, reqs), by_size))
 
 
 # -- a NIP-77 query past the relay's result cap ------------------------------------------

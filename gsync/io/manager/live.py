@@ -307,7 +307,7 @@ class LiveCoverage:
             since = int(tier.cursor or now) - constants.POLL_OVERLAP_SECS
             tier.started_at = now
             tier.filters = state.paused.allowed(tier.filters)
-            every = filter_plan.poll_interval(wire.req_size("poll", tier.filters))
+            every = filter_plan.poll_interval(wire.req_size("poll", tier.filters), reqs_taken(state, tier.filters))
             if tier.filters and round(every) != round(tier.every):
                 log.info("live_coverage_poll_cadence", relay=state.url, coverage=name,
                          every_secs=round(every), filters=len(tier.filters))
@@ -375,6 +375,13 @@ class LiveCoverage:
         self.catch_up(state, wanted, int(self.clock()) - constants.RECONNECT_OVERLAP_SECS)
         log.info("consolidated", relay=state.url, live_subscriptions=len(state.current.live_subs) - 1,
                  polled_filters=len(state.polled.filters) + len(state.fresh_polled.filters))
+
+
+def reqs_taken(state: RelayState, filters) -> int:
+    """The REQs ``filters`` go out as: packed (``filter_plan.pack_into_reqs``), a shape that
+    goes alone apart (``CoveragePauses.separate``), as ``start_queue`` sends them."""
+    return sum(len(state.paused.separate(group))
+               for group in filter_plan.pack_into_reqs(filters, state.current.limits))
 
 
 def live_groups_with_room(state: RelayState, filters) -> list:
