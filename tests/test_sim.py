@@ -1119,3 +1119,45 @@ def test_a_dead_relays_daily_session_that_served_nothing_within_the_hour_is_a_fa
     assert daily_session(160, served=False)  # within the hour, nothing served: a failure
     assert not daily_session(160, served=True)  # it served for a minute: the relay works
     assert not daily_session(3700, served=False)  # as long as the backoff before it: no failure
+
+
+def test_an_id_fetch_cut_off_by_its_connection_ending_is_not_an_ask_to_the_checker():
+    """Seed 520's year (unservable_asked_again, day 294.12; the checker's mistake): relay0,
+    restarting every few minutes, advertised an id it never serves; gsync's id fetch went
+    out a millisecond before the session ended, unanswered, and was sent again on the next
+    connection. The checker took back an ask the relay closed unanswered, not one its
+    connection's end left unanswered, and counted four asks within a day where the relay
+    answered three."""
+    sim = Simulation(SimOptions(seed=4, days=0.2, faults=False, **SMALL))
+    checker, url = sim.checker, sim.world.relay_urls[0]
+    hidden = "ab" * 32
+    sessions = []
+
+    def ask(answered: bool) -> None:
+        conn = types.SimpleNamespace(relay=url, number=len(sessions) + 1000, starts=[])
+        sessions.append(conn)
+        checker.session_changed(url, 1)
+        sim.clock.now += 30
+        checker.client_frame(conn, "REQ", json.dumps(["REQ", "h1-2", {"ids": [hidden]}]))
+        if answered:
+            checker.relay_frame(conn, json.dumps(["EOSE", "h1-2"]))
+        sim.clock.now += 0.001
+        checker.session_changed(url, -1, conn)
+        sim.clock.now += 600
+
+    def asks(*answered):
+        sim.relays[url].hidden.add(hidden)
+        checker.hidden_asks.clear()
+        checker.violations.pop("unservable_asked_again", None)
+        for a in answered:
+            ask(a)
+        return "unservable_asked_again" in checker.violations
+
+    def run_asks():
+        found["cut"] = asks(False, True, True, True)  # the first cut off: three asks
+        found["answered"] = asks(True, True, True, True)  # four answered within a day: one too many
+
+    found = {}
+    sim.at(START + 0.1 * 86_400, run_asks)
+    sim.run()
+    assert found == {"cut": False, "answered": True}

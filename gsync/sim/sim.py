@@ -452,7 +452,7 @@ class Simulation:
         for number in list(self.conns):
             conn = self.conns.pop(number)
             conn.closed = True
-            self.checker.session_changed(conn.relay, -1)
+            self.checker.session_changed(conn.relay, -1, conn)
             self.relays[conn.relay].close_session(number)
         m.saved.close()
         self.checker.gsync_started_or_stopped()
@@ -704,7 +704,7 @@ class Simulation:
 
     def client_closed(self, conn: SimConnection) -> None:
         if self.conns.pop(conn.number, None) is not None:
-            self.checker.session_changed(conn.relay, -1)
+            self.checker.session_changed(conn.relay, -1, conn)
         self.relays[conn.relay].close_session(conn.number)
 
     def client_frame(self, conn: SimConnection, text: str) -> None:
@@ -798,7 +798,7 @@ class Simulation:
         for number, conn in list(self.conns.items()):
             if conn.relay == url:
                 self.conns.pop(number)
-                self.checker.session_changed(url, -1)
+                self.checker.session_changed(url, -1, conn)
                 self.relays[url].close_session(number)
                 self.at(self.clock.now + 0.001, conn._finish, "connection closed", gen=conn.gen)
 
