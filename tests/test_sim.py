@@ -424,8 +424,8 @@ def test_a_relay_that_cuts_every_session_within_a_minute_is_backed_off_to_the_ca
     cutting = sim.world.bootstrap[0]
     session_changed = sim.checker.session_changed
 
-    def cut_each_session(url, delta):
-        session_changed(url, delta)
+    def cut_each_session(url, delta, conn=None):
+        session_changed(url, delta, conn)
         if url == cutting and delta > 0 and sim.clock.now > START + 0.1 * 86_400:
             sim.at(sim.clock.now + 20, sim.relay_down, cutting, 10)
 
