@@ -52,7 +52,7 @@ MAX_OPEN_FILTER_BYTES = 768 * 1024
 MAX_LIVE_FILTER_BYTES = 512 * 1024
 # Live coverage that did not fit is asked for again this long after its last poll started,
 # at the soonest, for every REQ the poll takes (each is a subscription, and one of the
-# relay's paced starts: a poll of three shapes that go alone every 5 s took three of every
+# relay's paced starts: a poll of four filters that go alone every 5 s took four of every
 # five starts for the rest of a session, seed 515's year).
 POLL_SECS = 5.0
 # Every poll sends all of its filters again: 4,000 roots' e/E/q coverage past the live budget

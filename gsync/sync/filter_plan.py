@@ -349,8 +349,8 @@ def poll_interval(filter_bytes: int, reqs: int = 1) -> float:
     ``POLL_SECS_PER_KIB`` a KiB of them and ``POLL_SECS`` a REQ, whichever is longer, and no
     more than ``POLL_MAX_SECS``. A poll resends every filter, so a large one asked every few
     seconds costs a relay with nothing new megabytes a minute; and each of its REQs is a
-    subscription opened and closed and one of the relay's paced starts, so a poll of shapes
-    that go alone (refused once) asked every 5 s took three of every five starts for the rest
+    subscription opened and closed and one of the relay's paced starts, so a poll of filters
+    that go alone (refused once) asked every 5 s took four of every five starts for the rest
     of the session (seed 515's year, relay5: a busy loop). What it asks reaches back to the
     last poll, so a wider spacing loses nothing, it only delays what the poll finds."""
     by_size = filter_bytes / 1024 * constants.POLL_SECS_PER_KIB

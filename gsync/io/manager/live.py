@@ -12,6 +12,7 @@ from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...sync import filter_plan
 from ...sync.pending import BatchKind
+from ...sync.policy import regroup_parts
 from ...sync.relay_state import LiveSub, RelayState
 from ...sync.targets import PendingItems
 from ..inbox import HistoricSlotDue
@@ -378,10 +379,12 @@ class LiveCoverage:
 
 
 def reqs_taken(state: RelayState, filters) -> int:
-    """The REQs ``filters`` go out as: packed (``filter_plan.pack_into_reqs``), a shape that
-    goes alone apart (``CoveragePauses.separate``), as ``start_queue`` sends them."""
-    return sum(len(state.paused.separate(group))
-               for group in filter_plan.pack_into_reqs(filters, state.current.limits))
+    """The REQs ``filters`` go out as: packed (``filter_plan.pack_into_reqs``), then split
+    where a shape goes alone or stalled on this connection (``policy.regroup_parts``), as
+    ``start_queue`` sends them."""
+    session = state.current
+    return sum(len(regroup_parts(state.paused, session.stalled_shapes, group) or [group])
+               for group in filter_plan.pack_into_reqs(filters, session.limits))
 
 
 def live_groups_with_room(state: RelayState, filters) -> list:
