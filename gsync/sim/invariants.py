@@ -52,7 +52,8 @@ with the simulated day it happened and what broke.
   it is unservable here too; its daily fresh start asks again); an ask the relay leaves
   without EOSE (the ``no_eose`` fault) is not counted: the relay did not answer it, nor is
   one it closed unanswered (rate-limited, too many REQs open: sent again, it is the same ask),
-  nor one whose connection ended before its answer (the same: seed 520's year); a relay retired and listed again by the same process is counted from its return.
+  nor one whose connection ended before its answer (the same: seed 520's year); a relay
+  retired and listed again by the same process is counted from its return.
 - ``ids_judged_unserved``: gsync judged a relay not to serve by id what its NIP-77 advertises
   (``RelayState.ids_unserved_at``) while the relay served ids (its ``ids_unserved`` fault
   off for the ten minutes before): the unservable event of one id must cost the relay nothing.
