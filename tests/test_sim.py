@@ -1161,3 +1161,41 @@ def test_an_id_fetch_cut_off_by_its_connection_ending_is_not_an_ask_to_the_check
     sim.at(START + 0.1 * 86_400, run_asks)
     sim.run()
     assert found == {"cut": False, "answered": True}
+
+
+def test_a_relay_retired_and_listed_again_after_a_restart_is_judged_from_its_return():
+    """Seed 618's year (dead_dialled 20 from day 343.0088; the checker's mistake): relay3,
+    down for a week and dead to gsync, kept its dead mark through a kill and restart, was
+    retired by the new process and listed again 2 minutes later, its dead mark gone with its
+    state (as retiring does), and dialled with backoff anew. The checker counted a dial from
+    a relay's return to the table only when the same process had dialled it before; here
+    the last dial was the previous process's. A 10-minute sample's record of it now tells
+    too."""
+    sim = Simulation(SimOptions(seed=4, days=0.2, faults=False, **SMALL))
+    checker = sim.checker
+    found = {}
+
+    def dials_after(retabled: bool) -> bool:
+        m, now = sim.manager, sim.clock.now
+        url = next(iter(m.relays))
+        checker.violations.pop("dead_dialled", None)
+        checker.down_since[url] = now - 8 * 86_400  # down a week
+        checker.tabled_since[url] = now - 9 * 86_400
+        checker.dials[url] = [now - 3600]  # the previous process's last attempt
+        checker.dialled_by[url] = (sim.gen - 1, object())
+        checker.bounded()  # a sample sees this process's record of it
+        if retabled:
+            del m.relays[url]
+            m.lifecycle.register_relay(url)
+        checker.dialled(url)
+        sim.clock.now += 7
+        checker.dialled(url)
+        return "dead_dialled" in checker.violations
+
+    def run_dials():
+        found["retabled"] = dials_after(retabled=True)
+        found["kept"] = dials_after(retabled=False)  # its dead mark kept: two dials 7 s apart break it
+
+    sim.at(START + 0.1 * 86_400, run_dials)
+    sim.run()
+    assert found == {"retabled": False, "kept": True}

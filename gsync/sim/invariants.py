@@ -116,6 +116,7 @@ class Checker:
         self.down_spans: dict[str, deque[tuple[float, float]]] = {}  # (outages ended in the last 26 h)
         self.down_total: dict[str, float] = {}  # relay -> the summed length of its down_spans
         self.dialled_by: dict[str, tuple] = {}  # relay -> gsync's record of it at its last dial
+        self.sampled_by: dict[str, tuple] = {}  # relay -> gsync's record of it at the last sample
         self.unwanted_since: dict[str, float] = {}
         self.hour_messages: dict[int, int] = {}
         self.hour_actions: dict[int, int] = {}
@@ -537,11 +538,13 @@ class Checker:
             self.violation("dial_storm", f"{url}: more than {bound} handshakes within an hour "
                                          f"({len(downs)} restarts)")
         record = self._relay_state(url)
-        last = self.dialled_by.get(url)
-        if last is not None and last[0] == record[0] and last[1] is not record[1]:
-            # retired and listed again by this process since its last dial, between two of
-            # the 10-minute samples (seed 329's year, day 75.37: dropped and listed again 4 s
-            # later): its dead mark went with it, counted from its return
+        if any(seen is not None and seen[0] == record[0] and seen[1] is not record[1]
+               for seen in (self.dialled_by.get(url), self.sampled_by.get(url))):
+            # retired and listed again by this process since its last dial or since the last
+            # sample saw it, between two of the 10-minute samples (seed 329's year, day 75.37:
+            # dropped and listed again 4 s later; seed 618's, day 343.008: a process started
+            # with relay3's dead mark retired and listed it again, its last dial the previous
+            # process's): its dead mark went with it, counted from its return
             self.tabled_since[url] = now
         self.dialled_by[url] = record
         since = self.down_since.get(url)
@@ -704,6 +707,8 @@ class Checker:
             if url not in m.relays:
                 del self.tabled_since[url]
                 self.dialled_by.pop(url, None)
+        gen = self.sim.gen
+        self.sampled_by = {url: (gen, state) for url, state in m.relays.items()}
         # A relay gsync keeps nothing of (retired, or forgotten at a start that did not list
         # it): its refusals went with it, as its dead mark does (seed 94, day 1.0065: the own
         # relay lost everything; the next process forgot relay2's saved pauses, and asked #a
