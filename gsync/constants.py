@@ -214,6 +214,11 @@ DEAD_RETRY_SECS = 24 * 3600
 # long (ngit-grasp keeps such relays 12 h on a list): the usual 5 s doubling backoff spent
 # dozens of attempts and log lines a day on each.
 PERMANENT_FAILURE_PARK_SECS = 12 * 3600
+# A relay retired (no repository lists it) keeps what holds its next dial back (its failure
+# streak and dead clock, a cooldown, a park) for DEAD_RETRY_SECS after (``health.retire``),
+# so one dropped and listed again is not dialled anew as if it had never failed; at most
+# this many relays' records, the oldest retirement going first (a few hundred bytes each).
+RETIRED_HEALTH_MAX = 1000
 STABILITY_SECS = 5 * 60
 # A session that ends before it is stable continues the failure streak (SPEC §5), but one that
 # served (an EOSE or an event) for at least this long proves the relay works: the streak

@@ -651,3 +651,102 @@ def test_a_transient_failure_after_a_park_does_not_extend_it_and_a_success_clear
     t.record_failure(R, 0, permanent="tls")
     connect(t, 1)
     assert t.parked(R, 2) is None
+
+
+# -- a relay retired and listed again ---------------------------------------------------------
+
+
+def dead(t, now=0.0):
+    """``R`` failing from ``now`` until dead; the time of its last failure."""
+    fail(t, now)
+    while now < now + DAY and t.state(R, now) is not HealthState.DEAD:
+        now = t.next_attempt_at(R, now)
+        fail(t, now)
+    return now
+
+
+def test_a_dead_relay_retired_and_readmitted_within_a_day_is_still_dead():
+    t = tracker()
+    last = dead(t)
+    t.retire(R, last + 60)
+    assert t.state(R, last + 60) is HealthState.DISCONNECTED  # out of the table: nothing of it
+    t.readmit(R, last + 120)
+    assert t.state(R, last + 120) is HealthState.DEAD
+    assert t.next_attempt_at(R, last + 120) == last + DAY  # its daily attempt, not a dial at once
+
+
+def test_a_relay_readmitted_after_its_retired_record_ran_out_starts_clean():
+    t = tracker()
+    last = dead(t)
+    t.retire(R, last)
+    t.readmit(R, last + DAY + 1)
+    assert t.state(R, last + DAY + 1) is HealthState.DISCONNECTED
+    assert t.should_attempt_connection(R, last + DAY + 1)
+
+
+def test_a_rate_limited_relay_retired_and_readmitted_waits_out_its_cooldown():
+    t = tracker()
+    connect(t, 0)
+    t.record_rate_limited(R, 10, query_rate=False, at_least=H)  # a Retry-After of an hour
+    t.retire(R, 20)
+    t.readmit(R, 30 * 60)
+    assert t.is_rate_limited(R, 30 * 60)
+    assert not t.should_attempt_connection(R, 30 * 60)
+    assert t.should_attempt_connection(R, 10 + H)
+
+
+def test_a_failing_relay_keeps_its_backoff_and_dead_clock_through_retirement():
+    t = tracker()
+    fail(t, 0, times=6)  # a 160 s wait
+    t.retire(R, 1)
+    t.readmit(R, 2)
+    assert t.next_attempt_at(R, 2) == 160.0
+    assert t.failures(R, 2) == 6
+    fail(t, DAY)
+    assert t.state(R, DAY) is HealthState.DEGRADED  # failing a day, one second of it out of the table
+    fail(t, DAY + 1)
+    assert t.state(R, DAY + 1) is HealthState.DEAD
+
+
+def test_a_healthy_relay_or_one_retired_in_session_leaves_nothing_behind():
+    t = tracker()
+    connect(t, 0)
+    t.retire(R, 10)
+    assert R not in t._retired
+    fail(t, 20, times=3)
+    connect(t, 30)  # back, not yet stable: its streak would stay
+    t.retire(R, 40)  # but it was in session: it works
+    assert R not in t._retired
+    t.readmit(R, 50)
+    assert t.failures(R, 50) == 0 and t.should_attempt_connection(R, 50)
+
+
+def test_retired_records_are_bounded_and_expire(monkeypatch):
+    from gsync.sync import health
+    monkeypatch.setattr(health, "RETIRED_HEALTH_MAX", 3)
+    t = tracker()
+    for i in range(5):
+        url = f"wss://r{i}.example"
+        t.record_failure(url, i)
+        t.retire(url, i)
+    assert list(t._retired) == [f"wss://r{i}.example" for i in (2, 3, 4)]  # the oldest went
+    t.record_failure("wss://late.example", DAY + 2.5)
+    t.retire("wss://late.example", DAY + 2.5)  # those retired a day before it have run out
+    assert list(t._retired) == ["wss://r3.example", "wss://r4.example", "wss://late.example"]
+    t.readmit("wss://r4.example", DAY + 5)  # ran out: nothing comes back
+    assert t.failures("wss://r4.example", DAY + 5) == 0 and "wss://r4.example" not in t._retired
+
+
+def test_a_failing_relay_out_of_the_table_for_a_day_is_not_dead_when_readmitted():
+    """Seed 11's 30 days (neglected_relay, day 22.17): relay2 failing for five hours,
+    retired, up again while out of the table, listed again a day after it began failing.
+    Nothing dialled it meanwhile: the time out does not count toward its dead mark, its
+    backoff is over, it is dialled at once (dead, it would have waited a day)."""
+    t = tracker()
+    fail(t, 0, times=15)
+    t.retire(R, 5 * H)
+    t.readmit(R, 26 * H)
+    assert t.state(R, 26 * H) is HealthState.DEGRADED
+    assert t.should_attempt_connection(R, 26 * H)
+    fail(t, 26 * H)
+    assert t.state(R, 26 * H) is HealthState.DEGRADED  # failing 5 h of the 26, as far as gsync saw

@@ -79,3 +79,65 @@ def test_a_relay_that_accepts_and_serves_nothing_is_still_backed_off(tmp_path):
     h = ManagerHarness(tmp_path, bootstrap=[A])
     away = restarts(h, cycles=30, serves="")
     assert away and h.manager.health.backoff(h.manager.health.failures(A, h.clock.now)) >= 1280
+
+
+# -- a relay dropped by its repositories and listed again ------------------------------------
+
+
+def lists(h, *relays) -> None:
+    """The own relay shows a newer announcement of ``REPO``'s repository listing ``relays``."""
+    h.advance(1)
+    h.own_relay_holds(announcement(Author.named("u0"), "r0", relays=list(relays), created_at=int(h.clock.now)))
+
+
+def dial_refused(h, until: float, **refusal) -> list[float]:
+    """Ticks until ``until``, every dial of ``A`` failing (``HandshakeDone`` fields: a refused
+    connection by default); when ``A`` was dialled."""
+    refusal = refusal or {"error": "connection refused"}
+    dialled = []
+    while h.clock.now < until:
+        h.tick()
+        state = h.manager.relays.get(A)
+        if state is not None and state.status is ConnectionStatus.CONNECTING:
+            dialled.append(h.clock.now)
+            h.feed(HandshakeDone(A, state.attempt, **refusal))
+        due = h.manager.health.next_attempt_at(A, h.clock.now) if state is not None else 0
+        h.advance(max(TICK, min(due, until) - h.clock.now))
+    return dialled
+
+
+def test_a_dead_relay_dropped_and_listed_again_is_still_dialled_once_a_day(tmp_path):
+    """A relay down for good, dead to gsync (a day of failures), dropped by the one
+    repository listing it (retired: it leaves the table) and listed again two minutes later:
+    its dead mark comes back with it. Its next dial is its daily attempt, not a new backoff
+    from 5 s (about a dozen dials in its first hour, before)."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(REPO)
+    dial_refused(h, h.clock.now + constants.DEAD_AFTER_SECS + 2 * 3600)
+    assert h.manager.health.is_dead(A, h.clock.now)
+    lists(h)  # no relay
+    h.tick()
+    assert A not in h.manager.relays
+    h.advance(120)
+    lists(h, A)
+    back = h.clock.now
+    last = h.manager.health.next_attempt_at(A, back) - constants.DEAD_RETRY_SECS
+    dialled = dial_refused(h, back + 2 * constants.DEAD_RETRY_SECS)
+    assert dialled and dialled[0] >= last + constants.DEAD_RETRY_SECS > back + 3600, dialled[:3]
+    assert all(b - a >= constants.DEAD_RETRY_SECS for a, b in zip(dialled, dialled[1:])), dialled
+
+
+def test_a_rate_limited_relay_dropped_and_listed_again_waits_out_its_cooldown(tmp_path):
+    """A relay answering the upgrade with 429 and a Retry-After of half an hour, dropped and
+    listed again a minute later: not dialled before the half hour is over."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(REPO)
+    first = dial_refused(h, h.clock.now + 5, error="429", rate_limited=True, retry_after=1800)
+    assert len(first) == 1
+    lists(h)
+    h.tick()
+    assert A not in h.manager.relays
+    h.advance(60)
+    lists(h, A)
+    again = dial_refused(h, first[0] + 3600)
+    assert again and again[0] >= first[0] + 1800, again

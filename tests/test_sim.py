@@ -462,17 +462,17 @@ def test_a_dead_relays_daily_attempt_a_killed_gsync_had_not_saved_is_not_judged_
     assert len(dials) == 3 and dials[1] - dials[0] < 120, [(t - START) / 3600 for t in dials]  # again at once
 
 
-def test_a_dead_relay_retired_and_listed_again_between_two_samples_is_judged_from_its_return():
-    """Seed 329's year (dead_dialled x11 from day 75.37; the checker's mistake): relay5, down
-    for good, dead to gsync, was dropped by a repository and listed again 4 s later. Retired,
-    it left its failure streak and dead mark with it, and was dialled with backoff anew; the
-    checker samples gsync's table every 10 minutes, so it never saw relay5 leave, and
-    counted its dials from when it went down. A dial of a relay whose table entry this
-    process made anew since its last dial counts from its return."""
+def test_a_dead_relay_retired_and_listed_again_between_two_samples_keeps_its_dead_mark():
+    """Seed 329's year (dead_dialled x11 from day 75.37): relay5, down for good, dead to
+    gsync, was dropped by a repository and listed again 4 s later; retired, it left its dead
+    mark with it and was dialled with backoff anew (the checker, which samples gsync's table
+    every 10 minutes and never saw it leave, counted its dials from when it went down). A
+    retired relay's dead mark is kept a day now (``health.retire``): relisted, it is dialled
+    at its daily attempt, and the checker judges its dials from when it went down."""
     sim = Simulation(SimOptions(seed=4, days=3.2, faults=False, **SMALL))
     relay2 = sim.world.relay_urls[2]
     sim.faults.abandon_rng = random.Random(1)
-    listing, gone = [], []
+    listing, gone, last = [], [], []
 
     def abandoned():
         listing.extend(repo for repo in sim.world.repos if relay2 in repo.relays)
@@ -480,6 +480,7 @@ def test_a_dead_relay_retired_and_listed_again_between_two_samples_is_judged_fro
 
     def listed_again():
         gone.append(relay2 not in sim.manager.relays)
+        last.append(sim.checker.dials[relay2][-1])
         for repo in listing:
             repo.relays.append(relay2)
             sim.publish(sim.world.announce(repo, int(sim.clock.now)), list(repo.relays), own=True)
@@ -488,18 +489,27 @@ def test_a_dead_relay_retired_and_listed_again_between_two_samples_is_judged_fro
     back = START + 1.3 * 86_400 + 200  # (dead to gsync since day 1.15; samples at 10-minute marks)
     sim.at(back - 120, abandoned)
     sim.at(back, listed_again)
+    after, judged = [], []
+
+    def at_the_end():
+        after.extend(t for t in sim.checker.dials[relay2] if t >= back)  # (the last 25 h of them)
+        # and the checker judges it so: a dial now, hours after the daily one, breaks dead_dialled
+        sim.checker.dialled(relay2)
+        judged.append(sim.checker.violations.pop("dead_dialled", None) is not None)
+
+    sim.at(START + 3.19 * 86_400, at_the_end)
     _assert_clean(sim.run())
     assert listing and gone == [True]
-    dials = [t for t in sim.checker.dials[relay2] if t >= back]  # (the last 25 h of them)
-    assert dials and dials[0] - back < 60, [(t - START) / 86_400 for t in dials]  # anew, with backoff
+    assert after and after[0] - last[0] >= constants.DEAD_RETRY_SECS, [(t - START) / 86_400 for t in after]
+    assert judged == [True]
 
 
 def test_a_dead_relay_retired_and_listed_again_is_judged_from_its_return():
-    """A relay retired leaves its failure streak and dead mark with it (bounded tables): dead
-    for good, dropped by every repository listing it (retired), listed again a day later,
-    it is dialled with backoff for DEAD_AFTER_SECS before it is dead again, once a day after.
+    """A relay retired keeps its failure streak a day (bounded tables): down for good,
+    dropped by every repository listing it (retired), listed again over a day later, it is
+    dialled with backoff for DEAD_AFTER_SECS before it is dead again, once a day after.
     dead_dialled counts from its return to the table (it counted from when it went down)."""
-    sim = Simulation(SimOptions(seed=4, days=3.2, faults=False, **SMALL))
+    sim = Simulation(SimOptions(seed=4, days=3.3, faults=False, **SMALL))
     relay2 = sim.world.relay_urls[2]
     sim.faults.abandon_rng = random.Random(1)
     listing = []
@@ -510,7 +520,7 @@ def test_a_dead_relay_retired_and_listed_again_is_judged_from_its_return():
 
     sim.at(START + 0.1 * 86_400, sim.relay_down, relay2, None)
     sim.at(START + 0.2 * 86_400, abandoned)
-    back = START + 1.2 * 86_400
+    back = START + 1.3 * 86_400
 
     def listed_again():
         assert relay2 not in sim.manager.relays
@@ -1163,39 +1173,43 @@ def test_an_id_fetch_cut_off_by_its_connection_ending_is_not_an_ask_to_the_check
     assert found == {"cut": False, "answered": True}
 
 
-def test_a_relay_retired_and_listed_again_after_a_restart_is_judged_from_its_return():
-    """Seed 618's year (dead_dialled 20 from day 343.0088; the checker's mistake): relay3,
-    down for a week and dead to gsync, kept its dead mark through a kill and restart, was
-    retired by the new process and listed again 2 minutes later, its dead mark gone with its
-    state (as retiring does), and dialled with backoff anew. The checker counted a dial from
-    a relay's return to the table only when the same process had dialled it before; here
-    the last dial was the previous process's. A 10-minute sample's record of it now tells
-    too."""
+def test_a_dead_relay_retired_and_listed_again_after_a_restart_keeps_its_dead_mark():
+    """Seed 618's year (dead_dialled 20 from day 343.0088): relay3, down for a week and dead
+    to gsync, kept its dead mark through a kill and restart, was retired by the new process
+    and listed again 2 minutes later, its dead mark gone with its state, and dialled with
+    backoff anew. (The checker was taught then to count from its return; a retired relay
+    keeps its dead mark a day now, ``health.retire``.) The new process keeps it through the
+    retirement, and the checker holds it to that: two dials 7 s apart break dead_dialled,
+    whether the last sample saw the old record or none of this process did."""
     sim = Simulation(SimOptions(seed=4, days=0.2, faults=False, **SMALL))
     checker = sim.checker
     found = {}
 
-    def dials_after(retabled: bool) -> bool:
+    def dials_after(sampled: bool) -> tuple:
         m, now = sim.manager, sim.clock.now
         url = next(iter(m.relays))
         checker.violations.pop("dead_dialled", None)
         checker.down_since[url] = now - 8 * 86_400  # down a week
         checker.tabled_since[url] = now - 9 * 86_400
         checker.dials[url] = [now - 3600]  # the previous process's last attempt
-        checker.dialled_by[url] = (sim.gen - 1, object())
-        checker.bounded()  # a sample sees this process's record of it
-        if retabled:
-            del m.relays[url]
-            m.lifecycle.register_relay(url)
+        checker.sighted[url] = (sim.gen - 1, object(), now - 3600)
+        m.health.restore(url, {"failures": 40, "first_failure_at": now - 8 * 86_400, "last_failure_at": now - 3600})
+        m.health._relays[url].connected = False  # (up in this world: as the restarted process found relay3)
+        if sampled:
+            checker.bounded()  # a sample sees this process's record of it
+        m.health.retire(url, now)  # as ``retire_unwanted_relays`` does
+        del m.relays[url]
+        m.lifecycle.register_relay(url)
+        dead = m.health.is_dead(url, now) and m.health.next_attempt_at(url, now) == now - 3600 + 86_400
         checker.dialled(url)
         sim.clock.now += 7
         checker.dialled(url)
-        return "dead_dialled" in checker.violations
+        return dead, "dead_dialled" in checker.violations
 
     def run_dials():
-        found["retabled"] = dials_after(retabled=True)
-        found["kept"] = dials_after(retabled=False)  # its dead mark kept: two dials 7 s apart break it
+        found["sampled"] = dials_after(sampled=True)
+        found["unsampled"] = dials_after(sampled=False)
 
     sim.at(START + 0.1 * 86_400, run_dials)
     sim.run()
-    assert found == {"retabled": False, "kept": True}
+    assert found == {"sampled": (True, True), "unsampled": (True, True)}

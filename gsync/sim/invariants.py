@@ -115,8 +115,8 @@ class Checker:
         self.down_since: dict[str, float] = {}
         self.down_spans: dict[str, deque[tuple[float, float]]] = {}  # (outages ended in the last 26 h)
         self.down_total: dict[str, float] = {}  # relay -> the summed length of its down_spans
-        self.dialled_by: dict[str, tuple] = {}  # relay -> gsync's record of it at its last dial
-        self.sampled_by: dict[str, tuple] = {}  # relay -> gsync's record of it at the last sample
+        # relay -> (process, gsync's record of it, when) at its last dial or sample
+        self.sighted: dict[str, tuple] = {}
         self.unwanted_since: dict[str, float] = {}
         self.hour_messages: dict[int, int] = {}
         self.hour_actions: dict[int, int] = {}
@@ -537,16 +537,7 @@ class Checker:
         if len(times) - bisect_left(times, True, key=lambda t: now - t <= HOUR) > bound:
             self.violation("dial_storm", f"{url}: more than {bound} handshakes within an hour "
                                          f"({len(downs)} restarts)")
-        record = self._relay_state(url)
-        if any(seen is not None and seen[0] == record[0] and seen[1] is not record[1]
-               for seen in (self.dialled_by.get(url), self.sampled_by.get(url))):
-            # retired and listed again by this process since its last dial or since the last
-            # sample saw it, between two of the 10-minute samples (seed 329's year, day 75.37:
-            # dropped and listed again 4 s later; seed 618's, day 343.008: a process started
-            # with relay3's dead mark retired and listed it again, its last dial the previous
-            # process's): its dead mark went with it, counted from its return
-            self.tabled_since[url] = now
-        self.dialled_by[url] = record
+        self._sighted(url, *self._relay_state(url))
         since = self.down_since.get(url)
         if since is not None:  # (a relay retired forgets its dead mark: counted from its return to the table)
             since = max(since, self.tabled_since.setdefault(url, now))
@@ -559,6 +550,38 @@ class Checker:
             if earlier and now - earlier[-1] < constants.DEAD_RETRY_SECS - HOUR:
                 self.violation("dead_dialled", f"{url}: dialled {now - earlier[-1]:.0f}s after the last attempt, "
                                                f"down for {(now - since) / HOUR:.1f} h")
+
+    def _sighted(self, url: str, gen: int, state) -> None:
+        """A dial or a sample shows gsync's record of ``url``. A record other than the one
+        last seen in this process: retired and listed again in between (seed 329's year, day
+        75.37: dropped and listed again 4 s later, between two samples; seed 618's, day
+        343.008: a process started with relay3's dead mark retired and listed it again).
+        Unless its dead mark was kept (``_dead_mark_kept``), its dials count from its return."""
+        now = self.sim.clock.now
+        seen = self.sighted.get(url)
+        if (seen is not None and seen[0] == gen and seen[1] is not state
+                and not self._dead_mark_kept(url, seen[2])):
+            self.tabled_since.pop(url, None)  # (set again at its next dial)
+        self.sighted[url] = (gen, state, now)
+
+    def _dead_mark_kept(self, url: str, seen_at: float | None = None) -> bool:
+        """Was ``url``, retired by this process after ``seen_at`` (the last time its table
+        held it: its last dial or sample), dead to gsync then, and is that within the day a
+        retired relay's dead mark is kept (``health.retire``)? Then its dials go on being
+        judged from when it went down, not from its return (seed 329's year, day 75.37:
+        relay5, dead, dropped and listed again 4 s later, was dialled with backoff anew
+        before gsync kept the mark)."""
+        now = self.sim.clock.now
+        if seen_at is None:
+            seen = self.sighted.get(url)
+            if seen is None or seen[0] != self.sim.gen:
+                return False
+            seen_at = seen[2]
+        since = self.down_since.get(url)
+        if since is None or now - seen_at >= constants.DEAD_RETRY_SECS - HOUR:
+            return False
+        since = max(since, self.tabled_since.get(url, seen_at))
+        return seen_at > since + constants.DEAD_AFTER_SECS + self.sim.manager.config.sync.max_backoff_secs + HOUR
 
     # -- periodic -------------------------------------------------------------------------
 
@@ -703,12 +726,14 @@ class Checker:
         for url in list(self.unwanted_since):
             if url not in m.relays:
                 del self.unwanted_since[url]
-        for url in list(self.tabled_since):
-            if url not in m.relays:
-                del self.tabled_since[url]
-                self.dialled_by.pop(url, None)
         gen = self.sim.gen
-        self.sampled_by = {url: (gen, state) for url, state in m.relays.items()}
+        for url, state in m.relays.items():
+            self._sighted(url, gen, state)
+        for url in list(self.tabled_since):
+            if url not in m.relays and not (url in m.health._retired and self._dead_mark_kept(url)):
+                # retired (and its dead mark not kept), or forgotten by a new process
+                del self.tabled_since[url]
+                self.sighted.pop(url, None)
         # A relay gsync keeps nothing of (retired, or forgotten at a start that did not list
         # it): its refusals went with it, as its dead mark does (seed 94, day 1.0065: the own
         # relay lost everything; the next process forgot relay2's saved pauses, and asked #a

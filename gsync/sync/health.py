@@ -34,6 +34,7 @@ from ..constants import (
     RATE_LIMIT_COOLDOWN_SECS,
     REACTIVE_GATE_MAX_SECS,
     REACTIVE_GATE_START_SECS,
+    RETIRED_HEALTH_MAX,
     STABILITY_SECS,
 )
 from ..protocol.messages import is_filter_shape_refusal, is_rate_limit_text
@@ -194,6 +195,9 @@ class RelayHealthTracker:
         self.max_backoff = max_backoff
         self.proactive_gap = proactive_gap
         self._relays: dict[str, _RelayHealth] = {}
+        # Relays retired with a record that still holds their next dial back (``retire``):
+        # url -> (kept until, the record, retired at, dead then), oldest retirement first
+        self._retired: dict[str, tuple[float, _RelayHealth, float, bool]] = {}
 
     def _get(self, relay: str) -> _RelayHealth:
         h = self._relays.get(relay)
@@ -208,8 +212,50 @@ class RelayHealthTracker:
         if h.cooldown_until is not None and now >= h.cooldown_until:
             h.cooldown_until, h.probing = None, True
 
-    def forget(self, relay: str) -> None:
-        self._relays.pop(relay, None)
+    def retire(self, relay: str, now: float) -> None:
+        """``relay`` leaves the table (no repository lists it). What holds its next dial
+        back goes with it only after a while: a failure streak (and its dead clock), a
+        cooldown, a park, a misbehaviour streak are kept ``DEAD_RETRY_SECS`` (at least to
+        the cooldown's or park's end), so a relay dropped and listed again (an announcement
+        edited back, a repository moved) is dialled as it would have been had it stayed: a
+        dead relay once a day, a rate-limited one after its cooldown, a failing one after
+        its backoff (the time out of the table, when nothing dialled it, does not count
+        toward its dead mark: ``readmit``). At most
+        ``RETIRED_HEALTH_MAX`` relays are kept, the oldest retirement going first; a record
+        with nothing to hold back is not kept."""
+        h = self._relays.pop(relay, None)
+        self._retired.pop(relay, None)
+        if h is None:
+            return
+        self._settle(h, now)
+        if h.connected:  # in session when retired: it works, whatever streak it had
+            h.failures, h.first_failure_at, h.last_failure_at = 0, None, None
+        if not (h.failures or h.cooldown_until is not None or h.parked_until is not None
+                or h.misbehaviour_streak):
+            return
+        kept = _RelayHealth(
+            failures=h.failures, first_failure_at=h.first_failure_at, last_failure_at=h.last_failure_at,
+            misbehaviour_streak=h.misbehaviour_streak, parked_until=h.parked_until,
+            parked_reason=h.parked_reason, cooldown_until=h.cooldown_until, probing=h.probing,
+        )
+        until = max(now + DEAD_RETRY_SECS, h.cooldown_until or 0.0, h.parked_until or 0.0)
+        self._retired[relay] = (until, kept, now, self._is_dead(h, now))
+        for url, (expires, *_) in list(self._retired.items()):
+            if expires > now and len(self._retired) <= RETIRED_HEALTH_MAX:
+                break
+            del self._retired[url]
+
+    def readmit(self, relay: str, now: float) -> None:
+        """``relay`` is registered again: what ``retire`` kept of it, if it is still kept."""
+        entry = self._retired.pop(relay, None)
+        if entry is None or entry[0] <= now:
+            return
+        _, h, retired_at, was_dead = entry
+        if not was_dead and h.first_failure_at is not None:
+            # No dial tried it while it was out of the table: its dead clock stood still
+            # (a relay failing an hour, retired, listed again a day later is not dead).
+            h.first_failure_at += now - retired_at
+        self._relays[relay] = h  # (over any record a read made meanwhile)
 
     def snapshot(self, relay: str, fields) -> dict:
         """The named fields of ``relay``'s record (what outlives the process: ``sync.memory``)."""

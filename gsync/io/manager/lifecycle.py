@@ -101,6 +101,7 @@ class RelayLifecycle:
                 return RelayState(url, refused_reason="relay cap")
             state = self.relays[url] = RelayState(url)
             state.received_metric = metrics.EVENTS_RECEIVED.labels(url)
+            self.health.readmit(url, self.clock())  # what its retirement kept, if it was retired
             self.saved.restore(state, self.health)  # what an earlier process learnt of it
             log.info("relay_registered", relay=url)
         return state
@@ -144,7 +145,7 @@ class RelayLifecycle:
             move_status(state, Fact.RETIRED)
             self.end_session(state)
             del self.relays[state.url]
-            self.health.forget(state.url)
+            self.health.retire(state.url, self.clock())  # (what holds its next dial back stays a while)
             self.recovery.forget(state.url)
             self.saved.forget(state.url)
             metrics.forget_relay(state.url)
