@@ -124,7 +124,7 @@ def test_a_dead_relay_dropped_and_listed_again_is_still_dialled_once_a_day(tmp_p
     last = h.manager.health.next_attempt_at(A, back) - constants.DEAD_RETRY_SECS
     dialled = dial_refused(h, back + 2 * constants.DEAD_RETRY_SECS)
     assert dialled and dialled[0] >= last + constants.DEAD_RETRY_SECS > back + 3600, dialled[:3]
-    assert all(b - a >= constants.DEAD_RETRY_SECS for a, b in zip(dialled, dialled[1:])), dialled
+    assert all(b - a >= constants.DEAD_RETRY_SECS for a, b in zip(dialled, dialled[1:], strict=False)), dialled
 
 
 def test_a_rate_limited_relay_dropped_and_listed_again_waits_out_its_cooldown(tmp_path):

@@ -15,8 +15,10 @@ with the simulated day it happened and what broke.
   it went down in that hour); ``dead_dialled``: a
   relay down for more than DEAD_AFTER_SECS + max backoff dialled twice within
   DEAD_RETRY_SECS (less an hour of slack); counted from its first dial since it entered gsync's
-  table (a relay retired leaves its dead mark with it: sampled every 10 minutes; one a process
-  forgets when ready, no repository listing it then, as it forgets it: ``forgotten``); a dial a
+  table (a relay retired keeps its dead mark a day, ``health.retire``: one dead when a dial or
+  a 10-minute sample last saw it, listed again by the same process within the day, is still
+  judged from when it went down; one not dead then, or out longer, or forgotten by a process
+  when ready, no repository listing it then (``forgotten``), from its return); a dial a
   killed gsync had not saved yet is not counted (the next process cannot know it).
 - ``relay_table``: a relay in gsync's relay table that no announcement the own relay holds
   lists (and is not bootstrap) for more than an hour (a day after the own relay lost data:
