@@ -1217,3 +1217,48 @@ def test_a_dead_relay_retired_and_listed_again_after_a_restart_keeps_its_dead_ma
     sim.at(START + 0.1 * 86_400, run_dials)
     sim.run()
     assert found == {"sampled": (True, True), "unsampled": (True, True)}
+
+
+def test_a_dead_relay_retired_by_one_process_and_listed_again_by_the_next_is_judged_from_its_return():
+    """Seed 80's 60 days (dead_dialled 20 from day 44.79; the checker's mistake): relay5,
+    dead a month, retired at day 44.21 with its dead mark kept in memory (``health.retire``);
+    gsync was killed 14 hours later, and the next process, its saved rows of relay5 gone
+    with the retirement, listed it again at once and dialled it with backoff anew. A retired
+    relay's record lives in the process that retired it: the checker counts the dials of a
+    relay retired by another process from its return; by the same process, from when it
+    went down."""
+    sim = Simulation(SimOptions(seed=4, days=0.2, faults=False, **SMALL))
+    checker = sim.checker
+    found = {}
+
+    def dials_after(new_process: bool) -> bool:
+        m, now = sim.manager, sim.clock.now
+        url = next(iter(m.relays))
+        checker.violations.pop("dead_dialled", None)
+        checker.down_since[url] = now - 30 * 86_400  # down a month
+        checker.tabled_since[url] = now - 31 * 86_400
+        checker.dials[url] = [now - 3600]
+        m.health.restore(url, {"failures": 60, "first_failure_at": now - 30 * 86_400, "last_failure_at": now - 3600})
+        m.health._relays[url].connected = False  # (up in this world)
+        checker.bounded()  # sighted in the table
+        m.health.retire(url, now)
+        state = m.relays.pop(url)
+        checker.bounded()  # sighted retired, its dead mark kept
+        assert url in checker.tabled_since and checker.retired_in[url] == sim.gen
+        if new_process:
+            sim.gen += 1  # (the next process: nothing of the retired record)
+            m.health._retired.clear()
+        m.lifecycle.register_relay(url)
+        assert m.relays[url] is not state
+        checker.dialled(url)
+        sim.clock.now += 7
+        checker.dialled(url)
+        return "dead_dialled" in checker.violations
+
+    def run_dials():
+        found["same"] = dials_after(new_process=False)
+        found["next"] = dials_after(new_process=True)
+
+    sim.at(START + 0.1 * 86_400, run_dials)
+    sim.run()
+    assert found == {"same": True, "next": False}

@@ -119,6 +119,8 @@ class Checker:
         self.down_total: dict[str, float] = {}  # relay -> the summed length of its down_spans
         # relay -> (process, gsync's record of it, when) at its last dial or sample
         self.sighted: dict[str, tuple] = {}
+        # relay -> the process a sample found it retired by, its dead mark kept (in memory)
+        self.retired_in: dict[str, int] = {}
         self.unwanted_since: dict[str, float] = {}
         self.hour_messages: dict[int, int] = {}
         self.hour_actions: dict[int, int] = {}
@@ -561,9 +563,13 @@ class Checker:
         Unless its dead mark was kept (``_dead_mark_kept``), its dials count from its return."""
         now = self.sim.clock.now
         seen = self.sighted.get(url)
-        if (seen is not None and seen[0] == gen and seen[1] is not state
-                and not self._dead_mark_kept(url, seen[2])):
+        if seen is not None and seen[1] is not state and (
+                (seen[0] == gen and not self._dead_mark_kept(url, seen[2]))
+                or self.retired_in.pop(url, gen) != gen):
+            # (a process that retired it kept its dead mark in memory, not on disk: a process
+            # started since knows nothing of it: seed 80's 60 days, day 44.79)
             self.tabled_since.pop(url, None)  # (set again at its next dial)
+        self.retired_in.pop(url, None)
         self.sighted[url] = (gen, state, now)
 
     def _dead_mark_kept(self, url: str, seen_at: float | None = None) -> bool:
@@ -732,10 +738,14 @@ class Checker:
         for url, state in m.relays.items():
             self._sighted(url, gen, state)
         for url in list(self.tabled_since):
-            if url not in m.relays and not (url in m.health._retired and self._dead_mark_kept(url)):
-                # retired (and its dead mark not kept), or forgotten by a new process
+            if url in m.relays:
+                continue
+            if url in m.health._retired and self._dead_mark_kept(url):
+                self.retired_in[url] = gen  # (its dead mark kept by this process only)
+            else:  # retired (its dead mark not kept), or forgotten by a new process
                 del self.tabled_since[url]
                 self.sighted.pop(url, None)
+                self.retired_in.pop(url, None)
         # A relay gsync keeps nothing of (retired, or forgotten at a start that did not list
         # it): its refusals went with it, as its dead mark does (seed 94, day 1.0065: the own
         # relay lost everything; the next process forgot relay2's saved pauses, and asked #a
