@@ -61,13 +61,18 @@ class Event:
     # (tags, content) as JSON, kept from the id check so delivery does not encode them again
     _json_parts: tuple[str, str] | None = field(default=None, compare=False, repr=False, hash=False)
 
-    def tag_index(self) -> dict[str, set[str]]:
+    def tag_index(self) -> dict[str, tuple[str, ...]]:
+        """Each tag name's values, in order (a value twice is there twice). Tuples, not sets:
+        an event waits in the delivery backlog with its index built, and a set of one value
+        is 216 B where a tuple is 56 (a state event of five refs: 2.3 KB of index against
+        0.9)."""
         index = self._tag_index
         if index is None:
-            index = {}
+            values: dict[str, list[str]] = {}
             for t in self.tags:
                 if len(t) >= 2:
-                    index.setdefault(t[0], set()).add(t[1])
+                    values.setdefault(t[0], []).append(t[1])
+            index = {name: tuple(v) for name, v in values.items()}
             object.__setattr__(self, "_tag_index", index)
         return index
 
