@@ -1262,3 +1262,32 @@ def test_a_dead_relay_retired_by_one_process_and_listed_again_by_the_next_is_jud
     sim.at(START + 0.1 * 86_400, run_dials)
     sim.run()
     assert found == {"same": True, "next": False}
+
+
+def test_an_event_refused_is_offered_again_once_its_rejected_entry_expired(tmp_path):
+    """Seed 64's 60 days (left_behind from day 59.04): the own relay, emptied by a restart,
+    refused a comment (``blocked:`` its root missing); the root came back seven days later.
+    The comment's rejected entry expired meanwhile (REJECTED_COLD_SECS), but its id stayed
+    in ``seen``, as if delivered: every copy relay1 sent after was dropped as known. A
+    refused event is kept out by the rejected index alone: once its entry is gone, the next
+    copy goes to the own relay again."""
+    h = ManagerHarness(tmp_path)
+    owner = Author.named("u0")
+    repo = announcement(owner, "r0", relays=[A])
+    bug = issue(Author.named("bob"), repo)
+    reply = comment(Author.named("alice"), bug)
+    h.own_relay_holds(repo, bug)
+    h.connect(A)
+    sub = next(iter(h.conn(A).subscriptions))
+    h.relay_sends(A, sub, reply)
+    assert h.manager.delivery.is_tracked(reply.id)
+    h.manager.delivery._finish(reply, "rejected", "blocked: not an event of a repository hosted here")
+    h.feed(h.manager.queue.get_nowait())  # (the lane's answer: DeliveryAnswered)
+    assert reply.id in h.manager.rejected
+    h.relay_sends(A, sub, reply)  # a copy while the refusal stands: kept out
+    assert not h.manager.delivery.is_tracked(reply.id)
+    h.advance(constants.REJECTED_COLD_SECS + constants.MAINTENANCE_TICK_SECS)
+    h.tick()
+    assert reply.id not in h.manager.rejected  # expired
+    h.relay_sends(A, sub, reply)
+    assert h.manager.delivery.is_tracked(reply.id)  # offered again
