@@ -1177,6 +1177,21 @@ def test_an_id_fetch_cut_off_by_its_connection_ending_is_not_an_ask_to_the_check
     assert found == {"cut": False, "answered": True}
 
 
+def _dead_to_both(sim, days_down: float) -> str:
+    """A relay of the running world (up in it), down ``days_down`` to the checker and dead to
+    gsync (failing since, its last attempt an hour ago); its dead_dialled breaches so far
+    cleared. Its URL."""
+    m, now, checker = sim.manager, sim.clock.now, sim.checker
+    url = next(iter(m.relays))
+    checker.violations.pop("dead_dialled", None)
+    checker.down_since[url] = now - days_down * 86_400
+    checker.tabled_since[url] = now - (days_down + 1) * 86_400
+    checker.dials[url] = [now - 3600]
+    m.health.restore(url, {"failures": 60, "first_failure_at": now - days_down * 86_400, "last_failure_at": now - 3600})
+    m.health._relays[url].connected = False  # (up in this world: as a dead relay's record says)
+    return url
+
+
 def test_a_dead_relay_retired_and_listed_again_after_a_restart_keeps_its_dead_mark():
     """Seed 618's year (dead_dialled 20 from day 343.0088): relay3, down for a week and dead
     to gsync, kept its dead mark through a kill and restart, was retired by the new process
@@ -1191,14 +1206,8 @@ def test_a_dead_relay_retired_and_listed_again_after_a_restart_keeps_its_dead_ma
 
     def dials_after(sampled: bool) -> tuple:
         m, now = sim.manager, sim.clock.now
-        url = next(iter(m.relays))
-        checker.violations.pop("dead_dialled", None)
-        checker.down_since[url] = now - 8 * 86_400  # down a week
-        checker.tabled_since[url] = now - 9 * 86_400
-        checker.dials[url] = [now - 3600]  # the previous process's last attempt
-        checker.sighted[url] = (sim.gen - 1, object(), now - 3600)
-        m.health.restore(url, {"failures": 40, "first_failure_at": now - 8 * 86_400, "last_failure_at": now - 3600})
-        m.health._relays[url].connected = False  # (up in this world: as the restarted process found relay3)
+        url = _dead_to_both(sim, days_down=8)  # down a week
+        checker.sighted[url] = (sim.gen - 1, object(), now - 3600)  # the previous process's last attempt
         if sampled:
             checker.bounded()  # a sample sees this process's record of it
         m.health.retire(url, now)  # as ``retire_unwanted_relays`` does
@@ -1233,13 +1242,7 @@ def test_a_dead_relay_retired_by_one_process_and_listed_again_by_the_next_is_jud
 
     def dials_after(new_process: bool) -> bool:
         m, now = sim.manager, sim.clock.now
-        url = next(iter(m.relays))
-        checker.violations.pop("dead_dialled", None)
-        checker.down_since[url] = now - 30 * 86_400  # down a month
-        checker.tabled_since[url] = now - 31 * 86_400
-        checker.dials[url] = [now - 3600]
-        m.health.restore(url, {"failures": 60, "first_failure_at": now - 30 * 86_400, "last_failure_at": now - 3600})
-        m.health._relays[url].connected = False  # (up in this world)
+        url = _dead_to_both(sim, days_down=30)  # down a month
         checker.bounded()  # sighted in the table
         m.health.retire(url, now)
         state = m.relays.pop(url)
