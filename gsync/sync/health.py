@@ -245,17 +245,19 @@ class RelayHealthTracker:
                 break
             del self._retired[url]
 
-    def readmit(self, relay: str, now: float) -> None:
-        """``relay`` is registered again: what ``retire`` kept of it, if it is still kept."""
+    def readmit(self, relay: str, now: float) -> bool:
+        """``relay`` is registered again: what ``retire`` kept of it, if it is still kept
+        (True then)."""
         entry = self._retired.pop(relay, None)
         if entry is None or entry[0] <= now:
-            return
+            return False
         _, h, retired_at, was_dead = entry
         if not was_dead and h.first_failure_at is not None:
             # No dial tried it while it was out of the table: its dead clock stood still
             # (a relay failing an hour, retired, listed again a day later is not dead).
             h.first_failure_at += now - retired_at
         self._relays[relay] = h  # (over any record a read made meanwhile)
+        return True
 
     def snapshot(self, relay: str, fields) -> dict:
         """The named fields of ``relay``'s record (what outlives the process: ``sync.memory``)."""

@@ -101,7 +101,11 @@ class RelayLifecycle:
                 return RelayState(url, refused_reason="relay cap")
             state = self.relays[url] = RelayState(url)
             state.received_metric = metrics.EVENTS_RECEIVED.labels(url)
-            self.health.readmit(url, self.clock())  # what its retirement kept, if it was retired
+            now = self.clock()
+            if self.health.readmit(url, now):  # retired lately: what holds its next dial back
+                log.info("relay_health_kept", relay=url, failures=self.health.failures(url, now),
+                         dead=self.health.is_dead(url, now),
+                         next_dial_secs=round(self.health.next_attempt_at(url, now) - now))
             self.saved.restore(state, self.health)  # what an earlier process learnt of it
             log.info("relay_registered", relay=url)
         return state
