@@ -1294,3 +1294,32 @@ def test_an_event_refused_is_offered_again_once_its_rejected_entry_expired(tmp_p
     assert reply.id not in h.manager.rejected  # expired
     h.relay_sends(A, sub, reply)
     assert h.manager.delivery.is_tracked(reply.id)  # offered again
+
+
+def test_a_refusal_whose_pause_came_after_the_last_save_is_not_held_against_the_next_process():
+    """Seed 169's 60 days (refused_asked_again 3 at day 53.198; the checker's mistake):
+    relay5 refused a REQ over #e 0.5 s before a save; gsync tried the REQ's shapes one by
+    one and paused #e 4 s after it, and was killed a minute later, before its next save.
+    The next process could not know the pause and asked #e in its first REQs. What a killed
+    process holds against a relay is what its last save wrote: a refusal it read before that
+    save counts on only if the save held its pause."""
+    sim = Simulation(SimOptions(seed=4, days=0.2, faults=False, **SMALL))
+    checker = sim.checker
+    found = {}
+
+    def killed_with(saved_paused: list) -> bool:
+        m, now = sim.manager, sim.clock.now
+        url = next(iter(m.relays))
+        checker.refused_at[url] = {"e": [now - 60, 0]}
+        checker.refused_by[(url, "e")] = checker._relay_state(url)
+        m.saved._saved_records[url] = {"paused": saved_paused}
+        checker.gsync_killed(saved_at=now - 30)  # (the refusal read before that save)
+        return "e" in checker.refused_at.get(url, {})
+
+    def run_kills():
+        found["unsaved"] = killed_with([])
+        found["saved"] = killed_with([((None, ("e",)), 0)])
+
+    sim.at(START + 0.1 * 86_400, run_kills)
+    sim.run()
+    assert found == {"unsaved": False, "saved": True}

@@ -45,9 +45,10 @@ with the simulated day it happened and what broke.
   it again more than twice within POLICY_PROBE_SECS after gsync read the refusal (a relay
   retired or forgotten meanwhile forgets it, as it does its dead mark: counted from its
   return (a relay out of gsync's table and saved memory at a 10-minute sample); a
-  refusal read after a killed gsync's last save is not counted against the next process,
-  which cannot know it, as ``dead_dialled`` does not count unsaved dials; nor is one the
-  process held no pause of when it ended: it had no verdict on it yet).
+  refusal a killed gsync's last save did not hold the pause of (read after it, or its verdict
+  came after it) is not counted against the next process, which cannot know it, as
+  ``dead_dialled`` does not count unsaved dials; nor is one the process held no pause of
+  when it ended: it had no verdict on it yet).
 - ``unservable_asked_again``: an id a relay advertises and never serves (the ``hidden``
   fault) asked of it by id more than UNSERVABLE_ASKS times within a day of one gsync run (once
   at first, once by its recovery; once when another relay found it unservable, after which
@@ -199,8 +200,12 @@ class Checker:
         to write; the next process's first REQs asked #e packed, counted as asks 2 to 6 of
         the refusal the last one read). What it paused is
         judged on: a restart restores it (unless killed before a save: ``gsync_killed``)."""
+        self._keep_paused(self._paused_tags)
+
+    def _keep_paused(self, paused_tags) -> None:
+        """Forget the refusals whose tag ``paused_tags(url)`` does not name."""
         for url, refused in list(self.refused_at.items()):
-            paused = self._paused_tags(url)
+            paused = paused_tags(url)
             for key in [key for key in refused if key not in paused]:
                 del refused[key]
                 self.refused_by.pop((url, key), None)
@@ -214,7 +219,13 @@ class Checker:
         state = m.relays.get(url)
         if state is not None:
             return {name for key in state.paused.keys() for name in key[1]}
-        record = m.saved._memories.get(url) or {}
+        return self._saved_paused_tags(url)
+
+    def _saved_paused_tags(self, url: str) -> set[str]:
+        """The tag names of the shapes paused on ``url`` in what gsync last wrote of it (or
+        read of it at its start and has not registered since)."""
+        saved = self.sim.manager.saved
+        record = saved._saved_records.get(url) or saved._memories.get(url) or {}
         return {name for key, _ in record.get("paused") or () for name in key[1]}
 
     def gsync_killed(self, saved_at: float | None) -> None:
@@ -232,6 +243,11 @@ class Checker:
         # idle ticks, gsync killed 288 s later, before the next tick saved the pause); its
         # own read of the refusal opens the probe period anew
         self._drop_refusals(lambda url, read_at: read_at > cut)
+        # and a pause decided after that save, though the refusal was read before it: the
+        # refused REQ's shapes tried one by one first (seed 169's 60 days, day 53.198:
+        # relay5's #e refusal read 0.5 s before a save, its verdict 4 s after; killed a
+        # minute later, the next process asked #e three times in its first REQs)
+        self._keep_paused(self._saved_paused_tags)
 
     def relay_went_down(self, url: str) -> None:
         self.account(url)
