@@ -29,7 +29,7 @@ with the simulated day it happened and what broke.
   lost everything; seed 6's year, where the process running was started after a loss took
   the newest, and was shown the older one);
   ``metric_labels``: a per-relay metric
-  series for a relay not in the table; ``table_bound``: seen, rejected, held, recovery
+  series for a relay not in the table; ``table_bound``: seen, rejected, held, recovery, health (retired relays too)
   tables past a bound computed from the world.
 - ``neglected_relay``: over a window of NEGLECT_WINDOW_SECS, a relay gsync should sync
   from was up (while gsync ran and it was wanted, as sampled every 10 minutes) for at least
@@ -783,6 +783,7 @@ class Checker:
                   ("own_held", len(m.own_held), constants.OWN_HELD_MAX_EVENTS + world_events),
                   ("recovery_ids", len(m.recovery._owners), world_events),
                   ("health", len(m.health._relays), len(self.sim.relays)),
+                  ("health_retired", len(m.health._retired), len(self.sim.relays)),
                   ("claims", len(m.claims), world_events), ("lead", len(m.lead), world_events)]
         for name, size, bound in bounds:
             if size > bound:
