@@ -1272,8 +1272,8 @@ def test_an_event_refused_is_offered_again_once_its_rejected_entry_expired(tmp_p
     refused a comment (``blocked:`` its root missing); the root came back seven days later.
     The comment's rejected entry expired meanwhile (REJECTED_COLD_SECS), but its id stayed
     in ``seen``, as if delivered: every copy relay1 sent after was dropped as known. A
-    refused event is kept out by the rejected index alone: once its entry is gone, the next
-    copy goes to the own relay again."""
+    refused event whose entry expired leaves ``seen`` too: the next copy goes to the own
+    relay again (``RejectedIndex.expire`` says which left)."""
     h = ManagerHarness(tmp_path)
     owner = Author.named("u0")
     repo = announcement(owner, "r0", relays=[A])
@@ -1294,6 +1294,28 @@ def test_an_event_refused_is_offered_again_once_its_rejected_entry_expired(tmp_p
     assert reply.id not in h.manager.rejected  # expired
     h.relay_sends(A, sub, reply)
     assert h.manager.delivery.is_tracked(reply.id)  # offered again
+
+
+def test_an_event_refused_and_pushed_out_of_a_full_rejected_index_is_still_kept_out(tmp_path):
+    """The index holds REJECTED_MAX_ENTRIES; past it the oldest refusal makes room. That
+    event stays in ``seen`` (as long as seen holds it): a relay with more refused events than
+    the index holds does not have them offered to the own relay at every copy."""
+    h = ManagerHarness(tmp_path)
+    owner = Author.named("u0")
+    repo = announcement(owner, "r0", relays=[A])
+    bug = issue(Author.named("bob"), repo)
+    h.own_relay_holds(repo, bug)
+    h.manager.rejected.max_entries = 1
+    h.connect(A)
+    sub = next(iter(h.conn(A).subscriptions))
+    first, second = (comment(Author.named(name), bug) for name in ("alice", "carol"))
+    for reply in (first, second):
+        h.relay_sends(A, sub, reply)
+        h.manager.delivery._finish(reply, "rejected", "blocked: spam")
+        h.feed(h.manager.queue.get_nowait())
+    assert first.id not in h.manager.rejected and second.id in h.manager.rejected  # pushed out
+    h.relay_sends(A, sub, first)
+    assert not h.manager.delivery.is_tracked(first.id)
 
 
 def test_a_refusal_whose_pause_came_after_the_last_save_is_not_held_against_the_next_process():

@@ -227,15 +227,19 @@ class RejectedIndex:
             self.remove(eid)
         return hot, cold
 
-    def expire(self, now: float) -> None:
+    def expire(self, now: float) -> list[str]:
+        """Drop the full events past the hot tier and the entries past the cold one; the ids
+        of those (refused ``cold_secs`` ago: they may be offered again)."""
         if now + 1.0 < self._expiry:
-            return  # nothing is due: no scan of every entry (this runs every tick)
+            return []  # nothing is due: no scan of every entry (this runs every tick)
         for eid in [e for e, (_, until) in self._hot.items() if until <= now]:
             del self._hot[eid]
-        for eid in [e for e, entry in self._cold.items() if now - entry.rejected_at >= self.cold_secs]:
+        expired = [e for e, entry in self._cold.items() if now - entry.rejected_at >= self.cold_secs]
+        for eid in expired:
             self.remove(eid)
         self._expiry = min(min((until for _, until in self._hot.values()), default=float("inf")),
                            min((e.rejected_at for e in self._cold.values()), default=float("inf")) + self.cold_secs)
+        return expired
 
     # -- persistence (cold tier only) --------------------------------------------------
 

@@ -317,7 +317,13 @@ class SyncManager:
         self.refusals.run_policy_probes(now)
         self.live.run_polls(now)
         self.descendants.run(now)
-        self.rejected.expire(now)
+        for event_id in self.rejected.expire(now):
+            # refused a week ago: the next copy goes to the own relay again (kept in seen, it
+            # counted as delivered: seed 64's 60 days, a comment refused while the own
+            # relay, emptied by a restart, lacked its root; the root came back 7 days later,
+            # the comment never). One pushed out for room stays in seen: a relay with more
+            # refused events than the index holds does not have them offered at every copy.
+            self.seen.pop(event_id, None)
         if self.saved.due(now):
             self.save_state(now)
         self.delivery_peak = max(self.delivery_peak, self.delivery.backlog)

@@ -274,12 +274,6 @@ class OwnRelaySide:
         now = self.clock()
         if msg.outcome == "rejected":
             self.rejected.add(msg.event, now, msg.source)
-            # The rejected index alone keeps it out from now on: when its entry goes (released,
-            # expired after REJECTED_COLD_SECS, or pushed out for room), the next copy fetched
-            # goes to the own relay again. Kept in ``seen``, it was "delivered" for as long as
-            # seen held it: seed 64's 60 days, a comment refused while the own relay, emptied
-            # by a restart, lacked its root; the root came back 7 days later, the comment never.
-            self.seen.pop(msg.event.id, None)
             log.info("event_rejected", event_id=msg.event.id, kind=msg.event.kind, reason=msg.reason[:200])
         elif msg.outcome == "purgatory" and msg.event.kind == 30617:
             # A GRASP relay counts announcements it holds when it checks maintainers.
