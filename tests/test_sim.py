@@ -23,6 +23,7 @@ from gsync.protocol.filters import Filter
 from gsync.sim import SimOptions, Simulation, run
 from gsync.sim.relay import EventStore, SimRelay, filter_from_json
 from gsync.sim.world import START, World
+from gsync.sync.relay_state import ConnectionStatus
 
 from .factory import Author, announcement, comment, issue, state
 from .manager_harness import ManagerHarness
@@ -1345,3 +1346,34 @@ def test_a_refusal_whose_pause_came_after_the_last_save_is_not_held_against_the_
     sim.at(START + 0.1 * 86_400, run_kills)
     sim.run()
     assert found == {"unsaved": False, "saved": True}
+
+
+def test_a_dial_in_flight_when_gsync_stopped_is_not_one_the_next_process_knows():
+    """Seed 733's year (dead_dialled at day 76.1395; the checker's mistake): relay5, dead,
+    had its daily attempt in flight when gsync was stopped (gracefully: its state saved, but
+    the attempt's outcome never came); the next process, 43 s later, made it again. A dial
+    whose handshake had not ended when gsync stopped is not one the next process can know."""
+    sim = Simulation(SimOptions(seed=4, days=0.2, faults=False, **SMALL))
+    checker = sim.checker
+    found = {}
+
+    def stopped_while(dialling: bool) -> bool:
+        m, now = sim.manager, sim.clock.now
+        url = _dead_to_both(sim, days_down=30)
+        checker.dials[url] = [now - 86_400]  # yesterday's attempt
+        checker.dialled(url)  # today's
+        if dialling:
+            m.relays[url].status = ConnectionStatus.CONNECTING
+        checker.gsync_ending()
+        m.relays[url].status = ConnectionStatus.DISCONNECTED
+        sim.clock.now += 43
+        checker.dialled(url)  # the next process's
+        return "dead_dialled" in checker.violations
+
+    def run_stops():
+        found["in flight"] = stopped_while(dialling=True)
+        found["ended"] = stopped_while(dialling=False)
+
+    sim.at(START + 0.1 * 86_400, run_stops)
+    sim.run()
+    assert found == {"in flight": False, "ended": True}

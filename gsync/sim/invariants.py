@@ -19,7 +19,8 @@ with the simulated day it happened and what broke.
   a 10-minute sample last saw it, listed again by the same process within the day, is still
   judged from when it went down; one not dead then, or out longer, or forgotten by a process
   when ready, no repository listing it then (``forgotten``), from its return); a dial a
-  killed gsync had not saved yet is not counted (the next process cannot know it).
+  killed gsync had not saved yet is not counted (the next process cannot know it), nor one
+  whose handshake had not ended when gsync stopped.
 - ``relay_table``: a relay in gsync's relay table that no announcement the own relay holds
   lists (and is not bootstrap) for more than an hour (a day after the own relay lost data:
   gsync is not told what it lost), nor the newest announcement of a repository the running
@@ -84,6 +85,7 @@ from .. import constants
 from ..io.inbox import OwnEvents, RemoteEvents
 from ..io.manager.live import live_groups_with_room
 from ..ops import metrics
+from ..sync.relay_state import ConnectionStatus
 from .relay import all_values
 from .world import DAY, DOMAIN, START
 
@@ -199,8 +201,16 @@ class Checker:
         REQs" for 16 minutes, then gsync was killed, its saves since the refusal with no pause
         to write; the next process's first REQs asked #e packed, counted as asks 2 to 6 of
         the refusal the last one read). What it paused is
-        judged on: a restart restores it (unless killed before a save: ``gsync_killed``)."""
+        judged on: a restart restores it (unless killed before a save: ``gsync_killed``).
+        And a dial whose handshake had not ended is not one the next process can know of,
+        stopped gracefully or not: its outcome was never recorded (seed 733's year, day
+        76.139: relay5's daily attempt in flight when gsync was stopped; the next process,
+        43 s later, made it again)."""
         self._keep_paused(self._paused_tags)
+        m = self.sim.manager
+        for url, state in m.relays.items():
+            if state.status is ConnectionStatus.CONNECTING and self.dials.get(url):
+                self.unsaved_dials.setdefault(url, []).append(self.dials[url][-1])
 
     def _keep_paused(self, paused_tags) -> None:
         """Forget the refusals whose tag ``paused_tags(url)`` does not name."""
