@@ -1168,14 +1168,25 @@ def test_an_id_fetch_cut_off_by_its_connection_ending_is_not_an_ask_to_the_check
             ask(a)
         return "unservable_asked_again" in checker.violations
 
-    def run_asks():
-        found["cut"] = asks(False, True, True, True)  # the first cut off: three asks
-        found["answered"] = asks(True, True, True, True)  # four answered within a day: one too many
-
-    found = {}
-    sim.at(START + 0.1 * 86_400, run_asks)
-    sim.run()
+    found = _cases_in_running_world(sim, {
+        "cut": lambda: asks(False, True, True, True),  # the first cut off: three asks
+        "answered": lambda: asks(True, True, True, True),  # four answered within a day: one too many
+    })
     assert found == {"cut": False, "answered": True}
+
+
+def _cases_in_running_world(sim, cases: dict) -> dict:
+    """Each of ``cases`` (name -> a call of no arguments) run in turn a tenth of a day into
+    ``sim``'s world, gsync running; what each returned, by name."""
+    found = {}
+
+    def run():
+        for name, case in cases.items():
+            found[name] = case()
+
+    sim.at(START + 0.1 * 86_400, run)
+    sim.run()
+    return found
 
 
 def _dead_to_both(sim, days_down: float) -> str:
@@ -1203,7 +1214,6 @@ def test_a_dead_relay_retired_and_listed_again_after_a_restart_keeps_its_dead_ma
     whether the last sample saw the old record or none of this process did."""
     sim = Simulation(SimOptions(seed=4, days=0.2, faults=False, **SMALL))
     checker = sim.checker
-    found = {}
 
     def dials_after(sampled: bool) -> tuple:
         m, now = sim.manager, sim.clock.now
@@ -1220,12 +1230,8 @@ def test_a_dead_relay_retired_and_listed_again_after_a_restart_keeps_its_dead_ma
         checker.dialled(url)
         return dead, "dead_dialled" in checker.violations
 
-    def run_dials():
-        found["sampled"] = dials_after(sampled=True)
-        found["unsampled"] = dials_after(sampled=False)
-
-    sim.at(START + 0.1 * 86_400, run_dials)
-    sim.run()
+    found = _cases_in_running_world(sim, {"sampled": lambda: dials_after(sampled=True),
+                                          "unsampled": lambda: dials_after(sampled=False)})
     assert found == {"sampled": (True, True), "unsampled": (True, True)}
 
 
@@ -1239,7 +1245,6 @@ def test_a_dead_relay_retired_by_one_process_and_listed_again_by_the_next_is_jud
     went down."""
     sim = Simulation(SimOptions(seed=4, days=0.2, faults=False, **SMALL))
     checker = sim.checker
-    found = {}
 
     def dials_after(new_process: bool) -> bool:
         m, now = sim.manager, sim.clock.now
@@ -1259,12 +1264,8 @@ def test_a_dead_relay_retired_by_one_process_and_listed_again_by_the_next_is_jud
         checker.dialled(url)
         return "dead_dialled" in checker.violations
 
-    def run_dials():
-        found["same"] = dials_after(new_process=False)
-        found["next"] = dials_after(new_process=True)
-
-    sim.at(START + 0.1 * 86_400, run_dials)
-    sim.run()
+    found = _cases_in_running_world(sim, {"same": lambda: dials_after(new_process=False),
+                                          "next": lambda: dials_after(new_process=True)})
     assert found == {"same": True, "next": False}
 
 
@@ -1328,7 +1329,6 @@ def test_a_refusal_whose_pause_came_after_the_last_save_is_not_held_against_the_
     save counts on only if the save held its pause."""
     sim = Simulation(SimOptions(seed=4, days=0.2, faults=False, **SMALL))
     checker = sim.checker
-    found = {}
 
     def killed_with(saved_paused: list) -> bool:
         m, now = sim.manager, sim.clock.now
@@ -1339,12 +1339,8 @@ def test_a_refusal_whose_pause_came_after_the_last_save_is_not_held_against_the_
         checker.gsync_killed(saved_at=now - 30)  # (the refusal read before that save)
         return "e" in checker.refused_at.get(url, {})
 
-    def run_kills():
-        found["unsaved"] = killed_with([])
-        found["saved"] = killed_with([((None, ("e",)), 0)])
-
-    sim.at(START + 0.1 * 86_400, run_kills)
-    sim.run()
+    found = _cases_in_running_world(sim, {"unsaved": lambda: killed_with([]),
+                                          "saved": lambda: killed_with([((None, ("e",)), 0)])})
     assert found == {"unsaved": False, "saved": True}
 
 
@@ -1355,7 +1351,6 @@ def test_a_dial_in_flight_when_gsync_stopped_is_not_one_the_next_process_knows()
     whose handshake had not ended when gsync stopped is not one the next process can know."""
     sim = Simulation(SimOptions(seed=4, days=0.2, faults=False, **SMALL))
     checker = sim.checker
-    found = {}
 
     def stopped_while(dialling: bool) -> bool:
         m, now = sim.manager, sim.clock.now
@@ -1370,10 +1365,6 @@ def test_a_dial_in_flight_when_gsync_stopped_is_not_one_the_next_process_knows()
         checker.dialled(url)  # the next process's
         return "dead_dialled" in checker.violations
 
-    def run_stops():
-        found["in flight"] = stopped_while(dialling=True)
-        found["ended"] = stopped_while(dialling=False)
-
-    sim.at(START + 0.1 * 86_400, run_stops)
-    sim.run()
+    found = _cases_in_running_world(sim, {"in flight": lambda: stopped_while(dialling=True),
+                                          "ended": lambda: stopped_while(dialling=False)})
     assert found == {"in flight": False, "ended": True}
