@@ -29,6 +29,7 @@ import json
 import os
 import struct
 import threading
+import time
 
 from . import factory as f
 from .scripted_relay import Raw
@@ -215,22 +216,34 @@ def end_storm(per_req: int) -> dict:
     return {"extra_frames_for_req": frames}
 
 
-def auth_storm(challenges: int) -> dict:
+def auth_storm(challenges: int, answer_wait: float = 10.0) -> dict:
     """Answers the first message of each session with ``challenges`` NIP-42 challenges, each
-    new (a client with a key must sign an answer to every one it answers). They go from a
-    thread of their own, as a relay that reads while it writes: sent from the session's, a
-    client that hung up before the last of them left had its answers never read (one way a
-    loaded ``.ci/run`` may have counted none; not reproduced)."""
+    new (a client with a key must sign an answer to every one it answers). The first goes
+    alone and the rest only once the client answered it (or ``answer_wait`` seconds passed):
+    a client that hangs up in the middle of a burst may drop the answers it had queued, so a
+    storm sent at once could leave a loaded client no answer on the wire at all. The rest go
+    from a thread of their own, as a relay that reads while it writes."""
     seen: set[int] = set()
     lock = threading.Lock()
+
+    def answered(relay, conn) -> bool:
+        with relay._received_lock:
+            return any(c == conn.id and isinstance(m, list) and m[:1] == ["AUTH"]
+                       for c, m in relay.received)
+
+    def storm(relay, conn):
+        conn.send_frame(["AUTH", f"challenge-{conn.id}-0"])
+        deadline = time.monotonic() + answer_wait
+        while conn.open and not answered(relay, conn) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        conn.send_frames(["AUTH", f"challenge-{conn.id}-{i}"] for i in range(1, challenges))
 
     def on_message(relay, conn, message):
         with lock:
             if conn.id in seen:
                 return None
             seen.add(conn.id)
-        frames = [["AUTH", f"challenge-{conn.id}-{i}"] for i in range(challenges)]
-        threading.Thread(target=conn.send_frames, args=(frames,), daemon=True).start()
+        threading.Thread(target=storm, args=(relay, conn), daemon=True).start()
         return []
 
     return {"on_message": on_message}
