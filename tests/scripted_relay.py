@@ -42,6 +42,7 @@ Knobs for misbehaviour:
 - ``req_cap``: at most this many stored events per REQ in total, all its filters together
   (the newest of the union), as relays that run one query per REQ do; ``page_size`` still
   caps each filter. Neither is said in NIP-11.
+- ``until_exclusive``: a filter's ``until`` excludes its own second, as some relays read it.
 - ``query_budget=(events, secs)``: a query stopped by a time budget: a REQ whose answer has
   more than ``events`` stored events gets only the newest ``events`` of it, after ``secs``.
   ``events`` may be a list, taken in turn by successive REQs (a budget reaches further on
@@ -398,6 +399,7 @@ class ScriptedRelay:
         accept_events: bool = True,
         nip11: dict | None = None,
         req_cap: int | None = None,
+        until_exclusive: bool = False,
         query_budget: tuple | None = None,
         redirect_to: str | None = None,
         nip11_redirect_to: str | None = None,
@@ -409,6 +411,7 @@ class ScriptedRelay:
     ):
         self.page_size = page_size
         self.req_cap = req_cap
+        self.until_exclusive = until_exclusive
         self.query_budget = query_budget
         self._budgets = itertools.cycle(
             [query_budget[0]] if query_budget and isinstance(query_budget[0], int)
@@ -529,6 +532,8 @@ class ScriptedRelay:
             cap = self.page_size if cap is None else min(cap, self.page_size)
         if cap == 0:
             return []
+        if self.until_exclusive and f.until is not None:
+            f = f.replace(until=f.until - 1)
         with self._store_lock:
             found = [(ev, raw) for raw, ev in self._store.values() if ev is not None and f.matches(ev)]
         found.sort(key=lambda pair: (-pair[0].created_at, pair[0].id))

@@ -62,6 +62,7 @@ def _created_ats(layout: str, n: int) -> list[int]:
     base = f.BASE_CREATED_AT + 10_000_000
     if layout == "distinct":
         return [base + i for i in range(n)]
+    # (with or without a relay that reads ``until`` as exclusive)
     # Crowded seconds: groups of up to a whole page share one created_at, so page boundaries
     # fall inside them and the inclusive `until` returns a second's events again. One group
     # fills a page exactly. (More than a page in one second is unreachable by `until` at all:
@@ -79,10 +80,10 @@ def _created_ats(layout: str, n: int) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["distinct", "crowded_seconds"])
+@pytest.mark.parametrize("layout", ["distinct", "crowded_seconds", "crowded_seconds_until_exclusive"])
 def test_pagination_brings_every_event_past_the_page_size(layout, relay_factory, scripted, gsync_factory):
     own = relay_factory()
-    remote = scripted(page_size=PAGE_SIZE)
+    remote = scripted(page_size=PAGE_SIZE, until_exclusive=layout.endswith("_until_exclusive"))
     repo = our_announcement(own, [remote])
     issues = [
         f.issue(bob, repo, subject=f"issue {i}", content=f"report number {i}", created_at=ts)
@@ -106,6 +107,8 @@ def test_pagination_brings_every_event_past_the_page_size(layout, relay_factory,
     assert 10 <= len(pages) <= 30, f"{len(pages)} pages for the #a filter"
     # Nothing was dropped on the way and nothing was counted as hostile.
     assert gsync.metric(DROPS) == 0
+    learnt = [e for e in gsync.log_events() if e.get("event") == "relay_until_exclusive"]
+    assert len(learnt) == (1 if remote.until_exclusive else 0), learnt
 
 
 def _issues_and_comments(repo, issues=60, commented=20):

@@ -116,9 +116,10 @@ def test_pagination_keeps_since_and_counters_reset_per_page():
     b = batch()
     add_subscription(b, "s1", [since_filter])
     cap = learnt()
-    feed(b, "s1", page(1621, 1000, P))
+    first = page(1621, 1000, P)
+    feed(b, "s1", first)
     assert flat(on_eose(b, "s1", cap=cap)) == [since_filter.replace(until=1000 - (P - 1))]
-    feed(b, "s1", page(1621, 1000 - P, 10))
+    feed(b, "s1", [first[-1], *page(1621, 1000 - P, 10)])  # its boundary second again, then older
     assert flat(on_eose(b, "s1", cap=cap)) == []
     assert b.is_complete
 
@@ -318,12 +319,13 @@ def test_batch_completes_only_when_every_sub_is_done():
 def test_rename_subscription_carries_pagination():
     b = batch()
     add_subscription(b, "s1", [ISSUES])
-    feed(b, "s1", page(1621, 1000, P))
+    first = page(1621, 1000, P)
+    feed(b, "s1", first)
     nxt = flat(on_eose(b, "s1", cap=learnt()))
     rename_subscription(b, "s1", "s1-p2")
     assert b.outstanding_subs == {"s1-p2"}
     assert filters_of(b, "s1-p2") == nxt
-    feed(b, "s1-p2", page(1621, nxt[0].until - 1, 3))
+    feed(b, "s1-p2", [first[-1], *page(1621, nxt[0].until - 1, 3)])
     assert flat(on_eose(b, "s1-p2", cap=learnt())) == []
     assert b.is_complete
 
@@ -615,6 +617,13 @@ def time_cut_relay(size, least=5):
     return answer
 
 
+def until_exclusive(relay):
+    """``relay``, reading each filter's ``until`` as exclusive (PEERS.md: some relays do)."""
+    def answer(store, filters, rng):
+        return relay(store, [f if f.until is None else f.replace(until=f.until - 1) for f in filters], rng)
+    return answer
+
+
 RELAYS = {
     "per filter 80": per_filter_relay(80),
     "per filter 30, below 75": per_filter_relay(30),
@@ -622,6 +631,9 @@ RELAYS = {
     "per REQ 20, filter by filter": per_req_relay(20, "filters"),
     "per REQ 150": per_req_relay(150),
     "per filter 50, stops slow queries": time_cut_relay(50),
+    "per filter 80, until exclusive": until_exclusive(per_filter_relay(80)),
+    "per REQ 20, newest of all, until exclusive": until_exclusive(per_req_relay(20, "time")),
+    "per filter 50, stops slow queries, until exclusive": until_exclusive(time_cut_relay(50)),
 }
 
 _fake_ids = itertools.count(1)
@@ -682,9 +694,32 @@ def test_every_event_arrives_from_every_kind_of_relay(data):
     store = random_store(rng, n, values, crowd=2)
     filters = [Filter.make(tags={tag: data.draw(st.sets(st.sampled_from(values), min_size=1))})
                for tag in data.draw(st.lists(st.sampled_from("eEq"), min_size=1, max_size=10))]
-    received, _ = sync_all(store, filters, RELAYS[name], seed=rng.randrange(1 << 30))
+    cap = PageCap()
+    received, _ = sync_all(store, filters, RELAYS[name], seed=rng.randrange(1 << 30), cap=cap)
     wanted = {e.id for e in store if any(f.matches(e) for f in filters)}
     assert wanted <= received.keys()
+    if not name.endswith("until exclusive"):
+        assert not cap.until_exclusive  # a relay that reads it as NIP-01 says is never misread
+
+
+def test_a_relay_reading_until_as_exclusive_is_learnt_and_its_cut_seconds_asked_again():
+    """Pages cut inside a second: asked ``until`` that second, this relay sends none of it.
+    The page that proves it (it brought older events, none at its ``until``) makes the
+    connection's pages ask one second further, and that second again."""
+    store = [fake_event(1_000 - i // 3, [["a", "r"]], kind=1621) for i in range(200)]  # 3 a second
+    f = Filter.make(tags={"a": ["r"]})
+    inclusive_cap, exclusive_cap = PageCap(), PageCap()
+    received, inclusive_reqs = sync_all(store, [f], per_filter_relay(20), cap=inclusive_cap)
+    assert len(received) == 200 and not inclusive_cap.until_exclusive
+    received, exclusive_reqs = sync_all(store, [f], until_exclusive(per_filter_relay(20)),
+                                        cap=exclusive_cap)
+    assert len(received) == 200 and exclusive_cap.until_exclusive
+    assert exclusive_reqs == inclusive_reqs + 1  # the page that proved it, asked again
+    b = batch()
+    add_subscription(b, "s1", [f], until_shift=exclusive_cap.until_shift)
+    assert filters_of(b, "s1") == [f]  # no until: nothing to shift
+    add_subscription(b, "s2", [f.replace(since=990, until=990)], until_shift=1)
+    assert filters_of(b, "s2") == [f.replace(since=990, until=991)]  # one second, as it reads it
 
 
 def test_splitting_moves_a_large_history_in_few_reqs():

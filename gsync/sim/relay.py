@@ -384,7 +384,8 @@ class EventStore:
 
 class SimRelay:
     def __init__(self, url: str, *, page_cap: int = 500, max_subs: int = 20, nip77: bool = True,
-                 nip11: bool = True, auth_required: bool = False, max_sync_events: int | None = None):
+                 nip11: bool = True, auth_required: bool = False, max_sync_events: int | None = None,
+                 until_exclusive: bool = False):
         self.url = url
         self.store = EventStore()
         self.page_cap = page_cap
@@ -393,6 +394,7 @@ class SimRelay:
         self.nip11 = nip11
         self.auth_required = auth_required
         self.max_sync_events = max_sync_events  # strfry's maxSyncEvents: NEG-ERR past it
+        self.until_exclusive = until_exclusive  # reads a filter's until as exclusive (PEERS.md)
         self.up = True
         self.down_until = float("-inf")  # while down: when it comes back (inf: dead for good)
         self.dead = False  # gone for good
@@ -512,11 +514,15 @@ class SimRelay:
             if f.limit == 0 or (self.ids_unserved and f.ids is not None):
                 continue
             asked += 1
-            for e in self.store.query(f, self.page_cap, self.hidden):
+            for e in self.store.query(self.as_read(f), self.page_cap, self.hidden):
                 out.setdefault(e.id, e)
         if asked == 1:  # (one filter's answer: newest first already, each event once)
             return list(out.values())
         return sorted(out.values(), key=_newest_first)
+
+    def as_read(self, f: Filter) -> Filter:
+        """``f`` as this relay reads it: ``until`` exclusive on one that reads it so."""
+        return f.replace(until=f.until - 1) if self.until_exclusive and f.until is not None else f
 
     def on_neg_open(self, session: RelaySession, sub_id, raw_filter, message_hex) -> list[str]:
         if not self.nip77 or self.neg_mode == "notice":
@@ -530,7 +536,7 @@ class SimRelay:
         refused = self.refusal(session, [flt])
         if refused:
             return [json.dumps(["NEG-ERR", sub_id, refused])]
-        size, storage = self.store.storage(flt.replace(limit=None))
+        size, storage = self.store.storage(self.as_read(flt).replace(limit=None))
         if self.max_sync_events is not None and size > self.max_sync_events:
             return [json.dumps(["NEG-ERR", sub_id, "blocked: too many query results"])]
         server = NegentropyServer(storage)

@@ -346,6 +346,9 @@ class Simulation:
                          nip77=r.random() < 0.6, nip11=r.random() < 0.8, auth_required=r.random() < 0.1,
                          max_sync_events=r.choice((None, None, None, 200)))
         relay.latency = r.uniform(0.02, 0.25)
+        # a relay in five reads until as exclusive: drawn apart, so the rest of a seed's world
+        # stays what it was before relays did
+        relay.until_exclusive = random.Random(f"{self.options.seed}:{url}:until").random() < 0.2
         return relay
 
     # -- the heap -----------------------------------------------------------------------

@@ -111,6 +111,13 @@ class PageCap:
     # the smallest match count and REQ total among pages proven cut (None: none yet)
     cut_matched: int | None = None
     cut_total: int | None = None
+    # the relay reads ``until`` as exclusive (some do): a page bounded to second T is asked
+    # with ``until`` T + 1 (``FilterPaginationState.until_shift``)
+    until_exclusive: bool = False
+
+    @property
+    def until_shift(self) -> int:
+        return 1 if self.until_exclusive else 0
 
     @classmethod
     def per_filter(cls, size: int) -> PageCap:
@@ -188,6 +195,9 @@ class FilterPaginationState:
     own_min: int | None = None  # the oldest of those
     # ids already seen at page_filter.until on earlier pages: they are not progress
     boundary_ids: set[str] = field(default_factory=set)
+    # None: the boundary ids are this filter's; n: those of the filter this one is one of n
+    # pieces of (each piece holds some of them, or none); -1: not known whose
+    boundary_shared: int | None = None
     alone: bool = False  # the next page must be a REQ of its own
     previous: PreviousPage | None = None  # the page this one confirms
     full: bool = False  # the page it continues filled a per-filter cap: more pages likely
@@ -196,10 +206,36 @@ class FilterPaginationState:
     # events at ``until`` than the relay serves): (that second, ids seen at it)
     crowded: tuple[int, int] | None = None
     pages: int = 0  # pages of this filter before this one: what the progress estimate reads
+    # what ``page_filter.until`` adds to the second it is bounded to: 1 on a relay that reads
+    # ``until`` as exclusive (``PageCap.until_exclusive``), else 0
+    until_shift: int = 0
 
     @classmethod
-    def start(cls, f: Filter) -> FilterPaginationState:
+    def start(cls, f: Filter, until_shift: int = 0) -> FilterPaginationState:
+        """The first page of ``f``; ``until_shift`` 1 for a relay that reads ``until`` as
+        exclusive (``f.until`` stays the second the filter is bounded to)."""
+        if until_shift and f.until is not None:
+            return cls(original_filter=f, page_filter=f.replace(until=f.until + 1), until_shift=1)
         return cls(original_filter=f, page_filter=f)
+
+    @property
+    def until(self) -> int | None:
+        """The newest second this page is bounded to (None: none)."""
+        until = self.page_filter.until
+        return None if until is None else until - self.until_shift
+
+    @property
+    def one_second(self) -> bool:
+        """Is this page bounded to a single second? Paging by ``until`` cannot complete it."""
+        since = self.original_filter.since
+        return since is not None and since == self.until
+
+    def _bounded(self, until: int, boundary_ids, shift: int, **fields) -> FilterPaginationState:
+        """The next page, bounded to second ``until`` (as ``shift`` says the relay reads it)."""
+        return FilterPaginationState(
+            original_filter=self.original_filter,
+            page_filter=self.original_filter.replace(until=until + shift),
+            boundary_ids=boundary_ids, until_shift=shift, pages=self.pages + 1, **fields)
 
     def record(self, event: Event, own: bool) -> None:
         """Count a matching event; ``own`` when no other filter of the REQ matches it."""
@@ -212,8 +248,8 @@ class FilterPaginationState:
     def restarted(self) -> FilterPaginationState:
         return FilterPaginationState(
             self.original_filter, self.page_filter, boundary_ids=self.boundary_ids,
-            alone=self.alone, previous=self.previous, full=self.full, stalled=self.stalled,
-            pages=self.pages,
+            boundary_shared=self.boundary_shared, alone=self.alone, previous=self.previous, full=self.full, stalled=self.stalled,
+            pages=self.pages, until_shift=self.until_shift,
         )
 
     def brought_new(self) -> bool:
@@ -251,7 +287,12 @@ class FilterPaginationState:
             return None  # an exact-id answer is complete; shortfalls are residuals
         cap = cap or PageCap()
         total = len(self.seen) if total is None else total
-        slow = elapsed is not None and elapsed >= constants.TIME_CUT_SUSPECT_SECS and total > 0
+        slow = slow_page(elapsed, total)
+        if cap.until_exclusive and not self.until_shift and self.until is not None:
+            # The relay reads ``until`` as exclusive (``PaginationState.teach``): this
+            # page's last second never came. Asked again, bounded the way the relay reads it.
+            return self._bounded(self.until, self.boundary_ids, cap.until_shift, alone=self.alone,
+                                 boundary_shared=self.boundary_shared)
         if not cap.maybe_cut(len(self.seen), total, slow):
             return None
         previous = PreviousPage(frozenset(i for _, i in self.seen), len(self.seen), total, slow)
@@ -261,29 +302,34 @@ class FilterPaginationState:
             # REQ (the others' pages move on, so it is not cut off again for ever).
             return FilterPaginationState(self.original_filter, self.page_filter,
                                          boundary_ids=self.boundary_ids, previous=previous,
-                                         pages=self.pages + 1)
+                                         pages=self.pages + 1, until_shift=self.until_shift,
+                                         boundary_shared=self.boundary_shared)
         if covered is None:
             # Everything it matched, another filter matched too, and the page size says
             # nothing: the same page again, alone, where all of it is its own.
             return FilterPaginationState(self.original_filter, self.page_filter,
                                          boundary_ids=self.boundary_ids, alone=True,
-                                         previous=previous, pages=self.pages + 1)
+                                         previous=previous, pages=self.pages + 1,
+                                         until_shift=self.until_shift,
+                                         boundary_shared=self.boundary_shared)
         ids_at = {i for t, i in self.seen if t == covered}
-        until = self.page_filter.until
+        until = self.until
         at_boundary = until is not None and covered >= until
+        shared = None
         if not at_boundary:
             next_until, boundary = covered, ids_at
         elif ids_at - self.boundary_ids:
             # Still inside one crowded second but seeing new ids: ask it once more.
-            next_until, boundary = until, self.boundary_ids | ids_at
+            next_until, boundary, shared = until, self.boundary_ids | ids_at, self.boundary_shared
         elif not (self.alone or by_itself) and cap.req_maybe_cut(total, slow):
             # No progress, but the REQ's cap or its time may have stopped it inside this
             # second: once more, riding in the batch's next REQ (the others' pages move on,
             # and what they teach may settle it), then alone, where the answer is all its own.
             return FilterPaginationState(self.original_filter, self.page_filter,
                                          boundary_ids=self.boundary_ids | ids_at,
+                                         boundary_shared=self.boundary_shared,
                                          alone=self.stalled, stalled=True, previous=previous,
-                                         pages=self.pages + 1)
+                                         pages=self.pages + 1, until_shift=self.until_shift)
         else:
             # No progress: the relay keeps returning the same page, all of it at one second
             # it serves no more of. Paging skips that second; the caller completes it.
@@ -292,14 +338,8 @@ class FilterPaginationState:
         since = self.original_filter.since
         if next_until < 0 or (since is not None and next_until < since):
             return None
-        return FilterPaginationState(
-            original_filter=self.original_filter,
-            page_filter=self.original_filter.replace(until=next_until),
-            boundary_ids=boundary,
-            previous=previous,
-            full=cap.filled(len(self.seen)),
-            pages=self.pages + 1,
-        )
+        return self._bounded(next_until, boundary, cap.until_shift, previous=previous,
+                             full=cap.filled(len(self.seen)), boundary_shared=shared)
 
     def split(self, parts: int) -> list[FilterPaginationState]:
         """This page as up to ``parts`` filters over disjoint slices of its one tag's
@@ -322,9 +362,11 @@ class FilterPaginationState:
                 original_filter=original,
                 page_filter=original.replace(until=f.until),
                 boundary_ids=set(self.boundary_ids),
+                boundary_shared=parts if self.boundary_shared is None else -1,
                 previous=self.previous,
                 full=self.full,
                 pages=self.pages,
+                until_shift=self.until_shift,
             ))
             start = end
         return pieces
@@ -341,6 +383,11 @@ class CrowdedSecond:
     second: int
     seen: int
     again: bool = False
+
+
+def slow_page(elapsed: float | None, total: int) -> bool:
+    """A page slow enough for a time budget to have cut it (and not empty)."""
+    return elapsed is not None and elapsed >= constants.TIME_CUT_SUSPECT_SECS and total > 0
 
 
 def crowded_second_filter(f: Filter, second: int) -> Filter:
@@ -395,14 +442,43 @@ class PaginationState:
         self.total += bool(matched)
         return bool(matched)
 
-    def teach(self, cap: PageCap) -> None:
+    def teach(self, cap: PageCap, elapsed: float | None = None) -> None:
         """What this page shows of the relay's caps: what it served, and, for a page
-        confirming an earlier one, whether that one was cut."""
+        confirming an earlier one, whether that one was cut; and whether the relay reads
+        ``until`` as exclusive. ``elapsed``: seconds from the REQ to its EOSE, if known."""
         for s in self.filters:
             if s.brought_new() and not s.previous.slow:
                 cap.note_cut(s.previous.matched, s.previous.total)
             cap.observe(s.own_count)
         cap.observe(0, self.total)
+        if not cap.until_exclusive and self._until_read_as_exclusive(cap, slow_page(elapsed, self.total)):
+            cap.until_exclusive = True
+
+    def _until_read_as_exclusive(self, cap: PageCap, slow: bool) -> bool:
+        """Does this page prove that the relay reads ``until`` as exclusive? Some filter
+        was bounded to a second at which its earlier pages saw events, and none of them
+        came, though nothing cut the page before them: a relay sends a filter's newest
+        events first, so each filter of the REQ that may hold them brought an older event of
+        its own (one no other filter of the REQ matched: it was sent for this one), or
+        nothing could have cut the REQ. The pieces split from one page are judged
+        together, and only all of them at once: which of them holds those events is not
+        known. (An event deleted meanwhile says the same; then pages only ask one
+        second more than they need.)"""
+        groups: dict[tuple, list[FilterPaginationState]] = {}
+        for s in self.filters:
+            if not s.until_shift and s.until is not None and s.boundary_ids:
+                key = (s.until, frozenset(s.boundary_ids), s.boundary_shared)
+                groups.setdefault(key if s.boundary_shared is not None else (key, id(s)), []).append(s)
+        complete = not cap.req_maybe_cut(self.total, slow)
+        for key, split_from_one in groups.items():
+            until, _, shared = key if len(key) == 3 else key[0]
+            if shared is not None and len(split_from_one) != shared:
+                continue  # some of the pieces are elsewhere: the events may be theirs
+            if any(t == until for s in split_from_one for t, _ in s.seen):
+                continue
+            if complete or all(s.own_min is not None and s.own_min < until for s in split_from_one):
+                return True
+        return False
 
 
 # -- residuals after NIP-77 --------------------------------------------------------------

@@ -460,14 +460,18 @@ class HistoricPlanner:
         started), its crowded seconds completed another way, followers its pages no longer
         ask for released."""
         limits = state.current.limits
+        cap = state.current.page_cap
+        knew_until_exclusive = cap is not None and cap.until_exclusive
         pages = start_queue.on_eose(
             batch, sub_id,
             per_req=filter_plan.filters_per_req(limits),
             pack=lambda filters: filter_plan.pack_into_reqs(filters, limits),
             new_sub_id=lambda: self.queue.req_id(batch.batch_id),
-            cap=state.current.page_cap,
+            cap=cap,
             elapsed=elapsed,
         )
+        if cap is not None and cap.until_exclusive and not knew_until_exclusive:
+            self.log.info("relay_until_exclusive", relay=state.url, batch_id=batch.batch_id)
         self.todo.append(Close(state, sub_id))
         self.queue.ended(state, sub_id)
         self.queue.add_next_pages(state, batch, pages)

@@ -26,7 +26,6 @@ from .pending import (
     PaginationState,
     PendingBatch,
     crowded_second_filter,
-    one_second,
 )
 from .plan_actions import AGAIN, Advance, ExchangesEnded, Start
 from .policy import regroup_parts
@@ -117,12 +116,12 @@ class StartQueue:
     def add_packed(self, state, batch: PendingBatch, groups, front: bool = False) -> None:
         """``groups`` (``pack``) as REQs of ``batch``, as ``add_reqs``."""
         session = state.current
+        shift = session.page_cap.until_shift if session.page_cap is not None else 0
         entries = []
         for group in groups:
             sub_id = self.req_id(batch.batch_id)
-            add_subscription(batch, sub_id, group)
+            entries.append((sub_id, add_subscription(batch, sub_id, group, shift)))
             session.sub_to_batch[sub_id] = batch.batch_id
-            entries.append((sub_id, group))
         if front:
             session.historic_queue[0:0] = entries
         else:
@@ -462,11 +461,15 @@ def slots(state, open_subs) -> tuple[int, int]:
 # (``PendingBatch.outstanding_subs`` and ``PendingBatch.pagination`` are written here alone)
 
 
-def add_subscription(batch: PendingBatch, sub_id: str, filters: Iterable[Filter] = ()) -> None:
+def add_subscription(batch: PendingBatch, sub_id: str, filters: Iterable[Filter] = (),
+                     until_shift: int = 0) -> list[Filter]:
+    """``sub_id`` outstanding in ``batch``, paging ``filters``; returns the filters to send
+    (``until`` one second on where the relay reads it as exclusive: ``until_shift``)."""
     batch.outstanding_subs.add(sub_id)
-    states = [FilterPaginationState.start(f) for f in filters]
+    states = [FilterPaginationState.start(f, until_shift) for f in filters]
     if states:
         batch.pagination[sub_id] = PaginationState(states)
+    return [s.page_filter for s in states]
 
 
 def finish_subscription(batch: PendingBatch, sub_id: str) -> None:
@@ -590,13 +593,13 @@ def on_eose(batch: PendingBatch, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ
     if state is None:
         return []
     cap = cap or PageCap()
-    state.teach(cap)
+    state.teach(cap, elapsed)
     by_itself = len(state.filters) == 1
     continuing = [n for n in (s.next_page(cap, state.total, elapsed, by_itself)
                               for s in state.filters) if n]
     batch.crowded += [
-        CrowdedSecond(crowded_second_filter(s.page_filter, s.crowded[0]), *s.crowded,
-                      again=one_second(s.page_filter))
+        CrowdedSecond(crowded_second_filter(s.original_filter, s.crowded[0]), *s.crowded,
+                      again=s.one_second)
         for s in state.filters if s.crowded is not None]
     by_filter = {s.page_filter: s for s in continuing if not s.alone}
     pack = pack or (lambda fs: [fs[i:i + per_req] for i in range(0, len(fs), per_req)])
