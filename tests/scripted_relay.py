@@ -43,6 +43,7 @@ Knobs for misbehaviour:
   (the newest of the union), as relays that run one query per REQ do; ``page_size`` still
   caps each filter. Neither is said in NIP-11.
 - ``until_exclusive``: a filter's ``until`` excludes its own second, as some relays read it.
+- ``limit_zero_unlimited``: ``limit: 0`` reads as no limit (a live REQ brings stored events too).
 - ``query_budget=(events, secs)``: a query stopped by a time budget: a REQ whose answer has
   more than ``events`` stored events gets only the newest ``events`` of it, after ``secs``.
   ``events`` may be a list, taken in turn by successive REQs (a budget reaches further on
@@ -400,6 +401,7 @@ class ScriptedRelay:
         nip11: dict | None = None,
         req_cap: int | None = None,
         until_exclusive: bool = False,
+        limit_zero_unlimited: bool = False,
         query_budget: tuple | None = None,
         redirect_to: str | None = None,
         nip11_redirect_to: str | None = None,
@@ -412,6 +414,7 @@ class ScriptedRelay:
         self.page_size = page_size
         self.req_cap = req_cap
         self.until_exclusive = until_exclusive
+        self.limit_zero_unlimited = limit_zero_unlimited
         self.query_budget = query_budget
         self._budgets = itertools.cycle(
             [query_budget[0]] if query_budget and isinstance(query_budget[0], int)
@@ -527,7 +530,7 @@ class ScriptedRelay:
 
     def query(self, f: Filter) -> list[dict]:
         """NIP-01 for one filter: newest first (ties by id), at most ``limit`` and ``page_size``."""
-        cap = f.limit
+        cap = None if f.limit == 0 and self.limit_zero_unlimited else f.limit
         if self.page_size is not None:
             cap = self.page_size if cap is None else min(cap, self.page_size)
         if cap == 0:

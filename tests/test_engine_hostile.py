@@ -143,6 +143,28 @@ def test_a_relay_capping_each_filter_at_30_yields_every_event(relay_factory, scr
     assert_arrives(own, history, timeout=60, what="every event, 30 a filter")
 
 
+def test_a_relay_reading_limit_0_as_no_limit_is_synced_and_its_live_stream_kept(
+        relay_factory, scripted, gsync_factory):
+    """PEERS.md: to some relays ``limit: 0`` means no limit, so every live REQ brings stored
+    events again (a page of 30 here) before its EOSE: they are known, not misbehaviour, and
+    what is published later still arrives live."""
+    own = relay_factory()
+    remote = scripted(page_size=30, limit_zero_unlimited=True)
+    repo = our_announcement(own, [remote])
+    history = [f.state(alice, "proj"), *_issues_and_comments(repo, issues=60, commented=20)]
+    remote.add(repo, *history)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, history, timeout=60, what="every event, 30 a filter")
+    wait_until(lambda: any(flt.get("limit") == 0 for _, filters in remote.reqs() for flt in filters),
+               timeout=30, what="live coverage")
+    late = f.issue(bob, repo, subject="published after the sync")
+    remote.broadcast(late)
+    assert_arrives(own, [late], timeout=30, what="the live issue")
+    assert gsync.metric("gsync_relay_hangups_total") == 0
+    assert gsync.metric(DROPS) == 0
+
+
 def test_a_relay_that_stops_slow_queries_yields_every_event(relay_factory, scripted,
                                                               gsync_factory):
     """A REQ whose answer takes too long is cut, after 15, 45 or 25 events in turn (no cap
