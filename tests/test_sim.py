@@ -630,6 +630,32 @@ def test_events_only_the_older_announcement_s_relay_holds_after_a_loss_took_the_
     _assert_clean(result)
 
 
+def test_an_announcement_older_than_the_newest_gsync_was_shown_is_not_judged_left_behind_after_a_loss():
+    """Seed 118's 45 days at abandon rate 1 (left_behind from day 44.04; the checker's
+    mistake): a loss took a repository's newest announcement, and the own relay took back an
+    older one, listing relay2; on relay2 alone, an announcement between the two, listing the
+    own relay. gsync follows the newest it was shown (SPEC §3): to it that one is superseded,
+    and relay2 is not its repository's relay. Owed only if newer than what gsync was shown."""
+    sim = Simulation(SimOptions(seed=4, days=1.6, faults=False, liveness_after=0.1, **SMALL))
+    relay2 = sim.world.spare_urls[0]  # (listed by no repository yet)
+    _newest_announcement_lost(sim, relay2)
+    between = []
+
+    def announced_on_relay2_only():
+        repo = sim.world.repos[0]
+        newest, repo.announcement = repo.announcement, None  # (else made newer than it)
+        repo.relays.append(relay2)
+        between.append(sim.world.announce(repo, int(START + 0.03 * 86_400)))
+        repo.relays.remove(relay2)
+        repo.announcement = newest
+        sim.publish(between[-1], [relay2], own=False)
+
+    sim.at(START + 0.07 * 86_400, announced_on_relay2_only)
+    result = sim.run()
+    assert sim.checker.liveness_checks and not sim.checker.own_has(between[0])  # judged, not there
+    _assert_clean(result)
+
+
 def test_a_relay_listed_by_the_older_announcement_a_restarted_gsync_was_shown_is_not_judged_left_in_the_table():
     """Seed 6's year (relay_table, day 129.35; the checker's mistake): a loss took the newest
     announcement of a repository, which dropped relay2, and the own relay took back the older

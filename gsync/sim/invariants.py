@@ -8,7 +8,8 @@ with the simulated day it happened and what broke.
 - ``left_behind`` (liveness): from 25 simulated hours after the faults stopped, every event
   the own relay would accept that is on an up relay gsync should sync from (bootstrap, or
   listed by an announcement the own relay holds), published more than an hour before, is on
-  the own relay (a comment: its root there for an hour too).
+  the own relay (a comment: its root there for an hour too; an announcement: unless older
+  than the newest of its repository the running gsync was shown).
 - ``gate``: two background starts (a historic REQ, a NEG-OPEN) on one connection closer
   than the configured gate.
 - ``dial_storm``: more than 30 handshakes to one relay within an hour (3 more for each time
@@ -860,7 +861,13 @@ class Checker:
         """Would gsync owe this event to the own relay, found on ``url``?"""
         own = self.sim.own
         if event.kind == 30617:
-            return own.lists_us(event)
+            # gsync keeps the newest announcement its self-subscription showed it (SPEC §3,
+            # ``_followed``): an older one is superseded to it, though a loss took the newer
+            # one from the own relay (seed 118's 45 days at abandon rate 1, day 44.04: the own
+            # relay, emptied, held an older announcement again, listing relay2; gsync followed
+            # the newest it was shown, not listing relay2, where one between the two was)
+            at, shown_id = self.shown.get(event.address, (-1, ""))
+            return (event.created_at, shown_id) >= (at, event.id) and own.lists_us(event)
         repo = self.sim.world.repo_of.get(event.id)
         if repo is None or repo.address not in listing or url not in listing[repo.address]:
             return False
