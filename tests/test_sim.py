@@ -68,7 +68,8 @@ def test_bench_simulate_reports_a_seed_whose_run_raised_and_goes_on(monkeypatch)
 
     monkeypatch.setattr(Simulation, "run", raises)
     args = types.SimpleNamespace(days=0.01, relays=3, repos=8, no_faults=False, fault_scale=1.0,
-                                 liveness_after=None, logs=False, abandon_rate=None, idle_tick=None, tick=None)
+                                 liveness_after=None, logs=False, abandon_rate=None, until_exclusive=None, idle_tick=None,
+                                 tick=None)
     seed, result, _, _ = script._run(args, 5)
     [(day, text, detail)] = result.violations["simulator_raised"]
     assert seed == 5 and day == 0.0 and text == "RuntimeError: boom" and "raises" in detail
@@ -153,7 +154,7 @@ def test_a_relay_wanted_only_at_the_end_of_a_window_is_not_judged_neglected_for_
     within seconds. The invariant judged the whole 4 h window by whether relay2 was wanted at
     its end; it now counts a relay's up time only while it is wanted. (Seed 4 is among
     SUITE_SEEDS.)"""
-    _assert_clean(run_replayable(seed=40, days=30, abandon_per_day=0, **SMALL))
+    _assert_clean(run_replayable(seed=40, days=30, abandon_per_day=0, until_exclusive=0, **SMALL))
 
 
 def test_a_relay_is_judged_for_neglect_only_for_the_time_it_was_wanted():
@@ -186,7 +187,7 @@ def test_an_id_never_served_is_not_asked_by_id_again_and_again():
     and by the residual's retry (for lag). Unservable there the day before, it is asked once
     by id at the next fresh start, then by its filter (``UnservableIds.before``; in process:
     test_unservable_decisions)."""
-    _assert_clean(run_replayable(seed=33, days=30, abandon_per_day=0, **SMALL))
+    _assert_clean(run_replayable(seed=33, days=30, abandon_per_day=0, until_exclusive=0, **SMALL))
 
 
 def test_an_id_asked_of_a_relay_that_sends_no_eose_is_not_judged_asked_again():
@@ -685,7 +686,7 @@ def test_a_relay_retired_and_listed_again_is_judged_for_refused_asks_from_its_re
     retired it, its pauses with it (tables follow the work, SPEC §8); listed again on day
     4.71, it was asked #a twice, a trial and the REQ it held, counted with the asks before
     it left. A relay's refusals now go with it from the table, as its dead mark does."""
-    _assert_clean(run_replayable(seed=2, days=5, relays=6, repos=30, liveness_after=363))
+    _assert_clean(run_replayable(seed=2, days=5, relays=6, repos=30, liveness_after=363, until_exclusive=0))
 
 
 def test_a_refusal_a_killed_gsync_had_not_saved_is_not_counted_against_the_next_process():
@@ -808,7 +809,8 @@ def test_a_relay_forgotten_at_a_start_is_judged_for_refused_asks_from_its_return
     pauses with it; listed again, relay2 was asked #a in the new process's first REQs,
     counted with the asks before. A relay out of gsync's table and memory forgets its
     refusals, as one retired does."""
-    _assert_clean(run_replayable(seed=94, days=1.01, relays=3, repos=8, idle_tick_secs=300, liveness_after=28))
+    _assert_clean(run_replayable(seed=94, days=1.01, relays=3, repos=8, idle_tick_secs=300, liveness_after=28,
+                                 until_exclusive=0))
 
 
 def test_relays_a_restarted_gsync_forgets_when_ready_are_judged_from_their_return():
@@ -868,7 +870,8 @@ def test_refused_coverage_is_not_asked_again_before_its_probe():
     again: refused, split, asked alone again (three asks after the refusal; SPEC §5: do not
     recreate that coverage, one probe after 24 h). Now the shapes of a REQ refused by
     policy go alone until each has its verdict (``CoveragePauses.suspect``)."""
-    result = run_replayable(seed=2, days=10, relays=6, repos=20, idle_tick_secs=300, abandon_per_day=0)
+    result = run_replayable(seed=2, days=10, relays=6, repos=20, idle_tick_secs=300, abandon_per_day=0,
+                            until_exclusive=0)
     assert "refused_asked_again" not in result.violations, result.violations["refused_asked_again"]
 
 
@@ -906,7 +909,8 @@ def test_the_status_invariant_catches_a_move_the_table_lacks(monkeypatch):
 
 # -- bugs the simulator found, fixed --------------------------------------------------------
 # Each pinned in the world it was found in: before relays abandoned by their repositories
-# (faults.ABANDON_PER_DAY) were a fault, which changes every run from the first one on.
+# (faults.ABANDON_PER_DAY) were a fault, which changes every run from the first one on, and
+# before relays read until as exclusive (``until_exclusive=0``: the same runs as then).
 
 
 @pytest.mark.slow
@@ -918,7 +922,8 @@ def test_seed_1_six_relays_the_own_relay_restarted_empty():
     taken for a repository or root new to gsync: the state and 17 comments stayed in the
     rejected index (7 days). Fixed in OwnRelaySide (announcement_arrivals,
     on_batch_window_closed); with either half reverted this seed leaves events behind."""
-    result = run_replayable(seed=1, days=10, relays=6, repos=20, idle_tick_secs=300, abandon_per_day=0)
+    result = run_replayable(seed=1, days=10, relays=6, repos=20, idle_tick_secs=300, abandon_per_day=0,
+                            until_exclusive=0)
     assert "left_behind" not in result.violations, result.violations["left_behind"][:3]
 
 

@@ -87,6 +87,7 @@ class SimOptions:
     faults: bool = True
     fault_scale: float = 1.0  # every fault rate times this
     abandon_per_day: float = faults_module.ABANDON_PER_DAY  # relays dropped by every repository listing them
+    until_exclusive: float = 0.2  # the share of relays that read a filter's until as exclusive
     liveness_after: float | None = None  # the day faults stop (default: days - 2, if > 1)
     tick_secs: float = constants.MAINTENANCE_TICK_SECS
     idle_tick_secs: float = 120.0  # the tick's period while nothing else happens (see tick)
@@ -346,9 +347,9 @@ class Simulation:
                          nip77=r.random() < 0.6, nip11=r.random() < 0.8, auth_required=r.random() < 0.1,
                          max_sync_events=r.choice((None, None, None, 200)))
         relay.latency = r.uniform(0.02, 0.25)
-        # a relay in five reads until as exclusive: drawn apart, so the rest of a seed's world
-        # stays what it was before relays did
-        relay.until_exclusive = random.Random(f"{self.options.seed}:{url}:until").random() < 0.2
+        # (drawn apart: with none, a seed's world is what it was before relays did)
+        share = self.options.until_exclusive
+        relay.until_exclusive = random.Random(f"{self.options.seed}:{url}:until").random() < share
         return relay
 
     # -- the heap -----------------------------------------------------------------------
@@ -901,6 +902,8 @@ class SimResult:
             extra += f" --fault-scale {o.fault_scale:g}"
         if o.abandon_per_day != default.abandon_per_day:
             extra += f" --abandon-rate {o.abandon_per_day:g}"
+        if o.until_exclusive != default.until_exclusive:
+            extra += f" --until-exclusive {o.until_exclusive:g}"
         if o.liveness_after is not None:
             extra += f" --liveness-after {o.liveness_after:g}"
         if o.idle_tick_secs != default.idle_tick_secs:
