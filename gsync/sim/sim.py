@@ -71,7 +71,7 @@ from ..sync.relay_state import ConnectionStatus
 from . import faults as faults_module
 from .invariants import Checker
 from .relay import OwnRelay, SimRelay
-from .world import DAY, DOMAIN, OWN_URL, START, World
+from .world import DAY, DOMAIN, KIND_ISSUE, KIND_PATCH, OWN_URL, START, World
 
 GSYNC_SECRET = hashlib.sha256(b"gsync-sim:gsync").hexdigest()
 _MEMORY_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
@@ -88,6 +88,8 @@ class SimOptions:
     fault_scale: float = 1.0  # every fault rate times this
     abandon_per_day: float = faults_module.ABANDON_PER_DAY  # relays dropped by every repository listing them
     until_exclusive: float = 0.2  # the share of relays that read a filter's until as exclusive
+    series: float = 0.1  # the share of roots that open a patch series sent at their second
+    small_pages: float = 0.25  # the share of relays that serve 20 or 50 events a filter
     liveness_after: float | None = None  # the day faults stop (default: days - 2, if > 1)
     tick_secs: float = constants.MAINTENANCE_TICK_SECS
     idle_tick_secs: float = 120.0  # the tick's period while nothing else happens (see tick)
@@ -306,7 +308,8 @@ class Simulation:
     def __init__(self, options: SimOptions, state_dir: str | None = None):
         self.options = o = options
         self.rng = random.Random(o.seed)
-        self.world = World(random.Random(self.rng.random()), relays=o.relays, repos=o.repos)
+        self.world = World(random.Random(self.rng.random()), relays=o.relays, repos=o.repos,
+                           series=random.Random(f"{o.seed}:series"), series_share=o.series)
         self.clock = SimClock(START)
         self.time = SimTime(self.clock)
         self.heap: list = []
@@ -348,8 +351,11 @@ class Simulation:
                          max_sync_events=r.choice((None, None, None, 200)))
         relay.latency = r.uniform(0.02, 0.25)
         # (drawn apart: with none, a seed's world is what it was before relays did)
-        share = self.options.until_exclusive
-        relay.until_exclusive = random.Random(f"{self.options.seed}:{url}:until").random() < share
+        o = self.options
+        relay.until_exclusive = random.Random(f"{o.seed}:{url}:until").random() < o.until_exclusive
+        small = random.Random(f"{o.seed}:{url}:pages")
+        if small.random() < o.small_pages:
+            relay.page_cap = small.choice((20, 50))
         return relay
 
     # -- the heap -----------------------------------------------------------------------
@@ -878,7 +884,11 @@ class Simulation:
         if made is not None:
             repo, event = made
             urls = [u for u in repo.relays if self.rng.random() < 0.7] or [self.rng.choice(repo.relays)]
-            self.publish(event, urls, own=self.rng.random() < 0.2)
+            own = self.rng.random() < 0.2
+            self.publish(event, urls, own=own)
+            if event.kind in (KIND_ISSUE, KIND_PATCH):
+                for patch in self.world.series(repo, event):
+                    self.publish(patch, urls, own=own)
         self.schedule_activity(self.clock.now + self.rng.expovariate(self.activity_rate()))
 
 
@@ -904,6 +914,10 @@ class SimResult:
             extra += f" --abandon-rate {o.abandon_per_day:g}"
         if o.until_exclusive != default.until_exclusive:
             extra += f" --until-exclusive {o.until_exclusive:g}"
+        if o.series != default.series:
+            extra += f" --series {o.series:g}"
+        if o.small_pages != default.small_pages:
+            extra += f" --small-pages {o.small_pages:g}"
         if o.liveness_after is not None:
             extra += f" --liveness-after {o.liveness_after:g}"
         if o.idle_tick_secs != default.idle_tick_secs:

@@ -77,8 +77,12 @@ class World:
     repositories, and the maker of every event. ``repo_of`` maps each event id to the
     repository it belongs to (the own relay's accept policy and the liveness check read it)."""
 
-    def __init__(self, rng: random.Random, *, relays: int, repos: int):
+    def __init__(self, rng: random.Random, *, relays: int, repos: int,
+                 series: random.Random | None = None, series_share: float = 0.0):
         self.rng = rng
+        # patch series sent at one second (``series``): drawn apart from ``rng``, so that
+        # without them the world is what it was before them
+        self._series, self._series_share = series, series_share
         self.relay_urls = [relay_url(i) for i in range(relays)]
         self.spare_urls = [relay_url(i) for i in range(relays, relays + max(2, relays // 4))]
         self.bootstrap = self.relay_urls[:2]
@@ -145,6 +149,23 @@ class World:
         repo.roots.append(event)
         return self._keep(event, repo)
 
+    def series(self, repo: Repo, root: Event) -> list[Event]:
+        """The rest of a patch series ``root`` opens (``series_share`` of roots), one to five
+        patches by its author at its very second, as a client sends a series: what makes a
+        relay's page end inside a second. Empty for most roots."""
+        rng = self._series
+        if rng is None or rng.random() >= self._series_share:
+            return []
+        author = next(a for a in self.authors if a.pubkey == root.pubkey)
+        made = []
+        for _ in range(rng.randint(1, 5)):
+            self._counter += 1
+            tags = [["a", repo.address], ["p", repo.owner.pubkey], ["t", "root"]]
+            event = author.sign(KIND_PATCH, tags, f"root {self._counter}", root.created_at)
+            repo.roots.append(event)
+            made.append(self._keep(event, repo))
+        return made
+
     def comment(self, repo: Repo, root: Event, created_at: int) -> Event:
         self._counter += 1
         author = self.rng.choice(self.authors)
@@ -178,6 +199,7 @@ class World:
             for _ in range(self.rng.randrange(0, 5)):
                 root = self.root(repo, born + self.rng.randrange(3600, int(DAY)))
                 made.append((repo, root))
+                made += [(repo, patch) for patch in self.series(repo, root)]
                 for _ in range(self.rng.randrange(0, 4)):
                     made.append((repo, self.comment(repo, root, root.created_at + self.rng.randrange(60, 86_400))))
         made.sort(key=lambda pair: (pair[1].created_at, pair[1].id))
