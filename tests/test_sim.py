@@ -67,9 +67,7 @@ def test_bench_simulate_reports_a_seed_whose_run_raised_and_goes_on(monkeypatch)
         raise RuntimeError("boom")
 
     monkeypatch.setattr(Simulation, "run", raises)
-    args = types.SimpleNamespace(days=0.01, relays=3, repos=8, no_faults=False, fault_scale=1.0,
-                                 liveness_after=None, logs=False, abandon_rate=None, until_exclusive=None, idle_tick=None,
-                                 tick=None)
+    args = script.parser().parse_args(["--days", "0.01", "--relays", "3", "--repos", "8"])
     seed, result, _, _ = script._run(args, 5)
     [(day, text, detail)] = result.violations["simulator_raised"]
     assert seed == 5 and day == 0.0 and text == "RuntimeError: boom" and "raises" in detail
