@@ -110,3 +110,33 @@ def test_a_reconnect_before_the_verdict_keeps_each_shape_of_a_refused_historic_r
         h.eose_all(A)
     again = [f for f in h.reqs(A) if keys(f) & keys(refused)]
     assert again and all(len(keys(f) & keys(refused)) == 1 for f in again)
+
+
+def test_a_pause_is_saved_at_the_next_tick_and_the_next_process_keeps_it(tmp_path):
+    """A policy pause is saved at the next tick, not within the 30 s of other state: a
+    process killed a few seconds after the refusal leaves the next one the pause, which
+    does not ask the refused shape again (seed 169's 60 days: killed after the pause and
+    before the save, the next process asked the relay again what it had refused)."""
+    repos = [announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)]
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*repos)
+    h.connect(A)
+    h.answer_own_reads()
+    h.advance(1.1)
+    multi = [f for _, f in live_reqs(h) if len(keys(f)) > 1]
+    h.relay_says(A, closed(multi[0][1], "blocked: not here"))
+    lone = [f for _, f in live_reqs(h)][-1]
+    culprit = next(iter(keys(lone)))
+    h.relay_says(A, closed(lone[1], "blocked: not this one"))
+    assert h.state(A).paused.is_paused(culprit)
+    h.advance(2)
+    h.tick()  # the next tick: then killed, nothing more saved
+    h.manager.saved.close()  # (its lock on state_dir goes with the process)
+
+    again = ManagerHarness(tmp_path)  # the next process, on the same state_dir
+    again.own_relay_holds(*repos)
+    assert again.state(A).paused.is_paused(culprit)
+    again.connect(A)
+    again.answer_own_reads()
+    again.advance(1.1)
+    assert not [f for _, f in live_reqs(again) if culprit in keys(f)]

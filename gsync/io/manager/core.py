@@ -153,7 +153,8 @@ class SyncManager:
             completion=self.completion, effects=self.effects, post=self.post, clock=self.clock, ids=self.ids)
         self.refusals = Refusals(relays=self.relays, repos=self.repos, health=self.health, live=self.live,
                                  historic=self.historic, recovery=self.recovery, seen=self.seen,
-                                 delivery=self.delivery, effects=self.effects, clock=self.clock)
+                                 delivery=self.delivery, effects=self.effects, clock=self.clock,
+                                 on_pause=self.saved.save_soon)
         self.descendants = Descendants(self.relays, self.live, self.historic.start)
         self.lifecycle = RelayLifecycle(
             config=config, relays=self.relays, repos=self.repos, saved=self.saved, health=self.health,

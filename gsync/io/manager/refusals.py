@@ -82,7 +82,8 @@ class Refusals:
     what ``seen`` says arrived); the stall clocks stand still while ``delivery`` holds
     reading; ``repos`` says what is still wanted."""
 
-    def __init__(self, *, relays, repos, health, live, historic, recovery, seen, delivery, effects, clock):
+    def __init__(self, *, relays, repos, health, live, historic, recovery, seen, delivery, effects, clock,
+                 on_pause=lambda: None):
         self.relays = relays
         self.repos = repos
         self.health = health
@@ -93,6 +94,7 @@ class Refusals:
         self.delivery = delivery
         self.effects = effects
         self.clock = clock
+        self.on_pause = on_pause  # a new pause: saved soon (``SavedState.save_soon``)
         self.stall_checked_at = clock()  # historic REQs' clocks stand still while delivery holds reading
 
     # -- CLOSED ---------------------------------------------------------------------------
@@ -293,6 +295,7 @@ class Refusals:
         if state.paused.pause(key, self.clock(), shape_at_fault=shape_at_fault):
             log.warning("coverage_paused", relay=state.url, coverage=describe(key), reason=reason,
                         probe_secs=constants.POLICY_PROBE_SECS)
+            self.on_pause()
         metrics.PAUSED_COVERAGE.labels(state.url).set(len(state.paused))
 
     def run_policy_probes(self, now: float) -> None:

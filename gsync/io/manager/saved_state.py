@@ -46,6 +46,7 @@ class SavedState:
         self.save_error: str | None = None  # why the saves fail, while they do (gsync status)
         self.last_save_try = now
         self.touched = False  # a message other than a tick applied since the last save (``note_message``)
+        self.soon = False  # something a crash must not lose was decided: saved at the next tick
         self._memories: dict[str, dict] = {}  # url → record, until that relay is registered
         self._confirmed: dict[str, list] = {}  # url → saved (item, level) rows, the same
         self._members: dict[str, list] = {}  # url → saved (member, roots) rows, the same
@@ -158,9 +159,17 @@ class SavedState:
         is saved within STATE_SAVE_SECS."""
         self.touched = True
 
+    def save_soon(self) -> None:
+        """A decision the next process must know though this one is killed (a relay's policy
+        refusal paused a shape: asked again after a crash, the relay refuses it once more):
+        saved at the next tick, not within STATE_SAVE_SECS."""
+        self.soon = True
+
     def due(self, now: float) -> bool:
         """Every ``STATE_SAVE_SECS`` while messages come, every ``STATE_QUIET_SAVE_SECS`` on
-        ticks alone."""
+        ticks alone; at the next tick after ``save_soon``."""
+        if self.soon:
+            return True
         waited = now - self.last_save_try
         return waited >= constants.STATE_SAVE_SECS and (self.touched or waited >= constants.STATE_QUIET_SAVE_SECS)
 
@@ -168,7 +177,7 @@ class SavedState:
         """Write what changed since the last save, in one transaction. Once the manager is
         ready (the own relay's first read applied: every relay with work is registered),
         saved relays no longer registered are forgotten."""
-        self.last_save_try, self.touched = now, False
+        self.last_save_try, self.touched, self.soon = now, False, False
         c = _Changes()
         for state in relays.values():
             if not state.refused_reason:
