@@ -722,6 +722,62 @@ def test_a_relay_reading_until_as_exclusive_is_learnt_and_its_cut_seconds_asked_
     assert filters_of(b, "s2") == [f.replace(since=990, until=991)]  # one second, as it reads it
 
 
+def test_a_page_that_moved_on_before_until_was_known_exclusive_asks_its_second_again():
+    """Found by the property test in a loaded .ci/run: a full page, cut inside second 16 of a
+    relay that reads ``until`` as exclusive and stops slow queries, split in five; a slow
+    answer proved nothing yet, and three pieces paged on below 16, two brought nothing. The
+    next page proved it; the pieces that had moved on ask from second 16 again, as the
+    relay reads it (one of them had an event there)."""
+    rng = random.Random(17)
+    store = random_store(rng, 184, [f"v{i}" for i in range(12)], crowd=2)
+    f = Filter.make(tags={"e": ["v0", "v2", "v3", "v4", "v9"]})
+    cap = PageCap()
+    received, _ = sync_all(store, [f], RELAYS["per filter 50, stops slow queries, until exclusive"],
+                           seed=rng.randrange(1 << 30), cap=cap)
+    assert cap.until_exclusive
+    assert {e.id for e in store if f.matches(e)} <= received.keys()
+
+
+@pytest.mark.parametrize("relay, seed, events, tags, values", [
+    # a piece that ended, all its page's events shared, before the relay was known to read
+    # until as exclusive (the property test, seed 32 of a loaded run)
+    ("per REQ 20, newest of all, until exclusive", 29687, 343, ["E"], [["v7", "v1", "v6", "v3", "v8", "v9", "v2", "v0", "v4"]]),
+    # an event at a page's until sent for another filter of the REQ, not for it: no proof
+    # that the relay reads until as NIP-01 says (seed 13)
+    ("per REQ 20, newest of all, until exclusive", 3538505, 320, ["E"], [["v0", "v2", "v7", "v4", "v1", "v3", "v5", "v6"]]),
+])
+def test_seconds_left_behind_before_the_relay_was_known_to_read_until_as_exclusive_are_asked_again(
+        relay, seed, events, tags, values):
+    rng = random.Random(seed)
+    store = random_store(rng, events, [f"v{i}" for i in range(12)], crowd=2)
+    filters = [Filter.make(tags={t: v}) for t, v in zip(tags, values, strict=True)]
+    received, _ = sync_all(store, filters, RELAYS[relay], seed=rng.randrange(1 << 30))
+    assert {e.id for e in store if any(f.matches(e) for f in filters)} <= received.keys()
+
+
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_a_batch_ending_without_knowing_how_the_relay_reads_until_asks_it_once(exclusive):
+    """A filter bounded from the start (a result cap's page below what the own relay holds):
+    its page proves nothing on a relay that reads until as exclusive (no event at 100
+    comes, as if none were there). Before the batch ends, one probe: an event it served,
+    bounded to its own second. Read as exclusive, nothing comes back, and second 100 is
+    asked again as the relay reads it; a NIP-01 relay proves itself with the page."""
+    store = [fake_event(t, [["a", "r"]], kind=1621) for t in (100, 100, 99, 98)]
+    f = Filter.make(tags={"a": ["r"]}, until=100)
+    asked = []
+
+    def relay(store, filters, rng, inner=per_filter_relay(80)):
+        asked.append(filters)
+        return (until_exclusive(inner) if exclusive else inner)(store, filters, rng)
+
+    cap = PageCap()
+    received, _ = sync_all(store, [f], relay, cap=cap)
+    assert len(received) == 4
+    probes = [fs for fs in asked if any(flt.ids is not None for flt in fs)]
+    assert (cap.until_exclusive, cap.until_inclusive) == (exclusive, not exclusive)
+    assert len(probes) == (1 if exclusive else 0) and all(len(fs) == 1 for fs in probes)
+
+
 def test_splitting_moves_a_large_history_in_few_reqs():
     rng = random.Random(7)
     values = [f"r{i}" for i in range(50)]

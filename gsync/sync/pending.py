@@ -111,9 +111,11 @@ class PageCap:
     # the smallest match count and REQ total among pages proven cut (None: none yet)
     cut_matched: int | None = None
     cut_total: int | None = None
-    # the relay reads ``until`` as exclusive (some do): a page bounded to second T is asked
-    # with ``until`` T + 1 (``FilterPaginationState.until_shift``)
+    # how the relay reads ``until``, once a page proved it: as exclusive (some do; a page
+    # bounded to second T is then asked with ``until`` T + 1,
+    # ``FilterPaginationState.until_shift``), or as NIP-01 says (inclusive)
     until_exclusive: bool = False
+    until_inclusive: bool = False
 
     @property
     def until_shift(self) -> int:
@@ -193,6 +195,7 @@ class FilterPaginationState:
     seen: list[tuple[int, str]] = field(default_factory=list)
     own_count: int = 0  # matched by no other filter of the REQ: certainly sent for this one
     own_min: int | None = None  # the oldest of those
+    own_at_until: bool = False  # one of them at the second this page is bounded to
     # ids already seen at page_filter.until on earlier pages: they are not progress
     boundary_ids: set[str] = field(default_factory=set)
     # None: the boundary ids are this filter's; n: those of the filter this one is one of n
@@ -209,6 +212,10 @@ class FilterPaginationState:
     # what ``page_filter.until`` adds to the second it is bounded to: 1 on a relay that reads
     # ``until`` as exclusive (``PageCap.until_exclusive``), else 0
     until_shift: int = 0
+    # set by ``next_page`` when this page, bounded to a second as NIP-01 reads ``until``,
+    # brought no event at it and the filter leaves it behind (pages on below it, or ends):
+    # a relay that reads ``until`` as exclusive never sent that second
+    passed: int | None = None
 
     @classmethod
     def start(cls, f: Filter, until_shift: int = 0) -> FilterPaginationState:
@@ -237,6 +244,13 @@ class FilterPaginationState:
             page_filter=self.original_filter.replace(until=until + shift),
             boundary_ids=boundary_ids, until_shift=shift, pages=self.pages + 1, **fields)
 
+    def _again(self, **fields) -> FilterPaginationState:
+        """This page asked again (what it saw is not counted twice)."""
+        return FilterPaginationState(
+            original_filter=self.original_filter, page_filter=self.page_filter,
+            boundary_ids=fields.pop("boundary_ids", self.boundary_ids), boundary_shared=self.boundary_shared,
+            until_shift=self.until_shift, pages=self.pages + 1, **fields)
+
     def record(self, event: Event, own: bool) -> None:
         """Count a matching event; ``own`` when no other filter of the REQ matches it."""
         self.seen.append((event.created_at, event.id))
@@ -244,12 +258,14 @@ class FilterPaginationState:
             self.own_count += 1
             if self.own_min is None or event.created_at < self.own_min:
                 self.own_min = event.created_at
+            if event.created_at == self.until:
+                self.own_at_until = True
 
     def restarted(self) -> FilterPaginationState:
         return FilterPaginationState(
             self.original_filter, self.page_filter, boundary_ids=self.boundary_ids,
-            boundary_shared=self.boundary_shared, alone=self.alone, previous=self.previous, full=self.full, stalled=self.stalled,
-            pages=self.pages, until_shift=self.until_shift,
+            boundary_shared=self.boundary_shared, alone=self.alone, previous=self.previous,
+            full=self.full, stalled=self.stalled, pages=self.pages, until_shift=self.until_shift,
         )
 
     def brought_new(self) -> bool:
@@ -294,24 +310,17 @@ class FilterPaginationState:
             return self._bounded(self.until, self.boundary_ids, cap.until_shift, alone=self.alone,
                                  boundary_shared=self.boundary_shared)
         if not cap.maybe_cut(len(self.seen), total, slow):
-            return None
+            return self._leaving(None)
         previous = PreviousPage(frozenset(i for _, i in self.seen), len(self.seen), total, slow)
         covered = self.covered_until(cap.per_filter_bound(total, slow))
         if not self.seen:
             # A REQ that may have been cut before reaching it: the same page again, in any
             # REQ (the others' pages move on, so it is not cut off again for ever).
-            return FilterPaginationState(self.original_filter, self.page_filter,
-                                         boundary_ids=self.boundary_ids, previous=previous,
-                                         pages=self.pages + 1, until_shift=self.until_shift,
-                                         boundary_shared=self.boundary_shared)
+            return self._again(previous=previous)
         if covered is None:
             # Everything it matched, another filter matched too, and the page size says
             # nothing: the same page again, alone, where all of it is its own.
-            return FilterPaginationState(self.original_filter, self.page_filter,
-                                         boundary_ids=self.boundary_ids, alone=True,
-                                         previous=previous, pages=self.pages + 1,
-                                         until_shift=self.until_shift,
-                                         boundary_shared=self.boundary_shared)
+            return self._again(alone=True, previous=previous)
         ids_at = {i for t, i in self.seen if t == covered}
         until = self.until
         at_boundary = until is not None and covered >= until
@@ -325,11 +334,8 @@ class FilterPaginationState:
             # No progress, but the REQ's cap or its time may have stopped it inside this
             # second: once more, riding in the batch's next REQ (the others' pages move on,
             # and what they teach may settle it), then alone, where the answer is all its own.
-            return FilterPaginationState(self.original_filter, self.page_filter,
-                                         boundary_ids=self.boundary_ids | ids_at,
-                                         boundary_shared=self.boundary_shared,
-                                         alone=self.stalled, stalled=True, previous=previous,
-                                         pages=self.pages + 1, until_shift=self.until_shift)
+            return self._again(boundary_ids=self.boundary_ids | ids_at, alone=self.stalled, stalled=True,
+                               previous=previous)
         else:
             # No progress: the relay keeps returning the same page, all of it at one second
             # it serves no more of. Paging skips that second; the caller completes it.
@@ -337,9 +343,19 @@ class FilterPaginationState:
             next_until, boundary = until - 1, set()
         since = self.original_filter.since
         if next_until < 0 or (since is not None and next_until < since):
-            return None
-        return self._bounded(next_until, boundary, cap.until_shift, previous=previous,
-                             full=cap.filled(len(self.seen)), boundary_shared=shared)
+            return self._leaving(None)
+        return self._leaving(self._bounded(next_until, boundary, cap.until_shift, previous=previous,
+                                           full=cap.filled(len(self.seen)), boundary_shared=shared))
+
+    def _leaving(self, following: FilterPaginationState | None) -> FilterPaginationState | None:
+        """``following`` (the next page, or None: the filter is done), noting in ``passed``
+        the second this page was bounded to if it leaves it behind unproven: asked as
+        NIP-01 reads ``until``, and no event at it came for this filter alone."""
+        until = self.until
+        if (not self.until_shift and until is not None and not self.own_at_until
+                and (following is None or following.until < until)):
+            self.passed = until
+        return following
 
     def split(self, parts: int) -> list[FilterPaginationState]:
         """This page as up to ``parts`` filters over disjoint slices of its one tag's
@@ -383,6 +399,16 @@ class CrowdedSecond:
     second: int
     seen: int
     again: bool = False
+
+
+def until_probe(event_id: str, created_at: int) -> Filter:
+    """A REQ that tells how a relay reads ``until``: an event it served, bounded to its own
+    second. Read as NIP-01 says, it comes again; read as exclusive, nothing does."""
+    return Filter.make(ids=[event_id], until=created_at)
+
+
+def is_until_probe(f: Filter) -> bool:
+    return f.ids is not None and f.until is not None
 
 
 def slow_page(elapsed: float | None, total: int) -> bool:
@@ -444,14 +470,26 @@ class PaginationState:
 
     def teach(self, cap: PageCap, elapsed: float | None = None) -> None:
         """What this page shows of the relay's caps: what it served, and, for a page
-        confirming an earlier one, whether that one was cut; and whether the relay reads
-        ``until`` as exclusive. ``elapsed``: seconds from the REQ to its EOSE, if known."""
+        confirming an earlier one, whether that one was cut; and how the relay reads
+        ``until``: as NIP-01 says when a page bounded to a second brought an event of its own at it, as
+        exclusive when ``_until_read_as_exclusive``. ``elapsed``: seconds from the REQ to
+        its EOSE, if known."""
         for s in self.filters:
             if s.brought_new() and not s.previous.slow:
                 cap.note_cut(s.previous.matched, s.previous.total)
             cap.observe(s.own_count)
         cap.observe(0, self.total)
-        if not cap.until_exclusive and self._until_read_as_exclusive(cap, slow_page(elapsed, self.total)):
+        if cap.until_exclusive or cap.until_inclusive:
+            return
+        probes = [s for s in self.filters if is_until_probe(s.original_filter)]
+        if probes:  # (asked alone: its one event, or nothing)
+            cap.until_inclusive = any(s.seen for s in probes)
+            cap.until_exclusive = not cap.until_inclusive
+        elif any(not s.until_shift and s.own_at_until for s in self.filters):
+            # (read as exclusive, no event at it would come; one another filter of the REQ
+            # matched too may have been sent for that one, from a later second)
+            cap.until_inclusive = True
+        elif self._until_read_as_exclusive(cap, slow_page(elapsed, self.total)):
             cap.until_exclusive = True
 
     def _until_read_as_exclusive(self, cap: PageCap, slow: bool) -> bool:
@@ -548,6 +586,13 @@ class PendingBatch:
     residual_asked: set[str] = field(default_factory=set)  # the ids asked so (``sync.unservable``)
     # seconds its pages could not page inside, for the caller to complete another way
     crowded: list[CrowdedSecond] = field(default_factory=list)
+    # (filter, second) its pages left behind before the connection knew how the relay reads
+    # ``until`` (``FilterPaginationState.passed``): asked again if it reads it as exclusive
+    unproven_seconds: list[tuple[Filter, int]] = field(default_factory=list)
+    # the newest (created_at, id) its pages brought: what a probe of how the relay reads
+    # ``until`` asks for (``until_probe``); whether one was asked
+    newest_seen: tuple[int, str] | None = None
+    until_probed: bool = False
     # filters NIP-77 found mostly missing: fetched by REQ after the last exchange
     fetch_by_filter: list[Filter] = field(default_factory=list)
     # An AddFilters batch whose REQs all still wait for the pacing gate may take in the next

@@ -26,6 +26,7 @@ from .pending import (
     PaginationState,
     PendingBatch,
     crowded_second_filter,
+    until_probe,
 )
 from .plan_actions import AGAIN, Advance, ExchangesEnded, Start
 from .policy import regroup_parts
@@ -597,6 +598,7 @@ def on_eose(batch: PendingBatch, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ
     by_itself = len(state.filters) == 1
     continuing = [n for n in (s.next_page(cap, state.total, elapsed, by_itself)
                               for s in state.filters) if n]
+    continuing += _unproven_seconds_again(batch, state, cap, ending=not continuing and not batch.outstanding_subs)
     batch.crowded += [
         CrowdedSecond(crowded_second_filter(s.original_filter, s.crowded[0]), *s.crowded,
                       again=s.one_second)
@@ -614,6 +616,31 @@ def on_eose(batch: PendingBatch, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ
         batch.pagination[name] = PaginationState(group)
         pages.append((name, [s.page_filter for s in group]))
     return pages
+
+
+def _unproven_seconds_again(batch: PendingBatch, state: PaginationState, cap: PageCap, ending: bool) -> list:
+    """The seconds this batch's pages left behind before the connection knew how the relay
+    reads ``until`` (``FilterPaginationState.passed``), asked again once each where they
+    may be missing: bounded as the relay reads it once it is known to read it as
+    exclusive; none once it is known to read it as NIP-01 says. A batch that would end
+    (``ending``) not knowing asks first (``pending.until_probe``), alone; if that does not
+    tell, they are asked with ``until`` one second on, what either reading serves them with."""
+    if cap.until_inclusive:
+        batch.unproven_seconds.clear()
+        return []
+    batch.unproven_seconds += [(s.original_filter, s.passed) for s in state.filters if s.passed is not None]
+    batch.newest_seen = max([batch.newest_seen or (-1, ""), *(max(s.seen) for s in state.filters if s.seen)])
+    if not batch.unproven_seconds or not (cap.until_exclusive or ending):
+        return []
+    if not cap.until_exclusive and not batch.until_probed and batch.newest_seen[0] >= 0:
+        # Ending, not knowing: one event it served, bounded to its second, tells.
+        batch.until_probed = True
+        probe = FilterPaginationState.start(until_probe(batch.newest_seen[1], batch.newest_seen[0]))
+        probe.alone = True
+        return [probe]
+    seconds, batch.unproven_seconds = batch.unproven_seconds, []
+    shift = 1  # (exclusive; or, not known, one second on: what either reading serves it with)
+    return [FilterPaginationState.start(f.replace(since=second, until=second), shift) for f, second in seconds]
 
 
 def on_closed(batch: PendingBatch, sub_id: str) -> list[Filter]:
