@@ -765,10 +765,11 @@ def test_a_batch_ending_without_knowing_how_the_relay_reads_until_asks_it_once(e
     store = [fake_event(t, [["a", "r"]], kind=1621) for t in (100, 100, 99, 98)]
     f = Filter.make(tags={"a": ["r"]}, until=100)
     asked = []
+    inner = until_exclusive(per_filter_relay(80)) if exclusive else per_filter_relay(80)
 
-    def relay(store, filters, rng, inner=per_filter_relay(80)):
+    def relay(store, filters, rng):
         asked.append(filters)
-        return (until_exclusive(inner) if exclusive else inner)(store, filters, rng)
+        return inner(store, filters, rng)
 
     cap = PageCap()
     received, _ = sync_all(store, [f], relay, cap=cap)
