@@ -20,6 +20,14 @@ def test_where_the_filters_could_not_answer_twenty_advertised_and_a_tenth_served
     assert not ids_not_served(advertised=n, served_by_id=n // 10 + 1)
 
 
+def test_a_relay_that_served_a_page_of_ids_serves_ids_though_its_cap_cut_the_fetch():
+    """Seed 8's year of small pages: 300 ids asked in one filter of a relay serving 20 a
+    filter; the filters brought the rest. It serves ids: its NIP-77 stays on."""
+    assert not ids_not_served(advertised=300, served_by_id=20, brought_by_filter=280)
+    assert not ids_not_served(advertised=300, served_by_id=20)
+    assert ids_not_served(advertised=300, served_by_id=2, brought_by_filter=298)
+
+
 def test_many_ids_that_their_filters_did_not_bring_either_say_nothing_of_the_relay():
     n = IDS_NOT_SERVED_MIN_ADVERTISED
     assert not ids_not_served(advertised=n, served_by_id=0, brought_by_filter=0)

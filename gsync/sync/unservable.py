@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 from ..constants import (
     IDS_NOT_SERVED_MIN_ADVERTISED,
+    MIN_PAGE_CAP,
     RESIDUAL_FALLBACK_MAX_FRACTION,
     UNSERVABLE_MAX_IDS,
 )
@@ -32,8 +33,10 @@ def ids_not_served(advertised: int, served_by_id: int, brought_by_filter: int | 
     advertised. Ids that neither the id fetch nor their filters brought say nothing of the
     relay, however many: they are not there (a relay that hides on read, or still advertises
     what it deleted, would otherwise lose its NIP-77 at every daily fresh start; seed 28's
-    year: 20 such ids, gathered over months)."""
-    if served_by_id > advertised * RESIDUAL_FALLBACK_MAX_FRACTION:
+    year: 20 such ids, gathered over months). Nor does one that served ``MIN_PAGE_CAP`` ids
+    or more by id: it serves ids, and its page cap cut the fetch (a relay serving 20 a
+    filter sent 20 of 300 ids, and lost its NIP-77 for a day: seed 8's year of small pages)."""
+    if served_by_id > advertised * RESIDUAL_FALLBACK_MAX_FRACTION or served_by_id >= MIN_PAGE_CAP:
         return False
     if brought_by_filter is None:
         return advertised >= IDS_NOT_SERVED_MIN_ADVERTISED
