@@ -244,12 +244,12 @@ class FilterPaginationState:
             page_filter=self.original_filter.replace(until=until + shift),
             boundary_ids=boundary_ids, until_shift=shift, pages=self.pages + 1, **fields)
 
-    def _again(self, **fields) -> FilterPaginationState:
+    def _again(self, boundary_ids=None, **fields) -> FilterPaginationState:
         """This page asked again (what it saw is not counted twice)."""
         return FilterPaginationState(
             original_filter=self.original_filter, page_filter=self.page_filter,
-            boundary_ids=fields.pop("boundary_ids", self.boundary_ids), boundary_shared=self.boundary_shared,
-            until_shift=self.until_shift, pages=self.pages + 1, **fields)
+            boundary_ids=self.boundary_ids if boundary_ids is None else boundary_ids,
+            boundary_shared=self.boundary_shared, until_shift=self.until_shift, pages=self.pages + 1, **fields)
 
     def record(self, event: Event, own: bool) -> None:
         """Count a matching event; ``own`` when no other filter of the REQ matches it."""
@@ -505,11 +505,10 @@ class PaginationState:
         groups: dict[tuple, list[FilterPaginationState]] = {}
         for s in self.filters:
             if not s.until_shift and s.until is not None and s.boundary_ids:
-                key = (s.until, frozenset(s.boundary_ids), s.boundary_shared)
-                groups.setdefault(key if s.boundary_shared is not None else (key, id(s)), []).append(s)
+                alone = id(s) if s.boundary_shared is None else None  # (its own group)
+                groups.setdefault((s.until, frozenset(s.boundary_ids), s.boundary_shared, alone), []).append(s)
         complete = not cap.req_maybe_cut(self.total, slow)
-        for key, split_from_one in groups.items():
-            until, _, shared = key if len(key) == 3 else key[0]
+        for (until, _, shared, _), split_from_one in groups.items():
             if shared is not None and len(split_from_one) != shared:
                 continue  # some of the pieces are elsewhere: the events may be theirs
             if any(t == until for s in split_from_one for t, _ in s.seen):

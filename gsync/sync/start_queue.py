@@ -629,18 +629,20 @@ def _unproven_seconds_again(batch: PendingBatch, state: PaginationState, cap: Pa
         batch.unproven_seconds.clear()
         return []
     batch.unproven_seconds += [(s.original_filter, s.passed) for s in state.filters if s.passed is not None]
-    batch.newest_seen = max([batch.newest_seen or (-1, ""), *(max(s.seen) for s in state.filters if s.seen)])
+    newest = [max(s.seen) for s in state.filters if s.seen] + [batch.newest_seen] * (batch.newest_seen is not None)
+    if newest:
+        batch.newest_seen = max(newest)
     if not batch.unproven_seconds or not (cap.until_exclusive or ending):
         return []
-    if not cap.until_exclusive and not batch.until_probed and batch.newest_seen[0] >= 0:
+    if not cap.until_exclusive and not batch.until_probed and batch.newest_seen is not None:
         # Ending, not knowing: one event it served, bounded to its second, tells.
         batch.until_probed = True
         probe = FilterPaginationState.start(until_probe(batch.newest_seen[1], batch.newest_seen[0]))
         probe.alone = True
         return [probe]
     seconds, batch.unproven_seconds = batch.unproven_seconds, []
-    shift = 1  # (exclusive; or, not known, one second on: what either reading serves it with)
-    return [FilterPaginationState.start(f.replace(since=second, until=second), shift) for f, second in seconds]
+    # (``until`` one second on: exclusive, as the relay reads it; not known, what either serves)
+    return [FilterPaginationState.start(f.replace(since=second, until=second), 1) for f, second in seconds]
 
 
 def on_closed(batch: PendingBatch, sub_id: str) -> list[Filter]:
