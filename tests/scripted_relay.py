@@ -364,9 +364,10 @@ class Nip77Serve:
             self.opened += 1
             flt = filter_from_json(message[2])
             self.filters.append(flt)
+            read = relay.as_read(flt)
             with relay._store_lock:
                 items = [(ev.created_at, ev.id) for _, ev in relay._store.values()
-                         if ev is not None and flt.matches(ev) and ev.id not in self.unlisted]
+                         if ev is not None and read.matches(ev) and ev.id not in self.unlisted]
             if self.max_results is not None and len(items) > self.max_results:
                 self.refused += 1
                 return [["NEG-ERR", sub, "blocked: too many query results",
@@ -535,12 +536,16 @@ class ScriptedRelay:
             cap = self.page_size if cap is None else min(cap, self.page_size)
         if cap == 0:
             return []
-        if self.until_exclusive and f.until is not None:
-            f = f.replace(until=f.until - 1)
+        f = self.as_read(f)
         with self._store_lock:
             found = [(ev, raw) for raw, ev in self._store.values() if ev is not None and f.matches(ev)]
         found.sort(key=lambda pair: (-pair[0].created_at, pair[0].id))
         return [raw for _, raw in found[:cap]]
+
+    def as_read(self, f: Filter) -> Filter:
+        """``f`` as this relay reads it, in REQs and NEG-OPENs alike: ``until`` excluding
+        its own second where ``until_exclusive``."""
+        return f.replace(until=f.until - 1) if self.until_exclusive and f.until is not None else f
 
     def answer(self, filters: list[Filter]) -> list[dict]:
         """A REQ's stored events: the union over its filters, newest first (at most

@@ -156,6 +156,25 @@ def test_a_second_holding_more_events_than_a_page_is_synced_by_negentropy(relay_
     assert gsync.metric("gsync_crowded_seconds_total", outcome="incomplete") == 0
 
 
+def test_a_crowded_second_is_synced_by_negentropy_on_a_relay_reading_until_as_exclusive(
+        relay_factory, gsync_factory, scripted):
+    """The same on a relay that reads ``until`` as exclusive, in NEG-OPEN as in REQ
+    (PEERS.md), serving 100 a page: the exchange over the crowded second asks it one second
+    on, so that such a relay reads that second at all."""
+    own = relay_factory()
+    serve = Nip77Serve()
+    remote = scripted(negentropy=serve, page_size=100, until_exclusive=True)
+    repo = our_announcement(own, [remote], d="crowded-exclusive")
+    second = f.next_created_at()
+    issues = [f.issue(bob, repo, subject=f"crowded {i}", created_at=second) for i in range(150)]
+    remote.add(repo, *issues)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, issues, timeout=60, what="all 150 issues of the crowded second")
+    assert any(flt.since == second for flt in serve.filters), serve.filters
+    assert gsync.metric("gsync_crowded_seconds_total", outcome="negentropy") >= 1
+
+
 def test_a_crowded_second_of_several_repositories_is_split_by_repository(relay_factory,
                                                                        gsync_factory):
     """NIP-77 off: 700 issues of two repositories in one second, 500 served per filter. The

@@ -86,3 +86,31 @@ def test_a_later_repository_on_a_relay_whose_cap_is_known_is_cut_before_its_firs
     assert nip77.refused == refused, "the second repository's filter was refused first"
     assert len(by_second) <= 6, [(flt.since, flt.until) for flt in by_second]
     assert gsync.log_text().count("negentropy_filter_cut") > cut, "cut before its start"
+
+
+@pytest.mark.parametrize("reported", [True, False])
+def test_windows_cut_past_a_cap_lose_no_second_on_a_relay_reading_until_as_exclusive(
+        relay_factory, gsync_factory, scripted, reported):
+    """A relay that reads ``until`` as exclusive in NEG-OPEN as in REQ (PEERS.md), with a
+    cap of 10. The own relay holds 60 hourly issues; the relay holds besides one issue a
+    second before each of them and one in the same second as the last: where windows cut
+    by the holdings end (the second before the next window's first held one; the last held
+    second). Each window must still bring its last second's events."""
+    own = relay_factory()
+    nip77 = Nip77Serve(max_results=CAP, report_cap=reported)
+    remote = scripted(negentropy=nip77, page_size=500, until_exclusive=True)
+    repo = our_announcement(own, [remote], d=f"capped-exclusive-{reported}")
+    hours = [f.BASE_CREATED_AT + 3600 * i for i in range(60)]
+    held = [f.issue(bob, repo, subject=f"held {i}", created_at=t) for i, t in enumerate(hours)]
+    lacked = [f.issue(bob, repo, subject=f"before {i}", created_at=t - 1) for i, t in enumerate(hours)]
+    lacked.append(f.issue(bob, repo, subject="beside the last", created_at=hours[-1]))
+    remote.add(repo, *held, *lacked)
+    publish(own.url, [repo, *held])
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, lacked, timeout=60, what="the issues at the windows' last seconds")
+    bounded = [flt for flt in nip77.filters if flt.until is not None]
+    print(f"NEG-OPEN {nip77.opened} (refused {nip77.refused}, {len(bounded)} bounded by until), "
+          f"REQ {len(remote.reqs())}")
+    assert nip77.refused >= 1 and bounded, "the cap was reached and the filter cut into windows"
+    assert nip77.refused <= 15, f"{nip77.refused} refusals"
+    assert gsync.metric("gsync_events_dropped_total") == 0

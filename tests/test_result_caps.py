@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from gsync.protocol.filters import Filter
 from gsync.sync import result_caps
+from gsync.sync.pending import PageCap, exchange_asks
 from gsync.sync.result_caps import (
     Cut,
     ResultCap,
@@ -168,6 +169,26 @@ def test_a_cut_asks_exactly_what_the_filter_asks(times, limit, since, until):
         n = sum(_in(w, t) for t in held)
         assert n >= 1, "every exchange has something held to save"
         assert n < len(held) or len(set(held)) == 1
+        # asked one second on where the relay's reading of until is not known
+        # (``exchange_asks``), a window ends at its last held second: the second past it
+        # holds nothing of ours unless held seconds follow each other there
+        if w.until != flt.until:
+            assert w.until in held, (w, sorted(held))
+
+
+def test_windows_end_at_their_last_held_second_so_one_second_more_counts_nothing_held():
+    """Hourly holdings, cap 10 (8 a window): the windows end at held seconds and the next
+    begins a second later, so an exchange asking one second past its window (a relay whose
+    reading of ``until`` is not known) is counted by the relay as the window is."""
+    times = [BASE + 3600 * i for i in range(40)]
+    cut = cut_past_cap(ISSUES, times, 10)
+    assert [(w.since, w.until) for w in cut.exchanges] == [
+        (BASE, BASE + 3600 * 7), (BASE + 3600 * 7 + 1, BASE + 3600 * 15),
+        (BASE + 3600 * 15 + 1, BASE + 3600 * 23), (BASE + 3600 * 23 + 1, BASE + 3600 * 31),
+        (BASE + 3600 * 31 + 1, BASE + 3600 * 39)]
+    assert [(p.since, p.until) for p in cut.pages] == [(None, BASE - 1), (BASE + 3600 * 39 + 1, None)]
+    for w in cut.exchanges:
+        assert sum(_in(exchange_asks(w, None), t) for t in times) == 8
 
 
 # -- after a refusal, before a start -------------------------------------------------------------
@@ -238,3 +259,14 @@ def test_a_cap_of_10_over_169_events_converges_in_few_refusals(every):
     refusals, served, pages = converge(remote, remote[::every], cap=10)
     print(f"held every {every}: {refusals} refusals, {served} exchanges, {pages} page filters")
     assert refusals <= 15
+
+
+def test_an_exchange_asks_one_second_past_its_window_unless_the_relay_is_known_to_read_until_as_nip01():
+    window = ISSUES.replace(since=BASE, until=BASE + 100)
+    assert exchange_asks(window, None).until == BASE + 101  # nothing known
+    assert exchange_asks(window, PageCap()).until == BASE + 101
+    assert exchange_asks(window, PageCap(until_exclusive=True)).until == BASE + 101
+    assert exchange_asks(window, PageCap(until_inclusive=True)) == window
+    assert exchange_asks(ISSUES, None) == ISSUES  # no until: nothing to read either way
+    second = ISSUES.replace(since=BASE, until=BASE)
+    assert exchange_asks(second, PageCap(until_exclusive=True)) == ISSUES.replace(since=BASE, until=BASE + 1)

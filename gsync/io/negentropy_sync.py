@@ -193,11 +193,13 @@ def _read_each(own_url: str, reads, fresh: bool, busy) -> tuple[list | None, str
 def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batch_id: int,
                      token: str, deadline_secs: float = NEGENTROPY_DEADLINE_SECS,
                      held=None, read_also: Filter | None = None, frame_size_limit: int = FRAME_SIZE_LIMIT,
-                     busy=None, started=None) -> None:
+                     busy=None, started=None, asks: Filter | None = None) -> None:
     """``held``: the own relay's (created_at, id) for ``flt``, if already known, but for
     ``read_also`` (part of ``flt``), read here; ``busy``: the own relay is slow to answer
     deliveries (``give_way``); ``started``: a list the monotonic time its turn came is
-    appended to (the manager's deadline)."""
+    appended to (the manager's deadline); ``asks``: the filter the NEG-OPEN sends, when not
+    ``flt`` (``pending.exchange_asks``; the answer is ``flt``'s)."""
+    asks = flt if asks is None else asks
     if held is None or read_also is not None:
         give_way(busy)
     with _running:
@@ -206,7 +208,7 @@ def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batc
         try:
             read = None
             if held is None:
-                items = _holdings.get(own_url, flt)
+                items = _holdings.get(own_url, asks)
             elif read_also is not None:
                 read = _holdings.get(own_url, read_also)
                 items = _with(held, read)
@@ -217,8 +219,8 @@ def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batc
                                         own_relay_failed=True)
         else:
             extra = list(extra_items)
-            shared = None if extra else _holdings.storage(flt, items)
-            outcome = exchange(conn, token, flt, items + extra if extra else items, deadline_secs,
+            shared = None if extra else _holdings.storage(asks, items)
+            outcome = exchange(conn, token, asks, items + extra if extra else items, deadline_secs,
                                frame_size_limit=frame_size_limit, storage=shared)
             outcome.held, outcome.beyond = len(items), len(extra)
             if read is not None:

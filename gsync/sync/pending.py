@@ -401,6 +401,19 @@ class CrowdedSecond:
     again: bool = False
 
 
+def exchange_asks(f: Filter, cap: PageCap | None) -> Filter:
+    """What a NIP-77 exchange of ``f`` sends: ``until`` one second on unless the relay is
+    known to read it as NIP-01 says. An exchange has no page to prove the reading by, and a
+    relay that reads ``until`` as exclusive in REQs reads it so in NEG-OPENs: a window cut
+    past a result cap (``result_caps``), a crowded second, would reconcile without its last
+    second there, and the events only it holds at that second would never come. Asked one
+    second on, such a relay reads the window exactly; one that reads it as NIP-01 says
+    (not yet proven) reads one second more, which the next window or page asks too."""
+    if f.until is None or (cap is not None and cap.until_inclusive):
+        return f
+    return f.replace(until=f.until + 1)
+
+
 def until_probe(event_id: str, created_at: int) -> Filter:
     """A REQ that tells how a relay reads ``until``: an event it served, bounded to its own
     second. Read as NIP-01 says, it comes again; read as exclusive, nothing does."""

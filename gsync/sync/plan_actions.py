@@ -10,13 +10,15 @@ from typing import Any
 @dataclass(frozen=True)
 class Start:
     """The queued start that goes now (``HistoricPlanner.next_start``): a REQ, or a NIP-77
-    exchange (``holdings``: what the own relay holds of its filter, and a part of it whose
-    holdings are not known, for the exchange to read)."""
+    exchange (``holdings``: what the own relay holds of what it asks, and a part of it
+    whose holdings are not known, for the exchange to read; ``asks``: the filter its
+    NEG-OPEN sends, ``pending.exchange_asks``)."""
 
     sub_id: str
     filters: list
     batch: Any
     holdings: tuple | None = None
+    asks: Any = None
 
 
 AGAIN = "again"  # ``next_start``: no start yet, the queue is to be asked again (once its actions are done)

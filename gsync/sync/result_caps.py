@@ -16,10 +16,10 @@ within them as many times as it had parts. What is known instead:
 
 ``cut_past_cap`` cuts the refused filter into time windows (``since``/``until``) by the
 holdings, each holding at most ``FILL`` of the cap (room for events we lack) and at most
-half of what was refused; the windows meet, each from its first held second to the next
-one's. Where the filter was open (before the first held event, after the last: history the
-own relay never had, events new since it synced) REQ pages ask: NIP-77 would find nothing
-held there, and the same events come for fewer starts. A window refused again is cut again
+half of what was refused; the windows meet, each ending at its last held second. Where
+the filter was open (before the first held event, after the last: history the own relay
+never had, events new since it synced) REQ pages ask: NIP-77 would find nothing held
+there, and the same events come for fewer starts. A window refused again is cut again
 the same way, so only what is refused again is halved (and its siblings, not started yet,
 holding as many, before their start: ``cut_before_start``). A filter of which the own relay
 holds too little to be worth the exchanges goes by REQ pages whole (``pages_pay``).
@@ -133,9 +133,12 @@ def cut_past_cap(f: Filter, held_times: Iterable[int], limit: int | None) -> Cut
         per_window = min(per_window, max(1, int(limit * FILL)))
     per_window = max(per_window, math.ceil(len(times) / MAX_WINDOWS))
     groups = _groups(times, per_window)
-    # each window from its first held second to the next one's; the outer ones to f's ends
-    starts = [groups[0][0] if f.since is None else f.since] + [first for first, _ in groups[1:]]
-    ends = [first - 1 for first, _ in groups[1:]] + [groups[-1][1] if f.until is None else f.until]
+    # each window from the second after the one before's last held second to its own last
+    # held second; the outer ones to f's ends. (An exchange asks one second past its window
+    # where the relay's reading of ``until`` is not known, ``pending.exchange_asks``: that
+    # second holds nothing of ours, so the relay counts no more of it than of the window.)
+    starts = [groups[0][0] if f.since is None else f.since] + [last + 1 for _, last in groups[:-1]]
+    ends = [last for _, last in groups[:-1]] + [groups[-1][1] if f.until is None else f.until]
     windows = list(zip(starts, ends, strict=True))
     below, above = f.since is None, f.until is None  # open: by pages
     if windows == [(f.since, f.until)]:  # one second held, in a window: pages around it

@@ -26,6 +26,7 @@ from .pending import (
     PaginationState,
     PendingBatch,
     crowded_second_filter,
+    exchange_asks,
     until_probe,
 )
 from .plan_actions import AGAIN, Advance, ExchangesEnded, Start
@@ -337,8 +338,10 @@ def next_start(plan, state, open_any: bool, open_bytes: int, now: float):
         plan.queue.drop_first(state)
         if batch is not None and not batch.started:
             plan.move(state, batch, Step.FIRST_START)  # a later AddFilters queues beside it
-        return Start(sub_id, group, batch, exchange_holdings(plan, batch, sub_id, group[0], now)
-                     if is_exchange(sub_id) else None)
+        if not is_exchange(sub_id):
+            return Start(sub_id, group, batch)
+        asks = exchange_asks(group[0], session.page_cap)
+        return Start(sub_id, group, batch, exchange_holdings(plan, batch, sub_id, group[0], now, asks), asks)
     return None
 
 
@@ -432,15 +435,20 @@ def fill_before_start(plan, state, batch: PendingBatch | None, sub_id: str, grou
     return group
 
 
-def exchange_holdings(plan, batch: PendingBatch | None, token: str, flt: Filter, now: float):
+def exchange_holdings(plan, batch: PendingBatch | None, token: str, flt: Filter, now: float,
+                      asks: Filter | None = None):
     """(what the own relay holds of ``flt``, a part of it whose holdings are not known)
     for an exchange about to start: what its batch read for it, with what is now known
     of values that joined it since; else what the session knows (None: the exchange
-    reads it)."""
+    reads it). ``asks``: what its NEG-OPEN sends, when that reaches past ``flt``
+    (``exchange_asks``): the session's knowledge of it first, so that what the own relay
+    holds in the second beyond is not found missing."""
     held = batch.own_holdings.pop(token, None) if batch is not None else None
     also = batch.read_also.pop(token, None) if batch is not None else None
+    if asks is not None and asks != flt and (known := plan.own_held.holdings(asks, now)) is not None:
+        return known, None
     if held is None:
-        return plan.own_held.holdings(flt, now), None
+        return plan.own_held.holdings(asks or flt, now), None
     if also is not None and (known := plan.own_held.holdings(also, now)) is not None:
         return union_of_holdings(held, known), None
     return held, also

@@ -255,21 +255,24 @@ class HistoricSync:
         purpose = batch.purpose if batch is not None else "other"
         if is_exchange(sub_id):
             metrics.BACKGROUND_STARTS.labels(state.url, "negentropy", purpose).inc()
-            self.start_negentropy(state, sub_id, group[0], *start.holdings)
+            self.start_negentropy(state, sub_id, group[0], *start.holdings, asks=start.asks)
         else:
             metrics.BACKGROUND_STARTS.labels(state.url, "req", purpose).inc()
             state.current.historic_sent_at[sub_id] = now
             self.effects.send(state.current.link, state.current.book.req_frame(sub_id, group))
             state.current.sub_activity[sub_id] = now
 
-    def start_negentropy(self, state: RelayState, token: str, flt: Filter, held, also) -> None:
+    def start_negentropy(self, state: RelayState, token: str, flt: Filter, held, also,
+                         asks: Filter | None = None) -> None:
         batch_id = state.current.sub_to_batch[token]
         started: list = []
         limit = negentropy_sync.frame_size_limit(filter_plan.req_length_limit(state.current.limits))
+        asks = flt if asks is None else asks
         handle = self.effects.spawn_on(
-            state.current.link, negentropy_sync.reconcile_filter, self.own_relay, flt, self.plan.have_beyond_holdings(flt),
+            state.current.link, negentropy_sync.reconcile_filter, self.own_relay, flt, self.plan.have_beyond_holdings(asks),
             self.post, batch_id=batch_id, token=token, held=held, read_also=also,
             frame_size_limit=limit, busy=self.delivery.answering_slowly, started=started,
+            **({} if asks == flt else {"asks": asks}),
         )
         state.current.neg_running[token] = RunningExchange(handle, batch_id, flt, self.effects.monotonic(), started,
                                                            epoch=self.own_held.forgotten)
