@@ -395,6 +395,8 @@ class SimRelay:
         self.auth_required = auth_required
         self.max_sync_events = max_sync_events  # strfry's maxSyncEvents: NEG-ERR past it
         self.until_exclusive = until_exclusive  # reads a filter's until as exclusive (PEERS.md)
+        self.req_cap: int | None = None  # caps a whole REQ's answer, its filters together (PEERS.md)
+        self.limit_zero_unlimited = False  # reads limit 0 as no limit: a live REQ sends stored events
         self.up = True
         self.down_until = float("-inf")  # while down: when it comes back (inf: dead for good)
         self.dead = False  # gone for good
@@ -507,18 +509,19 @@ class SimRelay:
 
     def answer(self, filters: list[Filter]) -> list[Event]:
         """The stored events a REQ's filters ask for, each once, per filter at most its
-        ``limit`` and the relay's page cap, newest first."""
+        ``limit`` and the relay's page cap, newest first (at most ``req_cap`` in all)."""
         out: dict[str, Event] = {}
         asked = 0
         for f in filters:
-            if f.limit == 0 or (self.ids_unserved and f.ids is not None):
+            if (f.limit == 0 and not self.limit_zero_unlimited) or (self.ids_unserved and f.ids is not None):
                 continue
             asked += 1
-            for e in self.store.query(self.as_read(f), self.page_cap, self.hidden):
+            read = self.as_read(f if f.limit != 0 else f.replace(limit=None))
+            for e in self.store.query(read, self.page_cap, self.hidden):
                 out.setdefault(e.id, e)
-        if asked == 1:  # (one filter's answer: newest first already, each event once)
-            return list(out.values())
-        return sorted(out.values(), key=_newest_first)
+        # (one filter's answer: newest first already, each event once)
+        found = list(out.values()) if asked == 1 else sorted(out.values(), key=_newest_first)
+        return found if self.req_cap is None else found[:self.req_cap]
 
     def as_read(self, f: Filter) -> Filter:
         """``f`` as this relay reads it: ``until`` exclusive on one that reads it so."""

@@ -90,6 +90,8 @@ class SimOptions:
     until_exclusive: float = 0.2  # the share of relays that read a filter's until as exclusive
     series: float = 0.1  # the share of roots that open a patch series sent at their second
     small_pages: float = 0.25  # the share of relays that serve 20 or 50 events a filter
+    req_caps: float = 0.15  # the share of relays that cap a whole REQ (its filters together) at 60 or 150
+    limit_zero: float = 0.1  # the share of relays that read limit 0 as no limit (live REQs get stored events)
     liveness_after: float | None = None  # the day faults stop (default: days - 2, if > 1)
     tick_secs: float = constants.MAINTENANCE_TICK_SECS
     idle_tick_secs: float = 120.0  # the tick's period while nothing else happens (see tick)
@@ -356,6 +358,10 @@ class Simulation:
         small = random.Random(f"{o.seed}:{url}:pages")
         if small.random() < o.small_pages:
             relay.page_cap = small.choice((20, 50))
+        per_req = random.Random(f"{o.seed}:{url}:req")
+        if per_req.random() < o.req_caps:
+            relay.req_cap = per_req.choice((60, 150))
+        relay.limit_zero_unlimited = random.Random(f"{o.seed}:{url}:limit0").random() < o.limit_zero
         return relay
 
     # -- the heap -----------------------------------------------------------------------
@@ -918,6 +924,10 @@ class SimResult:
             extra += f" --series {o.series:g}"
         if o.small_pages != default.small_pages:
             extra += f" --small-pages {o.small_pages:g}"
+        if o.req_caps != default.req_caps:
+            extra += f" --req-caps {o.req_caps:g}"
+        if o.limit_zero != default.limit_zero:
+            extra += f" --limit-zero {o.limit_zero:g}"
         if o.liveness_after is not None:
             extra += f" --liveness-after {o.liveness_after:g}"
         if o.idle_tick_secs != default.idle_tick_secs:
