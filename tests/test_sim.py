@@ -33,7 +33,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A small world, quick enough for the suite: 3 relays, 8 repositories, ticks every 5 minutes
 # while nothing happens (sim.Simulation.tick).
-SMALL = dict(relays=3, repos=8, idle_tick_secs=300)
+# (no imports: in a world of 8 repositories one import of 100-400 events makes a run half as
+# long again, and the suite's 20 seeds of 30 days stay within its time; bench/simulate's
+# default world has them, and tests/test_pending.py the relay they found events lost on)
+SMALL = dict(relays=3, repos=8, idle_tick_secs=300, imports=0)
 
 
 def test_the_same_seed_gives_the_same_trace_hash_and_another_seed_another():

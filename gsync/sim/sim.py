@@ -92,6 +92,8 @@ class SimOptions:
     small_pages: float = 0.25  # the share of relays that serve 20 or 50 events a filter
     req_caps: float = 0.15  # the share of relays that cap a whole REQ (its filters together) at 60 or 150
     limit_zero: float = 0.1  # the share of relays that read limit 0 as no limit (live REQs get stored events)
+    imports: float = 0.1  # the share of repositories whose history holds an import (World.imported); a
+    # twentieth of it, the odds of one with each publication after
     liveness_after: float | None = None  # the day faults stop (default: days - 2, if > 1)
     tick_secs: float = constants.MAINTENANCE_TICK_SECS
     idle_tick_secs: float = 120.0  # the tick's period while nothing else happens (see tick)
@@ -311,7 +313,8 @@ class Simulation:
         self.options = o = options
         self.rng = random.Random(o.seed)
         self.world = World(random.Random(self.rng.random()), relays=o.relays, repos=o.repos,
-                           series=random.Random(f"{o.seed}:series"), series_share=o.series)
+                           series=random.Random(f"{o.seed}:series"), series_share=o.series,
+                           imports=random.Random(f"{o.seed}:imports"), imports_share=o.imports)
         self.clock = SimClock(START)
         self.time = SimTime(self.clock)
         self.heap: list = []
@@ -876,6 +879,13 @@ class Simulation:
                 self.own.submit(event, self.clock.now)
         self.schedule_activity(START + self.rng.expovariate(self.activity_rate()))
 
+    def publish_import(self, repo) -> None:
+        """An import sent to the repository's relays at once (a fifth of it to the own
+        relay too, each event drawn: seconds the own relay holds part of)."""
+        rng = self.world.imports_rng
+        for event in self.world.imported(repo, int(self.clock.now) - 30):  # (its last seconds: now)
+            self.publish(event, repo.relays, own=rng.random() < 0.2)
+
     def activity_rate(self) -> float:
         per_day = self.options.publish_per_day
         if per_day is None:
@@ -895,6 +905,8 @@ class Simulation:
             if event.kind in (KIND_ISSUE, KIND_PATCH):
                 for patch in self.world.series(repo, event):
                     self.publish(patch, urls, own=own)
+        if self.world.repos and self.world.imports_now():
+            self.publish_import(self.world.import_target())
         self.schedule_activity(self.clock.now + self.rng.expovariate(self.activity_rate()))
 
 
@@ -928,6 +940,8 @@ class SimResult:
             extra += f" --req-caps {o.req_caps:g}"
         if o.limit_zero != default.limit_zero:
             extra += f" --limit-zero {o.limit_zero:g}"
+        if o.imports != default.imports:
+            extra += f" --imports {o.imports:g}"
         if o.liveness_after is not None:
             extra += f" --liveness-after {o.liveness_after:g}"
         if o.idle_tick_secs != default.idle_tick_secs:

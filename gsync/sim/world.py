@@ -22,6 +22,7 @@ DAY = 86_400.0
 
 KIND_ANNOUNCEMENT, KIND_STATE = 30617, 30618
 KIND_PATCH, KIND_ISSUE, KIND_COMMENT = 1617, 1621, 1111
+IMPORT_PER_SECOND = 15  # an import's events a second (``World.imported``)
 
 
 class Keys:
@@ -78,11 +79,13 @@ class World:
     repository it belongs to (the own relay's accept policy and the liveness check read it)."""
 
     def __init__(self, rng: random.Random, *, relays: int, repos: int,
-                 series: random.Random | None = None, series_share: float = 0.0):
+                 series: random.Random | None = None, series_share: float = 0.0,
+                 imports: random.Random | None = None, imports_share: float = 0.0):
         self.rng = rng
-        # patch series sent at one second (``series``): drawn apart from ``rng``, so that
-        # without them the world is what it was before them
+        # patch series sent at one second (``series``), imports (``imports``): each drawn
+        # apart from ``rng``, so that without them the world is what it was before them
         self._series, self._series_share = series, series_share
+        self.imports_rng, self.imports_share = imports, imports_share
         self.relay_urls = [relay_url(i) for i in range(relays)]
         self.spare_urls = [relay_url(i) for i in range(relays, relays + max(2, relays // 4))]
         self.bootstrap = self.relay_urls[:2]
@@ -166,6 +169,39 @@ class World:
             made.append(self._keep(event, repo))
         return made
 
+    def imported(self, repo: Repo, created_at: int) -> list[Event]:
+        """An import (a tracker migrated in one go): 100 to 400 issues and comments on them,
+        ``IMPORT_PER_SECOND`` to a second from ``created_at`` on, as a tool that stamps
+        them as it signs them sends them: more in a repository than a relay's result cap,
+        page boundaries inside its seconds. Drawn from ``imports`` alone."""
+        rng = self.imports_rng
+        made: list[Event] = []
+        roots: list[Event] = []
+        for i in range(rng.randint(100, 400)):
+            second = created_at + i // IMPORT_PER_SECOND
+            self._counter += 1
+            author = rng.choice(self.authors)
+            if roots and rng.random() < 0.4:
+                root = rng.choice(roots)
+                tags = [["E", root.id, "", root.pubkey], ["K", str(root.kind)], ["P", root.pubkey],
+                        ["e", root.id, "", root.pubkey], ["k", str(root.kind)], ["p", root.pubkey]]
+                made.append(self._keep(author.sign(KIND_COMMENT, tags, f"imported {self._counter}", second), repo))
+                continue
+            tags = [["a", repo.address], ["p", repo.owner.pubkey], ["subject", f"imported {self._counter}"]]
+            event = self._keep(author.sign(KIND_ISSUE, tags, f"imported {self._counter}", second), repo)
+            repo.roots.append(event)
+            roots.append(event)
+            made.append(event)
+        return made
+
+    def imports_now(self) -> bool:
+        """Does the world's next import come now (odds per publication: a twentieth of the
+        share of repositories whose history holds one)?"""
+        return self.imports_rng is not None and self.imports_rng.random() < self.imports_share / 20
+
+    def import_target(self) -> Repo:
+        return self.imports_rng.choice(self.repos)
+
     def comment(self, repo: Repo, root: Event, created_at: int) -> Event:
         self._counter += 1
         author = self.rng.choice(self.authors)
@@ -202,5 +238,8 @@ class World:
                 made += [(repo, patch) for patch in self.series(repo, root)]
                 for _ in range(self.rng.randrange(0, 4)):
                     made.append((repo, self.comment(repo, root, root.created_at + self.rng.randrange(60, 86_400))))
+            if self.imports_rng is not None and self.imports_rng.random() < self.imports_share:
+                at = born + self.imports_rng.randrange(3600, int(DAY))
+                made += [(repo, event) for event in self.imported(repo, at)]
         made.sort(key=lambda pair: (pair[1].created_at, pair[1].id))
         return made

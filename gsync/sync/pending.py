@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 
 from .. import constants
 from ..constants import (
+    MAX_FILTERS_PER_REQ,
     MIN_PAGE_CAP,
     RESIDUAL_FALLBACK_MAX_FRACTION,
 )
@@ -90,27 +91,24 @@ class PageCap:
     Two lower bounds, from what it served: ``filter_served``, the most events one filter
     certainly got in one page (its own events: no other filter of the REQ matched them), and
     ``req_served``, the most events one REQ brought. A relay capping per filter at P has
-    P >= filter_served, so a filter that matched fewer was not cut; one capping per REQ at T
-    has T >= req_served, so a REQ that brought fewer was not cut. Both are assumed to be at
-    least ``MIN_PAGE_CAP``. Before the relay has shown which kind it is, a page is complete
-    only when both say so: the first full page of a connection is confirmed (learning costs
-    that one page).
+    P >= filter_served, so a filter that matched fewer was not cut per filter; one capping
+    per REQ at T has T >= req_served, so a REQ that brought fewer was not cut per REQ. Both
+    are assumed to be at least ``MIN_PAGE_CAP``. A page is complete only when both say so:
+    the first full page of a connection is confirmed (learning costs that one page), and so
+    is a REQ that brings as many as the most the relay served one.
 
-    The confirming pages tell the kinds apart. A fast page proven cut (its next page brought
-    an event it lacked) with fewer matches than ``filter_served`` was not cut per filter; one
-    with a smaller total than ``req_served`` was not cut per REQ. Once one kind is ruled out
-    the other alone decides: on a per-filter relay a small filter riding in a large REQ is
-    done, on a per-REQ relay a small REQ is done. A relay whose cuts neither kind explains
-    (both caps at once) keeps both tests. A relay that stops slow queries cuts anywhere:
-    every slow page is confirmed (``constants.TIME_CUT_SUSPECT_SECS``), and the cut of a
-    slow page teaches nothing of the caps.
+    Both tests hold for the whole connection, whatever the relay's cuts have shown: a relay
+    may cap each filter and the REQ at once (each filter's newest 20, of their union the
+    newest 60), and a cut one cap explains does not show that the other is not there. (The
+    tests used to be narrowed to one kind once a proven cut ruled the other out; against
+    such a relay, REQs of ten filters cut at 60 were then taken as complete: the simulator,
+    seed 4 with imports, 42 comments left behind.) No page proves a cap absent: a filter
+    that got as many as it matched may simply have had no more. A relay that stops slow
+    queries cuts anywhere: every slow page is confirmed (``constants.TIME_CUT_SUSPECT_SECS``).
     """
 
     filter_served: int = 0
     req_served: int = 0
-    # the smallest match count and REQ total among pages proven cut (None: none yet)
-    cut_matched: int | None = None
-    cut_total: int | None = None
     # how the relay reads ``until``, once a page proved it: as exclusive (some do; a page
     # bounded to second T is then asked with ``until`` T + 1,
     # ``FilterPaginationState.until_shift``), or as NIP-01 says (inclusive)
@@ -123,8 +121,9 @@ class PageCap:
 
     @classmethod
     def per_filter(cls, size: int) -> PageCap:
-        """What a connection knows once it has seen a relay cap each filter at ``size``."""
-        return cls(filter_served=size, req_served=size + 1, cut_matched=size, cut_total=size)
+        """What a connection knows once it has seen a relay serve a filter ``size`` and a
+        REQ of ten such filters all of theirs."""
+        return cls(filter_served=size, req_served=MAX_FILTERS_PER_REQ * size)
 
     def observe(self, own_events: int, total: int | None = None) -> None:
         """One filter's own events in one page (and, once per page, the REQ's total)."""
@@ -132,34 +131,14 @@ class PageCap:
         if total is not None:
             self.req_served = max(self.req_served, total)
 
-    def note_cut(self, matched: int, total: int) -> None:
-        """A page of one filter that matched ``matched`` events, in a REQ that brought
-        ``total``, proved cut: the next page brought an event it should have held."""
-        self.cut_matched = matched if self.cut_matched is None else min(self.cut_matched, matched)
-        self.cut_total = total if self.cut_total is None else min(self.cut_total, total)
-
-    @property
-    def per_filter_ruled_out(self) -> bool:
-        return self.cut_matched is not None and self.cut_matched < self.filter_served
-
-    @property
-    def per_req_ruled_out(self) -> bool:
-        return self.cut_total is not None and self.cut_total < self.req_served
-
-    def _rules(self) -> tuple[bool, bool]:
-        """Which caps may still cut a page: (per filter, per REQ). Both when the evidence
-        rules both out: the relay has both kinds (or cuts by time) and either may bite."""
-        per_filter, per_req = not self.per_filter_ruled_out, not self.per_req_ruled_out
-        return (per_filter, per_req) if per_filter or per_req else (True, True)
-
     def req_maybe_cut(self, total: int, slow: bool = False) -> bool:
         """Could a per-REQ cap (or a time budget) have cut this REQ's answer?"""
-        return slow or (self._rules()[1] and total >= max(MIN_PAGE_CAP, self.req_served))
+        return slow or total >= max(MIN_PAGE_CAP, self.req_served)
 
     def filled(self, matched: int) -> bool:
-        """Did a filter that matched this many fill a page the relay caps per filter (it
+        """Did a filter that matched this many fill a page, if the relay caps per filter (it
         likely has far more: worth splitting across a REQ)?"""
-        return self._rules()[0] and matched >= max(MIN_PAGE_CAP, self.filter_served)
+        return matched >= max(MIN_PAGE_CAP, self.filter_served)
 
     def maybe_cut(self, matched: int, total: int, slow: bool = False) -> bool:
         """Could this filter's page (``matched`` events, in a REQ of ``total``) be cut?"""
@@ -169,20 +148,7 @@ class PageCap:
         """How many of its newest events every filter of this REQ certainly got (0: no
         bound): ``filter_served`` on a relay capping per filter, unless a per-REQ cap or a
         time budget may have cut the REQ."""
-        if self.req_maybe_cut(total, slow) or not self._rules()[0]:
-            return 0
-        return self.filter_served
-
-
-@dataclass(frozen=True)
-class PreviousPage:
-    """The page a continuation page confirms: if the continuation brings an id this page
-    lacked, this page was cut, and its counts teach ``PageCap`` which cap cut it."""
-
-    ids: frozenset
-    matched: int
-    total: int
-    slow: bool = False  # a cut of a slow page may be a time budget's: it says nothing of caps
+        return 0 if self.req_maybe_cut(total, slow) else self.filter_served
 
 
 @dataclass
@@ -202,7 +168,6 @@ class FilterPaginationState:
     # pieces of (each piece holds some of them, or none); -1: not known whose
     boundary_shared: int | None = None
     alone: bool = False  # the next page must be a REQ of its own
-    previous: PreviousPage | None = None  # the page this one confirms
     full: bool = False  # the page it continues filled a per-filter cap: more pages likely
     stalled: bool = False  # it repeats a page that made no progress
     # set by ``next_page`` when this page left a second it could not page inside (more
@@ -264,13 +229,9 @@ class FilterPaginationState:
     def restarted(self) -> FilterPaginationState:
         return FilterPaginationState(
             self.original_filter, self.page_filter, boundary_ids=self.boundary_ids,
-            boundary_shared=self.boundary_shared, alone=self.alone, previous=self.previous,
+            boundary_shared=self.boundary_shared, alone=self.alone,
             full=self.full, stalled=self.stalled, pages=self.pages, until_shift=self.until_shift,
         )
-
-    def brought_new(self) -> bool:
-        """Did this page bring an event the page it confirms lacked (so that one was cut)?"""
-        return self.previous is not None and any(i not in self.previous.ids for _, i in self.seen)
 
     def covered_until(self, cap: int) -> int | None:
         """The oldest ``created_at`` down to which this page certainly holds every event of
@@ -311,16 +272,15 @@ class FilterPaginationState:
                                  boundary_shared=self.boundary_shared)
         if not cap.maybe_cut(len(self.seen), total, slow):
             return self._leaving(None)
-        previous = PreviousPage(frozenset(i for _, i in self.seen), len(self.seen), total, slow)
         covered = self.covered_until(cap.per_filter_bound(total, slow))
         if not self.seen:
             # A REQ that may have been cut before reaching it: the same page again, in any
             # REQ (the others' pages move on, so it is not cut off again for ever).
-            return self._again(previous=previous)
+            return self._again()
         if covered is None:
             # Everything it matched, another filter matched too, and the page size says
             # nothing: the same page again, alone, where all of it is its own.
-            return self._again(alone=True, previous=previous)
+            return self._again(alone=True)
         ids_at = {i for t, i in self.seen if t == covered}
         until = self.until
         at_boundary = until is not None and covered >= until
@@ -334,8 +294,7 @@ class FilterPaginationState:
             # No progress, but the REQ's cap or its time may have stopped it inside this
             # second: once more, riding in the batch's next REQ (the others' pages move on,
             # and what they teach may settle it), then alone, where the answer is all its own.
-            return self._again(boundary_ids=self.boundary_ids | ids_at, alone=self.stalled, stalled=True,
-                               previous=previous)
+            return self._again(boundary_ids=self.boundary_ids | ids_at, alone=self.stalled, stalled=True)
         else:
             # No progress: the relay keeps returning the same page, all of it at one second
             # it serves no more of. Paging skips that second; the caller completes it.
@@ -344,7 +303,7 @@ class FilterPaginationState:
         since = self.original_filter.since
         if next_until < 0 or (since is not None and next_until < since):
             return self._leaving(None)
-        return self._leaving(self._bounded(next_until, boundary, cap.until_shift, previous=previous,
+        return self._leaving(self._bounded(next_until, boundary, cap.until_shift,
                                            full=cap.filled(len(self.seen)), boundary_shared=shared))
 
     def _leaving(self, following: FilterPaginationState | None) -> FilterPaginationState | None:
@@ -379,7 +338,6 @@ class FilterPaginationState:
                 page_filter=original.replace(until=f.until),
                 boundary_ids=set(self.boundary_ids),
                 boundary_shared=parts if self.boundary_shared is None else -1,
-                previous=self.previous,
                 full=self.full,
                 pages=self.pages,
                 until_shift=self.until_shift,
@@ -488,8 +446,6 @@ class PaginationState:
         exclusive when ``_until_read_as_exclusive``. ``elapsed``: seconds from the REQ to
         its EOSE, if known."""
         for s in self.filters:
-            if s.brought_new() and not s.previous.slow:
-                cap.note_cut(s.previous.matched, s.previous.total)
             cap.observe(s.own_count)
         cap.observe(0, self.total)
         if cap.until_exclusive or cap.until_inclusive:
