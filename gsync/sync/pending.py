@@ -440,11 +440,10 @@ class PaginationState:
         return bool(matched)
 
     def teach(self, cap: PageCap, elapsed: float | None = None) -> None:
-        """What this page shows of the relay's caps: what it served, and, for a page
-        confirming an earlier one, whether that one was cut; and how the relay reads
-        ``until``: as NIP-01 says when a page bounded to a second brought an event of its own at it, as
-        exclusive when ``_until_read_as_exclusive``. ``elapsed``: seconds from the REQ to
-        its EOSE, if known."""
+        """What this page shows of the relay's caps (what it served one filter and the REQ)
+        and of how it reads ``until``: as NIP-01 says when a page bounded to a second brought
+        an event of its own at it, as exclusive when ``_until_read_as_exclusive``.
+        ``elapsed``: seconds from the REQ to its EOSE, if known."""
         for s in self.filters:
             cap.observe(s.own_count)
         cap.observe(0, self.total)
