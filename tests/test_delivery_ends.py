@@ -10,7 +10,7 @@ from gsync.sync.delivery_retry import refusal_retry_delay
 
 from . import factory as f
 from .relays import publish, wait_until
-from .scenario import assert_arrives, bob, our_announcement
+from .scenario import assert_arrives, bob, on_own, our_announcement
 
 
 def test_a_non_final_refusal_is_retried_ten_times_over_about_an_hour_then_given_up():
@@ -58,3 +58,39 @@ def test_deliveries_refused_with_error_end_in_the_rejected_index_and_never_hold_
     given_up = [e for e in gsync.log_events() if e["event"] == "event_rejected"]
     assert len(given_up) == 30 and all(
         e["reason"].startswith("gave up after 10 attempts: error: database is busy") for e in given_up)
+
+
+@pytest.mark.slow
+def test_deliveries_given_up_while_the_own_relay_refused_everything_go_again_once_it_stores(
+        relay_factory, gsync_factory, scripted):
+    """A full disk: the own relay answers every EVENT ``error: no space left on device``.
+    Each delivery is given up after its ten attempts with nothing stored since its first
+    refusal: refused with everything else, not for what it is. Once the own relay stores an
+    event again (the disk freed, a new issue comes live), they go to it again at once, not a
+    week later when their rejected entries expire."""
+    full = threading.Event()
+    full.set()
+
+    def disk_full(relay, conn, message):
+        if (full.is_set() and isinstance(message, list) and message[:1] == ["EVENT"]
+                and isinstance(message[1], dict)):
+            return [["OK", message[1]["id"], False, "error: no space left on device"]]
+        return None
+
+    own = scripted(page_size=None, on_message=disk_full)
+    remote = relay_factory()
+    repo = our_announcement(own, [remote], d="full-disk")
+    own.add(repo)  # (held before the disk filled)
+    issues = [f.issue(bob, repo, content=f"written while full {i}") for i in range(12)]
+    publish(remote.url, [repo, *issues])
+    gsync = gsync_factory(own, [remote], timers={"DELIVERY_RETRY_BASE_SECS": 0.05, "DELIVERY_RETRY_MAX_SECS": 0.2})
+    wait_until(lambda: gsync.metric("gsync_deliveries_given_up_total", reason="error") >= 12,
+               timeout=30, what="every delivery given up while the disk was full")
+    assert not on_own(own, issues)
+    given_up = [e for e in gsync.log_events() if e["event"] == "delivery_given_up"]
+    assert given_up and all(e["refused_with_all"] for e in given_up), given_up[:2]
+    full.clear()
+    fresh = f.issue(bob, repo, content="after the disk was freed")
+    publish(remote.url, [fresh])
+    assert_arrives(own, [fresh, *issues], timeout=30, what="the issues refused while the disk was full")
+    assert any(e["event"] == "refused_released" for e in gsync.log_events())

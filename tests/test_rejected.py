@@ -4,6 +4,8 @@ import json
 
 from gsync.protocol.filters import Filter
 from gsync.sync.rejected import (
+    MAX_DEPENDENCIES,
+    OWN_STORES_KEY,
     RejectedIndex,
     author_key,
     dependencies,
@@ -138,6 +140,35 @@ def test_the_cold_tier_survives_a_restart_with_relays_and_keys():
     _, cold = loaded.take_dependents({repo_key(CAROLS_REPO)}, now=200)
     assert cold == [(st.id, REMOTE)]  # hot events are not saved: fetched again by id
     assert loaded.take_dependents(dependencies(ann), now=200) == ([], [(ann.id, "")])  # no relay known
+
+
+def test_an_event_refused_with_everything_else_waits_for_the_own_relay_to_store_again():
+    """Given up while the own relay stored nothing (a full disk): released when it stores
+    again, before a restart and after one; and by what it waited on besides, as ever."""
+    index = RejectedIndex()
+    reply = f.comment(carol, f.issue(alice, f.announcement(alice, "proj")))
+    plain = f.issue(carol, f.announcement(alice, "proj"))
+    index.add(reply, now=100, relay=REMOTE, until_own_stores=True)
+    index.add(plain, now=100, relay=REMOTE)
+    assert index.waits_on(OWN_STORES_KEY)
+    loaded = RejectedIndex.loads(index.dumps(), now=200)
+    assert loaded.waits_on(OWN_STORES_KEY)
+    assert loaded.take_dependents({OWN_STORES_KEY}, now=200) == ([], [(reply.id, REMOTE)])
+    assert not loaded.waits_on(OWN_STORES_KEY) and plain.id in loaded
+    assert index.take_dependents({OWN_STORES_KEY}, now=101) == ([(reply, REMOTE)], [])
+    index.add(reply, now=102, until_own_stores=True)
+    keys = dependencies(reply)
+    assert keys and index.take_dependents(keys[:1], now=103) == ([(reply, "")], [])
+    assert not index.waits_on(OWN_STORES_KEY)
+
+
+def test_the_own_stores_key_keeps_an_entry_within_its_bound_of_keys():
+    many = f.issue(carol, f.announcement(alice, "proj"),
+                   extra_tags=[["e", f"{i:064x}"] for i in range(2 * MAX_DEPENDENCIES)])
+    index = RejectedIndex()
+    index.add(many, now=100, until_own_stores=True)
+    loaded = RejectedIndex.loads(index.dumps(), now=200)
+    assert loaded.waits_on(OWN_STORES_KEY)
 
 
 def test_each_relay_is_written_once():

@@ -181,6 +181,11 @@ class OwnRelayDelivery:
         self._tracked_index = HaveIndex()
         self._unindexed: dict[str, Event] = {}
         self._attempts: dict[str, int] = {}
+        # when each event retried was first refused, and when the own relay last stored one:
+        # an event given up with nothing stored since its first refusal was refused with
+        # everything else (a full disk, a broken database), not for what it is
+        self._refused_since: dict[str, float] = {}
+        self._stored_at = float("-inf")
         self._retry_heap: list[tuple[float, int, Event]] = []
         # ids waiting in the retry heap: tracked (they count against the hard limit) but not
         # part of the backlog that pauses reading and holds historic starts
@@ -451,7 +456,7 @@ class OwnRelayDelivery:
         else:
             self._retry_later(event, "retry_error", ok)
 
-    def _finish(self, event: Event, outcome: str, reason: str) -> None:
+    def _finish(self, event: Event, outcome: str, reason: str, refused_with_all: bool = False) -> None:
         source = self._sources.pop(event.id, "")
         if self._tracked.pop(event.id, None) is not None:
             left = self._held[source] - 1
@@ -462,12 +467,15 @@ class OwnRelayDelivery:
         if self._unindexed.pop(event.id, None) is None:
             self._tracked_index.discard(event.id)
         self._attempts.pop(event.id, None)
+        self._refused_since.pop(event.id, None)
         self._parked.discard(event.id)
         self._backlog_fell()
         if outcome == "delivered":
             self._delivered_uncounted += 1  # counted once per read burst (_count_delivered)
         else:
             self._outcome(outcome).inc()
+        if outcome in ("delivered", "purgatory"):  # written (a duplicate is only read)
+            self._stored_at = self._clock()
         if outcome in ("delivered", "duplicate"):  # stored and served: not purgatory
             self._confirmed.append((event.id, HeldEntry.of(event)))
             if event.kind in constants.SELF_SUB_KINDS:
@@ -477,7 +485,7 @@ class OwnRelayDelivery:
         if outcome in ("rejected", "purgatory"):
             # The manager acts on these (rejected index, StateOnly); a plain delivery needs
             # nothing from it, so it is not told (one queue round trip less per event).
-            self._post(DeliveryAnswered(event, outcome, reason, source))
+            self._post(DeliveryAnswered(event, outcome, reason, source, refused_with_all))
         if not self._tracked:
             self._idle.set()
 
@@ -518,12 +526,15 @@ class OwnRelayDelivery:
         past the last attempt, given up as a refusal (the manager's rejected index)."""
         attempts = self._attempts.get(event.id, 0) + 1
         self._attempts[event.id] = attempts
+        first_refused = self._refused_since.setdefault(event.id, self._clock())
         delay = refusal_retry_delay(attempts)
         if delay is None:
+            with_all = self._stored_at < first_refused
             metrics.DELIVERIES_GIVEN_UP.labels(ok.prefix.value).inc()
             log.warning("delivery_given_up", event_id=event.id, kind=event.kind, attempts=attempts,
-                        reason=ok.text[:200])
-            self._finish(event, "rejected", f"gave up after {attempts} attempts: {ok.prefix.value}: {ok.text}")
+                        reason=ok.text[:200], refused_with_all=with_all)
+            self._finish(event, "rejected", f"gave up after {attempts} attempts: {ok.prefix.value}: {ok.text}",
+                         refused_with_all=with_all)
             return
         self._outcome(outcome).inc()
         heapq.heappush(self._retry_heap, (self._clock() + delay, next(self._seq), event))

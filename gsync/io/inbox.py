@@ -182,6 +182,9 @@ class DeliveryAnswered:
     outcome: str  # "purgatory" | "rejected"
     reason: str = ""
     source: str = ""  # the remote it was fetched from ("" unknown): a re-fetch asks there
+    # given up while the own relay stored nothing since its first refusal (a full disk):
+    # offered again once it stores again (``RejectedIndex.add``'s ``until_own_stores``)
+    refused_with_all: bool = False
 
 
 @dataclass(slots=True)

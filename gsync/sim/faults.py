@@ -31,6 +31,10 @@ RELAY_RATES = {
 # the only relay of moves to another): gsync must retire it. Per day for the world, drawn
 # from a generator of its own, so that the other faults of a seed stay where they were.
 ABANDON_PER_DAY = 0.25
+# The own relay's disk full for 10 min - 6 h: every write refused "error: no space left on
+# device" (what it holds is still served, and duplicates still answered). Per day, drawn
+# from a generator of its own as abandonment is.
+OWN_FULL_PER_DAY = 0.1
 WORLD_RATES = {
     "own_away": 0.3,  # the own relay away 30 s - 2 h; 35 % lose their last writes, 5 % all
     "gsync_killed": 0.3,  # killed, started again after 1 s - 2 min on its state_dir
@@ -62,6 +66,11 @@ class Faults:
         rate = sim.options.abandon_per_day * scale
         while rate > 0 and (t := t + self.abandon_rng.expovariate(rate / DAY)) < stop:
             sim.at(t, self.abandon)
+        self.full_rng = random.Random(f"own-full:{sim.options.seed}")
+        t = sim.clock.now
+        rate = sim.options.own_full * scale
+        while rate > 0 and (t := t + self.full_rng.expovariate(rate / DAY)) < stop:
+            sim.at(t, self.own_full, min(stop, t + self.full_rng.uniform(600, 6 * HOUR)))
         if sim.liveness_after is not None:
             sim.at(stop, self.heal)
 
@@ -130,6 +139,12 @@ class Faults:
                 sim.at(now + r.uniform(1, 120), sim.start_gsync)
         if relay is not None or name in WORLD_RATES:
             sim.note("fault", name, url or "")
+
+    def own_full(self, until: float) -> None:
+        """The own relay's disk fills up until ``until`` (freed by the liveness day)."""
+        self.counts["own_full"] = self.counts.get("own_full", 0) + 1
+        self.sim.own.full_until = max(self.sim.own.full_until, until)
+        self.sim.note("fault", "own_full", f"{until:.0f}")
 
     def abandon(self) -> None:
         """A remote relay (not a bootstrap one) every repository listing it drops: each is

@@ -612,6 +612,7 @@ class OwnRelay:
         # announcements moved when this did (``Checker.wanted_relays`` keys on it)
         self.listing_changes = 0
         self.up = True
+        self.full_until = float("-inf")  # until then its disk is full: every write refused "error:"
 
     def lists_us(self, event: Event) -> bool:
         clone = any(v.startswith(f"https://{self.domain}/") for v in all_values(event, "clone"))
@@ -644,6 +645,8 @@ class OwnRelay:
             return False, why, False
         if event.id in self.store:
             return True, "duplicate: already have this event", False
+        if now < self.full_until:
+            return False, "error: no space left on device", False
         stored = self.store.add(event)
         if stored:
             self.stored_at[event.id] = now

@@ -94,6 +94,7 @@ class SimOptions:
     limit_zero: float = 0.1  # the share of relays that read limit 0 as no limit (live REQs get stored events)
     imports: float = 0.1  # the share of repositories whose history holds an import (World.imported); a
     # twentieth of it, the odds of one with each publication after
+    own_full: float = faults_module.OWN_FULL_PER_DAY  # the own relay's disk full, per day
     liveness_after: float | None = None  # the day faults stop (default: days - 2, if > 1)
     tick_secs: float = constants.MAINTENANCE_TICK_SECS
     idle_tick_secs: float = 120.0  # the tick's period while nothing else happens (see tick)
@@ -942,6 +943,8 @@ class SimResult:
             extra += f" --limit-zero {o.limit_zero:g}"
         if o.imports != default.imports:
             extra += f" --imports {o.imports:g}"
+        if o.own_full != default.own_full:
+            extra += f" --own-full {o.own_full:g}"
         if o.liveness_after is not None:
             extra += f" --liveness-after {o.liveness_after:g}"
         if o.idle_tick_secs != default.idle_tick_secs:

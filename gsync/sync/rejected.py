@@ -46,6 +46,12 @@ FILTER_TAGS = INDEXED_TAGS
 MAX_REFS = 32  # tag values kept per entry: a hostile event cannot make an entry large
 
 
+# The release key of events given up while the own relay refused everything (a full disk,
+# a broken database: ``error:`` to each of ten attempts over an hour, nothing stored since
+# the first): released when it stores an event again.
+OWN_STORES_KEY = "own-relay-stores"
+
+
 def maintainer_key(pubkey: str, identifier: str) -> str:
     return f"maintainer:{pubkey}:{identifier}"
 
@@ -160,12 +166,22 @@ class RejectedIndex:
     def __len__(self) -> int:
         return len(self._cold)
 
-    def add(self, event: Event, now: float, relay: str = "") -> None:
+    def add(self, event: Event, now: float, relay: str = "", until_own_stores: bool = False) -> None:
+        """``event``, refused by the own relay (fetched from ``relay``). ``until_own_stores``:
+        refused with everything else (given up while it stored nothing: a full disk), so
+        released as soon as it stores again (``OWN_STORES_KEY``), not a week later."""
         self.remove(event.id)
         self._hot[event.id] = (event, now + self.hot_secs)
         self._expiry = min(self._expiry, now + self.hot_secs)
-        self._put(event.id, _Cold(event.created_at, now, relay, dependencies(event),
+        keys = dependencies(event)
+        if until_own_stores:
+            keys = (OWN_STORES_KEY, *keys[:MAX_DEPENDENCIES - 1])
+        self._put(event.id, _Cold(event.created_at, now, relay, keys,
                                   event.kind, event.pubkey, filter_refs(event)))
+
+    def waits_on(self, key: str) -> bool:
+        """Does an entry wait on release key ``key``?"""
+        return key in self._by_key
 
     def _put(self, event_id: str, entry: _Cold) -> None:
         while self._cold and (len(self._cold) >= self.max_entries

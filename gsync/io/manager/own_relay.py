@@ -11,7 +11,7 @@ from ...ops.logging import get_logger
 from ...protocol.event import is_authentic
 from ...sync import filter_plan
 from ...sync.descendants import full_root_ids
-from ...sync.rejected import author_key, event_key, maintainer_key, repo_key
+from ...sync.rejected import OWN_STORES_KEY, author_key, event_key, maintainer_key, repo_key
 from ...sync.relay_state import RelayState
 from ...sync.repos import SyncLevel, list_tag_values, should_forward_layer1
 from ..inbox import (
@@ -236,6 +236,10 @@ class OwnRelaySide:
         read; but not with shards, where ``duplicate`` mostly means another shard stored
         it a moment before (both fetched it), and its thread then comes through the landed
         stream like any (reading it brought back what that shard stored)."""
+        if msg.stored_anew and self.rejected.waits_on(OWN_STORES_KEY):
+            # it stores again (a duplicate answered is only a read): what it refused with
+            # everything else goes to it again
+            self.release_dependents({OWN_STORES_KEY})
         if not self.down:
             self.own_held.confirm(msg.entries)
             anew = set(msg.stored_anew)
@@ -273,7 +277,7 @@ class OwnRelaySide:
     def on_delivery_answered(self, msg: DeliveryAnswered) -> None:
         now = self.clock()
         if msg.outcome == "rejected":
-            self.rejected.add(msg.event, now, msg.source)
+            self.rejected.add(msg.event, now, msg.source, until_own_stores=msg.refused_with_all)
             log.info("event_rejected", event_id=msg.event.id, kind=msg.event.kind, reason=msg.reason[:200])
         elif msg.outcome == "purgatory" and msg.event.kind == 30617:
             # A GRASP relay counts announcements it holds when it checks maintainers.
