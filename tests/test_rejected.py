@@ -6,6 +6,7 @@ from gsync.protocol.filters import Filter
 from gsync.sync.rejected import (
     MAX_DEPENDENCIES,
     OWN_STORES_KEY,
+    STORE_RELEASES_MAX,
     RejectedIndex,
     author_key,
     dependencies,
@@ -160,6 +161,18 @@ def test_an_event_refused_with_everything_else_waits_for_the_own_relay_to_store_
     keys = dependencies(reply)
     assert keys and index.take_dependents(keys[:1], now=103) == ([(reply, "")], [])
     assert not index.waits_on(OWN_STORES_KEY)
+
+
+def test_an_event_released_by_the_own_relay_storing_again_a_few_times_then_waits_out_its_week():
+    """Refused with everything again and again after those releases, it is likely an error
+    of its own (in a quiet hour nothing else was stored): not released at every store."""
+    index = RejectedIndex()
+    issue = f.issue(carol, f.announcement(alice, "proj"))
+    for n in range(STORE_RELEASES_MAX):
+        index.add(issue, now=100 + n, until_own_stores=True)
+        assert index.take_dependents({OWN_STORES_KEY}, now=100 + n) == ([(issue, "")], [])
+    index.add(issue, now=5000, until_own_stores=True)
+    assert not index.waits_on(OWN_STORES_KEY) and issue.id in index
 
 
 def test_the_own_stores_key_keeps_an_entry_within_its_bound_of_keys():

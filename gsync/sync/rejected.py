@@ -50,6 +50,8 @@ MAX_REFS = 32  # tag values kept per entry: a hostile event cannot make an entry
 # a broken database: ``error:`` to each of ten attempts over an hour, nothing stored since
 # the first): released when it stores an event again.
 OWN_STORES_KEY = "own-relay-stores"
+STORE_RELEASES_MAX = 3  # releases of one event by the own relay storing again, at most
+STORE_RELEASED_KEPT = 10_000
 
 
 def maintainer_key(pubkey: str, identifier: str) -> str:
@@ -159,6 +161,11 @@ class RejectedIndex:
         self.dirty = False
         self._changed: set[str] = set()  # ids added or removed since the last take_changes
         self._expiry = float("inf")  # no entry expires before this (expire's scans skipped until)
+        # id -> times released by the own relay storing again (``OWN_STORES_KEY``): refused
+        # with everything that often, they wait out the week (an error of their own, in a
+        # quiet hour, would otherwise go round at every store; a disk that fills again gets
+        # a few rounds); the newest STORE_RELEASED_KEPT ids
+        self._store_released: dict[str, int] = {}
 
     def __contains__(self, event_id: str) -> bool:
         return event_id in self._cold
@@ -174,7 +181,7 @@ class RejectedIndex:
         self._hot[event.id] = (event, now + self.hot_secs)
         self._expiry = min(self._expiry, now + self.hot_secs)
         keys = dependencies(event)
-        if until_own_stores:
+        if until_own_stores and self._store_released.get(event.id, 0) < STORE_RELEASES_MAX:
             keys = (OWN_STORES_KEY, *keys[:MAX_DEPENDENCIES - 1])
         self._put(event.id, _Cold(event.created_at, now, relay, keys,
                                   event.kind, event.pubkey, filter_refs(event)))
@@ -232,6 +239,12 @@ class RejectedIndex:
         ids = set()
         for key in keys:
             ids |= self._by_key.get(key, set())
+        if OWN_STORES_KEY in keys:
+            released = self._store_released
+            for eid in self._by_key.get(OWN_STORES_KEY, ()):
+                released[eid] = released.pop(eid, 0) + 1
+            while len(released) > STORE_RELEASED_KEPT:
+                del released[next(iter(released))]
         hot, cold = [], []
         for eid in sorted(ids):
             relay = self._cold[eid].relay
