@@ -11,7 +11,7 @@ from gsync.protocol.messages import parse_relay_message
 from gsync.protocol.nip11 import RelayLimits
 from gsync.sim.relay import filter_from_json
 from gsync.sync.filter_plan import MIN_SUBSCRIPTIONS, SubscriptionBudget
-from gsync.sync.relay_state import ConnectionStatus
+from gsync.sync.relay_state import ConnectionStatus, LiveSub
 
 from .factory import Author, announcement, comment, issue
 from .manager_harness import FakeWs, ManagerHarness, resync_holdings
@@ -482,6 +482,30 @@ def test_live_coverage_of_a_suspect_shape_waits_for_its_verdict_and_a_refusal_dr
     assert h.state(A).paused.is_filter_paused(more)
     assert not [r for r in h.reqs(A)[sent:] if shape in shapes(r)]  # refused: paused, not asked
     assert not [s for s, sub in h.state(A).current.live_subs.items() if more in sub.filters]
+
+
+def test_live_reqs_still_queued_when_their_shapes_fall_under_suspicion_ask_each_alone(tmp_path):
+    # seed 2's year, day 341.14: a live rebuild's REQs waited behind the relay's pacing, each
+    # packing #q with other shapes; the first refused made #q suspect, and the others went
+    # as built: each refused again for #q and split again, #q asked five times in a minute.
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, 40))
+    h.connect(A, limits=RelayLimits(max_message_length=8000))
+    h.answer_own_reads()
+    h.advance(1.1)
+    multi = next(r for r in live_reqs(h, A) if len(shapes(r)) > 1)
+    state = h.state(A)
+    # a REQ of the same shapes, queued and not sent yet (the relay's pacing holds it)
+    state.current.live_subs["live-queued"] = LiveSub(tuple(filter_from_json(f) for f in multi[2:]))
+    state.current.live_queue.insert(0, "live-queued")
+    sent = len(live_reqs(h, A))
+    h.relay_says(A, closed(multi[1], "blocked: one of these is not allowed here"))
+    h.advance(1.1)
+    after = live_reqs(h, A)[sent:]
+    assert after and all(len(shapes(r)) == 1 for r in after), [shapes(r) for r in after]
+    assert "live-queued" not in state.current.live_subs
+    for shape in shapes(multi):  # each suspect shape asked alone once: its trial; the rest wait
+        assert len([r for r in after if shapes(r) == [shape]]) == 1
 
 
 def test_live_coverage_of_a_suspect_shape_goes_once_its_verdict_is_served(tmp_path):

@@ -111,6 +111,26 @@ class LiveCoverage:
         state.current.live_queue.append(sub_id)
         self.pump(state)
 
+    def separate_queued(self, state: RelayState) -> None:
+        """Live REQs still queued that pack a shape now suspect (or refused once) with other
+        shapes go as ``CoveragePauses.separate`` says, each such shape alone, and wait for
+        its trial like coverage built from now on. Sent as built, each was refused again for
+        it and split again (seed 2's year, day 341.14: a live rebuild's REQs, queued behind
+        the relay's pacing, each packing #q, refused one after the other: #q asked five
+        times in a minute)."""
+        session = state.current
+        for sub_id in list(session.live_queue):
+            live = session.live_subs.get(sub_id)
+            if live is None or live.control or sub_id in session.book.subscriptions or sub_id not in session.live_queue:
+                continue
+            parts = state.paused.separate(list(live.filters))
+            if len(parts) < 2:
+                continue
+            session.live_queue.remove(sub_id)
+            del session.live_subs[sub_id]
+            self.open_groups(state, parts, rebuilt_at=live.rebuilt_at, descendants=live.descendants,
+                             fresh=len(parts) if live.fresh else 0)
+
     def open_members(self, state: RelayState, filters, fresh: bool = False) -> None:
         """Live coverage for thread members in the subscription slots still free (the
         default of ``open_groups``), the rest polled (SPEC §3; ``fresh``: new members,

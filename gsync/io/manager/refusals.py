@@ -255,6 +255,7 @@ class Refusals:
                 keep = state.paused.allowed(live.filters)
                 if about_shape:
                     state.paused.suspect(keep)
+                    self.live.separate_queued(state)
                 groups = [[keep[i] for i in group] for group in by_shape(keep)] if about_shape else halves(keep)
                 self.live.open_groups(state, [group for group in groups if group])
         else:
