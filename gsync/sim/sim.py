@@ -104,6 +104,20 @@ class SimOptions:
     verbose_logs: bool = False  # gsync's own logs (debug) on stdout
 
 
+# The world's shares and rates a bench/simulate flag sets, each drawn from a generator of its
+# own (0: the world of before it): (SimOptions field, flag)
+WORLD_SHARES = (
+    ("abandon_per_day", "--abandon-rate"),
+    ("until_exclusive", "--until-exclusive"),
+    ("series", "--series"),
+    ("small_pages", "--small-pages"),
+    ("req_caps", "--req-caps"),
+    ("limit_zero", "--limit-zero"),
+    ("imports", "--imports"),
+    ("own_full", "--own-full"),
+)
+
+
 class SimTime:
     """Stands in for the ``time`` module where gsync reads the clock."""
 
@@ -929,22 +943,9 @@ class SimResult:
         extra = "" if o.faults else " --no-faults"
         if o.fault_scale != default.fault_scale:
             extra += f" --fault-scale {o.fault_scale:g}"
-        if o.abandon_per_day != default.abandon_per_day:
-            extra += f" --abandon-rate {o.abandon_per_day:g}"
-        if o.until_exclusive != default.until_exclusive:
-            extra += f" --until-exclusive {o.until_exclusive:g}"
-        if o.series != default.series:
-            extra += f" --series {o.series:g}"
-        if o.small_pages != default.small_pages:
-            extra += f" --small-pages {o.small_pages:g}"
-        if o.req_caps != default.req_caps:
-            extra += f" --req-caps {o.req_caps:g}"
-        if o.limit_zero != default.limit_zero:
-            extra += f" --limit-zero {o.limit_zero:g}"
-        if o.imports != default.imports:
-            extra += f" --imports {o.imports:g}"
-        if o.own_full != default.own_full:
-            extra += f" --own-full {o.own_full:g}"
+        for name, flag in WORLD_SHARES:
+            if getattr(o, name) != getattr(default, name):
+                extra += f" {flag} {getattr(o, name):g}"
         if o.liveness_after is not None:
             extra += f" --liveness-after {o.liveness_after:g}"
         if o.idle_tick_secs != default.idle_tick_secs:
