@@ -180,11 +180,11 @@ class OwnRelayDelivery:
         # exchange asks (most events are answered before any does), not on submit.
         self._tracked_index = HaveIndex()
         self._unindexed: dict[str, Event] = {}
-        self._attempts: dict[str, int] = {}
-        # when each event retried was first refused, and when the own relay last stored one:
-        # an event given up with nothing stored since its first refusal was refused with
-        # everything else (a full disk, a broken database), not for what it is
-        self._refused_since: dict[str, float] = {}
+        # event id -> (refusals so far, when the first came) of each event being retried;
+        # with when the own relay last stored one: an event given up with nothing stored
+        # since its first refusal was refused with everything else (a full disk, a broken
+        # database), not for what it is
+        self._attempts: dict[str, tuple[int, float]] = {}
         self._stored_at = float("-inf")
         self._retry_heap: list[tuple[float, int, Event]] = []
         # ids waiting in the retry heap: tracked (they count against the hard limit) but not
@@ -467,7 +467,6 @@ class OwnRelayDelivery:
         if self._unindexed.pop(event.id, None) is None:
             self._tracked_index.discard(event.id)
         self._attempts.pop(event.id, None)
-        self._refused_since.pop(event.id, None)
         self._parked.discard(event.id)
         self._backlog_fell()
         if outcome == "delivered":
@@ -524,9 +523,9 @@ class OwnRelayDelivery:
     def _retry_later(self, event: Event, outcome: str, ok: wire.Ok) -> None:
         """A refusal that is not final: tried again later (``sync.delivery_retry``), or,
         past the last attempt, given up as a refusal (the manager's rejected index)."""
-        attempts = self._attempts.get(event.id, 0) + 1
-        self._attempts[event.id] = attempts
-        first_refused = self._refused_since.setdefault(event.id, self._clock())
+        attempts, first_refused = self._attempts.get(event.id, (0, self._clock()))
+        attempts += 1
+        self._attempts[event.id] = attempts, first_refused
         delay = refusal_retry_delay(attempts)
         if delay is None:
             with_all = self._stored_at < first_refused

@@ -69,6 +69,12 @@ class Repo:
         return f"{KIND_ANNOUNCEMENT}:{self.owner.pubkey}:{self.d}"
 
 
+def _comment_tags(root: Event) -> list[list[str]]:
+    """A NIP-22 comment's tags on ``root``, as clients write a top-level one."""
+    return [["E", root.id, "", root.pubkey], ["K", str(root.kind)], ["P", root.pubkey],
+            ["e", root.id, "", root.pubkey], ["k", str(root.kind)], ["p", root.pubkey]]
+
+
 def relay_url(i: int) -> str:
     return f"wss://relay{i}.example"
 
@@ -182,9 +188,7 @@ class World:
             self._counter += 1
             author = rng.choice(self.authors)
             if roots and rng.random() < 0.4:
-                root = rng.choice(roots)
-                tags = [["E", root.id, "", root.pubkey], ["K", str(root.kind)], ["P", root.pubkey],
-                        ["e", root.id, "", root.pubkey], ["k", str(root.kind)], ["p", root.pubkey]]
+                tags = _comment_tags(rng.choice(roots))
                 made.append(self._keep(author.sign(KIND_COMMENT, tags, f"imported {self._counter}", second), repo))
                 continue
             tags = [["a", repo.address], ["p", repo.owner.pubkey], ["subject", f"imported {self._counter}"]]
@@ -205,9 +209,7 @@ class World:
     def comment(self, repo: Repo, root: Event, created_at: int) -> Event:
         self._counter += 1
         author = self.rng.choice(self.authors)
-        tags = [["E", root.id, "", root.pubkey], ["K", str(root.kind)], ["P", root.pubkey],
-                ["e", root.id, "", root.pubkey], ["k", str(root.kind)], ["p", root.pubkey]]
-        return self._keep(author.sign(KIND_COMMENT, tags, f"comment {self._counter}", created_at), repo)
+        return self._keep(author.sign(KIND_COMMENT, _comment_tags(root), f"comment {self._counter}", created_at), repo)
 
     def activity(self, created_at: int) -> tuple[Repo, Event] | None:
         """One publication somewhere in the world: what, and of which repository."""

@@ -271,8 +271,7 @@ class HistoricSync:
         handle = self.effects.spawn_on(
             state.current.link, negentropy_sync.reconcile_filter, self.own_relay, flt, self.plan.have_beyond_holdings(asks),
             self.post, batch_id=batch_id, token=token, held=held, read_also=also,
-            frame_size_limit=limit, busy=self.delivery.answering_slowly, started=started,
-            **({} if asks == flt else {"asks": asks}),
+            frame_size_limit=limit, busy=self.delivery.answering_slowly, started=started, asks=asks,
         )
         state.current.neg_running[token] = RunningExchange(handle, batch_id, flt, self.effects.monotonic(), started,
                                                            epoch=self.own_held.forgotten)
