@@ -5,7 +5,7 @@ send, and when."""
 import json
 
 from gsync import constants
-from gsync.io.inbox import HandshakeDone, RelayDisconnected
+from gsync.io.inbox import HandshakeDone, OwnEvents, RelayDisconnected
 from gsync.protocol import messages as wire
 from gsync.protocol.messages import parse_relay_message
 from gsync.protocol.nip11 import RelayLimits
@@ -586,3 +586,33 @@ def test_the_state_is_saved_every_30_s_while_messages_come_and_every_minute_on_t
     moved = ticks_until(said_at + 20)
     assert moved and moved[0] - said_at <= constants.STATE_SAVE_SECS + constants.MAINTENANCE_TICK_SECS, moved
     assert store.relay_memories()[A]["connected"] is False
+
+
+# -- the followed announcement ----------------------------------------------------------------
+
+
+B = "wss://b.example"
+
+
+def test_an_older_announcement_the_own_relay_stores_after_losing_the_followed_one_brings_its_relays_back(tmp_path):
+    # seed 265 of the simulator: the own relay lost everything, took back an older
+    # announcement listing b, and the newer one gsync followed (listing a only) was on a
+    # relay dead for good; the newest of all sat on b alone, never asked for
+    owner = Author.named("owner")
+    newer = announcement(owner, "r", relays=[A], created_at=1_700_000_100)
+    older = announcement(owner, "r", relays=[A, B], created_at=1_700_000_000)
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(newer)
+    h.tick()
+    assert B not in h.manager.relays
+    # delivery answered duplicate: to the older one: a relay holding the newer says so too
+    h.feed(OwnEvents([older], frozenset({older.id})))
+    h.advance(h.config.sync.batch_window_ms / 1000)
+    h.tick()
+    assert B not in h.manager.relays
+    h.own_relay_holds(older)  # stored anew, shown held: the newer one is gone from it
+    h.connect(B)  # b is dialled, and asked for the repository's announcements
+    assert any(flt.get("kinds") == [30617] or 30617 in flt.get("kinds", ())
+               for req in h.reqs(B) for flt in req[2:])
+    h.own_relay_holds(newer)  # delivered back: its relays alone again
+    assert h.manager.repos.get(newer.address).relays == {A}

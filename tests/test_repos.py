@@ -201,13 +201,56 @@ def test_newer_announcement_replaces_relay_set():
     assert dirty == {"wss://old.example", "wss://new.example", "wss://kept.example"}
 
 
-def test_older_announcement_is_ignored():
+def test_older_announcement_answered_duplicate_is_ignored():
+    # "duplicate:" is also what a relay holding a newer one answers: nothing learnt
     index = new_index()
     new = ours(relays=["wss://new.example"], created_at=T0 + 5)
     old = ours(relays=["wss://old.example"], created_at=T0)
     index.apply_announcement(new, SyncLevel.FULL, now=0)
-    assert index.apply_announcement(old, SyncLevel.FULL, now=1) == set()
+    assert index.apply_announcement(old, SyncLevel.FULL, now=1, held=False) == set()
     assert index.get(new.address).relays == {"wss://new.example"}
+
+
+def test_an_older_announcement_held_after_the_followed_one_adds_its_relays_until_the_followed_one_is_back():
+    # The own relay showed an older one after the one followed: it lost the followed one
+    # (it keeps the newest of an address), and a newer one may sit where only the older looks
+    index = new_index()
+    new = ours(relays=["wss://new.example", "wss://both.example"], created_at=T0 + 5)
+    old = ours(relays=["wss://old.example", "wss://both.example"], created_at=T0)
+    index.apply_announcement(new, SyncLevel.FULL, now=0)
+    assert index.apply_announcement(old, SyncLevel.FULL, now=1) == {"wss://old.example"}
+    needs = index.get(new.address)
+    assert needs.relays == {"wss://new.example", "wss://both.example", "wss://old.example"}
+    assert needs.announcement_id == new.id  # still the newest known: its events are still owed
+    assert index.repos_listing("wss://old.example") == {new.address}
+    assert index.apply_announcement(old, SyncLevel.FULL, now=2) == set()  # shown again: no change
+    # the followed one shown again (delivered back): its relays alone
+    assert index.apply_announcement(new, SyncLevel.FULL, now=3) >= {"wss://old.example"}
+    assert needs.relays == {"wss://new.example", "wss://both.example"}
+    assert "wss://old.example" not in index.listed_relays()
+
+
+def test_a_newer_announcement_ends_the_older_ones_relays():
+    index = new_index()
+    mid = ours(relays=["wss://mid.example"], created_at=T0 + 5)
+    old = ours(relays=["wss://old.example"], created_at=T0)
+    newest = ours(relays=["wss://newest.example"], created_at=T0 + 9)
+    index.apply_announcement(mid, SyncLevel.FULL, now=0)
+    index.apply_announcement(old, SyncLevel.FULL, now=1)
+    index.apply_announcement(newest, SyncLevel.FULL, now=2)
+    assert index.get(mid.address).relays == {"wss://newest.example"}
+    assert set(index.listed_relays()) == {"wss://newest.example"}
+
+
+def test_only_the_last_older_announcement_held_counts():
+    # bounded: two announcements' relays at most, however often the own relay loses one
+    index = new_index()
+    new = ours(relays=["wss://new.example"], created_at=T0 + 9)
+    index.apply_announcement(new, SyncLevel.FULL, now=0)
+    for i in range(5):
+        index.apply_announcement(ours(relays=[f"wss://old{i}.example"], created_at=T0 + i), SyncLevel.FULL, now=i)
+    assert index.get(new.address).relays == {"wss://new.example", "wss://old4.example"}
+    assert set(index.listed_relays()) == {"wss://new.example", "wss://old4.example"}
 
 
 def test_same_announcement_twice_changes_nothing():

@@ -201,6 +201,7 @@ class OwnRelayDelivery:
         # live events for a subscriber that reads too slowly (LocalRelay does, under load),
         # and a root it never shows is a thread never synced.
         self._accepted_roots: list[Event] = []
+        self._accepted_duplicates: set[str] = set()  # those of them answered duplicate:
         # Everything it answered OK true to (stored and served), told to the manager once
         # per read burst too: the session's knowledge of what it holds (``sync.own_held``).
         self._confirmed: list = []
@@ -479,6 +480,8 @@ class OwnRelayDelivery:
             self._confirmed.append((event.id, HeldEntry.of(event)))
             if event.kind in constants.SELF_SUB_KINDS:
                 self._accepted_roots.append(event)
+                if outcome == "duplicate":
+                    self._accepted_duplicates.add(event.id)
             if outcome == "delivered":
                 self._stored_anew.append(event.id)
         if outcome in ("rejected", "purgatory"):
@@ -495,7 +498,8 @@ class OwnRelayDelivery:
             self._delivered_uncounted = 0
         if self._accepted_roots:
             accepted, self._accepted_roots = self._accepted_roots, []
-            self._post(OwnEvents(accepted))
+            duplicates, self._accepted_duplicates = frozenset(self._accepted_duplicates), set()
+            self._post(OwnEvents(accepted, duplicates))
         if self._confirmed:
             confirmed, self._confirmed = self._confirmed, []
             stored_anew, self._stored_anew = self._stored_anew, []

@@ -125,9 +125,12 @@ class OwnReadsDue:
 class OwnEvents:
     """Events the own relay accepted: one read burst or one page of its history, seen
     through the self-subscription, or roots and announcements delivery saw it accept (its
-    OK), in case its live stream drops them."""
+    OK), in case its live stream drops them. ``duplicates``: ids of those delivery saw
+    answered ``duplicate:``, which does not tell whether the own relay holds that one or a
+    newer one of its address (``RepoSyncIndex.apply_announcement``'s ``held``)."""
 
     events: list[Event]
+    duplicates: frozenset = frozenset()
 
 
 @dataclass(slots=True)

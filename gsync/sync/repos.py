@@ -157,7 +157,7 @@ class OwnRelay:
 class RepoSyncNeeds:
     """What one repository asks of us: where to look and what to look for."""
 
-    relays: set[str]
+    relays: set[str]  # the followed announcement's relays, and those of ``held_instead``
     root_events: set[str] = field(default_factory=set)
     sync_level: SyncLevel = SyncLevel.FULL
     announcement_created_at: int = 0
@@ -165,6 +165,13 @@ class RepoSyncNeeds:
     maintainers: frozenset[str] = frozenset()
     # Last ``purgatory:`` answer for this repo; only StateOnly entries expire by it.
     purgatory_seen_at: float | None = None
+    # An older announcement the self-subscription showed after the followed one: the own
+    # relay holds it in the followed one's place (a relay keeps the newest of an address),
+    # so it lost the followed one, and a newer one than either may sit on a relay only the
+    # older lists. Its relays are followed too, until the own relay shows the followed one
+    # again or a newer one (``apply_announcement``).
+    held_instead: str = ""
+    listed: frozenset[str] = frozenset()  # the followed announcement's relays
 
 
 def _is_newer(event: Event, needs: RepoSyncNeeds) -> bool:
@@ -248,9 +255,11 @@ class RepoSyncIndex:
 
     # -- writing
 
-    def apply_announcement(self, event: Event, level: SyncLevel, now: float) -> set[str]:
+    def apply_announcement(self, event: Event, level: SyncLevel, now: float, held: bool = True) -> set[str]:
         """Record an announcement seen through the self-subscription (FULL) or answered
-        ``purgatory:`` (STATE_ONLY). Returns the dirty relays."""
+        ``purgatory:`` (STATE_ONLY). Returns the dirty relays. ``held``: the own relay is
+        known to hold it (shown by the self-subscription, or stored anew), not only answered
+        ``duplicate:``, which a relay also says of an announcement it holds a newer one of."""
         if event.kind != ANNOUNCEMENT_KIND:
             return set()
         address = event.address
@@ -270,11 +279,13 @@ class RepoSyncIndex:
             return set(needs.relays)
 
         dirty: set[str] = set()
-        if _is_newer(event, needs):
+        if _is_newer(event, needs) or (event.id == needs.announcement_id and needs.held_instead):
             # Both sets are dirty: old relays may lose the repo, new ones gain it.
             dirty |= needs.relays
             self._replace_announcement(needs, event)
             dirty |= needs.relays
+        elif held and level is needs.sync_level is SyncLevel.FULL and event.id != needs.announcement_id:
+            dirty |= self._held_instead(needs, event)
         if level is SyncLevel.FULL and needs.sync_level is SyncLevel.STATE_ONLY:
             # Promoted from purgatory: every relay now owes layers 2 and 3 as well.
             needs.sync_level = SyncLevel.FULL
@@ -305,16 +316,33 @@ class RepoSyncIndex:
                 kept.add(address)
         return kept
 
+    def _relays_of(self, event: Event) -> set[str]:
+        return announcement_relays(event, self.max_relays_per_announcement, exclude=self.own_relay.matches)
+
     def _replace_announcement(self, needs: RepoSyncNeeds, event: Event) -> None:
         self._unlist(event.address, needs.relays)
-        needs.relays = announcement_relays(
-            event, self.max_relays_per_announcement, exclude=self.own_relay.matches
-        )
+        needs.relays = self._relays_of(event)
+        needs.listed = frozenset(needs.relays)
         for relay in needs.relays:
             self._by_relay.setdefault(relay, set()).add(event.address)
         needs.announcement_created_at = event.created_at
         needs.announcement_id = event.id
         needs.maintainers = frozenset(list_tag_values(event, "maintainers"))
+        needs.held_instead = ""
+
+    def _held_instead(self, needs: RepoSyncNeeds, older: Event) -> set[str]:
+        """The own relay showed ``older`` after the followed announcement (see
+        ``RepoSyncNeeds.held_instead``): its relays are followed too. Only the last such one
+        counts, so the set stays within two announcements' relays. The dirty relays."""
+        if needs.held_instead == older.id:
+            return set()
+        before = set(needs.relays)
+        self._unlist(older.address, before)
+        needs.relays = set(needs.listed) | self._relays_of(older)
+        needs.held_instead = older.id
+        for relay in needs.relays:
+            self._by_relay.setdefault(relay, set()).add(older.address)
+        return before ^ needs.relays
 
     def apply_root_event(self, event: Event) -> set[str]:
         """Record an issue / patch / PR (1617, 1618, 1621) under each known repo it tags."""

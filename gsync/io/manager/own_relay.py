@@ -62,6 +62,9 @@ class OwnRelaySide:
         self.on_ready = on_ready
         self.ready = False  # the own relay's first history read is applied
         self.batch: list = []  # events of the self-subscription's open window
+        # ids of those only delivery's duplicate: answers showed (OwnEvents.duplicates): the
+        # own relay may hold a newer one of their address instead
+        self.batch_unheld: set[str] = set()
         self.window_open = False
         self.down_since: float | None = None
         self.other_shard_landed_at: float | None = None  # another shard's last store seen (OwnLanded)
@@ -110,6 +113,11 @@ class OwnRelaySide:
 
     def on_own_events(self, msg: OwnEvents) -> None:
         self.batch += msg.events
+        for event in msg.events:
+            if event.id in msg.duplicates:
+                self.batch_unheld.add(event.id)
+            else:  # shown held (the self-subscription, or stored anew)
+                self.batch_unheld.discard(event.id)
         seen = self.seen
         for event in msg.events:
             seen.setdefault(event.id, None)
@@ -123,6 +131,7 @@ class OwnRelaySide:
     def on_batch_window_closed(self, msg: BatchWindowClosed) -> None:
         """A closed self-subscription window updates RepoSyncIndex and emits AddFilters."""
         events, self.batch, self.window_open = self.batch, [], False
+        unheld, self.batch_unheld = self.batch_unheld, set()
         # once each: a root gsync delivered comes with the own relay's OK and again live
         events = list({event.id: event for event in events}.values())
         now = self.clock()
@@ -131,7 +140,11 @@ class OwnRelaySide:
         for event in sorted(events, key=lambda e: e.kind != 30617):  # announcements first
             if event.kind == 30617:
                 arrived |= self.announcement_arrivals(event)
-                dirty |= self.repos.apply_announcement(event, SyncLevel.FULL, now)
+                held_before = needs.held_instead if (needs := self.repos.get(event.address)) else ""
+                dirty |= self.repos.apply_announcement(event, SyncLevel.FULL, now, held=event.id not in unheld)
+                if needs is not None and needs.held_instead not in ("", held_before):
+                    log.info("announcement_lost_by_own_relay", repo=event.address, followed=needs.announcement_id,
+                             held=needs.held_instead, relays=len(needs.relays))
             else:
                 dirty |= self.repos.apply_root_event(event)
                 if event.kind in constants.ROOT_KINDS:  # held again after the own relay lost it, too
