@@ -94,3 +94,36 @@ def test_deliveries_given_up_while_the_own_relay_refused_everything_go_again_onc
     publish(remote.url, [fresh])
     assert_arrives(own, [fresh, *issues], timeout=30, what="the issues refused while the disk was full")
     assert any(e["event"] == "refused_released" for e in gsync.log_events())
+
+
+@pytest.mark.slow
+def test_events_refused_while_the_own_relay_was_read_only_go_again_once_it_stores(
+        relay_factory, gsync_factory, scripted):
+    """A relay put read-only (maintenance, a write policy switched on for a while) answers
+    every EVENT with a final refusal. Each is kept as refused, but released once the own
+    relay stores an event anew (the relay writable again, a new issue comes live), not a
+    week later when their rejected entries expire."""
+    readonly = threading.Event()
+    readonly.set()
+
+    def read_only(relay, conn, message):
+        if (readonly.is_set() and isinstance(message, list) and message[:1] == ["EVENT"]
+                and isinstance(message[1], dict)):
+            return [["OK", message[1]["id"], False, "restricted: this relay is read-only"]]
+        return None
+
+    own = scripted(page_size=None, on_message=read_only)
+    remote = relay_factory()
+    repo = our_announcement(own, [remote], d="read-only")
+    own.add(repo)  # (held before it went read-only)
+    issues = [f.issue(bob, repo, content=f"written while read-only {i}") for i in range(12)]
+    publish(remote.url, [repo, *issues])
+    gsync = gsync_factory(own, [remote])
+    wait_until(lambda: gsync.metric("gsync_deliveries_total", outcome="rejected") >= 12,
+               timeout=30, what="every delivery refused while read-only")
+    assert not on_own(own, issues)
+    readonly.clear()
+    fresh = f.issue(bob, repo, content="once writable again")
+    publish(remote.url, [fresh])
+    assert_arrives(own, [fresh, *issues], timeout=30, what="the issues refused while read-only")
+    assert any(e["event"] == "refused_released" for e in gsync.log_events())

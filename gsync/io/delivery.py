@@ -453,11 +453,13 @@ class OwnRelayDelivery:
             else:
                 self._finish(event, "rejected", f"auth-required: {ok.text}")
         elif ok.prefix in FINAL_REFUSALS:
-            self._finish(event, "rejected", f"{ok.prefix.value}: {ok.text}")
+            # Final for this event, unless the own relay refuses everything so (put read-only,
+            # a write policy switched on for a while): offered again once it stores anew
+            self._finish(event, "rejected", f"{ok.prefix.value}: {ok.text}", until_own_stores=True)
         else:
             self._retry_later(event, "retry_error", ok)
 
-    def _finish(self, event: Event, outcome: str, reason: str, refused_with_all: bool = False) -> None:
+    def _finish(self, event: Event, outcome: str, reason: str, until_own_stores: bool = False) -> None:
         source = self._sources.pop(event.id, "")
         if self._tracked.pop(event.id, None) is not None:
             left = self._held[source] - 1
@@ -487,7 +489,7 @@ class OwnRelayDelivery:
         if outcome in ("rejected", "purgatory"):
             # The manager acts on these (rejected index, StateOnly); a plain delivery needs
             # nothing from it, so it is not told (one queue round trip less per event).
-            self._post(DeliveryAnswered(event, outcome, reason, source, refused_with_all))
+            self._post(DeliveryAnswered(event, outcome, reason, source, until_own_stores))
         if not self._tracked:
             self._idle.set()
 
@@ -537,7 +539,7 @@ class OwnRelayDelivery:
             log.warning("delivery_given_up", event_id=event.id, kind=event.kind, attempts=attempts,
                         reason=ok.text[:200], refused_with_all=with_all)
             self._finish(event, "rejected", f"gave up after {attempts} attempts: {ok.prefix.value}: {ok.text}",
-                         refused_with_all=with_all)
+                         until_own_stores=with_all)
             return
         self._outcome(outcome).inc()
         heapq.heappush(self._retry_heap, (self._clock() + delay, next(self._seq), event))

@@ -185,9 +185,10 @@ class DeliveryAnswered:
     outcome: str  # "purgatory" | "rejected"
     reason: str = ""
     source: str = ""  # the remote it was fetched from ("" unknown): a re-fetch asks there
-    # given up while the own relay stored nothing since its first refusal (a full disk):
-    # offered again once it stores again (``RejectedIndex.add``'s ``until_own_stores``)
-    refused_with_all: bool = False
+    # offered again once the own relay stores an event anew (``RejectedIndex.add``'s
+    # ``until_own_stores``): refused finally (a relay put read-only refuses everything so),
+    # or given up while it stored nothing since the first refusal (a full disk)
+    until_own_stores: bool = False
 
 
 @dataclass(slots=True)

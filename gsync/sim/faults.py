@@ -35,6 +35,9 @@ ABANDON_PER_DAY = 0.25
 # device" (what it holds is still served, and duplicates still answered). Per day, drawn
 # from a generator of its own as abandonment is.
 OWN_FULL_PER_DAY = 0.1
+# The own relay put read-only for 10 min - 6 h (maintenance, a write policy switched on):
+# every event refused "restricted:", a final refusal. Per day, a generator of its own.
+OWN_READONLY_PER_DAY = 0.1
 WORLD_RATES = {
     "own_away": 0.3,  # the own relay away 30 s - 2 h; 35 % lose their last writes, 5 % all
     "gsync_killed": 0.3,  # killed, started again after 1 s - 2 min on its state_dir
@@ -71,6 +74,11 @@ class Faults:
         rate = sim.options.own_full * scale
         while rate > 0 and (t := t + self.full_rng.expovariate(rate / DAY)) < stop:
             sim.at(t, self.own_full, min(stop, t + self.full_rng.uniform(600, 6 * HOUR)))
+        self.readonly_rng = random.Random(f"own-readonly:{sim.options.seed}")
+        t = sim.clock.now
+        rate = sim.options.own_readonly * scale
+        while rate > 0 and (t := t + self.readonly_rng.expovariate(rate / DAY)) < stop:
+            sim.at(t, self.own_readonly, min(stop, t + self.readonly_rng.uniform(600, 6 * HOUR)))
         if sim.liveness_after is not None:
             sim.at(stop, self.heal)
 
@@ -145,6 +153,12 @@ class Faults:
         self.counts["own_full"] = self.counts.get("own_full", 0) + 1
         self.sim.own.full_until = max(self.sim.own.full_until, until)
         self.sim.note("fault", "own_full", f"{until:.0f}")
+
+    def own_readonly(self, until: float) -> None:
+        """The own relay refuses every event (``restricted:``) until ``until``."""
+        self.counts["own_readonly"] = self.counts.get("own_readonly", 0) + 1
+        self.sim.own.readonly_until = max(self.sim.own.readonly_until, until)
+        self.sim.note("fault", "own_readonly", f"{until:.0f}")
 
     def abandon(self) -> None:
         """A remote relay (not a bootstrap one) every repository listing it drops: each is

@@ -613,6 +613,7 @@ class OwnRelay:
         self.listing_changes = 0
         self.up = True
         self.full_until = float("-inf")  # until then its disk is full: every write refused "error:"
+        self.readonly_until = float("-inf")  # until then read-only: every event refused "restricted:"
 
     def lists_us(self, event: Event) -> bool:
         clone = any(v.startswith(f"https://{self.domain}/") for v in all_values(event, "clone"))
@@ -640,6 +641,8 @@ class OwnRelay:
 
     def submit(self, event: Event, now: float) -> tuple[bool, str, bool]:
         """An EVENT: (accepted, OK text, stored anew)."""
+        if now < self.readonly_until:  # (before any other check: a write policy's answer)
+            return False, "restricted: this relay is read-only for maintenance", False
         ok, why = self.accepts(event)
         if not ok:
             return False, why, False

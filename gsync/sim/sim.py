@@ -95,6 +95,7 @@ class SimOptions:
     imports: float = 0.1  # the share of repositories whose history holds an import (World.imported); a
     # twentieth of it, the odds of one with each publication after
     own_full: float = faults_module.OWN_FULL_PER_DAY  # the own relay's disk full, per day
+    own_readonly: float = faults_module.OWN_READONLY_PER_DAY  # the own relay read-only, per day
     liveness_after: float | None = None  # the day faults stop (default: days - 2, if > 1)
     tick_secs: float = constants.MAINTENANCE_TICK_SECS
     idle_tick_secs: float = 120.0  # the tick's period while nothing else happens (see tick)
@@ -115,6 +116,7 @@ WORLD_SHARES = (
     ("limit_zero", "--limit-zero"),
     ("imports", "--imports"),
     ("own_full", "--own-full"),
+    ("own_readonly", "--own-readonly"),
 )
 
 

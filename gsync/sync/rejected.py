@@ -46,9 +46,10 @@ FILTER_TAGS = INDEXED_TAGS
 MAX_REFS = 32  # tag values kept per entry: a hostile event cannot make an entry large
 
 
-# The release key of events given up while the own relay refused everything (a full disk,
-# a broken database: ``error:`` to each of ten attempts over an hour, nothing stored since
-# the first): released when it stores an event again.
+# The release key of events the own relay may have refused with everything else: refused
+# finally (a relay put read-only refuses all so), or given up while it refused everything (a
+# full disk, a broken database: ``error:`` to each of ten attempts over an hour, nothing
+# stored since the first). Released when it stores an event again.
 OWN_STORES_KEY = "own-relay-stores"
 STORE_RELEASES_MAX = 3  # releases of one event by the own relay storing again, at most
 STORE_RELEASED_KEPT = 10_000
@@ -175,8 +176,10 @@ class RejectedIndex:
 
     def add(self, event: Event, now: float, relay: str = "", until_own_stores: bool = False) -> None:
         """``event``, refused by the own relay (fetched from ``relay``). ``until_own_stores``:
-        refused with everything else (given up while it stored nothing: a full disk), so
-        released as soon as it stores again (``OWN_STORES_KEY``), not a week later."""
+        maybe refused with everything else (a final refusal, which a relay put read-only
+        gives everything; given up while it stored nothing: a full disk), so released as
+        soon as it stores again (``OWN_STORES_KEY``; ``STORE_RELEASES_MAX`` times at most),
+        not a week later."""
         self.remove(event.id)
         self._hot[event.id] = (event, now + self.hot_secs)
         self._expiry = min(self._expiry, now + self.hot_secs)

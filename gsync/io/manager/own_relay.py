@@ -290,7 +290,7 @@ class OwnRelaySide:
     def on_delivery_answered(self, msg: DeliveryAnswered) -> None:
         now = self.clock()
         if msg.outcome == "rejected":
-            self.rejected.add(msg.event, now, msg.source, until_own_stores=msg.refused_with_all)
+            self.rejected.add(msg.event, now, msg.source, until_own_stores=msg.until_own_stores)
             log.info("event_rejected", event_id=msg.event.id, kind=msg.event.kind, reason=msg.reason[:200])
         elif msg.outcome == "purgatory" and msg.event.kind == 30617:
             # A GRASP relay counts announcements it holds when it checks maintainers.
