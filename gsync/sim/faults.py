@@ -38,6 +38,10 @@ OWN_FULL_PER_DAY = 0.1
 # The own relay put read-only for 10 min - 6 h (maintenance, a write policy switched on):
 # every event refused "restricted:", a final refusal. Per day, a generator of its own.
 OWN_READONLY_PER_DAY = 0.1
+# The own relay limiting gsync's writes for 10 min - 6 h as ngit-relay (khatru) limits an
+# address (PEERS.md): a burst of 15, then one every 4 s; the rest refused "rate-limited:".
+# Per day, a generator of its own.
+OWN_RATE_LIMITED_PER_DAY = 0.1
 WORLD_RATES = {
     "own_away": 0.3,  # the own relay away 30 s - 2 h; 35 % lose their last writes, 5 % all
     "gsync_killed": 0.3,  # killed, started again after 1 s - 2 min on its state_dir
@@ -74,6 +78,11 @@ class Faults:
         rate = sim.options.own_full * scale
         while rate > 0 and (t := t + self.full_rng.expovariate(rate / DAY)) < stop:
             sim.at(t, self.own_full, min(stop, t + self.full_rng.uniform(600, 6 * HOUR)))
+        self.write_limit_rng = random.Random(f"own-rate-limited:{sim.options.seed}")
+        t = sim.clock.now
+        rate = sim.options.own_rate_limited * scale
+        while rate > 0 and (t := t + self.write_limit_rng.expovariate(rate / DAY)) < stop:
+            sim.at(t, self.own_rate_limited, min(stop, t + self.write_limit_rng.uniform(600, 6 * HOUR)))
         self.readonly_rng = random.Random(f"own-readonly:{sim.options.seed}")
         t = sim.clock.now
         rate = sim.options.own_readonly * scale
@@ -153,6 +162,12 @@ class Faults:
         self.counts["own_full"] = self.counts.get("own_full", 0) + 1
         self.sim.own.full_until = max(self.sim.own.full_until, until)
         self.sim.note("fault", "own_full", f"{until:.0f}")
+
+    def own_rate_limited(self, until: float) -> None:
+        """The own relay limits gsync's writes (a token bucket) until ``until``."""
+        self.counts["own_rate_limited"] = self.counts.get("own_rate_limited", 0) + 1
+        self.sim.own.write_limit_until = max(self.sim.own.write_limit_until, until)
+        self.sim.note("fault", "own_rate_limited", f"{until:.0f}")
 
     def own_readonly(self, until: float) -> None:
         """The own relay refuses every event (``restricted:``) until ``until``."""

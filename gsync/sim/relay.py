@@ -594,6 +594,9 @@ def all_values(event: Event, name: str) -> list[str]:
     return [v for t in event.tags if len(t) >= 2 and t[0] == name for v in t[1:]]
 
 
+WRITE_BURST, WRITE_EVERY_SECS = 15, 4.0  # the own relay's write limit (``Faults.own_rate_limited``)
+
+
 class OwnRelay:
     """The own relay, GRASP-like: it accepts announcements that list its domain (a clone URL
     and a relays URL on it) and the events of repositories it accepted (``repo_of``: the
@@ -614,6 +617,9 @@ class OwnRelay:
         self.up = True
         self.full_until = float("-inf")  # until then its disk is full: every write refused "error:"
         self.readonly_until = float("-inf")  # until then read-only: every event refused "restricted:"
+        # until then gsync's writes go through a token bucket (WRITE_BURST, one a WRITE_EVERY_SECS)
+        self.write_limit_until = float("-inf")
+        self.write_tokens = (float(WRITE_BURST), float("-inf"))  # (tokens, when counted)
 
     def lists_us(self, event: Event) -> bool:
         clone = any(v.startswith(f"https://{self.domain}/") for v in all_values(event, "clone"))
@@ -643,6 +649,13 @@ class OwnRelay:
         """An EVENT: (accepted, OK text, stored anew)."""
         if now < self.readonly_until:  # (before any other check: a write policy's answer)
             return False, "restricted: this relay is read-only for maintenance", False
+        if now < self.write_limit_until:
+            tokens, at = self.write_tokens
+            tokens = min(float(WRITE_BURST), tokens + max(0.0, now - at) / WRITE_EVERY_SECS)
+            if tokens < 1:
+                self.write_tokens = tokens, now
+                return False, "rate-limited: slow down, too many events", False
+            self.write_tokens = tokens - 1, now
         ok, why = self.accepts(event)
         if not ok:
             return False, why, False

@@ -96,6 +96,7 @@ class SimOptions:
     # twentieth of it, the odds of one with each publication after
     own_full: float = faults_module.OWN_FULL_PER_DAY  # the own relay's disk full, per day
     own_readonly: float = faults_module.OWN_READONLY_PER_DAY  # the own relay read-only, per day
+    own_rate_limited: float = faults_module.OWN_RATE_LIMITED_PER_DAY  # its writes rate-limited, per day
     liveness_after: float | None = None  # the day faults stop (default: days - 2, if > 1)
     tick_secs: float = constants.MAINTENANCE_TICK_SECS
     idle_tick_secs: float = 120.0  # the tick's period while nothing else happens (see tick)
@@ -117,6 +118,7 @@ WORLD_SHARES = (
     ("imports", "--imports"),
     ("own_full", "--own-full"),
     ("own_readonly", "--own-readonly"),
+    ("own_rate_limited", "--own-rate-limited"),
 )
 
 
@@ -310,13 +312,17 @@ class SimDelivery(OwnRelayDelivery):
             self.down = False
             self._lane_up()
         lane = self._lanes[0]
-        sent = 0
-        while self._queue and sent < self._window:
+        if now < lane.paused_until:  # a rate-limited answer: the sender waits it out
+            self.pump_due = True
+            self.sim.at(lane.paused_until, self.pump, gen=self.sim.gen)
+            return
+        window = []  # sent in one write, as the lane's sender does; then answered
+        while self._queue and len(window) < self._window:
             event = self._queue.popleft()
-            if event.id not in self._tracked:
-                continue
-            sent += 1
-            lane.in_flight[event.id] = (event, now)
+            if event.id in self._tracked and event.id not in lane.in_flight:
+                lane.in_flight[event.id] = (event, now)
+                window.append(event)
+        for event in window:
             accepted, text, stored = self.sim.deliver_to_own(event)
             frame = json.dumps(["OK", event.id, accepted, text])
             self._on_ok(lane, wire.parse_relay_message(frame))
