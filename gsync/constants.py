@@ -76,6 +76,12 @@ POLLED_CONSOLIDATION_CHECK_SECS = 600.0
 # from the current index; closed again within this long of that, it is polled instead: a
 # relay that closes every live REQ at once must not get a REQ/CLOSED loop.
 LIVE_REBUILD_MIN_SECS = 60.0
+# A relay that keeps no live REQ (closed again within LIVE_REBUILD_MIN_SECS of its rebuild:
+# one that closes every subscription after its EOSE) has all its live coverage polled: no
+# oftener than this, and not brought live again this session. The poll cadence alone (a
+# second a KiB, 5 s a REQ) asked such a relay three REQs every 16 s for good (the
+# simulator, every relay closing after EOSE: 11,700 messages an hour for six relays).
+LIVE_NOT_KEPT_POLL_SECS = 60.0
 POLL_OVERLAP_SECS = 15 * 60
 # While a relay's historic sync runs, its batches fetch the polled filters' history up to
 # their own start anyway: a poll then only repeats them and takes their paced starts. Polls

@@ -122,3 +122,45 @@ def test_a_poll_of_shapes_that_go_alone_is_spaced_by_the_reqs_it_takes(tmp_path)
         h.eose_all(A)
     reqs = polls_sent(h, start + 60)  # 29 minutes; a poll is three REQs (#E; #e; #q)
     assert 174 <= reqs <= 351, f"{reqs} REQs: 116 polls 15 s apart take 348 (5 s apart: 870)"
+
+
+def close_live_subs(h) -> int:
+    """The relay closes every open live REQ (no reason), as one that keeps none does after
+    its EOSE. How many it closed."""
+    state = h.state(A)
+    closed = list(state.current.live_subs)
+    for sub_id in closed:
+        h.relay_says(A, wire.Eose(sub_id))
+        h.relay_says(A, wire.parse_relay_message('["CLOSED","' + sub_id + '",""]'))
+    return len(closed)
+
+
+def test_a_relay_that_keeps_no_live_req_is_polled_once_a_minute_and_not_asked_live_again(tmp_path):
+    """A relay closing every subscription after its EOSE (PEERS.md), live ones too: each
+    live REQ is rebuilt once, closed again within the minute, and its coverage polled. Found
+    by the simulator with every relay so: polled three REQs every 16 s for good (the cadence
+    of coverage that does not fit), and asked live again every 10 minutes. Now once a minute
+    at most, and polled for the rest of the session."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(announcement(owner, "r", relays=[A]))
+    h.connect(A, limits=RelayLimits(max_subscriptions=10))
+    h.settle(A)
+    state = h.state(A)
+    assert close_live_subs(h) > 0  # rebuilt once
+    h.advance(5)
+    assert close_live_subs(h) > 0  # closed again within the minute: polled
+    assert state.polled.filters and not state.current.live_subs
+    start = h.clock.now
+    for _ in range(1800):  # an hour, polls answered with nothing, then closed
+        h.advance(2)
+        h.tick()
+        for sub_id in list(h.conn(A).subscriptions):
+            h.relay_says(A, wire.Eose(sub_id))
+            h.relay_says(A, wire.parse_relay_message('["CLOSED","' + sub_id + '",""]'))
+    conn = h.conn(A)
+    live_again = [f for at, f in zip(conn.sent_at, conn.frames, strict=True) if at > start and f[0] == "REQ"
+                  and all(flt.get("limit") == 0 for flt in f[2:])]
+    assert not live_again, "not asked live again"
+    polls = polls_sent(h, start + 60)
+    assert 40 <= polls <= 60 * len(state.polled.filters), f"{polls} REQs in 59 minutes"
+    assert polls <= 60, f"{polls} REQs: about one poll a minute"

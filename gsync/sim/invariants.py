@@ -64,8 +64,8 @@ with the simulated day it happened and what broke.
   (``RelayState.ids_unserved_at``) while the relay served ids (its ``ids_unserved`` fault
   off for the ten minutes before): the unservable event of one id must cost the relay nothing.
 - ``polled_with_room``: a connected relay whose live coverage is polled (what its pauses
-  allow) beside a free live slot, outside historic sync and with no capacity refusal this
-  session, at every 10-minute sample for over POLLED_CONSOLIDATION_CHECK_SECS and 20
+  allow) beside a free live slot, outside historic sync, with no capacity refusal this
+  session and on a relay that keeps live REQs (not one closing each after its EOSE), at every 10-minute sample for over POLLED_CONSOLIDATION_CHECK_SECS and 20
   minutes: a REQ every few seconds where a live subscription fits (seed 74's 60 days, day
   47.01: two filters every 6.2 s for 14 hours beside two free slots; ``LiveCoverage.bring_live``).
 - ``illegal_status_move``: a status move ``sync.status`` has no row for.
@@ -807,7 +807,7 @@ class Checker:
             polled = ((state.fresh_polled.filters or state.polled.filters) and state.connected
                       and state.paused.allowed(state.fresh_polled.filters + state.polled.filters))
             if (not polled or state.current.capacity_refused or state.current.syncing()
-                    or not live_groups_with_room(state, polled)):
+                    or self.sim.relays[url].closes_after_eose or not live_groups_with_room(state, polled)):
                 self.polled_room_since.pop(url, None)
             elif now - self.polled_room_since.setdefault(url, now) > constants.POLLED_CONSOLIDATION_CHECK_SECS + 1200:
                 self.violation("polled_with_room", f"{url}: {len(polled)} filters polled beside a free live slot "

@@ -397,6 +397,9 @@ class SimRelay:
         self.until_exclusive = until_exclusive  # reads a filter's until as exclusive (PEERS.md)
         self.req_cap: int | None = None  # caps a whole REQ's answer, its filters together (PEERS.md)
         self.limit_zero_unlimited = False  # reads limit 0 as no limit: a live REQ sends stored events
+        # closes every subscription after its EOSE (PEERS.md: "EOSE followed by CLOSED"), live
+        # ones too: what comes later is found only by asking again
+        self.closes_after_eose = False
         self.up = True
         self.down_until = float("-inf")  # while down: when it comes back (inf: dead for good)
         self.dead = False  # gone for good
@@ -504,8 +507,14 @@ class SimRelay:
             return [_closed(sub_id, refused)]
         session.subs[sub_id] = filters
         head = '["EVENT",' + _json_string(sub_id) + ","  # (_event_frame's start, made once per REQ)
-        return [head + e.to_json() + "]" for e in self.answer(filters)] + (
-            [] if self.no_eose and any(f.limit != 0 for f in filters) else [_eose(sub_id)])
+        frames = [head + e.to_json() + "]" for e in self.answer(filters)]
+        if self.no_eose and any(f.limit != 0 for f in filters):
+            return frames
+        frames.append(_eose(sub_id))
+        if self.closes_after_eose:
+            del session.subs[sub_id]
+            frames.append(_closed(sub_id, ""))
+        return frames
 
     def answer(self, filters: list[Filter]) -> list[Event]:
         """The stored events a REQ's filters ask for, each once, per filter at most its

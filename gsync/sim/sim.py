@@ -94,6 +94,7 @@ class SimOptions:
     limit_zero: float = 0.1  # the share of relays that read limit 0 as no limit (live REQs get stored events)
     imports: float = 0.1  # the share of repositories whose history holds an import (World.imported); a
     # twentieth of it, the odds of one with each publication after
+    closes_after_eose: float = 0.1  # the share of relays that close every subscription after its EOSE
     own_full: float = faults_module.OWN_FULL_PER_DAY  # the own relay's disk full, per day
     own_readonly: float = faults_module.OWN_READONLY_PER_DAY  # the own relay read-only, per day
     own_rate_limited: float = faults_module.OWN_RATE_LIMITED_PER_DAY  # its writes rate-limited, per day
@@ -116,6 +117,7 @@ WORLD_SHARES = (
     ("req_caps", "--req-caps"),
     ("limit_zero", "--limit-zero"),
     ("imports", "--imports"),
+    ("closes_after_eose", "--closes-after-eose"),
     ("own_full", "--own-full"),
     ("own_readonly", "--own-readonly"),
     ("own_rate_limited", "--own-rate-limited"),
@@ -388,6 +390,7 @@ class Simulation:
         if per_req.random() < o.req_caps:
             relay.req_cap = per_req.choice((60, 150))
         relay.limit_zero_unlimited = random.Random(f"{o.seed}:{url}:limit0").random() < o.limit_zero
+        relay.closes_after_eose = random.Random(f"{o.seed}:{url}:closes").random() < o.closes_after_eose
         return relay
 
     # -- the heap -----------------------------------------------------------------------

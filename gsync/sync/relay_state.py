@@ -179,6 +179,10 @@ class RelaySession:
     # the relay refused a live REQ for its total filter size ("exceed max size"): what it
     # made polled stays so this session (``LiveCoverage.bring_live``)
     capacity_refused: bool = False
+    # the relay closed a live REQ again within LIVE_REBUILD_MIN_SECS of its rebuild (one that
+    # closes every subscription after its EOSE, PEERS.md): what it made polled stays so this
+    # session, polled no more often than LIVE_NOT_KEPT_POLL_SECS (``LiveCoverage``)
+    live_not_kept: bool = False
     # Timers this session scheduled: their messages are ignored once it is gone, so a new
     # session must start without these flags (a relay stuck in Syncing for ever).
     completion_check_scheduled: bool = False

@@ -288,7 +288,7 @@ class LiveCoverage:
         again. Not while historic sync runs (``run_polls`` defers polls then), nor on a
         relay that refused a live REQ for its total filter size this session (it would
         refuse again)."""
-        if state.current.capacity_refused or state.current.syncing():
+        if state.current.capacity_refused or state.current.live_not_kept or state.current.syncing():
             return False
         due = [(tier, name) for tier, name in ((state.fresh_polled, "fresh"), (state.polled, "settled"))
                if tier.filters]
@@ -329,6 +329,8 @@ class LiveCoverage:
             tier.started_at = now
             tier.filters = state.paused.allowed(tier.filters)
             every = filter_plan.poll_interval(wire.req_size("poll", tier.filters), reqs_taken(state, tier.filters))
+            if state.current.live_not_kept:
+                every = max(every, constants.LIVE_NOT_KEPT_POLL_SECS)
             if tier.filters and round(every) != round(tier.every):
                 log.info("live_coverage_poll_cadence", relay=state.url, coverage=name,
                          every_secs=round(every), filters=len(tier.filters))
