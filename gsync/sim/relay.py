@@ -199,6 +199,7 @@ class RelaySession:
     negs: dict = field(default_factory=dict)  # sub id -> NegentropyServer
     challenge: str = ""
     authed: bool = False
+    queries: tuple[float, float] | None = None  # (tokens, when counted): SimRelay.query_limit
 
 
 class EventStore:
@@ -400,6 +401,9 @@ class SimRelay:
         # closes every subscription after its EOSE (PEERS.md: "EOSE followed by CLOSED"), live
         # ones too: what comes later is found only by asking again
         self.closes_after_eose = False
+        # (burst, seconds a query): REQs and NEG-OPENs of one session past a token bucket are
+        # refused "rate-limited:" (PEERS.md: LocalRelay's per-connection query limit), for good
+        self.query_limit: tuple[int, float] | None = None
         self.up = True
         self.down_until = float("-inf")  # while down: when it comes back (inf: dead for good)
         self.dead = False  # gone for good
@@ -486,6 +490,14 @@ class SimRelay:
             return "auth-required: authenticate first"
         if self.now < self.rate_limited_until:
             return "rate-limited: slow down"
+        if self.query_limit is not None:
+            burst, every = self.query_limit
+            tokens, at = session.queries or (float(burst), self.now)
+            tokens = min(float(burst), tokens + (self.now - at) / every)
+            if tokens < 1:
+                session.queries = tokens, self.now
+                return "rate-limited: too many queries"
+            session.queries = tokens - 1, self.now
         for f in filters:
             for name, _ in f.tags:
                 if name in self.refused_tags:

@@ -95,6 +95,7 @@ class SimOptions:
     imports: float = 0.1  # the share of repositories whose history holds an import (World.imported); a
     # twentieth of it, the odds of one with each publication after
     closes_after_eose: float = 0.1  # the share of relays that close every subscription after its EOSE
+    query_limits: float = 0.1  # the share of relays limiting queries per session (QUERY_LIMIT)
     own_full: float = faults_module.OWN_FULL_PER_DAY  # the own relay's disk full, per day
     own_readonly: float = faults_module.OWN_READONLY_PER_DAY  # the own relay read-only, per day
     own_rate_limited: float = faults_module.OWN_RATE_LIMITED_PER_DAY  # its writes rate-limited, per day
@@ -107,6 +108,10 @@ class SimOptions:
     verbose_logs: bool = False  # gsync's own logs (debug) on stdout
 
 
+# A relay limiting its sessions' queries (REQ, NEG-OPEN): a burst of 20, then one every 2 s
+# (``SimOptions.query_limits``; PEERS.md: LocalRelay closes a connection's REQs past its own)
+QUERY_LIMIT = (20, 2.0)
+
 # The world's shares and rates a bench/simulate flag sets, each drawn from a generator of its
 # own (0: the world of before it): (SimOptions field, flag)
 WORLD_SHARES = (
@@ -118,6 +123,7 @@ WORLD_SHARES = (
     ("limit_zero", "--limit-zero"),
     ("imports", "--imports"),
     ("closes_after_eose", "--closes-after-eose"),
+    ("query_limits", "--query-limits"),
     ("own_full", "--own-full"),
     ("own_readonly", "--own-readonly"),
     ("own_rate_limited", "--own-rate-limited"),
@@ -391,6 +397,8 @@ class Simulation:
             relay.req_cap = per_req.choice((60, 150))
         relay.limit_zero_unlimited = random.Random(f"{o.seed}:{url}:limit0").random() < o.limit_zero
         relay.closes_after_eose = random.Random(f"{o.seed}:{url}:closes").random() < o.closes_after_eose
+        if random.Random(f"{o.seed}:{url}:queries").random() < o.query_limits:
+            relay.query_limit = QUERY_LIMIT
         return relay
 
     # -- the heap -----------------------------------------------------------------------
