@@ -40,6 +40,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # for 30 days made the 16 seeds two and a half times the CPU; their own short world below)
 SMALL = dict(relays=3, repos=8, idle_tick_secs=300, imports=0, closes_after_eose=0)
 
+# The world the seeds replayed below were found in, before 2026-12-05 grew it (relays reading
+# until as exclusive, capping a whole REQ, reading limit 0 as none, closing after EOSE,
+# limiting queries; imports; the own relay full, read-only, limiting writes): each draws
+# from a generator of its own, so with all of them 0 a seed's world is the one it was.
+OLDER_WORLD = dict(until_exclusive=0, req_caps=0, limit_zero=0, imports=0, own_full=0, own_readonly=0,
+                   own_rate_limited=0, closes_after_eose=0, query_limits=0)
+
 
 def test_the_same_seed_gives_the_same_trace_hash_and_another_seed_another():
     a = run(seed=7, days=1, **SMALL)
@@ -169,7 +176,7 @@ def test_a_relay_wanted_only_at_the_end_of_a_window_is_not_judged_neglected_for_
     within seconds. The invariant judged the whole 4 h window by whether relay2 was wanted at
     its end; it now counts a relay's up time only while it is wanted. (Seed 4 is among
     SUITE_SEEDS.)"""
-    _assert_clean(run_replayable(seed=40, days=30, abandon_per_day=0, until_exclusive=0, **SMALL))
+    _assert_clean(run_replayable(seed=40, days=30, abandon_per_day=0, **dict(SMALL, **OLDER_WORLD)))
 
 
 def test_a_relay_is_judged_for_neglect_only_for_the_time_it_was_wanted():
@@ -202,7 +209,7 @@ def test_an_id_never_served_is_not_asked_by_id_again_and_again():
     and by the residual's retry (for lag). Unservable there the day before, it is asked once
     by id at the next fresh start, then by its filter (``UnservableIds.before``; in process:
     test_unservable_decisions)."""
-    _assert_clean(run_replayable(seed=33, days=30, abandon_per_day=0, until_exclusive=0, **SMALL))
+    _assert_clean(run_replayable(seed=33, days=30, abandon_per_day=0, **dict(SMALL, **OLDER_WORLD)))
 
 
 def test_an_id_asked_of_a_relay_that_sends_no_eose_is_not_judged_asked_again():
@@ -703,7 +710,7 @@ def test_a_relay_retired_and_listed_again_is_judged_for_refused_asks_from_its_re
     retired it, its pauses with it (tables follow the work, SPEC §8); listed again on day
     4.71, it was asked #a twice, a trial and the REQ it held, counted with the asks before
     it left. A relay's refusals now go with it from the table, as its dead mark does."""
-    _assert_clean(run_replayable(seed=2, days=5, relays=6, repos=30, liveness_after=363, until_exclusive=0))
+    _assert_clean(run_replayable(seed=2, days=5, relays=6, repos=30, liveness_after=363, **OLDER_WORLD))
 
 
 def test_a_refusal_a_killed_gsync_had_not_saved_is_not_counted_against_the_next_process():
@@ -827,7 +834,7 @@ def test_a_relay_forgotten_at_a_start_is_judged_for_refused_asks_from_its_return
     counted with the asks before. A relay out of gsync's table and memory forgets its
     refusals, as one retired does."""
     _assert_clean(run_replayable(seed=94, days=1.01, relays=3, repos=8, idle_tick_secs=300, liveness_after=28,
-                                 until_exclusive=0))
+                                 **OLDER_WORLD))
 
 
 def test_relays_a_restarted_gsync_forgets_when_ready_are_judged_from_their_return():
@@ -888,7 +895,7 @@ def test_refused_coverage_is_not_asked_again_before_its_probe():
     recreate that coverage, one probe after 24 h). Now the shapes of a REQ refused by
     policy go alone until each has its verdict (``CoveragePauses.suspect``)."""
     result = run_replayable(seed=2, days=10, relays=6, repos=20, idle_tick_secs=300, abandon_per_day=0,
-                            until_exclusive=0)
+                            **OLDER_WORLD)
     assert "refused_asked_again" not in result.violations, result.violations["refused_asked_again"]
 
 
@@ -927,7 +934,7 @@ def test_the_status_invariant_catches_a_move_the_table_lacks(monkeypatch):
 # -- bugs the simulator found, fixed --------------------------------------------------------
 # Each pinned in the world it was found in: before relays abandoned by their repositories
 # (faults.ABANDON_PER_DAY) were a fault, which changes every run from the first one on, and
-# before relays read until as exclusive (``until_exclusive=0``: the same runs as then).
+# before 2026-12-05 grew the world (``OLDER_WORLD``: the same worlds as then).
 
 
 @pytest.mark.slow
@@ -940,7 +947,7 @@ def test_seed_1_six_relays_the_own_relay_restarted_empty():
     rejected index (7 days). Fixed in OwnRelaySide (announcement_arrivals,
     on_batch_window_closed); with either half reverted this seed leaves events behind."""
     result = run_replayable(seed=1, days=10, relays=6, repos=20, idle_tick_secs=300, abandon_per_day=0,
-                            until_exclusive=0)
+                            **OLDER_WORLD)
     assert "left_behind" not in result.violations, result.violations["left_behind"][:3]
 
 
