@@ -61,14 +61,16 @@ def test_deliveries_refused_with_error_end_in_the_rejected_index_and_never_hold_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("refusal", ["error: no space left on device", "restricted: this relay is read-only"],
-                         ids=["full-disk", "read-only"])
+@pytest.mark.parametrize("refusal", ["error: no space left on device", "restricted: this relay is read-only",
+                                     "auth-required: writes from registered keys only"],
+                         ids=["full-disk", "read-only", "auth-required"])
 def test_events_refused_while_the_own_relay_refused_everything_go_again_once_it_stores(
         relay_factory, gsync_factory, scripted, refusal):
     """The own relay answers every EVENT with ``refusal``. A full disk (``error:``): each
     delivery is given up after its ten attempts with nothing stored since its first refusal,
     refused with everything else, not for what it is. A relay put read-only (maintenance, a
-    write policy switched on for a while): a final refusal at once, which one answer cannot
+    write policy switched on for a while), or one asking AUTH of a gsync with no key (the
+    operator sets one, or registers it): a final refusal at once, which one answer cannot
     tell from a refusal of that event. Either way, once the own relay stores an event again
     (the disk freed, the relay writable, a new issue comes live), they go to it again at
     once, not a week later when their rejected entries expire."""

@@ -450,8 +450,8 @@ class OwnRelayDelivery:
                 self._outcome("retry_auth").inc()
                 self._queue.appendleft(event)
                 self._wake_lanes()
-            else:
-                self._finish(event, "rejected", f"auth-required: {ok.text}")
+            else:  # (no key, or refused after AUTH: a key set or registered later stores it)
+                self._finish(event, "rejected", f"auth-required: {ok.text}", until_own_stores=True)
         elif ok.prefix in FINAL_REFUSALS:
             # Final for this event, unless the own relay refuses everything so (put read-only,
             # a write policy switched on for a while): offered again once it stores anew
