@@ -616,3 +616,32 @@ def test_an_older_announcement_the_own_relay_stores_after_losing_the_followed_on
                for req in h.reqs(B) for flt in req[2:])
     h.own_relay_holds(newer)  # delivered back: its relays alone again
     assert h.manager.repos.get(newer.address).relays == {A}
+
+
+def test_an_event_refused_while_dated_ahead_of_the_clock_goes_again_once_its_time_has_come(tmp_path):
+    """An issue from a client whose clock runs an hour ahead: the own relay refuses it as
+    too far in the future (NIP-22; strfry past 15 minutes). A final refusal, kept the week;
+    but its own time releases it: fetched again by id from the relay it came from once the
+    clock reaches its ``created_at``, not a week later."""
+    from gsync.io.inbox import DeliveryAnswered
+
+    owner = Author.named("owner")
+    repo = announcement(owner, "r", relays=[A])
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(repo)
+    h.connect(A)
+    h.settle(A)
+    ahead = issue(Author.named("bob"), repo, created_at=int(h.clock.now) + 3600)
+    h.feed(DeliveryAnswered(ahead, "rejected", "invalid: created_at too late", A))
+    assert ahead.id in h.manager.rejected
+
+    def asked_by_id() -> bool:
+        return any(ahead.id in flt.get("ids", ()) for req in h.reqs(A) for flt in req[2:])
+
+    for _ in range(6):  # (the own relay storing others meanwhile would spend its other rounds)
+        h.advance(590)
+        h.tick()
+    assert ahead.id in h.manager.rejected and not asked_by_id()  # before its time
+    h.advance(60)
+    h.tick()
+    assert ahead.id not in h.manager.rejected and asked_by_id()

@@ -7,6 +7,7 @@ from gsync.sync.rejected import (
     MAX_DEPENDENCIES,
     OWN_STORES_KEY,
     STORE_RELEASES_MAX,
+    TIME_KEY_PREFIX,
     RejectedIndex,
     author_key,
     dependencies,
@@ -251,3 +252,37 @@ def test_tags_survive_a_restart_and_an_older_file_matches_conservatively():
     legacy = RejectedIndex.loads(old, now=1)
     assert legacy.any_may_match(Filter.make(tags={"a": [OTHER_REPO]}))
     assert not legacy.any_may_match(Filter.make(kinds=[1621], tags={"a": [OTHER_REPO]}))
+
+
+def test_an_event_dated_ahead_of_the_clock_is_due_at_its_time_before_and_after_a_restart():
+    """Refused an hour before its ``created_at`` (a relay refusing what is too far in the
+    future): released once its time has come. One dated past the index's week gets no time
+    key (its entry is gone before), one a few seconds ahead neither (clocks differ)."""
+    now = 1_800_000_000
+    repo = f.announcement(alice, "proj")
+    ahead = f.issue(carol, repo, created_at=now + 3600)
+    far = f.issue(carol, repo, content="far", created_at=now + 30 * 86_400)
+    near = f.issue(carol, repo, content="near", created_at=now + 5)
+    index = RejectedIndex()
+    for event in (ahead, far, near):
+        index.add(event, now=now, relay=REMOTE)
+    key = f"{TIME_KEY_PREFIX}{now + 3600}"
+    assert index.waits_on(key) and not any(index.waits_on(f"{TIME_KEY_PREFIX}{e.created_at}") for e in (far, near))
+    loaded = RejectedIndex.loads(index.dumps(), now=now + 10)
+    assert index.due(now + 3599) == set() and loaded.due(now + 3599) == set()
+    assert index.due(now + 3600) == {key} and loaded.due(now + 4000) == {key}
+    assert loaded.take_dependents({key}, now=now + 4000) == ([], [(ahead.id, REMOTE)])
+    assert index.due(now + 5000) == set()  # (popped once)
+
+
+def test_time_keys_of_entries_gone_do_not_pile_up():
+    """Entries removed before their time (released otherwise, pushed out) leave their time
+    keys behind in the heap: dropped once they are twice the entries and a thousand more."""
+    now = 1_800_000_000
+    repo = f.announcement(alice, "proj")
+    index = RejectedIndex()
+    for i in range(5000):
+        event = f.issue(carol, repo, content=f"ahead {i}", created_at=now + 3600 + i % 2000)
+        index.add(event, now=now, relay=REMOTE)
+        index.remove(event.id)
+    assert len(index) == 0 and len(index._times) <= 1001 and len(index._timed) == len(index._times)

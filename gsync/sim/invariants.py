@@ -834,7 +834,8 @@ class Checker:
                 # imports: a comment published to it alone an hour after)
                 continue
             for event in relay.store.events.values():
-                if event.id in relay.hidden or now - self.published_at.get(event.id, START) < HOUR:
+                if (event.id in relay.hidden or now - self.published_at.get(event.id, START) < HOUR
+                        or event.created_at > now - HOUR):  # (dated ahead: owed an hour after its time)
                     continue
                 if not self.own_has(event) and self.owed(event, url, listing):
                     missing.append((url, event))

@@ -616,6 +616,7 @@ def all_values(event: Event, name: str) -> list[str]:
 
 
 WRITE_BURST, WRITE_EVERY_SECS = 15, 4.0  # the own relay's write limit (``Faults.own_rate_limited``)
+OWN_AHEAD_LIMIT_SECS = 900  # the own relay refuses events dated further ahead (strfry's default)
 
 
 class OwnRelay:
@@ -670,6 +671,8 @@ class OwnRelay:
         """An EVENT: (accepted, OK text, stored anew)."""
         if now < self.readonly_until:  # (before any other check: a write policy's answer)
             return False, "restricted: this relay is read-only for maintenance", False
+        if event.created_at > now + OWN_AHEAD_LIMIT_SECS:
+            return False, "invalid: created_at too late", False
         if now < self.write_limit_until:
             tokens, at = self.write_tokens
             tokens = min(float(WRITE_BURST), tokens + max(0.0, now - at) / WRITE_EVERY_SECS)

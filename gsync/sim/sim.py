@@ -96,6 +96,7 @@ class SimOptions:
     # twentieth of it, the odds of one with each publication after
     closes_after_eose: float = 0.1  # the share of relays that close every subscription after its EOSE
     query_limits: float = 0.1  # the share of relays limiting queries per session (QUERY_LIMIT)
+    ahead: float = 0.02  # the share of publications from a client whose clock runs 20 min - 3 h ahead
     own_full: float = faults_module.OWN_FULL_PER_DAY  # the own relay's disk full, per day
     own_readonly: float = faults_module.OWN_READONLY_PER_DAY  # the own relay read-only, per day
     own_rate_limited: float = faults_module.OWN_RATE_LIMITED_PER_DAY  # its writes rate-limited, per day
@@ -124,6 +125,7 @@ WORLD_SHARES = (
     ("imports", "--imports"),
     ("closes_after_eose", "--closes-after-eose"),
     ("query_limits", "--query-limits"),
+    ("ahead", "--ahead"),
     ("own_full", "--own-full"),
     ("own_readonly", "--own-readonly"),
     ("own_rate_limited", "--own-rate-limited"),
@@ -379,6 +381,7 @@ class Simulation:
         self.last_busy = START  # the last moment something other than a tick happened
         self.tick_serial, self.tick_due = 0, float("inf")  # the next tick (schedule_tick)
         self.restarts = 0
+        self.ahead_rng = random.Random(f"{o.seed}:ahead")
 
     def make_relay(self, url: str) -> SimRelay:
         r = self.rng
@@ -930,7 +933,10 @@ class Simulation:
         self.at(when, self.activity)
 
     def activity(self) -> None:
-        made = self.world.activity(int(self.clock.now) - self.rng.choice((0, 0, 0, 5, 60)))
+        created_at = int(self.clock.now) - self.rng.choice((0, 0, 0, 5, 60))
+        if self.ahead_rng.random() < self.options.ahead:  # a client whose clock runs ahead
+            created_at = int(self.clock.now) + self.ahead_rng.randint(1200, 3 * 3600)
+        made = self.world.activity(created_at)
         if made is not None:
             repo, event = made
             urls = [u for u in repo.relays if self.rng.random() < 0.7] or [self.rng.choice(repo.relays)]

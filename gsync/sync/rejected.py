@@ -17,6 +17,7 @@ the index, so nothing excludes it from sync any more; a new refusal puts it back
 """
 from __future__ import annotations
 
+import heapq
 import json
 import re
 
@@ -51,6 +52,11 @@ MAX_REFS = 32  # tag values kept per entry: a hostile event cannot make an entry
 # full disk, a broken database: ``error:`` to each of ten attempts over an hour, nothing
 # stored since the first). Released when it stores an event again.
 OWN_STORES_KEY = "own-relay-stores"
+# The release key of an event dated ahead of the clock when refused (a relay refuses what is
+# too far in the future, NIP-22: strfry past 15 minutes): released once its time has come
+# (``RejectedIndex.due``), not a week later. Only for a time within the index's week.
+TIME_KEY_PREFIX = "time:"
+AHEAD_SECS = 60  # dated this far ahead of the clock, or more: it waits for its time too
 STORE_RELEASES_MAX = 3  # releases of one event by the own relay storing again, at most
 STORE_RELEASED_KEPT = 10_000
 
@@ -167,6 +173,8 @@ class RejectedIndex:
         # quiet hour, would otherwise go round at every store; a disk that fills again gets
         # a few rounds); the newest STORE_RELEASED_KEPT ids
         self._store_released: dict[str, int] = {}
+        self._times: list[tuple[int, str]] = []  # (time, time key) of entries waiting on one (``due``)
+        self._timed: set[str] = set()  # the keys in _times (each once)
 
     def __contains__(self, event_id: str) -> bool:
         return event_id in self._cold
@@ -186,8 +194,22 @@ class RejectedIndex:
         keys = dependencies(event)
         if until_own_stores and self._store_released.get(event.id, 0) < STORE_RELEASES_MAX:
             keys = (OWN_STORES_KEY, *keys[:MAX_DEPENDENCIES - 1])
+        if now + AHEAD_SECS <= event.created_at < now + self.cold_secs:
+            keys = (f"{TIME_KEY_PREFIX}{event.created_at}", *keys[:MAX_DEPENDENCIES - 1])
         self._put(event.id, _Cold(event.created_at, now, relay, keys,
                                   event.kind, event.pubkey, filter_refs(event)))
+
+    def due(self, now: float) -> set[str]:
+        """The time keys whose time has come and that entries still wait on: released now
+        (``TIME_KEY_PREFIX``)."""
+        out = set()
+        times = self._times
+        while times and times[0][0] <= now:
+            _, key = heapq.heappop(times)
+            self._timed.discard(key)
+            if key in self._by_key:
+                out.add(key)
+        return out
 
     def waits_on(self, key: str) -> bool:
         """Does an entry wait on release key ``key``?"""
@@ -204,6 +226,14 @@ class RejectedIndex:
         self._index.add(event_id, entry)
         for key in entry.keys:
             self._by_key.setdefault(key, set()).add(event_id)
+            if (key.startswith(TIME_KEY_PREFIX) and key not in self._timed
+                    and key[len(TIME_KEY_PREFIX):].isdigit()):
+                self._timed.add(key)
+                heapq.heappush(self._times, (int(key[len(TIME_KEY_PREFIX):]), key))
+        if len(self._times) > 2 * len(self._cold) + 1000:  # (those no entry waits on any more, dropped)
+            self._times = [(at, key) for at, key in self._times if key in self._by_key]
+            self._timed = {key for _, key in self._times}
+            heapq.heapify(self._times)
         self.dirty = True
 
     def remove(self, event_id: str) -> None:
