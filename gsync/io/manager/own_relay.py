@@ -140,11 +140,7 @@ class OwnRelaySide:
         for event in sorted(events, key=lambda e: e.kind != 30617):  # announcements first
             if event.kind == 30617:
                 arrived |= self.announcement_arrivals(event)
-                held_before = needs.held_instead if (needs := self.repos.get(event.address)) else ""
-                dirty |= self.repos.apply_announcement(event, SyncLevel.FULL, now, held=event.id not in unheld)
-                if needs is not None and needs.held_instead not in ("", held_before):
-                    log.info("announcement_lost_by_own_relay", repo=event.address, followed=needs.announcement_id,
-                             held=needs.held_instead, relays=len(needs.relays))
+                dirty |= self.apply_announcement(event, now, held=event.id not in unheld)
             else:
                 dirty |= self.repos.apply_root_event(event)
                 if event.kind in constants.ROOT_KINDS:  # held again after the own relay lost it, too
@@ -156,6 +152,18 @@ class OwnRelaySide:
             self.release_dependents(arrived)
         log.info("self_batch_processed", events=len(events), repos=len(self.repos), dirty_relays=len(dirty))
         self.apply_dirty(dirty)
+
+    def apply_announcement(self, event, now: float, held: bool) -> set[str]:
+        """An announcement the own relay showed (``held``: not only answered ``duplicate:``):
+        into the repository index; the dirty relays. Said when it shows the own relay lost
+        the one followed (``RepoSyncNeeds.held_instead``)."""
+        needs = self.repos.get(event.address)
+        held_before = needs.held_instead if needs is not None else ""
+        dirty = self.repos.apply_announcement(event, SyncLevel.FULL, now, held=held)
+        if needs is not None and needs.held_instead not in ("", held_before):
+            log.info("announcement_lost_by_own_relay", repo=event.address, followed=needs.announcement_id,
+                     held=needs.held_instead, relays=len(needs.relays))
+        return dirty
 
     def announcement_arrivals(self, event) -> set[str]:
         """Release keys an accepted announcement satisfies (call before applying it): its
