@@ -80,8 +80,11 @@ LIVE_REBUILD_MIN_SECS = 60.0
 # one that closes every subscription after its EOSE) has all its live coverage polled: no
 # oftener than this, and not brought live again this session. The poll cadence alone (a
 # second a KiB, 5 s a REQ) asked such a relay three REQs every 16 s for good (the
-# simulator, every relay closing after EOSE: 11,700 messages an hour for six relays).
-LIVE_NOT_KEPT_POLL_SECS = 60.0
+# simulator, every relay closing after EOSE: 11,700 messages an hour for six relays). A
+# relay that wants no subscription held is asked every 5 minutes, not kept busier than a
+# live one: what only it gets waits that long (the daily sync, and the other relays a
+# repository lists, bring the rest).
+LIVE_NOT_KEPT_POLL_SECS = 300.0
 POLL_OVERLAP_SECS = 15 * 60
 # While a relay's historic sync runs, its batches fetch the polled filters' history up to
 # their own start anyway: a poll then only repeats them and takes their paced starts. Polls

@@ -90,6 +90,9 @@ class LiveCoverage:
             group = state.paused.allowed(group)
             if not group:
                 continue
+            if state.current.live_not_kept:  # it keeps none this session (``Refusals.rebuild_live``)
+                self.poll_instead(state, group, fresh=is_fresh)
+                continue
             size = wire.req_size("live-00000000", group)
             if not descendants and (slots <= 0 or live_bytes + size > constants.MAX_LIVE_FILTER_BYTES):
                 freed_bytes, freed_slots = self.evict_descendants(
