@@ -174,7 +174,6 @@ class RejectedIndex:
         # a few rounds); the newest STORE_RELEASED_KEPT ids
         self._store_released: dict[str, int] = {}
         self._times: list[tuple[int, str]] = []  # (time, time key) of entries waiting on one (``due``)
-        self._timed: set[str] = set()  # the keys in _times (each once)
 
     def __contains__(self, event_id: str) -> bool:
         return event_id in self._cold
@@ -206,7 +205,6 @@ class RejectedIndex:
         times = self._times
         while times and times[0][0] <= now:
             _, key = heapq.heappop(times)
-            self._timed.discard(key)
             if key in self._by_key:
                 out.add(key)
         return out
@@ -225,14 +223,11 @@ class RejectedIndex:
         self._changed.add(event_id)
         self._index.add(event_id, entry)
         for key in entry.keys:
+            if key not in self._by_key and key.startswith(TIME_KEY_PREFIX) and key[len(TIME_KEY_PREFIX):].isdigit():
+                heapq.heappush(self._times, (int(key[len(TIME_KEY_PREFIX):]), key))  # (once while waited on)
             self._by_key.setdefault(key, set()).add(event_id)
-            if (key.startswith(TIME_KEY_PREFIX) and key not in self._timed
-                    and key[len(TIME_KEY_PREFIX):].isdigit()):
-                self._timed.add(key)
-                heapq.heappush(self._times, (int(key[len(TIME_KEY_PREFIX):]), key))
         if len(self._times) > 2 * len(self._cold) + 1000:  # (those no entry waits on any more, dropped)
             self._times = [(at, key) for at, key in self._times if key in self._by_key]
-            self._timed = {key for _, key in self._times}
             heapq.heapify(self._times)
         self.dirty = True
 
