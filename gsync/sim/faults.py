@@ -42,6 +42,14 @@ OWN_READONLY_PER_DAY = 0.1
 # address (PEERS.md): a burst of 15, then one every 4 s; the rest refused "rate-limited:".
 # Per day, a generator of its own.
 OWN_RATE_LIMITED_PER_DAY = 0.1
+# Those three windows of the own relay's: (SimOptions rate, the name its generator is drawn
+# as, the OwnRelay attribute holding when the window ends). Each its own generator, so that
+# one at 0 leaves the others, and the world, where they were.
+OWN_WINDOWS = (
+    ("own_full", "own-full", "full_until"),
+    ("own_rate_limited", "own-rate-limited", "write_limit_until"),
+    ("own_readonly", "own-readonly", "readonly_until"),
+)
 WORLD_RATES = {
     "own_away": 0.3,  # the own relay away 30 s - 2 h; 35 % lose their last writes, 5 % all
     "gsync_killed": 0.3,  # killed, started again after 1 s - 2 min on its state_dir
@@ -73,21 +81,12 @@ class Faults:
         rate = sim.options.abandon_per_day * scale
         while rate > 0 and (t := t + self.abandon_rng.expovariate(rate / DAY)) < stop:
             sim.at(t, self.abandon)
-        self.full_rng = random.Random(f"own-full:{sim.options.seed}")
-        t = sim.clock.now
-        rate = sim.options.own_full * scale
-        while rate > 0 and (t := t + self.full_rng.expovariate(rate / DAY)) < stop:
-            sim.at(t, self.own_full, min(stop, t + self.full_rng.uniform(600, 6 * HOUR)))
-        self.write_limit_rng = random.Random(f"own-rate-limited:{sim.options.seed}")
-        t = sim.clock.now
-        rate = sim.options.own_rate_limited * scale
-        while rate > 0 and (t := t + self.write_limit_rng.expovariate(rate / DAY)) < stop:
-            sim.at(t, self.own_rate_limited, min(stop, t + self.write_limit_rng.uniform(600, 6 * HOUR)))
-        self.readonly_rng = random.Random(f"own-readonly:{sim.options.seed}")
-        t = sim.clock.now
-        rate = sim.options.own_readonly * scale
-        while rate > 0 and (t := t + self.readonly_rng.expovariate(rate / DAY)) < stop:
-            sim.at(t, self.own_readonly, min(stop, t + self.readonly_rng.uniform(600, 6 * HOUR)))
+        for option, drawn_as, until_attr in OWN_WINDOWS:
+            rng = random.Random(f"{drawn_as}:{sim.options.seed}")
+            t = sim.clock.now
+            rate = getattr(sim.options, option) * scale
+            while rate > 0 and (t := t + rng.expovariate(rate / DAY)) < stop:
+                sim.at(t, self.own_window, option, until_attr, min(stop, t + rng.uniform(600, 6 * HOUR)))
         if sim.liveness_after is not None:
             sim.at(stop, self.heal)
 
@@ -157,23 +156,12 @@ class Faults:
         if relay is not None or name in WORLD_RATES:
             sim.note("fault", name, url or "")
 
-    def own_full(self, until: float) -> None:
-        """The own relay's disk fills up until ``until`` (freed by the liveness day)."""
-        self.counts["own_full"] = self.counts.get("own_full", 0) + 1
-        self.sim.own.full_until = max(self.sim.own.full_until, until)
-        self.sim.note("fault", "own_full", f"{until:.0f}")
-
-    def own_rate_limited(self, until: float) -> None:
-        """The own relay limits gsync's writes (a token bucket) until ``until``."""
-        self.counts["own_rate_limited"] = self.counts.get("own_rate_limited", 0) + 1
-        self.sim.own.write_limit_until = max(self.sim.own.write_limit_until, until)
-        self.sim.note("fault", "own_rate_limited", f"{until:.0f}")
-
-    def own_readonly(self, until: float) -> None:
-        """The own relay refuses every event (``restricted:``) until ``until``."""
-        self.counts["own_readonly"] = self.counts.get("own_readonly", 0) + 1
-        self.sim.own.readonly_until = max(self.sim.own.readonly_until, until)
-        self.sim.note("fault", "own_readonly", f"{until:.0f}")
+    def own_window(self, name: str, until_attr: str, until: float) -> None:
+        """One of the own relay's OWN_WINDOWS opens (or lasts longer) until ``until``."""
+        self.counts[name] = self.counts.get(name, 0) + 1
+        own = self.sim.own
+        setattr(own, until_attr, max(getattr(own, until_attr), until))
+        self.sim.note("fault", name, f"{until:.0f}")
 
     def abandon(self) -> None:
         """A remote relay (not a bootstrap one) every repository listing it drops: each is

@@ -65,8 +65,8 @@ with the simulated day it happened and what broke.
   off for the ten minutes before): the unservable event of one id must cost the relay nothing.
 - ``polled_with_room``: a connected relay whose live coverage is polled (what its pauses
   allow) beside a free live slot, outside historic sync, with no capacity refusal this
-  session and on a relay that keeps live REQs (not one closing each after its EOSE), at every 10-minute sample for over POLLED_CONSOLIDATION_CHECK_SECS and 20
-  minutes: a REQ every few seconds where a live subscription fits (seed 74's 60 days, day
+  session and on a relay that keeps live REQs (not one closing each after its EOSE), at
+  every 10-minute sample for over POLLED_CONSOLIDATION_CHECK_SECS and 20 minutes: a REQ every few seconds where a live subscription fits (seed 74's 60 days, day
   47.01: two filters every 6.2 s for 14 hours beside two free slots; ``LiveCoverage.bring_live``).
 - ``illegal_status_move``: a status move ``sync.status`` has no row for.
 - ``busy_loop``: more manager messages (ticks apart) in a simulated hour than the bound

@@ -171,6 +171,14 @@ def _read_plain(text: str) -> bool:
     return True
 
 
+def take_token(bucket: tuple[float, float] | None, burst: int, every: float, now: float):
+    """A token bucket of ``burst`` tokens, one more every ``every`` seconds, held as (tokens,
+    when counted) (None: full): (whether one is taken now, the bucket after)."""
+    tokens, at = bucket or (float(burst), now)
+    tokens = min(float(burst), tokens + max(0.0, now - at) / every)
+    return (True, (tokens - 1, now)) if tokens >= 1 else (False, (tokens, now))
+
+
 def _event_frame(sub_id: str, event: Event) -> str:
     return '["EVENT",' + _json_string(sub_id) + "," + event.to_json() + "]"
 
@@ -199,7 +207,7 @@ class RelaySession:
     negs: dict = field(default_factory=dict)  # sub id -> NegentropyServer
     challenge: str = ""
     authed: bool = False
-    queries: tuple[float, float] | None = None  # (tokens, when counted): SimRelay.query_limit
+    queries: tuple[float, float] | None = None  # SimRelay.query_limit's bucket (take_token)
 
 
 class EventStore:
@@ -491,13 +499,9 @@ class SimRelay:
         if self.now < self.rate_limited_until:
             return "rate-limited: slow down"
         if self.query_limit is not None:
-            burst, every = self.query_limit
-            tokens, at = session.queries or (float(burst), self.now)
-            tokens = min(float(burst), tokens + (self.now - at) / every)
-            if tokens < 1:
-                session.queries = tokens, self.now
+            taken, session.queries = take_token(session.queries, *self.query_limit, self.now)
+            if not taken:
                 return "rate-limited: too many queries"
-            session.queries = tokens - 1, self.now
         for f in filters:
             for name, _ in f.tags:
                 if name in self.refused_tags:
@@ -641,7 +645,7 @@ class OwnRelay:
         self.readonly_until = float("-inf")  # until then read-only: every event refused "restricted:"
         # until then gsync's writes go through a token bucket (WRITE_BURST, one a WRITE_EVERY_SECS)
         self.write_limit_until = float("-inf")
-        self.write_tokens = (float(WRITE_BURST), float("-inf"))  # (tokens, when counted)
+        self.write_tokens: tuple[float, float] | None = None  # (tokens, when counted): take_token
 
     def lists_us(self, event: Event) -> bool:
         clone = any(v.startswith(f"https://{self.domain}/") for v in all_values(event, "clone"))
@@ -674,12 +678,9 @@ class OwnRelay:
         if event.created_at > now + OWN_AHEAD_LIMIT_SECS:
             return False, "invalid: created_at too late", False
         if now < self.write_limit_until:
-            tokens, at = self.write_tokens
-            tokens = min(float(WRITE_BURST), tokens + max(0.0, now - at) / WRITE_EVERY_SECS)
-            if tokens < 1:
-                self.write_tokens = tokens, now
+            taken, self.write_tokens = take_token(self.write_tokens, WRITE_BURST, WRITE_EVERY_SECS, now)
+            if not taken:
                 return False, "rate-limited: slow down, too many events", False
-            self.write_tokens = tokens - 1, now
         ok, why = self.accepts(event)
         if not ok:
             return False, why, False
