@@ -335,8 +335,8 @@ def test_descendants_on_a_full_relay_are_polled_from_a_cursor_that_survives_a_re
     wait_until(lambda: own.stores(child), timeout=30, what="the descendant, by polling")
 
     before = _descendant_polls(remote, member.id)
-    dropped_at = int(time.time())
     remote.drop_all()
+    dropped_at = int(time.time())  # after the drop: a poll may end while it is under way
     wait_until(lambda: {c for c, _ in _descendant_polls(remote, member.id)} - {c for c, _ in before},
                timeout=30, what="polling again after the reconnect")
     after = [since for conn, since in _descendant_polls(remote, member.id)
