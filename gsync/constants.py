@@ -207,6 +207,10 @@ THREADS_AHEAD_SECS = 600.0
 THREADS_AHEAD_MAX = 2_000
 DAILY_MIN_SECS = 23 * 3600
 DAILY_MAX_SECS = 25 * 3600
+# After a restart, a relay that confirmed repositories the own relay no longer shows starts
+# fresh, its layer 1 bringing their announcements (``lifecycle.look_for_lost``): dialled for
+# that for a day at most if nothing else wants it (down or dead meanwhile: as any dial).
+LOST_LOOK_SECS = 24 * 3600
 
 # -- missing-event recovery (SPEC §4) ----------------------------------------------------
 RECOVERY_BASE_SECS = 30.0

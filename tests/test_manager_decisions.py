@@ -5,7 +5,7 @@ send, and when."""
 import json
 
 from gsync import constants
-from gsync.io.inbox import HandshakeDone, OwnEvents, RelayDisconnected
+from gsync.io.inbox import HandshakeDone, OwnEvents, OwnSubscribed, RelayDisconnected
 from gsync.protocol import messages as wire
 from gsync.protocol.messages import parse_relay_message
 from gsync.protocol.nip11 import RelayLimits
@@ -14,7 +14,7 @@ from gsync.sync.filter_plan import MIN_SUBSCRIPTIONS, SubscriptionBudget
 from gsync.sync.relay_state import ConnectionStatus, LiveSub
 
 from .factory import Author, announcement, comment, issue
-from .manager_harness import FakeWs, ManagerHarness, resync_holdings
+from .manager_harness import OWN, FakeWs, ManagerHarness, resync_holdings
 
 A = "wss://a.example"
 
@@ -645,3 +645,76 @@ def test_an_event_refused_while_dated_ahead_of_the_clock_goes_again_once_its_tim
     h.advance(60)
     h.tick()
     assert ahead.id not in h.manager.rejected and asked_by_id()
+
+
+# -- what the own relay lost while gsync was stopped --------------------------------------------
+
+
+def _ours(author, d, relay):
+    """An announcement listing our service (the harness's own relay) and ``relay``."""
+    return announcement(author, d, clone=[f"http://127.0.0.1:9/{d}.git"], relays=[relay, OWN])
+
+
+def test_repositories_the_own_relay_lost_while_gsync_was_stopped_are_asked_of_the_relays_that_gave_them(tmp_path):
+    """The own relay's database emptied (or restored from an older copy) while gsync was
+    stopped: its first read after the restart shows no announcement of ``r``, so nothing
+    lists relay a for it; but a gave an earlier process ``r``'s history (saved). a is dialled
+    for that alone and starts fresh: its layer 1 brings ``r``'s announcement, which goes to
+    the own relay (and brings ``r`` back, a with it). Relay b, whose repository the own relay
+    still shows, reconnects quickly as after any restart. Once its layer 1 is done, a relay
+    that nothing lists is retired."""
+    owner = Author.named("owner")
+    lost = _ours(owner, "r", A)
+    kept = _ours(Author.named("other"), "k", B)
+    first = ManagerHarness(tmp_path)
+    first.own_relay_holds(lost, kept)
+    for url in (A, B):
+        first.connect(url)
+        first.settle(url)
+    first.manager.save_state(first.clock.now)
+    first.manager.saved.close()
+
+    h = ManagerHarness(tmp_path)
+    h.clock.now = first.clock.now + 60  # a restart a minute later: quick reconnects
+    h.own_relay_holds(kept)  # r's announcement is gone from it
+    assert lost.address not in h.manager.repos
+    h.connect(A)  # dialled though nothing lists it
+    h.connect(B)
+    h.answer_own_reads()
+    h.advance(1.1)  # the pacing gate
+
+    def layer1(url):
+        return [(req[1], flt) for req in h.reqs(url) for flt in req[2:]
+                if 30617 in flt.get("kinds", ()) and flt.get("limit") != 0]
+    (sub, whole), = layer1(A)
+    assert "since" not in whole  # a fresh start: every announcement it has
+    assert all("since" in flt for _, flt in layer1(B))  # a quick reconnect, as after any restart
+    h.relay_sends(A, sub, lost)
+    assert h.manager.delivery.is_tracked(lost.id)  # on its way to the own relay
+    h.settle(A)
+    h.tick()
+    assert A not in h.manager.relays  # asked, and nothing lists it: retired (until the own relay shows r)
+    h.own_relay_holds(lost)
+    assert h.manager.repos.get(lost.address).relays == {A}
+    h.tick()
+    assert A in h.manager.handshakes.queued  # dialled again, for r's history
+
+
+def test_a_relay_asked_for_lost_repositories_that_never_answers_is_let_go_after_a_day(tmp_path):
+    lost = _ours(Author.named("owner"), "r", A)
+    first = ManagerHarness(tmp_path)
+    first.own_relay_holds(lost)
+    first.connect(A)
+    first.settle(A)
+    first.manager.save_state(first.clock.now)
+    first.manager.saved.close()
+
+    h = ManagerHarness(tmp_path)
+    h.clock.now = first.clock.now + 3600
+    h.feed(OwnEvents([]))
+    h.feed(OwnSubscribed(reconnect=False))  # ready: it shows nothing
+    h.tick()
+    assert A in h.manager.handshakes.queued
+    h.advance(constants.LOST_LOOK_SECS + 1)
+    h.tick()
+    assert A not in h.manager.relays

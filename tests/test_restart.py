@@ -108,6 +108,32 @@ def test_a_restart_reconnects_quickly_asks_nothing_refused_and_leaves_dead_relay
     assert _status(second, dead.url).get("health") == "dead"
 
 
+@pytest.mark.slow
+def test_repositories_the_own_relay_lost_while_gsync_was_stopped_come_back_from_the_relays_that_gave_them(
+        relay_factory, gsync_factory, scripted, tmp_path):
+    """The own relay's database emptied while gsync was stopped (a relay in memory restarted;
+    a disk restored from an older copy): after the restart it shows nothing, so nothing
+    lists the remote; but the remote gave the earlier process the repository's history, and
+    is asked for its announcement again: the repository and its history come back."""
+    own = relay_factory()
+    remote = scripted()
+    repo = our_announcement(own, [remote], d="lost")
+    bug = f.issue(bob, repo)
+    reply = f.comment(bob, bug, content="kept on the remote")
+    remote.add(repo, bug, reply)
+    publish(own.url, [repo])
+    settings = {"service": {"state_dir": str(tmp_path / "state")}, "sync": {"base_backoff_secs": "1"}}
+    first = gsync_factory(own, [remote], extra=settings)
+    assert_arrives(own, [bug, reply], timeout=30, what="the first sync")
+    wait_until(lambda: _status(first, remote.url).get("status") == "connected", timeout=30,
+               what="the remote synced")
+    first.terminate()  # saves at stop
+    own.restart()  # in memory: it comes back empty
+    second = gsync_factory(own, [remote], extra=settings)
+    assert_arrives(own, [repo, bug, reply], timeout=30, what="the repository, back from the remote")
+    assert any(e["event"] == "lost_repositories_asked" for e in second.log_events())
+
+
 def _run_once(config_path: str, timeout: float = 30.0) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, os.path.join(ROOT, "bin", "gsync"), "run", "--config", config_path],
                           capture_output=True, text=True, timeout=timeout, env=dict(os.environ, PYTHONPATH=ROOT))

@@ -179,16 +179,35 @@ def test_a_relay_wanted_only_at_the_end_of_a_window_is_not_judged_neglected_for_
     _assert_clean(run_replayable(seed=40, days=30, abandon_per_day=0, **dict(SMALL, **OLDER_WORLD)))
 
 
+def _forget_confirmed(sim) -> None:
+    """gsync's saved state keeps what each relay learnt and the roots it confirmed, not which
+    repositories: a restart then sees nothing the own relay lost (``lifecycle.look_for_lost``),
+    as before it looked (a relay with roots confirmed still reconnects quickly)."""
+    import sqlite3
+
+    from gsync.sync.memory import ROOT_LEVEL
+    db = sqlite3.connect(os.path.join(sim.state_dir, "gsync.db"))
+    with db:
+        db.execute("DELETE FROM confirmed WHERE level != ?", (ROOT_LEVEL,))
+    db.close()
+
+
+def _restart_forgetting_confirmed(sim) -> None:
+    sim.stop_gsync(True)
+    _forget_confirmed(sim)
+    sim.start_gsync()
+
+
 def test_a_relay_is_judged_for_neglect_only_for_the_time_it_was_wanted():
     """The in-process form of seeds 4 and 40: the own relay comes back empty and gsync,
-    started again, keeps only its bootstrap relays; hours later the announcements listing
-    relay2 reach the own relay again, five minutes before a neglect check: gsync dials
-    relay2 at once, and the check judges only those minutes (it judged the whole window)."""
+    started again (knowing nothing it confirmed: no relay to ask what the own relay lost),
+    keeps only its bootstrap relays; hours later the announcements listing relay2 reach the
+    own relay again, five minutes before a neglect check: gsync dials relay2 at once, and the
+    check judges only those minutes (it judged the whole window)."""
     sim = Simulation(SimOptions(seed=4, days=0.55, faults=False, **SMALL))
     relay2 = sim.world.relay_urls[2]
     sim.at(START + 0.1 * 86_400, sim.own_away, 60.0, float("inf"))
-    sim.at(START + 0.15 * 86_400, sim.stop_gsync, True)
-    sim.at(START + 0.15 * 86_400 + 10, sim.start_gsync)
+    sim.at(START + 0.15 * 86_400, _restart_forgetting_confirmed, sim)
     back = START + 0.5 * 86_400 - 300  # a neglect check every 4 h: this one at day 0.5
 
     def announce_again():
@@ -200,6 +219,25 @@ def test_a_relay_is_judged_for_neglect_only_for_the_time_it_was_wanted():
     sim.at(back, announce_again)
     _assert_clean(sim.run())
     assert any(t > back for t in sim.checker.dials[relay2])
+
+
+def test_a_gsync_restarted_after_the_own_relay_emptied_asks_the_relays_it_remembers_for_what_it_lost():
+    """The same world, and gsync remembers what the relays confirmed: started again after
+    the own relay came back empty, it dials the relays that gave it the repositories the own
+    relay no longer shows, whose layer 1 brings their announcements back (then their
+    history); before, they waited for someone to publish again (the test above)."""
+    sim = Simulation(SimOptions(seed=4, days=0.2, faults=False, **SMALL))
+    relay2 = sim.world.relay_urls[2]
+    restart = START + 0.15 * 86_400
+    held = set()
+    sim.at(START + 0.1 * 86_400 - 1, lambda: held.update(sim.own.accepted))
+    sim.at(START + 0.1 * 86_400, sim.own_away, 60.0, float("inf"))
+    sim.at(restart, sim.stop_gsync, True)
+    sim.at(restart + 10, sim.start_gsync)
+    _assert_clean(sim.run())
+    assert any(restart < t < restart + 600 for t in sim.checker.dials[relay2])
+    assert any(relay2 in repo.relays and repo.address in held for repo in sim.world.repos)
+    assert held and held <= set(sim.own.accepted), held - set(sim.own.accepted)
 
 
 @pytest.mark.slow
@@ -854,6 +892,7 @@ def test_relays_a_restarted_gsync_forgets_when_ready_are_judged_from_their_retur
         for url in listed:
             sim.checker.tabled_since[url] = START  # (as if tabled since the start)
         sim.stop_gsync(True)
+        _forget_confirmed(sim)  # (else relays that confirmed what it lost are asked: not forgotten)
         sim.own_away(30.0, float("inf"))  # back empty: no announcement listing them
         sim.at(sim.clock.now + 60, sim.start_gsync)
 

@@ -300,6 +300,30 @@ def test_confirmed_items_are_saved_by_difference():
     assert memory.confirmed_diff(back, items)[1] == ["r1", REPO]
 
 
+def test_repositories_a_relay_confirmed_that_are_not_known_now_are_lost_there():
+    rows = {URL: [(REPO, 2), ("30617:b:c", 1), ("r1", memory.ROOT_LEVEL)],
+            "wss://kept.example.com": [(REPO, 2)], "wss://roots.example.com": [("r2", memory.ROOT_LEVEL)]}
+    assert memory.lost_repositories(rows, {REPO}) == {URL: frozenset({"30617:b:c"})}
+    assert memory.lost_repositories(rows, set()) == {URL: frozenset({REPO, "30617:b:c"}),
+                                                      "wss://kept.example.com": frozenset({REPO})}
+
+
+def test_the_repositories_each_saved_relay_confirmed_are_taken_once_after_a_restart(tmp_path):
+    saved = SavedState(_store(tmp_path), NOW)
+    rejected = saved.load(NOW)
+    state = RelayState(URL)
+    state.confirmed = SyncItems({REPO: SyncLevel.FULL}, {"r1"})
+    saved.save({URL: state}, RelayHealthTracker(), rejected, NOW, ready=True)
+    saved.close()
+
+    saved = SavedState(_store(tmp_path), NOW + 60)
+    saved.load(NOW + 60)
+    saved.restore(RelayState(URL), RelayHealthTracker())  # registered before the own relay's read: still asked
+    assert saved.take_lost(set()) == {URL: frozenset({REPO})}
+    assert saved.take_lost(set()) == {}  # once
+    saved.close()
+
+
 def test_saved_state_restores_relays_and_forgets_those_no_longer_registered(tmp_path):
     saved = SavedState(_store(tmp_path), NOW)
     rejected = saved.load(NOW)

@@ -148,6 +148,7 @@ class Checker:
         # (its dial, or a session over within PROVEN_SESSION_SECS): its backoff (``neglect``)
         self.failing_since: dict[str, float] = {}
         self.own_lost_at = float("-inf")  # the own relay's last loss of data
+        self.started_at = float("-inf")  # gsync's last start (or stop)
         self.refused_at: dict[str, dict[str, list]] = {}  # relay -> tag key -> [read at, asked since, ...]
         self.refused_by: dict[tuple[str, str], tuple] = {}  # (relay, tag key) -> _relay_state when read (or reset)
         self.hidden_asks: dict[tuple[str, str], tuple] = {}  # (relay, hidden id) -> (gsync's record of it, asked by id at)
@@ -361,6 +362,7 @@ class Checker:
                                                   f"in session {with_session / HOUR:.2f} h")
 
     def gsync_started_or_stopped(self) -> None:
+        self.started_at = self.sim.clock.now
         for url in sorted(self.uptime):
             self.account(url)
 
@@ -754,8 +756,11 @@ class Checker:
         if any(url not in wanted for url in table):
             wanted, _ = self.wanted_relays(tabled=True)
         for url in table:
-            if url in wanted or now - self.own_lost_at < 26 * HOUR:
-                # (gsync is not told what the own relay lost: it learns it within a day)
+            if (url in wanted or now - self.own_lost_at < 26 * HOUR
+                    or m.relays[url].lost_repos and now - self.started_at < constants.LOST_LOOK_SECS):
+                # (gsync is not told what the own relay lost: it learns it within a day; a
+                # process started after a loss asks the relays that confirmed what it lost,
+                # for a day at most: ``lifecycle.look_for_lost``)
                 self.unwanted_since.pop(url, None)
             elif now - self.unwanted_since.setdefault(url, now) > HOUR:
                 self.violation("relay_table", f"{url} unwanted for {(now - self.unwanted_since[url]) / HOUR:.1f} h")

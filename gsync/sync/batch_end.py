@@ -403,6 +403,7 @@ def confirm(plan, state, batch: PendingBatch, now: float) -> None:
         state.current.threads_ahead.drop_batch(batch.batch_id)
     if batch.kind is BatchKind.LAYER1:
         state.announcements_synced = True
+        state.lost_repos = frozenset()  # looked for with it (``lifecycle.look_for_lost``)
     if batch.failed:
         state.batch_failures = True
     plan.log.debug("batch_confirmed", relay=state.url, batch_id=batch.batch_id, failed=batch.failed,

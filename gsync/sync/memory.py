@@ -126,6 +126,20 @@ def confirmed_diff(saved: ConfirmedItems, current: ConfirmedItems) -> tuple[dict
     return put, delete
 
 
+def lost_repositories(rows_by_relay: dict[str, list], known) -> dict[str, frozenset[str]]:
+    """Relay → the repositories it confirmed to an earlier process (saved ``confirmed``
+    rows) that are not ``known`` now: announcements the own relay lost (its database
+    emptied or restored from an older copy) while no process watched, or before this one
+    started. No announcement the own relay shows lists that relay for them any more, so
+    nothing would ask it again; where to look for them."""
+    lost = {}
+    for url, rows in rows_by_relay.items():
+        addresses = frozenset(item for item, level in rows if level in _LEVELS and item not in known)
+        if addresses:
+            lost[url] = addresses
+    return lost
+
+
 def _int_or_none(value) -> int | None:
     return None if value is None else int(value)
 

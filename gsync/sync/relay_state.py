@@ -239,6 +239,11 @@ class RelayState:
     last_connected: float | None = None
     disconnected_at: float | None = None
     announcements_synced: bool = False
+    # repositories whose history it gave an earlier process and that the own relay no longer
+    # shows: it starts fresh, its layer 1 bringing their announcements (``lifecycle.look_for_lost``),
+    # dialled for that alone if nothing else wants it, until its layer 1 is done or ``lost_until``
+    lost_repos: frozenset[str] = frozenset()
+    lost_until: float = 0.0
     historic_sync_completed_at: float | None = None
     # the session in use (an idle one while disconnected), and its number: messages and
     # timers carry the number, and those of an ended session are ignored

@@ -166,7 +166,8 @@ class SyncManager:
             relays=self.relays, repos=self.repos, domains=self.domains, rejected=self.rejected,
             recovery=self.recovery, claims=self.claims, delivery=self.delivery, own_held=self.own_held,
             seen=self.seen, descendants=self.descendants, historic=self.historic, completion=self.completion,
-            apply_dirty=self.lifecycle.apply_dirty, effects=self.effects, clock=self.clock, on_ready=on_ready,
+            apply_dirty=self.lifecycle.apply_dirty, effects=self.effects, clock=self.clock,
+            on_ready=lambda: self.became_ready(on_ready),
             shards=config.cluster.shard.count > 1)
 
     def dispatch_table(self) -> dict:
@@ -388,6 +389,13 @@ class SyncManager:
     def ready(self) -> bool:
         """The own relay's first history read is applied (``OwnRelaySide``)."""
         return self.own_relay.ready
+
+    def became_ready(self, then) -> None:
+        """The own relay's first read is applied: what it shows is known, so what it lost
+        since an earlier process saved is too (``lifecycle.look_for_lost``); then ``then``."""
+        self.lifecycle.look_for_lost(self.saved.take_lost(self.repos), self.clock())
+        if then:
+            then()
 
     def alive_recently(self, within: float) -> bool:
         return self.effects.monotonic() - self.last_loop_at < within

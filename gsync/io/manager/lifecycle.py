@@ -114,7 +114,30 @@ class RelayLifecycle:
         """A bootstrap relay, or one some repo lists (a ``derive_relay_targets`` target, read
         from the relay → repos listing). What a relay confirmed is work only while a repo
         still asks it of that relay: a relay no repository lists has none left (SPEC §8)."""
-        return state.is_bootstrap or bool(self.repos.repos_listing(state.url))
+        return (state.is_bootstrap or bool(self.repos.repos_listing(state.url))
+                or bool(state.lost_repos) and self.clock() < state.lost_until)
+
+    def look_for_lost(self, lost: dict[str, frozenset[str]], now: float) -> None:
+        """Once, the own relay's first read applied: ``lost`` (relay → the repositories it
+        confirmed to an earlier process, ``SavedState.take_lost``) were announced on the own
+        relay and are not any more (its database emptied or restored from an older copy
+        while gsync was stopped, or before a restart). Nothing it shows lists those relays for
+        them, and what they confirmed is not held any more: each starts fresh (at once if
+        connected, else at its next connection, dialled for that alone if nothing else
+        wants it), as its daily sync would. Its whole layer 1 brings their announcements,
+        and one listing our service goes to the own relay as any, bringing its repository
+        back; their history is then not taken as confirmed."""
+        for url, addresses in lost.items():
+            state = self.register_relay(url)
+            if state.refused_reason:
+                continue  # another shard's, or past max_relays
+            state.lost_repos = addresses
+            state.lost_until = now + constants.LOST_LOOK_SECS
+            state.announcements_synced = False  # a fresh start at its next connection
+            if state.connected:
+                self.fresh_start(state, now)
+        if lost:
+            log.info("lost_repositories_asked", relays=len(lost), repositories=len(set().union(*lost.values())))
 
     def connect_due_relays(self, now: float) -> None:
         listed = self.repos.listed_relays()

@@ -50,6 +50,7 @@ class SavedState:
         self._memories: dict[str, dict] = {}  # url → record, until that relay is registered
         self._confirmed: dict[str, list] = {}  # url → saved (item, level) rows, the same
         self._members: dict[str, list] = {}  # url → saved (member, roots) rows, the same
+        self._confirmed_repos: dict[str, list] = {}  # url → saved repository rows, until ready (``take_lost``)
         self._prior_saved_at: float | None = None  # the previous process's last save
         self._saved_records: dict[str, dict] = {}  # url → record as last written
         self._record_keys: dict[str, tuple] = {}  # url → memory.record_key of that record
@@ -80,6 +81,7 @@ class SavedState:
                     raise
                 self.store.reset(f"{type(exc).__name__}: {exc}")
                 self._memories, self._confirmed, self._members, self._prior_saved_at = {}, {}, {}, None
+                self._confirmed_repos = {}
                 rejected = self._load(now)
         except (sqlite3.Error, OSError) as exc:
             self.store.close()
@@ -97,6 +99,8 @@ class SavedState:
         self._memories = store.relay_memories()
         self._confirmed = store.confirmed_rows()
         self._members = store.member_rows()
+        self._confirmed_repos = {url: [row for row in rows if row[1] != memory.ROOT_LEVEL]
+                                 for url, rows in self._confirmed.items()}
         prior = store.meta(SAVED_AT)
         self._prior_saved_at = float(prior) if prior is not None else None
         if store.meta(LEGACY_MIGRATED) is None:
@@ -141,6 +145,12 @@ class SavedState:
         log.info("relay_memory_restored", relay=state.url, connected=bool(record.get("connected")),
                  last_connected=state.last_connected, failures=saved_health.get("failures"),
                  paused=len(state.paused), confirmed=len(rows or ()), members=len(members or ()))
+
+    def take_lost(self, known) -> dict[str, frozenset[str]]:
+        """Once, when the own relay's first read is applied: relay → the repositories it
+        confirmed to an earlier process that are not ``known`` now (``memory.lost_repositories``)."""
+        rows, self._confirmed_repos = self._confirmed_repos, {}
+        return memory.lost_repositories(rows, known)
 
     def forget(self, url: str) -> None:
         """A retired relay: its rows go with the next save."""
