@@ -17,6 +17,9 @@ SELF_FULL_REREAD_SECS = 24 * 3600
 # pings; nothing again for as long (not even the pong) and the socket is half-open: the
 # session ends and a new one reads since the last one (found within 50 s, SPEC §8).
 OWN_IDLE_PING_SECS = 25.0
+# A self-subscription session that lasted this long was a recovery: the next reconnect comes
+# at once (0.5 s); a shorter one backs off, doubling to 10 s (``SelfSubscriber._run``).
+OWN_SESSION_STABLE_SECS = 30.0
 # A read of the own relay's history (the first, or a re-read) ends by this deadline
 # whatever the relay sends (a relay dribbling events never reaches the per-read timeout);
 # the first read then starts a new session, a re-read is tried at the next round. LocalRelay

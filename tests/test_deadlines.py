@@ -51,6 +51,78 @@ def test_a_half_open_own_relay_is_found_by_its_unanswered_ping(relay_factory, gs
     assert len(live_reqs) >= 2
 
 
+@pytest.mark.slow
+def test_an_own_relay_closing_the_self_subscription_after_its_eose_is_not_met_twice_a_second(
+        relay_factory, gsync_factory, scripted):
+    """PEERS.md: some relays close every subscription after its EOSE. Each self-subscription
+    session then ends as it begins; the next waits longer each time (10 s at most), and each
+    reads the history since the last: what the own relay accepts meanwhile is still found."""
+    live_reqs = []
+
+    def closes_after_eose(relay, conn, message):
+        if isinstance(message, list) and message[:2] == ["REQ", SELF]:
+            live_reqs.append(time.monotonic())
+            return [["EOSE", SELF], ["CLOSED", SELF, "error: subscriptions end at EOSE here"]]
+        return None
+
+    own = scripted(page_size=None, on_message=closes_after_eose)
+    remote = relay_factory()
+    repo = our_announcement(own, [remote], d="closes", created_at=int(time.time()))
+    bug = f.issue(bob, repo)
+    publish(remote.url, [repo, bug])
+    gsync = gsync_factory(own, [remote])
+    wait_until(lambda: len(live_reqs) >= 2, timeout=15, what="the self-subscription opened twice")
+    publish(own.url, [repo])  # never shown live: found by a later session's history read
+    assert_arrives(own, [bug], timeout=30, what="the issue of a repository announced meanwhile")
+    began = live_reqs[0]
+    wait_until(lambda: time.monotonic() - began >= 12, timeout=20, what="12 s")
+    within = [t for t in live_reqs if t - began < 12]
+    assert 3 <= len(within) <= 6, [round(t - began, 1) for t in live_reqs]  # 0, .5, 1.5, 3.5, 7.5 (+ reads)
+    assert len(_events(gsync, "self_subscription_lost")) >= 3
+
+
+@pytest.mark.slow
+def test_a_session_that_ends_before_its_history_read_leaves_the_next_to_read_from_the_same_point(
+        relay_factory, gsync_factory, scripted):
+    """The own relay drops the self-subscription, and the next session ends too (its live
+    read dropped) while its history read is still out: that read never happened, so the
+    session after reads from where it would have (the first session's start, less the
+    overlap), not from the start of the one that read nothing. An announcement the own
+    relay holds dated just inside that overlap is found."""
+    hanging = threading.Event()
+    sessions = []
+
+    def second_session_dropped_unread(relay, conn, message):
+        if not (isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 2):
+            return None
+        if message[1] == SELF:
+            sessions.append(time.time())
+            if hanging.is_set():
+                def drop():  # the history REQ is out by then, unanswered
+                    conn.drop()
+                    hanging.clear()
+                threading.Timer(0.5, drop).start()
+                return []
+        elif isinstance(message[1], str) and message[1].startswith("own-") and hanging.is_set():
+            return []  # never answered
+        return None
+
+    own = scripted(page_size=None, on_message=second_session_dropped_unread)
+    remote = relay_factory()
+    gsync = gsync_factory(own, [remote])
+    wait_until(lambda: _events(gsync, "ready"), timeout=15, what="ready")
+    first = sessions[0]
+    wait_until(lambda: time.time() - first >= 8, timeout=15, what="8 s")
+    repo = our_announcement(own, [remote], d="overlap", created_at=int(first) - 897)
+    bug = f.issue(bob, repo)
+    publish(remote.url, [repo, bug])
+    hanging.set()
+    own.add(repo)  # stored only: shown to no live subscription
+    own.drop_all()
+    assert_arrives(own, [bug], timeout=30, what="the issue of the repository found by the third session")
+    assert len(sessions) >= 3
+
+
 def test_an_own_relay_dribbling_its_history_is_read_again_after_the_deadline(relay_factory, gsync_factory,
                                                                               scripted):
     dribbled = []

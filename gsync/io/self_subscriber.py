@@ -42,6 +42,10 @@ def _plain(raw: dict) -> bool:
             and isinstance(raw.get("pubkey"), str) and isinstance(raw.get("tags"), list))
 
 
+class SubscriptionClosed(ConnectionError):
+    """The own relay closed the live subscription (``CLOSED``); the socket may stay up."""
+
+
 class HistoryDeadline(Exception):
     """A history read ran past OWN_HISTORY_DEADLINE_SECS (not a socket timeout: websocket
     calls would take one for their own and say only "timed out")."""
@@ -97,7 +101,7 @@ class SelfSubscriber:
                 gevent.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
                 continue
-            backoff = 0.5
+            began = time.monotonic()
             self.connected = True
             reconnect = self.last_connected is not None
             since = int(self.last_connected) - constants.RECONNECT_OVERLAP_SECS if reconnect else None
@@ -118,8 +122,15 @@ class SelfSubscriber:
             except Exception as exc:
                 self._log.warning("self_subscription_lost", relay=self.url, reason=type(exc).__name__,
                                   detail=str(exc)[:200])
+                if isinstance(exc, SubscriptionClosed) and history is not None:
+                    # A relay closing every subscription after its EOSE (PEERS.md) closes this
+                    # one before the history (on a connection of its own) is read: read it
+                    # all the same, or gsync is never ready.
+                    history.join(timeout=constants.OWN_HISTORY_DEADLINE_SECS)
             finally:
                 self.connected = False
+                if not self._history_read:  # the next session reads from where this one would have
+                    self.last_connected = prior
                 for greenlet in (history, reread):
                     if greenlet is not None:
                         greenlet.kill(block=False)
@@ -127,7 +138,13 @@ class SelfSubscriber:
                     ws.close(timeout=1)
                 except Exception:
                     pass
+            if time.monotonic() - began >= constants.OWN_SESSION_STABLE_SECS:
+                backoff = 0.5
+            # (else one that ends as soon as it begins, e.g. an own relay closing every
+            # subscription after its EOSE, is not met twice a second: every 10 s at most,
+            # each session reading the history since the last)
             gevent.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
 
     def _read_history(self, since: int | None, reconnect: bool, live, prior: float | None) -> None:
         started = self._clock()
@@ -270,7 +287,7 @@ class SelfSubscriber:
                     elif isinstance(msg, wire.RelayEvent) and msg.sub_id == LANDED_SUB_ID:
                         landed.append(msg.event)
                     elif isinstance(msg, wire.Closed) and msg.sub_id == SUB_ID:
-                        raise ConnectionError(f"own relay closed the self-subscription: {msg.text}")
+                        raise SubscriptionClosed(f"own relay closed the self-subscription: {msg.text}")
             finally:
                 self._post_events(raws)  # what came before a close is kept
                 self._post_landed(landed)
