@@ -371,6 +371,41 @@ def test_what_an_exchange_found_is_fetched_by_id_when_the_batchs_last_exchange_i
     assert state.ids_unserved_at is None and state.serves_ids(h.clock.now)
 
 
+def test_what_an_exchange_found_is_fetched_by_id_when_a_rate_limit_turns_the_batchs_last_exchange_into_reqs(
+        tmp_path):
+    """Found by the simulator (seed 196, day 0.001): a batch's layer-2 exchange found two
+    ids missing, to be fetched by id at its thread exchanges' answers; the relay then
+    refused a REQ for rate (its queries limited), and its queued exchanges went as REQ pages
+    (``exchanges_to_reqs``) without fetching what the first had found. Never asked by id,
+    the ids went to their filter, which brought them: the relay was judged not to serve
+    ids. Now what the exchanges found is fetched by id as the last one turns into REQs."""
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    repo, _ = world(h)
+    wanted = issue(bob, repo, subject="served by id")
+    h.connect(A)
+    state = h.state(A)
+    for _ in range(10):
+        h.answer_own_reads(held=HELD)
+        h.advance(1.1)
+        layer2 = [g for g in h.effects.spawned if g.name == "reconcile_filter" and filter_plan.asks_by_repo(g.args[2])]
+        if layer2:
+            break
+    for g in [g for g in h.effects.spawned if g.name == "reconcile_filter"]:  # those running answer
+        h.effects.spawned.remove(g)
+        need = [wanted.id] if g is layer2[0] else []
+        h.feed(NegentropyFinished(A, state.session, g.kwargs["batch_id"], g.kwargs["token"], g.args[2],
+                                  NegentropyOutcome(True, need_ids=need, rounds=1)))
+    assert not state.current.neg_running
+    assert any(is_exchange(token) for token, _ in state.current.historic_queue), "exchanges wait, not started"
+    live = next(iter(state.current.live_subs))
+    h.relay_says(A, wire.parse_relay_message(json.dumps(["CLOSED", live, "rate-limited: too many queries"])))
+    assert not any(is_exchange(token) for token, _ in state.current.historic_queue)
+    h.advance(constants.RATE_LIMIT_COOLDOWN_SECS + 1)
+    run(h, A, [wanted], by_id=True, by_filter=True)
+    assert asks(h, A, wanted)[0] == 1, "fetched by id"
+    assert state.ids_unserved_at is None and state.serves_ids(h.clock.now)
+
+
 def test_an_id_unservable_the_day_before_is_not_retried_by_id_beside_a_new_one_that_is(tmp_path):
     """Found by the simulator (seed 1's year of 20 relays, day 182.05): at the daily fresh
     start two ids unservable there the day before were missing again beside a third, new

@@ -136,7 +136,17 @@ def disable_negentropy(plan, state, reason: str) -> None:
         plan.log.warning("negentropy_unsupported", relay=state.url, reason=reason[:200])
     state.current.negentropy_ok = False
     plan.health.disable_negentropy(state.url)
-    plan.queue.exchanges_to_reqs(state)
+    exchanges_to_reqs(plan, state)
+
+
+def exchanges_to_reqs(plan, state) -> None:
+    """NIP-77 is off for the session (refused, or the relay limits its rate): exchanges
+    still queued go as REQs of their batches, and a batch left with none out fetches what
+    its exchanges found, as at its last one's answer (seed 196: a relay rate-limited between
+    two exchanges of a batch was judged not to serve the ids it was never asked by id)."""
+    for batch in plan.queue.exchanges_to_reqs(state):
+        if not any(map(is_exchange, batch.outstanding_subs)):
+            fetch_what_the_exchanges_found(plan, state, batch)
 
 
 def split_past_result_cap(plan, state, batch: PendingBatch, flt: Filter, result, now: float) -> None:

@@ -200,11 +200,13 @@ class StartQueue:
             finish_subscription(batch, sub_id)
             state.current.sub_to_batch.pop(sub_id, None)
 
-    def exchanges_to_reqs(self, state) -> None:
-        """NIP-77 is off: exchanges still queued become REQs of their batches."""
+    def exchanges_to_reqs(self, state) -> list:
+        """NIP-77 is off: exchanges still queued become REQs of their batches (returned,
+        each once, in order)."""
         session = state.current
         queued = [(t, g) for t, g in session.historic_queue if is_exchange(t)]
         session.historic_queue = [e for e in session.historic_queue if not is_exchange(e[0])]
+        batches = {}
         for token, group in queued:
             batch = session.pending.get(session.sub_to_batch.pop(token, -1))
             if batch is not None:
@@ -212,6 +214,8 @@ class StartQueue:
                 batch.own_holdings.pop(token, None)
                 batch.read_also.pop(token, None)
                 self.add_reqs(state, batch, group)
+                batches[batch.batch_id] = batch
+        return list(batches.values())
 
     def replace_filters(self, state, index: int, sub_id: str, filters) -> None:
         state.current.historic_queue[index] = (sub_id, filters)

@@ -185,6 +185,10 @@ class HistoricSync:
         batch_end.disable_negentropy(self.plan, state, reason)
         self.execute()
 
+    def exchanges_to_reqs(self, state: RelayState) -> None:
+        batch_end.exchanges_to_reqs(self.plan, state)
+        self.execute()
+
     # -- the gate, and the starts ---------------------------------------------------------------
 
     def pump(self, state: RelayState) -> None:

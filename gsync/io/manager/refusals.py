@@ -359,7 +359,7 @@ class Refusals:
                     cooldown_secs=constants.RATE_LIMIT_COOLDOWN_SECS)
         self.update_health_metric(state, now)
         if state.current.link is not None:
-            self.historic.queue.exchanges_to_reqs(state)  # NIP-77 is off for the session
+            self.historic.exchanges_to_reqs(state)  # NIP-77 is off for the session
         self.effects.later(constants.RATE_LIMIT_COOLDOWN_SECS, CooldownEnded(state.url))
 
     def on_cooldown_ended(self, msg: CooldownEnded) -> None:
