@@ -214,6 +214,10 @@ DAILY_MAX_SECS = 25 * 3600
 # fresh, its layer 1 bringing their announcements (``lifecycle.look_for_lost``): dialled for
 # that for a day at most if nothing else wants it (down or dead meanwhile: as any dial).
 LOST_LOOK_SECS = 24 * 3600
+# ... and once its layer 1 is done, for this long more: the announcements it brought reach
+# the own relay and list it again, and it is not retired in between (its saved pauses with it:
+# seed 213 of --fault-scale 2, a refused #q asked again minutes after such a retirement).
+LOST_SETTLE_SECS = 600.0
 
 # -- missing-event recovery (SPEC §4) ----------------------------------------------------
 RECOVERY_BASE_SECS = 30.0

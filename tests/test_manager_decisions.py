@@ -5,7 +5,7 @@ send, and when."""
 import json
 
 from gsync import constants
-from gsync.io.inbox import HandshakeDone, OwnEvents, OwnSubscribed, RelayDisconnected
+from gsync.io.inbox import HandshakeDone, OwnEvents, RelayDisconnected
 from gsync.protocol import messages as wire
 from gsync.protocol.messages import parse_relay_message
 from gsync.protocol.nip11 import RelayLimits
@@ -655,16 +655,10 @@ def _ours(author, d, relay):
     return announcement(author, d, clone=[f"http://127.0.0.1:9/{d}.git"], relays=[relay, OWN])
 
 
-def test_repositories_the_own_relay_lost_while_gsync_was_stopped_are_asked_of_the_relays_that_gave_them(tmp_path):
-    """The own relay's database emptied (or restored from an older copy) while gsync was
-    stopped: its first read after the restart shows no announcement of ``r``, so nothing
-    lists relay a for it; but a gave an earlier process ``r``'s history (saved). a is dialled
-    for that alone and starts fresh: its layer 1 brings ``r``'s announcement, which goes to
-    the own relay (and brings ``r`` back, a with it). Relay b, whose repository the own relay
-    still shows, reconnects quickly as after any restart. Once its layer 1 is done, a relay
-    that nothing lists is retired."""
-    owner = Author.named("owner")
-    lost = _ours(owner, "r", A)
+def _restarted_after_the_own_relay_lost(tmp_path, later: float):
+    """A gsync that synced ``r`` (listing a) and ``k`` (listing b), then restarted ``later``
+    seconds on with an own relay that shows ``k`` alone. (harness, r's announcement)"""
+    lost = _ours(Author.named("owner"), "r", A)
     kept = _ours(Author.named("other"), "k", B)
     first = ManagerHarness(tmp_path)
     first.own_relay_holds(lost, kept)
@@ -673,48 +667,61 @@ def test_repositories_the_own_relay_lost_while_gsync_was_stopped_are_asked_of_th
         first.settle(url)
     first.manager.save_state(first.clock.now)
     first.manager.saved.close()
-
     h = ManagerHarness(tmp_path)
-    h.clock.now = first.clock.now + 60  # a restart a minute later: quick reconnects
+    h.clock.now = first.clock.now + later
     h.own_relay_holds(kept)  # r's announcement is gone from it
     assert lost.address not in h.manager.repos
+    return h, lost
+
+
+def _layer1(h, url):
+    """(sub id, filter) of each layer-1 history filter sent to ``url``."""
+    return [(req[1], flt) for req in h.reqs(url) for flt in req[2:]
+            if 30617 in flt.get("kinds", ()) and flt.get("limit") != 0]
+
+
+def test_repositories_the_own_relay_lost_while_gsync_was_stopped_are_asked_of_the_relays_that_gave_them(tmp_path):
+    """The own relay's database emptied (or restored from an older copy) while gsync was
+    stopped: its first read after the restart shows no announcement of ``r``, so nothing
+    lists relay a for it; but a gave an earlier process ``r``'s history (saved). a is dialled
+    for that alone and starts fresh: its layer 1 brings ``r``'s announcement, which goes to
+    the own relay (and brings ``r`` back, a with it, on the same connection: a is kept while
+    what it brought lands). Relay b, whose repository the own relay still shows, reconnects
+    quickly as after any restart."""
+    h, lost = _restarted_after_the_own_relay_lost(tmp_path, later=60)  # within 15 minutes: quick
     h.connect(A)  # dialled though nothing lists it
     h.connect(B)
     h.answer_own_reads()
     h.advance(1.1)  # the pacing gate
-
-    def layer1(url):
-        return [(req[1], flt) for req in h.reqs(url) for flt in req[2:]
-                if 30617 in flt.get("kinds", ()) and flt.get("limit") != 0]
-    (sub, whole), = layer1(A)
+    (sub, whole), = _layer1(h, A)
     assert "since" not in whole  # a fresh start: every announcement it has
-    assert all("since" in flt for _, flt in layer1(B))  # a quick reconnect, as after any restart
+    assert all("since" in flt for _, flt in _layer1(h, B))  # a quick reconnect, as after any restart
     h.relay_sends(A, sub, lost)
     assert h.manager.delivery.is_tracked(lost.id)  # on its way to the own relay
     h.settle(A)
     h.tick()
-    assert A not in h.manager.relays  # asked, and nothing lists it: retired (until the own relay shows r)
+    session = h.state(A).session
     h.own_relay_holds(lost)
     assert h.manager.repos.get(lost.address).relays == {A}
+    h.advance(constants.LOST_SETTLE_SECS + 1)
     h.tick()
-    assert A in h.manager.handshakes.queued  # dialled again, for r's history
+    assert h.state(A).connected and h.state(A).session == session
 
 
-def test_a_relay_asked_for_lost_repositories_that_never_answers_is_let_go_after_a_day(tmp_path):
-    lost = _ours(Author.named("owner"), "r", A)
-    first = ManagerHarness(tmp_path)
-    first.own_relay_holds(lost)
-    first.connect(A)
-    first.settle(A)
-    first.manager.save_state(first.clock.now)
-    first.manager.saved.close()
-
-    h = ManagerHarness(tmp_path)
-    h.clock.now = first.clock.now + 3600
-    h.feed(OwnEvents([]))
-    h.feed(OwnSubscribed(reconnect=False))  # ready: it shows nothing
+def test_a_relay_asked_for_lost_repositories_is_let_go_once_what_it_brought_settled_or_after_a_day(tmp_path):
+    h, lost = _restarted_after_the_own_relay_lost(tmp_path, later=3600)
+    h.connect(A)
+    h.settle(A)  # its layer 1 brought nothing the own relay shows
+    h.advance(constants.LOST_SETTLE_SECS - 30)
     h.tick()
-    assert A in h.manager.handshakes.queued
+    assert A in h.manager.relays
+    h.advance(60)
+    h.tick()
+    assert A not in h.manager.relays
+
+    h, lost = _restarted_after_the_own_relay_lost(tmp_path / "never", later=3600)
+    h.tick()
+    assert A in h.manager.handshakes.queued  # never answers
     h.advance(constants.LOST_LOOK_SECS + 1)
     h.tick()
     assert A not in h.manager.relays

@@ -246,7 +246,8 @@ def fetch_what_the_exchanges_found(plan, state, batch: PendingBatch) -> None:
         # (unservable there the day before and asked by id since that day's fresh start: to
         # its filter, as the residual, ``finish``)
         unservable = state.unservable
-        ids = {i for i in not_seen(plan, batch.advertised_ids) if not unservable.asked_today(i)}
+        ids = {i for i in not_seen(plan, batch.advertised_ids) - batch.fetching_by_id if not unservable.asked_today(i)}
+        batch.fetching_by_id |= ids
         unservable.asked_by_id(ids)
         plan.queue.add_id_fetches(state, batch, ids)
 
@@ -413,7 +414,8 @@ def confirm(plan, state, batch: PendingBatch, now: float) -> None:
         state.current.threads_ahead.drop_batch(batch.batch_id)
     if batch.kind is BatchKind.LAYER1:
         state.announcements_synced = True
-        state.lost_repos = frozenset()  # looked for with it (``lifecycle.look_for_lost``)
+        if state.lost_repos:  # looked for with it (``lifecycle.look_for_lost``): what it brought lands
+            state.lost_until = min(state.lost_until, now + constants.LOST_SETTLE_SECS)
     if batch.failed:
         state.batch_failures = True
     plan.log.debug("batch_confirmed", relay=state.url, batch_id=batch.batch_id, failed=batch.failed,

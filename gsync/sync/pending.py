@@ -551,6 +551,9 @@ class PendingBatch:
     # the NIP-77 filter that advertised each id: what is not served by id is asked by it
     found_by: dict[str, Filter] = field(default_factory=dict)
     residual_asked: set[str] = field(default_factory=set)  # the ids asked so (``sync.unservable``)
+    # advertised ids whose fetch by id is queued (``batch_end.fetch_what_the_exchanges_found``:
+    # the last exchange's answer, or the last turned into a REQ, asks each once)
+    fetching_by_id: set[str] = field(default_factory=set)
     # seconds its pages could not page inside, for the caller to complete another way
     crowded: list[CrowdedSecond] = field(default_factory=list)
     # (filter, second) its pages left behind before the connection knew how the relay reads

@@ -241,7 +241,8 @@ class RelayState:
     announcements_synced: bool = False
     # repositories whose history it gave an earlier process and that the own relay no longer
     # shows: it starts fresh, its layer 1 bringing their announcements (``lifecycle.look_for_lost``),
-    # dialled for that alone if nothing else wants it, until its layer 1 is done or ``lost_until``
+    # dialled for that alone if nothing else wants it, until ``lost_until`` (a day; its layer 1
+    # done, LOST_SETTLE_SECS more)
     lost_repos: frozenset[str] = frozenset()
     lost_until: float = 0.0
     historic_sync_completed_at: float | None = None
