@@ -409,6 +409,7 @@ class SimRelay:
         # closes every subscription after its EOSE (PEERS.md: "EOSE followed by CLOSED"), live
         # ones too: what comes later is found only by asking again
         self.closes_after_eose = False
+        self.ignores_until = False  # reads a filter as if it had no until
         # (burst, seconds a query): REQs and NEG-OPENs of one session past a token bucket are
         # refused "rate-limited:" (PEERS.md: LocalRelay's per-connection query limit), for good
         self.query_limit: tuple[int, float] | None = None
@@ -549,8 +550,13 @@ class SimRelay:
         return found if self.req_cap is None else found[:self.req_cap]
 
     def as_read(self, f: Filter) -> Filter:
-        """``f`` as this relay reads it: ``until`` exclusive on one that reads it so."""
-        return f.replace(until=f.until - 1) if self.until_exclusive and f.until is not None else f
+        """``f`` as this relay reads it: ``until`` exclusive on one that reads it so, and
+        none at all on one that ignores it."""
+        if f.until is None:
+            return f
+        if self.ignores_until:
+            return f.replace(until=None)
+        return f.replace(until=f.until - 1) if self.until_exclusive else f
 
     def on_neg_open(self, session: RelaySession, sub_id, raw_filter, message_hex) -> list[str]:
         if not self.nip77 or self.neg_mode == "notice":

@@ -97,6 +97,7 @@ class SimOptions:
     closes_after_eose: float = 0.1  # the share of relays that close every subscription after its EOSE
     query_limits: float = 0.1  # the share of relays limiting queries per session (QUERY_LIMIT)
     ahead: float = 0.02  # the share of publications from a client whose clock runs 20 min - 3 h ahead
+    ignores_until: float = 0.0  # the share of relays ignoring until (not handled: bench/README)
     own_full: float = faults_module.OWN_FULL_PER_DAY  # the own relay's disk full, per day
     own_readonly: float = faults_module.OWN_READONLY_PER_DAY  # the own relay read-only, per day
     own_rate_limited: float = faults_module.OWN_RATE_LIMITED_PER_DAY  # its writes rate-limited, per day
@@ -126,6 +127,7 @@ WORLD_SHARES = (
     ("closes_after_eose", "--closes-after-eose"),
     ("query_limits", "--query-limits"),
     ("ahead", "--ahead"),
+    ("ignores_until", "--ignores-until"),
     ("own_full", "--own-full"),
     ("own_readonly", "--own-readonly"),
     ("own_rate_limited", "--own-rate-limited"),
@@ -402,6 +404,7 @@ class Simulation:
         relay.closes_after_eose = random.Random(f"{o.seed}:{url}:closes").random() < o.closes_after_eose
         if random.Random(f"{o.seed}:{url}:queries").random() < o.query_limits:
             relay.query_limit = QUERY_LIMIT
+        relay.ignores_until = random.Random(f"{o.seed}:{url}:ignores").random() < o.ignores_until
         return relay
 
     # -- the heap -----------------------------------------------------------------------
