@@ -338,6 +338,22 @@ def test_a_fresh_start_at_reconnect_shortly_before_the_daily_is_that_days_fresh_
     assert len(h.conn(A).frames) == frames, "no second fresh start"
 
 
+def _layer2_exchange_running(tmp_path):
+    """Relay a's first layer-2 exchange started (threads queued behind it): (harness, its
+    state, the exchange's greenlet, an issue the own relay lacks)."""
+    h = ManagerHarness(tmp_path, recovery_base_secs=1)
+    repo, _ = world(h)
+    wanted = issue(bob, repo, subject="served by id")
+    h.connect(A)
+    for _ in range(10):
+        h.answer_own_reads(held=HELD)
+        h.advance(1.1)
+        layer2 = [g for g in h.effects.spawned if g.name == "reconcile_filter" and filter_plan.asks_by_repo(g.args[2])]
+        if layer2:
+            return h, h.state(A), layer2[0], wanted
+    raise AssertionError("no layer-2 exchange started")
+
+
 def test_what_an_exchange_found_is_fetched_by_id_when_the_batchs_last_exchange_is_dropped_for_a_paused_shape(tmp_path):
     """Found by the simulator (seed 13's year, day 329.97): a batch's layer-2 exchange found
     four ids missing, to be fetched by id when its thread exchange (queued behind it) had
@@ -346,18 +362,7 @@ def test_what_an_exchange_found_is_fetched_by_id_when_the_batchs_last_exchange_i
     Never asked by id, the ids went to their filter, which brought one: the relay was judged
     not to serve ids. The batch's last exchange dropped so, what the others found is fetched
     by id, as at the last one's answer."""
-    h = ManagerHarness(tmp_path, recovery_base_secs=1)
-    repo, _ = world(h)
-    wanted = issue(bob, repo, subject="served by id")
-    h.connect(A)
-    state = h.state(A)
-    for _ in range(10):
-        h.answer_own_reads(held=HELD)
-        h.advance(1.1)
-        layer2 = [g for g in h.effects.spawned if g.name == "reconcile_filter" and filter_plan.asks_by_repo(g.args[2])]
-        if layer2:
-            break
-    g = layer2[0]
+    h, state, g, wanted = _layer2_exchange_running(tmp_path)
     assert any(is_exchange(token) and any(map(filter_plan.asks_by_root, group))
                for token, group in state.current.historic_queue), "a thread exchange waits behind it"
     for key in {coverage_key(f) for _, group in state.current.historic_queue for f in group
@@ -379,20 +384,10 @@ def test_what_an_exchange_found_is_fetched_by_id_when_a_rate_limit_turns_the_bat
     (``exchanges_to_reqs``) without fetching what the first had found. Never asked by id,
     the ids went to their filter, which brought them: the relay was judged not to serve
     ids. Now what the exchanges found is fetched by id as the last one turns into REQs."""
-    h = ManagerHarness(tmp_path, recovery_base_secs=1)
-    repo, _ = world(h)
-    wanted = issue(bob, repo, subject="served by id")
-    h.connect(A)
-    state = h.state(A)
-    for _ in range(10):
-        h.answer_own_reads(held=HELD)
-        h.advance(1.1)
-        layer2 = [g for g in h.effects.spawned if g.name == "reconcile_filter" and filter_plan.asks_by_repo(g.args[2])]
-        if layer2:
-            break
+    h, state, layer2, wanted = _layer2_exchange_running(tmp_path)
     for g in [g for g in h.effects.spawned if g.name == "reconcile_filter"]:  # those running answer
         h.effects.spawned.remove(g)
-        need = [wanted.id] if g is layer2[0] else []
+        need = [wanted.id] if g is layer2 else []
         h.feed(NegentropyFinished(A, state.session, g.kwargs["batch_id"], g.kwargs["token"], g.args[2],
                                   NegentropyOutcome(True, need_ids=need, rounds=1)))
     assert not state.current.neg_running
