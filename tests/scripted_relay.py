@@ -43,6 +43,8 @@ Knobs for misbehaviour:
   (the newest of the union), as relays that run one query per REQ do; ``page_size`` still
   caps each filter. Neither is said in NIP-11.
 - ``until_exclusive``: a filter's ``until`` excludes its own second, as some relays read it.
+- ``ignores_until``: a filter's ``until`` is not read at all (a page past the first brings the
+  newest again).
 - ``limit_zero_unlimited``: ``limit: 0`` reads as no limit (a live REQ brings stored events too).
 - ``query_budget=(events, secs)``: a query stopped by a time budget: a REQ whose answer has
   more than ``events`` stored events gets only the newest ``events`` of it, after ``secs``.
@@ -402,6 +404,7 @@ class ScriptedRelay:
         nip11: dict | None = None,
         req_cap: int | None = None,
         until_exclusive: bool = False,
+        ignores_until: bool = False,
         limit_zero_unlimited: bool = False,
         query_budget: tuple | None = None,
         redirect_to: str | None = None,
@@ -415,6 +418,7 @@ class ScriptedRelay:
         self.page_size = page_size
         self.req_cap = req_cap
         self.until_exclusive = until_exclusive
+        self.ignores_until = ignores_until
         self.limit_zero_unlimited = limit_zero_unlimited
         self.query_budget = query_budget
         self._budgets = itertools.cycle(
@@ -544,8 +548,12 @@ class ScriptedRelay:
 
     def as_read(self, f: Filter) -> Filter:
         """``f`` as this relay reads it, in REQs and NEG-OPENs alike: ``until`` excluding
-        its own second where ``until_exclusive``."""
-        return f.replace(until=f.until - 1) if self.until_exclusive and f.until is not None else f
+        its own second where ``until_exclusive``, not read where ``ignores_until``."""
+        if f.until is None:
+            return f
+        if self.ignores_until:
+            return f.replace(until=None)
+        return f.replace(until=f.until - 1) if self.until_exclusive else f
 
     def answer(self, filters: list[Filter]) -> list[dict]:
         """A REQ's stored events: the union over its filters, newest first (at most

@@ -956,3 +956,50 @@ def test_the_queues_measure_of_a_req_is_the_bytes_the_wire_sends():
     for sub_id in (queue.req_id(3), queue.exchange_token(3), f"{queue.req_id(12345)}.2"):
         for group in (filters, filters[:1]):
             assert req_bytes(sub_id, group) == len(wire.req(sub_id, group).encode())
+
+
+# -- a relay that ignores until --------------------------------------------------------------
+
+
+def ignoring(size=P):
+    cap = learnt(size)
+    cap.until_ignored = True
+    return cap
+
+
+def test_on_a_relay_ignoring_until_a_page_past_the_first_leaves_its_range_to_be_reached_another_way():
+    newest = page(1621, 1000, P)
+    oldest = 1000 - P + 1
+    b = batch()
+    add_subscription(b, "s1", [ISSUES])
+    feed(b, "s1", newest)
+    (sub, filters), = on_eose(b, "s1", cap=learnt())
+    assert filters == [ISSUES.replace(until=oldest)]
+    feed(b, sub, newest[-1:])  # the newest again: its oldest second alone is in bounds (the rest dropped)
+    assert flat(on_eose(b, sub, cap=ignoring())) == []
+    assert b.take_crowded() == [CrowdedSecond(ISSUES.replace(until=oldest), oldest, 1, span=True)]
+
+
+def test_on_a_relay_ignoring_until_a_first_page_cut_leaves_what_it_could_not_hold():
+    b = batch()
+    add_subscription(b, "s1", [ISSUES])
+    feed(b, "s1", page(1621, 1000, P))  # a full first page: the rest is older than its oldest
+    assert flat(on_eose(b, "s1", cap=ignoring())) == []
+    assert b.take_crowded() == [CrowdedSecond(ISSUES.replace(until=1000 - P + 1), 1000 - P + 1, P, span=True)]
+    b = batch()
+    add_subscription(b, "s1", [ISSUES])
+    feed(b, "s1", page(1621, 1000, 5))  # short: all of it came
+    assert flat(on_eose(b, "s1", cap=ignoring())) == [] and b.take_crowded() == []
+
+
+def test_an_id_page_the_relay_may_have_cut_asks_the_ids_it_did_not_send_again():
+    wanted = page(1621, 1000, 50)
+    ids = Filter.make(ids=[e.id for e in wanted])
+    b = batch()
+    add_subscription(b, "s1", [ids])
+    feed(b, "s1", wanted[:20])  # a relay serving 20 a filter, an id filter too
+    assert flat(on_eose(b, "s1", cap=learnt(20))) == [Filter.make(ids=[e.id for e in wanted[20:]])]
+    b = batch()
+    add_subscription(b, "s1", [ids])
+    feed(b, "s1", wanted[:45])  # short of what the relay serves a filter: the rest is not there
+    assert flat(on_eose(b, "s1", cap=learnt(80))) == []

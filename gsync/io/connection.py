@@ -99,6 +99,9 @@ class RelayConnection:
             constants.MISBEHAVIOUR_BUDGET, constants.MISBEHAVIOUR_REFILL_PER_SEC, time.monotonic()
         )
         self._events: list[RemoteEvent] = []  # checked, not yet posted (see _flush_events)
+        # sub id → events of it newer than every ``until`` it gave (a relay ignoring ``until``
+        # sends a page's newest again): told to the manager with its EOSE, then gone
+        self._past_until: dict[str, int] = {}
         self._unapplied: deque[gevent.event.Event] = deque()  # bursts posted, each set once applied
         self._greenlets: list[gevent.Greenlet] = []
         self.closed = False
@@ -341,8 +344,10 @@ class RelayConnection:
             self._on_challenge(msg)
         elif isinstance(msg, wire.Ok) and msg.event_id == self._auth_event_id:
             self._on_auth_answer(msg)
-        elif isinstance(msg, (wire.Closed, wire.Eose)) and self._ended_here(msg):
-            return
+        elif isinstance(msg, (wire.Closed, wire.Eose)):
+            past_until = self._past_until.pop(msg.sub_id, 0) if self._past_until else 0
+            if not self._ended_here(msg):
+                self._emit(RemoteMessage(self.relay, self.session, msg, past_until))
         else:
             self._emit(RemoteMessage(self.relay, self.session, msg))
 
@@ -481,6 +486,8 @@ class RelayConnection:
                 # What we asked for, outside the time bounds we gave: a relay that ignores
                 # ``since`` sends a page of these to every poll and reconnect. Not junk.
                 self._drop("outside_time_bounds", event_id, misbehaved=False)
+                if filters.newer_than_until(event):
+                    self._past_until[msg.sub_id] = self._past_until.get(msg.sub_id, 0) + 1
             else:
                 self._drop("no_matching_filter", event_id)
             return

@@ -59,11 +59,14 @@ class RemoteEvents:
 
 @dataclass(slots=True)
 class RemoteMessage:
-    """Any other parsed relay message (EOSE, CLOSED, NOTICE, OK, AUTH …)."""
+    """Any other parsed relay message (EOSE, CLOSED, NOTICE, OK, AUTH …). ``past_until``,
+    with an EOSE or CLOSED: how many events of that subscription came newer than every
+    ``until`` it gave (dropped by the connection; a relay that ignores ``until`` sends them)."""
 
     relay: str
     session: int
     message: Any
+    past_until: int = 0
 
 
 @dataclass(slots=True)

@@ -253,6 +253,14 @@ class FilterSet:
                 out.append(i)
         return tuple(out)
 
+    def newer_than_until(self, event: Event) -> bool:
+        """Would every filter that matches ``event`` but for its time bounds have matched
+        it but for its ``until`` alone (the event is newer)? Only asked of an event
+        ``matching`` found no filter for."""
+        near = [f for f in self.filters if f.matches(event, in_time=False)]
+        return bool(near) and all(f.until is not None and event.created_at > f.until
+                                  and (f.since is None or event.created_at >= f.since) for f in near)
+
     def matches_apart_from_time(self, event: Event) -> bool:
         """Whether a filter would match ``event`` but for its ``since``/``until``: what a
         relay that ignores them, or reads them otherwise (an exclusive ``until``), sends.

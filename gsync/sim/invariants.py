@@ -884,6 +884,12 @@ class Checker:
         repo = self.sim.world.repo_of.get(event.id)
         if repo is None or repo.address not in listing or url not in listing[repo.address]:
             return False
+        relay = self.sim.relays[url]
+        if relay.ignores_until and not (relay.nip77 and relay.neg_mode == "serve" and relay.max_sync_events is None):
+            # past its first page, no query reaches a filter's older events on a relay that
+            # ignores until and has no NIP-77 to list them (or caps its results: windows by
+            # until do not shrink there): gsync logs ``unpaged_incomplete``
+            return False
         roots = [t[1] for t in event.tags if len(t) >= 2 and t[0] == "E"]
         if any(root not in own.store for root in roots):
             return False  # gsync finds a comment by its root: one it cannot know of is not owed

@@ -81,7 +81,9 @@ def exchange_served(plan, state, batch: PendingBatch, flt, result, now: float) -
     # pages run meanwhile, and only fetches by id keep to the claims (by filter,
     # bench/scale's 50 relays received 2.7 copies for each event fetched so).
     again = result.held + result.beyond + len(result.need_ids) - len(need)
+    cap = state.current.page_cap
     if (method.fetch_missing_by_filter(len(need), again) and not one_second(flt)
+            and not (cap is not None and cap.until_ignored)  # (its pages would stop at the first)
             and not (batch.follower or batch.share_all or listed_elsewhere(plan, state, batch))):
         plan.log.debug("negentropy_fetch_by_filter", relay=state.url, batch_id=batch.batch_id, need=len(need),
                  held=result.held)

@@ -114,6 +114,11 @@ class PageCap:
     # ``FilterPaginationState.until_shift``), or as NIP-01 says (inclusive)
     until_exclusive: bool = False
     until_inclusive: bool = False
+    # it ignores ``until``: a page past the first brought events newer than it (the newest
+    # again, ``RemoteMessage.past_until``). No page past a filter's first reaches older
+    # events: what a first page could not hold is left to NIP-77 or to pieces of the filter
+    # (``FilterPaginationState.unpaged``)
+    until_ignored: bool = False
 
     @property
     def until_shift(self) -> int:
@@ -181,6 +186,10 @@ class FilterPaginationState:
     # brought no event at it and the filter leaves it behind (pages on below it, or ends):
     # a relay that reads ``until`` as exclusive never sent that second
     passed: int | None = None
+    # set by ``next_page`` on a relay that ignores ``until`` (``PageCap.until_ignored``) when
+    # the filter may hold more than this page brought: what no page can reach (the filter
+    # bounded to the newest second it may lack, that second included)
+    unpaged: Filter | None = None
 
     @classmethod
     def start(cls, f: Filter, until_shift: int = 0) -> FilterPaginationState:
@@ -260,11 +269,13 @@ class FilterPaginationState:
         EOSE, None if unknown. A slow page is confirmed unless the whole REQ brought nothing
         (its time went on finding nothing): so a relay slow every time still ends, with
         ``until`` moving back each page until one comes back empty."""
-        if self.page_filter.ids is not None:
-            return None  # an exact-id answer is complete; shortfalls are residuals
         cap = cap or PageCap()
         total = len(self.seen) if total is None else total
         slow = slow_page(elapsed, total)
+        if self.page_filter.ids is not None:
+            return self._ids_again(cap, total, slow)
+        if cap.until_ignored:
+            return self._unpaged(cap, total, slow)
         if cap.until_exclusive and not self.until_shift and self.until is not None:
             # The relay reads ``until`` as exclusive (``PaginationState.teach``): this
             # page's last second never came. Asked again, bounded the way the relay reads it.
@@ -305,6 +316,39 @@ class FilterPaginationState:
             return self._leaving(None)
         return self._leaving(self._bounded(next_until, boundary, cap.until_shift,
                                            full=cap.filled(len(self.seen)), boundary_shared=shared))
+
+    def _ids_again(self, cap: PageCap, total: int, slow: bool) -> FilterPaginationState | None:
+        """An exact-id answer is complete, its shortfalls residuals, unless the relay may
+        have cut it (it caps every filter, an id filter too: 20 of 300 ids asked came on a
+        relay serving 20 a filter, and the rest went to their filters as if not served by
+        id): the ids it did not send are asked again, until a page comes back short."""
+        if not self.seen or not cap.maybe_cut(len(self.seen), total, slow):
+            return None
+        rest = self.page_filter.ids - {i for _, i in self.seen}
+        if not rest:
+            return None
+        return FilterPaginationState(original_filter=self.original_filter,
+                                     page_filter=self.page_filter.replace(ids=frozenset(rest)),
+                                     pages=self.pages + 1)
+
+    def _unpaged(self, cap: PageCap, total: int, slow: bool) -> None:
+        """On a relay that ignores ``until``: no next page. A page past the first leaves
+        everything up to its ``until`` unreached (it brought the newest again); a first
+        page that may have been cut, everything up to the oldest second it holds for
+        certain (or the whole filter, nothing being certain)."""
+        original = self.original_filter
+        if self.until is not None and self.pages:
+            upto = self.until
+        elif not cap.maybe_cut(len(self.seen), total, slow):
+            return None  # all of it came
+        else:
+            covered = self.covered_until(cap.per_filter_bound(total, slow)) if self.seen else None
+            upto = covered if covered is not None else self.until
+        if upto is None:
+            self.unpaged = original
+        elif original.since is None or upto >= original.since:
+            self.unpaged = original.replace(until=upto)
+        return None
 
     def _leaving(self, following: FilterPaginationState | None) -> FilterPaginationState | None:
         """``following`` (the next page, or None: the filter is done), noting in ``passed``
@@ -357,6 +401,9 @@ class CrowdedSecond:
     second: int
     seen: int
     again: bool = False
+    # not one second: everything of ``filter`` (up to its ``until``, ``second``), which a
+    # relay ignoring ``until`` serves no page of (``FilterPaginationState.unpaged``)
+    span: bool = False
 
 
 def exchange_asks(f: Filter, cap: PageCap | None) -> Filter:

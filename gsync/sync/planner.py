@@ -455,13 +455,18 @@ class HistoricPlanner:
 
     # -- an EOSE ----------------------------------------------------------------------------
 
-    def on_eose(self, state, batch: PendingBatch, sub_id: str, elapsed: float | None, now: float) -> None:
+    def on_eose(self, state, batch: PendingBatch, sub_id: str, elapsed: float | None, now: float,
+                past_until: int = 0) -> None:
         """A historic REQ's EOSE: its next pages first in the queue (they finish what was
         started), its crowded seconds completed another way, followers its pages no longer
-        ask for released."""
+        ask for released. ``past_until``: events it brought newer than its ``until``: the
+        relay ignores ``until`` (``PageCap.until_ignored``)."""
         limits = state.current.limits
         cap = state.current.page_cap
         knew_until_exclusive = cap is not None and cap.until_exclusive
+        if past_until and cap is not None and not cap.until_ignored:
+            cap.until_ignored = True
+            self.log.warning("relay_ignores_until", relay=state.url, batch_id=batch.batch_id, newer=past_until)
         pages = start_queue.on_eose(
             batch, sub_id,
             per_req=filter_plan.filters_per_req(limits),
@@ -498,8 +503,16 @@ class HistoricPlanner:
         else:
             outcome = "incomplete"
             batch.mark_failed()
-            self.log.warning("crowded_second_incomplete", relay=state.url, batch_id=batch.batch_id,
-                     second=crowded.second, seen=crowded.seen, filter=flt.to_json()[:300])
+            if crowded.span:  # (a relay ignoring until)
+                self.log.warning("unpaged_incomplete", relay=state.url, batch_id=batch.batch_id,
+                                 until=crowded.second, seen=crowded.seen, filter=flt.to_json()[:300])
+            else:
+                self.log.warning("crowded_second_incomplete", relay=state.url, batch_id=batch.batch_id,
+                                 second=crowded.second, seen=crowded.seen, filter=flt.to_json()[:300])
+        if crowded.span:
+            self.log.info("unpaged", relay=state.url, batch_id=batch.batch_id, until=crowded.second,
+                          seen=crowded.seen, outcome=outcome)
+            return
         self.todo.append(Count("CROWDED_SECONDS", (outcome,)))
         self.log.info("crowded_second", relay=state.url, batch_id=batch.batch_id, second=crowded.second,
                  seen=crowded.seen, outcome=outcome)

@@ -277,7 +277,7 @@ class SyncManager:
         if isinstance(m, wire.Eose):
             self.health.record_served(state.url)
             self.refusals.note_served(state, m.sub_id)
-            self.historic.on_eose(state, m.sub_id)
+            self.historic.on_eose(state, m.sub_id, msg.past_until)
         elif isinstance(m, wire.Closed):
             self.refusals.on_closed(state, m)
         elif isinstance(m, wire.Notice):

@@ -338,7 +338,7 @@ class HistoricSync:
         self.advance(state, batch if still_its_own else None,
                      pump=self.landing is None and not self.plan.reading_own(state))
 
-    def on_eose(self, state: RelayState, sub_id: str) -> None:
+    def on_eose(self, state: RelayState, sub_id: str, past_until: int = 0) -> None:
         self.request_served(state)
         state.current.sub_activity.pop(sub_id, None)
         batch = state.current.pending.get(state.current.sub_to_batch.get(sub_id, -1))
@@ -350,7 +350,7 @@ class HistoricSync:
             log.debug("historic_page_done", relay=state.url, sub_id=sub_id, batch_id=batch.batch_id,
                       events=batch.pagination[sub_id].total if sub_id in batch.pagination else 0,
                       secs=round(elapsed, 3))
-        self.plan.on_eose(state, batch, sub_id, elapsed, self.clock())
+        self.plan.on_eose(state, batch, sub_id, elapsed, self.clock(), past_until)
         self.execute()
         self.advance(state, batch)
 
