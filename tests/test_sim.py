@@ -42,10 +42,11 @@ SMALL = dict(relays=3, repos=8, idle_tick_secs=300, imports=0, closes_after_eose
 
 # The world the seeds replayed below were found in, before 2026-12-05 grew it (relays reading
 # until as exclusive, capping a whole REQ, reading limit 0 as none, closing after EOSE,
-# limiting queries; imports; the own relay full, read-only, limiting writes): each draws
-# from a generator of its own, so with all of them 0 a seed's world is the one it was.
+# limiting queries; imports; the own relay full, read-only, limiting writes; and, later,
+# relays ignoring until): each draws from a generator of its own, so with all of them 0 a
+# seed's world is the one it was.
 OLDER_WORLD = dict(until_exclusive=0, req_caps=0, limit_zero=0, imports=0, own_full=0, own_readonly=0,
-                   own_rate_limited=0, closes_after_eose=0, query_limits=0)
+                   own_rate_limited=0, closes_after_eose=0, query_limits=0, ignores_until=0)
 
 
 def test_the_same_seed_gives_the_same_trace_hash_and_another_seed_another():

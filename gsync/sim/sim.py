@@ -97,7 +97,7 @@ class SimOptions:
     closes_after_eose: float = 0.1  # the share of relays that close every subscription after its EOSE
     query_limits: float = 0.1  # the share of relays limiting queries per session (QUERY_LIMIT)
     ahead: float = 0.02  # the share of publications from a client whose clock runs 20 min - 3 h ahead
-    ignores_until: float = 0.0  # the share of relays ignoring until (not handled: bench/README)
+    ignores_until: float = 0.05  # the share of relays ignoring a filter's until
     own_full: float = faults_module.OWN_FULL_PER_DAY  # the own relay's disk full, per day
     own_readonly: float = faults_module.OWN_READONLY_PER_DAY  # the own relay read-only, per day
     own_rate_limited: float = faults_module.OWN_RATE_LIMITED_PER_DAY  # its writes rate-limited, per day

@@ -319,13 +319,15 @@ class FilterPaginationState:
 
     def _ids_again(self, cap: PageCap, total: int, slow: bool) -> FilterPaginationState | None:
         """An exact-id answer is complete, its shortfalls residuals, unless the relay may
-        have cut it (it caps every filter, an id filter too: 20 of 300 ids asked came on a
-        relay serving 20 a filter, and the rest went to their filters as if not served by
-        id): the ids it did not send are asked again, until a page comes back short."""
+        have cut it and more is missing than came (it caps every filter, an id filter too:
+        20 of 300 ids asked came on a relay serving 20 a filter, and the rest went to their
+        filters as if not served by id): the ids it did not send are asked again. A smaller
+        shortfall is the residual's, retried once by id (``decide_residual``): ids hidden
+        or gone are not asked again and again."""
         if not self.seen or not cap.maybe_cut(len(self.seen), total, slow):
             return None
         rest = self.page_filter.ids - {i for _, i in self.seen}
-        if not rest:
+        if len(rest) <= len(self.seen):
             return None
         return FilterPaginationState(original_filter=self.original_filter,
                                      page_filter=self.page_filter.replace(ids=frozenset(rest)),
