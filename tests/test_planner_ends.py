@@ -13,7 +13,7 @@ from gsync.protocol.nip11 import RelayLimits
 from gsync.sync import batch_end, start_queue
 from gsync.sync import plan_actions as act
 from gsync.sync.batch_phase import BatchPhase
-from gsync.sync.pending import BatchKind, SyncMethod
+from gsync.sync.pending import BatchKind, PageCap, SyncMethod
 from gsync.sync.start_queue import ExchangeToken, ReqId
 from gsync.sync.targets import PendingItems
 
@@ -134,6 +134,28 @@ def test_an_exchange_past_the_result_cap_is_cut_into_windows_first_in_the_queue(
     finished(w, state, batch, token, ISSUES, refused, NOW)
     assert state.current.negentropy_ok and state.result_cap.limit() == 100
     assert state.current.historic_queue and [a.event for a in w.take(act.Log)] == ["negentropy_filter_split"]
+
+
+def test_on_a_relay_ignoring_until_an_exchange_past_the_result_cap_is_cut_by_what_it_enumerates_not_by_time():
+    """Seed 407 of a stress world: windows by time do not shrink what a relay ignoring
+    ``until`` counts (each reads to the newest); cut into windows, refused again, halved to
+    one second, it stepped through seconds from 1970, a start each. Cut by its kinds (then
+    values, authors) instead; what nothing cuts is left incomplete, the batch failed."""
+    w = World()
+    state = w.relay()
+    state.current.page_cap = PageCap(until_ignored=True)
+    two_kinds = Filter.make(kinds=[1621, 1617], tags={"a": [REPO]})
+    batch, token = exchange_of(w, state, two_kinds)
+    refused = NegentropyOutcome(False, reason="too many", failure="too-many-results", cap=100)
+    finished(w, state, batch, token, two_kinds, refused, NOW)
+    pieces = [group for t, group in state.current.historic_queue if isinstance(t, ExchangeToken)]
+    assert pieces == [[two_kinds.replace(kinds=frozenset({1617}))], [two_kinds.replace(kinds=frozenset({1621}))]]
+    assert all(f.until is None and f.since is None for [f] in pieces)
+    one = pieces[0][0]
+    token = next(t for t, group in state.current.historic_queue if group == [one])
+    state.current.historic_queue = [e for e in state.current.historic_queue if e[0] != token]
+    finished(w, state, batch, token, one, refused, NOW)
+    assert batch.failed and "unpaged_incomplete" in [a.event for a in w.take(act.Log)]
 
 
 def test_roots_a_layer2_exchange_finds_join_the_batchs_thread_exchange_and_are_covered_live():

@@ -12,7 +12,7 @@ from ..protocol.filters import Filter
 from ..protocol.messages import is_rate_limit_text
 from . import filter_plan, method, result_caps
 from .batch_phase import Step
-from .pending import BatchKind, PendingBatch, ResidualDecision, one_second
+from .pending import BatchKind, PendingBatch, ResidualDecision, one_second, split_crowded
 from .plan_actions import (
     Advance,
     Confirmed,
@@ -155,7 +155,21 @@ def split_past_result_cap(plan, state, batch: PendingBatch, flt: Filter, result,
     """The relay's NIP-77 refused ``flt`` for matching too many events (strfry past its
     ``maxSyncEvents``): NIP-77 stays on, and ``flt`` is cut by what the own relay holds
     of it and the relay's cap as known (``result_caps.after_refusal``): time windows
-    expected to fit, reconciled first in the queue, and REQ pages where nothing is held."""
+    expected to fit, reconciled first in the queue, and REQ pages where nothing is held.
+    On a relay that ignores ``until``, windows by time do not shrink what it counts (each
+    reads to the newest: seed 407 of a stress world stepped through seconds from 1970 at
+    a start each): ``flt`` is cut by what it enumerates instead, and what nothing cuts is
+    left incomplete."""
+    cap = state.current.page_cap
+    if cap is not None and cap.until_ignored:
+        if pieces := split_crowded(flt):
+            for piece in pieces:
+                plan.queue.add_exchange(state, batch, piece, None)
+        else:
+            batch.mark_failed()
+            plan.log.warning("unpaged_incomplete", relay=state.url, batch_id=batch.batch_id,
+                             until=flt.until, seen=0, filter=flt.to_json()[:300])
+        return
     held = plan.own_held.holdings(flt, now)
     if held is not None:
         held += plan.have_beyond_holdings(flt)
