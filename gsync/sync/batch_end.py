@@ -306,7 +306,10 @@ def finish(plan, state, batch: PendingBatch, now: float) -> None:
             return
         if decision is ResidualDecision.FAIL:
             missing = not_seen(plan, batch.residual_ids())
-            unanswered = filter_unanswered(plan, state, batch, missing)
+            cap = state.current.page_cap
+            # (a relay ignoring until: its filters' pages stop at the first, no witness)
+            unanswered = missing if cap is not None and cap.until_ignored else filter_unanswered(
+                plan, state, batch, missing)
             if missing - unanswered:
                 note_unservable(plan, state, {i: batch.found_by.get(i) for i in missing - unanswered},
                                 now, batch.items.repos)

@@ -273,7 +273,7 @@ class FilterPaginationState:
         total = len(self.seen) if total is None else total
         slow = slow_page(elapsed, total)
         if self.page_filter.ids is not None:
-            return self._ids_again(cap, total, slow)
+            return self._ids_again(cap, total, slow) if cap.until_ignored else None
         if cap.until_ignored:
             return self._unpaged(cap, total, slow)
         if cap.until_exclusive and not self.until_shift and self.until is not None:
@@ -318,12 +318,14 @@ class FilterPaginationState:
                                            full=cap.filled(len(self.seen)), boundary_shared=shared))
 
     def _ids_again(self, cap: PageCap, total: int, slow: bool) -> FilterPaginationState | None:
-        """An exact-id answer is complete, its shortfalls residuals, unless the relay may
-        have cut it and more is missing than came (it caps every filter, an id filter too:
-        20 of 300 ids asked came on a relay serving 20 a filter, and the rest went to their
-        filters as if not served by id): the ids it did not send are asked again. A smaller
+        """On a relay that ignores ``until``, whose filters' pages stop at the first: an
+        exact-id answer is complete, its shortfalls residuals, unless the relay may have cut
+        it and more is missing than came (it caps every filter, an id filter too: 20 of 300
+        ids asked came on a relay serving 20 a filter, and the rest went to their filters,
+        which cannot page there): the ids it did not send are asked again. A smaller
         shortfall is the residual's, retried once by id (``decide_residual``): ids hidden
-        or gone are not asked again and again."""
+        or gone are not asked again and again. (Elsewhere a cut id page's rest goes to its
+        filters' pages, as ids not served by id do.)"""
         if not self.seen or not cap.maybe_cut(len(self.seen), total, slow):
             return None
         rest = self.page_filter.ids - {i for _, i in self.seen}
