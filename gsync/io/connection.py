@@ -154,6 +154,7 @@ class RelayConnection:
         frame = self.close_frame(sub_id)
         if frame is not None:
             self.send(frame)
+        self._past_until.pop(sub_id, None)  # (one the relay never ended: nothing to tell)
 
     def close_frame(self, sub_id: str) -> str | None:
         return self.book.close_frame(sub_id)
