@@ -158,6 +158,20 @@ def test_on_a_relay_ignoring_until_an_exchange_past_the_result_cap_is_cut_by_wha
     assert batch.failed and "unpaged_incomplete" in [a.event for a in w.take(act.Log)]
 
 
+def test_an_id_whose_filter_a_relay_ignoring_until_left_unpaged_is_recovered_not_judged():
+    """Seed 4 of a world of relays ignoring ``until``: a filter whose pages stopped at the
+    first (``PendingBatch.unpaged``) is no witness that the relay does not serve an id it
+    did not bring; one that answered whole is."""
+    w = World()
+    state = w.relay()
+    batch = w.batch(state, ISSUES)
+    batch.expect_ids(IDS[:2], found_by=ISSUES)
+    batch.unpaged.add(ISSUES)
+    assert batch_end.filter_unanswered(w.plan, state, batch, set(IDS[:2])) == set(IDS[:2])
+    batch.unpaged.clear()
+    assert batch_end.filter_unanswered(w.plan, state, batch, set(IDS[:2])) == set()
+
+
 def test_roots_a_layer2_exchange_finds_join_the_batchs_thread_exchange_and_are_covered_live():
     w = World()
     state = w.relay()

@@ -279,20 +279,6 @@ def test_an_id_whose_filter_never_answered_is_not_judged_but_recovered(tmp_path)
     assert hidden.id in h.recovering(A)
 
 
-def test_on_a_relay_ignoring_until_an_id_its_filter_did_not_bring_is_recovered_not_judged(tmp_path):
-    """Seed 4 of a world where every relay ignores ``until``: a filter's pages stop at its
-    first there, so a filter that did not bring an id is no witness that the relay does not
-    serve it: recovered (by id), not judged unservable."""
-    h = ManagerHarness(tmp_path, recovery_base_secs=1)
-    _, hidden = world(h)
-    h.connect(A)
-    state = h.state(A)
-    state.current.page_cap.until_ignored = True
-    run(h, A, [hidden])
-    assert hidden.id not in state.unservable
-    assert hidden.id in h.recovering(A)
-
-
 def test_an_id_fetch_that_never_answered_leaves_its_ids_to_recovery_with_the_filter_that_found_them(tmp_path):
     """Found by the simulator (seed 10's year, day 113.1): at a daily fresh start the relay
     sent no EOSE to the id fetch of an id it hides; the stalled fetch handed the id to

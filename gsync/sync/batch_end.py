@@ -306,10 +306,7 @@ def finish(plan, state, batch: PendingBatch, now: float) -> None:
             return
         if decision is ResidualDecision.FAIL:
             missing = not_seen(plan, batch.residual_ids())
-            cap = state.current.page_cap
-            # (a relay ignoring until: its filters' pages stop at the first, no witness)
-            unanswered = missing if cap is not None and cap.until_ignored else filter_unanswered(
-                plan, state, batch, missing)
+            unanswered = filter_unanswered(plan, state, batch, missing)
             if missing - unanswered:
                 note_unservable(plan, state, {i: batch.found_by.get(i) for i in missing - unanswered},
                                 now, batch.items.repos)
@@ -338,12 +335,14 @@ def ask_residual_by_filter(plan, state, batch: PendingBatch, now: float) -> None
 
 def filter_unanswered(plan, state, batch: PendingBatch, ids: set[str]) -> set[str]:
     """Of ``ids``, asked by their filters, those whose filter's REQ never finished (the
-    batch failed, and the filter went to recovery: ``refusals.fail_into_recovery``): not
-    judged unservable, recovered instead."""
+    batch failed, and the filter went to recovery: ``refusals.fail_into_recovery``), or was
+    left unpaged past its first page by a relay ignoring ``until`` (seed 4 of a world of
+    such relays): not judged unservable, recovered instead."""
+    unpaged = {i for i in ids if batch.unpaged.intersection(batch.residual_filters([i]))} if batch.unpaged else set()
     if not batch.failed or not ids:
-        return set()
+        return unpaged
     unfinished = plan.recovery.pending_filters(state.url)
-    return {i for i in ids if any(f in unfinished for f in batch.residual_filters([i]))}
+    return unpaged | {i for i in ids if any(f in unfinished for f in batch.residual_filters([i]))}
 
 
 def recover_ids(plan, url: str, found: dict, now: float, once: bool = False) -> None:

@@ -607,6 +607,9 @@ class PendingBatch:
     fetching_by_id: set[str] = field(default_factory=set)
     # seconds its pages could not page inside, for the caller to complete another way
     crowded: list[CrowdedSecond] = field(default_factory=list)
+    # its filters a relay ignoring ``until`` left unpaged past their first page: no witness
+    # that an id they did not bring is not served there (``batch_end.finish``)
+    unpaged: set[Filter] = field(default_factory=set)
     # (filter, second) its pages left behind before the connection knew how the relay reads
     # ``until`` (``FilterPaginationState.passed``): asked again if it reads it as exclusive
     unproven_seconds: list[tuple[Filter, int]] = field(default_factory=list)

@@ -466,9 +466,11 @@ class HistoricPlanner:
         knew_until_exclusive = cap is not None and cap.until_exclusive
         if past_until and cap is not None and not cap.until_ignored:
             cap.until_ignored = True
-            # what it was judged not to serve by id so far was asked of filters that could
-            # not page there: asked by id once more (seed 4 of a world ignoring until)
+            # what it was judged not to serve by id so far was asked of filters that could not
+            # page there (an id page cut at its cap, then its filter's): by id once more
             state.unservable.clear()
+            for pending in state.current.pending.values():
+                pending.fetching_by_id.clear()
             self.log.warning("relay_ignores_until", relay=state.url, batch_id=batch.batch_id, newer=past_until)
         pages = start_queue.on_eose(
             batch, sub_id,

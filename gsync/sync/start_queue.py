@@ -615,8 +615,10 @@ def on_eose(batch: PendingBatch, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ
         CrowdedSecond(crowded_second_filter(s.original_filter, s.crowded[0]), *s.crowded,
                       again=s.one_second)
         for s in state.filters if s.crowded is not None]
-    batch.crowded += [CrowdedSecond(s.unpaged, s.unpaged.until or 0, len(s.seen), span=True)
-                      for s in state.filters if s.unpaged is not None]
+    for s in state.filters:
+        if s.unpaged is not None:
+            batch.crowded.append(CrowdedSecond(s.unpaged, s.unpaged.until or 0, len(s.seen), span=True))
+            batch.unpaged.add(s.original_filter)
     by_filter = {s.page_filter: s for s in continuing if not s.alone}
     pack = pack or (lambda fs: [fs[i:i + per_req] for i in range(0, len(fs), per_req)])
     groups = [[s] for s in continuing if s.alone]
