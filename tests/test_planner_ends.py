@@ -172,6 +172,20 @@ def test_an_id_whose_filter_a_relay_ignoring_until_left_unpaged_is_recovered_not
     assert batch_end.filter_unanswered(w.plan, state, batch, set(IDS[:2])) == set()
 
 
+def test_on_a_relay_ignoring_until_ids_are_fetched_no_more_to_a_filter_than_it_served_a_filter():
+    w = World()
+    state = w.relay()
+    batch = w.batch(state, ISSUES)
+    ids = [f"{i:064x}" for i in range(50)]
+    state.current.page_cap = PageCap(filter_served=20)
+    w.plan.queue.add_id_fetches(state, batch, ids)
+    assert [len(group[0].ids) for _, group in state.current.historic_queue] == [50]  # (one relay reading until)
+    state.current.historic_queue.clear()
+    state.current.page_cap = PageCap(filter_served=20, until_ignored=True)
+    w.plan.queue.add_id_fetches(state, batch, ids)
+    assert [len(group[0].ids) for _, group in state.current.historic_queue] == [20, 20, 10]
+
+
 def test_roots_a_layer2_exchange_finds_join_the_batchs_thread_exchange_and_are_covered_live():
     w = World()
     state = w.relay()

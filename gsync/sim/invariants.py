@@ -59,7 +59,9 @@ with the simulated day it happened and what broke.
   without EOSE (the ``no_eose`` fault) is not counted: the relay did not answer it, nor is
   one it closed unanswered (rate-limited, too many REQs open: sent again, it is the same ask),
   nor one whose connection ended before its answer (the same: seed 520's year); a relay
-  retired and listed again by the same process is counted from its return.
+  retired and listed again by the same process is counted from its return. On a relay that
+  ignores ``until``, UNSERVABLE_ASKS_UNTIL_IGNORED: a filter it left unpaged is no witness,
+  so an id it did not bring goes to recovery by id rather than being judged unservable.
 - ``ids_judged_unserved``: gsync judged a relay not to serve by id what its NIP-77 advertises
   (``RelayState.ids_unserved_at``) while the relay served ids (its ``ids_unserved`` fault
   off for the ten minutes before): the unservable event of one id must cost the relay nothing.
@@ -94,6 +96,7 @@ from .world import DAY, DOMAIN, START
 HOUR = 3600.0
 KEEP_PER_INVARIANT = 20
 UNSERVABLE_ASKS = 3  # asks by id of an id never served, within a day of one gsync run
+UNSERVABLE_ASKS_UNTIL_IGNORED = 8  # ... on a relay ignoring until (its filters are no witness)
 BUSY_BASE = 3000
 BUSY_PER_RELAY = 400
 BUSY_PER_ACTION = 200
@@ -429,10 +432,13 @@ class Checker:
                 held = self.hidden_asks[(url, event_id)] = (record, [])
             times = held[1]
             times.append(now)
-            del times[:-UNSERVABLE_ASKS - 1]
+            # (a relay ignoring until: its filters' pages stop at the first, no witness that it
+            # does not serve an id, which goes to recovery by id instead: a few asks more)
+            budget = UNSERVABLE_ASKS_UNTIL_IGNORED if self.sim.relays[url].ignores_until else UNSERVABLE_ASKS
+            del times[:-budget - 1]
             # (until the relay answers it: one it closes unanswered is taken back, ``relay_frame``)
             conn.__dict__.setdefault("id_asks", {}).setdefault(msg[1], []).append((times, now))
-            if len(times) > UNSERVABLE_ASKS and now - times[0] < DAY:
+            if len(times) > budget and now - times[0] < DAY:
                 self.violation("unservable_asked_again", f"{url}: {event_id[:16]} asked by id {len(times)} times "
                                f"in {(now - times[0]) / HOUR:.1f} h")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from ..constants import MAX_FILTERS_PER_REQ, MAX_IDS_PER_REQ, MAX_OPEN_FILTER_BYTES
+from ..constants import MAX_FILTERS_PER_REQ, MAX_IDS_PER_REQ, MAX_OPEN_FILTER_BYTES, MIN_PAGE_CAP
 from ..protocol.filters import Filter
 from . import filter_plan, result_caps
 from .batch_phase import Step
@@ -143,8 +143,14 @@ class StartQueue:
     def add_id_fetches(self, state, batch: PendingBatch, ids) -> None:
         """Id fetches finish a batch already started: first, as the next pages are
         (appended, a steady stream of new batches would starve them), one filter a REQ
-        (relays cap ids per filter and per REQ)."""
-        for flt in reversed(id_filters(ids)):
+        (relays cap ids per filter and per REQ). On a relay that ignores ``until``, no more
+        ids a filter than it has served a filter: a cut id page is asked again there
+        (``FilterPaginationState._ids_again``), each time with the ids it hides."""
+        cap = state.current.page_cap
+        per = MAX_IDS_PER_REQ
+        if cap is not None and cap.until_ignored:
+            per = max(MIN_PAGE_CAP, min(per, cap.filter_served))
+        for flt in reversed(id_filters(ids, per)):
             self.add_reqs(state, batch, [flt], front=True)
 
     def add_cut(self, state, batch: PendingBatch, cut, pages) -> None:
@@ -259,10 +265,10 @@ def pack(state, filters) -> list[list[Filter]]:
     return filter_plan.pack_into_reqs(filters, state.current.limits, key=filter_plan.paging_key)
 
 
-def id_filters(ids) -> list[Filter]:
-    """``ids`` by id, in order, as many to a filter as relays take."""
+def id_filters(ids, per: int = MAX_IDS_PER_REQ) -> list[Filter]:
+    """``ids`` by id, in order, as many to a filter as relays take (``per``)."""
     ids = sorted(ids)
-    return [Filter.make(ids=ids[i:i + MAX_IDS_PER_REQ]) for i in range(0, len(ids), MAX_IDS_PER_REQ)]
+    return [Filter.make(ids=ids[i:i + per]) for i in range(0, len(ids), per)]
 
 
 def share_queued_reqs(state, batch: PendingBatch) -> None:
