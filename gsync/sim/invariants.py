@@ -879,6 +879,13 @@ class Checker:
     def owed(self, event, url: str, listing) -> bool:
         """Would gsync owe this event to the own relay, found on ``url``?"""
         own = self.sim.own
+        relay = self.sim.relays[url]
+        if relay.ignores_until and not (relay.nip77 and relay.neg_mode == "serve" and relay.max_sync_events is None):
+            # past its first page, no query reaches a filter's older events on a relay that
+            # ignores until and has no NIP-77 to list them (or caps its results: windows by
+            # until do not shrink there), layer 1's announcements too (seed 436 of the stress
+            # mix): gsync logs ``unpaged_incomplete``
+            return False
         if event.kind == 30617:
             # gsync keeps the newest announcement its self-subscription showed it (SPEC §3,
             # ``_followed``): an older one is superseded to it, though a loss took the newer
@@ -889,12 +896,6 @@ class Checker:
             return (event.created_at, shown_id) >= (at, event.id) and own.lists_us(event)
         repo = self.sim.world.repo_of.get(event.id)
         if repo is None or repo.address not in listing or url not in listing[repo.address]:
-            return False
-        relay = self.sim.relays[url]
-        if relay.ignores_until and not (relay.nip77 and relay.neg_mode == "serve" and relay.max_sync_events is None):
-            # past its first page, no query reaches a filter's older events on a relay that
-            # ignores until and has no NIP-77 to list them (or caps its results: windows by
-            # until do not shrink there): gsync logs ``unpaged_incomplete``
             return False
         roots = [t[1] for t in event.tags if len(t) >= 2 and t[0] == "E"]
         if any(root not in own.store for root in roots):
