@@ -116,7 +116,7 @@ class SelfSubscriber:
                 if self._landed:  # before any holdings read: a read and this cover everything
                     ws.send(wire.req(LANDED_SUB_ID, [Filter.make(limit=0)]))
                 self._log.info("self_subscription_started", relay=self.url, since=since)
-                history = gevent.spawn(self._read_history, since, reconnect, ws, prior)
+                history = gevent.spawn(self._read_history, since, reconnect, ws)
                 reread = gevent.spawn(self._reread_loop)
                 self._read(ws)
             except Exception as exc:
@@ -146,17 +146,16 @@ class SelfSubscriber:
             gevent.sleep(backoff)
             backoff = min(backoff * 2, 10.0)
 
-    def _read_history(self, since: int | None, reconnect: bool, live, prior: float | None) -> None:
+    def _read_history(self, since: int | None, reconnect: bool, live) -> None:
         started = self._clock()
         layer1 = [] if since is None else None  # a whole read tells layer 1's holdings
         try:
             count = self._read_since(since, layer1=layer1)
         except Exception as exc:
             # The session ends (its live read with it) and the next one reads from the same
-            # point: what this one would have read is not skipped.
+            # point (``_run`` restores it: this one read nothing), so nothing is skipped.
             self._log.warning("self_history_failed", relay=self.url, reason=type(exc).__name__,
                               detail=str(exc)[:200])
-            self.last_connected = prior
             live.close(timeout=1)
             return
         self._history_read = True

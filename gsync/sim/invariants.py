@@ -763,7 +763,7 @@ class Checker:
             wanted, _ = self.wanted_relays(tabled=True)
         for url in table:
             if (url in wanted or now - self.own_lost_at < 26 * HOUR
-                    or m.relays[url].lost_repos and now - self.started_at < constants.LOST_LOOK_SECS):
+                    or now < m.relays[url].lost_until and now - self.started_at < constants.LOST_LOOK_SECS):
                 # (gsync is not told what the own relay lost: it learns it within a day; a
                 # process started after a loss asks the relays that confirmed what it lost,
                 # for a day at most: ``lifecycle.look_for_lost``)

@@ -432,7 +432,7 @@ def confirm(plan, state, batch: PendingBatch, now: float) -> None:
         state.current.threads_ahead.drop_batch(batch.batch_id)
     if batch.kind is BatchKind.LAYER1:
         state.announcements_synced = True
-        if state.lost_repos:  # looked for with it (``lifecycle.look_for_lost``): what it brought lands
+        if state.lost_until:  # looked for with it (``lifecycle.look_for_lost``): what it brought lands
             state.lost_until = min(state.lost_until, now + constants.LOST_SETTLE_SECS)
     if batch.failed:
         state.batch_failures = True

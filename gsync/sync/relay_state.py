@@ -239,11 +239,10 @@ class RelayState:
     last_connected: float | None = None
     disconnected_at: float | None = None
     announcements_synced: bool = False
-    # repositories whose history it gave an earlier process and that the own relay no longer
-    # shows: it starts fresh, its layer 1 bringing their announcements (``lifecycle.look_for_lost``),
-    # dialled for that alone if nothing else wants it, until ``lost_until`` (a day; its layer 1
-    # done, LOST_SETTLE_SECS more)
-    lost_repos: frozenset[str] = frozenset()
+    # it confirmed repositories to an earlier process that the own relay no longer shows: it
+    # starts fresh, its layer 1 bringing their announcements (``lifecycle.look_for_lost``),
+    # and is wanted for that alone until then (a day; its layer 1 done, LOST_SETTLE_SECS
+    # more); 0: never so
     lost_until: float = 0.0
     historic_sync_completed_at: float | None = None
     # the session in use (an idle one while disconnected), and its number: messages and

@@ -115,7 +115,7 @@ class RelayLifecycle:
         from the relay → repos listing). What a relay confirmed is work only while a repo
         still asks it of that relay: a relay no repository lists has none left (SPEC §8)."""
         return (state.is_bootstrap or bool(self.repos.repos_listing(state.url))
-                or bool(state.lost_repos) and self.clock() < state.lost_until)
+                or self.clock() < state.lost_until)
 
     def look_for_lost(self, lost: dict[str, frozenset[str]], now: float) -> None:
         """Once, the own relay's first read applied: ``lost`` (relay → the repositories it
@@ -127,11 +127,10 @@ class RelayLifecycle:
         wants it), as its daily sync would. Its whole layer 1 brings their announcements,
         and one listing our service goes to the own relay as any, bringing its repository
         back; their history is then not taken as confirmed."""
-        for url, addresses in lost.items():
+        for url in lost:
             state = self.register_relay(url)
             if state.refused_reason:
                 continue  # another shard's, or past max_relays
-            state.lost_repos = addresses
             state.lost_until = now + constants.LOST_LOOK_SECS
             state.announcements_synced = False  # a fresh start at its next connection
             if state.connected:
