@@ -272,6 +272,12 @@ HANDSHAKE_TIMEOUT_SECS = 15.0
 # -- rejected index (SPEC §5) ------------------------------------------------------------
 REJECTED_HOT_SECS = 120
 REJECTED_COLD_SECS = 7 * 24 * 3600
+# Events the own relay refused with everything else wait for it to store anew; when nothing
+# is stored anew for this long after the first waited (a quiet world: nothing new came to
+# show that a relay put read-only is writable again), one of them is offered again, then at
+# doubling gaps to the longest (``sync.rejected.RejectedIndex.take_store_probe``).
+STORE_PROBE_FIRST_SECS = 600
+STORE_PROBE_MAX_SECS = 2 * 3600
 # Cold entries kept at most (the oldest refusal makes room): about 1.4 KB each with its index
 # entries, so a relay that feeds us refusable events cannot grow memory or the saved file
 # without bound. Forgetting one costs a fetch (refused again), never an event.
@@ -394,7 +400,8 @@ TEST_TIMER_NAMES = (
     "PROVEN_SESSION_SECS",
     "RATE_LIMIT_COOLDOWN_SECS", "REACTIVE_GATE_START_SECS", "REACTIVE_GATE_MAX_SECS",
     "POLICY_PROBE_SECS", "NIP77_RETRY_SECS", "MAINTENANCE_TICK_SECS", "HANDSHAKE_TIMEOUT_SECS", "DESCENDANT_TICK_SECS",
-    "REJECTED_HOT_SECS", "REJECTED_COLD_SECS", "TIME_CUT_SUSPECT_SECS", "MESSAGE_STALL_SECS",
+    "REJECTED_HOT_SECS", "REJECTED_COLD_SECS", "STORE_PROBE_FIRST_SECS", "STORE_PROBE_MAX_SECS",
+    "TIME_CUT_SUSPECT_SECS", "MESSAGE_STALL_SECS",
     "READ_IDLE_TIMEOUT_SECS", "SELF_REREAD_SECS", "SELF_FULL_REREAD_SECS",
     "STATE_SAVE_SECS", "STATE_QUIET_SAVE_SECS", "OWN_IDLE_PING_SECS", "OWN_HISTORY_DEADLINE_SECS",
     "OWN_READ_DEADLINE_SECS", "DELIVERY_RETRY_BASE_SECS", "DELIVERY_RETRY_MAX_SECS", "OWN_READ_WINDOW_SECS",

@@ -647,6 +647,53 @@ def test_an_event_refused_while_dated_ahead_of_the_clock_goes_again_once_its_tim
     assert ahead.id not in h.manager.rejected and asked_by_id()
 
 
+def test_events_refused_while_the_own_relay_was_read_only_go_again_though_nothing_new_comes(tmp_path):
+    """Seed 421 of the stress mix (left_behind from day 19.04): an issue refused while the
+    own relay was read-only ('restricted:', final: it cannot be told from a refusal of that
+    event) waited for the own relay to store anew; in that quiet world nothing new came for
+    a day. With nothing stored anew, one waiting event is offered again 10 minutes after
+    the first waited, then at doubling gaps (to 2 hours); refused, it waits as before;
+    stored, it releases the rest (fetched again by id)."""
+    owner = Author.named("owner")
+    repo = announcement(owner, "r", relays=[A])
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(repo)
+    h.connect(A)
+    h.settle(A)
+    sub = next(iter(h.conn(A).subscriptions))
+    older, newest = (issue(Author.named("bob"), repo, content=f"written while read-only {n}") for n in range(2))
+    delivery = h.manager.delivery
+
+    def answer(event, outcome, reason=""):
+        delivery._finish(event, outcome, reason, until_own_stores=outcome == "rejected")
+        delivery._count_delivered()
+        while not h.manager.queue.empty():
+            h.feed(h.manager.queue.get_nowait())  # (the lane's answers)
+
+    for event in (older, newest):
+        h.relay_sends(A, sub, event)
+        assert delivery.is_tracked(event.id)
+        answer(event, "rejected", "restricted: this relay is read-only for maintenance")
+    began, offered = h.clock.now, []
+    for _ in range(int(16 * constants.STORE_PROBE_FIRST_SECS / 60)):
+        h.advance(60)
+        h.tick()
+        if delivery.is_tracked(newest.id):  # offered again: the own relay is still read-only
+            offered.append(round(h.clock.now - began))
+            answer(newest, "rejected", "restricted: this relay is read-only for maintenance")
+            if len(offered) == 4:
+                break
+    first = constants.STORE_PROBE_FIRST_SECS
+    assert [b - a for a, b in zip([0, *offered], offered)] == [first, 2 * first, 4 * first, 8 * first]
+    assert not delivery.is_tracked(older.id) and older.id in h.manager.rejected
+    h.advance(constants.STORE_PROBE_MAX_SECS)
+    h.tick()
+    assert delivery.is_tracked(newest.id)
+    answer(newest, "delivered")  # writable again: stored anew
+    assert older.id not in h.manager.rejected
+    assert any(older.id in flt.get("ids", ()) for req in h.reqs(A) for flt in req[2:])  # fetched again
+
+
 # -- what the own relay lost while gsync was stopped --------------------------------------------
 
 

@@ -2,6 +2,7 @@
 survives a restart (the cold tier on disk)."""
 import json
 
+from gsync.constants import REJECTED_HOT_SECS, STORE_PROBE_FIRST_SECS, STORE_PROBE_MAX_SECS
 from gsync.protocol.filters import Filter
 from gsync.sync.rejected import (
     MAX_DEPENDENCIES,
@@ -174,6 +175,61 @@ def test_an_event_released_by_the_own_relay_storing_again_a_few_times_then_waits
         assert index.take_dependents({OWN_STORES_KEY}, now=100 + n) == ([(issue, "")], [])
     index.add(issue, now=5000, until_own_stores=True)
     assert not index.waits_on(OWN_STORES_KEY) and issue.id in index
+
+
+def test_with_nothing_stored_anew_one_event_refused_with_everything_is_offered_again_at_doubling_gaps():
+    """A quiet world (seed 421 of the stress mix): the own relay put read-only refused an
+    issue, is writable again, and nothing new comes to show it. One waiting event is offered
+    again a gap after the first waited, then at doubling gaps to the longest; the probes are
+    no releases (refused again, it still waits on the own relay storing); a store anew
+    starts the next wait with the short gap again."""
+    index = RejectedIndex()
+    first = f.issue(carol, f.announcement(alice, "proj"), content="first")
+    newest = f.issue(carol, f.announcement(alice, "proj"), content="newest")
+    plain = f.issue(alice, f.announcement(alice, "proj"), content="refused for itself")
+    index.add(first, now=100, relay=REMOTE, until_own_stores=True)
+    index.add(newest, now=200, relay=REMOTE, until_own_stores=True)
+    index.add(plain, now=200, relay=REMOTE)
+    assert index.take_store_probe(now=100 + STORE_PROBE_FIRST_SECS - 1) == ([], [])
+    # past the hot tier, the newest event's body is kept: offered without a fetch
+    at = 100 + STORE_PROBE_FIRST_SECS
+    assert at > 200 + REJECTED_HOT_SECS
+    assert index.take_store_probe(now=at) == ([(newest, REMOTE)], [])
+    assert first.id in index and newest.id not in index and index.waits_on(OWN_STORES_KEY)
+    probes, gap = [], 2 * STORE_PROBE_FIRST_SECS
+    index.add(newest, now=at + 1, relay=REMOTE, until_own_stores=True)  # refused again
+    for _ in range(STORE_RELEASES_MAX + 3):
+        assert index.take_store_probe(now=at + gap - 1) == ([], [])
+        at += gap
+        hot, cold = index.take_store_probe(now=at)
+        probes.append(hot)
+        assert hot == [(newest, REMOTE)] and cold == []
+        index.add(newest, now=at, relay=REMOTE, until_own_stores=True)
+        assert index.waits_on(OWN_STORES_KEY)
+        gap = min(STORE_PROBE_MAX_SECS, 2 * gap)
+    assert gap == STORE_PROBE_MAX_SECS
+    # the body gone (its entry left: released by what it waited on besides, or pushed out
+    # for room): the newest waiting is fetched by id
+    index.remove(newest.id)
+    assert index.take_store_probe(now=at + gap) == ([], [(first.id, REMOTE)])
+    assert not index.waits_on(OWN_STORES_KEY)
+    assert index.take_store_probe(now=at + 10 * gap) == ([], [])
+    assert plain.id in index  # what waits on its own dependencies is never probed
+    # a store anew: the next wait starts with the short gap
+    index.own_stored()
+    index.add(first, now=at, relay=REMOTE, until_own_stores=True)
+    assert index.take_store_probe(now=at + STORE_PROBE_FIRST_SECS) == ([(first, REMOTE)], [])
+
+
+def test_a_probe_prefers_an_event_still_hot_and_survives_a_restart_by_fetching():
+    index = RejectedIndex()
+    issues = [f.issue(carol, f.announcement(alice, "proj"), content=f"issue {i}") for i in range(3)]
+    for i, issue in enumerate(issues):
+        index.add(issue, now=100 + i * 300, relay=REMOTE, until_own_stores=True)
+    at = 100 + STORE_PROBE_FIRST_SECS  # issues[2] was refused at 700: hot until 820
+    assert index.take_store_probe(now=at) == ([(issues[2], REMOTE)], [])
+    loaded = RejectedIndex.loads(index.dumps(), now=at)
+    assert loaded.take_store_probe(now=at) == ([], [(issues[1].id, REMOTE)])  # due at once, the newest
 
 
 def test_the_own_stores_key_keeps_an_entry_within_its_bound_of_keys():

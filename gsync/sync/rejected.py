@@ -28,6 +28,8 @@ from ..constants import (
     REJECTED_MAX_BYTES,
     REJECTED_MAX_ENTRIES,
     REJECTED_MAX_VALUE_CHARS,
+    STORE_PROBE_FIRST_SECS,
+    STORE_PROBE_MAX_SECS,
 )
 from ..protocol.event import Event
 from ..protocol.filters import Filter
@@ -174,6 +176,11 @@ class RejectedIndex:
         # a few rounds); the newest STORE_RELEASED_KEPT ids
         self._store_released: dict[str, int] = {}
         self._times: list[tuple[int, str]] = []  # (time, time key) of entries waiting on one (``due``)
+        # the next probe of the own relay storing again (``take_store_probe``), its gap, and
+        # the newest event waiting for it, kept past the hot tier (offered without a fetch)
+        self._probe_at: float | None = None
+        self._probe_gap = STORE_PROBE_FIRST_SECS
+        self._probe_body: Event | None = None
 
     def __contains__(self, event_id: str) -> bool:
         return event_id in self._cold
@@ -193,6 +200,7 @@ class RejectedIndex:
         keys = dependencies(event)
         if until_own_stores and self._store_released.get(event.id, 0) < STORE_RELEASES_MAX:
             keys = (OWN_STORES_KEY, *keys[:MAX_DEPENDENCIES - 1])
+            self._probe_body = event
         if now + AHEAD_SECS <= event.created_at < now + self.cold_secs:
             keys = (f"{TIME_KEY_PREFIX}{event.created_at}", *keys[:MAX_DEPENDENCIES - 1])
         self._put(event.id, _Cold(event.created_at, now, relay, keys,
@@ -222,6 +230,8 @@ class RejectedIndex:
         self.bytes += entry.size
         self._changed.add(event_id)
         self._index.add(event_id, entry)
+        if self._probe_at is None and OWN_STORES_KEY in entry.keys:
+            self._probe_at = entry.rejected_at + self._probe_gap
         for key in entry.keys:
             if key not in self._by_key and key.startswith(TIME_KEY_PREFIX) and key[len(TIME_KEY_PREFIX):].isdigit():
                 heapq.heappush(self._times, (int(key[len(TIME_KEY_PREFIX):]), key))  # (once while waited on)
@@ -233,6 +243,8 @@ class RejectedIndex:
 
     def remove(self, event_id: str) -> None:
         self._hot.pop(event_id, None)
+        if self._probe_body is not None and self._probe_body.id == event_id:
+            self._probe_body = None
         entry = self._cold.pop(event_id, None)
         if entry is None:
             return
@@ -283,6 +295,35 @@ class RejectedIndex:
                 cold.append((eid, relay))
             self.remove(eid)
         return hot, cold
+
+    def own_stored(self) -> None:
+        """The own relay stored an event anew: the next wait on it starts with a short gap
+        between probes again."""
+        self._probe_at = None
+        self._probe_gap = STORE_PROBE_FIRST_SECS
+
+    def take_store_probe(self, now: float) -> tuple[list[tuple[Event, str]], list[tuple[str, str]]]:
+        """One entry waiting on ``OWN_STORES_KEY``, when its probe is due (``_put``: a gap
+        after the first waited; then doubling to ``STORE_PROBE_MAX_SECS``): as
+        ``take_dependents`` gives it (one whose full event is kept if any, else the newest
+        refused), not counted as a release. A probe refused waits as before; one stored
+        releases the rest."""
+        if self._probe_at is None or now < self._probe_at:
+            return [], []
+        waiting = self._by_key.get(OWN_STORES_KEY)
+        if not waiting:
+            self._probe_at = None
+            return [], []
+        self._probe_gap = min(STORE_PROBE_MAX_SECS, self._probe_gap * 2)
+        self._probe_at = now + self._probe_gap
+        body = self._probe_body if self._probe_body is not None and self._probe_body.id in waiting else None
+        hot = next((eid for eid in sorted(waiting) if eid in self._hot and self._hot[eid][1] > now), None)
+        if hot is not None:
+            body = self._hot[hot][0]
+        eid = body.id if body is not None else max(waiting, key=lambda e: (self._cold[e].rejected_at, e))
+        relay = self._cold[eid].relay
+        self.remove(eid)
+        return ([(body, relay)], []) if body is not None else ([], [(eid, relay)])
 
     def expire(self, now: float) -> list[str]:
         """Drop the full events past the hot tier and the entries past the cold one; the ids

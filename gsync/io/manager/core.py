@@ -320,6 +320,7 @@ class SyncManager:
         self.live.run_polls(now)
         self.descendants.run(now)
         self.own_relay.release_dependents(self.rejected.due(now))  # dated ahead when refused: their time came
+        self.own_relay.probe_store(now)  # refused with everything, nothing stored since: does it store again?
         for event_id in self.rejected.expire(now):
             # refused a week ago: the next copy goes to the own relay again (kept in seen, it
             # counted as delivered: seed 64's 60 days, a comment refused while the own

@@ -188,6 +188,24 @@ class OwnRelaySide:
         if not arrived:
             return
         hot, cold = self.rejected.take_dependents(arrived, self.clock())
+        self._offer_again(hot, cold)
+        if hot or cold:
+            log.info("refused_released", redelivered=len(hot), refetched=len(cold))
+
+    def probe_store(self, now: float) -> None:
+        """Refused with everything else and nothing stored anew since for a while: one of
+        those events goes to the own relay again (``RejectedIndex.take_store_probe``), as
+        nothing else would show that it stores again in a quiet hour."""
+        if self.down:
+            return
+        hot, cold = self.rejected.take_store_probe(now)
+        if hot or cold:
+            log.info("own_store_probed", event_id=hot[0][0].id if hot else cold[0][0], refetched=not hot)
+            self._offer_again(hot, cold)
+
+    def _offer_again(self, hot: list, cold: list) -> None:
+        """Refused events taken from the rejected index go to the own relay again: at once
+        (``hot``: their full event kept), or fetched again by id (``cold``)."""
         for event, relay in hot:
             self.seen.pop(event.id, None)
             self.consider_for_delivery(event, self.relays.get(relay))
@@ -197,8 +215,6 @@ class OwnRelaySide:
             by_relay.setdefault(relay, []).append(event_id)
         for relay, ids in by_relay.items():
             self.historic.refetch_refused(relay, ids)
-        if hot or cold:
-            log.info("refused_released", redelivered=len(hot), refetched=len(cold))
 
     def checked_late(self, event) -> bool:
         """The connection skips the checks of ids it knows (delivered, or refused). One
@@ -257,10 +273,12 @@ class OwnRelaySide:
         read; but not with shards, where ``duplicate`` mostly means another shard stored
         it a moment before (both fetched it), and its thread then comes through the landed
         stream like any (reading it brought back what that shard stored)."""
-        if msg.stored_anew and self.rejected.waits_on(OWN_STORES_KEY):
-            # it stores again (a duplicate answered is only a read): what it refused with
-            # everything else goes to it again
-            self.release_dependents({OWN_STORES_KEY})
+        if msg.stored_anew:
+            self.rejected.own_stored()
+            if self.rejected.waits_on(OWN_STORES_KEY):
+                # it stores again (a duplicate answered is only a read): what it refused
+                # with everything else goes to it again
+                self.release_dependents({OWN_STORES_KEY})
         if not self.down:
             self.own_held.confirm(msg.entries)
             anew = set(msg.stored_anew)
