@@ -331,6 +331,23 @@ def test_an_event_dated_ahead_of_the_clock_is_due_at_its_time_before_and_after_a
     assert index.due(now + 5000) == set()  # (popped once)
 
 
+def test_an_event_dated_ahead_waits_for_its_time_not_for_the_own_relay_storing():
+    """Seed 460 of the stress mix: an issue dated hours ahead, refused as too late (a final
+    refusal) waited on the own relay storing too; released at each store, refused again as
+    too late, it spent its rounds before its time, and refused once more when its time came
+    (the own relay read-only then) it waited out the week. Dated ahead, it waits for its
+    time alone; refused at its time, it waits on the own relay storing with every round."""
+    now = 1_800_000_000
+    ahead = f.issue(carol, f.announcement(alice, "proj"), created_at=now + 3600)
+    index = RejectedIndex()
+    for n in range(STORE_RELEASES_MAX + 1):
+        index.add(ahead, now=now + n, relay=REMOTE, until_own_stores=True)
+        assert not index.waits_on(OWN_STORES_KEY)
+        assert index.take_dependents({OWN_STORES_KEY}, now=now + n) == ([], [])
+    index.add(ahead, now=now + 3600, relay=REMOTE, until_own_stores=True)  # at its time: read-only
+    assert index.waits_on(OWN_STORES_KEY)
+
+
 def test_time_keys_of_entries_gone_do_not_pile_up():
     """Entries removed before their time (released otherwise, pushed out) leave their time
     keys behind in the heap: dropped once they are twice the entries and a thousand more."""

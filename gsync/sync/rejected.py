@@ -198,10 +198,13 @@ class RejectedIndex:
         self._hot[event.id] = (event, now + self.hot_secs)
         self._expiry = min(self._expiry, now + self.hot_secs)
         keys = dependencies(event)
-        if until_own_stores and self._store_released.get(event.id, 0) < STORE_RELEASES_MAX:
+        ahead = now + AHEAD_SECS <= event.created_at < now + self.cold_secs
+        if until_own_stores and not ahead and self._store_released.get(event.id, 0) < STORE_RELEASES_MAX:
+            # (dated ahead, it waits for its time alone: released at each store, it was
+            # refused as too early again, and spent its rounds before its time: seed 460)
             keys = (OWN_STORES_KEY, *keys[:MAX_DEPENDENCIES - 1])
             self._probe_body = event
-        if now + AHEAD_SECS <= event.created_at < now + self.cold_secs:
+        if ahead:
             keys = (f"{TIME_KEY_PREFIX}{event.created_at}", *keys[:MAX_DEPENDENCIES - 1])
         self._put(event.id, _Cold(event.created_at, now, relay, keys,
                                   event.kind, event.pubkey, filter_refs(event)))
