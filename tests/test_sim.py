@@ -1135,6 +1135,23 @@ def test_the_model_refuses_as_told_closed_with_reasons():
     assert json.loads(relay.handle(1, '["REQ","d",{"kinds":[1]}]')[0])[2].startswith("rate-limited:")
 
 
+def test_the_model_reads_since_as_exclusive_where_told_stored_and_live():
+    """``--since-exclusive``: such a relay serves nothing dated at a filter's ``since``,
+    from its store or to a live subscription; any other serves both."""
+    repo = announcement(Author.named("owner"), "r")
+    old, new = (issue(Author.named("bob"), repo, created_at=1000 + n) for n in (0, 1))
+    for exclusive in (False, True):
+        relay = SimRelay("wss://m.example")
+        relay.since_exclusive = exclusive
+        relay.publish(old)
+        relay.open_session(1)
+        stored = [json.loads(m) for m in relay.handle(1, '["REQ","x",{"since":1000}]')]
+        relay.handle(1, '["REQ","live",{"since":1001}]')
+        live = [json.loads(m) for m in relay.publish(new).get(1, [])]
+        assert [m[2]["id"] for m in stored if m[0] == "EVENT"] == ([] if exclusive else [old.id])
+        assert [m[2]["id"] for m in live if m[1] == "live"] == ([] if exclusive else [new.id])
+
+
 def test_the_model_reads_a_req_s_filters_as_written_not_as_a_look_alike_read_before():
     """The relay model keeps what it read of a REQ's filters by their text: a REQ alike at
     both ends and another in the middle is read as written."""

@@ -410,6 +410,7 @@ class SimRelay:
         # ones too: what comes later is found only by asking again
         self.closes_after_eose = False
         self.ignores_until = False  # reads a filter as if it had no until
+        self.since_exclusive = False  # reads a filter's since as exclusive (created_at > since)
         # (burst, seconds a query): REQs and NEG-OPENs of one session past a token bucket are
         # refused "rate-limited:" (PEERS.md: LocalRelay's per-connection query limit), for good
         self.query_limit: tuple[int, float] | None = None
@@ -550,8 +551,10 @@ class SimRelay:
         return found if self.req_cap is None else found[:self.req_cap]
 
     def as_read(self, f: Filter) -> Filter:
-        """``f`` as this relay reads it: ``until`` exclusive on one that reads it so, and
-        none at all on one that ignores it."""
+        """``f`` as this relay reads it: ``since`` and ``until`` exclusive on one that reads
+        them so, and ``until`` none at all on one that ignores it."""
+        if self.since_exclusive and f.since is not None:
+            f = f.replace(since=f.since + 1)
         if f.until is None:
             return f
         if self.ignores_until:
@@ -606,7 +609,7 @@ class SimRelay:
         out: dict[int, list[str]] = {}
         for number, session in self.sessions.items():
             for sub_id, filters in session.subs.items():
-                if any(f.matches(event) for f in filters):
+                if any((self.as_read(f) if self.since_exclusive else f).matches(event) for f in filters):
                     out.setdefault(number, []).append(_event_frame(sub_id, event))
         return out
 

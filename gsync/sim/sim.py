@@ -98,6 +98,7 @@ class SimOptions:
     query_limits: float = 0.1  # the share of relays limiting queries per session (QUERY_LIMIT)
     ahead: float = 0.02  # the share of publications from a client whose clock runs 20 min - 3 h ahead
     ignores_until: float = 0.05  # the share of relays ignoring a filter's until
+    since_exclusive: float = 0.0  # the share of relays reading a filter's since as exclusive
     own_full: float = faults_module.OWN_FULL_PER_DAY  # the own relay's disk full, per day
     own_readonly: float = faults_module.OWN_READONLY_PER_DAY  # the own relay read-only, per day
     own_rate_limited: float = faults_module.OWN_RATE_LIMITED_PER_DAY  # its writes rate-limited, per day
@@ -128,6 +129,7 @@ WORLD_SHARES = (
     ("query_limits", "--query-limits"),
     ("ahead", "--ahead"),
     ("ignores_until", "--ignores-until"),
+    ("since_exclusive", "--since-exclusive"),
     ("own_full", "--own-full"),
     ("own_readonly", "--own-readonly"),
     ("own_rate_limited", "--own-rate-limited"),
@@ -405,6 +407,7 @@ class Simulation:
         if random.Random(f"{o.seed}:{url}:queries").random() < o.query_limits:
             relay.query_limit = QUERY_LIMIT
         relay.ignores_until = random.Random(f"{o.seed}:{url}:ignores").random() < o.ignores_until
+        relay.since_exclusive = random.Random(f"{o.seed}:{url}:since").random() < o.since_exclusive
         return relay
 
     # -- the heap -----------------------------------------------------------------------
