@@ -42,7 +42,8 @@ Knobs for misbehaviour:
 - ``req_cap``: at most this many stored events per REQ in total, all its filters together
   (the newest of the union), as relays that run one query per REQ do; ``page_size`` still
   caps each filter. Neither is said in NIP-11.
-- ``until_exclusive``: a filter's ``until`` excludes its own second, as some relays read it.
+- ``until_exclusive``: a filter's ``until`` excludes its own second, as some relays read it;
+  ``since_exclusive``: its ``since`` too (stored events; live ones match as written).
 - ``ignores_until``: a filter's ``until`` is not read at all (a page past the first brings the
   newest again).
 - ``limit_zero_unlimited``: ``limit: 0`` reads as no limit (a live REQ brings stored events too).
@@ -404,6 +405,7 @@ class ScriptedRelay:
         nip11: dict | None = None,
         req_cap: int | None = None,
         until_exclusive: bool = False,
+        since_exclusive: bool = False,
         ignores_until: bool = False,
         limit_zero_unlimited: bool = False,
         query_budget: tuple | None = None,
@@ -418,6 +420,7 @@ class ScriptedRelay:
         self.page_size = page_size
         self.req_cap = req_cap
         self.until_exclusive = until_exclusive
+        self.since_exclusive = since_exclusive
         self.ignores_until = ignores_until
         self.limit_zero_unlimited = limit_zero_unlimited
         self.query_budget = query_budget
@@ -548,7 +551,10 @@ class ScriptedRelay:
 
     def as_read(self, f: Filter) -> Filter:
         """``f`` as this relay reads it, in REQs and NEG-OPENs alike: ``until`` excluding
-        its own second where ``until_exclusive``, not read where ``ignores_until``."""
+        its own second where ``until_exclusive``, not read where ``ignores_until``; ``since``
+        excluding its own where ``since_exclusive``."""
+        if self.since_exclusive and f.since is not None:
+            f = f.replace(since=f.since + 1)
         if f.until is None:
             return f
         if self.ignores_until:

@@ -160,7 +160,8 @@ def test_a_crowded_second_is_synced_by_negentropy_on_a_relay_reading_until_as_ex
         relay_factory, gsync_factory, scripted):
     """The same on a relay that reads ``until`` as exclusive, in NEG-OPEN as in REQ
     (PEERS.md), serving 100 a page: the exchange over the crowded second asks it one second
-    on, so that such a relay reads that second at all."""
+    on, so that such a relay reads that second at all (and one second before: a relay may
+    read ``since`` as exclusive too)."""
     own = relay_factory()
     serve = Nip77Serve()
     remote = scripted(negentropy=serve, page_size=100, until_exclusive=True)
@@ -171,8 +172,26 @@ def test_a_crowded_second_is_synced_by_negentropy_on_a_relay_reading_until_as_ex
     publish(own.url, [repo])
     gsync = gsync_factory(own, [remote])
     assert_arrives(own, issues, timeout=60, what="all 150 issues of the crowded second")
-    assert any(flt.since == second for flt in serve.filters), serve.filters
+    assert any((flt.since, flt.until) == (second - 1, second + 1) for flt in serve.filters), serve.filters
     assert gsync.metric("gsync_crowded_seconds_total", outcome="negentropy") >= 1
+
+
+def test_a_crowded_second_is_synced_by_negentropy_on_a_relay_reading_both_bounds_as_exclusive(
+        relay_factory, gsync_factory, scripted):
+    """The same on a relay that reads ``since`` as exclusive as well (created_at > since and
+    < until, in NEG-OPEN as in REQ): the exchange over the crowded second asks it one second
+    either way, so that the relay reads that second at all (seed 8 of the simulator's
+    ``--since-exclusive 1 --small-pages 1 --series 1``)."""
+    own = relay_factory()
+    serve = Nip77Serve()
+    remote = scripted(negentropy=serve, page_size=100, until_exclusive=True, since_exclusive=True)
+    repo = our_announcement(own, [remote], d="crowded-open-interval")
+    second = f.next_created_at()
+    issues = [f.issue(bob, repo, subject=f"crowded {i}", created_at=second) for i in range(150)]
+    remote.add(repo, *issues)
+    publish(own.url, [repo])
+    gsync_factory(own, [remote])
+    assert_arrives(own, issues, timeout=60, what="all 150 issues of the crowded second")
 
 
 def test_a_crowded_second_of_several_repositories_is_split_by_repository(relay_factory,

@@ -412,12 +412,18 @@ class CrowdedSecond:
 
 def exchange_asks(f: Filter, cap: PageCap | None) -> Filter:
     """What a NIP-77 exchange of ``f`` sends: ``until`` one second on unless the relay is
-    known to read it as NIP-01 says. An exchange has no page to prove the reading by, and a
-    relay that reads ``until`` as exclusive in REQs reads it so in NEG-OPENs: a window cut
-    past a result cap (``result_caps``), a crowded second, would reconcile without its last
-    second there, and the events only it holds at that second would never come. Asked one
-    second on, such a relay reads the window exactly; one that reads it as NIP-01 says
-    (not yet proven) reads one second more, which the next window or page asks too."""
+    known to read it as NIP-01 says, and ``since`` one second before. An exchange has no
+    page to prove the reading by, and a relay that reads ``until`` (or ``since``) as
+    exclusive in REQs reads it so in NEG-OPENs: a window cut past a result cap
+    (``result_caps``), a crowded second, would reconcile without its last (first) second
+    there, and the events only it holds at that second would never come (the simulator's
+    ``--since-exclusive``: seed 8 of a world of small pages and series, a patch series at
+    a window's first second). Asked one second wider, such a relay reads the window
+    exactly; one that reads it as NIP-01 says reads a second more each way, which the
+    windows or pages beside ask too (and the holdings reconciled are those of what is
+    asked: nothing held there is fetched again)."""
+    if f.since is not None and f.since > 0:
+        f = f.replace(since=f.since - 1)
     if f.until is None or (cap is not None and cap.until_inclusive):
         return f
     return f.replace(until=f.until + 1)
