@@ -1047,6 +1047,12 @@ def patched(sim: Simulation):
     logs = structlog.get_config()
     if not sim.options.verbose_logs:
         configure_logging("error", stream=_Null())
+    else:  # each line with the simulated day it was logged on
+        def sim_day(_logger, _name, event_dict):
+            event_dict["day"] = f"{(sim.time.time() - START) / DAY:.4f}"
+            return event_dict
+
+        structlog.configure(processors=[sim_day, *logs["processors"]])
     connection_module.time = sim.time
     negentropy_sync.time = sim.time
     negentropy_sync._holdings = negentropy_sync.SharedHoldings(sim.own_holdings, clock=sim.time.monotonic)
