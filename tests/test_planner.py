@@ -21,7 +21,7 @@ from gsync.sync.claims import FetchClaims
 from gsync.sync.health import RelayHealthTracker
 from gsync.sync.lead import SharedLead
 from gsync.sync.own_held import OwnHeld
-from gsync.sync.pending import BatchKind, CrowdedSecond, PendingBatch, SyncMethod
+from gsync.sync.pending import BatchKind, CrowdedSecond, PageCap, PendingBatch, SyncMethod
 from gsync.sync.planner import HistoricPlanner
 from gsync.sync.policy import coverage_key
 from gsync.sync.recovery import MissingEventRecovery
@@ -454,6 +454,23 @@ def test_an_exchange_over_the_known_result_cap_is_cut_before_it_starts():
     assert [a.event for a in w.take(act.Log)] == ["negentropy_filter_cut"]
     assert token not in batch.outstanding_subs
     assert start.filters[0].until is not None or start.filters[0].since is not None  # a window of it
+
+
+def test_on_a_relay_ignoring_until_an_exchange_over_the_known_cap_goes_as_it_is():
+    """Seed 277 of the default world: neither windows nor REQ pages shrink what a relay
+    ignoring ``until`` counts. Cut before its start into a REQ page, the filter came back
+    unpaged, went to NIP-77 again and was cut again: a start each, 2,000 an hour. There the
+    exchange goes as it is; a refusal splits it by what it enumerates (test_planner_ends)."""
+    w = World()
+    state = w.relay()
+    state.result_cap.note_refused(100, 1000)
+    state.current.page_cap = PageCap(until_ignored=True)
+    batch = w.batch(state, ISSUES)
+    held = [(1_700_000_000 + i * 60, f"{i:064x}") for i in range(1000)]
+    token = w.plan.queue.add_exchange(state, batch, ISSUES, held)
+    start = start_queue.next_start(w.plan, state, False, 0, NOW)
+    assert start.sub_id == token and start.filters == [ISSUES]
+    assert "negentropy_filter_cut" not in [a.event for a in w.take(act.Log)]
 
 
 # -- an EOSE --------------------------------------------------------------------------------

@@ -379,7 +379,13 @@ def before_start(plan, state, now: float):
         parts = regroup_parts(state.paused, session.stalled_shapes, group)
     batch = session.pending.get(batch_id)
     held = None
-    if parts is None and batch is not None and is_exchange(sub_id) and state.result_cap.limit() is not None:
+    # (not on a relay that ignores ``until``: neither windows nor pages shrink what it
+    # counts; a cut to a REQ page came back unpaged, went to NIP-77 and was cut again, a
+    # start each, 2,000 an hour: seed 277. The exchange goes, and a refusal splits it by
+    # what it enumerates, ``batch_end.split_past_result_cap``.)
+    page_cap = session.page_cap
+    if (parts is None and batch is not None and is_exchange(sub_id) and state.result_cap.limit() is not None
+            and not (page_cap is not None and page_cap.until_ignored)):
         held = batch.own_holdings.get(sub_id)
         if held is None:
             held = plan.own_held.holdings(group[0], now)
