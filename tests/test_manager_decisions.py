@@ -618,6 +618,16 @@ def test_an_older_announcement_the_own_relay_stores_after_losing_the_followed_on
     assert h.manager.repos.get(newer.address).relays == {A}
 
 
+def _synced_with_a(tmp_path):
+    """A manager whose own relay holds a repository listing a, synced from a: (harness, repo)."""
+    repo = announcement(Author.named("owner"), "r", relays=[A])
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(repo)
+    h.connect(A)
+    h.settle(A)
+    return h, repo
+
+
 def test_an_event_refused_while_dated_ahead_of_the_clock_goes_again_once_its_time_has_come(tmp_path):
     """An issue from a client whose clock runs an hour ahead: the own relay refuses it as
     too far in the future (NIP-22; strfry past 15 minutes). A final refusal, kept the week;
@@ -625,12 +635,7 @@ def test_an_event_refused_while_dated_ahead_of_the_clock_goes_again_once_its_tim
     clock reaches its ``created_at``, not a week later."""
     from gsync.io.inbox import DeliveryAnswered
 
-    owner = Author.named("owner")
-    repo = announcement(owner, "r", relays=[A])
-    h = ManagerHarness(tmp_path)
-    h.own_relay_holds(repo)
-    h.connect(A)
-    h.settle(A)
+    h, repo = _synced_with_a(tmp_path)
     ahead = issue(Author.named("bob"), repo, created_at=int(h.clock.now) + 3600)
     h.feed(DeliveryAnswered(ahead, "rejected", "invalid: created_at too late", A))
     assert ahead.id in h.manager.rejected
@@ -654,12 +659,7 @@ def test_events_refused_while_the_own_relay_was_read_only_go_again_though_nothin
     a day. With nothing stored anew, one waiting event is offered again 10 minutes after
     the first waited, then at doubling gaps (to 2 hours); refused, it waits as before;
     stored, it releases the rest (fetched again by id)."""
-    owner = Author.named("owner")
-    repo = announcement(owner, "r", relays=[A])
-    h = ManagerHarness(tmp_path)
-    h.own_relay_holds(repo)
-    h.connect(A)
-    h.settle(A)
+    h, repo = _synced_with_a(tmp_path)
     sub = next(iter(h.conn(A).subscriptions))
     older, newest = (issue(Author.named("bob"), repo, content=f"written while read-only {n}") for n in range(2))
     delivery = h.manager.delivery
