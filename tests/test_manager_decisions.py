@@ -121,6 +121,42 @@ def test_a_re_sync_of_filters_the_own_relay_holds_goes_by_nip77_one_filter_a_sta
     assert not h.historic_reqs(A)  # no REQ pages for what NIP-77 is moving
 
 
+def test_nip77_turned_off_on_a_connection_that_lasts_days_is_tried_again_at_its_daily_sync(tmp_path):
+    """Seed 523 of the stress mix: a relay refused NIP-77 by NOTICE for an hour (off for the
+    session: it does not list 77, so no day's rest), and its connection then lasted days;
+    the daily fresh starts kept the session's verdict, and what only NIP-77 reaches there
+    (an import on a relay ignoring ``until``, 20 events a page) never came. The daily sync
+    tries NIP-77 again; a relay resting from NIP-77 (listed and not served, a day) does not."""
+    from gsync.io.inbox import NegentropyFinished
+    from gsync.io.negentropy_sync import NegentropyOutcome
+
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, 1))
+    h.connect(A)
+    h.answer_own_reads(held=resync_holdings())  # a re-sync: NIP-77
+    h.advance(0.5)
+    state = h.state(A)
+
+    def exchanges() -> list:
+        return [g for g in h.effects.spawned if g.name == "reconcile_filter"]
+
+    first = exchanges()[0]
+    refused = NegentropyOutcome(False, reason="notice: ERROR: negentropy is disabled", failure="notice")
+    h.feed(NegentropyFinished(A, state.session, first.kwargs["batch_id"], first.kwargs["token"], first.args[2],
+                              refused))
+    assert not state.current.negentropy_ok
+    for resting in (False, True):
+        if resting:  # (listed and not served, refused again an hour before: off, resting a day)
+            state.nip77_failed_at, state.current.negentropy_ok = state.next_daily_at - 3600, False
+        before = len(exchanges())
+        h.advance(state.next_daily_at - h.clock.now + 1)
+        h.tick()  # the daily fresh start, on the same connection
+        h.answer_own_reads(held=resync_holdings())
+        h.advance(3)
+        assert (len(exchanges()) > before) is not resting
+        assert state.current.negentropy_ok is not resting
+
+
 def test_an_exchange_that_never_concludes_ends_at_the_managers_deadline_and_late_answers_change_nothing(tmp_path):
     """Whatever an exchange's greenlet does (hung before its own 15 s deadline could fire),
     the manager ends it NEGENTROPY_GRACE_SECS after that: killed, NEG-CLOSE sent, its filter

@@ -494,6 +494,11 @@ class RelayHealthTracker:
         """NEG-ERR, no answer in 15 s, or a NOTICE about it: not for this session."""
         self._get(relay).negentropy_disabled = True
 
+    def allow_negentropy(self, relay: str) -> None:
+        """A new session on the same connection (the daily fresh start): NIP-77 may be
+        tried again."""
+        self._get(relay).negentropy_disabled = False
+
     def wait_before_start(self, relay: str, now: float, *, background: bool) -> float:
         """Seconds to wait before starting a query (0: start now).
 

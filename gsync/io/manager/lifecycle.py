@@ -353,6 +353,12 @@ class RelayLifecycle:
             if state.next_daily_at and now >= state.next_daily_at and state.connected:
                 self.start_day(state, now)
                 move_status(state, Fact.DAILY_SYNC)
+                if not state.nip77_resting(now):
+                    # NIP-77 turned off on this connection (a NOTICE, a rate-limit episode)
+                    # is tried again: a connection that lasts days kept it off for good, and
+                    # what only NIP-77 reaches (a relay ignoring until) never came (seed 523)
+                    state.current.negentropy_ok = True
+                    self.health.allow_negentropy(state.url)
                 self.fresh_start(state, now)
 
     @staticmethod
