@@ -140,3 +140,42 @@ def test_a_pause_is_saved_at_the_next_tick_and_the_next_process_keeps_it(tmp_pat
     again.answer_own_reads()
     again.advance(1.1)
     assert not [f for _, f in live_reqs(again) if culprit in keys(f)]
+
+
+def test_a_relay_retired_and_listed_again_is_not_asked_what_it_refused_before_its_probe(tmp_path):
+    """Seed 615 of ``--fault-scale 2 --own-full 1``: a relay asked for repositories the own
+    relay lost was retired while what it brought waited for a full disk, and listed again a
+    minute later: a new registration, its pauses gone, asked a refused ``#q`` at once. A
+    retired relay's paused coverage is kept until its probes are due."""
+    owners = [Author.named(f"u{i}") for i in range(3)]
+    repos = [announcement(owner, f"r{i}", relays=[A]) for i, owner in enumerate(owners)]
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*repos)
+    h.connect(A)
+    h.answer_own_reads()
+    h.advance(1.1)
+    multi = [f for _, f in live_reqs(h) if len(keys(f)) > 1]
+    h.relay_says(A, closed(multi[0][1], "blocked: not here"))
+    lone = [f for _, f in live_reqs(h)][-1]
+    culprit = next(iter(keys(lone)))
+    h.relay_says(A, closed(lone[1], "blocked: not this one"))
+    assert h.state(A).paused.is_paused(culprit)
+    moved = [announcement(owner, f"r{i}", relays=["wss://b.example"], created_at=repos[i].created_at + 10)
+             for i, owner in enumerate(owners)]
+    h.settle(A)
+    h.own_relay_holds(*moved)  # no repository lists a any more: retired
+    h.advance(2)
+    h.tick()
+    assert A not in h.manager.relays
+    back = [announcement(owner, f"r{i}", relays=[A], created_at=repos[i].created_at + 20)
+            for i, owner in enumerate(owners)]
+    h.own_relay_holds(*back)  # a minute later, listed again
+    h.advance(60)
+    sent = len(h.effects.connections[A])
+    h.connect(A)
+    h.answer_own_reads()
+    h.advance(3)
+    assert h.state(A).paused.is_paused(culprit)
+    asked = [f for n, conn in enumerate(h.effects.connections[A]) if n >= sent for f in conn.frames
+             if f[0] == "REQ"]
+    assert asked and not [f for f in asked if culprit in keys(f)]

@@ -807,6 +807,7 @@ class Checker:
                   ("recovery_ids", len(m.recovery._owners), world_events),
                   ("health", len(m.health._relays), len(self.sim.relays)),
                   ("health_retired", len(m.health._retired), len(self.sim.relays)),
+                  ("retired_pauses", len(m.lifecycle.retired_pauses), len(self.sim.relays)),
                   ("claims", len(m.claims), world_events), ("lead", len(m.lead), world_events)]
         for name, size, bound in bounds:
             if size > bound:

@@ -195,6 +195,10 @@ class CoveragePauses:
     def keys(self) -> list[CoverageKey]:
         return list(self._until) + list(self._probing)
 
+    def last_due(self) -> float:
+        """When the last of its probes is due (0: nothing paused, or a probe out now)."""
+        return max(self._until.values(), default=0.0)
+
     def __len__(self) -> int:
         return len(self._until) + len(self._probing)
 

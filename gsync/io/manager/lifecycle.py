@@ -15,6 +15,7 @@ from ...ops.logging import get_logger
 from ...protocol.nip11 import RelayLimits
 from ...sync import filter_plan, status
 from ...sync.pending import BatchKind, PageCap
+from ...sync.policy import CoveragePauses
 from ...sync.relay_state import ConnectionStatus, RelayState
 from ...sync.shard import OTHER_SHARD_LEAD
 from ...sync.status import Fact
@@ -77,6 +78,12 @@ class RelayLifecycle:
         # must not match it.
         self.serials = itertools.count(1)
         self.stopping = False
+        # What a retired relay refused by policy (its paused coverage), until its probes are
+        # due, ``RETIRED_HEALTH_MAX`` relays at most: listed again meanwhile, it is not asked
+        # again what it refused (seed 615 of --own-full 1: a relay asked for lost repositories
+        # was retired as its layer 1 waited for a full disk, listed again a minute later, and
+        # asked a refused #q at once, four times)
+        self.retired_pauses: dict[str, CoveragePauses] = {}
 
     def shut_down(self) -> None:
         """The manager stops: no handshake is applied any more, every connection closes."""
@@ -107,6 +114,9 @@ class RelayLifecycle:
                          dead=self.health.is_dead(url, now),
                          next_dial_secs=round(self.health.next_attempt_at(url, now) - now))
             self.saved.restore(state, self.health)  # what an earlier process learnt of it
+            kept = self.retired_pauses.pop(url, None)
+            if kept is not None and not state.paused and kept.last_due() > now:
+                state.paused = kept
             log.info("relay_registered", relay=url)
         return state
 
@@ -172,9 +182,23 @@ class RelayLifecycle:
             self.end_session(state)
             del self.relays[state.url]
             self.health.retire(state.url, self.clock())  # (what holds its next dial back stays a while)
+            self.keep_pauses(state)
             self.recovery.forget(state.url)
             self.saved.forget(state.url)
             metrics.forget_relay(state.url)
+
+    def keep_pauses(self, state: RelayState) -> None:
+        """``state`` retired: its paused coverage is kept until its probes are due (the
+        oldest retirement going first past ``RETIRED_HEALTH_MAX``)."""
+        kept = self.retired_pauses
+        kept.pop(state.url, None)
+        now = self.clock()
+        if state.paused and state.paused.last_due() > now:
+            kept[state.url] = state.paused
+        for url in [u for u, pauses in kept.items() if pauses.last_due() <= now]:
+            del kept[url]
+        while len(kept) > constants.RETIRED_HEALTH_MAX:
+            del kept[next(iter(kept))]
 
     def on_handshake_started(self, msg: HandshakeStarted) -> None:
         if msg.relay in self.relays:  # not one retired meanwhile: it would be tracked again
