@@ -252,6 +252,30 @@ def test_ids_not_served_by_id_are_asked_by_the_filters_that_found_them():
     assert w.take(act.Advance) == [act.Advance(state, batch, pump=True)]
 
 
+def test_ids_that_arrived_elsewhere_while_asked_by_filter_do_not_count_against_the_relay():
+    """Seed 575 of the stress mix: a relay judged not to serve ids, "delivered=-55" (388
+    asked by filter of 333 advertised): ids asked by filter that arrived from another relay
+    meanwhile left the advertised set, and still counted as not served by id. 100
+    advertised, 2 served by id, the other 98 asked by filter; 60 of them came from
+    elsewhere, the filter brought 38; a later exchange advertised 30 more, all served by
+    id: 32 of 70 served by id, not "at most a tenth"."""
+    w = World()
+    state = w.relay()
+    batch, _ = exchange_of(w, state)
+    ids = [f"{i:064x}" for i in range(130)]
+    batch.expect_ids(ids[:100], found_by=ISSUES)
+    batch.received_ids |= set(ids[:2])
+    batch_end.finish(w.plan, state, batch, NOW)  # the other 98 asked by filter
+    assert batch.residual_asked == set(ids[2:100])
+    w.plan.seen.update((i, NOW) for i in ids[2:62])  # from another relay meanwhile
+    batch.expect_ids(ids[100:], found_by=ISSUES)  # (an exchange of the batch, later)
+    batch.received_ids |= set(ids[62:])  # by the filter, and by id
+    started(w, batch)
+    w.take()
+    batch_end.finish(w.plan, state, batch, NOW)
+    assert state.serves_ids(NOW) and "relay_ids_not_served" not in [a.event for a in w.take(act.Log)]
+
+
 def test_what_neither_id_nor_filter_brought_is_unservable_here_and_asked_by_id_elsewhere():
     from .test_planner import Repos
     w = World(repos=Repos({REPO: [A, B]}))
