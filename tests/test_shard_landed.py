@@ -328,3 +328,21 @@ def test_a_member_both_shards_fetched_keeps_its_descendants_known_though_answere
     h.close_own_read_window()
     asked = {value for g in h.own_reads() for flt in g.args[1] for _, values in flt.tags for value in values}
     assert member.id not in asked
+
+
+def test_what_the_own_relay_refused_with_everything_goes_again_once_another_shard_stores(tmp_path):
+    """A shard's refused events waiting for the own relay to store anew (put read-only, a
+    full disk) go again when another shard's event lands there: it stores again, whether
+    or not this shard has stored anything since."""
+    from gsync.io.inbox import DeliveryAnswered
+
+    here, _there, ann = split_world()
+    h = ManagerHarness(tmp_path, shard=SHARD)
+    h.own_relay_holds(ann)
+    h.connect(here)
+    refused = issue(Author.named("landed-dev"), ann, subject="refused while read-only")
+    h.feed(DeliveryAnswered(refused, "rejected", "restricted: read-only", here, True))
+    assert refused.id in h.manager.rejected
+    other = issue(Author.named("landed-dev"), ann, subject="stored by the other shard")
+    h.feed(OwnLanded([(other.id, HeldEntry.of(other))]))
+    assert refused.id not in h.manager.rejected and h.manager.delivery.is_tracked(refused.id)

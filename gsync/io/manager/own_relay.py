@@ -302,6 +302,9 @@ class OwnRelaySide:
         if not others:  # this instance's own deliveries
             return
         self.other_shard_landed_at = now  # another shard is storing
+        self.rejected.own_stored()
+        if self.rejected.waits_on(OWN_STORES_KEY):  # the own relay stores again: as on_own_held_confirmed
+            self.release_dependents({OWN_STORES_KEY})
         arrived = [event_id for event_id, _ in others if event_id not in seen]
         for event_id in arrived:
             seen[event_id] = None
