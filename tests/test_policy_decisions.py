@@ -112,13 +112,9 @@ def test_a_reconnect_before_the_verdict_keeps_each_shape_of_a_refused_historic_r
     assert again and all(len(keys(f) & keys(refused)) == 1 for f in again)
 
 
-def test_a_pause_is_saved_at_the_next_tick_and_the_next_process_keeps_it(tmp_path):
-    """A policy pause is saved at the next tick, not within the 30 s of other state: a
-    process killed a few seconds after the refusal leaves the next one the pause, which
-    does not ask the refused shape again (seed 169's 60 days: killed after the pause and
-    before the save, the next process asked the relay again what it had refused)."""
-    repos = [announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)]
-    h = ManagerHarness(tmp_path)
+def _one_shape_paused(h, repos):
+    """``repos`` (listing a) held, a connected: its live REQ of several shapes refused, then
+    the lone shape at fault refused too: paused. That shape's key."""
     h.own_relay_holds(*repos)
     h.connect(A)
     h.answer_own_reads()
@@ -129,6 +125,17 @@ def test_a_pause_is_saved_at_the_next_tick_and_the_next_process_keeps_it(tmp_pat
     culprit = next(iter(keys(lone)))
     h.relay_says(A, closed(lone[1], "blocked: not this one"))
     assert h.state(A).paused.is_paused(culprit)
+    return culprit
+
+
+def test_a_pause_is_saved_at_the_next_tick_and_the_next_process_keeps_it(tmp_path):
+    """A policy pause is saved at the next tick, not within the 30 s of other state: a
+    process killed a few seconds after the refusal leaves the next one the pause, which
+    does not ask the refused shape again (seed 169's 60 days: killed after the pause and
+    before the save, the next process asked the relay again what it had refused)."""
+    repos = [announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)]
+    h = ManagerHarness(tmp_path)
+    culprit = _one_shape_paused(h, repos)
     h.advance(2)
     h.tick()  # the next tick: then killed, nothing more saved
     h.manager.saved.close()  # (its lock on state_dir goes with the process)
@@ -150,16 +157,7 @@ def test_a_relay_retired_and_listed_again_is_not_asked_what_it_refused_before_it
     owners = [Author.named(f"u{i}") for i in range(3)]
     repos = [announcement(owner, f"r{i}", relays=[A]) for i, owner in enumerate(owners)]
     h = ManagerHarness(tmp_path)
-    h.own_relay_holds(*repos)
-    h.connect(A)
-    h.answer_own_reads()
-    h.advance(1.1)
-    multi = [f for _, f in live_reqs(h) if len(keys(f)) > 1]
-    h.relay_says(A, closed(multi[0][1], "blocked: not here"))
-    lone = [f for _, f in live_reqs(h)][-1]
-    culprit = next(iter(keys(lone)))
-    h.relay_says(A, closed(lone[1], "blocked: not this one"))
-    assert h.state(A).paused.is_paused(culprit)
+    culprit = _one_shape_paused(h, repos)
     moved = [announcement(owner, f"r{i}", relays=["wss://b.example"], created_at=repos[i].created_at + 10)
              for i, owner in enumerate(owners)]
     h.settle(A)
