@@ -126,7 +126,8 @@ def test_nip77_turned_off_on_a_connection_that_lasts_days_is_tried_again_at_its_
     session: it does not list 77, so no day's rest), and its connection then lasted days;
     the daily fresh starts kept the session's verdict, and what only NIP-77 reaches there
     (an import on a relay ignoring ``until``, 20 events a page) never came. The daily sync
-    tries NIP-77 again; a relay resting from NIP-77 (listed and not served, a day) does not."""
+    tries NIP-77 again; not on a relay resting from NIP-77 (listed and not served, a day),
+    nor on one whose NIP-11 does not list 77."""
     from gsync.io.inbox import NegentropyFinished
     from gsync.io.negentropy_sync import NegentropyOutcome
 
@@ -145,16 +146,19 @@ def test_nip77_turned_off_on_a_connection_that_lasts_days_is_tried_again_at_its_
     h.feed(NegentropyFinished(A, state.session, first.kwargs["batch_id"], first.kwargs["token"], first.args[2],
                               refused))
     assert not state.current.negentropy_ok
-    for resting in (False, True):
-        if resting:  # (listed and not served, refused again an hour before: off, resting a day)
+    for case in ("tried again", "resting", "not listed"):
+        if case == "resting":  # (listed and not served, refused again an hour before: off, a day)
             state.nip77_failed_at, state.current.negentropy_ok = state.next_daily_at - 3600, False
+        if case == "not listed":  # (its NIP-11 lists other NIPs: off from the session's start)
+            state.nip77_failed_at, state.current.negentropy_ok = None, False
+            state.current.limits = RelayLimits(supported_nips=frozenset({1, 11}))
         before = len(exchanges())
         h.advance(state.next_daily_at - h.clock.now + 1)
         h.tick()  # the daily fresh start, on the same connection
         h.answer_own_reads(held=resync_holdings())
         h.advance(3)
-        assert (len(exchanges()) > before) is not resting
-        assert state.current.negentropy_ok is not resting
+        assert (len(exchanges()) > before) is (case == "tried again"), case
+        assert state.current.negentropy_ok is (case == "tried again"), case
 
 
 def test_an_exchange_that_never_concludes_ends_at_the_managers_deadline_and_late_answers_change_nothing(tmp_path):

@@ -377,10 +377,12 @@ class RelayLifecycle:
             if state.next_daily_at and now >= state.next_daily_at and state.connected:
                 self.start_day(state, now)
                 move_status(state, Fact.DAILY_SYNC)
-                if not state.nip77_resting(now):
+                nips = getattr(state.current.limits, "supported_nips", None)
+                if not state.nip77_resting(now) and not (nips and 77 not in nips):
                     # NIP-77 turned off on this connection (a NOTICE, a rate-limit episode)
                     # is tried again: a connection that lasts days kept it off for good, and
-                    # what only NIP-77 reaches (a relay ignoring until) never came (seed 523)
+                    # what only NIP-77 reaches (a relay ignoring until) never came (seed 523);
+                    # not where its NIP-11 says it has none, nor while it rests from it
                     state.current.negentropy_ok = True
                     self.health.allow_negentropy(state.url)
                 self.fresh_start(state, now)
