@@ -310,7 +310,8 @@ class RejectedIndex:
         after the first waited; then doubling to ``STORE_PROBE_MAX_SECS``): as
         ``take_dependents`` gives it (one whose full event is kept if any, else the newest
         refused), not counted as a release. A probe refused waits as before; one stored
-        releases the rest."""
+        releases the rest. (``_probe_body`` is the newest added: when it has left, one
+        still hot is offered, else the newest refused is fetched.)"""
         if self._probe_at is None or now < self._probe_at:
             return [], []
         waiting = self._by_key.get(OWN_STORES_KEY)
@@ -320,9 +321,9 @@ class RejectedIndex:
         self._probe_gap = min(STORE_PROBE_MAX_SECS, self._probe_gap * 2)
         self._probe_at = now + self._probe_gap
         body = self._probe_body if self._probe_body is not None and self._probe_body.id in waiting else None
-        hot = next((eid for eid in sorted(waiting) if eid in self._hot and self._hot[eid][1] > now), None)
-        if hot is not None:
-            body = self._hot[hot][0]
+        if body is None:
+            hot = min((eid for eid in waiting if eid in self._hot and self._hot[eid][1] > now), default=None)
+            body = None if hot is None else self._hot[hot][0]
         eid = body.id if body is not None else max(waiting, key=lambda e: (self._cold[e].rejected_at, e))
         relay = self._cold[eid].relay
         self.remove(eid)

@@ -252,12 +252,8 @@ class RelayLifecycle:
             limits=self.with_learned_limits(state, msg.limits),
             page_cap=PageCap(),  # learnt again: the relay may have changed
         )
-        nips = getattr(msg.limits, "supported_nips", None)
-        if nips and 77 not in nips:  # it says so itself: no NEG-OPEN, no 15 s wait
-            self.historic.disable_negentropy(state, "NIP-11 supported_nips does not list 77")
-        elif state.nip77_resting(now):  # it says so and does not: not again before a day
-            self.historic.disable_negentropy(state, "NIP-77 advertised and not served "
-                                             f"{round(now - state.nip77_failed_at)} s ago")
+        if reason := nip77_barred(state, now):
+            self.historic.disable_negentropy(state, reason)
         move_status(state, Fact.HANDSHAKE_DONE)
         fresh = state.should_fresh_start(now)
         log.info("relay_connected", relay=msg.relay, fresh_start=fresh)
@@ -377,12 +373,10 @@ class RelayLifecycle:
             if state.next_daily_at and now >= state.next_daily_at and state.connected:
                 self.start_day(state, now)
                 move_status(state, Fact.DAILY_SYNC)
-                nips = getattr(state.current.limits, "supported_nips", None)
-                if not state.nip77_resting(now) and not (nips and 77 not in nips):
+                if not nip77_barred(state, now):
                     # NIP-77 turned off on this connection (a NOTICE, a rate-limit episode)
                     # is tried again: a connection that lasts days kept it off for good, and
-                    # what only NIP-77 reaches (a relay ignoring until) never came (seed 523);
-                    # not where its NIP-11 says it has none, nor while it rests from it
+                    # what only NIP-77 reaches (a relay ignoring until) never came (seed 523)
                     state.current.negentropy_ok = True
                     self.health.allow_negentropy(state.url)
                 self.fresh_start(state, now)
@@ -538,3 +532,15 @@ class RelayLifecycle:
                 needs = self.repos.get(address)
                 roots.update(dict.fromkeys(needs.root_events & items.root_events, address))
         return shard.split_led_elsewhere(items, relays_of, roots.get)
+
+
+def nip77_barred(state: RelayState, now: float) -> str | None:
+    """Why a new session of ``state`` (a connection, or the daily fresh start on one) does
+    not try NIP-77 (None: it does): its NIP-11 says it has none (no NEG-OPEN, no 15 s
+    wait), or it said it has and did not serve it within a day."""
+    nips = getattr(state.current.limits, "supported_nips", None)
+    if nips and 77 not in nips:
+        return "NIP-11 supported_nips does not list 77"
+    if state.nip77_resting(now):
+        return f"NIP-77 advertised and not served {round(now - state.nip77_failed_at)} s ago"
+    return None

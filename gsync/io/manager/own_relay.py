@@ -192,6 +192,13 @@ class OwnRelaySide:
         if hot or cold:
             log.info("refused_released", redelivered=len(hot), refetched=len(cold))
 
+    def stores_again(self) -> None:
+        """The own relay stored an event anew (this instance's, or another shard's): what it
+        refused with everything else goes to it again, and its probes start over."""
+        self.rejected.own_stored()
+        if self.rejected.waits_on(OWN_STORES_KEY):
+            self.release_dependents({OWN_STORES_KEY})
+
     def probe_store(self, now: float) -> None:
         """Refused with everything else and nothing stored anew since for a while: one of
         those events goes to the own relay again (``RejectedIndex.take_store_probe``), as
@@ -273,12 +280,8 @@ class OwnRelaySide:
         read; but not with shards, where ``duplicate`` mostly means another shard stored
         it a moment before (both fetched it), and its thread then comes through the landed
         stream like any (reading it brought back what that shard stored)."""
-        if msg.stored_anew:
-            self.rejected.own_stored()
-            if self.rejected.waits_on(OWN_STORES_KEY):
-                # it stores again (a duplicate answered is only a read): what it refused
-                # with everything else goes to it again
-                self.release_dependents({OWN_STORES_KEY})
+        if msg.stored_anew:  # (a duplicate answered is only a read)
+            self.stores_again()
         if not self.down:
             self.own_held.confirm(msg.entries)
             anew = set(msg.stored_anew)
@@ -302,9 +305,7 @@ class OwnRelaySide:
         if not others:  # this instance's own deliveries
             return
         self.other_shard_landed_at = now  # another shard is storing
-        self.rejected.own_stored()
-        if self.rejected.waits_on(OWN_STORES_KEY):  # the own relay stores again: as on_own_held_confirmed
-            self.release_dependents({OWN_STORES_KEY})
+        self.stores_again()
         arrived = [event_id for event_id, _ in others if event_id not in seen]
         for event_id in arrived:
             seen[event_id] = None
