@@ -109,8 +109,8 @@ def test_a_refused_event_is_not_downloaded_again_by_a_fresh_start_nor_after_a_re
     wait_until(lambda: own.stores(bug) and own.refused(intruder), timeout=30, what="first sync")
     # What the first sync downloaded is not the subject (a page retried under a starved
     # machine may bring it twice); what it downloads after the refusal is.
-    first_sync, first_offers = remote.sent_count(intruder.id), own.offered(intruder)
-    assert first_sync >= 1 and first_offers >= 1
+    first_sync = remote.sent_count(intruder.id)
+    assert first_sync >= 1 and own.offered(intruder) >= 1
 
     def fresh_start_done():
         names = [e["event"] for e in first.log_events()]
@@ -119,6 +119,10 @@ def test_a_refused_event_is_not_downloaded_again_by_a_fresh_start_nor_after_a_re
     wait_until(fresh_start_done, timeout=30, what="a daily fresh start completing")
     assert remote.sent_count(intruder.id) == first_sync, "downloaded again by the fresh start"
     first.terminate()  # the cold tier is saved in state_dir
+    # (offered again meanwhile from the hot tier is allowed: a refusal read as maybe the own
+    # relay's with everything waits for it to store anew, and the store may be
+    # confirmed after the refusal; offered again, not downloaded again)
+    first_offers = own.offered(intruder)
     second = gsync_factory(own, [remote], extra=settings)
     wait_until(lambda: _connected(second), timeout=30, what="the second run's historic sync")
     assert remote.sent_count(intruder.id) == first_sync, "downloaded again"
