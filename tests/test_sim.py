@@ -308,6 +308,31 @@ def test_an_id_fetch_the_relay_closed_unanswered_and_sent_again_is_one_ask():
     assert counts == [{}, {"unservable_asked_again": 1}], counts
 
 
+def test_a_relay_judged_not_to_serve_ids_by_the_seed_s_count_is_no_wrong_judgement_to_the_checker():
+    """Seed 769 of the stress mix (ids_judged_unserved, day 19.29; the checker's mistake):
+    relay1, ignoring until, hid 23 of the 24 ids its NIP-77 advertised; their filters came
+    back unpaged (no witness), and gsync judged by the seed's count (at least 20 advertised,
+    at most a tenth served), as the issue asks. A judgement after asks of which more than a
+    tenth were served is still one."""
+    sim = Simulation(SimOptions(seed=4, days=0.2, faults=False, **SMALL))
+    counts = []
+
+    def judged(hidden_count):
+        url = next(u for u in sim.manager.relays if sim.relays[u].up)
+        ids = [f"{i:064x}" for i in range(24)]
+        sim.relays[url].hidden = set(ids[:hidden_count])
+        conn = types.SimpleNamespace(relay=url, number=hidden_count, starts=[])
+        sim.checker.client_frame(conn, "REQ", json.dumps(["REQ", f"ids{hidden_count}", {"ids": ids}]))
+        sim.manager.relays[url].ids_unserved_at = sim.clock.now
+        sim.checker.ids_judgements()
+        counts.append(dict(sim.checker.counts))
+
+    sim.at(START + 0.1 * 86_400, judged, 23)
+    sim.at(START + 0.1 * 86_400 + 60, judged, 20)  # 4 of 24 served: it serves ids
+    sim.run()
+    assert counts == [{}, {"ids_judged_unserved": 1}], counts
+
+
 def test_an_id_asked_of_a_relay_retired_and_listed_again_is_counted_from_its_return():
     """Seed 52's year (unservable_asked_again, day 98.91; the checker's mistake): relay4's
     hidden id was asked by id twice at its daily fresh start; every repository dropped
