@@ -76,3 +76,24 @@ def test_filters_of_ended_subscriptions_are_bounded_by_their_size_not_by_the_ses
     assert 0 < conn._ended.bytes <= connection.ENDED_FILTER_BYTES
     conn.forget("never-opened")  # nothing to end: nothing kept, nothing dropped
     assert sorted(conn._ended._filters) == closing
+
+
+def test_what_a_relay_sent_past_each_filters_until_is_told_with_the_eose_filter_by_filter():
+    """A relay that ignores ``until`` sends the newest events again; dropped, they are told
+    with the EOSE per filter of the REQ (``RemoteMessage.past_until``): they fill that
+    filter's page as much as those kept (seed 707 of the stress mix)."""
+    from gsync.io.inbox import RemoteMessage
+
+    sent = []
+    conn = RelayConnection("ws://relay.example", _Bursts([]), 1, sent.append)
+    bob = f.Author.named("bob")
+    repo_a, repo_b = f.repo_addr(bob, "a"), f.repo_addr(bob, "b")
+    issues = [f.issue(bob, repo_a, created_at=2000 + i) for i in range(3)] + [f.issue(bob, repo_b, created_at=2000)]
+    kept = f.issue(bob, repo_a, created_at=900)
+    conn.subscribe("h1", [Filter.make(tags={"a": [repo_a]}, until=1000),
+                          Filter.make(tags={"a": [repo_b]}, until=1000)])
+    for event in [*issues, kept]:
+        conn._handle_frame(f'["EVENT","h1",{event.to_json()}]'.encode())
+    conn._handle_frame(b'["EOSE","h1"]')
+    eose, = [m for m in sent if isinstance(m, RemoteMessage)]
+    assert eose.past_until == (3, 1)

@@ -161,6 +161,46 @@ def test_nip77_turned_off_on_a_connection_that_lasts_days_is_tried_again_at_its_
         assert state.current.negentropy_ok is (case == "tried again"), case
 
 
+def test_a_day_of_rest_from_nip77_ends_on_a_lasting_connection_with_nip77_and_a_fresh_start_if_batches_failed(tmp_path):
+    """Seed 707 of the stress mix: a relay listing 77 refused it by NOTICE (a day's rest);
+    an import there, on a relay ignoring ``until`` (20 a page: only NIP-77 reaches past the
+    first), failed its REQ pages; the daily sync came 50 minutes before the rest ended and
+    the next a day later. When the rest ends the connection tries NIP-77 again, and with
+    batches failed meanwhile a fresh start runs then; without, nothing is started for it."""
+    from gsync.io.inbox import NegentropyFinished
+    from gsync.io.negentropy_sync import NegentropyOutcome
+
+    for failed in (True, False):
+        h = ManagerHarness(tmp_path / str(failed))
+        h.own_relay_holds(*listed_on(A, 1))
+        h.connect(A, limits=RelayLimits(supported_nips=frozenset({1, 11, 77})))
+        h.answer_own_reads(held=resync_holdings())  # a re-sync: NIP-77
+        h.advance(0.5)
+        state = h.state(A)
+
+        def exchanges() -> list:
+            return [g for g in h.effects.spawned if g.name == "reconcile_filter"]
+
+        first = exchanges()[0]
+        refused = NegentropyOutcome(False, reason="notice: ERROR: negentropy is disabled", failure="notice")
+        h.feed(NegentropyFinished(A, state.session, first.kwargs["batch_id"], first.kwargs["token"],
+                                  first.args[2], refused))
+        h.settle(A)  # (the rest by REQ pages, answered)
+        assert state.nip77_failed_at is not None and not state.current.negentropy_ok
+        state.batch_failures = failed  # (REQ pages that could not reach an import)
+        state.next_daily_at = h.clock.now + 2 * constants.NIP77_RETRY_SECS
+        before = len(exchanges())
+        h.advance(constants.NIP77_RETRY_SECS - 60)
+        h.tick()
+        assert not state.current.negentropy_ok  # (still resting)
+        h.advance(61)
+        h.tick()
+        h.answer_own_reads(held=resync_holdings())
+        h.advance(3)
+        assert state.current.negentropy_ok, failed
+        assert (len(exchanges()) > before) is failed, failed
+
+
 def test_an_exchange_that_never_concludes_ends_at_the_managers_deadline_and_late_answers_change_nothing(tmp_path):
     """Whatever an exchange's greenlet does (hung before its own 15 s deadline could fire),
     the manager ends it NEGENTROPY_GRACE_SECS after that: killed, NEG-CLOSE sent, its filter

@@ -992,6 +992,37 @@ def test_on_a_relay_ignoring_until_a_first_page_cut_leaves_what_it_could_not_hol
     assert flat(on_eose(b, "s1", cap=ignoring())) == [] and b.take_crowded() == []
 
 
+def test_on_a_relay_ignoring_until_what_it_sent_past_a_first_pages_until_counts_toward_its_cap():
+    """Seed 707 of the stress mix: a piece of a split filter, bounded by ``until``, came back
+    20 of a relay's 20 a filter, 12 of them newer than its ``until`` (dropped by the
+    connection, ``RemoteMessage.past_until``): 8 counted, the piece passed for complete, and
+    an import of 178 events waited a day. What came past ``until`` counts; without it, 8
+    are all of it."""
+    bounded = ISSUES.replace(until=1000)
+    for past, cut in ((12, True), (0, False)):
+        b = batch()
+        add_subscription(b, "s1", [bounded, Filter.make(kinds=[1622], until=1000)])
+        feed(b, "s1", page(1621, 1000, 8))
+        assert flat(on_eose(b, "s1", cap=ignoring(20), past_until=(past, 0))) == []
+        crowded = b.take_crowded()
+        assert (crowded == [CrowdedSecond(bounded.replace(until=1000 - 8 + 1), 1000 - 8 + 1, 8, span=True)]) is cut
+        assert bool(crowded) is cut
+
+
+def test_on_a_relay_ignoring_until_a_filter_sent_another_filters_events_past_its_until_teaches_no_page_size():
+    """Seed 707 of the stress mix: on a relay serving 20 a filter and ignoring ``until``,
+    events sent for one filter past its ``until`` matched another filter of the REQ within
+    its bounds and counted as that one's own: 26 "own" events taught a page size of 26,
+    and full pages of 20 passed for complete. Own counts teach there only where no other
+    filter of the REQ is bounded by ``until``; a relay reading ``until`` learns as before."""
+    for cap, learnt_size in ((ignoring(20), 20), (learnt(20), 26)):
+        b = batch()
+        add_subscription(b, "s1", [ISSUES, Filter.make(kinds=[1622], until=900)])
+        feed(b, "s1", page(1621, 1000, 26))
+        on_eose(b, "s1", cap=cap)
+        assert cap.filter_served == learnt_size
+
+
 def test_an_id_page_a_relay_ignoring_until_may_have_cut_asks_the_ids_it_did_not_send_again():
     wanted = page(1621, 1000, 50)
     ids = Filter.make(ids=[e.id for e in wanted])

@@ -101,7 +101,7 @@ class RelayConnection:
         self._events: list[RemoteEvent] = []  # checked, not yet posted (see _flush_events)
         # sub id → events of it newer than every ``until`` it gave (a relay ignoring ``until``
         # sends a page's newest again): told to the manager with its EOSE, then gone
-        self._past_until: dict[str, int] = {}
+        self._past_until: dict[str, list[int]] = {}  # sub id -> per filter (``RemoteMessage.past_until``)
         self._unapplied: deque[gevent.event.Event] = deque()  # bursts posted, each set once applied
         self._greenlets: list[gevent.Greenlet] = []
         self.closed = False
@@ -346,7 +346,7 @@ class RelayConnection:
         elif isinstance(msg, wire.Ok) and msg.event_id == self._auth_event_id:
             self._on_auth_answer(msg)
         elif isinstance(msg, (wire.Closed, wire.Eose)):
-            past_until = self._past_until.pop(msg.sub_id, 0) if self._past_until else 0
+            past_until = tuple(self._past_until.pop(msg.sub_id, ())) if self._past_until else ()
             if not self._ended_here(msg):
                 self._emit(RemoteMessage(self.relay, self.session, msg, past_until))
         else:
@@ -487,8 +487,9 @@ class RelayConnection:
                 # What we asked for, outside the time bounds we gave: a relay that ignores
                 # ``since`` sends a page of these to every poll and reconnect. Not junk.
                 self._drop("outside_time_bounds", event_id, misbehaved=False)
-                if filters.newer_than_until(event):
-                    self._past_until[msg.sub_id] = self._past_until.get(msg.sub_id, 0) + 1
+                for i in filters.newer_than_until(event):
+                    counts = self._past_until.setdefault(msg.sub_id, [0] * len(filters.filters))
+                    counts[i] += 1
             else:
                 self._drop("no_matching_filter", event_id)
             return

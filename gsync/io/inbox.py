@@ -60,13 +60,14 @@ class RemoteEvents:
 @dataclass(slots=True)
 class RemoteMessage:
     """Any other parsed relay message (EOSE, CLOSED, NOTICE, OK, AUTH …). ``past_until``,
-    with an EOSE or CLOSED: how many events of that subscription came newer than every
-    ``until`` it gave (dropped by the connection; a relay that ignores ``until`` sends them)."""
+    with an EOSE or CLOSED: per filter of that subscription (by index), how many events it
+    matched but for its ``until`` came newer than every ``until`` given (dropped by the
+    connection; a relay that ignores ``until`` sends them, and they count toward its cap)."""
 
     relay: str
     session: int
     message: Any
-    past_until: int = 0
+    past_until: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)

@@ -253,13 +253,15 @@ class FilterSet:
                 out.append(i)
         return tuple(out)
 
-    def newer_than_until(self, event: Event) -> bool:
-        """Would every filter that matches ``event`` but for its time bounds have matched
-        it but for its ``until`` alone (the event is newer)? Only asked of an event
-        ``matching`` found no filter for."""
-        near = [f for f in self.filters if f.matches(event, in_time=False)]
-        return bool(near) and all(f.until is not None and event.created_at > f.until
-                                  and (f.since is None or event.created_at >= f.since) for f in near)
+    def newer_than_until(self, event: Event) -> tuple[int, ...]:
+        """The indices of the filters that match ``event`` but for its time bounds, when
+        every one of them would have matched it but for its ``until`` alone (the event is
+        newer); else none. Only asked of an event ``matching`` found no filter for."""
+        near = [i for i, f in enumerate(self.filters) if f.matches(event, in_time=False)]
+        if all(self.filters[i].until is not None and event.created_at > self.filters[i].until
+               and (self.filters[i].since is None or event.created_at >= self.filters[i].since) for i in near):
+            return tuple(near)
+        return ()
 
     def matches_apart_from_time(self, event: Event) -> bool:
         """Whether a filter would match ``event`` but for its ``since``/``until``: what a

@@ -456,22 +456,23 @@ class HistoricPlanner:
     # -- an EOSE ----------------------------------------------------------------------------
 
     def on_eose(self, state, batch: PendingBatch, sub_id: str, elapsed: float | None, now: float,
-                past_until: int = 0) -> None:
+                past_until: tuple[int, ...] = ()) -> None:
         """A historic REQ's EOSE: its next pages first in the queue (they finish what was
         started), its crowded seconds completed another way, followers its pages no longer
-        ask for released. ``past_until``: events it brought newer than its ``until``: the
-        relay ignores ``until`` (``PageCap.until_ignored``)."""
+        ask for released. ``past_until``: per filter, events it brought newer than its
+        ``until``: the relay ignores ``until`` (``PageCap.until_ignored``), and they count
+        toward what it served each filter."""
         limits = state.current.limits
         cap = state.current.page_cap
         knew_until_exclusive = cap is not None and cap.until_exclusive
-        if past_until and cap is not None and not cap.until_ignored:
+        if any(past_until) and cap is not None and not cap.until_ignored:
             cap.until_ignored = True
             # what it was judged not to serve by id so far was asked of filters that could not
             # page there (an id page cut at its cap, then its filter's): by id once more
             state.unservable.clear()
             for pending in state.current.pending.values():
                 pending.fetching_by_id.clear()
-            self.log.warning("relay_ignores_until", relay=state.url, batch_id=batch.batch_id, newer=past_until)
+            self.log.warning("relay_ignores_until", relay=state.url, batch_id=batch.batch_id, newer=sum(past_until))
         pages = start_queue.on_eose(
             batch, sub_id,
             per_req=filter_plan.filters_per_req(limits),
@@ -479,6 +480,7 @@ class HistoricPlanner:
             new_sub_id=lambda: self.queue.req_id(batch.batch_id),
             cap=cap,
             elapsed=elapsed,
+            past_until=past_until,
         )
         if cap is not None and cap.until_exclusive and not knew_until_exclusive:
             self.log.info("relay_until_exclusive", relay=state.url, batch_id=batch.batch_id)

@@ -603,13 +603,15 @@ def fill_by_splitting(batch: PendingBatch, sub_id: str, per_req: int = MAX_FILTE
 
 def on_eose(batch: PendingBatch, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ, pack=None,
             new_sub_id=None, cap: PageCap | None = None,
-            elapsed: float | None = None) -> list[tuple[str, list[Filter]]]:
+            elapsed: float | None = None, past_until: tuple[int, ...] = ()) -> list[tuple[str, list[Filter]]]:
     """The next pages after ``sub_id``'s EOSE, as ``(sub_id, filters)`` REQs to send;
     empty when every filter of the sub is done. Each REQ is an outstanding sub of the
     batch. The first keeps ``sub_id`` unless ``new_sub_id`` (a callable) names them all;
     ``pack`` groups filters into REQs (default: one REQ, ``per_req`` filters at most).
     ``cap`` is the relay's ``PageCap``, kept per connection: this page teaches it too.
     ``elapsed``: seconds from the REQ to its EOSE (a slow page may have been cut).
+    ``past_until``: per filter, events the relay sent newer than its ``until`` (one that
+    ignores it: they count toward what it served the filter).
     Pages that filled stay whole here; ``fill_by_splitting`` splits them when their
     REQ is about to start.
     """
@@ -620,6 +622,8 @@ def on_eose(batch: PendingBatch, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ
     cap = cap or PageCap()
     state.teach(cap, elapsed)
     by_itself = len(state.filters) == 1
+    for s, past in zip(state.filters, past_until):
+        s.past_until = past
     continuing = [n for n in (s.next_page(cap, state.total, elapsed, by_itself)
                               for s in state.filters) if n]
     continuing += _unproven_seconds_again(batch, state, cap, ending=not continuing and not batch.outstanding_subs)

@@ -309,6 +309,7 @@ class SyncManager:
         self.lifecycle.connect_due_relays(now)  # retries relays whose backoff is over
         self.lifecycle.retire_unwanted_relays()
         self.lifecycle.run_daily(now)
+        self.lifecycle.end_nip77_rests(now)
         self.historic.on_delivery_caught_up()  # in case its message was lost with a restarted delivery
         self.historic.release_followers(self.lead.overdue(now, constants.FOLLOWER_WAIT_MAX_SECS,
                                                           keep=self.waits_on_other_shard), overdue=True)

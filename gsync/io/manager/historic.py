@@ -338,7 +338,7 @@ class HistoricSync:
         self.advance(state, batch if still_its_own else None,
                      pump=self.landing is None and not self.plan.reading_own(state))
 
-    def on_eose(self, state: RelayState, sub_id: str, past_until: int = 0) -> None:
+    def on_eose(self, state: RelayState, sub_id: str, past_until: tuple[int, ...] = ()) -> None:
         self.request_served(state)
         state.current.sub_activity.pop(sub_id, None)
         batch = state.current.pending.get(state.current.sub_to_batch.get(sub_id, -1))

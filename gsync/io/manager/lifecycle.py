@@ -381,6 +381,26 @@ class RelayLifecycle:
                     self.health.allow_negentropy(state.url)
                 self.fresh_start(state, now)
 
+    def end_nip77_rests(self, now: float) -> None:
+        """A connected relay's day of rest from NIP-77 (advertised and not served) is over:
+        its connection tries NIP-77 again, as a new session would, and if batches failed
+        meanwhile (what REQ pages cannot reach: an import on a relay ignoring ``until``),
+        a fresh start runs now rather than at the next daily sync (seed 707 of the stress
+        mix: an import waited from 50 minutes before the rest ended to the next daily)."""
+        for state in self.relays.values():
+            failed_at = state.nip77_failed_at
+            if failed_at is None or now - failed_at < constants.NIP77_RETRY_SECS or not state.connected:
+                continue
+            state.nip77_failed_at = None
+            if state.current.negentropy_ok or nip77_barred(state, now):
+                continue
+            state.current.negentropy_ok = True
+            self.health.allow_negentropy(state.url)
+            again = state.batch_failures
+            log.info("negentropy_rest_over", relay=state.url, fresh_start=again)
+            if again:
+                self.fresh_start(state, now)
+
     @staticmethod
     def start_day(state: RelayState, now: float) -> None:
         """A relay's daily fresh start (or a fresh start at reconnect shortly before it):
