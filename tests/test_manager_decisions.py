@@ -187,7 +187,7 @@ def test_a_day_of_rest_from_nip77_ends_on_a_lasting_connection_with_nip77_and_a_
                                   first.args[2], refused))
         h.settle(A)  # (the rest by REQ pages, answered)
         assert state.nip77_failed_at is not None and not state.current.negentropy_ok
-        state.batch_failures = failed  # (REQ pages that could not reach an import)
+        state.unreached = failed  # (REQ pages that could not reach an import: ``PendingBatch.unreached``)
         state.next_daily_at = h.clock.now + 2 * constants.NIP77_RETRY_SECS
         before = len(exchanges())
         h.advance(constants.NIP77_RETRY_SECS - 60)

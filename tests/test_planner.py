@@ -521,3 +521,29 @@ def test_historic_slots_are_what_the_budget_leaves_beside_live_coverage():
     state.current.live_subs.update(a=None, b=None)
     assert start_queue.slots(state, set()) == (1, 0)  # never none
     assert Step.FIRST_START not in [s for _, s in w.moves]
+
+
+def test_a_poll_failed_only_for_what_no_req_reaches_moves_on_and_leaves_the_relay_marked():
+    """Seed 707 of the stress mix: a poll of a relay ignoring ``until``, NIP-77 resting,
+    failed on an import its REQ pages could not reach; kept, its window was asked again at
+    every poll, failing again, growing. It moves on, and the relay is marked ``unreached``
+    for when NIP-77 comes back (``lifecycle.end_nip77_rests``). A poll whose subscription
+    was closed before its EOSE keeps its window: asked again, it may be answered."""
+    from gsync.sync import batch_end
+
+    for unreached in (True, False):
+        w = World()
+        state = w.relay()
+        state.current.negentropy_ok = False
+        batch = w.batch(state, ISSUES, kind=BatchKind.POLL)
+        tier = SimpleNamespace(cursor=NOW - 3600)
+        batch.poll_tiers, batch.poll_started_at = [tier], NOW
+        if unreached:
+            second = ISSUES.replace(since=1_700_000_000, until=1_700_000_000)
+            w.plan.complete_crowded_second(state, batch, CrowdedSecond(second, 1_700_000_000, 600, again=True), NOW)
+        else:
+            batch.mark_failed()  # (``start_queue.on_closed``)
+        batch_end.confirm(w.plan, state, batch, NOW + 1)
+        assert batch.failed
+        assert (tier.cursor == NOW) is unreached
+        assert state.unreached is unreached

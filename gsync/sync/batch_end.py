@@ -166,7 +166,7 @@ def split_past_result_cap(plan, state, batch: PendingBatch, flt: Filter, result,
             for piece in pieces:
                 plan.queue.add_exchange(state, batch, piece, None)
         else:
-            batch.mark_failed()
+            batch.mark_failed(for_now=False)
             plan.log.warning("unpaged_incomplete", relay=state.url, batch_id=batch.batch_id,
                              until=flt.until, seen=0, filter=flt.to_json()[:300])
         return
@@ -437,7 +437,10 @@ def confirm(plan, state, batch: PendingBatch, now: float) -> None:
     state.current.pending.pop(batch.batch_id, None)
     plan.move(state, batch, Step.CONFIRMED)
     plan.stop_leading(state, batch, now)
-    if batch.kind is BatchKind.POLL and not batch.failed:
+    if batch.kind is BatchKind.POLL and not batch.failed_for_now:
+        # (one failed only for what REQ pages cannot reach there moves on too: its window
+        # asked again would fail again, each poll, growing; ``batch_failures`` below brings
+        # it back with NIP-77, ``lifecycle.end_nip77_rests``)
         for tier in batch.poll_tiers:
             tier.cursor = batch.poll_started_at
     state.confirmed.add(batch.items)
@@ -449,6 +452,8 @@ def confirm(plan, state, batch: PendingBatch, now: float) -> None:
             state.lost_until = min(state.lost_until, now + constants.LOST_SETTLE_SECS)
     if batch.failed:
         state.batch_failures = True
+    if batch.unreached:
+        state.unreached = True
     plan.log.debug("batch_confirmed", relay=state.url, batch_id=batch.batch_id, failed=batch.failed,
              method=batch.method.value)
     plan.todo.append(Confirmed(state, batch, state.current.probes.pop(batch.batch_id, None)))

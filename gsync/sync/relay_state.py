@@ -291,6 +291,10 @@ class RelayState:
     # when this relay, listing 77 in its NIP-11, last failed NIP-77 (refused it, or never
     # answered): kept over sessions, so NIP-77 is tried there at most once a NIP77_RETRY_SECS
     nip77_failed_at: float | None = None
+    # a batch left what no REQ reaches here without NIP-77 (``PendingBatch.unreached``) since
+    # the last fresh start with NIP-77 usable: synced again when NIP-77 comes back
+    # (``lifecycle.end_nip77_rests``)
+    unreached: bool = False
     next_daily_at: float | None = None
     last_error: str = ""
     events_delivered: int = 0

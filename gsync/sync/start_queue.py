@@ -682,7 +682,7 @@ def on_closed(batch: PendingBatch, sub_id: str) -> list[Filter]:
     filters the sub was carrying, for the caller's log or rebuild."""
     filters = filters_of(batch, sub_id)
     if sub_id in batch.outstanding_subs:
-        batch.failed = True
+        batch.mark_failed()
     finish_subscription(batch, sub_id)
     return filters
 

@@ -383,9 +383,9 @@ class RelayLifecycle:
 
     def end_nip77_rests(self, now: float) -> None:
         """A connected relay's day of rest from NIP-77 (advertised and not served) is over:
-        its connection tries NIP-77 again, as a new session would, and if batches failed
-        meanwhile (what REQ pages cannot reach: an import on a relay ignoring ``until``),
-        a fresh start runs now rather than at the next daily sync (seed 707 of the stress
+        its connection tries NIP-77 again, as a new session would, and if batches left what
+        REQ pages cannot reach there (``RelayState.unreached``: an import on a relay ignoring
+        ``until``), a fresh start runs now rather than at the next daily sync (seed 707 of the stress
         mix: an import waited from 50 minutes before the rest ended to the next daily)."""
         for state in self.relays.values():
             failed_at = state.nip77_failed_at
@@ -396,9 +396,8 @@ class RelayLifecycle:
                 continue
             state.current.negentropy_ok = True
             self.health.allow_negentropy(state.url)
-            again = state.batch_failures
-            log.info("negentropy_rest_over", relay=state.url, fresh_start=again)
-            if again:
+            log.info("negentropy_rest_over", relay=state.url, fresh_start=state.unreached)
+            if state.unreached:
                 self.fresh_start(state, now)
 
     @staticmethod
@@ -418,6 +417,8 @@ class RelayLifecycle:
         state.new_members |= state.reopen_members  # their whole history too, on the next tick
         state.reopen_members = set()
         state.clear_confirmed()
+        if state.current.negentropy_ok:
+            state.unreached = False  # (what was left is reached now, or marked again)
         self.recovery.forget(state.url)  # the full history below finds whatever is missing
         state.historic_sync_completed_at = None
         with self.pump_held(state):
