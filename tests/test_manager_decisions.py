@@ -121,20 +121,17 @@ def test_a_re_sync_of_filters_the_own_relay_holds_goes_by_nip77_one_filter_a_sta
     assert not h.historic_reqs(A)  # no REQ pages for what NIP-77 is moving
 
 
-def test_nip77_turned_off_on_a_connection_that_lasts_days_is_tried_again_at_its_daily_sync(tmp_path):
-    """Seed 523 of the stress mix: a relay refused NIP-77 by NOTICE for an hour (off for the
-    session: it does not list 77, so no day's rest), and its connection then lasted days;
-    the daily fresh starts kept the session's verdict, and what only NIP-77 reaches there
-    (an import on a relay ignoring ``until``, 20 events a page) never came. The daily sync
-    tries NIP-77 again; not on a relay resting from NIP-77 (listed and not served, a day),
-    nor on one whose NIP-11 does not list 77."""
+def _nip77_refused_by_notice(tmp_path, limits=None):
+    """A relay that holds a repository the own relay holds too (a re-sync: NIP-77), whose
+    first exchange it refused by NOTICE. Returns the harness, its state and a function
+    listing the exchanges spawned so far."""
     from gsync.io.inbox import NegentropyFinished
     from gsync.io.negentropy_sync import NegentropyOutcome
 
     h = ManagerHarness(tmp_path)
     h.own_relay_holds(*listed_on(A, 1))
-    h.connect(A)
-    h.answer_own_reads(held=resync_holdings())  # a re-sync: NIP-77
+    h.connect(A, limits=limits)
+    h.answer_own_reads(held=resync_holdings())
     h.advance(0.5)
     state = h.state(A)
 
@@ -145,6 +142,17 @@ def test_nip77_turned_off_on_a_connection_that_lasts_days_is_tried_again_at_its_
     refused = NegentropyOutcome(False, reason="notice: ERROR: negentropy is disabled", failure="notice")
     h.feed(NegentropyFinished(A, state.session, first.kwargs["batch_id"], first.kwargs["token"], first.args[2],
                               refused))
+    return h, state, exchanges
+
+
+def test_nip77_turned_off_on_a_connection_that_lasts_days_is_tried_again_at_its_daily_sync(tmp_path):
+    """Seed 523 of the stress mix: a relay refused NIP-77 by NOTICE for an hour (off for the
+    session: it does not list 77, so no day's rest), and its connection then lasted days;
+    the daily fresh starts kept the session's verdict, and what only NIP-77 reaches there
+    (an import on a relay ignoring ``until``, 20 events a page) never came. The daily sync
+    tries NIP-77 again; not on a relay resting from NIP-77 (listed and not served, a day),
+    nor on one whose NIP-11 does not list 77."""
+    h, state, exchanges = _nip77_refused_by_notice(tmp_path)
     assert not state.current.negentropy_ok
     for case in ("tried again", "resting", "not listed"):
         if case == "resting":  # (listed and not served, refused again an hour before: off, a day)
@@ -167,24 +175,9 @@ def test_a_day_of_rest_from_nip77_ends_on_a_lasting_connection_with_nip77_and_a_
     first), failed its REQ pages; the daily sync came 50 minutes before the rest ended and
     the next a day later. When the rest ends the connection tries NIP-77 again, and with
     batches failed meanwhile a fresh start runs then; without, nothing is started for it."""
-    from gsync.io.inbox import NegentropyFinished
-    from gsync.io.negentropy_sync import NegentropyOutcome
-
     for failed in (True, False):
-        h = ManagerHarness(tmp_path / str(failed))
-        h.own_relay_holds(*listed_on(A, 1))
-        h.connect(A, limits=RelayLimits(supported_nips=frozenset({1, 11, 77})))
-        h.answer_own_reads(held=resync_holdings())  # a re-sync: NIP-77
-        h.advance(0.5)
-        state = h.state(A)
-
-        def exchanges() -> list:
-            return [g for g in h.effects.spawned if g.name == "reconcile_filter"]
-
-        first = exchanges()[0]
-        refused = NegentropyOutcome(False, reason="notice: ERROR: negentropy is disabled", failure="notice")
-        h.feed(NegentropyFinished(A, state.session, first.kwargs["batch_id"], first.kwargs["token"],
-                                  first.args[2], refused))
+        h, state, exchanges = _nip77_refused_by_notice(tmp_path / str(failed),
+                                                       RelayLimits(supported_nips=frozenset({1, 11, 77})))
         h.settle(A)  # (the rest by REQ pages, answered)
         assert state.nip77_failed_at is not None and not state.current.negentropy_ok
         state.unreached = failed  # (REQ pages that could not reach an import: ``PendingBatch.unreached``)
