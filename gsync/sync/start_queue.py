@@ -622,7 +622,7 @@ def on_eose(batch: PendingBatch, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ
     cap = cap or PageCap()
     state.teach(cap, elapsed)
     by_itself = len(state.filters) == 1
-    for s, past in zip(state.filters, past_until):
+    for s, past in zip(state.filters, past_until, strict=False):  # (none told: none past)
         s.past_until = past
     continuing = [n for n in (s.next_page(cap, state.total, elapsed, by_itself)
                               for s in state.filters) if n]
