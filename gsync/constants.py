@@ -251,6 +251,11 @@ PROVEN_SESSION_SECS = 60.0
 RATE_LIMIT_COOLDOWN_SECS = 65.0  # 60 s typical relay window + 5 s margin
 REACTIVE_GATE_START_SECS = 0.6
 REACTIVE_GATE_MAX_SECS = 10.0
+# A relay's query pace learnt from its refusals (the reactive gate's gap) spaces the
+# background starts of its later sessions too, until this long has passed without a
+# query-rate refusal: each session (and each daily fresh start) would otherwise burst at the
+# proactive gate into the same limit, lose NIP-77 to it, and learn the pace again
+QUERY_PACE_KEEP_SECS = 7 * 24 * 3600.0
 PROACTIVE_GATE_SECS = 1.0
 POLICY_PROBE_SECS = 24 * 3600
 # A relay that lists 77 in supported_nips and then refuses NEG-OPEN or never answers it

@@ -516,6 +516,38 @@ def test_query_rate_refusal_gates_all_starts_and_doubles_per_episode():
     assert t.may_start_live(R, now) == pytest.approx(10.0)
 
 
+def test_the_pace_query_rate_refusals_taught_spaces_later_sessions_background_starts_for_a_week():
+    """Seed 592 of the stress mix: a relay allowing 20 queries, then one per 2 s, refused
+    every session's (and daily sync's) burst at the proactive gate, NIP-77 with it, and an
+    import only NIP-77 reaches there never came in 19 days. The gap its refusals taught
+    spaces later sessions' background starts (live ones as the proactive gate does: not),
+    doubles if refused at it, and is forgotten a week after the last such refusal."""
+    from gsync.constants import QUERY_PACE_KEEP_SECS
+
+    t = tracker()
+    connect(t, 0)
+    now = 0.0
+    for _ in range(3):  # three episodes: 0.6, 1.2, 2.4 s
+        t.record_rate_limited(R, now)
+        now += 66
+    t.record_disconnect(R, now)
+    connect(t, now + 100)
+    now += 100
+    assert t.limits_query_rate(R) is False and t.negentropy_allowed(R)  # (a new session)
+    t.record_start(R, now, background=True)
+    assert t.may_start_background(R, now) == pytest.approx(2.4)
+    assert t.may_start_live(R, now) == 0
+    assert t.start_interval(R, now) == pytest.approx(2.4)
+    t.record_rate_limited(R, now + 1)  # refused at that pace: slower still
+    t.record_start(R, now + 70, background=True)
+    assert t.may_start_background(R, now + 70) == pytest.approx(4.8)
+    later = now + 1 + QUERY_PACE_KEEP_SECS
+    t.record_disconnect(R, later - 10)
+    connect(t, later)
+    t.record_start(R, later, background=True)
+    assert t.may_start_background(R, later) == pytest.approx(1.0)  # the proactive gate alone
+
+
 def test_nothing_starts_during_the_cooldown():
     t = tracker()
     connect(t, 0)

@@ -31,6 +31,7 @@ from ..constants import (
     PERMANENT_FAILURE_PARK_SECS,
     PROACTIVE_GATE_SECS,
     PROVEN_SESSION_SECS,
+    QUERY_PACE_KEEP_SECS,
     RATE_LIMIT_COOLDOWN_SECS,
     REACTIVE_GATE_MAX_SECS,
     REACTIVE_GATE_START_SECS,
@@ -179,6 +180,10 @@ class _RelayHealth:
     start_pace: float | None = None  # seconds between background starts lately (PACE_WEIGHT)
     negentropy_disabled: bool = False
     served: bool = False  # this session answered something (an EOSE, an event)
+    # the pace its query-rate refusals taught (outlives sessions: ``QUERY_PACE_KEEP_SECS``
+    # after the last such refusal), and when that refusal came
+    learned_gap: float | None = None
+    learned_at: float | None = None
 
 
 _UNKNOWN = _RelayHealth()  # the record of a relay not tracked (read, never written)
@@ -466,6 +471,12 @@ class RelayHealthTracker:
                 else min(h.reactive_gap * 2, REACTIVE_GATE_MAX_SECS)
             )
             h.negentropy_disabled = True
+            # refused at the pace learnt before: slower than that too (seed 592 of the
+            # stress mix: a relay allowing 20 queries then one per 2 s refused every daily
+            # sync's burst, and NIP-77 with it, for 19 days)
+            learned = h.reactive_gap if self._pace_kept(h, now) is None else max(
+                h.reactive_gap, min(2 * h.learned_gap, REACTIVE_GATE_MAX_SECS))
+            h.learned_gap, h.learned_at = learned, now
 
     def record_request_succeeded(self, relay: str, now: float) -> None:
         """A request completed normally: a probe after the cooldown has passed."""
@@ -514,14 +525,24 @@ class RelayHealthTracker:
         if h.reactive_gap is not None and h.last_start_at is not None:
             ready = max(ready, h.last_start_at + h.reactive_gap)
         if background and h.last_background_start_at is not None:
-            ready = max(ready, h.last_background_start_at + self.proactive_gap)
+            gap = max(self.proactive_gap, self._pace_kept(h, now) or 0.0)
+            ready = max(ready, h.last_background_start_at + gap)
         return ready - now
 
-    def start_interval(self, relay: str) -> float:
+    @staticmethod
+    def _pace_kept(h: _RelayHealth, now: float) -> float | None:
+        """The query pace ``h``'s refusals taught, if one came within QUERY_PACE_KEEP_SECS."""
+        if h.learned_at is None or now - h.learned_at >= QUERY_PACE_KEEP_SECS:
+            return None
+        return h.learned_gap
+
+    def start_interval(self, relay: str, now: float) -> float:
         """Seconds between background starts on ``relay`` now: the proactive gate, or the
-        reactive one after a query-rate refusal if that is longer."""
+        reactive one after a query-rate refusal, or the pace its refusals taught, if longer."""
         h = self._relays.get(relay)  # reading adds no record
-        return max(self.proactive_gap, (h.reactive_gap if h else None) or 0.0)
+        if h is None:
+            return self.proactive_gap
+        return max(self.proactive_gap, h.reactive_gap or 0.0, self._pace_kept(h, now) or 0.0)
 
     def start_pace(self, relay: str) -> float | None:
         """Seconds between ``relay``'s background starts lately, as they went (None: fewer
