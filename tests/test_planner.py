@@ -131,9 +131,9 @@ def repo_items():
 
 def test_ids_are_minted_in_one_place_typed_by_what_they_name_and_never_twice():
     q = StartQueue(itertools.count(1))
-    ids = [q.req_id(5), q.exchange_token(5), q.own_read_token(5), q.batch_id()]
+    ids = [q.req_id(), q.exchange_token(5), q.own_read_token(5), q.batch_id(), q.req_id()]
     assert [type(i) for i in ids[:3]] == [ReqId, ExchangeToken, OwnReadToken]
-    assert ids[:3] == ["h5-1", "neg5-2", "own5-3"] and ids[3] == 4
+    assert ids[:3] == ["h1", "neg5-1", "own5-2"] and ids[3] == 3 and ids[4] == "h2"
     assert q.lead_wait(5) == "lead5" and isinstance(q.lead_wait(5), LeadWait)
 
 

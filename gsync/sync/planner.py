@@ -477,7 +477,7 @@ class HistoricPlanner:
             batch, sub_id,
             per_req=filter_plan.filters_per_req(limits),
             pack=lambda filters: filter_plan.pack_into_reqs(filters, limits),
-            new_sub_id=lambda: self.queue.req_id(batch.batch_id),
+            new_sub_id=self.queue.req_id,
             cap=cap,
             elapsed=elapsed,
             past_until=past_until,

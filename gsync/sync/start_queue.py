@@ -13,6 +13,7 @@ string: its kind is that of the id it equals here.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 
 from ..constants import MAX_FILTERS_PER_REQ, MAX_IDS_PER_REQ, MAX_OPEN_FILTER_BYTES, MIN_PAGE_CAP
@@ -89,14 +90,19 @@ class StartQueue:
 
     def __init__(self, ids: Iterator[int]):
         self.ids = ids
+        # REQ ids from a counter of their own: the REQs a sync sends are named alike
+        # whatever else it minted ids for (own-relay reads, exchanges), and every EVENT frame
+        # carries one back (the demo's world: 160 bytes more down with NIP-77 on, its REQs
+        # the same, numbered after its own-relay reads)
+        self.req_ids = itertools.count(1)
 
     # -- ids ------------------------------------------------------------------------------
 
     def batch_id(self) -> int:
         return next(self.ids)
 
-    def req_id(self, batch_id: int) -> ReqId:
-        return ReqId(f"h{batch_id}-{next(self.ids)}")
+    def req_id(self) -> ReqId:
+        return ReqId(f"h{next(self.req_ids)}")
 
     def exchange_token(self, batch_id: int) -> ExchangeToken:
         return ExchangeToken(f"neg{batch_id}-{next(self.ids)}")
@@ -121,7 +127,7 @@ class StartQueue:
         shift = session.page_cap.until_shift if session.page_cap is not None else 0
         entries = []
         for group in groups:
-            sub_id = self.req_id(batch.batch_id)
+            sub_id = self.req_id()
             entries.append((sub_id, add_subscription(batch, sub_id, group, shift)))
             session.sub_to_batch[sub_id] = batch.batch_id
         if front:
@@ -183,7 +189,7 @@ class StartQueue:
     def again_first(self, state, batch: PendingBatch, sub_id: str, filters) -> None:
         """A REQ the relay refused for rate or capacity: the same page again, first, under
         a new id (what it delivered so far is forgotten: it comes again)."""
-        new_id = self.req_id(batch.batch_id)
+        new_id = self.req_id()
         rename_subscription(batch, sub_id, new_id)
         restart_page(batch, new_id)
         state.current.sub_to_batch[new_id] = batch.batch_id
@@ -192,7 +198,7 @@ class StartQueue:
     def split_first(self, state, batch: PendingBatch, sub_id: str, groups) -> list:
         """``sub_id``'s filters again as several REQs, first: ``groups`` are indices into
         its filters, one REQ each (``split_subscription``). Returns them."""
-        entries = split_subscription(batch, sub_id, [(self.req_id(batch.batch_id), g) for g in groups if g])
+        entries = split_subscription(batch, sub_id, [(self.req_id(), g) for g in groups if g])
         for new_id, _ in entries:
             state.current.sub_to_batch[new_id] = batch.batch_id
         state.current.historic_queue[0:0] = entries

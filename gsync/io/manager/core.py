@@ -137,7 +137,7 @@ class SyncManager:
                                   post=self.post, own_relay=config.service.own_relay, ids=self.ids,
                                   clock=self.clock, busy=self.delivery.answering_slowly)
         self.live = LiveCoverage(
-            relays=self.relays, health=self.health, effects=self.effects, clock=self.clock, ids=self.ids,
+            relays=self.relays, health=self.health, effects=self.effects, clock=self.clock,
             start_historic=lambda *args, **kwargs: self.historic.start(*args, **kwargs),
             catch_up=lambda *args: self.historic.catch_up(*args))
         self.completion = HistoricCompletion(sync=config.sync, relays=self.relays, recovery=self.recovery,

@@ -6,6 +6,7 @@ they wait in the relay's live queue for those.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 from ... import constants
 from ...ops.logging import get_logger
@@ -29,12 +30,14 @@ class LiveCoverage:
     starts besides live REQs goes through ``start_historic`` (polls) and ``catch_up``
     (the gap a consolidation leaves), passed in."""
 
-    def __init__(self, *, relays, health, effects, clock, ids, start_historic, catch_up):
+    def __init__(self, *, relays, health, effects, clock, start_historic, catch_up):
         self.relays = relays
         self.health = health
         self.effects = effects
         self.clock = clock
-        self.ids = ids  # the manager's counter: sub ids unique among its tokens
+        # live sub ids from a counter of their own (``live-``: unique by their prefix), as REQ
+        # ids are (``StartQueue.req_ids``): named alike whatever else a sync minted ids for
+        self.live_ids = itertools.count(1)
         self.start_historic = start_historic
         self.catch_up = catch_up
 
@@ -102,7 +105,7 @@ class LiveCoverage:
             if slots <= 0 or live_bytes + size > constants.MAX_LIVE_FILTER_BYTES:
                 self.poll_instead(state, group, fresh=is_fresh)
                 continue
-            self.open(state, f"live-{next(self.ids)}", group, rebuilt_at=rebuilt_at,
+            self.open(state, f"live-{next(self.live_ids)}", group, rebuilt_at=rebuilt_at,
                       descendants=descendants, fresh=is_fresh)
             live_bytes += size
             slots -= 1
