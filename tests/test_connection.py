@@ -97,3 +97,24 @@ def test_what_a_relay_sent_past_each_filters_until_is_told_with_the_eose_filter_
     conn._handle_frame(b'["EOSE","h1"]')
     eose, = [m for m in sent if isinstance(m, RemoteMessage)]
     assert eose.past_until == (3, 1)
+
+
+def test_a_subscription_the_relay_closed_is_not_closed_again_by_us():
+    """A relay that closes every REQ after its EOSE (PEERS.md): its CLOSED is read before the
+    manager, done with the EOSE, asks to CLOSE the subscription; no CLOSE goes for it (a frame
+    the relay reads as about no subscription). One still open is closed as ever, and one the
+    relay closed and we opened again under its id is open again."""
+    conn = RelayConnection("ws://relay.example", _Bursts([]), 1, lambda msg: None)
+    sent = []
+    conn.send = sent.append
+    for sub_id in ("h1", "h2", "live-1"):
+        conn.subscribe(sub_id, [Filter.make(kinds=[1621])])
+    for sub_id in ("h1", "live-1"):
+        conn._handle_frame(f'["EOSE","{sub_id}"]'.encode())
+        conn._handle_frame(f'["CLOSED","{sub_id}",""]'.encode())
+    conn.subscribe("live-1", [Filter.make(kinds=[1621])])  # (sent again after its cooldown)
+    sent.clear()
+    for sub_id in ("h1", "h2", "live-1"):
+        conn.unsubscribe(sub_id)
+    assert sent == ['["CLOSE","h2"]', '["CLOSE","live-1"]']
+    assert conn.book.closed_by_relay == {}

@@ -348,6 +348,8 @@ class RelayConnection:
         elif isinstance(msg, (wire.Closed, wire.Eose)):
             past_until = tuple(self._past_until.pop(msg.sub_id, ())) if self._past_until else ()
             if not self._ended_here(msg):
+                if isinstance(msg, wire.Closed):
+                    self.book.relay_closed(msg.sub_id)  # (no CLOSE for it now)
                 self._emit(RemoteMessage(self.relay, self.session, msg, past_until))
         else:
             self._emit(RemoteMessage(self.relay, self.session, msg))

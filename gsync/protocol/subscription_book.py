@@ -61,6 +61,9 @@ class EndedFilters:
         return filters, size
 
 
+MAX_CLOSED_BY_RELAY = 1024
+
+
 class SubscriptionBook:
     """``subscriptions`` maps sub id -> filters, for the filter-match check; what they
     weigh; the REQs not answered yet (when each went: ``clock``, the connection's); those
@@ -77,12 +80,15 @@ class SubscriptionBook:
         self.peak_subscriptions = 0  # the most REQs open at once: checked against the budget
         self.closing = EndedFilters()  # CLOSE sent, the relay's CLOSED not yet seen
         self.ended = EndedFilters()  # ended: late events matching them are kept
+        # open ones the relay ended with CLOSED, read before the manager took that in (a relay
+        # closing every REQ after its EOSE: the manager, done with its EOSE, would CLOSE it)
+        self.closed_by_relay: dict[str, None] = {}
 
     def req_frame(self, sub_id: str, filters) -> str:
         """``sub_id`` is open from now (its events are matched, its bytes counted): its REQ,
         for the caller to send."""
         filters = tuple(filters)
-        self.forget(sub_id)
+        self.forget(sub_id)  # (and no longer closed by the relay: open again)
         self.subscriptions[sub_id] = FilterSet(filters)
         self.peak_subscriptions = max(self.peak_subscriptions, len(self.subscriptions))
         text = wire.req(sub_id, filters)
@@ -95,7 +101,10 @@ class SubscriptionBook:
 
     def close_frame(self, sub_id: str) -> str | None:
         """``sub_id`` is closing from now: its CLOSE, for the caller to send (None: it is not
-        open)."""
+        open, or the relay closed it already)."""
+        if sub_id in self.closed_by_relay:
+            self.forget(sub_id)
+            return None
         filters, size = self._drop_sub(sub_id)
         if filters is None:
             return None
@@ -105,7 +114,17 @@ class SubscriptionBook:
     def forget(self, sub_id: str) -> None:
         """The relay closed it: no CLOSE to send; its late events are still read
         (``ended``)."""
+        self.closed_by_relay.pop(sub_id, None)
         self.ended.add(sub_id, *self._drop_sub(sub_id))
+
+    def relay_closed(self, sub_id: str) -> None:
+        """The relay's CLOSED for open ``sub_id`` was read (the manager is told): no CLOSE
+        is sent for it (``close_frame``). At most MAX_CLOSED_BY_RELAY kept, the oldest
+        dropped (each leaves at its ``forget`` or ``close_frame``)."""
+        if sub_id in self.subscriptions:
+            self.closed_by_relay[sub_id] = None
+            while len(self.closed_by_relay) > MAX_CLOSED_BY_RELAY:
+                del self.closed_by_relay[next(iter(self.closed_by_relay))]
 
     def _drop_sub(self, sub_id: str) -> tuple[FilterSet | None, int]:
         size = self.filter_bytes.pop(sub_id, 0)
