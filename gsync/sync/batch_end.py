@@ -166,7 +166,7 @@ def split_past_result_cap(plan, state, batch: PendingBatch, flt: Filter, result,
             for piece in pieces:
                 plan.queue.add_exchange(state, batch, piece, None)
         else:
-            batch.mark_failed(for_now=False)
+            batch.mark_failed(unreached=True)
             plan.log.warning("unpaged_incomplete", relay=state.url, batch_id=batch.batch_id,
                              until=flt.until, seen=0, filter=flt.to_json()[:300])
         return
@@ -437,10 +437,10 @@ def confirm(plan, state, batch: PendingBatch, now: float) -> None:
     state.current.pending.pop(batch.batch_id, None)
     plan.move(state, batch, Step.CONFIRMED)
     plan.stop_leading(state, batch, now)
-    if batch.kind is BatchKind.POLL and not batch.failed_for_now:
+    if batch.kind is BatchKind.POLL and not batch.failed_otherwise:
         # (one failed only for what REQ pages cannot reach there moves on too: its window
-        # asked again would fail again, each poll, growing; ``batch_failures`` below brings
-        # it back with NIP-77, ``lifecycle.end_nip77_rests``)
+        # asked again would fail again, each poll, growing; ``unreached`` below brings it
+        # back with NIP-77, ``lifecycle.end_nip77_rests``)
         for tier in batch.poll_tiers:
             tier.cursor = batch.poll_started_at
     state.confirmed.add(batch.items)

@@ -614,10 +614,10 @@ class PendingBatch:
     outstanding_subs: set[str] = field(default_factory=set)
     pagination: dict[str, PaginationState] = field(default_factory=dict)
     failed: bool = False
-    # failed for a cause asking again may mend (a subscription closed or stalled before its
-    # EOSE), not only for what no REQ reaches there without NIP-77 (``mark_failed``)
-    failed_for_now: bool = False
-    unreached: bool = False  # ... or for what no REQ reaches there (``mark_failed``)
+    # failed for what no REQ reaches there without NIP-77, and for a cause asking again
+    # may mend (a subscription closed or stalled before its EOSE): ``mark_failed``
+    unreached: bool = False
+    failed_otherwise: bool = False
     # NIP-77 hydration: ids the relay advertised that the own relay lacks, and arrivals.
     advertised_ids: set[str] = field(default_factory=set)
     received_ids: set[str] = field(default_factory=set)
@@ -716,13 +716,15 @@ class PendingBatch:
     def is_complete(self) -> bool:
         return not self.outstanding_subs
 
-    def mark_failed(self, for_now: bool = True) -> None:
-        """The batch did not complete. ``for_now`` False: only for what no REQ reaches on
-        this relay without NIP-77 (an unsplittable crowded second, a filter a relay ignoring
-        ``until`` leaves unpaged): asked again by REQ, it fails again."""
+    def mark_failed(self, unreached: bool = False) -> None:
+        """The batch did not complete. ``unreached``: for what no REQ reaches on this relay
+        without NIP-77 (an unsplittable crowded second, a filter a relay ignoring ``until``
+        leaves unpaged): asked again by REQ, it fails again."""
         self.failed = True
-        self.failed_for_now |= for_now
-        self.unreached |= not for_now
+        if unreached:
+            self.unreached = True
+        else:
+            self.failed_otherwise = True
 
     # -- NIP-77 residuals
 

@@ -509,7 +509,7 @@ class HistoricPlanner:
             self.queue.add_reqs(state, batch, pieces, front=True)
         else:
             outcome = "incomplete"
-            batch.mark_failed(for_now=False)
+            batch.mark_failed(unreached=True)
             if crowded.span:  # (a relay ignoring until)
                 self.log.warning("unpaged_incomplete", relay=state.url, batch_id=batch.batch_id,
                                  until=crowded.second, seen=crowded.seen, filter=flt.to_json()[:300])
