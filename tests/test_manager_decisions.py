@@ -194,6 +194,36 @@ def test_a_day_of_rest_from_nip77_ends_on_a_lasting_connection_with_nip77_and_a_
         assert (len(exchanges()) > before) is failed, failed
 
 
+def test_what_a_rest_from_nip77_left_unreached_is_synced_after_it_by_a_connection_begun_since(tmp_path):
+    """A relay resting from NIP-77 whose connection dropped just before the rest ended and
+    came back within 15 minutes: the quick reconnect tries NIP-77 but asks only the gap, so
+    what the rest left unreached is synced by a fresh start when the manager sees the rest
+    over. A session refused for query rate meanwhile keeps NIP-77 off (SPEC §5): no fresh
+    start for it then."""
+    for rate_limited in (False, True):
+        h, state, exchanges = _nip77_refused_by_notice(tmp_path / str(rate_limited),
+                                                       RelayLimits(supported_nips=frozenset({1, 11, 77})))
+        h.settle(A)
+        state.unreached = True
+        state.next_daily_at = h.clock.now + 2 * constants.NIP77_RETRY_SECS
+        h.advance(constants.NIP77_RETRY_SECS - 120)
+        h.tick()
+        h.feed(RelayDisconnected(A, state.session, "gone"))
+        h.advance(300)  # the rest is over; back within 15 minutes: a quick reconnect
+        h.tick()
+        h.feed(HandshakeDone(A, state.attempt, ws=FakeWs()))
+        if rate_limited:
+            h.manager.health.record_rate_limited(A, h.clock.now)
+        h.settle(A)
+        before = len(exchanges())
+        h.advance(70)
+        h.tick()
+        h.answer_own_reads(held=resync_holdings())
+        h.advance(3)
+        assert (len(exchanges()) > before) is not rate_limited, rate_limited
+        assert state.unreached is rate_limited, rate_limited
+
+
 def test_an_exchange_that_never_concludes_ends_at_the_managers_deadline_and_late_answers_change_nothing(tmp_path):
     """Whatever an exchange's greenlet does (hung before its own 15 s deadline could fire),
     the manager ends it NEGENTROPY_GRACE_SECS after that: killed, NEG-CLOSE sent, its filter

@@ -392,8 +392,10 @@ class RelayLifecycle:
             if failed_at is None or now - failed_at < constants.NIP77_RETRY_SECS or not state.connected:
                 continue
             state.nip77_failed_at = None
-            if state.current.negentropy_ok or nip77_barred(state, now):
-                continue
+            if nip77_barred(state, now) or self.health.limits_query_rate(state.url):
+                continue  # (or NIP-77 is off for this session by the reactive gate: SPEC §5)
+            # (a session begun after the rest ended tried NIP-77 already; what the rest left
+            # unreached, its quick reconnect does not ask again: the fresh start below does)
             state.current.negentropy_ok = True
             self.health.allow_negentropy(state.url)
             log.info("negentropy_rest_over", relay=state.url, fresh_start=state.unreached)
