@@ -247,6 +247,8 @@ def test_a_relays_memory_round_trips_through_json():
     health = RelayHealthTracker()
     for i in range(4):
         health.record_failure(URL, NOW - 30 + i)
+    for i in range(3):  # three query-rate episodes: a pace of 2.4 s learnt
+        health.record_rate_limited(URL, NOW - 2000 + 100 * i)
     record = json.loads(json.dumps(memory.relay_memory(state, health.snapshot(URL, memory.HEALTH_FIELDS))))
     back = RelayState(URL)
     saved_health = memory.restore_relay(back, record, saved_at=NOW)
@@ -259,6 +261,12 @@ def test_a_relays_memory_round_trips_through_json():
     restored.restore(URL, saved_health)
     assert restored.failures(URL, NOW) == 4
     assert restored.next_attempt_at(URL, NOW) == health.next_attempt_at(URL, NOW)  # same backoff
+    assert restored.start_interval(URL, NOW) == health.start_interval(URL, NOW) == pytest.approx(2.4)
+    edited = RelayHealthTracker()  # a record edited by hand: what cannot be read is forgotten
+    edited.restore(URL, dict(saved_health, learned_gap="slow", cooldown_until=[1]))
+    assert edited.start_interval(URL, NOW) == 1.0 and not edited.is_rate_limited(URL, NOW)
+    edited.restore(URL, dict(saved_health, learned_gap=1e9))  # (at most the reactive gate's most)
+    assert edited.start_interval(URL, NOW) == constants.REACTIVE_GATE_MAX_SECS
 
 
 def test_a_relay_connected_at_the_last_save_was_last_connected_then():

@@ -277,13 +277,20 @@ class RelayHealthTracker:
 
     def restore(self, relay: str, saved: dict) -> None:
         """Fields saved by ``snapshot`` in an earlier process: a dead relay stays dead, a
-        failing one keeps its backoff, a cooldown runs to its end."""
+        failing one keeps its backoff, a cooldown runs to its end, a query pace its refusals
+        taught spaces its starts for the rest of its week (a deploy would otherwise send the
+        first sync after it at the proactive gate into the limit, and lose NIP-77 to it)."""
         h = self._get(relay)
         h.failures = int(saved.get("failures") or 0)
         h.misbehaviour_streak = int(saved.get("misbehaviour_streak") or 0)
-        for name in ("first_failure_at", "last_failure_at", "cooldown_until"):
+        for name in ("first_failure_at", "last_failure_at", "cooldown_until", "learned_gap", "learned_at"):
             value = saved.get(name)
-            setattr(h, name, None if value is None else float(value))
+            try:
+                setattr(h, name, None if value is None else float(value))
+            except (TypeError, ValueError):
+                setattr(h, name, None)  # (a record edited by hand: that field forgotten)
+        if h.learned_gap is not None:
+            h.learned_gap = min(max(h.learned_gap, 0.0), REACTIVE_GATE_MAX_SECS)
         if not h.failures:
             h.first_failure_at = h.last_failure_at = None
 
