@@ -205,6 +205,28 @@ def test_a_crowded_second_of_several_repositories_is_split_by_repository(relay_f
     assert gsync.metric("gsync_crowded_seconds_total", outcome="incomplete") == 0
 
 
+def test_a_crowded_second_split_by_repository_on_a_relay_reading_since_as_exclusive(
+        relay_factory, scripted, gsync_factory):
+    """NIP-77 off, 160 issues of two repositories in one second, 100 served a filter, on a
+    relay reading ``since`` as exclusive (``since`` < ``created_at``): a piece asked as that
+    second alone (``since`` = ``until``) would read nothing there. The full page is split
+    by repository before the second is found crowded, each piece bounded by ``until`` alone,
+    which such a relay reads as NIP-01 says: every issue arrives, no second left incomplete."""
+    own = relay_factory()
+    remote = scripted(page_size=100, since_exclusive=True)
+    second = f.next_created_at()
+    issues = []
+    for d in ("split-a", "split-b"):
+        repo = our_announcement(own, [remote], d=d)
+        pieces = [f.issue(bob, repo, subject=f"{d} {i}", created_at=second) for i in range(80)]
+        remote.add(repo, *pieces)
+        publish(own.url, [repo])
+        issues += pieces
+    gsync = gsync_factory(own, [remote], extra={"sync": {"negentropy": "false"}})
+    assert_arrives(own, issues, timeout=60, what="all 160 issues of the crowded second")
+    assert gsync.metric("gsync_crowded_seconds_total", outcome="incomplete") == 0
+
+
 def test_a_crowded_second_no_dimension_splits_is_logged_and_counted(relay_factory, gsync_factory):
     """NIP-77 off and one repository: nothing splits the filter. What the relay serves
     arrives, and the second it leaves incomplete is said, not hidden."""
