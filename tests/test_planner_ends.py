@@ -293,6 +293,29 @@ def test_what_neither_id_nor_filter_brought_is_unservable_here_and_asked_by_id_e
     assert other.serves_ids(NOW)
 
 
+def test_an_id_neither_id_nor_filter_brought_that_arrived_otherwise_is_unservable_here_all_the_same():
+    """Seed 706 of ``--fault-scale 2 --own-full 1``: an exchange against an own relay away
+    advertised a hidden announcement the own relay held; asked by id, again, then by its
+    filter, which answered without it, it was shown by the own relay meanwhile, left the
+    residual unmarked, and was asked by id twice again at the next daily fresh start. It is
+    unservable here (asked once by id at that start, then by filter), and not recovered
+    elsewhere: it is held. One the filter brought is not."""
+    from .test_planner import Repos
+    w = World(repos=Repos({REPO: [A, B]}))
+    state = w.relay(A)
+    batch, _ = exchange_of(w, state)
+    batch.expect_ids(IDS[:2], found_by=ISSUES)
+    batch_end.finish(w.plan, state, batch, NOW)  # asked by filter
+    assert batch.residual_asked == set(IDS[:2])
+    started(w, batch)
+    w.take()
+    w.plan.seen.update((i, NOW) for i in IDS[:2])  # shown by the own relay meanwhile
+    batch.received_ids.add(IDS[1])  # (the filter brought this one)
+    batch_end.finish(w.plan, state, batch, NOW)
+    assert IDS[0] in state.unservable and IDS[1] not in state.unservable
+    assert w.plan.recovery.is_fully_recovered(B) and batch.phase is BatchPhase.DONE
+
+
 def test_ids_asked_by_id_then_by_a_filter_left_unpaged_are_recovered_by_that_filter_at_once():
     """Seed 268 of the default world: a relay ignoring ``until`` left the filter unpaged (no
     witness), so the ids its batch asked by id, then by that filter, went to recovery; its
