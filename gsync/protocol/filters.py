@@ -257,10 +257,10 @@ class FilterSet:
         """The indices of the filters that match ``event`` but for its time bounds, when
         every one of them would have matched it but for its ``until`` alone (the event is
         newer); else none. Only asked of an event ``matching`` found no filter for."""
-        near = [i for i, f in enumerate(self.filters) if f.matches(event, in_time=False)]
-        if all(self.filters[i].until is not None and event.created_at > self.filters[i].until
-               and (self.filters[i].since is None or event.created_at >= self.filters[i].since) for i in near):
-            return tuple(near)
+        near = [(i, f) for i, f in enumerate(self.filters) if f.matches(event, in_time=False)]
+        at = event.created_at
+        if all(f.until is not None and at > f.until and (f.since is None or at >= f.since) for _, f in near):
+            return tuple(i for i, _ in near)
         return ()
 
     def matches_apart_from_time(self, event: Event) -> bool:

@@ -190,11 +190,6 @@ class FilterPaginationState:
     # the filter may hold more than this page brought: what no page can reach (the filter
     # bounded to the newest second it may lack, that second included)
     unpaged: Filter | None = None
-    # events of this filter but for its ``until`` that the relay sent newer than it (one
-    # ignoring ``until``: dropped by the connection, yet they fill the relay's cap; a piece
-    # of a split whose 20 of 20 were 12 newer and 8 within came back "complete" at 8, and
-    # an import of 178 events waited a day: seed 707 of the stress mix)
-    past_until: int = 0
 
     @classmethod
     def start(cls, f: Filter, until_shift: int = 0) -> FilterPaginationState:
@@ -265,12 +260,17 @@ class FilterPaginationState:
         return min(bounds) if bounds else None
 
     def next_page(self, cap: PageCap | None = None, total: int | None = None,
-                  elapsed: float | None = None, by_itself: bool = True) -> FilterPaginationState | None:
+                  elapsed: float | None = None, by_itself: bool = True,
+                  past_until: int = 0) -> FilterPaginationState | None:
         """The state for the next page, or None when this filter is exhausted.
 
         ``cap``: the connection's ``PageCap`` (already taught this page); ``total``: events
         the whole REQ brought (default: this filter's); ``by_itself``: it was the REQ's one
-        filter (its answer was all its own); ``elapsed``: seconds from REQ to
+        filter (its answer was all its own); ``past_until``: events of this filter but for
+        its ``until`` the relay sent newer than it (one ignoring ``until``: dropped by the
+        connection, yet they fill the relay's cap; a piece of a split whose 20 of 20 were 12
+        newer and 8 within came back "complete" at 8, and an import of 178 events waited a
+        day: seed 707 of the stress mix); ``elapsed``: seconds from REQ to
         EOSE, None if unknown. A slow page is confirmed unless the whole REQ brought nothing
         (its time went on finding nothing): so a relay slow every time still ends, with
         ``until`` moving back each page until one comes back empty."""
@@ -280,7 +280,7 @@ class FilterPaginationState:
         if self.page_filter.ids is not None:
             return self._ids_again(cap, total, slow) if cap.until_ignored else None
         if cap.until_ignored:
-            return self._unpaged(cap, total, slow)
+            return self._unpaged(cap, total, slow, past_until)
         if cap.until_exclusive and not self.until_shift and self.until is not None:
             # The relay reads ``until`` as exclusive (``PaginationState.teach``): this
             # page's last second never came. Asked again, bounded the way the relay reads it.
@@ -340,7 +340,7 @@ class FilterPaginationState:
                                      page_filter=self.page_filter.replace(ids=frozenset(rest)),
                                      pages=self.pages + 1)
 
-    def _unpaged(self, cap: PageCap, total: int, slow: bool) -> None:
+    def _unpaged(self, cap: PageCap, total: int, slow: bool, past_until: int) -> None:
         """On a relay that ignores ``until``: no next page. A page past the first leaves
         everything up to its ``until`` unreached (it brought the newest again); a first
         page that may have been cut, everything up to the oldest second it holds for
@@ -348,7 +348,7 @@ class FilterPaginationState:
         original = self.original_filter
         if self.until is not None and self.pages:
             upto = self.until
-        elif not cap.maybe_cut(len(self.seen) + self.past_until, total + self.past_until, slow):
+        elif not cap.maybe_cut(len(self.seen) + past_until, total + past_until, slow):
             return None  # all of it came
         else:
             covered = self.covered_until(cap.per_filter_bound(total, slow)) if self.seen else None
@@ -513,7 +513,8 @@ class PaginationState:
         # filter of the REQ has an ``until``.)
         bounded = sum(s.page_filter.until is not None for s in self.filters)
         for s in self.filters:
-            if not cap.until_ignored or bounded - (s.page_filter.until is not None) == 0:
+            others_bounded = bounded - (s.page_filter.until is not None)
+            if not (cap.until_ignored and others_bounded):
                 cap.observe(s.own_count)
         cap.observe(0, self.total)
         if cap.until_exclusive or cap.until_inclusive:
@@ -613,7 +614,6 @@ class PendingBatch:
     method: SyncMethod = SyncMethod.REQ_EOSE
     outstanding_subs: set[str] = field(default_factory=set)
     pagination: dict[str, PaginationState] = field(default_factory=dict)
-    failed: bool = False
     # failed for what no REQ reaches there without NIP-77, and for a cause asking again
     # may mend (a subscription closed or stalled before its EOSE): ``mark_failed``
     unreached: bool = False
@@ -716,11 +716,15 @@ class PendingBatch:
     def is_complete(self) -> bool:
         return not self.outstanding_subs
 
+    @property
+    def failed(self) -> bool:
+        """It did not complete (``mark_failed``), for either cause."""
+        return self.unreached or self.failed_otherwise
+
     def mark_failed(self, unreached: bool = False) -> None:
         """The batch did not complete. ``unreached``: for what no REQ reaches on this relay
         without NIP-77 (an unsplittable crowded second, a filter a relay ignoring ``until``
         leaves unpaged): asked again by REQ, it fails again."""
-        self.failed = True
         if unreached:
             self.unreached = True
         else:

@@ -628,10 +628,9 @@ def on_eose(batch: PendingBatch, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ
     cap = cap or PageCap()
     state.teach(cap, elapsed)
     by_itself = len(state.filters) == 1
-    for s, past in zip(state.filters, past_until, strict=False):  # (none told: none past)
-        s.past_until = past
-    continuing = [n for n in (s.next_page(cap, state.total, elapsed, by_itself)
-                              for s in state.filters) if n]
+    past_until = past_until or (0,) * len(state.filters)  # (none told: none past)
+    continuing = [n for n in (s.next_page(cap, state.total, elapsed, by_itself, past)
+                              for s, past in zip(state.filters, past_until, strict=False)) if n]
     continuing += _unproven_seconds_again(batch, state, cap, ending=not continuing and not batch.outstanding_subs)
     batch.crowded += [
         CrowdedSecond(crowded_second_filter(s.original_filter, s.crowded[0]), *s.crowded,

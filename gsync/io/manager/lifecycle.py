@@ -377,8 +377,7 @@ class RelayLifecycle:
                     # NIP-77 turned off on this connection (a NOTICE, a rate-limit episode)
                     # is tried again: a connection that lasts days kept it off for good, and
                     # what only NIP-77 reaches (a relay ignoring until) never came (seed 523)
-                    state.current.negentropy_ok = True
-                    self.health.allow_negentropy(state.url)
+                    self.allow_negentropy(state)
                 self.fresh_start(state, now)
 
     def end_nip77_rests(self, now: float) -> None:
@@ -396,11 +395,15 @@ class RelayLifecycle:
                 continue  # (or NIP-77 is off for this session by the reactive gate: SPEC §5)
             # (a session begun after the rest ended tried NIP-77 already; what the rest left
             # unreached, its quick reconnect does not ask again: the fresh start below does)
-            state.current.negentropy_ok = True
-            self.health.allow_negentropy(state.url)
+            self.allow_negentropy(state)
             log.info("negentropy_rest_over", relay=state.url, fresh_start=state.unreached)
             if state.unreached:
                 self.fresh_start(state, now)
+
+    def allow_negentropy(self, state: RelayState) -> None:
+        """NIP-77 may be tried again on ``state``'s connection, as in a new session."""
+        state.current.negentropy_ok = True
+        self.health.allow_negentropy(state.url)
 
     @staticmethod
     def start_day(state: RelayState, now: float) -> None:
