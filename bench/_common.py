@@ -166,6 +166,21 @@ def build_dataset(n_events: int, n_repos: int, domain: str, remote_url: str,
 # -- seeding an LMDB database -----------------------------------------------------------------
 
 
+def start_gsync(g, entry: str | None = None, profile: bool = False) -> None:
+    """``g.start()`` (a ``tests.gsync_proc.GsyncProcess``), or the same through one of this
+    directory's instrumented entry points (``_gsync_eventlog.py``: every remote event logged,
+    ``_gsync_profiled.py``: cProfile written at SIGTERM, ...)."""
+    if entry is None:
+        g.start()
+        return
+    from tests.relays import wait_until
+    g._log = open(g.log_path, "ab")
+    env = dict(g.env, GSYNC_PROFILE_OUT=g.profile_path) if profile else g.env
+    g.proc = subprocess.Popen([sys.executable, os.path.join(HERE, entry), "run", "--config", g.config_path],
+                              stdout=g._log, stderr=subprocess.STDOUT, env=env)
+    wait_until(g._endpoint_up, timeout=30, what="gsync metrics endpoint")
+
+
 def write_jsonl(lines, directory: str) -> str:
     path = os.path.join(directory, f"seed-{time.monotonic_ns()}.jsonl")
     with open(path, "w") as fh:

@@ -196,10 +196,50 @@ def test_whole_req_message_respects_max_message_length():
     ids = [hex_id(i) for i in range(2000)]
     filters = root_event_filters(ids)  # twelve ~32 KB filters and three small ones
     reqs = pack_into_reqs(filters, limits(max_message_length=70_000))
-    assert [len(r) for r in reqs] == [2, 2, 2, 2, 2, 3, 2]
+    # (the three small ones are twins: together, in as many REQs as filling in turn takes)
+    assert [len(r) for r in reqs] == [2, 2, 2, 2, 2, 2, 3]
     for req in reqs:
         live_req = live(req)
         assert len(req_message(live_req).encode()) <= 70_000
+
+
+def _greedy_reqs(n: int, per: int) -> int:
+    return -(-n // per)
+
+
+def test_twins_share_a_req_where_that_takes_no_more_reqs():
+    # 25 filters: eight chunks' e/E/q and one more; in turn, the fourth chunk's twins
+    # straddled the first two REQs (a relay sent its roots' comments once for each REQ)
+    filters = root_event_filters([hex_id(i) for i in range(8 * 100)], budget=100 * 67)
+    assert len(filters) == 24
+    filters.append(Filter.make(kinds=[30618]))
+    reqs = pack_into_reqs(filters, key=filter_plan.paging_key)
+    assert len(reqs) == _greedy_reqs(len(filters), 10) == 3
+    assert [f for r in reqs for f in r] == filters  # in order
+    for r in reqs:
+        chunks = [f.tags[0][1] for f in r if f.tags]
+        assert all(chunks.count(c) == 3 for c in chunks), "a chunk's twins split across REQs"
+
+
+def test_twins_split_rather_than_take_one_more_req():
+    # ten chunks' e/E/q: 30 filters fill three REQs only in turn; kept together, four
+    filters = root_event_filters([hex_id(i) for i in range(10 * 100)], budget=100 * 67)
+    assert len(filters) == 30
+    assert [len(r) for r in pack_into_reqs(filters, key=filter_plan.paging_key)] == [10, 10, 10]
+
+
+@given(st.lists(st.tuples(st.integers(1, 40), st.booleans()), max_size=40), st.integers(1, 10),
+       st.one_of(st.none(), st.integers(60, 200)))
+def test_pack_runs_never_takes_more_reqs_than_filling_in_turn(items, per_req, max_len):
+    costs = [c for c, _ in items]
+    together = [bool(i) and t for i, (_, t) in enumerate(items)]
+    groups = filter_plan.pack_runs(costs, together, per_req, max_len, overhead=10)
+    in_turn = filter_plan.pack_runs(costs, [False] * len(costs), per_req, max_len, overhead=10)
+    assert [k for g in groups for k in g] == list(range(len(costs)))
+    assert len(groups) <= len(in_turn)
+    for g in groups:
+        assert len(g) <= per_req
+        assert max_len is None or len(g) == 1 or 10 + sum(costs[k] for k in g) <= max_len
 
 
 def test_live_and_historic_filters_never_share_a_req():

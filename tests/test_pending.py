@@ -937,6 +937,27 @@ def test_a_next_page_takes_first_pages_along_instead_of_waiting_for_a_split():
         ("next", 10), ("first", 1)]
 
 
+def test_queued_reqs_keep_a_chunks_twins_together_where_that_takes_no_more_starts():
+    """Next pages of two chunks' #e/#E/#q and two more (eight) queued before a REQ of four
+    first pages, a third chunk's and another: in turn the third chunk's twins straddled the
+    two REQs, and a relay sends a root's comments once per REQ that asks (bench/historic:
+    about 500 copies a split). Still two REQs."""
+    from gsync.io.manager.historic import share_queued_reqs
+
+    state, b = _queue(())
+    chunks = [frozenset(f"{c}{i:063x}" for i in range(3)) for c in "abc"]
+    groups = [[Filter.make(tags={name: sorted(chunk)}, until=900 - k) for chunk in chunks[:2]
+               for k, name in enumerate("eEq")] + [Filter.make(kinds=[5]), Filter.make(kinds=[6])],
+              [Filter.make(tags={name: sorted(chunks[2])}) for name in "eEq"] + [Filter.make(kinds=[7])]]
+    for sub_id, group in zip(("next", "first"), groups, strict=True):
+        add_subscription(b, sub_id, group)
+        state.current.sub_to_batch[sub_id] = b.batch_id
+        state.current.historic_queue.append((sub_id, group))
+    share_queued_reqs(state, b)
+    assert [(sub_id, len(group)) for sub_id, group in state.current.historic_queue] == [("next", 8), ("first", 4)]
+    assert filters_of(b, "first") == groups[1]
+
+
 def test_repacking_keeps_within_the_relays_message_size():
     state, b = _queue((("a", 3), ("b", 3)))
     size = len(wire.req("a", filters_of(b, "a")))

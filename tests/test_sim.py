@@ -25,7 +25,7 @@ from gsync.sim.relay import EventStore, SimRelay, filter_from_json
 from gsync.sim.world import START, World
 from gsync.sync.relay_state import ConnectionStatus
 
-from .factory import Author, announcement, comment, issue, state
+from .factory import Author, announcement, comment, issue, repo_addr, state
 from .manager_harness import ManagerHarness
 from .relays import write_seed_file
 
@@ -1175,6 +1175,36 @@ def test_the_model_reads_since_as_exclusive_where_told_stored_and_live():
         live = [json.loads(m) for m in relay.publish(new).get(1, [])]
         assert [m[2]["id"] for m in stored if m[0] == "EVENT"] == ([] if exclusive else [old.id])
         assert [m[2]["id"] for m in live if m[1] == "live"] == ([] if exclusive else [new.id])
+
+
+def test_the_model_answers_each_filter_on_its_own_where_told_stored_and_live():
+    """``--per-filter`` (khatru): such a relay sends a comment its root's ``#E`` and ``#e``
+    both match twice, the filters' answers one after the other (newest first in each, not
+    as a whole), and a live one once per filter; any other relay sends each event once."""
+    repo = announcement(Author.named("owner"), "r")
+    root = issue(Author.named("bob"), repo, created_at=1000)
+    older = comment(Author.named("carol"), root, created_at=1001)
+    newer = issue(Author.named("dan"), repo, created_at=1002)
+    tags = f'{{"#E":["{root.id}"]}},{{"#a":["{repo_addr(Author.named("owner"), "r")}"]}}'
+    for per_filter in (False, True):
+        relay = SimRelay("wss://m.example")
+        relay.per_filter = per_filter
+        for event in (root, older, newer):
+            relay.publish(event)
+        relay.open_session(1)
+        stored = [json.loads(m) for m in relay.handle(1, f'["REQ","x",{tags}]')]
+        relay.handle(1, f'["REQ","live",{{"#E":["{root.id}"],"limit":0}},{{"#e":["{root.id}"],"limit":0}}]')
+        live = [json.loads(m) for m in relay.publish(comment(Author.named("eve"), root, created_at=1003)).get(1, [])]
+        got = [m[2]["id"] for m in stored if m[0] == "EVENT"]
+        assert got == ([older.id, newer.id, root.id] if per_filter else [newer.id, older.id, root.id])
+        assert len([m for m in live if m[1] == "live"]) == (2 if per_filter else 1)
+
+
+@pytest.mark.slow
+def test_relays_answering_each_filter_on_their_own_lose_nothing():
+    """Every relay answers per filter (khatru: ngit-relay): copies within a page and pages
+    not newest first as a whole still bring every event, within the traffic bounds."""
+    _assert_clean(run(seed=1, days=4, liveness_after=2, **dict(SMALL, per_filter=1)))
 
 
 def test_the_model_reads_a_req_s_filters_as_written_not_as_a_look_alike_read_before():

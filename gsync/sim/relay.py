@@ -411,6 +411,10 @@ class SimRelay:
         self.closes_after_eose = False
         self.ignores_until = False  # reads a filter as if it had no until
         self.since_exclusive = False  # reads a filter's since as exclusive (created_at > since)
+        # answers each filter of a REQ on its own, one after the other (khatru, under
+        # ngit-relay): an event two filters match comes twice, newest first only per filter;
+        # a live event once per filter it matches
+        self.per_filter = False
         # (burst, seconds a query): REQs and NEG-OPENs of one session past a token bucket are
         # refused "rate-limited:" (PEERS.md: LocalRelay's per-connection query limit), for good
         self.query_limit: tuple[int, float] | None = None
@@ -538,6 +542,7 @@ class SimRelay:
         """The stored events a REQ's filters ask for, each once, per filter at most its
         ``limit`` and the relay's page cap, newest first (at most ``req_cap`` in all)."""
         out: dict[str, Event] = {}
+        each: list[Event] = []  # (a relay answering per filter: every filter's answer in turn)
         asked = 0
         for f in filters:
             if (f.limit == 0 and not self.limit_zero_unlimited) or (self.ids_unserved and f.ids is not None):
@@ -546,6 +551,9 @@ class SimRelay:
             read = self.as_read(f if f.limit != 0 else f.replace(limit=None))
             for e in self.store.query(read, self.page_cap, self.hidden):
                 out.setdefault(e.id, e)
+                each.append(e)
+        if self.per_filter:
+            return each if self.req_cap is None else each[:self.req_cap]
         # (one filter's answer: newest first already, each event once)
         found = list(out.values()) if asked == 1 else sorted(out.values(), key=_newest_first)
         return found if self.req_cap is None else found[:self.req_cap]
@@ -609,8 +617,10 @@ class SimRelay:
         out: dict[int, list[str]] = {}
         for number, session in self.sessions.items():
             for sub_id, filters in session.subs.items():
-                if any((self.as_read(f) if self.since_exclusive else f).matches(event) for f in filters):
-                    out.setdefault(number, []).append(_event_frame(sub_id, event))
+                matching = sum((self.as_read(f) if self.since_exclusive else f).matches(event) for f in filters)
+                if matching:
+                    frame = _event_frame(sub_id, event)
+                    out.setdefault(number, []).extend([frame] * (matching if self.per_filter else 1))
         return out
 
     def lose(self, fraction: float, rng) -> int:

@@ -99,6 +99,9 @@ class SimOptions:
     ahead: float = 0.02  # the share of publications from a client whose clock runs 20 min - 3 h ahead
     ignores_until: float = 0.05  # the share of relays ignoring a filter's until
     since_exclusive: float = 0.0  # the share of relays reading a filter's since as exclusive
+    # the share of relays answering each filter of a REQ on its own, as khatru does (ngit-relay):
+    # an event two filters match comes twice, and the answer is not newest first as a whole
+    per_filter: float = 0.0
     own_full: float = faults_module.OWN_FULL_PER_DAY  # the own relay's disk full, per day
     own_readonly: float = faults_module.OWN_READONLY_PER_DAY  # the own relay read-only, per day
     own_rate_limited: float = faults_module.OWN_RATE_LIMITED_PER_DAY  # its writes rate-limited, per day
@@ -130,6 +133,7 @@ WORLD_SHARES = (
     ("ahead", "--ahead"),
     ("ignores_until", "--ignores-until"),
     ("since_exclusive", "--since-exclusive"),
+    ("per_filter", "--per-filter"),
     ("own_full", "--own-full"),
     ("own_readonly", "--own-readonly"),
     ("own_rate_limited", "--own-rate-limited"),
@@ -408,6 +412,7 @@ class Simulation:
             relay.query_limit = QUERY_LIMIT
         relay.ignores_until = random.Random(f"{o.seed}:{url}:ignores").random() < o.ignores_until
         relay.since_exclusive = random.Random(f"{o.seed}:{url}:since").random() < o.since_exclusive
+        relay.per_filter = random.Random(f"{o.seed}:{url}:per-filter").random() < o.per_filter
         return relay
 
     # -- the heap -----------------------------------------------------------------------

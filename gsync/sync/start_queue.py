@@ -556,27 +556,21 @@ def may_share(batch: PendingBatch, sub_id: str) -> bool:
 def repack(batch: PendingBatch, sub_ids: list[str], per_req: int = MAX_FILTERS_PER_REQ,
            max_chars: int | None = None) -> dict[str, list[Filter]]:
     """Queued subscriptions (none started, all ``may_share``) share out their filters
-    again, filter by filter in order, into as few REQs as ``per_req`` filters and
-    ``max_chars`` of ``["REQ",…]`` allow: the first subscriptions take them, the rest
-    end. Returns sub id -> filters for those that carry some. (Filling in order is
-    optimal: each original REQ fit, so no more REQs come out than went in.)"""
+    again, in order, into as few REQs as ``per_req`` filters and ``max_chars`` of
+    ``["REQ",…]`` allow, twins together where that takes no more (``filter_plan.pack_runs``):
+    the first subscriptions take them, the rest end. Returns sub id -> filters for those
+    that carry some. (Filling in order is optimal: each original REQ fit, so no more REQs
+    come out than went in.)"""
     states = [s for sid in sub_ids for s in batch.pagination[sid].filters]
     frame = max(req_bytes(sid) for sid in sub_ids)
+    flts = [s.page_filter for s in states]
+    costs = [f.serialized_size() + 1 for f in flts]  # as req_bytes counts
     names = iter(sub_ids)
     out: dict[str, list[Filter]] = {}
-    group: list[FilterPaginationState] = []
-    size = frame
-    for s in states + [None]:
-        cost = 0 if s is None else s.page_filter.serialized_size() + 1  # as req_bytes counts
-        over = max_chars is not None and size + cost > max_chars
-        if group and (s is None or len(group) >= per_req or over):
-            name = next(names)
-            batch.pagination[name].filters = group
-            out[name] = [g.page_filter for g in group]
-            group, size = [], frame
-        if s is not None:
-            group.append(s)
-            size += cost
+    for group in filter_plan.pack_runs(costs, filter_plan.with_twin_before(flts), per_req, max_chars, frame):
+        name = next(names)
+        batch.pagination[name].filters = [states[k] for k in group]
+        out[name] = [flts[k] for k in group]
     for name in names:
         finish_subscription(batch, name)
     return out
