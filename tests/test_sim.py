@@ -21,6 +21,7 @@ from gsync.io.inbox import DeliveryAnswered, RemoteEvent, RemoteEvents
 from gsync.ops import metrics
 from gsync.protocol.filters import Filter
 from gsync.sim import SimOptions, Simulation, run
+from gsync.sim.invariants import BUSY_BASE, BUSY_PER_ACTION, BUSY_PER_LOST
 from gsync.sim.relay import EventStore, SimRelay, filter_from_json
 from gsync.sim.world import START, World
 from gsync.sync.relay_state import ConnectionStatus
@@ -1249,6 +1250,32 @@ def test_the_metric_labels_invariant_catches_a_series_of_a_relay_not_in_the_tabl
     sim.at(START + 0.05 * 86_400, stray)
     kept = sim.run().violations["metric_labels"]
     assert kept[0][1].endswith("{relay=wss://gone.example} for a relay not in the table")
+
+
+def test_sending_the_own_relay_what_it_lost_is_not_a_busy_loop():
+    """The own relay back empty (a relay in memory): every event goes to it again, one
+    answer each at least. Seed 6 of the stress mix (4,682 events) spent 5,704 messages in that
+    hour, 4,801 of them deliveries refused until the announcements were back, against a
+    bound of 4,600 for four relays: the bound now counts what the own relay lost."""
+    sim = Simulation(SimOptions(seed=3, days=0.5, faults=False, **SMALL))
+    _assert_clean(sim.run())
+    checker, held, hour = sim.checker, len(sim.own.store), sim.checker._hour()
+
+    def actions() -> float:
+        return checker.hour_actions.get(hour, 0) + checker.hour_actions.get(hour - 1, 0)
+
+    before = actions()
+    assert held > 20
+    sim.own_away(600.0, float("inf"))
+    assert len(sim.own.store) == 0
+    sim.own_back()
+    assert (actions() - before) * BUSY_PER_ACTION == pytest.approx(BUSY_PER_LOST * held)
+    for extra, broken in ((0, False), (1, True)):
+        checker.violations.pop("busy_loop", None)
+        checker.hour_actions[hour - 1] = 0
+        checker.hour_messages[hour] = BUSY_BASE + BUSY_PER_ACTION * actions() + extra  # (gsync stopped: no relays)
+        checker.busy(hour)
+        assert ("busy_loop" in checker.violations) is broken
 
 
 def test_a_comment_is_owed_an_hour_after_its_root_reached_the_own_relay():

@@ -389,6 +389,7 @@ class Simulation:
         self.last_busy = START  # the last moment something other than a tick happened
         self.tick_serial, self.tick_due = 0, float("inf")  # the next tick (schedule_tick)
         self.restarts = 0
+        self.own_lost = 0  # events the own relay lost while away (Checker.own_back)
         self.ahead_rng = random.Random(f"{o.seed}:ahead")
 
     def make_relay(self, url: str) -> SimRelay:
@@ -716,8 +717,10 @@ class Simulation:
         last ``lose_last`` seconds (a crash before its writes were flushed; ``inf``: a relay
         in memory comes back empty)."""
         self.note("own_away", secs, lose_last)
-        if lose_last and self.own.lose_since(self.clock.now - lose_last):
+        lost = self.own.lose_since(self.clock.now - lose_last) if lose_last else 0
+        if lost:
             self.checker.own_lost_at = self.clock.now
+            self.own_lost += lost
         self.own.up = False
         self.own_session["connected"] = False
         self.at(self.clock.now + secs, self.own_back)
@@ -727,6 +730,8 @@ class Simulation:
     def own_back(self) -> None:
         self.note("own_back")
         self.own.up = True
+        self.checker.own_back(self.own_lost)
+        self.own_lost = 0
         if self.manager is not None:
             self.delivery._wake_lanes()
             self.at(self.clock.now + 0.5, self.self_sub_connect, gen=self.gen)
