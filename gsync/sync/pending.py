@@ -334,7 +334,7 @@ class FilterPaginationState:
         filters' pages, as ids not served by id do.)
 
         ``alone``: ids with no residual nor filter behind them (refused events fetched again
-        once what they waited for arrived; recovery's): on any relay, the ids a page that may
+        once what they waited for arrived): on any relay, the ids a page that may
         have been cut did not bring are asked again, however few, while pages bring some (a
         relay serving 100 a filter sent 100 of 222 such ids, and the rest waited for the
         next daily sync: seed 10 of the stress mix)."""
