@@ -1303,6 +1303,31 @@ def test_a_comment_is_owed_an_hour_after_its_root_reached_the_own_relay():
     assert checker.owed(comment, url, listing)
 
 
+def test_an_event_is_owed_an_hour_after_its_repository_came_back_to_the_own_relay():
+    """Seed 12 of ``--days 10 --req-caps 0.5 --small-pages 0.5 --ignores-until 0.3 --imports
+    0.5 --series 0.5 --fault-scale 2`` (left_behind, day 9.25; the checker's mistake): the own
+    relay, emptied, lost every announcement of a repository; an older one came back to it 100 s
+    before the hourly check, and the patch it had refused meanwhile was fetched again and
+    stored 110 s after. An event is owed from an hour after its repository was accepted again,
+    as a comment is from an hour after its root."""
+    sim = Simulation(SimOptions(seed=4, days=1, faults=False, **SMALL))
+    sim.seed_world()
+    checker, own, world = sim.checker, sim.own, sim.world
+    repo = next(r for r in world.repos if own.lists_us(r.announcement))
+    url = repo.relays[0]
+    listing = {repo.address: set(repo.relays)}
+    root = world.root(repo, int(sim.clock.now))
+    own.lose_since(float("-inf"))
+    assert not checker.owed(root, url, listing)  # its repository is not on the own relay
+    sim.clock.now += 600
+    assert own.submit(repo.announcement, sim.clock.now)[2]
+    assert not checker.owed(root, url, listing)
+    sim.clock.now += 3599
+    assert not checker.owed(root, url, listing)
+    sim.clock.now += 1
+    assert checker.owed(root, url, listing)
+
+
 def test_a_dead_relays_daily_session_that_served_nothing_within_the_hour_is_a_failure_to_the_checker_too():
     """Seed 444's year (neglected_relay, days 254.17-254.67; the checker's mistake): relay5,
     dead after a day of failed dials, held its daily attempt's session for 160 s, was

@@ -936,6 +936,13 @@ class Checker:
             # has (seed 418's year, day 364.9583: a root came with a new announcement and
             # its comment 9 s later; the hourly check fell between the two)
             return False
+        accepted = own.accepted.get(repo.address)
+        if accepted is not None and now - own.stored_at.get(accepted, START) < HOUR:
+            # ... and from when its repository came back to the own relay (seed 12 of a caps
+            # world, day 9.25: the own relay, emptied, took an older announcement again 100 s
+            # before the check, and the patch it had refused meanwhile was fetched again and
+            # stored 110 s after)
+            return False
         return own.accepts(event)[0]
 
     def own_has(self, event) -> bool:
