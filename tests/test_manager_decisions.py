@@ -797,6 +797,40 @@ def test_events_refused_while_the_own_relay_was_read_only_go_again_though_nothin
     assert any(older.id in flt.get("ids", ()) for req in h.reqs(A) for flt in req[2:])  # fetched again
 
 
+def test_a_repository_the_own_relay_lost_comes_back_with_the_announcement_kept_in_memory(tmp_path):
+    """Seed 12 of a caps world: the own relay, emptied, lost the announcement gsync followed,
+    which no relay held any more (published to the own relay and to relays that lost it), and
+    refused the repository's events as not hosted there for two days, until an older one came
+    back by chance. An event of a followed repository refused: the followed announcement goes
+    to the own relay again, from memory; stored, what waited on the repository goes again. Not
+    again within ``ANNOUNCEMENT_REOFFER_SECS`` however many of its events are refused."""
+    h, repo = _synced_with_a(tmp_path)
+    sub = next(iter(h.conn(A).subscriptions))
+    first, second = (issue(Author.named("bob"), repo, content=f"while the own relay lost it {n}") for n in range(2))
+    delivery = h.manager.delivery
+
+    def answer(event, outcome, reason=""):
+        delivery._finish(event, outcome, reason, until_own_stores=outcome == "rejected")
+        delivery._count_delivered()
+        while not h.manager.queue.empty():
+            h.feed(h.manager.queue.get_nowait())  # (the lane's answers)
+
+    assert not delivery.is_tracked(repo.id)
+    h.relay_sends(A, sub, first)
+    answer(first, "rejected", "blocked: not an event of a repository hosted here")
+    assert first.id in h.manager.rejected
+    assert delivery.is_tracked(repo.id)  # offered again, from memory
+    answer(repo, "rejected", "error: still starting")  # (not stored: it waits as any refused event)
+    h.relay_sends(A, sub, second)
+    answer(second, "rejected", "blocked: not an event of a repository hosted here")
+    assert not delivery.is_tracked(repo.id)  # not again so soon
+    h.advance(constants.ANNOUNCEMENT_REOFFER_SECS)
+    h.own_relay_holds(repo)  # stored: shown by the self-subscription
+    assert first.id not in h.manager.rejected and second.id not in h.manager.rejected
+    asked = {i for req in h.reqs(A) for flt in req[2:] for i in flt.get("ids", ())}
+    assert {first.id, second.id} <= asked  # they go again (fetched again by id: their full events gone)
+
+
 # -- what the own relay lost while gsync was stopped --------------------------------------------
 
 

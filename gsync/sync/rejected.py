@@ -80,6 +80,18 @@ def author_key(pubkey: str) -> str:
     return f"author:{pubkey}"
 
 
+def repo_addresses(event: Event, cap: int = MAX_DEPENDENCIES) -> list[str]:
+    """The repositories ``event`` names (``a``/``A``/``q`` values ``30617:…``), at most
+    ``cap`` of them: a hostile event cannot make its refusal costly."""
+    out: dict[str, None] = {}
+    for tag in event.tags:
+        if len(out) >= cap:
+            break
+        if len(tag) >= 2 and tag[0] in REPO_TAGS and tag[1].startswith(f"{ANNOUNCEMENT_KIND}:"):
+            out[tag[1]] = None
+    return list(out)
+
+
 def dependencies(event: Event, cap: int = MAX_DEPENDENCIES) -> tuple[str, ...]:
     """What the own relay may be missing to accept ``event``, as release keys.
 

@@ -172,6 +172,9 @@ class RepoSyncNeeds:
     # again or a newer one (``apply_announcement``).
     held_instead: str = ""
     listed: frozenset[str] = frozenset()  # the followed announcement's relays
+    # the followed announcement itself: offered to the own relay again when it refuses the
+    # repository's events (it may have lost it, and no relay may hold it any more)
+    announcement: Event | None = None
 
 
 def _is_newer(event: Event, needs: RepoSyncNeeds) -> bool:
@@ -327,6 +330,7 @@ class RepoSyncIndex:
             self._by_relay.setdefault(relay, set()).add(event.address)
         needs.announcement_created_at = event.created_at
         needs.announcement_id = event.id
+        needs.announcement = event
         needs.maintainers = frozenset(list_tag_values(event, "maintainers"))
         needs.held_instead = ""
 

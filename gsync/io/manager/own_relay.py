@@ -11,7 +11,14 @@ from ...ops.logging import get_logger
 from ...protocol.event import is_authentic
 from ...sync import filter_plan
 from ...sync.descendants import full_root_ids
-from ...sync.rejected import OWN_STORES_KEY, author_key, event_key, maintainer_key, repo_key
+from ...sync.rejected import (
+    OWN_STORES_KEY,
+    author_key,
+    event_key,
+    maintainer_key,
+    repo_addresses,
+    repo_key,
+)
 from ...sync.relay_state import RelayState
 from ...sync.repos import SyncLevel, list_tag_values, should_forward_layer1
 from ..inbox import (
@@ -70,6 +77,9 @@ class OwnRelaySide:
         self.other_shard_landed_at: float | None = None  # another shard's last store seen (OwnLanded)
         self.shards = shards  # one of several instances ([cluster] shard)
         self.roots_version = -1  # of ``repos`` when the descendants' roots were last set
+        # repository address -> (when its announcement may be offered again, the gap):
+        # ``offer_lost_announcements``; repositories of the index only, dropped as each is shown
+        self.reoffered: dict[str, tuple[float, float]] = {}
 
     @property
     def down(self) -> bool:
@@ -139,6 +149,8 @@ class OwnRelaySide:
         arrived: set[str] = set()  # release keys of what the own relay now accepts
         for event in sorted(events, key=lambda e: e.kind != 30617):  # announcements first
             if event.kind == 30617:
+                if event.id not in unheld:  # (shown, or stored anew: not a duplicate: answer)
+                    self.reoffered.pop(event.address, None)
                 arrived |= self.announcement_arrivals(event)
                 dirty |= self.apply_announcement(event, now, held=event.id not in unheld)
             else:
@@ -164,6 +176,35 @@ class OwnRelaySide:
             log.info("announcement_lost_by_own_relay", repo=event.address, followed=needs.announcement_id,
                      held=needs.held_instead, relays=len(needs.relays))
         return dirty
+
+    def offer_lost_announcements(self, event, now: float) -> None:
+        """``event`` names repositories gsync follows, and the own relay refused it: it may
+        have lost their announcements (one in memory restarted empty, one restored from an
+        older copy), and no relay may hold the one followed any more (published to the own
+        relay alone, or to relays that lost it since: then no daily sync brings it back). The
+        one followed goes to the own relay again, from memory: stored, the repository is back
+        and what waited on it goes again (``release_dependents``); held still, the own relay
+        answers ``duplicate:``. At once, then no sooner than ``ANNOUNCEMENT_REOFFER_SECS``,
+        doubling while its repository's events are refused (a relay put read-only refuses
+        everything), to ``ANNOUNCEMENT_REOFFER_MAX_SECS``; afresh once it is shown again."""
+        for address in repo_addresses(event):
+            needs = self.repos.get(address)
+            announcement = needs.announcement if needs is not None else None
+            if announcement is None or announcement.id == event.id or announcement.id in self.rejected:
+                continue
+            due, gap = self.reoffered.get(address, (float("-inf"), 0.0))
+            if now < due:
+                continue
+            gap = min(max(2 * gap, constants.ANNOUNCEMENT_REOFFER_SECS), constants.ANNOUNCEMENT_REOFFER_MAX_SECS)
+            self.reoffered[address] = (now + gap, gap)
+            if len(self.reoffered) > 2 * len(self.repos) + 100:  # (repositories gone from the index)
+                self.reoffered = {a: v for a, v in self.reoffered.items() if a in self.repos}
+            log.info("announcement_offered_again", repo=address, announcement_id=announcement.id,
+                     refused_id=event.id)
+            # (straight to delivery: the own relay showed it, so whether it lists this relay
+            # is not the question ``consider_for_delivery`` would ask of a fetched one)
+            self.seen[announcement.id] = now
+            self.delivery.submit(announcement)
 
     def announcement_arrivals(self, event) -> set[str]:
         """Release keys an accepted announcement satisfies (call before applying it): its
@@ -322,6 +363,7 @@ class OwnRelaySide:
         if msg.outcome == "rejected":
             self.rejected.add(msg.event, now, msg.source, until_own_stores=msg.until_own_stores)
             log.info("event_rejected", event_id=msg.event.id, kind=msg.event.kind, reason=msg.reason[:200])
+            self.offer_lost_announcements(msg.event, now)
         elif msg.outcome == "purgatory" and msg.event.kind == 30617:
             # A GRASP relay counts announcements it holds when it checks maintainers.
             arrived = self.maintainer_arrivals(msg.event)
