@@ -820,7 +820,9 @@ def test_a_repository_the_own_relay_lost_comes_back_with_the_announcement_kept_i
     answer(first, "rejected", "blocked: not an event of a repository hosted here")
     assert first.id in h.manager.rejected
     assert delivery.is_tracked(repo.id)  # offered again, from memory
-    answer(repo, "rejected", "error: still starting")  # (not stored: it waits as any refused event)
+    answer(repo, "rejected", "error: still starting")
+    assert repo.id not in h.manager.rejected  # (it waits its gap: kept as refused, a release would
+    # fetch it from every relay, it having come from none)
     h.relay_sends(A, sub, second)
     answer(second, "rejected", "blocked: not an event of a repository hosted here")
     assert not delivery.is_tracked(repo.id)  # not again so soon

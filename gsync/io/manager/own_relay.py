@@ -31,6 +31,10 @@ from ..inbox import (
     OwnSubscribed,
 )
 
+# the source of what goes to the own relay from gsync's memory, not from a relay
+# (``offer_lost_announcements``)
+FROM_MEMORY = "memory"
+
 log = get_logger("gsync.manager")
 
 SEEN_CAPACITY = 500_000  # ids already handed to delivery: dedupe across relays
@@ -204,7 +208,7 @@ class OwnRelaySide:
             # (straight to delivery: the own relay showed it, so whether it lists this relay
             # is not the question ``consider_for_delivery`` would ask of a fetched one)
             self.seen[announcement.id] = now
-            self.delivery.submit(announcement)
+            self.delivery.submit(announcement, FROM_MEMORY)
 
     def announcement_arrivals(self, event) -> set[str]:
         """Release keys an accepted announcement satisfies (call before applying it): its
@@ -361,7 +365,9 @@ class OwnRelaySide:
     def on_delivery_answered(self, msg: DeliveryAnswered) -> None:
         now = self.clock()
         if msg.outcome == "rejected":
-            self.rejected.add(msg.event, now, msg.source, until_own_stores=msg.until_own_stores)
+            if msg.source != FROM_MEMORY:  # (one offered again from memory waits its gap instead:
+                # kept as refused, a release would fetch it from every relay, it having none)
+                self.rejected.add(msg.event, now, msg.source, until_own_stores=msg.until_own_stores)
             log.info("event_rejected", event_id=msg.event.id, kind=msg.event.kind, reason=msg.reason[:200])
             self.offer_lost_announcements(msg.event, now)
         elif msg.outcome == "purgatory" and msg.event.kind == 30617:
