@@ -200,6 +200,34 @@ def _restart_forgetting_confirmed(sim) -> None:
     sim.start_gsync()
 
 
+def test_the_relays_a_process_asks_what_the_own_relay_lost_are_excused_a_day_from_its_first_read():
+    """Seed 130 of the stress mix (relay_table, day 10.96; the checker's mistake): gsync,
+    started with the own relay away, read it 1.5 h later and only then asked the relays that
+    had confirmed what it lost (``lifecycle.look_for_lost``: a day from that read). The
+    checker excused them a day from the process's start, and judged the last 1.5 h. It counts
+    from the process's first read of the own relay now."""
+    sim = Simulation(SimOptions(seed=4, days=0.3, faults=False, **SMALL))
+    reads = []
+    start, stop = START + 0.1 * 86_400, START + 0.1 * 86_400 - 60
+
+    def note_read():
+        reads.append((sim.clock.now, sim.checker.first_read_at))
+
+    sim.at(stop, sim.stop_gsync, True)
+    sim.at(stop + 1, sim.own_away, 5400.0)  # away when gsync starts, back 1.5 h later
+    sim.at(start, sim.start_gsync)
+    sim.at(start + 3600, note_read)
+    sim.at(start + 5400 + 600, note_read)
+    sim.at(start + 5400 + 1800, sim.own_away, 60.0)  # a later read does not move it
+    sim.at(start + 5400 + 3600, note_read)
+    _assert_clean(sim.run())
+    (_, before), (_, first), (_, after) = reads
+    assert before < start  # not read yet in this process
+    back = stop + 1 + 5400
+    assert back <= first < back + 60  # read once the own relay was back
+    assert after == first
+
+
 def test_a_relay_is_judged_for_neglect_only_for_the_time_it_was_wanted():
     """The in-process form of seeds 4 and 40: the own relay comes back empty and gsync,
     started again (knowing nothing it confirmed: no relay to ask what the own relay lost),

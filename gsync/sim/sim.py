@@ -711,6 +711,7 @@ class Simulation:
         for i in range(0, len(events), 500):
             self.post(OwnEvents(events[i:i + 500]))
         self.post(OwnSubscribed(reconnect=last is not None))
+        self.checker.own_read()
 
     def own_away(self, secs: float, lose_last: float = 0.0) -> None:
         """The own relay goes away for ``secs``; it comes back without what it stored in the
