@@ -731,6 +731,25 @@ def _synced_with_a(tmp_path):
     return h, repo
 
 
+def _two_issues_to_answer(tmp_path, content: str):
+    """A manager synced with a (``_synced_with_a``), two issues of its repository to send it
+    as a's, and how the own relay answers one that delivery holds, as a lane reads it (a
+    final refusal waits for the own relay to store anew too, as delivery marks it):
+    (harness, repo, a's subscription, the issues, answer)."""
+    h, repo = _synced_with_a(tmp_path)
+    sub = next(iter(h.conn(A).subscriptions))
+    issues = tuple(issue(Author.named("bob"), repo, content=f"{content} {n}") for n in range(2))
+    delivery = h.manager.delivery
+
+    def answer(event, outcome: str, reason: str = "") -> None:
+        delivery._finish(event, outcome, reason, until_own_stores=outcome == "rejected")
+        delivery._count_delivered()
+        while not h.manager.queue.empty():
+            h.feed(h.manager.queue.get_nowait())  # (the lane's answers)
+
+    return h, repo, sub, issues, answer
+
+
 def test_an_event_refused_while_dated_ahead_of_the_clock_goes_again_once_its_time_has_come(tmp_path):
     """An issue from a client whose clock runs an hour ahead: the own relay refuses it as
     too far in the future (NIP-22; strfry past 15 minutes). A final refusal, kept the week;
@@ -762,17 +781,8 @@ def test_events_refused_while_the_own_relay_was_read_only_go_again_though_nothin
     a day. With nothing stored anew, one waiting event is offered again 10 minutes after
     the first waited, then at doubling gaps (to 2 hours); refused, it waits as before;
     stored, it releases the rest (fetched again by id)."""
-    h, repo = _synced_with_a(tmp_path)
-    sub = next(iter(h.conn(A).subscriptions))
-    older, newest = (issue(Author.named("bob"), repo, content=f"written while read-only {n}") for n in range(2))
+    h, repo, sub, (older, newest), answer = _two_issues_to_answer(tmp_path, "written while read-only")
     delivery = h.manager.delivery
-
-    def answer(event, outcome, reason=""):
-        delivery._finish(event, outcome, reason, until_own_stores=outcome == "rejected")
-        delivery._count_delivered()
-        while not h.manager.queue.empty():
-            h.feed(h.manager.queue.get_nowait())  # (the lane's answers)
-
     for event in (older, newest):
         h.relay_sends(A, sub, event)
         assert delivery.is_tracked(event.id)
@@ -804,17 +814,8 @@ def test_a_repository_the_own_relay_lost_comes_back_with_the_announcement_kept_i
     back by chance. An event of a followed repository refused: the followed announcement goes
     to the own relay again, from memory; stored, what waited on the repository goes again. Not
     again within ``ANNOUNCEMENT_REOFFER_SECS`` however many of its events are refused."""
-    h, repo = _synced_with_a(tmp_path)
-    sub = next(iter(h.conn(A).subscriptions))
-    first, second = (issue(Author.named("bob"), repo, content=f"while the own relay lost it {n}") for n in range(2))
+    h, repo, sub, (first, second), answer = _two_issues_to_answer(tmp_path, "while the own relay lost it")
     delivery = h.manager.delivery
-
-    def answer(event, outcome, reason=""):
-        delivery._finish(event, outcome, reason, until_own_stores=outcome == "rejected")
-        delivery._count_delivered()
-        while not h.manager.queue.empty():
-            h.feed(h.manager.queue.get_nowait())  # (the lane's answers)
-
     assert not delivery.is_tracked(repo.id)
     h.relay_sends(A, sub, first)
     answer(first, "rejected", "blocked: not an event of a repository hosted here")
