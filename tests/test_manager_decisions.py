@@ -834,6 +834,28 @@ def test_a_repository_the_own_relay_lost_comes_back_with_the_announcement_kept_i
     assert {first.id, second.id} <= asked  # they go again (fetched again by id: their full events gone)
 
 
+def test_refused_events_fetched_again_by_id_ask_no_more_to_a_filter_than_the_relay_serves_one(tmp_path):
+    """Seed 10 of the stress mix: 222 refused events released at once went to relay0, which
+    serves 100 a filter, in one id filter; it sent 100, and with no filter behind them the
+    rest waited a day for the next daily sync. Fetched again by id, no more ids go to a filter
+    than the connection has seen the relay serve one, in one REQ (one paced start)."""
+    from gsync.sync.pending import PageCap
+
+    h, _ = _synced_with_a(tmp_path)
+    state = h.manager.relays[A]
+    state.current.page_cap = PageCap.per_filter(20)
+    ids = [f"{n:064x}" for n in range(50)]
+    before = len(h.reqs(A))
+    h.manager.historic.refetch_refused(A, ids)
+    for _ in range(3):
+        h.advance(1)
+        h.tick()
+    asked = [req for req in h.reqs(A)[before:] if any("ids" in flt for flt in req[2:])]
+    assert len(asked) == 1
+    assert sorted(i for flt in asked[0][2:] for i in flt["ids"]) == ids
+    assert max(len(flt["ids"]) for flt in asked[0][2:]) <= 20
+
+
 # -- what the own relay lost while gsync was stopped --------------------------------------------
 
 

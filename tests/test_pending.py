@@ -1055,23 +1055,6 @@ def test_an_id_page_a_relay_ignoring_until_may_have_cut_asks_the_ids_it_did_not_
         # short of what the relay serves a filter: the rest is not there; less missing than
         # came: the residual's retry; a relay that reads until: the rest by their filters' pages
         b = batch()
-        b.expect_ids(ids.ids)  # (advertised by an exchange: the residual's path behind them)
         add_subscription(b, "s1", [ids])
         feed(b, "s1", wanted[:served])
         assert flat(on_eose(b, "s1", cap=cap)) == []
-
-
-def test_a_cut_id_page_with_nothing_behind_it_asks_the_rest_again_on_any_relay():
-    """Refused events released when what they waited for arrived are fetched again by id,
-    with no exchange's residual nor filter behind them: a relay serving 100 a filter sent
-    100 of 222 such ids, and the rest waited a day for the next daily sync (seed 10 of the
-    stress mix). A page that may have been cut asks the ids it did not send again, however
-    few; one short of what the relay serves a filter is complete (the rest is not there)."""
-    wanted = page(1621, 1000, 50)
-    ids = Filter.make(ids=[e.id for e in wanted])
-    for cap, served, again in ((learnt(20), 20, 30), (learnt(20), 40, 10), (ignoring(20), 30, 20),
-                               (learnt(80), 45, 0), (learnt(20), 50, 0)):
-        b = batch()
-        add_subscription(b, "s1", [ids])
-        feed(b, "s1", wanted[:served])
-        assert flat(on_eose(b, "s1", cap=cap)) == ([Filter.make(ids=[e.id for e in wanted[served:]])] if again else [])

@@ -261,7 +261,7 @@ class FilterPaginationState:
 
     def next_page(self, cap: PageCap | None = None, total: int | None = None,
                   elapsed: float | None = None, by_itself: bool = True,
-                  past_until: int = 0, ids_alone: bool = False) -> FilterPaginationState | None:
+                  past_until: int = 0) -> FilterPaginationState | None:
         """The state for the next page, or None when this filter is exhausted.
 
         ``cap``: the connection's ``PageCap`` (already taught this page); ``total``: events
@@ -270,8 +270,7 @@ class FilterPaginationState:
         its ``until`` the relay sent newer than it (one ignoring ``until``: dropped by the
         connection, yet they fill the relay's cap; a piece of a split whose 20 of 20 were 12
         newer and 8 within came back "complete" at 8, and an import of 178 events waited a
-        day: seed 707 of the stress mix); ``ids_alone``: an id page with no residual path
-        behind it (ids no NIP-77 exchange advertised: ``_ids_again``); ``elapsed``: seconds from REQ to
+        day: seed 707 of the stress mix); ``elapsed``: seconds from REQ to
         EOSE, None if unknown. A slow page is confirmed unless the whole REQ brought nothing
         (its time went on finding nothing): so a relay slow every time still ends, with
         ``until`` moving back each page until one comes back empty."""
@@ -279,7 +278,7 @@ class FilterPaginationState:
         total = len(self.seen) if total is None else total
         slow = slow_page(elapsed, total)
         if self.page_filter.ids is not None:
-            return self._ids_again(cap, total, slow, ids_alone) if cap.until_ignored or ids_alone else None
+            return self._ids_again(cap, total, slow) if cap.until_ignored else None
         if cap.until_ignored:
             return self._unpaged(cap, total, slow, past_until)
         if cap.until_exclusive and not self.until_shift and self.until is not None:
@@ -323,7 +322,7 @@ class FilterPaginationState:
         return self._leaving(self._bounded(next_until, boundary, cap.until_shift,
                                            full=cap.filled(len(self.seen)), boundary_shared=shared))
 
-    def _ids_again(self, cap: PageCap, total: int, slow: bool, alone: bool = False) -> FilterPaginationState | None:
+    def _ids_again(self, cap: PageCap, total: int, slow: bool) -> FilterPaginationState | None:
         """On a relay that ignores ``until``, whose filters' pages stop at the first: an
         exact-id answer is complete, its shortfalls residuals, unless the relay may have cut
         it and more is missing than came (it caps every filter, an id filter too: 20 of 300
@@ -331,17 +330,11 @@ class FilterPaginationState:
         which cannot page there): the ids it did not send are asked again. A smaller
         shortfall is the residual's, retried once by id (``decide_residual``): ids hidden
         or gone are not asked again and again. (Elsewhere a cut id page's rest goes to its
-        filters' pages, as ids not served by id do.)
-
-        ``alone``: ids with no residual nor filter behind them (refused events fetched again
-        once what they waited for arrived): on any relay, the ids a page that may
-        have been cut did not bring are asked again, however few, while pages bring some (a
-        relay serving 100 a filter sent 100 of 222 such ids, and the rest waited for the
-        next daily sync: seed 10 of the stress mix)."""
+        filters' pages, as ids not served by id do.)"""
         if not self.seen or not cap.maybe_cut(len(self.seen), total, slow):
             return None
         rest = self.page_filter.ids - {i for _, i in self.seen}
-        if not rest or (len(rest) <= len(self.seen) and not alone):
+        if len(rest) <= len(self.seen):
             return None
         return FilterPaginationState(original_filter=self.original_filter,
                                      page_filter=self.page_filter.replace(ids=frozenset(rest)),

@@ -623,10 +623,7 @@ def on_eose(batch: PendingBatch, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ
     state.teach(cap, elapsed)
     by_itself = len(state.filters) == 1
     past_until = past_until or (0,) * len(state.filters)  # (none told: none past)
-    advertised = batch.advertised_ids  # (ids no exchange advertised have no residual path)
-    continuing = [n for n in (s.next_page(cap, state.total, elapsed, by_itself, past,
-                                          ids_alone=s.page_filter.ids is not None
-                                          and advertised.isdisjoint(s.page_filter.ids))
+    continuing = [n for n in (s.next_page(cap, state.total, elapsed, by_itself, past)
                               for s, past in zip(state.filters, past_until, strict=False)) if n]
     continuing += _unproven_seconds_again(batch, state, cap, ending=not continuing and not batch.outstanding_subs)
     batch.crowded += [
