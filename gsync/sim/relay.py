@@ -549,9 +549,12 @@ class SimRelay:
                 continue
             asked += 1
             read = self.as_read(f if f.limit != 0 else f.replace(limit=None))
-            for e in self.store.query(read, self.page_cap, self.hidden):
-                out.setdefault(e.id, e)
-                each.append(e)
+            found = self.store.query(read, self.page_cap, self.hidden)
+            if self.per_filter:
+                each += found
+            else:
+                for e in found:
+                    out.setdefault(e.id, e)
         if self.per_filter:
             return each if self.req_cap is None else each[:self.req_cap]
         # (one filter's answer: newest first already, each event once)

@@ -80,14 +80,19 @@ def author_key(pubkey: str) -> str:
     return f"author:{pubkey}"
 
 
+def names_repo(name: str, value: str) -> bool:
+    """Does a tag ``[name, value, …]`` name a repository (``a``/``A``/``q`` of ``30617:…``)?"""
+    return name in REPO_TAGS and value.startswith(f"{ANNOUNCEMENT_KIND}:")
+
+
 def repo_addresses(event: Event, cap: int = MAX_DEPENDENCIES) -> list[str]:
-    """The repositories ``event`` names (``a``/``A``/``q`` values ``30617:…``), at most
-    ``cap`` of them: a hostile event cannot make its refusal costly."""
+    """The repositories ``event`` names (``names_repo``), at most ``cap`` of them: a hostile
+    event cannot make its refusal costly."""
     out: dict[str, None] = {}
     for tag in event.tags:
         if len(out) >= cap:
             break
-        if len(tag) >= 2 and tag[0] in REPO_TAGS and tag[1].startswith(f"{ANNOUNCEMENT_KIND}:"):
+        if len(tag) >= 2 and names_repo(tag[0], tag[1]):
             out[tag[1]] = None
     return list(out)
 
@@ -111,7 +116,7 @@ def dependencies(event: Event, cap: int = MAX_DEPENDENCIES) -> tuple[str, ...]:
         if len(tag) < 2:
             continue
         name, value = tag[0], tag[1]
-        if name in REPO_TAGS and value.startswith(f"{ANNOUNCEMENT_KIND}:"):
+        if names_repo(name, value):
             keys[repo_key(value)] = None
         elif name in EVENT_TAGS and _HEX64.match(value):
             keys[event_key(value)] = None

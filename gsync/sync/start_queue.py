@@ -152,11 +152,7 @@ class StartQueue:
         (relays cap ids per filter and per REQ). On a relay that ignores ``until``, no more
         ids a filter than it has served a filter: a cut id page is asked again there
         (``FilterPaginationState._ids_again``), each time with the ids it hides."""
-        cap = state.current.page_cap
-        per = MAX_IDS_PER_REQ
-        if cap is not None and cap.until_ignored:
-            per = max(MIN_PAGE_CAP, min(per, cap.filter_served))
-        for flt in reversed(id_filters(ids, per)):
+        for flt in reversed(id_filters(ids, ids_per_filter(state.current.page_cap))):
             self.add_reqs(state, batch, [flt], front=True)
 
     def add_cut(self, state, batch: PendingBatch, cut, pages) -> None:
@@ -269,6 +265,17 @@ class StartQueue:
 def pack(state, filters) -> list[list[Filter]]:
     """``filters`` as REQs within the relay's limits (``filter_plan.pack_into_reqs``)."""
     return filter_plan.pack_into_reqs(filters, state.current.limits, key=filter_plan.paging_key)
+
+
+def ids_per_filter(cap: PageCap | None, alone: bool = False) -> int:
+    """Ids to one filter of an id fetch: as many as relays take, unless what a cut id page
+    leaves goes nowhere; then no more than the connection has seen the relay serve a filter:
+    on a relay that ignores ``until`` (``FilterPaginationState._ids_again`` asks the rest
+    again there), and, once it has seen any, for ids with no filter behind them (``alone``:
+    refused events fetched again, ``HistoricSync.fetch_ids``)."""
+    served = cap.filter_served if cap is not None else 0
+    bounded = served > 0 if alone else cap is not None and cap.until_ignored
+    return max(MIN_PAGE_CAP, min(MAX_IDS_PER_REQ, served)) if bounded else MAX_IDS_PER_REQ
 
 
 def id_filters(ids, per: int = MAX_IDS_PER_REQ) -> list[Filter]:

@@ -405,12 +405,9 @@ class HistoricSync:
         waited for arrived, with no filter behind them, so an id page the relay cuts loses
         the rest until the next daily sync (relay0 of seed 10 of the stress mix serves 100 a
         filter and was asked 222 in one). No more ids to a filter than the connection has
-        seen the relay serve one (``PageCap.filter_served``; 300 before it has seen any),
-        the filters of one batch, ten to a REQ."""
-        cap = state.current.page_cap
-        per = constants.MAX_IDS_PER_REQ
-        if cap is not None and cap.filter_served:
-            per = max(constants.MIN_PAGE_CAP, min(per, cap.filter_served))
+        seen the relay serve one (``start_queue.ids_per_filter``), the filters of one batch,
+        ten to a REQ."""
+        per = start_queue.ids_per_filter(state.current.page_cap, alone=True)
         ids = list(ids)
         for i in range(0, len(ids), 10 * per):
             self.start(state, PendingItems(), start_queue.id_filters(ids[i:i + 10 * per], per))
