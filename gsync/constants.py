@@ -218,6 +218,9 @@ LOST_LOOK_SECS = 24 * 3600
 # the own relay and list it again, and it is not retired in between (its saved pauses with it:
 # seed 213 of --fault-scale 2, a refused #q asked again minutes after such a retirement).
 LOST_SETTLE_SECS = 600.0
+# The own relay, back from an outage, failed to say whether it still holds what it stored
+# (``sync.own_witness``): asked again this much later.
+OWN_WITNESS_RETRY_SECS = 60.0
 
 # -- missing-event recovery (SPEC §4) ----------------------------------------------------
 RECOVERY_BASE_SECS = 30.0

@@ -5,7 +5,7 @@ send, and when."""
 import json
 
 from gsync import constants
-from gsync.io.inbox import HandshakeDone, OwnEvents, RelayDisconnected
+from gsync.io.inbox import HandshakeDone, OwnEvents, OwnRelayState, OwnWitnessRead, RelayDisconnected
 from gsync.protocol import messages as wire
 from gsync.protocol.messages import parse_relay_message
 from gsync.protocol.nip11 import RelayLimits
@@ -854,6 +854,63 @@ def test_refused_events_fetched_again_by_id_ask_no_more_to_a_filter_than_the_rel
     assert len(asked) == 1
     assert sorted(i for flt in asked[0][2:] for i in flt["ids"]) == ids
     assert max(len(flt["ids"]) for flt in asked[0][2:]) <= 20
+
+
+# -- what the own relay lost while gsync ran ---------------------------------------------------
+
+
+def _own_relay_back(tmp_path):
+    """A manager synced with a, whose own relay showed an issue of the repository, then went
+    away for a minute and came back: (harness, the witnesses it asks the own relay for, the
+    REQs sent to a before)."""
+    h, repo = _synced_with_a(tmp_path)
+    h.own_relay_holds(issue(Author.named("bob"), repo, content="held"))
+    h.feed(OwnRelayState(False, h.clock.now))
+    h.advance(60)
+    before = len(h.reqs(A))
+    h.feed(OwnRelayState(True, h.clock.now))
+    asks = [g for g in h.effects.spawned if g.name == "ask_back"]
+    assert len(asks) == 1
+    return h, asks[0].args[1], before
+
+
+def _fresh_layer1(h, before: int) -> list:
+    """Layer-1 history filters sent to a since ``before``, unbounded (a fresh start's)."""
+    return [flt for req in h.reqs(A)[before:] for flt in req[2:]
+            if 30617 in flt.get("kinds", ()) and flt.get("limit") != 0 and "since" not in flt]
+
+
+def test_an_own_relay_back_without_events_it_stored_gets_every_relay_started_fresh(tmp_path):
+    """The own relay came back from an outage without an event it had stored (in memory,
+    its last writes lost, an older copy restored): asked for it by id, it does not have it,
+    and every relay starts fresh (layer 1 whole again), not only the outage's window."""
+    h, asked, before = _own_relay_back(tmp_path)
+    assert asked
+    h.feed(OwnWitnessRead(asked, []))
+    h.answer_own_reads()
+    h.advance(1.1)
+    assert _fresh_layer1(h, before)
+
+
+def test_an_own_relay_back_with_everything_it_stored_gets_the_catch_up_only(tmp_path):
+    h, asked, before = _own_relay_back(tmp_path)
+    h.feed(OwnWitnessRead(asked, list(asked)))
+    h.answer_own_reads()
+    h.advance(1.1)
+    assert h.reqs(A)[before:]  # the catch-up
+    assert not _fresh_layer1(h, before)
+
+
+def test_an_own_relay_that_does_not_answer_for_its_witnesses_is_asked_again_a_minute_later(tmp_path):
+    h, asked, _ = _own_relay_back(tmp_path)
+    h.effects.spawned.clear()
+    h.feed(OwnWitnessRead(asked, None, "own relay query failed: TimeoutError"))
+    h.advance(constants.OWN_WITNESS_RETRY_SECS - 1)
+    h.tick()
+    assert not [g for g in h.effects.spawned if g.name == "ask_back"]
+    h.advance(1)
+    h.tick()
+    assert [g.args[1] for g in h.effects.spawned if g.name == "ask_back"] == [asked]
 
 
 # -- what the own relay lost while gsync was stopped --------------------------------------------

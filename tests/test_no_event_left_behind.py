@@ -261,6 +261,27 @@ def test_an_own_relay_that_comes_back_empty_gets_the_catch_up_window_again(relay
     assert_arrives(own, [repo, *issues], timeout=30, what="the catch-up window delivered again")
 
 
+def test_an_own_relay_that_comes_back_empty_gets_its_older_history_again_at_once(relay_factory,
+                                                                                gsync_factory):
+    """The own relay restarts in memory after gsync had synced a repository whose history
+    is days old: the catch-up window (by ``created_at``) does not reach it. gsync asks the
+    own relay for a sample of what it had stored, finds it gone, and syncs every relay from
+    scratch, instead of leaving the own relay without that history until the next daily
+    sync."""
+    own, remote = relay_factory(), relay_factory()
+    then = int(time.time()) - 3 * 86_400
+    repo = our_announcement(own, [remote], d="old-history", created_at=then)
+    issues = [f.issue(bob, repo, subject=f"old {i}", created_at=then + 60 + i) for i in range(5)]
+    publish(remote.url, [repo, *issues])
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, issues, timeout=30, what="the issues")
+    own.restart()
+    assert_arrives(own, [repo, *issues], timeout=30, what="the older history delivered again")
+    lost = [e for e in gsync.log_events() if e["event"] == "own_relay_lost_events"]
+    assert lost and lost[0]["missing"] >= 1
+
+
 def test_an_own_relay_back_before_gsync_noticed_it_was_gone_gets_the_catch_up_too(
         relay_factory, gsync_factory, scripted):
     """The own relay restarts faster than a delivery connection is dialled again (it drops

@@ -24,6 +24,7 @@ from gsync.sim import SimOptions, Simulation, run
 from gsync.sim.invariants import BUSY_BASE, BUSY_PER_ACTION, BUSY_PER_LOST
 from gsync.sim.relay import EventStore, SimRelay, filter_from_json
 from gsync.sim.world import START, World
+from gsync.sync.own_witness import OwnWitness
 from gsync.sync.relay_state import ConnectionStatus
 
 from .factory import Author, announcement, comment, issue, repo_addr, state
@@ -194,12 +195,6 @@ def _forget_confirmed(sim) -> None:
     db.close()
 
 
-def _restart_forgetting_confirmed(sim) -> None:
-    sim.stop_gsync(True)
-    _forget_confirmed(sim)
-    sim.start_gsync()
-
-
 def test_the_relays_a_process_asks_what_the_own_relay_lost_are_excused_a_day_from_its_first_read():
     """Seed 130 of the stress mix (relay_table, day 10.96; the checker's mistake): gsync,
     started with the own relay away, read it 1.5 h later and only then asked the relays that
@@ -229,15 +224,23 @@ def test_the_relays_a_process_asks_what_the_own_relay_lost_are_excused_a_day_fro
 
 
 def test_a_relay_is_judged_for_neglect_only_for_the_time_it_was_wanted():
-    """The in-process form of seeds 4 and 40: the own relay comes back empty and gsync,
-    started again (knowing nothing it confirmed: no relay to ask what the own relay lost),
-    keeps only its bootstrap relays; hours later the announcements listing relay2 reach the
-    own relay again, five minutes before a neglect check: gsync dials relay2 at once, and the
-    check judges only those minutes (it judged the whole window)."""
+    """The in-process form of seeds 4 and 40: the own relay comes back empty while gsync is
+    stopped, and gsync, started again (knowing nothing it confirmed: no relay to ask what the
+    own relay lost; its relays back within minutes, reconnecting quickly) keeps only its
+    bootstrap relays; hours later the announcements listing relay2 reach the own relay again,
+    five minutes before a neglect check: gsync dials relay2 at once, and the check judges only
+    those minutes (it judged the whole window). (Running, gsync finds the loss itself:
+    ``sync.own_witness``.)"""
     sim = Simulation(SimOptions(seed=4, days=0.55, faults=False, **SMALL))
     relay2 = sim.world.relay_urls[2]
+    sim.at(START + 0.1 * 86_400 - 1, sim.stop_gsync, True)
     sim.at(START + 0.1 * 86_400, sim.own_away, 60.0, float("inf"))
-    sim.at(START + 0.15 * 86_400, _restart_forgetting_confirmed, sim)
+
+    def start_forgetting_confirmed():
+        _forget_confirmed(sim)
+        sim.start_gsync()
+
+    sim.at(START + 0.1 * 86_400 + 300, start_forgetting_confirmed)  # (its relays reconnect quickly)
     back = START + 0.5 * 86_400 - 300  # a neglect check every 4 h: this one at day 0.5
 
     def announce_again():
@@ -675,6 +678,7 @@ def test_a_relay_listed_by_an_announcement_the_own_relay_lost_is_not_judged_left
 
     sim.at(START + 0.05 * 86_400, announce_with_relay2)
     sim.at(START + 0.1 * 86_400, sim.relay_down, relay2, None)
+    sim.at(START + 0.2 * 86_400 - 1, _no_witness, sim)
     sim.at(START + 0.2 * 86_400, sim.own_away, 60.0, float("inf"))
     seen = []
     sim.at(START + 1.55 * 86_400, lambda: seen.append((relay2 in sim.manager.relays,
@@ -682,6 +686,14 @@ def test_a_relay_listed_by_an_announcement_the_own_relay_lost_is_not_judged_left
     result = sim.run()
     assert seen == [(True, False)]  # in gsync's table; the own relay's announcement does not list it
     _assert_clean(result)
+
+
+def _no_witness(sim: Simulation) -> None:
+    """gsync will not see the own relay's next loss (``sync.own_witness``: it knows no regular
+    event it stored, as a process that stored only announcements), so it does not start every
+    relay fresh and offer what it follows again: the own relay takes back what the relays
+    still up hold (the tests below were found in worlds where gsync did not look)."""
+    sim.manager.own_relay.witness = OwnWitness()
 
 
 def _newest_announcement_lost(sim: Simulation, relay2: str) -> None:
@@ -789,6 +801,7 @@ def test_a_relay_listed_by_the_older_announcement_a_restarted_gsync_was_shown_is
     sim.at(START + 0.1 * 86_400 + 30, sim.start_gsync)  # shown the older one only
     sim.at(START + 0.15 * 86_400, lambda: seen.append(relay2 in sim.manager.relays))
     sim.at(START + 0.16 * 86_400, sim.relay_down, relay2, None)  # (no one delivers the older one again)
+    sim.at(START + 0.2 * 86_400 - 1, _no_witness, sim)
     sim.at(START + 0.2 * 86_400, sim.own_away, 60.0, float("inf"))
     sim.at(START + 1.55 * 86_400, lambda: seen.append((relay2 in sim.manager.relays,
                                                        relay2 in sim.checker.wanted_relays()[0])))
@@ -1278,6 +1291,27 @@ def test_the_metric_labels_invariant_catches_a_series_of_a_relay_not_in_the_tabl
     sim.at(START + 0.05 * 86_400, stray)
     kept = sim.run().violations["metric_labels"]
     assert kept[0][1].endswith("{relay=wss://gone.example} for a relay not in the table")
+
+
+@pytest.mark.parametrize("away_at, lose_last", [(0.3, float("inf")), (0.005, 600.0)],
+                         ids=["back empty", "its first sync's writes lost"])
+def test_what_the_own_relay_lost_while_gsync_ran_is_back_within_the_hour(away_at, lose_last):
+    """The own relay comes back from a minute away without what it stored: everything (a
+    relay in memory), or its last 10 minutes of writes, gsync's first sync, whose events are
+    older than any catch-up window. gsync asks it for a few events it had stored, finds them
+    gone and starts every relay fresh: everything is back within the hour, not at each
+    relay's next daily sync (``sync.own_witness``)."""
+    sim = Simulation(SimOptions(seed=3, days=0.5, faults=False, **SMALL))
+    held: dict[str, object] = {}
+    gone_at = START + away_at * 86_400
+    sim.at(gone_at - 1, lambda: held.update(sim.own.store.events))
+    sim.at(gone_at, sim.own_away, 60.0, lose_last)
+    lost, missing = [], []
+    sim.at(gone_at + 1, lambda: lost.append(len(held) - len(sim.own.store)))
+    sim.at(gone_at + 3600, lambda: missing.extend(i for i in held if i not in sim.own.store.events))
+    _assert_clean(sim.run())
+    assert lost[0] > 20
+    assert missing == []
 
 
 def test_sending_the_own_relay_what_it_lost_is_not_a_busy_loop():

@@ -121,6 +121,16 @@ class OwnReadsLanded:
 
 
 @dataclass(slots=True)
+class OwnWitnessRead:
+    """The own relay, back from an outage, was asked for ``asked`` (``sync.own_witness``):
+    ``held``, the ids it still has (None: it failed to answer, ``reason``)."""
+
+    asked: list
+    held: list | None
+    reason: str = ""
+
+
+@dataclass(slots=True)
 class OwnReadsDue:
     """The window collecting own-relay reads closed: read what is waiting."""
 

@@ -36,7 +36,7 @@ from ..protocol import negentropy
 from ..protocol.filters import Filter
 from ..protocol.negentropy import Storage
 from . import negentropy_ws
-from .inbox import NegentropyFinished, OwnReadsLanded
+from .inbox import NegentropyFinished, OwnReadsLanded, OwnWitnessRead
 from .own_query import KeptConnections
 
 # LocalRelay's NIP-77 frame limit is 60,000 bytes; staying under it suits most relays.
@@ -160,6 +160,14 @@ def read_merged(own_url: str, reads, post, *, read_id: int, fresh: bool = False,
     answer deliveries (``give_way``)."""
     holdings, reason = _read_each(own_url, reads, fresh, busy)
     post(OwnReadsLanded(read_id, list(reads), holdings, reason, epoch))
+
+
+def ask_back(own_url: str, ids, post) -> None:
+    """The own relay asked, by id, which of ``ids`` it still holds (``sync.own_witness``):
+    posted as one ``OwnWitnessRead``."""
+    holdings, reason = _read_each(own_url, [Filter.make(ids=ids)], True, None)
+    held = None if holdings is None else [event_id for _, event_id in holdings[0]]
+    post(OwnWitnessRead(list(ids), held, reason))
 
 
 def _read_each(own_url: str, reads, fresh: bool, busy) -> tuple[list | None, str]:

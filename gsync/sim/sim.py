@@ -52,6 +52,7 @@ from ..io.inbox import (
     OwnEvents,
     OwnReadsLanded,
     OwnSubscribed,
+    OwnWitnessRead,
     RelayDisconnected,
     RemoteEvents,
     Tick,
@@ -65,6 +66,7 @@ from ..ops.config import AuthConfig, Config, MetricsConfig, NetworkConfig, Servi
 from ..ops.logging import configure_logging
 from ..protocol import messages as wire
 from ..protocol.event import Event
+from ..protocol.filters import Filter
 from ..sync import status as status_module
 from ..sync.own_held import HeldEntry
 from ..sync.relay_state import ConnectionStatus
@@ -638,6 +640,8 @@ class Simulation:
             self.at(self.clock.now + 0.005, self.own_read, g, gen=gen)
         elif g.fn is negentropy_sync.reconcile_filter:
             self.at(self.clock.now + 0.001, self.exchange, g, gen=gen)
+        elif g.fn is negentropy_sync.ask_back:
+            self.at(self.clock.now + 0.005, self.own_asked_back, g, gen=gen)
         else:
             raise RuntimeError(f"the simulation cannot run {g.fn!r}")
 
@@ -652,6 +656,17 @@ class Simulation:
         fresh = g.kwargs.get("fresh", False)
         holdings = [None if f is None else negentropy_sync._holdings.get(own_url, f, fresh) for f in reads]
         post(OwnReadsLanded(g.kwargs["read_id"], list(reads), holdings, "", g.kwargs.get("epoch", 0)))
+
+    def own_asked_back(self, g: Spawned) -> None:
+        """The own relay asked by id which witnesses it holds (``negentropy_sync.ask_back``)."""
+        if g.killed:
+            return
+        own_url, asked, post = g.args
+        if not self.own.up:
+            post(OwnWitnessRead(list(asked), None, "own relay query failed: ConnectionRefusedError"))
+            return
+        held = [event_id for _, event_id in self.own_holdings(own_url, Filter.make(ids=asked))]
+        post(OwnWitnessRead(list(asked), held, ""))
 
     def own_holdings(self, url: str, flt) -> HeldItems:
         """What the own relay holds of ``flt`` (``SharedHoldings``' read), each event's entry

@@ -47,6 +47,7 @@ from ..inbox import (
     OwnReadsLanded,
     OwnRelayState,
     OwnSubscribed,
+    OwnWitnessRead,
     RelayDisconnected,
     RemoteEvent,
     RemoteEvents,
@@ -166,8 +167,8 @@ class SyncManager:
             relays=self.relays, repos=self.repos, domains=self.domains, rejected=self.rejected,
             recovery=self.recovery, claims=self.claims, delivery=self.delivery, own_held=self.own_held,
             seen=self.seen, descendants=self.descendants, historic=self.historic, completion=self.completion,
-            apply_dirty=self.lifecycle.apply_dirty, effects=self.effects, clock=self.clock,
-            on_ready=lambda: self.became_ready(on_ready),
+            apply_dirty=self.lifecycle.apply_dirty, effects=self.effects, post=self.post, clock=self.clock,
+            on_ready=lambda: self.became_ready(on_ready), on_loss=self.lifecycle.own_relay_lost,
             shards=config.cluster.shard.count > 1)
 
     def dispatch_table(self) -> dict:
@@ -187,6 +188,7 @@ class SyncManager:
             OwnLanded: self.own_relay.on_own_landed,
             OwnSubscribed: self.own_relay.on_own_subscribed,
             OwnRelayState: self.own_relay.on_own_relay_state,
+            OwnWitnessRead: self.own_relay.on_own_witness_read,
             DeliveryAnswered: self.own_relay.on_delivery_answered,
             DeliveryCaughtUp: self.historic.on_delivery_caught_up,
             BatchWindowClosed: self.own_relay.on_batch_window_closed,
@@ -322,6 +324,7 @@ class SyncManager:
         self.descendants.run(now)
         self.own_relay.release_dependents(self.rejected.due(now))  # dated ahead when refused: their time came
         self.own_relay.probe_store(now)  # refused with everything, nothing stored since: does it store again?
+        self.own_relay.ask_witnesses_if_due(now)  # back from an outage, its answer failed: ask again
         for event_id in self.rejected.expire(now):
             # refused a week ago: the next copy goes to the own relay again (kept in seen, it
             # counted as delivered: seed 64's 60 days, a comment refused while the own

@@ -148,6 +148,22 @@ class RelayLifecycle:
         if lost:
             log.info("lost_repositories_asked", relays=len(lost), repositories=len(set().union(*lost.values())))
 
+    def own_relay_lost(self, now: float) -> None:
+        """The own relay, back from an outage, lost events it had stored (``sync.own_witness``):
+        how many, and from when, is unknown. Every relay starts fresh (at once if connected,
+        else at its next connection), as its daily sync would: NIP-77 moves only what the own
+        relay lacks, REQ pages bring everything again (``duplicate`` where it is held)."""
+        started = 0
+        for state in self.relays.values():
+            if state.refused_reason:
+                continue
+            state.announcements_synced = False  # a fresh start at its next connection
+            if state.connected:
+                self.fresh_start(state, now)
+                started += 1
+        log.info("relays_started_fresh", reason="own relay lost events", connected=started,
+                 relays=len(self.relays))
+
     def connect_due_relays(self, now: float) -> None:
         listed = self.repos.listed_relays()
         if not self.relays.keys() >= listed:  # (a set comparison in C: on most ticks every one is)

@@ -11,6 +11,7 @@ from ...ops.logging import get_logger
 from ...protocol.event import is_authentic
 from ...sync import filter_plan
 from ...sync.descendants import full_root_ids
+from ...sync.own_witness import OwnWitness
 from ...sync.rejected import (
     OWN_STORES_KEY,
     author_key,
@@ -21,6 +22,7 @@ from ...sync.rejected import (
 )
 from ...sync.relay_state import RelayState
 from ...sync.repos import SyncLevel, list_tag_values, should_forward_layer1
+from .. import negentropy_sync
 from ..inbox import (
     BatchWindowClosed,
     DeliveryAnswered,
@@ -29,6 +31,7 @@ from ..inbox import (
     OwnLanded,
     OwnRelayState,
     OwnSubscribed,
+    OwnWitnessRead,
 )
 
 # the source of what goes to the own relay from gsync's memory, not from a relay
@@ -52,7 +55,7 @@ class OwnRelaySide:
 
     def __init__(self, *, own_relay: str, batch_window_secs: float, relays, repos, domains, rejected,
                  recovery, claims, delivery, own_held, seen, descendants, historic, completion, apply_dirty,
-                 effects, clock, on_ready, shards: bool = False):
+                 effects, post, clock, on_ready, on_loss, shards: bool = False):
         self.own_relay = own_relay
         self.batch_window_secs = batch_window_secs
         self.relays = relays
@@ -69,6 +72,7 @@ class OwnRelaySide:
         self.completion = completion
         self.apply_dirty = apply_dirty
         self.effects = effects
+        self.post = post
         self.clock = clock
         self.on_ready = on_ready
         self.ready = False  # the own relay's first history read is applied
@@ -84,6 +88,9 @@ class OwnRelaySide:
         # repository address -> (when its announcement may be offered again, the gap):
         # ``offer_lost_announcements``; repositories of the index only, dropped as each is shown
         self.reoffered: dict[str, tuple[float, float]] = {}
+        self.witness = OwnWitness()  # a few events it stored, asked back after an outage
+        self.witness_due: float | None = None  # when to ask them again (its answer failed)
+        self.on_loss = on_loss  # it lost events: every relay starts fresh
 
     @property
     def down(self) -> bool:
@@ -136,6 +143,7 @@ class OwnRelaySide:
         for event in msg.events:
             seen.setdefault(event.id, None)
         self.trim_seen()
+        self.witness.stored((event.id, event.kind) for event in msg.events if event.id not in msg.duplicates)
         # The first history read is one batch, however long it takes: one AddFilters per
         # relay instead of a drip of them.
         if not self.window_open and self.ready:
@@ -310,6 +318,42 @@ class OwnRelaySide:
         for state in self.relays.values():
             if state.connected:  # its live subscriptions stayed open: history only
                 self.historic.catch_up(state, state.confirmed.copy(), catch_up)
+        # What it stored long before the outage is beyond that window: is it still there?
+        self.ask_witnesses()
+
+    def ask_witnesses(self) -> None:
+        """The own relay is back: ask it for a few events it had stored
+        (``sync.own_witness``); ``on_own_witness_read`` judges the answer."""
+        self.witness_due = None
+        asked = self.witness.sample()
+        if not asked:
+            return
+        handle = self.effects.spawn(negentropy_sync.ask_back, self.own_relay, asked, self.post)
+
+        def died(exc) -> None:
+            self.post(OwnWitnessRead(asked, None, f"own relay query failed: {type(exc).__name__}"))
+
+        self.effects.on_death(handle, died)
+
+    def on_own_witness_read(self, msg: OwnWitnessRead) -> None:
+        """Any witness gone: the own relay lost what it stored, how much is unknown, and
+        every relay starts fresh (``on_loss``); NIP-77 moves only what it lacks. Unanswered:
+        asked again in OWN_WITNESS_RETRY_SECS (another outage asks at its end)."""
+        if self.down:
+            return
+        now = self.clock()
+        if msg.held is None:
+            log.warning("own_witnesses_unread", reason=msg.reason[:200])
+            self.witness_due = now + constants.OWN_WITNESS_RETRY_SECS
+            return
+        gone = self.witness.judge(msg.asked, msg.held)
+        if gone:
+            log.warning("own_relay_lost_events", asked=len(msg.asked), missing=len(gone), example=gone[0])
+            self.on_loss(now)
+
+    def ask_witnesses_if_due(self, now: float) -> None:
+        if self.witness_due is not None and now >= self.witness_due and not self.down:
+            self.ask_witnesses()
 
     def on_own_held_confirmed(self, msg: OwnHeldConfirmed) -> None:
         """What the own relay stored is held. An event it stored anew had nothing tagging
@@ -327,6 +371,7 @@ class OwnRelaySide:
         stream like any (reading it brought back what that shard stored)."""
         if msg.stored_anew:  # (a duplicate answered is only a read)
             self.stores_again()
+        self.witness.stored((event_id, entry.kind) for event_id, entry in msg.entries)
         if not self.down:
             self.own_held.confirm(msg.entries)
             anew = set(msg.stored_anew)
@@ -345,6 +390,7 @@ class OwnRelaySide:
         if self.down:
             return
         self.own_held.confirm(msg.entries)
+        self.witness.stored((event_id, entry.kind) for event_id, entry in msg.entries)
         seen, now = self.seen, self.clock()
         others = [(event_id, entry) for event_id, entry in msg.entries if seen.get(event_id) is None]
         if not others:  # this instance's own deliveries
