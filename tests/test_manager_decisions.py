@@ -5,7 +5,13 @@ send, and when."""
 import json
 
 from gsync import constants
-from gsync.io.inbox import HandshakeDone, OwnEvents, OwnRelayState, OwnWitnessRead, RelayDisconnected
+from gsync.io.inbox import (
+    HandshakeDone,
+    OwnEvents,
+    OwnRelayState,
+    OwnWitnessRead,
+    RelayDisconnected,
+)
 from gsync.protocol import messages as wire
 from gsync.protocol.messages import parse_relay_message
 from gsync.protocol.nip11 import RelayLimits
