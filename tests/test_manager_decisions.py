@@ -946,6 +946,47 @@ def _restarted_after_the_own_relay_lost(tmp_path, later: float):
     return h, lost
 
 
+def _restarted_with_an_issue_lost(tmp_path):
+    """A gsync that synced ``r`` (listing a) and saw an issue of it on the own relay, started
+    again a minute later with an own relay that shows ``r`` alone (restored from an older
+    copy): (harness, the issue)."""
+    repo = _ours(Author.named("owner"), "r", A)
+    bug = issue(Author.named("bob"), repo)
+    first = ManagerHarness(tmp_path)
+    first.own_relay_holds(repo, bug)
+    first.connect(A)
+    first.settle(A)
+    first.manager.save_state(first.clock.now)
+    first.manager.saved.close()
+    h = ManagerHarness(tmp_path)
+    h.clock.now = first.clock.now + 60  # (a quick reconnect: its confirmed history taken as held)
+    h.own_relay_holds(repo)
+    return h, bug
+
+
+def test_a_restarted_gsync_asks_the_own_relay_for_what_it_had_stored_and_starts_fresh_without_it(tmp_path):
+    """What the own relay lost while gsync was stopped is found as when gsync runs: the last
+    process's witnesses (saved) are asked for at the first read; gone, every relay starts
+    fresh, where a relay back within minutes would only catch up since its last session."""
+    h, bug = _restarted_with_an_issue_lost(tmp_path)
+    asks = [g.args[1] for g in h.effects.spawned if g.name == "ask_back"]
+    assert asks == [[bug.id]]
+    h.feed(OwnWitnessRead([bug.id], []))
+    h.connect(A)
+    h.answer_own_reads()
+    h.advance(1.1)
+    assert _fresh_layer1(h, 0)
+
+
+def test_a_restarted_gsync_whose_own_relay_holds_what_it_had_stored_reconnects_quickly(tmp_path):
+    h, bug = _restarted_with_an_issue_lost(tmp_path)
+    h.feed(OwnWitnessRead([bug.id], [bug.id]))
+    h.connect(A)
+    h.answer_own_reads()
+    h.advance(1.1)
+    assert _layer1(h, A) and not _fresh_layer1(h, 0)
+
+
 def _layer1(h, url):
     """(sub id, filter) of each layer-1 history filter sent to ``url``."""
     return [(req[1], flt) for req in h.reqs(url) for flt in req[2:]

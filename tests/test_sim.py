@@ -184,14 +184,17 @@ def test_a_relay_wanted_only_at_the_end_of_a_window_is_not_judged_neglected_for_
 
 def _forget_confirmed(sim) -> None:
     """gsync's saved state keeps what each relay learnt and the roots it confirmed, not which
-    repositories: a restart then sees nothing the own relay lost (``lifecycle.look_for_lost``),
-    as before it looked (a relay with roots confirmed still reconnects quickly)."""
+    repositories nor what the own relay stored: a restart then sees nothing the own relay lost
+    (``lifecycle.look_for_lost``, ``sync.own_witness``), as before it looked (a relay with
+    roots confirmed still reconnects quickly)."""
     import sqlite3
 
+    from gsync.io.manager.saved_state import WITNESSES
     from gsync.sync.memory import ROOT_LEVEL
     db = sqlite3.connect(os.path.join(sim.state_dir, "gsync.db"))
     with db:
         db.execute("DELETE FROM confirmed WHERE level != ?", (ROOT_LEVEL,))
+        db.execute("DELETE FROM meta WHERE key = ?", (WITNESSES,))
     db.close()
 
 

@@ -497,10 +497,10 @@ class Simulation:
         relay3 was registered anew, between two of the checker's 10-minute samples)."""
         real_save = saved.save
 
-        def save(relays, health, rejected, now, *, ready):
+        def save(relays, health, rejected, now, *, ready, **kwargs):
             if ready and saved._memories:
                 self.checker.forgotten(set(saved._memories))
-            return real_save(relays, health, rejected, now, ready=ready)
+            return real_save(relays, health, rejected, now, ready=ready, **kwargs)
 
         saved.save = save
 

@@ -397,8 +397,10 @@ class SyncManager:
 
     def became_ready(self, then) -> None:
         """The own relay's first read is applied: what it shows is known, so what it lost
-        since an earlier process saved is too (``lifecycle.look_for_lost``); then ``then``."""
+        since an earlier process saved is too (``lifecycle.look_for_lost``), and it is asked
+        for what it had stored then (``sync.own_witness``); then ``then``."""
         self.lifecycle.look_for_lost(self.saved.take_lost(self.repos), self.clock())
+        self.own_relay.ask_witnesses(self.saved.take_witnesses())  # and what it stored for the last
         if then:
             then()
 
@@ -469,7 +471,8 @@ class SyncManager:
     def save_state(self, now: float) -> None:
         """What changed since the last save goes to state_dir (relays, confirmed items,
         rejected entries): one transaction, rows by change."""
-        self.saved.save(self.relays, self.health, self.rejected, now, ready=self.own_relay.ready)
+        self.saved.save(self.relays, self.health, self.rejected, now, ready=self.own_relay.ready,
+                        witnesses=self.own_relay.witness.sample())
 
 
 _MANAGER_GAUGES: tuple = ()

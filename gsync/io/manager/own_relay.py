@@ -321,11 +321,12 @@ class OwnRelaySide:
         # What it stored long before the outage is beyond that window: is it still there?
         self.ask_witnesses()
 
-    def ask_witnesses(self) -> None:
-        """The own relay is back: ask it for a few events it had stored
-        (``sync.own_witness``); ``on_own_witness_read`` judges the answer."""
+    def ask_witnesses(self, asked: list[str] | None = None) -> None:
+        """The own relay is back: ask it for a few events it had stored (``asked``; by
+        default ``sync.own_witness``'s sample); ``on_own_witness_read`` judges the answer."""
         self.witness_due = None
-        asked = self.witness.sample()
+        if asked is None:
+            asked = self.witness.sample()
         if not asked:
             return
         handle = self.effects.spawn(negentropy_sync.ask_back, self.own_relay, asked, self.post)

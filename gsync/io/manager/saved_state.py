@@ -23,6 +23,7 @@ from ...sync.targets import ConfirmedItems
 log = get_logger("gsync.state")
 
 LEGACY_MIGRATED = "rejected_json_migrated"
+WITNESSES = "own_witnesses"  # ids the own relay stored, asked back at the next start (sync.own_witness)
 SAVED_AT = "saved_at"  # wall clock of the last save: when the relays it says connected were
 
 
@@ -51,6 +52,8 @@ class SavedState:
         self._confirmed: dict[str, list] = {}  # url → saved (item, level) rows, the same
         self._members: dict[str, list] = {}  # url → saved (member, roots) rows, the same
         self._confirmed_repos: dict[str, list] = {}  # url → saved repository rows, until ready (``take_lost``)
+        self._witnesses: list[str] = []  # what the last process's own relay stored, until ready
+        self._saved_witnesses = ""  # as last written
         self._prior_saved_at: float | None = None  # the previous process's last save
         self._saved_records: dict[str, dict] = {}  # url → record as last written
         self._record_keys: dict[str, tuple] = {}  # url → memory.record_key of that record
@@ -103,6 +106,8 @@ class SavedState:
                                  for url, rows in self._confirmed.items()}
         prior = store.meta(SAVED_AT)
         self._prior_saved_at = float(prior) if prior is not None else None
+        self._saved_witnesses = store.meta(WITNESSES) or ""
+        self._witnesses = [i for i in self._saved_witnesses.split() if len(i) == 64]
         if store.meta(LEGACY_MIGRATED) is None:
             text = store.read_legacy_rejected()
             if text is not None:
@@ -152,6 +157,12 @@ class SavedState:
         rows, self._confirmed_repos = self._confirmed_repos, {}
         return memory.lost_repositories(rows, known)
 
+    def take_witnesses(self) -> list[str]:
+        """Once, when the own relay's first read is applied: ids it had stored for the last
+        process (``sync.own_witness``), to ask it for."""
+        witnesses, self._witnesses = self._witnesses, []
+        return witnesses
+
     def forget(self, url: str) -> None:
         """A retired relay: its rows go with the next save."""
         self._forget.add(url)
@@ -183,10 +194,12 @@ class SavedState:
         waited = now - self.last_save_try
         return waited >= constants.STATE_SAVE_SECS and (self.touched or waited >= constants.STATE_QUIET_SAVE_SECS)
 
-    def save(self, relays, health, rejected: RejectedIndex, now: float, *, ready: bool) -> None:
+    def save(self, relays, health, rejected: RejectedIndex, now: float, *, ready: bool,
+             witnesses=()) -> None:
         """Write what changed since the last save, in one transaction. Once the manager is
         ready (the own relay's first read applied: every relay with work is registered),
-        saved relays no longer registered are forgotten."""
+        saved relays no longer registered are forgotten. ``witnesses``: ids the own relay
+        stored (``sync.own_witness``), for the next process to ask it for."""
         self.last_save_try, self.touched, self.soon = now, False, False
         c = _Changes()
         for state in relays.values():
@@ -199,11 +212,15 @@ class SavedState:
             self._members.clear()
         forget = set(self._forget)
         rejected_puts, rejected_deletes = rejected.take_changes()
+        meta = {SAVED_AT: repr(now)}
+        witnessed = " ".join(witnesses)
+        if witnessed and witnessed != self._saved_witnesses:  # (none yet: the last process's kept)
+            meta[WITNESSES] = witnessed
         try:
             self.store.save(now, rejected_puts=rejected_puts, rejected_deletes=rejected_deletes,
                             relays=c.records, forget_relays=forget, confirmed_puts=c.puts,
                             confirmed_deletes=c.deletes, member_puts=c.member_puts,
-                            member_deletes=c.member_deletes, meta={SAVED_AT: repr(now)})
+                            member_deletes=c.member_deletes, meta=meta)
         except (sqlite3.Error, OSError) as exc:
             self.save_error = str(exc)[:300]
             log.warning("state_save_failed", path=self.store.path, reason=self.save_error)
@@ -212,6 +229,7 @@ class SavedState:
             self.touched = True  # tried again at the next STATE_SAVE_SECS
             return
         self._forget -= forget
+        self._saved_witnesses = meta.get(WITNESSES, self._saved_witnesses)
         self._saved_records.update(c.records)
         self.saved_at, self.save_error = now, None
         if c.records or c.puts or c.deletes or rejected_puts or rejected_deletes or forget:
