@@ -280,6 +280,7 @@ def test_an_own_relay_that_comes_back_empty_gets_its_older_history_again_at_once
     assert_arrives(own, [repo, *issues], timeout=30, what="the older history delivered again")
     lost = [e for e in gsync.log_events() if e["event"] == "own_relay_lost_events"]
     assert lost and lost[0]["missing"] >= 1
+    assert gsync.metric("gsync_own_relay_losses_total") >= 1
 
 
 def test_an_own_relay_back_before_gsync_noticed_it_was_gone_gets_the_catch_up_too(

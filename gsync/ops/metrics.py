@@ -126,6 +126,11 @@ NOTICES = Counter(
     "gsync_relay_notices_total", "NOTICE messages from remote relays, by prefix", ["prefix"],
     registry=REGISTRY,
 )
+OWN_RELAY_LOSSES = Counter(
+    "gsync_own_relay_losses_total",
+    "Times the own relay was found without events it had stored (back from an outage, or at start)",
+    registry=REGISTRY,
+)
 OWN_RELAY_READS = Counter(
     "gsync_own_relay_reads_total",
     "REQs gsync sent the own relay to read what it holds (pages of NIP-77 have-sets)",

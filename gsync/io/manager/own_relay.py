@@ -350,6 +350,7 @@ class OwnRelaySide:
         gone = self.witness.judge(msg.asked, msg.held)
         if gone:
             log.warning("own_relay_lost_events", asked=len(msg.asked), missing=len(gone), example=gone[0])
+            metrics.OWN_RELAY_LOSSES.inc()
             self.on_loss(now)
 
     def ask_witnesses_if_due(self, now: float) -> None:
