@@ -343,6 +343,40 @@ def test_an_id_fetch_the_relay_closed_unanswered_and_sent_again_is_one_ask():
     assert counts == [{}, {"unservable_asked_again": 1}], counts
 
 
+def test_an_id_beyond_where_a_cut_id_page_ends_is_not_asked():
+    """Seed 22 of ``--relays 10 --repos 60 --small-pages 0.4`` (unservable_asked_again, day
+    7.04; the checker's mistake): a relay serving 20 a filter was asked ids in filters of 47
+    and 37 and sent 20 of each, newest first; the hidden id, older than all it sent, was
+    counted as asked by each of those REQs and by the one asking the rest. An answer cut
+    before an id's place says nothing of it; an answer that reaches it does."""
+    sim = Simulation(SimOptions(seed=4, days=0.2, faults=False, **SMALL))
+    url = sim.world.relay_urls[0]
+    counts = []
+
+    def ask(sub_id, ids):
+        conn = types.SimpleNamespace(relay=url, number=len(sub_id) * 100 + sum(map(ord, sub_id)), starts=[])
+        sim.checker.client_frame(conn, "REQ", json.dumps(["REQ", sub_id, {"ids": sorted(ids)}]))
+        sim.checker.relay_frame(conn, json.dumps(["EOSE", sub_id]))
+
+    def asked():
+        relay = sim.relays[url]
+        seconds = {e.created_at: e for e in relay.store.events.values()}  # (one event a second)
+        page = [seconds[at].id for at in sorted(seconds, reverse=True)[:22]]
+        assert len(page) == 22
+        oldest = page[-1]
+        relay.hidden, relay.page_cap = {oldest}, 20
+        for i in range(4):  # each cut at 20, before the hidden id's place
+            ask(f"cut{i}", page)
+        counts.append(dict(sim.checker.counts))
+        for i in range(4):  # alone: each answer reaches it
+            ask(f"alone{i}", [oldest])
+        counts.append(dict(sim.checker.counts))
+
+    sim.at(START + 0.1 * 86_400, asked)
+    sim.run()
+    assert counts == [{}, {"unservable_asked_again": 1}], counts
+
+
 def test_a_relay_judged_not_to_serve_ids_by_the_seed_s_count_is_no_wrong_judgement_to_the_checker():
     """Seed 769 of the stress mix (ids_judged_unserved, day 19.29; the checker's mistake):
     relay1, ignoring until, hid 23 of the 24 ids its NIP-77 advertised; their filters came
