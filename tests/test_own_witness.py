@@ -47,5 +47,12 @@ def test_a_witness_the_own_relay_no_longer_has_is_judged_gone_once():
     assert gone[0] in w.sample()
 
 
+def test_an_event_stored_twice_is_asked_once():
+    w = OwnWitness(size=4)
+    a, b = _ids(2)
+    w.stored([(a, 1), (b, 1), (a, 1)])
+    assert w.sample() == [a, b]
+
+
 def test_nothing_stored_asks_nothing():
     assert OwnWitness().sample() == []

@@ -69,7 +69,7 @@ class OwnWitness:
 
     def sample(self) -> list[str]:
         """The ids to ask the own relay back for, latest first."""
-        asked = list(reversed(self._latest))
+        asked = list(dict.fromkeys(reversed(self._latest)))  # (stored twice: asked once)
         seen = set(asked)
         asked += sorted(event_id for event_id in self._in_spread if event_id not in seen)
         return asked
