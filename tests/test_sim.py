@@ -1351,6 +1351,21 @@ def test_what_the_own_relay_lost_while_gsync_ran_is_back_within_the_hour(away_at
     assert missing == []
 
 
+def test_what_the_own_relay_lost_and_gsync_left_for_the_daily_sync_is_a_violation():
+    """The checker's side of the test above: gsync that finds the loss and starts no relay
+    fresh (``on_loss`` a no-op) leaves the own relay without it past REFILL_SECS
+    (``own_loss_refilled``); a second outage in between excuses it (its own rules judge)."""
+    for again, broken in ((False, True), (True, False)):
+        sim = Simulation(SimOptions(seed=3, days=0.6, faults=False, **SMALL))
+        gone_at = START + 0.1 * 86_400
+        sim.at(gone_at - 1, lambda sim=sim: setattr(sim.manager.own_relay, "on_loss", lambda now: None))
+        sim.at(gone_at, sim.own_away, 60.0, float("inf"))
+        if again:
+            sim.at(gone_at + 3600, sim.own_away, 60.0, 0.0)
+        violations = sim.run().violations
+        assert ("own_loss_refilled" in violations) is broken, violations
+
+
 def test_sending_the_own_relay_what_it_lost_is_not_a_busy_loop():
     """The own relay back empty (a relay in memory): every event goes to it again, one
     answer each at least. Seed 6 of the stress mix (4,682 events) spent 5,704 messages in that

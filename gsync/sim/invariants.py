@@ -77,6 +77,10 @@ with the simulated day it happened and what broke.
   ``BUSY_BASE + BUSY_PER_RELAY * relays + BUSY_PER_ACTION * actions`` (actions: publications
   and faults in that hour, those of the hour before too; the own relay back from a loss
   counts ``BUSY_PER_LOST`` messages for each event it lost: all of them go to it again).
+- ``own_loss_refilled``: ``REFILL_SECS`` (6 h) after the own relay came back without events
+  it had stored, gsync running throughout, an event among them that a relay gsync syncs holds
+  and owes (as ``left_behind`` judges) is not on it again; not judged when the own relay was
+  away, full, read-only or limiting writes again since, or gsync started or stopped.
 - ``handler_raised``: a manager handler raised (production logs it and goes on).
 - ``simulator_raised`` (``bench/simulate``): the run itself raised; that seed fails with its
   replay command, the others run on.
@@ -108,6 +112,9 @@ BUSY_PER_ACTION = 200
 # events, its first hour 5,704 messages, 4,801 of them deliveries refused until the
 # announcements were back)
 BUSY_PER_LOST = 3
+# what the own relay lost, back while gsync runs, is on it again this much later
+# (``own_loss_refilled``; ``sync.own_witness``)
+REFILL_SECS = 6 * HOUR
 NEGLECT_WINDOW_SECS = 4 * HOUR
 # gsync's /metrics scraped every 2 simulated hours: a series it leaks stays and is found at
 # any later sample (the label check runs at every sample), and a scrape with hundreds of
@@ -159,6 +166,7 @@ class Checker:
         # (its dial, or a session over within PROVEN_SESSION_SECS): its backoff (``neglect``)
         self.failing_since: dict[str, float] = {}
         self.own_lost_at = float("-inf")  # the own relay's last loss of data
+        self.own_away_at = float("-inf")  # ... and its last time away
         self.started_at = float("-inf")  # gsync's last start (or stop)
         # the running process's first read of the own relay (``own_read``): when it looks for
         # what the own relay lost (``lifecycle.look_for_lost``)
@@ -950,6 +958,40 @@ class Checker:
                     followed = dict(listing)
                 followed[address] = self.announced(shown)
         return followed
+
+    def refilled(self, lost: list[str], back_at: float) -> None:
+        """``own_loss_refilled``: ``REFILL_SECS`` after the own relay came back without
+        ``lost`` (events it had stored), while gsync ran, each is on it again where a relay
+        gsync syncs holds it and owes it (as ``liveness`` judges, at that moment). Not judged
+        when anything else happened to the own relay since (away again, full, read-only,
+        limiting writes) or gsync started or stopped: those have their own rules. Before the
+        own relay's witnesses (``sync.own_witness``) such a loss waited for each relay's daily
+        sync."""
+        sim, own = self.sim, self.sim.own
+        if (sim.manager is None or self.started_at >= back_at or self.own_away_at >= back_at
+                or max(own.full_until, own.readonly_until, own.write_limit_until) >= back_at):
+            return
+        now = sim.clock.now
+        wanted, listing = self.wanted_relays()
+        listing = self._followed(listing)
+        missing = []
+        for event_id in lost:
+            if event_id in own.store:
+                continue
+            for url in sorted(wanted):
+                relay = sim.relays.get(url)
+                event = relay.store.events.get(event_id) if relay is not None and relay.up else None
+                if (event is None or event_id in relay.hidden
+                        or now - self.long_down_ended.get(url, float("-inf")) < 26 * HOUR):
+                    continue
+                if self.owed(event, url, listing):
+                    missing.append((url, event))
+                    break
+        if missing:
+            url, event = missing[0]
+            self.violation("own_loss_refilled", f"{len(missing)} of {len(lost)} events the own relay lost, "
+                           f"back {(now - back_at) / HOUR:.1f} h ago, not on it again, e.g. kind {event.kind} "
+                           f"{event.id[:16]} on {url}")
 
     def owed(self, event, url: str, listing) -> bool:
         """Would gsync owe this event to the own relay, found on ``url``?"""

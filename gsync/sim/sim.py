@@ -71,7 +71,7 @@ from ..sync import status as status_module
 from ..sync.own_held import HeldEntry
 from ..sync.relay_state import ConnectionStatus
 from . import faults as faults_module
-from .invariants import Checker
+from .invariants import REFILL_SECS, Checker
 from .relay import OwnRelay, SimRelay
 from .world import DAY, DOMAIN, KIND_ISSUE, KIND_PATCH, OWN_URL, START, World
 
@@ -392,6 +392,7 @@ class Simulation:
         self.tick_serial, self.tick_due = 0, float("inf")  # the next tick (schedule_tick)
         self.restarts = 0
         self.own_lost = 0  # events the own relay lost while away (Checker.own_back)
+        self.own_lost_ids: list[str] = []  # ... which (Checker.refilled)
         self.ahead_rng = random.Random(f"{o.seed}:ahead")
 
     def make_relay(self, url: str) -> SimRelay:
@@ -733,10 +734,13 @@ class Simulation:
         last ``lose_last`` seconds (a crash before its writes were flushed; ``inf``: a relay
         in memory comes back empty)."""
         self.note("own_away", secs, lose_last)
+        self.checker.own_away_at = self.clock.now
+        held = set(self.own.stored_at) if lose_last else ()
         lost = self.own.lose_since(self.clock.now - lose_last) if lose_last else 0
         if lost:
             self.checker.own_lost_at = self.clock.now
             self.own_lost += lost
+            self.own_lost_ids += sorted(held.difference(self.own.stored_at))
         self.own.up = False
         self.own_session["connected"] = False
         self.at(self.clock.now + secs, self.own_back)
@@ -747,7 +751,9 @@ class Simulation:
         self.note("own_back")
         self.own.up = True
         self.checker.own_back(self.own_lost)
-        self.own_lost = 0
+        if self.own_lost_ids:
+            self.at(self.clock.now + REFILL_SECS, self.checker.refilled, self.own_lost_ids, self.clock.now)
+        self.own_lost, self.own_lost_ids = 0, []
         if self.manager is not None:
             self.delivery._wake_lanes()
             self.at(self.clock.now + 0.5, self.self_sub_connect, gen=self.gen)
