@@ -981,7 +981,7 @@ class Checker:
             for url in sorted(wanted):
                 relay = sim.relays.get(url)
                 event = relay.store.events.get(event_id) if relay is not None and relay.up else None
-                if (event is None or event_id in relay.hidden
+                if (event is None or event_id in relay.hidden or self._unsettled(url, back_at)
                         or now - self.long_down_ended.get(url, float("-inf")) < 26 * HOUR):
                     continue
                 if self.owed(event, url, listing):
@@ -992,6 +992,14 @@ class Checker:
             self.violation("own_loss_refilled", f"{len(missing)} of {len(lost)} events the own relay lost, "
                            f"back {(now - back_at) / HOUR:.1f} h ago, not on it again, e.g. kind {event.kind} "
                            f"{event.id[:16]} on {url}")
+
+    def _unsettled(self, url: str, since: float) -> bool:
+        """Was ``url`` down since ``since`` (or in the 30 h before, the longest outage), or
+        refusing a filter by policy (gsync pauses it, and probes it again in its own time)?
+        Then what it holds may wait for gsync's backoff or probe (``own_loss_refilled``)."""
+        relay = self.sim.relays[url]
+        return bool(relay.refused_tags or any(t >= since - 30 * HOUR for t in self.downs.get(url, ()))
+                    or any(entry[0] >= since - 4 * DAY for entry in self.refused_at.get(url, {}).values()))
 
     def owed(self, event, url: str, listing) -> bool:
         """Would gsync owe this event to the own relay, found on ``url``?"""
