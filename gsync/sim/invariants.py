@@ -984,7 +984,7 @@ class Checker:
                 if (event is None or event_id in relay.hidden or self._unsettled(url, back_at)
                         or now - self.long_down_ended.get(url, float("-inf")) < 26 * HOUR):
                     continue
-                if self.owed(event, url, listing):
+                if not self.own_has(event) and self.owed(event, url, listing):  # (or a newer one of its key)
                     missing.append((url, event))
                     break
         if missing:
