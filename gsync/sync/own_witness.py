@@ -40,14 +40,13 @@ def regular(kind: int) -> bool:
 
 
 class OwnWitness:
+    """The witnesses of one process (the module says which); ``size`` of each kind."""
+
     def __init__(self, size: int = WITNESSES):
         self.size = size
         self._latest: deque[str] = deque(maxlen=size)
         self._spread: list[tuple[int, str]] = []  # (-rank, id): the largest rank kept on top
         self._in_spread: set[str] = set()
-
-    def __len__(self) -> int:
-        return len(set(self._latest) | self._in_spread)
 
     def stored(self, entries) -> None:
         """The own relay holds these: (event id, kind) pairs."""
