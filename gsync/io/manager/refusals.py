@@ -334,9 +334,13 @@ class Refusals:
     def probe_answered(self, state: RelayState, key, batch: PendingBatch) -> None:
         if not state.paused.is_probing(key):
             return  # refused again: paused another day (pause_coverage said so)
-        if batch.failed:
+        if batch.failed_otherwise:
             state.paused.pause(key, self.clock())  # no answer is no yes: another day
             return
+        # (failed only as unreached, the relay served the shape: what it left unpaged, a relay
+        # ignoring until, is NIP-77's, ``state.unreached``; seed 239 of the per-filter stress
+        # mix: taken as no answer, #a stayed paused a day more, and a repository only that
+        # relay lists with it)
         state.paused.probe_passed(key)
         metrics.PAUSED_COVERAGE.labels(state.url).set(len(state.paused))
         log.info("coverage_restored", relay=state.url, coverage=describe(key))
