@@ -994,10 +994,20 @@ class Checker:
                            f"{event.id[:16]} on {url}")
 
     def _unsettled(self, url: str, since: float) -> bool:
-        """Was ``url`` down since ``since`` (or in the 30 h before, the longest outage), or
-        refusing a filter by policy (gsync pauses it, and probes it again in its own time)?
-        Then what it holds may wait for gsync's backoff or probe (``own_loss_refilled``)."""
+        """Was ``url`` down since ``since`` (or in the 30 h before, the longest outage),
+        refusing a filter by policy (gsync pauses it, and probes it again in its own time), or
+        does it ignore ``until`` where gsync has no NIP-77 there now? Then what it holds may
+        wait for gsync's backoff, probe or rest (``own_loss_refilled``)."""
         relay = self.sim.relays[url]
+        if relay.ignores_until:
+            # past a first page only NIP-77 and ids reach what it holds, and where gsync rests
+            # from either there (a day after it failed) it waits for the rest's end (seed 32
+            # of the caps world with --per-filter 1: relay1 advertised 688 ids, served 3)
+            state = self.sim.manager.relays.get(url)
+            now = self.sim.clock.now
+            if (state is None or state.nip77_resting(now) or not state.current.negentropy_ok
+                    or not state.serves_ids(now)):
+                return True
         return bool(relay.refused_tags or any(t >= since - 30 * HOUR for t in self.downs.get(url, ()))
                     or any(entry[0] >= since - 4 * DAY for entry in self.refused_at.get(url, {}).values()))
 
