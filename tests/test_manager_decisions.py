@@ -17,6 +17,7 @@ from gsync.protocol.messages import parse_relay_message
 from gsync.protocol.nip11 import RelayLimits
 from gsync.sim.relay import filter_from_json
 from gsync.sync.filter_plan import MIN_SUBSCRIPTIONS, SubscriptionBudget
+from gsync.sync.own_held import HeldEntry
 from gsync.sync.relay_state import ConnectionStatus, LiveSub
 
 from .factory import Author, announcement, comment, issue
@@ -880,6 +881,11 @@ def _own_relay_back(tmp_path):
     return h, asks[0].args[1], before
 
 
+def _held(ids) -> list:
+    """The own relay's answer when it holds each of ``ids`` (issues)."""
+    return [(i, HeldEntry(1_700_000_000, 1621, "0" * 64, ())) for i in ids]
+
+
 def _fresh_layer1(h, before: int) -> list:
     """Layer-1 history filters sent to a since ``before``, unbounded (a fresh start's)."""
     return [flt for req in h.reqs(A)[before:] for flt in req[2:]
@@ -900,7 +906,7 @@ def test_an_own_relay_back_without_events_it_stored_gets_every_relay_started_fre
 
 def test_an_own_relay_back_with_everything_it_stored_gets_the_catch_up_only(tmp_path):
     h, asked, before = _own_relay_back(tmp_path)
-    h.feed(OwnWitnessRead(asked, list(asked)))
+    h.feed(OwnWitnessRead(asked, _held(asked)))
     h.answer_own_reads()
     h.advance(1.1)
     assert h.reqs(A)[before:]  # the catch-up
@@ -949,7 +955,7 @@ def _restarted_after_the_own_relay_lost(tmp_path, later: float):
 def _restarted_with_an_issue_lost(tmp_path):
     """A gsync that synced ``r`` (listing a) and saw an issue of it on the own relay, started
     again a minute later with an own relay that shows ``r`` alone (restored from an older
-    copy): (harness, the issue)."""
+    copy): (harness, the announcement, the issue)."""
     repo = _ours(Author.named("owner"), "r", A)
     bug = issue(Author.named("bob"), repo)
     first = ManagerHarness(tmp_path)
@@ -961,17 +967,17 @@ def _restarted_with_an_issue_lost(tmp_path):
     h = ManagerHarness(tmp_path)
     h.clock.now = first.clock.now + 60  # (a quick reconnect: its confirmed history taken as held)
     h.own_relay_holds(repo)
-    return h, bug
+    return h, repo, bug
 
 
 def test_a_restarted_gsync_asks_the_own_relay_for_what_it_had_stored_and_starts_fresh_without_it(tmp_path):
     """What the own relay lost while gsync was stopped is found as when gsync runs: the last
     process's witnesses (saved) are asked for at the first read; gone, every relay starts
     fresh, where a relay back within minutes would only catch up since its last session."""
-    h, bug = _restarted_with_an_issue_lost(tmp_path)
+    h, repo, bug = _restarted_with_an_issue_lost(tmp_path)
     asks = [g.args[1] for g in h.effects.spawned if g.name == "ask_back"]
-    assert asks == [[bug.id]]
-    h.feed(OwnWitnessRead([bug.id], []))
+    assert asks == [[bug.id]]  # (not the announcement its first read showed it)
+    h.feed(OwnWitnessRead(asks[0], []))
     h.connect(A)
     h.answer_own_reads()
     h.advance(1.1)
@@ -979,8 +985,8 @@ def test_a_restarted_gsync_asks_the_own_relay_for_what_it_had_stored_and_starts_
 
 
 def test_a_restarted_gsync_whose_own_relay_holds_what_it_had_stored_reconnects_quickly(tmp_path):
-    h, bug = _restarted_with_an_issue_lost(tmp_path)
-    h.feed(OwnWitnessRead([bug.id], [bug.id]))
+    h, repo, bug = _restarted_with_an_issue_lost(tmp_path)
+    h.feed(OwnWitnessRead([bug.id], _held([bug.id])))
     h.connect(A)
     h.answer_own_reads()
     h.advance(1.1)

@@ -751,6 +751,7 @@ def _newest_announcement_lost(sim: Simulation, relay2: str) -> None:
 
     sim.at(START + 0.02 * 86_400, announce, True)
     sim.at(START + 0.05 * 86_400, announce, False)  # to the own relay only: lost with it
+    sim.at(START + 0.05 * 86_400 + 9, _no_witness, sim)  # (found in worlds where gsync did not look)
     sim.at(START + 0.05 * 86_400 + 10, sim.own_away, 60.0, 30.0)
     sim.at(START + 0.06 * 86_400, lambda: sim.publish(published[0], [], own=True))
 

@@ -123,7 +123,7 @@ class OwnReadsLanded:
 @dataclass(slots=True)
 class OwnWitnessRead:
     """The own relay, back from an outage, was asked for ``asked`` (``sync.own_witness``):
-    ``held``, the ids it still has (None: it failed to answer, ``reason``)."""
+    ``held``, what it answered, as (id, ``HeldEntry``) pairs (None: it failed, ``reason``)."""
 
     asked: list
     held: list | None

@@ -162,12 +162,12 @@ def read_merged(own_url: str, reads, post, *, read_id: int, fresh: bool = False,
     post(OwnReadsLanded(read_id, list(reads), holdings, reason, epoch))
 
 
-def ask_back(own_url: str, ids, post) -> None:
-    """The own relay asked, by id, which of ``ids`` it still holds (``sync.own_witness``):
-    posted as one ``OwnWitnessRead``."""
-    holdings, reason = _read_each(own_url, [Filter.make(ids=ids)], True, None)
-    held = None if holdings is None else [event_id for _, event_id in holdings[0]]
-    post(OwnWitnessRead(list(ids), held, reason))
+def ask_back(own_url: str, asked, filters, post) -> None:
+    """The own relay asked which of the witnesses ``asked`` it still holds, by ``filters``
+    (``sync.own_witness``): what they return posted as one ``OwnWitnessRead``."""
+    holdings, reason = _read_each(own_url, filters, True, None)
+    held = None if holdings is None else [pair for items in holdings for pair in items.entries]
+    post(OwnWitnessRead(list(asked), held, reason))
 
 
 def _read_each(own_url: str, reads, fresh: bool, busy) -> tuple[list | None, str]:

@@ -66,7 +66,6 @@ from ..ops.config import AuthConfig, Config, MetricsConfig, NetworkConfig, Servi
 from ..ops.logging import configure_logging
 from ..protocol import messages as wire
 from ..protocol.event import Event
-from ..protocol.filters import Filter
 from ..sync import status as status_module
 from ..sync.own_held import HeldEntry
 from ..sync.relay_state import ConnectionStatus
@@ -662,11 +661,11 @@ class Simulation:
         """The own relay asked by id which witnesses it holds (``negentropy_sync.ask_back``)."""
         if g.killed:
             return
-        own_url, asked, post = g.args
+        own_url, asked, filters, post = g.args
         if not self.own.up:
             post(OwnWitnessRead(list(asked), None, "own relay query failed: ConnectionRefusedError"))
             return
-        held = [event_id for _, event_id in self.own_holdings(own_url, Filter.make(ids=asked))]
+        held = [pair for flt in filters for pair in self.own_holdings(own_url, flt).entries]
         post(OwnWitnessRead(list(asked), held, ""))
 
     def own_holdings(self, url: str, flt) -> HeldItems:

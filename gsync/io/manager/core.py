@@ -400,7 +400,8 @@ class SyncManager:
         since an earlier process saved is too (``lifecycle.look_for_lost``), and it is asked
         for what it had stored then (``sync.own_witness``); then ``then``."""
         self.lifecycle.look_for_lost(self.saved.take_lost(self.repos), self.clock())
-        self.own_relay.ask_witnesses(self.saved.take_witnesses())  # and what it stored for the last
+        # (and asked for what it had stored for the last one)
+        self.own_relay.ask_witnesses(self.own_relay.witness.restore(self.saved.take_witnesses()))
         if then:
             then()
 
@@ -472,7 +473,7 @@ class SyncManager:
         """What changed since the last save goes to state_dir (relays, confirmed items,
         rejected entries): one transaction, rows by change."""
         self.saved.save(self.relays, self.health, self.rejected, now, ready=self.own_relay.ready,
-                        witnesses=self.own_relay.witness.sample())
+                        witnesses=self.own_relay.witness.snapshot())
 
 
 _MANAGER_GAUGES: tuple = ()

@@ -11,6 +11,7 @@ from ...ops.logging import get_logger
 from ...protocol.event import is_authentic
 from ...sync import filter_plan
 from ...sync.descendants import full_root_ids
+from ...sync.own_held import HeldEntry
 from ...sync.own_witness import OwnWitness
 from ...sync.rejected import (
     OWN_STORES_KEY,
@@ -143,7 +144,7 @@ class OwnRelaySide:
         for event in msg.events:
             seen.setdefault(event.id, None)
         self.trim_seen()
-        self.witness.stored((event.id, event.kind) for event in msg.events if event.id not in msg.duplicates)
+        self.witness.stored((event.id, HeldEntry.of(event)) for event in msg.events if event.id not in msg.duplicates)
         # The first history read is one batch, however long it takes: one AddFilters per
         # relay instead of a drip of them.
         if not self.window_open and self.ready:
@@ -329,7 +330,8 @@ class OwnRelaySide:
             asked = self.witness.sample()
         if not asked:
             return
-        handle = self.effects.spawn(negentropy_sync.ask_back, self.own_relay, asked, self.post)
+        handle = self.effects.spawn(negentropy_sync.ask_back, self.own_relay, asked, self.witness.filters(asked),
+                                    self.post)
 
         def died(exc) -> None:
             self.post(OwnWitnessRead(asked, None, f"own relay query failed: {type(exc).__name__}"))
@@ -373,7 +375,7 @@ class OwnRelaySide:
         stream like any (reading it brought back what that shard stored)."""
         if msg.stored_anew:  # (a duplicate answered is only a read)
             self.stores_again()
-        self.witness.stored((event_id, entry.kind) for event_id, entry in msg.entries)
+        self.witness.stored(msg.entries)
         if not self.down:
             self.own_held.confirm(msg.entries)
             anew = set(msg.stored_anew)
@@ -392,7 +394,7 @@ class OwnRelaySide:
         if self.down:
             return
         self.own_held.confirm(msg.entries)
-        self.witness.stored((event_id, entry.kind) for event_id, entry in msg.entries)
+        self.witness.stored(msg.entries)
         seen, now = self.seen, self.clock()
         others = [(event_id, entry) for event_id, entry in msg.entries if seen.get(event_id) is None]
         if not others:  # this instance's own deliveries

@@ -8,6 +8,7 @@ manager's tables.
 """
 from __future__ import annotations
 
+import json
 import sqlite3
 from dataclasses import dataclass, field
 from operator import countOf
@@ -52,7 +53,7 @@ class SavedState:
         self._confirmed: dict[str, list] = {}  # url → saved (item, level) rows, the same
         self._members: dict[str, list] = {}  # url → saved (member, roots) rows, the same
         self._confirmed_repos: dict[str, list] = {}  # url → saved repository rows, until ready (``take_lost``)
-        self._witnesses: list[str] = []  # what the last process's own relay stored, until ready
+        self._witnesses: dict = {}  # what the last process's own relay stored, until ready
         self._saved_witnesses = ""  # as last written
         self._prior_saved_at: float | None = None  # the previous process's last save
         self._saved_records: dict[str, dict] = {}  # url → record as last written
@@ -107,7 +108,10 @@ class SavedState:
         prior = store.meta(SAVED_AT)
         self._prior_saved_at = float(prior) if prior is not None else None
         self._saved_witnesses = store.meta(WITNESSES) or ""
-        self._witnesses = [i for i in self._saved_witnesses.split() if len(i) == 64]
+        try:
+            self._witnesses = json.loads(self._saved_witnesses) if self._saved_witnesses else {}
+        except ValueError:  # (written by a gsync that kept ids alone)
+            self._witnesses = {"ids": [i for i in self._saved_witnesses.split() if len(i) == 64]}
         if store.meta(LEGACY_MIGRATED) is None:
             text = store.read_legacy_rejected()
             if text is not None:
@@ -157,11 +161,11 @@ class SavedState:
         rows, self._confirmed_repos = self._confirmed_repos, {}
         return memory.lost_repositories(rows, known)
 
-    def take_witnesses(self) -> list[str]:
-        """Once, when the own relay's first read is applied: ids it had stored for the last
-        process (``sync.own_witness``), to ask it for."""
-        witnesses, self._witnesses = self._witnesses, []
-        return witnesses
+    def take_witnesses(self) -> dict:
+        """Once, when the own relay's first read is applied: what it had stored for the last
+        process (``OwnWitness.snapshot``), to ask it for."""
+        witnesses, self._witnesses = self._witnesses, {}
+        return witnesses if isinstance(witnesses, dict) else {}
 
     def forget(self, url: str) -> None:
         """A retired relay: its rows go with the next save."""
@@ -195,11 +199,11 @@ class SavedState:
         return waited >= constants.STATE_SAVE_SECS and (self.touched or waited >= constants.STATE_QUIET_SAVE_SECS)
 
     def save(self, relays, health, rejected: RejectedIndex, now: float, *, ready: bool,
-             witnesses=()) -> None:
+             witnesses=None) -> None:
         """Write what changed since the last save, in one transaction. Once the manager is
         ready (the own relay's first read applied: every relay with work is registered),
-        saved relays no longer registered are forgotten. ``witnesses``: ids the own relay
-        stored (``sync.own_witness``), for the next process to ask it for."""
+        saved relays no longer registered are forgotten. ``witnesses``: what the own relay
+        stored (``OwnWitness.snapshot``), for the next process to ask it for."""
         self.last_save_try, self.touched, self.soon = now, False, False
         c = _Changes()
         for state in relays.values():
@@ -213,7 +217,7 @@ class SavedState:
         forget = set(self._forget)
         rejected_puts, rejected_deletes = rejected.take_changes()
         meta = {SAVED_AT: repr(now)}
-        witnessed = " ".join(witnesses)
+        witnessed = json.dumps(witnesses, separators=(",", ":")) if witnesses and any(witnesses.values()) else ""
         if witnessed and witnessed != self._saved_witnesses:  # (none yet: the last process's kept)
             meta[WITNESSES] = witnessed
         try:
