@@ -173,3 +173,27 @@ def test_a_relay_that_keeps_no_live_req_is_polled_every_5_minutes_and_not_asked_
     assert not [f for at, f in zip(conn.sent_at, conn.frames, strict=True) if at > later and f[0] == "REQ"
                 and all(flt.get("limit") == 0 for flt in f[2:])], "asked live"
     assert any("r2" in flt.to_json() for flt in state.fresh_polled.filters + state.polled.filters)
+
+
+def test_a_rebuilt_live_req_held_by_the_relays_pace_counts_its_minute_from_when_it_went(tmp_path, monkeypatch):
+    """Seed 260 of the stress mix with ``--per-filter 0.5`` (left_behind, day 19.88): a relay
+    closing every subscription after its EOSE, whose learned pace spaced gsync's starts; its
+    eight rebuilt live REQs went one by one, each more than a minute after its rebuild, so
+    each close looked like the first: rebuilt again, for ever, 7,700 live REQs a day, and
+    never a poll (an issue published there waited for the daily sync). A rebuild's minute now
+    counts from when its REQ goes."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(announcement(owner, "r", relays=[A]))
+    h.connect(A, limits=RelayLimits(max_subscriptions=10))
+    h.settle(A)
+    state = h.state(A)
+    held_until = [h.clock.now + 90]  # the relay's pace holds live starts a minute and a half
+    real = h.manager.health.may_start_live
+    monkeypatch.setattr(h.manager.health, "may_start_live",
+                        lambda url, now: max(0.0, held_until[0] - now) or real(url, now))
+    assert close_live_subs(h) > 0  # rebuilt, waiting for the pace
+    assert not any(sub in h.conn(A).subscriptions for sub in state.current.live_subs)
+    h.advance(91)
+    assert all(sub in h.conn(A).subscriptions for sub in state.current.live_subs)  # gone now
+    assert close_live_subs(h) > 0  # closed after their EOSE, as soon as they went: polled
+    assert state.current.live_not_kept and state.polled.filters and not state.current.live_subs

@@ -186,7 +186,13 @@ class LiveCoverage:
                 del state.current.live_subs[sub_id]
                 continue
             if len(filters) < len(live.filters):
-                state.current.live_subs[sub_id] = dataclasses.replace(live, filters=tuple(filters))
+                state.current.live_subs[sub_id] = live = dataclasses.replace(live, filters=tuple(filters))
+            if live.rebuilt_at is not None:
+                # a rebuild counts from when its REQ goes: paced behind the others, a relay's
+                # eight rebuilt REQs went more than LIVE_REBUILD_MIN_SECS after their rebuild,
+                # each closed after its EOSE was rebuilt again, for ever, and polls never came
+                # (seed 260 of the stress mix with --per-filter 0.5: an issue left behind)
+                state.current.live_subs[sub_id] = dataclasses.replace(live, rebuilt_at=now)
             if state.paused.suspects and state.current.trials.holds(
                     state.paused, state.current.book.subscriptions, sub_id, filters, now):
                 held.append(sub_id)
