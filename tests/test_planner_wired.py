@@ -47,6 +47,14 @@ def test_an_exchange_the_relay_serves_lifts_it_out_of_probing_after_a_rate_limit
 
 
 def test_a_probe_the_relay_serves_restores_the_shape_it_probed(tmp_path):
+    paused, shape = _probed(tmp_path)
+    assert not paused.is_filter_paused(shape)
+
+
+def _probed(tmp_path, failed: bool = False, unreached: bool = False):
+    """A layer-1 shape paused, probed a day later, the relay's EOSE its answer; ``failed``:
+    its probe's batch marked failed before (only ``unreached``: pages no REQ reaches there;
+    or otherwise). (the pauses, the shape)"""
     h = ManagerHarness(tmp_path)
     h.own_relay_holds(*listed_on(A, 1))
     h.connect(A)
@@ -58,26 +66,8 @@ def test_a_probe_the_relay_serves_restores_the_shape_it_probed(tmp_path):
     h.manager.refusals.run_policy_probes(h.clock.now)
     h.advance(1.1)
     probe = h.historic_reqs(A)[-1]
-    h.relay_says(A, wire.Eose(probe[1]))
-    assert not state.paused.is_filter_paused(shape)
-
-
-def _probe_ending_failed(tmp_path, unreached: bool):
-    """A layer-1 shape paused, probed a day later; its probe's batch marked failed (only
-    unreached: pages no REQ reaches there; or otherwise) before the relay's EOSE. (the
-    pauses, the shape)"""
-    h = ManagerHarness(tmp_path)
-    h.own_relay_holds(*listed_on(A, 1))
-    h.connect(A)
-    h.settle(A)
-    state = h.state(A)
-    shape = next(f for f in h.manager.refusals.coverage_filters(state, coverage_key(LAYER1)))
-    h.manager.refusals.pause_coverage(state, shape, "blocked: not now")
-    h.advance(constants.POLICY_PROBE_SECS + 1)
-    h.manager.refusals.run_policy_probes(h.clock.now)
-    h.advance(1.1)
-    probe = h.historic_reqs(A)[-1]
-    state.current.pending[state.current.sub_to_batch[probe[1]]].mark_failed(unreached=unreached)
+    if failed:
+        state.current.pending[state.current.sub_to_batch[probe[1]]].mark_failed(unreached=unreached)
     h.relay_says(A, wire.Eose(probe[1]))
     return state.paused, shape
 
@@ -88,12 +78,12 @@ def test_a_probe_the_relay_served_and_left_unpaged_restores_the_shape(tmp_path):
     after refusing it, and its batch failed as unreached (a page it left unpaged); taken as
     no answer, #a stayed paused a day more, and an issue of a repository only relay1 listed
     with it. Served, the shape is restored; what no REQ reaches there is NIP-77's."""
-    paused, shape = _probe_ending_failed(tmp_path, unreached=True)
+    paused, shape = _probed(tmp_path, failed=True, unreached=True)
     assert not paused.is_filter_paused(shape)
 
 
 def test_a_probe_whose_batch_failed_otherwise_pauses_the_shape_another_day(tmp_path):
-    paused, shape = _probe_ending_failed(tmp_path, unreached=False)
+    paused, shape = _probed(tmp_path, failed=True)
     assert paused.is_filter_paused(shape)
 
 
