@@ -276,6 +276,28 @@ def test_ids_that_arrived_elsewhere_while_asked_by_filter_do_not_count_against_t
     assert state.serves_ids(NOW) and "relay_ids_not_served" not in [a.event for a in w.take(act.Log)]
 
 
+def test_ids_a_batch_did_not_ask_by_id_are_no_witness_that_the_relay_serves_none():
+    """Seed 268 of the stress mix with ``--per-filter 0.5 --ahead 0.3 --own-full 0.3``
+    (ids_judged_unserved, day 3.63): two ids asked by id and not served earlier that day (on
+    their way to their filter since: ``asked_today``) were advertised again; the batch asked
+    them by filter only, which brought both, and the relay was judged not to serve ids (0 of
+    2 by id) though it served every id it was asked. Only what a batch asked by id judges."""
+    w = World()
+    state = w.relay()
+    batch, _ = exchange_of(w, state)
+    state.unservable.asked_by_id(IDS[:2], unserved=True)
+    batch.expect_ids(IDS[:2], found_by=ISSUES)
+    batch_end.fetch_what_the_exchanges_found(w.plan, state, batch)
+    assert not batch.fetching_by_id  # not by id again today
+    batch_end.finish(w.plan, state, batch, NOW)  # by their filter
+    assert batch.residual_asked == set(IDS[:2])
+    batch.received_ids |= set(IDS[:2])  # the filter brought both
+    started(w, batch)
+    w.take()
+    batch_end.finish(w.plan, state, batch, NOW)
+    assert state.serves_ids(NOW) and "relay_ids_not_served" not in [a.event for a in w.take(act.Log)]
+
+
 def test_what_neither_id_nor_filter_brought_is_unservable_here_and_asked_by_id_elsewhere():
     from .test_planner import Repos
     w = World(repos=Repos({REPO: [A, B]}))
