@@ -264,11 +264,13 @@ def test_ids_that_arrived_elsewhere_while_asked_by_filter_do_not_count_against_t
     batch, _ = exchange_of(w, state)
     ids = [f"{i:064x}" for i in range(130)]
     batch.expect_ids(ids[:100], found_by=ISSUES)
+    batch.fetching_by_id |= set(ids[:100])  # (asked by id first)
     batch.received_ids |= set(ids[:2])
     batch_end.finish(w.plan, state, batch, NOW)  # the other 98 asked by filter
     assert batch.residual_asked == set(ids[2:100])
     w.plan.seen.update((i, NOW) for i in ids[2:62])  # from another relay meanwhile
     batch.expect_ids(ids[100:], found_by=ISSUES)  # (an exchange of the batch, later)
+    batch.fetching_by_id |= set(ids[100:])
     batch.received_ids |= set(ids[62:])  # by the filter, and by id
     started(w, batch)
     w.take()
