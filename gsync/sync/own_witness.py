@@ -50,8 +50,10 @@ def keyed(kind: int) -> bool:
 
 
 def key_of(entry) -> tuple[int, str, str]:
-    """(kind, author, ``d``) of a replaceable or addressable event's entry (``HeldEntry``)."""
-    d = next((v for name, v in entry.tags if name == "d"), "") if 30_000 <= entry.kind < 40_000 else ""
+    """(kind, author, ``d``) of a replaceable or addressable event (an ``Event`` or its
+    ``HeldEntry``)."""
+    addressable = 30_000 <= entry.kind < 40_000
+    d = next((t[1] for t in entry.tags if len(t) >= 2 and t[0] == "d"), "") if addressable else ""
     return entry.kind, entry.pubkey, d
 
 
@@ -67,7 +69,7 @@ class OwnWitness:
         self._keyed: OrderedDict[str, tuple[tuple[int, str, str], int]] = OrderedDict()
 
     def stored(self, entries) -> None:
-        """The own relay holds these: (event id, ``HeldEntry``) pairs."""
+        """The own relay holds these: (event id, ``HeldEntry`` or ``Event``) pairs."""
         latest, spread, in_spread, size, keyed_ = self._latest, self._spread, self._in_spread, self.size, self._keyed
         for event_id, entry in entries:
             kind = entry.kind

@@ -160,8 +160,6 @@ class RepoSyncNeeds:
     relays: set[str]  # the followed announcement's relays, and those of ``held_instead``
     root_events: set[str] = field(default_factory=set)
     sync_level: SyncLevel = SyncLevel.FULL
-    announcement_created_at: int = 0
-    announcement_id: str = ""
     maintainers: frozenset[str] = frozenset()
     # Last ``purgatory:`` answer for this repo; only StateOnly entries expire by it.
     purgatory_seen_at: float | None = None
@@ -175,6 +173,14 @@ class RepoSyncNeeds:
     # the followed announcement itself: offered to the own relay again when it refuses the
     # repository's events (it may have lost it, and no relay may hold it any more)
     announcement: Event | None = None
+
+    @property
+    def announcement_id(self) -> str:
+        return self.announcement.id if self.announcement is not None else ""
+
+    @property
+    def announcement_created_at(self) -> int:
+        return self.announcement.created_at if self.announcement is not None else 0
 
 
 def _is_newer(event: Event, needs: RepoSyncNeeds) -> bool:
@@ -328,8 +334,6 @@ class RepoSyncIndex:
         needs.listed = frozenset(needs.relays)
         for relay in needs.relays:
             self._by_relay.setdefault(relay, set()).add(event.address)
-        needs.announcement_created_at = event.created_at
-        needs.announcement_id = event.id
         needs.announcement = event
         needs.maintainers = frozenset(list_tag_values(event, "maintainers"))
         needs.held_instead = ""

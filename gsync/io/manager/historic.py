@@ -406,8 +406,9 @@ class HistoricSync:
         the rest until the next daily sync (relay0 of seed 10 of the stress mix serves 100 a
         filter and was asked 222 in one). No more ids to a filter than the connection has
         seen the relay serve one (``start_queue.ids_per_filter``), the filters of one batch,
-        ten to a REQ."""
+        as many to a REQ as the relay takes (``filter_plan.filters_per_req``)."""
         per = start_queue.ids_per_filter(state.current.page_cap, alone=True)
+        step = per * filter_plan.filters_per_req(state.current.limits)
         ids = list(ids)
-        for i in range(0, len(ids), 10 * per):
-            self.start(state, PendingItems(), start_queue.id_filters(ids[i:i + 10 * per], per))
+        for i in range(0, len(ids), step):
+            self.start(state, PendingItems(), start_queue.id_filters(ids[i:i + step], per))

@@ -11,7 +11,6 @@ from ...ops.logging import get_logger
 from ...protocol.event import is_authentic
 from ...sync import filter_plan
 from ...sync.descendants import full_root_ids
-from ...sync.own_held import HeldEntry
 from ...sync.own_witness import OwnWitness
 from ...sync.rejected import (
     OWN_STORES_KEY,
@@ -144,7 +143,7 @@ class OwnRelaySide:
         for event in msg.events:
             seen.setdefault(event.id, None)
         self.trim_seen()
-        self.witness.stored((event.id, HeldEntry.of(event)) for event in msg.events if event.id not in msg.duplicates)
+        self.witness.stored((event.id, event) for event in msg.events if event.id not in msg.duplicates)
         # The first history read is one batch, however long it takes: one AddFilters per
         # relay instead of a drip of them.
         if not self.window_open and self.ready:
