@@ -286,6 +286,9 @@ REJECTED_COLD_SECS = 7 * 24 * 3600
 # doubling gaps to the longest (``sync.rejected.RejectedIndex.take_store_probe``).
 STORE_PROBE_FIRST_SECS = 600
 STORE_PROBE_MAX_SECS = 2 * 3600
+# Released by the own relay storing again with their repository's announcement or their root,
+# events wait for it to be accepted, this long at most (``sync.rejected.RejectedIndex._behind_others``).
+RELEASE_BEHIND_OTHERS_SECS = 600
 # An event of a repository gsync follows, refused: the own relay may have lost the
 # repository's announcement (one in memory restarted empty), and no relay may hold the one
 # followed any more. It goes to the own relay again from memory, at once, then no sooner than
@@ -415,6 +418,7 @@ TEST_TIMER_NAMES = (
     "RATE_LIMIT_COOLDOWN_SECS", "REACTIVE_GATE_START_SECS", "REACTIVE_GATE_MAX_SECS",
     "POLICY_PROBE_SECS", "NIP77_RETRY_SECS", "MAINTENANCE_TICK_SECS", "HANDSHAKE_TIMEOUT_SECS", "DESCENDANT_TICK_SECS",
     "REJECTED_HOT_SECS", "REJECTED_COLD_SECS", "STORE_PROBE_FIRST_SECS", "STORE_PROBE_MAX_SECS",
+    "RELEASE_BEHIND_OTHERS_SECS",
     "ANNOUNCEMENT_REOFFER_SECS", "ANNOUNCEMENT_REOFFER_MAX_SECS",
     "TIME_CUT_SUSPECT_SECS", "MESSAGE_STALL_SECS",
     "READ_IDLE_TIMEOUT_SECS", "SELF_REREAD_SECS", "SELF_FULL_REREAD_SECS",

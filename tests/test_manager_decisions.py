@@ -17,6 +17,7 @@ from gsync.protocol.messages import parse_relay_message
 from gsync.protocol.nip11 import RelayLimits
 from gsync.sim.relay import filter_from_json
 from gsync.sync.filter_plan import MIN_SUBSCRIPTIONS, SubscriptionBudget
+from gsync.sync import rejected
 from gsync.sync.own_held import HeldEntry
 from gsync.sync.relay_state import ConnectionStatus, LiveSub
 
@@ -812,6 +813,58 @@ def test_events_refused_while_the_own_relay_was_read_only_go_again_though_nothin
     answer(newest, "delivered")  # writable again: stored anew
     assert older.id not in h.manager.rejected
     assert any(older.id in flt.get("ids", ()) for req in h.reqs(A) for flt in req[2:])  # fetched again
+
+
+def _refused_with_everything(tmp_path):
+    """A manager synced with a whose own relay, read-only, refused a newer announcement of the
+    repository, an issue of it, a comment on the issue and another issue (each waits for it
+    to store anew); then it stores the other issue anew: (harness, the newer announcement,
+    the issue, the comment, answer)."""
+    h, repo, sub, (first, other), answer = _two_issues_to_answer(tmp_path, "written while read-only")
+    newer = announcement(Author.named("owner"), "r", relays=[A, OWN], clone=["http://127.0.0.1:9/r.git"],
+                         created_at=repo.created_at + 10)
+    reply = comment(Author.named("carol"), first)
+    for event in (newer, first, reply, other):
+        h.relay_sends(A, sub, event)
+        answer(event, "rejected", "restricted: this relay is read-only for maintenance")
+    assert all(e.id in h.manager.rejected for e in (newer, first, reply, other))
+    h.manager.own_relay.release_dependents({rejected.OWN_STORES_KEY})  # (as ``other`` stored anew would)
+    return h, newer, first, reply, answer
+
+
+def test_refused_with_everything_an_issue_goes_again_after_its_announcement_and_a_comment_after_its_issue(tmp_path):
+    """Seed 276 of the per-filter stress mix: the own relay came back empty with its disk
+    full; at its first store the 4,000 events refused meanwhile went at once, and 2,900 were
+    refused again as of repositories it did not host yet (their announcements went with them)
+    or as replies to roots it did not hold. Released by a store, an event whose announcement
+    or root is released with it waits for that to be shown held; nothing goes before what it
+    needs."""
+    h, newer, first, reply, answer = _refused_with_everything(tmp_path)
+    delivery = h.manager.delivery
+    assert delivery.is_tracked(newer.id)
+    assert not delivery.is_tracked(first.id) and not delivery.is_tracked(reply.id)
+    answer(newer, "delivered")  # stored anew: the issue still waits for it to be shown
+    assert not delivery.is_tracked(first.id) and first.id in h.manager.rejected
+    h.own_relay_holds(newer)
+    assert delivery.is_tracked(first.id) and not delivery.is_tracked(reply.id)
+    answer(first, "delivered")
+    h.own_relay_holds(first)
+    assert delivery.is_tracked(reply.id)
+
+
+def test_what_waits_behind_an_announcement_released_with_it_goes_anyway_ten_minutes_later(tmp_path):
+    """The announcement refused again (it no longer lists this relay, say): its issue and the
+    comment do not wait out the week for it."""
+    h, newer, first, reply, answer = _refused_with_everything(tmp_path)
+    answer(newer, "rejected", "blocked: this relay is not listed")
+    h.advance(constants.RELEASE_BEHIND_OTHERS_SECS - 5)
+    h.tick()
+    assert first.id in h.manager.rejected and reply.id in h.manager.rejected
+    h.advance(10)
+    h.tick()
+    assert first.id not in h.manager.rejected and reply.id not in h.manager.rejected
+    asked = {i for req in h.reqs(A) for flt in req[2:] for i in flt.get("ids", ())}
+    assert {first.id, reply.id} <= asked  # (past the hot tier: fetched again by id)
 
 
 def test_a_repository_the_own_relay_lost_comes_back_with_the_announcement_kept_in_memory(tmp_path):

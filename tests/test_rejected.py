@@ -359,3 +359,35 @@ def test_time_keys_of_entries_gone_do_not_pile_up():
         index.add(event, now=now, relay=REMOTE)
         index.remove(event.id)
     assert len(index) == 0 and len(index._times) <= 1001
+
+
+def test_released_by_a_store_what_needs_another_released_entry_waits_for_it_to_be_accepted():
+    """Refused with everything else: an announcement, an issue of its repository, a comment on
+    the issue, and an issue of another repository. The own relay storing again releases the
+    announcement and the other issue; the issue waits for its repository, the comment for
+    the issue (no longer for the own relay storing), and both for a time key besides,
+    across a restart too."""
+    from gsync.constants import RELEASE_BEHIND_OTHERS_SECS
+
+    index = RejectedIndex()
+    ann = f.announcement(alice, "proj")
+    own_issue = f.issue(carol, ann)
+    reply = f.comment(carol, own_issue)
+    other = f.issue(carol, f.announcement(carol, "proj"))
+    for event in (ann, own_issue, reply, other):
+        index.add(event, now=100, relay=REMOTE, until_own_stores=True)
+    hot, cold = index.take_dependents({OWN_STORES_KEY}, now=101)
+    assert sorted(e.id for e, _ in hot) == sorted([ann.id, other.id]) and cold == []
+    assert not index.waits_on(OWN_STORES_KEY)
+    index = RejectedIndex.loads(index.dumps(), now=102)
+    assert index.take_dependents({OWN_STORES_KEY}, now=102) == ([], [])
+    assert index.take_dependents({repo_key(REPO)}, now=103) == ([], [(own_issue.id, REMOTE)])
+    assert index.take_dependents({event_key(own_issue.id)}, now=104) == ([], [(reply.id, REMOTE)])
+    for event in (own_issue, reply):  # the announcement refused again: they go by the time key
+        index.add(event, now=200, relay=REMOTE, until_own_stores=True)
+    index.add(ann, now=200, relay=REMOTE, until_own_stores=True)
+    index.take_dependents({OWN_STORES_KEY}, now=201)
+    assert index.due(201 + RELEASE_BEHIND_OTHERS_SECS - 2) == set()
+    due = index.due(201 + RELEASE_BEHIND_OTHERS_SECS)
+    assert due and index.take_dependents(due, now=201 + RELEASE_BEHIND_OTHERS_SECS) == (
+        [], sorted([(own_issue.id, REMOTE), (reply.id, REMOTE)]))
