@@ -16,8 +16,8 @@ from gsync.protocol import messages as wire
 from gsync.protocol.messages import parse_relay_message
 from gsync.protocol.nip11 import RelayLimits
 from gsync.sim.relay import filter_from_json
-from gsync.sync.filter_plan import MIN_SUBSCRIPTIONS, SubscriptionBudget
 from gsync.sync import rejected
+from gsync.sync.filter_plan import MIN_SUBSCRIPTIONS, SubscriptionBudget
 from gsync.sync.own_held import HeldEntry
 from gsync.sync.relay_state import ConnectionStatus, LiveSub
 
