@@ -107,6 +107,12 @@ TIME_CUT_SUSPECT_SECS = 2.0
 # events (per filter or per REQ) while holding more. It spares the confirming page (and the
 # empty one that would step past the boundary second) to the many filters of a few events.
 MIN_PAGE_CAP = 10
+# The ``limit`` of every historic page (``filter_plan.with_page_limit``): NIP-01's "the last
+# n events, newest first" is promised to a filter with a limit only, and paging by ``until``
+# needs it. Above every cap seen (strfry and LocalRelay serve 500 a filter whatever is
+# asked; relays clamp a larger limit, NIP-11 ``max_limit``) so that a relay without a cap
+# still serves a big filter in few pages.
+PAGE_LIMIT = 5000
 MAX_IDS_PER_REQ = 300
 NEGENTROPY_DEADLINE_SECS = 15.0  # total wall clock for one NIP-77 exchange
 # The manager's own deadline on an exchange, whatever becomes of its greenlet (one that

@@ -16,7 +16,7 @@ from gsync.protocol import messages as wire
 from gsync.protocol.messages import parse_relay_message
 from gsync.protocol.nip11 import RelayLimits
 from gsync.sim.relay import filter_from_json
-from gsync.sync import rejected
+from gsync.sync import filter_plan, rejected
 from gsync.sync.filter_plan import MIN_SUBSCRIPTIONS, SubscriptionBudget
 from gsync.sync.own_held import HeldEntry
 from gsync.sync.relay_state import ConnectionStatus, LiveSub
@@ -25,6 +25,11 @@ from .factory import Author, announcement, comment, issue
 from .manager_harness import OWN, FakeWs, ManagerHarness, resync_holdings
 
 A = "wss://a.example"
+
+
+def _on_wire(flt) -> dict:
+    """``flt`` as a historic REQ carries it (its page limit added)."""
+    return json.loads(filter_plan.with_page_limit([flt])[0].to_json())
 
 
 def test_a_relay_moves_from_dialled_to_syncing_to_connected_and_back(tmp_path):
@@ -251,7 +256,7 @@ def test_an_exchange_that_never_concludes_ends_at_the_managers_deadline_and_late
     state = h.state(A)
 
     def asked_by_req() -> bool:
-        return any(json.loads(flt.to_json()) in r[2:] for r in h.historic_reqs(A))
+        return any(_on_wire(flt) in r[2:] for r in h.historic_reqs(A))
 
     refused = NegentropyOutcome(False, reason="neg-err: blocked: no", failure="neg-err")
     h.feed(NegentropyFinished(A, state.session, batch_id, "neg999-999", flt, refused))
@@ -268,13 +273,13 @@ def test_an_exchange_that_never_concludes_ends_at_the_managers_deadline_and_late
     assert token not in state.current.neg_running
     h.advance(2)
     assert asked_by_req()  # the filter goes by REQ pages
-    asked = len([r for r in h.historic_reqs(A) if json.loads(flt.to_json()) in r[2:]])
+    asked = len([r for r in h.historic_reqs(A) if _on_wire(flt) in r[2:]])
     sent = len(h.conn(A).frames)
     h.feed(NegentropyFinished(A, state.session, batch_id, token, flt,
                               NegentropyOutcome(True, need_ids=["cd" * 32])))  # the greenlet, late
     h.advance(3)
     assert not any("cd" * 32 in json.dumps(frame) for frame in h.conn(A).frames[sent:])
-    assert len([r for r in h.historic_reqs(A) if json.loads(flt.to_json()) in r[2:]]) == asked
+    assert len([r for r in h.historic_reqs(A) if _on_wire(flt) in r[2:]]) == asked
 
 
 # -- refusals ------------------------------------------------------------------------------
@@ -548,7 +553,7 @@ def test_an_exchange_whose_greenlet_dies_ends_as_a_failed_one_and_its_filter_goe
     h.feed(h.manager.queue.get_nowait())  # what the callback posted
     assert token not in state.current.neg_running
     h.advance(2)
-    assert any(json.loads(flt.to_json()) in r[2:] for r in h.historic_reqs(A))
+    assert any(_on_wire(flt) in r[2:] for r in h.historic_reqs(A))
 
 
 

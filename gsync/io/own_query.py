@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from ..ops import metrics
 from ..protocol import messages as wire
 from ..protocol.filters import Filter
+from ..sync import filter_plan
 from ..sync.own_held import HeldEntry
 from ..sync.pending import PageCap
 from .ws import connect as ws_connect
@@ -31,7 +32,7 @@ def history_pages(ws, flt: Filter, cap: PageCap | None = None,
     ``cap``: what this connection taught of its page size so far (learnt here too).
     ``counted``: each REQ counts as a holdings read (``gsync_own_relay_reads_total``)."""
     cap = cap if cap is not None else PageCap()
-    flt = flt.replace(limit=None)
+    flt = filter_plan.with_page_limit([flt.replace(limit=None)])[0]  # (newest first: NIP-01)
     seen: set[str] = set()
     until = flt.until
     while True:

@@ -415,6 +415,9 @@ class SimRelay:
         # ngit-relay): an event two filters match comes twice, newest first only per filter;
         # a live event once per filter it matches
         self.per_filter = False
+        # serves a filter without a limit its oldest events first, its page cap of them (nostream:
+        # ``LIMIT 500 ORDER BY created_at ASC``); with a limit, its newest, as NIP-01 says
+        self.oldest_first = False
         # (burst, seconds a query): REQs and NEG-OPENs of one session past a token bucket are
         # refused "rate-limited:" (PEERS.md: LocalRelay's per-connection query limit), for good
         self.query_limit: tuple[int, float] | None = None
@@ -549,7 +552,10 @@ class SimRelay:
                 continue
             asked += 1
             read = self.as_read(f if f.limit != 0 else f.replace(limit=None))
-            found = self.store.query(read, self.page_cap, self.hidden)
+            if self.oldest_first and read.limit is None:
+                found = self.store.query(read, None, self.hidden)[::-1][:self.page_cap]
+            else:
+                found = self.store.query(read, self.page_cap, self.hidden)
             if self.per_filter:
                 each += found
             else:

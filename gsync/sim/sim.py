@@ -103,6 +103,10 @@ class SimOptions:
     # the share of relays answering each filter of a REQ on its own, as khatru does (ngit-relay):
     # an event two filters match comes twice, and the answer is not newest first as a whole
     per_filter: float = 0.0
+    # the share of relays serving a filter that carries no limit its oldest events, as many as
+    # their page cap, oldest first (nostream: ``LIMIT 500 ORDER BY created_at ASC``); one with a
+    # limit, its newest (NIP-01)
+    oldest_first: float = 0.0
     own_full: float = faults_module.OWN_FULL_PER_DAY  # the own relay's disk full, per day
     own_readonly: float = faults_module.OWN_READONLY_PER_DAY  # the own relay read-only, per day
     own_rate_limited: float = faults_module.OWN_RATE_LIMITED_PER_DAY  # its writes rate-limited, per day
@@ -135,6 +139,7 @@ WORLD_SHARES = (
     ("ignores_until", "--ignores-until"),
     ("since_exclusive", "--since-exclusive"),
     ("per_filter", "--per-filter"),
+    ("oldest_first", "--oldest-first"),
     ("own_full", "--own-full"),
     ("own_readonly", "--own-readonly"),
     ("own_rate_limited", "--own-rate-limited"),
@@ -416,6 +421,7 @@ class Simulation:
         relay.ignores_until = random.Random(f"{o.seed}:{url}:ignores").random() < o.ignores_until
         relay.since_exclusive = random.Random(f"{o.seed}:{url}:since").random() < o.since_exclusive
         relay.per_filter = random.Random(f"{o.seed}:{url}:per-filter").random() < o.per_filter
+        relay.oldest_first = random.Random(f"{o.seed}:{url}:oldest").random() < o.oldest_first
         return relay
 
     # -- the heap -----------------------------------------------------------------------

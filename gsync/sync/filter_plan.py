@@ -22,6 +22,7 @@ from ..constants import (
     MAX_FILTERS_PER_REQ,
     MAX_MESSAGE_BYTES,
     MAX_TAG_VALUE_BYTES_PER_FILTER,
+    PAGE_LIMIT,
     STATE_KIND,
     TRANSIENT_HISTORIC_SLOTS,
 )
@@ -38,8 +39,9 @@ EVENT_TAGS = ("e", "E", "q")  # layer 3 and descendants: events tagging an event
 # What we assume when a relay does not publish max_subid_length: our ids are shorter.
 ASSUMED_SUBID_LENGTH = 64
 # Room left per filter for what may be added after packing: `"until":<ts>` on the next page
-# or `"limit":0` for the live form. Both fit with margin.
-PER_FILTER_SLACK = 32
+# and a page's `"limit":5000` (``with_page_limit``), or `"limit":0` for the live form. They
+# fit with margin.
+PER_FILTER_SLACK = 48
 
 
 def _limit(limits, name: str) -> int | None:
@@ -210,6 +212,19 @@ def restrict_to(filters: Iterable[Filter], wanted: Iterable[Filter]) -> list[Fil
 def filters_per_req(limits=None) -> int:
     """Up to 10 OR-ed filters per REQ, fewer if the relay's legacy ``max_filters`` says so."""
     return min(MAX_FILTERS_PER_REQ, _limit(limits, "max_filters") or MAX_FILTERS_PER_REQ)
+
+
+def with_page_limit(filters: Iterable[Filter]) -> list[Filter]:
+    """A historic REQ's filters as they go on the wire: each that asks by anything but ids
+    carries ``limit`` ``PAGE_LIMIT``. NIP-01 promises a filter's newest events, newest
+    first, to a filter with a limit; without one a relay may serve its oldest, and paging by
+    ``until`` from the oldest seen then skips everything newer, on every sync: nostream, a
+    filter without a limit, serves its oldest 500 (``LIMIT 500 ORDER BY created_at ASC``);
+    nostr-rs-relay all of them, oldest first. Not lowered to a NIP-11 ``max_limit``: relays
+    clamp a larger one (NIP-11), and a limit below a cap the connection has seen served
+    (an id fetch's) would make a page cut at the limit look complete (``PageCap``). (An id
+    filter asks for what it names: its order does not matter.)"""
+    return [f if f.ids is not None or f.limit is not None else f.replace(limit=PAGE_LIMIT) for f in filters]
 
 
 def req_length_limit(limits=None) -> int:
