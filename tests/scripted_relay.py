@@ -47,6 +47,9 @@ Knobs for misbehaviour:
 - ``ignores_until``: a filter's ``until`` is not read at all (a page past the first brings the
   newest again).
 - ``limit_zero_unlimited``: ``limit: 0`` reads as no limit (a live REQ brings stored events too).
+- ``oldest_first``: a filter without a ``limit`` gets its oldest events, oldest first (at most
+  ``page_size``), and a REQ's answer is its filters' answers in turn, as nostream serves
+  (``LIMIT 500 ORDER BY created_at ASC``); one with a limit, its newest, as NIP-01 says.
 - ``query_budget=(events, secs)``: a query stopped by a time budget: a REQ whose answer has
   more than ``events`` stored events gets only the newest ``events`` of it, after ``secs``.
   ``events`` may be a list, taken in turn by successive REQs (a budget reaches further on
@@ -408,6 +411,7 @@ class ScriptedRelay:
         since_exclusive: bool = False,
         ignores_until: bool = False,
         limit_zero_unlimited: bool = False,
+        oldest_first: bool = False,
         query_budget: tuple | None = None,
         redirect_to: str | None = None,
         nip11_redirect_to: str | None = None,
@@ -423,6 +427,7 @@ class ScriptedRelay:
         self.since_exclusive = since_exclusive
         self.ignores_until = ignores_until
         self.limit_zero_unlimited = limit_zero_unlimited
+        self.oldest_first = oldest_first
         self.query_budget = query_budget
         self._budgets = itertools.cycle(
             [query_budget[0]] if query_budget and isinstance(query_budget[0], int)
@@ -547,6 +552,8 @@ class ScriptedRelay:
         with self._store_lock:
             found = [(ev, raw) for raw, ev in self._store.values() if ev is not None and f.matches(ev)]
         found.sort(key=lambda pair: (-pair[0].created_at, pair[0].id))
+        if self.oldest_first and f.limit is None:
+            found.reverse()
         return [raw for _, raw in found[:cap]]
 
     def as_read(self, f: Filter) -> Filter:
@@ -568,7 +575,8 @@ class ScriptedRelay:
         for f in filters:
             for raw in self.query(f):
                 seen.setdefault(raw["id"], raw)
-        union = sorted(seen.values(), key=lambda r: (-r["created_at"], r["id"]))
+        union = list(seen.values()) if self.oldest_first else sorted(
+            seen.values(), key=lambda r: (-r["created_at"], r["id"]))
         return union if self.req_cap is None else union[:self.req_cap]
 
     def broadcast(self, event) -> int:

@@ -144,6 +144,25 @@ def _crowded_world(own, remote, repos, per_repo, second):
     return announcements, issues
 
 
+def test_a_relay_serving_a_filter_without_a_limit_its_oldest_events_first_is_synced_whole(
+        relay_factory, gsync_factory, scripted):
+    """nostream serves a filter without a ``limit`` its oldest 500 events, oldest first
+    (``LIMIT 500 ORDER BY created_at ASC``; with a limit, its newest, as NIP-01 says). Paged
+    by ``until`` from the oldest seen, everything past the first page was skipped, at every
+    sync. Historic pages carry a limit: 250 issues over pages of 100, every one arrives."""
+    own = relay_factory()
+    remote = scripted(page_size=100, oldest_first=True)
+    repo = our_announcement(own, [remote], d="oldest-first")
+    base = int(time.time()) - 86_400
+    issues = [f.issue(bob, repo, subject=f"issue {i}", created_at=base + 60 * i) for i in range(250)]
+    remote.add(repo, *issues)
+    publish(own.url, [repo])
+    gsync_factory(own, [remote])
+    assert_arrives(own, issues, timeout=30, what="every issue, the newest ones too")
+    pages = [flt for _, flts in remote.reqs() for flt in flts if "#a" in flt and flt.get("limit") != 0]
+    assert pages and all(flt.get("limit") for flt in pages), pages
+
+
 def test_a_second_holding_more_events_than_a_page_is_synced_by_negentropy(relay_factory,
                                                                          gsync_factory):
     """700 issues of one repository in one second, on a relay that serves 500 per filter

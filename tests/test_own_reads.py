@@ -222,3 +222,25 @@ def test_the_descendants_of_a_member_the_own_relay_stores_anew_are_known_without
     asked = {value for g in reads_in_flight(h) for flt in g.args[1] for _, values in flt.tags for value in values}
     assert held.id in asked
     assert fresh.id not in asked
+
+
+# -- a read's pages, over a socket -----------------------------------------------------------
+
+
+def test_a_read_of_an_own_relay_serving_a_filter_without_a_limit_oldest_first_reads_it_whole(scripted):
+    """An own relay that serves a filter without a ``limit`` its oldest events, oldest first
+    (nostream): a read paged by ``until`` from the oldest seen read its first page only.
+    Pages ask with a limit: 250 events over pages of 100, all read."""
+    from gsync.io.own_query import history_pages
+    from gsync.io.ws import connect
+
+    repo = announcement(Author.named("owner"), "r")
+    base = 1_700_000_000
+    issues = [issue(Author.named("bob"), repo, subject=f"issue {i}", created_at=base + 60 * i) for i in range(250)]
+    own = scripted(*issues, page_size=100, oldest_first=True)
+    ws = connect(own.url, timeout=5)
+    try:
+        read = {e["id"] for page in history_pages(ws, tag("a", repo.address)) for e in page}
+    finally:
+        ws.close()
+    assert read == {e.id for e in issues}
