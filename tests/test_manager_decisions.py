@@ -792,32 +792,51 @@ def test_events_refused_while_the_own_relay_was_read_only_go_again_though_nothin
     own relay was read-only ('restricted:', final: it cannot be told from a refusal of that
     event) waited for the own relay to store anew; in that quiet world nothing new came for
     a day. With nothing stored anew, one waiting event is offered again 10 minutes after
-    the first waited, then at doubling gaps (to 2 hours); refused, it waits as before;
-    stored, it releases the rest (fetched again by id)."""
+    the first waited, then at doubling gaps (to 2 hours), the one refused longest ago first
+    (from memory if kept, else fetched again by id); refused, it waits as before; stored, it
+    releases the rest."""
     h, repo, sub, (older, newest), answer = _two_issues_to_answer(tmp_path, "written while read-only")
     delivery = h.manager.delivery
     for event in (older, newest):
         h.relay_sends(A, sub, event)
         assert delivery.is_tracked(event.id)
         answer(event, "rejected", "restricted: this relay is read-only for maintenance")
-    began, offered = h.clock.now, []
+    asked = len(h.reqs(A))
+
+    def offered():
+        """The event offered again now, if any (one fetched by id: the relay serves it)."""
+        nonlocal asked
+        reqs, asked = h.reqs(A)[asked:], len(h.reqs(A))
+        for event in (older, newest):
+            for req in reqs:
+                if any(event.id in flt.get("ids", ()) for flt in req[2:]):
+                    h.relay_sends(A, req[1], event)
+            if delivery.is_tracked(event.id):
+                return event
+        return None
+
+    began, offers = h.clock.now, []
     for _ in range(int(16 * constants.STORE_PROBE_FIRST_SECS / 60)):
         h.advance(60)
         h.tick()
-        if delivery.is_tracked(newest.id):  # offered again: the own relay is still read-only
-            offered.append(round(h.clock.now - began))
-            answer(newest, "rejected", "restricted: this relay is read-only for maintenance")
-            if len(offered) == 4:
+        event = offered()
+        if event is not None:  # offered again: the own relay is still read-only
+            offers.append((round(h.clock.now - began), event))
+            answer(event, "rejected", "restricted: this relay is read-only for maintenance")
+            if len(offers) == 4:
                 break
     first = constants.STORE_PROBE_FIRST_SECS
-    assert [b - a for a, b in zip([0, *offered[:-1]], offered, strict=True)] == [first, 2 * first, 4 * first, 8 * first]
-    assert not delivery.is_tracked(older.id) and older.id in h.manager.rejected
+    times = [at for at, _ in offers]
+    assert [b - a for a, b in zip([0, *times[:-1]], times, strict=True)] == [first, 2 * first, 4 * first, 8 * first]
+    assert [e for _, e in offers] == [older, newest, older, newest]
     h.advance(constants.STORE_PROBE_MAX_SECS)
     h.tick()
-    assert delivery.is_tracked(newest.id)
-    answer(newest, "delivered")  # writable again: stored anew
-    assert older.id not in h.manager.rejected
-    assert any(older.id in flt.get("ids", ()) for req in h.reqs(A) for flt in req[2:])  # fetched again
+    assert offered() == older
+    answer(older, "delivered")  # writable again: stored anew
+    assert newest.id not in h.manager.rejected  # released: fetched again by id
+    h.advance(2)
+    h.tick()
+    assert offered() == newest
 
 
 def _refused_with_everything(tmp_path):

@@ -178,11 +178,12 @@ def test_an_event_released_by_the_own_relay_storing_again_a_few_times_then_waits
 
 
 def test_with_nothing_stored_anew_one_event_refused_with_everything_is_offered_again_at_doubling_gaps():
-    """A quiet world (seed 421 of the stress mix): the own relay put read-only refused an
-    issue, is writable again, and nothing new comes to show it. One waiting event is offered
-    again a gap after the first waited, then at doubling gaps to the longest; the probes are
-    no releases (refused again, it still waits on the own relay storing); a store anew
-    starts the next wait with the short gap again."""
+    """A quiet world (seed 421 of the stress mix): the own relay put read-only refused two
+    issues, is writable again, and nothing new comes to show it. One waiting event is offered
+    again a gap after the first waited, then at doubling gaps to the longest, the one refused
+    longest ago first (one refused again goes to the back); the probes are no releases
+    (refused again, it still waits on the own relay storing); a store anew starts the next
+    wait with the short gap again."""
     index = RejectedIndex()
     first = f.issue(carol, f.announcement(alice, "proj"), content="first")
     newest = f.issue(carol, f.announcement(alice, "proj"), content="newest")
@@ -191,28 +192,26 @@ def test_with_nothing_stored_anew_one_event_refused_with_everything_is_offered_a
     index.add(newest, now=200, relay=REMOTE, until_own_stores=True)
     index.add(plain, now=200, relay=REMOTE)
     assert index.take_store_probe(now=100 + STORE_PROBE_FIRST_SECS - 1) == ([], [])
-    # past the hot tier, the newest event's body is kept: offered without a fetch
     at = 100 + STORE_PROBE_FIRST_SECS
     assert at > 200 + REJECTED_HOT_SECS
-    assert index.take_store_probe(now=at) == ([(newest, REMOTE)], [])
-    assert first.id in index and newest.id not in index and index.waits_on(OWN_STORES_KEY)
+    assert index.take_store_probe(now=at) == ([], [(first.id, REMOTE)])  # past the hot tier: fetched
+    assert first.id not in index and newest.id in index and index.waits_on(OWN_STORES_KEY)
+    index.add(first, now=at + 1, relay=REMOTE, until_own_stores=True)  # refused again
     probes, gap = [], 2 * STORE_PROBE_FIRST_SECS
-    index.add(newest, now=at + 1, relay=REMOTE, until_own_stores=True)  # refused again
     for _ in range(STORE_RELEASES_MAX + 3):
         assert index.take_store_probe(now=at + gap - 1) == ([], [])
         at += gap
         hot, cold = index.take_store_probe(now=at)
-        probes.append(hot)
-        assert hot == [(newest, REMOTE)] and cold == []
-        index.add(newest, now=at, relay=REMOTE, until_own_stores=True)
+        assert len(hot) + len(cold) == 1
+        probed = hot[0][0] if hot else next(e for e in (first, newest) if e.id == cold[0][0])
+        probes.append(probed.id)
+        index.add(probed, now=at, relay=REMOTE, until_own_stores=True)  # refused again
         assert index.waits_on(OWN_STORES_KEY)
         gap = min(STORE_PROBE_MAX_SECS, 2 * gap)
     assert gap == STORE_PROBE_MAX_SECS
-    # the body gone (its entry left: released by what it waited on besides, or pushed out
-    # for room): the newest waiting is fetched by id
-    index.remove(newest.id)
-    assert index.take_store_probe(now=at + gap) == ([], [(first.id, REMOTE)])
-    assert not index.waits_on(OWN_STORES_KEY)
+    assert probes[::2] == [newest.id] * len(probes[::2]) and probes[1::2] == [first.id] * len(probes[1::2])
+    assert index.take_store_probe(now=at + gap) == ([], [(newest.id, REMOTE)])
+    assert index.take_store_probe(now=at + 3 * gap) == ([(first, REMOTE)], [])  # its body kept: the newest added
     assert index.take_store_probe(now=at + 10 * gap) == ([], [])
     assert plain.id in index  # what waits on its own dependencies is never probed
     # a store anew: the next wait starts with the short gap
@@ -221,15 +220,25 @@ def test_with_nothing_stored_anew_one_event_refused_with_everything_is_offered_a
     assert index.take_store_probe(now=at + STORE_PROBE_FIRST_SECS) == ([(first, REMOTE)], [])
 
 
-def test_a_probe_prefers_an_event_still_hot_and_survives_a_restart_by_fetching():
+def test_a_probe_offers_an_announcement_before_what_waits_on_it_its_body_if_kept():
+    """Seed 304 of the per-filter stress mix: the own relay back empty with its disk full
+    refused 2,460 events and the announcements of their repositories; nothing new came, and
+    the probe offered an issue, refused as of a repository not hosted, at every probe, for a
+    week. A probe offers an announcement first, then states and roots, then the rest; hot,
+    without a fetch; across a restart, fetched."""
     index = RejectedIndex()
-    issues = [f.issue(carol, f.announcement(alice, "proj"), content=f"issue {i}") for i in range(3)]
-    for i, issue in enumerate(issues):
-        index.add(issue, now=100 + i * 300, relay=REMOTE, until_own_stores=True)
-    at = 100 + STORE_PROBE_FIRST_SECS  # issues[2] was refused at 700: hot until 820
-    assert index.take_store_probe(now=at) == ([(issues[2], REMOTE)], [])
+    ann = f.announcement(alice, "proj")
+    own_issue = f.issue(carol, ann)
+    reply = f.comment(carol, own_issue)
+    index.add(reply, now=100, relay=REMOTE, until_own_stores=True)
+    index.add(own_issue, now=110, relay=REMOTE, until_own_stores=True)
+    index.add(ann, now=500, relay="wss://other.example", until_own_stores=True)
+    at = 100 + STORE_PROBE_FIRST_SECS  # the announcement was refused at 500: hot until 620
     loaded = RejectedIndex.loads(index.dumps(), now=at)
-    assert loaded.take_store_probe(now=at) == ([], [(issues[1].id, REMOTE)])  # due at once, the newest
+    assert index.take_store_probe(now=at) == ([(ann, "wss://other.example")], [])
+    assert loaded.take_store_probe(now=at) == ([], [(ann.id, "wss://other.example")])
+    assert loaded.take_store_probe(now=at + 2 * STORE_PROBE_FIRST_SECS) == ([], [(own_issue.id, REMOTE)])
+    assert loaded.take_store_probe(now=at + 6 * STORE_PROBE_FIRST_SECS) == ([], [(reply.id, REMOTE)])
 
 
 def test_the_own_stores_key_keeps_an_entry_within_its_bound_of_keys():

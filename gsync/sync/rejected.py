@@ -362,10 +362,9 @@ class RejectedIndex:
     def take_store_probe(self, now: float) -> tuple[list[tuple[Event, str]], list[tuple[str, str]]]:
         """One entry waiting on ``OWN_STORES_KEY``, when its probe is due (``_put``: a gap
         after the first waited; then doubling to ``STORE_PROBE_MAX_SECS``): as
-        ``take_dependents`` gives it (one whose full event is kept if any, else the newest
-        refused), not counted as a release. A probe refused waits as before; one stored
-        releases the rest. (``_probe_body`` is the newest added: when it has left, one
-        still hot is offered, else the newest refused is fetched.)"""
+        ``take_dependents`` gives it (``_probe_order``: its full event if kept, else fetched
+        again), not counted as a release. A probe refused waits as before; one stored
+        releases the rest. (``_probe_body``, the newest added, is kept past the hot tier.)"""
         if self._probe_at is None or now < self._probe_at:
             return [], []
         waiting = self._by_key.get(OWN_STORES_KEY)
@@ -374,14 +373,25 @@ class RejectedIndex:
             return [], []
         self._probe_gap = min(STORE_PROBE_MAX_SECS, self._probe_gap * 2)
         self._probe_at = now + self._probe_gap
-        body = self._probe_body if self._probe_body is not None and self._probe_body.id in waiting else None
-        if body is None:
-            hot = min((eid for eid in waiting if eid in self._hot and self._hot[eid][1] > now), default=None)
-            body = None if hot is None else self._hot[hot][0]
-        eid = body.id if body is not None else max(waiting, key=lambda e: (self._cold[e].rejected_at, e))
+        eid = min(waiting, key=self._probe_order)
+        body = self._probe_body if self._probe_body is not None and self._probe_body.id == eid else None
+        if body is None and eid in self._hot and self._hot[eid][1] > now:
+            body = self._hot[eid][0]
         relay = self._cold[eid].relay
         self.remove(eid)
         return ([(body, relay)], []) if body is not None else ([], [(eid, relay)])
+
+    def _probe_order(self, eid: str) -> tuple:
+        """Which waiting entry a probe offers first: an announcement, then a state or a root,
+        then the rest (what others wait on goes before them: an issue offered while its
+        announcement waited too was refused as of a repository not hosted, at every probe,
+        and nothing else was ever offered: seed 304 of the per-filter stress mix, the own
+        relay back empty after a full disk, its 2,460 refused events a week behind); among
+        them the one refused longest ago (a probe refused again goes to the back: one refused
+        for what it is does not hold the others back)."""
+        entry = self._cold[eid]
+        rank = 0 if entry.kind == ANNOUNCEMENT_KIND else 1 if entry.kind in (STATE_KIND, *ROOT_KINDS) else 2
+        return rank, entry.rejected_at, eid
 
     def expire(self, now: float) -> list[str]:
         """Drop the full events past the hot tier and the entries past the cold one; the ids
