@@ -801,6 +801,7 @@ def test_events_refused_while_the_own_relay_was_read_only_go_again_though_nothin
         h.relay_sends(A, sub, event)
         assert delivery.is_tracked(event.id)
         answer(event, "rejected", "restricted: this relay is read-only for maintenance")
+        h.advance(1)  # (refused a second apart: the older first)
     asked = len(h.reqs(A))
 
     def offered():
