@@ -15,6 +15,7 @@ from gsync.io import connection
 from gsync.io.connection import (
     NEG_INBOX_FRAMES,
     NOTICE_ECHO_SECS,
+    NOTICE_PREFIX_REFUSAL_SECS,
     NOTICE_REFUSAL_SECS,
     RelayConnection,
 )
@@ -345,3 +346,24 @@ def test_a_neg_open_refused_for_auth_without_a_key_or_a_challenge_is_the_exchang
     assert [m[0] for m in sent(conn)] == ["NEG-OPEN"]
     assert inbox.qsize() == 1  # its exchange fails now, not at its deadline
     assert dropped("unknown_subscription") == before  # a CLOSED naming an exchange is not junk
+
+
+def test_a_notice_refusing_by_its_prefix_closes_the_req_just_sent_and_only_that_soon(session, monkeypatch):
+    """nostream validates a REQ as it reads it and refuses one with a tag key it does not
+    take (``#E``) in a NOTICE alone: ``invalid: ...``, no CLOSED, no EOSE. Taken as the
+    CLOSED of the last REQ sent and not answered, if it went within
+    NOTICE_PREFIX_REFUSAL_SECS (a stray NOTICE must not pause a slow REQ's coverage); an
+    unprefixed one is only a NOTICE."""
+    flt = [Filter.make(kinds=[1111], tags={"E": ["ab" * 32]})]
+    clock = [connection.time.monotonic()]  # (the misbehaviour budget refills by the real clock)
+    monkeypatch.setattr(connection.time, "monotonic", lambda: clock[0])
+    session.subscribe("slow", flt)
+    clock[0] += NOTICE_PREFIX_REFUSAL_SECS + 1
+    session._handle_frame(frame("NOTICE", 'invalid: "#E" is not allowed'))
+    assert _closed_posted(session) == []
+    session.subscribe("upper", flt)
+    session._handle_frame(frame("NOTICE", "we do not serve #E here"))
+    assert _closed_posted(session) == []
+    session._handle_frame(frame("NOTICE", 'invalid: "#E" is not allowed'))
+    assert _closed_posted(session) == [("upper", '"#E" is not allowed')]
+    assert _sent(session)[-1] == ["CLOSE", "upper"]

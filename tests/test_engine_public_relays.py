@@ -771,3 +771,35 @@ def test_a_rate_limit_said_in_a_notice_alone_is_waited_out_without_splitting_the
     for event in new:
         remote.broadcast(event)
     assert_arrives(own, new, timeout=15, what="live events")
+
+
+def _nostream_validation(relay, conn, message):
+    """nostream's filter schema takes tag keys ``#a``-``#z`` only: a REQ with another is
+    answered by a NOTICE ``invalid: ...`` alone, no CLOSED, no EOSE."""
+    if isinstance(message, list) and message[:1] == ["REQ"] and any(
+            isinstance(flt, dict) and any(len(k) == 2 and k[0] == "#" and k[1].isupper() for k in flt)
+            for flt in message[2:]):
+        return [["NOTICE", 'invalid: "[2].#E" is not allowed']]
+    return None
+
+
+def test_a_relay_refusing_a_tag_key_by_notice_alone_is_synced_without_stalls(relay_factory, gsync_factory,
+                                                                              scripted):
+    """nostream refuses a REQ holding ``#E`` or ``#A`` with a NOTICE ``invalid: ...`` and
+    nothing else, and serves a filter without a limit its oldest events first. The NOTICE
+    is the REQ's refusal (the last one sent, unanswered): split by shape, ``#E`` and ``#A``
+    paused, the rest served at once. Taken as a stall instead, each shape waited 30 s and
+    its comments came after 158 s."""
+    own = relay_factory()
+    remote = scripted(page_size=500, oldest_first=True, on_message=_nostream_validation)
+    repo = our_announcement(own, [remote], d="nostream")
+    base = int(time.time()) - 86_400
+    issues = [f.issue(bob, repo, subject=f"issue {i}", created_at=base + 60 * i) for i in range(30)]
+    comments = [f.comment(carol, issue, created_at=base + 60 * i + 5) for i, issue in enumerate(issues)]
+    replies = [f.comment(bob, issue, c, created_at=base + 60 * i + 9)
+               for i, (issue, c) in enumerate(zip(issues, comments, strict=True))]
+    remote.add(repo, *issues, *comments, *replies)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, issues + comments + replies, timeout=20, what="the issues and their threads")
+    assert events_named(gsync, "notice_taken_as_closed", remote.url)

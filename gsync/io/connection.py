@@ -51,8 +51,12 @@ MAX_UNAPPLIED_BURSTS = 2
 # A NOTICE refusing a REQ (too many open, or a rate) is taken as the refusal of the last REQ
 # sent and not yet answered, if it went out this recently (a relay refuses as it reads)...
 NOTICE_REFUSAL_SECS = 30.0
-# ...unless the relay also said it in a CLOSED this recently (some say both).
+# ...unless the relay also said it in a CLOSED this recently (some say both). One refusing by
+# its prefix alone (``invalid:``, ``blocked:``...) is taken only this soon after the REQ: a
+# relay validating a REQ answers as it reads it, and a stray NOTICE so prefixed must not
+# pause the coverage of a REQ that was merely slow.
 NOTICE_ECHO_SECS = 2.0
+NOTICE_PREFIX_REFUSAL_SECS = 5.0
 
 
 
@@ -333,7 +337,7 @@ class RelayConnection:
         self._junk_streak = 0
         if self._unanswered and isinstance(msg, (wire.RelayEvent, wire.Eose, wire.Closed)):
             self._unanswered.pop(msg.sub_id, None)
-        if isinstance(msg, wire.Closed) and _refuses_a_req(msg.text):
+        if isinstance(msg, wire.Closed) and _refuses_a_req(msg.text, msg.prefix):
             self._refusal_closed_at = time.monotonic()
         if isinstance(msg, wire.RelayEvent):
             self._handle_event(msg)
@@ -430,7 +434,10 @@ class RelayConnection:
     def _refused_by_notice(self, msg: wire.Notice) -> bool:
         """Some relays refuse a REQ with a NOTICE alone, naming no subscription: past their
         subscription cap (strfry's "too many concurrent REQs", nostr_relay's "rejected: too
-        many subscriptions") or for a rate. A relay reads our messages in order and refuses
+        many subscriptions"), for a rate, or as invalid (nostream refuses a filter with a
+        tag key it does not take, ``#E``, so: a REQ of several filters, split, had each of
+        its shapes stall 30 s before, and a small repository's comments took 158 s). A
+        relay reads our messages in order and refuses
         the REQ it has just read, so the refused one is taken to be the last REQ sent that
         it has not answered: the manager hears that REQ's CLOSED, as from relays that say
         CLOSED (the cap is learnt, or the REQ waits out the cooldown whole, instead of
@@ -445,7 +452,8 @@ class RelayConnection:
             sub_id = None  # the relay's CLOSED said it already
         elif self._unanswered:
             sub_id, sent_at = next(reversed(self._unanswered.items()))
-            if now - sent_at > NOTICE_REFUSAL_SECS:
+            by_words = wire.says_too_many_subscriptions(text) or wire.is_rate_limit_text(text)
+            if now - sent_at > (NOTICE_REFUSAL_SECS if by_words else NOTICE_PREFIX_REFUSAL_SECS):
                 return False
         else:
             return False
@@ -532,9 +540,21 @@ class RelayConnection:
         return int((self._clock or time.time)())
 
 
-def _refuses_a_req(text: str) -> bool:
-    """Wording that refuses a REQ for the number open or for a rate."""
-    return wire.says_too_many_subscriptions(text) or wire.is_rate_limit_text(text)
+# A NOTICE with one of these prefixes refuses what it was sent about (NIP-01's machine-
+# readable prefixes): a relay that validates a REQ before reading it answers so, with no
+# CLOSED and no EOSE (nostream: ``invalid: "#E" is not allowed``, its filter schema takes
+# tag keys ``#a``-``#z`` only).
+_REFUSING_PREFIXES = frozenset({wire.Prefix.INVALID, wire.Prefix.BLOCKED, wire.Prefix.RESTRICTED,
+                                wire.Prefix.UNSUPPORTED})
+
+
+def _refuses_a_req(text: str, prefix: wire.Prefix | None = None) -> bool:
+    """Wording that refuses a REQ for the number open or for a rate, or a refusing prefix
+    (``prefix``: a CLOSED's, already split off; else read from ``text``)."""
+    if prefix is None:
+        prefix = wire.split_prefix(text)[0]
+    return (prefix in _REFUSING_PREFIXES or wire.says_too_many_subscriptions(text)
+            or wire.is_rate_limit_text(text))
 
 
 def _concerns_negentropy(msg) -> bool:
