@@ -352,8 +352,9 @@ def test_a_notice_refusing_by_its_prefix_closes_the_req_just_sent_and_only_that_
     """nostream validates a REQ as it reads it and refuses one with a tag key it does not
     take (``#E``) in a NOTICE alone: ``invalid: ...``, no CLOSED, no EOSE. Taken as the
     CLOSED of the last REQ sent and not answered, if it went within
-    NOTICE_PREFIX_REFUSAL_SECS (a stray NOTICE must not pause a slow REQ's coverage); an
-    unprefixed one is only a NOTICE."""
+    NOTICE_PREFIX_REFUSAL_SECS and no other went then and waits (a stray NOTICE, or one
+    about another REQ, must not pause a REQ's coverage); an unprefixed one is only a
+    NOTICE."""
     flt = [Filter.make(kinds=[1111], tags={"E": ["ab" * 32]})]
     clock = [connection.time.monotonic()]  # (the misbehaviour budget refills by the real clock)
     monkeypatch.setattr(connection.time, "monotonic", lambda: clock[0])
@@ -367,3 +368,8 @@ def test_a_notice_refusing_by_its_prefix_closes_the_req_just_sent_and_only_that_
     session._handle_frame(frame("NOTICE", 'invalid: "#E" is not allowed'))
     assert _closed_posted(session) == [("upper", '"#E" is not allowed')]
     assert _sent(session)[-1] == ["CLOSE", "upper"]
+    # two sent together and waiting: whose? Neither is taken (the stall finds it)
+    session.subscribe("first", flt)
+    session.subscribe("second", flt)
+    session._handle_frame(frame("NOTICE", 'invalid: "#E" is not allowed'))
+    assert len(_closed_posted(session)) == 1

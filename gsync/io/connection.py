@@ -52,9 +52,10 @@ MAX_UNAPPLIED_BURSTS = 2
 # sent and not yet answered, if it went out this recently (a relay refuses as it reads)...
 NOTICE_REFUSAL_SECS = 30.0
 # ...unless the relay also said it in a CLOSED this recently (some say both). One refusing by
-# its prefix alone (``invalid:``, ``blocked:``...) is taken only this soon after the REQ: a
-# relay validating a REQ answers as it reads it, and a stray NOTICE so prefixed must not
-# pause the coverage of a REQ that was merely slow.
+# its prefix alone (``invalid:``, ``blocked:``...) is taken only this soon after the REQ, and
+# only if no other REQ went this recently and waits for its answer: a relay validating a REQ
+# answers as it reads it, and a stray NOTICE so prefixed, or one about another REQ, must not
+# pause the coverage of the last.
 NOTICE_ECHO_SECS = 2.0
 NOTICE_PREFIX_REFUSAL_SECS = 5.0
 
@@ -455,6 +456,9 @@ class RelayConnection:
             by_words = wire.says_too_many_subscriptions(text) or wire.is_rate_limit_text(text)
             if now - sent_at > (NOTICE_REFUSAL_SECS if by_words else NOTICE_PREFIX_REFUSAL_SECS):
                 return False
+            if not by_words and sum(now - at <= NOTICE_PREFIX_REFUSAL_SECS for at in self._unanswered.values()) > 1:
+                return False  # (whose? one sent after the refused one may be the last: a
+                # wrong guess would pause its coverage for a day; the stall finds it instead)
         else:
             return False
         prefix, rest = wire.split_prefix(text)
