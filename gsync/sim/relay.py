@@ -418,6 +418,9 @@ class SimRelay:
         # serves a filter without a limit its oldest events first, its page cap of them (nostream:
         # ``LIMIT 500 ORDER BY created_at ASC``); with a limit, its newest, as NIP-01 says
         self.oldest_first = False
+        # refuses a REQ in a NOTICE alone, naming no subscription, no CLOSED (nostream refuses
+        # an invalid filter so; strfry "too many concurrent REQs")
+        self.notice_refusals = False
         # (burst, seconds a query): REQs and NEG-OPENs of one session past a token bucket are
         # refused "rate-limited:" (PEERS.md: LocalRelay's per-connection query limit), for good
         self.query_limit: tuple[int, float] | None = None
@@ -517,6 +520,10 @@ class SimRelay:
                     return f"blocked: #{name} queries are not allowed here"
         return None
 
+    def _refused(self, sub_id: str, reason: str) -> str:
+        """A REQ's refusal: its CLOSED, or a NOTICE alone (``notice_refusals``)."""
+        return json.dumps(["NOTICE", reason]) if self.notice_refusals else _closed(sub_id, reason)
+
     def on_req(self, session: RelaySession, sub_id, raw_filters, text: str = "") -> list[str]:
         if not isinstance(sub_id, str) or not sub_id:
             return [json.dumps(["NOTICE", "invalid: bad subscription id"])]
@@ -525,11 +532,11 @@ class SimRelay:
         except ValueError as exc:
             return [_closed(sub_id, f"invalid: {exc}")]
         if sub_id not in session.subs and len(session.subs) >= self.max_subs:
-            return [_closed(sub_id, "error: too many concurrent REQs")]
+            return [self._refused(sub_id, "error: too many concurrent REQs")]
         refused = self.refusal(session, filters)
         if refused:
             session.subs.pop(sub_id, None)
-            return [_closed(sub_id, refused)]
+            return [self._refused(sub_id, refused)]
         session.subs[sub_id] = filters
         head = '["EVENT",' + _json_string(sub_id) + ","  # (_event_frame's start, made once per REQ)
         frames = [head + e.to_json() + "]" for e in self.answer(filters)]

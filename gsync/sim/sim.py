@@ -107,6 +107,8 @@ class SimOptions:
     # their page cap, oldest first (nostream: ``LIMIT 500 ORDER BY created_at ASC``); one with a
     # limit, its newest (NIP-01)
     oldest_first: float = 0.0
+    # the share of relays refusing a REQ in a NOTICE alone, no CLOSED (nostream, invalid filters)
+    notice_refusals: float = 0.0
     own_full: float = faults_module.OWN_FULL_PER_DAY  # the own relay's disk full, per day
     own_readonly: float = faults_module.OWN_READONLY_PER_DAY  # the own relay read-only, per day
     own_rate_limited: float = faults_module.OWN_RATE_LIMITED_PER_DAY  # its writes rate-limited, per day
@@ -140,6 +142,7 @@ WORLD_SHARES = (
     ("since_exclusive", "--since-exclusive"),
     ("per_filter", "--per-filter"),
     ("oldest_first", "--oldest-first"),
+    ("notice_refusals", "--notice-refusals"),
     ("own_full", "--own-full"),
     ("own_readonly", "--own-readonly"),
     ("own_rate_limited", "--own-rate-limited"),
@@ -422,6 +425,7 @@ class Simulation:
         relay.since_exclusive = random.Random(f"{o.seed}:{url}:since").random() < o.since_exclusive
         relay.per_filter = random.Random(f"{o.seed}:{url}:per-filter").random() < o.per_filter
         relay.oldest_first = random.Random(f"{o.seed}:{url}:oldest").random() < o.oldest_first
+        relay.notice_refusals = random.Random(f"{o.seed}:{url}:notice").random() < o.notice_refusals
         return relay
 
     # -- the heap -----------------------------------------------------------------------
