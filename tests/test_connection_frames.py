@@ -373,3 +373,26 @@ def test_a_notice_refusing_by_its_prefix_closes_the_req_just_sent_and_only_that_
     session.subscribe("second", flt)
     session._handle_frame(frame("NOTICE", 'invalid: "#E" is not allowed'))
     assert len(_closed_posted(session)) == 1
+
+
+def test_refusing_notices_among_several_reqs_are_told_by_the_others_answers(session):
+    """A burst of REQs, two refused by NOTICE alone (nostream: each holding ``#E``): while
+    several wait, a NOTICE is nobody's; once the others are answered, those left are the
+    refused ones, each taken as a CLOSED. One refused in a CLOSED too leaves the others
+    alone."""
+    flt = [Filter.make(kinds=[1111], tags={"E": ["ab" * 32]})]
+    for sub_id in ("refused-1", "served", "refused-2", "slow"):
+        session.subscribe(sub_id, flt)
+    session._handle_frame(frame("NOTICE", 'invalid: "#E" is not allowed'))
+    session._handle_frame(frame("NOTICE", 'invalid: "#E" is not allowed'))
+    assert _closed_posted(session) == []
+    session._handle_frame(frame("EOSE", "served"))
+    assert _closed_posted(session) == []  # three left for two NOTICEs
+    session._handle_frame(frame("EVENT", "slow", f.comment(f.Author.named("z"), f.issue(f.Author.named("z"), REPO)).to_dict()))
+    assert sorted(_closed_posted(session)) == [("refused-1", '"#E" is not allowed'), ("refused-2", '"#E" is not allowed')]
+    # a relay that says it twice: its CLOSED explains the NOTICE, the other REQ is not taken
+    for sub_id in ("twice", "innocent"):
+        session.subscribe(sub_id, flt)
+    session._handle_frame(frame("NOTICE", "blocked: not here"))
+    session._handle_frame(frame("CLOSED", "twice", "blocked: not here"))
+    assert "innocent" in session.subscriptions and len(_closed_posted(session)) == 3

@@ -58,6 +58,7 @@ NOTICE_REFUSAL_SECS = 30.0
 # pause the coverage of the last.
 NOTICE_ECHO_SECS = 2.0
 NOTICE_PREFIX_REFUSAL_SECS = 5.0
+NOTICES_OPEN = 32  # refusing NOTICEs whose REQ is not yet told, at most (the newest kept)
 
 
 
@@ -88,6 +89,8 @@ class RelayConnection:
         self._closing = self.book.closing
         self._ended = self.book.ended
         self._refusal_closed_at = float("-inf")  # the last CLOSED refusing for count or rate
+        # refusing NOTICEs whose REQ is not yet told (several waited): (at, text, candidates)
+        self._open_notices: list[tuple[float, str, set[str]]] = []
         self.neg_waiters: dict[str, Queue] = {}
         # NIP-77 exchanges running (``neg_waiters``) → their NEG-OPEN while the relay has not
         # answered it: sent again after AUTH if refused for want of it (``_reopened_after_auth``);
@@ -337,7 +340,10 @@ class RelayConnection:
             return
         self._junk_streak = 0
         if self._unanswered and isinstance(msg, (wire.RelayEvent, wire.Eose, wire.Closed)):
-            self._unanswered.pop(msg.sub_id, None)
+            if self._unanswered.pop(msg.sub_id, None) is not None and self._open_notices:
+                if isinstance(msg, wire.Closed) and _refuses_a_req(msg.text, msg.prefix):
+                    self._explained(msg.sub_id)  # (a relay that says it twice: that NOTICE was this)
+                self._settle_notices()
         if isinstance(msg, wire.Closed) and _refuses_a_req(msg.text, msg.prefix):
             self._refusal_closed_at = time.monotonic()
         if isinstance(msg, wire.RelayEvent):
@@ -456,18 +462,63 @@ class RelayConnection:
             by_words = wire.says_too_many_subscriptions(text) or wire.is_rate_limit_text(text)
             if now - sent_at > (NOTICE_REFUSAL_SECS if by_words else NOTICE_PREFIX_REFUSAL_SECS):
                 return False
-            if not by_words and sum(now - at <= NOTICE_PREFIX_REFUSAL_SECS for at in self._unanswered.values()) > 1:
-                return False  # (whose? one sent after the refused one may be the last: a
-                # wrong guess would pause its coverage for a day; the stall finds it instead)
+            if not by_words:
+                recent = {s for s, at in self._unanswered.items() if now - at <= NOTICE_PREFIX_REFUSAL_SECS}
+                if len(recent) > 1:  # whose? Told by the others' answers (``_settle_notices``)
+                    metrics.NOTICES.labels(wire.split_prefix(text)[0].value).inc()
+                    self._open_notices.append((now, text, recent))
+                    del self._open_notices[:-NOTICES_OPEN]
+                    self._settle_notices()  # (as many NOTICEs as REQs among them already)
+                    return True
         else:
             return False
         prefix, rest = wire.split_prefix(text)
         metrics.NOTICES.labels(prefix.value).inc()
         if sub_id is not None:
-            log.info("notice_taken_as_closed", relay=self.relay, sub_id=sub_id, text=text[:200])
-            self.unsubscribe(sub_id)
-            self._emit(RemoteMessage(self.relay, self.session, wire.Closed(sub_id, prefix, rest)))
+            self._take_notice(sub_id, text)
         return True
+
+    def _take_notice(self, sub_id: str, text: str) -> None:
+        """``text``, a NOTICE, is ``sub_id``'s CLOSED (and a CLOSE goes out for it)."""
+        prefix, rest = wire.split_prefix(text)
+        log.info("notice_taken_as_closed", relay=self.relay, sub_id=sub_id, text=text[:200])
+        self.unsubscribe(sub_id)
+        self._emit(RemoteMessage(self.relay, self.session, wire.Closed(sub_id, prefix, rest)))
+
+    def _explained(self, sub_id: str) -> None:
+        """``sub_id`` was refused in a CLOSED too: the oldest open NOTICE it may have been is
+        its own, not another REQ's."""
+        for i, (_, _, candidates) in enumerate(self._open_notices):
+            if sub_id in candidates:
+                del self._open_notices[i]
+                return
+
+    def _settle_notices(self) -> None:
+        """Refusing NOTICEs that came while several REQs just sent waited for their answers:
+        a REQ refused so is never answered, so once the others have been, those left are
+        the refused ones: a NOTICE left with one of them, or as many NOTICEs as REQs left
+        among the same ones, are their CLOSEDs. (A relay refusing several of a burst, such
+        as every live REQ holding ``#E``, says so in as many NOTICEs; taken for the last
+        REQ, each could have paused a REQ the relay served.) Past NOTICE_REFUSAL_SECS an
+        open NOTICE is dropped: its REQ's stall finds it."""
+        now, taken = time.monotonic(), False
+        still = []
+        for at, text, candidates in self._open_notices:
+            if now - at <= NOTICE_REFUSAL_SECS:
+                candidates &= self._unanswered.keys()
+                if candidates:
+                    still.append((at, text, candidates))
+        for _, _, candidates in still:
+            alike = [n for n in still if n[2] == candidates]
+            if len(candidates) == 1 or len(alike) == len(candidates):
+                for (_, said, _), sub_id in zip(alike, sorted(candidates, key=self._unanswered.get), strict=False):
+                    self._take_notice(sub_id, said)
+                still = [n for n in still if n[2] != candidates]
+                taken = True
+                break
+        self._open_notices = still
+        if taken and still:
+            self._settle_notices()
 
     def _count_notice(self, msg: wire.Notice) -> bool:
         """Counted by prefix; each spends a misbehaviour point (a relay says little this way:

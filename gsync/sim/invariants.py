@@ -44,7 +44,9 @@ with the simulated day it happened and what broke.
   or a session over within PROVEN_SESSION_SECS) is not owed until the next dial, up to
   MAX_BACKOFF_SECS and a tick: gsync backs off from such a relay by design (seed 326's year,
   day 201.5: relay1 restarting every few minutes cut three sessions in a row within 35 s).
-- ``refused_asked_again``: a tag key a relay refused by policy (CLOSED ``blocked:``) asked of
+- ``refused_asked_again``: a tag key a relay refused by policy (CLOSED ``blocked:``; a NOTICE
+  alone, which names no REQ, allows two asks more, and any while that relay answers nothing
+  with EOSE) asked of
   it again more than twice within POLICY_PROBE_SECS after gsync read the refusal (a relay
   retired or forgotten meanwhile forgets it, as it does its dead mark: counted from its
   return (a relay out of gsync's table and saved memory at a 10-minute sample); a
@@ -574,16 +576,21 @@ class Checker:
         asks = conn.__dict__.get("id_asks")
         if asks and frame.startswith(('["CLOSED"', '["EOSE"')):
             self._id_ask_answered(asks, frame)
-        if frame.startswith('["CLOSED"') and '"blocked: #' in frame:
+        if frame.startswith(('["CLOSED"', '["NOTICE"')) and '"blocked: #' in frame:  # (--notice-refusals)
             key = frame.split('"blocked: #', 1)[1][:1]
             now = self.sim.clock.now
             refused = self.refused_at.setdefault(conn.relay, {})
             started = refused.get(key)
             if started is None or now - started[0] >= constants.POLICY_PROBE_SECS:
-                refused[key] = [now, 0]
+                # (a NOTICE names no REQ: gsync finds the shape by asking it alone, after the
+                # REQ's stall where the NOTICE could be another REQ's: two asks more)
+                refused[key] = [now, -2 if frame.startswith('["NOTICE"') else 0]
                 self.refused_by[(conn.relay, key)] = self._relay_state(conn.relay)
 
     def _asks_refused(self, conn, text: str) -> None:
+        relay = self.sim.relays.get(conn.relay)
+        if relay is not None and relay.notice_refusals and relay.no_eose:
+            return  # (its refusals name no REQ and nothing is answered: no NOTICE can be told whose)
         now = self.sim.clock.now
         refused = self.refused_at[conn.relay]
         keys = [k for k, entry in refused.items() if now - entry[0] < constants.POLICY_PROBE_SECS]
