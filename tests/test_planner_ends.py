@@ -388,3 +388,32 @@ def test_a_probe_batch_confirmed_answers_its_probe():
     w.take()
     batch_end.finish(w.plan, state, batch, NOW)
     assert w.take(act.Confirmed) == [act.Confirmed(state, batch, "key")] and not state.current.probes
+
+
+def test_when_a_relay_is_found_to_ignore_until_what_its_filters_bring_of_ids_asked_again_judges_nothing():
+    """Seed 412 of the stress mix with ``--notice-refusals 0.5 --oldest-first 0.3`` (and 309
+    of the per-filter mix; ids_judged_unserved): a relay serving 20 a filter cut a batch's
+    id fetch at 40 of 493; the 453 went to their filter; then its pages showed it ignores
+    ``until``, and the 453 were asked by id again (20 a filter), served whole, and counted
+    as brought by that filter: 0 by id, and the relay lost its NIP-77 for a day. Found to
+    ignore ``until``, a batch's residual asked by filter is no witness any more."""
+    w = World()
+    state = w.relay()
+    state.current.page_cap = PageCap(filter_served=20)
+    batch, _ = exchange_of(w, state)
+    batch.expect_ids(IDS, found_by=ISSUES)
+    batch.fetching_by_id |= set(IDS)
+    batch.received_ids |= set(IDS[:1])
+    batch_end.finish(w.plan, state, batch, NOW)  # the other nine by their filter
+    assert batch.residual_asked == set(IDS[1:])
+    sub_id = state.current.historic_queue[0][0]
+    start_queue.next_start(w.plan, state, False, 0, NOW)
+    w.plan.on_eose(state, batch, sub_id, None, NOW, past_until=(3,))  # newer than its until
+    assert state.current.page_cap.until_ignored
+    batch_end.fetch_what_the_exchanges_found(w.plan, state, batch)  # by id once more
+    assert set(IDS[1:]) <= batch.fetching_by_id
+    batch.received_ids |= set(IDS)
+    started(w, batch)
+    w.take()
+    batch_end.finish(w.plan, state, batch, NOW)
+    assert state.serves_ids(NOW) and "relay_ids_not_served" not in [a.event for a in w.take(act.Log)]
