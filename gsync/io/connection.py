@@ -455,27 +455,27 @@ class RelayConnection:
         if not _refuses_a_req(text) or wire.is_negentropy_notice(text):
             return False  # (one about a NEG-OPEN goes to its exchange)
         now = time.monotonic()
+        whose_unknown = False
         if now - self._refusal_closed_at <= NOTICE_ECHO_SECS:
             sub_id = None  # the relay's CLOSED said it already
-        elif self._unanswered:
+        elif not self._unanswered:
+            return False
+        else:
+            by_words = _refuses_by_words(text)
             sub_id, sent_at = next(reversed(self._unanswered.items()))
-            by_words = wire.says_too_many_subscriptions(text) or wire.is_rate_limit_text(text)
             if now - sent_at > (NOTICE_REFUSAL_SECS if by_words else NOTICE_PREFIX_REFUSAL_SECS):
                 return False
-            if not by_words:
-                recent = {s for s, at in self._unanswered.items() if now - at <= NOTICE_PREFIX_REFUSAL_SECS}
-                if len(recent) > 1:  # whose? Told by the others' answers (``_settle_notices``)
-                    metrics.NOTICES.labels(wire.split_prefix(text)[0].value).inc()
-                    self._open_notices.append((now, text, recent))
-                    del self._open_notices[:-NOTICES_OPEN]
-                    self._settle_notices()  # (as many NOTICEs as REQs among them already)
-                    return True
-        else:
-            return False
-        prefix, rest = wire.split_prefix(text)
-        metrics.NOTICES.labels(prefix.value).inc()
+            recent = () if by_words else {
+                s for s, at in self._unanswered.items() if now - at <= NOTICE_PREFIX_REFUSAL_SECS}
+            if len(recent) > 1:  # whose? Told by the others' answers (``_settle_notices``)
+                self._open_notices.append((now, text, recent))
+                del self._open_notices[:-NOTICES_OPEN]
+                sub_id, whose_unknown = None, True
+        metrics.NOTICES.labels(wire.split_prefix(text)[0].value).inc()
         if sub_id is not None:
             self._take_notice(sub_id, text)
+        elif whose_unknown:
+            self._settle_notices()  # (as many NOTICEs as REQs among them already)
         return True
 
     def _take_notice(self, sub_id: str, text: str) -> None:
@@ -603,13 +603,17 @@ _REFUSING_PREFIXES = frozenset({wire.Prefix.INVALID, wire.Prefix.BLOCKED, wire.P
                                 wire.Prefix.UNSUPPORTED})
 
 
+def _refuses_by_words(text: str) -> bool:
+    """Wording that refuses a REQ for the number open or for a rate."""
+    return wire.says_too_many_subscriptions(text) or wire.is_rate_limit_text(text)
+
+
 def _refuses_a_req(text: str, prefix: wire.Prefix | None = None) -> bool:
-    """Wording that refuses a REQ for the number open or for a rate, or a refusing prefix
-    (``prefix``: a CLOSED's, already split off; else read from ``text``)."""
+    """Wording that refuses a REQ (``_refuses_by_words``), or a refusing prefix (``prefix``:
+    a CLOSED's, already split off; else read from ``text``)."""
     if prefix is None:
         prefix = wire.split_prefix(text)[0]
-    return (prefix in _REFUSING_PREFIXES or wire.says_too_many_subscriptions(text)
-            or wire.is_rate_limit_text(text))
+    return prefix in _REFUSING_PREFIXES or _refuses_by_words(text)
 
 
 def _concerns_negentropy(msg) -> bool:
