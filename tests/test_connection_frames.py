@@ -286,14 +286,6 @@ def test_a_req_sent_again_under_the_id_of_one_the_relay_ended_has_its_answers_to
 # -- a NEG-OPEN refused for want of AUTH -------------------------------------------------
 
 
-def sent(conn) -> list:
-    """What the connection queued for the relay since the last look, parsed."""
-    out = []
-    while not conn._outbox.empty():
-        out.append(json.loads(conn._outbox.get_nowait()))
-    return out
-
-
 def exchange_opened(conn, sub_id: str = "neg1-7") -> tuple[Queue, str]:
     """An exchange as negentropy_sync runs one: registered, then its NEG-OPEN sent."""
     inbox = Queue()
@@ -316,12 +308,12 @@ def test_a_neg_open_refused_for_auth_is_sent_again_after_our_auth_once(refusal):
     inbox, opening = exchange_opened(conn)
     conn._handle_frame(frame("AUTH", "challenge-1"))
     conn._handle_frame(frame(*refusal))
-    out = sent(conn)
+    out = _sent(conn)
     assert [m[0] for m in out] == ["NEG-OPEN", "AUTH", "NEG-OPEN"]  # our AUTH goes first
     assert out[2] == json.loads(opening)
     assert inbox.empty()  # the exchange waits for the answer to the one sent again
     conn._handle_frame(frame(*refusal))  # refused again: that is the exchange's answer
-    assert sent(conn) == [] and inbox.qsize() == 1
+    assert _sent(conn) == [] and inbox.qsize() == 1
 
 
 def test_a_neg_open_answered_is_never_sent_again_and_an_exchange_ended_leaves_nothing():
@@ -330,7 +322,7 @@ def test_a_neg_open_answered_is_never_sent_again_and_an_exchange_ended_leaves_no
     conn._handle_frame(frame("AUTH", "challenge-1"))
     conn._handle_frame(frame("NEG-MSG", "neg1-7", "61"))
     conn._handle_frame(frame("NEG-ERR", "neg1-7", "auth-required: after an answer"))
-    assert [m[0] for m in sent(conn)] == ["NEG-OPEN", "AUTH"] and inbox.qsize() == 2
+    assert [m[0] for m in _sent(conn)] == ["NEG-OPEN", "AUTH"] and inbox.qsize() == 2
     conn.end_negentropy("neg1-7")
     assert not conn.neg_waiters and not conn._neg_opens
 
@@ -343,7 +335,7 @@ def test_a_neg_open_refused_for_auth_without_a_key_or_a_challenge_is_the_exchang
         conn._handle_frame(frame("AUTH", "challenge-1"))  # challenged, nothing to answer with
     before = dropped("unknown_subscription")
     conn._handle_frame(frame("CLOSED", "neg1-7", "auth-required: you must auth"))
-    assert [m[0] for m in sent(conn)] == ["NEG-OPEN"]
+    assert [m[0] for m in _sent(conn)] == ["NEG-OPEN"]
     assert inbox.qsize() == 1  # its exchange fails now, not at its deadline
     assert dropped("unknown_subscription") == before  # a CLOSED naming an exchange is not junk
 
@@ -396,3 +388,82 @@ def test_refusing_notices_among_several_reqs_are_told_by_the_others_answers(sess
     session._handle_frame(frame("NOTICE", "blocked: not here"))
     session._handle_frame(frame("CLOSED", "twice", "blocked: not here"))
     assert "innocent" in session.subscriptions and len(_closed_posted(session)) == 3
+
+
+def _keyed_with_reqs(*sub_ids: str) -> RelayConnection:
+    """A session with a key and REQs sent, as at a connect: before the relay's challenge is read."""
+    posted = []
+    conn = keyed_session()
+    conn._post = posted.append
+    conn.posted = posted
+    for sub_id in sub_ids:
+        conn.subscribe(sub_id, [Filter.make(kinds=[1621], tags={"a": [REPO]})])
+    return conn
+
+
+def test_reqs_refused_for_auth_in_a_notice_alone_go_again_after_our_auth():
+    """A NIP-42 relay that refuses what it read before our AUTH in a NOTICE ``auth-required:``
+    alone (no CLOSED): a connect's REQs, sent before its challenge was read, were never
+    answered, its live REQs dead for the session (seed 360 of the simulator's per-filter
+    mix with NOTICE refusals). They go again after the AUTH, once, and the NOTICEs about
+    them are nobody's refusal: a later refusal is told as before."""
+    conn = _keyed_with_reqs("l1-live", "live-1", "h1")
+    conn._handle_frame(frame("AUTH", "challenge-1"))
+    for _ in range(3):
+        conn._handle_frame(frame("NOTICE", "auth-required: authenticate first"))
+    out = _sent(conn)
+    assert [(m[0], m[1] if m[0] == "REQ" else "") for m in out] == [
+        ("REQ", "l1-live"), ("REQ", "live-1"), ("REQ", "h1"), ("AUTH", ""),
+        ("REQ", "l1-live"), ("REQ", "live-1"), ("REQ", "h1")]
+    assert _closed_posted(conn) == [] and set(conn.subscriptions) == {"l1-live", "live-1", "h1"}
+    conn._handle_frame(frame("OK", conn._auth_event_id, True, ""))
+    conn.subscribe("h2", [Filter.make(kinds=[1111], tags={"e": ["ab" * 32]})])
+    for sub_id in ("l1-live", "live-1", "h1"):
+        conn._handle_frame(frame("EOSE", sub_id))
+    conn._handle_frame(frame("NOTICE", "blocked: #e queries are not allowed here"))
+    assert _closed_posted(conn) == [("h2", "#e queries are not allowed here")]
+    # a second refusal of one sent again is the relay's answer: a refusal, not a third REQ
+    conn.subscribe("h3", [Filter.make(kinds=[1621], tags={"a": [REPO]})])
+    conn._handle_frame(frame("NOTICE", "auth-required: authenticate first"))
+    assert _closed_posted(conn)[-1] == ("h3", "authenticate first")
+    assert [m[0] for m in _sent(conn)] == ["REQ", "CLOSE", "REQ", "CLOSE"]
+
+
+def test_auth_notices_before_the_challenge_wait_for_our_auth():
+    """A relay that challenges only once it has refused: its NOTICEs come first, and the
+    REQs they refused go again right after our AUTH."""
+    conn = _keyed_with_reqs("live-1", "h1")
+    conn._handle_frame(frame("NOTICE", "auth-required: authenticate first"))
+    conn._handle_frame(frame("NOTICE", "auth-required: authenticate first"))
+    assert [m[0] for m in _sent(conn)] == ["REQ", "REQ"] and _closed_posted(conn) == []
+    conn._handle_frame(frame("AUTH", "challenge-1"))
+    assert [(m[0], m[1] if m[0] == "REQ" else "") for m in _sent(conn)] == [
+        ("AUTH", ""), ("REQ", "live-1"), ("REQ", "h1")]
+    conn._handle_frame(frame("NOTICE", "auth-required: authenticate first"))  # (not ours to take)
+    assert _closed_posted(conn) == []
+
+
+def test_auth_notices_without_a_key_or_after_our_auth_was_refused_are_refusals(session):
+    """Without a key, or once the relay refused our AUTH, an ``auth-required:`` NOTICE is the
+    REQ's refusal (the manager pauses its coverage, as for an auth-required CLOSED), not a
+    stall."""
+    session.subscribe("h1", [Filter.make(kinds=[1621], tags={"a": [REPO]})])
+    session._handle_frame(frame("AUTH", "challenge-1"))
+    session._handle_frame(frame("NOTICE", "auth-required: authenticate first"))
+    assert _closed_posted(session) == [("h1", "authenticate first")]
+    conn = _keyed_with_reqs("h1")
+    conn._handle_frame(frame("AUTH", "challenge-1"))
+    conn._handle_frame(frame("NOTICE", "auth-required: authenticate first"))
+    conn._handle_frame(frame("OK", conn._auth_event_id, False, "restricted: not a member"))
+    conn._handle_frame(frame("NOTICE", "auth-required: authenticate first"))
+    assert [m[0] for m in _sent(conn)] == ["REQ", "AUTH", "REQ", "CLOSE"]
+    assert _closed_posted(conn) == [("h1", "authenticate first")]
+
+
+def test_a_neg_open_refused_for_auth_in_a_notice_goes_again_after_our_auth():
+    conn = keyed_session()
+    inbox, opening = exchange_opened(conn)
+    conn._handle_frame(frame("AUTH", "challenge-1"))
+    conn._handle_frame(frame("NOTICE", "auth-required: authenticate first"))
+    assert [m[0] for m in _sent(conn)] == ["NEG-OPEN", "AUTH", "NEG-OPEN"]
+    assert inbox.empty()  # the exchange waits for the answer to the one sent again

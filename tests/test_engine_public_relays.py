@@ -519,6 +519,47 @@ def test_an_auth_challenge_is_answered_when_it_arrives(relay_factory, gsync_fact
     assert ["relay", remote.url] in [list(t) for t in event.tags]
 
 
+def test_reqs_refused_for_auth_in_a_notice_alone_go_again_and_live_events_arrive(
+        relay_factory, gsync_factory, scripted, tmp_path):
+    """A NIP-42 relay that challenges on a connection's first message and refuses what it
+    reads before our AUTH in a NOTICE ``auth-required:`` alone (no CLOSED, no EOSE): the
+    REQs of a connect go before its challenge is read. With a key they go again after the
+    AUTH: history arrives and the live REQs are open, so a live event arrives (they were dead
+    for the whole session, and the history stalled)."""
+    from .test_engine_policies import _key_file
+
+    def auth_first(relay, conn, message):
+        if not isinstance(message, list) or not message:
+            return None
+        if not getattr(conn, "challenged", False):
+            conn.challenged = True
+            conn.send("AUTH", f"challenge-{conn.id}")
+        if message[0] == "AUTH":
+            conn.authed = True
+            return [["OK", message[1].get("id", ""), True, ""]]
+        if message[0] == "REQ" and not getattr(conn, "authed", False):
+            return [["NOTICE", "auth-required: authenticate first"]]
+        return None
+
+    own = relay_factory()
+    remote = scripted(page_size=500, on_message=auth_first)
+    repo = our_announcement(own, [remote], d="auth-by-notice")
+    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(3)]
+    remote.add(repo, *bugs)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], extra={"auth": {"key_file": _key_file(tmp_path)}})
+    assert_arrives(own, bugs, timeout=20, what="history from a relay refusing by NOTICE before AUTH")
+    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=20,
+               what="historic sync complete")
+    refused = [m for m in remote.received if m[1][0] == "REQ"]
+    assert len({m[1][1] for m in refused}) < len(refused)  # some went twice: before and after AUTH
+    live = f.issue(bob, repo, subject="live", created_at=int(time.time()))
+    remote.broadcast(live)
+    assert_arrives(own, [live], timeout=10, what="a live event")
+    assert not events_named(gsync, "subscription_stalled")
+    assert not events_named(gsync, "coverage_paused")
+
+
 def test_a_live_subscription_the_relay_closes_is_rebuilt(relay_factory, gsync_factory, scripted):
     """A relay ends a live subscription for its own reasons (``error:``): gsync opens its
     replacement from the current index, and live events for that coverage arrive again."""

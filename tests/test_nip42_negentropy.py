@@ -91,14 +91,14 @@ def layer1_reqs(remote) -> list[tuple[float, list]]:
                                      for flt in m[2:])]
 
 
-@pytest.mark.parametrize("how", ["NEG-ERR", "CLOSED"])
+@pytest.mark.parametrize("how", ["NEG-ERR", "CLOSED", "NOTICE"])
 def test_a_neg_open_read_before_our_auth_is_sent_again_after_it_and_nip77_stays_on(
         how, relay_factory, gsync_factory, scripted, tmp_path):
-    """Refused ``auth-required:`` (NEG-ERR, as LocalRelay does, or CLOSED naming it): the
-    NEG-OPEN goes again after our AUTH, as a refused REQ does, and the exchange concludes.
-    Before, NEG-ERR turned NIP-77 off for the session (layer 1 by REQ pages), and CLOSED was
-    dropped as about no subscription: the exchange waited out its 15 s deadline, and NIP-77
-    was off for a day."""
+    """Refused ``auth-required:`` (NEG-ERR, as LocalRelay does, CLOSED naming it, or a NOTICE
+    naming nothing): the NEG-OPEN goes again after our AUTH, as a refused REQ does, and the
+    exchange concludes. Before, NEG-ERR and the NOTICE turned NIP-77 off for the session
+    (layer 1 by REQ pages), and CLOSED was dropped as about no subscription: the exchange
+    waited out its 15 s deadline, and NIP-77 was off for a day."""
     own, remote, bugs, gsync = sync_from(how, relay_factory, gsync_factory, scripted, tmp_path)
     assert_arrives(own, bugs, timeout=20, what="history")
     wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=10,
@@ -110,7 +110,7 @@ def test_a_neg_open_read_before_our_auth_is_sent_again_after_it_and_nip77_stays_
     assert layer1_reqs(remote) == []  # NIP-77 moved layer 1: no REQ pages for it
 
 
-@pytest.mark.parametrize("how", ["NEG-ERR", "CLOSED"])
+@pytest.mark.parametrize("how", ["NEG-ERR", "CLOSED", "NOTICE"])
 def test_without_a_key_a_neg_open_refused_for_auth_ends_its_exchange_at_once(
         how, relay_factory, gsync_factory, scripted, tmp_path):
     """No key: nothing to authenticate with, so the refusal is the exchange's, at once: it
@@ -123,18 +123,6 @@ def test_without_a_key_a_neg_open_refused_for_auth_ends_its_exchange_at_once(
     (opened_at, _), = neg_opens(remote)  # once: not sent again
     assert closed[0] - opened_at < 5  # not the exchange's 15 s deadline
     assert remote.messages("AUTH") == []
-
-
-def test_a_notice_refusing_a_neg_open_for_auth_falls_back_to_req_at_once(
-        relay_factory, gsync_factory, scripted, tmp_path):
-    """A NOTICE names no exchange: it is the refusal of every exchange not yet answered
-    (``negentropy_ws``), and each filter goes by REQ pages at once; nothing is sent again."""
-    own, remote, bugs, gsync = sync_from("NOTICE", relay_factory, gsync_factory, scripted, tmp_path)
-    assert_arrives(own, bugs, timeout=20, what="history")
-    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=10,
-               what="historic sync complete")
-    (opened_at, _), = neg_opens(remote)
-    assert layer1_reqs(remote)[0][0] - opened_at < 5
 
 
 @pytest.mark.slow

@@ -102,6 +102,12 @@ class RelayConnection:
         self._auth_event_id: str | None = None
         self._auth_refused = False  # the relay said OK false to our AUTH
         self._auth_retried: set[str] = set()
+        # what the relay read before our AUTH and has not answered (REQs, NEG-OPENs), for a
+        # relay that refuses them in a NOTICE ``auth-required:`` alone (``_auth_notice``);
+        # such NOTICEs still to come for what went again, and those come before our AUTH
+        self._before_auth: list[str] = []
+        self._auth_notices_owed = 0
+        self._auth_notices_early = 0
         self._junk_streak = 0
         self._budget = MisbehaviourBudget(
             constants.MISBEHAVIOUR_BUDGET, constants.MISBEHAVIOUR_REFILL_PER_SEC, time.monotonic()
@@ -332,6 +338,8 @@ class RelayConnection:
             # (a CLOSED naming an exchange: some relays end NIP-77 as they end a REQ)
             if not self._reopened_after_auth(msg):
                 self._to_negentropy([self.neg_waiters.get(msg.sub_id)], data)
+            return
+        if isinstance(msg, wire.Notice) and self._auth_notice(msg):
             return
         if self.neg_waiters and _concerns_negentropy(msg):
             self._to_negentropy(list(self.neg_waiters.values()), data)
@@ -568,28 +576,91 @@ class RelayConnection:
         self._events.append(RemoteEvent(self.relay, self.session, msg.sub_id, event, not known, matched))
 
     def _answer_challenge(self) -> None:
-        """NIP-42: answer the relay's current challenge with our key, once."""
+        """NIP-42: answer the relay's current challenge with our key, once. What went before
+        it unanswered is noted: a relay refusing it by NOTICE has it sent again
+        (``_auth_notice``), at once if such NOTICEs came before the challenge."""
         if not self._auth_secret or not self._challenge or self._challenge == self._answered:
             return
         self._answered = self._challenge
         event = auth_event(self._auth_secret, self.relay, self._challenge, self._now())
         self._auth_event_id = event.id
         self.send(wire.auth(event))
+        self._before_auth = [*self._unanswered, *(s for s, o in self._neg_opens.items() if o is not None)]
+        self._auth_notices_owed = 0
+        if self._auth_notices_early:
+            early, self._auth_notices_early = self._auth_notices_early, 0
+            self._auth_notices_owed = max(0, self._send_again_after_auth() - early)
+
+    def _auth_notice(self, msg: wire.Notice) -> bool:
+        """A NOTICE ``auth-required:``. Some relays refuse so, naming nothing, what they read
+        before our AUTH (a connect's REQs go before its challenge is read): without this
+        they were never answered, a live REQ dead for the whole session. With a key, what
+        went before our AUTH and is not answered goes again after it, once, as after an
+        auth-required CLOSED (``_retry_after_auth``); the NOTICEs for the rest of it are
+        counted only, and one come before any challenge waits for our AUTH. True when taken
+        so (no exchange or subscription hears it: their answers follow). False without a key,
+        once the relay refused our AUTH, or past what went before it: a refusal then
+        (``_refused_by_notice``), as an auth-required CLOSED is."""
+        if wire.split_prefix(msg.text)[0] is not wire.Prefix.AUTH_REQUIRED:
+            return False
+        if not self._auth_secret or self._auth_refused:
+            return False
+        if self._answered is None:  # (our AUTH is to go when the challenge comes)
+            if self._auth_notices_early >= len(self._unanswered) + len(self._neg_opens):
+                return False
+            self._auth_notices_early += 1
+        elif self._auth_notices_owed > 0:
+            self._auth_notices_owed -= 1
+        else:
+            sent = self._send_again_after_auth()
+            if not sent:
+                return False
+            self._auth_notices_owed = sent - 1
+        metrics.NOTICES.labels(wire.Prefix.AUTH_REQUIRED.value).inc()
+        return True
+
+    def _send_again_after_auth(self) -> int:
+        """Send again, after our AUTH, the REQs and NEG-OPENs read before it that are still
+        unanswered (each once a session); how many went."""
+        sent = 0
+        for sub_id in self._before_auth:
+            opening = self._neg_opens.get(sub_id)
+            if opening is not None:
+                self._neg_opens[sub_id] = None
+                self.send(opening)
+            elif self._resend_req(sub_id):
+                pass
+            else:
+                continue
+            sent += 1
+        self._before_auth = []
+        if sent:
+            log.debug("sent_again_after_auth", relay=self.relay, count=sent)
+        return sent
+
+    def _resend_req(self, sub_id: str) -> bool:
+        """Send open REQ ``sub_id`` again as it is, once a session (after our AUTH): unanswered
+        from now. False if it is not open or went again already."""
+        filters = self.subscriptions.get(sub_id)
+        if filters is None or sub_id in self._auth_retried:
+            return False
+        self._auth_retried.add(sub_id)
+        self._unanswered.pop(sub_id, None)
+        self._unanswered[sub_id] = time.monotonic()
+        self.send(wire.req(sub_id, filters.filters))
+        return True
 
     def _retry_after_auth(self, sub_id: str) -> bool:
         """A REQ refused with ``auth-required:``: with a key, authenticate (if the challenge
         is not answered yet) and send it again, once; the AUTH goes out first, so the relay
         reads it first. False — the manager hears the refusal, a policy refusal — without
         a key or a challenge, once the relay refused our AUTH, or the second time."""
-        filters = self.subscriptions.get(sub_id)
-        if not (self._auth_secret and self._challenge and filters):
+        if not (self._auth_secret and self._challenge and sub_id in self.subscriptions):
             return False
         if self._auth_refused or sub_id in self._auth_retried:
             return False
-        self._auth_retried.add(sub_id)
         self._answer_challenge()
-        self.send(wire.req(sub_id, filters.filters))
-        return True
+        return self._resend_req(sub_id)
 
     def _now(self) -> int:
         return int((self._clock or time.time)())
@@ -600,7 +671,7 @@ class RelayConnection:
 # CLOSED and no EOSE (nostream: ``invalid: "#E" is not allowed``, its filter schema takes
 # tag keys ``#a``-``#z`` only).
 _REFUSING_PREFIXES = frozenset({wire.Prefix.INVALID, wire.Prefix.BLOCKED, wire.Prefix.RESTRICTED,
-                                wire.Prefix.UNSUPPORTED})
+                                wire.Prefix.UNSUPPORTED, wire.Prefix.AUTH_REQUIRED})
 
 
 def _refuses_by_words(text: str) -> bool:
