@@ -379,6 +379,26 @@ def test_a_recovery_attempt_ends_by_recording_what_it_brought():
     assert batch.phase is BatchPhase.DONE
 
 
+def test_ids_a_recovery_attempts_exchange_found_and_the_relay_did_not_serve_by_id_are_not_asked_so_again():
+    """Seed 290 of the per-filter stress mix (``unservable_asked_again``): a filter in
+    recovery (left unpaged by a relay ignoring ``until``) went by NIP-77 at each attempt,
+    whose exchange advertised an id the relay hides; it was fetched by id at every attempt,
+    9 times in 16 h (a recovery attempt judges no residual). Not served by id, it is not
+    asked so again before the relay's next daily fresh start."""
+    w = World()
+    state = w.relay()
+    for attempt in range(2):
+        batch, token = exchange_of(w, state, kind=BatchKind.RECOVERY, items=PendingItems())
+        finished(w, state, batch, token, ISSUES, served(IDS[:2]))
+        fetched = [flt.ids for _, flts in state.current.historic_queue for flt in flts if flt.ids]
+        assert fetched == ([frozenset(IDS[:2])] if attempt == 0 else [])
+        started(w, batch)
+        w.take()
+        batch_end.finish(w.plan, state, batch, NOW)
+        assert batch.phase is BatchPhase.DONE and w.take(act.RecoveryFinished)
+    assert all(state.unservable.asked_today(i) for i in IDS[:2])
+
+
 def test_a_probe_batch_confirmed_answers_its_probe():
     w = World(negentropy=False)
     state = w.relay()
