@@ -258,6 +258,9 @@ STABILITY_SECS = 5 * 60
 # a minute of service is not a short-lived handshake).
 PROVEN_SESSION_SECS = 60.0
 RATE_LIMIT_COOLDOWN_SECS = 65.0  # 60 s typical relay window + 5 s margin
+# A relay still limiting us at the first request after a cooldown: the next one doubles,
+# up to this, until a request is served (a limit of minutes, not one window).
+RATE_LIMIT_COOLDOWN_MAX_SECS = 600.0
 REACTIVE_GATE_START_SECS = 0.6
 REACTIVE_GATE_MAX_SECS = 10.0
 # A relay's query pace learnt from its refusals (the reactive gate's gap) spaces the
@@ -421,7 +424,7 @@ TEST_TIMER_NAMES = (
     "QUICK_RECONNECT_SECS", "DAILY_MIN_SECS", "DAILY_MAX_SECS", "RECOVERY_BASE_SECS",
     "RECOVERY_MAX_SECS", "DEAD_AFTER_SECS", "DEAD_RETRY_SECS", "PERMANENT_FAILURE_PARK_SECS", "STABILITY_SECS",
     "PROVEN_SESSION_SECS",
-    "RATE_LIMIT_COOLDOWN_SECS", "REACTIVE_GATE_START_SECS", "REACTIVE_GATE_MAX_SECS",
+    "RATE_LIMIT_COOLDOWN_SECS", "RATE_LIMIT_COOLDOWN_MAX_SECS", "REACTIVE_GATE_START_SECS", "REACTIVE_GATE_MAX_SECS",
     "POLICY_PROBE_SECS", "NIP77_RETRY_SECS", "MAINTENANCE_TICK_SECS", "HANDSHAKE_TIMEOUT_SECS", "DESCENDANT_TICK_SECS",
     "REJECTED_HOT_SECS", "REJECTED_COLD_SECS", "STORE_PROBE_FIRST_SECS", "STORE_PROBE_MAX_SECS",
     "RELEASE_BEHIND_OTHERS_SECS",

@@ -428,12 +428,29 @@ def test_repeats_inside_the_cooldown_do_not_extend_it():
     assert not t.is_rate_limited(R, 65)
 
 
-def test_refusal_while_probing_starts_a_new_cooldown():
+def test_refusal_while_probing_starts_a_new_cooldown_twice_as_long_up_to_the_most():
+    """Still limited at the first request after a cooldown: a limit of minutes, not one
+    window, so each cooldown in a row doubles (65, 130, 260, 520, then 600 s), and a request
+    served ends the row, as does a cooldown long over (seed 13 of --fault-scale 3: a relay
+    limited for 10 minutes was asked once every 65 s)."""
+    from gsync.constants import RATE_LIMIT_COOLDOWN_MAX_SECS
+
     t = tracker()
     t.record_rate_limited(R, 0)
-    t.record_rate_limited(R, 70)
-    assert t.state(R, 70) is HealthState.RATE_LIMITED
-    assert t.cooldown_remaining(R, 70) == 65
+    now, lengths = 0.0, []
+    for _ in range(5):
+        now += t.cooldown_remaining(R, now) + 5
+        t.record_rate_limited(R, now)
+        assert t.state(R, now) is HealthState.RATE_LIMITED
+        lengths.append(t.cooldown_remaining(R, now))
+    assert lengths == [130, 260, 520, RATE_LIMIT_COOLDOWN_MAX_SECS, RATE_LIMIT_COOLDOWN_MAX_SECS]
+    now += t.cooldown_remaining(R, now) + 5
+    t.record_request_succeeded(R, now)  # served: the row is over
+    t.record_rate_limited(R, now + 1)
+    assert t.cooldown_remaining(R, now + 1) == 65
+    now += 66 + RATE_LIMIT_COOLDOWN_MAX_SECS  # nothing asked since its end: a new episode
+    t.record_rate_limited(R, now)
+    assert t.cooldown_remaining(R, now) == 65
 
 
 def test_reconnecting_does_not_lift_a_rate_limit():
@@ -505,13 +522,14 @@ def test_query_rate_refusal_gates_all_starts_and_doubles_per_episode():
     t.record_rate_limited(R, 0)
     t.record_start(R, 65, background=False)
     assert t.may_start_live(R, 65) == pytest.approx(0.6)
-    t.record_rate_limited(R, 70)  # a distinct later episode
-    t.record_start(R, 135, background=False)
-    assert t.may_start_live(R, 135) == pytest.approx(1.2)
-    now = 200.0
+    t.record_rate_limited(R, 70)  # a distinct later episode (its cooldown twice as long)
+    end = 70 + t.cooldown_remaining(R, 70)
+    t.record_start(R, end, background=False)
+    assert t.may_start_live(R, end) == pytest.approx(1.2)
+    now = end + 5
     for _ in range(10):
         t.record_rate_limited(R, now)
-        now += 66
+        now += t.cooldown_remaining(R, now) + 1
     t.record_start(R, now, background=False)
     assert t.may_start_live(R, now) == pytest.approx(10.0)
 
@@ -529,10 +547,11 @@ def test_the_pace_query_rate_refusals_taught_spaces_later_sessions_background_st
     now = 0.0
     for _ in range(3):  # three episodes: 0.6, 1.2, 2.4 s
         t.record_rate_limited(R, now)
-        now += 66
+        now += t.cooldown_remaining(R, now) + 1
     t.record_disconnect(R, now)
     connect(t, now + 100)
     now += 100
+    t.record_request_succeeded(R, now)  # (the new session is served: its limit is over)
     assert t.limits_query_rate(R) is False and t.negentropy_allowed(R)  # (a new session)
     t.record_start(R, now, background=True)
     assert t.may_start_background(R, now) == pytest.approx(2.4)

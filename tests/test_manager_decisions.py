@@ -299,6 +299,43 @@ def test_a_rate_limit_notice_holds_every_start_until_the_cooldown_is_over(tmp_pa
     assert len(h.historic_reqs(A)) >= 2  # starts again
 
 
+def test_a_rate_limit_lasting_minutes_is_probed_at_growing_intervals_and_served_ends_the_row(tmp_path):
+    """Still limited at the first request after each cooldown: the next is twice as long
+    (65, 130, 260 s...), not a refused request every 65 s for as long as the limit lasts
+    (seed 13 of --fault-scale 3 with --per-filter 0.3: 7 in 6 minutes). Served, the next
+    limit cools down 65 s again."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, 30))
+    h.connect(A, limits=RelayLimits(max_filters=1))
+    h.answer_own_reads()
+    h.advance(0.1)
+
+    def next_req(within: float = 1200) -> tuple[list, float]:
+        """The next historic REQ, and when it went (within ``within`` seconds)."""
+        sent = len(h.historic_reqs(A))
+        for _ in range(int(within)):
+            if len(h.historic_reqs(A)) > sent:
+                return h.historic_reqs(A)[sent], h.clock.now
+            h.advance(1)
+        raise AssertionError(f"no REQ within {within} s")
+
+    req, at = h.historic_reqs(A)[0], h.clock.now
+    refused_at = []
+    for _ in range(4):
+        refused_at.append(at)
+        h.relay_says(A, closed(req[1], "rate-limited: slow down"))
+        req, at = next_req()
+    gaps = [round(b - a) for a, b in zip(refused_at, [*refused_at[1:], at])]
+    c = constants.RATE_LIMIT_COOLDOWN_SECS
+    assert [c <= g <= c + 2 for g in gaps[:1]] == [True], gaps
+    assert [g >= c * 2 ** i for i, g in enumerate(gaps)] == [True] * 4, gaps
+    h.relay_says(A, wire.Eose(req[1]))  # served: the row is over
+    req, at = next_req(30)
+    h.relay_says(A, closed(req[1], "rate-limited: slow down"))
+    _, again = next_req(c + 30)
+    assert again - at <= c + 30  # a cooldown of 65 s (and the pace its refusals taught)
+
+
 def closed(sub_id, text):
     return parse_relay_message(json.dumps(["CLOSED", sub_id, text]))
 

@@ -248,7 +248,7 @@ def test_a_relays_memory_round_trips_through_json():
     for i in range(4):
         health.record_failure(URL, NOW - 30 + i)
     for i in range(3):  # three query-rate episodes: a pace of 2.4 s learnt
-        health.record_rate_limited(URL, NOW - 2000 + 100 * i)
+        health.record_rate_limited(URL, NOW - 3000 + 1000 * i)
     record = json.loads(json.dumps(memory.relay_memory(state, health.snapshot(URL, memory.HEALTH_FIELDS))))
     back = RelayState(URL)
     saved_health = memory.restore_relay(back, record, saved_at=NOW)

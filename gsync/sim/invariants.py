@@ -47,7 +47,9 @@ with the simulated day it happened and what broke.
 - ``refused_asked_again``: a tag key a relay refused by policy (CLOSED ``blocked:``; a NOTICE
   alone, which names no REQ, allows two asks more, and any while that relay answers nothing
   with EOSE) asked of
-  it again more than twice within POLICY_PROBE_SECS after gsync read the refusal (a relay
+  it again more than twice within POLICY_PROBE_SECS after gsync read the refusal (an ask
+  the relay closed unanswered, rate-limited, too many REQs open or auth-required, is not
+  counted: sent again, it is the same ask; a relay
   retired or forgotten meanwhile forgets it, as it does its dead mark: counted from its
   return (a relay out of gsync's table and saved memory at a 10-minute sample); a
   refusal a killed gsync's last save did not hold the pause of (read after it, or its verdict
@@ -576,6 +578,9 @@ class Checker:
         asks = conn.__dict__.get("id_asks")
         if asks and frame.startswith(('["CLOSED"', '["EOSE"')):
             self._id_ask_answered(asks, frame)
+        asked = conn.__dict__.get("refused_asks")
+        if asked and frame.startswith(('["CLOSED"', '["EOSE"')):
+            self._refused_ask_answered(conn, asked, frame)
         if frame.startswith(('["CLOSED"', '["NOTICE"')) and '"blocked: #' in frame:  # (--notice-refusals)
             key = frame.split('"blocked: #', 1)[1][:1]
             now = self.sim.clock.now
@@ -614,9 +619,31 @@ class Checker:
                     continue  # the same REQ sent again (after AUTH): one ask
                 entry.append((conn.number, msg[1]))
                 entry[1] += 1
+                conn.__dict__.setdefault("refused_asks", {}).setdefault(msg[1], []).append(entry)
                 if entry[1] > 2:
                     self.violation("refused_asked_again", f"{conn.relay} #{key} asked {entry[1]} times "
                                    f"{(now - entry[0]) / HOUR:.1f} h after its refusal: {text[:100]}")
+
+    @staticmethod
+    def _refused_ask_answered(conn, asked: dict, frame: str) -> None:
+        """An EOSE or CLOSED of a REQ counted as an ask of a refused tag key (``asked``: the
+        connection's, by sub id). Closed for a rate, for too many REQs open or for AUTH, the
+        relay did not answer it: gsync sending it again once the cooldown allows is the same
+        ask (as ``_id_ask_answered`` judges an id's), taken back from the count (seed 13 of
+        --fault-scale 3 with --per-filter 0.3: a `#e` the relay blocked, asked alone to find
+        the culprit, met a rate limit of minutes; each probe after a cooldown counted)."""
+        try:
+            verb, sub_id, *rest = json.loads(frame)
+            entries = asked.pop(sub_id, ())
+        except (ValueError, TypeError):
+            return
+        reason = rest[0] if verb == "CLOSED" and rest and isinstance(rest[0], str) else ""
+        if not reason.startswith(("rate-limited:", "auth-required:")) and "too many" not in reason:
+            return
+        for entry in entries:
+            if (conn.number, sub_id) in entry[2:]:
+                entry.remove((conn.number, sub_id))
+                entry[1] -= 1
 
     def _drop_refusals(self, drop) -> None:
         """Forget the refusals ``drop(relay, read_at)`` says gsync no longer holds, or whose

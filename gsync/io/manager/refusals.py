@@ -359,12 +359,12 @@ class Refusals:
         if self.health.is_rate_limited(state.url, now):
             return
         self.health.record_rate_limited(state.url, now)
-        log.warning("relay_rate_limited", relay=state.url, text=text[:200],
-                    cooldown_secs=constants.RATE_LIMIT_COOLDOWN_SECS)
+        cooldown = self.health.cooldown_remaining(state.url, now)
+        log.warning("relay_rate_limited", relay=state.url, text=text[:200], cooldown_secs=round(cooldown))
         self.update_health_metric(state, now)
         if state.current.link is not None:
             self.historic.exchanges_to_reqs(state)  # NIP-77 is off for the session
-        self.effects.later(constants.RATE_LIMIT_COOLDOWN_SECS, CooldownEnded(state.url))
+        self.effects.later(cooldown, CooldownEnded(state.url))
 
     def on_cooldown_ended(self, msg: CooldownEnded) -> None:
         state = self.relays.get(msg.relay)
