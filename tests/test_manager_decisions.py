@@ -325,7 +325,7 @@ def test_a_rate_limit_lasting_minutes_is_probed_at_growing_intervals_and_served_
         refused_at.append(at)
         h.relay_says(A, closed(req[1], "rate-limited: slow down"))
         req, at = next_req()
-    gaps = [round(b - a) for a, b in zip(refused_at, [*refused_at[1:], at])]
+    gaps = [round(b - a) for a, b in zip(refused_at, [*refused_at[1:], at], strict=True)]
     c = constants.RATE_LIMIT_COOLDOWN_SECS
     assert [c <= g <= c + 2 for g in gaps[:1]] == [True], gaps
     assert [g >= c * 2 ** i for i, g in enumerate(gaps)] == [True] * 4, gaps
