@@ -467,3 +467,27 @@ def test_a_neg_open_refused_for_auth_in_a_notice_goes_again_after_our_auth():
     conn._handle_frame(frame("NOTICE", "auth-required: authenticate first"))
     assert [m[0] for m in _sent(conn)] == ["NEG-OPEN", "AUTH", "NEG-OPEN"]
     assert inbox.empty()  # the exchange waits for the answer to the one sent again
+
+
+def test_a_notice_naming_a_req_that_it_refuses_is_that_reqs_closed_whatever_else_waits():
+    """``["NOTICE", <sub_id>, <message>]`` (NIP-01's form for a while in 2023): a refusal
+    naming a REQ of ours is its CLOSED, though several wait (no guess); auth-required so
+    sends it again after our AUTH; one naming an exchange goes to that exchange alone, and
+    one naming nothing of ours refuses nothing."""
+    conn = _keyed_with_reqs("first", "second", "third")
+    inbox, _ = exchange_opened(conn)
+    other = Queue()
+    conn.open_negentropy("neg1-8", other)
+    conn._handle_frame(frame("NOTICE", "second", "blocked: not here"))
+    assert _closed_posted(conn) == [("second", "not here")]
+    assert inbox.empty() and other.empty()  # about a REQ: no exchange's refusal
+    _sent(conn)
+    conn._handle_frame(frame("AUTH", "challenge-1"))
+    conn._handle_frame(frame("NOTICE", "third", "auth-required: authenticate first"))
+    assert [(m[0], m[1] if m[0] == "REQ" else "") for m in _sent(conn)] == [("AUTH", ""), ("REQ", "third")]
+    assert _closed_posted(conn) == [("second", "not here")]
+    conn._handle_frame(frame("NOTICE", "neg1-7", "blocked: not here"))
+    assert inbox.qsize() == 1 and other.empty()
+    conn._handle_frame(frame("NOTICE", "somebody-else", "blocked: not here"))
+    conn._handle_frame(frame("NOTICE", "first", "info: 3 events served"))
+    assert _closed_posted(conn) == [("second", "not here")] and other.empty()

@@ -46,6 +46,7 @@ PARSED = [
     (["CLOSED", "sub1"], Closed("sub1", Prefix.NONE, "")),
     (["NOTICE", "hello"], Notice("hello")),
     (["NOTICE", ""], Notice("")),
+    (["NOTICE", "sub-1", "blocked: not here"], Notice("blocked: not here", "sub-1")),  # (NIP-01 in 2023)
     (["AUTH", "challenge-123"], AuthChallenge("challenge-123")),
     (["NEG-MSG", "neg1", "61"], NegMsg("neg1", "61")),
     (["NEG-MSG", "neg1", "61AB00"], NegMsg("neg1", "61ab00")),
@@ -103,6 +104,8 @@ MALFORMED = [
     ('["CLOSED", "s", 5]', "bad_shape"),
     ('["NOTICE"]', "bad_shape"),
     ('["NOTICE", {"text": "x"}]', "bad_shape"),
+    ('["NOTICE", 5, "x"]', "bad_shape"),
+    ('["NOTICE", "s", "x", "y"]', "bad_shape"),
     ('["AUTH", 5]', "bad_shape"),
     ('["NEG-MSG", "s", ""]', "bad_shape"),
     ('["NEG-MSG", "s", "abc"]', "bad_shape"),

@@ -333,6 +333,8 @@ class RelayConnection:
 
     def _handle_frame(self, data: bytes) -> None:
         msg = wire.parse_relay_message(data)
+        if isinstance(msg, wire.Notice) and msg.sub_id is not None:
+            msg = self._notice_naming(msg)
         if isinstance(msg, (wire.NegMsg, wire.NegErr)) or (isinstance(msg, wire.Closed)
                                                            and msg.sub_id in self.neg_waiters):
             # (a CLOSED naming an exchange: some relays end NIP-77 as they end a REQ)
@@ -342,7 +344,9 @@ class RelayConnection:
         if isinstance(msg, wire.Notice) and self._auth_notice(msg):
             return
         if self.neg_waiters and _concerns_negentropy(msg):
-            self._to_negentropy(list(self.neg_waiters.values()), data)
+            named = getattr(msg, "sub_id", None)  # (a NOTICE naming one: that one, if an exchange)
+            self._to_negentropy(list(self.neg_waiters.values()) if named is None else
+                                [self.neg_waiters[named]] if named in self.neg_waiters else [], data)
         if isinstance(msg, wire.Malformed):
             self._junk(f"malformed_{msg.reason}")
             return
@@ -460,8 +464,8 @@ class RelayConnection:
         case the guess is wrong and the relay holds it open. A NOTICE that repeats a CLOSED
         just received is only counted. False (an ordinary NOTICE) otherwise."""
         text = msg.text
-        if not _refuses_a_req(text) or wire.is_negentropy_notice(text):
-            return False  # (one about a NEG-OPEN goes to its exchange)
+        if not _refuses_a_req(text) or wire.is_negentropy_notice(text) or msg.sub_id is not None:
+            return False  # (one about a NEG-OPEN goes to its exchange; one naming no REQ of ours is not ours)
         now = time.monotonic()
         whose_unknown = False
         if now - self._refusal_closed_at <= NOTICE_ECHO_SECS:
@@ -591,6 +595,17 @@ class RelayConnection:
             early, self._auth_notices_early = self._auth_notices_early, 0
             self._auth_notices_owed = max(0, self._send_again_after_auth() - early)
 
+    def _notice_naming(self, msg: wire.Notice):
+        """A NOTICE naming a subscription of ours (``["NOTICE", <sub_id>, <message>]``, a form
+        NIP-01 had in 2023) that refuses (``_refuses_a_req``) is that subscription's CLOSED:
+        no guess about whose it is. Any other is a NOTICE as any."""
+        sub_id = msg.sub_id
+        if (sub_id in self.subscriptions or sub_id in self.neg_waiters) and _refuses_a_req(msg.text):
+            prefix, rest = wire.split_prefix(msg.text)
+            metrics.NOTICES.labels(prefix.value).inc()
+            return wire.Closed(sub_id, prefix, rest)
+        return msg
+
     def _auth_notice(self, msg: wire.Notice) -> bool:
         """A NOTICE ``auth-required:``. Some relays refuse so, naming nothing, what they read
         before our AUTH (a connect's REQs go before its challenge is read): without this
@@ -601,7 +616,7 @@ class RelayConnection:
         so (no exchange or subscription hears it: their answers follow). False without a key,
         once the relay refused our AUTH, or past what went before it: a refusal then
         (``_refused_by_notice``), as an auth-required CLOSED is."""
-        if wire.split_prefix(msg.text)[0] is not wire.Prefix.AUTH_REQUIRED:
+        if wire.split_prefix(msg.text)[0] is not wire.Prefix.AUTH_REQUIRED or msg.sub_id is not None:
             return False
         if not self._auth_secret or self._auth_refused:
             return False

@@ -160,6 +160,9 @@ class Closed:
 @dataclass(frozen=True, slots=True)
 class Notice:
     text: str
+    # ``["NOTICE", <subscription_id>, <message>]``: NIP-01 had that form for a while (2023,
+    # nips#372); a relay still saying it names what it refuses
+    sub_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,8 +273,10 @@ def _closed(items: list) -> Closed:
 
 
 def _notice(items: list) -> Notice:
-    (message,) = _args(items, 1)
-    return Notice(_text(message, "NOTICE message"))
+    first, message = _args(items, 1, 1)
+    if message is _ABSENT:
+        return Notice(_text(first, "NOTICE message"))
+    return Notice(_text(message, "NOTICE message"), _text(first, "sub_id"))
 
 
 def _auth(items: list) -> AuthChallenge:
