@@ -30,6 +30,18 @@ def relay_queries(path) -> list[dict]:
         return []
 
 
+def scripted_repository(relay_factory, scripted, d: str, issues: int, **relay_kwargs):
+    """An own relay holding nothing yet, a scripted remote (pages of 500, ``relay_kwargs``)
+    holding our announcement of repository ``d`` and ``issues`` issues of it: (own, remote,
+    the announcement, the issues). What the own relay is given is the test's."""
+    own = relay_factory()
+    remote = scripted(page_size=500, **relay_kwargs)
+    repo = our_announcement(own, [remote], d=d)
+    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(issues)]
+    remote.add(repo, *bugs)
+    return own, remote, repo, bugs
+
+
 def status_of(gsync, url) -> dict:
     return next((r for r in gsync.status()["relays"] if r["relay"] == url), {})
 
@@ -325,11 +337,8 @@ def test_live_coverage_held_for_a_silent_trial_goes_after_the_stall_bound(relay_
             return []  # nor #E alone in history (served, it would clear the suspicion)
         return None
 
-    own = relay_factory()
-    remote = scripted(page_size=500, on_message=refuses_E_packed_ignores_its_trial)
-    repo = our_announcement(own, [remote], d="silent-trial")
-    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(2)]
-    remote.add(repo, *bugs)
+    own, remote, repo, bugs = scripted_repository(relay_factory, scripted, "silent-trial", 2,
+                                                  on_message=refuses_E_packed_ignores_its_trial)
     publish(own.url, [repo, *bugs])
     bound = 3.0  # REQ_STALL_SECS under test: the trial's deadline
     gsync_factory(own, [remote], extra={"sync": {"batch_window_ms": "100", "negentropy": "false"}},
@@ -541,11 +550,7 @@ def test_reqs_refused_for_auth_in_a_notice_alone_go_again_and_live_events_arrive
             return [["NOTICE", "auth-required: authenticate first"]]
         return None
 
-    own = relay_factory()
-    remote = scripted(page_size=500, on_message=auth_first)
-    repo = our_announcement(own, [remote], d="auth-by-notice")
-    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(3)]
-    remote.add(repo, *bugs)
+    own, remote, repo, bugs = scripted_repository(relay_factory, scripted, "auth-by-notice", 3, on_message=auth_first)
     publish(own.url, [repo])
     gsync = gsync_factory(own, [remote], extra={"auth": {"key_file": _key_file(tmp_path)}})
     assert_arrives(own, bugs, timeout=20, what="history from a relay refusing by NOTICE before AUTH")
@@ -602,12 +607,9 @@ def test_a_recovery_attempt_cut_by_a_disconnect_is_tried_again(relay_factory, gs
             return []  # an id fetch that is never answered
         return None
 
-    own = relay_factory()
-    remote = scripted(negentropy=Nip77Server(), page_size=500, on_message=never_serves_held)
-    repo = our_announcement(own, [remote], d="drops-mid-recovery")
-    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(10)]
+    own, remote, repo, bugs = scripted_repository(relay_factory, scripted, "drops-mid-recovery", 10,
+                                                  negentropy=Nip77Server(), on_message=never_serves_held)
     held.update(b.id for b in bugs[:2])
-    remote.add(repo, *bugs)
     publish(own.url, [repo, *bugs[2:]])
     gsync = gsync_factory(own, [remote], extra={"sync": {"recovery_base_secs": "1", "base_backoff_secs": "1"}},
                           timers={"REQ_STALL_SECS": 3, "MAINTENANCE_TICK_SECS": 0.25})
@@ -649,11 +651,7 @@ def test_rate_limit_answers_in_neg_err_and_ok_start_the_cooldown(where, relay_fa
             return [["OK", message[1].get("id", ""), False, "rate-limited: too many authentication attempts"]]
         return None
 
-    own = relay_factory()
-    remote = scripted(page_size=500, on_message=slow_down)
-    repo = our_announcement(own, [remote], d="slow-down")
-    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(5)]
-    remote.add(repo, *bugs)
+    own, remote, repo, bugs = scripted_repository(relay_factory, scripted, "slow-down", 5, on_message=slow_down)
     publish(own.url, [repo])
     extra = {"auth": {"key_file": _key_file(tmp_path)}} if where == "OK" else {}
     gsync = gsync_factory(own, [remote], extra=extra, timers={"RATE_LIMIT_COOLDOWN_SECS": 2})
