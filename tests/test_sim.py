@@ -1240,6 +1240,19 @@ def test_the_model_refuses_as_told_closed_with_reasons():
     assert json.loads(relay.handle(1, '["REQ","d",{"kinds":[1]}]')[0])[2].startswith("rate-limited:")
 
 
+def test_the_model_refuses_in_a_notice_alone_where_told_naming_the_req_or_not():
+    """``--notice-refusals``: a refusal is a NOTICE alone (nostream); ``--notice-names``: one
+    naming the REQ (NIP-01's form for a while in 2023)."""
+    for names in (False, True):
+        relay = SimRelay("wss://m.example")
+        relay.notice_refusals, relay.notice_names = True, names
+        relay.refused_tags = frozenset({"q"})
+        relay.open_session(1)
+        [notice] = [json.loads(m) for m in relay.handle(1, '["REQ","c",{"#q":["x"]}]')]
+        assert notice == (["NOTICE", "c", "blocked: #q queries are not allowed here"] if names
+                          else ["NOTICE", "blocked: #q queries are not allowed here"])
+
+
 def test_the_model_reads_since_as_exclusive_where_told_stored_and_live():
     """``--since-exclusive``: such a relay serves nothing dated at a filter's ``since``,
     from its store or to a live subscription; any other serves both."""

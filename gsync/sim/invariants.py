@@ -589,7 +589,8 @@ class Checker:
             if started is None or now - started[0] >= constants.POLICY_PROBE_SECS:
                 # (a NOTICE names no REQ: gsync finds the shape by asking it alone, after the
                 # REQ's stall where the NOTICE could be another REQ's: two asks more)
-                refused[key] = [now, -2 if frame.startswith('["NOTICE"') else 0]
+                alone = frame.startswith('["NOTICE"') and len(json.loads(frame)) == 2  # (one naming its REQ: as a CLOSED)
+                refused[key] = [now, -2 if alone else 0]
                 self.refused_by[(conn.relay, key)] = self._relay_state(conn.relay)
 
     def _asks_refused(self, conn, text: str) -> None:

@@ -421,6 +421,7 @@ class SimRelay:
         # refuses a REQ in a NOTICE alone, naming no subscription, no CLOSED (nostream refuses
         # an invalid filter so; strfry "too many concurrent REQs")
         self.notice_refusals = False
+        self.notice_names = False  # its refusing NOTICE names the REQ: ["NOTICE", sub_id, reason]
         # (burst, seconds a query): REQs and NEG-OPENs of one session past a token bucket are
         # refused "rate-limited:" (PEERS.md: LocalRelay's per-connection query limit), for good
         self.query_limit: tuple[int, float] | None = None
@@ -521,8 +522,11 @@ class SimRelay:
         return None
 
     def _refused(self, sub_id: str, reason: str) -> str:
-        """A REQ's refusal: its CLOSED, or a NOTICE alone (``notice_refusals``)."""
-        return json.dumps(["NOTICE", reason]) if self.notice_refusals else _closed(sub_id, reason)
+        """A REQ's refusal: its CLOSED, or a NOTICE alone (``notice_refusals``), naming the REQ
+        or not (``notice_names``)."""
+        if not self.notice_refusals:
+            return _closed(sub_id, reason)
+        return json.dumps(["NOTICE", sub_id, reason] if self.notice_names else ["NOTICE", reason])
 
     def on_req(self, session: RelaySession, sub_id, raw_filters, text: str = "") -> list[str]:
         if not isinstance(sub_id, str) or not sub_id:

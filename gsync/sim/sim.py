@@ -109,6 +109,9 @@ class SimOptions:
     oldest_first: float = 0.0
     # the share of relays refusing a REQ in a NOTICE alone, no CLOSED (nostream, invalid filters)
     notice_refusals: float = 0.0
+    # of those, the share naming the REQ it refuses (``["NOTICE", <sub_id>, <message>]``,
+    # NIP-01's form for a while in 2023)
+    notice_names: float = 0.0
     own_full: float = faults_module.OWN_FULL_PER_DAY  # the own relay's disk full, per day
     own_readonly: float = faults_module.OWN_READONLY_PER_DAY  # the own relay read-only, per day
     own_rate_limited: float = faults_module.OWN_RATE_LIMITED_PER_DAY  # its writes rate-limited, per day
@@ -143,6 +146,7 @@ WORLD_SHARES = (
     ("per_filter", "--per-filter"),
     ("oldest_first", "--oldest-first"),
     ("notice_refusals", "--notice-refusals"),
+    ("notice_names", "--notice-names"),
     ("own_full", "--own-full"),
     ("own_readonly", "--own-readonly"),
     ("own_rate_limited", "--own-rate-limited"),
@@ -426,6 +430,7 @@ class Simulation:
         relay.per_filter = random.Random(f"{o.seed}:{url}:per-filter").random() < o.per_filter
         relay.oldest_first = random.Random(f"{o.seed}:{url}:oldest").random() < o.oldest_first
         relay.notice_refusals = random.Random(f"{o.seed}:{url}:notice").random() < o.notice_refusals
+        relay.notice_names = relay.notice_refusals and random.Random(f"{o.seed}:{url}:names").random() < o.notice_names
         return relay
 
     # -- the heap -----------------------------------------------------------------------
