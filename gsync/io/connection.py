@@ -643,11 +643,9 @@ class RelayConnection:
             if opening is not None:
                 self._neg_opens[sub_id] = None
                 self.send(opening)
+                sent += 1
             elif self._resend_req(sub_id):
-                pass
-            else:
-                continue
-            sent += 1
+                sent += 1
         self._before_auth = []
         if sent:
             log.debug("sent_again_after_auth", relay=self.relay, count=sent)
