@@ -491,7 +491,8 @@ def finish_recovery(plan, state, batch: PendingBatch, now: float) -> None:
         # filter still in recovery asks it again. (A recovery attempt judges no residual:
         # seed 290 of the per-filter stress mix asked a hidden id by id at each attempt, 9
         # times in 16 h, the attempts' filters left unpaged by a relay ignoring ``until``.)
-        state.unservable.asked_by_id(not_seen(plan, batch.residual_ids() & batch.fetching_by_id), unserved=True)
+        unserved = not_seen(plan, batch.residual_ids() & batch.fetching_by_id)
+        state.unservable.asked_by_id(unserved, unserved=True)
     dropped, unservable = plan.recovery.record_result(state.url, batch.received_ids, now,
                                                       filters_done=not batch.failed)
     if unservable:

@@ -479,10 +479,12 @@ class RelayHealthTracker:
         # a limit of minutes, not one window; the next cooldown is twice as long (each probe
         # a cooldown apart was one more refused request: 7 in 6 minutes, seed 13 of
         # --fault-scale 3 with --per-filter 0.3)
-        again = h.probing and h.cooldown_ended_at is not None and now - h.cooldown_ended_at < RATE_LIMIT_COOLDOWN_MAX_SECS
+        again = (h.probing and h.cooldown_ended_at is not None
+                 and now - h.cooldown_ended_at < RATE_LIMIT_COOLDOWN_MAX_SECS)
         h.cooldowns_in_a_row = h.cooldowns_in_a_row + 1 if again else 0
-        cooldown = min(RATE_LIMIT_COOLDOWN_SECS * 2 ** min(h.cooldowns_in_a_row, 16), RATE_LIMIT_COOLDOWN_MAX_SECS)
-        h.cooldown_until, h.probing = max(now + max(cooldown, RATE_LIMIT_COOLDOWN_SECS), asked), False
+        cooldown = max(RATE_LIMIT_COOLDOWN_SECS, min(RATE_LIMIT_COOLDOWN_SECS * 2 ** min(h.cooldowns_in_a_row, 16),
+                                                     RATE_LIMIT_COOLDOWN_MAX_SECS))
+        h.cooldown_until, h.probing = max(now + cooldown, asked), False
         if query_rate:
             h.reactive_gap = (
                 REACTIVE_GATE_START_SECS
