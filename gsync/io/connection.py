@@ -344,9 +344,11 @@ class RelayConnection:
         if isinstance(msg, wire.Notice) and self._auth_notice(msg):
             return
         if self.neg_waiters and _concerns_negentropy(msg):
-            named = getattr(msg, "sub_id", None)  # (a NOTICE naming one: that one, if an exchange)
-            self._to_negentropy(list(self.neg_waiters.values()) if named is None else
-                                [self.neg_waiters[named]] if named in self.neg_waiters else [], data)
+            named = msg.sub_id if isinstance(msg, wire.Notice) else None
+            if named is None:
+                self._to_negentropy(list(self.neg_waiters.values()), data)
+            elif named in self.neg_waiters:  # (a NOTICE naming an exchange: that one alone)
+                self._to_negentropy([self.neg_waiters[named]], data)
         if isinstance(msg, wire.Malformed):
             self._junk(f"malformed_{msg.reason}")
             return

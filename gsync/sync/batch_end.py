@@ -452,11 +452,17 @@ def release_claims(plan, state, batch: PendingBatch, now: float) -> None:
         recover_ids(plan, relay, found, now)
 
 
-def confirm(plan, state, batch: PendingBatch, now: float) -> None:
-    """The batch's items are confirmed on the relay (failed or not: ``batch_failures``)."""
+def close(plan, state, batch: PendingBatch, now: float) -> None:
+    """The batch leaves the relay's pending batches, confirmed: what it claimed and did
+    not get goes to recovery (``release_claims``)."""
     release_claims(plan, state, batch, now)
     state.current.pending.pop(batch.batch_id, None)
     plan.move(state, batch, Step.CONFIRMED)
+
+
+def confirm(plan, state, batch: PendingBatch, now: float) -> None:
+    """The batch's items are confirmed on the relay (failed or not: ``batch_failures``)."""
+    close(plan, state, batch, now)
     plan.stop_leading(state, batch, now)
     if batch.kind is BatchKind.POLL and not batch.failed_otherwise:
         # (one failed only for what REQ pages cannot reach there moves on too: its window
@@ -482,9 +488,7 @@ def confirm(plan, state, batch: PendingBatch, now: float) -> None:
 
 def finish_recovery(plan, state, batch: PendingBatch, now: float) -> None:
     """A recovery attempt answered: what it brought is recorded (``MissingEventRecovery``)."""
-    release_claims(plan, state, batch, now)
-    state.current.pending.pop(batch.batch_id, None)
-    plan.move(state, batch, Step.CONFIRMED)
+    close(plan, state, batch, now)
     if not batch.failed_otherwise:  # (its REQs were answered; some filters left unpaged, maybe)
         # What its exchanges advertised and the relay did not serve by id: not by id again
         # before that relay's next daily fresh start (``UnservableIds.asked_today``); the
