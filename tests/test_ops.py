@@ -355,7 +355,9 @@ def test_sighup_switches_the_log_level(synced):
                           timeout=10, what="the reloaded line")
     assert g.proc.poll() is None
     assert reloaded[0]["applied"] == ["log.level"]
-    later = [e for e in g.log_events() if e.get("event") == "reload_needs_restart"]
+    # Logged right after "reloaded": the file may have been read between the two lines.
+    later = wait_until(lambda: [e for e in g.log_events() if e.get("event") == "reload_needs_restart"],
+                       timeout=10, what="the reload_needs_restart line")
     assert [e["keys"] for e in later] == [["network.max_relays"]]
     # Work that logs at debug: a new repository accepted by the own relay, with an issue.
     repo = our_announcement(synced.own, [synced.a], d="after-sighup")
