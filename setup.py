@@ -26,6 +26,12 @@ setup(
             "pytest-xdist>=3.5,<4",  # the suite runs on ten workers (pytest.ini, tests/conftest.py)
             "hypothesis>=6.100,<7",
             "nostr-sdk==0.45.1",
+            # nostr_relay: a second relay implementation as a real peer (tests/nostr_relay_peer.py),
+            # run as a subprocess, never imported. It patches uvicorn's `websockets` server,
+            # which uvicorn has deprecated: held at the versions it was tested with.
+            "nostr-relay==1.14",
+            "uvicorn[standard]>=0.30,<0.56",
+            "websockets<18",
         ],
     },
     entry_points={"console_scripts": ["gsync=gsync.ops.cli:main"]},

@@ -24,6 +24,9 @@ def test_announcement_brings_full_history_from_both_remotes(relay_factory, gsync
     assert gsync.metric("ngit_sync_events_synced_total") >= 10
 
 
+ROUTES = ("a", "A", "q-address", "e", "E", "q-id")
+
+
 def _route_event(route: str, repo, root):
     """A kind-1 note reaching the repo by exactly one tag route, nothing else."""
     addr = repo.address
@@ -38,7 +41,7 @@ def _route_event(route: str, repo, root):
     return carol.sign(1, tags, f"reaches the repo by {route}")
 
 
-@pytest.mark.parametrize("route", ["a", "A", "q-address", "e", "E", "q-id"])
+@pytest.mark.parametrize("route", ROUTES)
 def test_each_tag_route_is_synced(route, relay_factory, gsync_factory):
     own, remote = relay_factory(), relay_factory()
     repo = our_announcement(own, [remote], d=f"route-{route}")

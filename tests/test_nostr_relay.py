@@ -1,0 +1,79 @@
+"""gsync against a second real relay implementation, nostr_relay (``tests/nostr_relay_peer.py``):
+a Python relay on SQLite that reads ``until`` as exclusive, clamps ``limit`` to its
+``max_limit``, serves NIP-11 without NIP-77, and indexes every single-letter tag. What
+LocalRelay alone cannot show: a relay of another make, as GRASP repositories list them."""
+from __future__ import annotations
+
+import pytest
+
+from . import factory as f
+from .nostr_relay_peer import NostrRelayProcess
+from .relays import publish, wait_until
+from .scenario import assert_arrives, our_announcement
+from .test_engine_sync import ROUTES, _route_event
+
+alice, bob, carol = f.Author.named("alice"), f.Author.named("bob"), f.Author.named("carol")
+
+
+@pytest.fixture
+def nostr_relay():
+    started: list[NostrRelayProcess] = []
+
+    def start(**kw) -> NostrRelayProcess:
+        relay = NostrRelayProcess(**kw)
+        started.append(relay)
+        return relay.start()
+
+    try:
+        yield start
+    finally:
+        for relay in started:
+            relay.stop()
+
+
+def crowded_thread(repo, comments: int, per_second: int):
+    """An issue and ``comments`` replies, ``per_second`` of them in each second: a page cut
+    by the relay's ``max_limit`` ends inside a second."""
+    bug = f.issue(bob, repo, subject="a long discussion")
+    start = f.next_created_at() + 1
+    thread = [f.comment((alice, carol)[i % 2], bug, content=f"reply {i}",
+                        created_at=start + i // per_second) for i in range(comments)]
+    for _ in range(comments // per_second + 1):
+        f.next_created_at()  # later events of this run stay later
+    return [bug, *thread]
+
+
+def test_history_paged_past_a_limit_on_a_relay_reading_until_as_exclusive(relay_factory, gsync_factory,
+                                                                          nostr_relay):
+    """Pages of 50 with seven events to a second: each next page's ``until`` (its oldest
+    second) read as exclusive would skip what that second still held. gsync finds out how
+    the relay reads ``until`` and asks a second further on."""
+    own, remote = relay_factory(), nostr_relay(max_limit=50)
+    repo = our_announcement(own, [remote], d="paged")
+    history = crowded_thread(repo, comments=400, per_second=7)
+    publish(remote.url, [repo, *history])
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, history, timeout=60, what="the whole thread, paged by 50")
+    assert any(e.get("event") == "relay_until_exclusive" for e in gsync.log_events())
+
+
+def test_every_tag_route_and_live_events_beside_a_nip77_relay(relay_factory, gsync_factory, nostr_relay):
+    """A repository on nostr_relay (REQ pages: its NIP-11 has no 77) and on a LocalRelay
+    (NIP-77), each holding part of it: every tag route arrives from nostr_relay, and events
+    published there after the sync arrive live."""
+    own, plain, neg = relay_factory(), nostr_relay(), relay_factory()
+    repo = our_announcement(own, [plain, neg], d="two-makes")
+    root = f.issue(bob, repo)
+    routed = [_route_event(route, repo, root) for route in ROUTES]
+    elsewhere = [f.comment(alice, root, content="only on the NIP-77 relay"), f.state(alice, "two-makes")]
+    publish(plain.url, [repo, root, *routed])
+    publish(neg.url, [repo, root, *elsewhere])
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [plain, neg])
+    assert_arrives(own, [root, *routed, *elsewhere], timeout=60, what="both relays' history")
+    wait_until(lambda: all(r["status"] == "connected" for r in gsync.status()["relays"]),
+               timeout=60, what="both relays synced")
+    late = [f.issue(carol, repo, subject="after the sync"), f.comment(alice, root, content="live")]
+    publish(plain.url, late)
+    assert_arrives(own, late, timeout=20, what="nostr_relay's live events")
