@@ -29,7 +29,12 @@ verification:
   expiration: 2592000
   update_frequency: 3600
 authentication:
-  enabled: false
+  enabled: {auth}
+  relay_urls:
+    - ws://127.0.0.1:{port}
+  actions:
+    save: a
+    query: {query_roles}
 gunicorn:
   bind: 127.0.0.1:{port}
   workers: 1
@@ -55,17 +60,21 @@ def executable() -> str:
 
 
 class NostrRelayProcess:
-    def __init__(self, max_limit: int = 6000):
+    def __init__(self, max_limit: int = 6000, readers: tuple[str, ...] | None = None):
+        """``readers``: NIP-42 on, and only these pubkeys may query (anyone may publish)."""
         self.port = free_port()
         self.url = f"ws://127.0.0.1:{self.port}"
         self.max_limit = max_limit
+        self.readers = readers
         self.dir = tempfile.mkdtemp(prefix="nostr-relay-")
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30.0) -> NostrRelayProcess:
         config = os.path.join(self.dir, "config.yaml")
         with open(config, "w") as fh:
-            fh.write(CONFIG.format(dir=self.dir, port=self.port, max_limit=self.max_limit))
+            fh.write(CONFIG.format(dir=self.dir, port=self.port, max_limit=self.max_limit,
+                                   auth="true" if self.readers is not None else "false",
+                                   query_roles="r" if self.readers is not None else "a"))
         with open(os.path.join(self.dir, "relay.log"), "wb") as log:
             self.proc = subprocess.Popen([executable(), "-c", config, "serve", "--use-uvicorn"],
                                          cwd=self.dir, stdin=subprocess.DEVNULL, stdout=log,
@@ -76,11 +85,16 @@ class NostrRelayProcess:
                 raise RuntimeError(f"nostr-relay exited with {self.proc.returncode}: {self.log_tail()}")
             try:
                 socket.create_connection(("127.0.0.1", self.port), 0.5).close()
-                return self
+                break
             except OSError:
                 time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"nostr-relay did not listen on {self.port} within {timeout} s: {self.log_tail()}")
+        else:
+            self.stop()
+            raise RuntimeError(f"nostr-relay did not listen on {self.port} within {timeout} s: {self.log_tail()}")
+        for pubkey in self.readers or ():
+            subprocess.run([executable(), "-c", config, "role", "set", "-p", pubkey, "-r", "r"],
+                           cwd=self.dir, check=True, capture_output=True, timeout=timeout)
+        return self
 
     def log_tail(self) -> str:
         try:

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import pytest
 
+from gsync.protocol.event import public_key
+
 from . import factory as f
 from .nostr_relay_peer import NostrRelayProcess
 from .relays import publish, wait_until
 from .scenario import assert_arrives, our_announcement
+from .test_engine_policies import _key_file
 from .test_engine_sync import ROUTES, _route_event
 
 alice, bob, carol = f.Author.named("alice"), f.Author.named("bob"), f.Author.named("carol")
@@ -77,3 +80,30 @@ def test_every_tag_route_and_live_events_beside_a_nip77_relay(relay_factory, gsy
     late = [f.issue(carol, repo, subject="after the sync"), f.comment(alice, root, content="live")]
     publish(plain.url, late)
     assert_arrives(own, late, timeout=20, what="nostr_relay's live events")
+
+
+def test_reqs_refused_restricted_before_our_auth_go_again_after_it(relay_factory, gsync_factory, nostr_relay,
+                                                                   tmp_path):
+    """nostr_relay with NIP-42 on, gsync's key its only reader: it challenges at connect,
+    and refuses each REQ it reads before our AUTH in a NOTICE ``restricted: permission
+    denied`` (not ``auth-required:``) and sends no OK to the AUTH. Every REQ of the connect
+    goes again after our AUTH: the history arrives, and so do the live events of both
+    layers (a new announcement listing us; an issue), none paused for the day a final
+    ``restricted:`` pauses them for."""
+    key = _key_file(tmp_path)
+    with open(key) as fh:
+        reader = public_key(fh.read().strip())
+    own, remote = relay_factory(), nostr_relay(readers=(reader,))
+    repo = our_announcement(own, [remote], d="readers-only")
+    history = [f.issue(bob, repo, subject=f"bug {i}") for i in range(5)]
+    publish(remote.url, [repo, *history])
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], extra={"auth": {"key_file": key}})
+    assert_arrives(own, history, timeout=30, what="the history, read after our AUTH")
+    wait_until(lambda: gsync.status()["relays"][0]["status"] == "connected", timeout=30,
+               what="the relay synced")
+    newcomer = our_announcement(own, [remote], d="announced-later", author=carol)
+    late = f.issue(carol, repo, subject="after the sync")
+    publish(remote.url, [newcomer, late])
+    assert_arrives(own, [newcomer, late], timeout=20, what="both layers' live events")
+    assert not [e for e in gsync.log_events() if e.get("event") == "coverage_paused"]

@@ -106,6 +106,9 @@ class RelayConnection:
         # relay that refuses them in a NOTICE ``auth-required:`` alone (``_auth_notice``);
         # such NOTICEs still to come for what went again, and those come before our AUTH
         self._before_auth: list[str] = []
+        # all of it, kept for the session: a ``restricted:`` refusal of one of these may be
+        # for want of our AUTH (``_for_want_of_auth``)
+        self._sent_before_auth: frozenset[str] = frozenset()
         self._auth_notices_owed = 0
         self._auth_notices_early = 0
         self._junk_streak = 0
@@ -405,7 +408,7 @@ class RelayConnection:
         live REQ closed "rate-limited:" goes again under its id after the cooldown: seed
         91's year, day 204.95, its policy refusal was dropped as an echo of the old end)."""
         if msg.sub_id in self.subscriptions:
-            return (isinstance(msg, wire.Closed) and msg.prefix is wire.Prefix.AUTH_REQUIRED
+            return (isinstance(msg, wire.Closed) and self._for_want_of_auth(msg.prefix, msg.sub_id)
                     and self._retry_after_auth(msg.sub_id))
         if msg.sub_id in self._closing:
             if isinstance(msg, wire.Closed):
@@ -431,7 +434,7 @@ class RelayConnection:
         if opening is None:
             return False
         self._neg_opens[msg.sub_id] = None  # answered: what comes next is the exchange's
-        if isinstance(msg, wire.NegMsg) or msg.prefix is not wire.Prefix.AUTH_REQUIRED:
+        if isinstance(msg, wire.NegMsg) or not self._for_want_of_auth(msg.prefix, msg.sub_id):
             return False
         if not (self._auth_secret and self._challenge) or self._auth_refused:
             return False
@@ -592,6 +595,7 @@ class RelayConnection:
         self._auth_event_id = event.id
         self.send(wire.auth(event))
         self._before_auth = [*self._unanswered, *(s for s, o in self._neg_opens.items() if o is not None)]
+        self._sent_before_auth = frozenset(self._before_auth)
         self._auth_notices_owed = 0
         if self._auth_notices_early:
             early, self._auth_notices_early = self._auth_notices_early, 0
@@ -609,7 +613,8 @@ class RelayConnection:
         return msg
 
     def _auth_notice(self, msg: wire.Notice) -> bool:
-        """A NOTICE ``auth-required:``. Some relays refuse so, naming nothing, what they read
+        """A NOTICE ``auth-required:`` (or ``restricted:`` while something read before our
+        AUTH waits, ``_for_want_of_auth``). Some relays refuse so, naming nothing, what they read
         before our AUTH (a connect's REQs go before its challenge is read): without this
         they were never answered, a live REQ dead for the whole session. With a key, what
         went before our AUTH and is not answered goes again after it, once, as after an
@@ -618,10 +623,13 @@ class RelayConnection:
         so (no exchange or subscription hears it: their answers follow). False without a key,
         once the relay refused our AUTH, or past what went before it: a refusal then
         (``_refused_by_notice``), as an auth-required CLOSED is."""
-        if wire.split_prefix(msg.text)[0] is not wire.Prefix.AUTH_REQUIRED or msg.sub_id is not None:
+        prefix = wire.split_prefix(msg.text)[0]
+        if prefix not in (wire.Prefix.AUTH_REQUIRED, wire.Prefix.RESTRICTED) or msg.sub_id is not None:
             return False
         if not self._auth_secret or self._auth_refused:
             return False
+        if prefix is wire.Prefix.RESTRICTED and not (self._auth_notices_owed or self._unanswered_before_auth()):
+            return False  # (nothing read before our AUTH waits: a refusal as any)
         if self._answered is None:  # (our AUTH is to go when the challenge comes)
             if self._auth_notices_early >= len(self._unanswered) + len(self._neg_opens):
                 return False
@@ -633,8 +641,22 @@ class RelayConnection:
             if not sent:
                 return False
             self._auth_notices_owed = sent - 1
-        metrics.NOTICES.labels(wire.Prefix.AUTH_REQUIRED.value).inc()
+        metrics.NOTICES.labels(prefix.value).inc()
         return True
+
+    def _for_want_of_auth(self, prefix: wire.Prefix | None, sub_id: str) -> bool:
+        """A refusal that our AUTH may answer: ``auth-required:``, or ``restricted:`` for a
+        REQ or NEG-OPEN the relay read before our AUTH. NIP-42 has a relay say
+        ``auth-required:`` until the client authenticates, but some say ``restricted:``
+        (nostr_relay: ``restricted: permission denied`` in a NOTICE to each REQ read before
+        the AUTH it asked for at connect); taken as final, the live REQ of layer 1 was
+        paused there for a day."""
+        return prefix is wire.Prefix.AUTH_REQUIRED or (prefix is wire.Prefix.RESTRICTED
+                                                       and sub_id in self._sent_before_auth)
+
+    def _unanswered_before_auth(self) -> bool:
+        """Something read before our AUTH still waits to go again after it."""
+        return any(s in self._unanswered or self._neg_opens.get(s) is not None for s in self._before_auth)
 
     def _send_again_after_auth(self) -> int:
         """Send again, after our AUTH, the REQs and NEG-OPENs read before it that are still
@@ -646,7 +668,7 @@ class RelayConnection:
                 self._neg_opens[sub_id] = None
                 self.send(opening)
                 sent += 1
-            elif self._resend_req(sub_id):
+            elif sub_id in self._unanswered and self._resend_req(sub_id):
                 sent += 1
         self._before_auth = []
         if sent:
