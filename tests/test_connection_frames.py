@@ -469,6 +469,63 @@ def test_a_neg_open_refused_for_auth_in_a_notice_goes_again_after_our_auth():
     assert inbox.empty()  # the exchange waits for the answer to the one sent again
 
 
+def test_reqs_read_before_our_auth_and_refused_restricted_go_again_after_it_once():
+    """nostr_relay challenges at connect and answers each REQ it read before our AUTH with
+    a NOTICE ``restricted: permission denied`` (NIP-42 would say ``auth-required:``). Those
+    go again after the AUTH, once; what it served before is not asked again; and a
+    ``restricted:`` refusal of the REQs sent again, or of a REQ sent after our AUTH, is
+    final, as any."""
+    conn = _keyed_with_reqs("l1-live", "live-1", "h1")
+    conn._handle_frame(frame("AUTH", "challenge-1"))
+    conn._handle_frame(frame("EOSE", "l1-live"))  # (served: not sent again)
+    conn._handle_frame(frame("NOTICE", "restricted: permission denied"))
+    conn._handle_frame(frame("NOTICE", "restricted: permission denied"))
+    assert [(m[0], m[1] if m[0] == "REQ" else "") for m in _sent(conn)] == [
+        ("REQ", "l1-live"), ("REQ", "live-1"), ("REQ", "h1"), ("AUTH", ""),
+        ("REQ", "live-1"), ("REQ", "h1")]
+    assert _closed_posted(conn) == []
+    conn._handle_frame(frame("EOSE", "live-1"))
+    conn._handle_frame(frame("NOTICE", "restricted: permission denied"))  # (the key may not read)
+    assert _closed_posted(conn) == [("h1", "permission denied")]
+    conn.subscribe("h2", [Filter.make(kinds=[1111], tags={"e": ["ab" * 32]})])
+    conn._handle_frame(frame("CLOSED", "h2", "restricted: permission denied"))
+    assert _closed_posted(conn)[-1] == ("h2", "permission denied")
+    assert [m[0] for m in _sent(conn)] == ["CLOSE", "REQ"]
+
+
+def test_a_req_read_before_our_auth_and_closed_restricted_goes_again_after_it_once():
+    conn = _keyed_with_reqs("h1")
+    conn._handle_frame(frame("AUTH", "challenge-1"))
+    conn._handle_frame(frame("CLOSED", "h1", "restricted: permission denied"))
+    assert [m[0] for m in _sent(conn)] == ["REQ", "AUTH", "REQ"] and _closed_posted(conn) == []
+    conn._handle_frame(frame("CLOSED", "h1", "restricted: permission denied"))
+    assert _closed_posted(conn) == [("h1", "permission denied")] and _sent(conn) == []
+
+
+@pytest.mark.parametrize("keyed", [True, False])
+def test_restricted_before_any_challenge_or_without_a_key_is_a_refusal(keyed, session):
+    """No challenge come yet (NIP-42 relays challenge at connect, or say ``auth-required:``),
+    or no key to answer one: a ``restricted:`` refusal is final at once."""
+    conn = _keyed_with_reqs("h1") if keyed else session
+    if not keyed:
+        conn.subscribe("h1", [Filter.make(kinds=[1621], tags={"a": [REPO]})])
+        conn._handle_frame(frame("AUTH", "challenge-1"))
+    conn._handle_frame(frame("NOTICE", "restricted: permission denied"))
+    assert _closed_posted(conn) == [("h1", "permission denied")]
+    assert [m[0] for m in _sent(conn)] == ["REQ", "CLOSE"]
+
+
+def test_a_neg_open_read_before_our_auth_and_refused_restricted_goes_again_after_it():
+    conn = keyed_session()
+    inbox, opening = exchange_opened(conn)
+    conn._handle_frame(frame("AUTH", "challenge-1"))
+    conn._handle_frame(frame("NEG-ERR", "neg1-7", "restricted: permission denied"))
+    assert [m[0] for m in _sent(conn)] == ["NEG-OPEN", "AUTH", "NEG-OPEN"]
+    assert inbox.empty()
+    conn._handle_frame(frame("NEG-ERR", "neg1-7", "restricted: permission denied"))
+    assert inbox.qsize() == 1  # refused again: the exchange's answer
+
+
 def test_a_notice_naming_a_req_that_it_refuses_is_that_reqs_closed_whatever_else_waits():
     """``["NOTICE", <sub_id>, <message>]`` (NIP-01's form for a while in 2023): a refusal
     naming a REQ of ours is its CLOSED, though several wait (no guess); auth-required so
