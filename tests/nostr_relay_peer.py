@@ -45,7 +45,7 @@ purple:
   workers: 1
   disable_compression: true
 message_timeout: 1800
-subscription_limit: 32
+subscription_limit: {subscription_limit}
 max_limit: {max_limit}
 max_event_size: 100000
 hellthread_limit: 0
@@ -60,12 +60,16 @@ def executable() -> str:
 
 
 class NostrRelayProcess:
-    def __init__(self, max_limit: int = 6000, readers: tuple[str, ...] | None = None):
-        """``readers``: NIP-42 on, and only these pubkeys may query (anyone may publish)."""
+    def __init__(self, max_limit: int = 6000, readers: tuple[str, ...] | None = None,
+                 subscription_limit: int = 32):
+        """``readers``: NIP-42 on, and only these pubkeys may query (anyone may publish);
+        ``subscription_limit``: the REQs a connection may hold open (past it, a NOTICE
+        ``rejected: too many subscriptions``, naming none)."""
         self.port = free_port()
         self.url = f"ws://127.0.0.1:{self.port}"
         self.max_limit = max_limit
         self.readers = readers
+        self.subscription_limit = subscription_limit
         self.dir = tempfile.mkdtemp(prefix="nostr-relay-")
         self.proc: subprocess.Popen | None = None
 
@@ -74,7 +78,8 @@ class NostrRelayProcess:
         with open(config, "w") as fh:
             fh.write(CONFIG.format(dir=self.dir, port=self.port, max_limit=self.max_limit,
                                    auth="true" if self.readers is not None else "false",
-                                   query_roles="r" if self.readers is not None else "a"))
+                                   query_roles="r" if self.readers is not None else "a",
+                                   subscription_limit=self.subscription_limit))
         with open(os.path.join(self.dir, "relay.log"), "wb") as log:
             self.proc = subprocess.Popen([executable(), "-c", config, "serve", "--use-uvicorn"],
                                          cwd=self.dir, stdin=subprocess.DEVNULL, stdout=log,

@@ -4,6 +4,8 @@ a Python relay on SQLite that reads ``until`` as exclusive, clamps ``limit`` to 
 LocalRelay alone cannot show: a relay of another make, as GRASP repositories list them."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from gsync.protocol.event import public_key
@@ -107,3 +109,29 @@ def test_reqs_refused_restricted_before_our_auth_go_again_after_it(relay_factory
     publish(remote.url, [newcomer, late])
     assert_arrives(own, [newcomer, late], timeout=20, what="both layers' live events")
     assert not [e for e in gsync.log_events() if e.get("event") == "coverage_paused"]
+
+
+def test_a_relay_holding_three_subscriptions_refusing_past_them_in_a_notice(relay_factory, gsync_factory,
+                                                                            nostr_relay):
+    """nostr_relay allowing three open REQs a connection, no NIP-11 limitation saying so,
+    refusing past them in a NOTICE ``rejected: too many subscriptions`` naming none: eight
+    repositories' history (layer 1, layers 2 and 3 live and historic want more than three)
+    and their live events arrive."""
+    own, remote = relay_factory(), nostr_relay(subscription_limit=3)
+    repos = [our_announcement(own, [remote], d=f"narrow-{i}") for i in range(8)]
+    history = []
+    for repo in repos:
+        for n in range(3):
+            bug = f.issue(bob, repo, subject=f"bug {n}")
+            history += [bug, f.comment(alice, bug, content="seen it too")]
+    publish(remote.url, [*repos, *history])
+    publish(own.url, repos)
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, history, timeout=60, what="eight repositories' history")
+    wait_until(lambda: gsync.status()["relays"][0]["status"] == "connected", timeout=60,
+               what="the relay synced")
+    now = int(time.time())  # (live: a catch-up's since would not reach the factory's 2023)
+    late = [carol.sign(f.KIND_ISSUE, [["a", repos[-1].address]], "after the sync", now),
+            f.comment(carol, history[0], content="live", created_at=now)]
+    publish(remote.url, late)
+    assert_arrives(own, late, timeout=30, what="live events past three subscriptions")
