@@ -643,7 +643,7 @@ class Checker:
         except (ValueError, TypeError):
             return
         reason = rest[0] if verb == "CLOSED" and rest and isinstance(rest[0], str) else ""
-        if not reason.startswith(("rate-limited:", "auth-required:")) and "too many" not in reason:
+        if not reason.startswith(("rate-limited:", "auth-required:", "restricted:")) and "too many" not in reason:
             return
         for entry in entries:
             if (conn.number, sub_id) in entry[2:]:

@@ -422,6 +422,9 @@ class SimRelay:
         # an invalid filter so; strfry "too many concurrent REQs")
         self.notice_refusals = False
         self.notice_names = False  # its refusing NOTICE names the REQ: ["NOTICE", sub_id, reason]
+        # requiring AUTH, refuses what it read before it "restricted: permission denied", not
+        # "auth-required:" as NIP-42 says (nostr_relay)
+        self.auth_restricted = False
         # (burst, seconds a query): REQs and NEG-OPENs of one session past a token bucket are
         # refused "rate-limited:" (PEERS.md: LocalRelay's per-connection query limit), for good
         self.query_limit: tuple[int, float] | None = None
@@ -508,7 +511,7 @@ class SimRelay:
 
     def refusal(self, session: RelaySession, filters: list[Filter]) -> str | None:
         if self.auth_required and not session.authed:
-            return "auth-required: authenticate first"
+            return "restricted: permission denied" if self.auth_restricted else "auth-required: authenticate first"
         if self.now < self.rate_limited_until:
             return "rate-limited: slow down"
         if self.query_limit is not None:

@@ -112,6 +112,9 @@ class SimOptions:
     # of those, the share naming the REQ it refuses (``["NOTICE", <sub_id>, <message>]``,
     # NIP-01's form for a while in 2023)
     notice_names: float = 0.0
+    # of the relays requiring AUTH, the share refusing what they read before it
+    # "restricted: permission denied" (nostr_relay), not "auth-required:"
+    auth_restricted: float = 0.0
     own_full: float = faults_module.OWN_FULL_PER_DAY  # the own relay's disk full, per day
     own_readonly: float = faults_module.OWN_READONLY_PER_DAY  # the own relay read-only, per day
     own_rate_limited: float = faults_module.OWN_RATE_LIMITED_PER_DAY  # its writes rate-limited, per day
@@ -147,6 +150,7 @@ WORLD_SHARES = (
     ("oldest_first", "--oldest-first"),
     ("notice_refusals", "--notice-refusals"),
     ("notice_names", "--notice-names"),
+    ("auth_restricted", "--auth-restricted"),
     ("own_full", "--own-full"),
     ("own_readonly", "--own-readonly"),
     ("own_rate_limited", "--own-rate-limited"),
@@ -431,6 +435,8 @@ class Simulation:
         relay.oldest_first = random.Random(f"{o.seed}:{url}:oldest").random() < o.oldest_first
         relay.notice_refusals = random.Random(f"{o.seed}:{url}:notice").random() < o.notice_refusals
         relay.notice_names = relay.notice_refusals and random.Random(f"{o.seed}:{url}:names").random() < o.notice_names
+        relay.auth_restricted = (relay.auth_required
+                                 and random.Random(f"{o.seed}:{url}:auth-words").random() < o.auth_restricted)
         return relay
 
     # -- the heap -----------------------------------------------------------------------
