@@ -41,12 +41,12 @@ def test_only_full_repositories_give_root_ids():
     index = RepoSyncIndex("wss://relay.example.com", ["relay.example.com"])
     index.apply_announcement(REPO, SyncLevel.FULL, now=0)
     index.apply_root_event(ROOT)
-    assert full_root_ids(index) == {ROOT.id}
+    assert full_root_ids(index) == {ROOT.id: REPO.address}  # (with its repository: its relays)
     waiting = f.announcement(alice, "waiting", clone=["https://relay.example.com/a/w.git"],
                              relays=["wss://relay.example.com"])
     index.apply_announcement(waiting, SyncLevel.STATE_ONLY, now=0)
     index.apply_root_event(f.issue(bob, waiting))
-    assert full_root_ids(index) == {ROOT.id}
+    assert full_root_ids(index) == {ROOT.id: REPO.address}
 
 
 def test_a_lost_session_keeps_the_poll_cursor_and_forgets_the_rest_of_its_polling():

@@ -190,6 +190,52 @@ def test_replies_to_a_thread_member_are_synced_one_generation_deep(relay_factory
     wait_until(lambda: gsync.metric("gsync_thread_members") == 1, timeout=10, what="one member counted")
 
 
+def test_replies_to_members_the_own_relay_holds_arrive_from_every_relay_listing_the_repository(relay_factory,
+                                                                                            gsync_factory):
+    """A thread member published to the own relay directly (as to every relay a repository
+    lists) never comes from a remote (NIP-77 fetches what the own relay lacks; a copy of an
+    event already seen is not checked again), and a reply tagging only it (a reaction, a
+    kind-1 reply, a quote) may have reached one of the relays alone. Its descendants are
+    asked of every relay listing the repository: what each holds arrives, history and live,
+    and each relay watches the member (found end to end: members were learnt only from the
+    first checked copy, so none was watched here at all)."""
+    own, a, b = relay_factory(), relay_factory(), relay_factory()
+    repo = our_announcement(own, [a, b], d="members-held")
+    bug = f.issue(bob, repo)
+    member = f.comment(alice, bug, content="published everywhere, the own relay too")
+    on_a = carol.sign(1, [["e", member.id]], "a reply that reached relay a alone")
+    on_b = carol.sign(7, [["e", member.id]], "+")
+    publish(a.url, [repo, bug, member, on_a])
+    publish(b.url, [repo, bug, member, on_b])
+    publish(own.url, [repo, bug, member])
+    gsync = gsync_factory(own, [a, b])
+    assert_arrives(own, [on_a, on_b], timeout=30, what="each relay's reply to a member the own relay held")
+    wait_until(lambda: all(r["status"] == "connected" for r in gsync.status()["relays"]), timeout=60,
+               what="both relays synced")
+    now = int(time.time())  # (live: a catch-up's since would not reach the factory's 2023)
+    late = [carol.sign(1, [["q", member.id]], "quoted on a", now), bob.sign(7, [["e", member.id]], "+", now)]
+    publish(a.url, late[:1])
+    publish(b.url, late[1:])
+    assert_arrives(own, late, timeout=20, what="live replies on each relay")
+    wait_until(lambda: gsync.metric("gsync_thread_members") == 2, timeout=10, what="the member watched on both")
+
+
+def test_a_member_seen_on_one_relay_is_watched_on_every_relay_listing_its_repository(relay_factory,
+                                                                                   gsync_factory):
+    """Relay a holds a member that relay b lacks (b was down when it was published); a reply
+    tagging only the member reached b alone: b is asked for the member's descendants too."""
+    own, a, b = relay_factory(), relay_factory(), relay_factory()
+    repo = our_announcement(own, [a, b], d="member-on-a")
+    bug = f.issue(bob, repo)
+    member = f.comment(alice, bug, content="relay b was down")
+    on_b = carol.sign(1, [["e", member.id]], "reached relay b alone")
+    publish(a.url, [repo, bug, member])
+    publish(b.url, [repo, bug, on_b])
+    publish(own.url, [repo])
+    gsync_factory(own, [a, b])
+    assert_arrives(own, [bug, member, on_b], timeout=30, what="the member from a, its reply from b")
+
+
 @pytest.mark.slow
 def test_thread_members_arriving_one_by_one_stay_within_the_subscription_budget(relay_factory,
                                                                                gsync_factory):

@@ -88,6 +88,7 @@ class OwnHeld:
         self._new: dict[str, float] = {}  # event id -> when stored anew (``new_threads``)
         self._reading: dict[Unit, int] = {}  # unit -> reads of it under way
         self.forgotten = 0  # times everything was dropped (outage, bound reached)
+        self.on_learn = None  # told what each read returned, ``(id, HeldEntry)`` pairs (thread members)
 
     def __len__(self) -> int:
         return len(self._index)
@@ -183,11 +184,14 @@ class OwnHeld:
         units = coverage_units(flt)
         if units is None or flt.since is not None or flt.until is not None:
             return  # a bounded read covers part of its units only
-        for event in events:
-            self._add(*_id_and_entry(event))
+        entries = [_id_and_entry(event) for event in events]
+        for entry in entries:
+            self._add(*entry)
         for unit in units:
             self._covered[unit] = now
         self._bound()
+        if self.on_learn is not None:
+            self.on_learn(entries)
 
     def confirm(self, events) -> None:
         """Events the own relay answered ``OK true`` to (stored and served): held."""
