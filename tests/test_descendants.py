@@ -88,3 +88,34 @@ def test_members_leave_with_their_roots():
     assert stale_members(roots_of, {ROOT.id, other.id}) == []
     assert stale_members(roots_of, {other.id}) == [one.id]  # the other still holds ``both``
     assert member_roots(ROOT, {ROOT.id}) == frozenset()
+
+
+def test_a_member_goes_to_every_relay_its_repository_lists_and_leaves_with_its_roots():
+    """However it is seen (a relay's checked copy, or a read of the own relay: ``(id,
+    HeldEntry)`` pairs), a member is watched on every relay listing its repository; a
+    relay's copy names that relay too. The members known, by root, are bounded by the roots:
+    gone when their last root leaves."""
+    from gsync.io.manager.descendants import Descendants
+    from gsync.sync.own_held import HeldEntry
+
+    index = RepoSyncIndex("wss://relay.example.com", ["relay.example.com"])
+    index.apply_announcement(REPO, SyncLevel.FULL, now=0)
+    index.apply_root_event(ROOT)
+    other = f.issue(bob, REPO, subject="another")
+    index.apply_root_event(other)
+    relays = {url: RelayState(url) for url in ("wss://other.example.org", "wss://bootstrap.example.net")}
+    d = Descendants(relays, live=None, start_historic=None, repos=index)
+    assert d.set_roots(full_root_ids(index)) == {ROOT.id, other.id}
+    held = bob.sign(1111, [["E", ROOT.id], ["e", other.id]])
+    d.note_held([(held.id, HeldEntry.of(held)), (ROOT.id, HeldEntry.of(ROOT))])  # (a root is no member)
+    listed = relays["wss://other.example.org"]
+    assert listed.new_members == {held.id} and listed.member_roots[held.id] == {ROOT.id, other.id}
+    assert not relays["wss://bootstrap.example.net"].new_members  # (not listed)
+    copy = _reply(other, "q")
+    d.note_direct_member(relays["wss://bootstrap.example.net"], copy)  # came from there: watched there too
+    assert relays["wss://bootstrap.example.net"].new_members == {copy.id} and copy.id in listed.new_members
+    assert d.members_of == {ROOT.id: {held.id}, other.id: {held.id, copy.id}}
+    d.set_roots({other.id: REPO.address})  # ROOT left: ``held`` stays, a member of ``other`` still
+    assert d.members_of == {other.id: {held.id, copy.id}} and d.roots_of[held.id] == {other.id}
+    d.set_roots({})
+    assert d.members_of == {} and d.roots_of == {}

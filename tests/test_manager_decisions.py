@@ -528,6 +528,41 @@ def test_a_thread_member_seen_from_a_relay_gets_descendant_coverage_there(tmp_pa
     assert any(not all(flt.get("limit") == 0 for flt in r[2:]) for r in asks), "no history asked"
 
 
+def test_a_member_the_own_relay_holds_is_watched_by_a_relay_listed_after_it_was_read(tmp_path):
+    """A member known from a read of the own relay (a comment published to it directly) is
+    watched on the relays listing its repository; a relay the repository lists later starts
+    afresh and watches it too, though its own reads of that thread are answered from what
+    gsync knows already (no read returns the member again)."""
+    h = ManagerHarness(tmp_path)
+    owner = Author.named("u0")
+    repo = announcement(owner, "r0", relays=[A])
+    bug = issue(Author.named("bob"), repo)
+    h.own_relay_holds(repo, bug)
+    h.connect(A)
+    member = "ab" * 32  # tags the root by E, as the own relay holds it
+
+    def held(flt):
+        return [(1_700_000_000, member)] if ("E", frozenset({bug.id})) in flt.tags else []
+
+    h.answer_own_reads(held=held)
+    h.settle(A)
+    h.advance(constants.DESCENDANT_TICK_SECS)
+    h.tick()
+    h.answer_own_reads()
+    h.advance(2)
+    assert h.replies_asked(A, member), "the member the own relay holds is watched on A"
+    h.own_relay_holds(announcement(owner, "r0", relays=[A, B]))  # listed on B too, now
+    h.connect(B)
+    h.answer_own_reads(held=held)
+    h.settle(B)
+    h.advance(constants.DESCENDANT_TICK_SECS)
+    h.tick()
+    h.answer_own_reads()
+    h.advance(2)
+    asks = h.replies_asked(B, member)
+    assert any(all(flt.get("limit") == 0 for flt in r[2:]) for r in asks), "not watched live on B"
+
+
 def test_a_reconnect_after_more_than_15_minutes_starts_fresh(tmp_path):
     h = ManagerHarness(tmp_path, bootstrap=[A])
     h.connect(A)

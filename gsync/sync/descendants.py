@@ -44,9 +44,10 @@ def roots_tagged(event_id: str, tags, root_ids) -> frozenset[str]:
                      if len(tag) >= 2 and tag[0] in REFERENCE_TAGS and tag[1] in root_ids)
 
 
-def stale_members(roots_of: dict[str, frozenset], root_ids: set[str]) -> list[str]:
-    """Members none of whose roots is synced any more: they leave with their roots."""
-    return [member for member, roots in roots_of.items() if not roots & root_ids]
+def stale_members(roots_of: dict[str, frozenset], root_ids) -> list[str]:
+    """Members none of whose roots is synced any more (``root_ids``: a set, or a mapping
+    by root): they leave with their roots."""
+    return [member for member, roots in roots_of.items() if not any(root in root_ids for root in roots)]
 
 
 def is_direct_member(event: Event, root_ids: set[str]) -> bool:
