@@ -115,6 +115,10 @@ class SimOptions:
     # of the relays requiring AUTH, the share refusing what they read before it
     # "restricted: permission denied" (nostr_relay), not "auth-required:"
     auth_restricted: float = 0.0
+    # the share of publications followed by a reply tagging only a thread member (a kind-1
+    # reply or a reaction to a comment), sent to some of its repository's relays, not the
+    # own relay: gsync finds it by the member's id (SPEC §3, direct-member descendants)
+    member_replies: float = 0.0
     own_full: float = faults_module.OWN_FULL_PER_DAY  # the own relay's disk full, per day
     own_readonly: float = faults_module.OWN_READONLY_PER_DAY  # the own relay read-only, per day
     own_rate_limited: float = faults_module.OWN_RATE_LIMITED_PER_DAY  # its writes rate-limited, per day
@@ -151,6 +155,7 @@ WORLD_SHARES = (
     ("notice_refusals", "--notice-refusals"),
     ("notice_names", "--notice-names"),
     ("auth_restricted", "--auth-restricted"),
+    ("member_replies", "--member-replies"),
     ("own_full", "--own-full"),
     ("own_readonly", "--own-readonly"),
     ("own_rate_limited", "--own-rate-limited"),
@@ -409,6 +414,7 @@ class Simulation:
         self.own_lost = 0  # events the own relay lost while away (Checker.own_back)
         self.own_lost_ids: list[str] = []  # ... which (Checker.refilled)
         self.ahead_rng = random.Random(f"{o.seed}:ahead")
+        self.replies_rng = random.Random(f"{o.seed}:member-replies")
 
     def make_relay(self, url: str) -> SimRelay:
         r = self.rng
@@ -1005,6 +1011,13 @@ class Simulation:
                     self.publish(patch, urls, own=own)
         if self.world.repos and self.world.imports_now():
             self.publish_import(self.world.import_target())
+        if self.options.member_replies and self.replies_rng.random() < self.options.member_replies:
+            reply = self.world.member_reply(self.replies_rng, int(self.clock.now))
+            if reply is not None:
+                repo, event = reply
+                rng = self.replies_rng
+                self.publish(event, [u for u in repo.relays if rng.random() < 0.5] or [rng.choice(repo.relays)],
+                             own=False)
         self.schedule_activity(self.clock.now + self.rng.expovariate(self.activity_rate()))
 
 

@@ -63,6 +63,8 @@ class Repo:
     lists_us: bool  # its announcements list our domain (the own relay accepts them)
     roots: list[Event] = field(default_factory=list)
     announcement: Event | None = None
+    # its comments, for replies that tag only one of them (``World.member_reply``)
+    members: list[Event] = field(default_factory=list)
 
     @property
     def address(self) -> str:
@@ -98,6 +100,7 @@ class World:
         self.authors = [Keys(f"author{i}") for i in range(max(8, repos // 2))]
         self.repos: list[Repo] = []
         self.repo_of: dict[str, Repo] = {}
+        self.member_of: dict[str, str] = {}  # a reply tagging only a thread member → that member
         self.events: dict[str, Event] = {}  # every genuine event made, by id
         self._n_repos = repos
         self._counter = 0
@@ -209,7 +212,25 @@ class World:
     def comment(self, repo: Repo, root: Event, created_at: int) -> Event:
         self._counter += 1
         author = self.rng.choice(self.authors)
-        return self._keep(author.sign(KIND_COMMENT, _comment_tags(root), f"comment {self._counter}", created_at), repo)
+        event = self._keep(author.sign(KIND_COMMENT, _comment_tags(root), f"comment {self._counter}", created_at), repo)
+        repo.members.append(event)
+        return event
+
+    def member_reply(self, rng: random.Random, created_at: int) -> tuple[Repo, Event] | None:
+        """A reply tagging only a thread member (a comment), not its root: a kind-1 reply or
+        a reaction, as clients send them. Drawn from ``rng`` alone (without them, the world
+        is what it was)."""
+        repos = [repo for repo in self.repos if repo.members]
+        if not repos:
+            return None
+        repo = rng.choice(repos)
+        member = rng.choice(repo.members)
+        author = rng.choice(self.authors)
+        kind = rng.choice((1, 7))
+        event = self._keep(author.sign(kind, [["e", member.id, "", member.pubkey], ["p", member.pubkey]],
+                                       "+" if kind == 7 else f"re {rng.randrange(10 ** 9)}", created_at), repo)
+        self.member_of[event.id] = member.id
+        return repo, event
 
     def activity(self, created_at: int) -> tuple[Repo, Event] | None:
         """One publication somewhere in the world: what, and of which repository."""
