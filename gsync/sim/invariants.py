@@ -1073,8 +1073,8 @@ class Checker:
             return False
         roots = [t[1] for t in event.tags if len(t) >= 2 and t[0] == "E"]
         member = self.sim.world.member_of.get(event.id)
-        if member is not None:
-            roots.append(member)  # (a reply to a member: found by the member, once held)
+        if member is not None:  # a reply to a member: found by the member, once it and its root are held
+            roots += [member, *(t[1] for t in self.sim.world.events[member].tags if len(t) >= 2 and t[0] == "E")]
         if any(root not in own.store for root in roots):
             return False  # gsync finds a comment by its root: one it cannot know of is not owed
         now = self.sim.clock.now
