@@ -135,3 +135,24 @@ def test_a_relay_holding_three_subscriptions_refusing_past_them_in_a_notice(rela
             f.comment(carol, history[0], content="live", created_at=now)]
     publish(remote.url, late)
     assert_arrives(own, late, timeout=30, what="live events past three subscriptions")
+
+
+def test_replies_to_a_member_the_own_relay_holds_arrive_from_a_relay_without_nip77(relay_factory, gsync_factory,
+                                                                                  nostr_relay):
+    """A relay synced by REQ pages alone (nostr_relay: no NIP-77) reads nothing of the own
+    relay for its batches; the thread members the own relay holds (published to it
+    directly) are read for it all the same, and their replies that reached nostr_relay alone
+    arrive, history and live."""
+    own, remote = relay_factory(), nostr_relay()
+    repo = our_announcement(own, [remote], d="members-no-nip77")
+    bug = f.issue(bob, repo)
+    member = f.comment(alice, bug, content="published to every relay, the own relay too")
+    reply = carol.sign(1, [["e", member.id]], "a reply that reached nostr_relay alone")
+    publish(remote.url, [repo, bug, member, reply])
+    publish(own.url, [repo, bug, member])
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, [reply], timeout=30, what="the reply to a member the own relay held")
+    wait_until(lambda: gsync.status()["relays"][0]["status"] == "connected", timeout=60, what="the relay synced")
+    late = carol.sign(7, [["e", member.id]], "+", int(time.time()))
+    publish(remote.url, [late])
+    assert_arrives(own, [late], timeout=20, what="a live reaction to the member")

@@ -146,6 +146,10 @@ class HistoricSync:
         """A PendingBatch for ``filters`` (``HistoricPlanner.start``), pumped."""
         batch, new = self.plan.start(state, items, filters, kind, coalesce, leaders, go_now, self.clock())
         self.execute()
+        if kind is not BatchKind.RECOVERY and not self.use_negentropy(state, filters):
+            # (REQ pages read none of the own relay: the thread members it holds, published
+            # to it directly, are learnt so; their replies are asked there, ``Descendants``)
+            self.own_reads.learn([f for f in filters if filter_plan.asks_by_root(f)])
         if new:
             self.advance(state, batch)
         return batch

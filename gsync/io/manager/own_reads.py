@@ -65,11 +65,26 @@ class OwnReads:
         self.queued: list[OwnReadWaiter] = []
         self.flying: dict[int, list[OwnReadWaiter]] = {}
         self.due = False  # the collecting window's timer is set
+        # reads no batch waits for, only learnt (``learn``): with the next merged read
+        self.unwaited: list = []
 
     def queue(self, waiter: OwnReadWaiter) -> None:
         """``waiter`` goes with the next merged read: when the window closes, or when the
         read under way lands."""
         self.queued.append(waiter)
+        if not self.due and not self.flying:
+            self.due = True
+            self.effects.later(constants.OWN_READ_WINDOW_SECS, OwnReadsDue())
+
+    def learn(self, filters) -> None:
+        """Read what the own relay holds of ``filters`` with the next merged read, for what
+        it tells (the thread members among it, ``OwnHeld.on_learn``), no batch waiting on
+        it: what is known or being read already is not read again."""
+        now = self.clock()
+        reads = [read for flt in filters if (read := self.own_held.unread(flt, now)) is not None]
+        if not reads:
+            return
+        self.unwaited += reads
         if not self.due and not self.flying:
             self.due = True
             self.effects.later(constants.OWN_READ_WINDOW_SECS, OwnReadsDue())
@@ -83,9 +98,10 @@ class OwnReads:
         """One read of every value the queued batches lack (those still waiting)."""
         waiters, self.queued = self.queued, []
         waiters = [w for w in waiters if self.waiting(w) is not None]
-        if not waiters:
+        unwaited, self.unwaited = self.unwaited, []
+        if not waiters and not unwaited:
             return
-        reads = merged_reads([r for w in waiters for r in w.reads], filter_plan.tag_value_budget())
+        reads = merged_reads([r for w in waiters for r in w.reads] + unwaited, filter_plan.tag_value_budget())
         for read in reads:
             self.own_held.begin(read)
         read_id = next(self.ids)
@@ -149,7 +165,7 @@ class OwnReads:
             found = self.waiting(w)
             if found is not None:
                 ask_again(*found, w.token, w.filters)
-        if self.queued:
+        if self.queued or self.unwaited:
             self.read_queued()
 
 
