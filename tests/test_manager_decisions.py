@@ -544,21 +544,19 @@ def test_a_member_the_own_relay_holds_is_watched_by_a_relay_listed_after_it_was_
     def held(flt):
         return [(1_700_000_000, member)] if ("E", frozenset({bug.id})) in flt.tags else []
 
-    h.answer_own_reads(held=held)
-    h.settle(A)
-    h.advance(constants.DESCENDANT_TICK_SECS)
-    h.tick()
-    h.answer_own_reads()
-    h.advance(2)
+    def synced_then_a_descendants_tick(url):
+        h.answer_own_reads(held=held)
+        h.settle(url)
+        h.advance(constants.DESCENDANT_TICK_SECS)
+        h.tick()
+        h.answer_own_reads()
+        h.advance(2)
+
+    synced_then_a_descendants_tick(A)
     assert h.replies_asked(A, member), "the member the own relay holds is watched on A"
     h.own_relay_holds(announcement(owner, "r0", relays=[A, B]))  # listed on B too, now
     h.connect(B)
-    h.answer_own_reads(held=held)
-    h.settle(B)
-    h.advance(constants.DESCENDANT_TICK_SECS)
-    h.tick()
-    h.answer_own_reads()
-    h.advance(2)
+    synced_then_a_descendants_tick(B)
     asks = h.replies_asked(B, member)
     assert any(all(flt.get("limit") == 0 for flt in r[2:]) for r in asks), "not watched live on B"
 
