@@ -158,11 +158,12 @@ class SyncManager:
                                  on_pause=self.saved.save_soon)
         self.descendants = Descendants(self.relays, self.live, self.historic.start, self.repos)
         self.own_held.on_learn = self.descendants.note_held
+        self.historic.members_of_roots = self.descendants.members_of_roots
         self.lifecycle = RelayLifecycle(
             config=config, relays=self.relays, repos=self.repos, saved=self.saved, health=self.health,
             handshakes=self.handshakes, live=self.live, historic=self.historic, refusals=self.refusals,
             recovery=self.recovery, lead=self.lead, seen=self.seen, delivery=self.delivery,
-            effects=self.effects, clock=self.clock, members_for=self.descendants.members_for)
+            effects=self.effects, clock=self.clock)
         self.own_relay = OwnRelaySide(
             own_relay=config.service.own_relay, batch_window_secs=config.sync.batch_window_ms / 1000,
             relays=self.relays, repos=self.repos, domains=self.domains, rejected=self.rejected,

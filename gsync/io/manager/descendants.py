@@ -24,8 +24,8 @@ class Descendants:
         self.relays = relays
         self.repos = repos  # the repository index: which relays a root's repository lists
         self.root_ids: dict[str, str] = {}  # of Full repos: who is a direct member; root → its repository
-        # every member known, by root, and the roots of each: a relay starting afresh gets
-        # those of its repositories (``members_for``); they leave with their roots
+        # every member known, by root, and the roots of each: a relay gets
+        # those of the roots it is asked for (``members_of_roots``); they leave with their roots
         # (``prune_members``)
         self.members_of: dict[str, set[str]] = {}
         self.roots_of: dict[str, frozenset[str]] = {}
@@ -93,21 +93,18 @@ class Descendants:
                 state.new_members.discard(member)
                 state.reopen_members.discard(member)
 
-    def members_for(self, state: RelayState) -> None:
-        """``state``'s relay starts afresh (its first connection, a daily sync): every member
-        known of the roots its repositories have gets its descendants' coverage there at
-        the next tick (listed since a member was seen, it would get none otherwise)."""
+    def members_of_roots(self, state: RelayState, roots) -> None:
+        """``state``'s relay is asked for ``roots``' threads (any batch of layer 3: a fresh
+        start, a daily sync, roots new to it, a repository that lists it since): every member
+        known of them gets its descendants' coverage there at the next tick (a relay listed
+        after a member was seen, or whose roots came after it started, would get none)."""
         if not self.members_of:
             return
-        for address in self.repos.repos_listing(state.url):
-            needs = self.repos.get(address)
-            if needs is None:
-                continue
-            for root in needs.root_events:
-                for member in self.members_of.get(root, ()):
-                    if member not in state.current.members and member not in state.new_members:
-                        state.new_members.add(member)
-                        state.member_roots[member] = self.roots_of[member]
+        for root in roots:
+            for member in self.members_of.get(root, ()):
+                if member not in state.current.members and member not in state.new_members:
+                    state.new_members.add(member)
+                    state.member_roots[member] = self.roots_of[member]
 
     def run(self, now: float) -> None:
         """New members of each connected relay get their coverage, once per

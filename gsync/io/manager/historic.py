@@ -69,6 +69,9 @@ class HistoricSync:
         self.recovery = recovery
         self.own_held = own_held
         self.own_reads = own_reads
+        # ``Descendants.members_of_roots`` (set by the manager): the members known of the roots
+        # a batch asks for are watched on its relay too
+        self.members_of_roots = lambda state, roots: None
         self.delivery = delivery
         self.own_relay_down = own_relay_down
         self.request_served = request_served
@@ -146,10 +149,14 @@ class HistoricSync:
         """A PendingBatch for ``filters`` (``HistoricPlanner.start``), pumped."""
         batch, new = self.plan.start(state, items, filters, kind, coalesce, leaders, go_now, self.clock())
         self.execute()
-        if kind is not BatchKind.RECOVERY and not self.use_negentropy(state, filters):
-            # (REQ pages read none of the own relay: the thread members it holds, published
-            # to it directly, are learnt so; their replies are asked there, ``Descendants``)
-            self.own_reads.learn([f for f in filters if filter_plan.asks_by_root(f)])
+        threads = [f for f in filters if filter_plan.asks_by_root(f)]
+        if threads:
+            # the members known of these roots are watched there too (``Descendants``); REQ
+            # pages read none of the own relay: the members it holds (published to it
+            # directly) are read for them all the same, and learnt
+            self.members_of_roots(state, {root for f in threads for root in f.tags[0][1]})
+            if kind is not BatchKind.RECOVERY and not self.use_negentropy(state, filters):
+                self.own_reads.learn(threads)
         if new:
             self.advance(state, batch)
         return batch

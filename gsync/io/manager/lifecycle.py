@@ -55,7 +55,7 @@ class RelayLifecycle:
     ``recovery`` and ``lead``; a rate-limited handshake is shown by ``refusals``."""
 
     def __init__(self, *, config, relays, repos, saved, health, handshakes, live, historic, refusals,
-                 recovery, lead, seen, delivery, effects, clock, members_for=lambda state: None):
+                 recovery, lead, seen, delivery, effects, clock):
         self.config = config  # [cluster] shard, [network] max_relays, [auth] key
         self.relays = relays
         self.repos = repos
@@ -71,7 +71,6 @@ class RelayLifecycle:
         self.delivery = delivery
         self.effects = effects
         self.clock = clock
-        self.members_for = members_for  # ``Descendants.members_for``: what a fresh start watches
         self.capped_relays: set[str] = set()  # over [network] max_relays, already logged
         # Handshake attempts and sessions are numbered across relays, never again in the
         # process: a relay retired and registered again starts a new RelayState, and what
@@ -438,7 +437,6 @@ class RelayLifecycle:
         self.end_session(state, keep_connection=True)
         state.new_members |= state.reopen_members  # their whole history too, on the next tick
         state.reopen_members = set()
-        self.members_for(state)  # and every member known of its repositories
         state.clear_confirmed()
         if state.current.negentropy_ok:
             state.unreached = False  # (what was left is reached now, or marked again)
