@@ -24,9 +24,8 @@ class Descendants:
         self.relays = relays
         self.repos = repos  # the repository index: which relays a root's repository lists
         self.root_ids: dict[str, str] = {}  # of Full repos: who is a direct member; root → its repository
-        # every member known, by root, and the roots of each: a relay gets
-        # those of the roots it is asked for (``members_of_roots``); they leave with their roots
-        # (``prune_members``)
+        # every member known, by root, and the roots of each: a relay gets those of the roots
+        # it is asked for (``members_of_roots``); they leave with their roots (``prune_members``)
         self.members_of: dict[str, set[str]] = {}
         self.roots_of: dict[str, frozenset[str]] = {}
         self.live = live
