@@ -51,11 +51,7 @@ def stale_members(roots_of: dict[str, frozenset], root_ids) -> list[str]:
 
 
 def is_direct_member(event: Event, root_ids: set[str]) -> bool:
-    if event.id in root_ids:
-        return False
-    return any(
-        len(tag) >= 2 and tag[0] in REFERENCE_TAGS and tag[1] in root_ids for tag in event.tags
-    )
+    return bool(roots_tagged(event.id, event.tags, root_ids))
 
 
 def new_members(events: Iterable[Event], root_ids: set[str], known: set[str]) -> set[str]:

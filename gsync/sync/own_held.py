@@ -80,7 +80,7 @@ def coverage_units(flt: Filter) -> list[Unit] | None:
 
 
 class OwnHeld:
-    def __init__(self, ttl: float, max_entries: int):
+    def __init__(self, ttl: float, max_entries: int, on_learn=None):
         self.ttl = ttl
         self.max_entries = max_entries
         self._index = HaveIndex()
@@ -88,7 +88,7 @@ class OwnHeld:
         self._new: dict[str, float] = {}  # event id -> when stored anew (``new_threads``)
         self._reading: dict[Unit, int] = {}  # unit -> reads of it under way
         self.forgotten = 0  # times everything was dropped (outage, bound reached)
-        self.on_learn = None  # told what each read returned, ``(id, HeldEntry)`` pairs (thread members)
+        self.on_learn = on_learn  # told what each read returned, ``(id, HeldEntry)`` pairs (thread members)
 
     def __len__(self) -> int:
         return len(self._index)

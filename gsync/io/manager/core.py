@@ -118,7 +118,9 @@ class SyncManager:
         """The own relay's side: delivery to it, what it holds, what it shows back."""
         svc, sync = config.service, config.sync
         # what the own relay holds, read once per filter and session (NIP-77 have-sets)
-        self.own_held = OwnHeld(constants.OWN_HELD_TTL_SECS, constants.OWN_HELD_MAX_EVENTS)
+        # (what its reads return tells the thread members: ``Descendants``, made below)
+        self.own_held = OwnHeld(constants.OWN_HELD_TTL_SECS, constants.OWN_HELD_MAX_EVENTS,
+                                on_learn=lambda entries: self.descendants.note_held(entries))
         self.delivery = delivery or OwnRelayDelivery(
             svc.own_relay, self.post, auth_secret=config.auth.secret_key,
             max_backlog=sync.delivery_max_backlog,
@@ -151,14 +153,13 @@ class SyncManager:
             request_served=lambda state: self.refusals.note_request_succeeded(state),
             rate_limited=lambda state, text: self.refusals.note_rate_limited(state, text),
             probe_answered=lambda state, key, batch: self.refusals.probe_answered(state, key, batch),
-            completion=self.completion, effects=self.effects, post=self.post, clock=self.clock, ids=self.ids)
+            completion=self.completion, effects=self.effects, post=self.post, clock=self.clock, ids=self.ids,
+            members_of_roots=lambda state, roots: self.descendants.members_of_roots(state, roots))
         self.refusals = Refusals(relays=self.relays, repos=self.repos, health=self.health, live=self.live,
                                  historic=self.historic, recovery=self.recovery, seen=self.seen,
                                  delivery=self.delivery, effects=self.effects, clock=self.clock,
                                  on_pause=self.saved.save_soon)
         self.descendants = Descendants(self.relays, self.live, self.historic.start, self.repos)
-        self.own_held.on_learn = self.descendants.note_held
-        self.historic.members_of_roots = self.descendants.members_of_roots
         self.lifecycle = RelayLifecycle(
             config=config, relays=self.relays, repos=self.repos, saved=self.saved, health=self.health,
             handshakes=self.handshakes, live=self.live, historic=self.historic, refusals=self.refusals,

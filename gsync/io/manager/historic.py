@@ -60,7 +60,8 @@ class HistoricSync:
 
     def __init__(self, *, sync, own_relay: str, relays, repos, health, live, lead, claims, recovery,
                  own_held, own_reads, seen, rejected, delivery, own_relay_down, request_served,
-                 rate_limited, probe_answered, completion, effects, post, clock, ids):
+                 rate_limited, probe_answered, completion, effects, post, clock, ids,
+                 members_of_roots=lambda state, roots: None):
         self.sync = sync  # [sync]: negentropy on or off, the batch window
         self.own_relay = own_relay
         self.relays = relays
@@ -69,9 +70,9 @@ class HistoricSync:
         self.recovery = recovery
         self.own_held = own_held
         self.own_reads = own_reads
-        # ``Descendants.members_of_roots`` (set by the manager): the members known of the roots
-        # a batch asks for are watched on its relay too
-        self.members_of_roots = lambda state, roots: None
+        # ``Descendants.members_of_roots``: the members known of the roots a batch asks for
+        # are watched on its relay too
+        self.members_of_roots = members_of_roots
         self.delivery = delivery
         self.own_relay_down = own_relay_down
         self.request_served = request_served
