@@ -746,6 +746,16 @@ def test_a_rate_limited_relay_retired_and_readmitted_waits_out_its_cooldown():
     assert t.should_attempt_connection(R, 10 + H)
 
 
+def test_a_relay_retired_in_a_row_of_cooldowns_goes_on_with_the_row_when_readmitted():
+    t = tracker()
+    t.record_rate_limited(R, 0)
+    t.record_rate_limited(R, 70)  # the first request after the cooldown, refused: 130 s
+    t.retire(R, 80)
+    t.readmit(R, 90)
+    t.record_rate_limited(R, 205)  # refused again at the first request after it
+    assert t.cooldown_remaining(R, 205) == 260
+
+
 def test_a_failing_relay_keeps_its_backoff_and_dead_clock_through_retirement():
     t = tracker()
     fail(t, 0, times=6)  # a 160 s wait

@@ -231,6 +231,8 @@ def test_whatever_changes_a_relays_record_changes_its_key():
                 lambda: state.paused.due_probes(NOW + 10 ** 6),  # probing now: saved as due at once
                 lambda: health.record_failure(URL, NOW), lambda: health.record_failure(URL, NOW + 5),
                 lambda: health.record_rate_limited(URL, NOW + 6),
+                lambda: health.is_rate_limited(URL, NOW + 100),  # over: probing, ended at NOW + 71
+                lambda: health.record_rate_limited(URL, NOW + 101),  # refused again: one more in the row
                 lambda: (health.record_success(URL, NOW + 7), health.record_disconnect(URL, NOW + 8, misbehaved=True))]
     key, record = now_()
     for i, change in enumerate(changes):
@@ -267,6 +269,35 @@ def test_a_relays_memory_round_trips_through_json():
     assert edited.start_interval(URL, NOW) == 1.0 and not edited.is_rate_limited(URL, NOW)
     edited.restore(URL, dict(saved_health, learned_gap=1e9))  # (at most the reactive gate's most)
     assert edited.start_interval(URL, NOW) == constants.REACTIVE_GATE_MAX_SECS
+
+
+def test_a_row_of_cooldowns_goes_on_across_a_restart():
+    """A relay limiting for minutes refuses the first request after each cooldown, and each
+    cooldown of the row is twice the last (65, 130, 260 s): a restart in the middle of the
+    row goes on with it, not at 65 s again (one more refused request a minute)."""
+    health = RelayHealthTracker()
+    now = NOW
+    health.record_rate_limited(URL, now)
+    for _ in range(2):
+        now += health.cooldown_remaining(URL, now) + 5
+        health.record_rate_limited(URL, now)
+    assert health.cooldown_remaining(URL, now) == 260
+    now += 265  # over, probing: saved so, then a restart
+    assert not health.is_rate_limited(URL, now)
+    record = json.loads(json.dumps(memory.relay_memory(RelayState(URL), health.snapshot(URL, memory.HEALTH_FIELDS))))
+    restored = RelayHealthTracker()
+    restored.restore(URL, memory.restore_relay(RelayState(URL), record, saved_at=now))
+    restored.record_rate_limited(URL, now + 10)  # the first request after the restart, refused
+    assert restored.cooldown_remaining(URL, now + 10) == 520
+    fresh = RelayHealthTracker()  # (a row never saved began again)
+    fresh.restore(URL, dict(record["health"], cooldowns_in_a_row=None, probing=None))
+    fresh.record_rate_limited(URL, now + 10)
+    assert fresh.cooldown_remaining(URL, now + 10) == 65
+    for junk in ("3", True, -2, 1.5, [1]):  # a record edited by hand: that count forgotten
+        edited = RelayHealthTracker()
+        edited.restore(URL, dict(record["health"], cooldowns_in_a_row=junk))
+        edited.record_rate_limited(URL, now + 10)
+        assert edited.cooldown_remaining(URL, now + 10) == 130
 
 
 def test_a_relay_connected_at_the_last_save_was_last_connected_then():

@@ -194,6 +194,12 @@ class _RelayHealth:
 _UNKNOWN = _RelayHealth()  # the record of a relay not tracked (read, never written)
 
 
+def _small_count(value) -> int:
+    """A saved count of cooldowns in a row, as the doubling reads it (past 16 it changes
+    nothing); anything else, a record edited by hand, is none."""
+    return min(value, 16) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 class RelayHealthTracker:
     def __init__(
         self,
@@ -247,6 +253,7 @@ class RelayHealthTracker:
             failures=h.failures, first_failure_at=h.first_failure_at, last_failure_at=h.last_failure_at,
             misbehaviour_streak=h.misbehaviour_streak, parked_until=h.parked_until,
             parked_reason=h.parked_reason, cooldown_until=h.cooldown_until, probing=h.probing,
+            cooldowns_in_a_row=h.cooldowns_in_a_row, cooldown_ended_at=h.cooldown_ended_at,
         )
         until = max(now + DEAD_RETRY_SECS, h.cooldown_until or 0.0, h.parked_until or 0.0)
         self._retired[relay] = (until, kept, now, self._is_dead(h, now))
@@ -288,7 +295,8 @@ class RelayHealthTracker:
         h = self._get(relay)
         h.failures = int(saved.get("failures") or 0)
         h.misbehaviour_streak = int(saved.get("misbehaviour_streak") or 0)
-        for name in ("first_failure_at", "last_failure_at", "cooldown_until", "learned_gap", "learned_at"):
+        for name in ("first_failure_at", "last_failure_at", "cooldown_until", "learned_gap", "learned_at",
+                     "cooldown_ended_at"):
             value = saved.get(name)
             try:
                 setattr(h, name, None if value is None else float(value))
@@ -296,6 +304,10 @@ class RelayHealthTracker:
                 setattr(h, name, None)  # (a record edited by hand: that field forgotten)
         if h.learned_gap is not None:
             h.learned_gap = min(max(h.learned_gap, 0.0), REACTIVE_GATE_MAX_SECS)
+        # a row of cooldowns goes on where it was (a deploy in the middle of a relay's limit of
+        # minutes began it again at 65 s: one more refused request a minute)
+        h.cooldowns_in_a_row = _small_count(saved.get("cooldowns_in_a_row"))
+        h.probing = saved.get("probing") is True
         if not h.failures:
             h.first_failure_at = h.last_failure_at = None
 

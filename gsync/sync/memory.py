@@ -26,7 +26,8 @@ from .targets import ConfirmedItems
 MEMORY_VERSION = 1  # of one record; a record of another version is ignored (fresh start)
 # The health fields that outlive a connection (sync.health._RelayHealth).
 HEALTH_FIELDS = ("failures", "first_failure_at", "last_failure_at", "misbehaviour_streak",
-                 "cooldown_until", "learned_gap", "learned_at")
+                 "cooldown_until", "learned_gap", "learned_at",
+                 "cooldowns_in_a_row", "cooldown_ended_at", "probing")
 ROOT_LEVEL = 0  # a confirmed row for a root event; repositories store their SyncLevel's value
 _LEVELS = {1: SyncLevel.STATE_ONLY, 2: SyncLevel.FULL}
 _LEVEL_VALUES = {SyncLevel.STATE_ONLY: 1, SyncLevel.FULL: 2}
