@@ -569,6 +569,17 @@ class Checker:
             return  # the same REQ again (after AUTH): not a new start
         started.add(sub_id)  # (added to, not copied: a long session's starts were quadratic)
         now = self.sim.clock.now
+        deferred = getattr(conn, "neg_started_at", None)
+        if deferred is not None and text.startswith('["NEG-OPEN"'):
+            # an exchange that waited for a relay to read our AUTH (``Simulation.exchange``):
+            # gsync started it when it spawned it, which is what its gate spaced
+            near = [t for t in conn.starts if abs(deferred - t) < gate - 1e-3]
+            if near:
+                self.violation("gate", f"{conn.relay} {abs(deferred - near[-1]):.3f}s from another start: {text[:120]}")
+            conn.starts.append(deferred)
+            conn.starts.sort()
+            del conn.starts[:-2]
+            return
         if conn.starts and now - conn.starts[-1] < gate - 1e-3:
             self.violation("gate", f"{conn.relay} {now - conn.starts[-1]:.3f}s after the last start: {text[:120]}")
         conn.starts.append(now)

@@ -134,6 +134,9 @@ class SimOptions:
 # A relay limiting its sessions' queries (REQ, NEG-OPEN): a burst of 20, then one every 2 s
 # (``SimOptions.query_limits``; PEERS.md: LocalRelay closes a connection's REQs past its own)
 QUERY_LIMIT = (20, 2.0)
+# How many round trips an exchange waits at most for a relay to read our AUTH (a session
+# without an answer to its challenge by then is refused, as a relay would refuse it)
+EXCHANGE_AUTH_DEFERRALS = 5
 
 # The world's shares and rates a bench/simulate flag sets, each drawn from a generator of its
 # own (0: the world of before it): (SimOptions field, flag)
@@ -216,6 +219,8 @@ class Spawned:
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.killed = False
         self.dead_callbacks: list = []  # each takes the exception it died of
+        self.deferred = 0  # times an exchange waited for our AUTH to be read (``Simulation.exchange``)
+        self.started_at: float | None = None  # when it first would have run, had it not waited
 
 
 class SimWs:
@@ -238,6 +243,7 @@ class SimConnection(RelayConnection):
         self.gen = sim.gen
         self.last_arrival = 0.0
         self.starts: list[float] = []  # when each background start went (politeness)
+        self.neg_started_at: float | None = None  # an exchange that waited for our AUTH: when it began
 
     def start(self) -> None:
         pass
@@ -716,8 +722,22 @@ class Simulation:
         conn = g.args[0]
         if g.killed or conn.closed:
             return
+        relay = self.relays[conn.relay]
+        latency = relay.latency
+        if self._before_auth(conn, relay) and g.deferred < EXCHANGE_AUTH_DEFERRALS:
+            # The exchange runs at once, ahead of the frames in flight; a relay asking for
+            # AUTH at connect would refuse it before gsync read the challenge, which TCP's order
+            # never lets happen (NIP-77 was off for a day on every such relay). It starts once
+            # the challenge came and our AUTH was read (a round trip), as the relay would
+            # answer a NEG-OPEN sent again after the AUTH.
+            if not g.deferred:
+                g.started_at = self.clock.now
+            g.deferred += 1
+            when = max(self.clock.now, conn.last_arrival) + 2 * latency + 0.001
+            self.at(when, self.exchange, g, gen=self.gen)
+            return
         self.exchanging = conn
-        latency = self.relays[conn.relay].latency
+        conn.neg_started_at = g.started_at  # (the gate's checker: when gsync started it)
 
         def post(msg) -> None:  # the answer after the rounds' round trips
             rounds = max(1, getattr(msg.result, "rounds", 1))
@@ -734,8 +754,16 @@ class Simulation:
                 callback(exc)
         finally:
             self.exchanging = None
+            conn.neg_started_at = None
 
     exchanging = None
+
+    def _before_auth(self, conn: SimConnection, relay: SimRelay) -> bool:
+        """``relay`` asks for AUTH, has not read ours yet on ``conn``'s session, and gsync
+        will send it (it has a key and the relay did not refuse it)."""
+        session = relay.sessions.get(conn.number)
+        return (relay.auth_required and session is not None and not session.authed
+                and bool(conn._auth_secret) and not conn._auth_refused)
 
     # -- the self-subscription ----------------------------------------------------------
 
