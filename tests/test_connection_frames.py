@@ -312,8 +312,79 @@ def test_a_neg_open_refused_for_auth_is_sent_again_after_our_auth_once(refusal):
     assert [m[0] for m in out] == ["NEG-OPEN", "AUTH", "NEG-OPEN"]  # our AUTH goes first
     assert out[2] == json.loads(opening)
     assert inbox.empty()  # the exchange waits for the answer to the one sent again
-    conn._handle_frame(frame(*refusal))  # refused again: that is the exchange's answer
+    conn._handle_frame(frame("OK", conn._auth_event_id, True, ""))
+    conn._handle_frame(frame(*refusal))  # (sent before the OK: perhaps read before it took our AUTH)
+    assert _sent(conn) == [json.loads(opening)] and inbox.empty()
+    conn._handle_frame(frame(*refusal))  # refused again after it took our AUTH: the exchange's answer
     assert _sent(conn) == [] and inbox.qsize() == 1
+
+
+# khatru (the Go relay framework many relays are built on) challenges only with a refusal
+# (its AUTH frame comes with each one) and reads each message in a goroutine of its own: the
+# REQ or NEG-OPEN sent again just after our AUTH is read while the AUTH's signature is still
+# being checked, and refused auth-required again; its OK to our AUTH follows.
+
+
+def test_a_req_refused_again_before_the_relay_took_our_auth_goes_once_more_when_it_does():
+    conn = _keyed_with_reqs("h1", "h2")
+    for sub_id in ("h1", "h2"):  # (a challenge with each refusal, the same one)
+        conn._handle_frame(frame("AUTH", "challenge-1"))
+        conn._handle_frame(frame("CLOSED", sub_id, "auth-required: authenticate first"))
+    assert [m[0] for m in _sent(conn)] == ["REQ", "REQ", "AUTH", "REQ", "REQ"]
+    conn._handle_frame(frame("AUTH", "challenge-1"))
+    conn._handle_frame(frame("CLOSED", "h1", "auth-required: authenticate first"))  # read before it took our AUTH
+    assert _sent(conn) == [] and _closed_posted(conn) == []  # held for its answer to our AUTH
+    conn._handle_frame(frame("OK", conn._auth_event_id, True, ""))
+    assert [(m[0], m[1]) for m in _sent(conn)] == [("REQ", "h1")]
+    conn._handle_frame(frame("CLOSED", "h2", "auth-required: authenticate first"))  # read before it too
+    assert [(m[0], m[1]) for m in _sent(conn)] == [("REQ", "h2")]  # at once: the OK came
+    conn._handle_frame(frame("CLOSED", "h1", "auth-required: authenticate first"))
+    assert _closed_posted(conn) == [("h1", "authenticate first")] and _sent(conn) == []  # final now
+
+
+def test_a_req_refused_again_after_the_relay_took_our_auth_or_restricted_is_final():
+    conn = _keyed_with_reqs("h1", "h2")
+    conn._handle_frame(frame("AUTH", "challenge-1"))
+    conn._handle_frame(frame("OK", conn._auth_event_id, True, ""))
+    conn._handle_frame(frame("CLOSED", "h1", "auth-required: authenticate first"))
+    conn._handle_frame(frame("CLOSED", "h2", "auth-required: authenticate first"))
+    assert [m[0] for m in _sent(conn)] == ["REQ", "REQ", "AUTH", "REQ", "REQ"]
+    conn._handle_frame(frame("CLOSED", "h1", "auth-required: authenticate first"))
+    assert _closed_posted(conn) == [("h1", "authenticate first")]  # sent after the OK: final
+    other = _keyed_with_reqs("h1")
+    other._handle_frame(frame("AUTH", "challenge-1"))
+    other._handle_frame(frame("CLOSED", "h1", "auth-required: authenticate first"))
+    other._handle_frame(frame("CLOSED", "h1", "restricted: not a member"))  # allowed no more: final
+    assert _closed_posted(other) == [("h1", "not a member")]
+
+
+def test_a_refusal_held_for_our_auths_answer_is_told_when_the_relay_refuses_our_auth():
+    conn = _keyed_with_reqs("h1")
+    inbox, _ = exchange_opened(conn)
+    conn._handle_frame(frame("AUTH", "challenge-1"))
+    conn._handle_frame(frame("CLOSED", "h1", "auth-required: authenticate first"))
+    conn._handle_frame(frame("NEG-ERR", "neg1-7", "auth-required: authenticate first"))
+    conn._handle_frame(frame("CLOSED", "h1", "auth-required: authenticate first"))
+    conn._handle_frame(frame("NEG-ERR", "neg1-7", "auth-required: authenticate first"))
+    assert _closed_posted(conn) == [] and inbox.empty()
+    conn._handle_frame(frame("OK", conn._auth_event_id, False, "restricted: not a member"))
+    assert _closed_posted(conn) == [("h1", "authenticate first")] and inbox.qsize() == 1
+
+
+def test_a_neg_open_refused_again_before_the_relay_took_our_auth_goes_once_more_when_it_does():
+    conn = keyed_session()
+    inbox, opening = exchange_opened(conn)
+    conn._handle_frame(frame("AUTH", "challenge-1"))
+    conn._handle_frame(frame("NEG-ERR", "neg1-7", "auth-required: you must auth"))
+    assert [m[0] for m in _sent(conn)] == ["NEG-OPEN", "AUTH", "NEG-OPEN"]
+    conn._handle_frame(frame("NEG-ERR", "neg1-7", "auth-required: you must auth"))
+    assert _sent(conn) == [] and inbox.empty()  # held for its answer to our AUTH
+    conn._handle_frame(frame("OK", conn._auth_event_id, True, ""))
+    assert _sent(conn) == [json.loads(opening)] and inbox.empty()
+    conn._handle_frame(frame("NEG-MSG", "neg1-7", "61"))
+    assert inbox.qsize() == 1  # the exchange goes on
+    conn.end_negentropy("neg1-7")
+    assert not (conn._neg_resent or conn._held_for_auth or conn._neg_opens)
 
 
 def test_a_neg_open_answered_is_never_sent_again_and_an_exchange_ended_leaves_nothing():

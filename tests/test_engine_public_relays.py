@@ -565,6 +565,49 @@ def test_reqs_refused_for_auth_in_a_notice_alone_go_again_and_live_events_arrive
     assert not events_named(gsync, "coverage_paused")
 
 
+def test_a_relay_reading_each_message_apart_that_refuses_what_came_before_it_took_our_auth(
+        relay_factory, gsync_factory, scripted, tmp_path):
+    """khatru's way (the Go framework many relays are built on): no challenge at connect; each
+    REQ refused for want of AUTH gets the challenge and ``CLOSED auth-required:``; and each
+    message is read in a goroutine of its own, so our AUTH takes effect (its signature
+    checked) a moment after the REQs sent just after it are read and refused again; then the
+    OK. Those REQs go once more on the OK: history arrives, the live REQs are open, nothing is
+    paused (they were final at their second refusal: layer 1's live REQ and the history
+    paused for a day)."""
+    import threading
+
+    from .test_engine_policies import _key_file
+
+    def goroutines(relay, conn, message):
+        if not isinstance(message, list) or not message:
+            return None
+        if message[0] == "AUTH":
+            def taken():
+                conn.authed = True
+                conn.send("OK", message[1].get("id", ""), True, "")
+            threading.Timer(0.3, taken).start()
+            return []
+        if message[0] in ("REQ", "NEG-OPEN") and not getattr(conn, "authed", False):
+            refusal = "CLOSED" if message[0] == "REQ" else "NEG-ERR"
+            return [["AUTH", f"challenge-{conn.id}"], [refusal, message[1], "auth-required: authenticate first"]]
+        return None
+
+    own, remote, repo, bugs = scripted_repository(relay_factory, scripted, "auth-goroutines", 3,
+                                                  on_message=goroutines, negentropy="serve")
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], extra={"auth": {"key_file": _key_file(tmp_path)}})
+    assert_arrives(own, bugs, timeout=20, what="history from a relay taking our AUTH late")
+    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=20,
+               what="historic sync complete")
+    sent = [m[1][1] for m in remote.received if m[1][0] in ("REQ", "NEG-OPEN")]
+    assert max(sent.count(s) for s in sent) >= 3  # before our AUTH, after it, after its OK
+    live = f.issue(bob, repo, subject="live", created_at=int(time.time()))
+    remote.broadcast(live)
+    assert_arrives(own, [live], timeout=10, what="a live event")
+    assert not events_named(gsync, "coverage_paused")
+    assert events_named(gsync, "sent_again_once_authed", remote.url)
+
+
 def test_a_live_subscription_the_relay_closes_is_rebuilt(relay_factory, gsync_factory, scripted):
     """A relay ends a live subscription for its own reasons (``error:``): gsync opens its
     replacement from the current index, and live events for that coverage arrive again."""

@@ -101,7 +101,17 @@ class RelayConnection:
         self._answered: str | None = None  # the challenge our last AUTH answered
         self._auth_event_id: str | None = None
         self._auth_refused = False  # the relay said OK false to our AUTH
+        self._auth_taken = False  # the relay said OK true to our AUTH
         self._auth_retried: set[str] = set()
+        # Sent again after our AUTH before the relay said OK to it (REQs, NEG-OPENs): a relay
+        # reading each message in a task of its own (khatru) may read one of them before it
+        # took our AUTH and refuse it ``auth-required:`` again. Such a refusal is not final:
+        # sent again once more when the OK comes (``_held_for_auth``, what waits for it), or at
+        # once if it came. Entries last the session (a few at a connect).
+        self._auth_unconfirmed: set[str] = set()
+        self._held_for_auth: dict[str, tuple] = {}  # sub id → ("req", CLOSED) or ("neg", NEG-OPEN, frame)
+        # exchanges whose NEG-OPEN went again after our AUTH, until the relay answers it
+        self._neg_resent: dict[str, str] = {}
         # what the relay read before our AUTH and has not answered (REQs, NEG-OPENs), for a
         # relay that refuses them in a NOTICE ``auth-required:`` alone (``_auth_notice``);
         # such NOTICEs still to come for what went again, and those come before our AUTH
@@ -164,6 +174,8 @@ class RelayConnection:
     def end_negentropy(self, sub_id: str) -> None:
         self.neg_waiters.pop(sub_id, None)
         self._neg_opens.pop(sub_id, None)
+        self._neg_resent.pop(sub_id, None)
+        self._held_for_auth.pop(sub_id, None)
 
     def unsubscribe(self, sub_id: str) -> None:
         """CLOSE it; its late events are still read until the relay's CLOSED (``_closing``:
@@ -341,7 +353,7 @@ class RelayConnection:
         if isinstance(msg, (wire.NegMsg, wire.NegErr)) or (isinstance(msg, wire.Closed)
                                                            and msg.sub_id in self.neg_waiters):
             # (a CLOSED naming an exchange: some relays end NIP-77 as they end a REQ)
-            if not self._reopened_after_auth(msg):
+            if not self._reopened_after_auth(msg, data):
                 self._to_negentropy([self.neg_waiters.get(msg.sub_id)], data)
             return
         if isinstance(msg, wire.Notice) and self._auth_notice(msg):
@@ -398,6 +410,14 @@ class RelayConnection:
             self._auth_refused = True
             log.warning("relay_auth_refused", relay=self.relay,
                         reason=f"{msg.prefix.value}: {msg.text}"[:200])
+        else:
+            self._auth_taken = True
+        held, self._held_for_auth = self._held_for_auth, {}
+        for sub_id, what in held.items():
+            if msg.accepted:
+                self._send_held(sub_id, what)
+            else:  # refused for want of an AUTH the relay will not take: final
+                self._pass_on_refusal(sub_id, what)
         self._emit(RemoteMessage(self.relay, self.session, msg))  # it may say "slow down"
 
     def _ended_here(self, msg) -> bool:
@@ -409,7 +429,7 @@ class RelayConnection:
         91's year, day 204.95, its policy refusal was dropped as an echo of the old end)."""
         if msg.sub_id in self.subscriptions:
             return (isinstance(msg, wire.Closed) and self._for_want_of_auth(msg.prefix, msg.sub_id)
-                    and self._retry_after_auth(msg.sub_id))
+                    and self._retry_after_auth(msg))
         if msg.sub_id in self._closing:
             if isinstance(msg, wire.Closed):
                 self._ended.add(msg.sub_id, *self._closing.pop(msg.sub_id))  # the answer to our own CLOSE
@@ -422,14 +442,20 @@ class RelayConnection:
         self._drop("unknown_subscription")
         return True
 
-    def _reopened_after_auth(self, msg) -> bool:
+    def _reopened_after_auth(self, msg, data: bytes) -> bool:
         """The relay's first answer to an exchange's NEG-OPEN refuses it ``auth-required:``
         (NEG-ERR, or CLOSED naming it): with a key, authenticate and send the NEG-OPEN again,
         once, as a refused REQ is (``_retry_after_auth``); the exchange does not hear the
         refusal and waits for the answer, within its own deadline. A relay that read our
         NEG-OPEN before our AUTH would otherwise have NIP-77 turned off for the session. False
         (the exchange hears it: a refusal, REQ pages then) without a key or a challenge, once
-        the relay refused our AUTH, or the second time."""
+        the relay refused our AUTH, or the second time (unless the relay may have read it
+        before it took our AUTH: ``_again_once_taken``)."""
+        resent = self._neg_resent.pop(msg.sub_id, None)
+        if resent is not None:  # the answer to the one sent again
+            if isinstance(msg, wire.NegMsg) or msg.prefix is not wire.Prefix.AUTH_REQUIRED:
+                return False
+            return not self._auth_refused and self._again_once_taken(msg.sub_id, ("neg", resent, data))
         opening = self._neg_opens.get(msg.sub_id)
         if opening is None:
             return False
@@ -441,7 +467,49 @@ class RelayConnection:
         log.debug("negentropy_sent_again_after_auth", relay=self.relay, sub_id=msg.sub_id)
         self._answer_challenge()
         self.send(opening)
+        self._neg_resent[msg.sub_id] = opening
+        if not self._auth_taken:
+            self._auth_unconfirmed.add(msg.sub_id)
         return True
+
+    def _again_once_taken(self, sub_id: str, what: tuple) -> bool:
+        """``sub_id``, sent again after our AUTH, is refused for want of it again. Sent before
+        the relay said OK to our AUTH, it may have been read before the relay took it (khatru
+        reads each message in a task of its own: the AUTH's signature is still being checked
+        when the REQ after it is refused): it goes once more, when the OK comes (at once if it
+        came). Sent after the OK, the refusal is final (False)."""
+        if sub_id not in self._auth_unconfirmed:
+            return False
+        self._auth_unconfirmed.discard(sub_id)
+        if self._auth_taken:
+            self._send_held(sub_id, what)
+        else:
+            self._held_for_auth[sub_id] = what
+        return True
+
+    def _send_held(self, sub_id: str, what: tuple) -> None:
+        """Send again what was refused before the relay took our AUTH, if still wanted."""
+        if what[0] == "req":
+            filters = self.subscriptions.get(sub_id)
+            if filters is None:
+                return  # (closed by us meanwhile)
+            self._unanswered.pop(sub_id, None)
+            self._unanswered[sub_id] = time.monotonic()
+            self.send(wire.req(sub_id, filters.filters))
+        elif sub_id in self.neg_waiters:
+            self.send(what[1])
+        else:
+            return
+        log.debug("sent_again_once_authed", relay=self.relay, sub_id=sub_id)
+
+    def _pass_on_refusal(self, sub_id: str, what: tuple) -> None:
+        """The refusal held for our AUTH's answer, told now (the relay refused our AUTH)."""
+        if what[0] == "req":
+            if sub_id in self.subscriptions:
+                self.book.relay_closed(sub_id)
+                self._emit(RemoteMessage(self.relay, self.session, what[1]))
+        else:
+            self._to_negentropy([self.neg_waiters.get(sub_id)], what[2])
 
     def _to_negentropy(self, inboxes, data: bytes) -> None:
         """Hand a raw frame to NIP-77 exchanges (negentropy_ws parses and judges it): a
@@ -685,17 +753,23 @@ class RelayConnection:
         self._unanswered.pop(sub_id, None)
         self._unanswered[sub_id] = time.monotonic()
         self.send(wire.req(sub_id, filters.filters))
+        if not self._auth_taken:
+            self._auth_unconfirmed.add(sub_id)
         return True
 
-    def _retry_after_auth(self, sub_id: str) -> bool:
+    def _retry_after_auth(self, msg: wire.Closed) -> bool:
         """A REQ refused with ``auth-required:``: with a key, authenticate (if the challenge
         is not answered yet) and send it again, once; the AUTH goes out first, so the relay
         reads it first. False — the manager hears the refusal, a policy refusal — without
-        a key or a challenge, once the relay refused our AUTH, or the second time."""
+        a key or a challenge, once the relay refused our AUTH, or the second time (unless
+        the relay may have read it before it took our AUTH: ``_again_once_taken``)."""
+        sub_id = msg.sub_id
         if not (self._auth_secret and self._challenge and sub_id in self.subscriptions):
             return False
-        if self._auth_refused or sub_id in self._auth_retried:
+        if self._auth_refused:
             return False
+        if sub_id in self._auth_retried:  # (``restricted:`` after our AUTH: not allowed, final)
+            return msg.prefix is wire.Prefix.AUTH_REQUIRED and self._again_once_taken(sub_id, ("req", msg))
         self._answer_challenge()
         return self._resend_req(sub_id)
 
