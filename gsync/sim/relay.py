@@ -198,6 +198,10 @@ def _newest_first(event: Event) -> tuple:
     return (-event.created_at, event.id)
 
 
+# ``SimRelay.auth_late``: how long after an AUTH is read it takes effect (khatru checks its
+# signature in a goroutine while the messages after it are read)
+AUTH_TAKES_SECS = 0.005
+
 @dataclass
 class RelaySession:
     """One websocket session, as the relay sees it."""
@@ -207,6 +211,7 @@ class RelaySession:
     negs: dict = field(default_factory=dict)  # sub id -> NegentropyServer
     challenge: str = ""
     authed: bool = False
+    authed_at: float | None = None  # (``SimRelay.auth_late``) when our AUTH takes effect
     queries: tuple[float, float] | None = None  # SimRelay.query_limit's bucket (take_token)
 
 
@@ -425,6 +430,11 @@ class SimRelay:
         # requiring AUTH, refuses what it read before it "restricted: permission denied", not
         # "auth-required:" as NIP-42 says (nostr_relay)
         self.auth_restricted = False
+        # requiring AUTH, as khatru does: no challenge at connect, one with each refusal for want
+        # of AUTH (before its CLOSED or NEG-ERR), and each message read in a goroutine of its own,
+        # so an AUTH takes effect ``AUTH_TAKES_SECS`` after it is read (its signature checked):
+        # what is read meanwhile, the REQs sent just after it, is refused again
+        self.auth_late = False
         # (burst, seconds a query): REQs and NEG-OPENs of one session past a token bucket are
         # refused "rate-limited:" (PEERS.md: LocalRelay's per-connection query limit), for good
         self.query_limit: tuple[int, float] | None = None
@@ -457,8 +467,21 @@ class SimRelay:
         session = self.sessions[number] = RelaySession(number)
         if self.auth_required:
             session.challenge = f"challenge-{number}"
-            return [json.dumps(["AUTH", session.challenge])]
+            if not self.auth_late:
+                return [json.dumps(["AUTH", session.challenge])]
         return []
+
+    def authed(self, session: RelaySession) -> bool:
+        """``session`` authenticated (``auth_late``: and the AUTH taken by now)."""
+        if not session.authed and session.authed_at is not None and self.now >= session.authed_at:
+            session.authed = True
+        return session.authed
+
+    def _challenged(self, session: RelaySession, frames: list[str], refused: str) -> list[str]:
+        """A refusal's frames: ``auth_late`` sends the challenge first with each for want of AUTH."""
+        if self.auth_late and refused.startswith("auth-required:"):
+            return [json.dumps(["AUTH", session.challenge]), *frames]
+        return frames
 
     def close_session(self, number: int) -> None:
         self.sessions.pop(number, None)
@@ -506,11 +529,15 @@ class SimRelay:
             return [json.dumps(["OK", raw.get("id", "") if isinstance(raw, dict) else "", False, f"invalid: {exc}"])]
         challenge = event.first_tag_value("challenge")
         ok = event.kind == 22242 and session.challenge and challenge == session.challenge
-        session.authed = session.authed or bool(ok)
+        if ok and self.auth_late and not session.authed:
+            if session.authed_at is None:
+                session.authed_at = self.now + AUTH_TAKES_SECS
+        else:
+            session.authed = session.authed or bool(ok)
         return [json.dumps(["OK", event.id, bool(ok), "" if ok else "invalid: wrong challenge"])]
 
     def refusal(self, session: RelaySession, filters: list[Filter]) -> str | None:
-        if self.auth_required and not session.authed:
+        if self.auth_required and not self.authed(session):
             return "restricted: permission denied" if self.auth_restricted else "auth-required: authenticate first"
         if self.now < self.rate_limited_until:
             return "rate-limited: slow down"
@@ -543,7 +570,7 @@ class SimRelay:
         refused = self.refusal(session, filters)
         if refused:
             session.subs.pop(sub_id, None)
-            return [self._refused(sub_id, refused)]
+            return self._challenged(session, [self._refused(sub_id, refused)], refused)
         session.subs[sub_id] = filters
         head = '["EVENT",' + _json_string(sub_id) + ","  # (_event_frame's start, made once per REQ)
         frames = [head + e.to_json() + "]" for e in self.answer(filters)]
@@ -603,7 +630,7 @@ class SimRelay:
             return [json.dumps(["NEG-ERR", sub_id, f"invalid: {exc}"])]
         refused = self.refusal(session, [flt])
         if refused:
-            return [json.dumps(["NEG-ERR", sub_id, refused])]
+            return self._challenged(session, [json.dumps(["NEG-ERR", sub_id, refused])], refused)
         size, storage = self.store.storage(self.as_read(flt).replace(limit=None))
         if self.max_sync_events is not None and size > self.max_sync_events:
             return [json.dumps(["NEG-ERR", sub_id, "blocked: too many query results"])]

@@ -115,6 +115,9 @@ class SimOptions:
     # of the relays requiring AUTH, the share refusing what they read before it
     # "restricted: permission denied" (nostr_relay), not "auth-required:"
     auth_restricted: float = 0.0
+    # of the relays requiring AUTH, the share doing it as khatru does (``SimRelay.auth_late``):
+    # a challenge with each refusal only, and our AUTH taken a moment after what follows it
+    auth_late: float = 0.0
     # the share of publications followed by a reply tagging only a thread member (a kind-1
     # reply or a reaction to a comment), sent to some of its repository's relays, not the
     # own relay: gsync finds it by the member's id (SPEC §3, direct-member descendants)
@@ -158,6 +161,7 @@ WORLD_SHARES = (
     ("notice_refusals", "--notice-refusals"),
     ("notice_names", "--notice-names"),
     ("auth_restricted", "--auth-restricted"),
+    ("auth_late", "--auth-late"),
     ("member_replies", "--member-replies"),
     ("own_full", "--own-full"),
     ("own_readonly", "--own-readonly"),
@@ -449,6 +453,8 @@ class Simulation:
         relay.notice_names = relay.notice_refusals and random.Random(f"{o.seed}:{url}:names").random() < o.notice_names
         relay.auth_restricted = (relay.auth_required
                                  and random.Random(f"{o.seed}:{url}:auth-words").random() < o.auth_restricted)
+        relay.auth_late = (relay.auth_required and not relay.auth_restricted
+                           and random.Random(f"{o.seed}:{url}:auth-late").random() < o.auth_late)
         return relay
 
     # -- the heap -----------------------------------------------------------------------
@@ -762,7 +768,8 @@ class Simulation:
         """``relay`` asks for AUTH, has not read ours yet on ``conn``'s session, and gsync
         will send it (it has a key and the relay did not refuse it)."""
         session = relay.sessions.get(conn.number)
-        return (relay.auth_required and session is not None and not session.authed
+        relay.now = self.clock.now
+        return (relay.auth_required and session is not None and not relay.authed(session)
                 and bool(conn._auth_secret) and not conn._auth_refused)
 
     # -- the self-subscription ----------------------------------------------------------
