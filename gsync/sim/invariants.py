@@ -11,6 +11,9 @@ with the simulated day it happened and what broke.
   the own relay (a comment: its root there for an hour too; an announcement: unless older
   than the newest of its repository the running gsync was shown); not on a relay dead to
   gsync in the 26 h before (``neglected_relay``'s leave).
+- ``unexplained_pause``: a shape gsync holds paused on a relay (a policy refusal) none of
+  whose tags that relay ever refused ``blocked:`` (the one policy simulated relays have): a
+  refusal for want of an AUTH the relay takes, or anything else, taken as policy.
 - ``gate``: two background starts (a historic REQ, a NEG-OPEN) on one connection closer
   than the configured gate.
 - ``dial_storm``: more than 30 handshakes to one relay within an hour (3 more for each time
@@ -101,6 +104,7 @@ from .. import constants
 from ..io.inbox import OwnEvents, RemoteEvents
 from ..io.manager.live import live_groups_with_room
 from ..ops import metrics
+from ..sync.policy import describe
 from ..sync.relay_state import ConnectionStatus
 from .relay import all_values, filter_from_json
 from .world import DAY, DOMAIN, START
@@ -177,6 +181,8 @@ class Checker:
         # what the own relay lost (``lifecycle.look_for_lost``)
         self.first_read_at = float("-inf")
         self.refused_at: dict[str, dict[str, list]] = {}  # relay -> tag key -> [read at, asked since, ...]
+        # relay -> every tag key it ever refused by policy (what explains a shape gsync holds paused)
+        self.ever_refused: dict[str, set[str]] = {}
         self.refused_by: dict[tuple[str, str], tuple] = {}  # (relay, tag key) -> _relay_state when read (or reset)
         self.hidden_asks: dict[tuple[str, str], tuple] = {}  # (relay, hidden id) -> (gsync's record of it, asked by id at)
         self.ids_judged: dict[str, float] = {}  # relay -> the ids_unserved_at last checked
@@ -599,6 +605,7 @@ class Checker:
         if frame.startswith(('["CLOSED"', '["NOTICE"')) and '"blocked: #' in frame:  # (--notice-refusals)
             key = frame.split('"blocked: #', 1)[1][:1]
             now = self.sim.clock.now
+            self.ever_refused.setdefault(conn.relay, set()).add(key)
             refused = self.refused_at.setdefault(conn.relay, {})
             started = refused.get(key)
             if started is None or now - started[0] >= constants.POLICY_PROBE_SECS:
@@ -885,6 +892,7 @@ class Checker:
         wanted, _ = self.wanted_relays()
         if m is None:
             return
+        self.unexplained_pauses()
         if now - self.scraped_at >= SCRAPE_SECS:  # a scrape of /metrics: the gauges it sets, checked below
             self.scraped_at = now
             m.update_metrics(now)
@@ -944,6 +952,16 @@ class Checker:
         for name, size, bound in bounds:
             if size > bound:
                 self.violation("table_bound", f"{name}: {size} > {bound}")
+
+    def unexplained_pauses(self) -> None:
+        """Every shape gsync holds paused on a relay (a policy refusal) has a tag that relay
+        refused ``blocked:`` (the only policy of the simulated relays): a pause for anything
+        else, a refusal for want of an AUTH the relay takes, a rate limit, is a bug."""
+        for url, state in self.sim.manager.relays.items():
+            refused = self.ever_refused.get(url, ())
+            for key in state.paused.keys():
+                if not any(name in refused for name in key[1]):
+                    self.violation("unexplained_pause", f"{url} {describe(key)} paused, never refused by policy")
 
     def polled_beside_room(self, m, now: float) -> None:
         """``polled_with_room``, at a sample."""
