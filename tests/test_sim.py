@@ -1253,6 +1253,28 @@ def test_the_model_refuses_in_a_notice_alone_where_told_naming_the_req_or_not():
                           else ["NOTICE", "blocked: #q queries are not allowed here"])
 
 
+def test_the_model_asks_for_auth_as_khatru_does_where_told():
+    """``--auth-late``: no challenge at connect; one before each refusal for want of AUTH; our
+    AUTH answered OK at once but taken a moment later, so what is read with it is refused
+    again, and what comes after is served."""
+    from gsync.io.connection import auth_event
+    from gsync.protocol.event import generate_secret
+    from gsync.sim.relay import AUTH_TAKES_SECS
+
+    relay = SimRelay("wss://m.example", auth_required=True)
+    relay.auth_late = True
+    assert relay.open_session(1) == []
+    challenge, closed = (json.loads(m) for m in relay.handle(1, '["REQ","a",{"kinds":[1]}]'))
+    assert challenge == ["AUTH", "challenge-1"] and closed[:2] == ["CLOSED", "a"]
+    assert closed[2].startswith("auth-required:")
+    auth = auth_event(generate_secret(), relay.url, "challenge-1", 1000)
+    [ok] = (json.loads(m) for m in relay.handle(1, json.dumps(["AUTH", auth.to_dict()])))
+    assert ok[:3] == ["OK", auth.id, True]
+    assert json.loads(relay.handle(1, '["REQ","a",{"kinds":[1]}]')[0]) == ["AUTH", "challenge-1"]
+    relay.now += AUTH_TAKES_SECS
+    assert json.loads(relay.handle(1, '["REQ","a",{"kinds":[1]}]')[-1]) == ["EOSE", "a"]
+
+
 def test_the_model_reads_since_as_exclusive_where_told_stored_and_live():
     """``--since-exclusive``: such a relay serves nothing dated at a filter's ``since``,
     from its store or to a live subscription; any other serves both."""
