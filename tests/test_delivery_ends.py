@@ -103,3 +103,45 @@ def test_events_refused_while_the_own_relay_refused_everything_go_again_once_it_
     publish(remote.url, [fresh])
     assert_arrives(own, [fresh, *issues], timeout=30, what="the issues refused while it refused everything")
     assert any(e["event"] == "refused_released" for e in gsync.log_events())
+
+
+def test_an_own_relay_taking_our_auth_late_stores_every_event_refused_before_it_did(
+        relay_factory, gsync_factory, scripted, tmp_path):
+    """An own relay asking AUTH for writes as khatru does: its challenge with the first
+    refusal, and our AUTH taken a moment after it is read (its signature checked in a
+    goroutine while the EVENTs after it are read and refused ``auth-required:``), then OK.
+    Every EVENT refused before it took our AUTH, the window in flight when the AUTH went and
+    those sent until its OK, goes again: none is refused for good (they were, and waited for
+    the own relay to store something else anew, or for a store probe 10 minutes later)."""
+    from .test_engine_policies import _key_file
+
+    authed: set[int] = set()
+    lock = threading.Lock()
+
+    def writes_after_auth(relay, conn, message):
+        if not isinstance(message, list) or not message:
+            return None
+        if message[0] == "AUTH":
+            def taken():
+                with lock:
+                    authed.add(conn.id)
+                conn.send("OK", message[1].get("id", ""), True, "")
+            threading.Timer(0.3, taken).start()
+            return []
+        if message[0] == "EVENT" and isinstance(message[1], dict):
+            with lock:
+                if conn.id in authed:
+                    return None
+            return [["AUTH", f"challenge-{conn.id}"], ["OK", message[1]["id"], False, "auth-required: sign in"]]
+        return None
+
+    own = scripted(page_size=None, on_message=writes_after_auth)
+    remote = relay_factory()
+    repo = our_announcement(own, [remote], d="writes-after-auth")
+    own.add(repo)
+    issues = [f.issue(bob, repo, content=f"issue {i}") for i in range(40)]
+    publish(remote.url, [repo, *issues])
+    gsync = gsync_factory(own, [remote], extra={"auth": {"key_file": _key_file(tmp_path)}})
+    assert_arrives(own, issues, timeout=20, what="every issue, refused before the own relay took our AUTH")
+    assert gsync.metric("gsync_deliveries_total", outcome="rejected") == 0
+    assert gsync.metric("gsync_deliveries_total", outcome="retry_auth") >= 2

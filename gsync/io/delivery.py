@@ -56,6 +56,9 @@ MAX_RATE_PAUSE_SECS = 30.0
 # While more than half a lane's window is unanswered, its reader pauses this long between
 # reads so that OKs are handled in bursts (a relay writes them one by one as it stores).
 OK_COALESCE_SECS = 0.025
+# An own relay that does not answer our AUTH (nostr_relay sends no OK to it): EVENTs refused
+# auth-required within this long after it went were read before it took it, most likely
+AUTH_SETTLE_SECS = 1.0
 
 
 class _FairQueue:
@@ -120,7 +123,11 @@ class _Lane:
         self.in_flight: dict[str, tuple[Event, float]] = {}
         self.frames = 0
         self.challenge: str | None = None
-        self.authed = False
+        self.authed = False  # our AUTH went on this connection
+        self.auth_id = ""  # its event id, and when it went (the clock's time)
+        self.auth_sent_at = 0.0
+        self.auth_taken_at: float | None = None  # the relay said OK true to it
+        self.auth_refused = False  # ... OK false
         self.paused_until = 0.0
         self.rate_pause = 0.0
         self.wake = gevent.event.Event()
@@ -314,8 +321,8 @@ class OwnRelayDelivery:
             lane.session += 1
             lane.frames = 0
             lane.sent_at = self._clock()
-            lane.authed = False
-            lane.challenge = None
+            lane.authed = lane.auth_refused = False
+            lane.challenge = lane.auth_taken_at = None
             self._lane_up()
             reader = gevent.spawn(self._read_lane, lane, lane.ws, lane.session)
             try:
@@ -425,6 +432,12 @@ class OwnRelayDelivery:
     # -- answers ------------------------------------------------------------------------
 
     def _on_ok(self, lane: _Lane, ok: wire.Ok) -> None:
+        if lane.authed and ok.event_id == lane.auth_id:  # the answer to our AUTH
+            if ok.accepted:
+                lane.auth_taken_at = self._clock()
+            else:
+                lane.auth_refused = True
+            return
         entry = lane.in_flight.pop(ok.event_id, None)
         if len(lane.in_flight) <= self._refill_at:
             lane.wake.set()  # the sender refills only then: waking it earlier is wasted work
@@ -446,8 +459,13 @@ class OwnRelayDelivery:
             if self._auth_secret and lane.challenge and not lane.authed and lane.ws is not None:
                 lane.authed = True
                 auth = auth_event(self._auth_secret, self.url, lane.challenge, int(self._wallclock()))
+                lane.auth_id, lane.auth_sent_at = auth.id, self._clock()
                 lane.ws.send(wire.auth(auth))
                 self._outcome("retry_auth").inc()
+                self._queue.appendleft(event)
+                self._wake_lanes()
+            elif self._auth_secret and lane.authed and self._sent_before_auth_taken(lane, entry[1]):
+                self._outcome("retry_auth").inc()  # read before the relay took our AUTH
                 self._queue.appendleft(event)
                 self._wake_lanes()
             else:  # (no key, or refused after AUTH: a key set or registered later stores it)
@@ -458,6 +476,19 @@ class OwnRelayDelivery:
             self._finish(event, "rejected", f"{ok.prefix.value}: {ok.text}", until_own_stores=True)
         else:
             self._retry_later(event, "retry_error", ok)
+
+    @staticmethod
+    def _sent_before_auth_taken(lane: _Lane, sent_at: float) -> bool:
+        """An EVENT refused ``auth-required:`` on a connection our AUTH went on: was it sent
+        before the relay took that AUTH? Those the window had in flight when the AUTH went
+        were; so, on a relay reading each message apart (khatru), were those sent until it
+        said OK to it (the AUTH's signature still being checked). With no answer to our AUTH,
+        those sent within ``AUTH_SETTLE_SECS`` of it. Sent again, not refused for good."""
+        if lane.auth_refused:
+            return False
+        if lane.auth_taken_at is not None:
+            return sent_at < lane.auth_taken_at
+        return sent_at < lane.auth_sent_at + AUTH_SETTLE_SECS
 
     def _finish(self, event: Event, outcome: str, reason: str, until_own_stores: bool = False) -> None:
         source = self._sources.pop(event.id, "")
