@@ -334,6 +334,7 @@ def test_a_req_refused_again_before_the_relay_took_our_auth_goes_once_more_when_
     conn._handle_frame(frame("AUTH", "challenge-1"))
     conn._handle_frame(frame("CLOSED", "h1", "auth-required: authenticate first"))  # read before it took our AUTH
     assert _sent(conn) == [] and _closed_posted(conn) == []  # held for its answer to our AUTH
+    assert "h1" in conn._unanswered  # (a relay that never says OK to it: the REQ stalls)
     conn._handle_frame(frame("OK", conn._auth_event_id, True, ""))
     assert [(m[0], m[1]) for m in _sent(conn)] == [("REQ", "h1")]
     conn._handle_frame(frame("CLOSED", "h2", "auth-required: authenticate first"))  # read before it too

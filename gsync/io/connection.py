@@ -485,6 +485,8 @@ class RelayConnection:
             self._send_held(sub_id, what)
         else:
             self._held_for_auth[sub_id] = what
+            if what[0] == "req":  # (unanswered still: a relay that never says OK stalls it)
+                self._unanswered[sub_id] = time.monotonic()
         return True
 
     def _send_held(self, sub_id: str, what: tuple) -> None:
@@ -493,9 +495,7 @@ class RelayConnection:
             filters = self.subscriptions.get(sub_id)
             if filters is None:
                 return  # (closed by us meanwhile)
-            self._unanswered.pop(sub_id, None)
-            self._unanswered[sub_id] = time.monotonic()
-            self.send(wire.req(sub_id, filters.filters))
+            self._send_req(sub_id, filters)
         elif sub_id in self.neg_waiters:
             self.send(what[1])
         else:
@@ -750,12 +750,16 @@ class RelayConnection:
         if filters is None or sub_id in self._auth_retried:
             return False
         self._auth_retried.add(sub_id)
-        self._unanswered.pop(sub_id, None)
-        self._unanswered[sub_id] = time.monotonic()
-        self.send(wire.req(sub_id, filters.filters))
+        self._send_req(sub_id, filters)
         if not self._auth_taken:
             self._auth_unconfirmed.add(sub_id)
         return True
+
+    def _send_req(self, sub_id: str, filters) -> None:
+        """Send open REQ ``sub_id`` again as it is: unanswered from now."""
+        self._unanswered.pop(sub_id, None)
+        self._unanswered[sub_id] = time.monotonic()
+        self.send(wire.req(sub_id, filters.filters))
 
     def _retry_after_auth(self, msg: wire.Closed) -> bool:
         """A REQ refused with ``auth-required:``: with a key, authenticate (if the challenge
