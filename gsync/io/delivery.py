@@ -465,9 +465,7 @@ class OwnRelayDelivery:
                 self._queue.appendleft(event)
                 self._wake_lanes()
             elif self._auth_secret and lane.authed and self._sent_before_auth_taken(lane, entry[1]):
-                self._outcome("retry_auth").inc()  # read before the relay took our AUTH
-                self._queue.appendleft(event)
-                self._wake_lanes()
+                self._retry_later(event, "retry_auth", ok)  # read before the relay took our AUTH
             else:  # (no key, or refused after AUTH: a key set or registered later stores it)
                 self._finish(event, "rejected", f"auth-required: {ok.text}", until_own_stores=True)
         elif ok.prefix in FINAL_REFUSALS:
@@ -483,7 +481,8 @@ class OwnRelayDelivery:
         before the relay took that AUTH? Those the window had in flight when the AUTH went
         were; so, on a relay reading each message apart (khatru), were those sent until it
         said OK to it (the AUTH's signature still being checked). With no answer to our AUTH,
-        those sent within ``AUTH_SETTLE_SECS`` of it. Sent again, not refused for good."""
+        those sent within ``AUTH_SETTLE_SECS`` of it. Sent again after a while (half a second
+        first: ``sync.delivery_retry``, its attempts bounded), not refused for good."""
         if lane.auth_refused:
             return False
         if lane.auth_taken_at is not None:
