@@ -343,6 +343,25 @@ def test_a_req_refused_again_before_the_relay_took_our_auth_goes_once_more_when_
     assert _closed_posted(conn) == [("h1", "authenticate first")] and _sent(conn) == []  # final now
 
 
+def test_reqs_refused_again_in_notices_before_the_relay_took_our_auth_go_once_more_when_it_does():
+    """The same told in NOTICEs naming nothing (``_auth_notice``): the REQs sent again after
+    our AUTH and refused so again before the relay's OK go once more on the OK; a NOTICE
+    after that refuses (the newest waiting REQ, as any refusing NOTICE)."""
+    conn = _keyed_with_reqs("h1", "h2")
+    conn._handle_frame(frame("AUTH", "challenge-1"))
+    for _ in range(2):
+        conn._handle_frame(frame("NOTICE", "auth-required: authenticate first"))
+    assert [m[0] for m in _sent(conn)] == ["REQ", "REQ", "AUTH", "REQ", "REQ"]
+    for _ in range(2):  # read before it took our AUTH
+        conn._handle_frame(frame("NOTICE", "auth-required: authenticate first"))
+    assert _sent(conn) == [] and _closed_posted(conn) == []
+    conn._handle_frame(frame("OK", conn._auth_event_id, True, ""))
+    assert sorted(m[1] for m in _sent(conn)) == ["h1", "h2"]
+    conn._handle_frame(frame("EOSE", "h1"))
+    conn._handle_frame(frame("NOTICE", "auth-required: authenticate first"))
+    assert _closed_posted(conn) == [("h2", "authenticate first")]
+
+
 def test_a_req_refused_again_after_the_relay_took_our_auth_or_restricted_is_final():
     conn = _keyed_with_reqs("h1", "h2")
     conn._handle_frame(frame("AUTH", "challenge-1"))

@@ -705,12 +705,25 @@ class RelayConnection:
         elif self._auth_notices_owed > 0:
             self._auth_notices_owed -= 1
         else:
-            sent = self._send_again_after_auth()
+            sent = self._send_again_after_auth() or self._notices_before_auth_taken(msg)
             if not sent:
                 return False
             self._auth_notices_owed = sent - 1
         metrics.NOTICES.labels(prefix.value).inc()
         return True
+
+    def _notices_before_auth_taken(self, msg: wire.Notice) -> int:
+        """An ``auth-required:`` NOTICE after what went again after our AUTH: the relay may
+        have read those REQs before it took our AUTH (``_again_once_taken``, told by NOTICEs
+        naming nothing): the ones sent before its OK and still unanswered go once more, on
+        the OK (at once if it came). How many; 0 (a refusal) when none."""
+        prefix, text = wire.split_prefix(msg.text)
+        if prefix is not wire.Prefix.AUTH_REQUIRED:
+            return 0
+        again = [s for s in self._auth_unconfirmed if s in self._unanswered and s in self.subscriptions]
+        for sub_id in again:
+            self._again_once_taken(sub_id, ("req", wire.Closed(sub_id, prefix, text)))
+        return len(again)
 
     def _for_want_of_auth(self, prefix: wire.Prefix | None, sub_id: str) -> bool:
         """A refusal that our AUTH may answer: ``auth-required:``, or ``restricted:`` for a
