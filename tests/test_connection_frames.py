@@ -391,12 +391,19 @@ def test_a_refusal_held_for_our_auths_answer_is_told_when_the_relay_refuses_our_
     assert _closed_posted(conn) == [("h1", "authenticate first")] and inbox.qsize() == 1
 
 
-def test_a_neg_open_refused_again_before_the_relay_took_our_auth_goes_once_more_when_it_does():
+def exchange_sent_again_after_auth(reason: str):
+    """A keyed session whose exchange's NEG-OPEN the relay refused ``reason`` before our
+    AUTH: sent again after it. (conn, its inbox, the NEG-OPEN)"""
     conn = keyed_session()
     inbox, opening = exchange_opened(conn)
     conn._handle_frame(frame("AUTH", "challenge-1"))
-    conn._handle_frame(frame("NEG-ERR", "neg1-7", "auth-required: you must auth"))
+    conn._handle_frame(frame("NEG-ERR", "neg1-7", reason))
     assert [m[0] for m in _sent(conn)] == ["NEG-OPEN", "AUTH", "NEG-OPEN"]
+    return conn, inbox, opening
+
+
+def test_a_neg_open_refused_again_before_the_relay_took_our_auth_goes_once_more_when_it_does():
+    conn, inbox, opening = exchange_sent_again_after_auth("auth-required: you must auth")
     conn._handle_frame(frame("NEG-ERR", "neg1-7", "auth-required: you must auth"))
     assert _sent(conn) == [] and inbox.empty()  # held for its answer to our AUTH
     conn._handle_frame(frame("OK", conn._auth_event_id, True, ""))
@@ -607,11 +614,7 @@ def test_restricted_before_any_challenge_or_without_a_key_is_a_refusal(keyed, se
 
 
 def test_a_neg_open_read_before_our_auth_and_refused_restricted_goes_again_after_it():
-    conn = keyed_session()
-    inbox, opening = exchange_opened(conn)
-    conn._handle_frame(frame("AUTH", "challenge-1"))
-    conn._handle_frame(frame("NEG-ERR", "neg1-7", "restricted: permission denied"))
-    assert [m[0] for m in _sent(conn)] == ["NEG-OPEN", "AUTH", "NEG-OPEN"]
+    conn, inbox, _ = exchange_sent_again_after_auth("restricted: permission denied")
     assert inbox.empty()
     conn._handle_frame(frame("NEG-ERR", "neg1-7", "restricted: permission denied"))
     assert inbox.qsize() == 1  # refused again: the exchange's answer
