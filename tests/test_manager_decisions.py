@@ -910,6 +910,33 @@ def test_events_refused_while_the_own_relay_was_read_only_go_again_though_nothin
     assert offered() == newest
 
 
+def test_a_reply_refused_before_its_comment_was_stored_goes_again_once_the_comment_is(tmp_path):
+    """Seed 511 of a world with --member-replies: the own relay, refilled after a loss, was
+    offered a reply (a kind-1 note tagging only a comment) before the comment, and refused it
+    as an orphan; the comment was stored seconds later, but only roots and announcements the
+    self-subscription shows released what waited on them, so the reply waited for its entry
+    to expire. A comment stored anew releases what waits on it, as a root does."""
+    from gsync.io.inbox import OwnHeldConfirmed
+
+    h, repo, sub, (first, _), answer = _two_issues_to_answer(tmp_path, "with a comment")
+    note = comment(Author.named("carol"), first)
+    reply = Author.named("dave").sign(1, [["e", note.id, "", note.pubkey]], "+1", int(h.clock.now))
+    delivery = h.manager.delivery
+    for event in (first, reply):
+        h.relay_sends(A, sub, event)
+    delivery._finish(reply, "rejected", "blocked: replies to events not hosted here")  # (final: no store releases it)
+    delivery._count_delivered()
+    while not h.manager.queue.empty():
+        h.feed(h.manager.queue.get_nowait())
+    answer(first, "delivered")
+    h.feed(OwnHeldConfirmed([(first.id, HeldEntry.of(first.to_dict()))], stored_anew=[first.id]))
+    assert reply.id in h.manager.rejected and not delivery.is_tracked(reply.id)  # (it waits on the comment)
+    h.relay_sends(A, sub, note)
+    answer(note, "delivered")
+    h.feed(OwnHeldConfirmed([(note.id, HeldEntry.of(note.to_dict()))], stored_anew=[note.id]))
+    assert reply.id not in h.manager.rejected and delivery.is_tracked(reply.id)
+
+
 def _refused_with_everything(tmp_path):
     """A manager synced with a whose own relay, read-only, refused a newer announcement of the
     repository, an issue of it, a comment on the issue and another issue (each waits for it

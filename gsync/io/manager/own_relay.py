@@ -252,6 +252,18 @@ class OwnRelaySide:
         if self.rejected.waits_on(OWN_STORES_KEY):
             self.release_dependents({OWN_STORES_KEY})
 
+    def stored_events(self, event_ids) -> None:
+        """Events the own relay stored anew: what it refused for want of them goes to it
+        again. The self-subscription shows roots and announcements (``on_batch_window_closed``
+        releases theirs); a thread member, a comment, it does not: a reply refused as an
+        orphan while its comment was on its way (the own relay refilled after a loss, the
+        reply offered first) waited for its entry to expire once its releases by stores ran
+        out (the simulator's seed 511 of a world with --member-replies)."""
+        waits_on = self.rejected.waits_on
+        arrived = {key for key in map(event_key, event_ids) if waits_on(key)}
+        if arrived:
+            self.release_dependents(arrived)
+
     def probe_store(self, now: float) -> None:
         """Refused with everything else and nothing stored anew since for a while: one of
         those events goes to the own relay again (``RejectedIndex.take_store_probe``), as
@@ -374,6 +386,7 @@ class OwnRelaySide:
         stream like any (reading it brought back what that shard stored)."""
         if msg.stored_anew:  # (a duplicate answered is only a read)
             self.stores_again()
+            self.stored_events(msg.stored_anew)
         self.witness.stored(msg.entries)
         if not self.down:
             self.own_held.confirm(msg.entries)
@@ -400,6 +413,7 @@ class OwnRelaySide:
             return
         self.other_shard_landed_at = now  # another shard is storing
         self.stores_again()
+        self.stored_events(event_id for event_id, _ in others)
         arrived = [event_id for event_id, _ in others if event_id not in seen]
         for event_id in arrived:
             seen[event_id] = None
