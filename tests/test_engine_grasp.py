@@ -401,6 +401,32 @@ def test_a_root_published_to_the_own_relay_but_never_shown_live_is_read_again(
     assert_arrives(own, [reply], timeout=30, what="the comment, once the issue is read again")
 
 
+def test_the_self_subscriptions_rereads_keep_one_connection(gsync_factory, scripted):
+    """The re-reads go over one connection kept for the session, not one each: every five
+    minutes, a connection of its own was twelve an hour, all that ngit-relay (khatru's
+    ConnectionRateLimiter: a burst of 100, then one per five minutes an address) gives back,
+    so every other connection gsync opened drained it for good. One the own relay closes
+    (idle) is replaced for the next read, which still comes."""
+    own, remote, repo = _hosting_own_relay_that_shows_no_roots_live(scripted)
+    gsync = gsync_factory(own, [remote], timers={"SELF_REREAD_SECS": 0.5})
+    wait_until(lambda: _connected(gsync), timeout=30, what="historic sync complete")
+    relay = own.relay
+
+    def history_reqs() -> int:
+        return sum(1 for _, m in relay.received if isinstance(m, list) and m[:1] == ["REQ"]
+                   and str(m[1]).startswith("own-") and 30617 in m[2].get("kinds", ()))
+
+    began, upgrades = history_reqs(), len(relay.upgrade_times)
+    wait_until(lambda: history_reqs() >= began + 6, timeout=20, what="six re-reads")
+    assert len(relay.upgrade_times) - upgrades <= 1  # (one at most: a holdings read, say)
+    relay.drop_all()  # every connection closed by the own relay: the next read on a fresh one
+    bug = f.issue(bob, repo, created_at=int(time.time()))
+    reply = f.comment(alice, bug)
+    own.relay.add(bug.to_dict())  # (stored, never shown live)
+    remote.add(reply)
+    assert_arrives(own, [reply], timeout=30, what="the comment, once the issue is read again")
+
+
 @pytest.mark.slow
 def test_a_backdated_root_published_to_the_own_relay_is_found_by_the_daily_full_reread(
         gsync_factory, scripted):

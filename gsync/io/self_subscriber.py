@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 
 import gevent
+import gevent.lock
 
 from .. import constants
 from ..protocol import messages as wire
@@ -82,6 +83,13 @@ class SelfSubscriber:
         self.connected = False  # the live subscription's connection is open (a metric)
         self._full_read_at: float | None = None  # when the whole history was last read
         self._history_read = False  # this session's first history read is done
+        # The connection history reads go over, kept between them for the session: a
+        # reread every SELF_REREAD_SECS on a connection of its own was twelve connections an
+        # hour, all that ngit-relay (khatru's ConnectionRateLimiter: 100, then one per five
+        # minutes an address) gives back, so every other connection of gsync's drained it
+        # for good. One read at a time (``_history_lock``).
+        self._history_ws = None
+        self._history_lock = gevent.lock.Semaphore()
         self._greenlet: gevent.Greenlet | None = None
 
     def start(self) -> None:
@@ -134,6 +142,7 @@ class SelfSubscriber:
                 for greenlet in (history, reread):
                     if greenlet is not None:
                         greenlet.kill(block=False)
+                self.close_history()  # (a new session reads on a connection of its own)
                 try:
                     ws.close(timeout=1)
                 except Exception:
@@ -170,20 +179,49 @@ class SelfSubscriber:
         events it held. ``layer1`` gets the layer-1 events among them (id, ``HeldEntry``)."""
         deadline = constants.OWN_HISTORY_DEADLINE_SECS
         count = 0
-        with gevent.Timeout(deadline, HistoryDeadline(f"history read past its {deadline:g} s deadline")):
-            ws = ws_connect(self.url, 30)
-            try:
-                for page in history_pages(ws, history_filter(since)):
-                    count += len(page)
-                    if layer1 is not None:
-                        layer1 += [(raw["id"], HeldEntry.of(raw)) for raw in page
-                                   if raw.get("kind") in constants.LAYER1_KINDS and _plain(raw)]
-                    if unseen_only:
-                        page = [raw for raw in page if raw.get("id") not in self._seen]
-                    self._post_events(page)
-            finally:
-                ws.close(timeout=1)
+        with self._history_lock, gevent.Timeout(deadline, HistoryDeadline(f"history read past its {deadline:g} s deadline")):
+            for page in self._history_pages(history_filter(since)):
+                count += len(page)
+                if layer1 is not None:
+                    layer1 += [(raw["id"], HeldEntry.of(raw)) for raw in page
+                               if raw.get("kind") in constants.LAYER1_KINDS and _plain(raw)]
+                if unseen_only:
+                    page = [raw for raw in page if raw.get("id") not in self._seen]
+                self._post_events(page)
         return count
+
+    def _history_pages(self, flt: Filter):
+        """``history_pages`` over the kept history connection. One the own relay closed
+        meanwhile (idle) fails at its first page: read again, once, on a fresh connection.
+        A connection that fails is closed and forgotten."""
+        kept = self._history_ws is not None
+        for attempt in range(2 if kept else 1):
+            if self._history_ws is None:
+                self._history_ws = ws_connect(self.url, 30)
+            pages = history_pages(self._history_ws, flt)
+            try:
+                first = next(pages, None)
+            except BaseException:
+                self.close_history()
+                if attempt or not kept:
+                    raise
+                continue
+            try:
+                if first is not None:
+                    yield first
+                    yield from pages
+            except BaseException:
+                self.close_history()
+                raise
+            return
+
+    def close_history(self) -> None:
+        ws, self._history_ws = self._history_ws, None
+        if ws is not None:
+            try:
+                ws.close(timeout=1)
+            except Exception:
+                pass
 
     def _reread_loop(self) -> None:
         """Every SELF_REREAD_SECS, the history since the last read (less the overlap), on a
