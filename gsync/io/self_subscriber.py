@@ -201,10 +201,10 @@ class SelfSubscriber:
             pages = history_pages(self._history_ws, flt)
             try:
                 first = next(pages, None)
-            except BaseException:
+            except BaseException as exc:
                 self.close_history()
-                if attempt or not kept:
-                    raise
+                if attempt or not kept or not isinstance(exc, Exception) or isinstance(exc, HistoryDeadline):
+                    raise  # (killed, or past the deadline: not read again)
                 continue
             try:
                 if first is not None:
