@@ -1253,6 +1253,28 @@ def test_the_model_refuses_in_a_notice_alone_where_told_naming_the_req_or_not():
                           else ["NOTICE", "blocked: #q queries are not allowed here"])
 
 
+def test_a_nip77_exchange_on_a_relay_asking_for_auth_waits_for_our_auth_to_be_read(monkeypatch):
+    """The simulator runs an exchange synchronously: on a relay challenging at connect it ran
+    ahead of the challenge in flight and was refused ``auth-required:`` before gsync had
+    read it (TCP's order never lets that happen), and NIP-77 was off a day on every such
+    relay. It waits now for the relay to have read our AUTH: the NEG-OPENs there are served."""
+    answers: list[str] = []
+    opened = SimRelay.on_neg_open
+
+    def on_neg_open(self, session, sub_id, raw_filter, message_hex):
+        out = opened(self, session, sub_id, raw_filter, message_hex)
+        if self.auth_required:
+            answers.append(json.loads(out[-1])[0])
+        return out
+
+    monkeypatch.setattr(SimRelay, "on_neg_open", on_neg_open)
+    sim = Simulation(SimOptions(seed=5, days=0.3, relays=20, repos=40))
+    sim.run()
+    assert any(r.auth_required and r.nip77 for r in sim.relays.values())
+    assert answers and set(answers) == {"NEG-MSG"}, answers
+    assert not sim.checker.violations
+
+
 def test_the_model_asks_for_auth_as_khatru_does_where_told():
     """``--auth-late``: no challenge at connect; one before each refusal for want of AUTH; our
     AUTH answered OK at once but taken a moment later, so what is read with it is refused
