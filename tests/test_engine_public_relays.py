@@ -608,6 +608,41 @@ def test_a_relay_reading_each_message_apart_that_refuses_what_came_before_it_too
     assert events_named(gsync, "sent_again_once_authed", remote.url)
 
 
+def test_a_relay_answering_only_precise_queries_is_asked_them(relay_factory, gsync_factory, scripted):
+    """nostr-rs-relay with ``limit_scrapers = true``: a REQ with a filter scoring under 2
+    (ids 2; authors, kinds, tags 1 each) gets an EOSE and nothing, and is not kept live. Its
+    NIP-11 names the software: an imprecise REQ that brought nothing is followed by a precise
+    probe, which brings the announcement; from then on the relay is asked precise filters
+    (kinds with the tags, authors with the kinds), and history and live events come (nothing
+    came at all)."""
+    from gsync.protocol.filters import Filter
+    from gsync.protocol.precise import is_imprecise
+
+    def scrapers_limited(relay, conn, message):
+        if isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 2:
+            filters = [Filter.make(**{k: v for k, v in f.items() if k in ("ids", "authors", "kinds", "limit")},
+                                   tags={k[1:]: v for k, v in f.items() if k.startswith("#")})
+                       for f in message[2:] if isinstance(f, dict)]
+            if any(is_imprecise(f) for f in filters):
+                return [["EOSE", message[1]]]
+        return None
+
+    software = {"name": "r", "software": "https://git.sr.ht/~gheartsfield/nostr-rs-relay", "supported_nips": [1, 11]}
+    own, remote, repo, bugs = scripted_repository(relay_factory, scripted, "precise", 3,
+                                                  on_message=scrapers_limited, nip11=software)
+    replies = [f.comment(alice, bug) for bug in bugs]
+    remote.add(*replies)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, [*bugs, *replies], timeout=30, what="history from a relay answering only precise queries")
+    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=20,
+               what="historic sync complete")
+    live = f.issue(bob, repo, subject="live", created_at=int(time.time()))
+    remote.broadcast(live)
+    assert_arrives(own, [live], timeout=10, what="a live event")
+    assert events_named(gsync, "relay_answers_only_precise_queries", remote.url)
+
+
 def test_a_live_subscription_the_relay_closes_is_rebuilt(relay_factory, gsync_factory, scripted):
     """A relay ends a live subscription for its own reasons (``error:``): gsync opens its
     replacement from the current index, and live events for that coverage arrive again."""

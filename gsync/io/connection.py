@@ -23,6 +23,7 @@ from ..ops.logging import get_logger
 from ..protocol import messages as wire
 from ..protocol import wsframes
 from ..protocol.event import EventError, parse_event, sign_event, verify_event
+from ..protocol.precise import is_imprecise
 from ..protocol.subscription_book import (  # noqa: F401
     CLOSING_CAPACITY,
     ENDED_FILTER_BYTES,
@@ -31,7 +32,7 @@ from ..protocol.subscription_book import (  # noqa: F401
 )
 from ..sync.health import MisbehaviourBudget
 from . import ws as ws_stream
-from .inbox import RelayDisconnected, RemoteEvent, RemoteEvents, RemoteMessage
+from .inbox import ImpreciseIgnored, RelayDisconnected, RemoteEvent, RemoteEvents, RemoteMessage
 
 log = get_logger("gsync.connection")
 
@@ -66,7 +67,7 @@ class RelayConnection:
     """A live session. ``subscriptions`` maps sub id → filters, for the filter-match check."""
 
     def __init__(self, relay: str, ws, session: int, post, *, auth_secret: str | None = None,
-                 clock=None, seen=frozenset(), room=None):
+                 clock=None, seen=frozenset(), room=None, probe=None):
         self.relay = relay
         self.ws = ws
         self.session = session
@@ -75,6 +76,13 @@ class RelayConnection:
         self._clock = clock
         self._seen = seen  # the manager's id -> fetch-time map (``seen``): only ever read here
         self._room = room  # set while delivery can take more: reading waits for it
+        # A precise query to ask once if an imprecise REQ comes back with nothing, on a
+        # relay of a make that may answer those so (``protocol.precise``): what it brings
+        # shows the relay ignored that REQ (``_probe_answered``). None: not asked.
+        self._probe = probe
+        self._probe_sub: str | None = None
+        self._probe_events = 0
+        self._evented: set[str] = set()  # subscriptions that brought an event (while a probe may go)
         # ids this session verified, and the same ids oldest first for eviction (a dict
         # emptied from the front makes each ``next(iter(...))`` walk past every deleted
         # slot: 4.6 us an event at this capacity; an OrderedDict is fast but 2.3x the size)
@@ -350,6 +358,9 @@ class RelayConnection:
         msg = wire.parse_relay_message(data)
         if isinstance(msg, wire.Notice) and msg.sub_id is not None:
             msg = self._notice_naming(msg)
+        if self._probe_sub is not None and getattr(msg, "sub_id", None) == self._probe_sub:
+            self._probe_answered(msg)
+            return
         if isinstance(msg, (wire.NegMsg, wire.NegErr)) or (isinstance(msg, wire.Closed)
                                                            and msg.sub_id in self.neg_waiters):
             # (a CLOSED naming an exchange: some relays end NIP-77 as they end a REQ)
@@ -386,6 +397,8 @@ class RelayConnection:
         elif isinstance(msg, wire.Ok) and msg.event_id == self._auth_event_id:
             self._on_auth_answer(msg)
         elif isinstance(msg, (wire.Closed, wire.Eose)):
+            if self._probe is not None and isinstance(msg, wire.Eose):
+                self._maybe_probe(msg.sub_id)
             past_until = tuple(self._past_until.pop(msg.sub_id, ())) if self._past_until else ()
             if not self._ended_here(msg):
                 if isinstance(msg, wire.Closed):
@@ -613,6 +626,8 @@ class RelayConnection:
         return not self.closed
 
     def _handle_event(self, msg: wire.RelayEvent) -> None:
+        if self._probe is not None:
+            self._evented.add(msg.sub_id)
         filters = (self.subscriptions.get(msg.sub_id) or self._closing.get(msg.sub_id)
                    or self._ended.get(msg.sub_id))
         event_id = msg.event.get("id") if isinstance(msg.event.get("id"), str) else None
@@ -651,6 +666,34 @@ class RelayConnection:
             if len(self._checked_order) > CHECKED_CAPACITY:
                 del self._checked[self._checked_order.popleft()]
         self._events.append(RemoteEvent(self.relay, self.session, msg.sub_id, event, not known, matched))
+
+    def _maybe_probe(self, sub_id: str) -> None:
+        """An EOSE: if its REQ brought nothing and asked an imprecise filter, ask the probe
+        (once a session)."""
+        brought = sub_id in self._evented
+        self._evented.discard(sub_id)
+        filters = self.subscriptions.get(sub_id)
+        if brought or filters is None or self._probe_sub is not None:
+            return
+        if any(is_imprecise(f) for f in filters.filters):
+            self._probe_sub = f"probe-{self.session}"
+            self.send(wire.req(self._probe_sub, [self._probe]))
+
+    def _probe_answered(self, msg) -> None:
+        """The probe's events are counted, not told; at its end (EOSE, CLOSED) it is closed,
+        and if it brought anything the manager hears that the relay answers only precise
+        queries (``ImpreciseIgnored``). Nothing is asked again this session."""
+        if isinstance(msg, wire.RelayEvent):
+            self._probe_events += 1
+            return
+        if not isinstance(msg, (wire.Eose, wire.Closed)):
+            return
+        if isinstance(msg, wire.Eose):
+            self.send(wire.close(self._probe_sub))
+        self._probe, self._evented = None, set()
+        self._probe_sub = self._probe_sub + "-done"  # (its late frames: unknown, dropped)
+        if self._probe_events:
+            self._emit(ImpreciseIgnored(self.relay, self.session))
 
     def _answer_challenge(self) -> None:
         """NIP-42: answer the relay's current challenge with our key, once. What went before

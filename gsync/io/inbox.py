@@ -58,6 +58,16 @@ class RemoteEvents:
 
 
 @dataclass(slots=True)
+class ImpreciseIgnored:
+    """The relay answered an imprecise REQ with nothing and a precise probe with something:
+    it answers only precise queries (``protocol.precise``; nostr-rs-relay's
+    ``limit_scrapers``)."""
+
+    relay: str
+    session: int
+
+
+@dataclass(slots=True)
 class RemoteMessage:
     """Any other parsed relay message (EOSE, CLOSED, NOTICE, OK, AUTH …). ``past_until``,
     with an EOSE or CLOSED: per filter of that subscription (by index), how many events it

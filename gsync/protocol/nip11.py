@@ -23,6 +23,7 @@ class RelayLimits:
     max_filters: int | None = None  # removed from NIP-11 in 2025; older relays still send it
     auth_required: bool = False
     supported_nips: frozenset[int] = field(default_factory=frozenset)
+    software: str = ""  # its ``software`` (a URL naming the implementation), at most 200 characters
 
 
 _LIMIT_KEYS = ("max_subscriptions", "max_message_length", "max_limit", "max_subid_length", "max_filters")
@@ -62,4 +63,5 @@ def parse_nip11(document: str | bytes | bytearray | None) -> RelayLimits:
         supported_nips=frozenset(
             n for n in map(_positive_int, nips if isinstance(nips, list) else ()) if n is not None
         ),
+        software=info["software"][:200] if isinstance(info.get("software"), str) else "",
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from . import messages as wire
 from .filters import FilterSet
+from .precise import made_precise
 
 # Filters of subscriptions that ended, kept so that their late events are still read
 # (``EndedFilters``): at most this many per connection, and at most this much REQ text (a
@@ -83,11 +84,16 @@ class SubscriptionBook:
         # open ones the relay ended with CLOSED, read before the manager took that in (a relay
         # closing every REQ after its EOSE: the manager, done with its EOSE, would CLOSE it)
         self.closed_by_relay: dict[str, None] = {}
+        # A relay answering only precise queries (``protocol.precise``): every filter it is
+        # sent is made precise, with these authors for a ``kinds`` filter. None: as they are.
+        self.precise_authors: frozenset[str] | None = None
 
     def req_frame(self, sub_id: str, filters) -> str:
         """``sub_id`` is open from now (its events are matched, its bytes counted): its REQ,
         for the caller to send."""
         filters = tuple(filters)
+        if self.precise_authors is not None:
+            filters = tuple(made_precise(f, self.precise_authors) for f in filters)
         self.forget(sub_id)  # (and no longer closed by the relay: open again)
         self.subscriptions[sub_id] = FilterSet(filters)
         self.peak_subscriptions = max(self.peak_subscriptions, len(self.subscriptions))

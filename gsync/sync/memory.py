@@ -51,6 +51,7 @@ def relay_memory(state, health: dict[str, Any]) -> dict[str, Any]:
         "paused": state.paused.snapshot(),
         "nip77_failed_at": state.nip77_failed_at,
         "ids_unserved_at": state.ids_unserved_at,
+        "precise_queries": state.precise_queries,
         "health": {k: health.get(k) for k in HEALTH_FIELDS},
     }
 
@@ -59,7 +60,8 @@ def relay_memory(state, health: dict[str, Any]) -> dict[str, Any]:
 # and compares the record only for a relay whose key changed: ``io.manager.saved_state``).
 _RECORD_FIELDS = attrgetter("connected", "last_connected", "disconnected_at", "announcements_synced",
                             "next_daily_at", "max_message_learned", "max_filters_learned",
-                            "max_subscriptions_learned", "nip77_failed_at", "ids_unserved_at")
+                            "max_subscriptions_learned", "nip77_failed_at", "ids_unserved_at",
+                            "precise_queries")
 HEALTH_VALUES = attrgetter(*HEALTH_FIELDS)
 
 
@@ -89,6 +91,7 @@ def restore_relay(state, memory: dict[str, Any], saved_at: float | None) -> dict
         state.next_daily_at = _float_or_none(memory.get("next_daily_at"))
         state.nip77_failed_at = _float_or_none(memory.get("nip77_failed_at"))
         state.ids_unserved_at = _float_or_none(memory.get("ids_unserved_at"))
+        state.precise_queries = memory.get("precise_queries") is True
         if memory.get("connected") and saved_at is not None:
             state.last_connected = state.disconnected_at = float(saved_at)
         state.paused = CoveragePauses.restore(memory.get("paused") or [])

@@ -285,6 +285,9 @@ class RelayState:
     # when the relay last advertised ids through NIP-77 and served (nearly) none of them by
     # id (kept over sessions): its batches go by REQ+EOSE until IDS_UNSERVED_RETRY_SECS pass
     ids_unserved_at: float | None = None
+    # it answers only precise queries (``protocol.precise``: nostr-rs-relay's limit_scrapers),
+    # found by a probe (``lifecycle.on_imprecise_ignored``); kept over sessions
+    precise_queries: bool = False
     # ids it advertised and served neither by id nor by their filter: not asked here again
     # before its next daily fresh start (``lifecycle.run_daily``), kept over sessions
     unservable: UnservableIds = field(default_factory=UnservableIds)

@@ -12,6 +12,7 @@ import random
 from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
+from ...protocol import precise
 from ...protocol.nip11 import RelayLimits
 from ...sync import filter_plan, status
 from ...sync.pending import BatchKind, PageCap
@@ -23,6 +24,7 @@ from ...sync.targets import PendingItems, compute_actions, relay_needs
 from ..inbox import (
     HandshakeDone,
     HandshakeStarted,
+    ImpreciseIgnored,
     RelayDisconnected,
 )
 from .coverage import member_filters, sync_filters
@@ -262,12 +264,17 @@ class RelayLifecycle:
         metrics.CONNECTION_ATTEMPTS.labels(msg.relay, "success").inc()
         self.health.record_success(msg.relay, now)
         state.session = next(self.serials)
+        authors = self.listing_authors(state.url)
+        probe = (precise.probe(authors) if not state.precise_queries and msg.limits is not None
+                 and precise.may_limit(msg.limits.software) else None)
         state.begin_session(
             *self.effects.connection(msg.relay, msg.ws, state.session, auth_secret=self.config.auth.secret_key,
-                                     seen=self.seen, room=self.delivery.room_for(msg.relay)),
+                                     seen=self.seen, room=self.delivery.room_for(msg.relay), probe=probe),
             limits=self.with_learned_limits(state, msg.limits),
             page_cap=PageCap(),  # learnt again: the relay may have changed
         )
+        if state.precise_queries:
+            state.current.book.precise_authors = frozenset(authors)
         if reason := nip77_barred(state, now):
             self.historic.disable_negentropy(state, reason)
         move_status(state, Fact.HANDSHAKE_DONE)
@@ -284,6 +291,23 @@ class RelayLifecycle:
         state.disconnected_at = None
         if state.next_daily_at is None:
             state.next_daily_at = now + random.uniform(constants.DAILY_MIN_SECS, constants.DAILY_MAX_SECS)
+
+    def listing_authors(self, url: str) -> set[str]:
+        """The owners of the repositories listing ``url``: what a precise layer 1 asks there."""
+        return {address.split(":")[1] for address in self.repos.repos_listing(url) if address.count(":") >= 2}
+
+    def on_imprecise_ignored(self, msg: ImpreciseIgnored) -> None:
+        """The relay answered an imprecise REQ with nothing and a precise probe with
+        something (``protocol.precise``): from now on (this session and the next, saved) it
+        is asked precise filters only, and its sync starts again so."""
+        state = self.relays.get(msg.relay)
+        if state is None or msg.session != state.session or state.current.link is None or state.precise_queries:
+            return
+        state.precise_queries = True
+        authors = self.listing_authors(state.url)
+        state.current.book.precise_authors = frozenset(authors)
+        log.warning("relay_answers_only_precise_queries", relay=state.url, authors=len(authors))
+        self.fresh_start(state, self.clock())
 
     def on_relay_disconnected(self, msg: RelayDisconnected) -> None:
         state = self.relays.get(msg.relay)

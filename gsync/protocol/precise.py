@@ -1,0 +1,73 @@
+"""Relays that answer only precise queries: nostr-rs-relay with ``limit_scrapers = true``
+(its sample config calls it recommended; off by default).
+
+Such a relay scores each filter of a REQ: ``ids`` 2, ``authors``, ``kinds`` and any tags 1
+each; a REQ with one filter under 2 is a "scraper", answered with an EOSE and nothing, and
+not kept live (scsibug/nostr-rs-relay, ``Subscription::is_scraper``). gsync's layer 1 asks
+``kinds`` alone and layers 2 and 3 one tag alone (``#a``, ``#e``, …), and the precise filters
+packed with them go unanswered too: such a relay gave gsync nothing, silently.
+
+No second criterion makes those filters precise and loses nothing, so a relay is asked so
+only once it is known to need it (``probe``: a precise query that brings what an imprecise
+one did not), and then every filter it is asked is made precise (``made_precise``): a tag
+filter asks the kinds NIP-34 and its threads use (``PRECISE_KINDS``: an event of another kind
+tagging a repository comes from other relays only), a ``kinds`` filter the authors of the
+repositories listing the relay (a new repository by someone else is found elsewhere).
+
+Pure: filters in, filters out.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .filters import Filter
+
+# What a repository's history and its threads are made of: notes and replies (1), deletions
+# (5), reposts (6, 16), reactions (7), NIP-22 comments (1111), patches, PRs, PR updates,
+# issues, replies to them (1617, 1618, 1619, 1621, 1622), statuses (1630-1633), labels
+# (1985), zaps (9735), user GRASP lists (10317), announcements and states (30617, 30618).
+PRECISE_KINDS = frozenset({1, 5, 6, 7, 16, 1111, 1617, 1618, 1619, 1621, 1622, 1630, 1631, 1632, 1633,
+                           1985, 9735, 10317, 30617, 30618})
+# The software a relay's NIP-11 names that may limit imprecise queries so (the only one known).
+LIMITING_SOFTWARE = "nostr-rs-relay"
+# A probe asks for at most this many announcements, of at most this many authors.
+PROBE_LIMIT = 5
+PROBE_AUTHORS = 50
+
+
+def precision(f: Filter) -> int:
+    """nostr-rs-relay's score of a filter: ids 2, authors, kinds, tags 1 each."""
+    return 2 * (f.ids is not None) + (f.authors is not None) + (f.kinds is not None) + bool(f.tags)
+
+
+def is_imprecise(f: Filter) -> bool:
+    return precision(f) < 2
+
+
+def may_limit(software: str) -> bool:
+    """Is the relay of a make known to answer imprecise queries with nothing?"""
+    return LIMITING_SOFTWARE in software.lower()
+
+
+def made_precise(f: Filter, authors: frozenset[str]) -> Filter:
+    """``f`` as a relay answering only precise queries is asked it: a tag filter with
+    ``PRECISE_KINDS``, a ``kinds`` filter with ``authors`` (if any are known). Any other as
+    it is."""
+    if not is_imprecise(f):
+        return f
+    if f.tags and f.kinds is None:
+        return f.replace(kinds=PRECISE_KINDS)
+    if f.kinds is not None and f.authors is None and authors:
+        return f.replace(authors=authors)
+    return f
+
+
+def probe(authors: Iterable[str]) -> Filter | None:
+    """A precise query that brings something from a relay holding any announcement of
+    ``authors`` (the owners of the repositories listing it): asked after an imprecise REQ
+    came back with nothing, what it brings shows the relay ignored that REQ. None without
+    authors."""
+    chosen = sorted(authors)[:PROBE_AUTHORS]
+    if not chosen:
+        return None
+    return Filter.make(kinds=[30617], authors=chosen, limit=PROBE_LIMIT)
