@@ -1,0 +1,62 @@
+"""Relays answering only precise queries (nostr-rs-relay's ``limit_scrapers``): the score,
+the filters as such a relay is asked them, the probe, and the REQs a book writes for one."""
+import json
+
+from gsync.protocol import precise
+from gsync.protocol.filters import Filter
+from gsync.protocol.nip11 import parse_nip11
+from gsync.protocol.subscription_book import SubscriptionBook
+
+OWNER = "ab" * 32
+ADDR = f"30617:{OWNER}:r"
+
+
+def test_filters_score_as_nostr_rs_relay_scores_them():
+    assert precise.precision(Filter.make(kinds=[30617])) == 1
+    assert precise.precision(Filter.make(tags={"a": [ADDR]})) == 1
+    assert precise.precision(Filter.make(tags={"e": ["cd" * 32], "E": ["cd" * 32]})) == 1  # (tags count once)
+    assert precise.precision(Filter.make(kinds=[30618], tags={"d": ["r"]})) == 2
+    assert precise.precision(Filter.make(ids=["cd" * 32])) == 2
+    assert precise.precision(Filter.make(kinds=[30617], authors=[OWNER])) == 2
+    assert precise.is_imprecise(Filter.make(limit=10))
+
+
+def test_imprecise_filters_are_made_precise_and_precise_ones_left_as_they_are():
+    tagged = Filter.make(tags={"a": [ADDR]}, since=5, limit=500)
+    made = precise.made_precise(tagged, frozenset({OWNER}))
+    assert made.kinds == precise.PRECISE_KINDS and made.tags == tagged.tags and (made.since, made.limit) == (5, 500)
+    layer1 = Filter.make(kinds=[30617, 10317], limit=0)
+    assert precise.made_precise(layer1, frozenset({OWNER})).authors == frozenset({OWNER})
+    assert precise.made_precise(layer1, frozenset()) == layer1  # (no author known: as it is)
+    state = Filter.make(kinds=[30618], tags={"d": ["r"]})
+    assert precise.made_precise(state, frozenset({OWNER})) is state
+    assert all(not precise.is_imprecise(precise.made_precise(f, frozenset({OWNER}))) for f in (tagged, layer1))
+
+
+def test_the_probe_asks_a_few_announcements_of_the_owners_precisely():
+    probe = precise.probe({OWNER, "ef" * 32})
+    assert probe.kinds == frozenset({30617}) and probe.authors == {OWNER, "ef" * 32}
+    assert probe.limit == precise.PROBE_LIMIT and not precise.is_imprecise(probe)
+    assert len(precise.probe(f"{n:064x}" for n in range(500)).authors) == precise.PROBE_AUTHORS
+    assert precise.probe(()) is None
+
+
+def test_only_the_software_known_to_limit_is_probed():
+    doc = '{"software": "https://git.sr.ht/~gheartsfield/nostr-rs-relay", "version": "0.9.0"}'
+    assert precise.may_limit(parse_nip11(doc).software)
+    assert not precise.may_limit(parse_nip11('{"software": "git+https://github.com/hoytech/strfry.git"}').software)
+    assert parse_nip11('{"software": 7}').software == "" and parse_nip11(None).software == ""
+    assert len(parse_nip11('{"software": "%s"}' % ("x" * 5000)).software) == 200
+
+
+def test_a_book_for_such_a_relay_writes_its_reqs_precise_and_matches_against_what_it_sent():
+    book = SubscriptionBook(clock=lambda: 0.0)
+    book.precise_authors = frozenset({OWNER})
+    text = book.req_frame("h1", [Filter.make(tags={"a": [ADDR]}, limit=500), Filter.make(kinds=[30617], limit=500)])
+    tagged, layer1 = json.loads(text)[2:]
+    assert sorted(tagged["kinds"]) == sorted(precise.PRECISE_KINDS) and tagged["#a"] == [ADDR]
+    assert layer1["authors"] == [OWNER] and layer1["kinds"] == [30617]
+    sent = book.subscriptions["h1"].filters
+    assert all(not precise.is_imprecise(f) for f in sent)
+    plain = SubscriptionBook(clock=lambda: 0.0)
+    assert plain.req_frame("h1", [Filter.make(tags={"a": [ADDR]})]) == '["REQ","h1",{"#a":["%s"]}]' % ADDR
