@@ -466,6 +466,8 @@ class RelayLifecycle:
             state.unreached = False  # (what was left is reached now, or marked again)
         self.recovery.forget(state.url)  # the full history below finds whatever is missing
         state.historic_sync_completed_at = None
+        if state.precise_queries:  # (the owners of the repositories listing it now: each day)
+            state.current.book.precise_authors = frozenset(self.listing_authors(state.url))
         with self.pump_held(state):
             self.subscribe_layer1(state, since=None)
             self.recompute(state, since=None)
