@@ -33,12 +33,15 @@ def test_imprecise_filters_are_made_precise_and_precise_ones_left_as_they_are():
     assert all(not precise.is_imprecise(precise.made_precise(f, frozenset({OWNER}))) for f in (tagged, layer1))
 
 
-def test_the_probe_asks_a_few_announcements_of_the_owners_precisely():
-    probe = precise.probe({OWNER, "ef" * 32})
-    assert probe.kinds == frozenset({30617}) and probe.authors == {OWNER, "ef" * 32}
-    assert probe.limit == precise.PROBE_LIMIT and not precise.is_imprecise(probe)
-    assert len(precise.probe(f"{n:064x}" for n in range(500)).authors) == precise.PROBE_AUTHORS
-    assert precise.probe(()) is None
+def test_the_probe_asks_a_few_announcements_of_the_owners_and_their_roots_precisely():
+    [by_owner, by_id] = precise.probe({OWNER, "ef" * 32}, ["cd" * 32])
+    assert by_owner.kinds == frozenset({30617, 30618}) and by_owner.authors == {OWNER, "ef" * 32}
+    assert by_owner.limit == precise.PROBE_LIMIT and by_id.ids == {"cd" * 32}
+    assert not any(precise.is_imprecise(f) for f in (by_owner, by_id))
+    [many] = precise.probe(f"{n:064x}" for n in range(500))
+    assert len(many.authors) == precise.PROBE_AUTHORS
+    assert len(precise.probe((), (f"{n:064x}" for n in range(500)))[0].ids) == precise.PROBE_IDS
+    assert precise.probe(()) == []
 
 
 def test_only_the_software_known_to_limit_is_probed():

@@ -23,7 +23,7 @@ from ..ops.logging import get_logger
 from ..protocol import messages as wire
 from ..protocol import wsframes
 from ..protocol.event import EventError, parse_event, sign_event, verify_event
-from ..protocol.precise import is_imprecise
+from ..protocol.precise import PROBE_AGAIN_SECS, is_imprecise
 from ..protocol.subscription_book import (  # noqa: F401
     CLOSING_CAPACITY,
     ENDED_FILTER_BYTES,
@@ -32,7 +32,14 @@ from ..protocol.subscription_book import (  # noqa: F401
 )
 from ..sync.health import MisbehaviourBudget
 from . import ws as ws_stream
-from .inbox import ImpreciseIgnored, RelayDisconnected, RemoteEvent, RemoteEvents, RemoteMessage
+from .inbox import (
+    ImpreciseIgnored,
+    ProbeWanted,
+    RelayDisconnected,
+    RemoteEvent,
+    RemoteEvents,
+    RemoteMessage,
+)
 
 log = get_logger("gsync.connection")
 
@@ -67,7 +74,7 @@ class RelayConnection:
     """A live session. ``subscriptions`` maps sub id → filters, for the filter-match check."""
 
     def __init__(self, relay: str, ws, session: int, post, *, auth_secret: str | None = None,
-                 clock=None, seen=frozenset(), room=None, probe=None):
+                 clock=None, seen=frozenset(), room=None, probe: bool = False):
         self.relay = relay
         self.ws = ws
         self.session = session
@@ -76,11 +83,12 @@ class RelayConnection:
         self._clock = clock
         self._seen = seen  # the manager's id -> fetch-time map (``seen``): only ever read here
         self._room = room  # set while delivery can take more: reading waits for it
-        # A precise query to ask once if an imprecise REQ comes back with nothing, on a
-        # relay of a make that may answer those so (``protocol.precise``): what it brings
-        # shows the relay ignored that REQ (``_probe_answered``). None: not asked.
+        # On a relay of a make that may answer imprecise REQs with nothing (``protocol.precise``):
+        # the first that does (``_maybe_probe``) has the manager send a precise probe, paced,
+        # as ``book.probe_sub``; what it brings shows the relay ignored that REQ
+        # (``_probe_answered``). False: nothing asked.
         self._probe = probe
-        self._probe_sub: str | None = None
+        self._probe_asked_at: float | None = None  # (again PROBE_AGAIN_SECS later, if found nothing)
         self._probe_events = 0
         self._evented: set[str] = set()  # subscriptions that brought an event (while a probe may go)
         # ids this session verified, and the same ids oldest first for eviction (a dict
@@ -358,7 +366,7 @@ class RelayConnection:
         msg = wire.parse_relay_message(data)
         if isinstance(msg, wire.Notice) and msg.sub_id is not None:
             msg = self._notice_naming(msg)
-        if self._probe_sub is not None and getattr(msg, "sub_id", None) == self._probe_sub:
+        if self.book.probe_sub is not None and getattr(msg, "sub_id", None) == self.book.probe_sub:
             self._probe_answered(msg)
             return
         if isinstance(msg, (wire.NegMsg, wire.NegErr)) or (isinstance(msg, wire.Closed)
@@ -397,7 +405,7 @@ class RelayConnection:
         elif isinstance(msg, wire.Ok) and msg.event_id == self._auth_event_id:
             self._on_auth_answer(msg)
         elif isinstance(msg, (wire.Closed, wire.Eose)):
-            if self._probe is not None and isinstance(msg, wire.Eose):
+            if self._probe and isinstance(msg, wire.Eose):
                 self._maybe_probe(msg.sub_id)
             past_until = tuple(self._past_until.pop(msg.sub_id, ())) if self._past_until else ()
             if not self._ended_here(msg):
@@ -626,8 +634,11 @@ class RelayConnection:
         return not self.closed
 
     def _handle_event(self, msg: wire.RelayEvent) -> None:
-        if self._probe is not None:
-            self._evented.add(msg.sub_id)
+        if self._probe:
+            evented = self._evented
+            evented.add(msg.sub_id)
+            if len(evented) > 1024:  # (subscriptions ended without an EOSE: at worst one needless probe)
+                evented.clear()
         filters = (self.subscriptions.get(msg.sub_id) or self._closing.get(msg.sub_id)
                    or self._ended.get(msg.sub_id))
         event_id = msg.event.get("id") if isinstance(msg.event.get("id"), str) else None
@@ -673,11 +684,13 @@ class RelayConnection:
         brought = sub_id in self._evented
         self._evented.discard(sub_id)
         filters = self.subscriptions.get(sub_id)
-        if brought or filters is None or self._probe_sub is not None:
+        now = time.monotonic()
+        if brought or filters is None or (self._probe_asked_at is not None
+                                          and now - self._probe_asked_at < PROBE_AGAIN_SECS):
             return
         if any(is_imprecise(f) for f in filters.filters):
-            self._probe_sub = f"probe-{self.session}"
-            self.send(wire.req(self._probe_sub, [self._probe]))
+            self._probe_asked_at = now
+            self._emit(ProbeWanted(self.relay, self.session))
 
     def _probe_answered(self, msg) -> None:
         """The probe's events are counted, not told; at its end (EOSE, CLOSED) it is closed,
@@ -689,10 +702,10 @@ class RelayConnection:
         if not isinstance(msg, (wire.Eose, wire.Closed)):
             return
         if isinstance(msg, wire.Eose):
-            self.send(wire.close(self._probe_sub))
-        self._probe, self._evented = None, set()
-        self._probe_sub = self._probe_sub + "-done"  # (its late frames: unknown, dropped)
+            self.send(wire.close(self.book.probe_sub))
+        self.book.probe_sub = None  # (its late frames: unknown, dropped)
         if self._probe_events:
+            self._probe, self._evented = False, set()
             self._emit(ImpreciseIgnored(self.relay, self.session))
 
     def _answer_challenge(self) -> None:

@@ -58,6 +58,15 @@ class RemoteEvents:
 
 
 @dataclass(slots=True)
+class ProbeWanted:
+    """An imprecise REQ came back with nothing from a relay of a make that may answer those
+    so: the manager sends the precise probe, paced (``protocol.precise``)."""
+
+    relay: str
+    session: int
+
+
+@dataclass(slots=True)
 class ImpreciseIgnored:
     """The relay answered an imprecise REQ with nothing and a precise probe with something:
     it answers only precise queries (``protocol.precise``; nostr-rs-relay's

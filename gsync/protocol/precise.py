@@ -33,6 +33,10 @@ LIMITING_SOFTWARE = "nostr-rs-relay"
 # A probe asks for at most this many announcements, of at most this many authors.
 PROBE_LIMIT = 5
 PROBE_AUTHORS = 50
+PROBE_IDS = 50  # ... and at most this many of their roots by id
+# A probe that found nothing (the relay held none of that yet) is asked again at the next
+# imprecise REQ that brings nothing this long after, at the earliest (a paced start each)
+PROBE_AGAIN_SECS = 3600.0
 
 
 def precision(f: Filter) -> int:
@@ -62,12 +66,12 @@ def made_precise(f: Filter, authors: frozenset[str]) -> Filter:
     return f
 
 
-def probe(authors: Iterable[str]) -> Filter | None:
-    """A precise query that brings something from a relay holding any announcement of
-    ``authors`` (the owners of the repositories listing it): asked after an imprecise REQ
-    came back with nothing, what it brings shows the relay ignored that REQ. None without
-    authors."""
+def probe(authors: Iterable[str], roots: Iterable[str] = ()) -> list[Filter]:
+    """Precise queries that bring something from a relay holding any announcement or state
+    of ``authors`` (the owners of the repositories listing it) or any of ``roots`` (their
+    issues, patches and PRs gsync knows): asked after an imprecise REQ came back with
+    nothing, what they bring shows the relay ignored that REQ. Empty without either."""
     chosen = sorted(authors)[:PROBE_AUTHORS]
-    if not chosen:
-        return None
-    return Filter.make(kinds=[30617], authors=chosen, limit=PROBE_LIMIT)
+    ids = sorted(roots)[:PROBE_IDS]
+    return ([Filter.make(kinds=[30617, 30618], authors=chosen, limit=PROBE_LIMIT)] if chosen else []) + (
+        [Filter.make(ids=ids)] if ids else [])

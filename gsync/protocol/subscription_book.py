@@ -87,6 +87,7 @@ class SubscriptionBook:
         # A relay answering only precise queries (``protocol.precise``): every filter it is
         # sent is made precise, with these authors for a ``kinds`` filter. None: as they are.
         self.precise_authors: frozenset[str] | None = None
+        self.probe_sub: str | None = None  # the precise probe's REQ, while it runs (read by the reader)
 
     def req_frame(self, sub_id: str, filters) -> str:
         """``sub_id`` is open from now (its events are matched, its bytes counted): its REQ,

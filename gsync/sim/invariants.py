@@ -1089,6 +1089,13 @@ class Checker:
             # until do not shrink there), layer 1's announcements too (seed 436 of the stress
             # mix): gsync logs ``unpaged_incomplete``
             return False
+        if relay.precise_only and (not self._probe_finds(url) or (
+                event.kind == 30617 and not self._owner_known(event.pubkey, url))):
+            # a relay answering only precise queries is found so by a probe for what gsync
+            # knows it should hold (``protocol.precise``): one holding none of it gives
+            # nothing; once found, it is asked announcements by the owners of the
+            # repositories listing it: someone else's is found elsewhere, or not at all
+            return False
         if event.kind == 30617:
             # gsync keeps the newest announcement its self-subscription showed it (SPEC §3,
             # ``_followed``): an older one is superseded to it, though a loss took the newer
@@ -1120,6 +1127,25 @@ class Checker:
             # stored 110 s after)
             return False
         return own.accepts(event)[0]
+
+    def _probe_finds(self, url: str) -> bool:
+        """Does ``url`` hold what gsync's probe for a relay answering only precise queries
+        asks (``lifecycle.on_probe_wanted``): an announcement or state by an owner of a
+        repository the running gsync knows lists it, or one of those repositories' roots?"""
+        m = self.sim.manager
+        if m is None:
+            return False
+        listing = m.repos.repos_listing(url)
+        owners = {a.split(":")[1] for a in listing}
+        roots = {root for a in listing for root in m.repos.get(a).root_events}
+        store = self.sim.relays[url].store.events
+        return any(event_id in store for event_id in roots) or any(
+            e.kind in (30617, 30618) and e.pubkey in owners for e in store.values())
+
+    def _owner_known(self, pubkey: str, url: str) -> bool:
+        """Does ``pubkey`` own a repository the running gsync knows lists ``url``?"""
+        m = self.sim.manager
+        return m is not None and any(a.split(":")[1] == pubkey for a in m.repos.repos_listing(url))
 
     def own_has(self, event) -> bool:
         store = self.sim.own.store

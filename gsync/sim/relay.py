@@ -435,6 +435,10 @@ class SimRelay:
         # so an AUTH takes effect ``AUTH_TAKES_SECS`` after it is read (its signature checked):
         # what is read meanwhile, the REQs sent just after it, is refused again
         self.auth_late = False
+        # answers only precise queries, as nostr-rs-relay with ``limit_scrapers`` (its NIP-11
+        # names that software): a REQ with a filter scoring under 2 (ids 2; authors, kinds,
+        # tags 1 each) gets an EOSE and nothing, and is not kept live
+        self.precise_only = False
         # (burst, seconds a query): REQs and NEG-OPENs of one session past a token bucket are
         # refused "rate-limited:" (PEERS.md: LocalRelay's per-connection query limit), for good
         self.query_limit: tuple[int, float] | None = None
@@ -459,7 +463,8 @@ class SimRelay:
             return None
         nips = frozenset({1, 11, 42} | ({77} if self.nip77 else set()))
         return RelayLimits(max_subscriptions=self.max_subs, max_limit=self.page_cap,
-                           auth_required=self.auth_required, supported_nips=nips)
+                           auth_required=self.auth_required, supported_nips=nips,
+                           software="https://git.sr.ht/~gheartsfield/nostr-rs-relay" if self.precise_only else "")
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -565,6 +570,11 @@ class SimRelay:
             filters = filters_from_json(raw_filters, text)
         except ValueError as exc:
             return [_closed(sub_id, f"invalid: {exc}")]
+        if self.precise_only and any(
+                2 * (f.ids is not None) + (f.authors is not None) + (f.kinds is not None) + bool(f.tags) < 2
+                for f in filters):
+            session.subs.pop(sub_id, None)
+            return [_eose(sub_id)]  # (a "scraper": nothing, and not kept)
         if sub_id not in session.subs and len(session.subs) >= self.max_subs:
             return [self._refused(sub_id, "error: too many concurrent REQs")]
         refused = self.refusal(session, filters)

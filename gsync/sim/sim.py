@@ -118,6 +118,9 @@ class SimOptions:
     # of the relays requiring AUTH, the share doing it as khatru does (``SimRelay.auth_late``):
     # a challenge with each refusal only, and our AUTH taken a moment after what follows it
     auth_late: float = 0.0
+    # the share of relays answering only precise queries (nostr-rs-relay's limit_scrapers,
+    # its NIP-11 naming it; no NIP-77 there): ``SimRelay.precise_only``
+    precise_only: float = 0.0
     # the share of publications followed by a reply tagging only a thread member (a kind-1
     # reply or a reaction to a comment), sent to some of its repository's relays, not the
     # own relay: gsync finds it by the member's id (SPEC §3, direct-member descendants)
@@ -162,6 +165,7 @@ WORLD_SHARES = (
     ("notice_names", "--notice-names"),
     ("auth_restricted", "--auth-restricted"),
     ("auth_late", "--auth-late"),
+    ("precise_only", "--precise-only"),
     ("member_replies", "--member-replies"),
     ("own_full", "--own-full"),
     ("own_readonly", "--own-readonly"),
@@ -455,6 +459,8 @@ class Simulation:
                                  and random.Random(f"{o.seed}:{url}:auth-words").random() < o.auth_restricted)
         relay.auth_late = (relay.auth_required and not relay.auth_restricted
                            and random.Random(f"{o.seed}:{url}:auth-late").random() < o.auth_late)
+        if random.Random(f"{o.seed}:{url}:precise").random() < o.precise_only:
+            relay.precise_only, relay.nip77, relay.nip11 = True, False, True
         return relay
 
     # -- the heap -----------------------------------------------------------------------

@@ -218,12 +218,15 @@ class HistoricSync:
                 or self.own_relay_down() or self.delivery_holds_history()):
             return
         limit, open_historic = start_queue.slots(state, state.current.book.subscriptions)
-        while state.current.historic_queue and open_historic < limit:
+        while (state.current.historic_queue or state.current.probe is not None) and open_historic < limit:
             now = self.clock()
             wait = self.health.may_start_background(state.url, now)
             if wait > 0:
                 self.live.wake_pump_in(state, wait)
                 return
+            if state.current.probe is not None:
+                self.send_probe(state, now)
+                continue
             start = start_queue.next_start(self.plan, state, open_historic > 0, state.current.book.open_filter_bytes, now)
             self.execute()
             if start is act.AGAIN:
@@ -261,6 +264,15 @@ class HistoricSync:
             # below it, or a backlog hovering at the mark would pump every relay per OK.
             self.delivery.wake_below(self.backlog_high_water // 2)
         return True
+
+    def send_probe(self, state: RelayState, now: float) -> None:
+        """The precise probe (``protocol.precise``), one paced background start; the reader
+        takes its answer (``RelayConnection._probe_answered``)."""
+        probe, state.current.probe = state.current.probe, None
+        self.health.record_start(state.url, now, background=True)
+        sub_id = f"probe-{state.session}"
+        state.current.book.probe_sub = sub_id
+        self.effects.send(state.current.link, wire.req(sub_id, probe))
 
     def send_historic_start(self, state: RelayState, start: act.Start, now: float) -> None:
         """One paced background start: a NIP-77 exchange or a historic REQ."""

@@ -25,6 +25,7 @@ from ..inbox import (
     HandshakeDone,
     HandshakeStarted,
     ImpreciseIgnored,
+    ProbeWanted,
     RelayDisconnected,
 )
 from .coverage import member_filters, sync_filters
@@ -265,8 +266,8 @@ class RelayLifecycle:
         self.health.record_success(msg.relay, now)
         state.session = next(self.serials)
         authors = self.listing_authors(state.url)
-        probe = (precise.probe(authors) if not state.precise_queries and msg.limits is not None
-                 and precise.may_limit(msg.limits.software) else None)
+        probe = (not state.precise_queries and msg.limits is not None and precise.may_limit(msg.limits.software)
+                 and bool(authors))
         state.begin_session(
             *self.effects.connection(msg.relay, msg.ws, state.session, auth_secret=self.config.auth.secret_key,
                                      seen=self.seen, room=self.delivery.room_for(msg.relay), probe=probe),
@@ -295,6 +296,17 @@ class RelayLifecycle:
     def listing_authors(self, url: str) -> set[str]:
         """The owners of the repositories listing ``url``: what a precise layer 1 asks there."""
         return {address.split(":")[1] for address in self.repos.repos_listing(url) if address.count(":") >= 2}
+
+    def on_probe_wanted(self, msg: ProbeWanted) -> None:
+        """An imprecise REQ came back with nothing from a relay that may answer those so: the
+        precise probe goes as the relay's next paced start (``HistoricSync.pump``)."""
+        state = self.relays.in_session(msg.relay, msg.session)
+        if state is None or state.precise_queries:
+            return
+        roots = [root for address in self.repos.repos_listing(state.url)
+                 for root in itertools.islice(self.repos.get(address).root_events, 5)]
+        state.current.probe = precise.probe(self.listing_authors(state.url), roots) or None
+        self.historic.pump(state)
 
     def on_imprecise_ignored(self, msg: ImpreciseIgnored) -> None:
         """The relay answered an imprecise REQ with nothing and a precise probe with
