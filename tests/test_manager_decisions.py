@@ -937,6 +937,29 @@ def test_a_reply_refused_before_its_comment_was_stored_goes_again_once_the_comme
     assert reply.id not in h.manager.rejected and delivery.is_tracked(reply.id)
 
 
+def test_a_relay_answering_only_precise_queries_asks_a_new_owners_announcements_at_once(tmp_path):
+    """Layer 1 on a relay answering only precise queries asks the announcements of the owners
+    of the repositories listing it: a repository listing it anew, by someone new, has the
+    new owner asked at once (the simulator's seed 5 of a year with --precise-only), not at
+    the next daily fresh start."""
+    h, repo = _synced_with_a(tmp_path)
+    state = h.manager.relays[A]
+    state.precise_queries = True
+    state.current.book.precise_authors = frozenset({repo.pubkey})
+    newcomer = Author.named("newcomer")
+    theirs = announcement(newcomer, "theirs", relays=[A])
+
+    def layer1_authors() -> set:
+        return {a for req in h.reqs(A) for flt in req[2:]
+                if 30617 in flt.get("kinds", ()) and "#d" not in flt for a in flt.get("authors", ())}
+
+    assert newcomer.pubkey not in layer1_authors()
+    h.own_relay_holds(theirs)
+    h.advance(2)
+    h.tick()
+    assert newcomer.pubkey in layer1_authors() and repo.pubkey in layer1_authors()
+
+
 def _refused_with_everything(tmp_path):
     """A manager synced with a whose own relay, read-only, refused a newer announcement of the
     repository, an issue of it, a comment on the issue and another issue (each waits for it

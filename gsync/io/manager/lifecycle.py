@@ -297,17 +297,14 @@ class RelayLifecycle:
         """The owners of the repositories listing ``url``: what a precise layer 1 asks there."""
         return {address.split(":")[1] for address in self.repos.repos_listing(url) if address.count(":") >= 2}
 
-    def widen_precise_authors(self, state: RelayState) -> None:
+    def new_precise_authors(self, state: RelayState) -> bool:
         """A relay answering only precise queries is asked announcements by the owners of the
-        repositories listing it: one listing it anew by someone new (a repository added
-        to a list, announced elsewhere) has that owner asked too, layer 1 again, not at the
-        next daily fresh start (the simulator's seed 5 of a year with --precise-only: an
-        owner's second repository, announced there alone, waited for the next daily)."""
-        book = state.current.book
-        authors = frozenset(self.listing_authors(state.url))
-        if book.precise_authors is not None and not authors <= book.precise_authors:
-            book.precise_authors = authors
-            self.subscribe_layer1(state, since=None)
+        repositories listing it: has one listing it anew someone new as its owner? Then its
+        sync starts again with that owner asked too (``fresh_start``), not at the next daily
+        (the simulator's seed 5 of a year with --precise-only: an owner's second repository,
+        announced there alone, waited for it)."""
+        known = state.current.book.precise_authors
+        return known is not None and not self.listing_authors(state.url) <= known
 
     def on_probe_wanted(self, msg: ProbeWanted) -> None:
         """An imprecise REQ came back with nothing from a relay that may answer those so: the
@@ -534,8 +531,9 @@ class RelayLifecycle:
         """derive_relay_targets → compute_actions → start_sync, for one connected relay."""
         if not state.connected:
             return
-        if state.precise_queries:
-            self.widen_precise_authors(state)
+        if state.precise_queries and self.new_precise_authors(state):
+            self.fresh_start(state, self.clock())  # (its own recompute asks the rest)
+            return
         targets = {state.url: relay_needs(self.repos, state.url)}
         pending = {state.url: [b.items for b in state.current.pending.values()]}
         confirmed = {state.url: state.confirmed}
