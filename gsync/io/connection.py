@@ -701,9 +701,9 @@ class RelayConnection:
             return
         if not isinstance(msg, (wire.Eose, wire.Closed)):
             return
-        if isinstance(msg, wire.Eose):
-            self.send(wire.close(self.book.probe_sub))
-        self.book.probe_sub = None  # (its late frames: unknown, dropped)
+        close = self.book.probe_ended()
+        if isinstance(msg, wire.Eose) and close is not None:
+            self.send(close)
         if self._probe_events:
             self._probe, self._evented = False, set()
             self._emit(ImpreciseIgnored(self.relay, self.session))

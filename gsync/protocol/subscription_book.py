@@ -87,7 +87,7 @@ class SubscriptionBook:
         # A relay answering only precise queries (``protocol.precise``): every filter it is
         # sent is made precise, with these authors for a ``kinds`` filter. None: as they are.
         self.precise_authors: frozenset[str] | None = None
-        self.probe_sub: str | None = None  # the precise probe's REQ, while it runs (read by the reader)
+        self.probe_sub: str | None = None  # the precise probe's REQ, while it runs (``probe_frame``)
 
     def req_frame(self, sub_id: str, filters) -> str:
         """``sub_id`` is open from now (its events are matched, its bytes counted): its REQ,
@@ -105,6 +105,18 @@ class SubscriptionBook:
         self.open_filter_bytes += len(text)
         self.unanswered[sub_id] = self.clock()
         return text
+
+    def probe_frame(self, sub_id: str, filters) -> str:
+        """The precise probe's REQ (``protocol.precise``), for the caller to send: not a
+        subscription of the manager's; the reader takes its answer until ``probe_ended``."""
+        self.probe_sub = sub_id
+        return wire.req(sub_id, filters)
+
+    def probe_ended(self) -> str | None:
+        """The probe answered: its CLOSE, for the caller to send (None: none runs). Its late
+        frames are read as any unknown subscription's."""
+        sub_id, self.probe_sub = self.probe_sub, None
+        return None if sub_id is None else wire.close(sub_id)
 
     def close_frame(self, sub_id: str) -> str | None:
         """``sub_id`` is closing from now: its CLOSE, for the caller to send (None: it is not

@@ -183,6 +183,7 @@ class Checker:
         self.refused_at: dict[str, dict[str, list]] = {}  # relay -> tag key -> [read at, asked since, ...]
         # relay -> every tag key it ever refused by policy (what explains a shape gsync holds paused)
         self.ever_refused: dict[str, set[str]] = {}
+        self._probe_found: dict[str, tuple[float, bool]] = {}  # relay -> (checked at, ``_probe_finds``)
         self.refused_by: dict[tuple[str, str], tuple] = {}  # (relay, tag key) -> _relay_state when read (or reset)
         self.hidden_asks: dict[tuple[str, str], tuple] = {}  # (relay, hidden id) -> (gsync's record of it, asked by id at)
         self.ids_judged: dict[str, float] = {}  # relay -> the ids_unserved_at last checked
@@ -1135,12 +1136,18 @@ class Checker:
         m = self.sim.manager
         if m is None:
             return False
+        now = self.sim.clock.now
+        found = self._probe_found.get(url)
+        if found is not None and found[0] == now:  # (once a check, not once an event owed)
+            return found[1]
         listing = m.repos.repos_listing(url)
         owners = {a.split(":")[1] for a in listing}
         roots = {root for a in listing for root in m.repos.get(a).root_events}
         store = self.sim.relays[url].store.events
-        return any(event_id in store for event_id in roots) or any(
+        finds = any(event_id in store for event_id in roots) or any(
             e.kind in (30617, 30618) and e.pubkey in owners for e in store.values())
+        self._probe_found[url] = (now, finds)
+        return finds
 
     def _owner_known(self, pubkey: str, url: str) -> bool:
         """Does ``pubkey`` own a repository the running gsync knows lists ``url``?"""

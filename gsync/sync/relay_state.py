@@ -159,7 +159,7 @@ class RelaySession:
     # (sub id or NIP-77 token, filters) waiting for a slot
     historic_queue: list = field(default_factory=list)
     # the precise probe to send as the next paced start (``protocol.precise``), if wanted
-    probe: object = None
+    probe: list | None = None
     historic_sent_at: dict = field(default_factory=dict)  # historic sub id -> when its REQ went
     neg_running: dict = field(default_factory=dict)  # NIP-77 token → RunningExchange
     # historic sub id → when it last showed life (sent, or an event): stalled ones time out

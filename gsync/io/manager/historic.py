@@ -270,9 +270,7 @@ class HistoricSync:
         takes its answer (``RelayConnection._probe_answered``)."""
         probe, state.current.probe = state.current.probe, None
         self.health.record_start(state.url, now, background=True)
-        sub_id = f"probe-{state.session}"
-        state.current.book.probe_sub = sub_id
-        self.effects.send(state.current.link, wire.req(sub_id, probe))
+        self.effects.send(state.current.link, state.current.book.probe_frame(f"probe-{state.session}", probe))
 
     def send_historic_start(self, state: RelayState, start: act.Start, now: float) -> None:
         """One paced background start: a NIP-77 exchange or a historic REQ."""

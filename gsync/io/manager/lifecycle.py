@@ -265,17 +265,15 @@ class RelayLifecycle:
         metrics.CONNECTION_ATTEMPTS.labels(msg.relay, "success").inc()
         self.health.record_success(msg.relay, now)
         state.session = next(self.serials)
-        authors = self.listing_authors(state.url)
         probe = (not state.precise_queries and msg.limits is not None and precise.may_limit(msg.limits.software)
-                 and bool(authors))
+                 and bool(self.repos.repos_listing(state.url)))
         state.begin_session(
             *self.effects.connection(msg.relay, msg.ws, state.session, auth_secret=self.config.auth.secret_key,
                                      seen=self.seen, room=self.delivery.room_for(msg.relay), probe=probe),
             limits=self.with_learned_limits(state, msg.limits),
             page_cap=PageCap(),  # learnt again: the relay may have changed
         )
-        if state.precise_queries:
-            state.current.book.precise_authors = frozenset(authors)
+        self.ask_precisely(state)
         if reason := nip77_barred(state, now):
             self.historic.disable_negentropy(state, reason)
         move_status(state, Fact.HANDSHAKE_DONE)
@@ -296,6 +294,12 @@ class RelayLifecycle:
     def listing_authors(self, url: str) -> set[str]:
         """The owners of the repositories listing ``url``: what a precise layer 1 asks there."""
         return {address.split(":")[1] for address in self.repos.repos_listing(url) if address.count(":") >= 2}
+
+    def ask_precisely(self, state: RelayState) -> None:
+        """A relay answering only precise queries has its session's book make them so, with
+        the owners of the repositories listing it now (at each session and fresh start)."""
+        if state.precise_queries:
+            state.current.book.precise_authors = frozenset(self.listing_authors(state.url))
 
     def new_precise_authors(self, state: RelayState) -> bool:
         """A relay answering only precise queries is asked announcements by the owners of the
@@ -325,10 +329,9 @@ class RelayLifecycle:
         if state is None or msg.session != state.session or state.current.link is None or state.precise_queries:
             return
         state.precise_queries = True
-        authors = self.listing_authors(state.url)
-        state.current.book.precise_authors = frozenset(authors)
-        log.warning("relay_answers_only_precise_queries", relay=state.url, authors=len(authors))
-        self.fresh_start(state, self.clock())
+        self.fresh_start(state, self.clock())  # (asked precisely from now: ``ask_precisely``)
+        log.warning("relay_answers_only_precise_queries", relay=state.url,
+                    authors=len(state.current.book.precise_authors))
 
     def on_relay_disconnected(self, msg: RelayDisconnected) -> None:
         state = self.relays.get(msg.relay)
@@ -487,8 +490,7 @@ class RelayLifecycle:
             state.unreached = False  # (what was left is reached now, or marked again)
         self.recovery.forget(state.url)  # the full history below finds whatever is missing
         state.historic_sync_completed_at = None
-        if state.precise_queries:  # (the owners of the repositories listing it now: each day)
-            state.current.book.precise_authors = frozenset(self.listing_authors(state.url))
+        self.ask_precisely(state)  # (the owners of the repositories listing it now: each day)
         with self.pump_held(state):
             self.subscribe_layer1(state, since=None)
             self.recompute(state, since=None)
