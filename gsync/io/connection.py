@@ -172,6 +172,11 @@ class RelayConnection:
         return self.book.open_filter_bytes
 
     @property
+    def will_authenticate(self) -> bool:
+        """A challenge gets our AUTH: we have a key and the relay has not refused it."""
+        return bool(self._auth_secret) and not self._auth_refused
+
+    @property
     def peak_subscriptions(self) -> int:
         return self.book.peak_subscriptions
 

@@ -776,7 +776,7 @@ class Simulation:
         session = relay.sessions.get(conn.number)
         relay.now = self.clock.now
         return (relay.auth_required and session is not None and not relay.authed(session)
-                and bool(conn._auth_secret) and not conn._auth_refused)
+                and conn.will_authenticate)
 
     # -- the self-subscription ----------------------------------------------------------
 
