@@ -25,6 +25,10 @@ OWN_SESSION_STABLE_SECS = 30.0
 # the first read then starts a new session, a re-read is tried at the next round. LocalRelay
 # pages 100,000 events in well under a minute on loopback.
 OWN_HISTORY_DEADLINE_SECS = 600.0
+# An own relay that does not answer our AUTH (nostr_relay sends no OK to it) is taken to
+# have taken it this long after it went: delivery's EVENTs refused auth-required within it
+# were most likely read before it did; a read refused for want of AUTH is asked again then.
+AUTH_SETTLE_SECS = 1.0
 BATCH_WINDOW_MS = 5_000  # [sync] batch_window_ms: lets a burst of discoveries share REQs
 # StateOnly repos live 24 h after the own relay last answered ``purgatory:`` about them (to
 # their announcement, or to one of their state events: what restarts a GRASP relay's own

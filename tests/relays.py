@@ -19,6 +19,7 @@ from gsync.ops import localrelay
 from gsync.ops.localrelay import LocalRelayProcess
 
 from . import forks
+from .factory import Author
 
 # Ports for relays and gsync's metrics endpoint. Alone, the kernel picks a free one (bind to
 # port 0). Under pytest-xdist, workers pick at the same time, and a port chosen that way is
@@ -114,9 +115,11 @@ def _connect(url: str, timeout: float = 10.0) -> websocket.WebSocket:
     return websocket.create_connection(url, timeout=timeout, enable_multithread=False, skip_utf8_validation=True)
 
 
-def publish(url: str, events, per_connection: int = 4000, timeout: float = 60.0) -> dict:
+def publish(url: str, events, per_connection: int = 4000, timeout: float = 60.0,
+            secret: str | None = None) -> dict:
     """Send events (objects, dicts or their JSON) and wait for every OK. Returns {event_id:
-    (accepted, message)}.
+    (accepted, message)}. ``secret``: a key to answer a relay asking for NIP-42 AUTH to write
+    (the events it refused so are sent again once it took it).
 
     LocalRelay drops a connection after about 6,000 client frames in a burst, so large sets
     go over several connections.
@@ -132,25 +135,62 @@ def publish(url: str, events, per_connection: int = 4000, timeout: float = 60.0)
             deadline = time.monotonic() + timeout
             want = len(chunk)
             got = 0
+            challenge, refused = None, {}
+            by_id = {json.loads(text)["id"]: text for text in chunk} if secret else {}
             while got < want and time.monotonic() < deadline:
                 msg = json.loads(ws.recv())
-                if msg[0] == "OK":
+                if msg[0] == "AUTH":
+                    challenge = msg[1]
+                elif msg[0] == "OK" and secret and not msg[2] and msg[3].startswith("auth-required") and msg[1] in by_id:
+                    refused[msg[1]] = by_id.pop(msg[1])
+                    got += 1
+                elif msg[0] == "OK":
                     results[msg[1]] = (msg[2], msg[3])
                     got += 1
+            if refused:
+                _authenticate(ws, url, secret, challenge, timeout)
+                for text in refused.values():
+                    ws.send('["EVENT",' + text + "]")
+                while len(refused) and time.monotonic() < deadline:
+                    msg = json.loads(ws.recv())
+                    if msg[0] == "OK" and refused.pop(msg[1], None) is not None:
+                        results[msg[1]] = (msg[2], msg[3])
         finally:
             ws.close()
     return results
 
 
-def fetch_all(url: str, filt: dict, timeout: float = 30.0) -> list[dict]:
+def _authenticate(ws, url: str, secret: str, challenge: str | None, timeout: float) -> None:
+    """NIP-42: answer ``challenge`` (or the next one the relay sends) and wait for its OK."""
+    deadline = time.monotonic() + timeout
+    while challenge is None:
+        msg = json.loads(ws.recv())
+        if msg[0] == "AUTH":
+            challenge = msg[1]
+        elif time.monotonic() > deadline:
+            raise RuntimeError("no AUTH challenge")
+    auth = Author(secret).sign(22242, [["relay", url], ["challenge", challenge]], created_at=int(time.time()))
+    ws.send('["AUTH",' + auth.to_json() + "]")
+    while time.monotonic() < deadline:
+        msg = json.loads(ws.recv())
+        if msg[0] == "OK" and msg[1] == auth.id:
+            if not msg[2]:
+                raise RuntimeError(f"AUTH refused: {msg}")
+            return
+    raise RuntimeError("no OK to our AUTH")
+
+
+def fetch_all(url: str, filt: dict, timeout: float = 30.0, secret: str | None = None) -> list[dict]:
     """Every event matching ``filt``, paginating with ``until`` past the relay's per-REQ cap
-    (and asking for long id lists in chunks, which the cap applies to as well)."""
+    (and asking for long id lists in chunks, which the cap applies to as well). ``secret``:
+    a key to answer a relay asking for NIP-42 AUTH to read."""
     ids = filt.get("ids")
     if ids is not None and len(ids) > 400:
         chunks = [dict(filt, ids=ids[i : i + 400]) for i in range(0, len(ids), 400)]
-        return [e for chunk in chunks for e in fetch_all(url, chunk, timeout)]
+        return [e for chunk in chunks for e in fetch_all(url, chunk, timeout, secret)]
     seen: dict[str, dict] = {}
     ws = _connect(url, timeout)
+    challenge, authed = None, False
     try:
         until = filt.get("until")
         while True:
@@ -166,6 +206,13 @@ def fetch_all(url: str, filt: dict, timeout: float = 30.0) -> list[dict]:
                     page.append(msg[2])
                 elif msg[0] == "EOSE" and msg[1] == sub:
                     break
+                elif msg[0] == "AUTH":
+                    challenge = msg[1]
+                elif msg[0] == "CLOSED" and msg[1] == sub and secret and not authed and "auth-required" in msg[2]:
+                    _authenticate(ws, url, secret, challenge, timeout)
+                    authed = True
+                    sub = uuid.uuid4().hex[:16]
+                    ws.send(json.dumps(["REQ", sub, f]))
                 elif msg[0] == "CLOSED" and msg[1] == sub:
                     raise RuntimeError(f"fetch refused: {msg}")
             ws.send(json.dumps(["CLOSE", sub]))
@@ -198,8 +245,8 @@ def count_on(url: str, filt: dict, timeout: float = 10.0) -> int:
         ws.close()
 
 
-def ids_on(url: str, filt: dict | None = None) -> set[str]:
-    return {e["id"] for e in fetch_all(url, filt or {})}
+def ids_on(url: str, filt: dict | None = None, secret: str | None = None) -> set[str]:
+    return {e["id"] for e in fetch_all(url, filt or {}, secret=secret)}
 
 
 def wait_until(predicate, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):

@@ -33,6 +33,37 @@ def test_nip42_on_the_own_relay_and_on_a_remote(relay_factory, gsync_factory, tm
 
 
 @pytest.mark.slow
+def test_an_own_relay_asking_for_auth_to_read_is_read_with_our_key(relay_factory, gsync_factory, tmp_path):
+    """An own relay asking for NIP-42 AUTH to read as well as to write (LocalRelay's BOTH):
+    the self-subscription, its history reads and the NIP-77 holdings reads answer it with the
+    configured key. (They did not: every read was refused, gsync learnt nothing the own relay
+    accepted, and synced nothing.)"""
+    own = relay_factory(nip42="both")
+    remote = relay_factory()
+    reader = generate_secret()  # the test's own key: LocalRelay lets any authenticated key read
+    repo = our_announcement(own, [remote], d="read-authed")
+    issues = [f.issue(bob, repo, subject=f"issue {i}") for i in range(5)]
+    publish(remote.url, [repo, *issues])
+    publish(own.url, [repo], secret=reader)  # only the own relay tells gsync of this repository
+    gsync = gsync_factory(own, [remote], extra={"auth": {"key_file": _key_file(tmp_path)}})
+    wanted = {e.id for e in issues}
+    wait_until(lambda: ids_on(own.url, {"ids": sorted(wanted)}, secret=reader) == wanted, timeout=60,
+               what="the issues, on an own relay asking for AUTH to read")
+
+    # A repository the own relay accepts now: the live self-subscription (its REQ sent again
+    # once our AUTH was taken) shows it, not the next session's history read.
+    later = our_announcement(own, [remote], d="read-authed-later")
+    bug = f.issue(bob, later, subject="later")
+    publish(remote.url, [later, bug])
+    publish(own.url, [later], secret=reader)
+    wait_until(lambda: ids_on(own.url, {"ids": [bug.id]}, secret=reader) == {bug.id}, timeout=60,
+               what="the later repository's issue")
+    logged = [e["event"] for e in gsync.log_events()]
+    assert "self_subscription_lost" not in logged and "self_history_failed" not in logged
+    assert "negentropy_own_relay_unavailable" not in logged  # the holdings reads were answered
+
+
+@pytest.mark.slow
 def test_refused_events_are_counted_remembered_and_not_fetched_again(relay_factory, gsync_factory,
                                                                        tmp_path):
     own = relay_factory(reject={"kinds": [1], "message": "no notes here"})

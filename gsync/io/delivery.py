@@ -56,9 +56,6 @@ MAX_RATE_PAUSE_SECS = 30.0
 # While more than half a lane's window is unanswered, its reader pauses this long between
 # reads so that OKs are handled in bursts (a relay writes them one by one as it stores).
 OK_COALESCE_SECS = 0.025
-# An own relay that does not answer our AUTH (nostr_relay sends no OK to it): EVENTs refused
-# auth-required within this long after it went were read before it took it, most likely
-AUTH_SETTLE_SECS = 1.0
 
 
 class _FairQueue:
@@ -481,13 +478,13 @@ class OwnRelayDelivery:
         before the relay took that AUTH? Those the window had in flight when the AUTH went
         were; so, on a relay reading each message apart (khatru), were those sent until it
         said OK to it (the AUTH's signature still being checked). With no answer to our AUTH,
-        those sent within ``AUTH_SETTLE_SECS`` of it. Sent again after a while (half a second
+        those sent within ``constants.AUTH_SETTLE_SECS`` of it. Sent again after a while (half a second
         first: ``sync.delivery_retry``, its attempts bounded), not refused for good."""
         if lane.auth_refused:
             return False
         if lane.auth_taken_at is not None:
             return sent_at < lane.auth_taken_at
-        return sent_at < lane.auth_sent_at + AUTH_SETTLE_SECS
+        return sent_at < lane.auth_sent_at + constants.AUTH_SETTLE_SECS
 
     def _finish(self, event: Event, outcome: str, reason: str, until_own_stores: bool = False) -> None:
         source = self._sources.pop(event.id, "")

@@ -130,7 +130,13 @@ SHARED_STORAGE_MIN_ITEMS = 1_000  # a shared read this large is reconciled from 
 # Every exchange holds its filter's have-set while it runs (layer 1: every announcement the
 # own relay holds): at most this many run at once, whatever the number of relays.
 _running = BoundedSemaphore(MAX_RUNNING_EXCHANGES)
-_holdings = SharedHoldings(KeptConnections(keep=MAX_RUNNING_EXCHANGES).holdings)
+_kept = KeptConnections(keep=MAX_RUNNING_EXCHANGES)
+_holdings = SharedHoldings(_kept.holdings)
+
+
+def authenticate_reads(secret: str | None) -> None:
+    """Answer an own relay that asks for NIP-42 AUTH to read the holdings with ``secret``."""
+    _kept.use_key(secret)
 
 
 # Reads of the own relay's holdings before methods are chosen: a batch's filters are read

@@ -21,16 +21,18 @@ from ..protocol.filters import Filter
 from ..sync import filter_plan
 from ..sync.own_held import HeldEntry
 from ..sync.pending import PageCap
+from .own_auth import ReadAuth, refusal_for_auth
 from .ws import connect as ws_connect
 
 QUERY_TIMEOUT_SECS = 30.0
 
 
-def history_pages(ws, flt: Filter, cap: PageCap | None = None,
-                  counted: bool = False) -> Iterator[list[dict]]:
+def history_pages(ws, flt: Filter, cap: PageCap | None = None, counted: bool = False,
+                  auth: ReadAuth | None = None) -> Iterator[list[dict]]:
     """Pages of raw events (newest first) until the relay has nothing older for ``flt``.
     ``cap``: what this connection taught of its page size so far (learnt here too).
-    ``counted``: each REQ counts as a holdings read (``gsync_own_relay_reads_total``)."""
+    ``counted``: each REQ counts as a holdings read (``gsync_own_relay_reads_total``).
+    ``auth``: NIP-42 for a page refused for want of it (``own_auth``)."""
     cap = cap if cap is not None else PageCap()
     flt = filter_plan.with_page_limit([flt.replace(limit=None)])[0]  # (newest first: NIP-01)
     seen: set[str] = set()
@@ -38,7 +40,7 @@ def history_pages(ws, flt: Filter, cap: PageCap | None = None,
     while True:
         if counted:
             metrics.OWN_RELAY_READS.inc()
-        page = _one_page(ws, flt if until is None else flt.replace(until=until), counted)
+        page = _one_page(ws, flt if until is None else flt.replace(until=until), counted, auth)
         new = [e for e in page if e["id"] not in seen]
         seen.update(e["id"] for e in new)
         if new:
@@ -98,6 +100,13 @@ class KeptConnections:
         self._timeout = timeout
         self._idle: dict[str, list[tuple]] = {}  # url → idle (connection, the relay's PageCap)
         self._caps: dict[str, PageCap] = {}  # url → what its pages taught
+        self._secret: str | None = None
+        self._auth: dict[str, ReadAuth] = {}  # url → NIP-42 for its reads
+
+    def use_key(self, secret: str | None) -> None:
+        """Answer an own relay asking for NIP-42 AUTH to read with ``secret`` (``[auth]``)."""
+        self._secret = secret
+        self._auth.clear()
 
     def holdings(self, url: str, flt: Filter) -> HeldItems:
         idle = self._idle.setdefault(url, [])
@@ -111,7 +120,10 @@ class KeptConnections:
 
     def _read_and_keep(self, url: str, ws, cap: PageCap, flt: Filter) -> HeldItems:
         try:
-            items = HeldItems(e for page in history_pages(ws, flt, cap, counted=True) for e in page)
+            auth = self._auth.get(url)
+            if auth is None:
+                auth = self._auth[url] = ReadAuth(url, self._secret)
+            items = HeldItems(e for page in history_pages(ws, flt, cap, counted=True, auth=auth) for e in page)
         except BaseException:
             _close(ws)
             raise
@@ -130,10 +142,13 @@ def _close(ws) -> None:
         pass
 
 
-def _one_page(ws, flt: Filter, counted: bool = False) -> list[dict]:
+def _one_page(ws, flt: Filter, counted: bool = False, auth: ReadAuth | None = None) -> list[dict]:
+    """One REQ's events. Refused for want of AUTH, with a key: AUTH (``auth``), and asked once
+    more; refused otherwise, or again, ``ConnectionError``."""
     sub = "own-" + uuid.uuid4().hex[:12]
     ws.send(wire.req(sub, [flt]))
     page: list[dict] = []
+    asked_again = False
     while True:
         text = ws.recv()
         if counted:
@@ -146,5 +161,15 @@ def _one_page(ws, flt: Filter, counted: bool = False) -> list[dict]:
         elif isinstance(msg, wire.Eose) and msg.sub_id == sub:
             ws.send(wire.close(sub))
             return page
+        elif auth is not None and auth.note(ws, msg):
+            continue
+        elif refusal_for_auth(msg) and getattr(msg, "sub_id", None) in (sub, None):
+            if asked_again or auth is None or not auth.authenticate(ws):
+                hint = "" if auth is not None and auth.has_key else " (no [auth] key_file to answer it with)"
+                raise ConnectionError(f"own relay refused the history query: {msg.text}{hint}")
+            asked_again = True
+            page = []
+            sub = "own-" + uuid.uuid4().hex[:12]
+            ws.send(wire.req(sub, [flt]))
         elif isinstance(msg, wire.Closed) and msg.sub_id == sub:
             raise ConnectionError(f"own relay refused the history query: {msg.text}")

@@ -27,6 +27,7 @@ from ..protocol.event import EventError, parse_event
 from ..protocol.filters import Filter
 from ..sync.own_held import HeldEntry
 from .inbox import OwnEvents, OwnLanded, OwnSubscribed
+from .own_auth import ReadAuth, refusal_for_auth
 from .own_query import history_pages
 from .ws import Timeout
 from .ws import connect as ws_connect
@@ -67,8 +68,10 @@ def history_filter(since: int | None) -> Filter:
 
 class SelfSubscriber:
     def __init__(self, url: str, post, log, *, clock=time.time, seen=None, landed: bool = False,
-                 held=frozenset()):
+                 held=frozenset(), auth_secret: str | None = None):
         self.url = url
+        # an own relay asking for NIP-42 AUTH to read is answered with the configured key
+        self._auth = ReadAuth(url, auth_secret, clock=clock)
         # With shards: every new event the own relay stores (``LANDED_SUB_ID``), those not
         # in ``held`` (what this instance knows the own relay holds: only read here).
         self._landed = landed
@@ -120,13 +123,15 @@ class SelfSubscriber:
                 # Live first (limit 0: only new events), then the history in pages on a
                 # second connection: relays cap one REQ's answer, and nothing may slip
                 # between the two.
-                ws.send(wire.req(SUB_ID, [self_filter(None).replace(limit=0)]))
+                live = {SUB_ID: wire.req(SUB_ID, [self_filter(None).replace(limit=0)])}
                 if self._landed:  # before any holdings read: a read and this cover everything
-                    ws.send(wire.req(LANDED_SUB_ID, [Filter.make(limit=0)]))
+                    live[LANDED_SUB_ID] = wire.req(LANDED_SUB_ID, [Filter.make(limit=0)])
+                for req in live.values():
+                    ws.send(req)
                 self._log.info("self_subscription_started", relay=self.url, since=since)
                 history = gevent.spawn(self._read_history, since, reconnect, ws)
                 reread = gevent.spawn(self._reread_loop)
-                self._read(ws)
+                self._read(ws, live)
             except Exception as exc:
                 self._log.warning("self_subscription_lost", relay=self.url, reason=type(exc).__name__,
                                   detail=str(exc)[:200])
@@ -198,7 +203,7 @@ class SelfSubscriber:
         for attempt in range(2 if kept else 1):
             if self._history_ws is None:
                 self._history_ws = ws_connect(self.url, 30)
-            pages = history_pages(self._history_ws, flt)
+            pages = history_pages(self._history_ws, flt, auth=self._auth)
             try:
                 first = next(pages, None)
             except BaseException as exc:
@@ -293,18 +298,23 @@ class SelfSubscriber:
         if entries:
             self._post(OwnLanded(entries))
 
-    def _read(self, ws) -> None:
-        """The live subscription, until the session ends. Silence is asked about: after
-        OWN_IDLE_PING_SECS with nothing read, a ping; nothing read again by the next
-        timeout (not even its pong) and the socket is taken for half-open."""
+    def _read(self, ws, live: dict[str, str]) -> None:
+        """The live subscription (``live``: its REQs by subscription id), until the session
+        ends. Silence is asked about: after OWN_IDLE_PING_SECS with nothing read, a ping;
+        nothing read again by the next timeout (not even its pong) and the socket is taken
+        for half-open. REQs refused for want of AUTH go again once the relay took ours
+        (``_LiveAuth``)."""
         ws.settimeout(constants.OWN_IDLE_PING_SECS)
         pinged_at = None  # ws.reads when the unanswered ping went
+        auth = _LiveAuth(self._auth, ws, live)
         while True:
             raws, landed = [], []
             try:
                 try:
                     burst = ws.recv_burst()
                 except Timeout:
+                    if auth.settled():
+                        continue
                     if pinged_at is not None and ws.reads == pinged_at:
                         raise ConnectionError("the own relay answered no ping: half-open socket") from None
                     pinged_at = ws.reads
@@ -323,6 +333,8 @@ class SelfSubscriber:
                         raws.append(msg.event)
                     elif isinstance(msg, wire.RelayEvent) and msg.sub_id == LANDED_SUB_ID:
                         landed.append(msg.event)
+                    elif auth.handled(msg):
+                        continue
                     elif isinstance(msg, wire.Closed) and msg.sub_id == SUB_ID:
                         raise SubscriptionClosed(f"own relay closed the self-subscription: {msg.text}")
             finally:
@@ -330,3 +342,74 @@ class SelfSubscriber:
                 self._post_landed(landed)
             if raws and self._history_read:  # a failed history read is read again whole
                 self.last_connected = self._clock()
+
+
+class _LiveAuth:
+    """The live subscription's NIP-42 (``own_auth``): a REQ of ``live`` refused for want of
+    AUTH, with a key, has our AUTH sent as soon as the relay's challenge is known (the read
+    goes on meanwhile), and goes again once the relay said OK to it, or said nothing for
+    ``AUTH_SETTLE_SECS`` (the read's timeout while it waits). Refused again, our AUTH
+    refused, or no challenge within that time: the subscription is closed
+    (``SubscriptionClosed``: the session ends and a new one begins)."""
+
+    def __init__(self, auth: ReadAuth, ws, live: dict[str, str]):
+        self._auth = auth
+        self._ws = ws
+        self._live = live
+        self._refused: set[str] = set()  # waiting for our AUTH to be taken
+        self._auth_id: str | None = None
+        self._since = 0.0  # the first refusal, or our AUTH: what the wait counts from
+        self._asked_again = False
+
+    def handled(self, msg) -> bool:
+        """Was ``msg`` a challenge, a refusal for want of AUTH of a live REQ, or the answer
+        to our AUTH (all taken care of here)?"""
+        if self._auth.note(self._ws, msg):
+            if self._refused and self._auth_id is None and not self._asked_again:
+                self._answer()
+            return True
+        if refusal_for_auth(msg):
+            sub = getattr(msg, "sub_id", None)
+            refused = set(self._live) if sub is None else {sub} & set(self._live)
+            if not refused:
+                return False
+            if self._asked_again or not self._auth.has_key:
+                hint = "" if self._auth.has_key else " (no [auth] key_file to answer it with)"
+                raise SubscriptionClosed(f"own relay closed the self-subscription: {msg.text}{hint}")
+            if not self._refused:
+                self._since = time.monotonic()
+            self._refused |= refused
+            if self._auth_id is None:
+                self._answer()
+            self._ws.settimeout(constants.AUTH_SETTLE_SECS)
+            return True
+        if self._auth_id is not None and not self._asked_again:
+            taken = self._auth.taken(msg, self._auth_id)
+            if taken is False:
+                raise SubscriptionClosed(f"own relay refused our AUTH: {msg.text}")
+            if taken:
+                self._send_again()
+                return True
+        return False
+
+    def settled(self) -> bool:
+        """A read timed out: past ``AUTH_SETTLE_SECS`` of an unanswered AUTH, the refused
+        REQs go again (True: the timeout was that wait's, not the relay's silence)."""
+        if not self._refused or self._asked_again:
+            return False
+        if time.monotonic() - self._since >= constants.AUTH_SETTLE_SECS:
+            if self._auth_id is None:
+                raise SubscriptionClosed("own relay asked for AUTH and sent no challenge")
+            self._send_again()
+        return True
+
+    def _answer(self) -> None:
+        self._auth_id = self._auth.answer(self._ws)
+        if self._auth_id is not None:
+            self._since = time.monotonic()
+
+    def _send_again(self) -> None:
+        self._asked_again = True
+        for sub in sorted(self._refused):
+            self._ws.send(self._live[sub])
+        self._ws.settimeout(constants.OWN_IDLE_PING_SECS)

@@ -225,6 +225,11 @@ class WsStream:
         self._idle_timeout = timeout
         self._sock.settimeout(timeout)
 
+    @property
+    def timeout(self) -> float | None:
+        """What ``settimeout`` set last: how long a read waits for a message."""
+        return self._idle_timeout
+
     def peer_closed(self) -> bool:
         """Has the peer closed or reset the connection, or begun to close it, as far as the
         socket tells without waiting or reading? (A handshake's socket, before its session

@@ -27,6 +27,7 @@ from ...sync.recovery import MissingEventRecovery
 from ...sync.relay_state import RelayState, RelayTable
 from ...sync.repos import RepoSyncIndex
 from ...sync.shard import waits_on_other_shard
+from .. import negentropy_sync
 from ..delivery import OwnRelayDelivery
 from ..handshake import HandshakePool
 from ..inbox import (
@@ -130,7 +131,10 @@ class SyncManager:
         self.seen: dict[str, float | None] = {}  # id -> when gsync fetched it (None: seen on the own relay)
         # with shards, it also shows what the other shards stored (``OwnLanded``)
         self.self_sub = SelfSubscriber(svc.own_relay, self.post, log, clock=self.clock, seen=self.seen,
-                                       landed=config.cluster.shard.count > 1, held=self.own_held)
+                                       landed=config.cluster.shard.count > 1, held=self.own_held,
+                                       auth_secret=config.auth.secret_key)
+        # an own relay asking for AUTH to read: the holdings reads answer it too
+        negentropy_sync.authenticate_reads(config.auth.secret_key)
 
     def build_collaborators(self, config, on_ready) -> None:
         """The concerns the manager owns, each given what it reads and writes. Two pairs
