@@ -35,6 +35,7 @@ from ..ops import metrics
 from ..protocol import negentropy
 from ..protocol.filters import Filter
 from ..protocol.negentropy import Storage
+from ..sync.result_caps import SILENT_CAP_MIN
 from . import negentropy_ws
 from .inbox import NegentropyFinished, OwnReadsLanded, OwnWitnessRead
 from .own_query import KeptConnections
@@ -67,6 +68,32 @@ class NegentropyOutcome:
     # exchange read that part of its filter: the manager keeps it (``OwnHeld.learn``)
     read_also: tuple | None = None
     beyond: int = 0  # events the have-set claimed besides: in flight to the own relay, refused
+    need_before: int | None = None  # ``NegentropyResult.need_before``
+    # What the relay compared, when that is at least SILENT_CAP_MIN (its events, as the
+    # exchange found them: ``advertised``), the second its oldest was created at or a later
+    # one (``oldest``; None: not known), and how many ids of the have-set it lacks are that
+    # old or older (``have_upto``). A relay that compares only its newest events (a silent
+    # cap) is asked again below ``oldest`` (``result_caps.SilentCap``).
+    advertised: int = 0
+    oldest: int | None = None
+    have_upto: int = 0
+
+    def note_advertised(self, items) -> None:
+        """Fill ``advertised``, ``oldest`` and ``have_upto`` from the have-set ``items``
+        ((created_at, id)), for an exchange that compared SILENT_CAP_MIN events or more."""
+        if len(items) - len(self.have_ids) + len(self.need_ids) < SILENT_CAP_MIN:
+            return
+        have = set(self.have_ids)
+        unique = {event_id: created_at for created_at, event_id in items}
+        common = [created_at for event_id, created_at in unique.items() if event_id not in have]
+        self.advertised = len(common) + len(self.need_ids)
+        need_before = self.need_before if self.need_before is not None and self.need_before < negentropy.INFINITY else None
+        if self.need_ids and need_before is None:
+            return  # (its needs came with no bound: how old they are is not known)
+        bounds = [t for t in (min(common, default=None), need_before) if t is not None]
+        if bounds:
+            self.oldest = min(bounds)
+            self.have_upto = sum(1 for event_id in have if unique.get(event_id, self.oldest + 1) <= self.oldest)
 
 
 class SharedHoldings:
@@ -237,6 +264,8 @@ def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batc
             outcome = exchange(conn, token, asks, items + extra if extra else items, deadline_secs,
                                frame_size_limit=frame_size_limit, storage=shared)
             outcome.held, outcome.beyond = len(items), len(extra)
+            if outcome.ok:
+                outcome.note_advertised(items + extra if extra else items)
             if read is not None:
                 outcome.read_also = (read_also, read.entries)
     post(NegentropyFinished(conn.relay, conn.session, batch_id, token, flt, outcome))
@@ -267,7 +296,8 @@ def exchange(conn, sub_id: str, flt: Filter, items, deadline_secs: float,
 
         r = negentropy_ws.reconcile(send, receive, sub_id, flt, items, storage=storage,
                                     frame_size_limit=frame_size_limit, deadline_secs=deadline_secs)
-        return NegentropyOutcome(True, r.need_ids, r.have_ids, r.rounds, r.bytes_up, r.bytes_down)
+        return NegentropyOutcome(True, r.need_ids, r.have_ids, r.rounds, r.bytes_up, r.bytes_down,
+                                 need_before=r.need_before)
     except negentropy_ws.NegentropyFailed as exc:
         metrics.NEGENTROPY_FAILURES.labels(exc.reason).inc()
         r = exc.result

@@ -41,6 +41,9 @@ class NegentropyResult:
     rounds: int  # messages we sent that the relay answered
     bytes_up: int  # UTF-8 bytes of the NIP-77 frames we sent (NEG-CLOSE included)
     bytes_down: int  # UTF-8 bytes of the NIP-77 frames the relay sent us
+    # every id of ``need_ids`` is of an event created at this second or before (None: no
+    # need ids; ``NegentropyClient.need_before``)
+    need_before: int | None = None
 
 
 class NegentropyFailed(Exception):
@@ -92,6 +95,7 @@ def reconcile(
         exchange.close()  # free the relay's state; NEG-CLOSE after NEG-ERR is harmless
         raise
     exchange.close()
+    exchange.result.need_before = client.need_before
     return exchange.result
 
 

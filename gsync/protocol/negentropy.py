@@ -360,6 +360,9 @@ class _Reconciler:
     def _new_encoder(self) -> _Encoder:
         return _Encoder()
 
+    def _needs_below(self, bound: Bound) -> None:
+        """The server's id list below ``bound`` held ids we lack (the client's concern)."""
+
     def _answer_ranges(self, ranges: Iterable[_Range], have: list[bytes], need: list[bytes]) -> bytes:
         enc = self._new_encoder()
         prev_bound = Bound(0)
@@ -429,7 +432,10 @@ class _Reconciler:
         # of its ids, whatever the client's.
         if self.initiator:
             theirs = [payload[i : i + ID_SIZE] for i in range(0, len(payload), ID_SIZE)]
+            before = len(need)
             _compare_ids(self.storage.ids(lower, upper), theirs, have, need)
+            if len(need) > before:
+                self._needs_below(bound)
             return True, None
         return False, self._answer_id_list(enc, lower, upper, bound, used)
 
@@ -517,6 +523,15 @@ class NegentropyClient(_Reconciler):
         # upper bounds of the server's buckets that may be probed this round.
         self._sent: list[Bound] = []
         self._probe: set[Bound] = set()
+        # No id the server holds and we lack is newer than this (the least upper bound of
+        # the id lists that held one; None: none held one). A server that compares only its
+        # newest events (a silent cap) is asked about what lies below its oldest: this is
+        # how far below (``NegentropyResult.need_before``).
+        self.need_before: int | None = None
+
+    def _needs_below(self, bound: Bound) -> None:
+        if self.need_before is None or bound.timestamp < self.need_before:
+            self.need_before = bound.timestamp
 
     def initiate(self) -> bytes:
         if self._initiated:

@@ -408,6 +408,9 @@ class SimRelay:
         self.nip11 = nip11
         self.auth_required = auth_required
         self.max_sync_events = max_sync_events  # strfry's maxSyncEvents: NEG-ERR past it
+        # its NIP-77 compares a filter's newest this many events only, and says nothing of the
+        # rest (khatru relays: the negentropy vector is the store's query, capped as any query)
+        self.neg_silent_cap: int | None = None
         self.until_exclusive = until_exclusive  # reads a filter's until as exclusive (PEERS.md)
         self.req_cap: int | None = None  # caps a whole REQ's answer, its filters together (PEERS.md)
         self.limit_zero_unlimited = False  # reads limit 0 as no limit: a live REQ sends stored events
@@ -644,6 +647,9 @@ class SimRelay:
         size, storage = self.store.storage(self.as_read(flt).replace(limit=None))
         if self.max_sync_events is not None and size > self.max_sync_events:
             return [json.dumps(["NEG-ERR", sub_id, "blocked: too many query results"])]
+        if self.neg_silent_cap is not None and size > self.neg_silent_cap:
+            newest = self.store.query(self.as_read(flt).replace(limit=None), cap=self.neg_silent_cap)
+            storage = Storage.from_hex((e.created_at, e.id) for e in newest)
         server = NegentropyServer(storage)
         session.negs[sub_id] = server
         return self.on_neg_msg(session, sub_id, message_hex)

@@ -121,6 +121,9 @@ class SimOptions:
     # the share of relays answering only precise queries (nostr-rs-relay's limit_scrapers,
     # its NIP-11 naming it; no NIP-77 there): ``SimRelay.precise_only``
     precise_only: float = 0.0
+    # of the relays serving NIP-77, the share comparing a filter's newest events only, 50 or
+    # 100, silently (khatru relays whose store caps queries): ``SimRelay.neg_silent_cap``
+    neg_silent_caps: float = 0.0
     # the share of publications followed by a reply tagging only a thread member (a kind-1
     # reply or a reaction to a comment), sent to some of its repository's relays, not the
     # own relay: gsync finds it by the member's id (SPEC §3, direct-member descendants)
@@ -166,6 +169,7 @@ WORLD_SHARES = (
     ("auth_restricted", "--auth-restricted"),
     ("auth_late", "--auth-late"),
     ("precise_only", "--precise-only"),
+    ("neg_silent_caps", "--neg-silent-caps"),
     ("member_replies", "--member-replies"),
     ("own_full", "--own-full"),
     ("own_readonly", "--own-readonly"),
@@ -459,6 +463,9 @@ class Simulation:
                                  and random.Random(f"{o.seed}:{url}:auth-words").random() < o.auth_restricted)
         relay.auth_late = (relay.auth_required and not relay.auth_restricted
                            and random.Random(f"{o.seed}:{url}:auth-late").random() < o.auth_late)
+        silent = random.Random(f"{o.seed}:{url}:neg-silent")
+        if relay.nip77 and silent.random() < o.neg_silent_caps:
+            relay.neg_silent_cap = silent.choice((50, 100))
         if random.Random(f"{o.seed}:{url}:precise").random() < o.precise_only:
             relay.precise_only, relay.nip77, relay.nip11 = True, False, True
         return relay

@@ -43,8 +43,12 @@ def exchange_finished(plan, state, answer, epoch: int, now: float) -> PendingBat
     if batch is None:
         return None
     finish_subscription(batch, token)
+    check = batch.silent_checks.pop(token, None)
     if result.ok:
+        if check is not None:
+            judge_silent_check(plan, state, check, result)
         exchange_served(plan, state, batch, flt, result, now)
+        check_below_oldest(plan, state, batch, flt, result)
     elif result.failure == "too-many-results":
         split_past_result_cap(plan, state, batch, flt, result, now)
     else:
@@ -90,6 +94,38 @@ def exchange_served(plan, state, batch: PendingBatch, flt, result, now: float) -
         batch.fetch_by_filter.append(flt)
     else:
         batch.expect_ids(need, found_by=flt)
+
+
+def check_below_oldest(plan, state, batch: PendingBatch, flt: Filter, result) -> None:
+    """An exchange that compared many events, on a relay whose NIP-77 may compare a
+    filter's newest only (``result_caps.SilentCap``): the same filter bounded to the
+    second of the oldest it compared is reconciled too, in this batch."""
+    cap = state.current.page_cap
+    shift = cap.until_shift if cap is not None else 0
+    oldest = result.oldest
+    if (oldest is None or not state.result_cap.silent.check_wanted(result.advertised)
+            or (cap is not None and cap.until_ignored)  # (a window would compare the same)
+            or (flt.since is not None and oldest < flt.since)
+            # (bounded to that second already: a check would compare the same again)
+            or (flt.until is not None and oldest >= flt.until - shift)):
+        return
+    window = flt.replace(until=oldest + shift)
+    token = plan.queue.add_exchange(state, batch, window, None)
+    batch.silent_checks[token] = (frozenset(result.need_ids), result.have_upto, result.advertised)
+    plan.log.debug("negentropy_checked_below_oldest", relay=state.url, batch_id=batch.batch_id,
+                   compared=result.advertised, oldest=oldest)
+
+
+def judge_silent_check(plan, state, check: tuple, result) -> None:
+    """A check below an exchange's oldest answered: the relay compared events that
+    exchange did not (its NIP-77 is cut, silently, at what that one compared) or not."""
+    first_need, have_upto, advertised = check
+    more = result_caps.found_more(first_need, have_upto, result)
+    silent = state.result_cap.silent
+    if more and silent.cut is None:
+        plan.log.warning("negentropy_silent_cap", relay=state.url, compared=advertised,
+                         found=len(set(result.need_ids) - first_need))
+    silent.note_check(advertised, more)
 
 
 def listed_elsewhere(plan, state, batch: PendingBatch) -> bool:

@@ -660,6 +660,10 @@ class PendingBatch:
     # NIP-77 token -> the part of its filter whose holdings are not in ``own_holdings``:
     # values that joined it after they were read (``batch_end.cover_threads_ahead``)
     read_also: dict[str, Filter] = field(default_factory=dict)
+    # NIP-77 token of a check below an exchange's oldest (``result_caps.SilentCap``) -> what
+    # that exchange advertised: (its need ids, how many of ours it lacked that old, how many
+    # it compared)
+    silent_checks: dict[str, tuple[frozenset, int, int]] = field(default_factory=dict)
     # parts of a REQ split to find a filter at fault: merged again they would only be
     # refused (or stall) as a whole once more
     split_parts: set[str] = field(default_factory=set)

@@ -31,11 +31,16 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..constants import FETCH_BY_FILTER_MAX_HELD_FRACTION
 from ..protocol.filters import Filter
 from .filter_plan import split_past_result_cap
+
+# The smallest silent NIP-77 cap guarded against (``SilentCap``): relays built on khatru
+# compare a filter's newest events only, as many as their store's query gives (the sqlite
+# backend's default: 100; khatru's ``UseEventstore``: twenty times the relay's query limit).
+SILENT_CAP_MIN = 50
 
 # A window holds at most this fraction of the cap of the own relay's events: the remote
 # holds some we lack (a re-sync's new events, a follower's not yet fetched), and a window
@@ -60,6 +65,7 @@ class ResultCap:
     passed: int = 0
     refused: int | None = None
     refused_window: tuple[Filter, int] | None = None
+    silent: SilentCap = field(default_factory=lambda: SilentCap())
 
     def note_refused(self, reported: int | None, expected: int, f: Filter | None = None) -> None:
         """A NEG-OPEN of ``f`` refused for its number of results; ``reported``: the cap the
@@ -218,3 +224,45 @@ def _times(held: Iterable[tuple[int, str]]) -> list[int]:
     """The created_at of each id once (the own relay's holdings and what is in flight to
     it overlap)."""
     return list({event_id: t for t, event_id in held}.values())
+
+
+@dataclass
+class SilentCap:
+    """What is known of a relay's NIP-77 comparing only a filter's newest events and saying
+    nothing of the rest (khatru relays: the negentropy vector is the store's query, capped
+    as any query there). An event older than what it compares is never advertised: one the
+    own relay lacks was never fetched from there, by any number of exchanges.
+
+    So an exchange that compared at least ``SILENT_CAP_MIN`` events, more than any exchange
+    there proved whole, is checked: the same filter again, bounded to the second of the
+    oldest event it compared (``NegentropyOutcome.oldest``). A relay without such a cap
+    compares there only what it did already; one with it compares older events, and is cut
+    at the number the first compared (``cut``). The checks stop once one proves a size whole
+    (``whole``: every exchange comparing no more is whole), and go on, below each oldest,
+    for as long as the exchanges of a cut relay compare its cap."""
+
+    whole: int = 0  # the most events an exchange compared that a check proved whole
+    cut: int | None = None  # what a check proved an exchange cut at
+
+    def check_wanted(self, advertised: int) -> bool:
+        """Should an exchange that compared ``advertised`` events be checked below its oldest?"""
+        if advertised < SILENT_CAP_MIN:
+            return False
+        if self.cut is not None:
+            return advertised >= self.cut
+        return advertised > self.whole
+
+    def note_check(self, advertised: int, found_more: bool) -> None:
+        """A check of an exchange that compared ``advertised`` events ``found_more`` (events
+        the relay holds and did not compare) or not."""
+        if found_more:
+            self.cut = advertised if self.cut is None else min(self.cut, advertised)
+        else:
+            self.whole = max(self.whole, advertised)
+
+
+def found_more(first_need: frozenset[str], first_have_upto: int, check) -> bool:
+    """Did the check (a ``NegentropyOutcome`` of the filter bounded to the first exchange's
+    oldest second) find events the relay holds that the first exchange did not compare: ids
+    we lack it did not advertise, or fewer of ours it lacks there than the first said?"""
+    return any(i not in first_need for i in check.need_ids) or len(check.have_ids) < first_have_upto
