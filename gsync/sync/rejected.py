@@ -207,16 +207,23 @@ class RejectedIndex:
     def __len__(self) -> int:
         return len(self._cold)
 
-    def add(self, event: Event, now: float, relay: str = "", until_own_stores: bool = False) -> None:
+    def add(self, event: Event, now: float, relay: str = "", until_own_stores: bool = False,
+            repos=()) -> None:
         """``event``, refused by the own relay (fetched from ``relay``). ``until_own_stores``:
         maybe refused with everything else (a final refusal, which a relay put read-only
         gives everything; given up while it stored nothing: a full disk), so released as
         soon as it stores again (``OWN_STORES_KEY``; ``STORE_RELEASES_MAX`` times at most),
-        not a week later."""
+        not a week later. ``repos``: repositories it belongs to that it does not name (a
+        comment names its issue; gsync knows the issue's repository): it waits for those to
+        be accepted too (an own relay that lost the announcement refuses the comment)."""
         self.remove(event.id)
         self._hot[event.id] = (event, now + self.hot_secs)
         self._expiry = min(self._expiry, now + self.hot_secs)
         keys = dependencies(event)
+        if repos:
+            keys = tuple(dict.fromkeys((*keys, *(repo_key(a) for a in repos
+                                                  if len(repo_key(a)) <= REJECTED_MAX_VALUE_CHARS))))
+            keys = keys[:MAX_DEPENDENCIES]
         ahead = now + AHEAD_SECS <= event.created_at < now + self.cold_secs
         if until_own_stores and not ahead and self._store_released.get(event.id, 0) < STORE_RELEASES_MAX:
             # (dated ahead, it waits for its time alone: released at each store, it was

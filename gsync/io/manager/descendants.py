@@ -8,7 +8,7 @@ polled, as ``live`` does for any overflow) and one historic batch for what alrea
 from __future__ import annotations
 
 from ... import constants
-from ...sync.descendants import roots_tagged, stale_members
+from ...sync.descendants import REFERENCE_TAGS, roots_tagged, stale_members
 from ...sync.relay_state import RelayState
 from ...sync.targets import PendingItems
 from .coverage import member_filters
@@ -39,6 +39,23 @@ class Descendants:
         if before.keys() - roots.keys():
             self.prune_members()
         return roots.keys() - before.keys()
+
+    def repositories_of(self, event, cap: int = constants.MAX_DEPENDENCIES) -> list[str]:
+        """The Full repositories ``event`` belongs to by the threads it references: a root
+        it tags, or a member whose roots are known (a comment tags its issue, not its
+        repository; a reply tags the comment). At most ``cap``: a hostile event's tags cost
+        no more."""
+        out: dict[str, None] = {}
+        for tag in event.tags:
+            if len(out) >= cap:
+                break
+            if len(tag) < 2 or tag[0] not in REFERENCE_TAGS:
+                continue
+            for root in (tag[1],) if tag[1] in self.root_ids else self.roots_of.get(tag[1], ()):
+                address = self.root_ids.get(root)
+                if address is not None:
+                    out[address] = None
+        return list(out)[:cap]
 
     def note_direct_member(self, state: RelayState, event) -> None:
         """``event`` came from ``state``'s relay, checked."""

@@ -190,7 +190,8 @@ class OwnRelaySide:
         return dirty
 
     def offer_lost_announcements(self, event, now: float) -> None:
-        """``event`` names repositories gsync follows, and the own relay refused it: it may
+        """``event`` names repositories gsync follows (or references their threads: a
+        comment, its issue), and the own relay refused it: it may
         have lost their announcements (one in memory restarted empty, one restored from an
         older copy), and no relay may hold the one followed any more (published to the own
         relay alone, or to relays that lost it since: then no daily sync brings it back). The
@@ -199,7 +200,7 @@ class OwnRelaySide:
         answers ``duplicate:``. At once, then no sooner than ``ANNOUNCEMENT_REOFFER_SECS``,
         doubling while its repository's events are refused (a relay put read-only refuses
         everything), to ``ANNOUNCEMENT_REOFFER_MAX_SECS``; afresh once it is shown again."""
-        for address in repo_addresses(event):
+        for address in dict.fromkeys([*repo_addresses(event), *self.descendants.repositories_of(event)]):
             needs = self.repos.get(address)
             announcement = needs.announcement if needs is not None else None
             if announcement is None or announcement.id == event.id or announcement.id in self.rejected:
@@ -430,7 +431,8 @@ class OwnRelaySide:
         if msg.outcome == "rejected":
             if msg.source != FROM_MEMORY:  # (one offered again from memory waits its gap instead:
                 # kept as refused, a release would fetch it from every relay, it having none)
-                self.rejected.add(msg.event, now, msg.source, until_own_stores=msg.until_own_stores)
+                self.rejected.add(msg.event, now, msg.source, until_own_stores=msg.until_own_stores,
+                                  repos=self.descendants.repositories_of(msg.event))
             log.info("event_rejected", event_id=msg.event.id, kind=msg.event.kind, reason=msg.reason[:200])
             self.offer_lost_announcements(msg.event, now)
         elif msg.outcome == "purgatory" and msg.event.kind == 30617:
