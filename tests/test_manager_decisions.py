@@ -1039,6 +1039,30 @@ def test_a_repository_the_own_relay_lost_comes_back_with_the_announcement_kept_i
     assert {first.id, second.id} <= asked  # they go again (fetched again by id: their full events gone)
 
 
+def test_a_comment_refused_while_the_own_relay_lost_its_repository_waits_for_the_repository(tmp_path):
+    """Seed 4 of --days 10 --relays 10 --repos 40 --imports 0.5: the own relay lost the
+    repository's announcement, and refused a comment on one of its issues as not of a
+    repository hosted there. The comment names the issue, not the repository: it waited for
+    the issue (held all along) and was left out for the rejected index's week. gsync knows
+    the issue's repository: the announcement is offered again, and the comment goes again
+    once the repository is back."""
+    h, repo, sub, (first, _), answer = _two_issues_to_answer(tmp_path, "an issue held all along")
+    h.own_relay_holds(first)  # a root of the repository, on the own relay
+    h.advance(2)
+    h.tick()
+    delivery = h.manager.delivery
+    note = comment(Author.named("carol"), first)
+    assert not any(t[0] in ("a", "A") for t in note.tags)
+    h.relay_sends(A, sub, note)
+    answer(note, "rejected", "blocked: not an event of a repository hosted here")
+    assert note.id in h.manager.rejected
+    assert delivery.is_tracked(repo.id)  # the repository's announcement, offered again from memory
+    h.own_relay_holds(repo)  # stored again: shown by the self-subscription
+    assert note.id not in h.manager.rejected
+    asked = {i for req in h.reqs(A) for flt in req[2:] for i in flt.get("ids", ())}
+    assert note.id in asked or delivery.is_tracked(note.id)  # it goes again
+
+
 def test_refused_events_fetched_again_by_id_ask_no_more_to_a_filter_than_the_relay_serves_one(tmp_path):
     """Seed 10 of the stress mix: 222 refused events released at once went to relay0, which
     serves 100 a filter, in one id filter; it sent 100, and with no filter behind them the
