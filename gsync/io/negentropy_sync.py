@@ -77,6 +77,7 @@ class NegentropyOutcome:
     advertised: int = 0
     oldest: int | None = None
     have_upto: int = 0
+    compared_held: frozenset = frozenset()  # the have-set's ids it compared (held on both sides)
 
     def note_advertised(self, items) -> None:
         """Fill ``advertised``, ``oldest`` and ``have_upto`` from the have-set ``items``
@@ -85,8 +86,10 @@ class NegentropyOutcome:
             return
         have = set(self.have_ids)
         unique = {event_id: created_at for created_at, event_id in items}
-        common = [created_at for event_id, created_at in unique.items() if event_id not in have]
+        both = {event_id: created_at for event_id, created_at in unique.items() if event_id not in have}
+        common = list(both.values())
         self.advertised = len(common) + len(self.need_ids)
+        self.compared_held = frozenset(both)
         need_before = self.need_before if self.need_before is not None and self.need_before < negentropy.INFINITY else None
         if self.need_ids and need_before is None:
             return  # (its needs came with no bound: how old they are is not known)

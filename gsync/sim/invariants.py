@@ -1084,11 +1084,12 @@ class Checker:
         """Would gsync owe this event to the own relay, found on ``url``?"""
         own = self.sim.own
         relay = self.sim.relays[url]
-        if relay.ignores_until and not (relay.nip77 and relay.neg_mode == "serve" and relay.max_sync_events is None):
+        if relay.ignores_until and not (relay.nip77 and relay.neg_mode == "serve" and relay.max_sync_events is None
+                                        and relay.neg_silent_cap is None):
             # past its first page, no query reaches a filter's older events on a relay that
-            # ignores until and has no NIP-77 to list them (or caps its results: windows by
-            # until do not shrink there), layer 1's announcements too (seed 436 of the stress
-            # mix): gsync logs ``unpaged_incomplete``
+            # ignores until and has no NIP-77 to list them (or caps its results, with an error
+            # or silently: windows by until do not shrink there), layer 1's announcements too
+            # (seed 436 of the stress mix): gsync logs ``unpaged_incomplete``
             return False
         if relay.precise_only and (not self._probe_finds(url) or (
                 event.kind == 30617 and not self._owner_known(event.pubkey, url))):

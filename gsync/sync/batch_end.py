@@ -111,7 +111,8 @@ def check_below_oldest(plan, state, batch: PendingBatch, flt: Filter, result) ->
         return
     window = flt.replace(until=oldest + shift)
     token = plan.queue.add_exchange(state, batch, window, None)
-    batch.silent_checks[token] = (frozenset(result.need_ids), result.have_upto, result.advertised)
+    batch.silent_checks[token] = (frozenset(result.need_ids) | result.compared_held, result.have_upto,
+                                  result.advertised)
     plan.log.debug("negentropy_checked_below_oldest", relay=state.url, batch_id=batch.batch_id,
                    compared=result.advertised, oldest=oldest)
 
@@ -119,12 +120,12 @@ def check_below_oldest(plan, state, batch: PendingBatch, flt: Filter, result) ->
 def judge_silent_check(plan, state, check: tuple, result) -> None:
     """A check below an exchange's oldest answered: the relay compared events that
     exchange did not (its NIP-77 is cut, silently, at what that one compared) or not."""
-    first_need, have_upto, advertised = check
-    more = result_caps.found_more(first_need, have_upto, result)
+    compared, have_upto, advertised = check
+    more = result_caps.found_more(compared, have_upto, result)
     silent = state.result_cap.silent
     if more and silent.cut is None:
         plan.log.warning("negentropy_silent_cap", relay=state.url, compared=advertised,
-                         found=len(set(result.need_ids) - first_need))
+                         found=len(set(result.need_ids) - compared))
     silent.note_check(advertised, more)
 
 

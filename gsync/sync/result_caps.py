@@ -261,8 +261,10 @@ class SilentCap:
             self.whole = max(self.whole, advertised)
 
 
-def found_more(first_need: frozenset[str], first_have_upto: int, check) -> bool:
+def found_more(compared: frozenset[str], first_have_upto: int, check) -> bool:
     """Did the check (a ``NegentropyOutcome`` of the filter bounded to the first exchange's
-    oldest second) find events the relay holds that the first exchange did not compare: ids
-    we lack it did not advertise, or fewer of ours it lacks there than the first said?"""
-    return any(i not in first_need for i in check.need_ids) or len(check.have_ids) < first_have_upto
+    oldest second) find events the relay holds that the first exchange did not compare
+    (``compared``: its need ids, and ours it compared): an id outside them, or fewer of ours
+    it lacks there than the first said (``first_have_upto``)? (A relay that ignores ``until``
+    compares its newest again: those are in ``compared``, not more.)"""
+    return any(i not in compared for i in check.need_ids) or len(check.have_ids) < first_have_upto
