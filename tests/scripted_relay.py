@@ -352,10 +352,14 @@ class Nip77Serve:
     ``max_results``: a NEG-OPEN whose filter matches more stored events is refused as strfry
     refuses past its ``maxSyncEvents``: ``["NEG-ERR", sub, "blocked: too many query results",
     max_results]`` (without the number when not ``report_cap``); ``refused`` counts those.
-    ``unlisted``: ids stored and never advertised (an index that lags)."""
+    ``unlisted``: ids stored and never advertised (an index that lags). ``silent_cap``: a
+    filter's newest this many events only are compared, and nothing said of the rest (khatru
+    relays whose store caps every query, a negentropy session's too)."""
 
-    def __init__(self, max_results: int | None = None, report_cap: bool = True, unlisted=()):
+    def __init__(self, max_results: int | None = None, report_cap: bool = True, unlisted=(),
+                 silent_cap: int | None = None):
         self.unlisted = set(unlisted)
+        self.silent_cap = silent_cap
         self.opened = 0
         self.refused = 0
         self.max_results = max_results
@@ -378,6 +382,8 @@ class Nip77Serve:
                 self.refused += 1
                 return [["NEG-ERR", sub, "blocked: too many query results",
                          *([self.max_results] if self.report_cap else [])]]
+            if self.silent_cap is not None:
+                items = sorted(items, reverse=True)[:self.silent_cap]
             self._sessions[key] = NegentropyServer(Storage.from_hex(items))
             payload = message[3]
         elif kind == "NEG-MSG":
