@@ -68,7 +68,8 @@ class NegentropyOutcome:
     # exchange read that part of its filter: the manager keeps it (``OwnHeld.learn``)
     read_also: tuple | None = None
     beyond: int = 0  # events the have-set claimed besides: in flight to the own relay, refused
-    need_before: int | None = None  # ``NegentropyResult.need_before``
+    need_before: int | None = None  # ``NegentropyResult.need_before``, ``need_after``
+    need_after: int | None = None
     # What the relay compared, when that is at least SILENT_CAP_MIN (its events, as the
     # exchange found them: ``advertised``), the second its oldest was created at or a later
     # one (``oldest``; None: not known), and how many ids of the have-set it lacks are that
@@ -90,13 +91,25 @@ class NegentropyOutcome:
         common = list(both.values())
         self.advertised = len(common) + len(self.need_ids)
         self.compared_held = frozenset(both)
-        need_before = self.need_before if self.need_before is not None and self.need_before < negentropy.INFINITY else None
-        if self.need_ids and need_before is None:
-            return  # (its needs came with no bound: how old they are is not known)
-        bounds = [t for t in (min(common, default=None), need_before) if t is not None]
-        if bounds:
-            self.oldest = min(bounds)
+        self.oldest = oldest_compared(min(common, default=None), bool(self.need_ids), self.need_before,
+                                      self.need_after)
+        if self.oldest is not None:
             self.have_upto = sum(1 for event_id in have if unique.get(event_id, self.oldest + 1) <= self.oldest)
+
+
+def oldest_compared(common_min: int | None, needs: bool, need_before: int | None,
+                    need_after: int | None) -> int | None:
+    """A second the oldest event an exchange compared was created at, or after (None: not
+    known): the oldest it compared that we hold (``common_min``), and what bounds those
+    we lack (``needs``): below ``need_before`` (``negentropy.INFINITY``: past our newest)
+    and at or above ``need_after``."""
+    if not needs:
+        return common_min
+    if need_before is not None and need_before < negentropy.INFINITY:
+        return need_before if common_min is None else min(common_min, need_before)
+    if common_min is not None and need_after is not None and need_after >= common_min:
+        return common_min  # (all of them newer than some held: the held one is the oldest)
+    return None
 
 
 class SharedHoldings:
@@ -300,7 +313,7 @@ def exchange(conn, sub_id: str, flt: Filter, items, deadline_secs: float,
         r = negentropy_ws.reconcile(send, receive, sub_id, flt, items, storage=storage,
                                     frame_size_limit=frame_size_limit, deadline_secs=deadline_secs)
         return NegentropyOutcome(True, r.need_ids, r.have_ids, r.rounds, r.bytes_up, r.bytes_down,
-                                 need_before=r.need_before)
+                                 need_before=r.need_before, need_after=r.need_after)
     except negentropy_ws.NegentropyFailed as exc:
         metrics.NEGENTROPY_FAILURES.labels(exc.reason).inc()
         r = exc.result

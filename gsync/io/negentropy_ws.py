@@ -44,6 +44,7 @@ class NegentropyResult:
     # every id of ``need_ids`` is of an event created at this second or before (None: no
     # need ids; ``NegentropyClient.need_before``)
     need_before: int | None = None
+    need_after: int | None = None  # ... and after this second, or at it
 
 
 class NegentropyFailed(Exception):
@@ -87,7 +88,8 @@ def reconcile(
     """Reconcile ``items`` (``(created_at, id hex)``) with what the relay holds for ``flt``.
     ``storage``: those items already built (read-only, so it may be shared by exchanges)."""
     deadline = clock() + deadline_secs
-    client = NegentropyClient(storage if storage is not None else storage_of(items), frame_size_limit)
+    client = NegentropyClient(storage if storage is not None else storage_of(items), frame_size_limit,
+                              bound_needs=True)
     exchange = _Exchange(send, receive, sub_id, max_need_ids)
     try:
         exchange.run(client, flt, deadline, clock)
@@ -95,7 +97,7 @@ def reconcile(
         exchange.close()  # free the relay's state; NEG-CLOSE after NEG-ERR is harmless
         raise
     exchange.close()
-    exchange.result.need_before = client.need_before
+    exchange.result.need_before, exchange.result.need_after = client.need_before, client.need_after
     return exchange.result
 
 

@@ -360,8 +360,11 @@ class _Reconciler:
     def _new_encoder(self) -> _Encoder:
         return _Encoder()
 
+    _floor = Bound(0)
+
     def _needs_below(self, bound: Bound) -> None:
-        """The server's id list below ``bound`` held ids we lack (the client's concern)."""
+        """The server's id list below ``bound`` (from ``_floor``) held ids we lack (the
+        client's concern)."""
 
     def _answer_ranges(self, ranges: Iterable[_Range], have: list[bytes], need: list[bytes]) -> bytes:
         enc = self._new_encoder()
@@ -376,6 +379,7 @@ class _Reconciler:
             start = enc.mark()
             if skip_pending:
                 enc.range(prev_bound, Mode.SKIP)
+            self._floor = prev_bound  # (the range's lower bound: ``_needs_below``)
             settled, resume_at = self._answer_range(
                 enc, mode, payload, lower, upper, bound, start[0], have, need
             )
@@ -513,9 +517,10 @@ class NegentropyClient(_Reconciler):
 
     initiator = True
 
-    def __init__(self, storage: Storage, frame_size_limit: int = 0):
+    def __init__(self, storage: Storage, frame_size_limit: int = 0, bound_needs: bool = False):
         super().__init__(storage, frame_size_limit)
         self._initiated = False
+        self._bound_needs = bound_needs  # (``initiate``)
         # A cut-short server message covers the rest of the space with one range, which
         # can reopen ranges already settled: the ids found there again are not news.
         self._reported: set[bytes] = set()
@@ -523,22 +528,35 @@ class NegentropyClient(_Reconciler):
         # upper bounds of the server's buckets that may be probed this round.
         self._sent: list[Bound] = []
         self._probe: set[Bound] = set()
-        # No id the server holds and we lack is newer than this (the least upper bound of
-        # the id lists that held one; None: none held one). A server that compares only its
-        # newest events (a silent cap) is asked about what lies below its oldest: this is
-        # how far below (``NegentropyResult.need_before``).
+        # The oldest id the server holds and we lack is at most this old (the least upper
+        # bound of the id lists that held one; INFINITY past our newest item; None: none
+        # held one), and at least ``need_after`` (the least lower bound). A server that
+        # compares only its newest events (a silent cap) is asked about what lies below its
+        # oldest: these say where that is (``NegentropyResult``).
         self.need_before: int | None = None
+        self.need_after: int | None = None
 
     def _needs_below(self, bound: Bound) -> None:
         if self.need_before is None or bound.timestamp < self.need_before:
             self.need_before = bound.timestamp
+        if self.need_after is None or self._floor.timestamp < self.need_after:
+            self.need_after = self._floor.timestamp
 
     def initiate(self) -> bytes:
         if self._initiated:
             raise RuntimeError("already initiated")
         self._initiated = True
         enc = self._new_encoder()
-        self._split_range(enc, 0, len(self.storage), INFINITE_BOUND)
+        storage = self.storage
+        if self._bound_needs and len(storage) < ID_LIST_THRESHOLD:
+            # Few items: one fingerprint of them all, not their ids (the reference's), so that
+            # a server holding many splits by its own items: the id lists it then sends
+            # are bounded by its items, and what we lack is known to lie below those
+            # bounds (``need_before``). An id list from 0 to infinity says nothing of when.
+            # (A round more where they differ; none where they agree.)
+            enc.range(INFINITE_BOUND, Mode.FINGERPRINT, storage.fingerprint(0, len(storage)))
+        else:
+            self._split_range(enc, 0, len(storage), INFINITE_BOUND)
         return bytes(enc.out)
 
     def reconcile(self, message: bytes) -> ClientStep:
