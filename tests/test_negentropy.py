@@ -476,3 +476,46 @@ def test_probes_never_cost_a_round(pair, server_limit):
     reference = exchange(ReferenceClient(Storage(client_items)), server_items, server_limit)
     assert probed[2] <= reference[2]
     assert sorted(probed[3]) == sorted(reference[3])
+
+
+# -- where what we lack lies (a server comparing its newest only: ``need_before``) -----------
+
+
+def _bounded_exchange(client_items, server_items, bound_needs=True):
+    client = NegentropyClient(Storage(client_items), bound_needs=bound_needs)
+    server = NegentropyServer(Storage(server_items))
+    need, message = [], client.initiate()
+    while message is not None:
+        step = client.reconcile(server.respond(message))
+        need += step.need
+        message = step.message
+    return client, need
+
+
+@given(st.integers(0, 200), st.integers(0, 400), st.integers(0, 2**32))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_every_id_we_lack_lies_between_need_after_and_need_before(held, served, seed):
+    r = random.Random(seed)
+    server = [(1_700_000_000 + r.randrange(5000), r.randbytes(32)) for _ in range(served)]
+    client = r.sample(server, min(held, len(server))) + [(1_700_000_000 + r.randrange(5000), r.randbytes(32))
+                                                         for _ in range(held // 4)]
+    exchange, need = _bounded_exchange(client, server)
+    assert set(need) == {i for _, i in server} - {i for _, i in client}
+    times = {i: t for t, i in server}
+    if need:
+        assert exchange.need_after <= min(times[i] for i in need) <= exchange.need_before
+    else:
+        assert exchange.need_before is None and exchange.need_after is None
+
+
+def test_few_items_initiate_with_one_fingerprint_so_a_large_server_bounds_what_we_lack():
+    server = ids_at(3, 300, timestamp=lambda r, i: 1_700_000_000 + 10 * i)
+    held = server[-4:]  # the newest four
+    reference, need = _bounded_exchange(held, server, bound_needs=False)
+    assert len(need) == 296 and reference.need_before == INFINITY  # one id list from 0 to infinity
+    bounded, need = _bounded_exchange(held, server)
+    assert [m for _, m, _ in decode_ranges(NegentropyClient(Storage(held), bound_needs=True).initiate())] == [
+        Mode.FINGERPRINT]
+    assert len(need) == 296
+    oldest = server[0][0]
+    assert oldest <= bounded.need_before <= oldest + 10 * 300 // 16 + 10  # within the server's first bucket

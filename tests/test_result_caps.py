@@ -3,20 +3,26 @@ what the own relay holds of it (``gsync.sync.result_caps``)."""
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gsync.io.negentropy_sync import NegentropyOutcome, oldest_compared
 from gsync.protocol.filters import Filter
+from gsync.protocol.negentropy import INFINITY
 from gsync.sync import result_caps
 from gsync.sync.pending import PageCap, exchange_asks
 from gsync.sync.result_caps import (
+    SILENT_CAP_MIN,
     Cut,
     ResultCap,
+    SilentCap,
     after_refusal,
     cut_before_start,
     cut_past_cap,
+    found_more,
     pages_pay,
 )
 
@@ -275,3 +281,57 @@ def test_an_exchange_asks_one_second_past_its_window_unless_the_relay_is_known_t
     assert exchange_asks(ISSUES, None) == ISSUES  # no bounds: nothing to read either way
     second = ISSUES.replace(since=BASE, until=BASE)
     assert exchange_asks(second, PageCap(until_exclusive=True)) == ISSUES.replace(since=BASE - 1, until=BASE + 1)
+
+
+# -- a silent cap: a relay comparing a filter's newest events only ----------------------------
+
+def test_an_exchange_is_checked_while_it_compares_more_than_any_proven_whole():
+    cap = SilentCap()
+    assert not cap.check_wanted(SILENT_CAP_MIN - 1)  # (too few for any cap guarded against)
+    assert cap.check_wanted(SILENT_CAP_MIN)
+    cap.note_check(300, found_more=False)
+    assert not cap.check_wanted(300) and cap.check_wanted(301)  # whole up to 300: no cap below
+
+
+def test_a_cut_relay_is_checked_at_every_exchange_comparing_its_cap():
+    cap = SilentCap(whole=60)
+    cap.note_check(100, found_more=True)
+    assert cap.cut == 100 and cap.check_wanted(100) and not cap.check_wanted(99)
+    cap.note_check(100, found_more=False)  # (a check that found nothing more: the cut stays)
+    assert cap.cut == 100 and cap.check_wanted(100)
+
+
+def test_a_check_finds_more_by_an_id_it_did_not_compare_or_by_fewer_of_ours_it_lacks():
+    compared = frozenset({"a", "b", "c"})
+    check = SimpleNamespace(need_ids=["a", "b"], have_ids=["x", "y"])  # compared again: a relay ignoring until
+    assert not found_more(compared, 2, check)
+    assert found_more(compared, 2, SimpleNamespace(need_ids=["d"], have_ids=["x", "y"]))  # one we lack
+    assert found_more(compared, 3, check)  # it holds one of ours it did not compare
+
+
+@pytest.mark.parametrize("common_min, needs, before, after, oldest", [
+    (100, False, None, None, 100),  # all held: the oldest held
+    (None, False, None, None, None),  # nothing compared
+    (100, True, 80, 10, 80),  # what we lack lies below 80: at most 80
+    (100, True, 150, 90, 100),
+    (100, True, INFINITY, 120, 100),  # past our newest and above the held one: the held one
+    (100, True, INFINITY, 50, None),  # unbounded, perhaps older: not known
+    (None, True, INFINITY, 0, None),
+    (None, True, 70, 0, 70),
+])
+def test_the_oldest_compared_is_bounded_from_above_or_not_known(common_min, needs, before, after, oldest):
+    assert oldest_compared(common_min, needs, before, after) == oldest
+
+
+def test_an_outcome_notes_what_the_relay_compared_of_the_have_set():
+    items = [(1000 + i, f"{i:064x}") for i in range(80)]
+    outcome = NegentropyOutcome(True, need_ids=[f"{900:064x}"], have_ids=[f"{i:064x}" for i in range(10)],
+                                need_before=1020, need_after=1000)
+    outcome.note_advertised(items)
+    assert outcome.advertised == 71  # 70 of ours and one we lack
+    assert outcome.oldest == 1010  # the oldest held it compared: below the need's bound
+    assert outcome.have_upto == 10  # every one of ours it lacks is older
+    assert outcome.compared_held == frozenset(f"{i:064x}" for i in range(10, 80))
+    few = NegentropyOutcome(True, have_ids=[f"{i:064x}" for i in range(40)])
+    few.note_advertised(items)
+    assert few.advertised == 0 and few.oldest is None  # (too few compared to be cut)
