@@ -285,12 +285,26 @@ def test_an_exchange_asks_one_second_past_its_window_unless_the_relay_is_known_t
 
 # -- a silent cap: a relay comparing a filter's newest events only ----------------------------
 
-def test_an_exchange_is_checked_while_it_compares_more_than_any_proven_whole():
+KHATRU = "https://github.com/fiatjaf/khatru"
+
+
+def test_an_exchange_on_khatru_is_checked_while_it_compares_more_than_any_proven_whole():
     cap = SilentCap()
-    assert not cap.check_wanted(SILENT_CAP_MIN - 1)  # (too few for any cap guarded against)
-    assert cap.check_wanted(SILENT_CAP_MIN)
+    assert not cap.check_wanted(SILENT_CAP_MIN - 1, KHATRU)  # (too few for any cap guarded against)
+    assert cap.check_wanted(SILENT_CAP_MIN + 1, KHATRU)
     cap.note_check(300, found_more=False)
-    assert not cap.check_wanted(300) and cap.check_wanted(301)  # whole up to 300: no cap below
+    assert not cap.check_wanted(300, KHATRU) and cap.check_wanted(301, KHATRU)  # whole up to 300
+
+
+@pytest.mark.parametrize("advertised, software, wanted", [
+    (100, "", True), (1000, "", True), (1024, "", True), (65536, "", True), (250, "", True),
+    (137, "", False), (1001, "", False), (96, "", False),  # not a limit anyone sets: whole
+    (137, KHATRU, True),  # khatru: any number
+    (100, "https://github.com/hoytech/strfry", False),  # says when it cuts (NEG-ERR)
+    (100, "https://git.sr.ht/~gheartsfield/nostr-rs-relay", False),
+])
+def test_elsewhere_only_a_number_someone_would_configure_is_checked(advertised, software, wanted):
+    assert SilentCap().check_wanted(advertised, software) is wanted
 
 
 def test_a_cut_relay_is_checked_at_every_exchange_comparing_its_cap():

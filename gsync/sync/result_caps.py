@@ -41,6 +41,17 @@ from .filter_plan import split_past_result_cap
 # compare a filter's newest events only, as many as their store's query gives (the sqlite
 # backend's default: 100; khatru's ``UseEventstore``: twenty times the relay's query limit).
 SILENT_CAP_MIN = 50
+# The software a relay's NIP-11 names (``software``, a URL) whose NIP-77 may be cut silently:
+# every exchange there comparing enough is checked; and software known to say when it cuts
+# (strfry's NEG-ERR past ``maxSyncEvents``) or to have no NIP-77: none is.
+SILENT_CAP_SOFTWARE = ("khatru",)
+UNCUT_SOFTWARE = ("strfry", "nostr-rs-relay")
+
+
+def looks_configured(n: int) -> bool:
+    """Is ``n`` a number someone would set as a limit: a multiple of 50, or a power of two
+    (64, 1,024, 65,536)? A cut vector holds exactly its limit; a whole one, any number."""
+    return n % 50 == 0 or (n >= 64 and n & (n - 1) == 0)
 
 # A window holds at most this fraction of the cap of the own relay's events: the remote
 # holds some we lack (a re-sync's new events, a follower's not yet fetched), and a window
@@ -244,13 +255,24 @@ class SilentCap:
     whole: int = 0  # the most events an exchange compared that a check proved whole
     cut: int | None = None  # what a check proved an exchange cut at
 
-    def check_wanted(self, advertised: int) -> bool:
-        """Should an exchange that compared ``advertised`` events be checked below its oldest?"""
+    def check_wanted(self, advertised: int, software: str = "") -> bool:
+        """Should an exchange that compared ``advertised`` events be checked below its oldest,
+        on a relay whose NIP-11 names ``software``? On a khatru relay, whenever it compared
+        more than proven whole there; on one naming software that says when it cuts, or
+        never does, not; on any other, only when the number looks like a limit someone
+        configured (``looks_configured``: an exchange cut silently compared exactly that)."""
         if advertised < SILENT_CAP_MIN:
             return False
         if self.cut is not None:
             return advertised >= self.cut
-        return advertised > self.whole
+        if advertised <= self.whole:
+            return False
+        software = software.lower()
+        if any(name in software for name in SILENT_CAP_SOFTWARE):
+            return True
+        if any(name in software for name in UNCUT_SOFTWARE):
+            return False
+        return looks_configured(advertised)
 
     def note_check(self, advertised: int, found_more: bool) -> None:
         """A check of an exchange that compared ``advertised`` events ``found_more`` (events
