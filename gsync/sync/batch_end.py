@@ -53,7 +53,9 @@ def exchange_finished(plan, state, answer, epoch: int, now: float) -> PendingBat
         split_past_result_cap(plan, state, batch, flt, result, now)
     else:
         exchange_failed(plan, state, batch, flt, result, now)
-    if not any(map(is_exchange, batch.outstanding_subs)):
+    if not any(is_exchange(sub) and sub not in batch.silent_checks for sub in batch.outstanding_subs):
+        # (a check below an exchange's oldest waits for a gate interval nothing else wants:
+        # what the others found is fetched meanwhile, and what it finds after it)
         fetch_what_the_exchanges_found(plan, state, batch)
     return batch
 

@@ -417,10 +417,13 @@ def first_startable(state) -> int | None:
     roots, whose threads then join it (``cover_threads_ahead``) instead of taking a round
     of their own. They end by their deadline, and pump again when they do. None: all
     that is queued waits so. A follower's starts (checks of another relay's lead) go after
-    the relay's own leads."""
+    the relay's own leads, and a check below an exchange's oldest (``SilentCap``: almost
+    always whole) after every other sync start, before upkeep: it takes a gate interval no
+    sync start wanted (its batch fetches what the other exchanges found meanwhile)."""
     queue, session = state.current.historic_queue, state.current
     layer2 = None  # batches with a layer-2 exchange queued or running
     follower = None  # the first startable entry of a follower's batch: after the others
+    check = None  # the first check below an exchange's oldest (``SilentCap``): after the rest
     for i, (sub_id, group) in enumerate(queue):
         if any(map(filter_plan.asks_by_root, group)):
             if layer2 is None:
@@ -431,11 +434,16 @@ def first_startable(state) -> int | None:
             if session.sub_to_batch.get(sub_id) in layer2:
                 continue
         batch = session.pending.get(session.sub_to_batch.get(sub_id))
+        if batch is not None and sub_id in batch.silent_checks:
+            check = i if check is None else check
+            continue
+        if batch is not None and batch.kind.upkeep and check is not None:
+            return check  # (before upkeep: polls and probes come back, the check once)
         if batch is None or not batch.follower:  # a stale entry (None) goes: pump drops it
             return i
         if follower is None:
             follower = i
-    return follower
+    return follower if follower is not None else check
 
 
 def regroup(plan, state, sub_id: str, parts) -> PendingBatch:
