@@ -220,6 +220,31 @@ def test_replies_to_members_the_own_relay_holds_arrive_from_every_relay_listing_
     wait_until(lambda: gsync.metric("gsync_thread_members") == 2, timeout=10, what="the member watched on both")
 
 
+def test_a_member_published_to_the_own_relay_alone_has_its_replies_asked_at_once(relay_factory, gsync_factory):
+    """A comment published to the own relay directly, after its thread was read: the
+    self-subscription shows it live (the kinds thread members are), so a reply tagging only
+    it, published to a remote alone, is asked for there at once, not after the next read of
+    the thread (a day later: the simulator's seed 5107 of a per-filter stress mix)."""
+    own, remote = relay_factory(), relay_factory()
+    repo = our_announcement(own, [remote], d="member-on-own")
+    bug = f.issue(bob, repo)
+    publish(remote.url, [repo, bug])
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, [bug], what="the issue")
+    wait_until(lambda: all(r["status"] == "connected" for r in gsync.status()["relays"]), timeout=60,
+               what="the relay synced")
+    now = int(time.time())
+    member = alice.sign(1111, [["E", bug.id, "", bug.pubkey], ["K", "1621"], ["P", bug.pubkey],
+                               ["e", bug.id, "", bug.pubkey], ["k", "1621"], ["p", bug.pubkey]],
+                        "published to the own relay alone", now)
+    publish(own.url, [member])
+    wait_until(lambda: gsync.metric("gsync_thread_members") == 1, timeout=20, what="the member known")
+    reply = carol.sign(7, [["e", member.id, "", member.pubkey]], "+", now)
+    publish(remote.url, [reply])
+    assert_arrives(own, [reply], timeout=20, what="the reply to a member the own relay alone holds")
+
+
 def test_a_member_seen_on_one_relay_is_watched_on_every_relay_listing_its_repository(relay_factory,
                                                                                    gsync_factory):
     """Relay a holds a member that relay b lacks (b was down when it was published); a reply

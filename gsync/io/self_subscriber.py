@@ -5,13 +5,16 @@
 answer). Every event is posted to the manager, which batches them; the end of the history is
 posted too (it is when systemd hears READY=1).
 
-With shards (``landed``), the same connection also subscribes to every new event the own
-relay stores (``{"limit":0}``): what the other shards deliver. Posted as ``OwnLanded``
-(id and ``HeldEntry``, no event checks: the own relay checked them), so that this instance
-knows what the own relay holds without reading it again (``sync.own_held``), and a filter
-another shard led is reconciled against what that shard brought. Events this instance
-knows are held or fetched itself (its own deliveries: their OK tells the manager) are
-skipped before they are parsed.
+The same connection also subscribes to new events the own relay stores besides
+(``LANDED_SUB_ID``): with shards (``landed``) every one (``{"limit":0}``), what the other
+shards deliver; alone, those of the kinds thread members are (``MEMBER_KINDS``: a comment
+published to the own relay directly is a member whose replies gsync asks the remotes for,
+at once, not after the next read of its thread). Posted as ``OwnLanded`` (id and
+``HeldEntry``, no event checks: the own relay checked them), so that this instance knows
+what the own relay holds without reading it again (``sync.own_held``), a filter another
+shard led is reconciled against what that shard brought, and the members among them are
+known. Events this instance knows are held or fetched itself (its own deliveries: their OK
+tells the manager) are skipped before they are parsed.
 """
 from __future__ import annotations
 
@@ -124,8 +127,9 @@ class SelfSubscriber:
                 # second connection: relays cap one REQ's answer, and nothing may slip
                 # between the two.
                 live = {SUB_ID: wire.req(SUB_ID, [self_filter(None).replace(limit=0)])}
-                if self._landed:  # before any holdings read: a read and this cover everything
-                    live[LANDED_SUB_ID] = wire.req(LANDED_SUB_ID, [Filter.make(limit=0)])
+                # (before any holdings read: with shards, a read and this cover everything)
+                landed = Filter.make(limit=0) if self._landed else Filter.make(kinds=constants.MEMBER_KINDS, limit=0)
+                live[LANDED_SUB_ID] = wire.req(LANDED_SUB_ID, [landed])
                 for req in live.values():
                     ws.send(req)
                 self._log.info("self_subscription_started", relay=self.url, since=since)
@@ -326,7 +330,7 @@ class SelfSubscriber:
                         raise ConnectionError("the own relay closed the connection")
                     if opcode != wsframes.OP_TEXT:
                         continue
-                    if self._landed and data.startswith(_LANDED_PREFIX) and self._known_held(data):
+                    if data.startswith(_LANDED_PREFIX) and self._known_held(data):
                         continue
                     msg = wire.parse_relay_message(data)
                     if isinstance(msg, wire.RelayEvent) and msg.sub_id == SUB_ID:

@@ -50,6 +50,7 @@ from ..io.inbox import (
     HandshakeDone,
     HandshakeStarted,
     OwnEvents,
+    OwnLanded,
     OwnReadsLanded,
     OwnSubscribed,
     OwnWitnessRead,
@@ -931,6 +932,11 @@ class Simulation:
             accepted, _, stored = self.own.submit(event, self.clock.now)
             if stored and event.kind in constants.SELF_SUB_KINDS and self.own_session["connected"]:
                 self.at(self.clock.now + 0.01, self.post, OwnEvents([event]), gen=self.gen)
+            elif stored and event.kind in constants.MEMBER_KINDS and self.own_session["connected"]:
+                # the self-subscription's live stream of members' kinds (``LANDED_SUB_ID``):
+                # what someone published to the own relay directly
+                entry = [(event.id, HeldEntry.of(event.to_dict()))]
+                self.at(self.clock.now + 0.01, self.post, OwnLanded(entry), gen=self.gen)
 
     def relay_down(self, url: str, secs: float | None, lose: float = 0.0) -> None:
         """``url`` goes down (``secs`` None: for good); ``lose``: the fraction of its events

@@ -397,8 +397,8 @@ class OwnRelaySide:
                 self.own_held.not_new([event_id for event_id, _ in msg.entries if event_id not in anew])
 
     def on_own_landed(self, msg: OwnLanded) -> None:
-        """New events the own relay stored, seen live by one of several shards: mostly what
-        another shard delivered. Held (a filter another shard led is then known without
+        """New events the own relay stored, seen live: with shards, mostly what another
+        shard delivered; alone, thread members published to it directly. Held (a filter another shard led is then known without
         reading the own relay again) and seen (not fetched here again: claims settle,
         recovery stops asking). A root (or direct member) stored anew had no thread (no
         descendants) there but what is stored from now on, which comes the same way: its
@@ -424,6 +424,7 @@ class OwnRelaySide:
             for url in self.recovery.clear_arrived(recovered):
                 self.completion.promote_if_recovered(url)
         self.own_held.new_threads([event_id for event_id, _ in others], now)
+        self.descendants.note_held(others)  # members published to the own relay directly
         self.trim_seen()
 
     def on_delivery_answered(self, msg: DeliveryAnswered) -> None:
