@@ -6,10 +6,11 @@ defaults of the INI keys named beside them; the code reads the config object, no
 
 # -- own relay (SPEC §2) -----------------------------------------------------------------
 SELF_SUB_KINDS = (30617, 1617, 1618, 1621)  # announcements and roots; NOT 30618 / 1619
-# What the self-subscription also shows live of a single instance's own relay: the kinds
-# thread members published to it directly are (NIP-22 comments, NIP-10 replies), so that
-# replies tagging only them are asked of the remotes at once, not after the next read of
-# their thread (``SelfSubscriber``; with shards, everything the own relay stores is shown)
+# What the self-subscription's rereads (every SELF_REREAD_SECS) also read of a single
+# instance's own relay: the kinds thread members published to it directly are (NIP-22
+# comments, NIP-10 replies), so that replies tagging only them are asked of the remotes
+# within minutes, not after the next read of their thread, a day later (``SelfSubscriber``;
+# with shards, everything the own relay stores is shown live)
 MEMBER_KINDS = (1111, 1)
 RECONNECT_OVERLAP_SECS = 900  # since = last_connected - 900: clocks and relay lag drift
 # The self-subscription's history is read again this often (since the last read, less the
