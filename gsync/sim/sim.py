@@ -933,10 +933,12 @@ class Simulation:
             if stored and event.kind in constants.SELF_SUB_KINDS and self.own_session["connected"]:
                 self.at(self.clock.now + 0.01, self.post, OwnEvents([event]), gen=self.gen)
             elif stored and event.kind in constants.MEMBER_KINDS and self.own_session["connected"]:
-                # the self-subscription's live stream of members' kinds (``LANDED_SUB_ID``):
-                # what someone published to the own relay directly
+                # what someone published to the own relay directly, of the kinds thread members
+                # are: the self-subscription's next reread shows it (``SelfSubscriber._read_since``)
                 entry = [(event.id, HeldEntry.of(event.to_dict()))]
-                self.at(self.clock.now + 0.01, self.post, OwnLanded(entry), gen=self.gen)
+                period = constants.SELF_REREAD_SECS
+                self.at(self.clock.now + period - (self.clock.now - START) % period + 0.01, self.post,
+                        OwnLanded(entry), gen=self.gen)
 
     def relay_down(self, url: str, secs: float | None, lose: float = 0.0) -> None:
         """``url`` goes down (``secs`` None: for good); ``lose``: the fraction of its events
