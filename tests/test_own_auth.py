@@ -27,8 +27,10 @@ class Relay:
     (after the refusal), or None (never). ``ok``: its answer to our AUTH (True, False,
     None: none, as nostr_relay)."""
 
-    def __init__(self, challenge_at="refusal", ok=True, refuse_after_auth=False):
+    def __init__(self, challenge_at="refusal", ok=True, refuse_after_auth=False,
+                 refusal="auth-required: you must auth", in_notice=False):
         self.challenge_at, self.ok, self.refuse_after_auth = challenge_at, ok, refuse_after_auth
+        self.refusal, self.in_notice = refusal, in_notice  # nostr_relay: a NOTICE "restricted: …"
         self.sent: list = []
         self.queue: list[str] = []
         self.authed = False
@@ -51,7 +53,8 @@ class Relay:
         elif msg[0] == "REQ" and (not self.authed or self.refuse_after_auth):
             if self.challenge_at == "refusal":
                 self.queue.append(json.dumps(["AUTH", "c1"]))
-            self.queue.append(json.dumps(["CLOSED", msg[1], "auth-required: you must auth"]))
+            self.queue.append(json.dumps(["NOTICE", self.refusal] if self.in_notice
+                                         else ["CLOSED", msg[1], self.refusal]))
             if self.challenge_at == "late":
                 self.queue.append(json.dumps(["AUTH", "c1"]))
         elif msg[0] == "REQ":
@@ -76,6 +79,21 @@ def test_a_read_refused_for_want_of_auth_is_answered_and_asked_again(challenge_a
     assert [e["id"] for e in read(relay)] == [EVENT["id"]]
     assert relay.sent_kinds() == ["REQ", "AUTH", "REQ", "CLOSE"]
     assert relay.timeout == 30.0  # the wait for the OK left the read's timeout as it was
+
+
+def test_a_restricted_notice_from_a_relay_that_challenged_at_connect_is_answered_as_nostr_relay_asks():
+    """nostr_relay challenges at connect and says ``restricted: permission denied``, in a
+    NOTICE naming nothing, to each REQ read before the AUTH; it sends no OK to the AUTH."""
+    relay = Relay("connect", ok=None, refusal="restricted: permission denied", in_notice=True)
+    assert len(read(relay)) == 1
+    assert relay.sent_kinds() == ["REQ", "AUTH", "REQ", "CLOSE"]
+
+
+def test_restricted_from_a_relay_that_never_challenged_is_a_refusal_not_a_want_of_auth():
+    relay = Relay(None, refusal="restricted: not for you")
+    with pytest.raises(ConnectionError, match="not for you"):
+        read(relay)
+    assert relay.sent_kinds() == ["REQ"]
 
 
 def test_an_own_relay_sending_no_ok_to_our_auth_is_taken_at_its_word():
@@ -175,3 +193,19 @@ def test_a_live_refusal_without_a_challenge_closes_the_subscription_after_the_wa
     clock[0] += constants.AUTH_SETTLE_SECS
     with pytest.raises(SubscriptionClosed, match="no challenge"):
         live.settled()
+
+
+def test_the_live_subscription_answers_a_restricted_notice_after_a_challenge_at_connect(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr("gsync.io.self_subscriber.time.monotonic", lambda: clock[0])
+    relay = Relay("connect", ok=None, refusal="restricted: permission denied", in_notice=True)
+    live = _live(relay)
+    for _ in range(4):
+        try:
+            live.handled(wire.parse_relay_message(relay.recv()))
+        except Timeout:
+            break
+    assert relay.sent_kinds() == ["REQ", "REQ", "AUTH"]
+    clock[0] += constants.AUTH_SETTLE_SECS
+    assert live.settled()
+    assert relay.sent_kinds() == ["REQ", "REQ", "AUTH", "REQ", "REQ"]

@@ -28,13 +28,17 @@ from .connection import auth_event
 from .ws import Timeout
 
 
-def refusal_for_auth(msg) -> bool:
-    """Is ``msg`` a relay refusing for want of AUTH (a CLOSED, or a NOTICE, ``auth-required:``)?"""
+def refusal_for_auth(msg, challenged: bool = False) -> bool:
+    """Is ``msg`` a relay refusing for want of AUTH (a CLOSED, or a NOTICE, ``auth-required:``;
+    or ``restricted:`` from one that ``challenged`` us on that connection: nostr_relay says
+    ``restricted: permission denied`` to each REQ read before the AUTH it asked for)?"""
     if isinstance(msg, wire.Closed):
-        return msg.prefix is wire.Prefix.AUTH_REQUIRED
-    if isinstance(msg, wire.Notice):
-        return wire.split_prefix(msg.text)[0] is wire.Prefix.AUTH_REQUIRED
-    return False
+        prefix = msg.prefix
+    elif isinstance(msg, wire.Notice):
+        prefix = wire.split_prefix(msg.text)[0]
+    else:
+        return False
+    return prefix is wire.Prefix.AUTH_REQUIRED or (challenged and prefix is wire.Prefix.RESTRICTED)
 
 
 class ReadAuth:
@@ -60,6 +64,10 @@ class ReadAuth:
             self._challenge[ws] = msg.challenge
             return True
         return False
+
+    def challenged(self, ws) -> bool:
+        """Did the relay send a challenge on ``ws``?"""
+        return ws in self._challenge
 
     def can_answer(self, ws) -> bool:
         """A key, and a challenge on ``ws`` not answered yet."""

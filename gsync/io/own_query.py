@@ -163,7 +163,8 @@ def _one_page(ws, flt: Filter, counted: bool = False, auth: ReadAuth | None = No
             return page
         elif auth is not None and auth.note(ws, msg):
             continue
-        elif refusal_for_auth(msg) and getattr(msg, "sub_id", None) in (sub, None):
+        elif (refusal_for_auth(msg, auth is not None and auth.challenged(ws))
+              and getattr(msg, "sub_id", None) in (sub, None)):
             if asked_again or auth is None or not auth.authenticate(ws):
                 hint = "" if auth is not None and auth.has_key else " (no [auth] key_file to answer it with)"
                 raise ConnectionError(f"own relay refused the history query: {msg.text}{hint}")

@@ -380,7 +380,7 @@ class _LiveAuth:
             if self._refused and self._auth_id is None and not self._asked_again:
                 self._answer()
             return True
-        if refusal_for_auth(msg):
+        if refusal_for_auth(msg, self._auth.challenged(self._ws)):
             sub = getattr(msg, "sub_id", None)
             refused = set(self._live) if sub is None else {sub} & set(self._live)
             if not refused:
