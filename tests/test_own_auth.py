@@ -153,10 +153,15 @@ def test_the_live_subscriptions_reqs_go_again_once_our_auth_is_taken():
     assert relay.timeout == constants.OWN_IDLE_PING_SECS  # back to the idle ping's
 
 
-def test_the_live_subscription_sends_again_after_a_silent_auth(monkeypatch):
+@pytest.mark.parametrize("relay", [
+    Relay(ok=None),  # auth-required:, and no OK to our AUTH (nostr_relay sends none)
+    # nostr_relay: a challenge at connect, ``restricted:`` in a NOTICE naming nothing to each
+    # REQ read before the AUTH
+    Relay("connect", ok=None, refusal="restricted: permission denied", in_notice=True),
+])
+def test_the_live_subscription_sends_again_after_a_silent_auth(monkeypatch, relay):
     clock = [100.0]
     monkeypatch.setattr("gsync.io.self_subscriber.time.monotonic", lambda: clock[0])
-    relay = Relay(ok=None)
     live = _live(relay)
     for _ in range(4):
         try:
@@ -194,18 +199,3 @@ def test_a_live_refusal_without_a_challenge_closes_the_subscription_after_the_wa
     with pytest.raises(SubscriptionClosed, match="no challenge"):
         live.settled()
 
-
-def test_the_live_subscription_answers_a_restricted_notice_after_a_challenge_at_connect(monkeypatch):
-    clock = [100.0]
-    monkeypatch.setattr("gsync.io.self_subscriber.time.monotonic", lambda: clock[0])
-    relay = Relay("connect", ok=None, refusal="restricted: permission denied", in_notice=True)
-    live = _live(relay)
-    for _ in range(4):
-        try:
-            live.handled(wire.parse_relay_message(relay.recv()))
-        except Timeout:
-            break
-    assert relay.sent_kinds() == ["REQ", "REQ", "AUTH"]
-    clock[0] += constants.AUTH_SETTLE_SECS
-    assert live.settled()
-    assert relay.sent_kinds() == ["REQ", "REQ", "AUTH", "REQ", "REQ"]
