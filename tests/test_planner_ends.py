@@ -158,6 +158,31 @@ def test_on_a_relay_ignoring_until_an_exchange_past_the_result_cap_is_cut_by_wha
     assert batch.failed and "unpaged_incomplete" in [a.event for a in w.take(act.Log)]
 
 
+def test_on_a_relay_found_to_ignore_until_a_refused_window_takes_its_queued_siblings_with_it():
+    """Seed 38 of the stress mix with --neg-silent-caps: an exchange past the result cap was
+    cut into windows by time before the relay showed it ignores ``until``; each window, which
+    it counts from its ``since`` on, was refused and cut by values in turn (2,339 refused in
+    an hour). Once it is known, the first refused window takes its queued siblings with it,
+    and one filter from the earliest ``since`` is cut by what it enumerates."""
+    w = World()
+    state = w.relay()
+    two_kinds = Filter.make(kinds=[1621, 1617], tags={"a": [REPO]})
+    first = two_kinds.replace(since=100, until=199)
+    batch, token = exchange_of(w, state, first)
+    siblings = [w.plan.queue.add_exchange(state, batch, two_kinds.replace(since=since, until=since + 99), [])
+                for since in (200, 300)]
+    other = w.plan.queue.add_exchange(state, batch, THREAD, [])  # (another filter's exchange stays)
+    state.current.page_cap = PageCap(until_ignored=True)
+    refused = NegentropyOutcome(False, reason="too many", failure="too-many-results", cap=100)
+    finished(w, state, batch, token, first, refused, NOW)
+    queued_now = [(t, group) for t, group in state.current.historic_queue]
+    assert not any(t in siblings for t, _ in queued_now) and not set(siblings) & set(batch.outstanding_subs)
+    assert any(t == other for t, _ in queued_now)
+    pieces = [group[0] for t, group in queued_now if t != other]
+    assert pieces == [two_kinds.replace(kinds=frozenset({1617}), since=100),
+                      two_kinds.replace(kinds=frozenset({1621}), since=100)]
+
+
 def test_an_id_whose_filter_a_relay_ignoring_until_left_unpaged_is_recovered_not_judged():
     """Seed 4 of a world of relays ignoring ``until``: a filter whose pages stopped at the
     first (``PendingBatch.unpaged``) is no witness that the relay does not serve an id it

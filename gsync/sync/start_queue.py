@@ -208,6 +208,24 @@ class StartQueue:
             finish_subscription(batch, sub_id)
             state.current.sub_to_batch.pop(sub_id, None)
 
+    def drop_windows_of(self, state, batch: PendingBatch, timeless: Filter) -> list[Filter]:
+        """The queued exchanges of ``batch`` asking ``timeless`` bounded in time go, unstarted
+        (with what they held of the own relay); their filters are returned."""
+        session = state.current
+        kept, dropped = [], []
+        for sub_id, group in session.historic_queue:
+            if (is_exchange(sub_id) and session.sub_to_batch.get(sub_id) == batch.batch_id
+                    and group[0].replace(since=None, until=None) == timeless):
+                dropped.append(group[0])
+                session.sub_to_batch.pop(sub_id, None)
+                for kept_for in (batch.own_holdings, batch.read_also, batch.silent_checks):
+                    kept_for.pop(sub_id, None)
+                finish_subscription(batch, sub_id)
+            else:
+                kept.append((sub_id, group))
+        session.historic_queue = kept
+        return dropped
+
     def exchanges_to_reqs(self, state) -> list:
         """NIP-77 is off: exchanges still queued become REQs of their batches (returned,
         each once, in order)."""
