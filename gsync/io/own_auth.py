@@ -7,9 +7,10 @@ but the reads did not: the self-subscription and every holdings read were refuse
 ``auth-required:``, so gsync never learnt what the own relay accepted and synced nothing.
 
 A relay sends its challenge at connect or with a refusal (LocalRelay and khatru do the
-latter); whichever frame it comes in, it is kept for its connection (``note``). A read
-refused ``auth-required:`` on a connection not authenticated yet, with a key and a
-challenge, is answered (``authenticate``: AUTH, then the relay's OK to it, or
+latter, nostr_relay the former); whichever frame it comes in, it is kept for its connection
+(``note``). A read refused ``auth-required:`` (or ``restricted:`` by a relay that challenged
+us: nostr_relay's NOTICE to each REQ read before the AUTH it asked for), on a connection not
+authenticated yet, with a key and a challenge, is answered (``authenticate``: AUTH, then the relay's OK to it, or
 ``AUTH_SETTLE_SECS`` of silence from a relay that sends none, as nostr_relay) and asked once
 more; refused again, or the AUTH refused, it fails as any refused read does (its caller's
 session tries again later). The live subscription cannot wait in place: it sends the AUTH
