@@ -10,9 +10,9 @@ A relay sends its challenge at connect or with a refusal (LocalRelay and khatru 
 latter, nostr_relay the former); whichever frame it comes in, it is kept for its connection
 (``note``). A read refused ``auth-required:`` (or ``restricted:`` by a relay that challenged
 us: nostr_relay's NOTICE to each REQ read before the AUTH it asked for), on a connection not
-authenticated yet, with a key and a challenge, is answered (``authenticate``: AUTH, then the relay's OK to it, or
-``AUTH_SETTLE_SECS`` of silence from a relay that sends none, as nostr_relay) and asked once
-more; refused again, or the AUTH refused, it fails as any refused read does (its caller's
+authenticated yet, with a key and a challenge, is answered (``authenticate``: AUTH, then the
+relay's OK to it, or ``AUTH_SETTLE_SECS`` of silence from a relay that sends none, as
+nostr_relay) and asked once more; refused again, or the AUTH refused, it fails as any refused read does (its caller's
 session tries again later). The live subscription cannot wait in place: it sends the AUTH
 (``answer``), reads on, and sends its REQs again at the OK (``taken``) or after that silence.
 
