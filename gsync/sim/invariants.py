@@ -1077,7 +1077,13 @@ class Checker:
             if (state is None or state.nip77_resting(now) or not state.current.negentropy_ok
                     or not state.serves_ids(now)):
                 return True
-        return bool(relay.refused_tags or any(t >= since - 30 * HOUR for t in self.downs.get(url, ()))
+        # (``downs`` keeps the last hour only, for the dial checks: an outage is known by its
+        # span too, kept 26 h, and a relay down now by when it went: seed 114 of a fault-scale-3
+        # world judged a relay back seconds before, down the six hours since the own relay's
+        # loss, gsync's hourly redial not come yet)
+        return bool(relay.refused_tags or url in self.down_since
+                    or any(t >= since - 30 * HOUR for t in self.downs.get(url, ()))
+                    or any(end >= since - 30 * HOUR for _, end in self.down_spans.get(url, ()))
                     or any(entry[0] >= since - 4 * DAY for entry in self.refused_at.get(url, {}).values()))
 
     def owed(self, event, url: str, listing) -> bool:
