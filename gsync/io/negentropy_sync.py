@@ -35,7 +35,7 @@ from ..ops import metrics
 from ..protocol import negentropy
 from ..protocol.filters import Filter
 from ..protocol.negentropy import Storage
-from ..sync.result_caps import SILENT_CAP_MIN
+from ..sync.result_caps import SILENT_CAP_MIN, oldest_compared
 from . import negentropy_ws
 from .inbox import NegentropyFinished, OwnReadsLanded, OwnWitnessRead
 from .own_query import KeptConnections
@@ -78,7 +78,8 @@ class NegentropyOutcome:
     advertised: int = 0
     oldest: int | None = None
     have_upto: int = 0
-    compared_held: frozenset = frozenset()  # the have-set's ids it compared (held on both sides)
+    # the have-set's ids it compared (held on both sides), with their created_at
+    compared_held: dict = field(default_factory=dict)
 
     def note_advertised(self, items) -> None:
         """Fill ``advertised``, ``oldest`` and ``have_upto`` from the have-set ``items``
@@ -86,30 +87,13 @@ class NegentropyOutcome:
         if len(items) - len(self.have_ids) + len(self.need_ids) < SILENT_CAP_MIN:
             return
         have = set(self.have_ids)
-        unique = {event_id: created_at for created_at, event_id in items}
-        both = {event_id: created_at for event_id, created_at in unique.items() if event_id not in have}
-        common = list(both.values())
-        self.advertised = len(common) + len(self.need_ids)
-        self.compared_held = frozenset(both)
-        self.oldest = oldest_compared(min(common, default=None), bool(self.need_ids), self.need_before,
+        both = self.compared_held = {event_id: created_at for created_at, event_id in items if event_id not in have}
+        self.advertised = len(both) + len(self.need_ids)
+        self.oldest = oldest_compared(min(both.values(), default=None), bool(self.need_ids), self.need_before,
                                       self.need_after)
         if self.oldest is not None:
-            self.have_upto = sum(1 for event_id in have if unique.get(event_id, self.oldest + 1) <= self.oldest)
-
-
-def oldest_compared(common_min: int | None, needs: bool, need_before: int | None,
-                    need_after: int | None) -> int | None:
-    """A second the oldest event an exchange compared was created at, or after (None: not
-    known): the oldest it compared that we hold (``common_min``), and what bounds those
-    we lack (``needs``): below ``need_before`` (``negentropy.INFINITY``: past our newest)
-    and at or above ``need_after``."""
-    if not needs:
-        return common_min
-    if need_before is not None and need_before < negentropy.INFINITY:
-        return need_before if common_min is None else min(common_min, need_before)
-    if common_min is not None and need_after is not None and need_after >= common_min:
-        return common_min  # (all of them newer than some held: the held one is the oldest)
-    return None
+            self.have_upto = len({event_id for created_at, event_id in items
+                                  if created_at <= self.oldest and event_id in have})
 
 
 class SharedHoldings:

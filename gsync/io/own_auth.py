@@ -59,6 +59,10 @@ class ReadAuth:
     def has_key(self) -> bool:
         return bool(self._secret)
 
+    def refusal(self, text: str) -> str:
+        """What the relay refused with, ``text``, and, without a key, what would answer it."""
+        return text if self._secret else f"{text} (no [auth] key_file to answer it with)"
+
     def note(self, ws, msg) -> bool:
         """Keep ``msg``'s challenge if it is one (True), for the connection ``ws``."""
         if isinstance(msg, wire.AuthChallenge):

@@ -166,8 +166,8 @@ def _one_page(ws, flt: Filter, counted: bool = False, auth: ReadAuth | None = No
         elif (refusal_for_auth(msg, auth is not None and auth.challenged(ws))
               and getattr(msg, "sub_id", None) in (sub, None)):
             if asked_again or auth is None or not auth.authenticate(ws):
-                hint = "" if auth is not None and auth.has_key else " (no [auth] key_file to answer it with)"
-                raise ConnectionError(f"own relay refused the history query: {msg.text}{hint}")
+                text = msg.text if auth is None else auth.refusal(msg.text)
+                raise ConnectionError(f"own relay refused the history query: {text}")
             asked_again = True
             page = []
             sub = "own-" + uuid.uuid4().hex[:12]

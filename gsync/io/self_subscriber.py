@@ -386,8 +386,7 @@ class _LiveAuth:
             if not refused:
                 return False
             if self._asked_again or not self._auth.has_key:
-                hint = "" if self._auth.has_key else " (no [auth] key_file to answer it with)"
-                raise SubscriptionClosed(f"own relay closed the self-subscription: {msg.text}{hint}")
+                raise SubscriptionClosed(f"own relay closed the self-subscription: {self._auth.refusal(msg.text)}")
             if not self._refused:
                 self._since = time.monotonic()
             self._refused |= refused

@@ -106,6 +106,7 @@ from ..io.manager.live import live_groups_with_room
 from ..ops import metrics
 from ..sync.policy import describe
 from ..sync.relay_state import ConnectionStatus
+from ..sync.repos import owner_of
 from .relay import all_values, filter_from_json
 from .world import DAY, DOMAIN, START
 
@@ -1148,7 +1149,7 @@ class Checker:
         if found is not None and found[0] == now:  # (once a check, not once an event owed)
             return found[1]
         listing = m.repos.repos_listing(url)
-        owners = {a.split(":")[1] for a in listing}
+        owners = set(map(owner_of, listing))
         roots = {root for a in listing for root in m.repos.get(a).root_events}
         store = self.sim.relays[url].store.events
         finds = any(event_id in store for event_id in roots) or any(
@@ -1159,7 +1160,7 @@ class Checker:
     def _owner_known(self, pubkey: str, url: str) -> bool:
         """Does ``pubkey`` own a repository the running gsync knows lists ``url``?"""
         m = self.sim.manager
-        return m is not None and any(a.split(":")[1] == pubkey for a in m.repos.repos_listing(url))
+        return m is not None and any(owner_of(a) == pubkey for a in m.repos.repos_listing(url))
 
     def own_has(self, event) -> bool:
         store = self.sim.own.store

@@ -114,7 +114,7 @@ def check_below_oldest(plan, state, batch: PendingBatch, flt: Filter, result) ->
         return
     window = flt.replace(until=oldest + shift)
     token = plan.queue.add_exchange(state, batch, window, None)
-    batch.silent_checks[token] = (frozenset(result.need_ids) | result.compared_held, result.have_upto,
+    batch.silent_checks[token] = (frozenset(result.need_ids).union(result.compared_held), result.have_upto,
                                   result.advertised)
     plan.log.debug("negentropy_checked_below_oldest", relay=state.url, batch_id=batch.batch_id,
                    compared=result.advertised, oldest=oldest)

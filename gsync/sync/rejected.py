@@ -99,13 +99,14 @@ def repo_addresses(event: Event, cap: int = MAX_DEPENDENCIES) -> list[str]:
     return list(out)
 
 
-def dependencies(event: Event, cap: int = MAX_DEPENDENCIES) -> tuple[str, ...]:
+def dependencies(event: Event, cap: int = MAX_DEPENDENCIES, repos=()) -> tuple[str, ...]:
     """What the own relay may be missing to accept ``event``, as release keys.
 
     An announcement or state event waits for its author to become a maintainer of ``d``; a
     state event also for its own repository to be accepted. Any event waits for the
-    repositories it names and the events it references. Bounded: a hostile event cannot
-    make an entry large.
+    repositories it names and the events it references, and for ``repos`` (those it belongs
+    to without naming them: a comment names its issue). Bounded: a hostile event cannot make
+    an entry large.
     """
     keys: dict[str, None] = {}
     if event.kind in (ANNOUNCEMENT_KIND, STATE_KIND):
@@ -122,6 +123,10 @@ def dependencies(event: Event, cap: int = MAX_DEPENDENCIES) -> tuple[str, ...]:
             keys[repo_key(value)] = None
         elif name in EVENT_TAGS and _HEX64.match(value):
             keys[event_key(value)] = None
+    for address in repos:
+        if len(keys) >= cap:
+            break
+        keys[repo_key(address)] = None
     # a key past the bound is not kept: its entry is released by the others, or expires
     return tuple(k for k in keys if len(k) <= REJECTED_MAX_VALUE_CHARS)[:cap]
 
@@ -219,11 +224,7 @@ class RejectedIndex:
         self.remove(event.id)
         self._hot[event.id] = (event, now + self.hot_secs)
         self._expiry = min(self._expiry, now + self.hot_secs)
-        keys = dependencies(event)
-        if repos:
-            keys = tuple(dict.fromkeys((*keys, *(repo_key(a) for a in repos
-                                                  if len(repo_key(a)) <= REJECTED_MAX_VALUE_CHARS))))
-            keys = keys[:MAX_DEPENDENCIES]
+        keys = dependencies(event, repos=repos)
         ahead = now + AHEAD_SECS <= event.created_at < now + self.cold_secs
         if until_own_stores and not ahead and self._store_released.get(event.id, 0) < STORE_RELEASES_MAX:
             # (dated ahead, it waits for its time alone: released at each store, it was

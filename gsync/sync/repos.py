@@ -55,6 +55,12 @@ def identifier_of(address: str) -> str:
     return parts[2] if len(parts) == 3 else ""
 
 
+def owner_of(address: str) -> str:
+    """The ``pubkey`` part of ``30617:<pubkey>:<d>`` ("" if it has none)."""
+    parts = address.split(":", 2)
+    return parts[1] if len(parts) == 3 else ""
+
+
 def _host_port_or_none(url: str) -> str | None:
     try:
         return host_port(url)
@@ -320,7 +326,7 @@ class RepoSyncIndex:
             needs = self._repos[address]
             if needs.sync_level is not SyncLevel.STATE_ONLY:
                 continue
-            if state_event.pubkey == address.split(":", 2)[1] or state_event.pubkey in needs.maintainers:
+            if state_event.pubkey == owner_of(address) or state_event.pubkey in needs.maintainers:
                 needs.purgatory_seen_at = now
                 kept.add(address)
         return kept

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 from ..constants import FETCH_BY_FILTER_MAX_HELD_FRACTION
 from ..protocol.filters import Filter
+from ..protocol.negentropy import INFINITY
 from .filter_plan import split_past_result_cap
 
 # The smallest silent NIP-77 cap guarded against (``SilentCap``): relays built on khatru
@@ -281,6 +282,21 @@ class SilentCap:
             self.cut = advertised if self.cut is None else min(self.cut, advertised)
         else:
             self.whole = max(self.whole, advertised)
+
+
+def oldest_compared(common_min: int | None, needs: bool, need_before: int | None,
+                    need_after: int | None) -> int | None:
+    """A second the oldest event an exchange compared was created at, or after (None: not
+    known): the oldest it compared that we hold (``common_min``), and what bounds those
+    we lack (``needs``): below ``need_before`` (``negentropy.INFINITY``: past our newest)
+    and at or above ``need_after``."""
+    if not needs:
+        return common_min
+    if need_before is not None and need_before < INFINITY:
+        return need_before if common_min is None else min(common_min, need_before)
+    if common_min is not None and need_after is not None and need_after >= common_min:
+        return common_min  # (all of them newer than some held: the held one is the oldest)
+    return None
 
 
 def found_more(compared: frozenset[str], first_have_upto: int, check) -> bool:

@@ -205,8 +205,7 @@ class StartQueue:
         queued = set(batch.outstanding_subs)
         state.current.historic_queue = [e for e in state.current.historic_queue if e[0] not in queued]
         for sub_id in queued:
-            finish_subscription(batch, sub_id)
-            state.current.sub_to_batch.pop(sub_id, None)
+            _unqueued(state.current, batch, sub_id)
 
     def drop_windows_of(self, state, batch: PendingBatch, timeless: Filter) -> list[Filter]:
         """The queued exchanges of ``batch`` asking ``timeless`` bounded in time go, unstarted
@@ -217,10 +216,7 @@ class StartQueue:
             if (is_exchange(sub_id) and session.sub_to_batch.get(sub_id) == batch.batch_id
                     and group[0].replace(since=None, until=None) == timeless):
                 dropped.append(group[0])
-                session.sub_to_batch.pop(sub_id, None)
-                for kept_for in (batch.own_holdings, batch.read_also, batch.silent_checks):
-                    kept_for.pop(sub_id, None)
-                finish_subscription(batch, sub_id)
+                _unqueued(session, batch, sub_id)
             else:
                 kept.append((sub_id, group))
         session.historic_queue = kept
@@ -234,11 +230,9 @@ class StartQueue:
         session.historic_queue = [e for e in session.historic_queue if not is_exchange(e[0])]
         batches = {}
         for token, group in queued:
-            batch = session.pending.get(session.sub_to_batch.pop(token, -1))
+            batch = session.pending.get(session.sub_to_batch.get(token, -1))
+            _unqueued(session, batch, token)
             if batch is not None:
-                finish_subscription(batch, token)
-                batch.own_holdings.pop(token, None)
-                batch.read_also.pop(token, None)
                 self.add_reqs(state, batch, group)
                 batches[batch.batch_id] = batch
         return list(batches.values())
@@ -268,16 +262,24 @@ class StartQueue:
         """The first entry (``sub_id``) goes without starting, and with it the batch's
         subscription (what it held of the own relay too)."""
         state.current.historic_queue.pop(0)
-        del state.current.sub_to_batch[sub_id]
-        if batch is not None:
-            batch.own_holdings.pop(sub_id, None)
-            finish_subscription(batch, sub_id)
+        _unqueued(state.current, batch, sub_id)
 
     @staticmethod
     def ended(state, sub_id: str) -> int | None:
         """``sub_id`` ended (answered, closed, stalled): it names no batch any more.
         Returns the batch it was of."""
         return state.current.sub_to_batch.pop(sub_id, None)
+
+
+def _unqueued(session, batch: PendingBatch | None, sub_id: str) -> None:
+    """``sub_id`` left the queue without starting: it names no batch any more, and what its
+    batch kept for it goes (the own relay's holdings read for it, a part of its filter still
+    to read, a check's record)."""
+    session.sub_to_batch.pop(sub_id, None)
+    if batch is not None:
+        for kept in (batch.own_holdings, batch.read_also, batch.silent_checks):
+            kept.pop(sub_id, None)
+        finish_subscription(batch, sub_id)
 
 
 def pack(state, filters) -> list[list[Filter]]:

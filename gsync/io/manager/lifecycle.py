@@ -18,6 +18,7 @@ from ...sync import filter_plan, status
 from ...sync.pending import BatchKind, PageCap
 from ...sync.policy import CoveragePauses
 from ...sync.relay_state import ConnectionStatus, RelayState
+from ...sync.repos import owner_of
 from ...sync.shard import OTHER_SHARD_LEAD
 from ...sync.status import Fact
 from ...sync.targets import PendingItems, compute_actions, relay_needs
@@ -293,7 +294,7 @@ class RelayLifecycle:
 
     def listing_authors(self, url: str) -> set[str]:
         """The owners of the repositories listing ``url``: what a precise layer 1 asks there."""
-        return {address.split(":")[1] for address in self.repos.repos_listing(url) if address.count(":") >= 2}
+        return {owner for owner in map(owner_of, self.repos.repos_listing(url)) if owner}
 
     def ask_precisely(self, state: RelayState) -> None:
         """A relay answering only precise queries has its session's book make them so, with
