@@ -63,6 +63,34 @@ def test_an_own_relay_asking_for_auth_to_read_is_read_with_our_key(relay_factory
     assert "negentropy_own_relay_unavailable" not in logged  # the holdings reads were answered
 
 
+def test_an_own_relay_dialled_by_another_name_than_its_own_is_authenticated_by_its_own(
+        relay_factory, gsync_factory, tmp_path):
+    """An own relay dialled at an address it does not know itself by (a local address; here
+    ``localhost`` for LocalRelay on 127.0.0.1, which refuses an AUTH naming any other URL,
+    as go-nostr's relays do naming anything but their ``ServiceURL``): its AUTH is answered
+    naming the configured domain (``ws://`` after ``wss://``), for reads and for delivery.
+    (It named the URL dialled, was refused, and nothing was read or delivered.)"""
+    own = relay_factory(nip42="both")
+    remote = relay_factory()
+    reader = generate_secret()
+    repo = our_announcement(own, [remote], d="named-by-domain")
+    issues = [f.issue(bob, repo, subject=f"issue {i}") for i in range(5)]
+    publish(remote.url, [repo, *issues])
+    publish(own.url, [repo], secret=reader)
+    gsync = gsync_factory(own, [remote], extra={
+        "auth": {"key_file": _key_file(tmp_path)},
+        "service": {"own_relay": f"ws://localhost:{own.port}"},  # domain: 127.0.0.1:<port>
+    })
+    wanted = {e.id for e in issues}
+    wait_until(lambda: ids_on(own.url, {"ids": sorted(wanted)}, secret=reader) == wanted, timeout=60,
+               what="the issues, on an own relay knowing itself by its domain")
+    events = gsync.log_events()
+    assert [e["tag"] for e in events if e["event"] == "own_relay_auth_tag"] == [f"ws://127.0.0.1:{own.port}"]
+    logged = {e["event"] for e in events}
+    assert not logged & {"self_subscription_lost", "self_history_failed", "negentropy_own_relay_unavailable",
+                         "own_relay_auth_refused", "event_rejected"}
+
+
 @pytest.mark.slow
 def test_refused_events_are_counted_remembered_and_not_fetched_again(relay_factory, gsync_factory,
                                                                        tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 from gsync import constants
 from gsync.io import own_query
-from gsync.io.own_auth import ReadAuth
+from gsync.io.own_auth import AuthTags, ReadAuth
 from gsync.io.self_subscriber import SubscriptionClosed, _LiveAuth
 from gsync.io.ws import Timeout
 from gsync.protocol import messages as wire
@@ -25,11 +25,13 @@ class Relay:
     """A connection to an own relay asking for AUTH to read. ``challenge_at``: "connect"
     (before anything), "refusal" (with each refusal, as LocalRelay and khatru), "late"
     (after the refusal), or None (never). ``ok``: its answer to our AUTH (True, False,
-    None: none, as nostr_relay)."""
+    None: none, as nostr_relay). ``known_as``: the URL it takes in an AUTH's ``relay`` tag
+    (an AUTH naming another is refused, as go-nostr's relays do)."""
 
     def __init__(self, challenge_at="refusal", ok=True, refuse_after_auth=False,
-                 refusal="auth-required: you must auth", in_notice=False):
+                 refusal="auth-required: you must auth", in_notice=False, known_as=URL):
         self.challenge_at, self.ok, self.refuse_after_auth = challenge_at, ok, refuse_after_auth
+        self.known_as = known_as
         self.refusal, self.in_notice = refusal, in_notice  # nostr_relay: a NOTICE "restricted: …"
         self.sent: list = []
         self.queue: list[str] = []
@@ -46,10 +48,11 @@ class Relay:
         self.sent.append(msg)
         if msg[0] == "AUTH":
             tags = msg[1]["tags"]
-            assert ["relay", URL] in tags and ["challenge", "c1"] in tags
-            self.authed = self.ok is not False
-            if self.ok is not None:
-                self.queue.append(json.dumps(["OK", msg[1]["id"], self.ok, "" if self.ok else "restricted: no"]))
+            assert ["challenge", "c1"] in tags
+            ok = self.ok if ["relay", self.known_as] in tags else False
+            self.authed = ok is not False
+            if ok is not None:
+                self.queue.append(json.dumps(["OK", msg[1]["id"], ok, "" if ok else "restricted: no"]))
         elif msg[0] == "REQ" and (not self.authed or self.refuse_after_auth):
             if self.challenge_at == "refusal":
                 self.queue.append(json.dumps(["AUTH", "c1"]))
@@ -69,8 +72,11 @@ class Relay:
         return [m[0] for m in self.sent]
 
 
-def read(relay, secret=KEY):
-    return own_query._one_page(relay, Filter.make(kinds=[1621]), auth=ReadAuth(URL, secret))
+def read(relay, secret=KEY, auth=None):
+    return own_query._one_page(relay, Filter.make(kinds=[1621]), auth=auth or ReadAuth(URL, secret))
+
+def auth_tags_named(relay) -> list[str]:
+    return [dict((t[0], t[1]) for t in m[1]["tags"])["relay"] for m in relay.sent if m[0] == "AUTH"]
 
 
 @pytest.mark.parametrize("challenge_at", ["connect", "refusal", "late"])
@@ -122,12 +128,12 @@ def test_a_connection_answers_its_challenge_once():
     assert auth.can_answer(Relay("connect")) is False  # (no challenge seen there yet)
 
 
-def _live(relay, secret=KEY):
+def _live(relay, secret=KEY, tags=None):
     live = {"gsync-self": wire.req("gsync-self", [Filter.make(kinds=[1621], limit=0)]),
             "gsync-landed": wire.req("gsync-landed", [Filter.make(limit=0)])}
     for req in live.values():
         relay.send(req)
-    return _LiveAuth(ReadAuth(URL, secret), relay, live)
+    return _LiveAuth(ReadAuth(URL, secret, tags=tags), relay, live)
 
 
 def _drain(relay, live):
@@ -199,3 +205,70 @@ def test_a_live_refusal_without_a_challenge_closes_the_subscription_after_the_wa
     with pytest.raises(SubscriptionClosed, match="no challenge"):
         live.settled()
 
+
+
+# -- the URL an AUTH names the own relay by (``AuthTags``) ----------------------------------
+
+
+def test_the_candidates_are_the_url_dialled_then_each_domain_over_wss_and_ws():
+    tags = AuthTags(URL, ["relay.example.org", "own.example:7777", "Git.Example.ORG:8443"])
+    assert tags.tags == (URL, "wss://relay.example.org", "ws://relay.example.org", "wss://own.example:7777",
+                         "wss://git.example.org:8443", "ws://git.example.org:8443")  # the URL dialled once
+    assert tags.next_tag(set()) == URL and tags.next_tag(set(tags.tags)) is None
+    assert tags.next_tag({URL, "wss://relay.example.org"}) == "ws://relay.example.org"
+
+
+def test_the_tag_taken_is_named_first_by_every_connection_and_said_once(capsys):
+    tags = AuthTags(URL, ["relay.example.org"])
+    tags.refused(URL, {URL})
+    assert tags.current == "wss://relay.example.org"  # the next connection starts there
+    assert tags.next_tag(set()) == "wss://relay.example.org"
+    tags.refused("wss://relay.example.org", {URL, "wss://relay.example.org"})
+    tags.taken("ws://relay.example.org")
+    tags.taken("ws://relay.example.org")
+    assert tags.next_tag(set()) == "ws://relay.example.org"
+    tags.refused(URL, {URL})  # a late refusal naming what is not first any more moves nothing
+    assert tags.current == "ws://relay.example.org"
+    said = capsys.readouterr().out
+    assert said.count("own_relay_auth_tag") == 1 and "own_relay_auth_refused" not in said
+
+
+def test_an_auth_refused_naming_every_candidate_is_said_once_until_one_is_taken(capsys):
+    tags = AuthTags(URL, ["relay.example.org"])
+    for _ in range(2):  # two connections, each refused naming all three
+        tried = set()
+        while (tag := tags.next_tag(tried)) is not None:
+            tried.add(tag)
+            tags.refused(tag, tried)
+    assert capsys.readouterr().out.count("own_relay_auth_refused") == 1
+
+
+def test_a_read_refused_naming_the_url_dialled_is_answered_naming_the_domain():
+    tags = AuthTags(URL, ["relay.example.org"])
+    relay = Relay(known_as="ws://relay.example.org")
+    assert len(read(relay, auth=ReadAuth(URL, KEY, tags=tags))) == 1
+    assert relay.sent_kinds() == ["REQ", "AUTH", "AUTH", "AUTH", "REQ", "CLOSE"]
+    assert auth_tags_named(relay) == [URL, "wss://relay.example.org", "ws://relay.example.org"]
+    again = Relay(known_as="ws://relay.example.org")  # the next connection names it first
+    assert len(read(again, auth=ReadAuth(URL, KEY, tags=tags))) == 1
+    assert auth_tags_named(again) == ["ws://relay.example.org"]
+
+
+def test_a_read_refused_naming_every_candidate_fails_having_named_each_once():
+    relay = Relay(known_as="wss://elsewhere.example")
+    with pytest.raises(ConnectionError, match="refused the history query"):
+        read(relay, auth=ReadAuth(URL, KEY, tags=AuthTags(URL, ["relay.example.org"])))
+    assert auth_tags_named(relay) == [URL, "wss://relay.example.org", "ws://relay.example.org"]
+    assert relay.sent_kinds().count("REQ") == 1
+
+
+def test_the_live_subscription_names_the_next_candidate_when_our_auth_is_refused():
+    relay = Relay(known_as="wss://relay.example.org")
+    live = _live(relay, tags=AuthTags(URL, ["relay.example.org"]))
+    _drain(relay, live)
+    assert relay.sent_kinds() == ["REQ", "REQ", "AUTH", "AUTH", "REQ", "REQ"]
+    assert auth_tags_named(relay) == [URL, "wss://relay.example.org"]
+    refused = Relay(known_as="wss://elsewhere.example")
+    with pytest.raises(SubscriptionClosed, match="refused our AUTH"):
+        _drain(refused, _live(refused, tags=AuthTags(URL, ["relay.example.org"])))
+    assert len(auth_tags_named(refused)) == 3

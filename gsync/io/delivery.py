@@ -37,8 +37,8 @@ from ..protocol.filters import Filter
 from ..sync.delivery_retry import refusal_retry_delay
 from ..sync.have_index import HaveIndex
 from ..sync.own_held import HeldEntry
-from .connection import auth_event
 from .inbox import DeliveryAnswered, DeliveryCaughtUp, OwnEvents, OwnHeldConfirmed, OwnRelayState
+from .own_auth import AuthTags
 from .ws import StalledMessage, Timeout
 from .ws import connect as ws_connect
 
@@ -121,8 +121,10 @@ class _Lane:
         self.frames = 0
         self.challenge: str | None = None
         self.authed = False  # our AUTH went on this connection
-        self.auth_id = ""  # its event id, and when it went (the clock's time)
+        self.auth_id = ""  # its event id, the tag it named (``AuthTags``), and when it went
+        self.auth_tag = ""
         self.auth_sent_at = 0.0
+        self.auth_tried: set[str] = set()  # the tags named for this connection's challenge
         self.auth_taken_at: float | None = None  # the relay said OK true to it
         self.auth_refused = False  # ... OK false
         self.paused_until = 0.0
@@ -146,6 +148,7 @@ class OwnRelayDelivery:
         ok_timeout: float = 30.0,
         max_backlog: int = constants.DELIVERY_MAX_BACKLOG,
         auth_secret: str | None = None,
+        auth_tags: AuthTags | None = None,
         clock=time.monotonic,
         wallclock=time.time,
     ):
@@ -158,6 +161,7 @@ class OwnRelayDelivery:
         self._max_backlog = max_backlog
         self._hard_limit = 2 * max_backlog + constants.DELIVERY_BACKLOG_SLACK
         self._auth_secret = auth_secret
+        self._auth_tags = auth_tags or AuthTags(url)
         self._clock = clock
         self._wallclock = wallclock
         self._lanes = [_Lane(i) for i in range(lanes)]
@@ -320,6 +324,7 @@ class OwnRelayDelivery:
             lane.sent_at = self._clock()
             lane.authed = lane.auth_refused = False
             lane.challenge = lane.auth_taken_at = None
+            lane.auth_tried = set()
             self._lane_up()
             reader = gevent.spawn(self._read_lane, lane, lane.ws, lane.session)
             try:
@@ -432,8 +437,11 @@ class OwnRelayDelivery:
         if lane.authed and ok.event_id == lane.auth_id:  # the answer to our AUTH
             if ok.accepted:
                 lane.auth_taken_at = self._clock()
+                self._auth_tags.taken(lane.auth_tag)
             else:
-                lane.auth_refused = True
+                self._auth_tags.refused(lane.auth_tag, lane.auth_tried)
+                if not self._send_auth(lane):  # refused naming each URL the relay may go by
+                    lane.auth_refused = True
             return
         entry = lane.in_flight.pop(ok.event_id, None)
         if len(lane.in_flight) <= self._refill_at:
@@ -455,9 +463,7 @@ class OwnRelayDelivery:
         elif ok.prefix is wire.Prefix.AUTH_REQUIRED:
             if self._auth_secret and lane.challenge and not lane.authed and lane.ws is not None:
                 lane.authed = True
-                auth = auth_event(self._auth_secret, self.url, lane.challenge, int(self._wallclock()))
-                lane.auth_id, lane.auth_sent_at = auth.id, self._clock()
-                lane.ws.send(wire.auth(auth))
+                self._send_auth(lane)
                 self._outcome("retry_auth").inc()
                 self._queue.appendleft(event)
                 self._wake_lanes()
@@ -471,6 +477,17 @@ class OwnRelayDelivery:
             self._finish(event, "rejected", f"{ok.prefix.value}: {ok.text}", until_own_stores=True)
         else:
             self._retry_later(event, "retry_error", ok)
+
+    def _send_auth(self, lane: _Lane) -> bool:
+        """Answer ``lane``'s challenge, naming the next URL the own relay may go by that it
+        was not named by there (False: none left)."""
+        signed = self._auth_tags.sign(self._auth_secret, lane.challenge, lane.auth_tried, int(self._wallclock()))
+        if signed is None or lane.ws is None:
+            return False
+        auth, lane.auth_tag = signed
+        lane.auth_id, lane.auth_sent_at = auth.id, self._clock()
+        lane.ws.send(wire.auth(auth))
+        return True
 
     @staticmethod
     def _sent_before_auth_taken(lane: _Lane, sent_at: float) -> bool:

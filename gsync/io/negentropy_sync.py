@@ -161,9 +161,10 @@ _kept = KeptConnections(keep=MAX_RUNNING_EXCHANGES)
 _holdings = SharedHoldings(_kept.holdings)
 
 
-def authenticate_reads(secret: str | None) -> None:
-    """Answer an own relay that asks for NIP-42 AUTH to read the holdings with ``secret``."""
-    _kept.use_key(secret)
+def authenticate_reads(secret: str | None, tags=None) -> None:
+    """Answer an own relay that asks for NIP-42 AUTH to read the holdings with ``secret``,
+    naming it as ``tags`` (``own_auth.AuthTags``)."""
+    _kept.use_key(secret, tags)
 
 
 # Reads of the own relay's holdings before methods are chosen: a batch's filters are read

@@ -101,11 +101,14 @@ class KeptConnections:
         self._idle: dict[str, list[tuple]] = {}  # url → idle (connection, the relay's PageCap)
         self._caps: dict[str, PageCap] = {}  # url → what its pages taught
         self._secret: str | None = None
+        self._tags = None
         self._auth: dict[str, ReadAuth] = {}  # url → NIP-42 for its reads
 
-    def use_key(self, secret: str | None) -> None:
-        """Answer an own relay asking for NIP-42 AUTH to read with ``secret`` (``[auth]``)."""
+    def use_key(self, secret: str | None, tags=None) -> None:
+        """Answer an own relay asking for NIP-42 AUTH to read with ``secret`` (``[auth]``),
+        naming it as ``tags`` (``own_auth.AuthTags``; None: by the URL dialled)."""
         self._secret = secret
+        self._tags = tags
         self._auth.clear()
 
     def holdings(self, url: str, flt: Filter) -> HeldItems:
@@ -122,7 +125,8 @@ class KeptConnections:
         try:
             auth = self._auth.get(url)
             if auth is None:
-                auth = self._auth[url] = ReadAuth(url, self._secret)
+                tags = self._tags if self._tags is not None and self._tags.tags[0] == url else None
+                auth = self._auth[url] = ReadAuth(url, self._secret, tags=tags)
             items = HeldItems(e for page in history_pages(ws, flt, cap, counted=True, auth=auth) for e in page)
         except BaseException:
             _close(ws)

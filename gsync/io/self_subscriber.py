@@ -71,10 +71,10 @@ def history_filter(since: int | None) -> Filter:
 
 class SelfSubscriber:
     def __init__(self, url: str, post, log, *, clock=time.time, seen=None, landed: bool = False,
-                 held=frozenset(), auth_secret: str | None = None):
+                 held=frozenset(), auth_secret: str | None = None, auth_tags=None):
         self.url = url
         # an own relay asking for NIP-42 AUTH to read is answered with the configured key
-        self._auth = ReadAuth(url, auth_secret, clock=clock)
+        self._auth = ReadAuth(url, auth_secret, clock=clock, tags=auth_tags)
         # With shards: every new event the own relay stores (``LANDED_SUB_ID``), those not
         # in ``held`` (what this instance knows the own relay holds: only read here).
         self._landed = landed
@@ -395,9 +395,13 @@ class _LiveAuth:
             self._ws.settimeout(constants.AUTH_SETTLE_SECS)
             return True
         if self._auth_id is not None and not self._asked_again:
-            taken = self._auth.taken(msg, self._auth_id)
+            taken = self._auth.taken(self._ws, msg, self._auth_id)
             if taken is False:
-                raise SubscriptionClosed(f"own relay refused our AUTH: {msg.text}")
+                self._auth_id = self._auth.refused(self._ws, self._auth_id)  # named another way
+                if self._auth_id is None:
+                    raise SubscriptionClosed(f"own relay refused our AUTH: {msg.text}")
+                self._since = time.monotonic()
+                return True
             if taken:
                 self._send_again()
                 return True

@@ -58,6 +58,7 @@ from ..inbox import (
     Stop,
     Tick,
 )
+from ..own_auth import AuthTags
 from ..self_subscriber import SelfSubscriber
 from .completion import HistoricCompletion
 from .descendants import Descendants
@@ -124,17 +125,19 @@ class SyncManager:
         # (what its reads return tells the thread members: ``Descendants``, made below)
         self.own_held = OwnHeld(constants.OWN_HELD_TTL_SECS, constants.OWN_HELD_MAX_EVENTS,
                                 on_learn=lambda entries: self.descendants.note_held(entries))
+        # the URL our NIP-42 AUTH names the own relay by, shared by all that connect to it
+        auth_tags = AuthTags(svc.own_relay, svc.domains)
         self.delivery = delivery or OwnRelayDelivery(
             svc.own_relay, self.post, auth_secret=config.auth.secret_key,
-            max_backlog=sync.delivery_max_backlog,
+            max_backlog=sync.delivery_max_backlog, auth_tags=auth_tags,
         )
         self.seen: dict[str, float | None] = {}  # id -> when gsync fetched it (None: seen on the own relay)
         # with shards, it also shows what the other shards stored (``OwnLanded``)
         self.self_sub = SelfSubscriber(svc.own_relay, self.post, log, clock=self.clock, seen=self.seen,
                                        landed=config.cluster.shard.count > 1, held=self.own_held,
-                                       auth_secret=config.auth.secret_key)
+                                       auth_secret=config.auth.secret_key, auth_tags=auth_tags)
         # an own relay asking for AUTH to read: the holdings reads answer it too
-        negentropy_sync.authenticate_reads(config.auth.secret_key)
+        negentropy_sync.authenticate_reads(config.auth.secret_key, auth_tags)
 
     def build_collaborators(self, config, on_ready) -> None:
         """The concerns the manager owns, each given what it reads and writes. Two pairs
