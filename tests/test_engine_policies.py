@@ -63,14 +63,15 @@ def test_an_own_relay_asking_for_auth_to_read_is_read_with_our_key(relay_factory
     assert "negentropy_own_relay_unavailable" not in logged  # the holdings reads were answered
 
 
+@pytest.mark.parametrize("nip42", ["both", "write"])  # (write: delivery is the first to AUTH)
 def test_an_own_relay_dialled_by_another_name_than_its_own_is_authenticated_by_its_own(
-        relay_factory, gsync_factory, tmp_path):
+        relay_factory, gsync_factory, tmp_path, nip42):
     """An own relay dialled at an address it does not know itself by (a local address; here
     ``localhost`` for LocalRelay on 127.0.0.1, which refuses an AUTH naming any other URL,
     as go-nostr's relays do naming anything but their ``ServiceURL``): its AUTH is answered
     naming the configured domain (``ws://`` after ``wss://``), for reads and for delivery.
     (It named the URL dialled, was refused, and nothing was read or delivered.)"""
-    own = relay_factory(nip42="both")
+    own = relay_factory(nip42=nip42)
     remote = relay_factory()
     reader = generate_secret()
     repo = our_announcement(own, [remote], d="named-by-domain")
