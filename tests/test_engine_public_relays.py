@@ -643,6 +643,34 @@ def test_a_relay_answering_only_precise_queries_is_asked_them(relay_factory, gsy
     assert events_named(gsync, "relay_answers_only_precise_queries", remote.url)
 
 
+def test_a_relay_refusing_filters_that_may_bring_notes_is_asked_with_kinds(relay_factory, gsync_factory):
+    """khatru's ``AntiSyncBots`` (in its README's example): a filter naming no authors whose
+    kinds are missing or hold 1 is refused, the whole REQ and NEG-OPEN with it ("blocked: an
+    author must be specified to get their kind:1 notes"). Every tag filter of ours was: each
+    shape was paused and nothing of the repository came from there. Now its tag filters (and
+    id fetches) ask NIP-34's kinds, then those but notes, and history and live events come;
+    nothing is paused. A note tagging the repository is not served there, so not fetched."""
+    own = relay_factory()
+    remote = relay_factory(anti_sync_bots=True)
+    repo = our_announcement(own, [remote], d="anti-sync")
+    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(3)]
+    replies = [f.comment(alice, bug) for bug in bugs]
+    note = f.quote(carol, repo)
+    publish(remote.url, [repo, *bugs, *replies, note])
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, [*bugs, *replies], timeout=30, what="history from a relay refusing filters without kinds")
+    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=30,
+               what="historic sync complete")
+    live = f.issue(bob, repo, subject="live", created_at=int(time.time()))
+    publish(remote.url, [live])
+    assert_arrives(own, [live], timeout=10, what="a live event")
+    assert [e["kinds"] for e in gsync.log_events() if e["event"] == "relay_refuses_imprecise_queries"] == [
+        "NIP-34's", "NIP-34's but notes"]
+    assert not events_named(gsync, "coverage_paused", remote.url)
+    assert note.id not in on_own(own, [note])
+
+
 def test_a_live_subscription_the_relay_closes_is_rebuilt(relay_factory, gsync_factory, scripted):
     """A relay ends a live subscription for its own reasons (``error:``): gsync opens its
     replacement from the current index, and live events for that coverage arrive again."""

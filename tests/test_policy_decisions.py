@@ -29,6 +29,13 @@ def keys(req):
     return {coverage_key(filter_from_json(flt)) for flt in req[2:]}
 
 
+def serve_history(h):
+    """A answers the historic REQs sent so far (their tag filters, of any kind: what it
+    refuses next is a shape, not the kinds a tag filter asks, ``protocol.precise``)."""
+    for req in h.historic_reqs(A):
+        h.relay_says(A, wire.Eose(req[1]))
+
+
 def test_a_consolidation_before_the_verdict_keeps_each_refused_shape_alone(tmp_path):
     """A live REQ of several shapes is refused by policy (``blocked:``) and split, one shape a
     REQ; the relay answers none of them (its subscription cap, say) before a consolidation
@@ -44,6 +51,7 @@ def test_a_consolidation_before_the_verdict_keeps_each_refused_shape_alone(tmp_p
     multi = [f for _, f in live_reqs(h) if len(keys(f)) > 1]
     assert multi, live_reqs(h)
     refused = multi[0]
+    serve_history(h)
     h.relay_says(A, closed(refused[1], "blocked: not here"))
     split = [f for _, f in live_reqs(h)][len(live_reqs(h)) - len(keys(refused)):]
     assert all(len(keys(f)) == 1 for f in split) and set().union(*map(keys, split)) == keys(refused)
@@ -120,6 +128,7 @@ def _one_shape_paused(h, repos):
     h.answer_own_reads()
     h.advance(1.1)
     multi = [f for _, f in live_reqs(h) if len(keys(f)) > 1]
+    serve_history(h)
     h.relay_says(A, closed(multi[0][1], "blocked: not here"))
     lone = [f for _, f in live_reqs(h)][-1]
     culprit = next(iter(keys(lone)))
@@ -177,3 +186,46 @@ def test_a_relay_retired_and_listed_again_is_not_asked_what_it_refused_before_it
     asked = [f for n, conn in enumerate(h.effects.connections[A]) if n >= sent for f in conn.frames
              if f[0] == "REQ"]
     assert asked and not [f for f in asked if culprit in keys(f)]
+
+
+def _anti_sync_bots(h, answered: set) -> None:
+    """A answers each REQ not answered yet as khatru's ``AntiSyncBots`` policy does: a filter
+    that may bring kind-1 notes (no ``kinds``, or 1 among them) naming no authors refuses the
+    whole REQ; anything else is served (nothing found)."""
+    for req in h.reqs(A):
+        if req[1] in answered:
+            continue
+        answered.add(req[1])
+        if any(not f.get("authors") and (not f.get("kinds") or 1 in f["kinds"]) for f in req[2:]):
+            h.relay_says(A, closed(req[1], "blocked: an author must be specified to get their kind:1 notes"))
+        else:
+            h.relay_says(A, wire.Eose(req[1]))
+
+
+def test_a_relay_refusing_tag_filters_without_kinds_is_asked_them_with_kinds_but_notes(tmp_path):
+    """khatru's AntiSyncBots refuses every tag filter of ours (no ``kinds``): it was paused,
+    shape after shape, and nothing of a repository came from there. Now its tag filters ask
+    NIP-34's kinds, refused again those but notes, and are served; nothing is paused."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*[announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)])
+    h.connect(A)
+    answered: set = set()
+    state = h.state(A)
+    for _ in range(40):
+        h.answer_own_reads()
+        _anti_sync_bots(h, answered)
+        h.advance(1.1)
+    assert state.precise_refused == 2 and not state.paused
+    last = {req[1]: req for req in h.reqs(A)}  # (a sub id's latest REQ)
+    live = [last[sub_id] for sub_id in state.current.live_subs]  # the live coverage kept open
+    tagged = [f for req in live for f in req[2:] if any(k.startswith("#") for k in f)]
+    assert tagged and all(1 not in f.get("kinds", [1]) for f in tagged)
+    assert any(f.get("#a") and 1617 in f["kinds"] for f in tagged)  # a repository's patches too
+    assert state.status.name == "CONNECTED"  # synced: every filter served
+
+
+def test_a_relay_refusing_one_tag_after_serving_the_others_has_that_tag_paused_not_kinds_asked(tmp_path):
+    """A relay refusing ``#q`` (say) serves ``#a``: the refusal is about the shape, as before."""
+    h = ManagerHarness(tmp_path)
+    culprit = _one_shape_paused(h, [announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)])
+    assert h.state(A).precise_refused == 0 and h.state(A).paused.is_paused(culprit)

@@ -23,7 +23,9 @@ Query policies, for relays that are not friendly (LocalRelay sends each refusal 
 ``refuse_tags`` (``{"tags": ["q"], "message": …}``: every filter using one of those tags),
 ``query_rate`` (``{"max": N, "window_secs": W, "message": …}``: per connection, a filter
 beyond N admitted in the last W seconds is refused, by default with
-``rate-limited: too many queries``) and ``query_log`` (a file that gets one JSON line per
+``rate-limited: too many queries``), ``anti_sync_bots`` (true: a filter naming no ``authors``
+whose ``kinds`` are missing or hold 1 is refused, as khatru's ``AntiSyncBots`` policy does:
+"an author must be specified to get their kind:1 notes") and ``query_log`` (a file that gets one JSON line per
 filter asked, ``{"t", "addr", "filter", "ok"}``: what the relay saw, for a test to judge).
 
 ``relays`` (a list of option sets, each with its own ``port``; the other top-level options
@@ -236,12 +238,13 @@ async def _build(opts: dict):
 
     class Queries(QueryPolicy):
         """``block_queries``, ``block_id_queries``, ``query_delay_ms``, ``refuse_tags``,
-        ``query_rate`` and ``query_log``. LocalRelay asks once per filter of a REQ (and per
+        ``query_rate``, ``anti_sync_bots`` and ``query_log``. LocalRelay asks once per filter of a REQ (and per
         NEG-OPEN); every path is guarded (an exception inside a policy panics the relay)."""
 
         def __init__(self, opts: dict):
             self.block = opts.get("block_queries")
             self.block_ids = opts.get("block_id_queries")
+            self.anti_sync_bots = bool(opts.get("anti_sync_bots"))
             self.delay = float(opts.get("query_delay_ms", 0)) / 1000
             refuse = opts.get("refuse_tags") or {}
             self.tags = {"#" + t for t in refuse.get("tags", [])}
@@ -258,6 +261,8 @@ async def _build(opts: dict):
                 return self.block
             if self.block_ids and "ids" in flt:
                 return self.block_ids
+            if self.anti_sync_bots and not flt.get("authors") and (not flt.get("kinds") or 1 in flt["kinds"]):
+                return "an author must be specified to get their kind:1 notes"
             if self.tags & flt.keys():
                 return self.tags_message
             if self.max:
@@ -308,7 +313,7 @@ async def _build(opts: dict):
         delay = float(opts.get("write_delay_ms", 0)) / 1000
         builder = builder.write_policy(Writes(delay, opts.get("reject") or {}, opts.get("grasp_domain")))
     if any(opts.get(k) for k in ("block_queries", "block_id_queries", "query_delay_ms",
-                                  "refuse_tags", "query_rate", "query_log")):
+                                  "refuse_tags", "query_rate", "query_log", "anti_sync_bots")):
         builder = builder.query_policy(Queries(opts))
     return builder.build()
 

@@ -7,6 +7,14 @@ not kept live (scsibug/nostr-rs-relay, ``Subscription::is_scraper``). gsync's la
 ``kinds`` alone and layers 2 and 3 one tag alone (``#a``, ``#e``, …), and the precise filters
 packed with them go unanswered too: such a relay gave gsync nothing, silently.
 
+Other relays refuse imprecise queries in words: khatru's ``AntiSyncBots`` policy (in its
+README's example, so in relays built from it) closes any REQ with a filter that may bring
+kind-1 notes without naming authors ("blocked: an author must be specified to get their kind:1
+notes"), a tag filter without ``kinds`` among them; the NEG-OPENs alike. A relay that refuses,
+alone, a tag filter asking any kind is asked its tag filters with ``PRECISE_KINDS`` (level 1),
+refused again, with those but notes (level 2: ``refused_kinds``); its ``kinds`` filters as they
+are (they were not refused). Notes tagging a repository or a thread come from other relays.
+
 No second criterion makes those filters precise and loses nothing, so a relay is asked so
 only once it is known to need it (``probe``: a precise query that brings what an imprecise
 one did not), and then every filter it is asked is made precise (``made_precise``): a tag
@@ -28,6 +36,8 @@ from .filters import Filter
 # (1985), zaps (9735), user GRASP lists (10317), announcements and states (30617, 30618).
 PRECISE_KINDS = frozenset({1, 5, 6, 7, 16, 1111, 1617, 1618, 1619, 1621, 1622, 1630, 1631, 1632, 1633,
                            1985, 9735, 10317, 30617, 30618})
+# A relay refusing tag filters that may bring notes (level 2) is asked these
+NOTES_EXCLUDED = PRECISE_KINDS - {1}
 # The software a relay's NIP-11 names that may limit imprecise queries so (the only one known).
 LIMITING_SOFTWARE = "nostr-rs-relay"
 # A probe asks for at most this many announcements, of at most this many authors.
@@ -53,17 +63,34 @@ def may_limit(software: str) -> bool:
     return LIMITING_SOFTWARE in software.lower()
 
 
-def made_precise(f: Filter, authors: frozenset[str]) -> Filter:
+def made_precise(f: Filter, authors: frozenset[str], kinds: frozenset[int] = PRECISE_KINDS,
+                 ids_too: bool = False) -> Filter:
     """``f`` as a relay answering only precise queries is asked it: a tag filter with
-    ``PRECISE_KINDS``, a ``kinds`` filter with ``authors`` (if any are known). Any other as
+    ``kinds`` (``PRECISE_KINDS``), a ``kinds`` filter with ``authors`` (if any are known); an
+    ``ids`` filter with ``kinds`` too when ``ids_too`` (AntiSyncBots refuses one without: an id
+    NIP-77 found there, under a filter asking those kinds, is of one of them). Any other as
     it is."""
+    if (f.tags or (ids_too and f.ids is not None)) and f.kinds is None and f.authors is None and (
+            f.ids is None or ids_too):
+        return f.replace(kinds=kinds)
     if not is_imprecise(f):
         return f
-    if f.tags and f.kinds is None:
-        return f.replace(kinds=PRECISE_KINDS)
     if f.kinds is not None and f.authors is None and authors:
         return f.replace(authors=authors)
     return f
+
+
+def refused_kinds(level: int) -> frozenset[int]:
+    """The kinds a relay that refused imprecise tag filters ``level`` times is asked."""
+    return PRECISE_KINDS if level <= 1 else NOTES_EXCLUDED
+
+
+def may_be_refused_for_kinds(f: Filter, level: int) -> bool:
+    """Might a relay have refused ``f``, as sent after ``level`` such refusals, for the kinds
+    it may bring: a tag filter naming no ids nor authors, asking any kind (level 0) or kinds
+    with notes among them (level 1; ``f.kinds`` None is ``PRECISE_KINDS`` then)?"""
+    return (level < 2 and bool(f.tags) and f.ids is None and f.authors is None
+            and (f.kinds is None or 1 in f.kinds))
 
 
 def probe(authors: Iterable[str], roots: Iterable[str] = ()) -> list[Filter]:

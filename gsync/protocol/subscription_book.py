@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from . import messages as wire
 from .filters import FilterSet
-from .precise import made_precise
+from .precise import PRECISE_KINDS, made_precise
 
 # Filters of subscriptions that ended, kept so that their late events are still read
 # (``EndedFilters``): at most this many per connection, and at most this much REQ text (a
@@ -85,16 +85,17 @@ class SubscriptionBook:
         # closing every REQ after its EOSE: the manager, done with its EOSE, would CLOSE it)
         self.closed_by_relay: dict[str, None] = {}
         # A relay answering only precise queries (``protocol.precise``): every filter it is
-        # sent is made precise, with these authors for a ``kinds`` filter. None: as they are.
+        # sent is made precise, with these authors for a ``kinds`` filter (none: as it is) and
+        # these kinds for a tag filter. None: as they are.
         self.precise_authors: frozenset[str] | None = None
+        self.precise_kinds: frozenset[int] = PRECISE_KINDS
+        self.precise_ids = False  # ... and an ``ids`` filter those kinds (``made_precise``)
         self.probe_sub: str | None = None  # the precise probe's REQ, while it runs (``probe_frame``)
 
     def req_frame(self, sub_id: str, filters) -> str:
         """``sub_id`` is open from now (its events are matched, its bytes counted): its REQ,
         for the caller to send."""
-        filters = tuple(filters)
-        if self.precise_authors is not None:
-            filters = tuple(made_precise(f, self.precise_authors) for f in filters)
+        filters = tuple(map(self.precise, filters))
         self.forget(sub_id)  # (and no longer closed by the relay: open again)
         self.subscriptions[sub_id] = FilterSet(filters)
         self.peak_subscriptions = max(self.peak_subscriptions, len(self.subscriptions))
@@ -105,6 +106,12 @@ class SubscriptionBook:
         self.open_filter_bytes += len(text)
         self.unanswered[sub_id] = self.clock()
         return text
+
+    def precise(self, f):
+        """``f`` as this relay is asked it (``precise_authors``)."""
+        if self.precise_authors is None:
+            return f
+        return made_precise(f, self.precise_authors, self.precise_kinds, self.precise_ids)
 
     def probe_frame(self, sub_id: str, filters) -> str:
         """The precise probe's REQ (``protocol.precise``), for the caller to send: not a

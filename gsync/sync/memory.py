@@ -52,6 +52,7 @@ def relay_memory(state, health: dict[str, Any]) -> dict[str, Any]:
         "nip77_failed_at": state.nip77_failed_at,
         "ids_unserved_at": state.ids_unserved_at,
         "precise_queries": state.precise_queries,
+        "precise_refused": state.precise_refused,
         "health": {k: health.get(k) for k in HEALTH_FIELDS},
     }
 
@@ -61,7 +62,7 @@ def relay_memory(state, health: dict[str, Any]) -> dict[str, Any]:
 _RECORD_FIELDS = attrgetter("connected", "last_connected", "disconnected_at", "announcements_synced",
                             "next_daily_at", "max_message_learned", "max_filters_learned",
                             "max_subscriptions_learned", "nip77_failed_at", "ids_unserved_at",
-                            "precise_queries")
+                            "precise_queries", "precise_refused")
 HEALTH_VALUES = attrgetter(*HEALTH_FIELDS)
 
 
@@ -92,6 +93,8 @@ def restore_relay(state, memory: dict[str, Any], saved_at: float | None) -> dict
         state.nip77_failed_at = _float_or_none(memory.get("nip77_failed_at"))
         state.ids_unserved_at = _float_or_none(memory.get("ids_unserved_at"))
         state.precise_queries = memory.get("precise_queries") is True
+        refused = memory.get("precise_refused")
+        state.precise_refused = min(2, refused) if type(refused) is int and refused > 0 else 0
         if memory.get("connected") and saved_at is not None:
             state.last_connected = state.disconnected_at = float(saved_at)
         state.paused = CoveragePauses.restore(memory.get("paused") or [])

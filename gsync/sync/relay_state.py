@@ -290,6 +290,12 @@ class RelayState:
     # it answers only precise queries (``protocol.precise``: nostr-rs-relay's limit_scrapers),
     # found by a probe (``lifecycle.on_imprecise_ignored``); kept over sessions
     precise_queries: bool = False
+    # how many times it refused, in words, a tag filter asking any kind, then notes among
+    # them (``protocol.precise``: khatru's AntiSyncBots): its tag filters are asked with
+    # ``precise.refused_kinds`` of that (``lifecycle.on_imprecise_refused``); kept over sessions
+    precise_refused: int = 0
+    # it served a tag filter asking what such a refusal would be about (``Refusals.note_served``)
+    imprecise_served: bool = False
     # ids it advertised and served neither by id nor by their filter: not asked here again
     # before its next daily fresh start (``lifecycle.run_daily``), kept over sessions
     unservable: UnservableIds = field(default_factory=UnservableIds)

@@ -167,7 +167,9 @@ class SyncManager:
         self.refusals = Refusals(relays=self.relays, repos=self.repos, health=self.health, live=self.live,
                                  historic=self.historic, recovery=self.recovery, seen=self.seen,
                                  delivery=self.delivery, effects=self.effects, clock=self.clock,
-                                 on_pause=self.saved.save_soon)
+                                 on_pause=self.saved.save_soon,
+                                 on_imprecise_refused=lambda state, reason: self.lifecycle.on_imprecise_refused(
+                                     state, reason))
         self.descendants = Descendants(self.relays, self.live, self.historic.start, self.repos)
         self.lifecycle = RelayLifecycle(
             config=config, relays=self.relays, repos=self.repos, saved=self.saved, health=self.health,

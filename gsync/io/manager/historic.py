@@ -294,7 +294,7 @@ class HistoricSync:
         batch_id = state.current.sub_to_batch[token]
         started: list = []
         limit = negentropy_sync.frame_size_limit(filter_plan.req_length_limit(state.current.limits))
-        asks = flt if asks is None else asks
+        asks = state.current.book.precise(flt if asks is None else asks)  # (as its REQs: ``protocol.precise``)
         handle = self.effects.spawn_on(
             state.current.link, negentropy_sync.reconcile_filter, self.own_relay, flt, self.plan.have_beyond_holdings(asks),
             self.post, batch_id=batch_id, token=token, held=held, read_also=also,

@@ -298,9 +298,16 @@ class RelayLifecycle:
 
     def ask_precisely(self, state: RelayState) -> None:
         """A relay answering only precise queries has its session's book make them so, with
-        the owners of the repositories listing it now (at each session and fresh start)."""
+        the owners of the repositories listing it now (at each session and fresh start); one
+        that refused imprecise tag filters, its tag filters only, with the kinds it may take
+        (``precise.refused_kinds``)."""
+        book = state.current.book
         if state.precise_queries:
-            state.current.book.precise_authors = frozenset(self.listing_authors(state.url))
+            book.precise_authors = frozenset(self.listing_authors(state.url))
+        elif state.precise_refused:
+            book.precise_authors = frozenset()  # (its kinds filters were not refused: as they are)
+            book.precise_kinds = precise.refused_kinds(state.precise_refused)
+            book.precise_ids = True
 
     def new_precise_authors(self, state: RelayState) -> bool:
         """A relay answering only precise queries is asked announcements by the owners of the
@@ -309,7 +316,7 @@ class RelayLifecycle:
         (the simulator's seed 5 of a year with --precise-only: an owner's second repository,
         announced there alone, waited for it)."""
         known = state.current.book.precise_authors
-        return known is not None and not self.listing_authors(state.url) <= known
+        return state.precise_queries and known is not None and not self.listing_authors(state.url) <= known
 
     def on_probe_wanted(self, msg: ProbeWanted) -> None:
         """An imprecise REQ came back with nothing from a relay that may answer those so: the
@@ -333,6 +340,16 @@ class RelayLifecycle:
         self.fresh_start(state, self.clock())  # (asked precisely from now: ``ask_precisely``)
         log.warning("relay_answers_only_precise_queries", relay=state.url,
                     authors=len(state.current.book.precise_authors))
+
+    def on_imprecise_refused(self, state: RelayState, reason: str) -> None:
+        """The relay refused, alone, a tag filter that asks any kind (or notes among them)
+        (``protocol.precise``: khatru's AntiSyncBots): from now on (saved) its tag filters
+        ask the kinds it may take, and its sync starts again so."""
+        state.precise_refused += 1
+        state.imprecise_served = False
+        log.warning("relay_refuses_imprecise_queries", relay=state.url, reason=reason,
+                    kinds="NIP-34's but notes" if state.precise_refused > 1 else "NIP-34's")
+        self.fresh_start(state, self.clock())  # (asked so from now: ``ask_precisely``)
 
     def on_relay_disconnected(self, msg: RelayDisconnected) -> None:
         state = self.relays.get(msg.relay)

@@ -17,7 +17,9 @@
   REQ per shape (``sync.policy.by_shape``), each sent again through the gates, so the
   refused shape is asked once more, alone; a REQ of one shape refused pauses that shape on
   that relay (``sync.policy``), everything packed with it completes, one probe asks again
-  after 24 h, and from then on the shape goes alone in any REQ. A refusal worded about size
+  after 24 h, and from then on the shape goes alone in any REQ. A tag filter asking any kind
+  (or notes among them) refused alone is not paused: the relay's sync starts again with its
+  tag filters asking kinds (``protocol.precise``, ``on_imprecise_refused``). A refusal worded about size
   ("too many filters", "filter too large") is split in halves instead. An
   ``auth-required:`` is about us, not a filter: every filter of the REQ is paused. Until a
   shape's verdict, the first live REQ asking it alone is its trial: other live REQs of that
@@ -36,6 +38,7 @@ from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
+from ...protocol import precise
 from ...sync import filter_plan, start_queue
 from ...sync.health import HealthState, Refusal, classify_refusal, refuses_a_shape
 from ...sync.pending import BatchKind, PendingBatch
@@ -83,7 +86,7 @@ class Refusals:
     reading; ``repos`` says what is still wanted."""
 
     def __init__(self, *, relays, repos, health, live, historic, recovery, seen, delivery, effects, clock,
-                 on_pause=lambda: None):
+                 on_pause=lambda: None, on_imprecise_refused=lambda state, reason: None):
         self.relays = relays
         self.repos = repos
         self.health = health
@@ -95,6 +98,8 @@ class Refusals:
         self.effects = effects
         self.clock = clock
         self.on_pause = on_pause  # a new pause: saved soon (``SavedState.save_soon``)
+        # a tag filter asking any kind refused alone: ``RelayLifecycle.on_imprecise_refused``
+        self.on_imprecise_refused = on_imprecise_refused
         self.stall_checked_at = clock()  # historic REQs' clocks stand still while delivery holds reading
 
     # -- CLOSED ---------------------------------------------------------------------------
@@ -130,18 +135,24 @@ class Refusals:
 
     def note_served(self, state: RelayState, sub_id: str) -> None:
         """An EOSE: a shape under suspicion (``CoveragePauses.suspect``) served alone is
-        cleared."""
-        if not state.paused.suspects:
+        cleared; a tag filter asking any kind served tells a later refusal of one is not
+        about kinds (``refused_for_kinds``)."""
+        if not state.paused.suspects and state.imprecise_served:
             return
         live = state.current.live_subs.get(sub_id)
         if live is not None:
-            state.paused.served(live.filters)
-            if sub_id in state.current.trials:
-                self.live.pump(state)  # a verdict: live REQs of its shape that waited for it go
+            filters = live.filters
+        else:
+            batch = state.current.pending.get(state.current.sub_to_batch.get(sub_id))
+            filters = start_queue.filters_of(batch, sub_id) if batch is not None else ()
+        if not state.imprecise_served:
+            state.imprecise_served = any(precise.may_be_refused_for_kinds(f, state.precise_refused)
+                                         for f in filters)
+        if not state.paused.suspects or not filters:
             return
-        batch = state.current.pending.get(state.current.sub_to_batch.get(sub_id))
-        if batch is not None:
-            state.paused.served(start_queue.filters_of(batch, sub_id))
+        state.paused.served(filters)
+        if live is not None and sub_id in state.current.trials:
+            self.live.pump(state)  # a verdict: live REQs of its shape that waited for it go
 
     def learn_max_filters(self, state: RelayState, sub_id: str, batch_id: int | None) -> None:
         """A REQ of n filters refused for "too many filters": from now on this session
@@ -200,6 +211,8 @@ class Refusals:
         if kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH) and filters:
             about_shape = refuses_a_shape(kind, reason)
             if kind is Refusal.AUTH or len(filters) == 1 or (about_shape and len(by_shape(filters)) == 1):
+                if self.refused_for_kinds(state, kind, filters, reason):
+                    return  # (a fresh start: the batch is gone)
                 for f in filters:
                     self.pause_coverage(state, f, reason, shape_at_fault=kind is not Refusal.AUTH)
                 start_queue.finish_subscription(batch, sub_id)  # not a failure: the relay will not serve it
@@ -212,6 +225,17 @@ class Refusals:
             if batch_id not in state.current.probes:
                 state.unrelated_failure = True
         self.historic.advance(state, batch)
+
+    def refused_for_kinds(self, state: RelayState, kind, filters, reason: str) -> bool:
+        """A policy refusal of ``filters`` (one shape) that may be about the kinds a tag
+        filter asks (``precise.may_be_refused_for_kinds``), from a relay that served no such
+        filter yet (one refusing a tag, ``#q`` say, serves the others): the relay's tag filters
+        ask kinds from now on, and its sync starts again (True); not paused."""
+        if kind is Refusal.AUTH or state.precise_queries or state.imprecise_served or not any(
+                precise.may_be_refused_for_kinds(f, state.precise_refused) for f in filters):
+            return False
+        self.on_imprecise_refused(state, reason)
+        return True
 
     def split_historic(self, state: RelayState, batch: PendingBatch, sub_id: str, filters,
                        shapes: bool = False) -> None:
@@ -247,6 +271,8 @@ class Refusals:
         elif kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH):
             about_shape = refuses_a_shape(kind, reason)
             if kind is Refusal.AUTH or len(live.filters) == 1 or (about_shape and len(by_shape(live.filters)) == 1):
+                if self.refused_for_kinds(state, kind, live.filters, reason):
+                    return
                 for f in live.filters:
                     self.pause_coverage(state, f, reason, shape_at_fault=kind is not Refusal.AUTH)
                 if sub_id in state.current.trials:
