@@ -9,6 +9,7 @@ test-only ``GSYNC_TEST_TIMERS`` (``gsync_factory(timers=…)``), never through `
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -653,7 +654,7 @@ def test_a_relay_refusing_filters_that_may_bring_notes_is_asked_with_kinds(relay
     own = relay_factory()
     remote = relay_factory(anti_sync_bots=True)
     repo = our_announcement(own, [remote], d="anti-sync")
-    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(3)]
+    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i in range(30)]  # (enough for NIP-77 later)
     replies = [f.comment(alice, bug) for bug in bugs]
     note = f.quote(carol, repo)
     publish(remote.url, [repo, *bugs, *replies, note])
@@ -669,6 +670,18 @@ def test_a_relay_refusing_filters_that_may_bring_notes_is_asked_with_kinds(relay
         "NIP-34's", "NIP-34's but notes"]
     assert not events_named(gsync, "coverage_paused", remote.url)
     assert note.id not in on_own(own, [note])
+
+    # The next process knows (saved): a fresh start asks kinds at once, NIP-77 included (its
+    # NEG-OPENs ask what the REQs ask: refused, NIP-77 was off for the session), the rest by id.
+    gsync.terminate()
+    later = [f.comment(carol, bug, content="later", created_at=int(time.time())) for bug in bugs]
+    publish(remote.url, later)
+    again = gsync_factory(own, [remote], extra={"service": {"state_dir": os.path.join(gsync.dir, "state")}},
+                          timers={"QUICK_RECONNECT_SECS": 0})  # (a fresh start: its holdings by NIP-77)
+    assert_arrives(own, later, timeout=30, what="what came while gsync was away")
+    logged = [e["event"] for e in again.log_events()]
+    assert "relay_refuses_imprecise_queries" not in logged and "negentropy_unsupported" not in logged
+    assert "negentropy_done" in logged
 
 
 def test_a_live_subscription_the_relay_closes_is_rebuilt(relay_factory, gsync_factory, scripted):
