@@ -92,4 +92,4 @@ def test_what_a_refusal_about_kinds_may_be_about():
     assert not precise.may_be_refused_for_kinds(Filter.make(tags={"e": ["x"]}, kinds=[1111]), 0)
     assert precise.may_be_refused_for_kinds(Filter.make(tags={"e": ["x"]}, kinds=[1, 1111]), 0)
     assert not precise.may_be_refused_for_kinds(Filter.make(tags={"d": ["x"]}, authors=["p"]), 0)
-    assert not precise.may_be_refused_for_kinds(Filter.make(ids=["ab" * 32]), 0)
+    assert precise.may_be_refused_for_kinds(Filter.make(ids=["ab" * 32]), 0)  # an id fetch too

@@ -87,9 +87,10 @@ def refused_kinds(level: int) -> frozenset[int]:
 
 def may_be_refused_for_kinds(f: Filter, level: int) -> bool:
     """Might a relay have refused ``f``, as sent after ``level`` such refusals, for the kinds
-    it may bring: a tag filter naming no ids nor authors, asking any kind (level 0) or kinds
-    with notes among them (level 1; ``f.kinds`` None is ``PRECISE_KINDS`` then)?"""
-    return (level < 2 and bool(f.tags) and f.ids is None and f.authors is None
+    it may bring: a tag or ``ids`` filter naming no authors, asking any kind (level 0) or
+    kinds with notes among them (level 1; ``f.kinds`` None is ``PRECISE_KINDS`` then)? (An id
+    fetch after a NIP-77 exchange whose filter was not refused, layer 1's, may be the first.)"""
+    return (level < 2 and (bool(f.tags) or f.ids is not None) and f.authors is None
             and (f.kinds is None or 1 in f.kinds))
 
 

@@ -1105,6 +1105,10 @@ class Checker:
             # nothing; once found, it is asked announcements by the owners of the
             # repositories listing it: someone else's is found elsewhere, or not at all
             return False
+        if relay.anti_sync_bots and event.kind == 1:
+            # a relay refusing filters that may bring notes without naming authors (AntiSyncBots)
+            # is asked NIP-34's kinds but notes (``protocol.precise``): a note comes from others
+            return False
         if event.kind == 30617:
             # gsync keeps the newest announcement its self-subscription showed it (SPEC §3,
             # ``_followed``): an older one is superseded to it, though a loss took the newer

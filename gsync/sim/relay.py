@@ -442,6 +442,9 @@ class SimRelay:
         # names that software): a REQ with a filter scoring under 2 (ids 2; authors, kinds,
         # tags 1 each) gets an EOSE and nothing, and is not kept live
         self.precise_only = False
+        # refuses any filter naming no authors whose kinds are missing or hold 1, as khatru's
+        # AntiSyncBots policy does (REQs, NEG-OPENs, id fetches alike)
+        self.anti_sync_bots = False
         # (burst, seconds a query): REQs and NEG-OPENs of one session past a token bucket are
         # refused "rate-limited:" (PEERS.md: LocalRelay's per-connection query limit), for good
         self.query_limit: tuple[int, float] | None = None
@@ -557,6 +560,8 @@ class SimRelay:
             for name, _ in f.tags:
                 if name in self.refused_tags:
                     return f"blocked: #{name} queries are not allowed here"
+            if self.anti_sync_bots and f.authors is None and (f.kinds is None or 1 in f.kinds):
+                return "blocked: an author must be specified to get their kind:1 notes"
         return None
 
     def _refused(self, sub_id: str, reason: str) -> str:

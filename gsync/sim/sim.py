@@ -122,6 +122,9 @@ class SimOptions:
     # the share of relays answering only precise queries (nostr-rs-relay's limit_scrapers,
     # its NIP-11 naming it; no NIP-77 there): ``SimRelay.precise_only``
     precise_only: float = 0.0
+    # the share of relays refusing any filter that may bring kind-1 notes without naming
+    # authors, REQ and NEG-OPEN alike (khatru's AntiSyncBots): ``SimRelay.anti_sync_bots``
+    anti_sync_bots: float = 0.0
     # of the relays serving NIP-77, the share comparing a filter's newest events only, 50 or
     # 100, silently (khatru relays whose store caps queries): ``SimRelay.neg_silent_cap``
     neg_silent_caps: float = 0.0
@@ -170,6 +173,7 @@ WORLD_SHARES = (
     ("auth_restricted", "--auth-restricted"),
     ("auth_late", "--auth-late"),
     ("precise_only", "--precise-only"),
+    ("anti_sync_bots", "--anti-sync-bots"),
     ("neg_silent_caps", "--neg-silent-caps"),
     ("member_replies", "--member-replies"),
     ("own_full", "--own-full"),
@@ -469,6 +473,7 @@ class Simulation:
             relay.neg_silent_cap = silent.choice((50, 100))
         if random.Random(f"{o.seed}:{url}:precise").random() < o.precise_only:
             relay.precise_only, relay.nip77, relay.nip11 = True, False, True
+        relay.anti_sync_bots = random.Random(f"{o.seed}:{url}:anti-sync").random() < o.anti_sync_bots
         return relay
 
     # -- the heap -----------------------------------------------------------------------

@@ -18,6 +18,7 @@ from ..constants import (
     THREADS_AHEAD_MAX,
     THREADS_AHEAD_SECS,
 )
+from ..protocol.precise import may_be_refused_for_kinds
 from .pending import BatchKind, PendingBatch
 from .policy import CoveragePauses, Trials
 from .result_caps import ResultCap
@@ -326,6 +327,13 @@ class RelayState:
         """NIP-77 failed here, advertised and not served, less than NIP77_RETRY_SECS ago:
         REQ+EOSE only, whatever the session."""
         return self.nip77_failed_at is not None and now - self.nip77_failed_at < NIP77_RETRY_SECS
+
+    def note_served(self, filters) -> None:
+        """The relay served ``filters`` (an EOSE, a NIP-77 exchange): one asking what a
+        refusal about kinds would be about tells a later refusal is about something else
+        (``Refusals.refused_for_kinds``)."""
+        if not self.imprecise_served:
+            self.imprecise_served = any(may_be_refused_for_kinds(f, self.precise_refused) for f in filters)
 
     def should_fresh_start(self, now: float) -> bool:
         """First connect, or away for more than 15 minutes: confirmed state is too stale."""

@@ -145,9 +145,7 @@ class Refusals:
         else:
             batch = state.current.pending.get(state.current.sub_to_batch.get(sub_id))
             filters = start_queue.filters_of(batch, sub_id) if batch is not None else ()
-        if not state.imprecise_served:
-            state.imprecise_served = any(precise.may_be_refused_for_kinds(f, state.precise_refused)
-                                         for f in filters)
+        state.note_served(filters)
         if not state.paused.suspects or not filters:
             return
         state.paused.served(filters)
