@@ -638,8 +638,6 @@ def refused_live_split(h):
     h.answer_own_reads()
     h.advance(1.1)
     multi = next(r for r in live_reqs(h, A) if len(shapes(r)) > 1)
-    for req in h.reqs(A):  # the relay serves its tag filters' history (so refuses a shape, not
-        h.relay_says(A, wire.Eose(req[1]))  # tag filters without kinds: ``precise``)
     sent = len(h.reqs(A))
     h.relay_says(A, closed(multi[1], "blocked: one of these is not allowed here"))
     alone = h.reqs(A)[sent:]

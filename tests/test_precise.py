@@ -70,26 +70,25 @@ def anti_sync_bots_refuses(f: Filter) -> bool:
     return f.authors is None and (f.kinds is None or 1 in f.kinds)
 
 
-def test_a_relay_refusing_filters_that_may_bring_notes_is_asked_what_it_takes_at_the_second_step():
+def test_a_relay_refusing_filters_that_may_bring_notes_is_probed_and_asked_without_them():
     tag, ids = Filter.make(tags={"a": ["30617:p:d"]}), Filter.make(ids=["ab" * 32])
     layer1, state = Filter.make(kinds=[30617, 10317]), Filter.make(kinds=[30618], authors=["p"], tags={"d": ["d"]})
-    for level, passes in ((1, False), (2, True)):
-        made = [precise.made_precise(f, frozenset(), precise.refused_kinds(level), ids_too=True)
-                for f in (tag, ids, layer1, state)]
-        assert made[2:] == [layer1, state]  # not refused: as they were
-        assert made[0].kinds == made[1].kinds == precise.refused_kinds(level) and made[1].ids == ids.ids
-        assert all(not anti_sync_bots_refuses(f) for f in made) is passes
-    assert 1 in precise.refused_kinds(1) and precise.refused_kinds(2) == precise.PRECISE_KINDS - {1}
+    made = [precise.made_precise(f, frozenset(), precise.NOTES_EXCLUDED, ids_too=True)
+            for f in (tag, ids, layer1, state)]
+    assert made[2:] == [layer1, state]  # not refused: as they were
+    assert made[0].kinds == made[1].kinds == precise.NOTES_EXCLUDED and made[1].ids == ids.ids
+    assert not any(anti_sync_bots_refuses(f) for f in made)
+    assert [precise.kinds_probe(f) for f in (tag, ids)] == made[:2]
+    assert precise.NOTES_EXCLUDED == precise.PRECISE_KINDS - {1}
     # (nostr-rs-relay's precision: an ids filter scores 2 already, left as it is)
     assert precise.made_precise(ids, frozenset({"p"})) == ids
 
 
 def test_what_a_refusal_about_kinds_may_be_about():
-    assert precise.may_be_refused_for_kinds(Filter.make(tags={"e": ["x"]}), 0)
-    assert precise.may_be_refused_for_kinds(Filter.make(tags={"e": ["x"]}), 1)  # sent with notes
-    assert not precise.may_be_refused_for_kinds(Filter.make(tags={"e": ["x"]}), 2)  # nothing left to try
-    assert not precise.may_be_refused_for_kinds(Filter.make(kinds=[30617]), 0)  # no tags: not ours to fix
-    assert not precise.may_be_refused_for_kinds(Filter.make(tags={"e": ["x"]}, kinds=[1111]), 0)
-    assert precise.may_be_refused_for_kinds(Filter.make(tags={"e": ["x"]}, kinds=[1, 1111]), 0)
-    assert not precise.may_be_refused_for_kinds(Filter.make(tags={"d": ["x"]}, authors=["p"]), 0)
-    assert precise.may_be_refused_for_kinds(Filter.make(ids=["ab" * 32]), 0)  # an id fetch too
+    assert precise.may_be_refused_for_kinds(Filter.make(tags={"e": ["x"]}))
+    assert precise.may_be_refused_for_kinds(Filter.make(ids=["ab" * 32]))  # an id fetch too
+    assert precise.may_be_refused_for_kinds(Filter.make(tags={"e": ["x"]}, kinds=[1, 1111]))
+    assert not precise.may_be_refused_for_kinds(Filter.make(kinds=[30617]))  # no tags: not ours to fix
+    assert not precise.may_be_refused_for_kinds(Filter.make(tags={"e": ["x"]}, kinds=[1111]))
+    assert not precise.may_be_refused_for_kinds(Filter.make(tags={"d": ["x"]}, authors=["p"]))
+    assert not precise.may_be_refused_for_kinds(precise.kinds_probe(Filter.make(tags={"e": ["x"]})))

@@ -10,10 +10,12 @@ packed with them go unanswered too: such a relay gave gsync nothing, silently.
 Other relays refuse imprecise queries in words: khatru's ``AntiSyncBots`` policy (in its
 README's example, so in relays built from it) closes any REQ with a filter that may bring
 kind-1 notes without naming authors ("blocked: an author must be specified to get their kind:1
-notes"), a tag filter without ``kinds`` among them; the NEG-OPENs alike. A relay that refuses,
-alone, a tag filter asking any kind is asked its tag filters with ``PRECISE_KINDS`` (level 1),
-refused again, with those but notes (level 2: ``refused_kinds``); its ``kinds`` filters as they
-are (they were not refused). Notes tagging a repository or a thread come from other relays.
+notes"), every tag filter of ours among them, and the NEG-OPENs and id fetches alike. A tag or
+``ids`` filter refused alone (``may_be_refused_for_kinds``) is paused as any refused shape, and
+asked once more with ``NOTES_EXCLUDED`` (``kinds_probe``): served so, the refusal was about
+kinds, and from then on the relay's tag and ``ids`` filters ask those kinds (its ``kinds``
+filters as they are: not refused); refused so, it was about the shape. Notes tagging a
+repository or a thread come from other relays.
 
 No second criterion makes those filters precise and loses nothing, so a relay is asked so
 only once it is known to need it (``probe``: a precise query that brings what an imprecise
@@ -36,7 +38,7 @@ from .filters import Filter
 # (1985), zaps (9735), user GRASP lists (10317), announcements and states (30617, 30618).
 PRECISE_KINDS = frozenset({1, 5, 6, 7, 16, 1111, 1617, 1618, 1619, 1621, 1622, 1630, 1631, 1632, 1633,
                            1985, 9735, 10317, 30617, 30618})
-# A relay refusing tag filters that may bring notes (level 2) is asked these
+# What a relay refusing filters that may bring notes without naming authors is asked
 NOTES_EXCLUDED = PRECISE_KINDS - {1}
 # The software a relay's NIP-11 names that may limit imprecise queries so (the only one known).
 LIMITING_SOFTWARE = "nostr-rs-relay"
@@ -80,18 +82,21 @@ def made_precise(f: Filter, authors: frozenset[str], kinds: frozenset[int] = PRE
     return f
 
 
-def refused_kinds(level: int) -> frozenset[int]:
-    """The kinds a relay that refused imprecise tag filters ``level`` times is asked."""
-    return PRECISE_KINDS if level <= 1 else NOTES_EXCLUDED
+def may_be_refused_for_kinds(f: Filter) -> bool:
+    """Might a relay have refused ``f`` for the kinds it may bring: a tag or ``ids`` filter
+    naming no authors, asking any kind or notes among them? (An id fetch after a NIP-77
+    exchange whose filter was not refused, layer 1's, may be the first refused.)"""
+    return shape_may_be_refused_for_kinds(f.kinds, bool(f.tags), f.ids is not None, f.authors is not None)
 
 
-def may_be_refused_for_kinds(f: Filter, level: int) -> bool:
-    """Might a relay have refused ``f``, as sent after ``level`` such refusals, for the kinds
-    it may bring: a tag or ``ids`` filter naming no authors, asking any kind (level 0) or
-    kinds with notes among them (level 1; ``f.kinds`` None is ``PRECISE_KINDS`` then)? (An id
-    fetch after a NIP-77 exchange whose filter was not refused, layer 1's, may be the first.)"""
-    return (level < 2 and (bool(f.tags) or f.ids is not None) and f.authors is None
-            and (f.kinds is None or 1 in f.kinds))
+def shape_may_be_refused_for_kinds(kinds, tags: bool, ids: bool, authors: bool) -> bool:
+    """``may_be_refused_for_kinds`` of a filter's shape (``policy.coverage_key``'s parts)."""
+    return (tags or ids) and not authors and (kinds is None or 1 in kinds)
+
+
+def kinds_probe(f: Filter) -> Filter:
+    """``f``, refused, as it is asked once more to tell whether the refusal was about kinds."""
+    return made_precise(f, frozenset(), NOTES_EXCLUDED, ids_too=True)
 
 
 def probe(authors: Iterable[str], roots: Iterable[str] = ()) -> list[Filter]:

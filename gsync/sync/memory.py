@@ -93,8 +93,7 @@ def restore_relay(state, memory: dict[str, Any], saved_at: float | None) -> dict
         state.nip77_failed_at = _float_or_none(memory.get("nip77_failed_at"))
         state.ids_unserved_at = _float_or_none(memory.get("ids_unserved_at"))
         state.precise_queries = memory.get("precise_queries") is True
-        refused = memory.get("precise_refused")
-        state.precise_refused = min(2, refused) if type(refused) is int and refused > 0 else 0
+        state.precise_refused = memory.get("precise_refused") is True
         if memory.get("connected") and saved_at is not None:
             state.last_connected = state.disconnected_at = float(saved_at)
         state.paused = CoveragePauses.restore(memory.get("paused") or [])

@@ -164,6 +164,21 @@ class CoveragePauses:
         """The probe was served: the coverage is restored."""
         self._probing.discard(key)
 
+    def was_refused(self, key: CoverageKey) -> bool:
+        """Did the relay refuse ``key`` for itself before (a probe refused again, say)?"""
+        return key in self._refused
+
+    def lift(self, explained) -> list[CoverageKey]:
+        """Lift every pause whose key ``explained(key)`` says was refused for a reason now
+        known and answered (its refusals forgotten too); the keys lifted."""
+        lifted = [key for key in {*self._until, *self._probing} if explained(key)]
+        for key in lifted:
+            self._until.pop(key, None)
+            self._probing.discard(key)
+        self._refused = {key for key in self._refused if not explained(key)}
+        self._suspects = {key for key in self._suspects if not explained(key)}
+        return sorted(lifted, key=repr)
+
     def abandon_probes(self) -> None:
         """The probes' answers will never come (the connection ended, or the daily fresh
         start dropped them): each is due again at once."""

@@ -18,7 +18,6 @@ from ..constants import (
     THREADS_AHEAD_MAX,
     THREADS_AHEAD_SECS,
 )
-from ..protocol.precise import may_be_refused_for_kinds
 from .pending import BatchKind, PendingBatch
 from .policy import CoveragePauses, Trials
 from .result_caps import ResultCap
@@ -291,12 +290,10 @@ class RelayState:
     # it answers only precise queries (``protocol.precise``: nostr-rs-relay's limit_scrapers),
     # found by a probe (``lifecycle.on_imprecise_ignored``); kept over sessions
     precise_queries: bool = False
-    # how many times it refused, in words, a tag filter asking any kind, then notes among
-    # them (``protocol.precise``: khatru's AntiSyncBots): its tag filters are asked with
-    # ``precise.refused_kinds`` of that (``lifecycle.on_imprecise_refused``); kept over sessions
-    precise_refused: int = 0
-    # it served a tag filter asking what such a refusal would be about (``Refusals.note_served``)
-    imprecise_served: bool = False
+    # it refused, in words, filters that may bring notes without naming authors, and served
+    # the same without them (``protocol.precise``: khatru's AntiSyncBots): its tag and ids
+    # filters ask ``precise.NOTES_EXCLUDED`` (``Refusals.kinds_probe_answered``); kept over sessions
+    precise_refused: bool = False
     # ids it advertised and served neither by id nor by their filter: not asked here again
     # before its next daily fresh start (``lifecycle.run_daily``), kept over sessions
     unservable: UnservableIds = field(default_factory=UnservableIds)
@@ -327,13 +324,6 @@ class RelayState:
         """NIP-77 failed here, advertised and not served, less than NIP77_RETRY_SECS ago:
         REQ+EOSE only, whatever the session."""
         return self.nip77_failed_at is not None and now - self.nip77_failed_at < NIP77_RETRY_SECS
-
-    def note_served(self, filters) -> None:
-        """The relay served ``filters`` (an EOSE, a NIP-77 exchange): one asking what a
-        refusal about kinds would be about tells a later refusal is about something else
-        (``Refusals.refused_for_kinds``)."""
-        if not self.imprecise_served:
-            self.imprecise_served = any(may_be_refused_for_kinds(f, self.precise_refused) for f in filters)
 
     def should_fresh_start(self, now: float) -> bool:
         """First connect, or away for more than 15 minutes: confirmed state is too stale."""

@@ -168,8 +168,7 @@ class SyncManager:
                                  historic=self.historic, recovery=self.recovery, seen=self.seen,
                                  delivery=self.delivery, effects=self.effects, clock=self.clock,
                                  on_pause=self.saved.save_soon,
-                                 on_imprecise_refused=lambda state, reason: self.lifecycle.on_imprecise_refused(
-                                     state, reason))
+                                 on_imprecise_refused=lambda state: self.lifecycle.on_imprecise_refused(state))
         self.descendants = Descendants(self.relays, self.live, self.historic.start, self.repos)
         self.lifecycle = RelayLifecycle(
             config=config, relays=self.relays, repos=self.repos, saved=self.saved, health=self.health,

@@ -384,8 +384,6 @@ class HistoricSync:
         run = state.current.neg_running.pop(msg.token, None)
         if run is None:
             return  # answered already (the manager's deadline, or its greenlet's death)
-        if msg.result.ok:
-            state.note_served((msg.filter,))
         batch = batch_end.exchange_finished(self.plan, state, msg, run.epoch, self.clock())
         self.execute()
         self.advance(state, batch)

@@ -299,14 +299,14 @@ class RelayLifecycle:
     def ask_precisely(self, state: RelayState) -> None:
         """A relay answering only precise queries has its session's book make them so, with
         the owners of the repositories listing it now (at each session and fresh start); one
-        that refused imprecise tag filters, its tag filters only, with the kinds it may take
-        (``precise.refused_kinds``)."""
+        that refused filters that may bring notes, its tag and ids filters only, without them
+        (``precise.NOTES_EXCLUDED``)."""
         book = state.current.book
         if state.precise_queries:
             book.precise_authors = frozenset(self.listing_authors(state.url))
         elif state.precise_refused:
             book.precise_authors = frozenset()  # (its kinds filters were not refused: as they are)
-            book.precise_kinds = precise.refused_kinds(state.precise_refused)
+            book.precise_kinds = precise.NOTES_EXCLUDED
             book.precise_ids = True
 
     def new_precise_authors(self, state: RelayState) -> bool:
@@ -341,14 +341,11 @@ class RelayLifecycle:
         log.warning("relay_answers_only_precise_queries", relay=state.url,
                     authors=len(state.current.book.precise_authors))
 
-    def on_imprecise_refused(self, state: RelayState, reason: str) -> None:
-        """The relay refused, alone, a tag filter that asks any kind (or notes among them)
-        (``protocol.precise``: khatru's AntiSyncBots): from now on (saved) its tag filters
-        ask the kinds it may take, and its sync starts again so."""
-        state.precise_refused += 1
-        state.imprecise_served = False
-        log.warning("relay_refuses_imprecise_queries", relay=state.url, reason=reason,
-                    kinds="NIP-34's but notes" if state.precise_refused > 1 else "NIP-34's")
+    def on_imprecise_refused(self, state: RelayState) -> None:
+        """The relay refused a filter that may bring notes without naming authors, and served
+        it without them (``protocol.precise``: khatru's AntiSyncBots): from now on (saved) its
+        tag and ids filters ask NIP-34's kinds but notes, and its sync starts again so."""
+        state.precise_refused = True
         self.fresh_start(state, self.clock())  # (asked so from now: ``ask_precisely``)
 
     def on_relay_disconnected(self, msg: RelayDisconnected) -> None:

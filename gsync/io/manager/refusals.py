@@ -17,9 +17,10 @@
   REQ per shape (``sync.policy.by_shape``), each sent again through the gates, so the
   refused shape is asked once more, alone; a REQ of one shape refused pauses that shape on
   that relay (``sync.policy``), everything packed with it completes, one probe asks again
-  after 24 h, and from then on the shape goes alone in any REQ. A tag filter asking any kind
-  (or notes among them) refused alone is not paused: the relay's sync starts again with its
-  tag filters asking kinds (``protocol.precise``, ``on_imprecise_refused``). A refusal worded about size
+  after 24 h, and from then on the shape goes alone in any REQ. A tag or ids filter that may
+  bring notes, refused alone, is asked once more without them (``protocol.precise``: khatru's
+  AntiSyncBots): served so, every pause such a refusal explains is lifted, and the relay's
+  sync starts again asking so (``kinds_probe_answered``). A refusal worded about size
   ("too many filters", "filter too large") is split in halves instead. An
   ``auth-required:`` is about us, not a filter: every filter of the REQ is paused. Until a
   shape's verdict, the first live REQ asking it alone is its trial: other live REQs of that
@@ -51,6 +52,13 @@ from .effects import unsubscribe
 from .lifecycle import LAYER1_LIVE_SUB
 
 log = get_logger("gsync.manager")
+
+class KindsProbe(tuple):
+    """A probe's mark in ``RelaySession.probes`` (beside the paused shapes' coverage probes):
+    the refused shape ``probe_kinds`` asks again without notes."""
+
+    __slots__ = ()
+
 
 CAPACITY = "capacity"  # too much open at once: not a rate, not a policy
 SUBSCRIPTIONS = "subscriptions"  # too many open at once: the relay's cap, learnt
@@ -86,7 +94,7 @@ class Refusals:
     reading; ``repos`` says what is still wanted."""
 
     def __init__(self, *, relays, repos, health, live, historic, recovery, seen, delivery, effects, clock,
-                 on_pause=lambda: None, on_imprecise_refused=lambda state, reason: None):
+                 on_pause=lambda: None, on_imprecise_refused=lambda state: None):
         self.relays = relays
         self.repos = repos
         self.health = health
@@ -98,7 +106,7 @@ class Refusals:
         self.effects = effects
         self.clock = clock
         self.on_pause = on_pause  # a new pause: saved soon (``SavedState.save_soon``)
-        # a tag filter asking any kind refused alone: ``RelayLifecycle.on_imprecise_refused``
+        # a filter refused for the notes it may bring: ``RelayLifecycle.on_imprecise_refused``
         self.on_imprecise_refused = on_imprecise_refused
         self.stall_checked_at = clock()  # historic REQs' clocks stand still while delivery holds reading
 
@@ -135,22 +143,18 @@ class Refusals:
 
     def note_served(self, state: RelayState, sub_id: str) -> None:
         """An EOSE: a shape under suspicion (``CoveragePauses.suspect``) served alone is
-        cleared; a tag filter asking any kind served tells a later refusal of one is not
-        about kinds (``refused_for_kinds``)."""
-        if not state.paused.suspects and state.imprecise_served:
+        cleared."""
+        if not state.paused.suspects:
             return
         live = state.current.live_subs.get(sub_id)
         if live is not None:
-            filters = live.filters
-        else:
-            batch = state.current.pending.get(state.current.sub_to_batch.get(sub_id))
-            filters = start_queue.filters_of(batch, sub_id) if batch is not None else ()
-        state.note_served(filters)
-        if not state.paused.suspects or not filters:
+            state.paused.served(live.filters)
+            if sub_id in state.current.trials:
+                self.live.pump(state)  # a verdict: live REQs of its shape that waited for it go
             return
-        state.paused.served(filters)
-        if live is not None and sub_id in state.current.trials:
-            self.live.pump(state)  # a verdict: live REQs of its shape that waited for it go
+        batch = state.current.pending.get(state.current.sub_to_batch.get(sub_id))
+        if batch is not None:
+            state.paused.served(start_queue.filters_of(batch, sub_id))
 
     def learn_max_filters(self, state: RelayState, sub_id: str, batch_id: int | None) -> None:
         """A REQ of n filters refused for "too many filters": from now on this session
@@ -209,10 +213,14 @@ class Refusals:
         if kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH) and filters:
             about_shape = refuses_a_shape(kind, reason)
             if kind is Refusal.AUTH or len(filters) == 1 or (about_shape and len(by_shape(filters)) == 1):
-                if self.refused_for_kinds(state, kind, filters, reason):
-                    return  # (a fresh start: the batch is gone)
-                for f in filters:
-                    self.pause_coverage(state, f, reason, shape_at_fault=kind is not Refusal.AUTH)
+                if isinstance(state.current.probes.get(batch_id), KindsProbe):
+                    del state.current.probes[batch_id]  # refused without notes too: about the shape
+                else:
+                    again = state.paused.was_refused(coverage_key(filters[0]))
+                    for f in filters:
+                        self.pause_coverage(state, f, reason, shape_at_fault=kind is not Refusal.AUTH)
+                    if kind is not Refusal.AUTH and not again:
+                        self.probe_kinds(state, filters[0])
                 start_queue.finish_subscription(batch, sub_id)  # not a failure: the relay will not serve it
             else:
                 if about_shape:
@@ -223,17 +231,6 @@ class Refusals:
             if batch_id not in state.current.probes:
                 state.unrelated_failure = True
         self.historic.advance(state, batch)
-
-    def refused_for_kinds(self, state: RelayState, kind, filters, reason: str) -> bool:
-        """A policy refusal of ``filters`` (one shape) that may be about the kinds a tag
-        filter asks (``precise.may_be_refused_for_kinds``), from a relay that served no such
-        filter yet (one refusing a tag, ``#q`` say, serves the others): the relay's tag filters
-        ask kinds from now on, and its sync starts again (True); not paused."""
-        if kind is Refusal.AUTH or state.precise_queries or state.imprecise_served or not any(
-                precise.may_be_refused_for_kinds(f, state.precise_refused) for f in filters):
-            return False
-        self.on_imprecise_refused(state, reason)
-        return True
 
     def split_historic(self, state: RelayState, batch: PendingBatch, sub_id: str, filters,
                        shapes: bool = False) -> None:
@@ -269,10 +266,11 @@ class Refusals:
         elif kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH):
             about_shape = refuses_a_shape(kind, reason)
             if kind is Refusal.AUTH or len(live.filters) == 1 or (about_shape and len(by_shape(live.filters)) == 1):
-                if self.refused_for_kinds(state, kind, live.filters, reason):
-                    return
+                again = state.paused.was_refused(coverage_key(live.filters[0]))
                 for f in live.filters:
                     self.pause_coverage(state, f, reason, shape_at_fault=kind is not Refusal.AUTH)
+                if kind is not Refusal.AUTH and not again:
+                    self.probe_kinds(state, live.filters[0].replace(limit=None))
                 if sub_id in state.current.trials:
                     self.live.pump(state)  # a verdict: what waited for it is dropped (paused)
             else:
@@ -355,7 +353,35 @@ class Refusals:
         self.historic.queue.add_reqs(state, batch, filters[:1])
         self.historic.pump(state)
 
+    def probe_kinds(self, state: RelayState, f) -> None:
+        """``f``, refused alone by policy, may have been refused for the notes it may bring
+        (``precise.may_be_refused_for_kinds``): asked once more without them, one REQ (one
+        such probe out at a time; a relay asked so already is not asked)."""
+        if (state.precise_queries or state.precise_refused or not precise.may_be_refused_for_kinds(f)
+                or any(isinstance(p, KindsProbe) for p in state.current.probes.values())):
+            return
+        batch = PendingBatch(self.historic.queue.batch_id(), PendingItems(), kind=BatchKind.PROBE)
+        state.current.pending[batch.batch_id] = batch
+        state.current.probes[batch.batch_id] = KindsProbe(coverage_key(f))
+        self.historic.queue.add_reqs(state, batch, [precise.kinds_probe(f)])
+        self.historic.pump(state)
+
+    def kinds_probe_answered(self, state: RelayState, batch: PendingBatch) -> None:
+        """The probe of ``probe_kinds`` was served: the relay refuses filters that may bring
+        notes without naming authors. Every pause such a refusal explains is lifted, and the
+        relay is asked so from now on (``RelayLifecycle.on_imprecise_refused``)."""
+        if batch.failed_otherwise:
+            return  # no answer is no yes: the shape stays paused, probed as any
+        lifted = state.paused.lift(lambda key: precise.shape_may_be_refused_for_kinds(
+            key[0], bool(key[1]), key[2], key[3]))
+        metrics.PAUSED_COVERAGE.labels(state.url).set(len(state.paused))
+        log.warning("relay_refuses_imprecise_queries", relay=state.url, lifted=[describe(k) for k in lifted])
+        self.on_imprecise_refused(state)
+
     def probe_answered(self, state: RelayState, key, batch: PendingBatch) -> None:
+        if isinstance(key, KindsProbe):
+            self.kinds_probe_answered(state, batch)
+            return
         if not state.paused.is_probing(key):
             return  # refused again: paused another day (pause_coverage said so)
         if batch.failed_otherwise:
