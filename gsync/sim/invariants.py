@@ -50,7 +50,8 @@ with the simulated day it happened and what broke.
 - ``refused_asked_again``: a tag key a relay refused by policy (CLOSED ``blocked:``; a NOTICE
   alone, which names no REQ, allows two asks more, and any while that relay answers nothing
   with EOSE) asked of
-  it again more than twice within POLICY_PROBE_SECS after gsync read the refusal (an ask
+  it again more than twice within POLICY_PROBE_SECS after gsync read the refusal (the
+  refused shape asked once without notes, gsync's kinds probe, ``protocol.precise``, once; an ask
   the relay closed unanswered, rate-limited, too many REQs open or auth-required, is not
   counted: sent again, it is the same ask; a relay
   retired or forgotten meanwhile forgets it, as it does its dead mark: counted from its
@@ -104,11 +105,15 @@ from .. import constants
 from ..io.inbox import OwnEvents, RemoteEvents
 from ..io.manager.live import live_groups_with_room
 from ..ops import metrics
+from ..protocol.precise import NOTES_EXCLUDED
 from ..sync.policy import describe
 from ..sync.relay_state import ConnectionStatus
 from ..sync.repos import owner_of
 from .relay import all_values, filter_from_json
 from .world import DAY, DOMAIN, START
+
+_NOTES_EXCLUDED = sorted(NOTES_EXCLUDED)  # a kinds probe's kinds, as its REQ writes them
+_KINDS_PROBED = ("kinds probe",)  # marks a refused tag key's entry: its kinds probe was seen
 
 HOUR = 3600.0
 KEEP_PER_INVARIANT = 20
@@ -642,6 +647,12 @@ class Checker:
                     self.refused_by[(conn.relay, key)] = current  # (a restart restores them: counted on)
                 if (conn.number, msg[1]) in entry[2:]:
                     continue  # the same REQ sent again (after AUTH): one ask
+                if _KINDS_PROBED not in entry[2:] and all(
+                        f.get("kinds") == _NOTES_EXCLUDED for f in msg[2:] if isinstance(f, dict) and f"#{key}" in f):
+                    # the refused shape asked once more without notes: was the refusal about
+                    # them (``protocol.precise``, khatru's AntiSyncBots)? One ask more, once
+                    entry += [_KINDS_PROBED, (conn.number, msg[1])]
+                    continue
                 entry.append((conn.number, msg[1]))
                 entry[1] += 1
                 conn.__dict__.setdefault("refused_asks", {}).setdefault(msg[1], []).append(entry)

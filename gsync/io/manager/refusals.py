@@ -375,6 +375,10 @@ class Refusals:
         lifted = state.paused.lift(lambda key: precise.shape_may_be_refused_for_kinds(
             key[0], bool(key[1]), key[2], key[3]))
         metrics.PAUSED_COVERAGE.labels(state.url).set(len(state.paused))
+        if any(key[2] for key in lifted):
+            # its id fetches were refused for the same reason, not left unserved: NIP-77 again
+            # (``batch_end.judge_ids_served``: seed 503 of the stress mix with --anti-sync-bots)
+            state.ids_unserved_at = None
         log.warning("relay_refuses_imprecise_queries", relay=state.url, lifted=[describe(k) for k in lifted])
         self.on_imprecise_refused(state)
 
