@@ -203,8 +203,9 @@ def _anti_sync_bots(h, answered: set) -> None:
 
 def test_a_relay_refusing_tag_filters_without_kinds_is_asked_them_with_kinds_but_notes(tmp_path):
     """khatru's AntiSyncBots refuses every tag filter of ours (no ``kinds``): it was paused,
-    shape after shape, and nothing of a repository came from there. Now its tag filters ask
-    NIP-34's kinds, refused again those but notes, and are served; nothing is paused."""
+    shape after shape, and nothing of a repository came from there. Now the first refused is
+    asked once more without notes, is served, the pauses are lifted, and its tag filters ask
+    NIP-34's kinds but notes from then on; nothing stays paused."""
     h = ManagerHarness(tmp_path)
     h.own_relay_holds(*[announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)])
     h.connect(A)
