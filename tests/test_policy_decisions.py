@@ -7,7 +7,7 @@ from gsync.io.inbox import HandshakeDone, RelayDisconnected
 from gsync.protocol import messages as wire
 from gsync.protocol.messages import parse_relay_message
 from gsync.sim.relay import filter_from_json
-from gsync.sync.policy import coverage_key
+from gsync.sync.policy import coverage_key, describe
 
 from .factory import Author, announcement
 from .manager_harness import FakeWs, ManagerHarness
@@ -187,15 +187,17 @@ def test_a_relay_retired_and_listed_again_is_not_asked_what_it_refused_before_it
     assert asked and not [f for f in asked if culprit in keys(f)]
 
 
-def _anti_sync_bots(h, answered: set) -> None:
+def _anti_sync_bots(h, answered: set, refused_tag: str | None = None) -> None:
     """A answers each REQ not answered yet as khatru's ``AntiSyncBots`` policy does: a filter
     that may bring kind-1 notes (no ``kinds``, or 1 among them) naming no authors refuses the
-    whole REQ; anything else is served (nothing found)."""
+    whole REQ; anything else is served (nothing found). ``refused_tag``: a tag it refuses too."""
     for req in h.reqs(A):
         if req[1] in answered:
             continue
         answered.add(req[1])
-        if any(not f.get("authors") and (not f.get("kinds") or 1 in f["kinds"]) for f in req[2:]):
+        if refused_tag is not None and any(f"#{refused_tag}" in f for f in req[2:]):
+            h.relay_says(A, closed(req[1], f"blocked: #{refused_tag} queries are not allowed here"))
+        elif any(not f.get("authors") and (not f.get("kinds") or 1 in f["kinds"]) for f in req[2:]):
             h.relay_says(A, closed(req[1], "blocked: an author must be specified to get their kind:1 notes"))
         else:
             h.relay_says(A, wire.Eose(req[1]))
@@ -229,3 +231,19 @@ def test_a_relay_refusing_one_tag_after_serving_the_others_has_that_tag_paused_n
     h = ManagerHarness(tmp_path)
     culprit = _one_shape_paused(h, [announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)])
     assert not h.state(A).precise_refused and h.state(A).paused.is_paused(culprit)
+
+
+def test_a_relay_refusing_notes_and_one_tag_has_that_tag_alone_paused(tmp_path):
+    """The same relay refusing ``#a`` besides: its kinds probe is refused too (about the
+    shape), the next refused shape's probe is served, and every pause is lifted but ``#a``'s."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*[announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)])
+    h.connect(A)
+    answered: set = set()
+    for _ in range(40):
+        h.answer_own_reads()
+        _anti_sync_bots(h, answered, refused_tag="a")
+        h.advance(1.1)
+    state = h.state(A)
+    assert state.precise_refused
+    assert [describe(k) for k in state.paused.keys()] == ["#a"]

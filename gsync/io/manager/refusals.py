@@ -53,6 +53,11 @@ from .lifecycle import LAYER1_LIVE_SUB
 
 log = get_logger("gsync.manager")
 
+def _explained_by_kinds(key) -> bool:
+    """Might a refusal of shape ``key`` (``policy.coverage_key``) be about the notes it may bring?"""
+    return precise.shape_may_be_refused_for_kinds(key[0], bool(key[1]), key[2], key[3])
+
+
 class KindsProbe(tuple):
     """A probe's mark in ``RelaySession.probes`` (beside the paused shapes' coverage probes):
     the refused shape ``probe_kinds`` asks again without notes."""
@@ -213,8 +218,14 @@ class Refusals:
         if kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH) and filters:
             about_shape = refuses_a_shape(kind, reason)
             if kind is Refusal.AUTH or len(filters) == 1 or (about_shape and len(by_shape(filters)) == 1):
-                if isinstance(state.current.probes.get(batch_id), KindsProbe):
+                probed = state.current.probes.get(batch_id)
+                if isinstance(probed, KindsProbe) and filters[0].kinds == precise.NOTES_EXCLUDED:
+                    # (not another REQ of its batch: an id fetch of what NIP-77 found of it)
                     del state.current.probes[batch_id]  # refused without notes too: about the shape
+                    state.current.kinds_refused.add(tuple(probed))
+                    log.info("coverage_kinds_refused", relay=state.url, coverage=describe(tuple(probed)),
+                             reason=reason)
+                    self.probe_kinds_of_paused(state)  # (another refused shape may tell)
                 else:
                     again = state.paused.was_refused(coverage_key(filters[0]))
                     for f in filters:
@@ -358,13 +369,25 @@ class Refusals:
         (``precise.may_be_refused_for_kinds``): asked once more without them, one REQ (one
         such probe out at a time; a relay asked so already is not asked)."""
         if (state.precise_queries or state.precise_refused or not precise.may_be_refused_for_kinds(f)
+                or coverage_key(f) in state.current.kinds_refused
                 or any(isinstance(p, KindsProbe) for p in state.current.probes.values())):
             return
         batch = PendingBatch(self.historic.queue.batch_id(), PendingItems(), kind=BatchKind.PROBE)
         state.current.pending[batch.batch_id] = batch
         state.current.probes[batch.batch_id] = KindsProbe(coverage_key(f))
+        log.info("coverage_kinds_probe", relay=state.url, coverage=describe(coverage_key(f)))
         self.historic.queue.add_reqs(state, batch, [precise.kinds_probe(f)])
         self.historic.pump(state)
+
+    def probe_kinds_of_paused(self, state: RelayState) -> None:
+        """The next paused shape that may have been refused for the notes it may bring, not
+        asked without them yet this session: asked so (``probe_kinds``)."""
+        for key in state.paused.keys():
+            if _explained_by_kinds(key) and key not in state.current.kinds_refused:
+                filters = self.coverage_filters(state, key)
+                if filters:
+                    self.probe_kinds(state, filters[0])
+                    return
 
     def kinds_probe_answered(self, state: RelayState, batch: PendingBatch) -> None:
         """The probe of ``probe_kinds`` was served: the relay refuses filters that may bring
@@ -372,8 +395,8 @@ class Refusals:
         relay is asked so from now on (``RelayLifecycle.on_imprecise_refused``)."""
         if batch.failed_otherwise:
             return  # no answer is no yes: the shape stays paused, probed as any
-        lifted = state.paused.lift(lambda key: precise.shape_may_be_refused_for_kinds(
-            key[0], bool(key[1]), key[2], key[3]))
+        refused = state.current.kinds_refused  # (refused without notes too: kept)
+        lifted = state.paused.lift(lambda key: _explained_by_kinds(key) and key not in refused)
         metrics.PAUSED_COVERAGE.labels(state.url).set(len(state.paused))
         if any(key[2] for key in lifted):
             # its id fetches were refused for the same reason, not left unserved: NIP-77 again
