@@ -22,6 +22,7 @@ from ..constants import (
     MAX_FILTERS_PER_REQ,
     MAX_MESSAGE_BYTES,
     MAX_TAG_VALUE_BYTES_PER_FILTER,
+    MIN_PAGE_CAP,
     PAGE_LIMIT,
     STATE_KIND,
     TRANSIENT_HISTORIC_SLOTS,
@@ -214,17 +215,24 @@ def filters_per_req(limits=None) -> int:
     return min(MAX_FILTERS_PER_REQ, _limit(limits, "max_filters") or MAX_FILTERS_PER_REQ)
 
 
-def with_page_limit(filters: Iterable[Filter]) -> list[Filter]:
+def page_limit(limits=None) -> int:
+    """The ``limit`` a relay's pages carry: ``PAGE_LIMIT``, or its NIP-11 ``max_limit`` if
+    lower (nostream refuses a REQ asking more: "Subscription rejected: Limit too high"),
+    never below ``MIN_PAGE_CAP`` (what every page is assumed to hold when more is there)."""
+    published = _limit(limits, "max_limit")
+    return PAGE_LIMIT if published is None else max(MIN_PAGE_CAP, min(PAGE_LIMIT, published))
+
+
+def with_page_limit(filters: Iterable[Filter], limit: int = PAGE_LIMIT) -> list[Filter]:
     """A historic REQ's filters as they go on the wire: each that asks by anything but ids
-    carries ``limit`` ``PAGE_LIMIT``. NIP-01 promises a filter's newest events, newest
+    carries ``limit`` (``page_limit``: ``PAGE_LIMIT``, or a relay's lower NIP-11 ``max_limit``). NIP-01 promises a filter's newest events, newest
     first, to a filter with a limit; without one a relay may serve its oldest, and paging by
     ``until`` from the oldest seen then skips everything newer, on every sync: nostream, a
     filter without a limit, serves its oldest 500 (``LIMIT 500 ORDER BY created_at ASC``);
-    nostr-rs-relay all of them, oldest first. Not lowered to a NIP-11 ``max_limit``: relays
-    clamp a larger one (NIP-11), and a limit below a cap the connection has seen served
-    (an id fetch's) would make a page cut at the limit look complete (``PageCap``). (An id
+    nostr-rs-relay all of them, oldest first. Lowered to a NIP-11 ``max_limit``, a page cut at
+    the limit is full though an id fetch taught a larger cap (``PageCap.page_limit``). (An id
     filter asks for what it names: its order does not matter.)"""
-    return [f if f.ids is not None or f.limit is not None else f.replace(limit=PAGE_LIMIT) for f in filters]
+    return [f if f.ids is not None or f.limit is not None else f.replace(limit=limit) for f in filters]
 
 
 def req_length_limit(limits=None) -> int:

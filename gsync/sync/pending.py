@@ -51,6 +51,7 @@ from .. import constants
 from ..constants import (
     MAX_FILTERS_PER_REQ,
     MIN_PAGE_CAP,
+    PAGE_LIMIT,
     RESIDUAL_FALLBACK_MAX_FRACTION,
 )
 from ..protocol.event import Event
@@ -119,6 +120,9 @@ class PageCap:
     # events: what a first page could not hold is left to NIP-77 or to pieces of the filter
     # (``FilterPaginationState.unpaged``)
     until_ignored: bool = False
+    # the ``limit`` its pages carry (``filter_plan.page_limit``): a page cut at it is full,
+    # whatever an unlimited id fetch taught ``filter_served``
+    page_limit: int = PAGE_LIMIT
 
     @property
     def until_shift(self) -> int:
@@ -143,7 +147,7 @@ class PageCap:
     def filled(self, matched: int) -> bool:
         """Did a filter that matched this many fill a page, if the relay caps per filter (it
         likely has far more: worth splitting across a REQ)?"""
-        return matched >= max(MIN_PAGE_CAP, self.filter_served)
+        return matched >= max(MIN_PAGE_CAP, min(self.filter_served, self.page_limit))
 
     def maybe_cut(self, matched: int, total: int, slow: bool = False) -> bool:
         """Could this filter's page (``matched`` events, in a REQ of ``total``) be cut?"""
@@ -153,7 +157,7 @@ class PageCap:
         """How many of its newest events every filter of this REQ certainly got (0: no
         bound): ``filter_served`` on a relay capping per filter, unless a per-REQ cap or a
         time budget may have cut the REQ."""
-        return 0 if self.req_maybe_cut(total, slow) else self.filter_served
+        return 0 if self.req_maybe_cut(total, slow) else min(self.filter_served, self.page_limit)
 
 
 @dataclass

@@ -285,7 +285,7 @@ class HistoricSync:
         else:
             metrics.BACKGROUND_STARTS.labels(state.url, "req", purpose).inc()
             state.current.historic_sent_at[sub_id] = now
-            group = filter_plan.with_page_limit(group)
+            group = filter_plan.with_page_limit(group, state.current.page_cap.page_limit)
             self.effects.send(state.current.link, state.current.book.req_frame(sub_id, group))
             state.current.sub_activity[sub_id] = now
 

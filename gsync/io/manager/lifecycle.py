@@ -266,13 +266,14 @@ class RelayLifecycle:
         metrics.CONNECTION_ATTEMPTS.labels(msg.relay, "success").inc()
         self.health.record_success(msg.relay, now)
         state.session = next(self.serials)
+        limits = self.with_learned_limits(state, msg.limits)
         probe = (not state.precise_queries and msg.limits is not None and precise.may_limit(msg.limits.software)
                  and bool(self.repos.repos_listing(state.url)))
         state.begin_session(
             *self.effects.connection(msg.relay, msg.ws, state.session, auth_secret=self.config.auth.secret_key,
                                      seen=self.seen, room=self.delivery.room_for(msg.relay), probe=probe),
-            limits=self.with_learned_limits(state, msg.limits),
-            page_cap=PageCap(),  # learnt again: the relay may have changed
+            limits=limits,
+            page_cap=PageCap(page_limit=filter_plan.page_limit(limits)),  # learnt again: the relay may have changed
         )
         self.ask_precisely(state)
         if reason := nip77_barred(state, now):
