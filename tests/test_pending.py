@@ -177,6 +177,27 @@ def test_page_cap_learns_what_the_relay_served_and_never_shrinks():
     assert (cap.filter_served, cap.req_served) == (120, 210)
 
 
+def test_a_page_cut_at_its_own_limit_is_full_though_an_id_fetch_served_more():
+    """Pages carrying a relay's lower NIP-11 ``max_limit`` (100): an unlimited id fetch that
+    brought 300 taught ``filter_served`` 300, and a page of 100 is still a cut one, its next
+    page asked (taken as complete, the rest of the filter was never asked)."""
+    cap = PageCap(page_limit=100)
+    cap.observe(300, 300)  # an id fetch of 300
+    b = batch()
+    add_subscription(b, "s1", [ISSUES])
+    feed(b, "s1", page(1621, 1000, 100))
+    pages = on_eose(b, "s1", cap=cap)
+    assert [filters for _, filters in pages] == [[ISSUES.replace(until=901)]]
+    assert not on_eose(batch_with_page(90), "s1", cap=cap)  # fewer than its limit: complete
+
+
+def batch_with_page(n):
+    b = batch()
+    add_subscription(b, "s1", [ISSUES])
+    feed(b, "s1", page(1621, 1000, n))
+    return b
+
+
 def test_filter_without_certain_events_is_asked_again_alone():
     both = Filter.make(kinds=[1621, 1617])
     b = batch()
