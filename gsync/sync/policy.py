@@ -164,10 +164,6 @@ class CoveragePauses:
         """The probe was served: the coverage is restored."""
         self._probing.discard(key)
 
-    def was_refused(self, key: CoverageKey) -> bool:
-        """Did the relay refuse ``key`` for itself before (a probe refused again, say)?"""
-        return key in self._refused
-
     def lift(self, explained) -> list[CoverageKey]:
         """Lift every pause whose key ``explained(key)`` says was refused for a reason now
         known and answered (its refusals forgotten too); the keys lifted."""

@@ -169,8 +169,10 @@ class RelaySession:
     # other live REQs of that shape wait for, at most REQ_STALL_SECS (``policy.Trials``)
     trials: Trials = field(default_factory=Trials)
     probes: dict = field(default_factory=dict)  # batch id → the coverage key it probes
-    # refused shapes asked without notes and refused so too: about the shape, not kinds
+    # shapes paused this session by a refusal that may be about the notes they may bring, and
+    # of those the ones asked without notes and refused so too: about the shape, not kinds
     # (``Refusals.probe_kinds``)
+    kinds_suspects: set = field(default_factory=set)
     kinds_refused: set = field(default_factory=set)
     # direct members of threads seen from this relay whose descendants' coverage this
     # session has open (their replies are fetched too); the next one reopens them

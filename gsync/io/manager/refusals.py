@@ -53,11 +53,6 @@ from .lifecycle import LAYER1_LIVE_SUB
 
 log = get_logger("gsync.manager")
 
-def _explained_by_kinds(key) -> bool:
-    """Might a refusal of shape ``key`` (``policy.coverage_key``) be about the notes it may bring?"""
-    return precise.shape_may_be_refused_for_kinds(key[0], bool(key[1]), key[2], key[3])
-
-
 class KindsProbe(tuple):
     """A probe's mark in ``RelaySession.probes`` (beside the paused shapes' coverage probes):
     the refused shape ``probe_kinds`` asks again without notes."""
@@ -227,10 +222,9 @@ class Refusals:
                              reason=reason)
                     self.probe_kinds_of_paused(state)  # (another refused shape may tell)
                 else:
-                    again = state.paused.was_refused(coverage_key(filters[0]))
                     for f in filters:
                         self.pause_coverage(state, f, reason, shape_at_fault=kind is not Refusal.AUTH)
-                    if kind is not Refusal.AUTH and not again:
+                    if kind is not Refusal.AUTH:
                         self.probe_kinds(state, filters[0])
                 start_queue.finish_subscription(batch, sub_id)  # not a failure: the relay will not serve it
             else:
@@ -277,10 +271,9 @@ class Refusals:
         elif kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH):
             about_shape = refuses_a_shape(kind, reason)
             if kind is Refusal.AUTH or len(live.filters) == 1 or (about_shape and len(by_shape(live.filters)) == 1):
-                again = state.paused.was_refused(coverage_key(live.filters[0]))
                 for f in live.filters:
                     self.pause_coverage(state, f, reason, shape_at_fault=kind is not Refusal.AUTH)
-                if kind is not Refusal.AUTH and not again:
+                if kind is not Refusal.AUTH:
                     self.probe_kinds(state, live.filters[0].replace(limit=None))
                 if sub_id in state.current.trials:
                     self.live.pump(state)  # a verdict: what waited for it is dropped (paused)
@@ -368,8 +361,10 @@ class Refusals:
         """``f``, refused alone by policy, may have been refused for the notes it may bring
         (``precise.may_be_refused_for_kinds``): asked once more without them, one REQ (one
         such probe out at a time; a relay asked so already is not asked)."""
-        if (state.precise_queries or state.precise_refused or not precise.may_be_refused_for_kinds(f)
-                or coverage_key(f) in state.current.kinds_refused
+        if state.precise_queries or state.precise_refused or not precise.may_be_refused_for_kinds(f):
+            return
+        state.current.kinds_suspects.add(coverage_key(f))
+        if (coverage_key(f) in state.current.kinds_refused
                 or any(isinstance(p, KindsProbe) for p in state.current.probes.values())):
             return
         batch = PendingBatch(self.historic.queue.batch_id(), PendingItems(), kind=BatchKind.PROBE)
@@ -382,8 +377,8 @@ class Refusals:
     def probe_kinds_of_paused(self, state: RelayState) -> None:
         """The next paused shape that may have been refused for the notes it may bring, not
         asked without them yet this session: asked so (``probe_kinds``)."""
-        for key in state.paused.keys():
-            if _explained_by_kinds(key) and key not in state.current.kinds_refused:
+        for key in sorted(state.current.kinds_suspects - state.current.kinds_refused, key=repr):
+            if state.paused.is_paused(key):
                 filters = self.coverage_filters(state, key)
                 if filters:
                     self.probe_kinds(state, filters[0])
@@ -395,8 +390,10 @@ class Refusals:
         relay is asked so from now on (``RelayLifecycle.on_imprecise_refused``)."""
         if batch.failed_otherwise:
             return  # no answer is no yes: the shape stays paused, probed as any
-        refused = state.current.kinds_refused  # (refused without notes too: kept)
-        lifted = state.paused.lift(lambda key: _explained_by_kinds(key) and key not in refused)
+        # the shapes this session's refusals paused that may be about notes, but those refused
+        # without them too (older pauses, a probe of their own tells, asked without notes now)
+        explained = state.current.kinds_suspects - state.current.kinds_refused
+        lifted = state.paused.lift(explained.__contains__)
         metrics.PAUSED_COVERAGE.labels(state.url).set(len(state.paused))
         if any(key[2] for key in lifted):
             # its id fetches were refused for the same reason, not left unserved: NIP-77 again
