@@ -473,7 +473,9 @@ class Simulation:
             relay.neg_silent_cap = silent.choice((50, 100))
         if random.Random(f"{o.seed}:{url}:precise").random() < o.precise_only:
             relay.precise_only, relay.nip77, relay.nip11 = True, False, True
-        relay.anti_sync_bots = random.Random(f"{o.seed}:{url}:anti-sync").random() < o.anti_sync_bots
+        # (khatru's policy: not on a relay answering only precise queries, nostr-rs-relay's)
+        relay.anti_sync_bots = (random.Random(f"{o.seed}:{url}:anti-sync").random() < o.anti_sync_bots
+                                and not relay.precise_only)
         return relay
 
     # -- the heap -----------------------------------------------------------------------

@@ -301,12 +301,13 @@ class RelayLifecycle:
         """A relay answering only precise queries has its session's book make them so, with
         the owners of the repositories listing it now (at each session and fresh start); one
         that refused filters that may bring notes, its tag and ids filters only, without them
-        (``precise.NOTES_EXCLUDED``)."""
+        (``precise.NOTES_EXCLUDED``); one that does both, both."""
         book = state.current.book
         if state.precise_queries:
             book.precise_authors = frozenset(self.listing_authors(state.url))
         elif state.precise_refused:
             book.precise_authors = frozenset()  # (its kinds filters were not refused: as they are)
+        if state.precise_refused:
             book.precise_kinds = precise.NOTES_EXCLUDED
             book.precise_ids = True
 

@@ -361,7 +361,7 @@ class Refusals:
         """``f``, refused alone by policy, may have been refused for the notes it may bring
         (``precise.may_be_refused_for_kinds``): asked once more without them, one REQ (one
         such probe out at a time; a relay asked so already is not asked)."""
-        if state.precise_queries or state.precise_refused or not precise.may_be_refused_for_kinds(f):
+        if state.precise_refused or not precise.may_be_refused_for_kinds(f):
             return
         state.current.kinds_suspects.add(coverage_key(f))
         if (coverage_key(f) in state.current.kinds_refused
