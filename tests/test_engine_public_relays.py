@@ -685,12 +685,15 @@ def test_a_relay_refusing_filters_that_may_bring_notes_is_asked_with_kinds(relay
     assert "negentropy_done" in logged
 
 
-def test_a_relay_refusing_limits_above_its_max_limit_is_paged_at_it(relay_factory, gsync_factory, scripted):
+@pytest.mark.parametrize("published", [True, False])
+def test_a_relay_refusing_limits_above_its_max_limit_is_paged_at_it(relay_factory, gsync_factory, scripted,
+                                                                     published):
     """nostream refuses a REQ whose filter asks a ``limit`` above its ``maxLimit`` (published
     as NIP-11 ``max_limit``), in a NOTICE ("Subscription rejected: Limit too high"), where
     NIP-11 has relays clamp it. Every page of ours asked 5000: each REQ was refused, split
     and paused, and nothing came. Pages now carry the relay's ``max_limit`` when it is lower,
-    and a page cut at it is full (its next page is asked) though an id fetch served more."""
+    or, unpublished (its NIP-11 unreachable), the most the refusal says it takes; a page cut
+    at it is full (its next page is asked) though an id fetch served more."""
     def limit_refused(relay, conn, message):
         if isinstance(message, list) and message[:1] == ["REQ"] and any(
                 isinstance(f, dict) and f.get("limit", 0) > 100 for f in message[2:]):
@@ -701,12 +704,13 @@ def test_a_relay_refusing_limits_above_its_max_limit_is_paged_at_it(relay_factor
     nip11 = {"name": "n", "software": "git+https://github.com/cameri/nostream.git", "supported_nips": [1, 11],
              "limitation": {"max_limit": 100, "max_filters": 10, "max_subscriptions": 10}}
     own, remote, repo, bugs = scripted_repository(relay_factory, scripted, "limited", 250,
-                                                  on_message=limit_refused, nip11=nip11)
+                                                  on_message=limit_refused, nip11=nip11 if published else None)
     remote.page_size = 100
     publish(own.url, [repo])
     gsync = gsync_factory(own, [remote])
     assert_arrives(own, bugs, timeout=40, what="250 issues in pages of 100")
     assert not events_named(gsync, "coverage_paused", remote.url)
+    assert bool(events_named(gsync, "page_limit_lowered", remote.url)) is not published
 
 
 def test_a_live_subscription_the_relay_closes_is_rebuilt(relay_factory, gsync_factory, scripted):

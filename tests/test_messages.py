@@ -429,3 +429,17 @@ def test_too_many_results_is_about_the_filter_not_our_pace(text):
                                   "blocked: no results for you"])
 def test_other_refusals_are_not_too_many_results(text):
     assert not m.says_too_many_results(text)
+
+
+@pytest.mark.parametrize("text, allowed", [
+    ("Subscription rejected: Limit too high: Filter limit must be less than or equal to 500", 500),  # nostream
+    ("invalid: limit exceeds max 1000", 1000),
+    ("limit must be at most 200", 200),
+    ("blocked: #a queries are not allowed here", None),
+    ("rate-limited: slow down", None),
+    ("error: too many concurrent REQs", None),
+    ("too many filters (max 10)", None),
+    ("Limit too high", None),  # (no number: nothing to learn)
+])
+def test_a_refusal_of_the_limit_asked_tells_the_most_the_relay_takes(text, allowed):
+    assert m.limit_allowed(text) == allowed

@@ -864,8 +864,11 @@ _REFUSING_PREFIXES = frozenset({wire.Prefix.INVALID, wire.Prefix.BLOCKED, wire.P
 
 
 def _refuses_by_words(text: str) -> bool:
-    """Wording that refuses a REQ for the number open or for a rate."""
-    return wire.says_too_many_subscriptions(text) or wire.is_rate_limit_text(text)
+    """Wording that refuses a REQ for the number open, for a rate, or for the ``limit`` it
+    asks (nostream says each in a NOTICE with no prefix: "Subscription rejected: Limit too
+    high: …", ``wire.limit_allowed``)."""
+    return (wire.says_too_many_subscriptions(text) or wire.is_rate_limit_text(text)
+            or wire.limit_allowed(text) is not None)
 
 
 def _refuses_a_req(text: str, prefix: wire.Prefix | None = None) -> bool:

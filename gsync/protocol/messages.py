@@ -104,6 +104,21 @@ def says_too_many_filters(text: str) -> bool:
     return "filters" in lowered and any(w in lowered for w in _SHAPE_WORDS)
 
 
+_LIMIT_TOO_HIGH = re.compile(r"\blimit\b.*?(?:too (?:high|large|big)|exceed|less than|at most|maximum|max\b)",
+                             re.IGNORECASE | re.DOTALL)
+_NUMBER = re.compile(r"\b(\d{1,9})\b")
+
+
+def limit_allowed(text: str) -> int | None:
+    """The largest ``limit`` a relay refusing ours says it takes (nostream: "Subscription
+    rejected: Limit too high: Filter limit must be less than or equal to 500"), or None
+    when ``text`` is not such a refusal or names no number."""
+    if not _LIMIT_TOO_HIGH.search(text):
+        return None
+    numbers = _NUMBER.findall(text)
+    return int(numbers[-1]) if numbers and int(numbers[-1]) > 0 else None
+
+
 _SUBSCRIPTION_SUBJECT = re.compile(r"subscription|concurrent|\breqs?\b", re.IGNORECASE)
 _COUNT_WORDS = ("too many", "maximum", "max ", "reached", "exceed")
 _SIZE_WORDS = ("size", "byte", "large", "long", "big")

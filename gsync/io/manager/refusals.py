@@ -176,6 +176,19 @@ class Refusals:
             state.max_filters_learned = allowed  # later sessions and restarts start there
             log.info("filters_per_req_lowered", relay=state.url, max_filters=allowed, refused=refused)
 
+    def learn_page_limit(self, state: RelayState, reason: str) -> bool:
+        """A REQ refused for the ``limit`` its pages carry, saying the most it takes
+        (nostream without NIP-11: "Limit too high: … less than or equal to 500"): this
+        session's pages ask that (never below ``MIN_PAGE_CAP``), and the REQ goes again
+        (True). False when that is no lower than what they ask already."""
+        allowed = wire.limit_allowed(reason)
+        cap = state.current.page_cap
+        if allowed is None or max(constants.MIN_PAGE_CAP, allowed) >= cap.page_limit:
+            return False
+        cap.page_limit = max(constants.MIN_PAGE_CAP, allowed)
+        log.info("page_limit_lowered", relay=state.url, limit=cap.page_limit)
+        return True
+
     def learn_max_subscriptions(self, state: RelayState) -> bool:
         """A REQ refused for the number open ("too many concurrent REQs"): the relay holds
         as many as are open now, whatever its NIP-11 says (or we assumed without one). The
@@ -205,6 +218,11 @@ class Refusals:
         if batch is None:
             return
         filters = start_queue.filters_of(batch, sub_id)
+        if kind not in (CAPACITY, SUBSCRIPTIONS, Refusal.RATE_LIMIT, Refusal.AUTH) and filters and (
+                self.learn_page_limit(state, reason)):
+            self.historic.queue.again_first(state, batch, sub_id, filters)  # asking less
+            self.historic.pump(state)
+            return
         if kind in (CAPACITY, SUBSCRIPTIONS, Refusal.RATE_LIMIT) and filters:
             # The same page again once the cooldown and the reactive gate allow it.
             self.historic.queue.again_first(state, batch, sub_id, filters)
