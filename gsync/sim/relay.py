@@ -445,6 +445,9 @@ class SimRelay:
         # refuses any filter naming no authors whose kinds are missing or hold 1, as khatru's
         # AntiSyncBots policy does (REQs, NEG-OPENs, id fetches alike)
         self.anti_sync_bots = False
+        # refuses a REQ whose filter asks a limit above its page cap, in a NOTICE naming the
+        # cap, as nostream does ("Subscription rejected: Limit too high: …")
+        self.limit_refusals = False
         # (burst, seconds a query): REQs and NEG-OPENs of one session past a token bucket are
         # refused "rate-limited:" (PEERS.md: LocalRelay's per-connection query limit), for good
         self.query_limit: tuple[int, float] | None = None
@@ -585,6 +588,10 @@ class SimRelay:
             return [_eose(sub_id)]  # (a "scraper": nothing, and not kept)
         if sub_id not in session.subs and len(session.subs) >= self.max_subs:
             return [self._refused(sub_id, "error: too many concurrent REQs")]
+        if self.limit_refusals and any(f.limit is not None and f.limit > self.page_cap for f in filters):
+            session.subs.pop(sub_id, None)
+            return [json.dumps(["NOTICE", "Subscription rejected: Limit too high: Filter limit must be less "
+                                          f"than or equal to {self.page_cap}"])]
         refused = self.refusal(session, filters)
         if refused:
             session.subs.pop(sub_id, None)

@@ -125,6 +125,10 @@ class SimOptions:
     # the share of relays refusing any filter that may bring kind-1 notes without naming
     # authors, REQ and NEG-OPEN alike (khatru's AntiSyncBots): ``SimRelay.anti_sync_bots``
     anti_sync_bots: float = 0.0
+    # the share of relays refusing a REQ whose filter asks a limit above their page cap, in a
+    # NOTICE naming the most they take, as nostream does ("Subscription rejected: Limit too
+    # high"): ``SimRelay.limit_refusals``
+    limit_refusals: float = 0.0
     # of the relays serving NIP-77, the share comparing a filter's newest events only, 50 or
     # 100, silently (khatru relays whose store caps queries): ``SimRelay.neg_silent_cap``
     neg_silent_caps: float = 0.0
@@ -174,6 +178,7 @@ WORLD_SHARES = (
     ("auth_late", "--auth-late"),
     ("precise_only", "--precise-only"),
     ("anti_sync_bots", "--anti-sync-bots"),
+    ("limit_refusals", "--limit-refusals"),
     ("neg_silent_caps", "--neg-silent-caps"),
     ("member_replies", "--member-replies"),
     ("own_full", "--own-full"),
@@ -473,6 +478,7 @@ class Simulation:
             relay.neg_silent_cap = silent.choice((50, 100))
         if random.Random(f"{o.seed}:{url}:precise").random() < o.precise_only:
             relay.precise_only, relay.nip77, relay.nip11 = True, False, True
+        relay.limit_refusals = random.Random(f"{o.seed}:{url}:limits").random() < o.limit_refusals
         # (khatru's policy: not on a relay answering only precise queries, nostr-rs-relay's)
         relay.anti_sync_bots = (random.Random(f"{o.seed}:{url}:anti-sync").random() < o.anti_sync_bots
                                 and not relay.precise_only)
