@@ -232,8 +232,8 @@ def test_a_refused_tag_is_paused_through_consolidation_reconnect_and_daily_then_
     assert all(not q["ok"] for q in relay_queries(queries) if _asks_for(q, "q"))
     discovery = [t for t in asked_q if t < 1.5]
     probes = [t for t in asked_q if t >= 1.5]
-    # the live and the historic REQ, then each once more with #q alone (one REQ per shape);
-    # halving asked it up to 8 times
+    # the live and the historic REQ, then #q alone (one REQ per shape), and once without
+    # notes (``protocol.precise``: refused so too, never again); halving asked it up to 8 times
     assert len(discovery) <= 4, asked_q
     assert len(probes) == 1 and probes[0] >= PROBE - 0.5, asked_q
     assert len(events_named(gsync, "coverage_probe")) == 1

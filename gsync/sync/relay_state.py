@@ -169,11 +169,9 @@ class RelaySession:
     # other live REQs of that shape wait for, at most REQ_STALL_SECS (``policy.Trials``)
     trials: Trials = field(default_factory=Trials)
     probes: dict = field(default_factory=dict)  # batch id → the coverage key it probes
-    # shapes paused this session by a refusal that may be about the notes they may bring, and
-    # of those the ones asked without notes and refused so too: about the shape, not kinds
+    # shapes paused this session by a refusal that may be about the notes they may bring
     # (``Refusals.probe_kinds``)
     kinds_suspects: set = field(default_factory=set)
-    kinds_refused: set = field(default_factory=set)
     # direct members of threads seen from this relay whose descendants' coverage this
     # session has open (their replies are fetched too); the next one reopens them
     members: set = field(default_factory=set)
@@ -299,6 +297,9 @@ class RelayState:
     # the same without them (``protocol.precise``: khatru's AntiSyncBots): its tag and ids
     # filters ask ``precise.NOTES_EXCLUDED`` (``Refusals.kinds_probe_answered``); kept over sessions
     precise_refused: bool = False
+    # shapes it refused asked without notes too: about the shape, not kinds; not asked so
+    # again while this process knows the relay (``Refusals.probe_kinds``; a few shapes at most)
+    kinds_refused: set = field(default_factory=set)
     # ids it advertised and served neither by id nor by their filter: not asked here again
     # before its next daily fresh start (``lifecycle.run_daily``), kept over sessions
     unservable: UnservableIds = field(default_factory=UnservableIds)

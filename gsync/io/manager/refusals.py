@@ -235,7 +235,7 @@ class Refusals:
                 if isinstance(probed, KindsProbe) and filters[0].kinds == precise.NOTES_EXCLUDED:
                     # (not another REQ of its batch: an id fetch of what NIP-77 found of it)
                     del state.current.probes[batch_id]  # refused without notes too: about the shape
-                    state.current.kinds_refused.add(tuple(probed))
+                    state.kinds_refused.add(tuple(probed))
                     log.info("coverage_kinds_refused", relay=state.url, coverage=describe(tuple(probed)),
                              reason=reason)
                     self.probe_kinds_of_paused(state)  # (another refused shape may tell)
@@ -382,7 +382,7 @@ class Refusals:
         if state.precise_refused or not precise.may_be_refused_for_kinds(f):
             return
         state.current.kinds_suspects.add(coverage_key(f))
-        if (coverage_key(f) in state.current.kinds_refused
+        if (coverage_key(f) in state.kinds_refused
                 or any(isinstance(p, KindsProbe) for p in state.current.probes.values())):
             return
         batch = PendingBatch(self.historic.queue.batch_id(), PendingItems(), kind=BatchKind.PROBE)
@@ -395,7 +395,7 @@ class Refusals:
     def probe_kinds_of_paused(self, state: RelayState) -> None:
         """The next paused shape that may have been refused for the notes it may bring, not
         asked without them yet this session: asked so (``probe_kinds``)."""
-        for key in sorted(state.current.kinds_suspects - state.current.kinds_refused, key=repr):
+        for key in sorted(state.current.kinds_suspects - state.kinds_refused, key=repr):
             if state.paused.is_paused(key):
                 filters = self.coverage_filters(state, key)
                 if filters:
@@ -410,7 +410,7 @@ class Refusals:
             return  # no answer is no yes: the shape stays paused, probed as any
         # the shapes this session's refusals paused that may be about notes, but those refused
         # without them too (older pauses, a probe of their own tells, asked without notes now)
-        explained = state.current.kinds_suspects - state.current.kinds_refused
+        explained = state.current.kinds_suspects - state.kinds_refused
         lifted = state.paused.lift(explained.__contains__)
         metrics.PAUSED_COVERAGE.labels(state.url).set(len(state.paused))
         if any(key[2] for key in lifted):
