@@ -47,6 +47,17 @@ def status_of(gsync, url) -> dict:
     return next((r for r in gsync.status()["relays"] if r["relay"] == url), {})
 
 
+def history_then_live(own, gsync, url, repo, history, send_live, what) -> None:
+    """``history`` arrives, ``url``'s historic sync completes, and a new issue that
+    ``send_live`` puts on the relay arrives live."""
+    assert_arrives(own, history, timeout=30, what=what)
+    wait_until(lambda: status_of(gsync, url).get("status") == "connected", timeout=30,
+               what="historic sync complete")
+    live = f.issue(bob, repo, subject="live", created_at=int(time.time()))
+    send_live(live)
+    assert_arrives(own, [live], timeout=10, what="a live event")
+
+
 def events_named(gsync, name, relay=None) -> list[dict]:
     return [e for e in gsync.log_events()
             if e.get("event") == name and (relay is None or e.get("relay") == relay)]
@@ -635,12 +646,8 @@ def test_a_relay_answering_only_precise_queries_is_asked_them(relay_factory, gsy
     remote.add(*replies)
     publish(own.url, [repo])
     gsync = gsync_factory(own, [remote])
-    assert_arrives(own, [*bugs, *replies], timeout=30, what="history from a relay answering only precise queries")
-    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=20,
-               what="historic sync complete")
-    live = f.issue(bob, repo, subject="live", created_at=int(time.time()))
-    remote.broadcast(live)
-    assert_arrives(own, [live], timeout=10, what="a live event")
+    history_then_live(own, gsync, remote.url, repo, [*bugs, *replies], remote.broadcast,
+                      what="history from a relay answering only precise queries")
     assert events_named(gsync, "relay_answers_only_precise_queries", remote.url)
 
 
@@ -661,12 +668,8 @@ def test_a_relay_refusing_filters_that_may_bring_notes_is_asked_with_kinds(relay
     publish(remote.url, [repo, *bugs, *replies, note])
     publish(own.url, [repo])
     gsync = gsync_factory(own, [remote])
-    assert_arrives(own, [*bugs, *replies], timeout=30, what="history from a relay refusing filters without kinds")
-    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=30,
-               what="historic sync complete")
-    live = f.issue(bob, repo, subject="live", created_at=int(time.time()))
-    publish(remote.url, [live])
-    assert_arrives(own, [live], timeout=10, what="a live event")
+    history_then_live(own, gsync, remote.url, repo, [*bugs, *replies], lambda live: publish(remote.url, [live]),
+                      what="history from a relay refusing filters without kinds")
     said = events_named(gsync, "relay_refuses_imprecise_queries", remote.url)
     assert len(said) == 1 and said[0]["lifted"]  # (what its first refusals had paused)
     assert gsync.metric("gsync_paused_coverage", relay=remote.url) == 0
