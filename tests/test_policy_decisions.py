@@ -187,14 +187,19 @@ def test_a_relay_retired_and_listed_again_is_not_asked_what_it_refused_before_it
     assert asked and not [f for f in asked if culprit in keys(f)]
 
 
-def _anti_sync_bots(h, answered: set, refused_tag: str | None = None) -> None:
+def _anti_sync_bots(h, answered: set, refused_tag: str | None = None, unanswered: set | None = None) -> None:
     """A answers each REQ not answered yet as khatru's ``AntiSyncBots`` policy does: a filter
     that may bring kind-1 notes (no ``kinds``, or 1 among them) naming no authors refuses the
-    whole REQ; anything else is served (nothing found). ``refused_tag``: a tag it refuses too."""
+    whole REQ; anything else is served (nothing found). ``refused_tag``: a tag it refuses too;
+    ``unanswered``: the first REQ asking without notes is left unanswered (its id added)."""
     for req in h.reqs(A):
         if req[1] in answered:
             continue
         answered.add(req[1])
+        if unanswered is not None and not unanswered and any(
+                f.get("kinds") and 1 not in f["kinds"] and 1617 in f["kinds"] for f in req[2:]):
+            unanswered.add(req[1])
+            continue
         if refused_tag is not None and any(f"#{refused_tag}" in f for f in req[2:]):
             h.relay_says(A, closed(req[1], f"blocked: #{refused_tag} queries are not allowed here"))
         elif any(not f.get("authors") and (not f.get("kinds") or 1 in f["kinds"]) for f in req[2:]):
@@ -247,3 +252,21 @@ def test_a_relay_refusing_notes_and_one_tag_has_that_tag_alone_paused(tmp_path):
     state = h.state(A)
     assert state.precise_refused
     assert [describe(k) for k in state.paused.keys()] == ["#a"]
+
+
+def test_a_kinds_probe_left_unanswered_is_asked_again(tmp_path):
+    """Its first probe without notes stalls (a REQ beside others a NOTICE refused, naming
+    none): asked again once the stall ends it, served, and nothing stays paused (it stayed
+    paused a day: seed 593 of own-relay faults with --anti-sync-bots and --limit-refusals)."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*[announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)])
+    h.connect(A)
+    answered: set = set()
+    unanswered: set = set()
+    for _ in range(60):
+        h.answer_own_reads()
+        _anti_sync_bots(h, answered, unanswered=unanswered)
+        h.advance(1.1)
+        h.tick()  # (the maintenance tick finds the stall)
+    state = h.state(A)
+    assert unanswered and state.precise_refused and not state.paused

@@ -170,8 +170,9 @@ class RelaySession:
     trials: Trials = field(default_factory=Trials)
     probes: dict = field(default_factory=dict)  # batch id → the coverage key it probes
     # shapes paused this session by a refusal that may be about the notes they may bring
-    # (``Refusals.probe_kinds``)
+    # (``Refusals.probe_kinds``), and how many of its probes went unanswered
     kinds_suspects: set = field(default_factory=set)
+    kinds_probes_unanswered: int = 0
     # direct members of threads seen from this relay whose descendants' coverage this
     # session has open (their replies are fetched too); the next one reopens them
     members: set = field(default_factory=set)

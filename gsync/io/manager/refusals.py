@@ -53,6 +53,9 @@ from .lifecycle import LAYER1_LIVE_SUB
 
 log = get_logger("gsync.manager")
 
+KINDS_PROBE_AGAIN = 2  # kinds probes asked again after one went unanswered, a session
+
+
 class KindsProbe(tuple):
     """A probe's mark in ``RelaySession.probes`` (beside the paused shapes' coverage probes):
     the refused shape ``probe_kinds`` asks again without notes."""
@@ -407,7 +410,13 @@ class Refusals:
         notes without naming authors. Every pause such a refusal explains is lifted, and the
         relay is asked so from now on (``RelayLifecycle.on_imprecise_refused``)."""
         if batch.failed_otherwise:
-            return  # no answer is no yes: the shape stays paused, probed as any
+            # no answer is no yes; asked again, twice at most a session (its REQ may have
+            # stalled beside others a NOTICE refused, naming none: seed 593 of own-relay faults
+            # with --anti-sync-bots and --limit-refusals), then the shape stays paused
+            state.current.kinds_probes_unanswered += 1
+            if state.current.kinds_probes_unanswered <= KINDS_PROBE_AGAIN:
+                self.probe_kinds_of_paused(state)
+            return
         # the shapes this session's refusals paused that may be about notes, but those refused
         # without them too (older pauses, a probe of their own tells, asked without notes now)
         explained = state.current.kinds_suspects - state.kinds_refused
