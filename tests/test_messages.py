@@ -443,3 +443,10 @@ def test_other_refusals_are_not_too_many_results(text):
 ])
 def test_a_refusal_of_the_limit_asked_tells_the_most_the_relay_takes(text, allowed):
     assert m.limit_allowed(text) == allowed
+
+
+def test_a_long_notice_is_not_read_past_what_a_limit_refusal_says():
+    """A hostile relay's NOTICE of 1.2 MB of "limit " (the pattern's lazy scan is quadratic:
+    120 KB held the process 56 s) is read no further than a refusal's length."""
+    assert m.limit_allowed("limit " * 200_000) is None
+    assert m.limit_allowed("limit too high: at most 50 " + "x" * 100_000) == 50

@@ -107,12 +107,17 @@ def says_too_many_filters(text: str) -> bool:
 _LIMIT_TOO_HIGH = re.compile(r"\blimit\b.*?(?:too (?:high|large|big)|exceed|less than|at most|maximum|max\b)",
                              re.IGNORECASE | re.DOTALL)
 _NUMBER = re.compile(r"\b(\d{1,9})\b")
+# How much of a refusal ``limit_allowed`` reads: nostream's is 90 characters. (The pattern's
+# lazy scan is quadratic in the text: a hostile relay's NOTICE of 120 KB of "limit" held the
+# process for 56 s.)
+LIMIT_REFUSAL_CHARS = 300
 
 
 def limit_allowed(text: str) -> int | None:
     """The largest ``limit`` a relay refusing ours says it takes (nostream: "Subscription
     rejected: Limit too high: Filter limit must be less than or equal to 500"), or None
     when ``text`` is not such a refusal or names no number."""
+    text = text[:LIMIT_REFUSAL_CHARS]
     if not _LIMIT_TOO_HIGH.search(text):
         return None
     numbers = _NUMBER.findall(text)
