@@ -80,6 +80,11 @@ class AuthTags:
         self._all_refused_said = False
 
     @property
+    def dialled(self) -> str:
+        """The URL gsync dials (``own_relay``): the first candidate."""
+        return self.tags[0]
+
+    @property
     def current(self) -> str:
         return self.tags[self._at]
 
@@ -107,8 +112,8 @@ class AuthTags:
             return
         self._at = self.tags.index(tag)
         self._all_refused_said = False
-        if tag != self._logged and (self._logged is not None or tag != self.tags[0]):
-            log.info("own_relay_auth_tag", tag=tag, dialled=self.tags[0])
+        if tag != self._logged and (self._logged is not None or tag != self.dialled):
+            log.info("own_relay_auth_tag", tag=tag, dialled=self.dialled)
         self._logged = tag
 
     def sign(self, secret: str, challenge: str, tried: set, now: int):

@@ -125,7 +125,7 @@ class KeptConnections:
         try:
             auth = self._auth.get(url)
             if auth is None:
-                tags = self._tags if self._tags is not None and self._tags.tags[0] == url else None
+                tags = self._tags if self._tags is not None and self._tags.dialled == url else None
                 auth = self._auth[url] = ReadAuth(url, self._secret, tags=tags)
             items = HeldItems(e for page in history_pages(ws, flt, cap, counted=True, auth=auth) for e in page)
         except BaseException:

@@ -72,8 +72,8 @@ def made_precise(f: Filter, authors: frozenset[str], kinds: frozenset[int] = PRE
     ``ids`` filter with ``kinds`` too when ``ids_too`` (AntiSyncBots refuses one without: an id
     NIP-77 found there, under a filter asking those kinds, is of one of them). Any other as
     it is."""
-    if (f.tags or (ids_too and f.ids is not None)) and f.kinds is None and f.authors is None and (
-            f.ids is None or ids_too):
+    asks_by = ids_too if f.ids is not None else bool(f.tags)  # (an ids filter: only if ``ids_too``)
+    if asks_by and f.kinds is None and f.authors is None:
         return f.replace(kinds=kinds)
     if not is_imprecise(f):
         return f

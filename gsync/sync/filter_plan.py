@@ -215,12 +215,14 @@ def filters_per_req(limits=None) -> int:
     return min(MAX_FILTERS_PER_REQ, _limit(limits, "max_filters") or MAX_FILTERS_PER_REQ)
 
 
-def page_limit(limits=None) -> int:
-    """The ``limit`` a relay's pages carry: ``PAGE_LIMIT``, or its NIP-11 ``max_limit`` if
-    lower (nostream refuses a REQ asking more: "Subscription rejected: Limit too high"),
-    never below ``MIN_PAGE_CAP`` (what every page is assumed to hold when more is there)."""
-    published = _limit(limits, "max_limit")
-    return PAGE_LIMIT if published is None else max(MIN_PAGE_CAP, min(PAGE_LIMIT, published))
+def page_limit(max_limit: int | None = None) -> int:
+    """The ``limit`` pages carry to a relay taking at most ``max_limit`` (its NIP-11
+    ``max_limit``, or what a refusal said: nostream refuses a REQ asking more, "Subscription
+    rejected: Limit too high"): ``PAGE_LIMIT``, or that if lower, never below
+    ``MIN_PAGE_CAP`` (what every page is assumed to hold when more is there)."""
+    if not isinstance(max_limit, int) or max_limit <= 0:
+        return PAGE_LIMIT
+    return max(MIN_PAGE_CAP, min(PAGE_LIMIT, max_limit))
 
 
 def with_page_limit(filters: Iterable[Filter], limit: int = PAGE_LIMIT) -> list[Filter]:

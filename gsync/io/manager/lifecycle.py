@@ -273,7 +273,7 @@ class RelayLifecycle:
             *self.effects.connection(msg.relay, msg.ws, state.session, auth_secret=self.config.auth.secret_key,
                                      seen=self.seen, room=self.delivery.room_for(msg.relay), probe=probe),
             limits=limits,
-            page_cap=PageCap(page_limit=filter_plan.page_limit(limits)),  # learnt again: the relay may have changed
+            page_cap=PageCap(page_limit=filter_plan.page_limit(limits.max_limit)),  # learnt again: the relay may have changed
         )
         self.ask_precisely(state)
         if reason := nip77_barred(state, now):

@@ -186,9 +186,9 @@ class Refusals:
         (True). False when that is no lower than what they ask already."""
         allowed = wire.limit_allowed(reason)
         cap = state.current.page_cap
-        if allowed is None or max(constants.MIN_PAGE_CAP, allowed) >= cap.page_limit:
+        if allowed is None or filter_plan.page_limit(allowed) >= cap.page_limit:
             return False
-        cap.page_limit = max(constants.MIN_PAGE_CAP, allowed)
+        cap.page_limit = filter_plan.page_limit(allowed)
         log.info("page_limit_lowered", relay=state.url, limit=cap.page_limit)
         return True
 
