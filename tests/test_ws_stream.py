@@ -403,3 +403,31 @@ def test_a_message_right_after_another_is_not_held_for_our_delayed_ack():
         stream.close()
         server.join(10)
     assert sorted(waits)[rounds // 2] < gap + 0.020, waits  # the median; without: 40 ms and more
+
+
+def test_a_read_that_fills_a_chunk_says_more_may_be_waiting():
+    """``drained`` (the own relay's stream pauses between gulps only after a read that
+    left nothing waiting, constants.OWN_STREAM_GULP_SECS): False after a read that took a
+    whole chunk, True after one that took less."""
+    class Sock:
+        def __init__(self, chunks):
+            self.chunks = list(chunks)
+
+        def recv(self, n):
+            assert n == ws_stream.RECV_CHUNK
+            return self.chunks.pop(0)
+
+        def gettimeout(self):
+            return None
+
+    class Ws:
+        def __init__(self, chunks):
+            self.sock = Sock(chunks)
+
+    full = _frame(OP_TEXT, b"x" * (ws_stream.RECV_CHUNK - 10))  # 10: a 64-bit length's header
+    assert len(full) == ws_stream.RECV_CHUNK
+    stream = ws_stream.WsStream(Ws([full, _frame(OP_TEXT, b"y")]), max_message=2 * ws_stream.RECV_CHUNK)
+    assert stream.recv_burst() == [(OP_TEXT, b"x" * (ws_stream.RECV_CHUNK - 10))]
+    assert stream.drained is False
+    assert stream.recv_burst() == [(OP_TEXT, b"y")]
+    assert stream.drained is True

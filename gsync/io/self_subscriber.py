@@ -354,6 +354,8 @@ class SelfSubscriber:
                 self._post_landed(landed)
             if raws and self._history_read:  # a failed history read is read again whole
                 self.last_connected = self._clock()
+            if ws.drained:  # read in gulps (OWN_STREAM_GULP_SECS)
+                gevent.sleep(constants.OWN_STREAM_GULP_SECS)
 
 
 class _LiveAuth:

@@ -67,6 +67,7 @@ class WsStream:
         self._stalled_for = 0.0  # seconds spent waiting for the rest of the current message
         self._pong_due: bytes | None = None  # the last ping's payload, not yet answered
         self.reads = 0  # socket reads that returned (a pong, even): is the peer there?
+        self.drained = True  # the last read took less than a chunk: nothing more was waiting
         self._controls = 0  # pings and pongs since the last message (in this window)
         self._controls_since = 0.0
         self._quickack = TCP_QUICKACK is not None
@@ -154,6 +155,7 @@ class WsStream:
         try:
             chunk = self._sock.recv(RECV_CHUNK)
             self.reads += 1
+            self.drained = len(chunk) < RECV_CHUNK
             if self._quickack and chunk:
                 self._ack_now()
             return chunk
