@@ -68,6 +68,9 @@ Knobs for misbehaviour:
   comes after its websocket upgrade) waits for it before it is answered (at most 30 s), so a
   test holds a handshake open, its socket upgraded, until it says so; ``nip11_held`` is set
   when the first such GET is waiting.
+- ``answers_one_filter``: ``"first"`` or ``"last"``: a REQ's stored answer is that filter's
+  alone, the others dropped without a word (ORLY before October 2025 kept the last filter's
+  answer; minimal relays read ``filters[0]``); live events still match every filter.
 - ``host``: the loopback address to listen on (default ``127.0.0.1``; all of 127.0.0.0/8 is
   loopback on Linux).
 
@@ -424,9 +427,11 @@ class ScriptedRelay:
         refuse_upgrades: Iterable = (),
         max_message: tuple | None = None,
         hold_nip11: threading.Event | None = None,
+        answers_one_filter: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ):
+        self.answers_one_filter = answers_one_filter
         self.page_size = page_size
         self.req_cap = req_cap
         self.until_exclusive = until_exclusive
@@ -834,7 +839,10 @@ class ScriptedRelay:
             conn.send("CLOSED", sub_id, f"invalid: {exc}")
             return
         conn.subs[sub_id] = filters
-        stored = self.answer(filters)
+        answered = filters
+        if self.answers_one_filter is not None:
+            answered = filters[:1] if self.answers_one_filter == "first" else filters[-1:]
+        stored = self.answer(answered)
         budget = next(self._budgets)
         if self.query_budget is not None and len(stored) > budget:
             time.sleep(self.query_budget[1])  # out of time: what it found so far

@@ -996,3 +996,36 @@ def test_a_relay_refusing_a_tag_key_by_notice_alone_is_synced_without_stalls(rel
     taken = events_named(gsync, "notice_taken_as_closed", remote.url)
     assert taken and all(e["text"].startswith("invalid:") for e in taken), taken
     assert not events_named(gsync, "subscription_stalled", remote.url)
+
+
+@pytest.mark.parametrize("answered", ["first", "last"])
+def test_a_relay_answering_one_filter_a_req_is_asked_one_filter_a_req(relay_factory, gsync_factory, scripted,
+                                                                        answered):
+    """A relay that answers only one filter of a REQ (the first, as minimal relays read
+    ``filters[0]``; the last, as ORLY kept before October 2025) and sends EOSE as if the
+    others matched nothing: gsync's REQs carry up to ten filters, and nearly everything of a
+    repository never came. An answer one filter explains is now suspect: its other filters
+    are asked alone, one brings what the REQ did not, and from then on the relay is asked one
+    filter a REQ: the announcement's state, issues, their comments and the comments' replies
+    all arrive, and the next process asks one filter a REQ at once."""
+    own, remote, repo, bugs = scripted_repository(relay_factory, scripted, f"one-{answered}", 3,
+                                                  answers_one_filter=answered)
+    comments = [f.comment(alice, bug) for bug in bugs]
+    replies = [f.comment(bob, bugs[0], comments[0])]
+    remote.add(*comments, *replies)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, [*bugs, *comments, *replies], timeout=40, what="a repository's history")
+    assert len(events_named(gsync, "relay_answers_one_filter", remote.url)) == 1
+    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=30,
+               what="historic sync complete")
+    gsync.terminate()
+    # the next process knows (saved): no REQ of two filters or more, no probe
+    asked = len(remote.reqs())
+    again = gsync_factory(own, [remote], extra={"service": {"state_dir": os.path.join(gsync.dir, "state")}},
+                          timers={"QUICK_RECONNECT_SECS": 0})
+    wait_until(lambda: status_of(again, remote.url).get("status") == "connected", timeout=30,
+               what="the next process's sync")
+    later = remote.reqs()[asked:]
+    assert later and all(len(filters) == 1 for _, filters in later)
+    assert not events_named(again, "one_filter_probe", remote.url)

@@ -448,6 +448,9 @@ class SimRelay:
         # refuses a REQ whose filter asks a limit above its page cap, in a NOTICE naming the
         # cap, as nostream does ("Subscription rejected: Limit too high: …")
         self.limit_refusals = False
+        # answers one filter of a REQ, "first" or "last", and drops the rest without a word
+        # (minimal relays reading filters[0]; ORLY before October 2025 kept the last one's)
+        self.one_filter: str | None = None
         # (burst, seconds a query): REQs and NEG-OPENs of one session past a token bucket are
         # refused "rate-limited:" (PEERS.md: LocalRelay's per-connection query limit), for good
         self.query_limit: tuple[int, float] | None = None
@@ -598,7 +601,10 @@ class SimRelay:
             return self._challenged(session, [self._refused(sub_id, refused)], refused)
         session.subs[sub_id] = filters
         head = '["EVENT",' + _json_string(sub_id) + ","  # (_event_frame's start, made once per REQ)
-        frames = [head + e.to_json() + "]" for e in self.answer(filters)]
+        answered = filters
+        if self.one_filter is not None:
+            answered = filters[:1] if self.one_filter == "first" else filters[-1:]
+        frames = [head + e.to_json() + "]" for e in self.answer(answered)]
         if self.no_eose and any(f.limit != 0 for f in filters):
             return frames
         frames.append(_eose(sub_id))

@@ -129,6 +129,9 @@ class SimOptions:
     # NOTICE naming the most they take, as nostream does ("Subscription rejected: Limit too
     # high"): ``SimRelay.limit_refusals``
     limit_refusals: float = 0.0
+    # the share of relays answering one filter of a REQ (the first or the last) and dropping
+    # the rest without a word: ``SimRelay.one_filter``
+    one_filter: float = 0.0
     # of the relays serving NIP-77, the share comparing a filter's newest events only, 50 or
     # 100, silently (khatru relays whose store caps queries): ``SimRelay.neg_silent_cap``
     neg_silent_caps: float = 0.0
@@ -179,6 +182,7 @@ WORLD_SHARES = (
     ("precise_only", "--precise-only"),
     ("anti_sync_bots", "--anti-sync-bots"),
     ("limit_refusals", "--limit-refusals"),
+    ("one_filter", "--one-filter"),
     ("neg_silent_caps", "--neg-silent-caps"),
     ("member_replies", "--member-replies"),
     ("own_full", "--own-full"),
@@ -479,6 +483,9 @@ class Simulation:
         if random.Random(f"{o.seed}:{url}:precise").random() < o.precise_only:
             relay.precise_only, relay.nip77, relay.nip11 = True, False, True
         relay.limit_refusals = random.Random(f"{o.seed}:{url}:limits").random() < o.limit_refusals
+        one = random.Random(f"{o.seed}:{url}:one-filter")
+        if one.random() < o.one_filter:
+            relay.one_filter = one.choice(("first", "last"))
         # (khatru's policy: not on a relay answering only precise queries, nostr-rs-relay's)
         relay.anti_sync_bots = (random.Random(f"{o.seed}:{url}:anti-sync").random() < o.anti_sync_bots
                                 and not relay.precise_only)

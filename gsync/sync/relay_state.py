@@ -173,6 +173,10 @@ class RelaySession:
     # (``Refusals.probe_kinds``), and how many of its probes went unanswered
     kinds_suspects: set = field(default_factory=set)
     kinds_probes_unanswered: int = 0
+    # an answer needed two of its REQ's filters: the relay answers more than one a REQ
+    # (``sync.one_filter``: not suspected again), and the probes spent on suspect answers
+    filters_answered: bool = False
+    one_filter_probes: int = 0
     # direct members of threads seen from this relay whose descendants' coverage this
     # session has open (their replies are fetched too); the next one reopens them
     members: set = field(default_factory=set)

@@ -163,12 +163,15 @@ class SyncManager:
             rate_limited=lambda state, text: self.refusals.note_rate_limited(state, text),
             probe_answered=lambda state, key, batch: self.refusals.probe_answered(state, key, batch),
             completion=self.completion, effects=self.effects, post=self.post, clock=self.clock, ids=self.ids,
-            members_of_roots=lambda state, roots: self.descendants.members_of_roots(state, roots))
+            members_of_roots=lambda state, roots: self.descendants.members_of_roots(state, roots),
+            check_answer=lambda state, batch, answer, slow: self.refusals.check_answer(state, batch, answer, slow),
+            one_filter_found=lambda state: self.refusals.one_filter_found(state))
         self.refusals = Refusals(relays=self.relays, repos=self.repos, health=self.health, live=self.live,
                                  historic=self.historic, recovery=self.recovery, seen=self.seen,
                                  delivery=self.delivery, effects=self.effects, clock=self.clock,
                                  on_pause=self.saved.save_soon,
-                                 on_imprecise_refused=lambda state: self.lifecycle.on_imprecise_refused(state))
+                                 on_imprecise_refused=lambda state: self.lifecycle.on_imprecise_refused(state),
+                                 on_one_filter=lambda state: self.lifecycle.fresh_start(state, self.clock()))
         self.descendants = Descendants(self.relays, self.live, self.historic.start, self.repos)
         self.lifecycle = RelayLifecycle(
             config=config, relays=self.relays, repos=self.repos, saved=self.saved, health=self.health,

@@ -61,7 +61,8 @@ class HistoricSync:
     def __init__(self, *, sync, own_relay: str, relays, repos, health, live, lead, claims, recovery,
                  own_held, own_reads, seen, rejected, delivery, own_relay_down, request_served,
                  rate_limited, probe_answered, completion, effects, post, clock, ids,
-                 members_of_roots=lambda state, roots: None):
+                 members_of_roots=lambda state, roots: None,
+                 check_answer=lambda state, batch, answer, slow: False, one_filter_found=lambda state: None):
         self.sync = sync  # [sync]: negentropy on or off, the batch window
         self.own_relay = own_relay
         self.relays = relays
@@ -78,6 +79,9 @@ class HistoricSync:
         self.request_served = request_served
         self.rate_limited = rate_limited
         self.probe_answered = probe_answered
+        # ``Refusals.check_answer`` / ``one_filter_found``: a relay answering one filter a REQ
+        self.check_answer = check_answer
+        self.one_filter_found = one_filter_found
         self.completion = completion  # the relay's historic sync done, recovered
         self.effects = effects
         self.post = post
@@ -373,9 +377,13 @@ class HistoricSync:
             log.debug("historic_page_done", relay=state.url, sub_id=sub_id, batch_id=batch.batch_id,
                       events=batch.pagination[sub_id].total if sub_id in batch.pagination else 0,
                       secs=round(elapsed, 3))
+        slow = elapsed is not None and elapsed >= constants.TIME_CUT_SUSPECT_SECS
+        one_filter = self.check_answer(state, batch, batch.pagination.get(sub_id), slow)
         self.plan.on_eose(state, batch, sub_id, elapsed, self.clock(), past_until)
         self.execute()
         self.advance(state, batch)
+        if one_filter and state.current.link is not None:
+            self.one_filter_found(state)
 
     def on_negentropy_finished(self, msg: NegentropyFinished) -> None:
         state = self.relays.in_session(msg.relay, msg.session)

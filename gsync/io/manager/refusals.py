@@ -27,6 +27,11 @@
   shape wait for its EOSE or CLOSED, at most ``REQ_STALL_SECS`` (``sync.policy.Trials``).
 - **Any other CLOSED** of a live subscription: its replacement is rebuilt from the current
   index (obsolete items dropped) and the gap fetched with ``since``.
+- **One filter a REQ, silently.** An answer one of its REQ's filters explains whole (or
+  none) may come from a relay that answers one filter a REQ: its other filters are asked
+  alone for their newest event (``sync.one_filter``); one answered so with an event the REQ
+  did not bring, and the relay is asked one filter a REQ from now on (saved) and its sync
+  starts again (``check_answer``).
 - **Stalls.** A historic REQ with neither EOSE nor events for ``REQ_STALL_SECS`` is closed
   on the relay; one of several filters is split like a refusal, a single filter fails its
   batch into missing-event recovery, and its shape goes alone in later REQs of the session.
@@ -40,9 +45,9 @@ from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...protocol import precise
-from ...sync import filter_plan, start_queue
+from ...sync import filter_plan, one_filter, start_queue
 from ...sync.health import HealthState, Refusal, classify_refusal, refuses_a_shape
-from ...sync.pending import BatchKind, PendingBatch
+from ...sync.pending import BatchKind, PageCap, PendingBatch
 from ...sync.policy import by_shape, coverage_key, describe, halves
 from ...sync.relay_state import RelayState
 from ...sync.targets import PendingItems, derive_relay_targets
@@ -61,6 +66,15 @@ class KindsProbe(tuple):
     the refused shape ``probe_kinds`` asks again without notes."""
 
     __slots__ = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class FiltersProbe:
+    """A probe's mark in ``RelaySession.probes``: a filter of a suspect answer asked alone
+    (``check_answer``), with what that answer brought and the filters still to ask."""
+
+    brought: frozenset[str]
+    rest: tuple = ()
 
 
 CAPACITY = "capacity"  # too much open at once: not a rate, not a policy
@@ -97,7 +111,8 @@ class Refusals:
     reading; ``repos`` says what is still wanted."""
 
     def __init__(self, *, relays, repos, health, live, historic, recovery, seen, delivery, effects, clock,
-                 on_pause=lambda: None, on_imprecise_refused=lambda state: None):
+                 on_pause=lambda: None, on_imprecise_refused=lambda state: None,
+                 on_one_filter=lambda state: None):
         self.relays = relays
         self.repos = repos
         self.health = health
@@ -111,6 +126,8 @@ class Refusals:
         self.on_pause = on_pause  # a new pause: saved soon (``SavedState.save_soon``)
         # a filter refused for the notes it may bring: ``RelayLifecycle.on_imprecise_refused``
         self.on_imprecise_refused = on_imprecise_refused
+        # a relay found answering one filter a REQ: ``RelayLifecycle.on_one_filter``
+        self.on_one_filter = on_one_filter
         self.stall_checked_at = clock()  # historic REQs' clocks stand still while delivery holds reading
 
     # -- CLOSED ---------------------------------------------------------------------------
@@ -429,7 +446,73 @@ class Refusals:
         log.warning("relay_refuses_imprecise_queries", relay=state.url, lifted=[describe(k) for k in lifted])
         self.on_imprecise_refused(state)
 
+    # -- relays answering one filter a REQ ----------------------------------------------------
+
+    def check_answer(self, state: RelayState, batch: PendingBatch, answer, slow: bool = False) -> bool:
+        """A historic REQ's EOSE (``answer``: its ``PaginationState``). A probe's: the relay
+        answers one filter a REQ when it brought an event the suspect answer lacked (True:
+        ``one_filter_found`` after the EOSE is taken), else the next filter is asked. Another
+        REQ of two filters or more, not possibly cut short: suspect when one of its filters
+        explains all it brought (``sync.one_filter``), and then its filters that matched
+        nothing are asked alone, one at a time; proven to answer more than one (by any answer,
+        cut short or not), the session suspects no more."""
+        session = state.current
+        if answer is None:
+            return False
+        probe = session.probes.get(batch.batch_id)
+        if isinstance(probe, FiltersProbe):
+            # judged on its own REQ's answer alone (later pages of its batch, an until probe
+            # on a relay reading until as exclusive, go as any batch's)
+            del session.probes[batch.batch_id]
+            got = {event_id for s in answer.filters for _, event_id in s.seen}
+            if got - probe.brought:
+                return True
+            if probe.rest:
+                self.probe_filters(state, probe.brought, probe.rest)
+            return False
+        if session.filters_answered or len(answer.filters) < 2:
+            return False
+        seen = [[event_id for _, event_id in s.seen] for s in answer.filters]
+        candidates = one_filter.unserved_candidates(seen)
+        if candidates is None:  # (proof, though a cap may have cut it)
+            session.filters_answered = True
+            return False
+        if (not candidates or (session.page_cap or PageCap()).req_maybe_cut(answer.total, slow)
+                or any(isinstance(p, FiltersProbe) for p in session.probes.values())):
+            return False  # (one suspect answer at a time)
+        newest = int(self.clock()) - one_filter.PROBE_MARGIN_SECS
+        filters = [s.page_filter for s in answer.filters]
+        order = one_filter.probe_order(filters, candidates)
+        self.probe_filters(state, frozenset(i for ids in seen for i in ids),
+                           tuple(one_filter.probe_filter(filters[i], newest) for i in order))
+        return False
+
+    def probe_filters(self, state: RelayState, brought: frozenset[str], probes: tuple) -> None:
+        """The first of ``probes`` asked alone (one REQ), the rest kept for after its
+        answer; none past ``one_filter.PROBES_PER_SESSION`` a session."""
+        session = state.current
+        if not probes or session.one_filter_probes >= one_filter.PROBES_PER_SESSION:
+            return
+        session.one_filter_probes += 1
+        batch = PendingBatch(self.historic.queue.batch_id(), PendingItems(), kind=BatchKind.PROBE)
+        session.pending[batch.batch_id] = batch
+        session.probes[batch.batch_id] = FiltersProbe(brought, probes[1:])
+        log.info("one_filter_probe", relay=state.url, filter=probes[0].to_json()[:300])
+        self.historic.queue.add_reqs(state, batch, [probes[0]])
+        self.historic.pump(state)
+
+    def one_filter_found(self, state: RelayState) -> None:
+        """The relay answered a filter alone with what a REQ of several did not bring: it
+        answers one filter a REQ. From now on (saved) it is asked one a REQ, and its sync
+        starts again so."""
+        state.current.limits = dataclasses.replace(state.current.limits, max_filters=1)
+        state.max_filters_learned = 1  # later sessions and restarts start there
+        log.warning("relay_answers_one_filter", relay=state.url)
+        self.on_one_filter(state)
+
     def probe_answered(self, state: RelayState, key, batch: PendingBatch) -> None:
+        if isinstance(key, FiltersProbe):
+            return  # unanswered (its REQ refused or stalled): no evidence either way
         if isinstance(key, KindsProbe):
             self.kinds_probe_answered(state, batch)
             return

@@ -1,0 +1,73 @@
+"""Relays that answer one filter of a REQ and drop the others without a word.
+
+NIP-01 has a REQ's filters OR-ed, and gsync packs up to ten into one REQ. A relay that
+queries only one of them (ORLY before October 2025 kept the last filter's answer alone;
+minimal relays read ``filters[0]``) sends an EOSE as if the others matched nothing: their
+events never arrive, and nothing says why. What NIP-11's ``max_filters`` would have said,
+such a relay has to be caught at:
+
+- an answer is **suspect** when one of the REQ's filters matches every event it brought (or
+  it brought none): a relay answering one filter could have sent it. An answer that needs two
+  filters to explain it proves the relay answers more than one (``unserved_candidates`` is
+  None): the connection is not suspected again. An answer a cap may have cut (the REQ's
+  whole, or a slow one) is not judged: its next page is;
+- the suspect REQ's filters that matched nothing are asked alone, one a paced start, for their newest event
+  no newer than what the REQ could have brought (``probe_filter``), in the order most likely
+  to hold one (``probe_order``): layer 1 (a relay listed in announcements holds some), then
+  the repositories' tags, then the rest; at most ``PROBES_PER_SESSION`` a session;
+- a probe answered with an event the REQ did not bring: the relay answers one filter a REQ
+  (``max_filters`` 1, kept across restarts) and its sync starts again so.
+
+Pure: seen ids and filters in, indices and filters out.
+"""
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from ..protocol.filters import Filter
+
+# Probes a session spends on suspect answers. A relay that answers every filter is proven
+# so by its first answer that needs two filters; one holding little (announcements only)
+# answers every REQ as one filter could, and costs this many starts a session at most.
+PROBES_PER_SESSION = 3
+# A probe asks for nothing stored in the last minute: an event stored after the suspect REQ
+# was answered is no evidence that it was left out.
+PROBE_MARGIN_SECS = 60
+LAYER1_KINDS = frozenset((30617, 10317))
+
+
+def unserved_candidates(seen: Sequence[Collection[str]]) -> list[int] | None:
+    """The filters of a REQ (``seen[i]``: the ids of what it brought that filter ``i``
+    matches) a relay answering one filter may have left unanswered: those that matched
+    nothing of it (one that matched some was answered, or cut short by a cap of its own:
+    what it lacks is no evidence). None when it answered at least two (no single filter
+    matches all it brought), or the REQ had one filter."""
+    if len(seen) < 2:
+        return None
+    sets = [set(s) for s in seen]
+    brought = set().union(*sets)
+    if brought and not any(s == brought for s in sets):
+        return None
+    return [i for i, s in enumerate(sets) if not s]
+
+
+def probe_order(filters: Sequence[Filter], candidates: Sequence[int]) -> list[int]:
+    """``candidates`` (indices into ``filters``), those most likely to match something
+    first: layer 1, then repository tags (``#a``, ``#A``), then the rest, each in REQ order."""
+    def rank(i: int) -> int:
+        flt = filters[i]
+        if flt.kinds and LAYER1_KINDS & set(flt.kinds):
+            return 0
+        if any(name in ("a", "A") for name, _ in flt.tags):
+            return 1
+        return 2
+    return sorted(candidates, key=lambda i: (rank(i), i))
+
+
+def probe_filter(flt: Filter, newest: int) -> Filter:
+    """``flt`` asked for its newest event alone, none newer than ``newest`` (what the
+    suspect REQ could have brought: one stored since is no evidence) and, on a page past
+    the first, none at the second the page is bounded to: what a page brings again at it
+    counts for no filter (``FilterPaginationState.boundary_ids``), and is no evidence."""
+    until = newest if flt.until is None else min(flt.until - 1, newest)
+    return flt.replace(limit=1, until=until)

@@ -1,0 +1,43 @@
+"""gsync/sync/one_filter.py: which answers could come from a relay answering one filter a
+REQ, which of their filters to ask alone, and how."""
+from gsync.protocol.filters import Filter
+from gsync.sync import one_filter
+
+
+def test_an_answer_one_filter_explains_is_suspect_and_the_others_are_candidates():
+    # the first filter matches all it brought: it may be all the relay answered; the third
+    # matched nothing; the second matched some (answered, or cut by a cap of its own)
+    assert one_filter.unserved_candidates([{"x", "y"}, {"y"}, set()]) == [2]
+    # two filters matching all of it (#e and #E of top-level comments): the rest are candidates
+    assert one_filter.unserved_candidates([{"x"}, {"x"}, set(), set()]) == [2, 3]
+    assert one_filter.unserved_candidates([{"x"}, {"x"}]) == []
+
+
+def test_nothing_brought_leaves_every_filter_a_candidate():
+    assert one_filter.unserved_candidates([set(), set(), set()]) == [0, 1, 2]
+
+
+def test_an_answer_that_needs_two_filters_proves_more_than_one_answered():
+    assert one_filter.unserved_candidates([{"x"}, {"y"}]) is None
+    assert one_filter.unserved_candidates([{"x", "z"}, {"y", "z"}, set()]) is None
+
+
+def test_a_req_of_one_filter_is_never_suspect():
+    assert one_filter.unserved_candidates([set()]) is None
+    assert one_filter.unserved_candidates([]) is None
+
+
+def test_layer_1_is_probed_first_then_repository_tags_then_the_rest():
+    filters = [Filter(tags=(("q", ("30617:p:d",)),)), Filter(kinds=(30618,), tags=(("d", ("d",)),)),
+               Filter(tags=(("a", ("30617:p:d",)),)), Filter(kinds=(30617, 10317)),
+               Filter(tags=(("A", ("30617:p:d",)),))]
+    assert one_filter.probe_order(filters, [0, 1, 2, 3, 4]) == [3, 2, 4, 0, 1]
+    assert one_filter.probe_order(filters, [4, 0]) == [4, 0]
+
+
+def test_a_probe_asks_one_event_no_newer_than_the_answer_could_have_brought():
+    flt = Filter(tags=(("a", ("30617:p:d",)),), limit=5000)
+    assert one_filter.probe_filter(flt, 1000) == flt.replace(limit=1, until=1000)
+    paged = flt.replace(until=900)  # a page's: older than the second it is bounded to
+    assert one_filter.probe_filter(paged, 1000).until == 899
+    assert one_filter.probe_filter(paged, 800).until == 800
