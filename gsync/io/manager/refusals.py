@@ -126,7 +126,7 @@ class Refusals:
         self.on_pause = on_pause  # a new pause: saved soon (``SavedState.save_soon``)
         # a filter refused for the notes it may bring: ``RelayLifecycle.on_imprecise_refused``
         self.on_imprecise_refused = on_imprecise_refused
-        # a relay found answering one filter a REQ: ``RelayLifecycle.on_one_filter``
+        # a relay found answering one filter a REQ: its sync starts again (``RelayLifecycle.fresh_start``)
         self.on_one_filter = on_one_filter
         self.stall_checked_at = clock()  # historic REQs' clocks stand still while delivery holds reading
 
