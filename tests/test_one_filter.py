@@ -33,6 +33,9 @@ def test_layer_1_is_probed_first_then_repository_tags_then_the_rest():
                Filter(tags=(("A", ("30617:p:d",)),))]
     assert one_filter.probe_order(filters, [0, 1, 2, 3, 4]) == [3, 2, 4, 0, 1]
     assert one_filter.probe_order(filters, [4, 0]) == [4, 0]
+    # a filter on a later page was answered before: the others first
+    paged = [filters[3].replace(until=100), *filters[1:3]]
+    assert one_filter.probe_order(paged, [0, 1, 2]) == [2, 1, 0]
 
 
 def test_a_probe_asks_one_event_no_newer_than_the_answer_could_have_brought():

@@ -13,8 +13,8 @@ such a relay has to be caught at:
   whole, or a slow one) is not judged: its next page is;
 - the suspect REQ's filters that matched nothing are asked alone, one a paced start, for their newest event
   no newer than what the REQ could have brought (``probe_filter``), in the order most likely
-  to hold one (``probe_order``): layer 1 (a relay listed in announcements holds some), then
-  the repositories' tags, then the rest; at most ``PROBES_PER_SESSION`` a session;
+  to show such a relay (``probe_order``): a filter on its first page, layer 1 (a relay listed
+  in announcements holds some), then the repositories' tags; ``PROBES_PER_SESSION`` a session;
 - a probe answered with an event the REQ did not bring: the relay answers one filter a REQ
   (``max_filters`` 1, kept across restarts) and its sync starts again so.
 
@@ -27,9 +27,13 @@ from collections.abc import Collection, Sequence
 from ..protocol.filters import Filter
 
 # Probes a session spends on suspect answers. A relay that answers every filter is proven
-# so by its first answer that needs two filters; one holding little (announcements only)
-# answers every REQ as one filter could, and costs this many starts a session at most.
-PROBES_PER_SESSION = 3
+# so by its first answer that needs two filters; one whose REQs one filter each explains
+# (a relay holding little, or few events a repository) costs this many starts a session.
+# One is enough for a relay listed in announcements: its first REQ asks layer 1 beside the
+# repositories' tags, and the one it leaves unanswered (layer 1 for one answering the last
+# filter, ``#a`` for one answering the first) holds something. (Three cost every relay of
+# tests/test_negentropy_sync.py's busy world three starts: 126 where 77-102 is usual.)
+PROBES_PER_SESSION = 1
 # A probe asks for nothing stored in the last minute: an event stored after the suspect REQ
 # was answered is no evidence that it was left out.
 PROBE_MARGIN_SECS = 60
@@ -52,15 +56,19 @@ def unserved_candidates(seen: Sequence[Collection[str]]) -> list[int] | None:
 
 
 def probe_order(filters: Sequence[Filter], candidates: Sequence[int]) -> list[int]:
-    """``candidates`` (indices into ``filters``), those most likely to match something
-    first: layer 1, then repository tags (``#a``, ``#A``), then the rest, each in REQ order."""
-    def rank(i: int) -> int:
+    """``candidates`` (indices into ``filters``), those most likely to show a relay that
+    answers one filter first: a filter on its first page (one on a later page was answered
+    before: a one-filter relay may have answered it), then layer 1, then repository tags
+    (``#a``, ``#A``), then the rest, each in REQ order."""
+    def rank(i: int) -> tuple[int, int]:
         flt = filters[i]
         if flt.kinds and LAYER1_KINDS & set(flt.kinds):
-            return 0
-        if any(name in ("a", "A") for name, _ in flt.tags):
-            return 1
-        return 2
+            kind = 0
+        elif any(name in ("a", "A") for name, _ in flt.tags):
+            kind = 1
+        else:
+            kind = 2
+        return (flt.until is not None, kind)
     return sorted(candidates, key=lambda i: (rank(i), i))
 
 
