@@ -489,8 +489,7 @@ class Refusals:
 
     def probe_filters(self, state: RelayState, brought: frozenset[str], probes: tuple) -> None:
         """The first of ``probes`` asked alone (one REQ), the rest kept for after its
-        answer; none past ``one_filter.PROBES_PER_SESSION`` a session (one: the rest wait
-        for a session that has probes left)."""
+        answer; none past ``one_filter.PROBES_PER_SESSION`` a session."""
         session = state.current
         if not probes or session.one_filter_probes >= one_filter.PROBES_PER_SESSION:
             return
