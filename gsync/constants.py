@@ -107,6 +107,17 @@ LIVE_REBUILD_MIN_SECS = 60.0
 # live one: what only it gets waits that long (the daily sync, and the other relays a
 # repository lists, bring the rest).
 LIVE_NOT_KEPT_POLL_SECS = 300.0
+# Live subscriptions a relay drops without a word (ORLY drops every one carrying a ``limit`` it
+# has reached, ``limit: 0`` included; relays and proxies expire idle ones) deliver nothing,
+# and what only that relay gets waited for the daily sync. Once an hour after its historic
+# sync, what a relay's open live subscriptions asked for since the last look is asked again
+# (one paced REQ, ``LiveCoverage.run_audits``): an event it brings that gsync never had, dated
+# while those subscriptions were open (and LIVE_AUDIT_MARGIN_SECS before the look: one in
+# flight is not missed), was missed: it is delivered, and the live subscriptions are opened
+# anew (one a relay or a proxy expired is back; one that drops them again has what only it
+# gets come by the next look, an hour at most).
+LIVE_AUDIT_SECS = 3600.0
+LIVE_AUDIT_MARGIN_SECS = 5
 POLL_OVERLAP_SECS = 15 * 60
 # While a relay's historic sync runs, its batches fetch the polled filters' history up to
 # their own start anyway: a poll then only repeats them and takes their paced starts. Polls
@@ -436,6 +447,7 @@ STATE_QUIET_SAVE_SECS = 60.0
 # they exercise 24 h timers at a second; tests of the method choice keep the real prices.
 TEST_TIMER_NAMES = (
     "CONSOLIDATION_MIN_SECS", "PURGATORY_TTL_SECS", "POLL_SECS", "POLL_SECS_PER_KIB", "POLL_MAX_SECS",
+    "LIVE_AUDIT_SECS",
     "FRESH_POLL_SECS",
     "POLL_DEFER_SECS", "NEGENTROPY_DEADLINE_SECS",
     "FOLLOWER_WAIT_MAX_SECS",

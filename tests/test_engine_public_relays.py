@@ -1029,3 +1029,29 @@ def test_a_relay_answering_one_filter_a_req_is_asked_one_filter_a_req(relay_fact
     later = remote.reqs()[asked:]
     assert later and all(len(filters) == 1 for _, filters in later)
     assert not events_named(again, "one_filter_probe", remote.url)
+
+
+def test_live_events_a_relay_drops_without_a_word_arrive_by_the_hourly_look(relay_factory, gsync_factory, scripted):
+    """A relay that keeps our live subscriptions but sends nothing on them (ORLY drops a live
+    REQ carrying ``limit: 0`` without a CLOSED; relays and proxies expire idle ones): what
+    only it got waited for the daily sync. The hourly look (``LIVE_AUDIT_SECS``, seconds here)
+    asks what the open live subscriptions asked for since the last look, finds the issue the
+    relay never sent live, delivers it and opens the subscriptions anew; the next one it
+    drops comes by the next look."""
+    own, remote, repo, bugs = scripted_repository(relay_factory, scripted, "deaf-live", 2)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], timers={"LIVE_AUDIT_SECS": 8})  # (past LIVE_AUDIT_MARGIN_SECS)
+    assert_arrives(own, bugs, timeout=30, what="history")
+    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=30,
+               what="historic sync complete")
+    missed = f.issue(bob, repo, subject="stored, never sent live", created_at=int(time.time()))
+    remote.add(missed)  # (stored and not broadcast: the live stream lost it)
+    assert_arrives(own, [missed], timeout=20, what="the issue the live subscription never sent")
+    wait_until(lambda: events_named(gsync, "live_events_missed", remote.url), timeout=10,
+               what="live_events_missed")
+    [said] = events_named(gsync, "live_events_missed", remote.url)
+    assert said["events"] == 1
+    assert events_named(gsync, "consolidated", remote.url)  # opened anew
+    again = f.issue(bob, repo, subject="lost live again", created_at=int(time.time()))
+    remote.add(again)
+    assert_arrives(own, [again], timeout=20, what="the next one lost")

@@ -3,6 +3,7 @@ fragmented as coverage came a little at a time (thread members, one small REQ a 
 one process (tests/manager_harness.py): one consolidation packs it live, and the polls stop.
 Found by the simulator (seed 4's year, day 244: a relay allowing 10 subscriptions, its
 members' coverage polled every 5 s for hours, ``busy_loop``)."""
+from gsync import constants
 from gsync.io.manager.coverage import member_filters
 from gsync.protocol import messages as wire
 from gsync.protocol.filters import Filter
@@ -20,7 +21,10 @@ def polls_sent(h, since: float) -> int:
     return sum(1 for at, _ in h.historic_reqs(A, times=True) if at >= since)
 
 
-def test_polled_coverage_beside_fragmented_subscriptions_is_consolidated_and_no_longer_polled(tmp_path):
+def test_polled_coverage_beside_fragmented_subscriptions_is_consolidated_and_no_longer_polled(tmp_path, monkeypatch):
+    # (every historic REQ of the second half hour counts as a poll here: not the hourly live
+    # audit's, which has tests of its own)
+    monkeypatch.setattr(constants, "LIVE_AUDIT_SECS", 10.0 ** 9)
     h = ManagerHarness(tmp_path)
     h.own_relay_holds(announcement(owner, "r", relays=[A]))
     h.connect(A, limits=RelayLimits(max_subscriptions=10))

@@ -76,10 +76,11 @@ class BatchKind(enum.Enum):
     RECOVERY = "recovery"  # a missing-event recovery attempt
     POLL = "poll"  # live coverage that did not fit the relay's budget, asked for by a poll
     PROBE = "probe"  # one filter of a shape the relay refused by policy: served again yet?
+    AUDIT = "audit"  # what the open live subscriptions asked for: did they miss any? (hourly)
 
     @property
     def upkeep(self) -> bool:
-        return self in (BatchKind.RECOVERY, BatchKind.POLL, BatchKind.PROBE)
+        return self in (BatchKind.RECOVERY, BatchKind.POLL, BatchKind.PROBE, BatchKind.AUDIT)
 
 
 # -- pagination ---------------------------------------------------------------------------
@@ -676,6 +677,9 @@ class PendingBatch:
     # cursor moves there once it is served
     poll_started_at: float | None = None
     poll_tiers: list = field(default_factory=list)
+    # a live audit's (``LiveCoverage.run_audits``): the created_at seconds, inclusive, in which
+    # an event gsync never had was missed by the live subscriptions
+    audit_window: tuple[int, int] | None = None
     # its filters as asked (before any page, split or method): what is asked again when
     # the relay's NIP-77 cannot serve them (residuals) or a batch joins another
     semantic_filters: list[Filter] = field(default_factory=list)

@@ -193,6 +193,11 @@ class RelaySession:
     # closes every subscription after its EOSE, PEERS.md): what it made polled stays so this
     # session, polled no more often than LIVE_NOT_KEPT_POLL_SECS (``LiveCoverage``)
     live_not_kept: bool = False
+    # the live audit (``LiveCoverage.run_audits``): when the last began, its batch while it
+    # runs, and the events it found the live subscriptions missed
+    audited_at: float | None = None
+    audit_batch: int | None = None
+    live_missed: int = 0
     # Timers this session scheduled: their messages are ignored once it is gone, so a new
     # session must start without these flags (a relay stuck in Syncing for ever).
     completion_check_scheduled: bool = False

@@ -284,7 +284,10 @@ class SyncManager:
     def apply_remote_event(self, state: RelayState, msg: RemoteEvent) -> None:
         batch_id = state.current.sub_to_batch.get(msg.sub_id)
         if batch_id is not None and batch_id in state.current.pending:
-            state.current.pending[batch_id].record_event(msg.sub_id, msg.event, msg.matched)
+            batch = state.current.pending[batch_id]
+            batch.record_event(msg.sub_id, msg.event, msg.matched)
+            if batch.audit_window is not None:
+                self.live.note_audited(state, batch, msg.event, new=msg.event.id not in self.seen)
         if msg.verified or self.own_relay.checked_late(msg.event):
             self.own_relay.consider_for_delivery(msg.event, state)
             self.descendants.note_direct_member(state, msg.event)
@@ -339,6 +342,7 @@ class SyncManager:
         self.historic.expire_negentropy()
         self.refusals.run_policy_probes(now)
         self.live.run_polls(now)
+        self.live.run_audits(now)
         self.descendants.run(now)
         self.own_relay.release_dependents(self.rejected.due(now))  # dated ahead when refused: their time came
         self.own_relay.probe_store(now)  # refused with everything, nothing stored since: does it store again?

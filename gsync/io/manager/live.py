@@ -263,6 +263,50 @@ class LiveCoverage:
                 due.insert(0, (fresh, "fresh"))
             self.start_poll(state, due, now)
 
+    # -- the live audit ---------------------------------------------------------------------
+
+    def run_audits(self, now: float) -> None:
+        """Every LIVE_AUDIT_SECS after a relay's historic sync (``constants``, the reason):
+        what its open live subscriptions asked for since the last look, asked again (one
+        batch of its own, upkeep); its verdict once it ends (``audited``)."""
+        for state in self.relays.values():
+            session = state.current
+            if session.audit_batch is not None:
+                if session.audit_batch not in session.pending:
+                    self.audited(state)
+                continue
+            since = session.audited_at or state.historic_sync_completed_at
+            if (since is None or now - since < constants.LIVE_AUDIT_SECS or not state.connected
+                    or session.live_not_kept or session.syncing()):
+                continue
+            filters = [f.replace(limit=None, since=int(since)) for sub_id, sub in session.live_subs.items()
+                       if sub_id in session.book.subscriptions for f in sub.filters]
+            session.audited_at = now
+            if not filters:
+                continue
+            batch = self.start_historic(state, PendingItems(), filters, kind=BatchKind.AUDIT)
+            batch.audit_window = (int(since), int(now) - constants.LIVE_AUDIT_MARGIN_SECS)
+            session.audit_batch = batch.batch_id
+
+    def note_audited(self, state: RelayState, batch, event, new: bool) -> None:
+        """An event of a live audit's answer: missed by the live subscriptions when gsync
+        never had it and it is dated while they were open."""
+        low, high = batch.audit_window
+        if new and low <= event.created_at <= high:
+            state.current.live_missed += 1
+
+    def audited(self, state: RelayState) -> None:
+        """A live audit ended. Events missed (delivered now): the live subscriptions are
+        opened anew (one a relay or a proxy expired is back). A relay that drops them again
+        (ORLY drops every one carrying ``limit: 0``) has what only it gets come by the next
+        audit, an hour at most, instead of the next day's sync."""
+        session = state.current
+        session.audit_batch = None
+        missed, session.live_missed = session.live_missed, 0
+        if missed:
+            log.warning("live_events_missed", relay=state.url, events=missed)
+            self.consolidate(state)
+
     def consolidate_polled(self, state: RelayState, now: float) -> bool:
         """New coverage polled because the budget was full when the relay had consolidated
         less than CONSOLIDATION_MIN_SECS before: once that has passed, one consolidation if
