@@ -275,7 +275,11 @@ class LiveCoverage:
                 if session.audit_batch not in session.pending:
                     self.audited(state)
                 continue
-            since = session.audited_at or state.historic_sync_completed_at
+            since = session.audited_at
+            if since is None and state.historic_sync_completed_at is not None:
+                # (a session after a quick reconnect keeps the completion of an earlier one:
+                # the look goes no further back than two intervals, what its catch-up fetched)
+                since = max(state.historic_sync_completed_at, now - 2 * constants.LIVE_AUDIT_SECS)
             if (since is None or now - since < constants.LIVE_AUDIT_SECS or not state.connected
                     or session.live_not_kept or session.syncing()):
                 continue
