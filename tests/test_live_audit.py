@@ -1,0 +1,63 @@
+"""The hourly look at what a relay's open live subscriptions asked for (``LiveCoverage.
+run_audits``, ``constants.LIVE_AUDIT_SECS``), in one process (tests/manager_harness.py): an
+event the look brings that came live is no evidence; one that never came, dated while the
+subscriptions were open, was missed, and they are opened anew. The relay that drops them is
+tests/test_engine_public_relays.py's ``test_live_events_a_relay_drops_without_a_word_...``."""
+from gsync import constants
+from gsync.protocol import messages as wire
+
+from .factory import Author, announcement, issue
+from .manager_harness import ManagerHarness
+
+A = "wss://a.example"
+owner = Author.named("audit-owner")
+
+
+def synced(tmp_path):
+    h = ManagerHarness(tmp_path)
+    ann = announcement(owner, "audited", relays=[A])
+    h.own_relay_holds(ann)
+    h.connect(A)
+    h.settle(A)
+    assert h.state(A).historic_sync_completed_at is not None
+    live = next(sub for sub, f in h.state(A).current.live_subs.items() if not f.control)
+    return h, ann, live
+
+
+def look(h):
+    """An hour on, ticks answering nothing: the audit's REQ (``since``, no ``limit: 0``)."""
+    sent = len(h.historic_reqs(A))
+    for _ in range(int(constants.LIVE_AUDIT_SECS / 60) + 2):
+        h.advance(60)
+        h.tick()
+        reqs = h.historic_reqs(A)[sent:]
+        if reqs:
+            [req] = reqs
+            assert all("since" in flt for flt in req[2:])
+            return req[1]
+    raise AssertionError("no audit within the hour")
+
+
+def test_an_event_that_came_live_is_not_judged_missed(tmp_path):
+    h, ann, live = synced(tmp_path)
+    bug = issue(Author.named("audit-dev"), ann, created_at=int(h.clock.now) + 30)
+    h.advance(60)
+    h.relay_sends(A, live, bug)  # live, as it was stored
+    sub = look(h)
+    h.relay_sends(A, sub, bug)  # and again by the look
+    h.relay_says(A, wire.Eose(sub))
+    h.tick()
+    assert live in h.state(A).current.live_subs  # not opened anew
+    assert h.state(A).current.audit_batch is None
+
+
+def test_an_event_that_never_came_live_is_missed_and_the_live_subscriptions_open_anew(tmp_path):
+    h, ann, live = synced(tmp_path)
+    bug = issue(Author.named("audit-dev"), ann, created_at=int(h.clock.now) + 30)
+    sub = look(h)  # (the relay stored it and sent nothing)
+    h.relay_sends(A, sub, bug)
+    h.relay_says(A, wire.Eose(sub))
+    h.tick()
+    assert h.manager.delivery.is_tracked(bug.id)  # delivered now
+    assert live not in h.state(A).current.live_subs  # opened anew
+    assert any(not f.control for f in h.state(A).current.live_subs.values())
