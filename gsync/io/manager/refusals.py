@@ -470,9 +470,10 @@ class Refusals:
             if probe.rest:
                 self.probe_filters(state, probe.brought, probe.rest)
             return False
-        if session.filters_answered or len(answer.filters) < 2:
-            return False
-        seen = [[event_id for _, event_id in s.seen] for s in answer.filters]
+        if (session.filters_answered or len(answer.filters) < 2
+                or session.one_filter_probes >= one_filter.PROBES_PER_SESSION):
+            return False  # (proven, or no probe left to spend: nothing to judge)
+        seen = [frozenset(event_id for _, event_id in s.seen) for s in answer.filters]
         candidates = one_filter.unserved_candidates(seen)
         if candidates is None:  # (proof, though a cap may have cut it)
             session.filters_answered = True
@@ -483,7 +484,7 @@ class Refusals:
         newest = int(self.clock()) - one_filter.PROBE_MARGIN_SECS
         filters = [s.page_filter for s in answer.filters]
         order = one_filter.probe_order(filters, candidates)
-        self.probe_filters(state, frozenset(i for ids in seen for i in ids),
+        self.probe_filters(state, frozenset().union(*seen),
                            tuple(one_filter.probe_filter(filters[i], newest) for i in order))
         return False
 
