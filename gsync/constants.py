@@ -115,7 +115,8 @@ LIVE_NOT_KEPT_POLL_SECS = 300.0
 # while those subscriptions were open (and LIVE_AUDIT_MARGIN_SECS before the look: one in
 # flight is not missed), was missed: it is delivered, and the live subscriptions are opened
 # anew (one a relay or a proxy expired is back; one that drops them again has what only it
-# gets come by the next look, an hour at most).
+# gets come by the next look, an hour at most). The relays' looks come together: one due
+# brings forward every look due within half an interval (``run_audits``).
 LIVE_AUDIT_SECS = 3600.0
 LIVE_AUDIT_MARGIN_SECS = 5
 POLL_OVERLAP_SECS = 15 * 60

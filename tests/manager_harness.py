@@ -224,7 +224,10 @@ class ManagerHarness:
         """``url`` sends ``events`` on its subscription ``sub_id``, checked as its connection
         hands them to the manager."""
         session = self.manager.relays[url].session
-        self.feed(RemoteEvents(url, session, [RemoteEvent(url, session, sub_id, e) for e in events]))
+        filters = self.conn(url).subscriptions.get(sub_id)
+        self.feed(RemoteEvents(url, session, [
+            RemoteEvent(url, session, sub_id, e, matched=filters.matching(e) if filters is not None else ())
+            for e in events]))
 
     def settle(self, url: str) -> None:
         """Own-relay reads answered (it holds nothing) and every page ended empty, until

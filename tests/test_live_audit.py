@@ -61,3 +61,48 @@ def test_an_event_that_never_came_live_is_missed_and_the_live_subscriptions_open
     assert h.manager.delivery.is_tracked(bug.id)  # delivered now
     assert live not in h.state(A).current.live_subs  # opened anew
     assert any(not f.control for f in h.state(A).current.live_subs.values())
+
+
+def test_the_relays_looks_come_together_once_an_hour(tmp_path):
+    """One relay's look due pulls in every relay whose look would fall due within half an
+    interval; one synced later than that waits for its own hour."""
+    b, c = "wss://b.example", "wss://c.example"
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(announcement(owner, "together", relays=[A, b, c]))
+    h.connect(A)
+    h.settle(A)
+    h.advance(constants.LIVE_AUDIT_SECS * 0.4)
+    h.connect(b)
+    h.settle(b)
+    h.advance(constants.LIVE_AUDIT_SECS * 0.2)
+    h.connect(c)
+    h.settle(c)
+    sent = {url: len(h.historic_reqs(url)) for url in (A, b, c)}
+
+    def looked():
+        return {url for url in (A, b, c) if h.historic_reqs(url)[sent[url]:]}
+
+    while not looked():
+        h.advance(60)
+        h.tick()
+    # A's hour is up; b synced 40 % of one later (due within half an interval), c 60 %
+    assert looked() == {A, b}
+    at = h.clock.now
+
+    def answer_and_wait():
+        for url in looked():
+            for req in h.historic_reqs(url)[sent[url]:]:
+                h.relay_says(url, wire.Eose(req[1]))
+        h.tick()
+        sent.update({url: len(h.historic_reqs(url)) for url in (A, b, c)})
+        while not looked():
+            h.advance(60)
+            h.tick()
+
+    answer_and_wait()
+    # c's own hour (0.6 of one after A's and b's looks: theirs due within half an interval)
+    assert looked() == {A, b, c} and h.clock.now - at < constants.LIVE_AUDIT_SECS * 0.7
+    at = h.clock.now
+    answer_and_wait()
+    assert looked() == {A, b, c}  # together from now on, once an hour
+    assert constants.LIVE_AUDIT_SECS <= h.clock.now - at <= constants.LIVE_AUDIT_SECS + 60

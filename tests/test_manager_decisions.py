@@ -713,7 +713,7 @@ def test_live_coverage_held_for_a_verdict_goes_when_the_trial_has_none_within_th
     trial, shape, more = suspect_trial(h)
     # (a relay known to answer every filter of a REQ: its empty answers below are not
     # suspect, ``sync.one_filter``; a probe asking the shape alone would be its verdict)
-    h.state(A).current.filters_answered = True
+    h.state(A).filters_answered = True
     trial_sent = h.clock.now
     sent = len(live_reqs(h, A))
     h.manager.live.open_groups(h.state(A), [[more]])

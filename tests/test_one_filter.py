@@ -1,5 +1,6 @@
 """gsync/sync/one_filter.py: which answers could come from a relay answering one filter a
 REQ, which of their filters to ask alone, and how."""
+from gsync.protocol import messages as wire
 from gsync.protocol.filters import Filter
 from gsync.sync import one_filter
 
@@ -44,3 +45,52 @@ def test_a_probe_asks_one_event_no_newer_than_the_answer_could_have_brought():
     paged = flt.replace(until=900)  # a page's: older than the second it is bounded to
     assert one_filter.probe_filter(paged, 1000).until == 899
     assert one_filter.probe_filter(paged, 800).until == 800
+
+
+# -- the proof outlives the session (in one process: tests/manager_harness.py) --------------
+
+def probes_sent(h, url: str) -> list:
+    """The one-filter probes sent to ``url`` this session: REQs of one filter asking one event."""
+    return [r for r in h.historic_reqs(url) if len(r) == 3 and r[2].get("limit") == 1]
+
+
+def answer_everything_empty(h, url: str) -> None:
+    for _ in range(8):
+        h.answer_own_reads()
+        h.advance(1.1)
+        h.eose_all(url)
+
+
+def test_a_relay_proven_to_answer_several_filters_is_probed_again_only_after_its_daily_start(tmp_path):
+    """A relay reconnecting every few minutes spent up to three starts a session on probes
+    though its first session had proven it answers every filter of a REQ."""
+    from gsync.io.inbox import RelayDisconnected
+
+    from .factory import Author, announcement, issue
+    from .manager_harness import ManagerHarness
+
+    a = "wss://several.example"
+    owner = Author.named("several-owner")
+    h = ManagerHarness(tmp_path)
+    ann = announcement(owner, "several", relays=[a])
+    h.own_relay_holds(ann)
+    h.connect(a)
+    h.answer_own_reads()
+    h.advance(1.1)
+    first = h.historic_reqs(a)[0]
+    assert len(first) > 3  # several filters in one REQ
+    h.relay_sends(a, first[1], ann, issue(Author.named("several-dev"), ann))  # layer 1's and #a's
+    h.relay_says(a, wire.Eose(first[1]))
+    answer_everything_empty(h, a)
+    assert h.state(a).filters_answered
+
+    h.feed(RelayDisconnected(a, h.state(a).session, "gone"))
+    h.advance(60)
+    h.connect(a)  # a quick reconnect: its answers are all empty, one filter "explains" each
+    answer_everything_empty(h, a)
+    assert h.historic_reqs(a) and not probes_sent(h, a)
+
+    h.advance(h.state(a).next_daily_at - h.clock.now + 1)
+    h.tick()  # the daily fresh start: its answers are judged again
+    answer_everything_empty(h, a)
+    assert probes_sent(h, a)

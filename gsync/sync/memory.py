@@ -7,8 +7,9 @@ and gives it back when the relay is registered again after a restart (``restore_
 
 Kept per relay: the limits it taught us (message length, filters per REQ, subscription
 cap), the coverage it refused by policy with its probe times, its failure streak and dead
-clock, its rate-limit cooldown, when a NIP-77 exchange last went unanswered on it, when it
-was last connected and when its daily fresh start is due; and apart, row by row, the items
+clock, its rate-limit cooldown, when a NIP-77 exchange last went unanswered on it, whether it
+answered several filters of one REQ since its last daily fresh start, when it was last
+connected and when its daily fresh start is due; and apart, row by row, the items
 whose history it has given us (``confirmed_rows``, ``confirmed_diff``) and its thread
 members (``io.manager.saved_state``). Not kept: page caps (each connection learns them again by
 design, at the cost of one confirming page) and anything of one session (pending batches,
@@ -53,6 +54,7 @@ def relay_memory(state, health: dict[str, Any]) -> dict[str, Any]:
         "ids_unserved_at": state.ids_unserved_at,
         "precise_queries": state.precise_queries,
         "precise_refused": state.precise_refused,
+        "filters_answered": state.filters_answered,
         "health": {k: health.get(k) for k in HEALTH_FIELDS},
     }
 
@@ -62,7 +64,7 @@ def relay_memory(state, health: dict[str, Any]) -> dict[str, Any]:
 _RECORD_FIELDS = attrgetter("connected", "last_connected", "disconnected_at", "announcements_synced",
                             "next_daily_at", "max_message_learned", "max_filters_learned",
                             "max_subscriptions_learned", "nip77_failed_at", "ids_unserved_at",
-                            "precise_queries", "precise_refused")
+                            "precise_queries", "precise_refused", "filters_answered")
 HEALTH_VALUES = attrgetter(*HEALTH_FIELDS)
 
 
@@ -94,6 +96,7 @@ def restore_relay(state, memory: dict[str, Any], saved_at: float | None) -> dict
         state.ids_unserved_at = _float_or_none(memory.get("ids_unserved_at"))
         state.precise_queries = memory.get("precise_queries") is True
         state.precise_refused = memory.get("precise_refused") is True
+        state.filters_answered = memory.get("filters_answered") is True
         if memory.get("connected") and saved_at is not None:
             state.last_connected = state.disconnected_at = float(saved_at)
         state.paused = CoveragePauses.restore(memory.get("paused") or [])

@@ -9,7 +9,8 @@ such a relay has to be caught at:
 - an answer is **suspect** when one of the REQ's filters matches every event it brought (or
   it brought none): a relay answering one filter could have sent it. An answer that needs two
   filters to explain it proves the relay answers more than one (``unserved_candidates`` is
-  None): the connection is not suspected again. An answer a cap may have cut (the REQ's
+  None): the relay is not suspected again before its next daily fresh start, whatever its
+  sessions (``RelayState.filters_answered``). An answer a cap may have cut (the REQ's
   whole, or a slow one) is not judged: its next page is;
 - the suspect REQ's filters that matched nothing are asked alone, one a paced start, for their newest event
   no newer than what the REQ could have brought (``probe_filter``), in the order most likely

@@ -173,9 +173,7 @@ class RelaySession:
     # (``Refusals.probe_kinds``), and how many of its probes went unanswered
     kinds_suspects: set = field(default_factory=set)
     kinds_probes_unanswered: int = 0
-    # an answer needed two of its REQ's filters: the relay answers more than one a REQ
-    # (``sync.one_filter``: not suspected again), and the probes spent on suspect answers
-    filters_answered: bool = False
+    # the probes spent on answers one of their filters explains (``sync.one_filter``)
     one_filter_probes: int = 0
     # direct members of threads seen from this relay whose descendants' coverage this
     # session has open (their replies are fetched too); the next one reopens them
@@ -307,6 +305,11 @@ class RelayState:
     # the same without them (``protocol.precise``: khatru's AntiSyncBots): its tag and ids
     # filters ask ``precise.NOTES_EXCLUDED`` (``Refusals.kinds_probe_answered``); kept over sessions
     precise_refused: bool = False
+    # an answer needed two of its REQ's filters: it answers more than one a REQ (``sync.
+    # one_filter``): not suspected again, nor probed, before its next daily fresh start
+    # (``lifecycle.start_day``); kept over sessions and restarts (a relay reconnecting every
+    # few minutes spent up to PROBES_PER_SESSION starts on each session)
+    filters_answered: bool = False
     # shapes it refused asked without notes too: about the shape, not kinds; not asked so
     # again while this process knows the relay (``Refusals.probe_kinds``; a few shapes at most)
     kinds_refused: set = field(default_factory=set)

@@ -493,6 +493,7 @@ class RelayLifecycle:
         state.next_daily_at = now + random.uniform(constants.DAILY_MIN_SECS, constants.DAILY_MAX_SECS)
         log.info("daily_sync", relay=state.url)
         state.unservable.clear()  # asked again: it may be served now
+        state.filters_answered = False  # (software changes: its answers are judged again)
 
     def fresh_start(self, state: RelayState, now: float) -> None:
         # The daily sync runs on a live connection: close every subscription it abandons,

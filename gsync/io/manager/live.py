@@ -268,7 +268,12 @@ class LiveCoverage:
     def run_audits(self, now: float) -> None:
         """Every LIVE_AUDIT_SECS after a relay's historic sync (``constants``, the reason):
         what its open live subscriptions asked for since the last look, asked again (one
-        batch of its own, upkeep); its verdict once it ends (``audited``)."""
+        batch of its own, upkeep); its verdict once it ends (``audited``). When one relay's
+        look is due, every relay whose look would fall due within half an interval is
+        looked at with it: the relays' looks come together, once an hour, not one relay
+        after another all hour (each wakes the process: the simulator's busy stretches
+        doubled the ticks of a 30-day world)."""
+        looks = []
         for state in self.relays.values():
             session = state.current
             if session.audit_batch is not None:
@@ -280,17 +285,25 @@ class LiveCoverage:
                 # (a session after a quick reconnect keeps the completion of an earlier one:
                 # the look goes no further back than two intervals, what its catch-up fetched)
                 since = max(state.historic_sync_completed_at, now - 2 * constants.LIVE_AUDIT_SECS)
-            if (since is None or now - since < constants.LIVE_AUDIT_SECS or not state.connected
-                    or session.live_not_kept or session.syncing()):
+            if (since is None or not state.connected or session.live_not_kept or session.syncing()
+                    or now - since < constants.LIVE_AUDIT_SECS / 2):
                 continue
-            filters = [f.replace(limit=None, since=int(since)) for sub_id, sub in session.live_subs.items()
-                       if sub_id in session.book.subscriptions for f in sub.filters]
-            session.audited_at = now
-            if not filters:
-                continue
-            batch = self.start_historic(state, PendingItems(), filters, kind=BatchKind.AUDIT)
-            batch.audit_window = (int(since), int(now) - constants.LIVE_AUDIT_MARGIN_SECS)
-            session.audit_batch = batch.batch_id
+            looks.append((since, state))
+        if not any(now - since >= constants.LIVE_AUDIT_SECS for since, _ in looks):
+            return
+        for since, state in looks:
+            self.audit(state, since, now)
+
+    def audit(self, state: RelayState, since: float, now: float) -> None:
+        session = state.current
+        filters = [f.replace(limit=None, since=int(since)) for sub_id, sub in session.live_subs.items()
+                   if sub_id in session.book.subscriptions for f in sub.filters]
+        session.audited_at = now
+        if not filters:
+            return
+        batch = self.start_historic(state, PendingItems(), filters, kind=BatchKind.AUDIT)
+        batch.audit_window = (int(since), int(now) - constants.LIVE_AUDIT_MARGIN_SECS)
+        session.audit_batch = batch.batch_id
 
     def note_audited(self, state: RelayState, batch, event, new: bool) -> None:
         """An event of a live audit's answer: missed by the live subscriptions when gsync

@@ -455,7 +455,7 @@ class Refusals:
         REQ of two filters or more, not possibly cut short: suspect when one of its filters
         explains all it brought (``sync.one_filter``), and then its filters that matched
         nothing are asked alone, one at a time; proven to answer more than one (by any answer,
-        cut short or not), the session suspects no more."""
+        cut short or not), the relay is suspected no more before its next daily fresh start."""
         session = state.current
         if answer is None:
             return False
@@ -470,13 +470,13 @@ class Refusals:
             if probe.rest:
                 self.probe_filters(state, probe.brought, probe.rest)
             return False
-        if (session.filters_answered or len(answer.filters) < 2
+        if (state.filters_answered or len(answer.filters) < 2
                 or session.one_filter_probes >= one_filter.PROBES_PER_SESSION):
             return False  # (proven, or no probe left to spend: nothing to judge)
         seen = [frozenset(event_id for _, event_id in s.seen) for s in answer.filters]
         candidates = one_filter.unserved_candidates(seen)
         if candidates is None:  # (proof, though a cap may have cut it)
-            session.filters_answered = True
+            state.filters_answered = True
             return False
         if (not candidates or (session.page_cap or PageCap()).req_maybe_cut(answer.total, slow)
                 or any(isinstance(p, FiltersProbe) for p in session.probes.values())):
