@@ -403,6 +403,26 @@ def test_too_many_open_subscriptions_learns_the_cap_and_consolidates_live_covera
     sent_again_within_the_cap(h, conn, refused, cap)
 
 
+def test_a_refusal_read_after_subscriptions_closed_learns_what_was_open_when_its_req_went(tmp_path):
+    """The relay refused the REQ on arrival, when the others gsync had open then were open
+    there. Read after gsync closed several (their pages ended), the number open now took
+    the few left for the cap (the simulator, seed 2 of 6 relays and 20 repositories: 5
+    where the relay held 10, saved, and the live coverage past it polled every 10 s)."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, 40))
+    conn = h.connect(A, limits=RelayLimits(max_message_length=4000))
+    h.answer_own_reads()
+    h.advance(1.1)
+    refused = h.historic_reqs(A)[-1]
+    open_then = len(conn.subscriptions) - 1
+    for req in h.historic_reqs(A)[:-1]:  # the other historic REQs end: closed before the refusal is read
+        if req[1] in conn.subscriptions:
+            h.relay_says(A, wire.Eose(req[1]))
+    assert len(conn.subscriptions) - 1 < open_then
+    h.relay_says(A, closed(refused[1], "error: too many concurrent REQs"))
+    assert h.state(A).max_subscriptions_learned == open_then
+
+
 def test_a_relay_without_nip11_refusing_too_many_open_subscriptions_teaches_the_cap_too(tmp_path):
     """Found by the simulator (seed 82's year, days 47.96 and 129.88): a relay with no NIP-11
     document (no limits known) and a cap of 10 REQs. Its "too many concurrent REQs" taught

@@ -77,6 +77,9 @@ class SubscriptionBook:
         # REQs the relay has not answered yet (no EVENT, EOSE or CLOSED), oldest sent first,
         # with when: what a NOTICE that names no subscription can be refusing.
         self.unanswered: dict[str, float] = {}
+        # how many others were open when each open subscription's REQ went: a relay refusing
+        # it for their number held that many then (``Refusals.learn_max_subscriptions``)
+        self.open_beside: dict[str, int] = {}
         self.open_filter_bytes = 0
         self.peak_subscriptions = 0  # the most REQs open at once: checked against the budget
         self.closing = EndedFilters()  # CLOSE sent, the relay's CLOSED not yet seen
@@ -97,6 +100,7 @@ class SubscriptionBook:
         for the caller to send."""
         filters = tuple(map(self.precise, filters))
         self.forget(sub_id)  # (and no longer closed by the relay: open again)
+        self.open_beside[sub_id] = len(self.subscriptions)
         self.subscriptions[sub_id] = FilterSet(filters)
         self.peak_subscriptions = max(self.peak_subscriptions, len(self.subscriptions))
         text = wire.req(sub_id, filters)
@@ -156,4 +160,5 @@ class SubscriptionBook:
         size = self.filter_bytes.pop(sub_id, 0)
         self.open_filter_bytes -= size
         self.unanswered.pop(sub_id, None)
+        self.open_beside.pop(sub_id, None)
         return self.subscriptions.pop(sub_id, None), size

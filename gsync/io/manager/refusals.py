@@ -136,13 +136,14 @@ class Refusals:
         sub_id = closed.sub_id
         if sub_id not in state.current.sub_to_batch and sub_id not in state.current.live_subs:
             return  # already finished (some relays close an ids-only REQ after its EOSE)
+        beside = state.current.book.open_beside.get(sub_id, 0)
         state.current.book.forget(sub_id)
         state.current.sub_activity.pop(sub_id, None)
         state.current.historic_sent_at.pop(sub_id, None)
         reason = f"{closed.prefix.value}: {closed.text}"[:200]
         log.warning("subscription_closed", relay=state.url, sub_id=sub_id, reason=reason)
         kind = refusal_of(closed)
-        if kind is SUBSCRIPTIONS and not self.learn_max_subscriptions(state):
+        if kind is SUBSCRIPTIONS and not self.learn_max_subscriptions(state, beside):
             kind = Refusal.RATE_LIMIT  # we hold no more than the least we can work with
         if kind is SUBSCRIPTIONS:
             metrics.REFUSALS.labels("subscriptions").inc()
@@ -209,14 +210,20 @@ class Refusals:
         log.info("page_limit_lowered", relay=state.url, limit=cap.page_limit)
         return True
 
-    def learn_max_subscriptions(self, state: RelayState) -> bool:
+    def learn_max_subscriptions(self, state: RelayState, beside: int = 0) -> bool:
         """A REQ refused for the number open ("too many concurrent REQs"): the relay holds
-        as many as are open now, whatever its NIP-11 says (or we assumed without one). The
-        session's budget is lowered to that, and live coverage past it is consolidated into
-        fewer REQs (what still does not fit is polled). False when the budget cannot go
-        lower (it is there already, or at ``MIN_SUBSCRIPTIONS``): the refusal is read as a
-        rate limit then, so that a REQ refused again and again cannot loop."""
-        open_now = len(state.current.book.subscriptions)  # the refused REQ is forgotten already
+        as many as were open when it went (``beside``: its REQ was refused on arrival) or
+        are open now (a relay ending an older one for a newer), whichever is more, whatever
+        its NIP-11 says (or we assumed without one). The session's budget is lowered to
+        that, and live coverage past it is consolidated into fewer REQs (what still does not
+        fit is polled). False when the budget cannot go lower (it is there already, or at
+        ``MIN_SUBSCRIPTIONS``): the refusal is read as a rate limit then, so that a REQ
+        refused again and again cannot loop. (The number open now alone: a refusal read
+        after a consolidation had closed several took the few left for the cap, 5 where
+        the relay held 10, saved, and the live coverage past it polled every 10 s for as
+        long as the session lasted: the simulator, seed 2 of 6 relays and 20 repositories.)"""
+        # (the refused REQ is forgotten already)
+        open_now = max(beside, len(state.current.book.subscriptions))
         # (no NIP-11 document: what gsync assumed, lowered, ``with_learned_limits``; seed 82's
         # year, a relay capped at 10 read as rate-limited for as long as its connection lasted)
         limits = state.current.limits
