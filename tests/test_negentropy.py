@@ -466,15 +466,37 @@ def test_probes_dearer_than_ids_are_not_sent():
     assert step.message is None and sorted(step.need) == sorted(i for _, i in server_items[2000:2010])
 
 
+def test_against_a_server_cutting_its_messages_probes_save_rounds_more_often_than_they_cost_one():
+    """A server cutting its messages at 4 KB (the hypothesis property below found one:
+    827 items over four seconds, the client lacking half) sends what fits and the rest a
+    round later; probes change what its messages hold, so where it cuts: a round less
+    (answers to probes are smaller) or, now and then, one more (seed 18 here: 10 rounds
+    where the ids took 9). Forty such worlds: fewer rounds in 14, one more in 1."""
+    fewer = more = 0
+    for seed in range(40):
+        r = random.Random(seed)
+        server_items = [(1_700_000_000 + r.randrange(4), r.randbytes(32)) for _ in range(r.randrange(780, 880))]
+        client_items = [x for x in server_items if r.random() < 0.5]
+        probed = exchange(NegentropyClient(Storage(client_items)), server_items, 4096)
+        reference = exchange(ReferenceClient(Storage(client_items)), server_items, 4096)
+        assert sorted(probed[3]) == sorted(reference[3])
+        assert probed[2] <= reference[2] + 1
+        fewer += probed[2] < reference[2]
+        more += probed[2] > reference[2]
+    assert fewer >= 10 * more and more <= 1
+
+
 @pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(set_pairs(max_items=4000), LIMITS)
-def test_probes_never_cost_a_round(pair, server_limit):
-    # Against a server splitting as the reference does: no probe holds 32 of its items.
+def test_probes_cost_no_round_but_where_a_server_cuts_its_messages_one_at_most(pair, server_limit):
+    # Against a server splitting as the reference does: no probe holds 32 of its items. A
+    # server cutting its messages short cuts them elsewhere than the reference's: a round
+    # more at most (and more often one less: the test above).
     client_items, server_items = pair
     probed = exchange(NegentropyClient(Storage(client_items)), server_items, server_limit)
     reference = exchange(ReferenceClient(Storage(client_items)), server_items, server_limit)
-    assert probed[2] <= reference[2]
+    assert probed[2] <= reference[2] + (1 if server_limit else 0)
     assert sorted(probed[3]) == sorted(reference[3])
 
 

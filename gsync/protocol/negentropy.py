@@ -508,6 +508,8 @@ class NegentropyClient(_Reconciler):
     up where an id is 32, and the server answers only the probes that differ, each with its
     two or three ids. Rounds do not change: no probe holds 2 * BUCKETS server items, so
     every differing probe comes back as an id list, which settles it as the ids would have.
+    (A server cutting its messages at a frame size cuts them elsewhere: a round less, as
+    its answers are smaller, or now and then one more; tests/test_negentropy.py.)
     What the server holds in a bucket is known from its siblings: a split cuts one range of
     ours into BUCKETS of equal size give or take one item, and a sibling whose fingerprint
     matches ours holds exactly our items there. Without such a sibling the bucket is
