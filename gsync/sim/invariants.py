@@ -81,6 +81,11 @@ with the simulated day it happened and what broke.
   session and on a relay that keeps live REQs (not one closing each after its EOSE), at
   every 10-minute sample for over POLLED_CONSOLIDATION_CHECK_SECS and 20 minutes: a REQ every few seconds where a live subscription fits (seed 74's 60 days, day
   47.01: two filters every 6.2 s for 14 hours beside two free slots; ``LiveCoverage.bring_live``).
+- ``subscription_cap_low``: gsync holds (learnt from the relay's "too many concurrent REQs",
+  kept across restarts) a subscription cap lower than the relay's (a refusal comes when
+  as many are open as it holds, so what was open then is its cap): its live coverage past the learnt cap is polled for good (seed 2 of 6 relays and 20
+  repositories: a refusal read after a consolidation had closed several took the 5 left
+  for the cap where the relay held 10; 15,364 polls in a day and a half).
 - ``illegal_status_move``: a status move ``sync.status`` has no row for.
 - ``busy_loop``: more manager messages (ticks apart) in a simulated hour than the bound
   ``BUSY_BASE + BUSY_PER_RELAY * relays + BUSY_PER_ACTION * actions`` (actions: publications
@@ -196,6 +201,7 @@ class Checker:
         self.ids_judged: dict[str, float] = {}  # relay -> the ids_unserved_at last checked
         # relay -> (asked at, ids asked, of them hidden) of its latest REQs by id (``ids_judgements``)
         self.id_asks: dict[str, deque] = {}
+        self.cap_reported: dict[str, int] = {}  # relay -> the low cap reported (once a value)
         self.polled_room_since: dict[str, float] = {}  # relay -> first sample it polled beside room
         self.scraped_at = float("-inf")  # the last scrape of gsync's metrics (``bounded``)
         self.tabled_since: dict[str, float] = {}  # relay -> its first dial since it (re)entered the table
@@ -955,6 +961,12 @@ class Checker:
                     self.violation("metric_labels", f"{metric._name}{{relay={relay}}} for a relay not in the table")
                     break
         self.polled_beside_room(m, now)
+        for url, state in m.relays.items():
+            learnt, relay = state.max_subscriptions_learned, self.sim.relays.get(url)
+            if (learnt is not None and relay is not None and learnt < relay.max_subs
+                    and self.cap_reported.get(url) != learnt):
+                self.cap_reported[url] = learnt
+                self.violation("subscription_cap_low", f"{url}: {learnt} learnt, the relay holds {relay.max_subs}")
         world_events = len(self.sim.world.events) + self.sim.faults.injected
         bounds = [("seen", len(m.seen), world_events), ("rejected", len(m.rejected), m.rejected.max_entries),
                   ("own_held", len(m.own_held), constants.OWN_HELD_MAX_EVENTS + world_events),
