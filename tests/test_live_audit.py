@@ -106,3 +106,21 @@ def test_the_relays_looks_come_together_once_an_hour(tmp_path):
     answer_and_wait()
     assert looked() == {A, b, c}  # together from now on, once an hour
     assert constants.LIVE_AUDIT_SECS <= h.clock.now - at <= constants.LIVE_AUDIT_SECS + 60
+
+
+def test_an_announcement_not_ours_that_came_live_is_not_judged_missed(tmp_path):
+    """Layer 1's live subscription brings every announcement; one of a repository that does
+    not list this relay is dropped (remembered with the refused, not as seen). Brought again
+    by the look, it was not missed: the live subscriptions stay (on a public relay, every
+    hour's look would reopen them all)."""
+    h, ann, live = synced(tmp_path)
+    l1 = next(sub for sub, f in h.state(A).current.live_subs.items() if f.control)
+    theirs = announcement(Author.named("audit-stranger"), "elsewhere", relays=["wss://elsewhere.example"],
+                          created_at=int(h.clock.now) + 30)
+    h.advance(60)
+    h.relay_sends(A, l1, theirs)  # live, dropped as not ours
+    sub = look(h)
+    h.relay_sends(A, sub, theirs)
+    h.relay_says(A, wire.Eose(sub))
+    h.tick()
+    assert live in h.state(A).current.live_subs  # not opened anew

@@ -164,6 +164,14 @@ EVENTS_UNSERVABLE = Counter(
     ["relay"],
     registry=REGISTRY,
 )
+LIVE_EVENTS_MISSED = Counter(
+    "gsync_live_events_missed_total",
+    "Events an hourly look at what a remote's open live subscriptions asked for brought that "
+    "gsync never had, dated while they were open: the remote dropped the subscriptions "
+    "without a word, and they were opened anew (log live_events_missed)",
+    ["relay"],
+    registry=REGISTRY,
+)
 CROWDED_SECONDS = Counter(
     "gsync_crowded_seconds_total",
     "Seconds in which a remote held more events of a filter than it serves in a page, by "

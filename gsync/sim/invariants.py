@@ -86,6 +86,11 @@ with the simulated day it happened and what broke.
   as many are open as it holds, so what was open then is its cap): its live coverage past the learnt cap is polled for good (seed 2 of 6 relays and 20
   repositories: a refusal read after a consolidation had closed several took the 5 left
   for the cap where the relay held 10; 15,364 polls in a day and a half).
+- ``live_missed_falsely``: an hourly live audit (``LiveCoverage.run_audits``) judged events
+  missed by live subscriptions (``gsync_live_events_missed_total`` rose); the simulator's
+  relays keep theirs, so every such verdict is false, and reopens every live subscription
+  of the relay (seed 2 of 6 relays and 20 repositories: announcements of repositories not
+  listing us, dropped as not ours when they came live, were taken as never had).
 - ``illegal_status_move``: a status move ``sync.status`` has no row for.
 - ``busy_loop``: more manager messages (ticks apart) in a simulated hour than the bound
   ``BUSY_BASE + BUSY_PER_RELAY * relays + BUSY_PER_ACTION * actions`` (actions: publications
@@ -202,6 +207,8 @@ class Checker:
         # relay -> (asked at, ids asked, of them hidden) of its latest REQs by id (``ids_judgements``)
         self.id_asks: dict[str, deque] = {}
         self.cap_reported: dict[str, int] = {}  # relay -> the low cap reported (once a value)
+        # gsync_live_events_missed_total (process-wide: several runs share it) at the last sample
+        self.missed_live = _missed_live()
         self.polled_room_since: dict[str, float] = {}  # relay -> first sample it polled beside room
         self.scraped_at = float("-inf")  # the last scrape of gsync's metrics (``bounded``)
         self.tabled_since: dict[str, float] = {}  # relay -> its first dial since it (re)entered the table
@@ -961,6 +968,11 @@ class Checker:
                     self.violation("metric_labels", f"{metric._name}{{relay={relay}}} for a relay not in the table")
                     break
         self.polled_beside_room(m, now)
+        missed = _missed_live()
+        if missed > self.missed_live:
+            self.violation("live_missed_falsely", f"{missed - self.missed_live:.0f} events judged missed by the "
+                                                  "live subscriptions of relays that keep them")
+        self.missed_live = missed
         for url, state in m.relays.items():
             learnt, relay = state.max_subscriptions_learned, self.sim.relays.get(url)
             if (learnt is not None and relay is not None and learnt < relay.max_subs
@@ -1204,3 +1216,8 @@ class Checker:
         held = store.events.get(store.by_key.get(key)) if key is not None else None
         return held is not None and held.created_at >= event.created_at
 
+
+def _missed_live() -> float:
+    """gsync_live_events_missed_total, every relay's summed."""
+    return sum(sample.value for family in metrics.LIVE_EVENTS_MISSED.collect() for sample in family.samples
+               if sample.name.endswith("_total"))

@@ -287,7 +287,11 @@ class SyncManager:
             batch = state.current.pending[batch_id]
             batch.record_event(msg.sub_id, msg.event, msg.matched)
             if batch.audit_window is not None:
-                self.live.note_audited(state, batch, msg.event, new=msg.event.id not in self.seen)
+                # (one that came and was refused, or dropped as not ours, is remembered apart:
+                # an announcement of a repository not listing us, every hour on a public relay)
+                event_id = msg.event.id
+                self.live.note_audited(state, batch, msg.event,
+                                       new=event_id not in self.seen and event_id not in self.rejected)
         if msg.verified or self.own_relay.checked_late(msg.event):
             self.own_relay.consider_for_delivery(msg.event, state)
             self.descendants.note_direct_member(state, msg.event)

@@ -9,6 +9,7 @@ import dataclasses
 import itertools
 
 from ... import constants
+from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...sync import filter_plan
@@ -322,6 +323,7 @@ class LiveCoverage:
         missed, session.live_missed = session.live_missed, 0
         if missed:
             log.warning("live_events_missed", relay=state.url, events=missed)
+            metrics.LIVE_EVENTS_MISSED.labels(state.url).inc(missed)
             self.consolidate(state)
 
     def consolidate_polled(self, state: RelayState, now: float) -> bool:
