@@ -124,3 +124,29 @@ def test_an_announcement_not_ours_that_came_live_is_not_judged_missed(tmp_path):
     h.relay_says(A, wire.Eose(sub))
     h.tick()
     assert live in h.state(A).current.live_subs  # not opened anew
+
+
+def test_an_event_refused_and_released_then_brought_by_the_look_is_not_judged_missed(tmp_path):
+    """An issue dated ahead of the clock came live, the own relay refused it (too far in the
+    future), its time came and it was released to be fetched again by id; the relay served
+    nothing by id (the simulator, seed 6 of the suite's world: a relay in its ids-unserved
+    fault). The look brings it: delivered, but it came live, so the live subscriptions stay."""
+    from gsync.io.inbox import DeliveryAnswered
+
+    h, ann, live = synced(tmp_path)
+    ahead = issue(Author.named("audit-early"), ann, created_at=int(h.clock.now) + 1200)
+    h.relay_sends(A, live, ahead)
+    h.feed(DeliveryAnswered(ahead, "rejected", "invalid: created_at too late", A))
+    assert ahead.id in h.manager.rejected
+    h.advance(1300)
+    h.tick()  # its time came: released, asked by id
+    assert ahead.id not in h.manager.rejected
+    for req in h.historic_reqs(A):
+        if any(ahead.id in flt.get("ids", ()) for flt in req[2:]):
+            h.relay_says(A, wire.Eose(req[1]))  # served nothing by id
+    sub = look(h)
+    h.relay_sends(A, sub, ahead)
+    h.relay_says(A, wire.Eose(sub))
+    h.tick()
+    assert h.manager.delivery.is_tracked(ahead.id)  # delivered again
+    assert live in h.state(A).current.live_subs  # not opened anew

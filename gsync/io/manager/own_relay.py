@@ -41,6 +41,10 @@ FROM_MEMORY = "memory"
 log = get_logger("gsync.manager")
 
 SEEN_CAPACITY = 500_000  # ids already handed to delivery: dedupe across relays
+# refused ids released to be fetched again, remembered (``OwnRelaySide.released``) for two
+# live audits' intervals at most, and at most this many
+RELEASED_KEPT_SECS = 2 * constants.LIVE_AUDIT_SECS
+RELEASED_KEPT_MAX = 10_000
 
 
 class OwnRelaySide:
@@ -90,6 +94,11 @@ class OwnRelaySide:
         self.reoffered: dict[str, tuple[float, float]] = {}
         self.witness = OwnWitness()  # a few events it stored, asked back after an outage
         self.witness_due: float | None = None  # when to ask them again (its answer failed)
+        # refused ids released to be fetched again by id (``_offer_again``), and when: no
+        # longer seen nor refused, yet they came (``SyncManager.apply_remote_event``: a live
+        # audit bringing one before its fetch, or after a relay not serving ids, is no
+        # evidence of a miss). RELEASED_KEPT_SECS at most, RELEASED_KEPT_MAX entries.
+        self.released: dict[str, float] = {}
         self.on_loss = on_loss  # it lost events: every relay starts fresh
 
     @property
@@ -283,9 +292,16 @@ class OwnRelaySide:
             self.seen.pop(event.id, None)
             self.consider_for_delivery(event, self.relays.get(relay))
         by_relay: dict[str, list[str]] = {}
+        now = self.clock()
+        released = self.released
         for event_id, relay in cold:
             self.seen.pop(event_id, None)  # else the copy fetched again counts as known
             by_relay.setdefault(relay, []).append(event_id)
+            released.pop(event_id, None)
+            released[event_id] = now
+        while released and (len(released) > RELEASED_KEPT_MAX
+                            or now - next(iter(released.values())) > RELEASED_KEPT_SECS):
+            del released[next(iter(released))]
         for relay, ids in by_relay.items():
             self.historic.refetch_refused(relay, ids)
 
