@@ -150,3 +150,37 @@ def test_an_event_refused_and_released_then_brought_by_the_look_is_not_judged_mi
     h.tick()
     assert h.manager.delivery.is_tracked(ahead.id)  # delivered again
     assert live in h.state(A).current.live_subs  # not opened anew
+
+
+def test_after_the_own_relay_came_back_the_look_starts_from_its_return(tmp_path):
+    """The own relay back from an outage: what gsync had is forgotten (``seen`` emptied, so
+    the catch-up delivers again what it may have lost), and an event that came live before
+    would be taken for one never had (the simulator, seeds 11 and 14 of the suite's world).
+    The next look asks from the return on: what came live before it is not judged missed."""
+    from gsync.io.inbox import OwnRelayState
+
+    h, ann, live = synced(tmp_path)
+    bug = issue(Author.named("audit-dev"), ann, created_at=int(h.clock.now) + 30)
+    h.advance(60)
+    h.relay_sends(A, live, bug)  # live, as it was stored
+    h.advance(600)
+    h.feed(OwnRelayState(False, h.clock.now))
+    h.advance(60)
+    h.feed(OwnRelayState(True, h.clock.now))
+    back = h.clock.now
+    session = h.state(A).current
+    for _ in range(int(constants.LIVE_AUDIT_SECS / 60) + 2):
+        h.advance(60)
+        h.tick()
+        audit = [sub for sub, batch in session.sub_to_batch.items() if batch == session.audit_batch]
+        if audit:
+            break
+        for sub_id in h.conn(A).subscriptions.keys() - session.live_subs.keys():
+            h.relay_says(A, wire.Eose(sub_id))  # (the catch-up from before the outage: served)
+    reqs = [r for r in h.historic_reqs(A) if r[1] in audit]
+    assert reqs and all(flt["since"] >= int(back) for req in reqs for flt in req[2:])
+    for sub in audit:
+        h.relay_sends(A, sub, bug)  # (a relay reading since loosely; where a filter matches)
+        h.relay_says(A, wire.Eose(sub))
+    h.tick()
+    assert live in h.state(A).current.live_subs  # not opened anew

@@ -185,7 +185,7 @@ class SyncManager:
             seen=self.seen, descendants=self.descendants, historic=self.historic, completion=self.completion,
             apply_dirty=self.lifecycle.apply_dirty, effects=self.effects, post=self.post, clock=self.clock,
             on_ready=lambda: self.became_ready(on_ready), on_loss=self.lifecycle.own_relay_lost,
-            shards=config.cluster.shard.count > 1)
+            on_seen_cleared=self.live.restart_audits, shards=config.cluster.shard.count > 1)
 
     def dispatch_table(self) -> dict:
         """Inbox message type -> its handler: one per thing that can happen."""

@@ -59,7 +59,7 @@ class OwnRelaySide:
 
     def __init__(self, *, own_relay: str, batch_window_secs: float, relays, repos, domains, rejected,
                  recovery, claims, delivery, own_held, seen, descendants, historic, completion, apply_dirty,
-                 effects, post, clock, on_ready, on_loss, shards: bool = False):
+                 effects, post, clock, on_ready, on_loss, on_seen_cleared=lambda: None, shards: bool = False):
         self.own_relay = own_relay
         self.batch_window_secs = batch_window_secs
         self.relays = relays
@@ -100,6 +100,9 @@ class OwnRelaySide:
         # evidence of a miss). RELEASED_KEPT_SECS at most, RELEASED_KEPT_MAX entries.
         self.released: dict[str, float] = {}
         self.on_loss = on_loss  # it lost events: every relay starts fresh
+        # ``seen`` was emptied (the own relay back from an outage): what was had before is
+        # no longer told from what never came (``LiveCoverage.restart_audits``)
+        self.on_seen_cleared = on_seen_cleared
 
     @property
     def down(self) -> bool:
@@ -340,6 +343,7 @@ class OwnRelaySide:
         # what it still holds comes back "duplicate". Cleared in place: connections and the
         # self-subscription read the same map.
         self.seen.clear()
+        self.on_seen_cleared()
         for state in self.relays.values():
             self.historic.pump(state)
         # Catch up everything that may have been held back or dropped while it was down.
