@@ -451,6 +451,11 @@ class SimRelay:
         # answers one filter of a REQ, "first" or "last", and drops the rest without a word
         # (minimal relays reading filters[0]; ORLY before October 2025 kept the last one's)
         self.one_filter: str | None = None
+        # it drops every live subscription carrying a ``limit`` once its stored events are
+        # sent, without a word (ORLY's handle-req.go since October 2025: ``len(events) >=
+        # *f.Limit`` cancels it, ``limit: 0`` included, its CLOSED suppressed): nothing new
+        # reaches such a subscription
+        self.drops_live = False
         # (burst, seconds a query): REQs and NEG-OPENs of one session past a token bucket are
         # refused "rate-limited:" (PEERS.md: LocalRelay's per-connection query limit), for good
         self.query_limit: tuple[int, float] | None = None
@@ -605,12 +610,15 @@ class SimRelay:
         if self.one_filter is not None:
             answered = filters[:1] if self.one_filter == "first" else filters[-1:]
         frames = [head + e.to_json() + "]" for e in self.answer(answered)]
+        sent = len(frames)
         if self.no_eose and any(f.limit != 0 for f in filters):
             return frames
         frames.append(_eose(sub_id))
         if self.closes_after_eose:
             del session.subs[sub_id]
             frames.append(_closed(sub_id, ""))
+        elif self.drops_live and any(f.limit is not None and sent >= f.limit for f in filters):
+            del session.subs[sub_id]  # (no CLOSED: the client thinks it open)
         return frames
 
     def answer(self, filters: list[Filter]) -> list[Event]:

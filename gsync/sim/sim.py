@@ -132,6 +132,9 @@ class SimOptions:
     # the share of relays answering one filter of a REQ (the first or the last) and dropping
     # the rest without a word: ``SimRelay.one_filter``
     one_filter: float = 0.0
+    # the share of relays dropping, without a word, every live subscription carrying a
+    # ``limit`` (ORLY since October 2025: ``limit: 0`` included): ``SimRelay.drops_live``
+    drops_live: float = 0.0
     # of the relays serving NIP-77, the share comparing a filter's newest events only, 50 or
     # 100, silently (khatru relays whose store caps queries): ``SimRelay.neg_silent_cap``
     neg_silent_caps: float = 0.0
@@ -183,6 +186,7 @@ WORLD_SHARES = (
     ("anti_sync_bots", "--anti-sync-bots"),
     ("limit_refusals", "--limit-refusals"),
     ("one_filter", "--one-filter"),
+    ("drops_live", "--drops-live"),
     ("neg_silent_caps", "--neg-silent-caps"),
     ("member_replies", "--member-replies"),
     ("own_full", "--own-full"),
@@ -486,6 +490,7 @@ class Simulation:
         one = random.Random(f"{o.seed}:{url}:one-filter")
         if one.random() < o.one_filter:
             relay.one_filter = one.choice(("first", "last"))
+        relay.drops_live = random.Random(f"{o.seed}:{url}:drops-live").random() < o.drops_live
         # (khatru's policy: not on a relay answering only precise queries, nostr-rs-relay's)
         relay.anti_sync_bots = (random.Random(f"{o.seed}:{url}:anti-sync").random() < o.anti_sync_bots
                                 and not relay.precise_only)
