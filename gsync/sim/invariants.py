@@ -7,7 +7,8 @@ with the simulated day it happened and what broke.
   none of was taken by gsync (from that subscription: its id may name another one later).
 - ``left_behind`` (liveness): from 25 simulated hours after the faults stopped, every event
   the own relay would accept that is on an up relay gsync should sync from (bootstrap, or
-  listed by an announcement the own relay holds), published more than an hour before, is on
+  listed by an announcement the own relay holds), published more than an hour before (on a
+  ``--drops-live`` relay, LIVE_AUDIT_SECS and half an hour: its next live audit), is on
   the own relay (a comment: its root there for an hour too; an announcement: unless older
   than the newest of its repository the running gsync was shown); not on a relay dead to
   gsync in the 26 h before (``neglected_relay``'s leave).
@@ -1045,8 +1046,11 @@ class Checker:
                 # leave; test_sim's dead relay whose daily attempt failed, in a world with
                 # imports: a comment published to it alone an hour after)
                 continue
+            # (a relay dropping live subscriptions: what only it gets comes by the next live
+            # audit, LIVE_AUDIT_SECS after the last at most, and minutes to fetch and deliver)
+            grace = HOUR if not relay.drops_live else constants.LIVE_AUDIT_SECS + HOUR / 2
             for event in relay.store.events.values():
-                if (event.id in relay.hidden or now - self.published_at.get(event.id, START) < HOUR
+                if (event.id in relay.hidden or now - self.published_at.get(event.id, START) < grace
                         or event.created_at > now - HOUR):  # (dated ahead: owed an hour after its time)
                     continue
                 if not self.own_has(event) and self.owed(event, url, listing):
