@@ -184,3 +184,36 @@ def test_after_the_own_relay_came_back_the_look_starts_from_its_return(tmp_path)
         h.relay_says(A, wire.Eose(sub))
     h.tick()
     assert live in h.state(A).current.live_subs  # not opened anew
+
+
+def test_a_session_begun_after_the_own_relays_return_looks_no_further_back(tmp_path):
+    """As above, the relay reconnecting after the own relay's return: its new session has no
+    look of its own yet and would look back to the historic sync before the outage (a year of
+    seed 7 with --drops-live 0.2, day 260: a comment that came live judged missed)."""
+    from gsync.io.inbox import OwnRelayState, RelayDisconnected
+
+    h, ann, live = synced(tmp_path)
+    h.advance(600)
+    h.feed(OwnRelayState(False, h.clock.now))
+    h.advance(60)
+    h.feed(OwnRelayState(True, h.clock.now))
+    back = h.clock.now
+    h.feed(RelayDisconnected(A, h.state(A).session, "gone"))
+    h.advance(30)
+    h.connect(A)
+    h.settle(A)
+    # a session that keeps an earlier completion (``run_audits``: a quick reconnect's), from
+    # before the outage: its first look would reach back two intervals
+    h.state(A).historic_sync_completed_at = back - 1800
+    session = h.state(A).current
+    for _ in range(2 * int(constants.LIVE_AUDIT_SECS / 60) + 2):
+        h.advance(60)
+        h.tick()
+        audit = [sub for sub, batch in session.sub_to_batch.items() if batch == session.audit_batch]
+        if audit:
+            break
+        h.answer_own_reads()
+        for sub_id in h.conn(A).subscriptions.keys() - session.live_subs.keys():
+            h.relay_says(A, wire.Eose(sub_id))
+    reqs = [r for r in h.historic_reqs(A) if r[1] in audit]
+    assert reqs and all(flt["since"] >= int(back) for req in reqs for flt in req[2:])

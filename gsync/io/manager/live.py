@@ -41,6 +41,9 @@ class LiveCoverage:
         self.live_ids = itertools.count(1)
         self.start_historic = start_historic
         self.catch_up = catch_up
+        # no live audit looks further back than this (``restart_audits``: what gsync had
+        # before is forgotten), whatever the session: one begun since keeps no ``audited_at``
+        self.looks_from = float("-inf")
 
     def subscribe(self, state: RelayState, live_filters, items: PendingItems) -> None:
         """Live coverage for new ``items`` (``live_filters`` is their live form). Called
@@ -286,6 +289,8 @@ class LiveCoverage:
                 # (a session after a quick reconnect keeps the completion of an earlier one:
                 # the look goes no further back than two intervals, what its catch-up fetched)
                 since = max(state.historic_sync_completed_at, now - 2 * constants.LIVE_AUDIT_SECS)
+            if since is not None:
+                since = max(since, self.looks_from)
             if (since is None or not state.connected or session.live_not_kept or session.syncing()
                     or now - since < constants.LIVE_AUDIT_SECS / 2):
                 continue
@@ -309,9 +314,11 @@ class LiveCoverage:
     def restart_audits(self) -> None:
         """What gsync had is forgotten (``seen`` emptied: the own relay back from an outage,
         its catch-up fetching the gap): an event had before would be taken for one never had.
-        Every relay's look starts from now, and one under way judges nothing (the simulator,
-        seeds 11 and 14 of the suite's world: comments that came live judged missed)."""
-        now = self.clock()
+        Every relay's look starts from now, a later session's too, and one under way judges
+        nothing (the simulator, seeds 11 and 14 of the suite's world: comments that came live
+        judged missed; a year of seed 7 with --drops-live 0.2, day 260: a relay's session begun
+        after the own relay's return looked back to its historic sync before it)."""
+        now = self.looks_from = self.clock()
         for state in self.relays.values():
             session = state.current
             session.audited_at = now
