@@ -287,14 +287,7 @@ class SyncManager:
             batch = state.current.pending[batch_id]
             batch.record_event(msg.sub_id, msg.event, msg.matched)
             if batch.audit_window is not None:
-                # New to gsync: not seen, nor refused or dropped as not ours (remembered apart:
-                # an announcement of a repository not listing us, every hour on a public relay),
-                # nor refused and released to be fetched again (an event dated ahead, its time
-                # come, on a relay not serving ids: the simulator, seed 6 of the suite's world)
-                event_id = msg.event.id
-                self.live.note_audited(state, batch, msg.event, new=event_id not in self.seen
-                                       and event_id not in self.rejected
-                                       and event_id not in self.own_relay.released)
+                self.live.note_audited(state, batch, msg.event, new=not self.own_relay.had(msg.event.id))
         if msg.verified or self.own_relay.checked_late(msg.event):
             self.own_relay.consider_for_delivery(msg.event, state)
             self.descendants.note_direct_member(state, msg.event)

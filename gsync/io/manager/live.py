@@ -318,10 +318,9 @@ class LiveCoverage:
         nothing (the simulator, seeds 11 and 14 of the suite's world: comments that came live
         judged missed; a year of seed 7 with --drops-live 0.2, day 260: a relay's session begun
         after the own relay's return looked back to its historic sync before it)."""
-        now = self.looks_from = self.clock()
+        self.looks_from = self.clock()  # (``run_audits`` looks back no further)
         for state in self.relays.values():
             session = state.current
-            session.audited_at = now
             session.live_missed = 0
             batch = session.pending.get(session.audit_batch) if session.audit_batch is not None else None
             if batch is not None:

@@ -95,9 +95,9 @@ class OwnRelaySide:
         self.witness = OwnWitness()  # a few events it stored, asked back after an outage
         self.witness_due: float | None = None  # when to ask them again (its answer failed)
         # refused ids released to be fetched again by id (``_offer_again``), and when: no
-        # longer seen nor refused, yet they came (``SyncManager.apply_remote_event``: a live
-        # audit bringing one before its fetch, or after a relay not serving ids, is no
-        # evidence of a miss). RELEASED_KEPT_SECS at most, RELEASED_KEPT_MAX entries.
+        # longer seen nor refused, yet they came (``had``: a live audit bringing one before
+        # its fetch, or after a relay not serving ids, is no evidence of a miss).
+        # RELEASED_KEPT_SECS at most, RELEASED_KEPT_MAX entries.
         self.released: dict[str, float] = {}
         self.on_loss = on_loss  # it lost events: every relay starts fresh
         # ``seen`` was emptied (the own relay back from an outage): what was had before is
@@ -307,6 +307,14 @@ class OwnRelaySide:
             del released[next(iter(released))]
         for relay, ids in by_relay.items():
             self.historic.refetch_refused(relay, ids)
+
+    def had(self, event_id: str) -> bool:
+        """Did ``event_id`` reach gsync before (as far as what it keeps tells)? Seen, refused
+        or dropped as not ours (the rejected index: an announcement of a repository not
+        listing us, every hour on a public relay), or refused and released to be fetched again
+        (an event dated ahead, its time come, on a relay not serving ids: the simulator, seed 6
+        of the suite's world)."""
+        return event_id in self.seen or event_id in self.rejected or event_id in self.released
 
     def checked_late(self, event) -> bool:
         """The connection skips the checks of ids it knows (delivered, or refused). One
