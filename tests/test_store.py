@@ -528,6 +528,51 @@ def test_a_failed_save_leaves_everything_it_held_to_the_next_save(tmp_path):
     saved.close()
 
 
+def test_the_witnesses_written_follow_every_change_and_a_failed_save_leaves_them_to_the_next(tmp_path):
+    """A save snapshots the own relay's witnesses only when they changed since the last
+    save that worked (``OwnWitness.version``): whatever changed them (stored, judged gone),
+    the next process asks for what this one last knew."""
+    from gsync.sync.own_held import HeldEntry
+    from gsync.sync.own_witness import OwnWitness
+
+    def issue(i):
+        return f"{i:064x}", HeldEntry(NOW, 1621, "a" * 64, ())
+
+    def next_process_asks(path):
+        later = SavedState(_store(path), NOW + 60)
+        later.load(NOW + 60)
+        asked = OwnWitness().restore(later.take_witnesses())
+        later.close()
+        return asked
+
+    saved = SavedState(_store(tmp_path, _Log()), NOW)
+    rejected = saved.load(NOW)
+    witness = OwnWitness(size=4)
+    witness.stored([issue(1), issue(2)])
+    saved.save({}, RelayHealthTracker(), rejected, NOW, ready=True, witness=witness)
+    saved.save({}, RelayHealthTracker(), rejected, NOW + 1, ready=True, witness=witness)  # unchanged
+    witness.stored([issue(3)])
+    saved.save({}, RelayHealthTracker(), rejected, NOW + 2, ready=True, witness=witness)
+    saved.close()
+    assert next_process_asks(tmp_path) == [issue(3)[0], issue(2)[0], issue(1)[0]]
+
+    saved = SavedState(_store(tmp_path, _Log()), NOW + 3)
+    rejected = saved.load(NOW + 3)
+    saved.save({}, RelayHealthTracker(), rejected, NOW + 3, ready=True, witness=witness)
+    assert witness.judge([issue(2)[0]], []) == [issue(2)[0]]  # the own relay lost it
+    write = saved.store.save
+
+    def disk_full(*args, **kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    saved.store.save = disk_full
+    saved.save({}, RelayHealthTracker(), rejected, NOW + 4, ready=True, witness=witness)
+    saved.store.save = write
+    saved.save({}, RelayHealthTracker(), rejected, NOW + 5, ready=True, witness=witness)  # unchanged since
+    saved.close()
+    assert next_process_asks(tmp_path) == [issue(3)[0], issue(1)[0]]
+
+
 def test_a_save_is_due_every_30_s_after_a_message_or_a_failed_save_and_every_minute_on_ticks_alone(tmp_path):
     """``SavedState.due``: the manager marks a message (``SyncManager.apply``); a save that
     failed is tried again at the next STATE_SAVE_SECS with or without one."""

@@ -67,9 +67,11 @@ class OwnWitness:
         self._in_spread: set[str] = set()
         # id -> (key, created_at) of the latest replaceable and addressable events stored
         self._keyed: OrderedDict[str, tuple[tuple[int, str, str], int]] = OrderedDict()
+        self.version = 0  # moved by every change (a state save snapshots it only when it moved)
 
     def stored(self, entries) -> None:
         """The own relay holds these: (event id, ``HeldEntry`` or ``Event``) pairs."""
+        self.version += 1
         latest, spread, in_spread, size, keyed_ = self._latest, self._spread, self._in_spread, self.size, self._keyed
         for event_id, entry in entries:
             kind = entry.kind
@@ -122,6 +124,8 @@ class OwnWitness:
                     keyed_ids.append(event_id)
         except (AttributeError, TypeError, ValueError):
             return []
+        finally:
+            self.version += 1
         while len(self._keyed) > self.size:
             self._keyed.popitem(last=False)
         return ids + [i for i in keyed_ids if i in self._keyed]  # (judged by key: known here)
@@ -162,6 +166,7 @@ class OwnWitness:
                 gone.append(event_id)
         dropped = set(gone) | set(superseded)
         if dropped:
+            self.version += 1
             self._latest = deque((e for e in self._latest if e not in dropped), maxlen=self.size)
             self._spread = [pair for pair in self._spread if pair[1] not in dropped]
             heapq.heapify(self._spread)

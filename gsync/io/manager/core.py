@@ -495,7 +495,7 @@ class SyncManager:
         """What changed since the last save goes to state_dir (relays, confirmed items,
         rejected entries): one transaction, rows by change."""
         self.saved.save(self.relays, self.health, self.rejected, now, ready=self.own_relay.ready,
-                        witnesses=self.own_relay.witness.snapshot())
+                        witness=self.own_relay.witness)
 
 
 _MANAGER_GAUGES: tuple = ()

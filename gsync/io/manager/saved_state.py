@@ -55,6 +55,7 @@ class SavedState:
         self._confirmed_repos: dict[str, list] = {}  # url → saved repository rows, until ready (``take_lost``)
         self._witnesses: dict = {}  # what the last process's own relay stored, until ready
         self._saved_witnesses = ""  # as last written
+        self._witness_version = None  # the ``OwnWitness.version`` last written
         self._prior_saved_at: float | None = None  # the previous process's last save
         self._saved_records: dict[str, dict] = {}  # url → record as last written
         self._record_keys: dict[str, tuple] = {}  # url → memory.record_key of that record
@@ -199,11 +200,13 @@ class SavedState:
         return waited >= constants.STATE_SAVE_SECS and (self.touched or waited >= constants.STATE_QUIET_SAVE_SECS)
 
     def save(self, relays, health, rejected: RejectedIndex, now: float, *, ready: bool,
-             witnesses=None) -> None:
+             witness=None) -> None:
         """Write what changed since the last save, in one transaction. Once the manager is
         ready (the own relay's first read applied: every relay with work is registered),
-        saved relays no longer registered are forgotten. ``witnesses``: what the own relay
-        stored (``OwnWitness.snapshot``), for the next process to ask it for."""
+        saved relays no longer registered are forgotten. ``witness``: what the own relay
+        stored (an ``OwnWitness``), for the next process to ask it for; its snapshot is
+        taken only when it changed since the last save that worked (most saves: a 30-day
+        simulated world changed it at 159 of 9,433)."""
         self.last_save_try, self.touched, self.soon = now, False, False
         c = _Changes()
         for state in relays.values():
@@ -217,9 +220,12 @@ class SavedState:
         forget = set(self._forget)
         rejected_puts, rejected_deletes = rejected.take_changes()
         meta = {SAVED_AT: repr(now)}
-        witnessed = json.dumps(witnesses, separators=(",", ":")) if witnesses and any(witnesses.values()) else ""
-        if witnessed and witnessed != self._saved_witnesses:  # (none yet: the last process's kept)
-            meta[WITNESSES] = witnessed
+        version = witness.version if witness is not None else None
+        if version is not None and version != self._witness_version:
+            snapshot = witness.snapshot()
+            witnessed = json.dumps(snapshot, separators=(",", ":")) if any(snapshot.values()) else ""
+            if witnessed and witnessed != self._saved_witnesses:  # (none yet: the last process's kept)
+                meta[WITNESSES] = witnessed
         try:
             self.store.save(now, rejected_puts=rejected_puts, rejected_deletes=rejected_deletes,
                             relays=c.records, forget_relays=forget, confirmed_puts=c.puts,
@@ -234,6 +240,7 @@ class SavedState:
             return
         self._forget -= forget
         self._saved_witnesses = meta.get(WITNESSES, self._saved_witnesses)
+        self._witness_version = version
         self._saved_records.update(c.records)
         self.saved_at, self.save_error = now, None
         if c.records or c.puts or c.deletes or rejected_puts or rejected_deletes or forget:
