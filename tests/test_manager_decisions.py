@@ -237,6 +237,37 @@ def test_what_a_rest_from_nip77_left_unreached_is_synced_after_it_by_a_connectio
         assert state.unreached is rate_limited, rate_limited
 
 
+def test_what_a_rest_from_nip77_left_unreached_is_synced_after_it_by_a_process_started_since(tmp_path):
+    """gsync restarted during a relay's rest from NIP-77 with REQ pages leaving something
+    unreached there: the rest (``nip77_failed_at``) and what it left (``unreached``) are
+    both kept, so when the rest ends the new process runs the fresh start with NIP-77 then,
+    not at the next daily sync."""
+    for left in (True, False):
+        first, state, exchanges = _nip77_refused_by_notice(tmp_path / str(left),
+                                                           RelayLimits(supported_nips=frozenset({1, 11, 77})))
+        first.settle(A)
+        state.unreached = left
+        first.manager.save_state(first.clock.now)
+        first.manager.saved.close()
+        h = ManagerHarness(tmp_path / str(left))
+        h.clock.now = first.clock.now + 60
+        h.own_relay_holds(*listed_on(A, 1))
+        h.connect(A, limits=RelayLimits(supported_nips=frozenset({1, 11, 77})))
+        h.answer_own_reads(held=resync_holdings())
+        h.settle(A)
+        state = h.state(A)
+        assert state.nip77_failed_at is not None and not state.current.negentropy_ok  # (still resting)
+        state.next_daily_at = h.clock.now + 2 * constants.NIP77_RETRY_SECS
+        spawned = [g for g in h.effects.spawned if g.name == "reconcile_filter"]
+        h.advance(constants.NIP77_RETRY_SECS)
+        h.tick()
+        h.answer_own_reads(held=resync_holdings())
+        h.advance(3)
+        later = [g for g in h.effects.spawned if g.name == "reconcile_filter"]
+        assert state.current.negentropy_ok, left
+        assert (len(later) > len(spawned)) is left, left
+
+
 def test_an_exchange_that_never_concludes_ends_at_the_managers_deadline_and_late_answers_change_nothing(tmp_path):
     """Whatever an exchange's greenlet does (hung before its own 15 s deadline could fire),
     the manager ends it NEGENTROPY_GRACE_SECS after that: killed, NEG-CLOSE sent, its filter

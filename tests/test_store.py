@@ -206,6 +206,7 @@ def _learnt_relay():
     state.ids_unserved_at = NOW - 50
     state.precise_queries = True
     state.filters_answered = True
+    state.unreached = True
     q = Filter.make(kinds=[1], tags={"q": ["x"]})
     state.paused.pause(coverage_key(q), NOW - 10)
     return state, q
@@ -230,6 +231,7 @@ def test_whatever_changes_a_relays_record_changes_its_key():
     changes += [lambda: setattr(state, "announcements_synced", False),
                 lambda: setattr(state, "precise_queries", False),
                 lambda: setattr(state, "filters_answered", False),
+                lambda: setattr(state, "unreached", False),
                 lambda: (setattr(state.current, "link", 1), setattr(state, "status", ConnectionStatus.SYNCING)),
                 lambda: state.paused.pause(coverage_key(Filter.make(kinds=[1], tags={"e": ["y"]})), NOW),
                 lambda: state.paused.due_probes(NOW + 10 ** 6),  # probing now: saved as due at once
@@ -263,6 +265,7 @@ def test_a_relays_memory_round_trips_through_json():
     assert (back.last_connected, back.disconnected_at) == (NOW - 50, NOW - 40)  # not connected at the save
     assert back.next_daily_at == NOW + 80_000 and back.nip77_failed_at == NOW - 100
     assert back.ids_unserved_at == NOW - 50 and back.precise_queries and back.filters_answered
+    assert back.unreached  # (what REQ pages left there is synced when its rest from NIP-77 ends)
     restored = RelayHealthTracker()
     restored.restore(URL, saved_health)
     assert restored.failures(URL, NOW) == 4

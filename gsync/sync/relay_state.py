@@ -321,7 +321,7 @@ class RelayState:
     nip77_failed_at: float | None = None
     # a batch left what no REQ reaches here without NIP-77 (``PendingBatch.unreached``) since
     # the last fresh start with NIP-77 usable: synced again when NIP-77 comes back
-    # (``lifecycle.end_nip77_rests``)
+    # (``lifecycle.end_nip77_rests``); kept over restarts, as the rest is (``nip77_failed_at``)
     unreached: bool = False
     next_daily_at: float | None = None
     last_error: str = ""
