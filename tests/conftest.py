@@ -144,7 +144,11 @@ def relay_factory():
 
 
 @pytest.fixture
-def gsync_factory():
+def gsync_factory(relay_factory, scripted):
+    """gsync processes, stopped at teardown before the relays of ``relay_factory`` and
+    ``scripted`` (requested here so that they are set up first and torn down after): a
+    gsync stopping drains its deliveries for up to 20 s, and an own relay stopped before it
+    made each such teardown wait that long."""
     def make(own, remotes=(), **kw):
         return GsyncProcess(own, remotes, **kw).start()
 
