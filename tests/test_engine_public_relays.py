@@ -90,6 +90,7 @@ class Sampler:
 # -- rate limits -------------------------------------------------------------------------------
 
 COOLDOWN = 3.0  # RATE_LIMIT_COOLDOWN_SECS under test (65 s in production)
+IN_FLIGHT = 1.0  # how late the relay may read what gsync sent before it read the first refusal
 
 
 def _endless(chunk=b"z" * 65536):
@@ -167,10 +168,12 @@ def test_rate_limited_relay_cools_down_paces_its_starts_and_converges(relay_fact
 
     asked = relay_queries(queries)
     refusals = [q["t"] for q in asked if not q["ok"]]
-    # One episode: what was already on its way when the first refusal was sent, nothing after.
-    assert max(refusals) - first_refusal < 0.5, [round(t - first_refusal, 2) for t in refusals]
+    # One episode: what was already on its way when the first refusal was sent, nothing after
+    # (IN_FLIGHT: what the relay reads that late was sent before gsync read the refusal, on a
+    # loaded machine too; 0.5 s failed once under load).
+    assert max(refusals) - first_refusal < IN_FLIGHT, [round(t - first_refusal, 2) for t in refusals]
     # The cooldown held everything, live REQs too (the late root's live REQ among them).
-    during = [q for q in asked if first_refusal + 0.5 < q["t"] < first_refusal + COOLDOWN - 0.2]
+    during = [q for q in asked if first_refusal + IN_FLIGHT < q["t"] < first_refusal + COOLDOWN - 0.2]
     assert not during, during[:3]
     assert all(q["t"] > first_refusal + COOLDOWN - 0.2 for q in late_live_reqs()), \
         "a live REQ for the late root went out during the cooldown"
