@@ -104,9 +104,9 @@ def pytest_runtest_setup(item):
     """``--dist loadgroup`` keeps the tests of an ``xdist_group`` on one worker by renaming
     them (``nodeid@group``) as each worker collects. pytest 9 ignores that rename (an item's
     id is no longer ``_nodeid``) and the groups are silently split: every worker then builds
-    the group's module fixture again (the 51,000 signed events of test_negentropy_localrelay,
-    10 s of both cores each time; a full run took 211 s instead of about 150). Such a test
-    fails, saying why, rather than run at that cost."""
+    the group's module fixture again (the 11,000 signed events of test_negentropy_localrelay,
+    2 s of both cores each time, 10 s when it held 51,000; a full run took 211 s instead of
+    about 150). Such a test fails, saying why, rather than run at that cost."""
     if (getattr(item.config.option, "loadgroup", False)  # set on xdist workers only
             and item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid):
         pytest.fail("--dist loadgroup did not keep this xdist_group on one worker: this pytest "
