@@ -42,6 +42,18 @@ PROBE_MARGIN_SECS = 60
 LAYER1_KINDS = frozenset((30617, 10317))
 
 
+def polls_filter_by_filter(state) -> bool:
+    """Does the relay of ``state`` (a ``RelayState``) get its polls one filter a REQ? When it
+    keeps no live subscription (it closes each after its EOSE: all its live coverage is
+    polled) and is not proven to answer several filters of a REQ. One that answers one
+    filter and holds little is never proven either way (each answer one filter's, its
+    probes finding nothing), and its polls of several filters left what came to the others
+    for its next daily sync (the simulator, seed 803 of an every-behaviour world: a state
+    event, 11 h). A relay keeping live subscriptions streams every filter's new events:
+    its overflow polls stay packed."""
+    return state.current.live_not_kept and not state.filters_answered
+
+
 def unserved_candidates(seen: Sequence[Collection[str]]) -> list[int] | None:
     """The filters of a REQ (``seen[i]``: the ids of what it brought that filter ``i``
     matches) a relay answering one filter may have left unanswered: those that matched

@@ -13,11 +13,13 @@ string: its kind is that of the id it equals here.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterable, Iterator
 
 from ..constants import MAX_FILTERS_PER_REQ, MAX_IDS_PER_REQ, MAX_OPEN_FILTER_BYTES, MIN_PAGE_CAP
 from ..protocol.filters import Filter
+from ..protocol.nip11 import RelayLimits
 from . import filter_plan, result_caps
 from .batch_phase import Step
 from .pending import (
@@ -119,7 +121,7 @@ class StartQueue:
     def add_reqs(self, state, batch: PendingBatch, filters, front: bool = False) -> None:
         """``filters`` as REQs of ``batch``, packed within the relay's limits, at the end
         (or first: ``front``), then sharing REQs with the batch's queued ones."""
-        self.add_packed(state, batch, pack(state, filters), front)
+        self.add_packed(state, batch, pack(state, filters, batch), front)
 
     def add_packed(self, state, batch: PendingBatch, groups, front: bool = False) -> None:
         """``groups`` (``pack``) as REQs of ``batch``, as ``add_reqs``."""
@@ -282,9 +284,19 @@ def _unqueued(session, batch: PendingBatch | None, sub_id: str) -> None:
         finish_subscription(batch, sub_id)
 
 
-def pack(state, filters) -> list[list[Filter]]:
-    """``filters`` as REQs within the relay's limits (``filter_plan.pack_into_reqs``)."""
-    return filter_plan.pack_into_reqs(filters, state.current.limits, key=filter_plan.paging_key)
+def pack(state, filters, batch: PendingBatch | None = None) -> list[list[Filter]]:
+    """``filters`` as REQs within the relay's limits as ``batch`` packs them
+    (``filter_plan.pack_into_reqs``, ``batch_limits``)."""
+    return filter_plan.pack_into_reqs(filters, batch_limits(state, batch), key=filter_plan.paging_key)
+
+
+def batch_limits(state, batch: PendingBatch | None) -> RelayLimits | None:
+    """The relay's limits as ``batch``'s REQs are packed: one filter a REQ for a batch that
+    asks so (``PendingBatch.one_filter_reqs``), whatever the relay takes."""
+    limits = state.current.limits
+    if batch is None or not batch.one_filter_reqs:
+        return limits
+    return dataclasses.replace(limits if limits is not None else RelayLimits(), max_filters=1)
 
 
 def ids_per_filter(cap: PageCap | None, alone: bool = False) -> int:
@@ -316,7 +328,7 @@ def share_queued_reqs(state, batch: PendingBatch) -> None:
               if session.sub_to_batch.get(sub_id) == batch.batch_id and may_share(batch, sub_id)]
     if len(shared) < 2:
         return
-    groups = repack(batch, shared, filter_plan.filters_per_req(session.limits),
+    groups = repack(batch, shared, filter_plan.filters_per_req(batch_limits(state, batch)),
                           filter_plan.req_length_limit(session.limits))
     kept = []
     for sub_id, group in session.historic_queue:
@@ -486,7 +498,7 @@ def fill_before_start(plan, state, batch: PendingBatch | None, sub_id: str, grou
     events would only bring its next refusal sooner."""
     if batch is None or is_exchange(sub_id) or plan.health.limits_query_rate(state.url):
         return group
-    group = fill_by_splitting(batch, sub_id, filter_plan.filters_per_req(state.current.limits),
+    group = fill_by_splitting(batch, sub_id, filter_plan.filters_per_req(batch_limits(state, batch)),
                                     filter_plan.req_length_limit(state.current.limits))
     plan.queue.replace_filters(state, 0, sub_id, group)
     return group
