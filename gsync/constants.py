@@ -306,13 +306,6 @@ POLICY_PROBE_SECS = 24 * 3600
 # is asked by REQ+EOSE only, over reconnects and restarts, for this long after its last
 # failure (SPEC §4: at most once a day): each new session's attempt cost up to the 15 s wait.
 NIP77_RETRY_SECS = 24 * 3600
-# A subscription cap learnt from refusals (``RelayState.max_subscriptions_learned``) is judged
-# again at the first daily sync a week after it was learnt: one learnt low (strfry's
-# "too many concurrent REQs" NOTICE names no subscription, and beside stalled REQs gsync
-# and the relay may count one apart: the simulator, seed 923 of bench/README's eighth session
-# of 2026-12-06), or raised by the relay since, is not kept for good. Judging it again costs
-# a capped relay one refusal a week.
-LEARNT_CAP_SECS = 7 * 24 * 3600
 MAINTENANCE_TICK_SECS = 2.0
 DESCENDANT_TICK_SECS = 5.0
 HANDSHAKE_WORKERS = 8  # [sync] handshake_workers

@@ -233,7 +233,6 @@ class Refusals:
             return False
         state.current.limits = dataclasses.replace(limits, max_subscriptions=allowed)
         state.max_subscriptions_learned = allowed  # later sessions and restarts start there
-        state.subscriptions_learned_at = self.clock()  # (for a week: ``Lifecycle.start_day``)
         log.info("subscriptions_cap_lowered", relay=state.url, max_subscriptions=allowed,
                  was=budget.max_subscriptions)
         live = state.current.data_live_subs()
