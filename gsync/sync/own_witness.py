@@ -114,6 +114,7 @@ class OwnWitness:
     def restore(self, snapshot: dict) -> list[str]:
         """An earlier process's ``snapshot``: its keyed witnesses known here again; every id
         to ask the own relay for (``filters``), or none for a snapshot that does not parse."""
+        self.version += 1
         try:
             ids = [i for i in snapshot.get("ids", ()) if isinstance(i, str)]
             keyed_ids = []
@@ -124,8 +125,6 @@ class OwnWitness:
                     keyed_ids.append(event_id)
         except (AttributeError, TypeError, ValueError):
             return []
-        finally:
-            self.version += 1
         while len(self._keyed) > self.size:
             self._keyed.popitem(last=False)
         return ids + [i for i in keyed_ids if i in self._keyed]  # (judged by key: known here)

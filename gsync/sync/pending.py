@@ -655,9 +655,6 @@ class PendingBatch:
     # once it waited for such a batch
     follower: bool = False
     share_all: bool = False  # no lead to wait for after all: NIP-77 for every filter
-    # its REQs carry one filter each (``start_queue.batch_limits``): a poll of a relay not
-    # proven to answer several filters of a REQ (``HistoricPlanner.start``)
-    one_filter_reqs: bool = False
     # it waits for another shard's lead (``sync.shard``): the end of its wait is the
     # normal case, and the method is chosen per filter from what the own relay then holds
     led_elsewhere: bool = False

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .. import constants
 from ..protocol.filters import Filter
-from . import filter_plan, method, one_filter, start_queue
+from . import filter_plan, method, start_queue
 from .batch_phase import Step
 from .pending import BatchKind, CrowdedSecond, PendingBatch, SyncMethod, split_crowded
 from .plan_actions import (
@@ -93,7 +93,6 @@ class HistoricPlanner:
             state.round_started_at = now
         batch = PendingBatch(self.queue.batch_id(), items, kind=kind)
         batch.semantic_filters = list(filters)
-        batch.one_filter_reqs = kind is BatchKind.POLL and one_filter.polls_filter_by_filter(state)
         state.current.pending[batch.batch_id] = batch
         wait = self.follower_wait(state, items, leaders, filters) if asks_own and leaders else None
         if wait is not None and (go_now or not (wait.wait or OTHER_SHARD_LEAD in leaders)):

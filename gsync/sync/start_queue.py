@@ -20,9 +20,10 @@ from collections.abc import Iterable, Iterator
 from ..constants import MAX_FILTERS_PER_REQ, MAX_IDS_PER_REQ, MAX_OPEN_FILTER_BYTES, MIN_PAGE_CAP
 from ..protocol.filters import Filter
 from ..protocol.nip11 import RelayLimits
-from . import filter_plan, result_caps
+from . import filter_plan, one_filter, result_caps
 from .batch_phase import Step
 from .pending import (
+    BatchKind,
     CrowdedSecond,
     FilterPaginationState,
     PageCap,
@@ -291,10 +292,10 @@ def pack(state, filters, batch: PendingBatch | None = None) -> list[list[Filter]
 
 
 def batch_limits(state, batch: PendingBatch | None) -> RelayLimits | None:
-    """The relay's limits as ``batch``'s REQs are packed: one filter a REQ for a batch that
-    asks so (``PendingBatch.one_filter_reqs``), whatever the relay takes."""
+    """The relay's limits as ``batch``'s REQs are packed: one filter a REQ for a poll of a
+    relay polled filter by filter (``one_filter.polls_filter_by_filter``), whatever it takes."""
     limits = state.current.limits
-    if batch is None or not batch.one_filter_reqs:
+    if batch is None or batch.kind is not BatchKind.POLL or not one_filter.polls_filter_by_filter(state):
         return limits
     return dataclasses.replace(limits if limits is not None else RelayLimits(), max_filters=1)
 
