@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 
+from gsync import constants
 from gsync.protocol.filters import Filter
 
-from .factory import Author, announcement, issue, state
+from .factory import Author, announcement, comment, issue, state
 from .manager_harness import ManagerHarness
 
 A, B = "wss://a.example", "wss://b.example"
@@ -243,3 +244,33 @@ def test_a_follower_does_not_wait_for_a_lead_later_than_its_own_pages_are_worth(
 
     assert waits(4)
     assert not waits(6)
+
+
+def test_a_first_syncs_replies_of_members_are_priced_at_the_remotes_work_alone(tmp_path):
+    """A first sync: the thread's pages brought 40 members and 40 replies to them (a nested
+    comment tags its root too). The members' replies (a descendants batch, no items of its
+    own) lack what a re-sync lacks, so nothing the operator waits for comes by them: their
+    starts are worth the remote's work (10 KB), not a first sync's gate interval (90 KB), and
+    the replies in hand (held, or on their way) are checked by NIP-77 instead of coming again by pages (the
+    demo's world: 36 of the 283 events received)."""
+    h = ManagerHarness(tmp_path)
+    repo = listed_on([A], 1)[0]
+    bug = issue(Author.named("bob"), repo)
+    h.own_relay_holds(repo, bug)
+    h.connect(A)
+    h.answer_own_reads()
+    h.advance(1.1)
+    [thread] = [r for r in h.historic_reqs(A) if any(bug.id in flt.get("#E", ()) for flt in r[2:])]
+    who = Author.named("dev")
+    members = [comment(who, bug, content=f"m{k}") for k in range(40)]
+    replies = [comment(who, bug, m, content=f"r{k}") for k, m in enumerate(members)]
+    h.relay_sends(A, thread[1], *members, *replies)
+    h.settle(A)
+    member_ids = {m.id for m in members}  # their replies are on their way to the own relay
+    h.advance(constants.DESCENDANT_TICK_SECS)
+    h.tick()
+    h.answer_own_reads()
+    h.advance(2)
+    checked = [f for f in exchanges(h, A) if member_ids & set(dict(f.tags).get("e", ()))]
+    assert checked, "the replies in hand came again by pages"
+    assert not [r for r in h.historic_reqs(A) if any(member_ids & set(flt.get("#e", ())) for flt in r[2:])]
