@@ -454,6 +454,29 @@ def test_a_refusal_read_after_subscriptions_closed_learns_what_was_open_when_its
     assert h.state(A).max_subscriptions_learned == open_then
 
 
+def test_a_refusal_said_in_a_notice_naming_no_req_learns_what_was_open_when_its_req_went_too(tmp_path):
+    """strfry says "too many concurrent REQs" in a NOTICE naming no subscription: the
+    connection takes it for the last REQ it sent unanswered and closes that REQ, which took
+    from the book the count of those open beside it when it went. The cap was learnt from
+    those open when the NOTICE was read, fewer (the simulator, seed 923: 19 where the relay
+    held 20, kept for good); the connection hands the count on with the CLOSED it makes."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, 40))
+    conn = h.connect(A, limits=RelayLimits(max_message_length=4000))
+    conn._post = h.feed  # what the connection makes of the relay's frames reaches the manager
+    h.answer_own_reads()
+    h.advance(1.1)
+    refused = h.historic_reqs(A)[-1]
+    open_then = len(conn.subscriptions) - 1
+    for req in h.historic_reqs(A)[:-1]:
+        if req[1] in conn.subscriptions:
+            h.relay_says(A, wire.Eose(req[1]))
+    assert len(conn.subscriptions) - 1 < open_then
+    conn._handle_frame(b'["NOTICE","error: too many concurrent REQs"]')
+    assert refused[1] in [f[1] for f in h.frames(A, "CLOSE")]  # taken for the refused REQ's
+    assert h.state(A).max_subscriptions_learned == open_then
+
+
 def test_a_relay_without_nip11_refusing_too_many_open_subscriptions_teaches_the_cap_too(tmp_path):
     """Found by the simulator (seed 82's year, days 47.96 and 129.88): a relay with no NIP-11
     document (no limits known) and a cap of 10 REQs. Its "too many concurrent REQs" taught
@@ -506,6 +529,34 @@ def test_a_relay_without_nip11_refusing_too_many_filters_teaches_its_filters_per
     h.tick()
     h.feed(HandshakeDone(A, state.attempt, ws=FakeWs()))
     assert h.state(A).current.limits.max_filters == learned
+
+
+def test_live_coverage_opens_no_more_than_the_historic_reqs_open_leave_under_the_cap(tmp_path):
+    """Historic REQs take the room live coverage leaves them (``start_queue.slots``), and
+    stay open until their EOSE or stall. New coverage then opened live REQs into its own
+    slots as if they were free: past the relay's cap (the simulator, seed 923: seven live
+    REQs on fifteen open, the relay's cap 20; two refused, and the cap learnt one low for
+    good). What does not fit is polled, and goes live once the historic REQs have ended."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*[announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(6)])
+    conn = h.connect(A, limits=RelayLimits(max_subscriptions=10, max_filters=1))
+    for _ in range(3):  # historic pages the relay does not end: they hold their slots
+        h.answer_own_reads()
+        h.advance(1.1)
+    historic = len(conn.book.subscriptions) - len(h.state(A).current.live_subs)
+    assert historic >= 3
+    h.own_relay_holds(*[announcement(Author.named(f"v{i}"), f"s{i}", relays=[A]) for i in range(6)])
+    h.answer_own_reads()
+    h.advance(1.1)
+    assert conn.book.peak_subscriptions <= 10
+    assert h.state(A).fresh_polled.filters or h.state(A).polled.filters, "what did not fit is polled"
+    for _ in range(80):  # the pages end: the polled coverage goes live (``bring_live``), and is packed
+        h.eose_all(A)
+        h.answer_own_reads()
+        h.advance(30)
+        h.tick()
+    assert not h.state(A).fresh_polled.filters and not h.state(A).polled.filters
+    assert conn.book.peak_subscriptions <= 10
 
 
 # -- the daily fresh start ---------------------------------------------------------------------

@@ -593,8 +593,9 @@ class RelayConnection:
         """``text``, a NOTICE, is ``sub_id``'s CLOSED (and a CLOSE goes out for it)."""
         prefix, rest = wire.split_prefix(text)
         log.info("notice_taken_as_closed", relay=self.relay, sub_id=sub_id, text=text[:200])
+        beside = self.book.open_beside.get(sub_id)  # (its CLOSE drops it from the book)
         self.unsubscribe(sub_id)
-        self._emit(RemoteMessage(self.relay, self.session, wire.Closed(sub_id, prefix, rest)))
+        self._emit(RemoteMessage(self.relay, self.session, wire.Closed(sub_id, prefix, rest), beside=beside))
 
     def _explained(self, sub_id: str) -> None:
         """``sub_id`` was refused in a CLOSED too: the oldest open NOTICE it may have been is

@@ -81,12 +81,15 @@ class RemoteMessage:
     """Any other parsed relay message (EOSE, CLOSED, NOTICE, OK, AUTH …). ``past_until``,
     with an EOSE or CLOSED: per filter of that subscription (by index), how many events it
     matched but for its ``until`` came newer than every ``until`` given (dropped by the
-    connection; a relay that ignores ``until`` sends them, and they count toward its cap)."""
+    connection; a relay that ignores ``until`` sends them, and they count toward its cap).
+    ``beside``, with a CLOSED the connection made of a refusing NOTICE: how many others were
+    open when its REQ went (the book's count, gone with the CLOSE the connection sent)."""
 
     relay: str
     session: int
     message: Any
     past_until: tuple[int, ...] = ()
+    beside: int | None = None
 
 
 @dataclass(slots=True)

@@ -302,7 +302,7 @@ class SyncManager:
             self.refusals.note_served(state, m.sub_id)
             self.historic.on_eose(state, m.sub_id, msg.past_until)
         elif isinstance(m, wire.Closed):
-            self.refusals.on_closed(state, m)
+            self.refusals.on_closed(state, m, msg.beside)
         elif isinstance(m, wire.Notice):
             log.info("relay_notice", relay=state.url, text=m.text[:200])
             if wire.is_rate_limit_text(m.text):

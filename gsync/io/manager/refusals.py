@@ -132,11 +132,15 @@ class Refusals:
 
     # -- CLOSED ---------------------------------------------------------------------------
 
-    def on_closed(self, state: RelayState, closed: wire.Closed) -> None:
+    def on_closed(self, state: RelayState, closed: wire.Closed, beside: int | None = None) -> None:
+        """A CLOSED: the relay's, or one its connection made of a refusing NOTICE (``beside``:
+        how many others were open when its REQ went, read before the connection closed it;
+        for the relay's own, the book has it still)."""
         sub_id = closed.sub_id
         if sub_id not in state.current.sub_to_batch and sub_id not in state.current.live_subs:
             return  # already finished (some relays close an ids-only REQ after its EOSE)
-        beside = state.current.book.open_beside.get(sub_id, 0)
+        if beside is None:
+            beside = state.current.book.open_beside.get(sub_id, 0)
         state.current.book.forget(sub_id)
         state.current.sub_activity.pop(sub_id, None)
         state.current.historic_sent_at.pop(sub_id, None)
