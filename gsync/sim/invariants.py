@@ -87,6 +87,11 @@ with the simulated day it happened and what broke.
   as many are open as it holds, so what was open then is its cap): its live coverage past the learnt cap is polled for good (seed 2 of 6 relays and 20
   repositories: a refusal read after a consolidation had closed several took the 5 left
   for the cap where the relay held 10; 15,364 polls in a day and a half).
+- ``subscriptions_past_cap``: a REQ left more open on a connection than the cap gsync holds
+  for that relay (published, assumed or learnt: its session's limits), those the relay
+  closed already aside. The relay refuses it, and a refusal read as the cap teaches one too
+  low (seed 923 of a 15-day world of twelve relays: live coverage opened into slots historic
+  REQs still held, 22 open under a cap of 20; ``LiveCoverage.open_groups``).
 - ``live_missed_falsely``: an hourly live audit (``LiveCoverage.run_audits``) judged events
   missed by live subscriptions (``gsync_live_events_missed_total`` rose) on a relay that
   keeps them (all but ``--drops-live``'s), so a false verdict, which reopens every live subscription
@@ -118,6 +123,7 @@ from ..io.manager.live import live_groups_with_room
 from ..io.manager.refusals import KindsProbe
 from ..ops import metrics
 from ..protocol.precise import NOTES_EXCLUDED
+from ..sync.filter_plan import SubscriptionBudget
 from ..sync.policy import describe
 from ..sync.relay_state import ConnectionStatus
 from ..sync.repos import owner_of
@@ -472,6 +478,8 @@ class Checker:
             self._start(conn, text)
         elif verb == "REQ" and '"limit":0' not in (text.replace(" ", "") if " " in text else text):
             self._start(conn, text)
+        if verb == "REQ":
+            self._within_cap(conn)
         relay = self.sim.relays[conn.relay]
         if verb == "REQ" and relay.hidden and not relay.no_eose and '"ids"' in text:
             # (a REQ the relay leaves without EOSE is not answered: asked again, it is a fetch
@@ -479,6 +487,18 @@ class Checker:
             self._asks_hidden(conn, text)
         if verb in ("REQ", "NEG-OPEN") and conn.relay in self.refused_at:
             self._asks_refused(conn, text if verb == "REQ" else "[\"REQ\"," + text.split(",", 1)[1])
+
+    def _within_cap(self, conn) -> None:
+        """``subscriptions_past_cap``, once a connection."""
+        state = self.sim.manager.relays.get(conn.relay)
+        if state is None or state.current.book is not conn.book or conn.__dict__.get("past_cap"):
+            return
+        book = conn.book
+        open_now = len(book.subscriptions) - len(book.closed_by_relay)
+        cap = SubscriptionBudget.from_limits(state.current.limits).max_subscriptions
+        if open_now > cap:
+            conn.__dict__["past_cap"] = True
+            self.violation("subscriptions_past_cap", f"{conn.relay}: {open_now} open, its cap {cap}")
 
     def _asks_hidden(self, conn, text: str) -> None:
         url = conn.relay
