@@ -147,6 +147,11 @@ class SubscriptionBook:
         self.closed_by_relay.pop(sub_id, None)
         self.ended.add(sub_id, *self._drop_sub(sub_id))
 
+    def held_by_relay(self) -> int:
+        """The REQs the relay holds open of ours, as far as we know: those open, less those
+        it closed (its CLOSED read, not taken in yet)."""
+        return len(self.subscriptions) - len(self.closed_by_relay)
+
     def relay_closed(self, sub_id: str) -> None:
         """The relay's CLOSED for open ``sub_id`` was read (the manager is told): no CLOSE
         is sent for it (``close_frame``). At most MAX_CLOSED_BY_RELAY kept, the oldest

@@ -493,8 +493,7 @@ class Checker:
         state = self.sim.manager.relays.get(conn.relay)
         if state is None or state.current.book is not conn.book or conn.__dict__.get("past_cap"):
             return
-        book = conn.book
-        open_now = len(book.subscriptions) - len(book.closed_by_relay)
+        open_now = conn.book.held_by_relay()
         cap = SubscriptionBudget.from_limits(state.current.limits).max_subscriptions
         if open_now > cap:
             conn.__dict__["past_cap"] = True

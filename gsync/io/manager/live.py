@@ -92,7 +92,7 @@ class LiveCoverage:
         # never past the relay's cap in all: historic REQs may hold room live coverage left
         # them (``start_queue.slots``) until their EOSE or stall (seed 923 of the simulator:
         # seven live REQs on fifteen open, the relay's cap 20; two refused, the cap learnt low)
-        slots = min(slots, budget.max_subscriptions - len(state.current.book.subscriptions))
+        slots = min(slots, budget.max_subscriptions - state.current.book.held_by_relay())
         live_bytes = state.current.live_filter_bytes()
         # a shape the relay refused once goes alone: refused again, it takes nothing down
         flagged = [(part, n < fresh) for n, group in enumerate(groups)
