@@ -490,10 +490,10 @@ class Checker:
 
     def _within_cap(self, conn) -> None:
         """``subscriptions_past_cap``, once a connection."""
-        state = self.sim.manager.relays.get(conn.relay)
-        if state is None or state.current.book is not conn.book or conn.__dict__.get("past_cap"):
-            return
-        open_now = conn.book.held_by_relay()
+        state, book = self.sim.manager.relays.get(conn.relay), getattr(conn, "book", None)
+        if state is None or book is None or state.current.book is not book or conn.__dict__.get("past_cap"):
+            return  # (the checker's own tests hand it frames without a connection's book)
+        open_now = book.held_by_relay()
         cap = SubscriptionBudget.from_limits(state.current.limits).max_subscriptions
         if open_now > cap:
             conn.__dict__["past_cap"] = True
