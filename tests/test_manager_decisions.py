@@ -477,6 +477,38 @@ def test_a_refusal_said_in_a_notice_naming_no_req_learns_what_was_open_when_its_
     assert h.state(A).max_subscriptions_learned == open_then
 
 
+def test_a_second_notice_of_the_same_burst_does_not_lower_the_cap_it_taught_again(tmp_path):
+    """Two REQs of a burst refused in NOTICEs naming none: the first teaches the cap (what
+    was open beside the REQ it is taken for). The second, read a moment later, is taken for
+    whichever REQ went last by then, with fewer open beside it (the first lowering may have
+    closed and reopened the live REQs): it is read as a rate limit, not as a lower cap (the
+    simulator, seed 703 of bench/README's per-filter world with a learnt cap judged again:
+    11, then 8, where the relay holds 10). Its REQ goes again after the cooldown."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, 40))
+    conn = h.connect(A, limits=RelayLimits(max_message_length=4000))
+    conn._post = h.feed
+    h.answer_own_reads()
+    h.advance(1.1)
+    open_then = len(conn.subscriptions) - 1
+    conn._handle_frame(b'["NOTICE","error: too many concurrent REQs"]')
+    assert h.state(A).max_subscriptions_learned == open_then
+    sent = len(conn.frames)
+    conn._handle_frame(b'["NOTICE","error: too many concurrent REQs"]')
+    assert h.state(A).max_subscriptions_learned == open_then
+    [taken] = [f[1] for f in conn.frames[sent:] if f[0] == "CLOSE"]  # the REQ it is taken for
+    asked = next(f for f in conn.frames[:sent] if f[0] == "REQ" and f[1] == taken)[2:]
+    assert h.manager.health.cooldown_remaining(A, h.clock.now) > 0  # read as a rate limit
+    for _ in range(20):
+        h.advance(10)
+        h.tick()
+    again = [f for f in conn.frames[sent:] if f[0] == "REQ"
+             and {json.dumps(x, sort_keys=True) for x in asked} <= {json.dumps(x, sort_keys=True) for x in f[2:]}]
+    assert again, "what it was taken for was never asked again"
+    conn._handle_frame(b'["NOTICE","error: too many concurrent REQs"]')  # later: a cap taught again
+    assert h.state(A).max_subscriptions_learned < open_then
+
+
 def test_a_relay_without_nip11_refusing_too_many_open_subscriptions_teaches_the_cap_too(tmp_path):
     """Found by the simulator (seed 82's year, days 47.96 and 129.88): a relay with no NIP-11
     document (no limits known) and a cap of 10 REQs. Its "too many concurrent REQs" taught

@@ -593,7 +593,7 @@ class RelayConnection:
         """``text``, a NOTICE, is ``sub_id``'s CLOSED (and a CLOSE goes out for it)."""
         prefix, rest = wire.split_prefix(text)
         log.info("notice_taken_as_closed", relay=self.relay, sub_id=sub_id, text=text[:200])
-        beside = self.book.open_beside.get(sub_id)  # (its CLOSE drops it from the book)
+        beside = self.book.open_beside.get(sub_id, 0)  # (its CLOSE drops it from the book)
         self.unsubscribe(sub_id)
         self._emit(RemoteMessage(self.relay, self.session, wire.Closed(sub_id, prefix, rest), beside=beside))
 

@@ -175,6 +175,9 @@ class RelaySession:
     kinds_probes_unanswered: int = 0
     # the probes spent on answers one of their filters explains (``sync.one_filter``)
     one_filter_probes: int = 0
+    # when a refusal in a NOTICE naming no REQ last lowered the subscription cap
+    # (``Refusals.learn_max_subscriptions``: another such within seconds is the same burst's)
+    cap_guessed_at: float | None = None
     # direct members of threads seen from this relay whose descendants' coverage this
     # session has open (their replies are fetched too); the next one reopens them
     members: set = field(default_factory=set)
