@@ -306,6 +306,14 @@ POLICY_PROBE_SECS = 24 * 3600
 # is asked by REQ+EOSE only, over reconnects and restarts, for this long after its last
 # failure (SPEC §4: at most once a day): each new session's attempt cost up to the 15 s wait.
 NIP77_RETRY_SECS = 24 * 3600
+# A subscription cap learnt from refusals (``RelayState.max_subscriptions_learned``) is judged
+# again at the first daily sync a week after it was learnt: one the relay raised since (an
+# upgrade), or learnt low from what could not be read exactly (strfry's "too many concurrent
+# REQs" NOTICE names no subscription: a burst's refusals are guesses), is not kept for good.
+# Judging it again costs a capped relay one refusal a week. (Reverted once, 176a765, when
+# seed 703 of bench/README's per-filter world relearnt 8 where the relay holds 10; kept since
+# gsync no longer opens past the cap it holds nor learns from a second guess of one burst.)
+LEARNT_CAP_SECS = 7 * 24 * 3600
 MAINTENANCE_TICK_SECS = 2.0
 DESCENDANT_TICK_SECS = 5.0
 HANDSHAKE_WORKERS = 8  # [sync] handshake_workers

@@ -268,6 +268,31 @@ def test_what_a_rest_from_nip77_left_unreached_is_synced_after_it_by_a_process_s
         assert (len(later) > len(spawned)) is left, left
 
 
+def test_a_subscription_cap_learnt_a_week_ago_is_forgotten_at_the_daily_sync(tmp_path):
+    """A cap learnt from refusals is judged again a week on (``constants.LEARNT_CAP_SECS``):
+    one learnt low from a NOTICE that names no subscription (the simulator, seed 923), or
+    raised by the relay since, is not kept for good. At the daily sync a week after it was
+    learnt (or of a cap saved with no date, by an older gsync) it is forgotten, and the next
+    session opens up to what the relay's NIP-11 says; one learnt days ago is kept."""
+    for age, kept in ((5 * 86_400, True), (7 * 86_400, False), (None, False)):  # (the daily sync a day on)
+        h = ManagerHarness(tmp_path / str(age))
+        h.own_relay_holds(*listed_on(A, 1))
+        h.connect(A, limits=RelayLimits(max_subscriptions=30))
+        h.settle(A)
+        state = h.state(A)
+        state.max_subscriptions_learned = 12
+        state.subscriptions_learned_at = None if age is None else h.clock.now - age
+        h.advance(state.next_daily_at - h.clock.now + 1)
+        h.tick()  # the daily fresh start
+        assert (state.max_subscriptions_learned == 12) is kept, age
+        assert state.current.limits.max_subscriptions == 30  # (this session as it was)
+        h.feed(RelayDisconnected(A, state.session, "gone"))
+        h.advance(3)
+        h.tick()
+        h.feed(HandshakeDone(A, state.attempt, ws=FakeWs(), limits=RelayLimits(max_subscriptions=30)))
+        assert state.current.limits.max_subscriptions == (12 if kept else 30), age
+
+
 def test_an_exchange_that_never_concludes_ends_at_the_managers_deadline_and_late_answers_change_nothing(tmp_path):
     """Whatever an exchange's greenlet does (hung before its own 15 s deadline could fire),
     the manager ends it NEGENTROPY_GRACE_SECS after that: killed, NEG-CLOSE sent, its filter
@@ -452,6 +477,7 @@ def test_a_refusal_read_after_subscriptions_closed_learns_what_was_open_when_its
     assert len(conn.subscriptions) - 1 < open_then
     h.relay_says(A, closed(refused[1], "error: too many concurrent REQs"))
     assert h.state(A).max_subscriptions_learned == open_then
+    assert h.state(A).subscriptions_learned_at == h.clock.now  # (judged again a week on)
 
 
 def test_a_refusal_said_in_a_notice_naming_no_req_learns_what_was_open_when_its_req_went_too(tmp_path):

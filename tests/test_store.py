@@ -207,6 +207,7 @@ def _learnt_relay():
     state.precise_queries = True
     state.filters_answered = True
     state.unreached = True
+    state.subscriptions_learned_at = NOW - 70
     q = Filter.make(kinds=[1], tags={"q": ["x"]})
     state.paused.pause(coverage_key(q), NOW - 10)
     return state, q
@@ -225,7 +226,8 @@ def test_whatever_changes_a_relays_record_changes_its_key():
                 memory.relay_memory(state, health.snapshot(URL, memory.HEALTH_FIELDS)))
 
     changes = [lambda name=name, i=i: setattr(state, name, NOW + i) for i, name in enumerate(
-        ("last_connected", "disconnected_at", "next_daily_at", "nip77_failed_at", "ids_unserved_at"))]
+        ("last_connected", "disconnected_at", "next_daily_at", "nip77_failed_at", "ids_unserved_at",
+         "subscriptions_learned_at"))]
     changes += [lambda name=name: setattr(state, name, 7) for name in
                 ("max_message_learned", "max_filters_learned", "max_subscriptions_learned")]
     changes += [lambda: setattr(state, "announcements_synced", False),
@@ -266,6 +268,7 @@ def test_a_relays_memory_round_trips_through_json():
     assert back.next_daily_at == NOW + 80_000 and back.nip77_failed_at == NOW - 100
     assert back.ids_unserved_at == NOW - 50 and back.precise_queries and back.filters_answered
     assert back.unreached  # (what REQ pages left there is synced when its rest from NIP-77 ends)
+    assert back.subscriptions_learned_at == NOW - 70  # (the cap is judged again a week after)
     restored = RelayHealthTracker()
     restored.restore(URL, saved_health)
     assert restored.failures(URL, NOW) == 4

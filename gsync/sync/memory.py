@@ -56,6 +56,7 @@ def relay_memory(state, health: dict[str, Any]) -> dict[str, Any]:
         "precise_refused": state.precise_refused,
         "filters_answered": state.filters_answered,
         "unreached": state.unreached,
+        "subscriptions_learned_at": state.subscriptions_learned_at,
         "health": {k: health.get(k) for k in HEALTH_FIELDS},
     }
 
@@ -65,7 +66,8 @@ def relay_memory(state, health: dict[str, Any]) -> dict[str, Any]:
 _RECORD_FIELDS = attrgetter("connected", "last_connected", "disconnected_at", "announcements_synced",
                             "next_daily_at", "max_message_learned", "max_filters_learned",
                             "max_subscriptions_learned", "nip77_failed_at", "ids_unserved_at",
-                            "precise_queries", "precise_refused", "filters_answered", "unreached")
+                            "precise_queries", "precise_refused", "filters_answered", "unreached",
+                            "subscriptions_learned_at")
 HEALTH_VALUES = attrgetter(*HEALTH_FIELDS)
 
 
@@ -99,6 +101,7 @@ def restore_relay(state, memory: dict[str, Any], saved_at: float | None) -> dict
         state.precise_refused = memory.get("precise_refused") is True
         state.filters_answered = memory.get("filters_answered") is True
         state.unreached = memory.get("unreached") is True
+        state.subscriptions_learned_at = _float_or_none(memory.get("subscriptions_learned_at"))
         if memory.get("connected") and saved_at is not None:
             state.last_connected = state.disconnected_at = float(saved_at)
         state.paused = CoveragePauses.restore(memory.get("paused") or [])

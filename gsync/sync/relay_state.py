@@ -273,6 +273,7 @@ class RelayState:
     # REQ shape and subscription caps it refused past (kept over sessions and restarts)
     max_filters_learned: int | None = None
     max_subscriptions_learned: int | None = None
+    subscriptions_learned_at: float | None = None  # when (judged again a week later: LEARNT_CAP_SECS)
     # its NIP-77 result cap, as far as refusals and served exchanges told (kept over sessions)
     result_cap: ResultCap = field(default_factory=ResultCap)
     refused_reason: str = ""  # the SSRF guard said no: never dialled again

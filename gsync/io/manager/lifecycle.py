@@ -489,11 +489,19 @@ class RelayLifecycle:
     @staticmethod
     def start_day(state: RelayState, now: float) -> None:
         """A relay's daily fresh start (or a fresh start at reconnect shortly before it):
-        the next one a random 23-25 h later, and what was unservable there asked again."""
+        the next one a random 23-25 h later, and what was unservable there asked again. A
+        subscription cap learnt a week ago or more is forgotten: the relay's next session
+        opens up to what its NIP-11 says (or the default) and learns it again if refused
+        (``constants.LEARNT_CAP_SECS``)."""
         state.next_daily_at = now + random.uniform(constants.DAILY_MIN_SECS, constants.DAILY_MAX_SECS)
         log.info("daily_sync", relay=state.url)
         state.unservable.clear()  # asked again: it may be served now
         state.filters_answered = False  # (software changes: its answers are judged again)
+        learnt_at = state.subscriptions_learned_at
+        if state.max_subscriptions_learned is not None and (
+                learnt_at is None or now - learnt_at >= constants.LEARNT_CAP_SECS):
+            log.info("subscription_cap_forgotten", relay=state.url, max_subscriptions=state.max_subscriptions_learned)
+            state.max_subscriptions_learned = state.subscriptions_learned_at = None
 
     def fresh_start(self, state: RelayState, now: float) -> None:
         # The daily sync runs on a live connection: close every subscription it abandons,

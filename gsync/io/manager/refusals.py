@@ -253,6 +253,7 @@ class Refusals:
         state.max_subscriptions_learned = allowed  # later sessions and restarts start there
         if guessed:
             session.cap_guessed_at = now
+        state.subscriptions_learned_at = now  # (for a week: ``Lifecycle.start_day``)
         log.info("subscriptions_cap_lowered", relay=state.url, max_subscriptions=allowed,
                  was=budget.max_subscriptions)
         live = state.current.data_live_subs()
