@@ -292,10 +292,17 @@ def pack(state, filters, batch: PendingBatch | None = None) -> list[list[Filter]
 
 
 def batch_limits(state, batch: PendingBatch | None) -> RelayLimits | None:
-    """The relay's limits as ``batch``'s REQs are packed: one filter a REQ for a poll of a
-    relay polled filter by filter (``one_filter.polls_filter_by_filter``), whatever it takes."""
+    """The relay's limits as ``batch``'s REQs are packed (a poll's: ``poll_limits``)."""
+    if batch is None or batch.kind is not BatchKind.POLL:
+        return state.current.limits
+    return poll_limits(state)
+
+
+def poll_limits(state) -> RelayLimits | None:
+    """The relay's limits as a poll's REQs are packed: one filter a REQ on a relay polled
+    filter by filter (``one_filter.polls_filter_by_filter``), whatever it takes."""
     limits = state.current.limits
-    if batch is None or batch.kind is not BatchKind.POLL or not one_filter.polls_filter_by_filter(state):
+    if not one_filter.polls_filter_by_filter(state):
         return limits
     return dataclasses.replace(limits if limits is not None else RelayLimits(), max_filters=1)
 

@@ -12,7 +12,7 @@ from ... import constants
 from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
-from ...sync import filter_plan, one_filter
+from ...sync import filter_plan, start_queue
 from ...sync.pending import BatchKind
 from ...sync.policy import regroup_parts
 from ...sync.relay_state import LiveSub, RelayState
@@ -427,8 +427,7 @@ class LiveCoverage:
             since = int(tier.cursor or now) - constants.POLL_OVERLAP_SECS
             tier.started_at = now
             tier.filters = state.paused.allowed(tier.filters)
-            every = filter_plan.poll_interval(wire.req_size("poll", tier.filters),
-                                              reqs_taken(state, tier.filters, alone=one_filter.polls_filter_by_filter(state)))
+            every = filter_plan.poll_interval(wire.req_size("poll", tier.filters), reqs_taken(state, tier.filters))
             if state.current.live_not_kept:
                 every = max(every, constants.LIVE_NOT_KEPT_POLL_SECS)
             if tier.filters and round(every) != round(tier.every):
@@ -500,15 +499,13 @@ class LiveCoverage:
                  polled_filters=len(state.polled.filters) + len(state.fresh_polled.filters))
 
 
-def reqs_taken(state: RelayState, filters, alone: bool = False) -> int:
-    """The REQs ``filters`` go out as: packed (``filter_plan.pack_into_reqs``; one a REQ
-    with ``alone``), then split where a shape goes alone or stalled on this connection
-    (``policy.regroup_parts``), as ``start_queue`` sends them."""
+def reqs_taken(state: RelayState, filters) -> int:
+    """The REQs a poll of ``filters`` goes out as: packed as a poll is
+    (``start_queue.poll_limits``), then split where a shape goes alone or stalled on this
+    connection (``policy.regroup_parts``), as ``start_queue`` sends them."""
     session = state.current
-    if alone:
-        return len(filters)
     return sum(len(regroup_parts(state.paused, session.stalled_shapes, group) or [group])
-               for group in filter_plan.pack_into_reqs(filters, session.limits))
+               for group in filter_plan.pack_into_reqs(filters, start_queue.poll_limits(state)))
 
 
 def live_groups_with_room(state: RelayState, filters) -> list:
