@@ -10,7 +10,7 @@ from gsync.protocol.filters import Filter
 from gsync.protocol.nip11 import RelayLimits
 from gsync.sync.policy import coverage_key
 
-from .factory import Author, announcement
+from .factory import Author, announcement, issue
 from .manager_harness import ManagerHarness
 
 A = "wss://a.example"
@@ -246,3 +246,92 @@ def test_a_relay_that_keeps_no_live_req_and_is_not_proven_to_answer_several_filt
     state.filters_answered = True  # (an answer needed two filters)
     poll = next_poll()
     assert any(len(req) > 3 for req in poll), [len(req) - 2 for req in poll]
+
+
+def _polled_one_a_req(tmp_path):
+    """A relay keeping no live REQ, nothing it held ever needing two filters of a REQ: its
+    polls ask one filter a REQ (the test above)."""
+    h = ManagerHarness(tmp_path)
+    repo = announcement(owner, "r", relays=[A])
+    h.own_relay_holds(repo)
+    h.connect(A, limits=RelayLimits(max_subscriptions=10))
+    h.settle(A)
+    close_live_subs(h)
+    h.advance(5)
+    close_live_subs(h)
+    state = h.state(A)
+    assert state.current.live_not_kept and not state.filters_answered and not state.served_ids
+    return h, repo, state
+
+
+def _answer_open_reqs(h, serve=lambda filters: ()) -> list:
+    """Every open REQ on A answered (``serve(filters)``: the events sent first), ended and
+    closed, as a relay keeping no subscription does. The REQs answered."""
+    answered = []
+    for sub_id, filters in list(h.conn(A).subscriptions.items()):
+        events = [e for e in serve(filters) if filters.matching(e)]
+        if events:
+            h.relay_sends(A, sub_id, *events)
+        h.relay_says(A, wire.Eose(sub_id))
+        h.relay_says(A, wire.parse_relay_message('["CLOSED","' + sub_id + '",""]'))
+        answered.append(sub_id)
+    return answered
+
+
+def _until_reqs(h, serve, done, rounds=400) -> list:
+    """Ticks of 2 s, every open REQ answered (``_answer_open_reqs``), until ``done(sent)``
+    of the historic REQs sent meanwhile. Those REQs."""
+    start = h.clock.now
+    for _ in range(rounds):
+        h.advance(2)
+        h.tick()
+        _answer_open_reqs(h, serve)
+        sent = [f for at, f in h.historic_reqs(A, times=True) if at > start]
+        if done(sent):
+            return sent
+    raise AssertionError(f"not done: {sent}")
+
+
+def _proof_reqs(sent) -> list:
+    return [r for r in sent if len(r) == 4 and all(set(f) == {"ids"} and len(f["ids"]) == 1 for f in r[2:])]
+
+
+def test_a_relay_polled_one_filter_a_req_is_proven_to_answer_several_by_two_events_it_served(tmp_path):
+    """The simulator, seeds 1004 and 1006 of the default world: a relay closing every
+    subscription after its EOSE and syncing by NIP-77 (no REQ of several filters ever
+    answered) was polled one filter a REQ all month, 15-17 REQs every 5 minutes, 30 times
+    another relay's messages. Once it has served two events, they are asked back in one REQ
+    of two filters (``{"ids": [a]}``, ``{"ids": [b]}``); both served prove it answers several,
+    and its polls are packed again."""
+    h, repo, state = _polled_one_a_req(tmp_path)
+    bugs = [issue(Author.named("reporter"), repo, subject=f"bug {n}", created_at=int(h.clock.now) + 60 + n)
+            for n in range(2)]
+    sent = _until_reqs(h, lambda filters: bugs, _proof_reqs)
+    (proof,) = _proof_reqs(sent)
+    assert {f["ids"][0] for f in proof[2:]} == {b.id for b in bugs}
+    assert all(len(r) == 3 for r in sent if r is not proof)  # the poll: one filter a REQ
+    assert not state.filters_answered
+    _answer_open_reqs(h, lambda filters: bugs)
+    assert state.filters_answered  # both served, each by its own filter
+    poll = _until_reqs(h, lambda filters: (), lambda sent: len(sent) > 0)
+    assert any(len(req) > 3 for req in poll), [len(req) - 2 for req in poll]  # packed again
+
+
+def test_a_relay_serving_one_filter_of_the_proof_is_learnt_to_answer_one_filter_a_req(tmp_path):
+    """The proof's answer with one of the two events (a relay reading ``filters[0]`` alone) is
+    a suspect answer: the other filter is probed alone, and served so, the relay is learnt to
+    answer one filter a REQ (``max_filters`` 1, kept). Not asked again before its next daily
+    fresh start."""
+    h, repo, state = _polled_one_a_req(tmp_path)
+    bugs = [issue(Author.named("reporter"), repo, subject=f"bug {n}", created_at=int(h.clock.now) + 60 + n)
+            for n in range(2)]
+
+    def first_filter_only(filters):
+        ids = filters.filters[0].ids
+        return [b for b in bugs if b.id in ids] if ids else bugs
+
+    _until_reqs(h, first_filter_only, lambda sent: state.max_filters_learned == 1)
+    sent = [f for f in h.historic_reqs(A)]
+    assert len(_proof_reqs(sent)) == 1 and not state.filters_answered
+    later = _until_reqs(h, lambda filters: (), lambda sent: len(sent) >= 20)  # four polls and more
+    assert not _proof_reqs(later), "asked again the same day"

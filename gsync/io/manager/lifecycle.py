@@ -497,6 +497,7 @@ class RelayLifecycle:
         log.info("daily_sync", relay=state.url)
         state.unservable.clear()  # asked again: it may be served now
         state.filters_answered = False  # (software changes: its answers are judged again)
+        state.filters_proof_asked = False
         learnt_at = state.subscriptions_learned_at
         if state.max_subscriptions_learned is not None and (
                 learnt_at is None or now - learnt_at >= constants.LEARNT_CAP_SECS):

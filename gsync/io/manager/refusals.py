@@ -45,6 +45,7 @@ from ...ops import metrics
 from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...protocol import precise
+from ...protocol.filters import Filter
 from ...sync import filter_plan, one_filter, start_queue
 from ...sync.health import HealthState, Refusal, classify_refusal, refuses_a_shape
 from ...sync.pending import BatchKind, PageCap, PendingBatch
@@ -80,6 +81,9 @@ class FiltersProbe:
     rest: tuple = ()
 
 
+# The mark in ``RelaySession.probes`` of the REQ asking two events a relay served in two
+# filters (``Refusals.ask_filters_proof``)
+FILTERS_PROOF = "filters proof"
 CAPACITY = "capacity"  # too much open at once: not a rate, not a policy
 SUBSCRIPTIONS = "subscriptions"  # too many open at once: the relay's cap, learnt
 
@@ -487,6 +491,7 @@ class Refusals:
         session = state.current
         if answer is None:
             return False
+        self.keep_served_ids(state, answer)
         probe = session.probes.get(batch.batch_id)
         if isinstance(probe, FiltersProbe):
             # judged on its own REQ's answer alone (later pages of its batch, an until probe
@@ -498,29 +503,66 @@ class Refusals:
             if probe.rest:
                 self.probe_filters(state, probe.brought, probe.rest)
             return False
-        if (state.filters_answered or len(answer.filters) < 2
-                or session.one_filter_probes >= one_filter.PROBES_PER_SESSION):
-            return False  # (proven, or no probe left to spend: nothing to judge)
+        # (a proof's suspect answer is probed whatever the session spent, and not taken for
+        # one a cap or the relay's time cut: each of its two filters asks for one event)
+        proof = probe is FILTERS_PROOF
+        if proof:
+            del session.probes[batch.batch_id]
+        if state.filters_answered or len(answer.filters) < 2:
+            return False  # (proven, or nothing to judge)
         seen = [frozenset(event_id for _, event_id in s.seen) for s in answer.filters]
         candidates = one_filter.unserved_candidates(seen)
-        if candidates is None:  # (proof, though a cap may have cut it)
+        if candidates is None:  # (proof, though a cap may have cut it; whatever probes are left)
             state.filters_answered = True
             return False
-        if (not candidates or (session.page_cap or PageCap()).req_maybe_cut(answer.total, slow)
+        if (not candidates or (session.one_filter_probes >= one_filter.PROBES_PER_SESSION and not proof)
+                or ((session.page_cap or PageCap()).req_maybe_cut(answer.total, slow) and not proof)
                 or any(isinstance(p, FiltersProbe) for p in session.probes.values())):
             return False  # (one suspect answer at a time)
         newest = int(self.clock()) - one_filter.PROBE_MARGIN_SECS
         filters = [s.page_filter for s in answer.filters]
         order = one_filter.probe_order(filters, candidates)
-        self.probe_filters(state, frozenset().union(*seen),
-                           tuple(one_filter.probe_filter(filters[i], newest) for i in order))
+        # (a proof's filter asks again an event served before it: nothing stored since can
+        # answer it, and the event may be newer than the margin)
+        probes = tuple(filters[i] if proof else one_filter.probe_filter(filters[i], newest) for i in order)
+        self.probe_filters(state, frozenset().union(*seen), probes, spare=proof)
         return False
 
-    def probe_filters(self, state: RelayState, brought: frozenset[str], probes: tuple) -> None:
+    def keep_served_ids(self, state: RelayState, answer) -> None:
+        """Two ids the relay served lately (``RelayState.served_ids``). A relay whose polls go
+        one filter a REQ for want of proof that it answers several (``one_filter.
+        polls_filter_by_filter``: it keeps no live subscription, and nothing of what it holds
+        ever needed two filters of a REQ) pays a REQ a filter every poll, all day: once it
+        has served two events, they are asked back in one REQ of two filters, once a day
+        (``ask_filters_proof``)."""
+        served = [event_id for s in answer.filters for _, event_id in s.seen]
+        if served:
+            state.served_ids = tuple(dict.fromkeys((*served[-2:], *state.served_ids)))[:2]
+        if (len(state.served_ids) == 2 and not state.filters_proof_asked
+                and one_filter.polls_filter_by_filter(state)):
+            self.ask_filters_proof(state)
+
+    def ask_filters_proof(self, state: RelayState) -> None:
+        """One REQ asking each of two events the relay served in a filter of its own
+        (``{"ids": [a]}``, ``{"ids": [b]}``). Both served prove it answers several filters a
+        REQ (``check_answer``: no one filter explains the answer); one alone makes the answer
+        suspect, and the other is probed alone as any suspect answer's; none proves nothing
+        (an event deleted since, a relay not serving by id): its polls stay one filter a REQ,
+        and the proof is asked again after its next daily fresh start."""
+        state.filters_proof_asked = True
+        batch = PendingBatch(self.historic.queue.batch_id(), PendingItems(), kind=BatchKind.PROBE)
+        state.current.pending[batch.batch_id] = batch
+        state.current.probes[batch.batch_id] = FILTERS_PROOF
+        log.info("filters_proof_asked", relay=state.url)
+        self.historic.queue.add_packed(state, batch, [[Filter.make(ids=[event_id]) for event_id in state.served_ids]])
+        self.historic.pump(state)
+
+    def probe_filters(self, state: RelayState, brought: frozenset[str], probes: tuple, spare: bool = False) -> None:
         """The first of ``probes`` asked alone (one REQ), the rest kept for after its
-        answer; none past ``one_filter.PROBES_PER_SESSION`` a session."""
+        answer; none past ``one_filter.PROBES_PER_SESSION`` a session, but the one a proof's
+        suspect answer asks for (``spare``: a day's, ``ask_filters_proof``)."""
         session = state.current
-        if not probes or session.one_filter_probes >= one_filter.PROBES_PER_SESSION:
+        if not probes or (session.one_filter_probes >= one_filter.PROBES_PER_SESSION and not spare):
             return
         session.one_filter_probes += 1
         batch = PendingBatch(self.historic.queue.batch_id(), PendingItems(), kind=BatchKind.PROBE)
@@ -540,7 +582,7 @@ class Refusals:
         self.on_one_filter(state)
 
     def probe_answered(self, state: RelayState, key, batch: PendingBatch) -> None:
-        if isinstance(key, FiltersProbe):
+        if isinstance(key, FiltersProbe) or key is FILTERS_PROOF:
             return  # unanswered (its REQ refused or stalled): no evidence either way
         if isinstance(key, KindsProbe):
             self.kinds_probe_answered(state, batch)
