@@ -535,9 +535,9 @@ class Refusals:
         ever needed two filters of a REQ) pays a REQ a filter every poll, all day: once it
         has served two events, they are asked back in one REQ of two filters, once a day
         (``ask_filters_proof``)."""
-        served = [event_id for s in answer.filters for _, event_id in s.seen]
+        served = [event_id for s in reversed(answer.filters) for _, event_id in s.seen[-2:]]  # (this page's last)
         if served:
-            state.served_ids = tuple(dict.fromkeys((*served[-2:], *state.served_ids)))[:2]
+            state.served_ids = tuple(dict.fromkeys((*served, *state.served_ids)))[:2]
         if (len(state.served_ids) == 2 and not state.filters_proof_asked
                 and one_filter.polls_filter_by_filter(state)):
             self.ask_filters_proof(state)
