@@ -335,3 +335,10 @@ def test_a_relay_serving_one_filter_of_the_proof_is_learnt_to_answer_one_filter_
     assert len(_proof_reqs(sent)) == 1 and not state.filters_answered
     later = _until_reqs(h, lambda filters: (), lambda sent: len(sent) >= 20)  # four polls and more
     assert not _proof_reqs(later), "asked again the same day"
+    # the next day (its daily fresh start), nothing to prove of a relay learnt to answer one
+    # filter a REQ (the proof's one-filter answer would start its sync again, every day)
+    state.filters_proof_asked = False
+    more = [issue(Author.named("reporter"), repo, subject=f"bug {n}", created_at=int(h.clock.now) - 60 + n)
+            for n in range(2, 4)]
+    later = _until_reqs(h, lambda filters: more, lambda sent: len(sent) >= 10)  # two polls
+    assert not _proof_reqs(later) and set(state.served_ids) == {e.id for e in more}

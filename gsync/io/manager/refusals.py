@@ -538,8 +538,10 @@ class Refusals:
         served = [event_id for s in reversed(answer.filters) for _, event_id in s.seen[-2:]]  # (this page's last)
         if served:
             state.served_ids = tuple(dict.fromkeys((*served, *state.served_ids)))[:2]
+        limits = state.current.limits
         if (len(state.served_ids) == 2 and not state.filters_proof_asked
-                and one_filter.polls_filter_by_filter(state)):
+                and one_filter.polls_filter_by_filter(state)
+                and (limits is None or limits.max_filters != 1)):  # (known to answer one: nothing to prove)
             self.ask_filters_proof(state)
 
     def ask_filters_proof(self, state: RelayState) -> None:
