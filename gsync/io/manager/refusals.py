@@ -492,6 +492,8 @@ class Refusals:
         if answer is None:
             return False
         self.keep_served_ids(state, answer)
+        if one_filter.asks_filters_proof(state):
+            self.ask_filters_proof(state)
         probe = session.probes.get(batch.batch_id)
         if isinstance(probe, FiltersProbe):
             # judged on its own REQ's answer alone (later pages of its batch, an until probe
@@ -528,21 +530,15 @@ class Refusals:
         self.probe_filters(state, frozenset().union(*seen), probes, spare=proof)
         return False
 
-    def keep_served_ids(self, state: RelayState, answer) -> None:
-        """Two ids the relay served lately (``RelayState.served_ids``). A relay whose polls go
-        one filter a REQ for want of proof that it answers several (``one_filter.
-        polls_filter_by_filter``: it keeps no live subscription, and nothing of what it holds
-        ever needed two filters of a REQ) pays a REQ a filter every poll, all day: once it
-        has served two events, they are asked back in one REQ of two filters, once a day
-        (``ask_filters_proof``)."""
+    @staticmethod
+    def keep_served_ids(state: RelayState, answer) -> None:
+        """Two ids the relay served lately (``RelayState.served_ids``), for the proof a relay
+        polled one filter a REQ is asked once a day (``one_filter.asks_filters_proof``):
+        without it, one that keeps no live subscription and whose answers never needed two
+        filters pays a REQ a filter every poll, all day."""
         served = [event_id for s in reversed(answer.filters) for _, event_id in s.seen[-2:]]  # (this page's last)
         if served:
             state.served_ids = tuple(dict.fromkeys((*served, *state.served_ids)))[:2]
-        limits = state.current.limits
-        if (len(state.served_ids) == 2 and not state.filters_proof_asked
-                and one_filter.polls_filter_by_filter(state)
-                and (limits is None or limits.max_filters != 1)):  # (known to answer one: nothing to prove)
-            self.ask_filters_proof(state)
 
     def ask_filters_proof(self, state: RelayState) -> None:
         """One REQ asking each of two events the relay served in a filter of its own
