@@ -4,7 +4,9 @@ one process (tests/manager_harness.py): one consolidation packs it live, and the
 Found by the simulator (seed 4's year, day 244: a relay allowing 10 subscriptions, its
 members' coverage polled every 5 s for hours, ``busy_loop``)."""
 from gsync import constants
+from gsync.io.inbox import NegentropyFinished
 from gsync.io.manager.coverage import member_filters
+from gsync.io.negentropy_sync import NegentropyOutcome
 from gsync.protocol import messages as wire
 from gsync.protocol.filters import Filter
 from gsync.protocol.nip11 import RelayLimits
@@ -260,7 +262,7 @@ def _polled_one_a_req(tmp_path):
     h.advance(5)
     close_live_subs(h)
     state = h.state(A)
-    assert state.current.live_not_kept and not state.filters_answered and not state.served_ids
+    assert state.current.live_not_kept and not state.filters_answered and not state.proof_ids
     return h, repo, state
 
 
@@ -337,4 +339,48 @@ def test_a_relay_serving_one_filter_of_the_proof_is_learnt_to_answer_one_filter_
     more = [issue(Author.named("reporter"), repo, subject=f"bug {n}", created_at=int(h.clock.now) - 60 + n)
             for n in range(2, 4)]
     later = _until_reqs(h, lambda filters: more, lambda sent: len(sent) >= 10)  # two polls
-    assert not _proof_reqs(later) and set(state.served_ids) == {e.id for e in more}
+    assert not _proof_reqs(later) and set(state.proof_ids) == {e.id for e in more}
+
+
+
+def test_a_relay_syncing_by_nip77_and_serving_nothing_is_proven_by_two_events_found_on_both_sides(tmp_path):
+    """The simulator, seed 1020 of the default world: relay6 closes every subscription after
+    its EOSE and syncs by NIP-77, holding nothing the own relay lacks; quiet, its polls bring
+    nothing. No event it served could give the proof, and it was polled one filter a REQ all
+    month (6-7 REQs every 5 minutes, a third of the seed's messages). Two events its
+    exchanges found on both sides (the own relay's, not lacked by the relay) are the proof's;
+    both served, its polls are packed again."""
+    h = ManagerHarness(tmp_path)
+    repo = announcement(owner, "r", relays=[A])
+    start = int(h.clock.now) - 86400
+    bugs = [issue(owner, repo, subject=f"bug {n}", created_at=start + n) for n in range(150)]
+    h.own_relay_holds(repo)
+    h.connect(A, limits=RelayLimits(max_subscriptions=10))
+    state = h.state(A)
+    lacked = bugs[-1]  # the newest: the relay lacks it
+    found: list[tuple] = []
+    for _ in range(60):
+        # enough held of the repository's filter that it goes by NIP-77 (sync.method)
+        h.answer_own_reads(held=lambda flt: [(e.created_at, e.id) for e in bugs if flt.matches(e)])
+        h.advance(1.1)
+        close_live_subs(h)
+        for g in [g for g in h.effects.spawned if g.name == "reconcile_filter"]:
+            h.effects.spawned.remove(g)
+            items = g.kwargs["held"]
+            outcome = NegentropyOutcome(True, have_ids=[lacked.id] if items else [], rounds=1)
+            outcome.note_held_both(items)
+            found.append(outcome.held_both)
+            h.feed(NegentropyFinished(A, state.session, g.kwargs["batch_id"], g.kwargs["token"], g.args[2], outcome))
+        if _proof_reqs(h.historic_reqs(A)):
+            break
+        _answer_open_reqs(h, lambda filters: ())
+    else:
+        raise AssertionError(f"no proof asked: {found}")
+    assert (bugs[-2].id, bugs[-3].id) in found, "the newest two held on both sides"
+    assert state.current.live_not_kept and not state.filters_answered
+    (proof,) = _proof_reqs(h.historic_reqs(A))
+    assert {f["ids"][0] for f in proof[2:]} == {bugs[-2].id, bugs[-3].id}
+    _answer_open_reqs(h, lambda filters: bugs)
+    assert state.filters_answered  # both served, each by its own filter
+    poll = _until_reqs(h, lambda filters: (), lambda sent: len(sent) > 0)
+    assert any(len(req) > 3 for req in poll), [len(req) - 2 for req in poll]  # packed again

@@ -350,3 +350,16 @@ def test_an_outcome_notes_what_the_relay_compared_of_the_have_set():
     few = NegentropyOutcome(True, have_ids=[f"{i:064x}" for i in range(40)])
     few.note_advertised(items)
     assert few.advertised == 0 and few.oldest is None  # (too few compared to be cut)
+
+
+def test_an_outcome_notes_the_newest_two_events_held_on_both_sides():
+    items = [(1000 + i, f"{i:064x}") for i in range(5)]
+    outcome = NegentropyOutcome(True, have_ids=[f"{4:064x}", f"{2:064x}"])  # the relay lacks those
+    outcome.note_held_both(items)
+    assert outcome.held_both == (f"{3:064x}", f"{1:064x}")
+    one = NegentropyOutcome(True, have_ids=[f"{i:064x}" for i in range(4)])
+    one.note_held_both(items)
+    assert one.held_both == (f"{4:064x}",)
+    none = NegentropyOutcome(True, have_ids=[event_id for _, event_id in items])
+    none.note_held_both(items)
+    assert none.held_both == ()

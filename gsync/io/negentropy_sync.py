@@ -11,6 +11,7 @@ or splits the filter when the relay refused it for its number of results.
 """
 from __future__ import annotations
 
+import heapq
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -80,6 +81,16 @@ class NegentropyOutcome:
     have_upto: int = 0
     # the have-set's ids it compared (held on both sides), with their created_at
     compared_held: dict = field(default_factory=dict)
+    # the newest two of the own relay's ids the relay did not lack (held on both sides,
+    # whatever the count compared): events it holds, for the proof that it answers several
+    # filters a REQ when nothing it served can give one (``Refusals.keep_held_ids``)
+    held_both: tuple = ()
+
+    def note_held_both(self, items) -> None:
+        """Fill ``held_both`` from the own relay's ``items`` ((created_at, id))."""
+        have = set(self.have_ids)
+        self.held_both = tuple(event_id for _, event_id in heapq.nlargest(
+            2, (item for item in items if item[1] not in have)))
 
     def note_advertised(self, items) -> None:
         """Fill ``advertised``, ``oldest`` and ``have_upto`` from the have-set ``items``
@@ -267,6 +278,7 @@ def reconcile_filter(conn, own_url: str, flt: Filter, extra_items, post, *, batc
             outcome.held, outcome.beyond = len(items), len(extra)
             if outcome.ok:
                 outcome.note_advertised(items + extra if extra else items)
+                outcome.note_held_both(items)
             if read is not None:
                 outcome.read_also = (read_also, read.entries)
     post(NegentropyFinished(conn.relay, conn.session, batch_id, token, flt, outcome))

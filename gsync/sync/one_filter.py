@@ -58,14 +58,14 @@ def polls_filter_by_filter(state) -> bool:
 
 
 def asks_filters_proof(state) -> bool:
-    """Is the proof due on the relay of ``state``: two events it served asked back in one REQ
+    """Is the proof due on the relay of ``state``: two events it holds asked back in one REQ
     of two filters (``Refusals.ask_filters_proof``)? When its polls go one filter a REQ for
-    want of proof either way (``polls_filter_by_filter``), it has served two
-    (``RelayState.served_ids``), the proof was not asked since its last daily fresh start,
+    want of proof either way (``polls_filter_by_filter``), two events it holds are known
+    (``RelayState.proof_ids``), the proof was not asked since its last daily fresh start,
     and it is not known to answer one filter a REQ (``max_filters`` 1: its one-filter answer
     would start its sync again, every day)."""
     limits = state.current.limits
-    return (len(state.served_ids) == 2 and not state.filters_proof_asked and polls_filter_by_filter(state)
+    return (len(state.proof_ids) == 2 and not state.filters_proof_asked and polls_filter_by_filter(state)
             and (limits is None or limits.max_filters != 1))
 
 

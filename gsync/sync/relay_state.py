@@ -314,10 +314,11 @@ class RelayState:
     # (``lifecycle.start_day``); kept over sessions and restarts (a relay reconnecting every
     # few minutes spent up to PROBES_PER_SESSION starts on each session)
     filters_answered: bool = False
-    # two ids it served lately (any historic answer), and whether they were asked back in one
-    # REQ of two filters since its last daily fresh start (``Refusals.ask_filters_proof``):
-    # a relay polled one filter a REQ for want of that proof is proven so, by one REQ a day
-    served_ids: tuple[str, ...] = ()
+    # two ids it holds (served lately by any historic answer, or else found on both sides by
+    # a NIP-77 exchange), and whether they were asked back in one REQ of two filters since its
+    # last daily fresh start (``Refusals.ask_filters_proof``): a relay polled one filter a REQ
+    # for want of that proof is proven so, by one REQ a day
+    proof_ids: tuple[str, ...] = ()
     filters_proof_asked: bool = False
     # shapes it refused asked without notes too: about the shape, not kinds; not asked so
     # again while this process knows the relay (``Refusals.probe_kinds``; a few shapes at most)

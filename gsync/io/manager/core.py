@@ -165,7 +165,8 @@ class SyncManager:
             completion=self.completion, effects=self.effects, post=self.post, clock=self.clock, ids=self.ids,
             members_of_roots=lambda state, roots: self.descendants.members_of_roots(state, roots),
             check_answer=lambda state, batch, answer, slow: self.refusals.check_answer(state, batch, answer, slow),
-            one_filter_found=lambda state: self.refusals.one_filter_found(state))
+            one_filter_found=lambda state: self.refusals.one_filter_found(state),
+            held_on_both=lambda state, ids: self.refusals.keep_held_ids(state, ids))
         self.refusals = Refusals(relays=self.relays, repos=self.repos, health=self.health, live=self.live,
                                  historic=self.historic, recovery=self.recovery, seen=self.seen,
                                  delivery=self.delivery, effects=self.effects, clock=self.clock,

@@ -62,7 +62,8 @@ class HistoricSync:
                  own_held, own_reads, seen, rejected, delivery, own_relay_down, request_served,
                  rate_limited, probe_answered, completion, effects, post, clock, ids,
                  members_of_roots=lambda state, roots: None,
-                 check_answer=lambda state, batch, answer, slow: False, one_filter_found=lambda state: None):
+                 check_answer=lambda state, batch, answer, slow: False, one_filter_found=lambda state: None,
+                 held_on_both=lambda state, ids: None):
         self.sync = sync  # [sync]: negentropy on or off, the batch window
         self.own_relay = own_relay
         self.relays = relays
@@ -82,6 +83,8 @@ class HistoricSync:
         # ``Refusals.check_answer`` / ``one_filter_found``: a relay answering one filter a REQ
         self.check_answer = check_answer
         self.one_filter_found = one_filter_found
+        # ``Refusals.keep_held_ids``: events an exchange found on both sides, for that proof
+        self.held_on_both = held_on_both
         self.completion = completion  # the relay's historic sync done, recovered
         self.effects = effects
         self.post = post
@@ -395,6 +398,8 @@ class HistoricSync:
         batch = batch_end.exchange_finished(self.plan, state, msg, run.epoch, self.clock())
         self.execute()
         self.advance(state, batch)
+        if msg.result.held_both:
+            self.held_on_both(state, msg.result.held_both)
 
     # -- recovery and refetches --------------------------------------------------------
 
