@@ -123,6 +123,7 @@ def test_a_session_that_ends_before_its_history_read_leaves_the_next_to_read_fro
     assert len(sessions) >= 3
 
 
+@pytest.mark.slow  # 6-16 s under the quick loop's load: the whole suite runs it
 def test_an_own_relay_dribbling_its_history_is_read_again_after_the_deadline(relay_factory, gsync_factory,
                                                                               scripted):
     dribbled = []

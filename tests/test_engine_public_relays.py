@@ -1034,6 +1034,7 @@ def test_a_relay_answering_one_filter_a_req_is_asked_one_filter_a_req(relay_fact
     assert not events_named(again, "one_filter_probe", remote.url)
 
 
+@pytest.mark.slow  # 6-16 s under the quick loop's load: the whole suite runs it
 def test_live_events_a_relay_drops_without_a_word_arrive_by_the_hourly_look(relay_factory, gsync_factory, scripted):
     """A relay that keeps our live subscriptions but sends nothing on them (ORLY drops a live
     REQ carrying ``limit: 0`` without a CLOSED; relays and proxies expire idle ones): what

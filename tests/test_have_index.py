@@ -2,6 +2,7 @@
 indexed so that an exchange gets exactly those its filter can match."""
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,6 +44,7 @@ def test_each_filter_gets_exactly_the_indexed_events_it_matches():
         assert sorted(index.matching(flt)) == want, flt
 
 
+@pytest.mark.slow  # 6-16 s under the quick loop's load: the whole suite runs it
 def test_an_exchange_over_one_repo_does_not_touch_unrelated_events():
     repo, bug, events = _world()
     index = HaveIndex()

@@ -466,6 +466,7 @@ def test_probes_dearer_than_ids_are_not_sent():
     assert step.message is None and sorted(step.need) == sorted(i for _, i in server_items[2000:2010])
 
 
+@pytest.mark.slow  # 6-16 s under the quick loop's load: the whole suite runs it
 def test_against_a_server_cutting_its_messages_probes_save_rounds_more_often_than_they_cost_one():
     """A server cutting its messages at 4 KB (the hypothesis property below found one:
     827 items over four seconds, the client lacking half) sends what fits and the rest a

@@ -48,6 +48,7 @@ def crowded_thread(repo, comments: int, per_second: int):
     return [bug, *thread]
 
 
+@pytest.mark.slow  # 6-16 s under the quick loop's load: the whole suite runs it
 def test_history_paged_past_a_limit_on_a_relay_reading_until_as_exclusive(relay_factory, gsync_factory,
                                                                           nostr_relay):
     """Pages of 50 with seven events to a second: each next page's ``until`` (its oldest
@@ -63,6 +64,7 @@ def test_history_paged_past_a_limit_on_a_relay_reading_until_as_exclusive(relay_
     assert any(e.get("event") == "relay_until_exclusive" for e in gsync.log_events())
 
 
+@pytest.mark.slow  # 6-16 s under the quick loop's load: the whole suite runs it
 def test_every_tag_route_and_live_events_beside_a_nip77_relay(relay_factory, gsync_factory, nostr_relay):
     """A repository on nostr_relay (REQ pages: its NIP-11 has no 77) and on a LocalRelay
     (NIP-77), each holding part of it: every tag route arrives from nostr_relay, and events
@@ -84,6 +86,7 @@ def test_every_tag_route_and_live_events_beside_a_nip77_relay(relay_factory, gsy
     assert_arrives(own, late, timeout=20, what="nostr_relay's live events")
 
 
+@pytest.mark.slow  # 6-16 s under the quick loop's load: the whole suite runs it
 def test_reqs_refused_restricted_before_our_auth_go_again_after_it(relay_factory, gsync_factory, nostr_relay,
                                                                    tmp_path):
     """nostr_relay with NIP-42 on, gsync's key its only reader: it challenges at connect,
@@ -111,6 +114,7 @@ def test_reqs_refused_restricted_before_our_auth_go_again_after_it(relay_factory
     assert not [e for e in gsync.log_events() if e.get("event") == "coverage_paused"]
 
 
+@pytest.mark.slow  # 6-16 s under the quick loop's load: the whole suite runs it
 def test_a_relay_holding_three_subscriptions_refusing_past_them_in_a_notice(relay_factory, gsync_factory,
                                                                             nostr_relay):
     """nostr_relay allowing three open REQs a connection, no NIP-11 limitation saying so,
@@ -137,6 +141,7 @@ def test_a_relay_holding_three_subscriptions_refusing_past_them_in_a_notice(rela
     assert_arrives(own, late, timeout=30, what="live events past three subscriptions")
 
 
+@pytest.mark.slow  # 6-16 s under the quick loop's load: the whole suite runs it
 def test_replies_to_a_member_the_own_relay_holds_arrive_from_a_relay_without_nip77(relay_factory, gsync_factory,
                                                                                   nostr_relay):
     """A relay synced by REQ pages alone (nostr_relay: no NIP-77) reads nothing of the own

@@ -60,6 +60,7 @@ def test_the_same_seed_gives_the_same_trace_hash_and_another_seed_another():
     assert c.trace_hash != a.trace_hash
 
 
+@pytest.mark.slow  # 6-16 s under the quick loop's load: the whole suite runs it
 def test_a_seed_replays_the_same_run_in_another_process():
     """bench/simulate runs under PYTHONHASHSEED=0: gsync iterates sets of relay URLs, so the
     order of its per-relay actions follows str hashing, fixed then in every process."""
@@ -849,6 +850,7 @@ def test_a_relay_listed_by_the_older_announcement_a_restarted_gsync_was_shown_is
     _assert_clean(result, (*KNOWN, "own_loss_refilled"))  # (``_no_witness``: gsync does not see the loss)
 
 
+@pytest.mark.slow  # 6-16 s under the quick loop's load: the whole suite runs it
 def test_a_relay_retired_and_listed_again_is_judged_for_refused_asks_from_its_return():
     """Seed 2's year (refused_asked_again, day 4.71; the checker's mistake, as the dead mark
     was): relay2 refused #a on day 4.005; dropped by every repository on day 4.23, gsync
@@ -1254,6 +1256,7 @@ def test_the_model_refuses_in_a_notice_alone_where_told_naming_the_req_or_not():
                           else ["NOTICE", "blocked: #q queries are not allowed here"])
 
 
+@pytest.mark.slow  # 6-16 s under the quick loop's load: the whole suite runs it
 def test_a_nip77_exchange_on_a_relay_asking_for_auth_waits_for_our_auth_to_be_read(monkeypatch):
     """The simulator runs an exchange synchronously: on a relay challenging at connect it ran
     ahead of the challenge in flight and was refused ``auth-required:`` before gsync had

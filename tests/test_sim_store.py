@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,6 +40,7 @@ steps = st.lists(st.one_of(st.tuples(st.just("add"), events()), st.tuples(st.jus
                            st.tuples(st.just("query"), filters, st.none() | st.integers(0, 5))), max_size=40)
 
 
+@pytest.mark.slow  # 6-16 s under the quick loop's load: the whole suite runs it
 @settings(max_examples=300, deadline=None)
 @given(steps)
 def test_a_query_answers_what_the_store_holds_through_adds_and_removals(steps):
