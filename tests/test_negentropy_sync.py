@@ -415,9 +415,9 @@ def test_new_roots_coming_faster_than_the_gate_share_nip77_exchanges(relay_facto
     assert starts - len(probes) <= 115, (starts, len(probes))
 
 
-@pytest.mark.parametrize("held, found", [(120, 50), (4, 70)])
+@pytest.mark.parametrize("held, found, cap", [(120, 50, 100), (4, 70, 100), (120, 33, 77)])
 def test_a_relay_comparing_only_its_newest_events_is_asked_below_them(relay_factory, gsync_factory, scripted,
-                                                                     held, found):
+                                                                     held, found, cap):
     """A relay whose NIP-77 compares a filter's newest events only and says nothing of the
     rest (khatru relays: the negentropy vector is the store's query, capped as any query
     there; 100 by default on its sqlite backend). The own relay holds a repository's newest
@@ -426,11 +426,15 @@ def test_a_relay_comparing_only_its_newest_events_is_asked_below_them(relay_fact
     compared so many is checked below its oldest event: the check finds the 50. Holding 4
     (an own relay refilled after a loss), the exchange opens with one fingerprint, not their
     ids, so the relay's id lists say how old what it advertised is: the check finds the 70
-    older than its newest 100."""
+    older than its newest 100. A cap of 77 (no number anyone would configure) alike (the
+    check finds 33, the next below it the 17 older): until
+    2026-12-07 only caps that looked configured were checked for (the simulator, seeds 1 and 4
+    of ``--days 10 --relays 10 --repos 40 --neg-silent-caps 1 --imports 0.5`` with caps of 77
+    and 130: events left behind)."""
     from .scripted_relay import Nip77Serve
 
     own = relay_factory()
-    serve = Nip77Serve(silent_cap=100)
+    serve = Nip77Serve(silent_cap=cap)
     remote = scripted(negentropy=serve, page_size=500)
     repo = our_announcement(own, [remote], d="silent")
     base = int(time.time()) - 86_400
@@ -441,7 +445,7 @@ def test_a_relay_comparing_only_its_newest_events_is_asked_below_them(relay_fact
     assert_arrives(own, issues, timeout=60, what="the issues older than what the relay compares")
     wait_until(lambda: _synced(gsync), timeout=60, what="historic sync complete")
     logged = [e for e in gsync.log_events() if e["event"] == "negentropy_silent_cap"]
-    assert [(e["relay"], e["compared"], e["found"]) for e in logged] == [(remote.url, 100, found)]
+    assert [(e["relay"], e["compared"], e["found"]) for e in logged] == [(remote.url, cap, found)]
     by_filter = [filters for _, filters in remote.reqs()
                  if any("#a" in flt and flt.get("limit") != 0 for flt in filters)]
     assert by_filter == [], "the repository was asked by REQ pages: NIP-77 was not what found them"

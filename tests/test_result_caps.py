@@ -289,23 +289,24 @@ def test_an_exchange_asks_one_second_past_its_window_unless_the_relay_is_known_t
 KHATRU = "https://github.com/fiatjaf/khatru"
 
 
-def test_an_exchange_on_khatru_is_checked_while_it_compares_more_than_any_proven_whole():
+@pytest.mark.parametrize("software", [KHATRU, ""])
+def test_an_exchange_is_checked_while_it_compares_as_many_as_any_there_and_more_than_any_proven_whole(software):
     cap = SilentCap()
-    assert not cap.check_wanted(SILENT_CAP_MIN - 1, KHATRU)  # (too few for any cap guarded against)
-    assert cap.check_wanted(SILENT_CAP_MIN + 1, KHATRU)
-    cap.note_check(300, found_more=False)
-    assert not cap.check_wanted(300, KHATRU) and cap.check_wanted(301, KHATRU)  # whole up to 300
+    assert not cap.check_wanted(SILENT_CAP_MIN - 1, software)  # (too few for any cap guarded against)
+    assert cap.check_wanted(137, software)  # any number: caps of 77 and 130 lost events for good
+    assert not cap.check_wanted(120, software)  # fewer than another compared there: not cut
+    assert cap.check_wanted(137, software)  # as many: a cap cuts every exchange at the same number
+    assert cap.check_wanted(1001, software)
+    cap.note_check(1001, found_more=False)
+    assert not cap.check_wanted(1001, software) and cap.check_wanted(1002, software)  # whole up to 1001
 
 
-@pytest.mark.parametrize("advertised, software, wanted", [
-    (100, "", True), (1000, "", True), (1024, "", True), (65536, "", True), (250, "", True),
-    (137, "", False), (1001, "", False), (96, "", False),  # not a limit anyone sets: whole
-    (137, KHATRU, True),  # khatru: any number
-    (100, "https://github.com/hoytech/strfry", False),  # says when it cuts (NEG-ERR)
-    (100, "https://git.sr.ht/~gheartsfield/nostr-rs-relay", False),
+@pytest.mark.parametrize("software", [
+    "https://github.com/hoytech/strfry",  # says when it cuts (NEG-ERR)
+    "https://git.sr.ht/~gheartsfield/nostr-rs-relay",  # no NIP-77
 ])
-def test_elsewhere_only_a_number_someone_would_configure_is_checked(advertised, software, wanted):
-    assert SilentCap().check_wanted(advertised, software) is wanted
+def test_software_that_says_when_it_cuts_or_has_no_nip77_is_never_checked(software):
+    assert not SilentCap().check_wanted(100, software)
 
 
 def test_a_cut_relay_is_checked_at_every_exchange_comparing_its_cap():

@@ -135,8 +135,8 @@ class SimOptions:
     # the share of relays dropping, without a word, every live subscription carrying a
     # ``limit`` (ORLY since October 2025: ``limit: 0`` included): ``SimRelay.drops_live``
     drops_live: float = 0.0
-    # of the relays serving NIP-77, the share comparing a filter's newest events only, 50 or
-    # 100, silently (khatru relays whose store caps queries): ``SimRelay.neg_silent_cap``
+    # of the relays serving NIP-77, the share comparing a filter's newest events only
+    # (``SILENT_CAPS``), silently (khatru relays whose store caps queries): ``SimRelay.neg_silent_cap``
     neg_silent_caps: float = 0.0
     # the share of publications followed by a reply tagging only a thread member (a kind-1
     # reply or a reaction to a comment), sent to some of its repository's relays, not the
@@ -160,6 +160,10 @@ QUERY_LIMIT = (20, 2.0)
 # How many round trips an exchange waits at most for a relay to read our AUTH (a session
 # without an answer to its challenge by then is refused, as a relay would refuse it)
 EXCHANGE_AUTH_DEFERRALS = 5
+# The silent NIP-77 caps a relay may have (``SimOptions.neg_silent_caps``): numbers someone
+# would configure (khatru's sqlite default, 100), and numbers nobody would, which gsync
+# checked for only on khatru until 2026-12-07 (events left behind for good elsewhere).
+SILENT_CAPS = (50, 100, 77, 130)
 
 # The world's shares and rates a bench/simulate flag sets, each drawn from a generator of its
 # own (0: the world of before it): (SimOptions field, flag)
@@ -483,7 +487,7 @@ class Simulation:
                            and random.Random(f"{o.seed}:{url}:auth-late").random() < o.auth_late)
         silent = random.Random(f"{o.seed}:{url}:neg-silent")
         if relay.nip77 and silent.random() < o.neg_silent_caps:
-            relay.neg_silent_cap = silent.choice((50, 100))
+            relay.neg_silent_cap = silent.choice(SILENT_CAPS)
         if random.Random(f"{o.seed}:{url}:precise").random() < o.precise_only:
             relay.precise_only, relay.nip77, relay.nip11 = True, False, True
         relay.limit_refusals = random.Random(f"{o.seed}:{url}:limits").random() < o.limit_refusals

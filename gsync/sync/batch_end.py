@@ -106,7 +106,8 @@ def check_below_oldest(plan, state, batch: PendingBatch, flt: Filter, result) ->
     shift = cap.until_shift if cap is not None else 0
     oldest = result.oldest
     software = getattr(state.current.limits, "software", "") or ""
-    if (oldest is None or not state.result_cap.silent.check_wanted(result.advertised, software)
+    wanted = state.result_cap.silent.check_wanted(result.advertised, software)  # (counts it in: first)
+    if (oldest is None or not wanted
             or (cap is not None and cap.until_ignored)  # (a window would compare the same)
             or (flt.since is not None and oldest < flt.since)
             # (bounded to that second already: a check would compare the same again)
