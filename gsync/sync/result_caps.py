@@ -245,7 +245,8 @@ class SilentCap:
     did already; one with it compares older events, and is cut at the number the first
     compared (``cut``). The checks stop once one proves a size whole (``whole``: every
     exchange comparing no more is whole), and go on, below each oldest, for as long as the
-    exchanges of a cut relay compare its cap."""
+    exchanges of a cut relay compare its cap. (One cap a relay, the same for every query, as
+    khatru's: a relay cutting some queries lower than others is not guarded against.)"""
 
     whole: int = 0  # the most events an exchange compared that a check proved whole
     cut: int | None = None  # what a check proved an exchange cut at
