@@ -81,7 +81,7 @@ class FiltersProbe:
     rest: tuple = ()
 
 
-# The mark in ``RelaySession.probes`` of the REQ asking two events a relay served in two
+# The mark in ``RelaySession.probes`` of the REQ asking two events a relay holds in two
 # filters (``Refusals.ask_filters_proof``)
 FILTERS_PROOF = "filters proof"
 CAPACITY = "capacity"  # too much open at once: not a rate, not a policy
@@ -492,8 +492,7 @@ class Refusals:
         if answer is None:
             return False
         self.keep_served_ids(state, answer)
-        if one_filter.asks_filters_proof(state):
-            self.ask_filters_proof(state)
+        self.prove_if_due(state)
         probe = session.probes.get(batch.batch_id)
         if isinstance(probe, FiltersProbe):
             # judged on its own REQ's answer alone (later pages of its batch, an until probe
@@ -549,6 +548,10 @@ class Refusals:
         messages). Served ids go first: these fill in only while fewer than two are known."""
         if len(state.proof_ids) < 2:
             state.proof_ids = tuple(dict.fromkeys((*state.proof_ids, *held)))[:2]
+        self.prove_if_due(state)
+
+    def prove_if_due(self, state: RelayState) -> None:
+        """The proof asked when ``one_filter.asks_filters_proof`` says it is due."""
         if one_filter.asks_filters_proof(state):
             self.ask_filters_proof(state)
 
