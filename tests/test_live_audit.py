@@ -5,6 +5,7 @@ subscriptions were open, was missed, and they are opened anew. The relay that dr
 tests/test_engine_public_relays.py's ``test_live_events_a_relay_drops_without_a_word_...``."""
 from gsync import constants
 from gsync.protocol import messages as wire
+from gsync.sync.relay_state import ConnectionStatus
 
 from .factory import Author, announcement, issue
 from .manager_harness import ManagerHarness
@@ -61,6 +62,29 @@ def test_an_event_that_never_came_live_is_missed_and_the_live_subscriptions_open
     assert h.manager.delivery.is_tracked(bug.id)  # delivered now
     assert live not in h.state(A).current.live_subs  # opened anew
     assert any(not f.control for f in h.state(A).current.live_subs.values())
+
+
+def test_a_fresh_start_other_than_the_daily_syncs_completes_and_the_looks_go_on(tmp_path):
+    """A relay's sync started again on its live connection by something other than its daily
+    sync (here: a relay asked precisely, and a repository listing it by an owner new to it)
+    is syncing until its batches end, then complete, and its hourly look goes on. Before,
+    only the daily sync moved the status: this fresh start left it Connected, never
+    completed, and the looks stopped until the next day (the simulator's seed 903 of a
+    20-relay world: a reaction on a relay dropping live subscriptions came 5 h late)."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(announcement(owner, "precise", relays=[A]))
+    h.state(A).precise_queries = True  # learnt in an earlier session (saved)
+    h.connect(A)
+    h.settle(A)
+    assert h.state(A).status is ConnectionStatus.CONNECTED
+    first = h.state(A).historic_sync_completed_at
+    h.advance(600)
+    h.own_relay_holds(announcement(Author.named("audit-newcomer"), "newcomers", relays=[A]))
+    assert h.state(A).status is ConnectionStatus.SYNCING  # started again, the newcomer asked too
+    h.settle(A)
+    assert h.state(A).status is ConnectionStatus.CONNECTED
+    assert h.state(A).historic_sync_completed_at > first
+    look(h)  # within the hour
 
 
 def test_the_relays_looks_come_together_once_an_hour(tmp_path):

@@ -30,7 +30,10 @@ class Fact(enum.Enum):
     HANDSHAKE_DONE = "handshake done"  # a session starts: historic sync runs
     CONNECTION_LOST = "connection lost"  # the session ended (either side)
     RETIRED = "retired"  # no work left: it leaves every table
-    DAILY_SYNC = "daily sync"  # a fresh start on the live connection
+    # its sync starts again on the live connection: the daily sync, or anything else
+    # that calls for one (``RelayLifecycle.fresh_start``: what the relay taught, the own
+    # relay's loss, an owner new to a relay asked precisely…)
+    FRESH_START = "fresh start"
     HISTORIC_DONE = "historic sync done"  # no batch left, double-checked
     HISTORIC_DONE_WITH_FAILURES = "historic sync done with failures"
     RECOVERED = "recovered"  # missing-event recovery fetched what the failures lost
@@ -45,7 +48,7 @@ TRANSITIONS: dict[tuple[ConnectionStatus, Fact], ConnectionStatus] = {
     (S.CONNECTING, F.HANDSHAKE_DONE): S.SYNCING,
     **{(s, F.CONNECTION_LOST): S.DISCONNECTED for s in _CONNECTED},
     **{(s, F.RETIRED): S.DISCONNECTED for s in S},  # whatever it was doing
-    **{(s, F.DAILY_SYNC): S.SYNCING for s in _CONNECTED},
+    **{(s, F.FRESH_START): S.SYNCING for s in _CONNECTED},
     (S.SYNCING, F.HISTORIC_DONE): S.CONNECTED,
     (S.SYNCING, F.HISTORIC_DONE_WITH_FAILURES): S.CONNECTED_HISTORIC_SYNC_FAILURES,
     (S.CONNECTED_HISTORIC_SYNC_FAILURES, F.RECOVERED): S.CONNECTED,

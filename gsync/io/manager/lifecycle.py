@@ -453,7 +453,6 @@ class RelayLifecycle:
         for state in self.relays.values():
             if state.next_daily_at and now >= state.next_daily_at and state.connected:
                 self.start_day(state, now)
-                move_status(state, Fact.DAILY_SYNC)
                 if not nip77_barred(state, now):
                     # NIP-77 turned off on this connection (a NOTICE, a rate-limit episode)
                     # is tried again: a connection that lasts days kept it off for good, and
@@ -505,8 +504,16 @@ class RelayLifecycle:
             state.max_subscriptions_learned = state.subscriptions_learned_at = None
 
     def fresh_start(self, state: RelayState, now: float) -> None:
-        # The daily sync runs on a live connection: close every subscription it abandons,
-        # historic ones included (a NIP-77 exchange closes itself when it ends).
+        """The relay's sync starts again from nothing on its live connection (its daily
+        sync, a handshake's, or any other: ``Fact.FRESH_START``). It is syncing until its
+        batches end: its completion (``HistoricCompletion``) then dates it, and the hourly
+        live look counts from that (before, only the daily sync moved the status: any other
+        fresh start left it Connected, never completed, and the looks stopped until the next
+        day; the simulator's seed 903 of a 20-relay world, a reaction on a relay dropping
+        live subscriptions came 5 h late)."""
+        move_status(state, Fact.FRESH_START)
+        # It runs on a live connection: close every subscription it abandons, historic ones
+        # included (a NIP-77 exchange closes itself when it ends).
         for sub_id in list(state.current.book.subscriptions):
             unsubscribe(self.effects, state.current, sub_id)
         self.end_session(state, keep_connection=True)
