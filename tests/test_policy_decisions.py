@@ -270,3 +270,49 @@ def test_a_kinds_probe_left_unanswered_is_asked_again(tmp_path):
         h.tick()  # (the maintenance tick finds the stall)
     state = h.state(A)
     assert unanswered and state.precise_refused and not state.paused
+
+
+
+def test_a_kinds_probe_left_unanswered_is_not_asked_again_by_missing_event_recovery(tmp_path):
+    """A relay refuses ``#a`` in any form (and serves the rest). Paused, ``#a`` is asked once
+    more without notes (it may have been refused for them); that probe stalls (a REQ beside
+    others a NOTICE refused, naming none), is asked again and refused: about the shape. A
+    probe owes no events: its stall goes to no missing-event recovery, which asked it once
+    more, outside the probe's rules, a few minutes after the refusal (the simulator's seed
+    901 of a 20-relay world, ``refused_asked_again``)."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*[announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)])
+    h.connect(A)
+    answered: set = set()
+    unanswered: set = set()
+    for _ in range(40):
+        h.answer_own_reads()
+        _refusing_tag(h, answered, "a", unanswered)
+        h.advance(1.1)
+        h.tick()  # (the maintenance tick finds the stall)
+    for _ in range(30):  # half an hour: missing-event recovery's attempts come meanwhile
+        h.answer_own_reads()
+        _refusing_tag(h, answered, "a", unanswered)
+        h.advance(60)
+        h.tick()
+    state = h.state(A)
+    assert unanswered and not state.precise_refused and [describe(k) for k in state.paused.keys()] == ["#a"]
+    without_notes = [req[1] for req in h.reqs(A)
+                     if any("#a" in f and f.get("kinds") and 1 not in f["kinds"] for f in req[2:])]
+    assert len(without_notes) == 2  # the probe that stalled, and asked again
+
+
+def _refusing_tag(h, answered: set, tag: str, unanswered: set) -> None:
+    """A answers each REQ not answered yet: one asking ``#tag`` is refused by policy (the
+    whole REQ), but the first asking it without notes, left unanswered (its id added to
+    ``unanswered``); anything else is served (nothing found)."""
+    for req in h.reqs(A):
+        if req[1] in answered:
+            continue
+        answered.add(req[1])
+        if not any(f"#{tag}" in f for f in req[2:]):
+            h.relay_says(A, wire.Eose(req[1]))
+        elif not unanswered and any(f"#{tag}" in f and 1 not in f.get("kinds", [1]) for f in req[2:]):
+            unanswered.add(req[1])
+        else:
+            h.relay_says(A, closed(req[1], f"blocked: #{tag} queries are not allowed here"))

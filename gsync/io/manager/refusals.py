@@ -728,6 +728,12 @@ class Refusals:
         state.current.stalled_shapes.update(coverage_key(f) for f in filters)  # later REQs send it alone
         if batch.kind is BatchKind.RECOVERY:
             return  # a recovery attempt: finish_recovery counts it as one without progress
+        if batch.kind is BatchKind.PROBE:
+            # a question put to the relay, owing no events: no answer is its answer
+            # (``probe_answered``: paused another day, asked again, no evidence). Recovered, it
+            # was asked again outside the probe's rules, a refused shape minutes after its
+            # refusal (the simulator's seed 901 of a 20-relay world)
+            return
         now = self.clock()
         ids = set().union(*(f.ids for f in filters if f.ids is not None))
         if ids:
