@@ -64,6 +64,27 @@ def test_an_event_that_never_came_live_is_missed_and_the_live_subscriptions_open
     assert any(not f.control for f in h.state(A).current.live_subs.values())
 
 
+def test_the_first_look_reaches_back_to_when_the_live_subscriptions_opened(tmp_path):
+    """An event the relay stored while its historic sync ran, after the REQs that would have
+    brought it, and never sent live (a relay dropping live subscriptions): the first look
+    asks from the round's start, when those subscriptions opened, not from the sync's end
+    (from there it waited for the next daily sync; a first sync of many pages takes minutes)."""
+    h = ManagerHarness(tmp_path)
+    ann = announcement(owner, "gap", relays=[A])
+    h.own_relay_holds(ann)
+    h.connect(A)
+    bug = issue(Author.named("audit-dev"), ann, created_at=int(h.clock.now) + 2)  # after the first REQs
+    h.settle(A)
+    assert h.state(A).historic_sync_completed_at > bug.created_at + 5
+    sub = look(h)
+    [req] = [r for r in h.historic_reqs(A) if r[1] == sub]
+    assert all(flt["since"] <= bug.created_at for flt in req[2:])
+    h.relay_sends(A, sub, bug)
+    h.relay_says(A, wire.Eose(sub))
+    h.tick()
+    assert h.manager.delivery.is_tracked(bug.id)
+
+
 def test_a_fresh_start_other_than_the_daily_syncs_completes_and_the_looks_go_on(tmp_path):
     """A relay's sync started again on its live connection by something other than its daily
     sync (here: a relay asked precisely, and a repository listing it by an owner new to it)

@@ -290,9 +290,16 @@ class LiveCoverage:
                 continue
             since = session.audited_at
             if since is None and state.historic_sync_completed_at is not None:
-                # (a session after a quick reconnect keeps the completion of an earlier one:
-                # the look goes no further back than two intervals, what its catch-up fetched)
-                since = max(state.historic_sync_completed_at, now - 2 * constants.LIVE_AUDIT_SECS)
+                # The first look of a session reaches back to its round's start, when its live
+                # subscriptions opened: what the relay stored after the round's REQs and never
+                # sent live is after what they brought (from the completion on, an event stored
+                # while a sync of many pages ran waited for the next daily sync). A session after
+                # a quick reconnect keeps the completion of an earlier one: no further back than
+                # two intervals, what its catch-up fetched.
+                since = state.historic_sync_completed_at
+                if state.round_started_at:
+                    since = min(since, state.round_started_at)
+                since = max(since, now - 2 * constants.LIVE_AUDIT_SECS)
             if since is not None:
                 since = max(since, self.looks_from)
             if (since is None or not state.connected or session.live_not_kept or session.syncing()
