@@ -623,34 +623,56 @@ def test_a_relay_reading_each_message_apart_that_refuses_what_came_before_it_too
     assert events_named(gsync, "sent_again_once_authed", remote.url)
 
 
-def test_a_relay_answering_only_precise_queries_is_asked_them(relay_factory, gsync_factory, scripted):
-    """nostr-rs-relay with ``limit_scrapers = true``: a REQ with a filter scoring under 2
-    (ids 2; authors, kinds, tags 1 each) gets an EOSE and nothing, and is not kept live. Its
-    NIP-11 names the software: an imprecise REQ that brought nothing is followed by a precise
-    probe, which brings the announcement; from then on the relay is asked precise filters
-    (kinds with the tags, authors with the kinds), and history and live events come (nothing
-    came at all)."""
+def _scrapers_limited(relay, conn, message):
+    """nostr-rs-relay with ``limit_scrapers = true``: a REQ with a filter scoring under 2 (ids 2;
+    authors, kinds, tags 1 each) gets an EOSE and nothing, and is not kept live."""
     from gsync.protocol.filters import Filter
     from gsync.protocol.precise import is_imprecise
 
-    def scrapers_limited(relay, conn, message):
-        if isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 2:
-            filters = [Filter.make(**{k: v for k, v in f.items() if k in ("ids", "authors", "kinds", "limit")},
-                                   tags={k[1:]: v for k, v in f.items() if k.startswith("#")})
-                       for f in message[2:] if isinstance(f, dict)]
-            if any(is_imprecise(f) for f in filters):
-                return [["EOSE", message[1]]]
-        return None
+    if isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 2:
+        filters = [Filter.make(**{k: v for k, v in f.items() if k in ("ids", "authors", "kinds", "limit")},
+                               tags={k[1:]: v for k, v in f.items() if k.startswith("#")})
+                   for f in message[2:] if isinstance(f, dict)]
+        if any(is_imprecise(f) for f in filters):
+            return [["EOSE", message[1]]]
+    return None
 
-    software = {"name": "r", "software": "https://git.sr.ht/~gheartsfield/nostr-rs-relay", "supported_nips": [1, 11]}
+
+NOSTR_RS_RELAY = {"name": "r", "software": "https://git.sr.ht/~gheartsfield/nostr-rs-relay", "supported_nips": [1, 11]}
+
+
+def test_a_relay_answering_only_precise_queries_is_asked_them(relay_factory, gsync_factory, scripted):
+    """nostr-rs-relay with ``limit_scrapers = true`` (``_scrapers_limited``). Its NIP-11 names
+    the software: an imprecise REQ that brought nothing is followed by a precise probe, which
+    brings the announcement; from then on the relay is asked precise filters (kinds with the
+    tags, authors with the kinds), and history and live events come (nothing came at all)."""
     own, remote, repo, bugs = scripted_repository(relay_factory, scripted, "precise", 3,
-                                                  on_message=scrapers_limited, nip11=software)
+                                                  on_message=_scrapers_limited, nip11=NOSTR_RS_RELAY)
     replies = [f.comment(alice, bug) for bug in bugs]
     remote.add(*replies)
     publish(own.url, [repo])
     gsync = gsync_factory(own, [remote])
     history_then_live(own, gsync, remote.url, repo, [*bugs, *replies], remote.broadcast,
                       what="history from a relay answering only precise queries")
+    assert events_named(gsync, "relay_answers_only_precise_queries", remote.url)
+
+
+def test_a_relay_answering_only_precise_queries_and_one_filter_a_req_is_found_so(relay_factory, gsync_factory,
+                                                                                  scripted):
+    """The same relay answering besides only the last filter of a REQ. gsync knows a root of
+    the repository the relay does not hold (the own relay holds it), so its precise probe has
+    two filters, by owners and by roots: asked in one REQ, the relay answered the second
+    (nothing) and dropped the first, every hour, and nothing came (the simulator's seed 815 of
+    the every-behaviour world: an announcement only such a relay held). One filter a probe,
+    in turn: the owners' first."""
+    own, remote, repo, bugs = scripted_repository(relay_factory, scripted, "precise-one", 3,
+                                                  on_message=_scrapers_limited, nip11=NOSTR_RS_RELAY,
+                                                  answers_one_filter="last")
+    known = f.issue(carol, repo, subject="known here")  # (not on the remote)
+    publish(own.url, [repo, known])
+    gsync = gsync_factory(own, [remote])
+    history_then_live(own, gsync, remote.url, repo, bugs, remote.broadcast,
+                      what="history from a relay answering only precise queries, one filter a REQ")
     assert events_named(gsync, "relay_answers_only_precise_queries", remote.url)
 
 

@@ -92,3 +92,10 @@ def test_what_a_refusal_about_kinds_may_be_about():
     assert not precise.may_be_refused_for_kinds(Filter.make(tags={"e": ["x"]}, kinds=[1111]))
     assert not precise.may_be_refused_for_kinds(Filter.make(tags={"d": ["x"]}, authors=["p"]))
     assert not precise.may_be_refused_for_kinds(precise.kinds_probe(Filter.make(tags={"e": ["x"]})))
+
+
+def test_a_probe_asks_one_filter_at_a_time_in_turn():
+    """A relay answering one filter of a REQ dropped one of the two (``probe_turn``)."""
+    both = precise.probe({OWNER}, ["cd" * 32])
+    assert [precise.probe_turn(both, turn) for turn in range(3)] == [both[:1], both[1:], both[:1]]
+    assert precise.probe_turn(precise.probe(()), 0) == []

@@ -98,8 +98,18 @@ def probe(authors: Iterable[str], roots: Iterable[str] = ()) -> list[Filter]:
     """Precise queries that bring something from a relay holding any announcement or state
     of ``authors`` (the owners of the repositories listing it) or any of ``roots`` (their
     issues, patches and PRs gsync knows): asked after an imprecise REQ came back with
-    nothing, what they bring shows the relay ignored that REQ. Empty without either."""
+    nothing, what they bring shows the relay ignored that REQ. Empty without either. One
+    is asked a probe, in turn (``probe_turn``)."""
     chosen = sorted(authors)[:PROBE_AUTHORS]
     ids = sorted(roots)[:PROBE_IDS]
     return ([Filter.make(kinds=[30617, 30618], authors=chosen, limit=PROBE_LIMIT)] if chosen else []) + (
         [Filter.make(ids=ids)] if ids else [])
+
+
+def probe_turn(filters: list[Filter], turn: int) -> list[Filter]:
+    """The one of ``probe``'s filters the ``turn``-th probe of a relay asks, alone in its REQ:
+    a relay answering one filter of a REQ (the first or the last) dropped the other one
+    of the two, and a relay both such and answering only precise queries never showed it
+    (the simulator's seed 815 of the every-behaviour world: an announcement only that
+    relay held never came). By owners first, then by roots, and so on."""
+    return [filters[turn % len(filters)]] if filters else []

@@ -305,6 +305,8 @@ class RelayState:
     # it answers only precise queries (``protocol.precise``: nostr-rs-relay's limit_scrapers),
     # found by a probe (``lifecycle.on_imprecise_ignored``); kept over sessions
     precise_queries: bool = False
+    # precise probes asked of it (``precise.probe_turn``: their filters take turns); in memory
+    precise_probes: int = 0
     # it refused, in words, filters that may bring notes without naming authors, and served
     # the same without them (``protocol.precise``: khatru's AntiSyncBots): its tag and ids
     # filters ask ``precise.NOTES_EXCLUDED`` (``Refusals.kinds_probe_answered``); kept over sessions

@@ -328,7 +328,9 @@ class RelayLifecycle:
             return
         roots = [root for address in self.repos.repos_listing(state.url)
                  for root in itertools.islice(self.repos.get(address).root_events, 5)]
-        state.current.probe = precise.probe(self.listing_authors(state.url), roots) or None
+        state.current.probe = precise.probe_turn(precise.probe(self.listing_authors(state.url), roots),
+                                                 state.precise_probes) or None
+        state.precise_probes += 1
         self.historic.pump(state)
 
     def on_imprecise_ignored(self, msg: ImpreciseIgnored) -> None:
