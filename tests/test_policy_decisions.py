@@ -258,19 +258,12 @@ def test_a_kinds_probe_left_unanswered_is_asked_again(tmp_path):
     """Its first probe without notes stalls (a REQ beside others a NOTICE refused, naming
     none): asked again once the stall ends it, served, and nothing stays paused (it stayed
     paused a day: seed 593 of own-relay faults with --anti-sync-bots and --limit-refusals)."""
-    h = ManagerHarness(tmp_path)
-    h.own_relay_holds(*[announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)])
-    h.connect(A)
+    h = _three_repositories_on_a(tmp_path)
     answered: set = set()
     unanswered: set = set()
-    for _ in range(60):
-        h.answer_own_reads()
-        _anti_sync_bots(h, answered, unanswered=unanswered)
-        h.advance(1.1)
-        h.tick()  # (the maintenance tick finds the stall)
+    _run(h, lambda: _anti_sync_bots(h, answered, unanswered=unanswered), 60)
     state = h.state(A)
     assert unanswered and state.precise_refused and not state.paused
-
 
 
 def test_a_kinds_probe_left_unanswered_is_not_asked_again_by_missing_event_recovery(tmp_path):
@@ -280,21 +273,11 @@ def test_a_kinds_probe_left_unanswered_is_not_asked_again_by_missing_event_recov
     probe owes no events: its stall goes to no missing-event recovery, which asked it once
     more, outside the probe's rules, a few minutes after the refusal (the simulator's seed
     901 of a 20-relay world, ``refused_asked_again``)."""
-    h = ManagerHarness(tmp_path)
-    h.own_relay_holds(*[announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)])
-    h.connect(A)
+    h = _three_repositories_on_a(tmp_path)
     answered: set = set()
     unanswered: set = set()
-    for _ in range(40):
-        h.answer_own_reads()
-        _refusing_tag(h, answered, "a", unanswered)
-        h.advance(1.1)
-        h.tick()  # (the maintenance tick finds the stall)
-    for _ in range(30):  # half an hour: missing-event recovery's attempts come meanwhile
-        h.answer_own_reads()
-        _refusing_tag(h, answered, "a", unanswered)
-        h.advance(60)
-        h.tick()
+    _run(h, lambda: _refusing_tag(h, answered, "a", unanswered), 40)
+    _run(h, lambda: _refusing_tag(h, answered, "a", unanswered), 30, step=60)  # (recovery's attempts come)
     state = h.state(A)
     assert unanswered and not state.precise_refused and [describe(k) for k in state.paused.keys()] == ["#a"]
     without_notes = [req[1] for req in h.reqs(A)
@@ -316,3 +299,21 @@ def _refusing_tag(h, answered: set, tag: str, unanswered: set) -> None:
             unanswered.add(req[1])
         else:
             h.relay_says(A, closed(req[1], f"blocked: #{tag} queries are not allowed here"))
+
+
+def _three_repositories_on_a(tmp_path) -> ManagerHarness:
+    """Three repositories listing A, and A connected."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*[announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)])
+    h.connect(A)
+    return h
+
+
+def _run(h, answer, rounds: int, step: float = 1.1) -> None:
+    """``rounds`` times: the own relay's reads answered, A's REQs by ``answer``, ``step``
+    seconds on (the pacing gate), and a maintenance tick (it finds stalls)."""
+    for _ in range(rounds):
+        h.answer_own_reads()
+        answer()
+        h.advance(step)
+        h.tick()
