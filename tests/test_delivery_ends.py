@@ -1,6 +1,7 @@
 """Every delivery ends: one the own relay refuses without a final word (``error:``, a prefix
 no NIP defines) is tried a bounded number of times, then kept as refused, and while it
 waits it does not hold historic sync."""
+import collections
 import threading
 
 import pytest
@@ -57,14 +58,22 @@ def test_deliveries_refused_with_error_end_in_the_rejected_index_and_never_hold_
     # (not fetched again), with at least thirty given up.
     ids = {e.id for e in stubborn}
 
+    seen: dict = {}  # the three facts at the last look, for a failure to tell which was short
+
     def given_up_in_whole_rounds() -> bool:
         with lock:
+            seen["offers"] = sorted(collections.Counter(offered.values()).items())
+            seen["unoffered"] = len(ids - set(offered))
             rounds = set(offered) == ids and all(
                 n % constants.DELIVERY_MAX_ATTEMPTS == 0 for n in offered.values())
-        return (rounds and gsync.metric("gsync_deliveries_given_up_total", reason="error") >= 30
-                and gsync.status()["rejected"] == 30)
+        seen["given_up"] = gsync.metric("gsync_deliveries_given_up_total", reason="error")
+        seen["rejected"] = gsync.status()["rejected"]
+        return rounds and seen["given_up"] >= 30 and seen["rejected"] == 30
 
-    wait_until(given_up_in_whole_rounds, timeout=30, what="every stubborn delivery given up, kept as refused")
+    try:
+        wait_until(given_up_in_whole_rounds, timeout=30, what="every stubborn delivery given up, kept as refused")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: at the last look {seen}") from None
     given_up = [e for e in gsync.log_events() if e["event"] == "event_rejected"]
     assert len(given_up) >= 30 and all(
         e["reason"].startswith("gave up after 10 attempts: error: database is busy") for e in given_up)
