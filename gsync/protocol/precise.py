@@ -98,8 +98,8 @@ def probe(authors: Iterable[str], roots: Iterable[str] = ()) -> list[Filter]:
     """Precise queries that bring something from a relay holding any announcement or state
     of ``authors`` (the owners of the repositories listing it) or any of ``roots`` (their
     issues, patches and PRs gsync knows): asked after an imprecise REQ came back with
-    nothing, what they bring shows the relay ignored that REQ. Empty without either. One
-    is asked a probe, in turn (``probe_turn``)."""
+    nothing, what they bring shows the relay ignored that REQ. Empty without either. Each
+    probe asks one of them, in turn (``probe_turn``)."""
     chosen = sorted(authors)[:PROBE_AUTHORS]
     ids = sorted(roots)[:PROBE_IDS]
     return ([Filter.make(kinds=[30617, 30618], authors=chosen, limit=PROBE_LIMIT)] if chosen else []) + (
