@@ -1143,11 +1143,14 @@ class Checker:
         if relay.ignores_until:
             # past a first page only NIP-77 and ids reach what it holds, and where gsync rests
             # from either there (a day after it failed) it waits for the rest's end (seed 32
-            # of the caps world with --per-filter 1: relay1 advertised 688 ids, served 3)
+            # of the caps world with --per-filter 1: relay1 advertised 688 ids, served 3), or
+            # for the next session where a query-rate refusal turned NIP-77 off for this one
+            # (SPEC §5; seed 923 of the 20-relay world in bench/README's third session of
+            # 2026-12-07: relay6 limits queries)
             state = self.sim.manager.relays.get(url)
             now = self.sim.clock.now
             if (state is None or state.nip77_resting(now) or not state.current.negentropy_ok
-                    or not state.serves_ids(now)):
+                    or not self.sim.manager.health.negentropy_allowed(url) or not state.serves_ids(now)):
                 return True
         # (``downs`` keeps the last hour only, for the dial checks: an outage is known by its
         # span too, kept 26 h, and a relay down now by when it went: seed 114 of a fault-scale-3
