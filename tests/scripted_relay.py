@@ -13,7 +13,8 @@ protocol modules), run in-process by a test on a free 127.0.0.1 port:
 What it does by default is plain NIP-01: ``REQ`` is answered from the store, per filter the
 newest events first, at most ``page_size`` per filter (and at most the filter's ``limit``;
 ``limit: 0`` sends nothing stored), then ``EOSE``; ``CLOSE`` ends a subscription; ``EVENT``
-from the client is stored and answered with ``OK``. It never serves NIP-11 (an HTTP GET
+from the client is stored and answered with ``OK`` (one already stored: ``OK`` true,
+``duplicate:``, as relays say it, and not sent to subscriptions again). It never serves NIP-11 (an HTTP GET
 without an upgrade gets ``404``) unless given a document.
 
 Knobs for misbehaviour:
@@ -866,6 +867,11 @@ class ScriptedRelay:
             parse_event(raw)
         except EventError as exc:
             conn.send("OK", eid, False, f"invalid: {exc.reason}")
+            return
+        with self._store_lock:
+            held = eid in self._store
+        if held:  # (as relays say it: a read, not a write)
+            conn.send("OK", eid, True, "duplicate: already have this event")
             return
         self.broadcast(raw)
         conn.send("OK", eid, True, "")
