@@ -11,6 +11,7 @@ Faults are attributes the simulator sets and clears (``rate_limited_until``, ``r
 from __future__ import annotations
 
 import json
+import random
 import re
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
@@ -456,6 +457,15 @@ class SimRelay:
         # *f.Limit`` cancels it, ``limit: 0`` included, its CLOSED suppressed): nothing new
         # reaches such a subscription
         self.drops_live = False
+        # answers a REQ after a time that grows with what it reads, and stops a query at its
+        # time budget (seconds), sending what it read by then and its EOSE (a relay whose
+        # database cancels slow statements): a cut anywhere, told from an end only by how long
+        # the answer took. Its REQs are read side by side: a slow answer holds up no other
+        # frame. None: answers at once, whole. ``answer_secs``: the last REQ's time (the
+        # simulator delays its frames by it), drawn from ``slow_rng``
+        self.query_budget: float | None = None
+        self.slow_rng: random.Random | None = None
+        self.answer_secs = 0.0
         # (burst, seconds a query): REQs and NEG-OPENs of one session past a token bucket are
         # refused "rate-limited:" (PEERS.md: LocalRelay's per-connection query limit), for good
         self.query_limit: tuple[int, float] | None = None
@@ -610,6 +620,8 @@ class SimRelay:
         if self.one_filter is not None:
             answered = filters[:1] if self.one_filter == "first" else filters[-1:]
         frames = [head + e.to_json() + "]" for e in self.answer(answered)]
+        if self.query_budget is not None and any(f.limit != 0 for f in filters):
+            frames = self.timed(frames)
         sent = len(frames)
         if self.no_eose and any(f.limit != 0 for f in filters):
             return frames
@@ -619,6 +631,20 @@ class SimRelay:
             frames.append(_closed(sub_id, ""))
         elif self.drops_live and any(f.limit is not None and sent >= f.limit for f in filters):
             del session.subs[sub_id]  # (no CLOSED: the client thinks it open)
+        return frames
+
+    def timed(self, frames: list[str]) -> list[str]:
+        """A slow relay's answer (``query_budget``): its time drawn (a start, then 20 ms an
+        event read, each within a factor of two; one in five a busy moment of 1-8 s more), set
+        in ``answer_secs``; past the budget, the events read by then."""
+        rng = self.slow_rng
+        secs = rng.uniform(0.05, 1.0) + 0.02 * len(frames) * rng.uniform(0.5, 2.0)
+        if rng.random() < 0.2:
+            secs += rng.uniform(1.0, 8.0)
+        if secs > self.query_budget:
+            frames = frames[:int(len(frames) * self.query_budget / secs)]
+            secs = self.query_budget
+        self.answer_secs = secs
         return frames
 
     def answer(self, filters: list[Filter]) -> list[Event]:

@@ -138,6 +138,9 @@ class SimOptions:
     # of the relays serving NIP-77, the share comparing a filter's newest events only
     # (``SILENT_CAPS``), silently (khatru relays whose store caps queries): ``SimRelay.neg_silent_cap``
     neg_silent_caps: float = 0.0
+    # the share of relays whose answers take time with what they read, stopped at a time
+    # budget (``SLOW_BUDGETS``) and sent cut there: ``SimRelay.query_budget``
+    slow_queries: float = 0.0
     # the share of publications followed by a reply tagging only a thread member (a kind-1
     # reply or a reaction to a comment), sent to some of its repository's relays, not the
     # own relay: gsync finds it by the member's id (SPEC §3, direct-member descendants)
@@ -164,6 +167,9 @@ EXCHANGE_AUTH_DEFERRALS = 5
 # would configure (khatru's sqlite default, 100), and numbers nobody would, which gsync
 # checked for only on khatru until 2026-12-07 (events left behind for good elsewhere).
 SILENT_CAPS = (50, 100, 77, 130)
+# The query time budgets a slow relay may have (``SimOptions.slow_queries``), in seconds:
+# above ``constants.TIME_CUT_SUSPECT_SECS``, which gsync takes for the least a relay gives
+SLOW_BUDGETS = (2.5, 5.0)
 
 # The world's shares and rates a bench/simulate flag sets, each drawn from a generator of its
 # own (0: the world of before it): (SimOptions field, flag)
@@ -192,6 +198,7 @@ WORLD_SHARES = (
     ("one_filter", "--one-filter"),
     ("drops_live", "--drops-live"),
     ("neg_silent_caps", "--neg-silent-caps"),
+    ("slow_queries", "--slow-queries"),
     ("member_replies", "--member-replies"),
     ("own_full", "--own-full"),
     ("own_readonly", "--own-readonly"),
@@ -495,6 +502,10 @@ class Simulation:
         if one.random() < o.one_filter:
             relay.one_filter = one.choice(("first", "last"))
         relay.drops_live = random.Random(f"{o.seed}:{url}:drops-live").random() < o.drops_live
+        slow = random.Random(f"{o.seed}:{url}:slow")
+        if slow.random() < o.slow_queries:
+            relay.query_budget = slow.choice(SLOW_BUDGETS)
+            relay.slow_rng = random.Random(f"{o.seed}:{url}:slow-answers")
         # (khatru's policy: not on a relay answering only precise queries, nostr-rs-relay's)
         relay.anti_sync_bots = (random.Random(f"{o.seed}:{url}:anti-sync").random() < o.anti_sync_bots
                                 and not relay.precise_only)
@@ -927,7 +938,11 @@ class Simulation:
         relay.now = self.clock.now
         frames = relay.handle(conn.number, text)
         frames = self.faults.tamper(relay, conn, text, frames)
-        if frames:
+        secs, relay.answer_secs = relay.answer_secs, 0.0
+        if secs and frames:
+            # a slow query's answer, read beside the others: it holds up no later frame
+            self.at(self.clock.now + relay.latency + secs, self.client_reads, conn, frames, gen=conn.gen)
+        elif frames:
             self.to_client(conn, frames, relay.latency)
 
     def to_client(self, conn: SimConnection, frames: list[str], latency: float) -> None:
