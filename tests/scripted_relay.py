@@ -55,6 +55,9 @@ Knobs for misbehaviour:
   more than ``events`` stored events gets only the newest ``events`` of it, after ``secs``.
   ``events`` may be a list, taken in turn by successive REQs (a budget reaches further on
   some queries than on others).
+- ``first_cut_to_nothing=(secs, kind)``: the first REQ whose answer has a stored event of
+  ``kind`` runs out of its time budget before the first of them: nothing, its EOSE after
+  ``secs`` (a cold query).
 - ``refuse_upgrades``: answers for the first websocket upgrades, in turn, instead of ``101``:
   ``(status, headers)`` or ``(status, headers, body_bytes)`` (the body may be a generator
   of chunks, sent until the client hangs up); upgrades after them are accepted.
@@ -423,6 +426,7 @@ class ScriptedRelay:
         limit_zero_unlimited: bool = False,
         oldest_first: bool = False,
         query_budget: tuple | None = None,
+        first_cut_to_nothing: tuple | None = None,
         redirect_to: str | None = None,
         nip11_redirect_to: str | None = None,
         refuse_upgrades: Iterable = (),
@@ -441,6 +445,7 @@ class ScriptedRelay:
         self.limit_zero_unlimited = limit_zero_unlimited
         self.oldest_first = oldest_first
         self.query_budget = query_budget
+        self.first_cut_to_nothing = first_cut_to_nothing
         self._budgets = itertools.cycle(
             [query_budget[0]] if query_budget and isinstance(query_budget[0], int)
             else (query_budget[0] if query_budget else [0]))
@@ -848,6 +853,10 @@ class ScriptedRelay:
         if self.query_budget is not None and len(stored) > budget:
             time.sleep(self.query_budget[1])  # out of time: what it found so far
             stored = stored[:budget]
+        cut = self.first_cut_to_nothing
+        if cut is not None and any(raw.get("kind") == cut[1] for raw in stored):
+            time.sleep(cut[0])
+            self.first_cut_to_nothing, stored = None, []
         for raw in stored:
             conn.send("EVENT", sub_id, raw)
         if self.extra_frames_for_req is not None:

@@ -180,6 +180,22 @@ def test_a_relay_that_stops_slow_queries_yields_every_event(relay_factory, scrip
     assert_arrives(own, history, timeout=60, what="every event past the slow cuts")
 
 
+def test_a_slow_answer_of_nothing_is_asked_once_more(relay_factory, scripted, gsync_factory):
+    """The relay's budget ran out before the first event of a REQ: nothing, slowly. Before,
+    a slow answer of nothing ended its filters (the simulator, seed 1402 of
+    ``--slow-queries 0.4``: a poll cut so, and a reply waited for the daily sync); now the
+    REQ is asked once more, and its events come."""
+    own = relay_factory()
+    remote = scripted(page_size=500, first_cut_to_nothing=(0.6, f.KIND_ISSUE))
+    repo = our_announcement(own, [remote])
+    history = _issues_and_comments(repo, issues=20, commented=5)
+    remote.add(repo, *history)
+    publish(own.url, [repo])
+    gsync_factory(own, [remote], timers={"TIME_CUT_SUSPECT_SECS": 0.4})
+    assert_arrives(own, history, timeout=30, what="every event past the cut to nothing")
+    assert remote.first_cut_to_nothing is None  # (it cut one)
+
+
 # -- forged and off-filter events -------------------------------------------------------------
 
 

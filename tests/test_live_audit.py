@@ -262,3 +262,58 @@ def test_a_session_begun_after_the_own_relays_return_looks_no_further_back(tmp_p
             h.relay_says(A, wire.Eose(sub_id))
     reqs = [r for r in h.historic_reqs(A) if r[1] in audit]
     assert reqs and all(flt["since"] >= int(back) for req in reqs for flt in req[2:])
+
+
+
+def test_an_event_dated_before_its_new_coverage_went_live_is_brought_but_not_judged_missed(tmp_path):
+    """A root the own relay accepts between two looks: its thread's live subscription opens
+    at once (new coverage), its history comes from a batch of its own. A reply stored before
+    that, which the history did not bring (here its page came back empty: a relay's time
+    budget can stop one before its first event), comes with the look, as anything gsync lacks
+    does; but the live subscription missed nothing: it opened after the reply. Judged missed,
+    every live subscription of the relay was opened anew (the simulator, seed 1403 of
+    ``--slow-queries 0.4``)."""
+    from .factory import comment
+
+    h, ann, live = synced(tmp_path)
+    h.advance(constants.LIVE_AUDIT_SECS / 2)
+    h.tick()
+    dev = Author.named("audit-dev")
+    root = issue(dev, ann, created_at=int(h.clock.now) - 600)
+    reply = comment(dev, root, created_at=int(h.clock.now) - 300)  # on the relay before gsync knew the root
+    h.own_relay_holds(root)
+    session = h.state(A).current
+    fresh = [s for s, sub in session.live_subs.items() if any(root.id in f.to_json() for f in sub.filters)]
+    assert fresh and all(session.live_subs[s].fresh for s in fresh)
+    h.settle(A)  # the root's history: nothing
+    assert not h.manager.delivery.is_tracked(reply.id)
+    sub = look(h)
+    [req] = [r for r in h.historic_reqs(A) if r[1] == sub]
+    assert any(root.id in str(flt) and flt["since"] <= reply.created_at for flt in req[2:])  # asked all the same
+    h.relay_sends(A, sub, reply)
+    h.relay_says(A, wire.Eose(sub))
+    h.tick()
+    assert h.manager.delivery.is_tracked(reply.id)  # delivered
+    assert session.audit_batch is None
+    assert live in session.live_subs and all(s in session.live_subs for s in fresh)  # not opened anew
+
+
+def test_an_event_dated_after_its_new_coverage_went_live_is_judged_missed(tmp_path):
+    """The other side of the test above: what new coverage's live subscription should have
+    sent, dated after its REQ went, and that came only with the look, was missed."""
+    h, ann, live = synced(tmp_path)
+    h.advance(constants.LIVE_AUDIT_SECS / 2)
+    h.tick()
+    dev = Author.named("audit-dev")
+    root = issue(dev, ann, created_at=int(h.clock.now) - 600)
+    h.own_relay_holds(root)
+    h.settle(A)
+    from .factory import comment
+
+    reply = comment(dev, root, created_at=int(h.clock.now) + 30)
+    sub = look(h)
+    h.relay_sends(A, sub, reply)
+    h.relay_says(A, wire.Eose(sub))
+    h.tick()
+    assert h.manager.delivery.is_tracked(reply.id)
+    assert live not in h.state(A).current.live_subs  # opened anew

@@ -638,6 +638,26 @@ def time_cut_relay(size, least=5):
     return answer
 
 
+def cold_cut_relay(size):
+    """``time_cut_relay`` whose cold queries (asked for the first time) may run out of
+    time before their first event: asked again, the relay's cache answers within its budget
+    (the simulator's ``--slow-queries`` relays cut anywhere, at random)."""
+    asked: dict[int, set] = {}  # (the store's, while it is synced: one sync at a time)
+
+    def answer(store, filters, rng):
+        events, _ = per_filter_relay(size)(store, filters, rng)
+        if id(store) not in asked:
+            asked.clear()
+        warm = asked.setdefault(id(store), set())
+        key = tuple(filters)
+        budget = rng.randint(0 if key not in warm else 1, 2 * size)
+        warm.add(key)
+        if len(events) > budget:
+            return events[:budget], SLOW
+        return events, SLOW if rng.random() < 0.3 else FAST
+    return answer
+
+
 def both_caps_relay(per_filter, per_req):
     """Each filter's newest ``per_filter``, and of their union the newest ``per_req``: a
     relay with both caps at once (the simulator's relay3 of seed 4 with imports: 20 and 60)."""
@@ -667,6 +687,7 @@ RELAYS = {
     "per filter 80, until exclusive": until_exclusive(per_filter_relay(80)),
     "per REQ 20, newest of all, until exclusive": until_exclusive(per_req_relay(20, "time")),
     "per filter 50, stops slow queries, until exclusive": until_exclusive(time_cut_relay(50)),
+    "per filter 50, stops cold queries before their first event": cold_cut_relay(50),
 }
 
 _fake_ids = itertools.count(1)
@@ -897,9 +918,40 @@ def test_a_slow_page_is_confirmed_until_a_slow_page_brings_nothing():
     assert flat(on_eose(b, "s1", cap=cap, elapsed=SLOW)) == [ISSUES.replace(until=991)]
     feed(b, "s1", issues[-1:])  # slow again, only the boundary second: step past it
     assert flat(on_eose(b, "s1", cap=cap, elapsed=SLOW)) == [ISSUES.replace(until=990)]
-    # slow, and nothing at all: a relay that is slow every time, not one that cut
+    # slow, and nothing at all: the budget may have run out before its first event: once more
+    assert flat(on_eose(b, "s1", cap=cap, elapsed=SLOW)) == [ISSUES.replace(until=990)]
+    # slow and nothing again: a relay that is slow every time, not one that cut
     assert flat(on_eose(b, "s1", cap=cap, elapsed=SLOW)) == []
     assert b.is_complete
+
+
+def test_a_slow_answer_of_nothing_is_asked_once_more_and_a_fast_one_not():
+    for elapsed, again in ((SLOW, True), (FAST, False), (None, False)):
+        b = batch()
+        add_subscription(b, "s1", [ISSUES, PATCHES])
+        assert flat(on_eose(b, "s1", cap=learnt(), elapsed=elapsed)) == ([ISSUES, PATCHES] if again else [])
+    # what the second answer brings pages on as any page does
+    b = batch()
+    add_subscription(b, "s1", [ISSUES])
+    assert flat(on_eose(b, "s1", cap=learnt(20), elapsed=SLOW)) == [ISSUES]
+    feed(b, "s1", page(1621, 1000, 20))
+    assert flat(on_eose(b, "s1", cap=learnt(20), elapsed=FAST)) == [ISSUES.replace(until=981)]
+
+
+def test_a_slow_id_fetch_asks_again_what_it_did_not_bring():
+    wanted = page(1621, 1000, 30)
+    ids = Filter.make(ids=[e.id for e in wanted])
+    b = batch()
+    add_subscription(b, "s1", [ids])
+    # nothing, slowly: a time budget may have stopped it before the first: the same ids again
+    assert flat(on_eose(b, "s1", cap=learnt(), elapsed=SLOW)) == [ids]
+    feed(b, "s1", wanted[:2])  # then 2 of 30, slowly: the 28 it did not send, by id again
+    assert flat(on_eose(b, "s1", cap=learnt(), elapsed=SLOW)) == [Filter.make(ids=[e.id for e in wanted[2:]])]
+    for elapsed in (FAST, None):  # the same shortfall, fast: a residual (by their filters, judged)
+        b = batch()
+        add_subscription(b, "s1", [ids])
+        feed(b, "s1", wanted[:2])
+        assert flat(on_eose(b, "s1", cap=learnt(), elapsed=elapsed)) == []
 
 
 def test_a_relay_capping_each_filter_and_the_req_keeps_both_tests():

@@ -77,6 +77,9 @@ class LiveSub:
     rebuilt_at: float | None = None  # opened again after the relay closed it
     descendants: bool = False  # thread replies: give their room to core coverage when short
     fresh: bool = False  # opened for new coverage: polled apart from the rest if it must be
+    # (fresh) when its REQ first went: an event dated before is its coverage's history,
+    # fetched by a batch of its own, not what the live subscription missed (``live_since``)
+    opened_at: float | None = None
 
 
 @dataclass
