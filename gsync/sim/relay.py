@@ -647,6 +647,19 @@ class SimRelay:
         self.answer_secs = secs
         return frames
 
+    def exchange_secs(self, rounds: int) -> float:
+        """How long a slow relay (``query_budget``) takes over a NIP-77 exchange of ``rounds``
+        rounds beside the round trips: a start of each round's reads (50 ms - 1 s), one round
+        in five a busy moment of 1-4 s more; at most 12 s in all, within gsync's own deadline
+        on an exchange (``constants.NEGENTROPY_DEADLINE_SECS``, which the simulator's
+        exchanges, run at once, do not meet). 0 on any other relay."""
+        if self.query_budget is None:
+            return 0.0
+        rng = self.slow_rng
+        secs = sum(rng.uniform(0.05, 1.0) + (rng.uniform(1.0, 4.0) if rng.random() < 0.2 else 0.0)
+                   for _ in range(rounds))
+        return min(secs, 12.0)
+
     def answer(self, filters: list[Filter]) -> list[Event]:
         """The stored events a REQ's filters ask for, each once, per filter at most its
         ``limit`` and the relay's page cap, newest first (at most ``req_cap`` in all)."""

@@ -801,7 +801,8 @@ class Simulation:
 
         def post(msg) -> None:  # the answer after the rounds' round trips
             rounds = max(1, getattr(msg.result, "rounds", 1))
-            self.at(self.clock.now + 2 * latency * rounds, self.post, msg, gen=self.gen)
+            self.at(self.clock.now + 2 * latency * rounds + relay.exchange_secs(rounds), self.post, msg,
+                    gen=self.gen)
 
         args = list(g.args)
         args[4] = post
