@@ -676,6 +676,28 @@ def test_a_relay_answering_only_precise_queries_and_one_filter_a_req_is_found_so
     assert events_named(gsync, "relay_answers_only_precise_queries", remote.url)
 
 
+@pytest.mark.parametrize("cut", [None, (0.6, f.KIND_ISSUE)], ids=["answers-all", "a-slow-nothing"])
+def test_a_relay_of_that_make_answering_every_query_is_not_taken_for_one_limiting_scrapers(
+        relay_factory, gsync_factory, scripted, cut):
+    """A relay whose NIP-11 names nostr-rs-relay and that answers every query. Some of its
+    imprecise REQs bring nothing because it holds nothing they ask (replies to issues that
+    have none): the precise probe that follows brings the owners' announcements, which those
+    REQs never asked for, and proves nothing. Before, it marked the relay (saved) as answering
+    only precise queries, and every relay of that make was so marked by its first empty REQ.
+    With ``cut``, the relay's time budget stops its first REQ holding an issue before any
+    event: nothing, slowly; such a relay refuses a scraper at once, before any query, so no
+    probe goes on it, and the REQ is asked once more."""
+    kwargs = {} if cut is None else {"first_cut_to_nothing": cut}
+    own, remote, repo, bugs = scripted_repository(relay_factory, scripted, "all-answered", 3,
+                                                  nip11=NOSTR_RS_RELAY, **kwargs)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], timers={"TIME_CUT_SUSPECT_SECS": 0.4})
+    history_then_live(own, gsync, remote.url, repo, bugs, remote.broadcast,
+                      what="history from a relay of that make answering everything")
+    assert cut is None or remote.first_cut_to_nothing is None  # (it cut one)
+    assert not events_named(gsync, "relay_answers_only_precise_queries", remote.url)
+
+
 def test_a_relay_refusing_filters_that_may_bring_notes_is_asked_with_kinds(relay_factory, gsync_factory):
     """khatru's ``AntiSyncBots`` (in its README's example): a filter naming no authors whose
     kinds are missing or hold 1 is refused, the whole REQ and NEG-OPEN with it ("blocked: an

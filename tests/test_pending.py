@@ -1131,3 +1131,27 @@ def test_an_id_page_a_relay_ignoring_until_may_have_cut_asks_the_ids_it_did_not_
         add_subscription(b, "s1", [ids])
         feed(b, "s1", wanted[:served])
         assert flat(on_eose(b, "s1", cap=cap)) == []
+
+
+def test_an_until_probe_answered_slowly_with_nothing_teaches_nothing_and_is_asked_again():
+    """A probe of how the relay reads ``until`` (one event it served, bounded to its own
+    second) that came back slow and empty may have been stopped by a time budget: it teaches
+    nothing (before, "exclusive"), and is asked once more; its answer then tells."""
+    from gsync.sync.pending import until_probe
+
+    served = page(1621, 1000, 1)[0]
+    probe = until_probe(served.id, served.created_at)
+    b = batch()
+    add_subscription(b, "p", [probe])
+    cap = learnt()
+    [(again, filters)] = on_eose(b, "p", cap=cap, elapsed=SLOW)
+    assert filters == [probe]
+    assert not (cap.until_exclusive or cap.until_inclusive)
+    feed(b, again, [served])
+    on_eose(b, again, cap=cap, elapsed=FAST)
+    assert cap.until_inclusive and not cap.until_exclusive
+    b = batch()
+    add_subscription(b, "p", [probe])
+    cap = learnt()
+    on_eose(b, "p", cap=cap, elapsed=FAST)  # nothing, at once: read as exclusive
+    assert cap.until_exclusive

@@ -89,7 +89,8 @@ class RelayConnection:
         # (``_probe_answered``). False: nothing asked.
         self._probe = probe
         self._probe_asked_at: float | None = None  # (again PROBE_AGAIN_SECS later, if found nothing)
-        self._probe_events = 0
+        self._probe_events = 0  # ... of them, those the REQ that came back empty asked for
+        self._probe_trigger: list = []  # that REQ's imprecise filters asking stored events
         self._evented: set[str] = set()  # subscriptions that brought an event (while a probe may go)
         # ids this session verified, and the same ids oldest first for eviction (a dict
         # emptied from the front makes each ``next(iter(...))`` walk past every deleted
@@ -392,8 +393,10 @@ class RelayConnection:
             self._junk(f"malformed_{msg.reason}")
             return
         self._junk_streak = 0
+        sent_at = None  # (of a REQ answered first by this message)
         if self._unanswered and isinstance(msg, (wire.RelayEvent, wire.Eose, wire.Closed)):
-            if self._unanswered.pop(msg.sub_id, None) is not None and self._open_notices:
+            sent_at = self._unanswered.pop(msg.sub_id, None)
+            if sent_at is not None and self._open_notices:
                 if isinstance(msg, wire.Closed) and _refuses_a_req(msg.text, msg.prefix):
                     self._explained(msg.sub_id)  # (a relay that says it twice: that NOTICE was this)
                 self._settle_notices()
@@ -411,7 +414,7 @@ class RelayConnection:
             self._on_auth_answer(msg)
         elif isinstance(msg, (wire.Closed, wire.Eose)):
             if self._probe and isinstance(msg, wire.Eose):
-                self._maybe_probe(msg.sub_id)
+                self._maybe_probe(msg.sub_id, sent_at)
             past_until = tuple(self._past_until.pop(msg.sub_id, ())) if self._past_until else ()
             if not self._ended_here(msg):
                 if isinstance(msg, wire.Closed):
@@ -684,9 +687,13 @@ class RelayConnection:
                 del self._checked[self._checked_order.popleft()]
         self._events.append(RemoteEvent(self.relay, self.session, msg.sub_id, event, not known, matched))
 
-    def _maybe_probe(self, sub_id: str) -> None:
+    def _maybe_probe(self, sub_id: str, sent_at: float | None = None) -> None:
         """An EOSE: if its REQ brought nothing and asked an imprecise filter, ask the probe
-        (once a session)."""
+        (once a session). Not on an answer of nothing that came slowly (``sent_at``: when the
+        REQ went, if this EOSE was its first answer): a relay that answers only precise
+        queries refuses a "scraper" before any query, at once; a slow nothing may be a query
+        its time budget stopped, asked once more (``FilterPaginationState.next_page``), and a
+        probe answered then would mark the relay as answering only precise queries."""
         brought = sub_id in self._evented
         self._evented.discard(sub_id)
         filters = self.subscriptions.get(sub_id)
@@ -694,16 +701,30 @@ class RelayConnection:
         if brought or filters is None or (self._probe_asked_at is not None
                                           and now - self._probe_asked_at < PROBE_AGAIN_SECS):
             return
-        if any(is_imprecise(f) for f in filters.filters):
+        if sent_at is not None and now - sent_at >= constants.TIME_CUT_SUSPECT_SECS:
+            return
+        # (a live REQ's ``limit: 0`` asks for nothing stored: its nothing says nothing)
+        imprecise = [f for f in filters.filters if is_imprecise(f) and f.limit != 0]
+        if imprecise:
             self._probe_asked_at = now
+            self._probe_trigger = imprecise
             self._emit(ProbeWanted(self.relay, self.session))
 
     def _probe_answered(self, msg) -> None:
         """The probe's events are counted, not told; at its end (EOSE, CLOSED) it is closed,
-        and if it brought anything the manager hears that the relay answers only precise
-        queries (``ImpreciseIgnored``). Nothing is asked again this session."""
+        and if it brought an event that the REQ which came back empty asked for (one of its
+        imprecise filters matches it), the relay held it and did not send it: the manager
+        hears that the relay answers only precise queries (``ImpreciseIgnored``), and
+        nothing is asked again this session. Anything else it brings proves nothing: the
+        REQ may have asked for what the relay does not hold (replies to roots that have
+        none; before, every relay of that make was marked so by the first such REQ, and its
+        layer 1 asked the owners' announcements only, a maintainer's not)."""
         if isinstance(msg, wire.RelayEvent):
-            self._probe_events += 1
+            try:
+                event = parse_event(msg.event)
+            except EventError:
+                return
+            self._probe_events += any(f.matches(event) for f in self._probe_trigger)
             return
         if not isinstance(msg, (wire.Eose, wire.Closed)):
             return

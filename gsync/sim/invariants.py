@@ -87,6 +87,10 @@ with the simulated day it happened and what broke.
   as many are open as it holds, so what was open then is its cap): its live coverage past the learnt cap is polled for good (seed 2 of 6 relays and 20
   repositories: a refusal read after a consolidation had closed several took the 5 left
   for the cap where the relay held 10; 15,364 polls in a day and a half).
+- ``precise_misjudged``: gsync marked a relay (saved) as answering only precise queries
+  while it answers every query (``--rs-software``: nostr-rs-relay without ``limit_scrapers``,
+  its default): its tag filters then ask NIP-34's kinds only and its layer 1 the owners'
+  announcements only, a maintainer's not.
 - ``subscriptions_past_cap``: a REQ left more open on a connection than the cap gsync holds
   for that relay (published, assumed or learnt: its session's limits), those the relay
   closed already aside. The relay refuses it, and a refusal read as the cap teaches one too
@@ -214,6 +218,7 @@ class Checker:
         # relay -> (asked at, ids asked, of them hidden) of its latest REQs by id (``ids_judgements``)
         self.id_asks: dict[str, deque] = {}
         self.cap_reported: dict[str, int] = {}  # relay -> the low cap reported (once a value)
+        self.precise_reported: set[str] = set()  # relays reported as ``precise_misjudged`` (once each)
         # gsync_live_events_missed_total by relay (process-wide: several runs share it) at the last sample
         self.missed_live = _missed_live()
         self.polled_room_since: dict[str, float] = {}  # relay -> first sample it polled beside room
@@ -1005,6 +1010,9 @@ class Checker:
                     and self.cap_reported.get(url) != learnt):
                 self.cap_reported[url] = learnt
                 self.violation("subscription_cap_low", f"{url}: {learnt} learnt, the relay holds {relay.max_subs}")
+            if state.precise_queries and relay is not None and not relay.precise_only and url not in self.precise_reported:
+                self.precise_reported.add(url)
+                self.violation("precise_misjudged", f"{url}: marked as answering only precise queries; it answers all")
         world_events = len(self.sim.world.events) + self.sim.faults.injected
         bounds = [("seen", len(m.seen), world_events), ("rejected", len(m.rejected), m.rejected.max_entries),
                   ("own_held", len(m.own_held), constants.OWN_HELD_MAX_EVENTS + world_events),

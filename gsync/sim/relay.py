@@ -463,6 +463,9 @@ class SimRelay:
         # the answer took. Its REQs are read side by side: a slow answer holds up no other
         # frame. None: answers at once, whole. ``answer_secs``: the last REQ's time (the
         # simulator delays its frames by it), drawn from ``slow_rng``
+        # its NIP-11 names nostr-rs-relay, which it is, answering every query (``limit_scrapers``
+        # off, its default; ``precise_only``: on)
+        self.names_rs = False
         self.query_budget: float | None = None
         self.slow_rng: random.Random | None = None
         self.answer_secs = 0.0
@@ -491,7 +494,8 @@ class SimRelay:
         nips = frozenset({1, 11, 42} | ({77} if self.nip77 else set()))
         return RelayLimits(max_subscriptions=self.max_subs, max_limit=self.page_cap,
                            auth_required=self.auth_required, supported_nips=nips,
-                           software="https://git.sr.ht/~gheartsfield/nostr-rs-relay" if self.precise_only else "")
+                           software="https://git.sr.ht/~gheartsfield/nostr-rs-relay"
+                           if self.precise_only or self.names_rs else "")
 
     # -- sessions -------------------------------------------------------------------------
 

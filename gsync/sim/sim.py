@@ -141,6 +141,9 @@ class SimOptions:
     # the share of relays whose answers take time with what they read, stopped at a time
     # budget (``SLOW_BUDGETS``) and sent cut there: ``SimRelay.query_budget``
     slow_queries: float = 0.0
+    # the share of relays (of those answering every query) whose NIP-11 names nostr-rs-relay
+    # (``limit_scrapers`` off, its default; no NIP-77 there): ``SimRelay.names_rs``
+    rs_software: float = 0.0
     # the share of publications followed by a reply tagging only a thread member (a kind-1
     # reply or a reaction to a comment), sent to some of its repository's relays, not the
     # own relay: gsync finds it by the member's id (SPEC §3, direct-member descendants)
@@ -199,6 +202,7 @@ WORLD_SHARES = (
     ("drops_live", "--drops-live"),
     ("neg_silent_caps", "--neg-silent-caps"),
     ("slow_queries", "--slow-queries"),
+    ("rs_software", "--rs-software"),
     ("member_replies", "--member-replies"),
     ("own_full", "--own-full"),
     ("own_readonly", "--own-readonly"),
@@ -497,6 +501,8 @@ class Simulation:
             relay.neg_silent_cap = silent.choice(SILENT_CAPS)
         if random.Random(f"{o.seed}:{url}:precise").random() < o.precise_only:
             relay.precise_only, relay.nip77, relay.nip11 = True, False, True
+        elif random.Random(f"{o.seed}:{url}:rs").random() < o.rs_software:
+            relay.names_rs, relay.nip77, relay.nip11 = True, False, True
         relay.limit_refusals = random.Random(f"{o.seed}:{url}:limits").random() < o.limit_refusals
         one = random.Random(f"{o.seed}:{url}:one-filter")
         if one.random() < o.one_filter:

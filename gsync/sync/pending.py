@@ -540,6 +540,8 @@ class PaginationState:
             return
         probes = [s for s in self.filters if is_until_probe(s.original_filter)]
         if probes:  # (asked alone: its one event, or nothing)
+            if not any(s.seen for s in probes) and elapsed is not None and elapsed >= constants.TIME_CUT_SUSPECT_SECS:
+                return  # nothing, slowly: a time budget may have stopped it (asked once more: ``next_page``)
             cap.until_inclusive = any(s.seen for s in probes)
             cap.until_exclusive = not cap.until_inclusive
         elif any(not s.until_shift and s.own_at_until for s in self.filters):
