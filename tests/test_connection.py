@@ -99,6 +99,34 @@ def test_what_a_relay_sent_past_each_filters_until_is_told_with_the_eose_filter_
     assert eose.past_until == (3, 1)
 
 
+def test_an_event_published_while_a_page_is_read_is_no_sign_that_until_is_ignored():
+    """khatru registers a REQ's listener before its EOSE: an event published while a page's
+    query runs comes on it, dated about now, past the page's ``until``. Told as "past until",
+    it marked a relay that reads ``until`` as NIP-01 says as one ignoring it, for the session
+    (its filters then not paged past their first page). A relay that ignores ``until``
+    sends its stored newest again, dated before: those are told."""
+    import time as clock
+
+    from gsync.io.inbox import RemoteMessage
+
+    sent = []
+    conn = RelayConnection("ws://relay.example", _Bursts([]), 1, sent.append)
+    bob = f.Author.named("bob")
+    repo = f.repo_addr(bob, "a")
+    now = int(clock.time())
+    until = now - 2 * 86400
+    live = f.issue(bob, repo, created_at=now - 3)
+    stored = f.issue(bob, repo, created_at=now - 86400)
+    for events, told in (([live], ()), ([live, stored], (1,))):
+        conn.subscribe("h1", [Filter.make(tags={"a": [repo]}, until=until)])
+        for event in events:
+            conn._handle_frame(f'["EVENT","h1",{event.to_json()}]'.encode())
+        conn._handle_frame(b'["EOSE","h1"]')
+        eose = [m for m in sent if isinstance(m, RemoteMessage)][-1]
+        assert eose.past_until == told
+        conn.unsubscribe("h1")
+
+
 def test_a_subscription_the_relay_closed_is_not_closed_again_by_us():
     """A relay that closes every REQ after its EOSE (PEERS.md): its CLOSED is read before the
     manager, done with the EOSE, asks to CLOSE the subscription; no CLOSE goes for it (a frame

@@ -91,6 +91,10 @@ with the simulated day it happened and what broke.
   while it answers every query (``--rs-software``: nostr-rs-relay without ``limit_scrapers``,
   its default): its tag filters then ask NIP-34's kinds only and its layer 1 the owners'
   announcements only, a maintainer's not.
+- ``until_misjudged``: a connection took its relay for one ignoring ``until``
+  (``PageCap.until_ignored``) while it reads it as NIP-01 says: its filters are then not paged
+  past their first page (an event published while a page's query ran, on a relay that sends
+  a REQ live events before its EOSE, is no sign: ``--slow-queries``).
 - ``subscriptions_past_cap``: a REQ left more open on a connection than the cap gsync holds
   for that relay (published, assumed or learnt: its session's limits), those the relay
   closed already aside. The relay refuses it, and a refusal read as the cap teaches one too
@@ -219,6 +223,7 @@ class Checker:
         self.id_asks: dict[str, deque] = {}
         self.cap_reported: dict[str, int] = {}  # relay -> the low cap reported (once a value)
         self.precise_reported: set[str] = set()  # relays reported as ``precise_misjudged`` (once each)
+        self.until_reported: set = set()  # (relay, session) reported as ``until_misjudged`` (once each)
         # gsync_live_events_missed_total by relay (process-wide: several runs share it) at the last sample
         self.missed_live = _missed_live()
         self.polled_room_since: dict[str, float] = {}  # relay -> first sample it polled beside room
@@ -1010,6 +1015,11 @@ class Checker:
                     and self.cap_reported.get(url) != learnt):
                 self.cap_reported[url] = learnt
                 self.violation("subscription_cap_low", f"{url}: {learnt} learnt, the relay holds {relay.max_subs}")
+            cap = state.current.page_cap
+            if (cap is not None and cap.until_ignored and relay is not None and not relay.ignores_until
+                    and (url, state.session) not in self.until_reported):
+                self.until_reported.add((url, state.session))
+                self.violation("until_misjudged", f"{url}: taken for a relay ignoring until; it reads it as NIP-01 says")
             if state.precise_queries and relay is not None and not relay.precise_only and url not in self.precise_reported:
                 self.precise_reported.add(url)
                 self.violation("precise_misjudged", f"{url}: marked as answering only precise queries; it answers all")
