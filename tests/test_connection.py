@@ -127,6 +127,31 @@ def test_an_event_published_while_a_page_is_read_is_no_sign_that_until_is_ignore
         conn.unsubscribe("h1")
 
 
+def test_a_precise_probe_proves_only_with_an_event_the_empty_req_asked_for_inside_its_bounds():
+    """On a relay of a make that may answer imprecise REQs with nothing: the probe's event
+    proves the relay ignored the REQ that came back empty only if that REQ asked for it
+    (one of its imprecise filters matches it), a second inside its time bounds: a relay
+    reading ``until`` as exclusive never sends an event at its very second (the simulator's
+    seed 1501 of --rs-software: a relay answering every query so marked)."""
+    from gsync.io.inbox import ImpreciseIgnored, ProbeWanted
+
+    bob = f.Author.named("bob")
+    repo = f.repo_addr(bob, "a")
+    t = 1_700_000_000
+    for probe_event, proves in ((f.issue(bob, repo, created_at=t - 5), True),
+                                (f.issue(bob, repo, created_at=t), False),  # at until's second
+                                (f.issue(bob, f.repo_addr(bob, "b"), created_at=t - 5), False)):  # not asked
+        sent = []
+        conn = RelayConnection("ws://relay.example", _Bursts([]), 1, sent.append, probe=True)
+        conn.subscribe("h1", [Filter.make(tags={"a": [repo]}, until=t)])
+        conn._handle_frame(b'["EOSE","h1"]')
+        assert any(isinstance(m, ProbeWanted) for m in sent)
+        conn.send(conn.book.probe_frame("probe", [Filter.make(ids=[probe_event.id])]))
+        conn._handle_frame(f'["EVENT","probe",{probe_event.to_json()}]'.encode())
+        conn._handle_frame(b'["EOSE","probe"]')
+        assert any(isinstance(m, ImpreciseIgnored) for m in sent) is proves
+
+
 def test_a_subscription_the_relay_closed_is_not_closed_again_by_us():
     """A relay that closes every REQ after its EOSE (PEERS.md): its CLOSED is read before the
     manager, done with the EOSE, asks to CLOSE the subscription; no CLOSE goes for it (a frame

@@ -729,7 +729,7 @@ class RelayConnection:
                 event = parse_event(msg.event)
             except EventError:
                 return
-            self._probe_events += any(f.matches(event) for f in self._probe_trigger)
+            self._probe_events += any(within(f, event) for f in self._probe_trigger)
             return
         if not isinstance(msg, (wire.Eose, wire.Closed)):
             return
@@ -918,3 +918,14 @@ def auth_event(secret: str, relay: str, challenge: str, now: int):
     return sign_event(
         secret, created_at=now, kind=22242, tags=[["relay", relay], ["challenge", challenge]]
     )
+
+
+def within(f, event) -> bool:
+    """Does ``f`` match ``event`` a second inside its time bounds? An event at a bound's very
+    second is no proof that a relay ignored ``f``: relays that read ``until`` (or ``since``) as
+    exclusive never send it (the simulator's seed 1501: a page bounded to a second such a
+    relay held nothing before, then the probe's announcement at that second, marked a relay
+    answering every query as one answering only precise queries)."""
+    if not f.matches(event):
+        return False
+    return (f.until is None or event.created_at < f.until) and (f.since is None or event.created_at > f.since)

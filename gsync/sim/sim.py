@@ -502,10 +502,10 @@ class Simulation:
         if random.Random(f"{o.seed}:{url}:precise").random() < o.precise_only:
             relay.precise_only, relay.nip77, relay.nip11 = True, False, True
         elif random.Random(f"{o.seed}:{url}:rs").random() < o.rs_software:
-            relay.names_rs, relay.nip77, relay.nip11 = True, False, True
+            relay.names_rs, relay.nip77, relay.nip11 = True, False, True  # (nostr-rs-relay: no NIP-77)
         relay.limit_refusals = random.Random(f"{o.seed}:{url}:limits").random() < o.limit_refusals
         one = random.Random(f"{o.seed}:{url}:one-filter")
-        if one.random() < o.one_filter:
+        if one.random() < o.one_filter and not relay.names_rs:  # (nostr-rs-relay answers every filter)
             relay.one_filter = one.choice(("first", "last"))
         relay.drops_live = random.Random(f"{o.seed}:{url}:drops-live").random() < o.drops_live
         slow = random.Random(f"{o.seed}:{url}:slow")
