@@ -100,11 +100,11 @@ def test_what_a_relay_sent_past_each_filters_until_is_told_with_the_eose_filter_
 
 
 def test_an_event_published_while_a_page_is_read_is_no_sign_that_until_is_ignored():
-    """khatru registers a REQ's listener before its EOSE: an event published while a page's
-    query runs comes on it, dated about now, past the page's ``until``. Told as "past until",
-    it marked a relay that reads ``until`` as NIP-01 says as one ignoring it, for the session
-    (its filters then not paged past their first page). A relay that ignores ``until``
-    sends its stored newest again, dated before: those are told."""
+    """A relay that matches live events without their time bounds sends an event published
+    while a page is open on it, dated about now, past the page's ``until``. Told as "past
+    until", it would mark a relay that reads ``until`` as NIP-01 says as one ignoring it, for
+    the session (its filters then not paged past their first page). A relay that ignores
+    ``until`` sends its stored newest again, dated before: those are told."""
     import time as clock
 
     from gsync.io.inbox import RemoteMessage

@@ -672,10 +672,11 @@ class RelayConnection:
                 # What we asked for, outside the time bounds we gave: a relay that ignores
                 # ``since`` sends a page of these to every poll and reconnect. Not junk.
                 self._drop("outside_time_bounds", event_id, misbehaved=False)
-                # (a relay ignoring ``until`` sends its stored newest again; one published while
-                # the page's query ran (khatru registers a REQ's listener before its EOSE) is
-                # dated about now: no sign, and counted, it marked a relay paging rightly as one
-                # ignoring ``until`` for its session; clocks drift as ``RECONNECT_OVERLAP_SECS``)
+                # (a relay ignoring ``until`` sends its stored newest again; an event published
+                # while the page was open, sent to it by a relay that matches live events without
+                # their time bounds, is dated about now: no sign, and counted, it would mark a
+                # relay paging rightly as one ignoring ``until`` for its session; clocks drift as
+                # ``RECONNECT_OVERLAP_SECS``)
                 stored = event.created_at < time.time() - constants.RECONNECT_OVERLAP_SECS
                 for i in filters.newer_than_until(event) if stored else ():
                     counts = self._past_until.setdefault(msg.sub_id, [0] * len(filters.filters))

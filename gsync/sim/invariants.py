@@ -93,8 +93,7 @@ with the simulated day it happened and what broke.
   announcements only, a maintainer's not.
 - ``until_misjudged``: a connection took its relay for one ignoring ``until``
   (``PageCap.until_ignored``) while it reads it as NIP-01 says: its filters are then not paged
-  past their first page (an event published while a page's query ran, on a relay that sends
-  a REQ live events before its EOSE, is no sign: ``--slow-queries``).
+  past their first page.
 - ``subscriptions_past_cap``: a REQ left more open on a connection than the cap gsync holds
   for that relay (published, assumed or learnt: its session's limits), those the relay
   closed already aside. The relay refuses it, and a refusal read as the cap teaches one too
