@@ -1,6 +1,7 @@
 """gsync/io/connection.py without sockets: what a relay connection hands the manager."""
 import gevent
 
+from gsync import constants
 from gsync.io.connection import MAX_UNAPPLIED_BURSTS, RelayConnection
 from gsync.io.inbox import RemoteEvents
 from gsync.protocol import wsframes
@@ -150,6 +151,49 @@ def test_a_precise_probe_proves_only_with_an_event_the_empty_req_asked_for_insid
         conn._handle_frame(f'["EVENT","probe",{probe_event.to_json()}]'.encode())
         conn._handle_frame(b'["EOSE","probe"]')
         assert any(isinstance(m, ImpreciseIgnored) for m in sent) is proves
+
+
+def test_a_relay_that_answered_an_imprecise_req_is_not_probed_that_session():
+    """A relay limiting scrapers answers any REQ holding an imprecise filter with nothing:
+    one that brought an event on such a REQ does not, and a later empty one (replies to
+    roots that have none) sends no probe this session (the simulator's relays naming
+    nostr-rs-relay and answering everything were probed every hour)."""
+    from gsync.io.inbox import ProbeWanted
+
+    bob = f.Author.named("bob")
+    repo = f.repo_addr(bob, "a")
+    for answered_first, probed in ((False, True), (True, False)):
+        sent = []
+        conn = RelayConnection("ws://relay.example", _Bursts([]), 1, sent.append, probe=True)
+        if answered_first:
+            conn.subscribe("h1", [Filter.make(tags={"a": [repo]})])
+            conn._handle_frame(f'["EVENT","h1",{f.issue(bob, repo).to_json()}]'.encode())
+            conn._handle_frame(b'["EOSE","h1"]')
+        conn.subscribe("h2", [Filter.make(tags={"e": ["ab" * 32]})])
+        conn._handle_frame(b'["EOSE","h2"]')
+        assert any(isinstance(m, ProbeWanted) for m in sent) is probed
+
+
+def test_a_probe_answered_slowly_with_nothing_is_asked_once_more():
+    """A time budget may stop the probe before its first event, as it stops a page: the same
+    probe once more (``ProbeWanted.again``), once (the simulator's seed 1508: a slow relay
+    answering only precise queries, its first probe cut so, unproven for days)."""
+    from gsync.io.inbox import ProbeWanted
+
+    bob = f.Author.named("bob")
+    repo = f.repo_addr(bob, "a")
+    sent = []
+    conn = RelayConnection("ws://relay.example", _Bursts([]), 1, sent.append, probe=True)
+    conn.subscribe("h1", [Filter.make(tags={"a": [repo]})])
+    conn._handle_frame(b'["EOSE","h1"]')
+    for slow in (True, True):
+        conn.send(conn.book.probe_frame("probe", [Filter.make(tags={"a": [repo]}, kinds=[1621], limit=5)]))
+        if slow:
+            conn.book.probe_sent_at -= constants.TIME_CUT_SUSPECT_SECS + 1
+        conn._handle_frame(b'["EOSE","probe"]')
+    wanted = [m for m in sent if isinstance(m, ProbeWanted)]
+    assert [m.again for m in wanted] == [False, True]  # the first, then once more; not again
+    assert wanted[1].filters == wanted[0].filters
 
 
 def test_a_subscription_the_relay_closed_is_not_closed_again_by_us():

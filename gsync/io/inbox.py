@@ -60,10 +60,15 @@ class RemoteEvents:
 @dataclass(slots=True)
 class ProbeWanted:
     """An imprecise REQ came back with nothing from a relay of a make that may answer those
-    so: the manager sends the precise probe, paced (``protocol.precise``)."""
+    so: the manager sends the precise probe, paced (``protocol.precise``). ``filters``: that
+    REQ's imprecise filters asking stored events, which the probe asks precisely; ``again``:
+    the last probe came back slow with nothing (a time budget may have cut it): the same
+    filter once more."""
 
     relay: str
     session: int
+    filters: tuple = ()
+    again: bool = False
 
 
 @dataclass(slots=True)

@@ -45,7 +45,6 @@ LIMITING_SOFTWARE = "nostr-rs-relay"
 # A probe asks for at most this many announcements, of at most this many authors.
 PROBE_LIMIT = 5
 PROBE_AUTHORS = 50
-PROBE_IDS = 50  # ... and at most this many of their roots by id
 # A probe that found nothing (the relay held none of that yet) is asked again at the next
 # imprecise REQ that brings nothing this long after, at the earliest (a paced start each)
 PROBE_AGAIN_SECS = 3600.0
@@ -94,22 +93,26 @@ def kinds_probe(f: Filter) -> Filter:
     return made_precise(f, frozenset(), NOTES_EXCLUDED, ids_too=True)
 
 
-def probe(authors: Iterable[str], roots: Iterable[str] = ()) -> list[Filter]:
-    """Precise queries that bring something from a relay holding any announcement or state
-    of ``authors`` (the owners of the repositories listing it) or any of ``roots`` (their
-    issues, patches and PRs gsync knows): asked after an imprecise REQ came back with
-    nothing, what they bring shows the relay ignored that REQ. Empty without either. Each
-    probe asks one of them, in turn (``probe_turn``)."""
-    chosen = sorted(authors)[:PROBE_AUTHORS]
-    ids = sorted(roots)[:PROBE_IDS]
-    return ([Filter.make(kinds=[30617, 30618], authors=chosen, limit=PROBE_LIMIT)] if chosen else []) + (
-        [Filter.make(ids=ids)] if ids else [])
+def probe(trigger: Iterable[Filter], authors: Iterable[str]) -> list[Filter]:
+    """The precise forms of ``trigger``'s filters (the imprecise ones, asking stored events,
+    of a REQ that came back with nothing): each asks only what its imprecise form asked
+    (within the same bounds), so an event it brings, one that form matches, shows the relay
+    ignored that REQ; on a relay answering everything, each brings what the REQ would have
+    and proves nothing. A tag filter with ``PRECISE_KINDS``, a ``kinds`` filter with the
+    owners of the repositories listing the relay (at most ``PROBE_AUTHORS``); one that stays
+    imprecise (no owner known) is left out. At most ``PROBE_LIMIT`` events each; each probe
+    asks one of them, in turn (``probe_turn``). (Until 2026-12-07 the probe asked the owners'
+    announcements and their roots by id, whatever the REQ had asked: on a relay answering
+    everything, an empty REQ asking replies to roots that have none was "proved" ignored.)"""
+    chosen = frozenset(sorted(authors)[:PROBE_AUTHORS])
+    made = (made_precise(f, chosen) for f in trigger)
+    return [f.replace(limit=PROBE_LIMIT) for f in made if not is_imprecise(f)]
 
 
 def probe_turn(filters: list[Filter], turn: int) -> list[Filter]:
     """The one of ``probe``'s filters the ``turn``-th probe of a relay asks, alone in its REQ:
-    a relay answering one filter of a REQ (the first or the last) dropped the other one
-    of the two, and a relay both such and answering only precise queries never showed it
-    (the simulator's seed 815 of the every-behaviour world: an announcement only that
-    relay held never came). By owners first, then by roots, and so on."""
+    a relay answering one filter of a REQ (the first or the last) dropped the others, and a
+    relay both such and answering only precise queries never showed it (the simulator's
+    seed 815 of the every-behaviour world: an announcement only that relay held never came).
+    In the REQ's order, and round again."""
     return [filters[turn % len(filters)]] if filters else []

@@ -94,6 +94,7 @@ class SubscriptionBook:
         self.precise_kinds: frozenset[int] = PRECISE_KINDS
         self.precise_ids = False  # ... and an ``ids`` filter those kinds (``made_precise``)
         self.probe_sub: str | None = None  # the precise probe's REQ, while it runs (``probe_frame``)
+        self.probe_sent_at: float | None = None  # ... when it went
 
     def req_frame(self, sub_id: str, filters) -> str:
         """``sub_id`` is open from now (its events are matched, its bytes counted): its REQ,
@@ -120,7 +121,7 @@ class SubscriptionBook:
     def probe_frame(self, sub_id: str, filters) -> str:
         """The precise probe's REQ (``protocol.precise``), for the caller to send: not a
         subscription of the manager's; the reader takes its answer until ``probe_ended``."""
-        self.probe_sub = sub_id
+        self.probe_sub, self.probe_sent_at = sub_id, self.clock()
         return wire.req(sub_id, filters)
 
     def probe_ended(self) -> str | None:

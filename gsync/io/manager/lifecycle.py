@@ -326,11 +326,10 @@ class RelayLifecycle:
         state = self.relays.in_session(msg.relay, msg.session)
         if state is None or state.precise_queries:
             return
-        roots = [root for address in self.repos.repos_listing(state.url)
-                 for root in itertools.islice(self.repos.get(address).root_events, 5)]
-        state.current.probe = precise.probe_turn(precise.probe(self.listing_authors(state.url), roots),
-                                                 state.precise_probes) or None
-        state.precise_probes += 1
+        turn = state.precise_probes - 1 if msg.again else state.precise_probes  # (again: the same filter)
+        state.current.probe = precise.probe_turn(precise.probe(msg.filters, self.listing_authors(state.url)),
+                                                 turn) or None
+        state.precise_probes = turn + 1
         self.historic.pump(state)
 
     def on_imprecise_ignored(self, msg: ImpreciseIgnored) -> None:
