@@ -3,6 +3,8 @@ fragmented as coverage came a little at a time (thread members, one small REQ a 
 one process (tests/manager_harness.py): one consolidation packs it live, and the polls stop.
 Found by the simulator (seed 4's year, day 244: a relay allowing 10 subscriptions, its
 members' coverage polled every 5 s for hours, ``busy_loop``)."""
+import pytest
+
 from gsync import constants
 from gsync.io.inbox import NegentropyFinished
 from gsync.io.manager.coverage import member_filters
@@ -17,6 +19,15 @@ from .manager_harness import ManagerHarness
 
 A = "wss://a.example"
 owner = Author.named("owner")
+
+
+@pytest.fixture(autouse=True)
+def answers_are_not_slow(monkeypatch):
+    """These tests' relay answers a REQ when the test's loop comes round (2 s or more of the
+    fake clock after it went); a relay answering so, with nothing, would be taken for one
+    whose time budget cut it (``constants.TIME_CUT_SUSPECT_SECS``) and asked once more.
+    Their subject is not slowness: an answer counts as prompt here."""
+    monkeypatch.setattr(constants, "TIME_CUT_SUSPECT_SECS", float("inf"))
 
 
 def polls_sent(h, since: float) -> int:

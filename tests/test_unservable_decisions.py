@@ -4,6 +4,8 @@ before its next daily fresh start, and it is asked by id from another relay list
 repository. (End to end, over real sockets: tests/test_unservable_e2e.py.)"""
 import json
 
+import pytest
+
 from gsync import constants
 from gsync.io.inbox import HandshakeDone, NegentropyFinished, RelayDisconnected
 from gsync.io.negentropy_sync import NegentropyOutcome
@@ -23,6 +25,15 @@ A, B = "wss://a.example", "wss://b.example"
 # the own relay holds enough of every filter that NIP-77 pays at production prices (sync.method)
 HELD = resync_holdings()
 owner, bob = Author.named("owner"), Author.named("bob")
+
+
+@pytest.fixture(autouse=True)
+def answers_are_not_slow(monkeypatch):
+    """These tests' relay answers a REQ when the test's loop comes round (2 s or more of the
+    fake clock after it went); a relay answering so, with nothing, would be taken for one
+    whose time budget cut it (``constants.TIME_CUT_SUSPECT_SECS``) and asked once more.
+    Their subject is not slowness: an answer counts as prompt here."""
+    monkeypatch.setattr(constants, "TIME_CUT_SUSPECT_SECS", float("inf"))
 
 
 def world(h, relays=(A,)):
