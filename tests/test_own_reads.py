@@ -244,3 +244,27 @@ def test_a_read_of_an_own_relay_serving_a_filter_without_a_limit_oldest_first_re
     finally:
         ws.close()
     assert read == {e.id for e in issues}
+
+
+@pytest.mark.parametrize("cuts", [{"query_budget": ([40, 15], 0.6)}, {"first_cut_to_nothing": (0.6, 1621)}],
+                         ids=["cut-anywhere", "cut-to-nothing"])
+def test_a_read_of_an_own_relay_that_stops_slow_queries_reads_it_whole(scripted, monkeypatch, cuts):
+    """An own relay under load that stops slow queries cuts a page anywhere: after 40 events
+    and then 15 in turn (15, fewer than the 40 it served, read as the end), or before the
+    first (nothing, read as nothing there). A slow page is confirmed by the next, a slow
+    nothing asked once more: 120 issues, all read."""
+    from gsync import constants
+    from gsync.io.own_query import history_pages
+    from gsync.io.ws import connect
+
+    monkeypatch.setattr(constants, "TIME_CUT_SUSPECT_SECS", 0.4)
+    repo = announcement(Author.named("owner"), "r")
+    base = 1_700_000_000
+    issues = [issue(Author.named("bob"), repo, subject=f"issue {i}", created_at=base + 60 * i) for i in range(120)]
+    own = scripted(*issues, page_size=500, **cuts)
+    ws = connect(own.url, timeout=5)
+    try:
+        read = {e["id"] for page in history_pages(ws, tag("a", repo.address)) for e in page}
+    finally:
+        ws.close()
+    assert read == {e.id for e in issues}

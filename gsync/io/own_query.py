@@ -12,9 +12,11 @@ cheaper on the wire but yields only ids, not the timestamps the remote exchange 
 """
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 
+from .. import constants
 from ..ops import metrics
 from ..protocol import messages as wire
 from ..protocol.filters import Filter
@@ -37,17 +39,27 @@ def history_pages(ws, flt: Filter, cap: PageCap | None = None, counted: bool = F
     flt = filter_plan.with_page_limit([flt.replace(limit=None)])[0]  # (newest first: NIP-01)
     seen: set[str] = set()
     until = flt.until
+    asked_again = False
     while True:
         if counted:
             metrics.OWN_RELAY_READS.inc()
+        started = time.monotonic()
         page = _one_page(ws, flt if until is None else flt.replace(until=until), counted, auth)
+        # a relay that stops slow queries (under load) cuts a page anywhere, before its first
+        # event too, as a remote does (``FilterPaginationState.next_page``): a slow page is
+        # confirmed by the next, a slow nothing asked once more; taken as the end, the
+        # self-subscription's read missed what the own relay held (until its daily reread)
+        slow = time.monotonic() - started >= constants.TIME_CUT_SUSPECT_SECS
+        if not page and slow and not asked_again:
+            asked_again = True
+            continue
         new = [e for e in page if e["id"] not in seen]
         seen.update(e["id"] for e in new)
         if new:
             yield new
         cap.observe(len(page), len(page))  # one filter a REQ: its events are all its own
-        if not cap.maybe_cut(len(page), len(page)):
-            return  # fewer than the connection has served in one page: exhausted
+        if not page or not cap.maybe_cut(len(page), len(page), slow):
+            return  # fewer than the connection has served in one page, not slowly: exhausted
         oldest = min(e["created_at"] for e in page)
         if new and (until is None or oldest < until or len(new) == len(page)):
             until = oldest
