@@ -144,6 +144,9 @@ class SimOptions:
     # the share of relays (of those answering every query) whose NIP-11 names nostr-rs-relay
     # (``limit_scrapers`` off, its default; no NIP-77 there): ``SimRelay.names_rs``
     rs_software: float = 0.0
+    # the share of relays (of those without a query budget) answering as slowly, whole,
+    # however long it takes: ``SimRelay.slow_unbounded``
+    slow_unbounded: float = 0.0
     # the share of publications followed by a reply tagging only a thread member (a kind-1
     # reply or a reaction to a comment), sent to some of its repository's relays, not the
     # own relay: gsync finds it by the member's id (SPEC §3, direct-member descendants)
@@ -203,6 +206,7 @@ WORLD_SHARES = (
     ("neg_silent_caps", "--neg-silent-caps"),
     ("slow_queries", "--slow-queries"),
     ("rs_software", "--rs-software"),
+    ("slow_unbounded", "--slow-unbounded"),
     ("member_replies", "--member-replies"),
     ("own_full", "--own-full"),
     ("own_readonly", "--own-readonly"),
@@ -511,6 +515,9 @@ class Simulation:
         slow = random.Random(f"{o.seed}:{url}:slow")
         if slow.random() < o.slow_queries:
             relay.query_budget = slow.choice(SLOW_BUDGETS)
+            relay.slow_rng = random.Random(f"{o.seed}:{url}:slow-answers")
+        elif random.Random(f"{o.seed}:{url}:slow-unbounded").random() < o.slow_unbounded:
+            relay.slow_unbounded = True
             relay.slow_rng = random.Random(f"{o.seed}:{url}:slow-answers")
         # (khatru's policy: not on a relay answering only precise queries, nostr-rs-relay's)
         relay.anti_sync_bots = (random.Random(f"{o.seed}:{url}:anti-sync").random() < o.anti_sync_bots
