@@ -63,9 +63,6 @@ class Faults:
         self.rng = rng
         self.counts: dict[str, int] = {}
         self.junk_until: dict[str, float] = {}
-        # (relay, gsync's session) whose answers carried junk: an unrequested event past a
-        # page's until there reads as a relay ignoring until (``until_misjudged`` excuses it)
-        self.junked_sessions: set = set()
         self.injected = 0
 
     def schedule(self, end: float) -> None:
@@ -230,5 +227,4 @@ class Faults:
                 extra.append('["EVENT",' + json.dumps(sub_id) + "," + event.to_json() + "]")
                 break
         self.injected += len(extra)
-        self.junked_sessions.add((relay.url, conn.session))
         return events[:1] + extra + frames[1:] if frames[0] is events[0] else extra + frames

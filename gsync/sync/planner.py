@@ -28,6 +28,14 @@ from .shard import OTHER_SHARD_LEAD
 from .start_queue import StartQueue, is_exchange, is_own_read, queued_of, union_of_holdings
 from .targets import PendingItems
 
+# Events of one filter a page brought newer than its ``until`` that show the relay ignores it:
+# such a relay sends the filter's newest page again, as many as its cap (10 at the least
+# gsync assumes); one stray event (a relay's junk, an unrequested event it matched but for
+# its time) is no sign, and marked the relay so for its session: its filters not paged past
+# their first page (the simulator's seed 1601 of --slow-unbounded 0.4: an honest relay's
+# junk, then 161 events the own relay lost not refilled from it in 6 h)
+UNTIL_IGNORED_MIN_PAST = 2
+
 
 class HistoricPlanner:
     """The decisions of ``HistoricSync``: each entry point changes what it owns and leaves
@@ -467,7 +475,7 @@ class HistoricPlanner:
         limits = start_queue.batch_limits(state, batch)
         cap = state.current.page_cap
         knew_until_exclusive = cap is not None and cap.until_exclusive
-        if any(past_until) and cap is not None and not cap.until_ignored:
+        if max(past_until, default=0) >= UNTIL_IGNORED_MIN_PAST and cap is not None and not cap.until_ignored:
             cap.until_ignored = True
             # what it was judged not to serve by id so far was asked of filters that could not
             # page there (an id page cut at its cap, then its filter's): by id once more
