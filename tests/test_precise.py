@@ -2,6 +2,7 @@
 the filters as such a relay is asked them, the probe, and the REQs a book writes for one."""
 import json
 
+from gsync.protocol.event import Event
 from gsync.protocol import precise
 from gsync.protocol.filters import Filter
 from gsync.protocol.nip11 import parse_nip11
@@ -103,3 +104,18 @@ def test_a_probe_asks_one_filter_at_a_time_in_turn():
     both = precise.probe([Filter.make(kinds=[30617]), Filter.make(tags={"e": ["cd" * 32]})], {OWNER})
     assert [precise.probe_turn(both, turn) for turn in range(3)] == [both[:1], both[1:], both[:1]]
     assert precise.probe_turn(precise.probe([], {OWNER}), 0) == []
+
+
+def test_a_probes_event_proves_only_what_the_empty_req_asked_a_second_inside_its_bounds():
+    repo = "30617:" + OWNER + ":r"
+    trigger = [Filter.make(tags={"a": [repo]}, since=100, until=200)]
+
+    def event(at, tagged=repo):
+        return Event(id="ab" * 32, pubkey="cd" * 32, created_at=at, kind=1621, tags=(("a", tagged),),
+                     content="", sig="")
+
+    assert precise.proves_ignored(trigger, event(150))
+    assert not precise.proves_ignored(trigger, event(200))  # at until's second: exclusive readers never send it
+    assert not precise.proves_ignored(trigger, event(100))  # ... nor since's
+    assert not precise.proves_ignored(trigger, event(150, "30617:" + OWNER + ":other"))  # not asked
+    assert not precise.proves_ignored([], event(150))

@@ -23,7 +23,7 @@ from ..ops.logging import get_logger
 from ..protocol import messages as wire
 from ..protocol import wsframes
 from ..protocol.event import EventError, parse_event, sign_event, verify_event
-from ..protocol.precise import PROBE_AGAIN_SECS, is_imprecise
+from ..protocol.precise import PROBE_AGAIN_SECS, is_imprecise, proves_ignored
 from ..protocol.subscription_book import (  # noqa: F401
     CLOSING_CAPACITY,
     ENDED_FILTER_BYTES,
@@ -736,7 +736,7 @@ class RelayConnection:
                 event = parse_event(msg.event)
             except EventError:
                 return
-            self._probe_events += any(within(f, event) for f in self._probe_trigger)
+            self._probe_events += proves_ignored(self._probe_trigger, event)
             return
         if not isinstance(msg, (wire.Eose, wire.Closed)):
             return
@@ -935,13 +935,3 @@ def auth_event(secret: str, relay: str, challenge: str, now: int):
         secret, created_at=now, kind=22242, tags=[["relay", relay], ["challenge", challenge]]
     )
 
-
-def within(f, event) -> bool:
-    """Does ``f`` match ``event`` a second inside its time bounds? An event at a bound's very
-    second is no proof that a relay ignored ``f``: relays that read ``until`` (or ``since``) as
-    exclusive never send it (the simulator's seed 1501: a page bounded to a second such a
-    relay held nothing before, then the probe's announcement at that second, marked a relay
-    answering every query as one answering only precise queries)."""
-    if not f.matches(event):
-        return False
-    return (f.until is None or event.created_at < f.until) and (f.since is None or event.created_at > f.since)

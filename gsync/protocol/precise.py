@@ -109,6 +109,19 @@ def probe(trigger: Iterable[Filter], authors: Iterable[str]) -> list[Filter]:
     return [f.replace(limit=PROBE_LIMIT) for f in made if not is_imprecise(f)]
 
 
+def proves_ignored(trigger: Iterable[Filter], event) -> bool:
+    """Does a probe's ``event`` show that the relay ignored the REQ that came back empty
+    (``trigger``: its imprecise filters asking stored events)? Only if one of them asked for
+    it, a second inside its time bounds: an event at a bound's very second is no proof, since
+    relays that read ``until`` (or ``since``) as exclusive never send it (the simulator's seed
+    1501: a page bounded to a second such a relay held nothing before, then the probe's
+    announcement at that second, marked a relay answering every query as one answering only
+    precise queries)."""
+    at = event.created_at
+    return any(f.matches(event) and (f.until is None or at < f.until) and (f.since is None or at > f.since)
+               for f in trigger)
+
+
 def probe_turn(filters: list[Filter], turn: int) -> list[Filter]:
     """The one of ``probe``'s filters the ``turn``-th probe of a relay asks, alone in its REQ:
     a relay answering one filter of a REQ (the first or the last) dropped the others, and a
