@@ -2,8 +2,8 @@
 the filters as such a relay is asked them, the probe, and the REQs a book writes for one."""
 import json
 
-from gsync.protocol.event import Event
 from gsync.protocol import precise
+from gsync.protocol.event import Event
 from gsync.protocol.filters import Filter
 from gsync.protocol.nip11 import parse_nip11
 from gsync.protocol.subscription_book import SubscriptionBook
