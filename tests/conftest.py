@@ -175,3 +175,14 @@ def scripted():
 
     with _started(make, ScriptedRelay.stop) as start:
         yield start
+
+
+@pytest.fixture
+def answers_are_prompt(monkeypatch):
+    """For tests whose relay answers a REQ when their loop comes round (2 s or more of the
+    fake clock after it went): with nothing, such an answer would be taken for one a relay's
+    time budget cut (``constants.TIME_CUT_SUSPECT_SECS``) and asked once more. Their subject
+    is not slowness: an answer counts as prompt there."""
+    from gsync import constants
+
+    monkeypatch.setattr(constants, "TIME_CUT_SUSPECT_SECS", float("inf"))

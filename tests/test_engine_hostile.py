@@ -170,14 +170,8 @@ def test_a_relay_that_stops_slow_queries_yields_every_event(relay_factory, scrip
     """A REQ whose answer takes too long is cut, after 15, 45 or 25 events in turn (no cap
     explains that), and says nothing: only its slowness tells, and such a page is confirmed
     by the next one."""
-    own = relay_factory()
-    remote = scripted(page_size=500, query_budget=([15, 45, 25], 0.6))
-    repo = our_announcement(own, [remote])
-    history = _issues_and_comments(repo, issues=40, commented=10)
-    remote.add(repo, *history)
-    publish(own.url, [repo])
-    gsync_factory(own, [remote], timers={"TIME_CUT_SUSPECT_SECS": 0.4})
-    assert_arrives(own, history, timeout=60, what="every event past the slow cuts")
+    _slow_relay_yields_every_event(relay_factory, scripted, gsync_factory, 40, 10, timeout=60,
+                                   query_budget=([15, 45, 25], 0.6))
 
 
 def test_a_slow_answer_of_nothing_is_asked_once_more(relay_factory, scripted, gsync_factory):
@@ -185,15 +179,24 @@ def test_a_slow_answer_of_nothing_is_asked_once_more(relay_factory, scripted, gs
     a slow answer of nothing ended its filters (the simulator, seed 1402 of
     ``--slow-queries 0.4``: a poll cut so, and a reply waited for the daily sync); now the
     REQ is asked once more, and its events come."""
+    remote = _slow_relay_yields_every_event(relay_factory, scripted, gsync_factory, 20, 5, timeout=30,
+                                            first_cut_to_nothing=(0.6, f.KIND_ISSUE))
+    assert remote.first_cut_to_nothing is None  # (it cut one)
+
+
+def _slow_relay_yields_every_event(relay_factory, scripted, gsync_factory, issues, commented, timeout, **slow):
+    """A remote stopping slow queries as ``slow`` says, holding ``issues`` issues of ours
+    (``commented`` of them with replies): every event arrives (slow answers are those of
+    0.4 s or more here). The remote."""
     own = relay_factory()
-    remote = scripted(page_size=500, first_cut_to_nothing=(0.6, f.KIND_ISSUE))
+    remote = scripted(page_size=500, **slow)
     repo = our_announcement(own, [remote])
-    history = _issues_and_comments(repo, issues=20, commented=5)
+    history = _issues_and_comments(repo, issues=issues, commented=commented)
     remote.add(repo, *history)
     publish(own.url, [repo])
     gsync_factory(own, [remote], timers={"TIME_CUT_SUSPECT_SECS": 0.4})
-    assert_arrives(own, history, timeout=30, what="every event past the cut to nothing")
-    assert remote.first_cut_to_nothing is None  # (it cut one)
+    assert_arrives(own, history, timeout=timeout, what="every event past the slow cuts")
+    return remote
 
 
 # -- forged and off-filter events -------------------------------------------------------------

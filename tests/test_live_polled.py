@@ -21,13 +21,7 @@ A = "wss://a.example"
 owner = Author.named("owner")
 
 
-@pytest.fixture(autouse=True)
-def answers_are_not_slow(monkeypatch):
-    """These tests' relay answers a REQ when the test's loop comes round (2 s or more of the
-    fake clock after it went); a relay answering so, with nothing, would be taken for one
-    whose time budget cut it (``constants.TIME_CUT_SUSPECT_SECS``) and asked once more.
-    Their subject is not slowness: an answer counts as prompt here."""
-    monkeypatch.setattr(constants, "TIME_CUT_SUSPECT_SECS", float("inf"))
+pytestmark = pytest.mark.usefixtures("answers_are_prompt")  # (conftest.py: the loop answers late)
 
 
 def polls_sent(h, since: float) -> int:

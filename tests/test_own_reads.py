@@ -231,13 +231,19 @@ def test_a_read_of_an_own_relay_serving_a_filter_without_a_limit_oldest_first_re
     """An own relay that serves a filter without a ``limit`` its oldest events, oldest first
     (nostream): a read paged by ``until`` from the oldest seen read its first page only.
     Pages ask with a limit: 250 events over pages of 100, all read."""
+    _read_whole(scripted, 250, page_size=100, oldest_first=True)
+
+
+def _read_whole(scripted, n: int, **knobs) -> None:
+    """An own relay (``knobs``) holding ``n`` issues of a repository: one read of the
+    repository's ``#a`` brings every one."""
     from gsync.io.own_query import history_pages
     from gsync.io.ws import connect
 
     repo = announcement(Author.named("owner"), "r")
     base = 1_700_000_000
-    issues = [issue(Author.named("bob"), repo, subject=f"issue {i}", created_at=base + 60 * i) for i in range(250)]
-    own = scripted(*issues, page_size=100, oldest_first=True)
+    issues = [issue(Author.named("bob"), repo, subject=f"issue {i}", created_at=base + 60 * i) for i in range(n)]
+    own = scripted(*issues, **knobs)
     ws = connect(own.url, timeout=5)
     try:
         read = {e["id"] for page in history_pages(ws, tag("a", repo.address)) for e in page}
@@ -254,17 +260,6 @@ def test_a_read_of_an_own_relay_that_stops_slow_queries_reads_it_whole(scripted,
     first (nothing, read as nothing there). A slow page is confirmed by the next, a slow
     nothing asked once more: 120 issues, all read."""
     from gsync import constants
-    from gsync.io.own_query import history_pages
-    from gsync.io.ws import connect
 
     monkeypatch.setattr(constants, "TIME_CUT_SUSPECT_SECS", 0.4)
-    repo = announcement(Author.named("owner"), "r")
-    base = 1_700_000_000
-    issues = [issue(Author.named("bob"), repo, subject=f"issue {i}", created_at=base + 60 * i) for i in range(120)]
-    own = scripted(*issues, page_size=500, **cuts)
-    ws = connect(own.url, timeout=5)
-    try:
-        read = {e["id"] for page in history_pages(ws, tag("a", repo.address)) for e in page}
-    finally:
-        ws.close()
-    assert read == {e.id for e in issues}
+    _read_whole(scripted, 120, page_size=500, **cuts)

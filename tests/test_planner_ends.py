@@ -442,18 +442,7 @@ def test_when_a_relay_is_found_to_ignore_until_what_its_filters_bring_of_ids_ask
     ``until``, and the 453 were asked by id again (20 a filter), served whole, and counted
     as brought by that filter: 0 by id, and the relay lost its NIP-77 for a day. Found to
     ignore ``until``, a batch's residual asked by filter is no witness any more."""
-    w = World()
-    state = w.relay()
-    state.current.page_cap = PageCap(filter_served=20)
-    batch, _ = exchange_of(w, state)
-    batch.expect_ids(IDS, found_by=ISSUES)
-    batch.fetching_by_id |= set(IDS)
-    batch.received_ids |= set(IDS[:1])
-    batch_end.finish(w.plan, state, batch, NOW)  # the other nine by their filter
-    assert batch.residual_asked == set(IDS[1:])
-    sub_id = state.current.historic_queue[0][0]
-    start_queue.next_start(w.plan, state, False, 0, NOW)
-    w.plan.on_eose(state, batch, sub_id, None, NOW, past_until=(3,))  # newer than its until
+    w, state, batch = _residual_by_filter_answered(past_until=3, served_by_id=1)  # 3 newer than its until
     assert state.current.page_cap.until_ignored
     batch_end.fetch_what_the_exchanges_found(w.plan, state, batch)  # by id once more
     assert set(IDS[1:]) <= batch.fetching_by_id
@@ -471,14 +460,24 @@ def test_one_event_past_a_pages_until_is_no_sign_that_the_relay_ignores_it():
     left unpaged for its session (the simulator's seed 1601 of --slow-unbounded 0.4: what the
     own relay lost was not refilled from it in 6 h)."""
     for past, ignored in ((1, False), (2, True)):
-        w = World()
-        state = w.relay()
-        state.current.page_cap = PageCap(filter_served=20)
-        batch, _ = exchange_of(w, state)
-        batch.expect_ids(IDS, found_by=ISSUES)
-        batch.fetching_by_id |= set(IDS)
-        batch_end.finish(w.plan, state, batch, NOW)  # by their filter
-        sub_id = state.current.historic_queue[0][0]
-        start_queue.next_start(w.plan, state, False, 0, NOW)
-        w.plan.on_eose(state, batch, sub_id, None, NOW, past_until=(past,))
+        _, state, _ = _residual_by_filter_answered(past_until=past)
         assert state.current.page_cap.until_ignored is ignored
+
+
+def _residual_by_filter_answered(past_until: int, served_by_id: int = 0):
+    """A batch whose exchange found ``IDS``, ``served_by_id`` of them served by id on a relay
+    serving 20 a filter, the rest asked by their filter, whose page came back with
+    ``past_until`` events newer than its ``until``: (world, relay state, batch)."""
+    w = World()
+    state = w.relay()
+    state.current.page_cap = PageCap(filter_served=20)
+    batch, _ = exchange_of(w, state)
+    batch.expect_ids(IDS, found_by=ISSUES)
+    batch.fetching_by_id |= set(IDS)
+    batch.received_ids |= set(IDS[:served_by_id])
+    batch_end.finish(w.plan, state, batch, NOW)  # the rest by their filter
+    assert batch.residual_asked == set(IDS[served_by_id:])
+    sub_id = state.current.historic_queue[0][0]
+    start_queue.next_start(w.plan, state, False, 0, NOW)
+    w.plan.on_eose(state, batch, sub_id, None, NOW, past_until=(past_until,))
+    return w, state, batch

@@ -27,13 +27,7 @@ HELD = resync_holdings()
 owner, bob = Author.named("owner"), Author.named("bob")
 
 
-@pytest.fixture(autouse=True)
-def answers_are_not_slow(monkeypatch):
-    """These tests' relay answers a REQ when the test's loop comes round (2 s or more of the
-    fake clock after it went); a relay answering so, with nothing, would be taken for one
-    whose time budget cut it (``constants.TIME_CUT_SUSPECT_SECS``) and asked once more.
-    Their subject is not slowness: an answer counts as prompt here."""
-    monkeypatch.setattr(constants, "TIME_CUT_SUSPECT_SECS", float("inf"))
+pytestmark = pytest.mark.usefixtures("answers_are_prompt")  # (conftest.py: the loop answers late)
 
 
 def world(h, relays=(A,)):
