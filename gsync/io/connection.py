@@ -31,6 +31,7 @@ from ..protocol.subscription_book import (  # noqa: F401
     SubscriptionBook,
 )
 from ..sync.health import MisbehaviourBudget
+from ..sync.pending import slow_answer
 from . import ws as ws_stream
 from .inbox import (
     ImpreciseIgnored,
@@ -713,7 +714,7 @@ class RelayConnection:
         if brought or filters is None or (self._probe_asked_at is not None
                                           and now - self._probe_asked_at < PROBE_AGAIN_SECS):
             return
-        if sent_at is not None and now - sent_at >= constants.TIME_CUT_SUSPECT_SECS:
+        if sent_at is not None and slow_answer(now - sent_at):
             return
         # (a live REQ's ``limit: 0`` asks for nothing stored: its nothing says nothing)
         imprecise = [f for f in filters.filters if is_imprecise(f) and f.limit != 0]
@@ -748,7 +749,7 @@ class RelayConnection:
             self._probe, self._evented = False, set()
             self._emit(ImpreciseIgnored(self.relay, self.session))
         elif (isinstance(msg, wire.Eose) and not self._probe_retried and sent_at is not None
-              and time.monotonic() - sent_at >= constants.TIME_CUT_SUSPECT_SECS):
+              and slow_answer(time.monotonic() - sent_at)):
             # nothing, slowly: a time budget may have stopped it before its first event (as a
             # page's, ``FilterPaginationState.next_page``): the same probe once more (the
             # simulator's seed 1508: a slow relay answering only precise queries, its first

@@ -16,13 +16,12 @@ import time
 import uuid
 from collections.abc import Iterator
 
-from .. import constants
 from ..ops import metrics
 from ..protocol import messages as wire
 from ..protocol.filters import Filter
 from ..sync import filter_plan
 from ..sync.own_held import HeldEntry
-from ..sync.pending import PageCap
+from ..sync.pending import PageCap, slow_answer
 from .own_auth import ReadAuth, refusal_for_auth
 from .ws import connect as ws_connect
 
@@ -49,7 +48,7 @@ def history_pages(ws, flt: Filter, cap: PageCap | None = None, counted: bool = F
         # event too, as a remote does (``FilterPaginationState.next_page``): a slow page is
         # confirmed by the next, a slow nothing asked once more; taken as the end, the
         # self-subscription's read missed what the own relay held (until its daily reread)
-        slow = time.monotonic() - started >= constants.TIME_CUT_SUSPECT_SECS
+        slow = slow_answer(time.monotonic() - started)
         if not page and slow and not asked_again:
             asked_again = True
             continue

@@ -289,8 +289,7 @@ class FilterPaginationState:
         one comes back empty twice."""
         cap = cap or PageCap()
         total = len(self.seen) if total is None else total
-        if (not total and not self.retried_empty and elapsed is not None
-                and elapsed >= constants.TIME_CUT_SUSPECT_SECS):
+        if not total and not self.retried_empty and slow_answer(elapsed):
             return self._again(alone=self.alone, retried_empty=True)
         slow = slow_page(elapsed, total)
         if self.page_filter.ids is not None:
@@ -463,9 +462,17 @@ def is_until_probe(f: Filter) -> bool:
     return f.ids is not None and f.until is not None
 
 
+def slow_answer(elapsed: float | None) -> bool:
+    """An answer (``elapsed`` seconds from REQ to EOSE, None if unknown) slow enough for a
+    relay's time budget to have cut it anywhere, before its first event too
+    (``constants.TIME_CUT_SUSPECT_SECS``): the one test of slowness, for remote pages, the
+    precise probe and the own relay's reads alike."""
+    return elapsed is not None and elapsed >= constants.TIME_CUT_SUSPECT_SECS
+
+
 def slow_page(elapsed: float | None, total: int) -> bool:
     """A page slow enough for a time budget to have cut it (and not empty)."""
-    return elapsed is not None and elapsed >= constants.TIME_CUT_SUSPECT_SECS and total > 0
+    return slow_answer(elapsed) and total > 0
 
 
 def crowded_second_filter(f: Filter, second: int) -> Filter:
@@ -540,7 +547,7 @@ class PaginationState:
             return
         probes = [s for s in self.filters if is_until_probe(s.original_filter)]
         if probes:  # (asked alone: its one event, or nothing)
-            if not any(s.seen for s in probes) and elapsed is not None and elapsed >= constants.TIME_CUT_SUSPECT_SECS:
+            if not any(s.seen for s in probes) and slow_answer(elapsed):
                 return  # nothing, slowly: a time budget may have stopped it (asked once more: ``next_page``)
             cap.until_inclusive = any(s.seen for s in probes)
             cap.until_exclusive = not cap.until_inclusive

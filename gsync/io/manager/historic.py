@@ -16,7 +16,7 @@ from ...protocol.filters import Filter
 from ...sync import batch_end, batch_phase, filter_plan, start_queue
 from ...sync import plan_actions as act
 from ...sync.batch_phase import Step
-from ...sync.pending import BatchKind, PendingBatch
+from ...sync.pending import BatchKind, PendingBatch, slow_answer
 from ...sync.planner import HistoricPlanner
 from ...sync.relay_state import RelayState, RunningExchange
 from ...sync.start_queue import StartQueue, is_exchange, share_queued_reqs  # noqa: F401 (test_pending's)
@@ -380,7 +380,7 @@ class HistoricSync:
             log.debug("historic_page_done", relay=state.url, sub_id=sub_id, batch_id=batch.batch_id,
                       events=batch.pagination[sub_id].total if sub_id in batch.pagination else 0,
                       secs=round(elapsed, 3))
-        slow = elapsed is not None and elapsed >= constants.TIME_CUT_SUSPECT_SECS
+        slow = slow_answer(elapsed)
         one_filter = self.check_answer(state, batch, batch.pagination.get(sub_id), slow)
         self.plan.on_eose(state, batch, sub_id, elapsed, self.clock(), past_until)
         self.execute()
