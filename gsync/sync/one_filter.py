@@ -58,30 +58,15 @@ def polls_filter_by_filter(state) -> bool:
     return state.current.live_not_kept and not state.filters_answered
 
 
-def looks_filter_by_filter(state) -> bool:
-    """Does the relay of ``state`` get its hourly live looks one filter a REQ
-    (``start_queue.look_limits``)? When it keeps live subscriptions (a relay keeping none is
-    polled, not looked at) and is not proven to answer several filters of a REQ: the look
-    stands in for live subscriptions a relay drops (ORLY), and one that also answers the
-    first filter of each REQ alone, holding too little to be caught so, had every look answer
-    that filter only (the simulator's seed 974 of a 30-relay world: a patch, 8 h). Such a
-    relay is asked the proof once a day (``asks_filters_proof``), and looked at in one REQ
-    once proven."""
-    return not state.current.live_not_kept and not state.filters_answered
-
-
 def asks_filters_proof(state) -> bool:
     """Is the proof due on the relay of ``state``: two events it holds asked back in one REQ
-    of two filters (``Refusals.ask_filters_proof``)? When its polls or its looks go one filter
-    a REQ for want of proof either way (``polls_filter_by_filter``, ``looks_filter_by_filter``:
-    the looks of relays syncing by NIP-77, whose answers are id fetches of one filter, went so
-    all day, the simulator's suite world half as many messages again), two events it holds are known
+    of two filters (``Refusals.ask_filters_proof``)? When its polls go one filter a REQ for
+    want of proof either way (``polls_filter_by_filter``), two events it holds are known
     (``RelayState.proof_ids``), the proof was not asked since its last daily fresh start,
     and it is not known to answer one filter a REQ (``max_filters`` 1: its one-filter answer
     would start its sync again, every day)."""
     limits = state.current.limits
-    return (len(state.proof_ids) == 2 and not state.filters_proof_asked
-            and (polls_filter_by_filter(state) or looks_filter_by_filter(state))
+    return (len(state.proof_ids) == 2 and not state.filters_proof_asked and polls_filter_by_filter(state)
             and (limits is None or limits.max_filters != 1))
 
 
