@@ -26,9 +26,7 @@ def synced(tmp_path):
 
 
 def look(h):
-    """An hour on, ticks answering nothing: the audit's REQ (``since``, no ``limit: 0``), one
-    (the relay proven to answer several filters of a REQ: ``start_queue.look_limits``)."""
-    h.state(A).filters_answered = True
+    """An hour on, ticks answering nothing: the audit's REQ (``since``, no ``limit: 0``)."""
     sent = len(h.historic_reqs(A))
     for _ in range(int(constants.LIVE_AUDIT_SECS / 60) + 2):
         h.advance(60)
@@ -124,8 +122,6 @@ def test_the_relays_looks_come_together_once_an_hour(tmp_path):
     h.advance(constants.LIVE_AUDIT_SECS * 0.2)
     h.connect(c)
     h.settle(c)
-    for url in (A, b, c):  # (proven to answer several filters of a REQ: each look one REQ)
-        h.state(url).filters_answered = True
     sent = {url: len(h.historic_reqs(url)) for url in (A, b, c)}
 
     def looked():
@@ -321,28 +317,3 @@ def test_an_event_dated_after_its_new_coverage_went_live_is_judged_missed(tmp_pa
     h.tick()
     assert h.manager.delivery.is_tracked(reply.id)
     assert live not in h.state(A).current.live_subs  # opened anew
-
-
-def test_a_relay_not_proven_to_answer_several_filters_of_a_req_is_looked_at_one_filter_a_req(tmp_path):
-    """The look stands in for live subscriptions a relay drops (ORLY); one of those that also
-    answers the first filter of each REQ alone, holding too little to be caught so, had every
-    look answer its first filter only (the simulator's seed 974 of a 30-relay world: a patch
-    waited 8 h for the daily sync). Not proven to answer several filters of a REQ, a relay
-    is looked at one filter a REQ; proven, in one REQ (``look``)."""
-    h, _, _ = synced(tmp_path / "unproven")
-    assert not h.state(A).filters_answered
-    session = h.state(A).current
-    sent = len(h.historic_reqs(A))
-    while session.audit_batch is None:
-        h.advance(60)
-        h.tick()
-    batch_id = session.audit_batch
-    for _ in range(30):  # its REQs, paced
-        h.advance(1)
-        h.tick()
-    looked = [r for r in h.historic_reqs(A)[sent:] if session.sub_to_batch.get(r[1]) == batch_id]
-    assert len(looked) > 1 and all(len(req) == 3 for req in looked)  # ["REQ", id, one filter]
-    h, _, _ = synced(tmp_path / "proven")
-    sub = look(h)  # (proven: one REQ, with every filter)
-    [req] = [r for r in h.historic_reqs(A) if r[1] == sub]
-    assert len(req) - 2 >= len(looked)

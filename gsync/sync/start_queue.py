@@ -292,28 +292,10 @@ def pack(state, filters, batch: PendingBatch | None = None) -> list[list[Filter]
 
 
 def batch_limits(state, batch: PendingBatch | None) -> RelayLimits | None:
-    """The relay's limits as ``batch``'s REQs are packed (a poll's: ``poll_limits``; a live
-    look's: ``look_limits``)."""
-    if batch is None:
+    """The relay's limits as ``batch``'s REQs are packed (a poll's: ``poll_limits``)."""
+    if batch is None or batch.kind is not BatchKind.POLL:
         return state.current.limits
-    if batch.kind is BatchKind.POLL:
-        return poll_limits(state)
-    if batch.kind is BatchKind.AUDIT:
-        return look_limits(state)
-    return state.current.limits
-
-
-def look_limits(state) -> RelayLimits | None:
-    """The relay's limits as the hourly live look's REQs are packed: one filter a REQ on a
-    relay not proven to answer several filters of a REQ (``RelayState.filters_answered``).
-    The look stands in for live subscriptions a relay drops without a word (ORLY); one of
-    those answering the first filter of each REQ alone, and holding too little to be caught
-    so, had every look answer its first filter and leave the rest for its next daily sync
-    (the simulator's seed 974 of a 30-relay world: a patch, 8 h)."""
-    limits = state.current.limits
-    if state.filters_answered:
-        return limits
-    return dataclasses.replace(limits if limits is not None else RelayLimits(), max_filters=1)
+    return poll_limits(state)
 
 
 def poll_limits(state) -> RelayLimits | None:
