@@ -656,7 +656,7 @@ class RelayConnection:
         if filters is None:
             self._drop("unknown_subscription", event_id)
             return
-        if self._probe and msg.sub_id != self.book.probe_sub and any(map(is_imprecise, filters.filters)):
+        if self._probe and any(map(is_imprecise, filters.filters)):  # (the probe's own: ``_probe_answered``)
             # a REQ with an imprecise filter brought an event: the relay does not answer such
             # REQs with nothing (a "scraper" gets nothing at all): no probe this session (the
             # simulator's --rs-software relays were probed every hour)

@@ -467,9 +467,9 @@ class SimRelay:
         # off, its default; ``precise_only``: on)
         self.names_rs = False
         self.query_budget: float | None = None
-        # slow as those, with no budget: its answers come whole, however long they take (50 ms
-        # an event, busy moments of 1-40 s: past gsync's 30 s stall at times)
-        self.slow_unbounded = False
+        # a slow relay's draws (None: it answers at once); slow without a budget, its answers
+        # come whole, however long they take (50 ms an event, busy moments of 1-40 s: past
+        # gsync's 30 s stall at times; ``SimOptions.slow_unbounded``)
         self.slow_rng: random.Random | None = None
         self.answer_secs = 0.0
         # (burst, seconds a query): REQs and NEG-OPENs of one session past a token bucket are
@@ -627,7 +627,7 @@ class SimRelay:
         if self.one_filter is not None:
             answered = filters[:1] if self.one_filter == "first" else filters[-1:]
         frames = [head + e.to_json() + "]" for e in self.answer(answered)]
-        if (self.query_budget is not None or self.slow_unbounded) and any(f.limit != 0 for f in filters):
+        if self.slow_rng is not None and any(f.limit != 0 for f in filters):
             frames = self.timed(frames)
         sent = len(frames)
         if self.no_eose and any(f.limit != 0 for f in filters):
@@ -645,7 +645,7 @@ class SimRelay:
         event read, each within a factor of two; one in five a busy moment of 1-8 s more), set
         in ``answer_secs``; past the budget, the events read by then."""
         rng = self.slow_rng
-        if self.query_budget is None:  # (``slow_unbounded``)
+        if self.query_budget is None:  # (slow without a budget)
             secs = rng.uniform(0.05, 1.0) + 0.05 * len(frames) * rng.uniform(0.5, 2.0)
             self.answer_secs = secs + (rng.uniform(1.0, 40.0) if rng.random() < 0.2 else 0.0)
             return frames
@@ -664,7 +664,7 @@ class SimRelay:
         in five a busy moment of 1-4 s more; at most 12 s in all, within gsync's own deadline
         on an exchange (``constants.NEGENTROPY_DEADLINE_SECS``, which the simulator's
         exchanges, run at once, do not meet). 0 on any other relay."""
-        if self.query_budget is None and not self.slow_unbounded:
+        if self.slow_rng is None:
             return 0.0
         rng = self.slow_rng
         secs = sum(rng.uniform(0.05, 1.0) + (rng.uniform(1.0, 4.0) if rng.random() < 0.2 else 0.0)

@@ -145,7 +145,7 @@ class SimOptions:
     # (``limit_scrapers`` off, its default; no NIP-77 there): ``SimRelay.names_rs``
     rs_software: float = 0.0
     # the share of relays (of those without a query budget) answering as slowly, whole,
-    # however long it takes: ``SimRelay.slow_unbounded``
+    # however long it takes: ``SimRelay.slow_rng`` without ``query_budget``
     slow_unbounded: float = 0.0
     # the share of publications followed by a reply tagging only a thread member (a kind-1
     # reply or a reaction to a comment), sent to some of its repository's relays, not the
@@ -517,8 +517,7 @@ class Simulation:
             relay.query_budget = slow.choice(SLOW_BUDGETS)
             relay.slow_rng = random.Random(f"{o.seed}:{url}:slow-answers")
         elif random.Random(f"{o.seed}:{url}:slow-unbounded").random() < o.slow_unbounded:
-            relay.slow_unbounded = True
-            relay.slow_rng = random.Random(f"{o.seed}:{url}:slow-answers")
+            relay.slow_rng = random.Random(f"{o.seed}:{url}:slow-answers")  # (no budget)
         # (khatru's policy: not on a relay answering only precise queries, nostr-rs-relay's)
         relay.anti_sync_bots = (random.Random(f"{o.seed}:{url}:anti-sync").random() < o.anti_sync_bots
                                 and not relay.precise_only)
