@@ -118,6 +118,12 @@ LIVE_NOT_KEPT_POLL_SECS = 300.0
 # gets come by the next look, an hour at most). The relays' looks come together: one due
 # brings forward every look due within half an interval (``run_audits``).
 LIVE_AUDIT_SECS = 3600.0
+# A relay whose look found events its live subscriptions missed is known to drop them for this
+# long after (``RelayState.live_dropped_at``): its looks go one filter a REQ while it is not
+# proven to answer several (``one_filter.looks_filter_by_filter``). A month: a look packed on a
+# relay answering one filter of a REQ sees misses of that filter only, so a relay that drops
+# live subscriptions and answers one filter a REQ is seen dropping them seldom.
+LIVE_DROPS_REMEMBERED_SECS = 30 * 24 * 3600.0
 LIVE_AUDIT_MARGIN_SECS = 5
 POLL_OVERLAP_SECS = 15 * 60
 # While a relay's historic sync runs, its batches fetch the polled filters' history up to

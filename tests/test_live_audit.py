@@ -317,3 +317,90 @@ def test_an_event_dated_after_its_new_coverage_went_live_is_judged_missed(tmp_pa
     h.tick()
     assert h.manager.delivery.is_tracked(reply.id)
     assert live not in h.state(A).current.live_subs  # opened anew
+
+
+def look_reqs(h, session, answer=lambda req: ()):
+    """The next look's REQs, each answered as it goes (``answer(req)``: events to send before
+    its EOSE), till the look ends; every other REQ answered with nothing (the catch-up of
+    live subscriptions opened anew, a proof: one left unanswered stalls, and its shape goes
+    alone on this relay)."""
+    while True:
+        h.advance(20)
+        h.tick()
+        if session.audit_batch is not None:
+            break
+        h.eose_all(A)
+        h.answer_own_reads()
+    batch, reqs = session.audit_batch, []
+    while session.audit_batch == batch:
+        for req in h.historic_reqs(A):
+            if req[1] not in h.conn(A).subscriptions or req[1] in session.live_subs:
+                continue
+            if session.sub_to_batch.get(req[1]) == batch:
+                reqs.append(req)
+                for event in answer(req):
+                    h.relay_sends(A, req[1], event)
+            h.relay_says(A, wire.Eose(req[1]))
+        h.advance(1)
+        h.tick()
+    return reqs
+
+
+def test_a_relay_seen_dropping_live_subscriptions_and_not_proven_to_answer_several_filters_is_looked_at_one_filter_a_req(tmp_path):
+    """The look stands in for live subscriptions a relay drops without a word (ORLY); one
+    that also answers the first filter of each REQ alone, holding too little to be caught so,
+    had every look answer that filter only, and what came to the others waited for its next
+    daily sync (the simulator's seed 974 of a 30-relay world: a patch, 8 h). Once a look
+    found events its live subscriptions missed, a relay not proven to answer several filters
+    of a REQ is looked at one filter a REQ (remembered over restarts); proven, in one REQ
+    again. A relay never seen dropping them is looked at in one REQ (a NIP-77 relay answers
+    id fetches of one filter and stays unproven all day: its looks one filter a REQ cost the
+    suite's world half as many messages again)."""
+    from gsync.sync import memory
+
+    from .factory import comment
+
+    h, ann, live = synced(tmp_path)
+    session = h.state(A).current
+    dev = Author.named("audit-dev")
+    bug = issue(dev, ann, created_at=int(h.clock.now) + 30)
+    [packed] = look_reqs(h, session, lambda req: [bug])  # never seen dropping: one REQ
+    assert len(packed) > 4 and not h.state(A).filters_answered
+    assert h.state(A).live_dropped_at is not None  # the issue was missed: the relay drops them
+    h.own_relay_holds(bug)  # (delivered: its thread is covered)
+    h.settle(A)
+    reply = comment(dev, bug, created_at=int(h.clock.now) + 30)
+    looked = look_reqs(h, session, lambda req: [reply] if bug.id in str(req[2]) else [])
+    assert len(looked) > len(packed) - 2 and all(len(req) == 3 for req in looked)  # ["REQ", id, one filter]
+    assert bug.id not in str(looked[0])  # (not the first filter: a relay answering that one alone dropped it)
+    assert h.manager.delivery.is_tracked(reply.id)
+    # asked the proof, as a relay polled one filter a REQ is: two events it served, in one REQ
+    # of two filters (both served, it is proven and its looks are packed again)
+    assert any(len(r) == 4 and all(set(f) == {"ids"} for f in r[2:]) for r in h.historic_reqs(A))
+    restored = type(h.state(A))(A)
+    memory.restore_relay(restored, memory.relay_memory(h.state(A), {}), None)
+    assert restored.live_dropped_at == h.state(A).live_dropped_at  # over restarts
+    h.state(A).filters_answered = True  # proven (an answer that needed two filters)
+    proven = look_reqs(h, session)
+    assert len(proven) < len(looked) <= sum(len(req) - 2 for req in proven)  # the same filters, packed
+
+
+def test_live_drops_are_forgotten_a_month_after_the_last(tmp_path):
+    """A relay seen dropping live subscriptions is remembered so for a month after the last
+    look that found it (``constants.LIVE_DROPS_REMEMBERED_SECS``); its daily fresh start
+    forgets it after that (a relay whose software changed is looked at in one REQ again)."""
+    h, _, _ = synced(tmp_path)
+    state = h.state(A)
+
+    def daily_sync(dropped_ago):
+        state.live_dropped_at = seen = h.clock.now - dropped_ago
+        state.next_daily_at = h.clock.now + 1
+        h.advance(2)
+        h.tick()
+        assert state.next_daily_at > h.clock.now + 3600  # (it ran)
+        h.settle(A)
+        return state.live_dropped_at == seen
+
+    assert daily_sync(constants.LIVE_DROPS_REMEMBERED_SECS - 3600)
+    assert not daily_sync(constants.LIVE_DROPS_REMEMBERED_SECS)
+    assert state.live_dropped_at is None

@@ -55,6 +55,7 @@ def relay_memory(state, health: dict[str, Any]) -> dict[str, Any]:
         "precise_queries": state.precise_queries,
         "precise_refused": state.precise_refused,
         "filters_answered": state.filters_answered,
+        "live_dropped_at": state.live_dropped_at,
         "unreached": state.unreached,
         "subscriptions_learned_at": state.subscriptions_learned_at,
         "health": {k: health.get(k) for k in HEALTH_FIELDS},
@@ -66,7 +67,7 @@ def relay_memory(state, health: dict[str, Any]) -> dict[str, Any]:
 _RECORD_FIELDS = attrgetter("connected", "last_connected", "disconnected_at", "announcements_synced",
                             "next_daily_at", "max_message_learned", "max_filters_learned",
                             "max_subscriptions_learned", "nip77_failed_at", "ids_unserved_at",
-                            "precise_queries", "precise_refused", "filters_answered", "unreached",
+                            "precise_queries", "precise_refused", "filters_answered", "live_dropped_at", "unreached",
                             "subscriptions_learned_at")
 HEALTH_VALUES = attrgetter(*HEALTH_FIELDS)
 
@@ -100,6 +101,7 @@ def restore_relay(state, memory: dict[str, Any], saved_at: float | None) -> dict
         state.precise_queries = memory.get("precise_queries") is True
         state.precise_refused = memory.get("precise_refused") is True
         state.filters_answered = memory.get("filters_answered") is True
+        state.live_dropped_at = _float_or_none(memory.get("live_dropped_at"))
         state.unreached = memory.get("unreached") is True
         state.subscriptions_learned_at = _float_or_none(memory.get("subscriptions_learned_at"))
         if memory.get("connected") and saved_at is not None:

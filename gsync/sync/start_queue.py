@@ -292,10 +292,13 @@ def pack(state, filters, batch: PendingBatch | None = None) -> list[list[Filter]
 
 
 def batch_limits(state, batch: PendingBatch | None) -> RelayLimits | None:
-    """The relay's limits as ``batch``'s REQs are packed (a poll's: ``poll_limits``)."""
-    if batch is None or batch.kind is not BatchKind.POLL:
-        return state.current.limits
-    return poll_limits(state)
+    """The relay's limits as ``batch``'s REQs are packed (a poll's: ``poll_limits``; a live
+    look's: ``look_limits``)."""
+    if batch is not None and batch.kind is BatchKind.POLL:
+        return poll_limits(state)
+    if batch is not None and batch.kind is BatchKind.AUDIT:
+        return look_limits(state)
+    return state.current.limits
 
 
 def poll_limits(state) -> RelayLimits | None:
@@ -303,6 +306,15 @@ def poll_limits(state) -> RelayLimits | None:
     filter by filter (``one_filter.polls_filter_by_filter``), whatever it takes."""
     limits = state.current.limits
     if not one_filter.polls_filter_by_filter(state):
+        return limits
+    return dataclasses.replace(limits if limits is not None else RelayLimits(), max_filters=1)
+
+
+def look_limits(state) -> RelayLimits | None:
+    """The relay's limits as a live look's REQs are packed: one filter a REQ on a relay
+    looked at filter by filter (``one_filter.looks_filter_by_filter``), whatever it takes."""
+    limits = state.current.limits
+    if not one_filter.looks_filter_by_filter(state):
         return limits
     return dataclasses.replace(limits if limits is not None else RelayLimits(), max_filters=1)
 

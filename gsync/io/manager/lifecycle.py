@@ -489,7 +489,8 @@ class RelayLifecycle:
     @staticmethod
     def start_day(state: RelayState, now: float) -> None:
         """A relay's daily fresh start (or a fresh start at reconnect shortly before it):
-        the next one a random 23-25 h later, and what was unservable there asked again. A
+        the next one a random 23-25 h later, and what was unservable there asked again; live
+        drops last seen a month ago or more are forgotten. A
         subscription cap learnt a week ago or more is forgotten: the relay's next session
         opens up to what its NIP-11 says (or the default) and learns it again if refused
         (``constants.LEARNT_CAP_SECS``)."""
@@ -498,6 +499,8 @@ class RelayLifecycle:
         state.unservable.clear()  # asked again: it may be served now
         state.filters_answered = False  # (software changes: its answers are judged again)
         state.filters_proof_asked = False
+        if state.live_dropped_at is not None and now - state.live_dropped_at >= constants.LIVE_DROPS_REMEMBERED_SECS:
+            state.live_dropped_at = None
         learnt_at = state.subscriptions_learned_at
         if state.max_subscriptions_learned is not None and (
                 learnt_at is None or now - learnt_at >= constants.LEARNT_CAP_SECS):

@@ -356,11 +356,14 @@ class LiveCoverage:
         """A live audit ended. Events missed (delivered now): the live subscriptions are
         opened anew (one a relay or a proxy expired is back). A relay that drops them again
         (ORLY drops every one carrying ``limit: 0``) has what only it gets come by the next
-        audit, an hour at most, instead of the next day's sync."""
+        audit, an hour at most, instead of the next day's sync; it is known to drop them
+        (``RelayState.live_dropped_at``: its looks may go one filter a REQ,
+        ``one_filter.looks_filter_by_filter``)."""
         session = state.current
         session.audit_batch = None
         missed, session.live_missed = session.live_missed, 0
         if missed:
+            state.live_dropped_at = self.clock()
             log.warning("live_events_missed", relay=state.url, events=missed)
             metrics.LIVE_EVENTS_MISSED.labels(state.url).inc(missed)
             self.consolidate(state)
