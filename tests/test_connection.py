@@ -196,6 +196,41 @@ def test_a_probe_answered_slowly_with_nothing_is_asked_once_more():
     assert wanted[1].filters == wanted[0].filters
 
 
+def test_a_req_asking_history_whole_has_its_filters_probed_one_after_another():
+    """An empty REQ asking history whole (no ``since``: a sync's first page) has each of its
+    imprecise filters probed in turn, the next as soon as the last brought nothing; one asking
+    the last hour (``since``) one a PROBE_AGAIN_SECS. And a REQ asking history whole is a
+    trigger of its own: a probe of the last hour's REQs a minute before does not hold it
+    back (the simulator's seed 2102: the daily sync's first page, the only REQ asking an old
+    issue's ``#a``, came back empty minutes after an hourly look's probe, and went unprobed)."""
+    from gsync.io.inbox import ProbeWanted
+
+    bob = f.Author.named("bob")
+    repo = f.repo_addr(bob, "a")
+    shapes = [{"a": [repo]}, {"A": [repo]}, {"q": [repo]}]
+
+    def probes(conn, sent, since):
+        """The probes an empty REQ of ``shapes`` (``since``) wants, each answered with nothing."""
+        wanted = lambda: [m for m in sent if isinstance(m, ProbeWanted)]  # noqa: E731
+        before = answered = len(wanted())
+        conn.subscribe("h1", [Filter.make(tags=t, since=since) for t in shapes])
+        conn._handle_frame(b'["EOSE","h1"]')
+        conn.unsubscribe("h1")
+        while answered < len(wanted()):
+            answered += 1
+            conn.send(conn.book.probe_frame(f"probe{answered}", [Filter.make(tags=shapes[0], kinds=[1621], limit=5)]))
+            conn._handle_frame(f'["EOSE","probe{answered}"]'.encode())
+        return wanted()[before:]
+
+    sent = []
+    conn = RelayConnection("ws://relay.example", _Bursts([]), 1, sent.append, probe=True)
+    assert len(probes(conn, sent, None)) == len(shapes)  # whole: each filter, one after another
+    sent = []
+    conn = RelayConnection("ws://relay.example", _Bursts([]), 1, sent.append, probe=True)
+    assert len(probes(conn, sent, 1_700_000_000)) == 1  # the last hour: one
+    assert len(probes(conn, sent, None)) == len(shapes)  # then history whole: its own trigger
+
+
 def test_a_subscription_the_relay_closed_is_not_closed_again_by_us():
     """A relay that closes every REQ after its EOSE (PEERS.md): its CLOSED is read before the
     manager, done with the EOSE, asks to CLOSE the subscription; no CLOSE goes for it (a frame

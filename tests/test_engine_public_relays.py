@@ -676,6 +676,28 @@ def test_a_relay_answering_only_precise_queries_and_one_filter_a_req_is_found_so
     assert events_named(gsync, "relay_answers_only_precise_queries", remote.url)
 
 
+def test_a_relay_answering_only_precise_queries_and_holding_no_announcement_is_found_so_at_its_first_sync(
+        relay_factory, gsync_factory, scripted):
+    """The same relay holding a repository's issues, not its announcement (the own relay has
+    it from elsewhere). The first sync's first REQ asks history whole and brings nothing: its
+    probe asks its filters one a REQ in turn, the owners' announcements first (nothing
+    there), and each probe that brings nothing is followed at once by the next, the
+    repository's ``#a`` among them. Before, the next went an hour later at the soonest,
+    triggered by REQs asking the last hour only: a relay holding only old issues went
+    unproven for days (the simulator's seed 2102 of an every-behaviour world: an issue never
+    came)."""
+    own = relay_factory()
+    remote = scripted(page_size=500, on_message=_scrapers_limited, nip11=NOSTR_RS_RELAY)
+    repo = our_announcement(own, [remote], d="precise-old")
+    bugs = [f.issue(bob, repo, subject=f"old bug {i}", created_at=int(time.time()) - 30 * 86400 + i)
+            for i in range(3)]
+    remote.add(*bugs)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, bugs, timeout=30, what="old issues on a relay answering only precise queries")
+    assert events_named(gsync, "relay_answers_only_precise_queries", remote.url)
+
+
 @pytest.mark.parametrize("cut", [None, (0.6, f.KIND_ISSUE)], ids=["answers-all", "a-slow-nothing"])
 def test_a_relay_of_that_make_answering_every_query_is_not_taken_for_one_limiting_scrapers(
         relay_factory, gsync_factory, scripted, cut):
