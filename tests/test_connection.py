@@ -225,6 +225,14 @@ def test_a_req_asking_history_whole_has_its_filters_probed_one_after_another():
     sent = []
     conn = RelayConnection("ws://relay.example", _Bursts([]), 1, sent.append, probe=True)
     assert len(probes(conn, sent, None)) == len(shapes)  # whole: each filter, one after another
+    for said, chained in (("blocked: #a queries are not allowed here", True), ("rate-limited: slow down", False)):
+        sent = []  # a probe refused: the next goes, but not after a refusal for our rate
+        conn = RelayConnection("ws://relay.example", _Bursts([]), 1, sent.append, probe=True)
+        conn.subscribe("h1", [Filter.make(tags=t) for t in shapes])
+        conn._handle_frame(b'["EOSE","h1"]')
+        conn.send(conn.book.probe_frame("probe", [Filter.make(tags=shapes[0], kinds=[1621], limit=5)]))
+        conn._handle_frame(f'["CLOSED","probe","{said}"]'.encode())
+        assert len([m for m in sent if isinstance(m, ProbeWanted)]) == (2 if chained else 1)
     sent = []
     conn = RelayConnection("ws://relay.example", _Bursts([]), 1, sent.append, probe=True)
     assert len(probes(conn, sent, 1_700_000_000)) == 1  # the last hour: one
