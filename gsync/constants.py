@@ -124,6 +124,11 @@ LIVE_AUDIT_SECS = 3600.0
 # relay answering one filter of a REQ sees misses of that filter only, so a relay that drops
 # live subscriptions and answers one filter a REQ is seen dropping them seldom.
 LIVE_DROPS_REMEMBERED_SECS = 30 * 24 * 3600.0
+# ... and its live REQs go without ``limit: 0``, asking stored events from this long back
+# instead (``filter_plan.live_since``): ORLY keeps a filter without a ``limit`` live. Events
+# dated a little before the REQ and published after it (a client's clock, a slow publish)
+# still match; those stored in the margin come again with each REQ (known ones are skipped).
+LIVE_SINCE_MARGIN_SECS = 300
 LIVE_AUDIT_MARGIN_SECS = 5
 POLL_OVERLAP_SECS = 15 * 60
 # While a relay's historic sync runs, its batches fetch the polled filters' history up to

@@ -264,11 +264,12 @@ class ManagerHarness:
         return self.frames(url, "REQ")
 
     def historic_reqs(self, url: str, times: bool = False) -> list:
-        """The REQs of historic sync (not live subscriptions: those ask ``limit: 0``); with
-        ``times``, as (when sent, frame)."""
+        """The REQs of historic sync (not live subscriptions: those ask ``limit: 0``, or go
+        by their ids on a relay known to drop them); with ``times``, as (when sent, frame)."""
         conn = self.conn(url)
         out = [(at, f) for at, f in zip(conn.sent_at, conn.frames, strict=True)
-               if f[0] == "REQ" and not all(flt.get("limit") == 0 for flt in f[2:])]
+               if f[0] == "REQ" and not all(flt.get("limit") == 0 for flt in f[2:])
+               and not f[1].startswith(("live-", "l1-live"))]
         return out if times else [f for _, f in out]
 
     def replies_asked(self, url: str, event_id: str) -> list:

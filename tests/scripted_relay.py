@@ -75,6 +75,9 @@ Knobs for misbehaviour:
 - ``answers_one_filter``: ``"first"`` or ``"last"``: a REQ's stored answer is that filter's
   alone, the others dropped without a word (ORLY before October 2025 kept the last filter's
   answer; minimal relays read ``filters[0]``); live events still match every filter.
+- ``drops_limited_live``: once a REQ's stored events are sent, each filter whose ``limit``
+  they reached (``limit: 0`` always) is dropped from it without a word, the REQ with its last
+  (ORLY's handle-req.go since October 2025); live events match what is left.
 - ``host``: the loopback address to listen on (default ``127.0.0.1``; all of 127.0.0.0/8 is
   loopback on Linux).
 
@@ -433,10 +436,12 @@ class ScriptedRelay:
         max_message: tuple | None = None,
         hold_nip11: threading.Event | None = None,
         answers_one_filter: str | None = None,
+        drops_limited_live: bool = False,
         host: str = "127.0.0.1",
         port: int = 0,
     ):
         self.answers_one_filter = answers_one_filter
+        self.drops_limited_live = drops_limited_live
         self.page_size = page_size
         self.req_cap = req_cap
         self.until_exclusive = until_exclusive
@@ -862,6 +867,12 @@ class ScriptedRelay:
         if self.extra_frames_for_req is not None:
             conn.send_frames(self.extra_frames_for_req(self, conn, sub_id, filters))
         conn.send("EOSE", sub_id)
+        if self.drops_limited_live:
+            kept = [f for f in filters if f.limit is None or len(stored) < f.limit]
+            if kept:
+                conn.subs[sub_id] = kept
+            else:
+                conn.subs.pop(sub_id, None)  # (no CLOSED: the client thinks it open)
 
     def _on_event(self, conn: Connection, message: list) -> None:
         if len(message) < 2 or not isinstance(message[1], dict):

@@ -1101,6 +1101,35 @@ def test_a_relay_answering_one_filter_a_req_is_asked_one_filter_a_req(relay_fact
 
 
 @pytest.mark.slow  # 6-16 s under the quick loop's load: the whole suite runs it
+def test_a_relay_seen_dropping_limit_zero_live_subscriptions_keeps_them_asked_with_since(
+        relay_factory, gsync_factory, scripted):
+    """ORLY (since October 2025) drops, without a CLOSED, every filter of a REQ whose ``limit``
+    its stored answer reached: ``limit: 0`` always, so no live event of ours ever came, and
+    what only it got came with the hourly look. Once a look found an event the live
+    subscriptions missed, the relay's live REQs go with ``since`` (a few minutes back) and no
+    ``limit``, which it keeps: the next new issue is sent on one of them as it is stored."""
+    own, remote, repo, bugs = scripted_repository(relay_factory, scripted, "orly-live", 2, drops_limited_live=True)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], timers={"LIVE_AUDIT_SECS": 8})  # (past LIVE_AUDIT_MARGIN_SECS)
+    assert_arrives(own, bugs, timeout=30, what="history")
+    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=30,
+               what="historic sync complete")
+    first = f.issue(bob, repo, subject="never sent live", created_at=int(time.time()))
+    assert remote.broadcast(first) == 0  # (every live filter of ours dropped)
+    assert_arrives(own, [first], timeout=20, what="the issue the look found")
+    wait_until(lambda: events_named(gsync, "live_events_missed", remote.url), timeout=10,
+               what="live_events_missed")
+
+    def kept():
+        return any(f.limit is None and f.since is not None for c in remote.connections if c.open
+                   for sub_id, fs in list(c.subs.items()) if sub_id.startswith("live-") for f in fs)
+
+    wait_until(kept, timeout=10, what="live REQs the relay keeps")
+    second = f.issue(bob, repo, subject="sent live", created_at=int(time.time()))
+    assert remote.broadcast(second) >= 1  # sent on a live subscription of ours, as it was stored
+    assert_arrives(own, [second], timeout=10, what="a live event")
+
+
 def test_live_events_a_relay_drops_without_a_word_arrive_by_the_hourly_look(relay_factory, gsync_factory, scripted):
     """A relay that keeps our live subscriptions but sends nothing on them (ORLY drops a live
     REQ carrying ``limit: 0`` without a CLOSED; relays and proxies expire idle ones): what

@@ -435,3 +435,16 @@ def test_halving_by_time_reaches_a_crowded_hour_in_few_steps():
 def test_one_value_and_one_second_cannot_be_split():
     flt = Filter.make(kinds=[1621], tags={"a": ["30617:x:y"]}, since=1_700_000_000, until=1_700_000_000)
     assert filter_plan.split_past_result_cap(flt, NOW) is None
+
+
+def test_the_live_form_for_a_relay_dropping_limit_zero_asks_since_a_margin_back_and_no_limit():
+    """``live_since``: what ORLY keeps live (no ``limit``), from LIVE_SINCE_MARGIN_SECS back;
+    a live filter's own later ``since`` (a quick reconnect's) stays."""
+    from gsync import constants
+
+    now = 1_800_000_000
+    plain, late = Filter.make(kinds=[1621], limit=0), Filter.make(kinds=[1621], since=now - 10, limit=0)
+    sent = filter_plan.live_since([plain, late], now)
+    assert [f.limit for f in sent] == [None, None]
+    assert [f.since for f in sent] == [now - constants.LIVE_SINCE_MARGIN_SECS, now - 10]
+    assert "limit" not in sent[0].to_json()

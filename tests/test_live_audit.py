@@ -360,13 +360,19 @@ def test_a_relay_seen_dropping_live_subscriptions_and_not_proven_to_answer_sever
 
     from .factory import comment
 
-    h, ann, live = synced(tmp_path)
+    h, ann, packed_live = synced(tmp_path)
     session = h.state(A).current
     dev = Author.named("audit-dev")
     bug = issue(dev, ann, created_at=int(h.clock.now) + 30)
     [packed] = look_reqs(h, session, lambda req: [bug])  # never seen dropping: one REQ
     assert len(packed) > 4 and not h.state(A).filters_answered
     assert h.state(A).live_dropped_at is not None  # the issue was missed: the relay drops them
+    live = [r for r in h.reqs(A) if r[1].startswith("live-")]
+    before = [r for r in live if r[1] == packed_live]
+    after = live[live.index(before[-1]) + 1:]
+    assert all(flt.get("limit") == 0 for r in before for flt in r[2:])
+    # opened anew as such a relay keeps them (ORLY drops ``limit: 0``): ``since``, no ``limit``
+    assert after and all("limit" not in flt and "since" in flt for r in after for flt in r[2:])
     h.own_relay_holds(bug)  # (delivered: its thread is covered)
     h.settle(A)
     reply = comment(dev, bug, created_at=int(h.clock.now) + 30)

@@ -140,6 +140,9 @@ from .world import DAY, DOMAIN, START
 
 _NOTES_EXCLUDED = sorted(NOTES_EXCLUDED)  # a kinds probe's kinds, as its REQ writes them
 _KINDS_PROBED = ("kinds probe",)  # marks a refused tag key's entry: its kinds probe was seen
+# live REQs (``LiveCoverage``'s ids): not paced starts, whatever their filters (a relay known to
+# drop ``limit: 0`` is sent them with ``since``: ``filter_plan.live_since``)
+_LIVE_REQS = ('["REQ","live-', '["REQ","l1-live"')
 
 HOUR = 3600.0
 KEEP_PER_INVARIANT = 20
@@ -486,7 +489,8 @@ class Checker:
     def client_frame(self, conn, verb: str, text: str) -> None:
         if verb == "NEG-OPEN":
             self._start(conn, text)
-        elif verb == "REQ" and '"limit":0' not in (text.replace(" ", "") if " " in text else text):
+        elif (verb == "REQ" and '"limit":0' not in (text.replace(" ", "") if " " in text else text)
+              and not text.startswith(_LIVE_REQS)):  # (a live REQ sent with ``since``: no start)
             self._start(conn, text)
         if verb == "REQ":
             self._within_cap(conn)

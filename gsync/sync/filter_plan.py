@@ -174,6 +174,17 @@ def live(filters: Iterable[Filter]) -> list[Filter]:
     return [f.replace(limit=0) for f in filters]
 
 
+def live_since(filters: Iterable[Filter], now: float) -> list[Filter]:
+    """The live form (``live``) as a relay known to drop live subscriptions is sent it: no
+    ``limit``, and ``since`` LIVE_SINCE_MARGIN_SECS back (stored events since then come
+    first). ORLY drops every filter whose ``limit`` its stored answer reached, ``limit: 0``
+    always, without a word, and keeps one without a ``limit``. Only there: an event dated
+    before ``since`` and published later matches no such filter, and comes by the hourly
+    look or the daily sync; ``limit: 0`` sends it live."""
+    since = int(now) - constants.LIVE_SINCE_MARGIN_SECS
+    return [f.replace(limit=None, since=max(since, f.since or since)) for f in filters]
+
+
 def restrict_to(filters: Iterable[Filter], wanted: Iterable[Filter]) -> list[Filter]:
     """``filters`` narrowed to what ``wanted`` (the coverage the current index asks for)
     still asks: the replacement of a subscription a relay closed, without obsolete items.

@@ -208,6 +208,8 @@ class LiveCoverage:
             if live.fresh and live.opened_at is None:
                 state.current.live_subs[sub_id] = dataclasses.replace(live, opened_at=now)
             self.health.record_start(state.url, now, background=False)
+            if state.live_dropped_at is not None:  # (kept by a relay dropping ``limit: 0``)
+                filters = filter_plan.live_since(filters, now)
             subscribe(self.effects, state.current, sub_id, filters)
         return True
 
