@@ -119,8 +119,9 @@ LIVE_NOT_KEPT_POLL_SECS = 300.0
 # brings forward every look due within half an interval (``run_audits``).
 LIVE_AUDIT_SECS = 3600.0
 # A relay whose look found events its live subscriptions missed is known to drop them for this
-# long after (``RelayState.live_dropped_at``): its looks go one filter a REQ while it is not
-# proven to answer several (``one_filter.looks_filter_by_filter``). A month: a look packed on a
+# long after (``RelayState.live_dropped_at``): its live REQs go with ``since`` (below), its
+# looks one filter a REQ while it is not proven to answer several
+# (``one_filter.looks_filter_by_filter``). A month: a look packed on a
 # relay answering one filter of a REQ sees misses of that filter only, so a relay that drops
 # live subscriptions and answers one filter a REQ is seen dropping them seldom.
 LIVE_DROPS_REMEMBERED_SECS = 30 * 24 * 3600.0

@@ -20,9 +20,10 @@ such a relay has to be caught at:
 - a probe answered with an event the REQ did not bring: the relay answers one filter a REQ
   (``max_filters`` 1, kept across restarts) and its sync starts again so;
 - a relay polled one filter a REQ for want of proof either way (``polls_filter_by_filter``),
-  or looked at so (``looks_filter_by_filter``: known to drop live subscriptions), is asked, once a day, two events it holds (served lately, or found on both sides by a
-  NIP-77 exchange) in one REQ of two filters of one id each (``Refusals.ask_filters_proof``):
-  its answer is judged as any other's above.
+  or looked at so (``looks_filter_by_filter``: known to drop live subscriptions), is asked,
+  once a day, two events it holds (served lately, or found on both sides by a NIP-77
+  exchange) in one REQ of two filters of one id each (``Refusals.ask_filters_proof``): its
+  answer is judged as any other's above.
 
 Pure: seen ids and filters in, indices and filters out.
 """

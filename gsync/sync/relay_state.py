@@ -328,8 +328,10 @@ class RelayState:
     # when an hourly live look last found events its live subscriptions missed (the relay, or
     # a proxy before it, drops them without a word: ``LiveCoverage.audited``); kept over
     # sessions and restarts, forgotten LIVE_DROPS_REMEMBERED_SECS after it (``lifecycle.
-    # start_day``). While it is known and the relay not proven to answer several filters of a
-    # REQ, its looks go one filter a REQ (``one_filter.looks_filter_by_filter``)
+    # start_day``). While it is known, its live REQs go with ``since`` and no ``limit``
+    # (``filter_plan.live_since``: ORLY keeps those), and while the relay is not proven to
+    # answer several filters of a REQ, its looks go one filter a REQ
+    # (``one_filter.looks_filter_by_filter``)
     live_dropped_at: float | None = None
     # shapes it refused asked without notes too: about the shape, not kinds; not asked so
     # again while this process knows the relay (``Refusals.probe_kinds``; a few shapes at most)

@@ -359,8 +359,9 @@ class LiveCoverage:
         opened anew (one a relay or a proxy expired is back). A relay that drops them again
         (ORLY drops every one carrying ``limit: 0``) has what only it gets come by the next
         audit, an hour at most, instead of the next day's sync; it is known to drop them
-        (``RelayState.live_dropped_at``: its looks may go one filter a REQ,
-        ``one_filter.looks_filter_by_filter``)."""
+        (``RelayState.live_dropped_at``): its live REQs go with ``since`` from now on
+        (``filter_plan.live_since``), and its looks may go one filter a REQ
+        (``one_filter.looks_filter_by_filter``)."""
         session = state.current
         session.audit_batch = None
         missed, session.live_missed = session.live_missed, 0
