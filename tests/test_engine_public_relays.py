@@ -1101,6 +1101,19 @@ def test_a_relay_answering_one_filter_a_req_is_asked_one_filter_a_req(relay_fact
 
 
 @pytest.mark.slow  # 6-16 s under the quick loop's load: the whole suite runs it
+def synced_with_hourly_looks(relay_factory, gsync_factory, scripted, d, **relay_kwargs):
+    """A scripted remote (``relay_kwargs``) holding repository ``d`` and two issues, synced
+    into the own relay by a gsync whose live look comes every few seconds
+    (``LIVE_AUDIT_SECS``): (own, remote, the announcement, gsync)."""
+    own, remote, repo, bugs = scripted_repository(relay_factory, scripted, d, 2, **relay_kwargs)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], timers={"LIVE_AUDIT_SECS": 8})  # (past LIVE_AUDIT_MARGIN_SECS)
+    assert_arrives(own, bugs, timeout=30, what="history")
+    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=30,
+               what="historic sync complete")
+    return own, remote, repo, gsync
+
+
 def test_a_relay_seen_dropping_limit_zero_live_subscriptions_keeps_them_asked_with_since(
         relay_factory, gsync_factory, scripted):
     """ORLY (since October 2025) drops, without a CLOSED, every filter of a REQ whose ``limit``
@@ -1108,12 +1121,8 @@ def test_a_relay_seen_dropping_limit_zero_live_subscriptions_keeps_them_asked_wi
     what only it got came with the hourly look. Once a look found an event the live
     subscriptions missed, the relay's live REQs go with ``since`` (a few minutes back) and no
     ``limit``, which it keeps: the next new issue is sent on one of them as it is stored."""
-    own, remote, repo, bugs = scripted_repository(relay_factory, scripted, "orly-live", 2, drops_limited_live=True)
-    publish(own.url, [repo])
-    gsync = gsync_factory(own, [remote], timers={"LIVE_AUDIT_SECS": 8})  # (past LIVE_AUDIT_MARGIN_SECS)
-    assert_arrives(own, bugs, timeout=30, what="history")
-    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=30,
-               what="historic sync complete")
+    own, remote, repo, gsync = synced_with_hourly_looks(relay_factory, gsync_factory, scripted, "orly-live",
+                                                        drops_limited_live=True)
     first = f.issue(bob, repo, subject="never sent live", created_at=int(time.time()))
     assert remote.broadcast(first) == 0  # (every live filter of ours dropped)
     assert_arrives(own, [first], timeout=20, what="the issue the look found")
@@ -1137,12 +1146,7 @@ def test_live_events_a_relay_drops_without_a_word_arrive_by_the_hourly_look(rela
     asks what the open live subscriptions asked for since the last look, finds the issue the
     relay never sent live, delivers it and opens the subscriptions anew (the next one it drops
     comes by the next look: tests/test_live_audit.py)."""
-    own, remote, repo, bugs = scripted_repository(relay_factory, scripted, "deaf-live", 2)
-    publish(own.url, [repo])
-    gsync = gsync_factory(own, [remote], timers={"LIVE_AUDIT_SECS": 8})  # (past LIVE_AUDIT_MARGIN_SECS)
-    assert_arrives(own, bugs, timeout=30, what="history")
-    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=30,
-               what="historic sync complete")
+    own, remote, repo, gsync = synced_with_hourly_looks(relay_factory, gsync_factory, scripted, "deaf-live")
     missed = f.issue(bob, repo, subject="stored, never sent live", created_at=int(time.time()))
     remote.add(missed)  # (stored and not broadcast: the live stream lost it)
     assert_arrives(own, [missed], timeout=20, what="the issue the live subscription never sent")
