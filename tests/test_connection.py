@@ -225,14 +225,25 @@ def test_a_req_asking_history_whole_has_its_filters_probed_one_after_another():
     sent = []
     conn = RelayConnection("ws://relay.example", _Bursts([]), 1, sent.append, probe=True)
     assert len(probes(conn, sent, None)) == len(shapes)  # whole: each filter, one after another
-    for said, chained in (("blocked: #a queries are not allowed here", True), ("rate-limited: slow down", False)):
+    for said, chained in (('["CLOSED","probe","blocked: #a queries are not allowed here"]', True),
+                          ('["CLOSED","probe","rate-limited: slow down"]', False),
+                          ('["NOTICE","blocked: #a queries are not allowed here"]', True)):  # (naming nothing)
         sent = []  # a probe refused: the next goes, but not after a refusal for our rate
         conn = RelayConnection("ws://relay.example", _Bursts([]), 1, sent.append, probe=True)
         conn.subscribe("h1", [Filter.make(tags=t) for t in shapes])
         conn._handle_frame(b'["EOSE","h1"]')
         conn.send(conn.book.probe_frame("probe", [Filter.make(tags=shapes[0], kinds=[1621], limit=5)]))
-        conn._handle_frame(f'["CLOSED","probe","{said}"]'.encode())
-        assert len([m for m in sent if isinstance(m, ProbeWanted)]) == (2 if chained else 1)
+        conn._handle_frame(said.encode())
+        assert len([m for m in sent if isinstance(m, ProbeWanted)]) == (2 if chained else 1), said
+        assert conn.book.probe_sub is None  # (ended)
+    sent = []  # a REQ waiting for its answer, sent just before the probe: as likely its
+    conn = RelayConnection("ws://relay.example", _Bursts([]), 1, sent.append, probe=True)
+    conn.subscribe("h1", [Filter.make(tags=t) for t in shapes])
+    conn._handle_frame(b'["EOSE","h1"]')
+    conn.subscribe("h2", [Filter.make(tags=shapes[0])])
+    conn.send(conn.book.probe_frame("probe", [Filter.make(tags=shapes[0], kinds=[1621], limit=5)]))
+    conn._handle_frame(b'["NOTICE","blocked: #a queries are not allowed here"]')
+    assert conn.book.probe_sub == "probe" and len([m for m in sent if isinstance(m, ProbeWanted)]) == 1
     sent = []
     conn = RelayConnection("ws://relay.example", _Bursts([]), 1, sent.append, probe=True)
     assert len(probes(conn, sent, 1_700_000_000)) == 1  # the last hour: one

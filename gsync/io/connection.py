@@ -576,6 +576,8 @@ class RelayConnection:
         whose_unknown = False
         if now - self._refusal_closed_at <= NOTICE_ECHO_SECS:
             sub_id = None  # the relay's CLOSED said it already
+        elif self._probe_refused_by(text, now):
+            return True
         elif not self._unanswered:
             return False
         else:
@@ -594,6 +596,24 @@ class RelayConnection:
             self._take_notice(sub_id, text)
         elif whose_unknown:
             self._settle_notices()  # (as many NOTICEs as REQs among them already)
+        return True
+
+    def _probe_refused_by(self, text: str, now: float) -> bool:
+        """A refusing NOTICE naming nothing, read soon after the precise probe went, no REQ
+        waiting for its answer sent since nor this soon before it: the probe's CLOSED (the
+        simulator's seed 2102: a relay refusing ``#a`` so for a day and a half, the probe
+        asking it never ended, and what the NOTICE refused went unpaused)."""
+        probe, sent_at = self.book.probe_sub, self.book.probe_sent_at
+        if probe is None or sent_at is None:
+            return False
+        if now - sent_at > (NOTICE_REFUSAL_SECS if _refuses_by_words(text) else NOTICE_PREFIX_REFUSAL_SECS):
+            return False
+        if any(at >= sent_at - NOTICE_PREFIX_REFUSAL_SECS for at in self._unanswered.values()):
+            return False  # (whose? that REQ's, as likely: told as any REQ's below)
+        prefix, rest = wire.split_prefix(text)
+        metrics.NOTICES.labels(prefix.value).inc()
+        log.info("notice_taken_as_closed", relay=self.relay, sub_id=probe, text=text[:200])
+        self._probe_answered(wire.Closed(probe, prefix, rest))
         return True
 
     def _take_notice(self, sub_id: str, text: str) -> None:
