@@ -733,6 +733,28 @@ def random_store(rng, n, values, crowd):
             for t in seconds]
 
 
+def test_a_page_bounded_to_a_second_and_answered_slowly_with_nothing_teaches_nothing_of_until():
+    """A relay that stops slow queries may stop one before its first event: a page bounded to
+    a second its last page saw events at, answered slowly with nothing, is asked once more
+    (``next_page``), and says nothing of how the relay reads ``until``. Taken as whole, it
+    marked a relay reading ``until`` as NIP-01 says as one reading it as exclusive (the
+    property test below, with a relay stopping cold queries before their first event)."""
+    cut = {"once": True}
+    inner = per_filter_relay(50)
+
+    def relay(store, filters, rng):
+        if cut["once"] and any(f.until is not None for f in filters):
+            cut["once"] = False
+            return [], SLOW  # (its time budget out before the first event)
+        return inner(store, filters, rng)
+
+    store = [fake_event(1000 + t // 2, [["e", "v"]]) for t in range(120)]  # two a second
+    cap = PageCap()
+    received, _ = sync_all(store, [Filter.make(tags={"e": ["v"]})], relay, cap=cap)
+    assert not cut["once"] and {e.id for e in store} <= received.keys()
+    assert not cap.until_exclusive
+
+
 @pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(st.data())

@@ -555,7 +555,12 @@ class PaginationState:
             # (read as exclusive, no event at it would come; one another filter of the REQ
             # matched too may have been sent for that one, from a later second)
             cap.until_inclusive = True
-        elif self._until_read_as_exclusive(cap, slow_page(elapsed, self.total)):
+        elif self._until_read_as_exclusive(cap, slow_answer(elapsed)):
+            # (a slow page may be cut anywhere, before its first event too: one that brought
+            # nothing slowly, asked once more (``next_page``), proves nothing of ``until``;
+            # taken as whole, it marked a relay reading ``until`` as NIP-01 says as one reading
+            # it as exclusive: tests/test_pending.py's property test, a relay stopping cold
+            # queries before their first event)
             cap.until_exclusive = True
 
     def _until_read_as_exclusive(self, cap: PageCap, slow: bool) -> bool:
