@@ -1,4 +1,6 @@
 """gsync/io/connection.py without sockets: what a relay connection hands the manager."""
+import json
+
 import gevent
 
 from gsync import constants
@@ -203,7 +205,7 @@ def test_a_req_asking_history_whole_has_its_filters_probed_one_after_another():
     trigger of its own: a probe of the last hour's REQs a minute before does not hold it
     back (the simulator's seed 2102: the daily sync's first page, the only REQ asking an old
     issue's ``#a``, came back empty minutes after an hourly look's probe, and went unprobed)."""
-    from gsync.io.inbox import ProbeWanted
+    from gsync.io.inbox import ProbeRefused, ProbeWanted
 
     bob = f.Author.named("bob")
     repo = f.repo_addr(bob, "a")
@@ -236,6 +238,9 @@ def test_a_req_asking_history_whole_has_its_filters_probed_one_after_another():
         conn._handle_frame(said.encode())
         assert len([m for m in sent if isinstance(m, ProbeWanted)]) == (2 if chained else 1), said
         assert conn.book.probe_sub is None  # (ended)
+        refused = [m for m in sent if isinstance(m, ProbeRefused)]  # (told: its shape may be paused)
+        assert [(m.prefix, m.text) for m in refused] == [(json.loads(said)[-1].split(":")[0],
+                                                          json.loads(said)[-1].split(": ", 1)[1])]
     sent = []  # a REQ waiting for its answer, sent just before the probe: as likely its
     conn = RelayConnection("ws://relay.example", _Bursts([]), 1, sent.append, probe=True)
     conn.subscribe("h1", [Filter.make(tags=t) for t in shapes])

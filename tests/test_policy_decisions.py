@@ -317,3 +317,29 @@ def _run(h, answer, rounds: int, step: float = 1.1) -> None:
         answer()
         h.advance(step)
         h.tick()
+
+
+def test_a_precise_probe_refused_for_its_shape_pauses_the_shape_it_was_made_from(tmp_path):
+    """A relay answering only precise queries refuses a shape by policy only when asked it
+    precisely: its precise probe (``#a`` with NIP-34's kinds) is refused, and the REQs asking
+    ``#a`` plainly, answered with nothing, went on being asked (the simulator's seed 2501 of a
+    50-relay world, ``refused_asked_again``). The refusal pauses ``#a`` there, as a REQ of that
+    shape refused alone would; one for our rate pauses nothing."""
+    from gsync.io.inbox import ProbeRefused, ProbeWanted
+    from gsync.protocol.filters import Filter
+
+    from .factory import repo_addr
+
+    owner = Author.named("probe-owner")
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(announcement(owner, "probed", relays=[A]))
+    h.connect(A)
+    h.settle(A)
+    state = h.state(A)
+    tagged = Filter.make(tags={"a": [repo_addr(owner, "probed")]}, limit=5000)
+    for prefix, text, paused in (("rate-limited", "slow down", False),
+                                 ("blocked", "#a queries are not allowed here", True)):
+        h.feed(ProbeWanted(A, state.session, (tagged,)))
+        assert state.current.probe_source == tagged  # (asked precisely: ``#a`` with kinds)
+        h.feed(ProbeRefused(A, state.session, prefix, text))
+        assert state.paused.is_filter_paused(tagged) is paused

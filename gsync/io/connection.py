@@ -35,6 +35,7 @@ from ..sync.pending import slow_answer
 from . import ws as ws_stream
 from .inbox import (
     ImpreciseIgnored,
+    ProbeRefused,
     ProbeWanted,
     RelayDisconnected,
     RemoteEvent,
@@ -775,6 +776,8 @@ class RelayConnection:
         close = self.book.probe_ended()
         if isinstance(msg, wire.Eose) and close is not None:
             self.send(close)
+        if isinstance(msg, wire.Closed):  # (refused: its shape may be paused there)
+            self._emit(ProbeRefused(self.relay, self.session, msg.prefix.value, msg.text))
         if self._probe_events:
             self._probe, self._evented = False, set()
             self._emit(ImpreciseIgnored(self.relay, self.session))

@@ -72,6 +72,17 @@ class ProbeWanted:
 
 
 @dataclass(slots=True)
+class ProbeRefused:
+    """The relay refused the precise probe (its CLOSED, or a NOTICE taken for it): ``prefix``
+    and ``text`` as it said them (``Refusals.probe_refused``)."""
+
+    relay: str
+    session: int
+    prefix: str
+    text: str
+
+
+@dataclass(slots=True)
 class ImpreciseIgnored:
     """The relay answered an imprecise REQ with nothing and a precise probe with something:
     it answers only precise queries (``protocol.precise``; nostr-rs-relay's

@@ -104,9 +104,15 @@ def probe(trigger: Iterable[Filter], authors: Iterable[str]) -> list[Filter]:
     asks one of them, in turn (``probe_turn``). (Until 2026-12-07 the probe asked the owners'
     announcements and their roots by id, whatever the REQ had asked: on a relay answering
     everything, an empty REQ asking replies to roots that have none was "proved" ignored.)"""
+    return [made for _, made in probe_sources(trigger, authors)]
+
+
+def probe_sources(trigger: Iterable[Filter], authors: Iterable[str]) -> list[tuple[Filter, Filter]]:
+    """``probe``'s filters, each beside the filter of ``trigger`` it was made from (a probe
+    refused for its shape pauses that filter's: ``Refusals.probe_refused``)."""
     chosen = frozenset(sorted(authors)[:PROBE_AUTHORS])
-    made = (made_precise(f, chosen) for f in trigger)
-    return [f.replace(limit=PROBE_LIMIT) for f in made if not is_imprecise(f)]
+    made = ((f, made_precise(f, chosen)) for f in trigger)
+    return [(f, m.replace(limit=PROBE_LIMIT)) for f, m in made if not is_imprecise(m)]
 
 
 def proves_ignored(trigger: Iterable[Filter], event) -> bool:
@@ -122,7 +128,7 @@ def proves_ignored(trigger: Iterable[Filter], event) -> bool:
                for f in trigger)
 
 
-def probe_turn(filters: list[Filter], turn: int) -> list[Filter]:
+def probe_turn(filters: list, turn: int) -> list:
     """The one of ``probe``'s filters the ``turn``-th probe of a relay asks, alone in its REQ:
     a relay answering one filter of a REQ (the first or the last) dropped the others, and a
     relay both such and answering only precise queries never showed it (the simulator's

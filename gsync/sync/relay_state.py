@@ -18,6 +18,7 @@ from ..constants import (
     THREADS_AHEAD_MAX,
     THREADS_AHEAD_SECS,
 )
+from ..protocol.filters import Filter
 from .pending import BatchKind, PendingBatch
 from .policy import CoveragePauses, Trials
 from .result_caps import ResultCap
@@ -161,8 +162,10 @@ class RelaySession:
     live_queue: list = field(default_factory=list)
     # (sub id or NIP-77 token, filters) waiting for a slot
     historic_queue: list = field(default_factory=list)
-    # the precise probe to send as the next paced start (``protocol.precise``), if wanted
+    # the precise probe to send as the next paced start (``protocol.precise``), if wanted, and
+    # the filter of the empty REQ it was made from (its shape paused if the probe is refused)
     probe: list | None = None
+    probe_source: Filter | None = None
     historic_sent_at: dict = field(default_factory=dict)  # historic sub id -> when its REQ went
     neg_running: dict = field(default_factory=dict)  # NIP-77 token → RunningExchange
     # historic sub id → when it last showed life (sent, or an event): stalled ones time out

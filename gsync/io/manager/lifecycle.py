@@ -327,8 +327,9 @@ class RelayLifecycle:
         if state is None or state.precise_queries:
             return
         turn = state.precise_probes - 1 if msg.again else state.precise_probes  # (again: the same filter)
-        state.current.probe = precise.probe_turn(precise.probe(msg.filters, self.listing_authors(state.url)),
-                                                 turn) or None
+        chosen = precise.probe_turn(precise.probe_sources(msg.filters, self.listing_authors(state.url)), turn)
+        state.current.probe_source, made = chosen[0] if chosen else (None, None)
+        state.current.probe = [made] if chosen else None
         state.precise_probes = turn + 1
         self.historic.pump(state)
 
