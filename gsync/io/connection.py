@@ -603,8 +603,8 @@ class RelayConnection:
         """A refusing NOTICE naming nothing, read soon after the precise probe went, no REQ
         waiting for its answer sent since nor this soon before it: the probe's CLOSED, and a
         whole REQ's chain of probes goes on (the simulator's seed 2102: a relay refusing
-        ``#a`` so for a day and a half; the probe asking it never ended). The refusal pauses
-        nothing: the probe is not coverage, and a REQ asking that shape is refused in turn."""
+        ``#a`` so for a day and a half; the probe asking it never ended), and the manager
+        hears it (``ProbeRefused``: a refusal of the shape pauses it there)."""
         probe, sent_at = self.book.probe_sub, self.book.probe_sent_at
         if probe is None or sent_at is None:
             return False
