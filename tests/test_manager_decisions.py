@@ -268,6 +268,39 @@ def test_what_a_rest_from_nip77_left_unreached_is_synced_after_it_by_a_process_s
         assert (len(later) > len(spawned)) is left, left
 
 
+def _layer1_opened(h) -> int:
+    """How many times layer 1's live REQ went to A (again at each fresh start)."""
+    return len([r for r in h.reqs(A) if r[1] == "l1-live"])
+
+
+def test_what_a_day_of_ids_unserved_left_unreached_is_synced_when_the_day_is_over(tmp_path):
+    """A relay that advertised ids by NIP-77 and served none of them by id gets REQ pages for
+    a day (``ids_unserved_at``); what they cannot reach there (``unreached``: an import on a
+    relay ignoring ``until``) waited for the next daily sync, which comes 23-25 h after the
+    last: inside the day half the time, and the one after brought it (the simulator's seed
+    2109 of a stress world: 158 events, 2.6 days). When the day is over, its sync starts
+    again at once (NIP-77 allowed there again); with nothing left unreached, it does not."""
+    for left in (True, False):
+        h = ManagerHarness(tmp_path / str(left))
+        h.own_relay_holds(*listed_on(A, 1))
+        h.connect(A, limits=RelayLimits(supported_nips=frozenset({1, 11, 77})))
+        h.answer_own_reads(held=resync_holdings())
+        h.settle(A)
+        state = h.state(A)
+        state.ids_unserved_at, state.unreached = h.clock.now, left
+        assert not state.serves_ids(h.clock.now)
+        state.next_daily_at = h.clock.now + 2 * constants.IDS_UNSERVED_RETRY_SECS
+        h.advance(constants.IDS_UNSERVED_RETRY_SECS - 60)
+        h.tick()
+        opened = _layer1_opened(h)
+        state.nip77_failed_at = None  # (the harness answered no exchange: not a NIP-77 failure here)
+        h.advance(120)
+        h.tick()
+        assert state.ids_unserved_at is None and state.serves_ids(h.clock.now)
+        # started again, now: every subscription closed, layer 1 opened anew, the rest after it
+        assert (_layer1_opened(h) > opened) is left, left
+
+
 def test_a_subscription_cap_learnt_a_week_ago_is_forgotten_at_the_daily_sync(tmp_path):
     """A cap learnt from refusals is judged again a week on (``constants.LEARNT_CAP_SECS``):
     one learnt low from a NOTICE that names no subscription (the simulator, seed 923), or
