@@ -34,19 +34,24 @@ def test_imprecise_filters_are_made_precise_and_precise_ones_left_as_they_are():
     assert all(not precise.is_imprecise(precise.made_precise(f, frozenset({OWNER}))) for f in (tagged, layer1))
 
 
+def probe(trigger, authors):
+    """The probe's filters (``precise.probe_sources``, without what each was made from)."""
+    return [made for _, made in precise.probe_sources(trigger, authors)]
+
+
 def test_the_probe_asks_the_empty_reqs_imprecise_filters_precisely_a_few_events_each():
     """What the probe asks is what the REQ that came back empty asked, made precise, within
     the same bounds: anything it brings that REQ asked for."""
     layer1 = Filter.make(kinds=[10317, 30617], since=100)
     tagged = Filter.make(tags={"a": ["30617:" + OWNER + ":r"]}, until=900)
-    by_kinds, by_tag = precise.probe([layer1, tagged], {OWNER, "ef" * 32})
+    by_kinds, by_tag = probe([layer1, tagged], {OWNER, "ef" * 32})
     assert by_kinds == layer1.replace(authors=frozenset({OWNER, "ef" * 32}), limit=precise.PROBE_LIMIT)
     assert by_tag == tagged.replace(kinds=precise.PRECISE_KINDS, limit=precise.PROBE_LIMIT)
     assert not any(precise.is_imprecise(f) for f in (by_kinds, by_tag))
-    [many] = precise.probe([layer1], (f"{n:064x}" for n in range(500)))
+    [many] = probe([layer1], (f"{n:064x}" for n in range(500)))
     assert len(many.authors) == precise.PROBE_AUTHORS
-    assert precise.probe([layer1], ()) == []  # (no owner known: it stays imprecise, left out)
-    assert precise.probe([tagged], ()) == [by_tag]
+    assert probe([layer1], ()) == []  # (no owner known: it stays imprecise, left out)
+    assert probe([tagged], ()) == [by_tag]
 
 
 def test_only_the_software_known_to_limit_is_probed():
@@ -101,9 +106,9 @@ def test_what_a_refusal_about_kinds_may_be_about():
 
 def test_a_probe_asks_one_filter_at_a_time_in_turn():
     """A relay answering one filter of a REQ dropped one of the two (``probe_turn``)."""
-    both = precise.probe([Filter.make(kinds=[30617]), Filter.make(tags={"e": ["cd" * 32]})], {OWNER})
+    both = probe([Filter.make(kinds=[30617]), Filter.make(tags={"e": ["cd" * 32]})], {OWNER})
     assert [precise.probe_turn(both, turn) for turn in range(3)] == [both[:1], both[1:], both[:1]]
-    assert precise.probe_turn(precise.probe([], {OWNER}), 0) == []
+    assert precise.probe_turn(probe([], {OWNER}), 0) == []
 
 
 def test_a_probes_event_proves_only_what_the_empty_req_asked_a_second_inside_its_bounds():

@@ -93,23 +93,19 @@ def kinds_probe(f: Filter) -> Filter:
     return made_precise(f, frozenset(), NOTES_EXCLUDED, ids_too=True)
 
 
-def probe(trigger: Iterable[Filter], authors: Iterable[str]) -> list[Filter]:
-    """The precise forms of ``trigger``'s filters (the imprecise ones, asking stored events,
-    of a REQ that came back with nothing): each asks only what its imprecise form asked
-    (within the same bounds), so an event it brings, one that form matches, shows the relay
-    ignored that REQ; on a relay answering everything, each brings what the REQ would have
-    and proves nothing. A tag filter with ``PRECISE_KINDS``, a ``kinds`` filter with the
-    owners of the repositories listing the relay (at most ``PROBE_AUTHORS``); one that stays
-    imprecise (no owner known) is left out. At most ``PROBE_LIMIT`` events each; each probe
-    asks one of them, in turn (``probe_turn``). (Until 2026-12-07 the probe asked the owners'
-    announcements and their roots by id, whatever the REQ had asked: on a relay answering
-    everything, an empty REQ asking replies to roots that have none was "proved" ignored.)"""
-    return [made for _, made in probe_sources(trigger, authors)]
-
-
 def probe_sources(trigger: Iterable[Filter], authors: Iterable[str]) -> list[tuple[Filter, Filter]]:
-    """``probe``'s filters, each beside the filter of ``trigger`` it was made from (a probe
-    refused for its shape pauses that filter's: ``Refusals.probe_refused``)."""
+    """The precise forms of ``trigger``'s filters (the imprecise ones, asking stored events,
+    of a REQ that came back with nothing), each beside the filter it was made from (a probe
+    refused for its shape pauses that one's shape: ``RelayLifecycle.on_probe_refused``): each
+    asks only what its imprecise form asked (within the same bounds), so an event it brings,
+    one that form matches, shows the relay ignored that REQ; on a relay answering everything,
+    each brings what the REQ would have and proves nothing. A tag filter with
+    ``PRECISE_KINDS``, a ``kinds`` filter with the owners of the repositories listing the
+    relay (at most ``PROBE_AUTHORS``); one that stays imprecise (no owner known) is left out.
+    At most ``PROBE_LIMIT`` events each; each probe asks one of them, in turn
+    (``probe_turn``). (Until 2026-12-07 the probe asked the owners' announcements and their
+    roots by id, whatever the REQ had asked: on a relay answering everything, an empty REQ
+    asking replies to roots that have none was "proved" ignored.)"""
     chosen = frozenset(sorted(authors)[:PROBE_AUTHORS])
     made = ((f, made_precise(f, chosen)) for f in trigger)
     return [(f, m.replace(limit=PROBE_LIMIT)) for f, m in made if not is_imprecise(m)]
@@ -129,7 +125,7 @@ def proves_ignored(trigger: Iterable[Filter], event) -> bool:
 
 
 def probe_turn(filters: list, turn: int) -> list:
-    """The one of ``probe``'s filters the ``turn``-th probe of a relay asks, alone in its REQ:
+    """The one of ``probe_sources``' filters the ``turn``-th probe of a relay asks, alone in its REQ:
     a relay answering one filter of a REQ (the first or the last) dropped the others, and a
     relay both such and answering only precise queries never showed it (the simulator's
     seed 815 of the every-behaviour world: an announcement only that relay held never came).
