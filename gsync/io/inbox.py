@@ -74,7 +74,7 @@ class ProbeWanted:
 @dataclass(slots=True)
 class ProbeRefused:
     """The relay refused the precise probe (its CLOSED, or a NOTICE taken for it): ``prefix``
-    and ``text`` as it said them (``Refusals.probe_refused``)."""
+    and ``text`` as it said them (``RelayLifecycle.on_probe_refused``)."""
 
     relay: str
     session: int

@@ -199,7 +199,7 @@ class SyncManager:
             RelayDisconnected: self.lifecycle.on_relay_disconnected,
             ImpreciseIgnored: self.lifecycle.on_imprecise_ignored,
             ProbeWanted: self.lifecycle.on_probe_wanted,
-            ProbeRefused: self.refusals.probe_refused,
+            ProbeRefused: self.lifecycle.on_probe_refused,
             NegentropyFinished: self.historic.on_negentropy_finished,
             OwnHoldingsRead: self.historic.on_own_holdings_read,
             OwnReadsDue: self.own_reads.on_due,

@@ -15,6 +15,7 @@ from ...ops.logging import get_logger
 from ...protocol import precise
 from ...protocol.nip11 import RelayLimits
 from ...sync import filter_plan, status
+from ...sync.health import classify_refusal, refuses_a_shape
 from ...sync.pending import BatchKind, PageCap
 from ...sync.policy import CoveragePauses
 from ...sync.relay_state import ConnectionStatus, RelayState
@@ -26,6 +27,7 @@ from ..inbox import (
     HandshakeDone,
     HandshakeStarted,
     ImpreciseIgnored,
+    ProbeRefused,
     ProbeWanted,
     RelayDisconnected,
 )
@@ -332,6 +334,21 @@ class RelayLifecycle:
         state.current.probe = [made] if chosen else None
         state.precise_probes = turn + 1
         self.historic.pump(state)
+
+    def on_probe_refused(self, msg: ProbeRefused) -> None:
+        """The relay refused the precise probe. Refused for its shape (a policy, said so), the
+        shape of the filter the probe was made from (``Session.probe_source``) is paused
+        there, as a REQ of that shape refused alone would pause it: a relay answering only
+        precise queries refuses that shape only when asked it precisely, and gsync's
+        imprecise REQs asking it (answered with nothing) went on (the simulator's seed 2501
+        of a 50-relay world, ``refused_asked_again``)."""
+        state = self.relays.in_session(msg.relay, msg.session)
+        source = state.current.probe_source if state is not None else None
+        if source is None:
+            return
+        reason = f"{msg.prefix}: {msg.text}"[:200]
+        if refuses_a_shape(classify_refusal(msg.prefix, msg.text), reason):
+            self.refusals.pause_coverage(state, source, reason)
 
     def on_imprecise_ignored(self, msg: ImpreciseIgnored) -> None:
         """The relay answered an imprecise REQ with nothing and a precise probe with

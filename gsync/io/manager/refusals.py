@@ -390,21 +390,6 @@ class Refusals:
 
     # -- policy pauses and their probe ------------------------------------------------------
 
-    def probe_refused(self, msg) -> None:
-        """The relay refused the precise probe (``ProbeRefused``). Refused for its shape (a
-        policy, said so), the shape of the filter it was made from is paused there, as a REQ
-        of that shape refused alone would pause it: a relay answering only precise queries
-        refuses that shape only when asked it precisely, and gsync's imprecise REQs asking it
-        (answered with nothing) went on (the simulator's seed 2501 of a 50-relay world,
-        ``refused_asked_again``)."""
-        state = self.relays.in_session(msg.relay, msg.session)
-        source = state.current.probe_source if state is not None else None
-        if source is None:
-            return
-        reason = f"{msg.prefix}: {msg.text}"[:200]
-        if refuses_a_shape(classify_refusal(msg.prefix, msg.text), reason):
-            self.pause_coverage(state, source, reason)
-
     def pause_coverage(self, state: RelayState, f, reason: str, shape_at_fault: bool = True) -> None:
         key = coverage_key(f)
         if state.paused.pause(key, self.clock(), shape_at_fault=shape_at_fault):
