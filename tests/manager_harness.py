@@ -31,6 +31,8 @@ from gsync.io.inbox import (
 )
 from gsync.io.manager import SyncManager
 from gsync.io.manager.effects import ConnectionLinks
+from gsync.io.manager.lifecycle import LAYER1_LIVE_SUB
+from gsync.io.manager.live import LIVE_SUB_PREFIX
 from gsync.io.own_query import HeldItems
 from gsync.ops.config import ClusterConfig, Config, NetworkConfig, ServiceConfig, SyncConfig
 from gsync.protocol import messages as wire
@@ -269,7 +271,7 @@ class ManagerHarness:
         conn = self.conn(url)
         out = [(at, f) for at, f in zip(conn.sent_at, conn.frames, strict=True)
                if f[0] == "REQ" and not all(flt.get("limit") == 0 for flt in f[2:])
-               and not f[1].startswith(("live-", "l1-live"))]
+               and not f[1].startswith((LIVE_SUB_PREFIX, LAYER1_LIVE_SUB))]
         return out if times else [f for _, f in out]
 
     def replies_asked(self, url: str, event_id: str) -> list:

@@ -127,7 +127,8 @@ from operator import itemgetter
 
 from .. import constants
 from ..io.inbox import OwnEvents, RemoteEvents
-from ..io.manager.live import live_groups_with_room
+from ..io.manager.lifecycle import LAYER1_LIVE_SUB
+from ..io.manager.live import LIVE_SUB_PREFIX, live_groups_with_room
 from ..io.manager.refusals import KindsProbe
 from ..ops import metrics
 from ..protocol.precise import NOTES_EXCLUDED
@@ -142,7 +143,7 @@ _NOTES_EXCLUDED = sorted(NOTES_EXCLUDED)  # a kinds probe's kinds, as its REQ wr
 _KINDS_PROBED = ("kinds probe",)  # marks a refused tag key's entry: its kinds probe was seen
 # live REQs (``LiveCoverage``'s ids): not paced starts, whatever their filters (a relay known to
 # drop ``limit: 0`` is sent them with ``since``: ``filter_plan.live_since``)
-_LIVE_REQS = ('["REQ","live-', '["REQ","l1-live"')
+_LIVE_REQS = (f'["REQ","{LIVE_SUB_PREFIX}', f'["REQ","{LAYER1_LIVE_SUB}"')
 
 HOUR = 3600.0
 KEEP_PER_INVARIANT = 20

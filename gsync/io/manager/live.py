@@ -23,6 +23,8 @@ from .effects import subscribe, unsubscribe
 
 log = get_logger("gsync.manager")
 
+LIVE_SUB_PREFIX = "live-"  # (data coverage's live REQ ids; layer 1's is ``lifecycle.LAYER1_LIVE_SUB``)
+
 
 class LiveCoverage:
     """Each relay's live subscriptions, its live queue and polled coverage (all on its
@@ -113,7 +115,7 @@ class LiveCoverage:
             if slots <= 0 or live_bytes + size > constants.MAX_LIVE_FILTER_BYTES:
                 self.poll_instead(state, group, fresh=is_fresh)
                 continue
-            self.open(state, f"live-{next(self.live_ids)}", group, rebuilt_at=rebuilt_at,
+            self.open(state, f"{LIVE_SUB_PREFIX}{next(self.live_ids)}", group, rebuilt_at=rebuilt_at,
                       descendants=descendants, fresh=is_fresh)
             live_bytes += size
             slots -= 1
