@@ -500,7 +500,8 @@ class RelayLifecycle:
         its connection tries NIP-77 again, as a new session would, and if batches left what
         REQ pages cannot reach there (``RelayState.unreached``: an import on a relay ignoring
         ``until``), a fresh start runs now rather than at the next daily sync (seed 707 of the stress
-        mix: an import waited from 50 minutes before the rest ended to the next daily)."""
+        mix: an import waited from 50 minutes before the rest ended to the next daily). The day
+        of REQ pages after ids unserved ends alike (``end_ids_rest``)."""
         for state in self.relays.values():
             self.end_ids_rest(state, now)
             failed_at = state.nip77_failed_at
