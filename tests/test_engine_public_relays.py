@@ -937,6 +937,47 @@ def test_a_relay_that_takes_three_filters_a_req_is_synced_in_smaller_reqs(relay_
     assert len(refused) <= 3, refused
 
 
+@pytest.mark.slow  # eight repositories, their history and a live event each
+def test_a_relay_capping_the_values_of_a_filter_serves_every_repository_in_slices(relay_factory, gsync_factory,
+                                                                                 scripted):
+    # It refuses any REQ with a filter holding more than three values in a list, in a NOTICE
+    # naming no REQ (strfry says "ERROR: bad req: total filter items too large" past 64 KB of
+    # one list, in a CLOSED: tests/test_value_caps.py). Eight repositories listed
+    # there came in one filter of each shape, refused: read as a refusal of the shape, it
+    # was paused for a day, and none of them was synced there. Now the filters are sliced
+    # within the cap it taught, historic pages and live subscriptions alike.
+    refused = []
+
+    def three_values_at_most(relay, conn, message):
+        if (isinstance(message, list) and message[:1] == ["REQ"] and len(message) > 2 and any(
+                isinstance(v, list) and k != "kinds" and len(v) > 3
+                for flt in message[2:] if isinstance(flt, dict) for k, v in flt.items())):
+            refused.append(message[1])
+            return [["NOTICE", "error: too many values in filter"]]
+        return None
+
+    own = relay_factory()
+    remote = scripted(on_message=three_values_at_most)
+    gsync = gsync_factory(own, [remote])
+    repos = [our_announcement(own, [remote], d=f"capped-{n}", created_at=int(time.time())) for n in range(8)]
+    bugs = [f.issue(bob, repo, subject=f"bug {n}") for n, repo in enumerate(repos)]
+    replies = [f.comment(alice, bug) for bug in bugs]
+    remote.add(*repos, *bugs, *replies)
+    publish(own.url, repos)
+    assert_arrives(own, bugs + replies, timeout=40, what="every repository's issue and comment")
+    assert refused, "the relay never refused: the test does not reach its cap"
+    assert not events_named(gsync, "coverage_paused", remote.url)
+    lowered = events_named(gsync, "values_cap_lowered", remote.url)
+    assert lowered and min(e["max_values"] for e in lowered) <= 3, lowered
+    wait_until(lambda: status_of(gsync, remote.url).get("status") == "connected", timeout=30,
+               what="historic sync complete")
+    new = [f.comment(carol, bug, content="live", created_at=int(time.time())) for bug in bugs]
+    for event in new:
+        remote.broadcast(event)
+    assert_arrives(own, new, timeout=15, what="a live comment on each repository")
+    assert len(refused) <= 8, refused  # learnt, not refused filter by filter
+
+
 # How relays refuse a REQ past their cap: two wordings each, taken in turn.
 CAP_REFUSALS = {
     # in a CLOSED, with or without the rate-limited prefix: either is a count

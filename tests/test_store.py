@@ -208,6 +208,7 @@ def _learnt_relay():
     state.filters_answered = True
     state.unreached = True
     state.subscriptions_learned_at = NOW - 70
+    state.max_values_learned, state.values_learned_at = 25, NOW - 60
     q = Filter.make(kinds=[1], tags={"q": ["x"]})
     state.paused.pause(coverage_key(q), NOW - 10)
     return state, q
@@ -227,9 +228,9 @@ def test_whatever_changes_a_relays_record_changes_its_key():
 
     changes = [lambda name=name, i=i: setattr(state, name, NOW + i) for i, name in enumerate(
         ("last_connected", "disconnected_at", "next_daily_at", "nip77_failed_at", "ids_unserved_at",
-         "subscriptions_learned_at"))]
+         "subscriptions_learned_at", "values_learned_at"))]
     changes += [lambda name=name: setattr(state, name, 7) for name in
-                ("max_message_learned", "max_filters_learned", "max_subscriptions_learned")]
+                ("max_message_learned", "max_filters_learned", "max_subscriptions_learned", "max_values_learned")]
     changes += [lambda: setattr(state, "announcements_synced", False),
                 lambda: setattr(state, "precise_queries", False),
                 lambda: setattr(state, "filters_answered", False),
@@ -269,6 +270,7 @@ def test_a_relays_memory_round_trips_through_json():
     assert back.ids_unserved_at == NOW - 50 and back.precise_queries and back.filters_answered
     assert back.unreached  # (what REQ pages left there is synced when its rest from NIP-77 ends)
     assert back.subscriptions_learned_at == NOW - 70  # (the cap is judged again a week after)
+    assert (back.max_values_learned, back.values_learned_at) == (25, NOW - 60)  # (likewise)
     restored = RelayHealthTracker()
     restored.restore(URL, saved_health)
     assert restored.failures(URL, NOW) == 4

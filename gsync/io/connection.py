@@ -953,11 +953,13 @@ _REFUSING_PREFIXES = frozenset({wire.Prefix.INVALID, wire.Prefix.BLOCKED, wire.P
 
 
 def _refuses_by_words(text: str) -> bool:
-    """Wording that refuses a REQ for the number open, for a rate, or for the ``limit`` it
+    """Wording that refuses a REQ for the number open, for a rate, for the ``limit`` it
     asks (nostream says each in a NOTICE with no prefix: "Subscription rejected: Limit too
-    high: …", ``wire.limit_allowed``)."""
+    high: …", ``wire.limit_allowed``), or for its size ("too many values in filter"; strfry
+    before it named the REQ in a CLOSED: "ERROR: bad req: total filter items too large")."""
     return (wire.says_too_many_subscriptions(text) or wire.is_rate_limit_text(text)
-            or wire.limit_allowed(text) is not None)
+            or wire.limit_allowed(text) is not None or wire.is_filter_shape_refusal(text)
+            or "bad req:" in text.lower())
 
 
 def _refuses_a_req(text: str, prefix: wire.Prefix | None = None) -> bool:

@@ -47,6 +47,10 @@ class Filter:
                 return v
         return None
 
+    def most_values(self) -> int:
+        """The longest list of values it holds: its ids, its authors or one tag's."""
+        return max([len(self.ids or ()), len(self.authors or ())] + [len(values) for _, values in self.tags])
+
     def replace(self, **changes) -> Filter:
         if not changes.keys() <= _BOUNDS:
             return dataclasses.replace(self, **changes)

@@ -101,7 +101,18 @@ def is_filter_shape_refusal(text: str) -> bool:
 def says_too_many_filters(text: str) -> bool:
     """The relay takes fewer filters in one REQ than it got (``"too many filters"``)."""
     lowered = text.lower()
-    return "filters" in lowered and any(w in lowered for w in _SHAPE_WORDS)
+    return "filters" in lowered and any(w in lowered for w in _SHAPE_WORDS) and not says_too_many_values(lowered)
+
+
+_VALUE_WORDS = ("value", "item", "element", "too many ids", "too many authors")
+
+
+def says_too_many_values(text: str) -> bool:
+    """The relay takes fewer values in one list of a filter (its ids, authors or a tag's)
+    than it got: ``"too many values in filter"``, strfry's ``"total filter items too large"``
+    (64 KB of one list's values)."""
+    lowered = text.lower()
+    return is_filter_shape_refusal(lowered) and any(w in lowered for w in _VALUE_WORDS)
 
 
 _LIMIT_TOO_HIGH = re.compile(r"\blimit\b.*?(?:too (?:high|large|big)|exceed|less than|at most|maximum|max\b)",

@@ -21,6 +21,9 @@ class RelayLimits:
     max_limit: int | None = None
     max_subid_length: int | None = None
     max_filters: int | None = None  # removed from NIP-11 in 2025; older relays still send it
+    # the most values one list of a filter may hold (its ids, authors or one tag's): no NIP-11
+    # key says it; learnt from a refusal (``Refusals.learn_max_values``)
+    max_values: int | None = None
     auth_required: bool = False
     supported_nips: frozenset[int] = field(default_factory=frozenset)
     software: str = ""  # its ``software`` (a URL naming the implementation), at most 200 characters

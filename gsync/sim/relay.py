@@ -202,6 +202,9 @@ def _newest_first(event: Event) -> tuple:
 # ``SimRelay.auth_late``: how long after an AUTH is read it takes effect (khatru checks its
 # signature in a goroutine while the messages after it are read)
 AUTH_TAKES_SECS = 0.005
+# How a relay capping a filter's values refuses one past its cap (strfry: "total filter items
+# too large", a NOTICE "ERROR: bad req: ..."; others count the values)
+VALUE_CAP_WORDS = "error: too many values in filter"
 
 @dataclass
 class RelaySession:
@@ -452,6 +455,10 @@ class SimRelay:
         # answers one filter of a REQ, "first" or "last", and drops the rest without a word
         # (minimal relays reading filters[0]; ORLY before October 2025 kept the last one's)
         self.one_filter: str | None = None
+        # refuses a filter holding more than this many values in one list (its ids, its authors
+        # or one tag's), the REQ or NEG-OPEN as a whole, saying so in words about its size
+        # (``VALUE_CAP_WORDS``); None: takes any
+        self.value_cap: int | None = None
         # it drops every live subscription carrying a ``limit`` once its stored events are
         # sent, without a word (ORLY's handle-req.go since October 2025: ``len(events) >=
         # *f.Limit`` cancels it, ``limit: 0`` included, its CLOSED suppressed): nothing new
@@ -585,6 +592,8 @@ class SimRelay:
             if not taken:
                 return "rate-limited: too many queries"
         for f in filters:
+            if self.value_cap is not None and f.most_values() > self.value_cap:
+                return VALUE_CAP_WORDS
             for name, _ in f.tags:
                 if name in self.refused_tags:
                     return f"blocked: #{name} queries are not allowed here"

@@ -132,6 +132,9 @@ class SimOptions:
     # the share of relays answering one filter of a REQ (the first or the last) and dropping
     # the rest without a word: ``SimRelay.one_filter``
     one_filter: float = 0.0
+    # the share of relays refusing a filter holding more than VALUE_CAPS values in one list
+    # (its ids, authors or one tag's), in words about its size: ``SimRelay.value_cap``
+    value_caps: float = 0.0
     # the share of relays dropping, without a word, every live subscription carrying a
     # ``limit`` (ORLY since October 2025: ``limit: 0`` included): ``SimRelay.drops_live``
     drops_live: float = 0.0
@@ -176,6 +179,8 @@ SILENT_CAPS = (50, 100, 77, 130)
 # The query time budgets a slow relay may have (``SimOptions.slow_queries``), in seconds:
 # above ``constants.TIME_CUT_SUSPECT_SECS``, which gsync takes for the least a relay gives
 SLOW_BUDGETS = (2.5, 5.0)
+# The caps on a filter's values a relay may have (``SimOptions.value_caps``)
+VALUE_CAPS = (20, 50, 100)
 
 # The world's shares and rates a bench/simulate flag sets, each drawn from a generator of its
 # own (0: the world of before it): (SimOptions field, flag)
@@ -202,6 +207,7 @@ WORLD_SHARES = (
     ("anti_sync_bots", "--anti-sync-bots"),
     ("limit_refusals", "--limit-refusals"),
     ("one_filter", "--one-filter"),
+    ("value_caps", "--value-caps"),
     ("drops_live", "--drops-live"),
     ("neg_silent_caps", "--neg-silent-caps"),
     ("slow_queries", "--slow-queries"),
@@ -512,6 +518,9 @@ class Simulation:
         if one.random() < o.one_filter and not relay.names_rs:  # (nostr-rs-relay answers every filter)
             relay.one_filter = one.choice(("first", "last"))
         relay.drops_live = random.Random(f"{o.seed}:{url}:drops-live").random() < o.drops_live
+        values = random.Random(f"{o.seed}:{url}:value-cap")
+        if values.random() < o.value_caps:
+            relay.value_cap = values.choice(VALUE_CAPS)
         slow = random.Random(f"{o.seed}:{url}:slow")
         if slow.random() < o.slow_queries:
             relay.query_budget = slow.choice(SLOW_BUDGETS)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .. import constants
 from ..protocol.filters import Filter
 from ..protocol.messages import is_rate_limit_text
-from . import filter_plan, method, result_caps
+from . import filter_plan, method, policy, result_caps
 from .batch_phase import Step
 from .pending import BatchKind, PendingBatch, ResidualDecision, one_second, split_crowded
 from .plan_actions import (
@@ -152,6 +152,14 @@ def exchange_failed(plan, state, batch: PendingBatch, flt, result, now: float) -
     else:
         if is_rate_limit_text(result.reason):  # NEG-ERR "rate-limited: …"
             plan.todo.append(RateLimited(state, result.reason))
+        elif result.rounds == 0 and (most := policy.values_cap_after(
+                [flt], result.reason, filter_plan.values_cap(state.current.limits))) is not None:
+            # refused for the values in its filter: NIP-77 stays on (later filters are built
+            # within the cap), and these go by REQ pages in slices (``Refusals.learn_max_values``)
+            if state.lower_values_cap(most, now):
+                plan.log.info("values_cap_lowered", relay=state.url, max_values=most, reason=result.reason[:200])
+            plan.queue.add_reqs(state, batch, filter_plan.within_values(flt, most), front=True)
+            return
         elif result.rounds == 0 and (77 in getattr(state.current.limits, "supported_nips", ())
                                      or result.reason.startswith("timeout")):
             # refused where it says it serves NIP-77, or never answered at all: not
@@ -253,7 +261,8 @@ def cover_threads_ahead(plan, state, batch: PendingBatch, flt: Filter, found, no
     items = PendingItems(root_events=ids)
     # a thread filter of each shape the relay takes
     wanted = state.paused.allowed(filter_plan.build_sync_level_aware_filters(
-        items.repos, items.root_events, since=None, budget=filter_plan.tag_value_budget(session.limits)))
+        items.repos, items.root_events, since=None, budget=filter_plan.tag_value_budget(session.limits),
+        most=filter_plan.values_cap(session.limits)))
     if not wanted or len(wanted) != len({f.tags[0][0] for f in wanted}):
         return  # more than one filter of a shape: too many ids to join
     places = thread_places(state, batch, wanted)
@@ -281,12 +290,13 @@ def thread_places(state, batch: PendingBatch, wanted):
     merged filter, part), REQ filters), or None where one has no place."""
     session = state.current
     budget = filter_plan.tag_value_budget(session.limits) // 2  # as merge_into_waiting_negentropy
+    most = filter_plan.values_cap(session.limits)
     queued = [(i, token, group[0]) for i, (token, group) in enumerate(session.historic_queue)
               if token in batch.outstanding_subs and is_exchange(token) and filter_plan.asks_by_root(group[0])]
     joins, by_req = [], []
     for part in wanted:
         join = next(((i, token, merged) for i, token, waiting in queued
-                     if (merged := filter_plan.merge_tag_values(waiting, part, budget)) is not None), None)
+                     if (merged := filter_plan.merge_tag_values(waiting, part, budget, most)) is not None), None)
         if join is None:
             by_req.append(part)
         else:

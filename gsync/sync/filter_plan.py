@@ -61,23 +61,28 @@ def layer1_filter(since: int | None = None) -> Filter:
     return _LAYER1.replace(since=since)
 
 
-def chunk_by_tag_bytes(values: Iterable[str], budget: int = MAX_TAG_VALUE_BYTES_PER_FILTER):
+def chunk_by_tag_bytes(values: Iterable[str], budget: int = MAX_TAG_VALUE_BYTES_PER_FILTER,
+                       most: int | None = None):
     """Split values into lists whose serialized size (as ``Filter.tag_value_bytes`` counts
-    it: the value as JSON, plus a comma) stays within ``budget``. Sorted, so the same set
-    always makes the same filters. A single value larger than the budget gets a chunk alone.
+    it: the value as JSON, plus a comma) stays within ``budget``, and of ``most`` values at
+    most (the relay's cap on a filter's values, ``values_cap``; None: none). Sorted, so the
+    same set always makes the same filters. A single value larger than the budget gets a
+    chunk alone.
     """
     ordered = sorted(set(values))
     if _plain_and_equally_long(ordered):
         # Event ids and the like: every value costs the same, so the chunks are slices
         # (roots and thread members come by the ten thousand, on every maintenance tick).
         per_chunk = max(1, budget // (len(ordered[0]) + 3))
+        if most is not None:
+            per_chunk = min(per_chunk, most)
         return [ordered[i:i + per_chunk] for i in range(0, len(ordered), per_chunk)]
     chunks: list[list[str]] = []
     current: list[str] = []
     used = 0
     for value in ordered:
         cost = json_size(value) + 1
-        if current and used + cost > budget:
+        if current and (used + cost > budget or len(current) == most):
             chunks.append(current)
             current, used = [], 0
         current.append(value)
@@ -92,36 +97,36 @@ def _plain_and_equally_long(values: list[str]) -> bool:
     return bool(values) and len(set(map(len, values))) == 1 and is_plain("".join(values))
 
 
-def _tag_filters(values, tag_names, since, budget, kinds=None) -> list[Filter]:
+def _tag_filters(values, tag_names, since, budget, kinds=None, most=None) -> list[Filter]:
     """A filter of each chunk under each tag: the tags' filters of a chunk share its values
     (one frozenset, and its JSON when they are encoded one after the other)."""
     kinds = None if kinds is None else frozenset(kinds)
     return [
         Filter(kinds=kinds, tags=((name, chunk),), since=since)  # (``Filter.make``'s form, made directly)
-        for chunk in map(frozenset, chunk_by_tag_bytes(values, budget))
+        for chunk in map(frozenset, chunk_by_tag_bytes(values, budget, most))
         for name in tag_names
     ]
 
 
-def state_filters(identifiers, since=None, budget=MAX_TAG_VALUE_BYTES_PER_FILTER) -> list[Filter]:
+def state_filters(identifiers, since=None, budget=MAX_TAG_VALUE_BYTES_PER_FILTER, most=None) -> list[Filter]:
     """Repository state (30618) by ``d``: what makes the own relay fetch git data."""
-    return _tag_filters(identifiers, ("d",), since, budget, kinds=(STATE_KIND,))
+    return _tag_filters(identifiers, ("d",), since, budget, kinds=(STATE_KIND,), most=most)
 
 
-def repo_tag_filters(repo_addrs, since=None, budget=MAX_TAG_VALUE_BYTES_PER_FILTER) -> list[Filter]:
+def repo_tag_filters(repo_addrs, since=None, budget=MAX_TAG_VALUE_BYTES_PER_FILTER, most=None) -> list[Filter]:
     """Layer 2: events tagging a repo address via ``a``, ``A`` or ``q``."""
-    return _tag_filters(repo_addrs, REPO_TAGS, since, budget)
+    return _tag_filters(repo_addrs, REPO_TAGS, since, budget, most=most)
 
 
-def root_event_filters(ids, since=None, budget=MAX_TAG_VALUE_BYTES_PER_FILTER) -> list[Filter]:
+def root_event_filters(ids, since=None, budget=MAX_TAG_VALUE_BYTES_PER_FILTER, most=None) -> list[Filter]:
     """Layer 3: events tagging a root (issue, patch, PR) via ``e``, ``E`` or ``q``."""
-    return _tag_filters(ids, EVENT_TAGS, since, budget)
+    return _tag_filters(ids, EVENT_TAGS, since, budget, most=most)
 
 
-def descendant_filters(ids, since=None, budget=MAX_TAG_VALUE_BYTES_PER_FILTER) -> list[Filter]:
+def descendant_filters(ids, since=None, budget=MAX_TAG_VALUE_BYTES_PER_FILTER, most=None) -> list[Filter]:
     """One more generation: events tagging a direct member of a thread. Same shape as
     layer 3, but ``ids`` are direct members, never roots, and results never feed back in."""
-    return _tag_filters(ids, EVENT_TAGS, since, budget)
+    return _tag_filters(ids, EVENT_TAGS, since, budget, most=most)
 
 
 def asks_by_repo(f: Filter) -> bool:
@@ -144,18 +149,20 @@ def build_sync_level_aware_filters(
     root_events: Iterable[str] = (),
     since: int | None = None,
     budget: int = MAX_TAG_VALUE_BYTES_PER_FILTER,
+    most: int | None = None,
 ) -> list[Filter]:
     """State filters for every repo; layers 2 and 3 for Full repos only.
 
     ``root_events`` must already be limited to Full repos' roots (``derive_relay_targets``
     and ``compute_actions`` do that).
     """
-    base = _sync_level_aware_filters(frozenset(repos.items()), frozenset(root_events), budget)
+    base = _sync_level_aware_filters(frozenset(repos.items()), frozenset(root_events), budget, most)
     return list(base) if since is None else [f.replace(since=since) for f in base]
 
 
 @functools.lru_cache(maxsize=SYNC_FILTERS_MEMO)
-def _sync_level_aware_filters(repos: frozenset, root_events: frozenset, budget: int) -> tuple[Filter, ...]:
+def _sync_level_aware_filters(repos: frozenset, root_events: frozenset, budget: int,
+                              most: int | None) -> tuple[Filter, ...]:
     """``build_sync_level_aware_filters`` without ``since``, remembered: a relay's confirmed
     items are built into the same filters at each of its reconnections (a relay restarting
     every few minutes, its gap fetched with ``since``), by its live and historic sides, and
@@ -163,9 +170,9 @@ def _sync_level_aware_filters(repos: frozenset, root_events: frozenset, budget: 
     they are never changed (``drop_json`` only forgets JSON, made again when needed)."""
     full = [address for address, level in repos if level is SyncLevel.FULL]
     return tuple(
-        state_filters({identifier_of(a) for a, _ in repos}, None, budget)
-        + repo_tag_filters(full, None, budget)
-        + root_event_filters(root_events, None, budget)
+        state_filters({identifier_of(a) for a, _ in repos}, None, budget, most)
+        + repo_tag_filters(full, None, budget, most)
+        + root_event_filters(root_events, None, budget, most)
     )
 
 
@@ -277,9 +284,49 @@ def tag_value_budget(limits=None) -> int:
     return max(1, min(MAX_TAG_VALUE_BYTES_PER_FILTER, room))
 
 
-def merge_tag_values(a: Filter, b: Filter, budget: int) -> Filter | None:
+def values_cap(limits=None) -> int | None:
+    """The most values one list of a filter may hold on the relay (its ids, its authors or
+    one tag's): learnt from its refusal of more (``Refusals.learn_max_values``; no NIP-11
+    key says it); None: no cap known."""
+    return _limit(limits, "max_values")
+
+
+def value_slices(f: Filter, most: int) -> list[dict]:
+    """The selectors of filters that together ask what ``f`` asks, each list of values
+    (ids, authors, a tag's) ``most`` long at most: slices of each longer list, sorted (a
+    list is a disjunction, so its slices' filters OR back to it; two long lists give every
+    pair of their slices). ``Filter.replace`` keywords; one empty dict: ``f`` fits."""
+    most = max(1, most)
+    out: list[dict] = [{}]
+    for name in ("ids", "authors"):
+        values = getattr(f, name)
+        if values is not None and len(values) > most:
+            parts = _slices(values, most)
+            out = [dict(r, **{name: part}) for r in out for part in parts]
+    if any(len(values) > most for _, values in f.tags):
+        tag_sets: list[list] = [[]]
+        for name, values in f.tags:
+            parts = _slices(values, most) if len(values) > most else [values]
+            tag_sets = [t + [(name, part)] for t in tag_sets for part in parts]
+        out = [dict(r, tags=tuple(t)) for r in out for t in tag_sets]
+    return out
+
+
+def _slices(values: frozenset[str], most: int) -> list[frozenset[str]]:
+    ordered = sorted(values)
+    return [frozenset(ordered[i:i + most]) for i in range(0, len(ordered), most)]
+
+
+def within_values(f: Filter, most: int) -> list[Filter]:
+    """``f`` as filters of ``most`` values a list at most (``value_slices``)."""
+    slices = value_slices(f, most)
+    return [f] if slices == [{}] else [f.replace(**r) for r in slices]
+
+
+def merge_tag_values(a: Filter, b: Filter, budget: int, most: int | None = None) -> Filter | None:
     """One filter asking for what ``a`` and ``b`` ask, when they differ only in the values
-    of their one tag (the same tag) and the union's values fit ``budget`` bytes; else
+    of their one tag (the same tag) and the union's values fit ``budget`` bytes (and number
+    ``most`` at most, ``values_cap``); else
     None. ``{"#e": [r1]}`` and ``{"#e": [r2]}`` → ``{"#e": [r1, r2]}``."""
     if len(a.tags) != 1 or len(b.tags) != 1 or a.tags[0][0] != b.tags[0][0]:
         return None
@@ -287,6 +334,8 @@ def merge_tag_values(a: Filter, b: Filter, budget: int) -> Filter | None:
         return None
     name, values = a.tags[0]
     union = values | b.tags[0][1]
+    if most is not None and len(union) > most:
+        return None
     merged = a.replace(tags=((name, union),))
     return merged if merged.tag_value_bytes() <= budget else None
 

@@ -40,7 +40,7 @@ def relay_memory(state, health: dict[str, Any]) -> dict[str, Any]:
     was last seen so is the time of the save that read it back (``restore_relay``), so a
     connected relay's record is not written again at every save."""
     limits = {"max_message": state.max_message_learned, "max_filters": state.max_filters_learned,
-              "max_subscriptions": state.max_subscriptions_learned}
+              "max_subscriptions": state.max_subscriptions_learned, "max_values": state.max_values_learned}
     return {
         "v": MEMORY_VERSION,
         "connected": state.connected,
@@ -58,6 +58,7 @@ def relay_memory(state, health: dict[str, Any]) -> dict[str, Any]:
         "live_dropped_at": state.live_dropped_at,
         "unreached": state.unreached,
         "subscriptions_learned_at": state.subscriptions_learned_at,
+        "values_learned_at": state.values_learned_at,
         "health": {k: health.get(k) for k in HEALTH_FIELDS},
     }
 
@@ -68,7 +69,7 @@ _RECORD_FIELDS = attrgetter("connected", "last_connected", "disconnected_at", "a
                             "next_daily_at", "max_message_learned", "max_filters_learned",
                             "max_subscriptions_learned", "nip77_failed_at", "ids_unserved_at",
                             "precise_queries", "precise_refused", "filters_answered", "live_dropped_at", "unreached",
-                            "subscriptions_learned_at")
+                            "subscriptions_learned_at", "max_values_learned", "values_learned_at")
 HEALTH_VALUES = attrgetter(*HEALTH_FIELDS)
 
 
@@ -92,6 +93,7 @@ def restore_relay(state, memory: dict[str, Any], saved_at: float | None) -> dict
         state.max_message_learned = _int_or_none(limits.get("max_message"))
         state.max_filters_learned = _int_or_none(limits.get("max_filters"))
         state.max_subscriptions_learned = _int_or_none(limits.get("max_subscriptions"))
+        state.max_values_learned = _int_or_none(limits.get("max_values"))
         state.last_connected = _float_or_none(memory.get("last_connected"))
         state.disconnected_at = _float_or_none(memory.get("disconnected_at"))
         state.announcements_synced = bool(memory.get("announcements_synced"))
@@ -104,6 +106,7 @@ def restore_relay(state, memory: dict[str, Any], saved_at: float | None) -> dict
         state.live_dropped_at = _float_or_none(memory.get("live_dropped_at"))
         state.unreached = memory.get("unreached") is True
         state.subscriptions_learned_at = _float_or_none(memory.get("subscriptions_learned_at"))
+        state.values_learned_at = _float_or_none(memory.get("values_learned_at"))
         if memory.get("connected") and saved_at is not None:
             state.last_connected = state.disconnected_at = float(saved_at)
         state.paused = CoveragePauses.restore(memory.get("paused") or [])

@@ -58,6 +58,7 @@ from ..protocol.event import Event
 from ..protocol.filters import Filter
 from . import batch_phase
 from .batch_phase import BatchPhase, Step
+from .filter_plan import value_slices
 from .targets import PendingItems
 
 
@@ -415,6 +416,19 @@ class FilterPaginationState:
             ))
             start = end
         return pieces
+
+    def within_values(self, most: int) -> list[FilterPaginationState]:
+        """This page again as filters of ``most`` values a list at most (a relay refused a
+        longer list): each piece its slice of the values (``filter_plan.value_slices``),
+        at the same page, restarted; the pieces share the boundary ids, as ``split``'s do."""
+        slices = value_slices(self.page_filter, most)
+        if slices == [{}]:
+            return [self.restarted()]
+        return [FilterPaginationState(
+            original_filter=self.original_filter.replace(**r), page_filter=self.page_filter.replace(**r),
+            boundary_ids=set(self.boundary_ids), boundary_shared=-1 if self.boundary_ids else None,
+            alone=self.alone, full=self.full, pages=self.pages, until_shift=self.until_shift,
+        ) for r in slices]
 
 
 @dataclass(frozen=True)

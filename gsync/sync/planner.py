@@ -221,7 +221,8 @@ class HistoricPlanner:
                   and (b := state.current.pending.get(state.current.sub_to_batch.get(token))) is not None
                   and b.follower]
         budget = filter_plan.tag_value_budget(state.current.limits) // 2
-        adds = sum(1 for f in filters if not any(filter_plan.merge_tag_values(c, f, budget) for c in checks))
+        most = filter_plan.values_cap(state.current.limits)
+        adds = sum(1 for f in filters if not any(filter_plan.merge_tag_values(c, f, budget, most) for c in checks))
         own_queued = len(state.current.historic_queue)
         # the checks hide behind the work queued here; past it, each is a gate interval of wait
         # too, for what the other relay lacked (the demo's world: every relay holds its own)
@@ -436,9 +437,10 @@ class HistoricPlanner:
             return False  # one of them is not in the queue (running, or regrouped)
         queue = state.current.historic_queue
         budget = filter_plan.tag_value_budget(state.current.limits) // 2  # the NEG-OPEN carries more
+        most = filter_plan.values_cap(state.current.limits)
         for flt, held in by_neg:
             for token, i in queued.items():
-                merged = filter_plan.merge_tag_values(queue[i][1][0], flt, budget)
+                merged = filter_plan.merge_tag_values(queue[i][1][0], flt, budget, most)
                 if merged is not None:
                     self.queue.replace_filters(state, i, token, [merged])
                     waiting.own_holdings[token] = union_of_holdings(waiting.own_holdings.get(token, []), held)

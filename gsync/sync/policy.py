@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from ..constants import POLICY_PROBE_SECS, REQ_STALL_SECS
 from ..protocol.filters import Filter
+from ..protocol.messages import is_filter_shape_refusal, says_too_many_filters, says_too_many_values
 
 CoverageKey = tuple  # (kinds, tag names, has ids, has authors)
 
@@ -56,6 +57,26 @@ def halves(items: Sequence) -> tuple[list, list]:
     """A refused group split in two (the first half the larger), to find its culprit."""
     middle = (len(items) + 1) // 2
     return list(items[:middle]), list(items[middle:])
+
+
+def values_cap_after(filters: Sequence[Filter], reason: str, current: int | None) -> int | None:
+    """The values a list of a filter may hold (``filter_plan.values_cap``) after a REQ of
+    ``filters`` was refused for ``reason``: words naming the values in a filter ("too many
+    values in filter", ``says_too_many_values``), or, for a lone filter, any words about
+    its size ("filter too large"). Half its longest list; ``current`` where that list was
+    longer than the cap already known (built past it: sliced to it, nothing learnt). None
+    where slicing cannot help (no list of two values) or which filter is at fault is not
+    known (several, the words not naming values: split by filter first)."""
+    if says_too_many_filters(reason) or not is_filter_shape_refusal(reason):
+        return None
+    if len(filters) > 1 and not says_too_many_values(reason):
+        return None
+    longest = max((f.most_values() for f in filters), default=0)
+    if longest < 2:
+        return None
+    if current is not None and longest > current:
+        return current
+    return longest // 2
 
 
 def by_shape(filters: Sequence[Filter]) -> list[list[int]]:

@@ -6,6 +6,7 @@ mutates them.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -280,6 +281,8 @@ class RelayState:
     max_filters_learned: int | None = None
     max_subscriptions_learned: int | None = None
     subscriptions_learned_at: float | None = None  # when (judged again a week later: LEARNT_CAP_SECS)
+    max_values_learned: int | None = None  # the values one list of a filter may hold
+    values_learned_at: float | None = None  # when (judged again a week later: LEARNT_CAP_SECS)
     # its NIP-77 result cap, as far as refusals and served exchanges told (kept over sessions)
     result_cap: ResultCap = field(default_factory=ResultCap)
     refused_reason: str = ""  # the SSRF guard said no: never dialled again
@@ -382,6 +385,17 @@ class RelayState:
         not run again minutes later (seed 13's year: two minutes later, an id the relay hides
         asked by id a fourth time within 24 h)."""
         return self.next_daily_at is not None and now >= self.next_daily_at - (DAILY_MAX_SECS - DAILY_MIN_SECS)
+
+    def lower_values_cap(self, allowed: int, now: float) -> bool:
+        """The relay takes ``allowed`` values in a list of a filter at most (``policy.values_cap_after``):
+        this session's filters are built within it, and later sessions' for a week
+        (``Lifecycle.start_day``). False when that is no lower than the cap known."""
+        limits = self.current.limits
+        if limits is None or (limits.max_values is not None and allowed >= limits.max_values):
+            return False
+        self.current.limits = dataclasses.replace(limits, max_values=allowed)
+        self.max_values_learned, self.values_learned_at = allowed, now
+        return True
 
     def begin_session(self, link, book, limits, page_cap) -> RelaySession:
         """A handshake succeeded: a new session on the connection ``link`` (``book``: what it has open)."""

@@ -155,7 +155,8 @@ class StartQueue:
         (relays cap ids per filter and per REQ). On a relay that ignores ``until``, no more
         ids a filter than it has served a filter: a cut id page is asked again there
         (``FilterPaginationState._ids_again``), each time with the ids it hides."""
-        for flt in reversed(id_filters(ids, ids_per_filter(state.current.page_cap))):
+        per = ids_per_filter(state.current.page_cap, most=filter_plan.values_cap(state.current.limits))
+        for flt in reversed(id_filters(ids, per)):
             self.add_reqs(state, batch, [flt], front=True)
 
     def add_cut(self, state, batch: PendingBatch, cut, pages) -> None:
@@ -200,6 +201,26 @@ class StartQueue:
         entries = split_subscription(batch, sub_id, [(self.req_id(), g) for g in groups if g])
         for new_id, _ in entries:
             state.current.sub_to_batch[new_id] = batch.batch_id
+        state.current.historic_queue[0:0] = entries
+        return entries
+
+    def split_values_first(self, state, batch: PendingBatch, sub_id: str, most: int) -> list:
+        """``sub_id``'s filters again, first, none holding more than ``most`` values in one
+        list (the relay refused more: ``Refusals.learn_max_values``), each piece at the page
+        its filter was on (``FilterPaginationState.within_values``), as many to a REQ as
+        the session packs. Returns the REQs ``(sub id, filters)``."""
+        old = batch.pagination.pop(sub_id, None)
+        batch.outstanding_subs.discard(sub_id)
+        pieces = [p for s in (old.filters if old else ()) for p in s.within_values(most)]
+        per = filter_plan.filters_per_req(state.current.limits)
+        entries = []
+        for i in range(0, len(pieces), per):
+            group = pieces[i:i + per]
+            new_id = self.req_id()
+            batch.outstanding_subs.add(new_id)
+            batch.pagination[new_id] = PaginationState(group)
+            state.current.sub_to_batch[new_id] = batch.batch_id
+            entries.append((new_id, [s.page_filter for s in group]))
         state.current.historic_queue[0:0] = entries
         return entries
 
@@ -319,15 +340,17 @@ def look_limits(state) -> RelayLimits | None:
     return dataclasses.replace(limits if limits is not None else RelayLimits(), max_filters=1)
 
 
-def ids_per_filter(cap: PageCap | None, alone: bool = False) -> int:
+def ids_per_filter(cap: PageCap | None, alone: bool = False, most: int | None = None) -> int:
     """Ids to one filter of an id fetch: as many as relays take, unless what a cut id page
     leaves goes nowhere; then no more than the connection has seen the relay serve a filter:
     on a relay that ignores ``until`` (``FilterPaginationState._ids_again`` asks the rest
     again there), and, once it has seen any, for ids with no filter behind them (``alone``:
-    refused events fetched again, ``HistoricSync.fetch_ids``)."""
+    refused events fetched again, ``HistoricSync.fetch_ids``). Never more than the relay
+    takes in one filter (``most``: ``filter_plan.values_cap``)."""
     served = cap.filter_served if cap is not None else 0
     bounded = served > 0 if alone else cap is not None and cap.until_ignored
-    return max(MIN_PAGE_CAP, min(MAX_IDS_PER_REQ, served)) if bounded else MAX_IDS_PER_REQ
+    per = max(MIN_PAGE_CAP, min(MAX_IDS_PER_REQ, served)) if bounded else MAX_IDS_PER_REQ
+    return per if most is None else max(1, min(per, most))
 
 
 def id_filters(ids, per: int = MAX_IDS_PER_REQ) -> list[Filter]:

@@ -412,7 +412,8 @@ class HistoricSync:
             filters = self.recovery.attempt_filters(url)
             log.info("recovery_attempt", relay=url, ids=len(ids), filters=len(filters))
             if ids:
-                filters = [Filter.make(ids=ids), *filters]
+                most = filter_plan.values_cap(state.current.limits) if state is not None else None
+                filters = [*start_queue.id_filters(ids, most or len(ids)), *filters]
             batch = self.start(state, PendingItems(), filters, kind=BatchKind.RECOVERY)
             batch.expect_ids(self.recovery.awaited(url))
 
@@ -443,7 +444,8 @@ class HistoricSync:
         filter and was asked 222 in one). No more ids to a filter than the connection has
         seen the relay serve one (``start_queue.ids_per_filter``), the filters of one batch,
         as many to a REQ as the relay takes (``filter_plan.filters_per_req``)."""
-        per = start_queue.ids_per_filter(state.current.page_cap, alone=True)
+        per = start_queue.ids_per_filter(state.current.page_cap, alone=True,
+                                         most=filter_plan.values_cap(state.current.limits))
         step = per * filter_plan.filters_per_req(state.current.limits)
         ids = list(ids)
         for i in range(0, len(ids), step):

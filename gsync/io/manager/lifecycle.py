@@ -464,6 +464,8 @@ class RelayLifecycle:
         budget = filter_plan.SubscriptionBudget.from_limits(limits).max_subscriptions
         if state.max_subscriptions_learned is not None and state.max_subscriptions_learned < budget:
             limits = dataclasses.replace(limits, max_subscriptions=state.max_subscriptions_learned)
+        if state.max_values_learned is not None:
+            limits = dataclasses.replace(limits, max_values=state.max_values_learned)
         return limits
 
     def run_daily(self, now: float) -> None:
@@ -529,7 +531,7 @@ class RelayLifecycle:
         drops last seen a month ago or more are forgotten. A
         subscription cap learnt a week ago or more is forgotten: the relay's next session
         opens up to what its NIP-11 says (or the default) and learns it again if refused
-        (``constants.LEARNT_CAP_SECS``)."""
+        (``constants.LEARNT_CAP_SECS``); a cap on a filter's values likewise."""
         state.next_daily_at = now + random.uniform(constants.DAILY_MIN_SECS, constants.DAILY_MAX_SECS)
         log.info("daily_sync", relay=state.url)
         state.unservable.clear()  # asked again: it may be served now
@@ -542,6 +544,10 @@ class RelayLifecycle:
                 learnt_at is None or now - learnt_at >= constants.LEARNT_CAP_SECS):
             log.info("subscription_cap_forgotten", relay=state.url, max_subscriptions=state.max_subscriptions_learned)
             state.max_subscriptions_learned = state.subscriptions_learned_at = None
+        if state.max_values_learned is not None and (
+                state.values_learned_at is None or now - state.values_learned_at >= constants.LEARNT_CAP_SECS):
+            log.info("values_cap_forgotten", relay=state.url, max_values=state.max_values_learned)
+            state.max_values_learned = state.values_learned_at = None
 
     def fresh_start(self, state: RelayState, now: float) -> None:
         """The relay's sync starts again from nothing on its live connection (its daily

@@ -46,7 +46,7 @@ from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...protocol import precise
 from ...protocol.filters import Filter
-from ...sync import filter_plan, one_filter, start_queue
+from ...sync import filter_plan, one_filter, policy, start_queue
 from ...sync.health import HealthState, Refusal, classify_refusal, refuses_a_shape
 from ...sync.pending import BatchKind, PageCap, PendingBatch
 from ...sync.policy import by_shape, coverage_key, describe, halves
@@ -209,6 +209,21 @@ class Refusals:
             state.max_filters_learned = allowed  # later sessions and restarts start there
             log.info("filters_per_req_lowered", relay=state.url, max_filters=allowed, refused=refused)
 
+    def learn_max_values(self, state: RelayState, filters, reason: str) -> int | None:
+        """A REQ refused for its size where a list of a filter is at fault (``policy.values_cap_after``:
+        "too many values in filter", strfry's "total filter items too large", or a lone
+        filter "too large"): the values a list may hold from now on, half its longest
+        (``RelayState.lower_values_cap``); the caller sends the REQ again sliced within it.
+        Filters are built within it from then on (``filter_plan.values_cap``), so a relay
+        that caps a filter's values at 100 refuses a batch once, not every filter of it.
+        Read as a shape's refusal, the filter was paused for a day: a relay capping values
+        served no repository listed beside a hundred others. None: nothing to slice."""
+        current = filter_plan.values_cap(state.current.limits)
+        most = policy.values_cap_after(filters, reason, current)
+        if most is not None and state.lower_values_cap(most, self.clock()):
+            log.info("values_cap_lowered", relay=state.url, max_values=most, reason=reason)
+        return most
+
     def learn_page_limit(self, state: RelayState, reason: str) -> bool:
         """A REQ refused for the ``limit`` its pages carry, saying the most it takes
         (nostream without NIP-11: "Limit too high: … less than or equal to 500"): this
@@ -280,6 +295,10 @@ class Refusals:
             self.historic.queue.again_first(state, batch, sub_id, filters)
             self.historic.pump(state)
             return
+        if kind is Refusal.UNSUPPORTED and filters and (most := self.learn_max_values(state, filters, reason)):
+            self.historic.queue.split_values_first(state, batch, sub_id, most)  # pages kept
+            self.historic.pump(state)
+            return
         if kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH) and filters:
             about_shape = refuses_a_shape(kind, reason)
             if kind is Refusal.AUTH or len(filters) == 1 or (about_shape and len(by_shape(filters)) == 1):
@@ -338,6 +357,10 @@ class Refusals:
             state.current.live_subs[sub_id] = live
             state.current.live_queue.append(sub_id)
             self.live.pump(state)
+        elif kind is Refusal.UNSUPPORTED and (most := self.learn_max_values(state, live.filters, reason)):
+            pieces = [p for f in live.filters for p in filter_plan.within_values(f, most)]
+            groups = filter_plan.pack_into_reqs(pieces, state.current.limits)
+            self.live.open_groups(state, groups, descendants=live.descendants, fresh=len(groups) if live.fresh else 0)
         elif kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH):
             about_shape = refuses_a_shape(kind, reason)
             if kind is Refusal.AUTH or len(live.filters) == 1 or (about_shape and len(by_shape(live.filters)) == 1):
