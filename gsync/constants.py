@@ -313,6 +313,11 @@ REACTIVE_GATE_MAX_SECS = 10.0
 QUERY_PACE_KEEP_SECS = 7 * 24 * 3600.0
 PROACTIVE_GATE_SECS = 1.0
 POLICY_PROBE_SECS = 24 * 3600
+# A probe the relay left unanswered (its REQ stalled: a relay answering slowly, or dropping
+# it) tells nothing: asked again this much later, not a day (the simulator's seed 2125 of the
+# stress world, a relay taking 40 s to answer left #e paused a day more, and a reply only it
+# held came 19 h late)
+POLICY_PROBE_UNANSWERED_SECS = 3600
 # A relay that lists 77 in supported_nips and then refuses NEG-OPEN or never answers it
 # (nos.lol, nostr.wine, nostr.mom), or any relay on which an exchange went wholly unanswered,
 # is asked by REQ+EOSE only, over reconnects and restarts, for this long after its last

@@ -3,6 +3,7 @@ rebuilds live coverage meanwhile: a real ``SyncManager`` with recorded effects a
 clock (tests/manager_harness.py), fed the relay's answers."""
 import json
 
+from gsync import constants
 from gsync.io.inbox import HandshakeDone, RelayDisconnected
 from gsync.protocol import messages as wire
 from gsync.protocol.messages import parse_relay_message
@@ -283,6 +284,44 @@ def test_a_kinds_probe_left_unanswered_is_not_asked_again_by_missing_event_recov
     without_notes = [req[1] for req in h.reqs(A)
                      if any("#a" in f and f.get("kinds") and 1 not in f["kinds"] for f in req[2:])]
     assert len(without_notes) == 2  # the probe that stalled, and asked again
+
+
+def test_a_coverage_probe_left_unanswered_is_asked_again_within_the_hour(tmp_path):
+    """A shape refused by policy is paused a day, then probed. A probe the relay leaves
+    unanswered (its REQ stalls: a relay that answers slowly, or drops it) tells nothing:
+    taken as a refusal, the shape stayed paused a day more (the simulator's seed 2125 of
+    the stress world: a relay answering in 40 s, ``#e`` paused a day more there, and a
+    reply only it held came 19 h late). It is asked again within the hour."""
+    h = _three_repositories_on_a(tmp_path)
+    answered: set = set()
+    asked_q: list[float] = []
+
+    def answer(refuse_q: bool, silent_q: bool = False) -> None:
+        for req in h.reqs(A):
+            if req[1] in answered:
+                continue
+            answered.add(req[1])
+            if not any("#q" in f for f in req[2:]):
+                h.relay_says(A, wire.Eose(req[1]))
+                continue
+            asked_q.append(h.clock.now)
+            if refuse_q:
+                h.relay_says(A, closed(req[1], "blocked: #q queries are not allowed here"))
+            elif not silent_q:
+                h.relay_says(A, wire.Eose(req[1]))
+
+    _run(h, lambda: answer(refuse_q=True), 40)
+    state = h.state(A)
+    assert [describe(k) for k in state.paused.keys()] == ["#q"]
+    refused_at = asked_q[-1]
+    h.advance(constants.POLICY_PROBE_SECS)
+    _run(h, lambda: answer(refuse_q=False, silent_q=True), 40)  # the probe stalls (30 s)
+    probes = [t for t in asked_q if t > refused_at]
+    assert len(probes) == 1 and state.paused.keys()
+    _run(h, lambda: answer(refuse_q=False), 40, step=120)
+    again = [t for t in asked_q if t > probes[0]]
+    assert again and again[0] - probes[0] <= constants.POLICY_PROBE_UNANSWERED_SECS + 300
+    assert not state.paused.keys()  # served: restored
 
 
 def _refusing_tag(h, answered: set, tag: str, unanswered: set) -> None:

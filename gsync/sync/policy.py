@@ -103,16 +103,18 @@ class CoveragePauses:
     # too, until served alone (``served``) or refused alone (``pause``)
     _suspects: set[CoverageKey] = field(default_factory=set)
 
-    def pause(self, key: CoverageKey, now: float, *, shape_at_fault: bool = True) -> bool:
-        """The relay refused ``key`` by policy. True if that is news (a refusal of a REQ
-        sent before the first one came back does not move the probe)."""
+    def pause(self, key: CoverageKey, now: float, *, shape_at_fault: bool = True,
+              probe_in: float = POLICY_PROBE_SECS) -> bool:
+        """The relay refused ``key`` by policy (or left its probe unanswered: ``probe_in``
+        sooner). True if that is news (a refusal of a REQ sent before the first one came back
+        does not move the probe)."""
         self._probing.discard(key)
         self._suspects.discard(key)
         if shape_at_fault:
             self._refused.add(key)
         if key in self._until:
             return False
-        self._until[key] = now + POLICY_PROBE_SECS
+        self._until[key] = now + probe_in
         return True
 
     def is_paused(self, key: CoverageKey) -> bool:

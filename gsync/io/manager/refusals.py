@@ -626,7 +626,9 @@ class Refusals:
         if not state.paused.is_probing(key):
             return  # refused again: paused another day (pause_coverage said so)
         if batch.failed_otherwise:
-            state.paused.pause(key, self.clock())  # no answer is no yes: another day
+            # no answer is no yes, nor a no: asked again in an hour (a slow relay's answer
+            # came 10 s after its REQ stalled, and the shape stayed paused a day more)
+            state.paused.pause(key, self.clock(), probe_in=constants.POLICY_PROBE_UNANSWERED_SECS)
             return
         # (failed only as unreached, the relay served the shape: what it left unpaged, a relay
         # ignoring until, is NIP-77's, ``state.unreached``; seed 239 of the per-filter stress
