@@ -38,13 +38,15 @@ def world(h, relays=(A,)):
 
 
 def run(h, url, advertised, by_id=False, by_filter=False, refused=lambda flt: False, silent=lambda filters: False,
-        never=()):
+        never=(), slow_by_id=False):
     """``url``'s exchanges find missing what of ``advertised`` their filter matches (those
     ``refused`` get a NEG-ERR); its historic REQs end (but those ``silent``: no word ever),
     with those events where they are served (``by_id``: to REQs of ids; ``by_filter``: to
-    the others; those ``never`` not at all). Until nothing is left to start, then the
-    completion check's wait. Returns how many exchanges it answered."""
+    the others; those ``never`` not at all; ``slow_by_id``: REQs of ids answered two rounds
+    later, over 2.2 s after they went). Until nothing is left to start, then the completion
+    check's wait. Returns how many exchanges it answered."""
     exchanges = 0
+    waited: dict[str, int] = {}
     for _ in range(40):
         h.answer_own_reads(held=HELD)
         h.advance(1.1)
@@ -59,6 +61,9 @@ def run(h, url, advertised, by_id=False, by_filter=False, refused=lambda flt: Fa
         historic = [(sub_id, fs.filters) for sub_id, fs in h.conn(url).subscriptions.items()
                     if sub_id not in state.current.live_subs and not silent(fs.filters)]
         for sub_id, filters in historic:
+            if slow_by_id and all(f.ids is not None for f in filters) and waited.get(sub_id, 0) < 2:
+                waited[sub_id] = waited.get(sub_id, 0) + 1
+                continue
             served = by_id if all(f.ids is not None for f in filters) else by_filter
             events = [e for e in advertised if served and e not in never and any(f.matches(e) for f in filters)]
             if events:
@@ -164,6 +169,21 @@ def test_a_filter_that_brings_what_the_id_fetch_did_not_says_the_relay_does_not_
     assert state.ids_unserved_at is not None and not state.serves_ids(h.clock.now)
     assert hidden.id not in state.unservable
     assert asks(h, A, hidden) == (1, 1)
+
+
+def test_an_id_fetch_answered_slowly_with_nothing_is_no_witness_that_the_relay_does_not_serve_ids(
+        tmp_path, monkeypatch):
+    """A relay stopping slow queries at its time budget may stop a fetch by id before its
+    first event, the second ask too; its filter then brings the event. That says nothing of
+    ids (the stress world's seed 2131: a relay judged not to serve ids for a day so)."""
+    monkeypatch.setattr(constants, "TIME_CUT_SUSPECT_SECS", 2.0)  # (this test's subject: slowness)
+    h = ManagerHarness(tmp_path)
+    _, hidden = world(h)
+    h.connect(A)
+    run(h, A, [hidden], by_filter=True, slow_by_id=True)
+    state = h.state(A)
+    assert state.ids_unserved_at is None and state.serves_ids(h.clock.now), "the relay keeps its NIP-77"
+    assert asks(h, A, hidden) == (2, 1), "by id, once more (slow and empty), then by its filter"
 
 
 def test_an_id_unservable_on_one_relay_is_asked_by_id_from_another_listing_its_repository(tmp_path):

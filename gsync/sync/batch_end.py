@@ -453,10 +453,14 @@ def judge_ids_served(plan, state, batch: PendingBatch, brought_by_filter: int | 
     # filter at once (``asked_today``), and is no witness here (counted, two such ids, which
     # its filter brought, judged a relay serving ids not to: seed 268 of the per-filter
     # stress mix).
-    asked = batch.fetching_by_id & batch.advertised_ids
+    # An id its fetch did not bring in a slow answer is no witness either: a relay's time
+    # budget may have cut the fetch before its first event, twice (the stress world's seed
+    # 2131: relay10 stops queries at 2.5 s, one id asked twice came back empty at 2.7 s
+    # each time, its filter brought it, and the relay was judged not to serve ids).
+    asked = (batch.fetching_by_id & batch.advertised_ids) - batch.ids_answered_slowly
     advertised = len(asked)
     by_id = advertised - len((batch.residual_asked or batch.residual_ids()) & asked)
-    if not ids_not_served(advertised, by_id, brought_by_filter) or not state.serves_ids(now):
+    if not asked or not ids_not_served(advertised, by_id, brought_by_filter) or not state.serves_ids(now):
         return
     state.ids_unserved_at = now
     plan.log.warning("relay_ids_not_served", relay=state.url, batch_id=batch.batch_id,
@@ -468,8 +472,8 @@ def judge_by_filter(plan, state, batch: PendingBatch, now: float) -> None:
     (judged once)."""
     if batch.residual_asked and not batch.residual_retried:
         answered = batch.residual_asked - filter_unanswered(plan, state, batch, batch.residual_asked)
-        judge_ids_served(plan, state, batch,
-                         len(answered & batch.received_ids & batch.fetching_by_id) if answered else None, now)
+        judge_ids_served(plan, state, batch, len((answered & batch.received_ids & batch.fetching_by_id)
+                                                 - batch.ids_answered_slowly) if answered else None, now)
     batch.residual_asked = set()
 
 

@@ -674,6 +674,10 @@ class PendingBatch:
     # advertised ids whose fetch by id is queued (``batch_end.fetch_what_the_exchanges_found``:
     # the last exchange's answer, or the last turned into a REQ, asks each once)
     fetching_by_id: set[str] = field(default_factory=set)
+    # ids its fetches by id did not bring, their last answer slow enough for a time budget to
+    # have cut it before its first event (``slow_answer``): no witness that the relay does
+    # not serve ids (``batch_end.judge_ids_served``)
+    ids_answered_slowly: set[str] = field(default_factory=set)
     # seconds its pages could not page inside, for the caller to complete another way
     crowded: list[CrowdedSecond] = field(default_factory=list)
     # its filters a relay ignoring ``until`` left unpaged past their first page: no witness

@@ -31,6 +31,7 @@ from .pending import (
     PendingBatch,
     crowded_second_filter,
     exchange_asks,
+    slow_answer,
     until_probe,
 )
 from .plan_actions import AGAIN, Advance, ExchangesEnded, Start
@@ -711,6 +712,13 @@ def on_eose(batch: PendingBatch, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ
         return []
     cap = cap or PageCap()
     state.teach(cap, elapsed)
+    for s in state.filters:  # (an id's last answer decides: a quick one that lacked it is a witness)
+        if s.page_filter.ids is not None:
+            lacking = s.page_filter.ids - {i for _, i in s.seen}
+            if slow_answer(elapsed):
+                batch.ids_answered_slowly |= lacking
+            else:
+                batch.ids_answered_slowly -= lacking
     by_itself = len(state.filters) == 1
     past_until = past_until or (0,) * len(state.filters)  # (none told: none past)
     continuing = [n for n in (s.next_page(cap, state.total, elapsed, by_itself, past)
