@@ -488,6 +488,35 @@ def test_refusing_notices_among_several_reqs_are_told_by_the_others_answers(sess
     assert "innocent" in session.subscriptions and len(_closed_posted(session)) == 3
 
 
+def test_a_notice_refusing_a_req_closed_before_its_answer_is_not_taken_for_one_sent_after(session):
+    """A REQ closed before the relay answered it (a fresh start closes what runs) may still
+    be refused in a NOTICE naming nothing: the relay reads in order, and that NOTICE comes
+    before any answer to the REQs sent since. Taken for one of those, a REQ the relay served
+    was closed and its shape paused (the simulator's seed 2140 of the stress world: ``#E``
+    paused with ``#q``, which alone the relay refused). Until the relay answers a REQ sent
+    after it, the closed one is among the NOTICE's candidates."""
+    flt = [Filter.make(kinds=[1111], tags={"q": ["ab" * 32]})]
+    session.subscribe("closed-early", flt)
+    session.unsubscribe("closed-early")
+    for sub_id in ("served-1", "refused", "served-2"):
+        session.subscribe(sub_id, flt)
+    session._handle_frame(frame("NOTICE", "blocked: #q queries are not allowed here"))  # closed-early's
+    session._handle_frame(frame("EOSE", "served-1"))
+    session._handle_frame(frame("NOTICE", "blocked: #q queries are not allowed here"))  # refused's
+    assert _closed_posted(session) == []  # (served-2's answer is slow: two left for one NOTICE)
+    session._handle_frame(frame("EOSE", "served-2"))
+    assert _closed_posted(session) == [("refused", "#q queries are not allowed here")]
+    assert "served-2" not in session.book.unanswered and not session.book.closed_unanswered
+    # one closed unanswered and then answered by a REQ sent after it: no candidate any more
+    session.subscribe("closed-again", flt)
+    session.unsubscribe("closed-again")
+    session.subscribe("later", flt)
+    session._handle_frame(frame("EOSE", "later"))
+    session.subscribe("last", flt)
+    session._handle_frame(frame("NOTICE", "blocked: #q queries are not allowed here"))
+    assert _closed_posted(session)[-1] == ("last", "#q queries are not allowed here")
+
+
 def _keyed_with_reqs(*sub_ids: str) -> RelayConnection:
     """A session with a key and REQs sent, as at a connect: before the relay's challenge is read."""
     posted = []

@@ -399,8 +399,12 @@ class RelayConnection:
             return
         self._junk_streak = 0
         sent_at = None  # (of a REQ answered first by this message)
+        if self.book.closed_unanswered and isinstance(msg, (wire.RelayEvent, wire.Eose, wire.Closed)):
+            self.book.answered(msg.sub_id)  # (one closed unanswered, answered after our CLOSE)
         if self._unanswered and isinstance(msg, (wire.RelayEvent, wire.Eose, wire.Closed)):
             sent_at = self._unanswered.pop(msg.sub_id, None)
+            if sent_at is not None:
+                self.book.answered(msg.sub_id)
             if sent_at is not None and self._open_notices:
                 if isinstance(msg, wire.Closed) and _refuses_a_req(msg.text, msg.prefix):
                     self._explained(msg.sub_id)  # (a relay that says it twice: that NOTICE was this)
@@ -579,19 +583,27 @@ class RelayConnection:
             sub_id = None  # the relay's CLOSED said it already
         elif self._probe_refused_by(text, now):
             return True
-        elif not self._unanswered:
-            return False
         else:
             by_words = _refuses_by_words(text)
-            sub_id, sent_at = next(reversed(self._unanswered.items()))
-            if now - sent_at > (NOTICE_REFUSAL_SECS if by_words else NOTICE_PREFIX_REFUSAL_SECS):
+            # (a REQ we closed before its answer may be the one refused: the relay read it
+            # before the REQs sent since; seed 2140 of the stress world, a NOTICE refusing one
+            # closed so was taken for a burst's, and a REQ it served was paused with the one
+            # it refused)
+            closed = set() if by_words else self.book.refusable_closed(now, NOTICE_REFUSAL_SECS)
+            if not self._unanswered and not closed:
                 return False
-            recent = () if by_words else {
-                s for s, at in self._unanswered.items() if now - at <= NOTICE_PREFIX_REFUSAL_SECS}
+            sub_id, sent_at = next(reversed(self._unanswered.items()), (None, now))
+            if now - sent_at > (NOTICE_REFUSAL_SECS if by_words else NOTICE_PREFIX_REFUSAL_SECS) and not closed:
+                return False
+            recent = set() if by_words else {
+                s for s, at in self._unanswered.items() if now - at <= NOTICE_PREFIX_REFUSAL_SECS} | closed
             if len(recent) > 1:  # whose? Told by the others' answers (``_settle_notices``)
                 self._open_notices.append((now, text, recent))
                 del self._open_notices[:-NOTICES_OPEN]
                 sub_id, whose_unknown = None, True
+            elif recent and recent <= closed:
+                sub_id = None  # the refusal of a REQ closed already: nothing more to do
+                self.book.answered(next(iter(recent)))
         metrics.NOTICES.labels(wire.split_prefix(text)[0].value).inc()
         if sub_id is not None:
             self._take_notice(sub_id, text)
@@ -623,6 +635,8 @@ class RelayConnection:
         prefix, rest = wire.split_prefix(text)
         log.info("notice_taken_as_closed", relay=self.relay, sub_id=sub_id, text=text[:200])
         beside = self.book.open_beside.get(sub_id, 0)  # (its CLOSE drops it from the book)
+        self.book.answered(sub_id)  # (the relay read it: not a REQ closed unanswered)
+        self._unanswered.pop(sub_id, None)
         self.unsubscribe(sub_id)
         self._emit(RemoteMessage(self.relay, self.session, wire.Closed(sub_id, prefix, rest), beside=beside))
 
@@ -644,22 +658,31 @@ class RelayConnection:
         open NOTICE is dropped: its REQ's stall finds it."""
         now, taken = time.monotonic(), False
         still = []
+        closed = self.book.closed_unanswered
         for at, text, candidates in self._open_notices:
             if now - at <= NOTICE_REFUSAL_SECS:
-                candidates &= self._unanswered.keys()
+                candidates &= self._unanswered.keys() | closed.keys()
                 if candidates:
                     still.append((at, text, candidates))
         for _, _, candidates in still:
             alike = [n for n in still if n[2] == candidates]
             if len(candidates) == 1 or len(alike) == len(candidates):
-                for (_, said, _), sub_id in zip(alike, sorted(candidates, key=self._unanswered.get), strict=False):
-                    self._take_notice(sub_id, said)
+                for (_, said, _), sub_id in zip(alike, sorted(candidates, key=self._sent_order), strict=False):
+                    if sub_id in closed:
+                        self.book.answered(sub_id)  # (refused after we closed it: nothing more to do)
+                    else:
+                        self._take_notice(sub_id, said)
                 still = [n for n in still if n[2] != candidates]
                 taken = True
                 break
         self._open_notices = still
         if taken and still:
             self._settle_notices()
+
+    def _sent_order(self, sub_id: str) -> int:
+        """Where ``sub_id`` (open, or closed unanswered) stands in the order REQs were sent."""
+        closed = self.book.closed_unanswered.get(sub_id)
+        return closed[1] if closed is not None else self.book.req_order.get(sub_id, 0)
 
     def _count_notice(self, msg: wire.Notice) -> bool:
         """Counted by prefix; each spends a misbehaviour point (a relay says little this way:
@@ -953,21 +976,23 @@ _REFUSING_PREFIXES = frozenset({wire.Prefix.INVALID, wire.Prefix.BLOCKED, wire.P
 
 
 def _refuses_by_words(text: str) -> bool:
-    """Wording that refuses a REQ for the number open, for a rate, for the ``limit`` it
+    """Wording that refuses a REQ for the number open, for a rate, or for the ``limit`` it
     asks (nostream says each in a NOTICE with no prefix: "Subscription rejected: Limit too
-    high: …", ``wire.limit_allowed``), or for its size ("too many values in filter"; strfry
-    before it named the REQ in a CLOSED: "ERROR: bad req: total filter items too large")."""
+    high: …", ``wire.limit_allowed``)."""
     return (wire.says_too_many_subscriptions(text) or wire.is_rate_limit_text(text)
-            or wire.limit_allowed(text) is not None or wire.is_filter_shape_refusal(text)
-            or "bad req:" in text.lower())
+            or wire.limit_allowed(text) is not None)
 
 
 def _refuses_a_req(text: str, prefix: wire.Prefix | None = None) -> bool:
-    """Wording that refuses a REQ (``_refuses_by_words``), or a refusing prefix (``prefix``:
-    a CLOSED's, already split off; else read from ``text``)."""
+    """Wording that refuses a REQ (``_refuses_by_words``), or for its size ("too many values
+    in filter"; strfry before it named the REQ in a CLOSED: "ERROR: bad req: total filter
+    items too large"), or a refusing prefix (``prefix``: a CLOSED's, already split off; else
+    read from ``text``). Only the first is taken for the last REQ sent however many wait:
+    the rest is told from the others' answers (``_settle_notices``)."""
     if prefix is None:
         prefix = wire.split_prefix(text)[0]
-    return prefix in _REFUSING_PREFIXES or _refuses_by_words(text)
+    return (prefix in _REFUSING_PREFIXES or _refuses_by_words(text) or wire.is_filter_shape_refusal(text)
+            or "bad req:" in text.lower())
 
 
 def _concerns_negentropy(msg) -> bool:

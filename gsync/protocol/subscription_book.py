@@ -63,6 +63,7 @@ class EndedFilters:
 
 
 MAX_CLOSED_BY_RELAY = 1024
+MAX_CLOSED_UNANSWERED = 64
 
 
 class SubscriptionBook:
@@ -77,6 +78,15 @@ class SubscriptionBook:
         # REQs the relay has not answered yet (no EVENT, EOSE or CLOSED), oldest sent first,
         # with when: what a NOTICE that names no subscription can be refusing.
         self.unanswered: dict[str, float] = {}
+        # REQs closed before the relay answered them (sub id -> when sent, its place in the
+        # order sent): a relay reads in order, so a NOTICE refusing one may come yet, until
+        # it answers a REQ sent after it (``refusable_closed``); each kept until it is
+        # answered, a NOTICE is taken for it, or NOTICE_REFUSAL_SECS (a NOTICE open for it
+        # may be its refusal); MAX_CLOSED_UNANSWERED at most
+        self.closed_unanswered: dict[str, tuple[float, int]] = {}
+        self.req_order: dict[str, int] = {}  # each open subscription's place in the order sent
+        self._sent = 0
+        self.answered_order = 0  # the latest place in that order of a REQ the relay answered
         # how many others were open when each open subscription's REQ went: a relay refusing
         # it for their number held that many then (``Refusals.learn_max_subscriptions``)
         self.open_beside: dict[str, int] = {}
@@ -110,6 +120,8 @@ class SubscriptionBook:
         self.filter_bytes[sub_id] = len(text)
         self.open_filter_bytes += len(text)
         self.unanswered[sub_id] = self.clock()
+        self._sent += 1
+        self.req_order[sub_id] = self._sent
         return text
 
     def precise(self, f):
@@ -136,11 +148,35 @@ class SubscriptionBook:
         if sub_id in self.closed_by_relay:
             self.forget(sub_id)
             return None
+        sent_at = self.unanswered.get(sub_id)
+        if sent_at is not None:
+            self.closed_unanswered[sub_id] = (sent_at, self.req_order.get(sub_id, 0))
+            while len(self.closed_unanswered) > MAX_CLOSED_UNANSWERED:
+                del self.closed_unanswered[next(iter(self.closed_unanswered))]
         filters, size = self._drop_sub(sub_id)
         if filters is None:
             return None
         self.closing.add(sub_id, filters, size)
         return wire.close(sub_id)
+
+    def answered(self, sub_id: str) -> None:
+        """The relay's first answer (EVENT, EOSE, CLOSED, or a NOTICE taken for its refusal)
+        to ``sub_id``, open or closed unanswered: it read that REQ, so it read every REQ sent
+        before it, and a NOTICE refusing one of those closed unanswered would have come
+        already."""
+        closed = self.closed_unanswered.pop(sub_id, None)
+        order = closed[1] if closed is not None else self.req_order.get(sub_id)
+        if order is not None and order > self.answered_order:
+            self.answered_order = order
+
+    def refusable_closed(self, now: float, within: float) -> set[str]:
+        """The REQs closed unanswered, sent ``within`` seconds of ``now``, that a NOTICE
+        naming no subscription read now may be refusing: none the relay read before a REQ
+        it answered (older ones are forgotten)."""
+        if not self.closed_unanswered:
+            return set()
+        self.closed_unanswered = {s: v for s, v in self.closed_unanswered.items() if now - v[0] <= within}
+        return {s for s, (_, order) in self.closed_unanswered.items() if order > self.answered_order}
 
     def forget(self, sub_id: str) -> None:
         """The relay closed it: no CLOSE to send; its late events are still read
@@ -166,5 +202,6 @@ class SubscriptionBook:
         size = self.filter_bytes.pop(sub_id, 0)
         self.open_filter_bytes -= size
         self.unanswered.pop(sub_id, None)
+        self.req_order.pop(sub_id, None)
         self.open_beside.pop(sub_id, None)
         return self.subscriptions.pop(sub_id, None), size
