@@ -391,6 +391,28 @@ def test_a_relay_seen_dropping_live_subscriptions_and_not_proven_to_answer_sever
     assert len(proven) < len(looked) <= sum(len(req) - 2 for req in proven)  # the same filters, packed
 
 
+def test_a_relay_keeping_live_subscriptions_and_not_proven_to_answer_several_filters_is_asked_the_proof(tmp_path):
+    """A relay syncing by NIP-77 (exchanges and id fetches are one filter each) is never
+    proven to answer several filters of a REQ by its sync; one that also drops its live
+    subscriptions and answers the first filter of a REQ alone had every hourly look answer
+    that filter only, so no look found what its live subscriptions missed, and it was never
+    seen dropping them (the simulator's seed 2507 of a 50-relay world: a comment, 9 h). Any
+    relay unproven is asked the proof once a day: two events it served, in one REQ of two
+    filters of one id each."""
+    h, ann, live = synced(tmp_path)
+    session = h.state(A).current
+    dev = Author.named("audit-dev")
+    bugs = [issue(dev, ann, subject=f"bug {n}", created_at=int(h.clock.now) + 30 + n) for n in range(2)]
+    h.advance(60)
+    h.relay_sends(A, live, *bugs)  # (they came live: the look finds nothing missed)
+    look_reqs(h, session, lambda req: bugs)
+    state = h.state(A)
+    assert state.live_dropped_at is None and not state.filters_answered
+    proofs = [r for r in h.historic_reqs(A) if len(r) == 4 and all(set(f) == {"ids"} and len(f["ids"]) == 1
+                                                                   for f in r[2:])]
+    assert len(proofs) == 1 and {f["ids"][0] for f in proofs[0][2:]} == {b.id for b in bugs}
+
+
 def test_live_drops_are_forgotten_a_month_after_the_last(tmp_path):
     """A relay seen dropping live subscriptions is remembered so for a month after the last
     look that found it (``constants.LIVE_DROPS_REMEMBERED_SECS``); its daily fresh start

@@ -330,6 +330,7 @@ class RelayState:
     # last daily fresh start (``Refusals.ask_filters_proof``): a relay polled one filter a REQ
     # for want of that proof is proven so, by one REQ a day
     proof_ids: tuple[str, ...] = ()
+    proof_served: tuple[str, ...] = ()  # the last two of them the relay served (``keep_served_ids``)
     filters_proof_asked: bool = False
     # when an hourly live look last found events its live subscriptions missed (the relay, or
     # a proxy before it, drops them without a word: ``LiveCoverage.audited``); kept over

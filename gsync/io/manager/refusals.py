@@ -561,6 +561,7 @@ class Refusals:
         served = [event_id for s in reversed(answer.filters) for _, event_id in s.seen[-2:]]  # (this page's last)
         if served:
             state.proof_ids = tuple(dict.fromkeys((*served, *state.proof_ids)))[:2]
+            state.proof_served = tuple(dict.fromkeys((*served, *state.proof_served)))[:2]
 
     def keep_held_ids(self, state: RelayState, held: tuple[str, ...]) -> None:
         """Ids a NIP-77 exchange found on both sides (``NegentropyOutcome.held_both``): the
