@@ -1061,6 +1061,17 @@ def test_repacking_keeps_within_the_relays_message_size():
     assert all(len(wire.req(s, g)) <= size for s, g in groups.items())
 
 
+def test_reqs_packed_before_the_relays_limits_were_lowered_are_not_repacked_into_more():
+    """Queued REQs packed ten filters each (slices of a filter refused for its values) and
+    repacked for a relay asked one filter a REQ (its looks, say) would need more REQs than
+    there are: they go as they are (the simulator's seed 978 of a 30-relay world with value
+    caps: the manager's handler raised, StopIteration)."""
+    state, b = _queue((("a", 3), ("b", 3)))
+    before = {sub_id: filters_of(b, sub_id) for sub_id in ("a", "b")}
+    assert repack(b, ["a", "b"], per_req=1) is None
+    assert {sub_id: filters_of(b, sub_id) for sub_id in ("a", "b")} == before
+
+
 def test_the_queues_measure_of_a_req_is_the_bytes_the_wire_sends():
     """``start_queue.req_bytes`` measures the REQs the queue will send as ``messages.req``
     builds them, for every kind of id it mints (a page after an EOSE, ``h…-….2``, too)."""
