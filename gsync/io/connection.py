@@ -399,7 +399,8 @@ class RelayConnection:
             return
         self._junk_streak = 0
         sent_at = None  # (of a REQ answered first by this message)
-        if self.book.closed_unanswered and isinstance(msg, (wire.RelayEvent, wire.Eose, wire.Closed)):
+        if (self.book.closed_unanswered and isinstance(msg, (wire.RelayEvent, wire.Eose, wire.Closed))
+                and msg.sub_id in self.book.closed_unanswered):
             self.book.answered(msg.sub_id)  # (one closed unanswered, answered after our CLOSE)
         if self._unanswered and isinstance(msg, (wire.RelayEvent, wire.Eose, wire.Closed)):
             sent_at = self._unanswered.pop(msg.sub_id, None)
@@ -667,7 +668,7 @@ class RelayConnection:
         for _, _, candidates in still:
             alike = [n for n in still if n[2] == candidates]
             if len(candidates) == 1 or len(alike) == len(candidates):
-                for (_, said, _), sub_id in zip(alike, sorted(candidates, key=self._sent_order), strict=False):
+                for (_, said, _), sub_id in zip(alike, sorted(candidates, key=self.book.sent_order), strict=False):
                     if sub_id in closed:
                         self.book.answered(sub_id)  # (refused after we closed it: nothing more to do)
                     else:
@@ -678,11 +679,6 @@ class RelayConnection:
         self._open_notices = still
         if taken and still:
             self._settle_notices()
-
-    def _sent_order(self, sub_id: str) -> int:
-        """Where ``sub_id`` (open, or closed unanswered) stands in the order REQs were sent."""
-        closed = self.book.closed_unanswered.get(sub_id)
-        return closed[1] if closed is not None else self.book.req_order.get(sub_id, 0)
 
     def _count_notice(self, msg: wire.Notice) -> bool:
         """Counted by prefix; each spends a misbehaviour point (a relay says little this way:

@@ -169,6 +169,11 @@ class SubscriptionBook:
         if order is not None and order > self.answered_order:
             self.answered_order = order
 
+    def sent_order(self, sub_id: str) -> int:
+        """Where ``sub_id`` (open, or closed unanswered) stands in the order REQs were sent."""
+        closed = self.closed_unanswered.get(sub_id)
+        return closed[1] if closed is not None else self.req_order.get(sub_id, 0)
+
     def refusable_closed(self, now: float, within: float) -> set[str]:
         """The REQs closed unanswered, sent ``within`` seconds of ``now``, that a NOTICE
         naming no subscription read now may be refusing: none the relay read before a REQ

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .. import constants
 from ..protocol.filters import Filter
 from ..protocol.messages import is_rate_limit_text
-from . import filter_plan, method, policy, result_caps
+from . import filter_plan, method, result_caps
 from .batch_phase import Step
 from .pending import BatchKind, PendingBatch, ResidualDecision, one_second, split_crowded
 from .plan_actions import (
@@ -152,11 +152,11 @@ def exchange_failed(plan, state, batch: PendingBatch, flt, result, now: float) -
     else:
         if is_rate_limit_text(result.reason):  # NEG-ERR "rate-limited: …"
             plan.todo.append(RateLimited(state, result.reason))
-        elif result.rounds == 0 and (most := policy.values_cap_after(
-                [flt], result.reason, filter_plan.values_cap(state.current.limits))) is not None:
+        elif result.rounds == 0 and (learnt := state.learn_values_cap([flt], result.reason, now))[0] is not None:
             # refused for the values in its filter: NIP-77 stays on (later filters are built
             # within the cap), and these go by REQ pages in slices (``Refusals.learn_max_values``)
-            if state.lower_values_cap(most, now):
+            most, lowered = learnt
+            if lowered:
                 plan.log.info("values_cap_lowered", relay=state.url, max_values=most, reason=result.reason[:200])
             plan.queue.add_reqs(state, batch, filter_plan.within_values(flt, most), front=True)
             return

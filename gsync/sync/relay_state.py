@@ -21,7 +21,7 @@ from ..constants import (
 )
 from ..protocol.filters import Filter
 from .pending import BatchKind, PendingBatch
-from .policy import CoveragePauses, Trials
+from .policy import CoveragePauses, Trials, values_cap_after
 from .result_caps import ResultCap
 from .status import ConnectionStatus
 from .targets import ConfirmedItems
@@ -387,16 +387,19 @@ class RelayState:
         asked by id a fourth time within 24 h)."""
         return self.next_daily_at is not None and now >= self.next_daily_at - (DAILY_MAX_SECS - DAILY_MIN_SECS)
 
-    def lower_values_cap(self, allowed: int, now: float) -> bool:
-        """The relay takes ``allowed`` values in a list of a filter at most (``policy.values_cap_after``):
-        this session's filters are built within it, and later sessions' for a week
-        (``Lifecycle.start_day``). False when that is no lower than the cap known."""
+    def learn_values_cap(self, filters, reason: str, now: float) -> tuple[int | None, bool]:
+        """A REQ (or NEG-OPEN) of ``filters`` was refused for ``reason``: the values a list of
+        a filter may hold, to slice them at (``policy.values_cap_after``; None: nothing to
+        slice), and whether that lowered the cap known: this session's filters are built
+        within it from now on, and later sessions' for a week (``Lifecycle.start_day``)."""
         limits = self.current.limits
-        if limits is None or (limits.max_values is not None and allowed >= limits.max_values):
-            return False
-        self.current.limits = dataclasses.replace(limits, max_values=allowed)
-        self.max_values_learned, self.values_learned_at = allowed, now
-        return True
+        known = limits.max_values if limits is not None else None
+        most = values_cap_after(filters, reason, known)
+        if most is None or limits is None or (known is not None and most >= known):
+            return most, False
+        self.current.limits = dataclasses.replace(limits, max_values=most)
+        self.max_values_learned, self.values_learned_at = most, now
+        return most, True
 
     def begin_session(self, link, book, limits, page_cap) -> RelaySession:
         """A handshake succeeded: a new session on the connection ``link`` (``book``: what it has open)."""

@@ -46,7 +46,7 @@ from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...protocol import precise
 from ...protocol.filters import Filter
-from ...sync import filter_plan, one_filter, policy, start_queue
+from ...sync import filter_plan, one_filter, start_queue
 from ...sync.health import HealthState, Refusal, classify_refusal, refuses_a_shape
 from ...sync.pending import BatchKind, PageCap, PendingBatch
 from ...sync.policy import by_shape, coverage_key, describe, halves
@@ -213,14 +213,13 @@ class Refusals:
         """A REQ refused for its size where a list of a filter is at fault (``policy.values_cap_after``:
         "too many values in filter", strfry's "total filter items too large", or a lone
         filter "too large"): the values a list may hold from now on, half its longest
-        (``RelayState.lower_values_cap``); the caller sends the REQ again sliced within it.
+        (``RelayState.learn_values_cap``); the caller sends the REQ again sliced within it.
         Filters are built within it from then on (``filter_plan.values_cap``), so a relay
         that caps a filter's values at 100 refuses a batch once, not every filter of it.
         Read as a shape's refusal, the filter was paused for a day: a relay capping values
         served no repository listed beside a hundred others. None: nothing to slice."""
-        current = filter_plan.values_cap(state.current.limits)
-        most = policy.values_cap_after(filters, reason, current)
-        if most is not None and state.lower_values_cap(most, self.clock()):
+        most, lowered = state.learn_values_cap(filters, reason, self.clock())
+        if lowered:
             log.info("values_cap_lowered", relay=state.url, max_values=most, reason=reason)
         return most
 
