@@ -58,6 +58,31 @@ def test_the_cap_is_half_the_longest_list_refused_and_never_learnt_from_what_sli
     assert policy.values_cap_after([many], "blocked: no", None) is None
 
 
+@pytest.mark.parametrize("text, longest, cap", [
+    ("error: too many values in filter (max 20)", 40, 20),
+    ("error: too many values in filter: 380 > 20", 380, 20),
+    ("invalid: filter 3 has too many items, at most 50", 200, 50),  # (3: below the cap, not it)
+    ("error: too many values in filter (max 50)", 40, None),  # not below what was refused: not the cap
+    ("ERROR: bad req: total filter items too large (64 KB)", 5000, None),  # a size, not a count
+    ("error: too many values in filter, try again in 10 s", 40, None),  # a time
+    ("error: too many values in filter", 40, None),
+    ("filter too large: max 20", 40, None),  # (not said to be about values: which part is not known)
+    ("error: too many filters (max 20)", 40, None),
+    ("error: too many values in filter (max 0)", 40, None),
+])
+def test_a_count_a_refusal_names_below_the_list_refused_is_the_cap(text, longest, cap):
+    assert wire.values_allowed(text, longest) == cap
+
+
+def test_the_cap_a_refusal_names_is_learnt_at_once_and_never_raises_one_known():
+    many = Filter.make(tags={"a": [f"30617:{hex_id(i)}:r" for i in range(40)]})
+    assert policy.values_cap_after([many], TOO_MANY + " (max 7)", None) == 7
+    assert policy.values_cap_after([many], TOO_MANY + " (max 7)", 10) == 7  # lower than the one known
+    assert policy.values_cap_after([many], TOO_MANY + " (max 17)", 10) == 10
+    assert policy.values_cap_after([many], TOO_MANY + " (max 39)", None) == 39  # (refused again if wrong: halved)
+    assert policy.values_cap_after([many], TOO_MANY + " (max 40)", None) == 20
+
+
 value_lists = st.lists(st.integers(0, 60), unique=True, max_size=30).map(lambda xs: [hex_id(x) for x in xs])
 
 
@@ -116,9 +141,9 @@ def longest(req) -> int:
                for flt in req[2:])
 
 
-def answer_as_a_capped_relay(h, cap: int, rounds: int = 12) -> list:
+def answer_as_a_capped_relay(h, cap: int, rounds: int = 12, words: str = TOO_MANY) -> list:
     """Run the relay as one refusing any REQ with a filter holding more than ``cap`` values
-    in a list (``TOO_MANY``), ending every other historic page empty and keeping live ones:
+    in a list (in ``words``), ending every other historic page empty and keeping live ones:
     the REQs it refused."""
     refused, read = [], 0
     for _ in range(rounds):
@@ -130,7 +155,7 @@ def answer_as_a_capped_relay(h, cap: int, rounds: int = 12) -> list:
                 continue
             if longest(frame) > cap:
                 refused.append(frame)
-                h.relay_says(A, closed(frame[1], TOO_MANY))
+                h.relay_says(A, closed(frame[1], words))
             elif frame[1] not in h.state(A).current.live_subs:
                 h.relay_says(A, wire.Eose(frame[1]))
         read = len(frames)
@@ -166,6 +191,20 @@ def test_a_relay_capping_the_values_of_a_filter_is_asked_in_slices_from_its_firs
     h.feed(HandshakeDone(A, state.attempt, ws=FakeWs()))
     assert answer_as_a_capped_relay(h, cap=5) == []  # the next session starts within it
     assert h.state(A).current.limits.max_values == h.state(A).max_values_learned
+
+
+def test_a_relay_naming_its_values_cap_is_asked_within_it_after_one_refusal(tmp_path):
+    """Halving finds a cap of 5 from twelve values at 3 (12, 6, 3), after two refusals, and
+    slices every list a third smaller than it need be; a relay that names its cap is taken
+    at its word."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*[announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(12)])
+    h.connect(A)
+    refused = answer_as_a_capped_relay(h, cap=5, words=TOO_MANY + " (max 5)")
+    assert h.state(A).max_values_learned == 5
+    assert len({longest(r) for r in refused}) == 1, [longest(r) for r in refused]  # refused at twelve alone
+    assert max(longest(req) for req in h.reqs(A) if req not in refused) == 5
+    assert not h.state(A).paused
 
 
 def test_a_values_cap_is_judged_again_a_week_after_it_was_learnt(tmp_path):

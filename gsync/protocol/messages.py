@@ -135,6 +135,25 @@ def limit_allowed(text: str) -> int | None:
     return int(numbers[-1]) if numbers and int(numbers[-1]) > 0 else None
 
 
+# A number a refusal about values names, not one of a size or a time ("64 KB", "10 s")
+_COUNT = re.compile(r"(?<![\w.])(\d{1,9})(?![\w.]|\s*(?:%|[kmg]?i?b(?:ytes?)?\b|bytes?\b|m?s\b|seconds?\b|minutes?\b))",
+                    re.IGNORECASE)
+
+
+def values_allowed(text: str, longest: int) -> int | None:
+    """The values one list of a filter may hold, as a refusal naming them says
+    (``says_too_many_values``: "too many values in filter (380 > 20)", "max 20 items"), or
+    None when it names no count below ``longest``, the longest list refused. Of several such
+    numbers the largest: each is below what was refused, and the cap is the nearest to it a
+    relay says (the others, a filter's index, say, are smaller); one above the real cap is
+    refused again, and halved from then (``policy.values_cap_after``)."""
+    text = text[:LIMIT_REFUSAL_CHARS]
+    if not says_too_many_values(text):
+        return None
+    counts = [n for n in map(int, _COUNT.findall(text)) if 1 <= n < longest]
+    return max(counts, default=None)
+
+
 _SUBSCRIPTION_SUBJECT = re.compile(r"subscription|concurrent|\breqs?\b", re.IGNORECASE)
 _COUNT_WORDS = ("too many", "maximum", "max ", "reached", "exceed")
 _SIZE_WORDS = ("size", "byte", "large", "long", "big")

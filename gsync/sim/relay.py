@@ -457,8 +457,9 @@ class SimRelay:
         self.one_filter: str | None = None
         # refuses a filter holding more than this many values in one list (its ids, its authors
         # or one tag's), the REQ or NEG-OPEN as a whole, saying so in words about its size
-        # (``VALUE_CAP_WORDS``); None: takes any
+        # (``VALUE_CAP_WORDS``); None: takes any. ``value_cap_said``: the words name the cap
         self.value_cap: int | None = None
+        self.value_cap_said = False
         # it drops every live subscription carrying a ``limit`` once its stored events are
         # sent, without a word (ORLY's handle-req.go since October 2025: ``len(events) >=
         # *f.Limit`` cancels it, ``limit: 0`` included, its CLOSED suppressed): nothing new
@@ -593,7 +594,7 @@ class SimRelay:
                 return "rate-limited: too many queries"
         for f in filters:
             if self.value_cap is not None and f.most_values() > self.value_cap:
-                return VALUE_CAP_WORDS
+                return f"{VALUE_CAP_WORDS} (max {self.value_cap})" if self.value_cap_said else VALUE_CAP_WORDS
             for name, _ in f.tags:
                 if name in self.refused_tags:
                     return f"blocked: #{name} queries are not allowed here"

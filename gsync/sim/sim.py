@@ -521,6 +521,7 @@ class Simulation:
         values = random.Random(f"{o.seed}:{url}:value-cap")
         if values.random() < o.value_caps:
             relay.value_cap = values.choice(VALUE_CAPS)
+            relay.value_cap_said = values.random() < 0.5
         slow = random.Random(f"{o.seed}:{url}:slow")
         if slow.random() < o.slow_queries:
             relay.query_budget = slow.choice(SLOW_BUDGETS)

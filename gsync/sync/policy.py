@@ -32,7 +32,12 @@ from dataclasses import dataclass, field
 
 from ..constants import POLICY_PROBE_SECS, REQ_STALL_SECS
 from ..protocol.filters import Filter
-from ..protocol.messages import is_filter_shape_refusal, says_too_many_filters, says_too_many_values
+from ..protocol.messages import (
+    is_filter_shape_refusal,
+    says_too_many_filters,
+    says_too_many_values,
+    values_allowed,
+)
 
 CoverageKey = tuple  # (kinds, tag names, has ids, has authors)
 
@@ -63,10 +68,12 @@ def values_cap_after(filters: Sequence[Filter], reason: str, current: int | None
     """The values a list of a filter may hold (``filter_plan.values_cap``) after a REQ of
     ``filters`` was refused for ``reason``: words naming the values in a filter ("too many
     values in filter", ``says_too_many_values``), or, for a lone filter, any words about
-    its size ("filter too large"). Half its longest list; ``current`` where that list was
-    longer than the cap already known (built past it: sliced to it, nothing learnt). None
-    where slicing cannot help (no list of two values) or which filter is at fault is not
-    known (several, the words not naming values: split by filter first)."""
+    its size ("filter too large"). The count the words name below its longest list
+    (``values_allowed``: "max 20"), else half that list; ``current`` where the list was
+    longer than the cap already known and the words name no lower one (built past it:
+    sliced to it, nothing learnt). None where slicing cannot help (no list of two values)
+    or which filter is at fault is not known (several, the words not naming values: split
+    by filter first)."""
     if says_too_many_filters(reason) or not is_filter_shape_refusal(reason):
         return None
     if len(filters) > 1 and not says_too_many_values(reason):
@@ -74,9 +81,10 @@ def values_cap_after(filters: Sequence[Filter], reason: str, current: int | None
     longest = max((f.most_values() for f in filters), default=0)
     if longest < 2:
         return None
+    said = values_allowed(reason, longest)
     if current is not None and longest > current:
-        return current
-    return longest // 2
+        return min(current, said or current)
+    return said or longest // 2
 
 
 def by_shape(filters: Sequence[Filter]) -> list[list[int]]:
