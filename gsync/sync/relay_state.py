@@ -349,6 +349,10 @@ class RelayState:
     # when this relay, listing 77 in its NIP-11, last failed NIP-77 (refused it, or never
     # answered): kept over sessions, so NIP-77 is tried there at most once a NIP77_RETRY_SECS
     nip77_failed_at: float | None = None
+    # why NIP-77 was last said to be off here (``batch_end.disable_negentropy``, its numbers
+    # left out): said again only for another reason, not at every session (a flapping relay
+    # without NIP-77 logged a warning every reconnection, 300 in ten days)
+    nip77_off_said: str | None = None
     # a batch left what no REQ reaches here without NIP-77 (``PendingBatch.unreached``) since
     # the last fresh start with NIP-77 usable: synced again when NIP-77 comes back
     # (``lifecycle.end_nip77_rests``); kept over restarts, as the rest is (``nip77_failed_at``)

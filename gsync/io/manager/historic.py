@@ -200,8 +200,8 @@ class HistoricSync:
     def recover_ids(self, url: str, found: dict) -> None:
         batch_end.recover_ids(self.plan, url, found, self.clock())
 
-    def disable_negentropy(self, state: RelayState, reason: str) -> None:
-        batch_end.disable_negentropy(self.plan, state, reason)
+    def disable_negentropy(self, state: RelayState, reason: str, expected: bool = False) -> None:
+        batch_end.disable_negentropy(self.plan, state, reason, expected)
         self.execute()
 
     def exchanges_to_reqs(self, state: RelayState) -> None:

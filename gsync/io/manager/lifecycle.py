@@ -279,7 +279,7 @@ class RelayLifecycle:
         )
         self.ask_precisely(state)
         if reason := nip77_barred(state, now):
-            self.historic.disable_negentropy(state, reason)
+            self.historic.disable_negentropy(state, reason, expected=True)
         move_status(state, Fact.HANDSHAKE_DONE)
         fresh = state.should_fresh_start(now)
         log.info("relay_connected", relay=msg.relay, fresh_start=fresh)
