@@ -6,9 +6,7 @@ test_unservable_decisions.py, test_result_caps.py, test_threads_ahead.py and
 test_negentropy_sync.py."""
 from __future__ import annotations
 
-from structlog.testing import capture_logs
-
-from gsync.io.inbox import HandshakeDone, NegentropyFinished, RelayDisconnected
+from gsync.io.inbox import NegentropyFinished
 from gsync.io.negentropy_sync import NegentropyOutcome
 from gsync.protocol.filters import Filter
 from gsync.protocol.nip11 import RelayLimits
@@ -19,8 +17,6 @@ from gsync.sync.pending import BatchKind, PageCap, SyncMethod
 from gsync.sync.start_queue import ExchangeToken, ReqId
 from gsync.sync.targets import PendingItems
 
-from .factory import Author, announcement
-from .manager_harness import FakeWs, ManagerHarness
 from .test_planner import ISSUES, LAYER2, NOW, PATCHES, REPO, THREAD, World, queued, repo_items
 
 A, B = "wss://a.example", "wss://b.example"
@@ -486,22 +482,3 @@ def _residual_by_filter_answered(past_until: int, served_by_id: int = 0):
     w.plan.on_eose(state, batch, sub_id, None, NOW, past_until=(past_until,))
     return w, state, batch
 
-
-def test_a_relay_without_nip77_is_said_so_once_not_at_every_reconnection(tmp_path):
-    """A flapping relay whose NIP-11 lists no 77 logged ``negentropy_unsupported`` as a
-    warning at every reconnection (the simulator, seed 5: 308 in ten days). Known before
-    asking, it is information, said once; later sessions say it at debug."""
-    relay = "wss://a.example"
-    h = ManagerHarness(tmp_path)
-    h.own_relay_holds(announcement(Author.named("u"), "r", relays=[relay]))
-    no77 = RelayLimits(supported_nips=frozenset({1, 11}))
-    with capture_logs() as logs:
-        h.connect(relay, limits=no77)
-        for _ in range(3):
-            state = h.state(relay)
-            h.feed(RelayDisconnected(relay, state.session, "gone"))
-            h.advance(60)
-            h.tick()
-            h.feed(HandshakeDone(relay, state.attempt, ws=FakeWs(), limits=no77))
-    said = [e["log_level"] for e in logs if e["event"] == "negentropy_unsupported"]
-    assert said == ["info", "debug", "debug", "debug"], said

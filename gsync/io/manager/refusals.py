@@ -153,7 +153,13 @@ class Refusals:
         state.current.sub_activity.pop(sub_id, None)
         state.current.historic_sent_at.pop(sub_id, None)
         reason = f"{closed.prefix.value}: {closed.text}"[:200]
-        log.warning("subscription_closed", relay=state.url, sub_id=sub_id, reason=reason)
+        if closed.prefix is wire.Prefix.NONE and not closed.text.strip():
+            # no reason: how relays closing every subscription after its EOSE end each one
+            # (a warning for each was hundreds a day); what follows is logged (``live_rebuilt``,
+            # ``live_coverage_polled``)
+            log.info("subscription_closed", relay=state.url, sub_id=sub_id, reason=reason)
+        else:
+            log.warning("subscription_closed", relay=state.url, sub_id=sub_id, reason=reason)
         kind = refusal_of(closed)
         if kind is SUBSCRIPTIONS and not self.learn_max_subscriptions(state, beside, guessed):
             kind = Refusal.RATE_LIMIT  # we hold no more than the least we can work with
