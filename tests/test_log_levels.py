@@ -47,3 +47,25 @@ def test_a_subscription_closed_without_a_reason_is_information_and_one_refused_a
         h.relay_says(A, wire.Closed(live[1], wire.Prefix.BLOCKED, "#a queries are not allowed here"))
     said = [(e["log_level"], e["sub_id"]) for e in logs if e["event"] == "subscription_closed"]
     assert said == [("info", live[0]), ("warning", live[1])], said
+
+
+def test_live_coverage_polled_is_a_warning_once_a_relay_not_at_every_daily_sync(tmp_path):
+    """A relay closing every subscription after its EOSE is found so again at each daily
+    sync: the simulator's seed 5, with no faults, logged the warning for two relays every day."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(announcement(Author.named("u"), "r", relays=[A]))
+    h.connect(A)
+    with capture_logs() as logs:
+        for day in range(3):
+            if day:
+                h.manager.lifecycle.fresh_start(h.state(A), h.clock.now)
+            for _ in range(4):  # closed at once, rebuilt, closed again within the minute: polled
+                h.answer_own_reads()
+                h.advance(1.1)
+                for sub_id in list(h.state(A).current.live_subs):
+                    h.relay_says(A, wire.Closed(sub_id, wire.Prefix.NONE, ""))
+            assert h.state(A).current.live_not_kept
+            h.advance(86_400)
+    said = [e["log_level"] for e in logs if e["event"] == "live_coverage_polled"
+            and e["reason"] == "live subscriptions not kept"]
+    assert said[0] == "warning" and set(said[1:]) == {"debug"} and len(said) >= 3, said

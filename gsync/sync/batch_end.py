@@ -7,8 +7,6 @@ recovered) before it is confirmed. Pure, as the planner: what crosses into I/O c
 as actions (``sync.plan_actions``)."""
 from __future__ import annotations
 
-import re
-
 from .. import constants
 from ..protocol.filters import Filter
 from ..protocol.messages import is_rate_limit_text
@@ -173,9 +171,6 @@ def exchange_failed(plan, state, batch: PendingBatch, flt, result, now: float) -
     plan.queue.add_reqs(state, batch, [flt], front=True)
 
 
-_DIGITS = re.compile(r"\d+")
-
-
 def remember_nip77_unserved(plan, state, reason: str, now: float) -> None:
     """The relay lists 77 in its NIP-11 and did not serve it (refused, or no answer
     before the deadline): later sessions go by REQ+EOSE until NIP77_RETRY_SECS have
@@ -192,14 +187,12 @@ def disable_negentropy(plan, state, reason: str, expected: bool = False) -> None
     served): said as information, not as a warning. Each reason is said once a relay (at
     debug again each session), not at every reconnection."""
     if state.current.negentropy_ok:
-        said = _DIGITS.sub("#", reason[:200])
-        if said == state.nip77_off_said:
+        if state.said_before("negentropy_unsupported", reason):
             plan.log.debug("negentropy_unsupported", relay=state.url, reason=reason[:200])
         elif expected:
             plan.log.info("negentropy_unsupported", relay=state.url, reason=reason[:200])
         else:
             plan.log.warning("negentropy_unsupported", relay=state.url, reason=reason[:200])
-        state.nip77_off_said = said
     state.current.negentropy_ok = False
     plan.health.disable_negentropy(state.url)
     exchanges_to_reqs(plan, state)

@@ -7,6 +7,7 @@ mutates them.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,8 @@ from .status import ConnectionStatus
 from .targets import ConfirmedItems
 from .threads_ahead import ThreadsAhead
 from .unservable import UnservableIds
+
+_DIGITS = re.compile(r"\d+")  # (``RelayState.said_before``: the numbers of a reason aside)
 
 
 class ChangeTrackedDict(dict):
@@ -349,10 +352,10 @@ class RelayState:
     # when this relay, listing 77 in its NIP-11, last failed NIP-77 (refused it, or never
     # answered): kept over sessions, so NIP-77 is tried there at most once a NIP77_RETRY_SECS
     nip77_failed_at: float | None = None
-    # why NIP-77 was last said to be off here (``batch_end.disable_negentropy``, its numbers
-    # left out): said again only for another reason, not at every session (a flapping relay
-    # without NIP-77 logged a warning every reconnection, 300 in ten days)
-    nip77_off_said: str | None = None
+    # what the operator was told of this relay's ways (``said_before``): each once, not at
+    # every session or daily sync (a flapping relay without NIP-77 logged a warning every
+    # reconnection, 300 in ten days). A few keys a relay, gone with it
+    said: set = field(default_factory=set)
     # a batch left what no REQ reaches here without NIP-77 (``PendingBatch.unreached``) since
     # the last fresh start with NIP-77 usable: synced again when NIP-77 comes back
     # (``lifecycle.end_nip77_rests``); kept over restarts, as the rest is (``nip77_failed_at``)
@@ -404,6 +407,16 @@ class RelayState:
         self.current.limits = dataclasses.replace(limits, max_values=most)
         self.max_values_learned, self.values_learned_at = most, now
         return most, True
+
+    def said_before(self, event: str, reason: str) -> bool:
+        """Whether ``event`` was logged for ``reason`` here before (its numbers aside); from
+        now on it has been. A relay's lasting ways are said once at info or warning, then at
+        debug."""
+        key = (event, _DIGITS.sub("#", reason[:200]))
+        if key in self.said:
+            return True
+        self.said.add(key)
+        return False
 
     def begin_session(self, link, book, limits, page_cap) -> RelaySession:
         """A handshake succeeded: a new session on the connection ``link`` (``book``: what it has open)."""

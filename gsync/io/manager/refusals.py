@@ -396,7 +396,10 @@ class Refusals:
         if live.rebuilt_at is not None and now - live.rebuilt_at < constants.LIVE_REBUILD_MIN_SECS:
             if not state.current.live_not_kept:
                 state.current.live_not_kept = True
-                log.warning("live_coverage_polled", relay=state.url, reason="live subscriptions not kept")
+                if state.said_before("live_coverage_polled", "live subscriptions not kept"):
+                    log.debug("live_coverage_polled", relay=state.url, reason="live subscriptions not kept")
+                else:
+                    log.warning("live_coverage_polled", relay=state.url, reason="live subscriptions not kept")
             self.live.poll_instead(state, filters)
             return
         log.info("live_rebuilt", relay=state.url, sub_id=sub_id, filters=len(filters))
