@@ -372,8 +372,11 @@ def share_queued_reqs(state, batch: PendingBatch) -> None:
               if session.sub_to_batch.get(sub_id) == batch.batch_id and may_share(batch, sub_id)]
     if len(shared) < 2:
         return
-    groups = repack(batch, shared, filter_plan.filters_per_req(batch_limits(state, batch)),
-                          filter_plan.req_length_limit(session.limits))
+    per_req = filter_plan.filters_per_req(batch_limits(state, batch))
+    if per_req == 1 and all(len(batch.pagination[sub_id].filters) == 1 for sub_id in shared):
+        return  # one filter a REQ, each alone already: nothing to share (a relay answering one
+        # filter a REQ polls hundreds of them an hour, and each page repacked them all)
+    groups = repack(batch, shared, per_req, filter_plan.req_length_limit(session.limits))
     if groups is None:
         return  # (packed for limits lowered since: they go as they are)
     kept = []
