@@ -4,6 +4,8 @@ crosses a socket is tested against real relays elsewhere; here, what the manager
 send, and when."""
 import json
 
+import pytest
+
 from gsync import constants
 from gsync.io.inbox import (
     HandshakeDone,
@@ -566,6 +568,42 @@ def test_a_second_notice_of_the_same_burst_does_not_lower_the_cap_it_taught_agai
     assert again, "what it was taken for was never asked again"
     conn._handle_frame(b'["NOTICE","error: too many concurrent REQs"]')  # later: a cap taught again
     assert h.state(A).max_subscriptions_learned < open_then
+
+
+def test_a_cap_a_notice_names_is_learnt_at_its_word_even_from_a_burst(tmp_path):
+    """nostream says its cap ("Number of subscriptions must be less than or equal to N"):
+    the count is the cap whichever REQ the NOTICE is taken for (words naming none teach
+    what was open beside it: one or two more or fewer in a burst), and a second NOTICE of
+    the burst, taken for a REQ with fewer open beside it, lowers nothing (read as a rate
+    limit, as above)."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, 120))
+    conn = h.connect(A, limits=RelayLimits(max_message_length=4000))
+    conn._post = h.feed
+    h.answer_own_reads()
+    h.advance(1.1)
+    open_then = len(conn.subscriptions) - 1
+    said = open_then - 2
+    assert said > filter_plan.MIN_SUBSCRIPTIONS, open_then
+    text = f"Too many subscriptions: Number of subscriptions must be less than or equal to {said}"
+    conn._handle_frame(json.dumps(["NOTICE", text]).encode())
+    assert h.state(A).max_subscriptions_learned == said
+    conn._handle_frame(json.dumps(["NOTICE", text]).encode())
+    assert h.state(A).max_subscriptions_learned == said
+    assert len(conn.subscriptions) <= said
+
+
+@pytest.mark.parametrize("text, most, cap", [
+    ("Too many subscriptions: Number of subscriptions must be less than or equal to 10", 12, 10),
+    ("error: too many concurrent REQs (max 20)", 20, 20),
+    ("error: too many subscriptions (21 > 20)", 20, 20),  # (21: what would have been open)
+    ("error: too many concurrent REQs", 20, None),
+    ("error: too many concurrent REQs (max 50)", 20, None),  # more than were open: not the cap
+    ("error: too many subscriptions, wait 30 s", 40, None),  # a time
+    ("rate-limited: max 5 REQs a second", 20, None),  # a rate, not a count held
+])
+def test_the_subscriptions_a_refusal_names(text, most, cap):
+    assert wire.subscriptions_allowed(text, most) == cap
 
 
 def test_a_relay_without_nip11_refusing_too_many_open_subscriptions_teaches_the_cap_too(tmp_path):

@@ -148,10 +148,12 @@ def values_allowed(text: str, longest: int) -> int | None:
     relay says (the others, a filter's index, say, are smaller); one above the real cap is
     refused again, and halved from then (``policy.values_cap_after``)."""
     text = text[:LIMIT_REFUSAL_CHARS]
-    if not says_too_many_values(text):
-        return None
-    counts = [n for n in map(int, _COUNT.findall(text)) if 1 <= n < longest]
-    return max(counts, default=None)
+    return _count_at_most(text, longest - 1) if says_too_many_values(text) else None
+
+
+def _count_at_most(text: str, most: int) -> int | None:
+    """The largest count (``_COUNT``) in ``text`` from 1 to ``most``."""
+    return max((n for n in map(int, _COUNT.findall(text)) if 1 <= n <= most), default=None)
 
 
 _SUBSCRIPTION_SUBJECT = re.compile(r"subscription|concurrent|\breqs?\b", re.IGNORECASE)
@@ -167,6 +169,17 @@ def says_too_many_subscriptions(text: str) -> bool:
     if any(w in lowered for w in _SIZE_WORDS) or is_filter_shape_refusal(lowered):
         return False
     return bool(_SUBSCRIPTION_SUBJECT.search(lowered)) and any(w in lowered for w in _COUNT_WORDS)
+
+
+def subscriptions_allowed(text: str, most: int) -> int | None:
+    """The subscriptions a relay refusing one past them says it holds (nostream: "Too many
+    subscriptions: Number of subscriptions must be less than or equal to 10"; "max 20"), or
+    None when ``text`` is not such a refusal or names no count up to ``most``, the most that
+    were open when it was refused (a count above it cannot be the cap: "21 > 20" says 20)."""
+    text = text[:LIMIT_REFUSAL_CHARS]
+    if not says_too_many_subscriptions(text) or any(w in text.lower() for w in _RATE_LIMIT_WORDS):
+        return None  # (a rate's numbers are no count held: "rate-limited: max 5 REQs a second")
+    return _count_at_most(text, most)
 
 
 def is_negentropy_notice(text: str) -> bool:

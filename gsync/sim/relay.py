@@ -459,6 +459,9 @@ class SimRelay:
         # or one tag's), the REQ or NEG-OPEN as a whole, saying so in words about its size
         # (``VALUE_CAP_WORDS``); None: takes any. ``value_cap_said``: the words name the cap
         self.value_cap: int | None = None
+        # its refusal of a subscription past ``max_subs`` names the cap (nostream: "Number of
+        # subscriptions must be less than or equal to 10"); else strfry's words, no number
+        self.subs_cap_said = False
         self.value_cap_said = False
         # it drops every live subscription carrying a ``limit`` once its stored events are
         # sent, without a word (ORLY's handle-req.go since October 2025: ``len(events) >=
@@ -622,7 +625,8 @@ class SimRelay:
             session.subs.pop(sub_id, None)
             return [_eose(sub_id)]  # (a "scraper": nothing, and not kept)
         if sub_id not in session.subs and len(session.subs) >= self.max_subs:
-            return [self._refused(sub_id, "error: too many concurrent REQs")]
+            return [self._refused(sub_id, f"error: too many concurrent REQs (max {self.max_subs})"
+                                  if self.subs_cap_said else "error: too many concurrent REQs")]
         if self.limit_refusals and any(f.limit is not None and f.limit > self.page_cap for f in filters):
             session.subs.pop(sub_id, None)
             return [json.dumps(["NOTICE", "Subscription rejected: Limit too high: Filter limit must be less "

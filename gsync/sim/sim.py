@@ -135,6 +135,9 @@ class SimOptions:
     # the share of relays refusing a filter holding more than VALUE_CAPS values in one list
     # (its ids, authors or one tag's), in words about its size: ``SimRelay.value_cap``
     value_caps: float = 0.0
+    # the share of relays whose refusal of a subscription past their cap names it, as
+    # nostream's does ("must be less than or equal to 10"): ``SimRelay.subs_cap_said``
+    subs_caps_said: float = 0.0
     # the share of relays dropping, without a word, every live subscription carrying a
     # ``limit`` (ORLY since October 2025: ``limit: 0`` included): ``SimRelay.drops_live``
     drops_live: float = 0.0
@@ -208,6 +211,7 @@ WORLD_SHARES = (
     ("limit_refusals", "--limit-refusals"),
     ("one_filter", "--one-filter"),
     ("value_caps", "--value-caps"),
+    ("subs_caps_said", "--subs-caps-said"),
     ("drops_live", "--drops-live"),
     ("neg_silent_caps", "--neg-silent-caps"),
     ("slow_queries", "--slow-queries"),
@@ -518,6 +522,7 @@ class Simulation:
         if one.random() < o.one_filter and not relay.names_rs:  # (nostr-rs-relay answers every filter)
             relay.one_filter = one.choice(("first", "last"))
         relay.drops_live = random.Random(f"{o.seed}:{url}:drops-live").random() < o.drops_live
+        relay.subs_cap_said = random.Random(f"{o.seed}:{url}:subs-said").random() < o.subs_caps_said
         values = random.Random(f"{o.seed}:{url}:value-cap")
         if values.random() < o.value_caps:
             relay.value_cap = values.choice(VALUE_CAPS)

@@ -161,7 +161,7 @@ class Refusals:
         else:
             log.warning("subscription_closed", relay=state.url, sub_id=sub_id, reason=reason)
         kind = refusal_of(closed)
-        if kind is SUBSCRIPTIONS and not self.learn_max_subscriptions(state, beside, guessed):
+        if kind is SUBSCRIPTIONS and not self.learn_max_subscriptions(state, beside, guessed, closed.text):
             kind = Refusal.RATE_LIMIT  # we hold no more than the least we can work with
         if kind is SUBSCRIPTIONS:
             metrics.REFUSALS.labels("subscriptions").inc()
@@ -242,7 +242,8 @@ class Refusals:
         log.info("page_limit_lowered", relay=state.url, limit=cap.page_limit)
         return True
 
-    def learn_max_subscriptions(self, state: RelayState, beside: int = 0, guessed: bool = False) -> bool:
+    def learn_max_subscriptions(self, state: RelayState, beside: int = 0, guessed: bool = False,
+                                text: str = "") -> bool:
         """A REQ refused for the number open ("too many concurrent REQs"): the relay holds
         as many as were open when it went (``beside``: its REQ was refused on arrival) or
         are open now (a relay ending an older one for a newer), whichever is more, whatever
@@ -259,13 +260,20 @@ class Refusals:
         rate limit: it is the same burst's, and the REQ it is taken for may have gone since,
         with fewer open beside it (the lowering closed and reopened the live REQs: seed 703
         of bench/README's per-filter world, a learnt cap judged again, 11 then 8 where the
-        relay holds 10)."""
+        relay holds 10). A count the refusal names (``text``: "must be less than or equal to
+        10") is the cap, whichever REQ it is read for, within what was open."""
         now = self.clock()
         session = state.current
-        if guessed and session.cap_guessed_at is not None and now - session.cap_guessed_at < GUESSED_CAP_SETTLE_SECS:
-            return False
         # (the refused REQ is forgotten already)
         open_now = max(beside, len(state.current.book.subscriptions))
+        said = wire.subscriptions_allowed(text, open_now) if text else None
+        if said is not None:
+            open_now, guessed = said, False
+        elif text and wire.subscriptions_allowed(text, 1 << 30) is not None:
+            return False  # a cap above what was open beside the REQ it is read for (a NOTICE
+            # of a burst, taken for a REQ sent since): nothing to learn, a rate limit
+        elif guessed and session.cap_guessed_at is not None and now - session.cap_guessed_at < GUESSED_CAP_SETTLE_SECS:
+            return False
         # (no NIP-11 document: what gsync assumed, lowered, ``with_learned_limits``; seed 82's
         # year, a relay capped at 10 read as rate-limited for as long as its connection lasted)
         limits = state.current.limits
