@@ -75,6 +75,9 @@ Knobs for misbehaviour:
 - ``answers_one_filter``: ``"first"`` or ``"last"``: a REQ's stored answer is that filter's
   alone, the others dropped without a word (ORLY before October 2025 kept the last filter's
   answer; minimal relays read ``filters[0]``); live events still match every filter.
+- ``reads_filters``: N: the first N filters of a REQ are read, the rest dropped without a
+  word, its stored answer and its live subscription alike (a ``max_filters`` a relay
+  enforces and never publishes).
 - ``drops_limited_live``: once a REQ's stored events are sent, each filter whose ``limit``
   they reached (``limit: 0`` always) is dropped from it without a word, the REQ with its last
   (ORLY's handle-req.go since October 2025); live events match what is left.
@@ -436,11 +439,13 @@ class ScriptedRelay:
         max_message: tuple | None = None,
         hold_nip11: threading.Event | None = None,
         answers_one_filter: str | None = None,
+        reads_filters: int | None = None,
         drops_limited_live: bool = False,
         host: str = "127.0.0.1",
         port: int = 0,
     ):
         self.answers_one_filter = answers_one_filter
+        self.reads_filters = reads_filters
         self.drops_limited_live = drops_limited_live
         self.page_size = page_size
         self.req_cap = req_cap
@@ -849,6 +854,8 @@ class ScriptedRelay:
         except ValueError as exc:
             conn.send("CLOSED", sub_id, f"invalid: {exc}")
             return
+        if self.reads_filters is not None:
+            filters = filters[:self.reads_filters]
         conn.subs[sub_id] = filters
         answered = filters
         if self.answers_one_filter is not None:

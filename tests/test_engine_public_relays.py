@@ -1108,6 +1108,32 @@ def test_a_relay_refusing_a_tag_key_by_notice_alone_is_synced_without_stalls(rel
     assert not events_named(gsync, "subscription_stalled", remote.url)
 
 
+def test_a_relay_reading_the_first_three_filters_of_a_req_is_asked_three_a_req(relay_factory, gsync_factory,
+                                                                               scripted):
+    """A relay reading the first three filters of a REQ and dropping the rest without a
+    word, stored answer and live subscription alike: its first answer needs two filters
+    (the state by ``#d``, the issues by ``#a``), so it was taken for one answering all ten
+    gsync packs, and what only a later filter asks (notes quoting the repository, ``#q``,
+    the fourth) never came, stored or live. Its daily proof (at its first live look after
+    its sync) now asks events it served, one a filter: the first three come back, the fourth
+    asked alone comes too, and from then on the relay is asked three filters a REQ."""
+    own, remote, repo, bugs = scripted_repository(relay_factory, scripted, "three-filters", 12,
+                                                  reads_filters=3)
+    remote.add(f.state(alice, "three-filters"))
+    quotes = [f.quote(bob, repo, content=f"see {i}") for i in range(3)]
+    remote.add(*quotes)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote], timers={"LIVE_AUDIT_SECS": 3})  # (the proof: at the first look)
+    assert_arrives(own, [*bugs, *quotes], timeout=40, what="the issues and the notes quoting the repository")
+    [learnt] = events_named(gsync, "relay_answers_few_filters", remote.url)
+    assert learnt["max_filters"] == 3
+    asked = len(remote.reqs())
+    late = f.quote(bob, repo, content="later")
+    remote.broadcast(late)
+    assert_arrives(own, [late], timeout=20, what="a note quoting the repository, published live")
+    assert all(len(filters) <= 3 for _, filters in remote.reqs()[asked:])
+
+
 @pytest.mark.parametrize("answered", ["first", "last"])
 def test_a_relay_answering_one_filter_a_req_is_asked_one_filter_a_req(relay_factory, gsync_factory, scripted,
                                                                         answered):

@@ -1,5 +1,8 @@
 """gsync/sync/one_filter.py: which answers could come from a relay answering one filter a
 REQ, which of their filters to ask alone, and how."""
+import pytest
+
+from gsync import constants
 from gsync.protocol import messages as wire
 from gsync.protocol.filters import Filter
 from gsync.sync import one_filter
@@ -94,3 +97,127 @@ def test_a_relay_proven_to_answer_several_filters_is_probed_again_only_after_its
     h.tick()  # the daily fresh start: its answers are judged again
     answer_everything_empty(h, a)
     assert probes_sent(h, a)
+
+
+# -- relays reading the first few filters of a REQ -------------------------------------------
+
+
+@pytest.mark.parametrize("served, answers", [
+    ([True, True, True, False, False], 3),
+    ([True, False, False], 1),
+    ([True, True, True], None),  # every one: proven
+    ([False, False, False], None),  # none: deleted, or not served by id
+    ([True, False, True], None),  # a gap: one event gone since, not a relay reading a few
+    ([False, True, True], None),
+])
+def test_a_proof_answered_for_its_first_filters_alone_names_how_many(served, answers):
+    assert one_filter.answered_prefix(served) == answers
+
+
+class _State:
+    """What ``reach_to_prove`` reads of a ``RelayState``."""
+
+    def __init__(self, ids, reach=0, completed=True, unserved=False, max_filters=None):
+        from gsync.protocol.nip11 import RelayLimits
+        self.reach_ids, self.filters_reach = tuple(ids), reach
+        self.historic_sync_completed_at = 1.0 if completed else None
+        self.ids_unserved_at = 2.0 if unserved else None
+        self.current = type("Session", (), {"limits": RelayLimits(max_filters=max_filters)})()
+
+
+def reach_to_prove(state, rejected=(), now=1.0 + constants.LIVE_AUDIT_SECS):
+    return one_filter.reach_to_prove(state, rejected, now)
+
+
+def test_the_proof_of_a_relay_proven_to_answer_several_asks_as_many_ids_as_a_req_carries_there():
+    ids = [f"{i:064x}" for i in range(12)]
+    assert reach_to_prove(_State(ids), (), 1.0 + constants.LIVE_AUDIT_SECS - 1) == ()  # a look's interval on
+    assert reach_to_prove(_State(ids)) == tuple(ids[:10])  # ten filters a REQ
+    assert reach_to_prove(_State(ids, max_filters=4)) == tuple(ids[:4])
+    assert reach_to_prove(_State(ids), rejected={ids[0], ids[5]}) == (*ids[1:5], *ids[6:12])
+    assert reach_to_prove(_State(ids[:2])) == ()  # two: the proof of two filters proves that
+    assert reach_to_prove(_State(ids, reach=10)) == ()  # proven today
+    assert reach_to_prove(_State(ids[:5], reach=3)) == tuple(ids[:5])  # more known since
+    assert reach_to_prove(_State(ids, completed=False)) == ()  # its first sync's time is the operator's
+    assert reach_to_prove(_State(ids, unserved=True)) == ()  # a proof by id proves nothing there
+
+
+def proven_then_proof(tmp_path, answer_proof):
+    """A relay proven to answer several filters by its first answer (the announcement by
+    layer 1, the issues by ``#a``), serving twelve issues, its sync completed an hour ago;
+    its daily proof (ten ids, a filter each) answered by ``answer_proof(h, url, req)``."""
+    from .factory import Author, announcement, issue
+    from .manager_harness import ManagerHarness
+
+    a = "wss://few.example"
+    owner = Author.named("few-owner")
+    h = ManagerHarness(tmp_path)
+    ann = announcement(owner, "few", relays=[a])
+    bugs = [issue(Author.named("few-dev"), ann, subject=f"bug {i}") for i in range(12)]
+    h.own_relay_holds(ann)
+    h.connect(a)
+    h.answer_own_reads()
+    h.advance(1.1)
+    first = h.historic_reqs(a)[0]
+    h.relay_sends(a, first[1], ann, *bugs)
+    h.relay_says(a, wire.Eose(first[1]))
+    assert h.state(a).filters_answered
+    answer_everything_empty(h, a)
+    assert h.state(a).historic_sync_completed_at is not None
+    h.advance(constants.LIVE_AUDIT_SECS)  # the proof is due at the first live look's answer
+    for _ in range(60):  # every other page ends empty (in steps of the gate: the proof is answered at once)
+        h.answer_own_reads()
+        h.advance(1.1)
+        h.tick()
+        proofs = [r for r in h.historic_reqs(a) if len(r) > 3 and all(list(x) == ["ids"] for x in r[2:])]
+        if proofs:
+            break
+        h.eose_all(a)
+    assert proofs, "no proof asked once the sync completed"
+    [proof] = proofs
+    assert len(proof) - 2 == 10 and {x["ids"][0] for x in proof[2:]} <= {b.id for b in bugs} | {ann.id}
+    answer_proof(h, a, proof, {e.id: e for e in (ann, *bugs)})
+    return h, a
+
+
+def test_a_proof_answered_for_its_first_three_filters_then_the_fourth_alone_teaches_three_a_req(tmp_path):
+    sent = []
+
+    def first_three(h, url, proof, events):
+        h.relay_sends(url, proof[1], *[events[x["ids"][0]] for x in proof[2:5]])
+        h.relay_says(url, wire.Eose(proof[1]))
+        h.advance(1.1)
+        [probe] = [r for r in h.historic_reqs(url) if len(r) == 3 and r[2].get("ids") == proof[5]["ids"]]
+        sent.append(probe)
+        h.relay_sends(url, probe[1], events[proof[5]["ids"][0]])
+        h.relay_says(url, wire.Eose(probe[1]))
+
+    h, a = proven_then_proof(tmp_path, first_three)
+    assert sent
+    assert h.state(a).max_filters_learned == 3 and h.state(a).current.limits.max_filters == 3
+    before = len(h.historic_reqs(a))
+    for _ in range(3):
+        h.answer_own_reads()
+        h.advance(1.1)
+    again = h.historic_reqs(a)[before:]
+    assert again and all(len(r) - 2 <= 3 for r in again), again  # its sync again, three a REQ
+
+
+def test_a_proof_answered_in_full_proves_the_relay_and_a_slow_cut_one_teaches_nothing(tmp_path):
+    def every_one(h, url, proof, events):
+        h.relay_sends(url, proof[1], *[events[x["ids"][0]] for x in proof[2:]])
+        h.relay_says(url, wire.Eose(proof[1]))
+
+    h, a = proven_then_proof(tmp_path, every_one)
+    assert h.state(a).filters_reach == 10 and h.state(a).max_filters_learned is None
+
+    def cut_slowly(h, url, proof, events):
+        h.relay_sends(url, proof[1], *[events[x["ids"][0]] for x in proof[2:5]])
+        h.advance(3)  # past TIME_CUT_SUSPECT_SECS: a relay stopping slow queries cuts anywhere
+        h.relay_says(url, wire.Eose(proof[1]))
+        h.advance(1.1)
+
+    h, a = proven_then_proof(tmp_path / "slow", cut_slowly)
+    assert not [r for r in h.historic_reqs(a) if len(r) == 3 and "ids" in r[2] and r[2].get("limit") is None
+                and len(r[2]["ids"]) == 1]
+    assert h.state(a).max_filters_learned is None and h.state(a).filters_reach == 0

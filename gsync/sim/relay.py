@@ -455,6 +455,10 @@ class SimRelay:
         # answers one filter of a REQ, "first" or "last", and drops the rest without a word
         # (minimal relays reading filters[0]; ORLY before October 2025 kept the last one's)
         self.one_filter: str | None = None
+        # reads the first this many filters of a REQ and drops the rest without a word, stored
+        # answer and live subscription alike (a ``max_filters`` it enforces and never
+        # publishes); None: reads them all
+        self.filter_cap: int | None = None
         # refuses a filter holding more than this many values in one list (its ids, its authors
         # or one tag's), the REQ or NEG-OPEN as a whole, saying so in words about its size
         # (``VALUE_CAP_WORDS``); None: takes any. ``value_cap_said``: the words name the cap
@@ -635,6 +639,8 @@ class SimRelay:
         if refused:
             session.subs.pop(sub_id, None)
             return self._challenged(session, [self._refused(sub_id, refused)], refused)
+        if self.filter_cap is not None:
+            filters = filters[:self.filter_cap]  # (the rest dropped as it is read, live too)
         session.subs[sub_id] = filters
         head = '["EVENT",' + _json_string(sub_id) + ","  # (_event_frame's start, made once per REQ)
         answered = filters

@@ -132,6 +132,9 @@ class SimOptions:
     # the share of relays answering one filter of a REQ (the first or the last) and dropping
     # the rest without a word: ``SimRelay.one_filter``
     one_filter: float = 0.0
+    # the share of relays reading the first 2, 3 or 5 filters of a REQ and dropping the rest
+    # without a word (``SimRelay.filter_cap``), of those answering every filter
+    filter_caps: float = 0.0
     # the share of relays refusing a filter holding more than VALUE_CAPS values in one list
     # (its ids, authors or one tag's), in words about its size: ``SimRelay.value_cap``
     value_caps: float = 0.0
@@ -182,6 +185,8 @@ SILENT_CAPS = (50, 100, 77, 130)
 # The query time budgets a slow relay may have (``SimOptions.slow_queries``), in seconds:
 # above ``constants.TIME_CUT_SUSPECT_SECS``, which gsync takes for the least a relay gives
 SLOW_BUDGETS = (2.5, 5.0)
+# How many filters of a REQ a relay reading only its first few may read (``SimOptions.filter_caps``)
+FILTER_CAPS = (2, 3, 5)
 # The caps on a filter's values a relay may have (``SimOptions.value_caps``)
 VALUE_CAPS = (20, 50, 100)
 
@@ -210,6 +215,7 @@ WORLD_SHARES = (
     ("anti_sync_bots", "--anti-sync-bots"),
     ("limit_refusals", "--limit-refusals"),
     ("one_filter", "--one-filter"),
+    ("filter_caps", "--filter-caps"),
     ("value_caps", "--value-caps"),
     ("subs_caps_said", "--subs-caps-said"),
     ("drops_live", "--drops-live"),
@@ -521,6 +527,9 @@ class Simulation:
         one = random.Random(f"{o.seed}:{url}:one-filter")
         if one.random() < o.one_filter and not relay.names_rs:  # (nostr-rs-relay answers every filter)
             relay.one_filter = one.choice(("first", "last"))
+        capped = random.Random(f"{o.seed}:{url}:filter-cap")
+        if capped.random() < o.filter_caps and relay.one_filter is None and not relay.names_rs:
+            relay.filter_cap = capped.choice(FILTER_CAPS)
         relay.drops_live = random.Random(f"{o.seed}:{url}:drops-live").random() < o.drops_live
         relay.subs_cap_said = random.Random(f"{o.seed}:{url}:subs-said").random() < o.subs_caps_said
         values = random.Random(f"{o.seed}:{url}:value-cap")

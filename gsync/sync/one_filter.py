@@ -31,7 +31,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+from .. import constants
 from ..protocol.filters import Filter
+from . import filter_plan
 
 # Probes a session spends on suspect answers. A relay that answers every filter is proven
 # so by its first answer that needs two filters; one whose REQs one filter each explains
@@ -74,7 +76,7 @@ def looks_filter_by_filter(state) -> bool:
             and not state.filters_answered)
 
 
-def asks_filters_proof(state) -> bool:
+def asks_filters_proof(state, rejected: Collection[str] = (), now: float = 0.0) -> bool:
     """Is the proof due on the relay of ``state``: two events it holds asked back in one REQ
     of two filters (``Refusals.ask_filters_proof``)? When it is not proven to answer several
     filters of a REQ either way (its polls or its looks may go one filter a REQ for want of
@@ -92,11 +94,50 @@ def asks_filters_proof(state) -> bool:
     read was asked by id once more, seed 8 of the suite's world), and not of a relay judged
     not to serve ids (a proof by id proves nothing there)."""
     limits = state.current.limits
-    return (len(state.proof_ids) == 2 and not state.filters_proof_asked and not state.filters_answered
+    if state.filters_proof_asked or (limits is not None and limits.max_filters == 1):
+        return False
+    if state.filters_answered:
+        return bool(reach_to_prove(state, rejected, now))
+    return (len(state.proof_ids) == 2 and not rejected_among(state.proof_ids, rejected)
             and (polls_filter_by_filter(state) or looks_filter_by_filter(state)
                  or (state.historic_sync_completed_at is not None and state.ids_unserved_at is None
-                     and set(state.proof_ids) <= set(state.proof_served)))
-            and (limits is None or limits.max_filters != 1))
+                     and set(state.proof_ids) <= set(state.proof_served))))
+
+
+def rejected_among(ids, rejected: Collection[str]) -> bool:
+    """Whether the own relay refused any of ``ids``: no proof asks them (it holds what it
+    took, and a refused event asked again is one downloaded again for nothing)."""
+    return any(i in rejected for i in ids)
+
+
+def reach_to_prove(state, rejected: Collection[str] = (), now: float = 0.0) -> tuple[str, ...]:
+    """The ids the daily proof asks of a relay proven to answer several filters
+    (``filters_answered``) but not yet as many as gsync packs into a REQ there, one a
+    filter: ids it served (``RelayState.reach_ids``), none the own relay refused
+    (``rejected``: it holds what it took); none when no proof is due. A relay answering the first few filters of a REQ
+    and dropping the rest without a word (one reading up to a ``max_filters`` it never
+    publishes) answers two, and was taken for one answering all: what came to its later
+    filters never arrived (the simulator with relays answering the first 2, 3 or 5 filters,
+    ``--filter-caps``: seeds 7002 and 7004, ``left_behind``). A live look's interval after
+    its sync completed (``now``; at an answer then, the look's: a start in a first sync is a
+    second of the operator's wait, and each of the ten events it asks is one downloaded
+    again), with ids it served (not of a relay judged not to serve ids), three at least."""
+    completed = state.historic_sync_completed_at
+    if completed is None or now - completed < constants.LIVE_AUDIT_SECS or state.ids_unserved_at is not None:
+        return ()
+    ids = tuple(i for i in state.reach_ids if i not in rejected)[:filter_plan.filters_per_req(state.current.limits)]
+    return ids if len(ids) >= 3 and len(ids) > state.filters_reach else ()
+
+
+def answered_prefix(served: Sequence[bool]) -> int | None:
+    """A proof's answer (``served[i]``: the id its filter ``i`` asked came back): how many of
+    its first filters a relay answering only those answered, when the answer is exactly such
+    a prefix and shorter than the REQ; None otherwise (every filter answered, or a pattern no
+    such relay gives: an event deleted since, hidden on read)."""
+    m = served.index(False) if False in served else len(served)
+    if 1 <= m < len(served) and not any(served[m:]):
+        return m
+    return None
 
 
 def unserved_candidates(seen: Sequence[Collection[str]]) -> list[int] | None:

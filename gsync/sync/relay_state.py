@@ -334,7 +334,14 @@ class RelayState:
     # for want of that proof is proven so, by one REQ a day
     proof_ids: tuple[str, ...] = ()
     proof_served: tuple[str, ...] = ()  # the last two of them the relay served (``keep_served_ids``)
+    # the last MAX_FILTERS_PER_REQ ids it served: a relay proven to answer several filters
+    # is asked as many in one REQ once a day, a filter each, to prove it answers as many as
+    # gsync packs into a REQ there (``one_filter.reach_to_prove``)
+    reach_ids: tuple[str, ...] = ()
     filters_proof_asked: bool = False
+    # the most filters of one REQ its daily proof found answered, every one (``Refusals.
+    # check_answer``); 0 until proven so since its last daily fresh start
+    filters_reach: int = 0
     # when an hourly live look last found events its live subscriptions missed (the relay, or
     # a proxy before it, drops them without a word: ``LiveCoverage.audited``); kept over
     # sessions and restarts, forgotten LIVE_DROPS_REMEMBERED_SECS after it (``lifecycle.

@@ -170,6 +170,7 @@ class SyncManager:
             held_on_both=lambda state, ids: self.refusals.keep_held_ids(state, ids))
         self.refusals = Refusals(relays=self.relays, repos=self.repos, health=self.health, live=self.live,
                                  historic=self.historic, recovery=self.recovery, seen=self.seen,
+                                 rejected=self.rejected,
                                  delivery=self.delivery, effects=self.effects, clock=self.clock,
                                  on_pause=self.saved.save_soon,
                                  on_imprecise_refused=lambda state: self.lifecycle.on_imprecise_refused(state),

@@ -537,6 +537,7 @@ class RelayLifecycle:
         state.unservable.clear()  # asked again: it may be served now
         state.filters_answered = False  # (software changes: its answers are judged again)
         state.filters_proof_asked = False
+        state.filters_reach = 0
         if state.live_dropped_at is not None and now - state.live_dropped_at >= constants.LIVE_DROPS_REMEMBERED_SECS:
             state.live_dropped_at = None
         learnt_at = state.subscriptions_learned_at

@@ -75,10 +75,21 @@ class KindsProbe(tuple):
 @dataclasses.dataclass(frozen=True)
 class FiltersProbe:
     """A probe's mark in ``RelaySession.probes``: a filter of a suspect answer asked alone
-    (``check_answer``), with what that answer brought and the filters still to ask."""
+    (``check_answer``), with what that answer brought and the filters still to ask;
+    ``answers``: the filters a REQ the relay answers if this one brings what the answer
+    lacked (1: the first, or the last, alone; more: the first few of a daily proof's)."""
 
     brought: frozenset[str]
     rest: tuple = ()
+    answers: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ReachProof:
+    """The mark in ``RelaySession.probes`` of the daily proof of a relay proven to answer
+    several filters: ``ids``, one a filter, in the REQ's order (``Refusals.ask_filters_proof``)."""
+
+    ids: tuple[str, ...]
 
 
 # The mark in ``RelaySession.probes`` of the REQ asking two events a relay holds in two
@@ -118,6 +129,7 @@ class Refusals:
     reading; ``repos`` says what is still wanted."""
 
     def __init__(self, *, relays, repos, health, live, historic, recovery, seen, delivery, effects, clock,
+                 rejected=(),
                  on_pause=lambda: None, on_imprecise_refused=lambda state: None,
                  on_one_filter=lambda state: None):
         self.relays = relays
@@ -127,6 +139,7 @@ class Refusals:
         self.historic = historic
         self.recovery = recovery
         self.seen = seen
+        self.rejected = rejected  # (ids the own relay refused: no proof asks them, ``ask_filters_proof``)
         self.delivery = delivery
         self.effects = effects
         self.clock = clock
@@ -539,9 +552,16 @@ class Refusals:
             del session.probes[batch.batch_id]
             got = {event_id for s in answer.filters for _, event_id in s.seen}
             if got - probe.brought:
+                if probe.answers > 1:
+                    self.few_filters_found(state, probe.answers)
+                    return False
                 return True
             if probe.rest:
                 self.probe_filters(state, probe.brought, probe.rest)
+            return False
+        if isinstance(probe, ReachProof):
+            del session.probes[batch.batch_id]
+            self.reach_proof_answered(state, probe, answer, slow)
             return False
         # (a proof's suspect answer is probed whatever the session spent, and not taken for
         # one a cap or the relay's time cut: each of its two filters asks for one event)
@@ -578,6 +598,8 @@ class Refusals:
         if served:
             state.proof_ids = tuple(dict.fromkeys((*served, *state.proof_ids)))[:2]
             state.proof_served = tuple(dict.fromkeys((*served, *state.proof_served)))[:2]
+            more = [event_id for s in reversed(answer.filters) for _, event_id in s.seen[-constants.MAX_FILTERS_PER_REQ:]]
+            state.reach_ids = tuple(dict.fromkeys((*more, *state.reach_ids)))[:constants.MAX_FILTERS_PER_REQ]
 
     def keep_held_ids(self, state: RelayState, held: tuple[str, ...]) -> None:
         """Ids a NIP-77 exchange found on both sides (``NegentropyOutcome.held_both``): the
@@ -592,7 +614,7 @@ class Refusals:
 
     def prove_if_due(self, state: RelayState) -> None:
         """The proof asked when ``one_filter.asks_filters_proof`` says it is due."""
-        if one_filter.asks_filters_proof(state):
+        if one_filter.asks_filters_proof(state, self.rejected, self.clock()):
             self.ask_filters_proof(state)
 
     def ask_filters_proof(self, state: RelayState) -> None:
@@ -601,29 +623,68 @@ class Refusals:
         REQ (``check_answer``: no one filter explains the answer); one alone makes the answer
         suspect, and the other is probed alone as any suspect answer's; none proves nothing
         (an event deleted since, a relay not serving by id): its polls stay one filter a REQ,
-        and the proof is asked again after its next daily fresh start."""
+        and the proof is asked again after its next daily fresh start. A relay proven to
+        answer several is asked as many events it served as gsync packs filters into a REQ
+        there (``one_filter.reach_to_prove``): every one served proves it answers them all;
+        only the first few, the next is asked alone, and served so, the relay answers that
+        many filters a REQ."""
         state.filters_proof_asked = True
         batch = PendingBatch(self.historic.queue.batch_id(), PendingItems(), kind=BatchKind.PROBE)
         state.current.pending[batch.batch_id] = batch
-        state.current.probes[batch.batch_id] = FILTERS_PROOF
-        log.info("filters_proof_asked", relay=state.url)
-        self.historic.queue.add_packed(state, batch, [[Filter.make(ids=[event_id]) for event_id in state.proof_ids]])
+        reach = one_filter.reach_to_prove(state, self.rejected, self.clock()) if state.filters_answered else ()
+        ids = reach or state.proof_ids
+        state.current.probes[batch.batch_id] = ReachProof(ids) if reach else FILTERS_PROOF
+        log.info("filters_proof_asked", relay=state.url, filters=len(ids))
+        self.historic.queue.add_packed(state, batch, [[Filter.make(ids=[event_id]) for event_id in ids]])
         self.historic.pump(state)
 
-    def probe_filters(self, state: RelayState, brought: frozenset[str], probes: tuple, spare: bool = False) -> None:
+    def probe_filters(self, state: RelayState, brought: frozenset[str], probes: tuple, spare: bool = False,
+                      answers: int = 1) -> None:
         """The first of ``probes`` asked alone (one REQ), the rest kept for after its
         answer; none past ``one_filter.PROBES_PER_SESSION`` a session, but the one a proof's
-        suspect answer asks for (``spare``: a day's, ``ask_filters_proof``)."""
+        suspect answer asks for (``spare``: a day's, ``ask_filters_proof``). ``answers``:
+        the filters a REQ the relay answers if it serves it (``FiltersProbe``)."""
         session = state.current
         if not probes or (session.one_filter_probes >= one_filter.PROBES_PER_SESSION and not spare):
             return
         session.one_filter_probes += 1
         batch = PendingBatch(self.historic.queue.batch_id(), PendingItems(), kind=BatchKind.PROBE)
         session.pending[batch.batch_id] = batch
-        session.probes[batch.batch_id] = FiltersProbe(brought, probes[1:])
+        session.probes[batch.batch_id] = FiltersProbe(brought, probes[1:], answers)
         log.info("one_filter_probe", relay=state.url, filter=probes[0].to_json()[:300])
         self.historic.queue.add_reqs(state, batch, [probes[0]])
         self.historic.pump(state)
+
+    def reach_proof_answered(self, state: RelayState, proof: ReachProof, answer, slow: bool) -> None:
+        """The daily proof of a relay proven to answer several filters (``ask_filters_proof``):
+        every id served proves it answers that many a REQ (``filters_reach``); only the first
+        few, the next is asked alone (a relay answering the first few filters of a REQ serves
+        it so; an event deleted since, hidden on read, does not), whatever the session's
+        probes spent; anything else proves nothing, and so does an answer that came slowly (a
+        relay stopping slow queries cuts anywhere) or to a piece of the REQ (refused, split)."""
+        if slow or len(answer.filters) != len(proof.ids):
+            return
+        got = {event_id for s in answer.filters for _, event_id in s.seen}
+        served = [event_id in got for event_id in proof.ids]
+        if all(served):
+            state.filters_reach = len(served)
+            return
+        answers = one_filter.answered_prefix(served)
+        if answers is not None:
+            rest = Filter.make(ids=[proof.ids[answers]])
+            self.probe_filters(state, frozenset(got), (rest,), spare=True, answers=answers)
+
+    def few_filters_found(self, state: RelayState, answers: int) -> None:
+        """The relay answered a filter alone that it left unanswered as the next after the
+        first ``answers`` of a REQ: it answers that many a REQ and drops the rest without a
+        word. From now on (saved) it is asked so, and its sync starts again so."""
+        limits = state.current.limits
+        if limits.max_filters is not None and limits.max_filters <= answers:
+            return
+        state.current.limits = dataclasses.replace(limits, max_filters=answers)
+        state.max_filters_learned = answers  # later sessions and restarts start there
+        log.warning("relay_answers_few_filters", relay=state.url, max_filters=answers)
+        self.on_one_filter(state)
 
     def one_filter_found(self, state: RelayState) -> None:
         """The relay answered a filter alone with what a REQ of several did not bring: it
@@ -635,7 +696,7 @@ class Refusals:
         self.on_one_filter(state)
 
     def probe_answered(self, state: RelayState, key, batch: PendingBatch) -> None:
-        if isinstance(key, FiltersProbe) or key is FILTERS_PROOF:
+        if isinstance(key, (FiltersProbe, ReachProof)) or key is FILTERS_PROOF:
             return  # unanswered (its REQ refused or stalled): no evidence either way
         if isinstance(key, KindsProbe):
             self.kinds_probe_answered(state, batch)
