@@ -1,4 +1,4 @@
-"""Relays that answer one filter of a REQ and drop the others without a word.
+"""Relays that answer one filter of a REQ (or its first few) and drop the others without a word.
 
 NIP-01 has a REQ's filters OR-ed, and gsync packs up to ten into one REQ. A relay that
 queries only one of them (ORLY before October 2025 kept the last filter's answer alone;
@@ -23,7 +23,12 @@ such a relay has to be caught at:
   or looked at so (``looks_filter_by_filter``: known to drop live subscriptions), is asked,
   once a day, two events it holds (served lately, or found on both sides by a NIP-77
   exchange) in one REQ of two filters of one id each (``Refusals.ask_filters_proof``): its
-  answer is judged as any other's above.
+  answer is judged as any other's above;
+- a relay proven to answer several filters may still read only the first few (a
+  ``max_filters`` it never publishes): once a day it is asked as many events it served as
+  a REQ carries there, one a filter (``reach_to_prove``); the first few served alone
+  (``answered_prefix``), the next is asked alone, and served so, the relay is asked that
+  many filters a REQ.
 
 Pure: seen ids and filters in, indices and filters out.
 """
@@ -114,9 +119,10 @@ def reach_to_prove(state, rejected: Collection[str] = (), now: float = 0.0) -> t
     """The ids the daily proof asks of a relay proven to answer several filters
     (``filters_answered``) but not yet as many as gsync packs into a REQ there, one a
     filter: ids it served (``RelayState.reach_ids``), none the own relay refused
-    (``rejected``: it holds what it took); none when no proof is due. A relay answering the first few filters of a REQ
-    and dropping the rest without a word (one reading up to a ``max_filters`` it never
-    publishes) answers two, and was taken for one answering all: what came to its later
+    (``rejected``: it holds what it took); none when no proof is due. A relay answering
+    the first few filters of a REQ and dropping the rest without a word (one reading up to
+    a ``max_filters`` it never publishes) answers two, and was taken for one answering
+    all: what came to its later
     filters never arrived (the simulator with relays answering the first 2, 3 or 5 filters,
     ``--filter-caps``: seeds 7002 and 7004, ``left_behind``). A live look's interval after
     its sync completed (``now``; at an answer then, the look's: a start in a first sync is a
