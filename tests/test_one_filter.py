@@ -221,3 +221,16 @@ def test_a_proof_answered_in_full_proves_the_relay_and_a_slow_cut_one_teaches_no
     assert not [r for r in h.historic_reqs(a) if len(r) == 3 and "ids" in r[2] and r[2].get("limit") is None
                 and len(r[2]["ids"]) == 1]
     assert h.state(a).max_filters_learned is None and h.state(a).filters_reach == 0
+
+
+def test_a_relay_proven_by_the_proof_of_two_is_asked_the_proof_of_its_reach_the_same_day():
+    """The simulator's seed 822 of an every-behaviour world with ``--filter-caps 0.2``: a
+    relay reading three filters, proven by the proof of two at day 0, was asked nothing more
+    that day, and what the own relay lost at day 0.16 was asked of it ten filters a REQ."""
+    ids = [f"{i:064x}" for i in range(12)]
+    state = _State(ids)
+    state.filters_answered, state.filters_proof_asked, state.reach_proof_asked = True, True, False
+    now = 1.0 + constants.LIVE_AUDIT_SECS
+    assert one_filter.asks_filters_proof(state, (), now)
+    state.reach_proof_asked = True
+    assert not one_filter.asks_filters_proof(state, (), now)

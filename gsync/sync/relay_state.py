@@ -342,6 +342,12 @@ class RelayState:
     # the most filters of one REQ its daily proof found answered, every one (``Refusals.
     # check_answer``); 0 until proven so since its last daily fresh start
     filters_reach: int = 0
+    # whether that proof was asked since its last daily fresh start (apart from the proof of
+    # two: a relay proven by that one is asked this one the same day: the simulator's seed
+    # 822 of an every-behaviour world with --filter-caps, a relay reading three filters
+    # proven by two at day 0, and what the own relay lost at day 0.16 asked of it ten
+    # filters a REQ until the next day)
+    reach_proof_asked: bool = False
     # when an hourly live look last found events its live subscriptions missed (the relay, or
     # a proxy before it, drops them without a word: ``LiveCoverage.audited``); kept over
     # sessions and restarts, forgotten LIVE_DROPS_REMEMBERED_SECS after it (``lifecycle.

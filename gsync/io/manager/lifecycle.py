@@ -538,6 +538,7 @@ class RelayLifecycle:
         state.filters_answered = False  # (software changes: its answers are judged again)
         state.filters_proof_asked = False
         state.filters_reach = 0
+        state.reach_proof_asked = False
         if state.live_dropped_at is not None and now - state.live_dropped_at >= constants.LIVE_DROPS_REMEMBERED_SECS:
             state.live_dropped_at = None
         learnt_at = state.subscriptions_learned_at

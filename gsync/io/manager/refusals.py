@@ -628,10 +628,13 @@ class Refusals:
         there (``one_filter.reach_to_prove``): every one served proves it answers them all;
         only the first few, the next is asked alone, and served so, the relay answers that
         many filters a REQ."""
-        state.filters_proof_asked = True
         batch = PendingBatch(self.historic.queue.batch_id(), PendingItems(), kind=BatchKind.PROBE)
         state.current.pending[batch.batch_id] = batch
         reach = one_filter.reach_to_prove(state, self.rejected, self.clock()) if state.filters_answered else ()
+        if reach:
+            state.reach_proof_asked = True
+        else:
+            state.filters_proof_asked = True
         ids = reach or state.proof_ids
         state.current.probes[batch.batch_id] = ReachProof(ids) if reach else FILTERS_PROOF
         log.info("filters_proof_asked", relay=state.url, filters=len(ids))
