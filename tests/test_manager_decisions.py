@@ -515,6 +515,19 @@ def test_a_refusal_read_after_subscriptions_closed_learns_what_was_open_when_its
     assert h.state(A).subscriptions_learned_at == h.clock.now  # (judged again a week on)
 
 
+def reading_notices(tmp_path, repositories: int = 40):
+    """A relay listing ``repositories`` of ours, its live coverage in REQs of 4,000
+    characters, its first starts sent; its connection hands what it makes of the relay's
+    frames (a NOTICE taken for a REQ's CLOSED) to the manager: (harness, connection)."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*listed_on(A, repositories))
+    conn = h.connect(A, limits=RelayLimits(max_message_length=4000))
+    conn._post = h.feed
+    h.answer_own_reads()
+    h.advance(1.1)
+    return h, conn
+
+
 def test_a_refusal_said_in_a_notice_naming_no_req_learns_what_was_open_when_its_req_went_too(tmp_path):
     """strfry says "too many concurrent REQs" in a NOTICE naming no subscription: the
     connection takes it for the last REQ it sent unanswered and closes that REQ, which took
@@ -545,12 +558,7 @@ def test_a_second_notice_of_the_same_burst_does_not_lower_the_cap_it_taught_agai
     closed and reopened the live REQs): it is read as a rate limit, not as a lower cap (the
     simulator, seed 703 of bench/README's per-filter world with a learnt cap judged again:
     11, then 8, where the relay holds 10). Its REQ goes again after the cooldown."""
-    h = ManagerHarness(tmp_path)
-    h.own_relay_holds(*listed_on(A, 40))
-    conn = h.connect(A, limits=RelayLimits(max_message_length=4000))
-    conn._post = h.feed
-    h.answer_own_reads()
-    h.advance(1.1)
+    h, conn = reading_notices(tmp_path)
     open_then = len(conn.subscriptions) - 1
     conn._handle_frame(b'["NOTICE","error: too many concurrent REQs"]')
     assert h.state(A).max_subscriptions_learned == open_then
@@ -576,12 +584,7 @@ def test_a_cap_a_notice_names_is_learnt_at_its_word_even_from_a_burst(tmp_path):
     what was open beside it: one or two more or fewer in a burst), and a second NOTICE of
     the burst, taken for a REQ with fewer open beside it, lowers nothing (read as a rate
     limit, as above)."""
-    h = ManagerHarness(tmp_path)
-    h.own_relay_holds(*listed_on(A, 120))
-    conn = h.connect(A, limits=RelayLimits(max_message_length=4000))
-    conn._post = h.feed
-    h.answer_own_reads()
-    h.advance(1.1)
+    h, conn = reading_notices(tmp_path, repositories=120)
     open_then = len(conn.subscriptions) - 1
     said = open_then - 2
     assert said > filter_plan.MIN_SUBSCRIPTIONS, open_then
