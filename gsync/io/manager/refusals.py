@@ -593,7 +593,8 @@ class Refusals:
         """Two ids the relay served lately (``RelayState.proof_ids``), for the proof a relay
         polled one filter a REQ is asked once a day (``one_filter.asks_filters_proof``):
         without it, one that keeps no live subscription and whose answers never needed two
-        filters pays a REQ a filter every poll, all day."""
+        filters pays a REQ a filter every poll, all day. And the last ten it served
+        (``reach_ids``), for the proof of its reach (``one_filter.reach_to_prove``)."""
         served = [event_id for s in reversed(answer.filters) for _, event_id in s.seen[-2:]]  # (this page's last)
         if served:
             state.proof_ids = tuple(dict.fromkeys((*served, *state.proof_ids)))[:2]
