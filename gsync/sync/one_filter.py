@@ -103,7 +103,8 @@ def asks_filters_proof(state, rejected: Collection[str] = (), now: float = 0.0) 
         return False
     if state.filters_answered:
         return not state.reach_proof_asked and bool(reach_to_prove(state, rejected, now))
-    return (not state.filters_proof_asked and len(state.proof_ids) == 2 and not rejected_among(state.proof_ids, rejected)
+    return (not state.filters_proof_asked and len(state.proof_ids) == 2
+            and not rejected_among(state.proof_ids, rejected)
             and (polls_filter_by_filter(state) or looks_filter_by_filter(state)
                  or (state.historic_sync_completed_at is not None and state.ids_unserved_at is None
                      and set(state.proof_ids) <= set(state.proof_served))))
