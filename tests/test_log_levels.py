@@ -69,3 +69,16 @@ def test_live_coverage_polled_is_a_warning_once_a_relay_not_at_every_daily_sync(
     said = [e["log_level"] for e in logs if e["event"] == "live_coverage_polled"
             and e["reason"] == "live subscriptions not kept"]
     assert said[0] == "warning" and set(said[1:]) == {"debug"} and len(said) >= 3, said
+
+
+def test_what_is_said_once_a_relay_is_bounded_whatever_the_relay_says():
+    """A reason may be a relay's own text (a NEG-ERR's), new at every session: past
+    SAID_MAX the rest is said at debug, and the set holds no more."""
+    from gsync.sync.relay_state import SAID_MAX, RelayState
+
+    state = RelayState(A)
+    said = [state.said_before("negentropy_unsupported", f"error: {word}") for word in
+            (f"{chr(97 + i % 26)}{chr(97 + i // 26)}" for i in range(100))]
+    assert said[:SAID_MAX] == [False] * SAID_MAX and all(said[SAID_MAX:])
+    assert len(state.said) == SAID_MAX
+    assert state.said_before("negentropy_unsupported", "error: aa")  # (said, and numbers aside alike)

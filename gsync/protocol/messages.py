@@ -135,7 +135,8 @@ def limit_allowed(text: str) -> int | None:
     return int(numbers[-1]) if numbers and int(numbers[-1]) > 0 else None
 
 
-# A number a refusal about values names, not one of a size or a time ("64 KB", "10 s")
+# A count a refusal names (values in a list, subscriptions open), not a size or a time
+# ("64 KB", "10 s"): ``values_allowed``, ``subscriptions_allowed``
 _COUNT = re.compile(r"(?<![\w.])(\d{1,9})(?![\w.]|\s*(?:%|[kmg]?i?b(?:ytes?)?\b|bytes?\b|m?s\b|seconds?\b|minutes?\b))",
                     re.IGNORECASE)
 

@@ -104,28 +104,22 @@ def asks_filters_proof(state, rejected: Collection[str] = (), now: float = 0.0) 
     if state.filters_answered:
         return not state.reach_proof_asked and bool(reach_to_prove(state, rejected, now))
     return (not state.filters_proof_asked and len(state.proof_ids) == 2
-            and not rejected_among(state.proof_ids, rejected)
+            and not any(i in rejected for i in state.proof_ids)  # (no proof asks what the own relay refused)
             and (polls_filter_by_filter(state) or looks_filter_by_filter(state)
                  or (state.historic_sync_completed_at is not None and state.ids_unserved_at is None
                      and set(state.proof_ids) <= set(state.proof_served))))
-
-
-def rejected_among(ids, rejected: Collection[str]) -> bool:
-    """Whether the own relay refused any of ``ids``: no proof asks them (it holds what it
-    took, and a refused event asked again is one downloaded again for nothing)."""
-    return any(i in rejected for i in ids)
 
 
 def reach_to_prove(state, rejected: Collection[str] = (), now: float = 0.0) -> tuple[str, ...]:
     """The ids the daily proof asks of a relay proven to answer several filters
     (``filters_answered``) but not yet as many as gsync packs into a REQ there, one a
     filter: ids it served (``RelayState.reach_ids``), none the own relay refused
-    (``rejected``: it holds what it took); none when no proof is due. A relay answering
-    the first few filters of a REQ and dropping the rest without a word (one reading up to
-    a ``max_filters`` it never publishes) answers two, and was taken for one answering
-    all: what came to its later
-    filters never arrived (the simulator with relays answering the first 2, 3 or 5 filters,
-    ``--filter-caps``: seeds 7002 and 7004, ``left_behind``). A live look's interval after
+    (``rejected``: it holds what it took, and a refused event asked again is one downloaded
+    again for nothing); none when no proof is due. A relay answering the first few filters
+    of a REQ and dropping the rest without a word (one reading up to a ``max_filters`` it
+    never publishes) answers two, and was taken for one answering all: what came to its
+    later filters never arrived (the simulator with relays answering the first 2, 3 or 5
+    filters, ``--filter-caps``: seeds 7002 and 7004, ``left_behind``). A live look's interval after
     its sync completed (``now``; at an answer then, the look's: a start in a first sync is a
     second of the operator's wait, and each of the ten events it asks is one downloaded
     again), with ids it served (not of a relay judged not to serve ids), three at least."""

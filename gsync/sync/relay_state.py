@@ -30,6 +30,7 @@ from .threads_ahead import ThreadsAhead
 from .unservable import UnservableIds
 
 _DIGITS = re.compile(r"\d+")  # (``RelayState.said_before``: the numbers of a reason aside)
+SAID_MAX = 16  # reasons said once a relay (``RelayState.said``)
 
 
 class ChangeTrackedDict(dict):
@@ -367,7 +368,8 @@ class RelayState:
     nip77_failed_at: float | None = None
     # what the operator was told of this relay's ways (``said_before``): each once, not at
     # every session or daily sync (a flapping relay without NIP-77 logged a warning every
-    # reconnection, 300 in ten days). A few keys a relay, gone with it
+    # reconnection, 300 in ten days). SAID_MAX keys at most (a reason may be a relay's own
+    # text, new at each session), gone with the relay
     said: set = field(default_factory=set)
     # a batch left what no REQ reaches here without NIP-77 (``PendingBatch.unreached``) since
     # the last fresh start with NIP-77 usable: synced again when NIP-77 comes back
@@ -421,13 +423,24 @@ class RelayState:
         self.max_values_learned, self.values_learned_at = most, now
         return most, True
 
+    def lower_max_filters(self, most: int) -> bool:
+        """The relay answers ``most`` filters of a REQ at most (it refused more, or read only
+        that many): this session packs no more, and later sessions and restarts start there
+        (``max_filters_learned``). False when that is no lower than what is known."""
+        limits = self.current.limits
+        if limits.max_filters is not None and limits.max_filters <= most:
+            return False
+        self.current.limits = dataclasses.replace(limits, max_filters=most)
+        self.max_filters_learned = most
+        return True
+
     def said_before(self, event: str, reason: str) -> bool:
         """Whether ``event`` was logged for ``reason`` here before (its numbers aside); from
         now on it has been. A relay's lasting ways are said once at info or warning, then at
         debug."""
         key = (event, _DIGITS.sub("#", reason[:200]))
-        if key in self.said:
-            return True
+        if key in self.said or len(self.said) >= SAID_MAX:
+            return True  # (past SAID_MAX, whatever else the relay says is at debug)
         self.said.add(key)
         return False
 

@@ -240,12 +240,11 @@ class LiveCoverage:
         return freed, closed
 
     def poll_instead(self, state: RelayState, filters, fresh: bool = False) -> None:
-        if state.polled.filters or state.fresh_polled.filters:
-            pass
-        elif state.said_before("live_coverage_polled", "relay budget"):
-            log.debug("live_coverage_polled", relay=state.url, reason="relay budget")
-        else:
-            log.warning("live_coverage_polled", relay=state.url, reason="relay budget")
+        if not (state.polled.filters or state.fresh_polled.filters):
+            if state.said_before("live_coverage_polled", "relay budget"):
+                log.debug("live_coverage_polled", relay=state.url, reason="relay budget")
+            else:
+                log.warning("live_coverage_polled", relay=state.url, reason="relay budget")
         tier = state.fresh_polled if fresh else state.polled
         tier.add([f.replace(limit=None) for f in filters], self.clock())
 

@@ -220,12 +220,8 @@ class Refusals:
             refused = len(live.filters) if live is not None else 0
         if refused < 2:
             return
-        limits = state.current.limits
         allowed = max(1, refused // 2)
-        current = limits.max_filters
-        if current is None or allowed < current:
-            state.current.limits = dataclasses.replace(limits, max_filters=allowed)
-            state.max_filters_learned = allowed  # later sessions and restarts start there
+        if state.lower_max_filters(allowed):
             log.info("filters_per_req_lowered", relay=state.url, max_filters=allowed, refused=refused)
 
     def learn_max_values(self, state: RelayState, filters, reason: str) -> int | None:
@@ -682,11 +678,8 @@ class Refusals:
         """The relay answered a filter alone that it left unanswered as the next after the
         first ``answers`` of a REQ: it answers that many a REQ and drops the rest without a
         word. From now on (saved) it is asked so, and its sync starts again so."""
-        limits = state.current.limits
-        if limits.max_filters is not None and limits.max_filters <= answers:
+        if not state.lower_max_filters(answers):
             return
-        state.current.limits = dataclasses.replace(limits, max_filters=answers)
-        state.max_filters_learned = answers  # later sessions and restarts start there
         log.warning("relay_answers_few_filters", relay=state.url, max_filters=answers)
         self.on_one_filter(state)
 
@@ -694,8 +687,7 @@ class Refusals:
         """The relay answered a filter alone with what a REQ of several did not bring: it
         answers one filter a REQ. From now on (saved) it is asked one a REQ, and its sync
         starts again so."""
-        state.current.limits = dataclasses.replace(state.current.limits, max_filters=1)
-        state.max_filters_learned = 1  # later sessions and restarts start there
+        state.lower_max_filters(1)
         log.warning("relay_answers_one_filter", relay=state.url)
         self.on_one_filter(state)
 
