@@ -17,13 +17,13 @@ from gsync.sync.filter_plan import (
     filters_per_req,
     layer1_filter,
     live,
-    live_baseline,
     pack_into_reqs,
     repo_tag_filters,
     root_event_filters,
     state_filters,
     tag_value_budget,
 )
+from gsync.sync.policy import CoveragePauses, by_shape, coverage_key
 from gsync.sync.repos import SyncLevel
 
 
@@ -305,11 +305,27 @@ def test_consolidation_when_fragmented_70_past_baseline():
     assert budget.needs_consolidation(active_live=81, baseline=10)
 
 
-def test_live_baseline_counts_packed_live_reqs():
-    filters = build_sync_level_aware_filters({f"30617:aa:r{i}": SyncLevel.FULL for i in range(3)})
-    assert len(filters) == 4
-    assert live_baseline(filters) == 1
-    assert live_baseline(filters, limits(max_filters=1)) == 4
+def test_live_reqs_pack_a_shape_that_goes_alone_apart_its_filters_together():
+    """``CoveragePauses.pack_key``: live REQs as opening them sends them. Packed with the
+    other shapes and split at opening, a REQ of #e, #E and #q with #e and #q going alone
+    took three subscriptions where the count before opening said one (seed 983)."""
+    roots = [f"{i:064x}" for i in range(60)]
+    filters = live([f for n in range(0, 60, 10) for f in filter_plan.root_event_filters(roots[n:n + 10])])
+    three = limits(max_filters=3)
+    pauses = CoveragePauses()
+    assert pack_into_reqs(filters, three, key=pauses.pack_key) == pack_into_reqs(filters, three)
+    for shape in ("e", "q"):  # refused once, restored by the probe: alone from then on
+        pauses.pause(coverage_key(Filter.make(tags={shape: ["0" * 64]})), 0.0)
+    for key in pauses.due_probes(float("inf")):
+        pauses.probe_passed(key)
+    mixed = pack_into_reqs(filters, three)
+    opened = [part for group in mixed for part in pauses.separate(group)]
+    packed = pack_into_reqs(filters, three, key=pauses.pack_key)
+    assert [pauses.separate(group) for group in packed] == [[group] for group in packed], "nothing split at opening"
+    assert sorted(map(len, by_shape([f for group in packed for f in group]))) == sorted(
+        map(len, by_shape(filters))), "every filter once"
+    assert all(len({coverage_key(f) for f in group}) == 1 for group in packed if pauses.goes_alone(group[0]))
+    assert len(packed) == len(filters) // 3 < len(opened), (len(packed), len(opened))
 
 
 def test_historic_reqs_group_semantic_filters_and_keep_id_fetches_apart():

@@ -8,6 +8,7 @@ import pytest
 from gsync import constants
 from gsync.io.inbox import NegentropyFinished
 from gsync.io.manager.coverage import member_filters
+from gsync.io.manager.live import LIVE_SUB_PREFIX, LiveCoverage
 from gsync.io.negentropy_sync import NegentropyOutcome
 from gsync.protocol import messages as wire
 from gsync.protocol.filters import Filter
@@ -133,6 +134,63 @@ def test_a_poll_of_shapes_that_go_alone_is_spaced_by_the_reqs_it_takes(tmp_path)
         h.eose_all(A)
     reqs = polls_sent(h, start + 60)  # 29 minutes; a poll is three REQs (#E; #e; #q)
     assert 174 <= reqs <= 351, f"{reqs} REQs: 116 polls 15 s apart take 348 (5 s apart: 870)"
+
+
+def test_coverage_whose_shapes_go_alone_is_packed_once_not_every_ten_minutes(tmp_path):
+    """Seed 983 of the simulator's 30-relay world (left_behind, day 5.9): relay24 takes 3
+    filters a REQ and 20 values a list; two thread shapes went alone after a refusal. Its
+    coverage was packed three shapes a REQ and split by shape when opened, so the count of
+    live REQs a consolidation reads (a third of what opening took) said packing anew would
+    free room: consolidated every ten minutes for days, each time to the same
+    subscriptions, each time with a catch-up of about a hundred REQs of one filter; its
+    queue grew by a hundred an hour, its sync never ended, and an import there waited for the
+    next day. Packed apart by shape (``CoveragePauses.pack_key``), what is counted is what
+    opening takes: one consolidation, then none."""
+    h, start = _shapes_alone_past_the_budget(tmp_path)
+    assert live_rebuilds(h, start) == [], "consolidated again"
+
+
+def _shapes_alone_past_the_budget(tmp_path):
+    """Coverage past a relay's seven live slots (3 filters a REQ, 5 values a list), #e and
+    #q going alone, rebuilt as they go; then an hour, every REQ answered with nothing.
+    (The harness, and when the hour began.)"""
+    h = ManagerHarness(tmp_path)
+    repos = [announcement(owner, f"r{n}", relays=[A]) for n in range(12)]
+    h.own_relay_holds(*repos, *[issue(owner, r, subject=f"issue {i}") for r in repos for i in range(8)])
+    h.connect(A, limits=RelayLimits(max_subscriptions=10, max_filters=3, max_values=5))
+    state = h.state(A)
+    for shape in ("e", "q"):  # refused once, restored by the probe: alone from then on
+        state.paused.pause(coverage_key(Filter.make(tags={shape: ["0" * 64]})), h.clock.now)
+    for key in state.paused.due_probes(float("inf")):
+        state.paused.probe_passed(key)
+    h.settle(A)
+    h.manager.live.consolidate(state)  # (a rebuild: every shape as it goes now)
+    h.settle(A)
+    assert state.polled.filters or state.fresh_polled.filters, "past the budget: polled"
+    start = h.clock.now
+    for _ in range(1800):
+        h.advance(2)
+        h.tick()
+        h.eose_all(A)
+    return h, start
+
+
+def live_rebuilds(h, since: float) -> list[float]:
+    """When live REQs were closed since ``since`` (a consolidation closes every one), a time
+    per rebuild."""
+    conn = h.conn(A)
+    return sorted({at for at, f in zip(conn.sent_at, conn.frames, strict=True)
+                   if at > since and f[0] == "CLOSE" and f[1].startswith(LIVE_SUB_PREFIX)})
+
+
+def test_a_consolidation_that_takes_more_than_counted_is_not_repeated_for_the_same_coverage(tmp_path, monkeypatch):
+    """Whatever else may make a count of live REQs miss what opening takes (seed 983's was
+    a shape going alone): a consolidation for fragmentation that takes more than it was
+    counted to has later counts corrected by as much, so the same subscriptions are not
+    rebuilt every ten minutes. Here the count says packing anew takes one REQ."""
+    monkeypatch.setattr(LiveCoverage, "baseline", lambda self, state, adding=None: 1)
+    h, start = _shapes_alone_past_the_budget(tmp_path)
+    assert len(live_rebuilds(h, start)) <= 1, "rebuilt every ten minutes"
 
 
 def close_live_subs(h) -> int:

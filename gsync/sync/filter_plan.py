@@ -478,11 +478,6 @@ class SubscriptionBudget:
         return not self.fits(active_live, adding) and baseline < active_live + adding
 
 
-def live_baseline(filters: Iterable[Filter], limits=None) -> int:
-    """The irreducible number of live REQs the desired live filters need once packed."""
-    return len(pack_into_reqs(live(filters), limits))
-
-
 
 # -- polled live coverage ------------------------------------------------------------------
 

@@ -198,6 +198,10 @@ class RelaySession:
     consolidated_at: float | None = None  # this session's last consolidation
     consolidation_due: bool = False  # one was skipped for being too soon after the last
     polled_checked_at: float | None = None  # polled coverage last looked at (``consolidate_polled``)
+    # live and polled REQs a consolidation for fragmentation was counted to take (``fragmented``),
+    # and how many more the last one took than counted
+    packing_counted: int | None = None
+    packing_overshoot: int = 0
     # the relay refused a live REQ for its total filter size ("exceed max size"): what it
     # made polled stays so this session (``LiveCoverage.bring_live``)
     capacity_refused: bool = False

@@ -50,7 +50,7 @@ class LiveCoverage:
     def subscribe(self, state: RelayState, live_filters, items: PendingItems) -> None:
         """Live coverage for new ``items`` (``live_filters`` is their live form). Called
         before their historic batch exists, so a consolidation must add them itself."""
-        groups = filter_plan.pack_into_reqs(live_filters, state.current.limits)
+        groups = live_groups(state, live_filters)
         budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
         active = state.current.data_live_subs()
         # The baseline (every live filter of the relay rebuilt and packed: the manager's
@@ -153,7 +153,7 @@ class LiveCoverage:
         polled apart while new). Members trickle in during historic sync, one small REQ per
         tick: opening each would overrun the relay's budget. (A consolidation for new core
         coverage packs them again.)"""
-        groups = filter_plan.pack_into_reqs(filter_plan.live(filters), state.current.limits)
+        groups = live_groups(state, filter_plan.live(filters))
         self.open_groups(state, groups, descendants=True, fresh=len(groups) if fresh else 0)
 
     def wake_pump_in(self, state: RelayState, wait: float) -> None:
@@ -396,7 +396,7 @@ class LiveCoverage:
             self.consolidate(state)
             return True
         state.current.consolidation_due = False
-        polled = len(filter_plan.pack_into_reqs(state.fresh_polled.filters, state.current.limits))
+        polled = len(live_groups(state, filter_plan.live(state.fresh_polled.filters)))
         if not self.packing_makes_room(state, max(1, polled)):
             return False
         self.consolidate(state)
@@ -435,17 +435,22 @@ class LiveCoverage:
         """Would the relay's live coverage (thread members included), packed anew, take
         fewer REQs than it takes now, live and polled, with no room left? Then one
         consolidation brings some polled coverage live; once packed, not again until
-        coverage fragments anew (no consolidation that gains nothing)."""
+        coverage fragments anew (no consolidation that gains nothing). A count is what
+        opening takes (``live_groups``); should a consolidation still take more than it
+        was counted to, later counts add that much: a count that keeps saying a packing
+        gains, and a packing that keeps gaining nothing, rebuilt the same subscriptions
+        every POLLED_CONSOLIDATION_CHECK_SECS with a catch-up each (seed 983)."""
         budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
         open_now = state.current.data_live_subs()
         if budget.fits(open_now, 1):
             return False  # room left: what is polled is so for its bytes, not for room
         members = state.current.members
-        packed = self.baseline(state) + (len(filter_plan.pack_into_reqs(
-            filter_plan.live(member_filters(state, members)), state.current.limits)) if members else 0)
-        polled = filter_plan.pack_into_reqs(filter_plan.live(state.fresh_polled.filters + state.polled.filters),
-                                            state.current.limits)
-        return packed < open_now + len(polled)
+        packed = self.baseline(state) + (len(live_groups(state, filter_plan.live(member_filters(state, members))))
+                                         if members else 0)
+        if packed + state.current.packing_overshoot >= open_now + polled_reqs(state):
+            return False
+        state.current.packing_counted = packed
+        return True
 
     def start_poll(self, state: RelayState, due, now: float) -> None:
         filters = []
@@ -470,7 +475,7 @@ class LiveCoverage:
     def groups_for(self, state: RelayState, items: PendingItems) -> list:
         if not items:
             return []
-        return filter_plan.pack_into_reqs(filter_plan.live(sync_filters(state, items, None)), state.current.limits)
+        return live_groups(state, filter_plan.live(sync_filters(state, items, None)))
 
     def desired_items(self, state: RelayState) -> PendingItems:
         """What the relay's live coverage covers: confirmed and pending items, and the ids
@@ -487,7 +492,7 @@ class LiveCoverage:
         if adding is not None:
             items.add(adding)
         wanted = sync_filters(state, items, None)
-        return filter_plan.live_baseline(wanted, state.current.limits)
+        return len(live_groups(state, filter_plan.live(wanted)))
 
     def consolidate(self, state: RelayState, adding: PendingItems | None = None) -> None:
         """Replace fragmented live subscriptions with the fewest that cover everything.
@@ -521,6 +526,10 @@ class LiveCoverage:
         # Between our CLOSEs and the new REQs the relay sends nothing new: fetch that gap
         # (SPEC §4 asks this of layer 1; every layer has the same gap).
         self.catch_up(state, wanted, int(self.clock()) - constants.RECONNECT_OVERLAP_SECS)
+        if state.current.packing_counted is not None:  # (one for fragmentation: did it take what was counted?)
+            taken = state.current.data_live_subs() + polled_reqs(state)
+            state.current.packing_overshoot = max(0, taken - state.current.packing_counted)
+            state.current.packing_counted = None
         log.info("consolidated", relay=state.url, live_subscriptions=len(state.current.live_subs) - 1,
                  polled_filters=len(state.polled.filters) + len(state.fresh_polled.filters))
 
@@ -544,13 +553,25 @@ def reqs_taken(state: RelayState, filters) -> int:
                for group in filter_plan.pack_into_reqs(filters, start_queue.poll_limits(state)))
 
 
+def live_groups(state: RelayState, live_filters) -> list:
+    """``live_filters`` (their live form) as the live REQs opening them takes: packed within
+    the relay's limits, a shape that goes alone apart (``CoveragePauses.pack_key``). Every
+    count of live REQs (a consolidation's baseline, what is polled) is what opening sends."""
+    return filter_plan.pack_into_reqs(live_filters, state.current.limits, key=state.paused.pack_key)
+
+
+def polled_reqs(state: RelayState) -> int:
+    """The live REQs the relay's polled coverage would take."""
+    return len(live_groups(state, filter_plan.live(state.fresh_polled.filters + state.polled.filters)))
+
+
 def live_groups_with_room(state: RelayState, filters) -> list:
     """``filters``' live REQs, packed, when the relay has room for the first of them (a
     free live slot, and the filter bytes live subscriptions may take): else none."""
     budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
     if not budget.fits(state.current.data_live_subs(), 1):
         return []
-    groups = filter_plan.pack_into_reqs(filter_plan.live(filters), state.current.limits)
+    groups = live_groups(state, filter_plan.live(filters))
     if groups and (state.current.live_filter_bytes() + wire.req_size("live-00000000", groups[0])
                    > constants.MAX_LIVE_FILTER_BYTES):
         return []

@@ -56,6 +56,7 @@ from ..inbox import CooldownEnded
 from .coverage import member_filters, sync_filters
 from .effects import unsubscribe
 from .lifecycle import LAYER1_LIVE_SUB
+from .live import live_groups
 
 log = get_logger("gsync.manager")
 
@@ -381,7 +382,7 @@ class Refusals:
             self.live.pump(state)
         elif kind is Refusal.UNSUPPORTED and (most := self.learn_max_values(state, live.filters, reason)):
             pieces = [p for f in live.filters for p in filter_plan.within_values(f, most)]
-            groups = filter_plan.pack_into_reqs(pieces, state.current.limits)
+            groups = live_groups(state, pieces)
             self.live.open_groups(state, groups, descendants=live.descendants, fresh=len(groups) if live.fresh else 0)
         elif kind in (Refusal.POLICY, Refusal.UNSUPPORTED, Refusal.AUTH):
             about_shape = refuses_a_shape(kind, reason)
@@ -423,7 +424,7 @@ class Refusals:
         if live.control:
             self.live.open(state, sub_id, filters, control=True, rebuilt_at=now)
         else:
-            self.live.open_groups(state, filter_plan.pack_into_reqs(filters, state.current.limits), rebuilt_at=now)
+            self.live.open_groups(state, live_groups(state, filters), rebuilt_at=now)
         since = int(now) - constants.RECONNECT_OVERLAP_SECS
         self.historic.start(state, PendingItems(), [f.replace(limit=None, since=since) for f in filters])
 
@@ -715,7 +716,7 @@ class Refusals:
         if key == coverage_key(filter_plan.layer1_filter()):
             self.live.open(state, LAYER1_LIVE_SUB, filter_plan.live(filters), control=True)
         else:
-            self.live.open_groups(state, filter_plan.pack_into_reqs(filter_plan.live(filters), state.current.limits))
+            self.live.open_groups(state, live_groups(state, filter_plan.live(filters)))
         self.historic.start(state, PendingItems(), filters)
 
     # -- rate limits ------------------------------------------------------------------------
