@@ -234,3 +234,44 @@ def test_a_relay_proven_by_the_proof_of_two_is_asked_the_proof_of_its_reach_the_
     assert one_filter.asks_filters_proof(state, (), now)
     state.reach_proof_asked = True
     assert not one_filter.asks_filters_proof(state, (), now)
+
+
+def test_an_id_a_proof_asked_that_the_relay_does_not_serve_alone_is_no_proof_any_more(tmp_path):
+    """The simulator's seed 829 of the every-behaviour world: relay8 hid on read an event it
+    had served (``hidden``). The daily proof asked it beside another, the suspect answer had
+    it asked alone, unserved; the next day the same, four asks by id in 16 h
+    (``unservable_asked_again``). Unserved alone, it leaves the ids a proof asks, and the
+    relay is taught nothing."""
+    hidden = []
+
+    def first_three_then_nothing(h, url, proof, events):
+        h.relay_sends(url, proof[1], *[events[x["ids"][0]] for x in proof[2:5]])
+        h.relay_says(url, wire.Eose(proof[1]))
+        h.advance(1.1)
+        [probe] = [r for r in h.historic_reqs(url) if len(r) == 3 and r[2].get("ids") == proof[5]["ids"]]
+        hidden.append(probe[2]["ids"][0])
+        h.relay_says(url, wire.Eose(probe[1]))  # (hidden on read: nothing)
+
+    h, a = proven_then_proof(tmp_path, first_three_then_nothing)
+    state = h.state(a)
+    assert hidden and state.max_filters_learned is None
+    assert hidden[0] not in state.reach_ids + state.proof_ids + state.proof_served
+    assert len(state.reach_ids) == 9, "the others still prove"
+
+
+def test_ids_a_proof_left_unserved_among_served_ones_are_no_proof_any_more(tmp_path):
+    """A proof answered but for one filter in the middle: no relay answering the first few
+    filters answers so (an event deleted since, hidden on read): it teaches nothing, and the
+    unserved id leaves the ids the next day's proof asks."""
+    holes = []
+
+    def all_but_the_fifth(h, url, proof, events):
+        holes.append(proof[6]["ids"][0])
+        h.relay_sends(url, proof[1], *[events[x["ids"][0]] for i, x in enumerate(proof[2:]) if i != 4])
+        h.relay_says(url, wire.Eose(proof[1]))
+
+    h, a = proven_then_proof(tmp_path, all_but_the_fifth)
+    state = h.state(a)
+    assert holes and state.max_filters_learned is None and state.filters_reach == 0
+    assert holes[0] not in state.reach_ids + state.proof_ids + state.proof_served
+    assert not [r for r in h.historic_reqs(a) if len(r) == 3 and r[2].get("ids") == [holes[0]]], "asked alone"

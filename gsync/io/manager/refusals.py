@@ -553,6 +553,7 @@ class Refusals:
                     self.few_filters_found(state, probe.answers)
                     return False
                 return True
+            state.forget_proof_ids(i for s in answer.filters for i in s.page_filter.ids or () if i not in got)
             if probe.rest:
                 self.probe_filters(state, probe.brought, probe.rest)
             return False
@@ -674,6 +675,8 @@ class Refusals:
         if answers is not None:
             rest = Filter.make(ids=[proof.ids[answers]])
             self.probe_filters(state, frozenset(got), (rest,), spare=True, answers=answers)
+        else:
+            state.forget_proof_ids(i for i, ok in zip(proof.ids, served, strict=True) if not ok)
 
     def few_filters_found(self, state: RelayState, answers: int) -> None:
         """The relay answered a filter alone that it left unanswered as the next after the
