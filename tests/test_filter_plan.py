@@ -379,6 +379,8 @@ def test_polls_are_spaced_by_the_bytes_and_reqs_they_send(monkeypatch):
     assert poll_interval(300 * 1024, reqs=3) == 300.0  # (the longer of the two)
     assert poll_interval(0, reqs=500) == 600.0
     assert poll_interval(0, reqs=0) == 5.0
+    assert poll_interval(2_000, reqs=3, req_secs=2.0) == 15.0  # the proactive gate's pace, doubled: no change
+    assert poll_interval(2_000, reqs=3, req_secs=20.0) == 60.0  # a relay paced at 10 s: polls take half of it
 
 
 def test_filters_differing_only_in_one_tags_values_merge_within_a_budget():

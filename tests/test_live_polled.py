@@ -112,7 +112,25 @@ def test_a_poll_of_shapes_that_go_alone_is_spaced_by_the_reqs_it_takes(tmp_path)
     subscription and one of its paced starts; spaced by its bytes alone, it was asked every
     5 s for the rest of the session. Spaced 5 s for every REQ it takes, it is asked at most
     every 15 s."""
+    reqs = polls_in_half_an_hour(ManagerHarness(tmp_path))  # 29 minutes; a poll is three REQs (#E; #e; #q)
+    assert 174 <= reqs <= 351, f"{reqs} REQs: 116 polls 15 s apart take 348 (5 s apart: 870)"
+
+
+def test_a_poll_of_a_relay_paced_by_its_refusals_takes_half_its_pace(tmp_path):
+    """Seed 983 of the 30-relay world: relay24, whose query-rate refusals taught a start
+    every 10 s, had 117 filters polled, 5 s a REQ: each poll began as the last ended, a REQ
+    every 10 s all day, every other start waiting behind them. Spaced twice its pace a REQ,
+    polls take half of it."""
     h = ManagerHarness(tmp_path)
+    h.manager.health.restore(A, {"learned_gap": 10.0, "learned_at": h.clock.now})  # (a week's pace, saved)
+    reqs = polls_in_half_an_hour(h)
+    assert 60 <= reqs <= 90, f"{reqs} REQs: a poll of three every 60 s takes 87 (as fast as the pace allows: 174)"
+
+
+def polls_in_half_an_hour(h) -> int:
+    """Polled thread coverage of six members on a relay of two live slots, ``#e`` and ``#q``
+    going alone (three REQs a poll): the poll REQs of half an hour but its first minute, each
+    answered with nothing."""
     h.own_relay_holds(announcement(owner, "r", relays=[A]))
     h.connect(A, limits=RelayLimits(max_subscriptions=5))
     h.settle(A)
@@ -132,8 +150,7 @@ def test_a_poll_of_shapes_that_go_alone_is_spaced_by_the_reqs_it_takes(tmp_path)
         h.advance(2)
         h.tick()
         h.eose_all(A)
-    reqs = polls_sent(h, start + 60)  # 29 minutes; a poll is three REQs (#E; #e; #q)
-    assert 174 <= reqs <= 351, f"{reqs} REQs: 116 polls 15 s apart take 348 (5 s apart: 870)"
+    return polls_sent(h, start + 60)
 
 
 def test_coverage_whose_shapes_go_alone_is_packed_once_not_every_ten_minutes(tmp_path):

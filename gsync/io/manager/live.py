@@ -458,7 +458,8 @@ class LiveCoverage:
             since = int(tier.cursor or now) - constants.POLL_OVERLAP_SECS
             tier.started_at = now
             tier.filters = state.paused.allowed(tier.filters)
-            every = filter_plan.poll_interval(wire.req_size("poll", tier.filters), reqs_taken(state, tier.filters))
+            every = filter_plan.poll_interval(wire.req_size("poll", tier.filters), reqs_taken(state, tier.filters),
+                                              2 * self.health.start_interval(state.url, now))
             if state.current.live_not_kept:
                 every = max(every, constants.LIVE_NOT_KEPT_POLL_SECS)
             if tier.filters and round(every) != round(tier.every):
