@@ -478,7 +478,6 @@ class SubscriptionBudget:
         return not self.fits(active_live, adding) and baseline < active_live + adding
 
 
-
 # -- polled live coverage ------------------------------------------------------------------
 
 
