@@ -464,3 +464,34 @@ def test_a_relay_syncing_by_nip77_and_serving_nothing_is_proven_by_two_events_fo
     assert state.filters_answered  # both served, each by its own filter
     poll = _until_reqs(h, lambda filters: (), lambda sent: len(sent) > 0)
     assert any(len(req) > 3 for req in poll), [len(req) - 2 for req in poll]  # packed again
+
+
+def test_a_rebuild_while_the_last_rebuilds_catch_up_waits_queues_only_what_of_it_went(tmp_path):
+    """A relay whose pace spaces its starts 10 s apart takes minutes over a catch-up of
+    dozens of REQs, and a full budget may be rebuilt once a minute, each rebuild with a
+    catch-up of its swap (the last 15 minutes of all its coverage): the queue grew by a
+    whole catch-up a rebuild (seed 983's relay24, a hundred REQs an hour). A filter an
+    earlier catch-up still has queued, from an earlier time, is asked by that one after
+    this swap too: only what went already is queued again."""
+    h = ManagerHarness(tmp_path)
+    h.manager.health.restore(A, {"learned_gap": 10.0, "learned_at": h.clock.now})
+    repos = [announcement(owner, f"r{n}", relays=[A]) for n in range(12)]
+    h.own_relay_holds(*repos, *[issue(owner, r, subject=f"issue {i}") for r in repos for i in range(8)])
+    h.connect(A, limits=RelayLimits(max_subscriptions=10, max_filters=3, max_values=5))
+    state = h.state(A)
+    for _ in range(300):  # its sync, at its pace
+        h.answer_own_reads()
+        h.advance(2)
+        h.eose_all(A)
+    assert not state.current.historic_queue and state.historic_sync_completed_at is not None
+    queued, sent = [], []
+    for _ in range(4):
+        before = len(h.historic_reqs(A))
+        h.manager.live.consolidate(state)
+        queued.append(len(state.current.historic_queue))
+        for _ in range(30):  # a minute, every REQ answered with nothing
+            h.advance(2)
+            h.eose_all(A)
+        sent.append(len(h.historic_reqs(A)) - before)
+    assert queued[0] > 20 and all(n > 0 for n in sent), (queued, sent)
+    assert max(queued) < 1.5 * queued[0], f"{queued}: a whole catch-up a rebuild"

@@ -196,6 +196,7 @@ class RelaySession:
     threads_ahead: ThreadsAhead = field(default_factory=lambda: ThreadsAhead(THREADS_AHEAD_SECS, THREADS_AHEAD_MAX))
     poll_batch: int | None = None  # the poll in flight (one at a time)
     consolidated_at: float | None = None  # this session's last consolidation
+    catch_up_batches: list = field(default_factory=list)  # catch-ups' batches (``HistoricSync.catch_up``)
     consolidation_due: bool = False  # one was skipped for being too soon after the last
     polled_checked_at: float | None = None  # polled coverage last looked at (``consolidate_polled``)
     # live and polled REQs a consolidation for fragmentation was counted to take (``fragmented``),

@@ -176,13 +176,30 @@ class HistoricSync:
 
     def catch_up(self, state: RelayState, items: PendingItems, since: int) -> None:
         """Historic only, confirming nothing: what ``items``' live subscriptions (still open,
-        or just replaced) may have missed since ``since``, and layer 1 with it."""
-        self.start(state, PendingItems(), [filter_plan.layer1_filter(since)])
+        or just replaced) may have missed since ``since``, and layer 1 with it. A filter an
+        earlier catch-up of the relay still has queued, unstarted, from no later a time, is
+        not queued again: that one asks what this one would, later. A relay whose pace
+        spaces its starts 10 s apart takes minutes over a catch-up of a hundred REQs, and a
+        full budget may be rebuilt once a minute (``CONSOLIDATION_MIN_SECS``), each rebuild
+        with its catch-up: its queue grew for good, its sync never ended (the simulator's
+        seed 983, by a rebuild every ten minutes)."""
+        session = state.current
+        session.catch_up_batches = [i for i in session.catch_up_batches if i in session.pending]
+        queued: dict = {}  # a queued catch-up filter without its since -> the earliest since
+        for batch_id in session.catch_up_batches:
+            for _, _, group in start_queue.queued_of(state, session.pending[batch_id]):
+                for f in group:
+                    key = f.replace(since=None)
+                    queued[key] = min(queued.get(key, f.since), f.since)
         filters = sync_filters(state, items, since)
-        if state.current.members:
-            filters += [f.replace(since=since) for f in member_filters(state, state.current.members)]
-        if filters:
-            self.start(state, PendingItems(), filters)
+        if session.members:
+            filters += [f.replace(since=since) for f in member_filters(state, session.members)]
+        for part in ([filter_plan.layer1_filter(since)], filters):
+            left = [f for f in part if queued.get(f.replace(since=None), since + 1) > since]
+            if len(left) < len(part):
+                log.debug("catch_up_queued_already", relay=state.url, filters=len(part) - len(left))
+            if left:
+                session.catch_up_batches.append(self.start(state, PendingItems(), left).batch_id)
 
     def use_negentropy(self, state: RelayState, filters) -> bool:
         return self.plan.use_negentropy(state, filters, self.clock())
