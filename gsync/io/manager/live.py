@@ -391,8 +391,10 @@ class LiveCoverage:
             state.current.polled_checked_at = now
             if self.bring_live(state, now):
                 return True
-            if not self.fragmented(state):
+            counted = self.fragmented(state)
+            if counted is None:
                 return False
+            state.current.packing_counted = counted  # (did it take what was counted? ``consolidate``)
             self.consolidate(state)
             return True
         state.current.consolidation_due = False
@@ -431,9 +433,10 @@ class LiveCoverage:
                  still_polled=len(state.polled.filters) + len(state.fresh_polled.filters))
         return True
 
-    def fragmented(self, state: RelayState) -> bool:
+    def fragmented(self, state: RelayState) -> int | None:
         """Would the relay's live coverage (thread members included), packed anew, take
-        fewer REQs than it takes now, live and polled, with no room left? Then one
+        fewer REQs than it takes now, live and polled, with no room left? The REQs it would
+        take if so, else None. Then one
         consolidation brings some polled coverage live; once packed, not again until
         coverage fragments anew (no consolidation that gains nothing). A count is what
         opening takes (``live_groups``); should a consolidation still take more than it
@@ -443,14 +446,11 @@ class LiveCoverage:
         budget = filter_plan.SubscriptionBudget.from_limits(state.current.limits)
         open_now = state.current.data_live_subs()
         if budget.fits(open_now, 1):
-            return False  # room left: what is polled is so for its bytes, not for room
+            return None  # room left: what is polled is so for its bytes, not for room
         members = state.current.members
         packed = self.baseline(state) + (len(live_groups(state, filter_plan.live(member_filters(state, members))))
                                          if members else 0)
-        if packed + state.current.packing_overshoot >= open_now + polled_reqs(state):
-            return False
-        state.current.packing_counted = packed
-        return True
+        return packed if packed + state.current.packing_overshoot < open_now + polled_reqs(state) else None
 
     def start_poll(self, state: RelayState, due, now: float) -> None:
         filters = []
