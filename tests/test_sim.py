@@ -20,6 +20,7 @@ from gsync.io import negentropy_ws
 from gsync.io.inbox import DeliveryAnswered, RemoteEvent, RemoteEvents
 from gsync.ops import metrics
 from gsync.protocol.filters import Filter
+from gsync.protocol.precise import NOTES_EXCLUDED
 from gsync.sim import SimOptions, Simulation, run
 from gsync.sim.invariants import BUSY_BASE, BUSY_PER_ACTION, BUSY_PER_LOST
 from gsync.sim.relay import EventStore, SimRelay, filter_from_json
@@ -949,6 +950,61 @@ def test_a_refusal_gsync_had_no_verdict_on_when_it_stopped_is_not_counted_agains
     sim.run()
     assert restored == [True]
     assert counts == [{}, {}, {}, {"refused_asked_again": 1}], counts
+
+
+def test_a_refused_shape_whose_kinds_probe_was_served_is_not_counted_asked_without_notes():
+    """Seed 4003's year (refused_asked_again, day 112.09; the checker's mistake): relay0
+    refused ``#a`` (a policy fault) and the fault ended before gsync's kinds probe, which it
+    served; gsync concluded the refusal was of the notes ``#a`` may bring and asked ``#a``
+    without notes in three live REQs, counted as three asks of the refused shape. Served
+    without notes, the shape asked so is not counted, until the relay refuses it so too;
+    asked with notes it is counted all the same, and so is everything after a probe refused."""
+    sim = Simulation(SimOptions(seed=4, days=0.3, faults=False, publish_per_day=0.001, **SMALL))
+    url = sim.world.relay_urls[1]
+    serial = iter(range(10_000, 20_000))
+    precise = {"kinds": sorted(NOTES_EXCLUDED), "#z": ["x"]}  # (a tag gsync never asks)
+    counts = []
+
+    def conn():
+        return types.SimpleNamespace(relay=url, number=next(serial), starts=[])
+
+    def ask(f, times=3):
+        for _ in range(times):
+            c = conn()
+            sim.checker.client_frame(c, "REQ", json.dumps(["REQ", f"z{c.number}", f]))
+        counts.append(dict(sim.checker.counts))
+
+    def refused():
+        sim.checker.relay_frame(conn(), json.dumps(["CLOSED", "r", "blocked: #z queries are not allowed here"]))
+
+    def probed(answer):
+        c = conn()
+        sim.checker.client_frame(c, "REQ", json.dumps(["REQ", "probe", precise]))
+        sim.checker.relay_frame(c, json.dumps(answer))
+
+    def anew():
+        sim.checker.refused_at.clear()
+        sim.checker.counts.clear()
+        refused()
+
+    def asks():
+        refused()
+        probed(["EOSE", "probe"])
+        ask(precise)
+        ask({"#z": ["x"]}, 2)  # (two asks more allowed)
+        ask({"#z": ["x"]}, 1)
+        anew()
+        probed(["EOSE", "probe"])
+        refused()  # without notes too, after its probe was served
+        ask(precise)
+        anew()
+        probed(["CLOSED", "probe", "blocked: #z queries are not allowed here"])
+        ask(precise)
+
+    sim.at(START + 0.05 * 86_400, asks)
+    sim.run()
+    violated = {"refused_asked_again": 1}
+    assert counts == [{}, {}, violated, violated, violated], counts
 
 
 def test_a_message_in_a_quiet_stretch_brings_the_next_tick_within_two_seconds():

@@ -52,7 +52,8 @@ with the simulated day it happened and what broke.
   alone, which names no REQ, allows two asks more, and any while that relay answers nothing
   with EOSE) asked of
   it again more than twice within POLICY_PROBE_SECS after gsync read the refusal (the
-  refused shape asked once without notes, gsync's kinds probe, ``protocol.precise``, once; an ask
+  refused shape asked once without notes, gsync's kinds probe, ``protocol.precise``, once, and
+  when the relay served that probe, asked without notes until it refuses it so; an ask
   the relay closed unanswered, rate-limited, too many REQs open or auth-required, is not
   counted: sent again, it is the same ask; a relay
   retired or forgotten meanwhile forgets it, as it does its dead mark: counted from its
@@ -141,6 +142,7 @@ from .world import DAY, DOMAIN, START
 
 _NOTES_EXCLUDED = sorted(NOTES_EXCLUDED)  # a kinds probe's kinds, as its REQ writes them
 _KINDS_PROBED = ("kinds probe",)  # marks a refused tag key's entry: its kinds probe was seen
+_PRECISE_SERVED = ("kinds probe served",)  # marks it: that probe was served (EOSE)
 # live REQs (``LiveCoverage``'s ids): not paced starts, whatever their filters (a relay known to
 # drop ``limit: 0`` is sent them with ``since``: ``filter_plan.live_since``)
 _LIVE_REQS = (f'["REQ","{LIVE_SUB_PREFIX}', f'["REQ","{LAYER1_LIVE_SUB}"')
@@ -663,12 +665,17 @@ class Checker:
         asked = conn.__dict__.get("refused_asks")
         if asked and frame.startswith(('["CLOSED"', '["EOSE"')):
             self._refused_ask_answered(conn, asked, frame)
+        probes = conn.__dict__.get("kinds_probes")
+        if probes and frame.startswith(('["CLOSED"', '["EOSE"')):
+            self._kinds_probe_answered(probes, frame)
         if frame.startswith(('["CLOSED"', '["NOTICE"')) and '"blocked: #' in frame:  # (--notice-refusals)
             key = frame.split('"blocked: #', 1)[1][:1]
             now = self.sim.clock.now
             self.ever_refused.setdefault(conn.relay, set()).add(key)
             refused = self.refused_at.setdefault(conn.relay, {})
             started = refused.get(key)
+            if started is not None and _PRECISE_SERVED in started[2:]:
+                started.remove(_PRECISE_SERVED)  # asked without notes, refused all the same
             if started is None or now - started[0] >= constants.POLICY_PROBE_SECS:
                 # (a NOTICE names no REQ: gsync finds the shape by asking it alone, after the
                 # REQ's stall where the NOTICE could be another REQ's: two asks more)
@@ -701,11 +708,15 @@ class Checker:
                     self.refused_by[(conn.relay, key)] = current  # (a restart restores them: counted on)
                 if (conn.number, msg[1]) in entry[2:]:
                     continue  # the same REQ sent again (after AUTH): one ask
-                if _KINDS_PROBED not in entry[2:] and all(
-                        f.get("kinds") == _NOTES_EXCLUDED for f in msg[2:] if isinstance(f, dict) and f"#{key}" in f):
+                precise = all(f.get("kinds") == _NOTES_EXCLUDED
+                              for f in msg[2:] if isinstance(f, dict) and f"#{key}" in f)
+                if precise and _PRECISE_SERVED in entry[2:]:
+                    continue  # its kinds probe was served: asked without notes, it is served
+                if _KINDS_PROBED not in entry[2:] and precise:
                     # the refused shape asked once more without notes: was the refusal about
                     # them (``protocol.precise``, khatru's AntiSyncBots)? One ask more, once
                     entry += [_KINDS_PROBED, (conn.number, msg[1])]
+                    conn.__dict__.setdefault("kinds_probes", {})[msg[1]] = entry
                     continue
                 entry.append((conn.number, msg[1]))
                 entry[1] += 1
@@ -713,6 +724,22 @@ class Checker:
                 if entry[1] > 2:
                     self.violation("refused_asked_again", f"{conn.relay} #{key} asked {entry[1]} times "
                                    f"{(now - entry[0]) / HOUR:.1f} h after its refusal: {text[:100]}")
+
+    @staticmethod
+    def _kinds_probe_answered(probes: dict, frame: str) -> None:
+        """An EOSE or CLOSED of a refused tag key's kinds probe (``probes``: the connection's,
+        by sub id). Served (EOSE), the refusal was of the notes the shape may bring, as gsync
+        concludes (``Refusals.kinds_probe_answered``): asked without notes from then on, the
+        shape is not the one refused, until the relay refuses it so too (seed 4003's year, day
+        112.09: relay0's policy on ``#a`` ended between its refusal and the probe, which it
+        served; gsync then asked ``#a`` without notes in its live REQs)."""
+        try:
+            verb, sub_id, *_ = json.loads(frame)
+            entry = probes.pop(sub_id, None)
+        except (ValueError, TypeError):
+            return
+        if entry is not None and verb == "EOSE" and _PRECISE_SERVED not in entry[2:]:
+            entry.append(_PRECISE_SERVED)
 
     @staticmethod
     def _refused_ask_answered(conn, asked: dict, frame: str) -> None:
