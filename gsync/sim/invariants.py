@@ -53,7 +53,8 @@ with the simulated day it happened and what broke.
   with EOSE) asked of
   it again more than twice within POLICY_PROBE_SECS after gsync read the refusal (the
   refused shape asked once without notes, gsync's kinds probe, ``protocol.precise``, once, and
-  when the relay served that probe, asked without notes until it refuses it so; an ask
+  when the relay served that probe, asked without notes until it refuses it so; an ask of
+  it the relay served, EOSE, ends the refusal: not refused any more; an ask
   the relay closed unanswered, rate-limited, too many REQs open or auth-required, is not
   counted: sent again, it is the same ask; a relay
   retired or forgotten meanwhile forgets it, as it does its dead mark: counted from its
@@ -741,18 +742,30 @@ class Checker:
         if entry is not None and verb == "EOSE" and _PRECISE_SERVED not in entry[2:]:
             entry.append(_PRECISE_SERVED)
 
-    @staticmethod
-    def _refused_ask_answered(conn, asked: dict, frame: str) -> None:
+    def _refused_ask_answered(self, conn, asked: dict, frame: str) -> None:
         """An EOSE or CLOSED of a REQ counted as an ask of a refused tag key (``asked``: the
         connection's, by sub id). Closed for a rate, for too many REQs open or for AUTH, the
         relay did not answer it: gsync sending it again once the cooldown allows is the same
         ask (as ``_id_ask_answered`` judges an id's), taken back from the count (seed 13 of
         --fault-scale 3 with --per-filter 0.3: a `#e` the relay blocked, asked alone to find
-        the culprit, met a rate limit of minutes; each probe after a cooldown counted)."""
+        the culprit, met a rate limit of minutes; each probe after a cooldown counted).
+        Served (EOSE), the relay refuses that key no more: its refusal is over, later asks
+        are not counted against it (seed 4003's year, day 112.09: a policy of an hour, ended
+        before gsync asked the shape once more and restored it)."""
         try:
             verb, sub_id, *rest = json.loads(frame)
             entries = asked.pop(sub_id, ())
         except (ValueError, TypeError):
+            return
+        if verb == "EOSE" and entries:
+            relay = self.sim.relays.get(conn.relay)
+            if relay is not None and relay.precise_only:
+                return  # (it answers an imprecise REQ with EOSE alone, refused or not)
+            refused = self.refused_at.get(conn.relay, {})
+            for key, entry in list(refused.items()):
+                if any(entry is e for e in entries):
+                    del refused[key]
+                    self.refused_by.pop((conn.relay, key), None)
             return
         reason = rest[0] if verb == "CLOSED" and rest and isinstance(rest[0], str) else ""
         if not reason.startswith(("rate-limited:", "auth-required:", "restricted:")) and "too many" not in reason:
