@@ -15,6 +15,10 @@ with the simulated day it happened and what broke.
 - ``unexplained_pause``: a shape gsync holds paused on a relay (a policy refusal) none of
   whose tags that relay ever refused ``blocked:`` (the one policy simulated relays have): a
   refusal for want of an AUTH the relay takes, or anything else, taken as policy.
+- ``notes_misjudged``: gsync holds a relay for one refusing filters that may bring notes
+  without naming authors (``precise_refused``: asked without notes for good, saved) that
+  does not (AntiSyncBots, ``--anti-sync-bots``): a refusal of a tag that ended before its
+  kinds probe, taken for that (seed 4003's year, day 112.09). At each sample.
 - ``gate``: two background starts (a historic REQ, a NEG-OPEN) on one connection closer
   than the configured gate.
 - ``dial_storm``: more than 30 handshakes to one relay within an hour (3 more for each time
@@ -131,7 +135,7 @@ from .. import constants
 from ..io.inbox import OwnEvents, RemoteEvents
 from ..io.manager.lifecycle import LAYER1_LIVE_SUB
 from ..io.manager.live import LIVE_SUB_PREFIX, live_groups_with_room
-from ..io.manager.refusals import KindsProbe
+from ..io.manager.refusals import ImpreciseCheck, KindsProbe
 from ..ops import metrics
 from ..protocol.precise import NOTES_EXCLUDED
 from ..sync.filter_plan import SubscriptionBudget
@@ -1089,12 +1093,16 @@ class Checker:
             # (a relay refusing filters that may bring notes: its shapes paused until the
             # probe without notes out now answers, ``Refusals.probe_kinds``; seed 5116 of the
             # per-filter stress mix with --anti-sync-bots sampled that second)
-            probing = any(isinstance(p, KindsProbe) for p in state.current.probes.values())
+            # (or the shape asked as it was once that probe was served: ``check_imprecise``)
+            probing = any(isinstance(p, (KindsProbe, ImpreciseCheck)) for p in state.current.probes.values())
             for key in state.paused.keys():
                 if probing and key in state.current.kinds_suspects:
                     continue
                 if not any(name in refused for name in key[1]):
                     self.violation("unexplained_pause", f"{url} {describe(key)} paused, never refused by policy")
+            relay = self.sim.relays.get(url)
+            if state.precise_refused and relay is not None and not relay.anti_sync_bots:
+                self.violation("notes_misjudged", f"{url} asked without notes, refusing none")
 
     def polled_beside_room(self, m, now: float) -> None:
         """``polled_with_room``, at a sample."""
