@@ -533,9 +533,10 @@ class Refusals:
         """``key``, refused, was served without notes: one REQ asks it once more as it was,
         one filter. Refused again, the relay refuses filters that may bring notes
         (``imprecise_refused``); served, the refusal is over and the shape restored
-        (``probe_answered``). Taken as the relay's for good at once before, a refusal of
-        ``#a`` that ended before its kinds probe (the simulator's seed 4003, day 112.09: a
-        policy of an hour) left that relay's notes unasked for ever (saved)."""
+        (``probe_answered``); unanswered, asked again as a kinds probe is. Taken for the
+        relay's at once before, a refusal of ``#a`` that ended before its kinds probe (the
+        simulator's seed 4003, day 112.09: a policy of an hour) left that relay's notes
+        unasked for ever (saved)."""
         filters = self.coverage_filters(state, key)
         if not filters:
             self.imprecise_refused(state)
@@ -739,7 +740,12 @@ class Refusals:
             return
         if isinstance(key, ImpreciseCheck):
             if batch.failed_otherwise:
-                self.imprecise_refused(state)  # (no answer is no yes: as its kinds probe told)
+                # no answer is neither: asked again, as an unanswered kinds probe is, then the
+                # shape stays paused until its probe (taken for a refusal, the relay was asked
+                # without notes for good on no evidence)
+                state.current.kinds_probes_unanswered += 1
+                if state.current.kinds_probes_unanswered <= KINDS_PROBE_AGAIN:
+                    self.check_imprecise(state, tuple(key))
                 return
             key = tuple(key)
             state.current.kinds_suspects.discard(key)
