@@ -698,6 +698,25 @@ def test_a_relay_answering_only_precise_queries_and_holding_no_announcement_is_f
     assert events_named(gsync, "relay_answers_only_precise_queries", remote.url)
 
 
+def test_a_relay_answering_only_precise_queries_and_holding_only_a_state_is_found_so(
+        relay_factory, gsync_factory, scripted):
+    """The same relay holding nothing of a repository but its state (``kind 30618``): the
+    REQs asking it beside the imprecise filters brought nothing, and so did every probe of
+    those made precise, so the relay was never proven to answer precise queries only and the
+    state never came (the simulator's seed 847 of the every-behaviour world: relay2, a state
+    published there alone, left behind for days). The probes ask the REQ's precise filters
+    too, after the others: the state's brings it, and the relay is asked precisely."""
+    own = relay_factory()
+    remote = scripted(page_size=500, on_message=_scrapers_limited, nip11=NOSTR_RS_RELAY)
+    repo = our_announcement(own, [remote], d="precise-state")
+    refs = f.state(alice, "precise-state")
+    remote.add(refs)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, [refs], timeout=30, what="a state on a relay answering only precise queries")
+    assert events_named(gsync, "relay_answers_only_precise_queries", remote.url)
+
+
 @pytest.mark.parametrize("cut", [None, (0.6, f.KIND_ISSUE)], ids=["answers-all", "a-slow-nothing"])
 def test_a_relay_of_that_make_answering_every_query_is_not_taken_for_one_limiting_scrapers(
         relay_factory, gsync_factory, scripted, cut):

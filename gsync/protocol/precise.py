@@ -94,8 +94,9 @@ def kinds_probe(f: Filter) -> Filter:
 
 
 def probe_sources(trigger: Iterable[Filter], authors: Iterable[str]) -> list[tuple[Filter, Filter]]:
-    """The precise forms of ``trigger``'s filters (the imprecise ones, asking stored events,
-    of a REQ that came back with nothing), each beside the filter it was made from (a probe
+    """The precise forms of ``trigger``'s filters (those asking stored events of a REQ that
+    came back with nothing, the imprecise ones first: a precise one is its own form, ignored
+    beside them all the same), each beside the filter it was made from (a probe
     refused for its shape pauses that one's shape: ``RelayLifecycle.on_probe_refused``): each
     asks only what its imprecise form asked (within the same bounds), so an event it brings,
     one that form matches, shows the relay ignored that REQ; on a relay answering everything,
