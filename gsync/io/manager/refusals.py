@@ -539,8 +539,7 @@ class Refusals:
         unasked for ever (saved)."""
         filters = self.coverage_filters(state, key)
         if not filters:
-            self.imprecise_refused(state)
-            return
+            return  # nothing of it wanted now: no evidence either way (paused until its probe)
         batch = PendingBatch(self.historic.queue.batch_id(), PendingItems(), kind=BatchKind.PROBE)
         state.current.pending[batch.batch_id] = batch
         state.current.probes[batch.batch_id] = ImpreciseCheck(key)
