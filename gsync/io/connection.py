@@ -745,8 +745,9 @@ class RelayConnection:
 
     def _maybe_probe(self, sub_id: str, sent_at: float | None = None) -> None:
         """An EOSE: if its REQ brought nothing and asked an imprecise filter, ask the probe
-        (of its filters asking stored events, the imprecise ones first; once an hour). Not on an answer of nothing that came slowly (``sent_at``: when the
-        REQ went, if this EOSE was its first answer): a relay that answers only precise
+        (of its filters asking stored events, the imprecise ones first; once an hour). Not on
+        an answer of nothing that came slowly (``sent_at``: when the REQ went, if this EOSE
+        was its first answer): a relay that answers only precise
         queries refuses a "scraper" before any query, at once; a slow nothing may be a query
         its time budget stopped, asked once more (``FilterPaginationState.next_page``), and a
         probe answered then would mark the relay as answering only precise queries."""
