@@ -232,68 +232,6 @@ def test_a_relay_refusing_tag_filters_without_kinds_is_asked_them_with_kinds_but
     assert state.status.name == "CONNECTED"  # synced: every filter served
 
 
-def test_a_refusal_that_ends_before_its_kinds_probe_restores_the_shape_not_a_relay_without_notes(tmp_path):
-    """A relay refuses ``#a`` as a policy of the moment ("blocked: #a queries are not allowed
-    here") and has ended it by the time the kinds probe comes, which it serves. Taken for
-    AntiSyncBots, the relay was asked without notes for good (saved): its notes tagging a
-    repository never came (the simulator's seed 4003, day 112.09). Now the shape is asked once
-    more as it was; served, it is restored: asked as before, nothing paused."""
-    h = ManagerHarness(tmp_path)
-    h.own_relay_holds(*[announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)])
-    h.connect(A)
-    answered: set = set()
-    policy = {"on": True}
-    for _ in range(40):
-        h.answer_own_reads()
-        for req in h.reqs(A):
-            if req[1] in answered:
-                continue
-            answered.add(req[1])
-            if any("#a" in f and f.get("kinds") and 1 not in f["kinds"] for f in req[2:]):
-                policy["on"] = False  # (the kinds probe: the policy is over by then)
-            if policy["on"] and any("#a" in f for f in req[2:]):
-                h.relay_says(A, closed(req[1], "blocked: #a queries are not allowed here"))
-            else:
-                h.relay_says(A, wire.Eose(req[1]))
-        h.advance(1.1)
-    state = h.state(A)
-    assert not policy["on"]  # (the kinds probe went)
-    assert not state.precise_refused and not state.paused
-    last = {req[1]: req for req in h.reqs(A)}
-    live = [f for sub_id in state.current.live_subs for f in last[sub_id][2:]]
-    assert any("#a" in f and "kinds" not in f for f in live)  # asked as it was, live again
-    assert state.status.name == "CONNECTED"
-
-
-def test_an_imprecise_check_left_unanswered_is_asked_again_not_taken_for_a_refusal(tmp_path):
-    """AntiSyncBots again; the check that follows its served kinds probe (the refused shape
-    asked as it was) stalls: no answer is no refusal, it is asked again, refused, and only
-    then is the relay asked without notes."""
-    h = _three_repositories_on_a(tmp_path)
-    answered: set = set()
-    seen = {"probe_served": False, "left": []}
-
-    def answer():
-        for req in h.reqs(A):
-            if req[1] in answered:
-                continue
-            if seen["probe_served"] and not seen["left"] and any(
-                    any(k.startswith("#") for k in f) and "kinds" not in f for f in req[2:]):
-                answered.add(req[1])
-                seen["left"].append(req[1])  # (the check: left unanswered)
-                continue
-            if any(f.get("kinds") and 1 not in f["kinds"] and 1617 in f["kinds"] for f in req[2:]):
-                seen["probe_served"] = True
-        _anti_sync_bots(h, answered)
-
-    _run(h, answer, 60)
-    state = h.state(A)
-    assert seen["left"] and state.precise_refused and not state.paused
-    reqs = h.reqs(A)
-    left = next(i for i, req in enumerate(reqs) if req[1] == seen["left"][0])
-    assert any(req[2:] == reqs[left][2:] for req in reqs[left + 1:])  # the check asked again
-
-
 def test_a_relay_refusing_one_tag_after_serving_the_others_has_that_tag_paused_not_kinds_asked(tmp_path):
     """A relay refusing ``#q`` (say) serves ``#a``: the refusal is about the shape, as before."""
     h = ManagerHarness(tmp_path)
