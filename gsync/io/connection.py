@@ -747,8 +747,8 @@ class RelayConnection:
         """An EOSE: if its REQ brought nothing and asked an imprecise filter, ask the probe
         (of its filters asking stored events, the imprecise ones first; once an hour). Not on
         an answer of nothing that came slowly (``sent_at``: when the REQ went, if this EOSE
-        was its first answer): a relay that answers only precise
-        queries refuses a "scraper" before any query, at once; a slow nothing may be a query
+        was its first answer): a relay that answers only precise queries refuses a "scraper"
+        before any query, at once; a slow nothing may be a query
         its time budget stopped, asked once more (``FilterPaginationState.next_page``), and a
         probe answered then would mark the relay as answering only precise queries."""
         brought = sub_id in self._evented
@@ -757,7 +757,8 @@ class RelayConnection:
         if brought or filters is None:
             return
         # (a live REQ's ``limit: 0`` asks for nothing stored: its nothing says nothing)
-        imprecise = [f for f in filters.filters if is_imprecise(f) and f.limit != 0]
+        stored = [f for f in filters.filters if f.limit != 0]
+        imprecise = [f for f in stored if is_imprecise(f)]
         # one that asked history whole (no ``since``: a sync's first page) is its own trigger,
         # an hour after the last of its kind, whatever probes of the last hour's REQs went since
         whole = all(f.since is None for f in imprecise)
@@ -774,7 +775,7 @@ class RelayConnection:
         # one, and one holding nothing the imprecise ones ask but what the precise ones do (a
         # repository's states, its ``#d``) was never proven so, and every state published
         # there was lost (the simulator's seed 847 of the every-behaviour world: relay2)
-        trigger = imprecise + [f for f in filters.filters if not is_imprecise(f) and f.limit != 0 and f.ids is None]
+        trigger = imprecise + [f for f in stored if not is_imprecise(f) and f.ids is None]
         self._probe_trigger, self._probe_retried = trigger, False
         self._probe_chain = len(trigger) - 1 if whole else 0
         self._emit(ProbeWanted(self.relay, self.session, tuple(trigger)))
