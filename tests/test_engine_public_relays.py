@@ -776,6 +776,37 @@ def test_a_relay_refusing_filters_that_may_bring_notes_is_asked_with_kinds(relay
     assert "negentropy_done" in logged
 
 
+def test_a_tag_refused_for_an_hour_ended_before_its_kinds_probe_is_asked_as_before(
+        relay_factory, gsync_factory, scripted):
+    """A relay refuses ``#q`` as a policy of the moment ("blocked: #q queries are not allowed
+    here") and has ended it when gsync asks ``#q`` once more without notes (its kinds probe),
+    which it serves. Taken for AntiSyncBots, the relay was asked without notes from then on,
+    saved: a note quoting the repository there never came. Now ``#q`` is asked once more as it
+    was, is served, and is restored: the note comes."""
+    policy = {"on": True, "refused": 0}
+
+    def tag_refused(relay, conn, message):
+        if not (isinstance(message, list) and message[:1] == ["REQ"]):
+            return None
+        filters = [flt for flt in message[2:] if isinstance(flt, dict)]
+        if any("#q" in flt and flt.get("kinds") and 1 not in flt["kinds"] for flt in filters):
+            policy["on"] = False  # (its kinds probe: the policy is over by then)
+        if policy["on"] and any("#q" in flt for flt in filters):
+            policy["refused"] += 1
+            return [["CLOSED", message[1], "blocked: #q queries are not allowed here"]]
+        return None
+
+    own, remote, repo, bugs = scripted_repository(relay_factory, scripted, "policy-hour", 3, on_message=tag_refused)
+    note = f.quote(carol, repo)
+    remote.add(note)
+    publish(own.url, [repo])
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, [*bugs, note], timeout=40, what="the history and the note quoting the repository")
+    assert policy["refused"] and not policy["on"]
+    assert events_named(gsync, "coverage_refusal_ended", remote.url)
+    assert not events_named(gsync, "relay_refuses_imprecise_queries", remote.url)
+
+
 @pytest.mark.parametrize("published", [True, False])
 def test_a_relay_refusing_limits_above_its_max_limit_is_paged_at_it(relay_factory, gsync_factory, scripted,
                                                                      published):

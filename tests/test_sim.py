@@ -958,7 +958,9 @@ def test_a_refused_shape_whose_kinds_probe_was_served_is_not_counted_asked_witho
     served; gsync concluded the refusal was of the notes ``#a`` may bring and asked ``#a``
     without notes in three live REQs, counted as three asks of the refused shape. Served
     without notes, the shape asked so is not counted, until the relay refuses it so too;
-    asked with notes it is counted all the same, and so is everything after a probe refused."""
+    asked with notes it is counted all the same, and so is everything after a probe refused.
+    An ask of the shape as it was that the relay serves ends the refusal (gsync now asks it
+    once more so before it concludes, and restores the shape when served)."""
     sim = Simulation(SimOptions(seed=4, days=0.3, faults=False, publish_per_day=0.001, **SMALL))
     url = sim.world.relay_urls[1]
     serial = iter(range(10_000, 20_000))
@@ -968,10 +970,12 @@ def test_a_refused_shape_whose_kinds_probe_was_served_is_not_counted_asked_witho
     def conn():
         return types.SimpleNamespace(relay=url, number=next(serial), starts=[])
 
-    def ask(f, times=3):
+    def ask(f, times=3, served=False):
         for _ in range(times):
             c = conn()
             sim.checker.client_frame(c, "REQ", json.dumps(["REQ", f"z{c.number}", f]))
+            if served:
+                sim.checker.relay_frame(c, json.dumps(["EOSE", f"z{c.number}"]))
         counts.append(dict(sim.checker.counts))
 
     def refused():
@@ -1000,11 +1004,15 @@ def test_a_refused_shape_whose_kinds_probe_was_served_is_not_counted_asked_witho
         anew()
         probed(["CLOSED", "probe", "blocked: #z queries are not allowed here"])
         ask(precise)
+        anew()
+        probed(["EOSE", "probe"])
+        ask({"#z": ["x"]}, 1, served=True)  # asked as it was, served: the refusal is over
+        ask({"#z": ["x"]})
 
     sim.at(START + 0.05 * 86_400, asks)
     sim.run()
     violated = {"refused_asked_again": 1}
-    assert counts == [{}, {}, violated, violated, violated], counts
+    assert counts == [{}, {}, violated, violated, violated, {}, {}], counts
 
 
 def test_a_message_in_a_quiet_stretch_brings_the_next_tick_within_two_seconds():

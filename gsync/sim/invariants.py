@@ -15,6 +15,10 @@ with the simulated day it happened and what broke.
 - ``unexplained_pause``: a shape gsync holds paused on a relay (a policy refusal) none of
   whose tags that relay ever refused ``blocked:`` (the one policy simulated relays have): a
   refusal for want of an AUTH the relay takes, or anything else, taken as policy.
+- ``notes_misjudged``: gsync holds a relay for one refusing filters that may bring notes
+  without naming authors (``precise_refused``: asked without notes for good, saved) that
+  does not (AntiSyncBots, ``--anti-sync-bots``): a refusal of a tag that ended before its
+  kinds probe, taken for that (seed 4003's year, day 112.09). At each sample.
 - ``gate``: two background starts (a historic REQ, a NEG-OPEN) on one connection closer
   than the configured gate.
 - ``dial_storm``: more than 30 handshakes to one relay within an hour (3 more for each time
@@ -53,7 +57,8 @@ with the simulated day it happened and what broke.
   with EOSE) asked of
   it again more than twice within POLICY_PROBE_SECS after gsync read the refusal (the
   refused shape asked once without notes, gsync's kinds probe, ``protocol.precise``, once, and
-  when the relay served that probe, asked without notes until it refuses it so; an ask
+  when the relay served that probe, asked without notes until it refuses it so; an ask of
+  it the relay served, EOSE, ends the refusal: not refused any more; an ask
   the relay closed unanswered, rate-limited, too many REQs open or auth-required, is not
   counted: sent again, it is the same ask; a relay
   retired or forgotten meanwhile forgets it, as it does its dead mark: counted from its
@@ -130,7 +135,7 @@ from .. import constants
 from ..io.inbox import OwnEvents, RemoteEvents
 from ..io.manager.lifecycle import LAYER1_LIVE_SUB
 from ..io.manager.live import LIVE_SUB_PREFIX, live_groups_with_room
-from ..io.manager.refusals import KindsProbe
+from ..io.manager.refusals import ImpreciseCheck, KindsProbe
 from ..ops import metrics
 from ..protocol.precise import NOTES_EXCLUDED
 from ..sync.filter_plan import SubscriptionBudget
@@ -741,18 +746,30 @@ class Checker:
         if entry is not None and verb == "EOSE" and _PRECISE_SERVED not in entry[2:]:
             entry.append(_PRECISE_SERVED)
 
-    @staticmethod
-    def _refused_ask_answered(conn, asked: dict, frame: str) -> None:
+    def _refused_ask_answered(self, conn, asked: dict, frame: str) -> None:
         """An EOSE or CLOSED of a REQ counted as an ask of a refused tag key (``asked``: the
         connection's, by sub id). Closed for a rate, for too many REQs open or for AUTH, the
         relay did not answer it: gsync sending it again once the cooldown allows is the same
         ask (as ``_id_ask_answered`` judges an id's), taken back from the count (seed 13 of
         --fault-scale 3 with --per-filter 0.3: a `#e` the relay blocked, asked alone to find
-        the culprit, met a rate limit of minutes; each probe after a cooldown counted)."""
+        the culprit, met a rate limit of minutes; each probe after a cooldown counted).
+        Served (EOSE), the relay refuses that key no more: its refusal is over, later asks
+        are not counted against it (seed 4003's year, day 112.09: a policy of an hour, ended
+        before gsync asked the shape once more and restored it)."""
         try:
             verb, sub_id, *rest = json.loads(frame)
             entries = asked.pop(sub_id, ())
         except (ValueError, TypeError):
+            return
+        if verb == "EOSE" and entries:
+            relay = self.sim.relays.get(conn.relay)
+            if relay is not None and relay.precise_only:
+                return  # (it answers an imprecise REQ with EOSE alone, refused or not)
+            refused = self.refused_at.get(conn.relay, {})
+            for key, entry in list(refused.items()):
+                if any(entry is e for e in entries):
+                    del refused[key]
+                    self.refused_by.pop((conn.relay, key), None)
             return
         reason = rest[0] if verb == "CLOSED" and rest and isinstance(rest[0], str) else ""
         if not reason.startswith(("rate-limited:", "auth-required:", "restricted:")) and "too many" not in reason:
@@ -1076,12 +1093,16 @@ class Checker:
             # (a relay refusing filters that may bring notes: its shapes paused until the
             # probe without notes out now answers, ``Refusals.probe_kinds``; seed 5116 of the
             # per-filter stress mix with --anti-sync-bots sampled that second)
-            probing = any(isinstance(p, KindsProbe) for p in state.current.probes.values())
+            # (or the shape asked as it was once that probe was served: ``check_imprecise``)
+            probing = any(isinstance(p, (KindsProbe, ImpreciseCheck)) for p in state.current.probes.values())
             for key in state.paused.keys():
                 if probing and key in state.current.kinds_suspects:
                     continue
                 if not any(name in refused for name in key[1]):
                     self.violation("unexplained_pause", f"{url} {describe(key)} paused, never refused by policy")
+            relay = self.sim.relays.get(url)
+            if state.precise_refused and relay is not None and not relay.anti_sync_bots:
+                self.violation("notes_misjudged", f"{url} asked without notes, refusing none")
 
     def polled_beside_room(self, m, now: float) -> None:
         """``polled_with_room``, at a sample."""

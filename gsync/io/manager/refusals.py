@@ -19,8 +19,10 @@
   that relay (``sync.policy``), everything packed with it completes, one probe asks again
   after 24 h, and from then on the shape goes alone in any REQ. A tag or ids filter that may
   bring notes, refused alone, is asked once more without them (``protocol.precise``: khatru's
-  AntiSyncBots): served so, every pause such a refusal explains is lifted, and the relay's
-  sync starts again asking so (``kinds_probe_answered``). A refusal worded about size
+  AntiSyncBots): served so, it is asked once more as it was (``check_imprecise``: a refusal
+  that ended meanwhile is no policy of the relay's, and the shape is restored); refused so
+  again, every pause such a refusal explains is lifted, and the relay's sync starts again
+  asking without notes (``imprecise_refused``). A refusal worded about size
   ("too many filters", "filter too large") is split in halves instead. An
   ``auth-required:`` is about us, not a filter: every filter of the REQ is paused. Until a
   shape's verdict, the first live REQ asking it alone is its trial: other live REQs of that
@@ -69,6 +71,13 @@ GUESSED_CAP_SETTLE_SECS = 5.0
 class KindsProbe(tuple):
     """A probe's mark in ``RelaySession.probes`` (beside the paused shapes' coverage probes):
     the refused shape ``probe_kinds`` asks again without notes."""
+
+    __slots__ = ()
+
+
+class ImpreciseCheck(tuple):
+    """A probe's mark in ``RelaySession.probes``: the refused shape whose kinds probe was
+    served, asked once more as it was (``check_imprecise``)."""
 
     __slots__ = ()
 
@@ -326,7 +335,10 @@ class Refusals:
             about_shape = refuses_a_shape(kind, reason)
             if kind is Refusal.AUTH or len(filters) == 1 or (about_shape and len(by_shape(filters)) == 1):
                 probed = state.current.probes.get(batch_id)
-                if isinstance(probed, KindsProbe) and filters[0].kinds == precise.NOTES_EXCLUDED:
+                if isinstance(probed, ImpreciseCheck):
+                    del state.current.probes[batch_id]  # refused as it was, served without notes
+                    self.imprecise_refused(state)
+                elif isinstance(probed, KindsProbe) and filters[0].kinds == precise.NOTES_EXCLUDED:
                     # (not another REQ of its batch: an id fetch of what NIP-77 found of it)
                     del state.current.probes[batch_id]  # refused without notes too: about the shape
                     state.kinds_refused.add(tuple(probed))
@@ -503,10 +515,10 @@ class Refusals:
                     self.probe_kinds(state, filters[0])
                     return
 
-    def kinds_probe_answered(self, state: RelayState, batch: PendingBatch) -> None:
-        """The probe of ``probe_kinds`` was served: the relay refuses filters that may bring
-        notes without naming authors. Every pause such a refusal explains is lifted, and the
-        relay is asked so from now on (``RelayLifecycle.on_imprecise_refused``)."""
+    def kinds_probe_answered(self, state: RelayState, key: KindsProbe, batch: PendingBatch) -> None:
+        """The probe of ``probe_kinds`` was answered. Served, the relay may refuse filters
+        that may bring notes without naming authors, or the refusal may have ended meanwhile
+        (a policy of an hour): the shape is asked once more as it was (``check_imprecise``)."""
         if batch.failed_otherwise:
             # no answer is no yes; asked again, twice at most a session (its REQ may have
             # stalled beside others a NOTICE refused, naming none: seed 593 of own-relay faults
@@ -515,6 +527,31 @@ class Refusals:
             if state.current.kinds_probes_unanswered <= KINDS_PROBE_AGAIN:
                 self.probe_kinds_of_paused(state)
             return
+        self.check_imprecise(state, tuple(key))
+
+    def check_imprecise(self, state: RelayState, key) -> None:
+        """``key``, refused, was served without notes: one REQ asks it once more as it was,
+        one filter. Refused again, the relay refuses filters that may bring notes
+        (``imprecise_refused``), and so when it is served with nothing (no witness); served
+        with events, the refusal is over and the shape restored (``probe_answered``);
+        unanswered, asked again as a kinds probe is. Taken for the
+        relay's at once before, a refusal of ``#a`` that ended before its kinds probe (the
+        simulator's seed 4003, day 112.09: a policy of an hour) left that relay's notes
+        unasked for ever (saved)."""
+        filters = self.coverage_filters(state, key)
+        if not filters:
+            return  # nothing of it wanted now: no evidence either way (paused until its probe)
+        batch = PendingBatch(self.historic.queue.batch_id(), PendingItems(), kind=BatchKind.PROBE)
+        state.current.pending[batch.batch_id] = batch
+        state.current.probes[batch.batch_id] = ImpreciseCheck(key)
+        log.info("coverage_imprecise_check", relay=state.url, coverage=describe(key))
+        self.historic.queue.add_reqs(state, batch, filters[:1])
+        self.historic.pump(state)
+
+    def imprecise_refused(self, state: RelayState) -> None:
+        """The relay refuses filters that may bring notes without naming authors, and serves
+        them without notes: every pause such a refusal explains is lifted, and the relay is
+        asked so from now on (``RelayLifecycle.on_imprecise_refused``)."""
         # the shapes this session's refusals paused that may be about notes, but those refused
         # without them too (older pauses, a probe of their own tells, asked without notes now)
         explained = state.current.kinds_suspects - state.kinds_refused
@@ -699,7 +736,28 @@ class Refusals:
         if isinstance(key, (FiltersProbe, ReachProof)) or key is FILTERS_PROOF:
             return  # unanswered (its REQ refused or stalled): no evidence either way
         if isinstance(key, KindsProbe):
-            self.kinds_probe_answered(state, batch)
+            self.kinds_probe_answered(state, key, batch)
+            return
+        if isinstance(key, ImpreciseCheck):
+            if batch.failed_otherwise:
+                # no answer is neither: asked again, as an unanswered kinds probe is, then the
+                # shape stays paused until its probe (taken for a refusal, the relay was asked
+                # without notes for good on no evidence)
+                state.current.kinds_probes_unanswered += 1
+                if state.current.kinds_probes_unanswered <= KINDS_PROBE_AGAIN:
+                    self.check_imprecise(state, tuple(key))
+                return
+            if not batch.brought_events:
+                # served with nothing: no witness the refusal ended (a relay answering
+                # imprecise REQs with EOSE alone, nostr-rs-relay's limit_scrapers, serves them
+                # so: seed 9009 of a precise-only world), as its kinds probe told
+                self.imprecise_refused(state)
+                return
+            key = tuple(key)
+            state.current.kinds_suspects.discard(key)
+            state.paused.lift(key.__eq__)
+            log.info("coverage_refusal_ended", relay=state.url, coverage=describe(key))
+            self.restore_coverage(state, key)
             return
         if not state.paused.is_probing(key):
             return  # refused again: paused another day (pause_coverage said so)
@@ -713,8 +771,13 @@ class Refusals:
         # mix: taken as no answer, #a stayed paused a day more, and a repository only that
         # relay lists with it)
         state.paused.probe_passed(key)
-        metrics.PAUSED_COVERAGE.labels(state.url).set(len(state.paused))
         log.info("coverage_restored", relay=state.url, coverage=describe(key))
+        self.restore_coverage(state, key)
+
+    def restore_coverage(self, state: RelayState, key) -> None:
+        """Paused coverage of shape ``key``, served again: its live REQs open and its history
+        is fetched."""
+        metrics.PAUSED_COVERAGE.labels(state.url).set(len(state.paused))
         filters = self.coverage_filters(state, key)
         if key == coverage_key(filter_plan.layer1_filter()):
             self.live.open(state, LAYER1_LIVE_SUB, filter_plan.live(filters), control=True)
