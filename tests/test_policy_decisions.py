@@ -319,6 +319,30 @@ def test_an_imprecise_check_left_unanswered_is_asked_again_not_taken_for_a_refus
     assert any(req[2:] == reqs[left][2:] for req in reqs[left + 1:])  # the check asked again
 
 
+def test_a_kinds_probe_its_session_ended_is_asked_again_in_the_next(tmp_path):
+    """AntiSyncBots again; its kinds probe is out when the relay's sync starts again (found to
+    answer one filter a REQ, say): that session's probe and its suspects end with it, and the
+    shapes it paused stayed paused a day (the simulator's seed 9009 of a precise-only world).
+    The next session asks them without notes again, and the relay is asked so."""
+    h = _three_repositories_on_a(tmp_path)
+    answered: set = set()
+    probes: list = []
+
+    def answer():
+        for req in h.reqs(A):
+            if req[1] not in answered and any(
+                    f.get("kinds") and 1 not in f["kinds"] and 1617 in f["kinds"] for f in req[2:]):
+                probes.append(req[1])
+                if len(probes) == 1:
+                    answered.add(req[1])  # (left unanswered: the session ends first)
+                    h.manager.lifecycle.fresh_start(h.state(A), h.clock.now)
+        _anti_sync_bots(h, answered)
+
+    _run(h, answer, 60)
+    state = h.state(A)
+    assert len(probes) >= 2 and state.precise_refused and not state.paused
+
+
 def test_a_relay_refusing_one_tag_after_serving_the_others_has_that_tag_paused_not_kinds_asked(tmp_path):
     """A relay refusing ``#q`` (say) serves ``#a``: the refusal is about the shape, as before."""
     h = ManagerHarness(tmp_path)

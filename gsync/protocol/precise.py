@@ -85,7 +85,12 @@ def may_be_refused_for_kinds(f: Filter) -> bool:
     """Might a relay have refused ``f`` for the kinds it may bring: a tag or ``ids`` filter
     naming no authors, asking any kind or notes among them? (An id fetch after a NIP-77
     exchange whose filter was not refused, layer 1's, may be the first refused.)"""
-    return (bool(f.tags) or f.ids is not None) and f.authors is None and (f.kinds is None or 1 in f.kinds)
+    return shape_may_be_refused_for_kinds(f.kinds, f.tags, f.ids is not None, f.authors is not None)
+
+
+def shape_may_be_refused_for_kinds(kinds, tags, ids: bool, authors: bool) -> bool:
+    """``may_be_refused_for_kinds`` of a shape (``sync.policy.coverage_key``'s parts)."""
+    return (bool(tags) or ids) and not authors and (kinds is None or 1 in kinds)
 
 
 def kinds_probe(f: Filter) -> Filter:

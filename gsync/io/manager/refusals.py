@@ -19,10 +19,12 @@
   that relay (``sync.policy``), everything packed with it completes, one probe asks again
   after 24 h, and from then on the shape goes alone in any REQ. A tag or ids filter that may
   bring notes, refused alone, is asked once more without them (``protocol.precise``: khatru's
-  AntiSyncBots): served so, it is asked once more as it was (``check_imprecise``: a refusal
-  that ended meanwhile is no policy of the relay's, and the shape is restored); refused so
-  again, every pause such a refusal explains is lifted, and the relay's sync starts again
-  asking without notes (``imprecise_refused``). A refusal worded about size
+  AntiSyncBots): served so, it is asked once more as it was (``check_imprecise``: served
+  with events, a refusal that ended meanwhile is no policy of the relay's, and the shape is
+  restored); refused so again, or served with nothing, every pause such a refusal explains
+  is lifted, and the relay's sync starts again asking without notes (``imprecise_refused``).
+  A session that ends first leaves its shapes to the next (``resume_kinds_probes``). A
+  refusal worded about size
   ("too many filters", "filter too large") is split in halves instead. An
   ``auth-required:`` is about us, not a filter: every filter of the REQ is paused. Until a
   shape's verdict, the first live REQ asking it alone is its trial: other live REQs of that
@@ -464,6 +466,24 @@ class Refusals:
             if state.paused and state.connected:
                 for key in state.paused.due_probes(now):
                     self.probe_coverage(state, key)
+                self.resume_kinds_probes(state)
+
+    def resume_kinds_probes(self, state: RelayState) -> None:
+        """Paused shapes that may have been refused for the notes they may bring and have no
+        verdict yet (``kinds_refused``) are suspects of every session, not only the one that
+        saw them refused: a fresh start or a new connection ended the last one's probe
+        (seed 9009 of a precise-only world: relay7, refusing notes, was found to answer one
+        filter a REQ while the probe's check was queued; its sync started again and five
+        shapes stayed paused a day). Each is asked without notes, one at a time
+        (``probe_kinds``), once a session."""
+        if state.precise_refused:
+            return
+        session = state.current
+        unjudged = {key for key in state.paused.keys() if precise.shape_may_be_refused_for_kinds(*key)}
+        unjudged -= session.kinds_suspects | state.kinds_refused
+        if unjudged:
+            session.kinds_suspects |= unjudged
+            self.probe_kinds_of_paused(state)
 
     def coverage_filters(self, state: RelayState, key):
         """Every historic filter of shape ``key`` the current index asks of this relay."""
