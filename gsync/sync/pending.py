@@ -689,7 +689,6 @@ class PendingBatch:
     # the newest (created_at, id) its pages brought: what a probe of how the relay reads
     # ``until`` asks for (``until_probe``); whether one was asked
     newest_seen: tuple[int, str] | None = None
-    brought_events: bool = False  # any page of it brought an event (``on_eose``)
     until_probed: bool = False
     # filters NIP-77 found mostly missing: fetched by REQ after the last exchange
     fetch_by_filter: list[Filter] = field(default_factory=list)

@@ -723,7 +723,6 @@ def on_eose(batch: PendingBatch, sub_id: str, per_req: int = MAX_FILTERS_PER_REQ
         return []
     cap = cap or PageCap()
     state.teach(cap, elapsed)
-    batch.brought_events = batch.brought_events or any(s.seen for s in state.filters)
     for s in state.filters:  # (an id's last answer decides: a quick one that lacked it is a witness)
         if s.page_filter.ids is not None:
             lacking = s.page_filter.ids - {i for _, i in s.seen}

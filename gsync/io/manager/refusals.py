@@ -19,10 +19,10 @@
   that relay (``sync.policy``), everything packed with it completes, one probe asks again
   after 24 h, and from then on the shape goes alone in any REQ. A tag or ids filter that may
   bring notes, refused alone, is asked once more without them (``protocol.precise``: khatru's
-  AntiSyncBots): served so, it is asked once more as it was (``check_imprecise``: served
-  with events, a refusal that ended meanwhile is no policy of the relay's, and the shape is
-  restored); refused so again, or served with nothing, every pause such a refusal explains
-  is lifted, and the relay's sync starts again asking without notes (``imprecise_refused``).
+  AntiSyncBots): served so, it is asked once more as it was (``check_imprecise``: served, a
+  refusal that ended meanwhile is no policy of the relay's, and the shape is restored);
+  refused so again, every pause such a refusal explains is lifted, and the relay's sync
+  starts again asking without notes (``imprecise_refused``).
   A session that ends first leaves its shapes to the next (``resume_kinds_probes``). A
   refusal worded about size
   ("too many filters", "filter too large") is split in halves instead. An
@@ -552,9 +552,9 @@ class Refusals:
     def check_imprecise(self, state: RelayState, key) -> None:
         """``key``, refused, was served without notes: one REQ asks it once more as it was,
         one filter. Refused again, the relay refuses filters that may bring notes
-        (``imprecise_refused``), and so when it is served with nothing (no witness); served
-        with events, the refusal is over and the shape restored (``probe_answered``);
-        unanswered, asked again as a kinds probe is. Taken for the
+        (``imprecise_refused``); served, with events or none, the refusal is over (a relay
+        refusing notes refuses this: khatru's AntiSyncBots) and the shape restored
+        (``probe_answered``); unanswered, asked again as a kinds probe is. Taken for the
         relay's at once before, a refusal of ``#a`` that ended before its kinds probe (the
         simulator's seed 4003, day 112.09: a policy of an hour) left that relay's notes
         unasked for ever (saved)."""
@@ -767,17 +767,12 @@ class Refusals:
                 if state.current.kinds_probes_unanswered <= KINDS_PROBE_AGAIN:
                     self.check_imprecise(state, tuple(key))
                 return
-            if not batch.brought_events:
-                # served with nothing: no witness the refusal ended (a relay answering
-                # imprecise REQs with EOSE alone, nostr-rs-relay's limit_scrapers, serves them
-                # so: seed 9009 of a precise-only world), as its kinds probe told
-                self.imprecise_refused(state)
-                return
             key = tuple(key)
             state.current.kinds_suspects.discard(key)
             state.paused.lift(key.__eq__)
             log.info("coverage_refusal_ended", relay=state.url, coverage=describe(key))
             self.restore_coverage(state, key)
+            self.probe_kinds_of_paused(state)  # (the next refused shape: over too, or another tale)
             return
         if not state.paused.is_probing(key):
             return  # refused again: paused another day (pause_coverage said so)
