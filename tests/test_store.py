@@ -337,6 +337,30 @@ def test_a_probe_out_at_the_save_is_due_at_once_after_a_restart():
     assert back.is_paused(key) and back.due_probes(NOW) == [key]
 
 
+def test_a_pause_refused_without_notes_too_keeps_that_verdict_over_a_restart_and_loses_it_with_the_pause():
+    """A shape refused asked without notes too is not asked so again while its pause lasts,
+    a restart included (each restart asked it so again: the simulator's seed 9012 of a
+    precise-only world, relay2, ``refused_asked_again``); once the pause ends, neither is
+    the verdict kept."""
+    pauses = CoveragePauses()
+    key = coverage_key(Filter.make(tags={"q": ["x"]}))
+    other = coverage_key(Filter.make(ids=["a" * 64]))
+    pauses.kinds_refused(key)  # (not paused: nothing to keep)
+    assert not pauses.is_kinds_refused(key)
+    pauses.pause(key, NOW)
+    pauses.pause(other, NOW)
+    pauses.kinds_refused(key)
+    saved = json.loads(json.dumps(pauses.snapshot()))
+    back = CoveragePauses.restore(saved)
+    assert back.is_kinds_refused(key) and not back.is_kinds_refused(other)
+    assert CoveragePauses.restore([entry[:2] for entry in saved]).is_paused(key)  # (an older file)
+    assert back.due_probes(NOW + 100_000) and back.is_kinds_refused(key)  # (probing: still paused)
+    back.probe_passed(key)
+    assert not back.is_kinds_refused(key) and not back.is_paused(key)
+    pauses.lift(key.__eq__)
+    assert not pauses.is_kinds_refused(key) and pauses.key() != back.key()
+
+
 def test_confirmed_items_are_saved_by_difference():
     items = SyncItems({REPO: SyncLevel.FULL, "30617:b:c": SyncLevel.STATE_ONLY}, {"r1", "r2"})
     rows = memory.confirmed_rows(items)

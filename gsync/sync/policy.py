@@ -110,6 +110,9 @@ class CoveragePauses:
     # shapes of a REQ refused by policy whose verdict is not in yet (``suspect``): alone
     # too, until served alone (``served``) or refused alone (``pause``)
     _suspects: set[CoverageKey] = field(default_factory=set)
+    # paused shapes the relay refused asked without notes too (``kinds_refused``): about the
+    # shape, not the notes it may bring; not asked so again while paused (saved with it)
+    _kinds_refused: set[CoverageKey] = field(default_factory=set)
 
     def pause(self, key: CoverageKey, now: float, *, shape_at_fault: bool = True,
               probe_in: float = POLICY_PROBE_SECS) -> bool:
@@ -127,6 +130,15 @@ class CoveragePauses:
 
     def is_paused(self, key: CoverageKey) -> bool:
         return key in self._until or key in self._probing
+
+    def kinds_refused(self, key: CoverageKey) -> None:
+        """Paused ``key``, asked without the notes it may bring, was refused too: its pause is
+        about the shape (``Refusals.probe_kinds``); known until the pause ends."""
+        if self.is_paused(key):
+            self._kinds_refused.add(key)
+
+    def is_kinds_refused(self, key: CoverageKey) -> bool:
+        return key in self._kinds_refused
 
     def is_probing(self, key: CoverageKey) -> bool:
         return key in self._probing
@@ -207,6 +219,7 @@ class CoveragePauses:
     def probe_passed(self, key: CoverageKey) -> None:
         """The probe was served: the coverage is restored."""
         self._probing.discard(key)
+        self._kinds_refused.discard(key)
 
     def lift(self, explained) -> list[CoverageKey]:
         """Lift every pause whose key ``explained(key)`` says was refused for a reason now
@@ -215,6 +228,7 @@ class CoveragePauses:
         for key in lifted:
             self._until.pop(key, None)
             self._probing.discard(key)
+            self._kinds_refused.discard(key)
         self._refused = {key for key in self._refused if not explained(key)}
         self._suspects = {key for key in self._suspects if not explained(key)}
         return sorted(lifted, key=repr)
@@ -228,23 +242,25 @@ class CoveragePauses:
 
     def snapshot(self) -> list:
         """JSON-able, for ``state_dir``: ``[[kinds or null, [tag names], ids, authors],
-        probe due at]``; a probe out now is due at once after a restart (its answer is lost)."""
-        out = [[_key_json(key), until] for key, until in self._until.items()]
-        return out + [[_key_json(key), 0.0] for key in self._probing]
+        probe due at]``, and ``true`` after it when it was refused without notes too
+        (``kinds_refused``); a probe out now is due at once after a restart (its answer is
+        lost)."""
+        due = [*self._until.items(), *((key, 0.0) for key in self._probing)]
+        return [[_key_json(key), until, *[True] * (key in self._kinds_refused)] for key, until in due]
 
     def key(self) -> tuple | None:
         """What ``snapshot`` is made of, as one comparable value (None: nothing paused)."""
         if not (self._until or self._probing):
             return None
-        return tuple(self._until.items()), frozenset(self._probing)
+        return tuple(self._until.items()), frozenset(self._probing), frozenset(self._kinds_refused)
 
     @classmethod
     def restore(cls, saved) -> CoveragePauses:
         pauses = cls()
-        for key, until in saved:
-            kinds, tags, ids, authors = key
-            kinds = None if kinds is None else tuple(int(k) for k in kinds)
-            pauses._until[(kinds, tuple(str(t) for t in tags), bool(ids), bool(authors))] = float(until)
+        for key, until, *kinds_refused in saved:
+            pauses._until[_json_key(key)] = float(until)
+            if kinds_refused == [True]:
+                pauses._kinds_refused.add(_json_key(key))
         return pauses
 
     def keys(self) -> list[CoverageKey]:
@@ -264,6 +280,12 @@ class CoveragePauses:
 def _key_json(key: CoverageKey) -> list:
     kinds, tags, ids, authors = key
     return [None if kinds is None else list(kinds), list(tags), ids, authors]
+
+
+def _json_key(saved) -> CoverageKey:
+    """``_key_json``'s key again, from what a state file holds."""
+    kinds, tags, ids, authors = saved
+    return None if kinds is None else tuple(int(k) for k in kinds), tuple(str(t) for t in tags), bool(ids), bool(authors)
 
 
 @dataclass

@@ -362,9 +362,6 @@ class RelayState:
     # answer several filters of a REQ, its looks go one filter a REQ
     # (``one_filter.looks_filter_by_filter``)
     live_dropped_at: float | None = None
-    # shapes it refused asked without notes too: about the shape, not kinds; not asked so
-    # again while this process knows the relay (``Refusals.probe_kinds``; a few shapes at most)
-    kinds_refused: set = field(default_factory=set)
     # ids it advertised and served neither by id nor by their filter: not asked here again
     # before its next daily fresh start (``lifecycle.run_daily``), kept over sessions
     unservable: UnservableIds = field(default_factory=UnservableIds)

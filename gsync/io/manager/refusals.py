@@ -343,7 +343,7 @@ class Refusals:
                 elif isinstance(probed, KindsProbe) and filters[0].kinds == precise.NOTES_EXCLUDED:
                     # (not another REQ of its batch: an id fetch of what NIP-77 found of it)
                     del state.current.probes[batch_id]  # refused without notes too: about the shape
-                    state.kinds_refused.add(tuple(probed))
+                    state.paused.kinds_refused(tuple(probed))
                     log.info("coverage_kinds_refused", relay=state.url, coverage=describe(tuple(probed)),
                              reason=reason)
                     self.probe_kinds_of_paused(state)  # (another refused shape may tell)
@@ -470,7 +470,7 @@ class Refusals:
 
     def resume_kinds_probes(self, state: RelayState) -> None:
         """Paused shapes that may have been refused for the notes they may bring and have no
-        verdict yet (``kinds_refused``) are suspects of every session, not only the one that
+        verdict yet (``CoveragePauses.kinds_refused``) are suspects of every session, not only the one that
         saw them refused: a fresh start or a new connection ended the last one's probe
         (seed 9009 of a precise-only world: relay7, refusing notes, was found to answer one
         filter a REQ while the probe's check was queued; its sync started again and five
@@ -479,8 +479,8 @@ class Refusals:
         if state.precise_refused:
             return
         session = state.current
-        unjudged = {key for key in state.paused.keys() if precise.shape_may_be_refused_for_kinds(*key)}
-        unjudged -= session.kinds_suspects | state.kinds_refused
+        unjudged = {key for key in state.paused.keys() if precise.shape_may_be_refused_for_kinds(*key)
+                    and not state.paused.is_kinds_refused(key)} - session.kinds_suspects
         if unjudged:
             session.kinds_suspects |= unjudged
             self.probe_kinds_of_paused(state)
@@ -515,7 +515,7 @@ class Refusals:
         if state.precise_refused or not precise.may_be_refused_for_kinds(f):
             return
         state.current.kinds_suspects.add(coverage_key(f))
-        if (coverage_key(f) in state.kinds_refused
+        if (state.paused.is_kinds_refused(coverage_key(f))
                 or any(isinstance(p, KindsProbe) for p in state.current.probes.values())):
             return
         batch = PendingBatch(self.historic.queue.batch_id(), PendingItems(), kind=BatchKind.PROBE)
@@ -528,8 +528,8 @@ class Refusals:
     def probe_kinds_of_paused(self, state: RelayState) -> None:
         """The next paused shape that may have been refused for the notes it may bring, not
         asked without them yet this session: asked so (``probe_kinds``)."""
-        for key in sorted(state.current.kinds_suspects - state.kinds_refused, key=repr):
-            if state.paused.is_paused(key):
+        for key in sorted(state.current.kinds_suspects, key=repr):
+            if state.paused.is_paused(key) and not state.paused.is_kinds_refused(key):
                 filters = self.coverage_filters(state, key)
                 if filters:
                     self.probe_kinds(state, filters[0])
@@ -574,7 +574,7 @@ class Refusals:
         asked so from now on (``RelayLifecycle.on_imprecise_refused``)."""
         # the shapes this session's refusals paused that may be about notes, but those refused
         # without them too (older pauses, a probe of their own tells, asked without notes now)
-        explained = state.current.kinds_suspects - state.kinds_refused
+        explained = {key for key in state.current.kinds_suspects if not state.paused.is_kinds_refused(key)}
         lifted = state.paused.lift(explained.__contains__)
         metrics.PAUSED_COVERAGE.labels(state.url).set(len(state.paused))
         if any(key[2] for key in lifted):
