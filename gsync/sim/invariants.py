@@ -332,7 +332,7 @@ class Checker:
         read of it at its start and has not registered since)."""
         saved = self.sim.manager.saved
         record = saved._saved_records.get(url) or saved._memories.get(url) or {}
-        return {name for key, _ in record.get("paused") or () for name in key[1]}
+        return {name for key, *_ in record.get("paused") or () for name in key[1]}
 
     def gsync_killed(self, saved_at: float | None) -> None:
         """gsync killed: the dials since its last save (every STATE_SAVE_SECS in production,
