@@ -266,6 +266,40 @@ def test_a_refusal_that_ends_before_its_kinds_probe_restores_the_shape_not_a_rel
     assert state.status.name == "CONNECTED"
 
 
+def test_an_imprecise_check_refused_for_want_of_auth_is_no_verdict(tmp_path):
+    """The check that follows a served kinds probe comes back ``auth-required:``: about us,
+    not the shape nor its notes. The relay is not taken for one refusing notes (asked
+    without them for good), and the shape is not taken for served either."""
+    h = ManagerHarness(tmp_path)
+    h.own_relay_holds(*[announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)])
+    h.connect(A)
+    answered: set = set()
+    seen = {"probe": False, "check": None}
+    for _ in range(40):
+        h.answer_own_reads()
+        for req in h.reqs(A):
+            if req[1] in answered:
+                continue
+            answered.add(req[1])
+            probe = any("#a" in f and f.get("kinds") and 1 not in f["kinds"] for f in req[2:])
+            if seen["probe"] and seen["check"] is None and any("#a" in f for f in req[2:]) and not probe:
+                seen["check"] = req[1]
+                h.relay_says(A, closed(req[1], "auth-required: we only serve our members"))
+            elif probe:
+                seen["probe"] = True
+                h.relay_says(A, wire.Eose(req[1]))
+            elif not seen["probe"] and any("#a" in f for f in req[2:]):
+                h.relay_says(A, closed(req[1], "blocked: #a queries are not allowed here"))
+            else:
+                h.relay_says(A, wire.Eose(req[1]))
+        h.advance(1.1)
+    state = h.state(A)
+    assert seen["check"] is not None
+    assert not state.precise_refused
+    assert state.paused.is_paused(coverage_key(filter_from_json(
+        next(f for f in h.reqs(A) if f[1] == seen["check"])[2])))
+
+
 def test_an_imprecise_check_left_unanswered_is_asked_again_not_taken_for_a_refusal(tmp_path):
     """AntiSyncBots again; the check that follows its served kinds probe (the refused shape
     asked as it was) stalls: no answer is no refusal, it is asked again, refused, and only

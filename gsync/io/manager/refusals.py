@@ -337,6 +337,12 @@ class Refusals:
             about_shape = refuses_a_shape(kind, reason)
             if kind is Refusal.AUTH or len(filters) == 1 or (about_shape and len(by_shape(filters)) == 1):
                 probed = state.current.probes.get(batch_id)
+                if isinstance(probed, (ImpreciseCheck, KindsProbe)) and kind is Refusal.AUTH:
+                    # about us, not the shape nor its notes: no verdict (its batch, ending
+                    # unrefused, would have been taken for served); asked so again in the
+                    # next session (``resume_kinds_probes``)
+                    del state.current.probes[batch_id]
+                    probed = None
                 if isinstance(probed, ImpreciseCheck):
                     del state.current.probes[batch_id]  # refused as it was, served without notes
                     self.imprecise_refused(state)
