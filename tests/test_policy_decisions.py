@@ -239,24 +239,18 @@ def test_a_refusal_that_ends_before_its_kinds_probe_restores_the_shape_not_a_rel
     (saved): its notes tagging a repository never came (the simulator's seed 4003, day
     112.09). Now the shape is asked once more as it was; served, it is restored: asked as
     before, nothing paused. (A relay refusing notes refuses that ask: the tests below.)"""
-    h = ManagerHarness(tmp_path)
-    h.own_relay_holds(*[announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)])
-    h.connect(A)
-    answered: set = set()
+    h = _three_repositories_on_a(tmp_path)
     policy = {"on": True}
-    for _ in range(40):
-        h.answer_own_reads()
-        for req in h.reqs(A):
-            if req[1] in answered:
-                continue
-            answered.add(req[1])
-            if any("#a" in f and f.get("kinds") and 1 not in f["kinds"] for f in req[2:]):
-                policy["on"] = False  # (the kinds probe: the policy is over by then)
-            if policy["on"] and any("#a" in f for f in req[2:]):
-                h.relay_says(A, closed(req[1], "blocked: #a queries are not allowed here"))
-            else:
-                h.relay_says(A, wire.Eose(req[1]))
-        h.advance(1.1)
+
+    def answer(req):
+        if _is_kinds_probe_of_a(req):
+            policy["on"] = False  # (the policy is over by then)
+        if policy["on"] and any("#a" in f for f in req[2:]):
+            h.relay_says(A, closed(req[1], "blocked: #a queries are not allowed here"))
+        else:
+            h.relay_says(A, wire.Eose(req[1]))
+
+    _answer_each_req(h, answer)
     state = h.state(A)
     assert not policy["on"]  # (the kinds probe went)
     assert not state.precise_refused and not state.paused
@@ -270,29 +264,23 @@ def test_an_imprecise_check_refused_for_want_of_auth_is_no_verdict(tmp_path):
     """The check that follows a served kinds probe comes back ``auth-required:``: about us,
     not the shape nor its notes. The relay is not taken for one refusing notes (asked
     without them for good), and the shape is not taken for served either."""
-    h = ManagerHarness(tmp_path)
-    h.own_relay_holds(*[announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)])
-    h.connect(A)
-    answered: set = set()
+    h = _three_repositories_on_a(tmp_path)
     seen = {"probe": False, "check": None}
-    for _ in range(40):
-        h.answer_own_reads()
-        for req in h.reqs(A):
-            if req[1] in answered:
-                continue
-            answered.add(req[1])
-            probe = any("#a" in f and f.get("kinds") and 1 not in f["kinds"] for f in req[2:])
-            if seen["probe"] and seen["check"] is None and any("#a" in f for f in req[2:]) and not probe:
-                seen["check"] = req[1]
-                h.relay_says(A, closed(req[1], "auth-required: we only serve our members"))
-            elif probe:
-                seen["probe"] = True
-                h.relay_says(A, wire.Eose(req[1]))
-            elif not seen["probe"] and any("#a" in f for f in req[2:]):
-                h.relay_says(A, closed(req[1], "blocked: #a queries are not allowed here"))
-            else:
-                h.relay_says(A, wire.Eose(req[1]))
-        h.advance(1.1)
+
+    def answer(req):
+        probe = _is_kinds_probe_of_a(req)
+        if seen["probe"] and seen["check"] is None and any("#a" in f for f in req[2:]) and not probe:
+            seen["check"] = req[1]
+            h.relay_says(A, closed(req[1], "auth-required: we only serve our members"))
+        elif probe:
+            seen["probe"] = True
+            h.relay_says(A, wire.Eose(req[1]))
+        elif not seen["probe"] and any("#a" in f for f in req[2:]):
+            h.relay_says(A, closed(req[1], "blocked: #a queries are not allowed here"))
+        else:
+            h.relay_says(A, wire.Eose(req[1]))
+
+    _answer_each_req(h, answer)
     state = h.state(A)
     assert seen["check"] is not None
     assert not state.precise_refused
@@ -467,6 +455,23 @@ def _three_repositories_on_a(tmp_path) -> ManagerHarness:
     h.own_relay_holds(*[announcement(Author.named(f"u{i}"), f"r{i}", relays=[A]) for i in range(3)])
     h.connect(A)
     return h
+
+
+def _is_kinds_probe_of_a(req) -> bool:
+    return any("#a" in f and f.get("kinds") and 1 not in f["kinds"] for f in req[2:])
+
+
+def _answer_each_req(h, answer, rounds: int = 40) -> None:
+    """``rounds`` times: the own relay's reads answered, each REQ of A's not answered yet
+    by ``answer(req)``, and the pacing gate's second on."""
+    answered: set = set()
+    for _ in range(rounds):
+        h.answer_own_reads()
+        for req in h.reqs(A):
+            if req[1] not in answered:
+                answered.add(req[1])
+                answer(req)
+        h.advance(1.1)
 
 
 def _run(h, answer, rounds: int, step: float = 1.1) -> None:
