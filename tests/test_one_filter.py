@@ -122,6 +122,7 @@ class _State:
         self.reach_ids, self.filters_reach = tuple(ids), reach
         self.historic_sync_completed_at = 1.0 if completed else None
         self.ids_unserved_at = 2.0 if unserved else None
+        self.reach_proof_again_at = 0.0
         self.current = type("Session", (), {"limits": RelayLimits(max_filters=max_filters)})()
 
 
@@ -221,6 +222,46 @@ def test_a_proof_answered_in_full_proves_the_relay_and_a_slow_cut_one_teaches_no
     assert not [r for r in h.historic_reqs(a) if len(r) == 3 and "ids" in r[2] and r[2].get("limit") is None
                 and len(r[2]["ids"]) == 1]
     assert h.state(a).max_filters_learned is None and h.state(a).filters_reach == 0
+
+
+def test_a_proof_cut_slowly_is_asked_again_an_hour_later_and_teaches_then(tmp_path):
+    """The simulator's seed 865 of the every-behaviour world: relay6, reading three filters
+    a REQ within a query budget, served one of the proof's ten ids slowly at day 0.075; it was
+    asked again the next day only, and what the own relay lost at day 0.27 was asked of it
+    eight and ten filters a REQ: a state never came back. Now a slow answer is asked again a
+    live look's interval later (twice at most a day)."""
+    held: dict = {}
+
+    def cut_slowly(h, url, proof, events):
+        held.update(events)
+        h.relay_sends(url, proof[1], events[proof[2]["ids"][0]])
+        h.advance(6)  # a query budget's cut
+        h.relay_says(url, wire.Eose(proof[1]))
+        h.advance(1.1)
+
+    h, a = proven_then_proof(tmp_path, cut_slowly)
+    assert h.state(a).filters_reach == 0
+    first = len(h.historic_reqs(a))
+    h.advance(constants.LIVE_AUDIT_SECS - 60)
+    h.tick()
+    h.eose_all(a)
+    assert not _proofs(h, a, first)  # (not before the hour)
+    h.advance(60)
+    for _ in range(40):
+        h.answer_own_reads()
+        h.advance(1.1)
+        h.tick()
+        if _proofs(h, a, first):
+            break
+        h.eose_all(a)
+    [proof] = _proofs(h, a, first)
+    h.relay_sends(a, proof[1], *[held[x["ids"][0]] for x in proof[2:]])
+    h.relay_says(a, wire.Eose(proof[1]))  # all ten, quickly
+    assert h.state(a).filters_reach == 10
+
+
+def _proofs(h, url, after: int) -> list:
+    return [r for r in h.historic_reqs(url)[after:] if len(r) > 3 and all(list(x) == ["ids"] for x in r[2:])]
 
 
 def test_a_relay_proven_by_the_proof_of_two_is_asked_the_proof_of_its_reach_the_same_day():

@@ -122,9 +122,11 @@ def reach_to_prove(state, rejected: Collection[str] = (), now: float = 0.0) -> t
     filters, ``--filter-caps``: seeds 7002 and 7004, ``left_behind``). A live look's interval after
     its sync completed (``now``; at an answer then, the look's: a start in a first sync is a
     second of the operator's wait, and each of the ten events it asks is one downloaded
-    again), with ids it served (not of a relay judged not to serve ids), three at least."""
+    again), with ids it served (not of a relay judged not to serve ids), three at least; not
+    before ``RelayState.reach_proof_again_at`` (a slow answer's retry)."""
     completed = state.historic_sync_completed_at
-    if completed is None or now - completed < constants.LIVE_AUDIT_SECS or state.ids_unserved_at is not None:
+    if (completed is None or now - completed < constants.LIVE_AUDIT_SECS or now < state.reach_proof_again_at
+            or state.ids_unserved_at is not None):
         return ()
     ids = tuple(i for i in state.reach_ids if i not in rejected)[:filter_plan.filters_per_req(state.current.limits)]
     return ids if len(ids) >= 3 and len(ids) > state.filters_reach else ()

@@ -539,6 +539,7 @@ class RelayLifecycle:
         state.filters_proof_asked = False
         state.filters_reach = 0
         state.reach_proof_asked = False
+        state.reach_proof_slow = 0
         if state.live_dropped_at is not None and now - state.live_dropped_at >= constants.LIVE_DROPS_REMEMBERED_SECS:
             state.live_dropped_at = None
         learnt_at = state.subscriptions_learned_at

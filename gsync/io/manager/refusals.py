@@ -65,6 +65,7 @@ from .live import live_groups
 log = get_logger("gsync.manager")
 
 KINDS_PROBE_AGAIN = 2  # kinds probes asked again after one went unanswered, a session
+REACH_PROOF_SLOW_AGAIN = 2  # reach proofs asked again after a slow answer, a day (``reach_proof_answered``)
 # A cap lowered on a NOTICE naming no REQ is not lowered on another within this (the same
 # burst's refusals, read across the consolidation the first caused: ``learn_max_subscriptions``)
 GUESSED_CAP_SETTLE_SECS = 5.0
@@ -726,7 +727,12 @@ class Refusals:
         few, the next is asked alone (a relay answering the first few filters of a REQ serves
         it so; an event deleted since, hidden on read, does not), whatever the session's
         probes spent; anything else proves nothing, and so does an answer that came slowly (a
-        relay stopping slow queries cuts anywhere) or to a piece of the REQ (refused, split)."""
+        relay stopping slow queries cuts anywhere: asked again an hour later, twice at most
+        a day, ``RelayState.reach_proof_slow``) or to a piece of the REQ (refused, split)."""
+        if slow and state.reach_proof_slow < REACH_PROOF_SLOW_AGAIN:
+            state.reach_proof_slow += 1  # (asked again a live look's interval later)
+            state.reach_proof_asked = False
+            state.reach_proof_again_at = self.clock() + constants.LIVE_AUDIT_SECS
         if slow or len(answer.filters) != len(proof.ids):
             return
         got = {event_id for s in answer.filters for _, event_id in s.seen}
