@@ -22,9 +22,8 @@
   AntiSyncBots): served so, it is asked once more as it was (``check_imprecise``: served, a
   refusal that ended meanwhile is no policy of the relay's, and the shape is restored);
   refused so again, every pause such a refusal explains is lifted, and the relay's sync
-  starts again asking without notes (``imprecise_refused``).
-  A session that ends first leaves its shapes to the next (``resume_kinds_probes``). A
-  refusal worded about size
+  starts again asking without notes (``imprecise_refused``). A session that ends first
+  leaves its shapes to the next (``resume_kinds_probes``). A refusal worded about size
   ("too many filters", "filter too large") is split in halves instead. An
   ``auth-required:`` is about us, not a filter: every filter of the REQ is paused. Until a
   shape's verdict, the first live REQ asking it alone is its trial: other live REQs of that
@@ -477,11 +476,11 @@ class Refusals:
 
     def resume_kinds_probes(self, state: RelayState) -> None:
         """Paused shapes that may have been refused for the notes they may bring and have no
-        verdict yet (``CoveragePauses.kinds_refused``) are suspects of every session, not only the one that
-        saw them refused: a fresh start or a new connection ended the last one's probe
-        (seed 9009 of a precise-only world: relay7, refusing notes, was found to answer one
-        filter a REQ while the probe's check was queued; its sync started again and five
-        shapes stayed paused a day). Each is asked without notes, one at a time
+        verdict yet (``CoveragePauses.kinds_refused``) are suspects of every session, not
+        only the one that saw them refused: a fresh start or a new connection ended the last
+        one's probe (seed 9009 of a precise-only world: relay7, refusing notes, was found to
+        answer one filter a REQ while the probe's check was queued; its sync started again
+        and five shapes stayed paused a day). Each is asked without notes, one at a time
         (``probe_kinds``), once a session."""
         if state.precise_refused:
             return
