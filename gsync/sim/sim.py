@@ -598,6 +598,10 @@ class Simulation:
                       metrics=MetricsConfig(listen=None))
 
     def start_gsync(self) -> None:
+        if self.manager is not None:
+            # (a restart scheduled by a stop, after the faults' settling started it already:
+            # seed 7034 of the filter-caps world with --slow-queries, day 2.0008)
+            return
         self.checker.gsync_started_or_stopped()
         for m in metrics.relay_labelled():  # a new process: no series of the last one's
             m.clear()
