@@ -14,7 +14,8 @@ misbehaving on every session, so reconnecting does not make it go away:
 - ``floods_duplicates``: every REQ is answered with its own events (those it asked for),
   sent again and again.
 - ``floods_new``: every REQ is answered with all of a great many genuine events it matches,
-  at once (events gsync did ask for, each new: only the delivery backlog bounds them).
+  at once, each sent once (events gsync did ask for, each new: only the delivery backlog
+  bounds them).
 - ``oversized_frames``: every REQ gets a 2 MiB message (over gsync's 1 MiB message bound),
   then the header of a 64 MiB frame (over its 4 MiB frame bound).
 - ``prefix_storm``: every REQ gets a NOTICE with each standard prefix, and a CLOSED whose
@@ -186,8 +187,12 @@ def floods_new(events: list, sent: Counter | None = None,
                gate: threading.Event | None = None) -> dict:
     """Each REQ (once ``gate`` is set) is answered with every one of ``events`` (Event
     objects) its filters match, all at once, whatever its ``limit``: a relay holding a
-    great many genuine events that belong to a repository (spam, or just a big one)."""
+    great many genuine events that belong to a repository (spam, or just a big one). Each
+    event is sent once (a second REQ matching them, its live one, is a flood of duplicates:
+    ``floods_duplicates``), so what is offered does not hang on how many REQs were out when
+    the gate opened (12,001 under load, where 6,000 were meant: ``test_flood_memory``)."""
     sent = sent or Counter()
+    offered: set[str] = set()
 
     def frames(relay, conn, sub_id, filters):
         _hold(relay, 0.0, gate)
@@ -195,7 +200,8 @@ def floods_new(events: list, sent: Counter | None = None,
         for event in events:
             if not conn.open:
                 return
-            if any(flt.matches(event) for flt in unlimited):
+            if event.id not in offered and any(flt.matches(event) for flt in unlimited):
+                offered.add(event.id)
                 sent.add()
                 yield _event_frame(sub_id, event.to_json())
 
