@@ -125,6 +125,11 @@ LIVE_AUDIT_SECS = 3600.0
 # relay answering one filter of a REQ sees misses of that filter only, so a relay that drops
 # live subscriptions and answers one filter a REQ is seen dropping them seldom.
 LIVE_DROPS_REMEMBERED_SECS = 30 * 24 * 3600.0
+# A relay found refusing filters that may bring notes without naming authors (AntiSyncBots:
+# ``RelayState.precise_refused``) is asked them again at its first daily sync this long after
+# (its policy may have changed; still so, it costs a refusal per shape, a kinds probe and its
+# check, once a month)
+NOTES_REFUSAL_REMEMBERED_SECS = 30 * 24 * 3600.0
 # ... and its live REQs go without ``limit: 0``, asking stored events from this long back
 # instead (``filter_plan.live_since``): ORLY keeps a filter without a ``limit`` live. Events
 # dated a little before the REQ and published after it (a client's clock, a slow publish)

@@ -232,6 +232,34 @@ def test_a_relay_refusing_tag_filters_without_kinds_is_asked_them_with_kinds_but
     assert state.status.name == "CONNECTED"  # synced: every filter served
 
 
+def test_a_relay_found_refusing_notes_is_asked_them_again_a_month_later(tmp_path):
+    """The verdict was kept for good: a relay that stopped refusing notes was never asked
+    them again. Now its first daily sync a month after asks with notes: still refusing them,
+    it is found so again (and not before the month)."""
+    h = _three_repositories_on_a(tmp_path)
+    answered: set = set()
+    _run(h, lambda: _anti_sync_bots(h, answered), 40)
+    state = h.state(A)
+    assert state.precise_refused
+    found_at = state.precise_refused_at
+
+    def daily_sync():
+        state.next_daily_at = h.clock.now
+        h.tick()
+
+    state.precise_refused_at -= constants.NOTES_REFUSAL_REMEMBERED_SECS - 3600  # (a month but an hour)
+    daily_sync()
+    assert state.precise_refused
+    state.precise_refused_at -= 3600
+    before = len(h.reqs(A))
+    daily_sync()
+    assert not state.precise_refused
+    _run(h, lambda: _anti_sync_bots(h, answered), 40)
+    asked = [f for req in h.reqs(A)[before:] for f in req[2:]]
+    assert any(any(k.startswith("#") for k in f) and "kinds" not in f for f in asked)  # with notes again
+    assert state.precise_refused and state.precise_refused_at > found_at and not state.paused
+
+
 def test_a_refusal_that_ends_before_its_kinds_probe_restores_the_shape_not_a_relay_without_notes(tmp_path):
     """A relay refuses ``#a`` as a policy of the moment ("blocked: #a queries are not allowed
     here") and has ended it by the time the kinds probe comes, which it serves (it holds

@@ -205,6 +205,7 @@ def _learnt_relay():
     state.nip77_failed_at = NOW - 100
     state.ids_unserved_at = NOW - 50
     state.precise_queries = True
+    state.precise_refused, state.precise_refused_at = True, NOW - 45
     state.filters_answered = True
     state.unreached = True
     state.subscriptions_learned_at = NOW - 70
@@ -228,15 +229,17 @@ def test_whatever_changes_a_relays_record_changes_its_key():
 
     changes = [lambda name=name, i=i: setattr(state, name, NOW + i) for i, name in enumerate(
         ("last_connected", "disconnected_at", "next_daily_at", "nip77_failed_at", "ids_unserved_at",
-         "subscriptions_learned_at", "values_learned_at"))]
+         "subscriptions_learned_at", "values_learned_at", "precise_refused_at"))]
     changes += [lambda name=name: setattr(state, name, 7) for name in
                 ("max_message_learned", "max_filters_learned", "max_subscriptions_learned", "max_values_learned")]
     changes += [lambda: setattr(state, "announcements_synced", False),
                 lambda: setattr(state, "precise_queries", False),
+                lambda: setattr(state, "precise_refused", False),
                 lambda: setattr(state, "filters_answered", False),
                 lambda: setattr(state, "unreached", False),
                 lambda: (setattr(state.current, "link", 1), setattr(state, "status", ConnectionStatus.SYNCING)),
                 lambda: state.paused.pause(coverage_key(Filter.make(kinds=[1], tags={"e": ["y"]})), NOW),
+                lambda: state.paused.kinds_refused(coverage_key(q)),
                 lambda: state.paused.due_probes(NOW + 10 ** 6),  # probing now: saved as due at once
                 lambda: health.record_failure(URL, NOW), lambda: health.record_failure(URL, NOW + 5),
                 lambda: health.record_rate_limited(URL, NOW + 6),
@@ -268,6 +271,7 @@ def test_a_relays_memory_round_trips_through_json():
     assert (back.last_connected, back.disconnected_at) == (NOW - 50, NOW - 40)  # not connected at the save
     assert back.next_daily_at == NOW + 80_000 and back.nip77_failed_at == NOW - 100
     assert back.ids_unserved_at == NOW - 50 and back.precise_queries and back.filters_answered
+    assert back.precise_refused and back.precise_refused_at == NOW - 45  # (forgotten a month after)
     assert back.unreached  # (what REQ pages left there is synced when its rest from NIP-77 ends)
     assert back.subscriptions_learned_at == NOW - 70  # (the cap is judged again a week after)
     assert (back.max_values_learned, back.values_learned_at) == (25, NOW - 60)  # (likewise)

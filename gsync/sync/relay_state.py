@@ -327,8 +327,11 @@ class RelayState:
     precise_probes: int = 0
     # it refused, in words, filters that may bring notes without naming authors, and served
     # the same without them (``protocol.precise``: khatru's AntiSyncBots): its tag and ids
-    # filters ask ``precise.NOTES_EXCLUDED`` (``Refusals.kinds_probe_answered``); kept over sessions
+    # filters ask ``precise.NOTES_EXCLUDED`` (``Refusals.imprecise_refused``); kept over
+    # sessions and restarts, since ``precise_refused_at``, and forgotten at the first daily
+    # sync NOTES_REFUSAL_REMEMBERED_SECS after it (``lifecycle.start_day``)
     precise_refused: bool = False
+    precise_refused_at: float | None = None
     # an answer needed two of its REQ's filters: it answers more than one a REQ (``sync.
     # one_filter``): not suspected again, nor probed, before its next daily fresh start
     # (``lifecycle.start_day``); kept over sessions and restarts (a relay reconnecting every

@@ -309,9 +309,10 @@ class RelayLifecycle:
             book.precise_authors = frozenset(self.listing_authors(state.url))
         elif state.precise_refused:
             book.precise_authors = frozenset()  # (its kinds filters were not refused: as they are)
-        if state.precise_refused:
-            book.precise_kinds = precise.NOTES_EXCLUDED
-            book.precise_ids = True
+        else:
+            book.precise_authors = None  # (a refusal of notes forgotten: ``start_day``)
+        book.precise_kinds = precise.NOTES_EXCLUDED if state.precise_refused else precise.PRECISE_KINDS
+        book.precise_ids = state.precise_refused
 
     def new_precise_authors(self, state: RelayState) -> bool:
         """A relay answering only precise queries is asked announcements by the owners of the
@@ -366,7 +367,7 @@ class RelayLifecycle:
         """The relay refused a filter that may bring notes without naming authors, and served
         it without them (``protocol.precise``: khatru's AntiSyncBots): from now on (saved) its
         tag and ids filters ask NIP-34's kinds but notes, and its sync starts again so."""
-        state.precise_refused = True
+        state.precise_refused, state.precise_refused_at = True, self.clock()
         self.fresh_start(state, self.clock())  # (asked so from now: ``ask_precisely``)
 
     def on_relay_disconnected(self, msg: RelayDisconnected) -> None:
@@ -528,7 +529,10 @@ class RelayLifecycle:
     def start_day(state: RelayState, now: float) -> None:
         """A relay's daily fresh start (or a fresh start at reconnect shortly before it):
         the next one a random 23-25 h later, and what was unservable there asked again; live
-        drops last seen a month ago or more are forgotten. A
+        drops last seen a month ago or more are forgotten, and so is a refusal of notes found
+        a month ago or more (``constants.NOTES_REFUSAL_REMEMBERED_SECS``: asked with them
+        again, a relay still refusing them is found so again, a relay that stopped is not
+        asked without them for good). A
         subscription cap learnt a week ago or more is forgotten: the relay's next session
         opens up to what its NIP-11 says (or the default) and learns it again if refused
         (``constants.LEARNT_CAP_SECS``); a cap on a filter's values likewise."""
@@ -542,6 +546,12 @@ class RelayLifecycle:
         state.reach_proof_slow = 0
         if state.live_dropped_at is not None and now - state.live_dropped_at >= constants.LIVE_DROPS_REMEMBERED_SECS:
             state.live_dropped_at = None
+        if state.precise_refused and state.precise_refused_at is None:
+            state.precise_refused_at = now  # (a memory saved before it was dated)
+        if state.precise_refused and now - state.precise_refused_at >= constants.NOTES_REFUSAL_REMEMBERED_SECS:
+            log.info("relay_notes_asked_again", relay=state.url)
+            state.precise_refused = False
+            state.precise_refused_at = None
         learnt_at = state.subscriptions_learned_at
         if state.max_subscriptions_learned is not None and (
                 learnt_at is None or now - learnt_at >= constants.LEARNT_CAP_SECS):
