@@ -205,7 +205,7 @@ def _learnt_relay():
     state.nip77_failed_at = NOW - 100
     state.ids_unserved_at = NOW - 50
     state.precise_queries = True
-    state.precise_refused, state.precise_refused_at = True, NOW - 45
+    state.precise_refused_at = NOW - 45
     state.filters_answered = True
     state.unreached = True
     state.subscriptions_learned_at = NOW - 70
@@ -234,7 +234,7 @@ def test_whatever_changes_a_relays_record_changes_its_key():
                 ("max_message_learned", "max_filters_learned", "max_subscriptions_learned", "max_values_learned")]
     changes += [lambda: setattr(state, "announcements_synced", False),
                 lambda: setattr(state, "precise_queries", False),
-                lambda: setattr(state, "precise_refused", False),
+                lambda: setattr(state, "precise_refused_at", None),
                 lambda: setattr(state, "filters_answered", False),
                 lambda: setattr(state, "unreached", False),
                 lambda: (setattr(state.current, "link", 1), setattr(state, "status", ConnectionStatus.SYNCING)),
@@ -325,6 +325,15 @@ def test_a_relay_connected_at_the_last_save_was_last_connected_then():
     assert back.last_connected == back.disconnected_at == NOW - 5
     assert not back.should_fresh_start(NOW)  # a quick reconnect
     assert back.should_fresh_start(NOW + 16 * 60)
+
+
+def test_a_refusal_of_notes_saved_before_it_was_dated_counts_from_that_save():
+    state, _ = _learnt_relay()
+    record = json.loads(json.dumps(memory.relay_memory(state, {})))
+    del record["precise_refused_at"]
+    back = RelayState(URL)
+    memory.restore_relay(back, record, saved_at=NOW - 5)
+    assert back.precise_refused and back.precise_refused_at == NOW - 5
 
 
 def test_a_malformed_or_foreign_relay_record_is_a_fresh_start():

@@ -53,7 +53,7 @@ def relay_memory(state, health: dict[str, Any]) -> dict[str, Any]:
         "nip77_failed_at": state.nip77_failed_at,
         "ids_unserved_at": state.ids_unserved_at,
         "precise_queries": state.precise_queries,
-        "precise_refused": state.precise_refused,
+        "precise_refused": state.precise_refused,  # (read alone by a memory saved before it was dated)
         "precise_refused_at": state.precise_refused_at,
         "filters_answered": state.filters_answered,
         "live_dropped_at": state.live_dropped_at,
@@ -69,8 +69,8 @@ def relay_memory(state, health: dict[str, Any]) -> dict[str, Any]:
 _RECORD_FIELDS = attrgetter("connected", "last_connected", "disconnected_at", "announcements_synced",
                             "next_daily_at", "max_message_learned", "max_filters_learned",
                             "max_subscriptions_learned", "nip77_failed_at", "ids_unserved_at",
-                            "precise_queries", "precise_refused", "precise_refused_at", "filters_answered",
-                            "live_dropped_at", "unreached",
+                            "precise_queries", "precise_refused_at", "filters_answered", "live_dropped_at",
+                            "unreached",
                             "subscriptions_learned_at", "max_values_learned", "values_learned_at")
 HEALTH_VALUES = attrgetter(*HEALTH_FIELDS)
 
@@ -103,8 +103,9 @@ def restore_relay(state, memory: dict[str, Any], saved_at: float | None) -> dict
         state.nip77_failed_at = _float_or_none(memory.get("nip77_failed_at"))
         state.ids_unserved_at = _float_or_none(memory.get("ids_unserved_at"))
         state.precise_queries = memory.get("precise_queries") is True
-        state.precise_refused = memory.get("precise_refused") is True
         state.precise_refused_at = _float_or_none(memory.get("precise_refused_at"))
+        if state.precise_refused_at is None and memory.get("precise_refused") is True:
+            state.precise_refused_at = float(saved_at or 0.0)  # (saved before it was dated)
         state.filters_answered = memory.get("filters_answered") is True
         state.live_dropped_at = _float_or_none(memory.get("live_dropped_at"))
         state.unreached = memory.get("unreached") is True

@@ -257,10 +257,11 @@ class CoveragePauses:
     @classmethod
     def restore(cls, saved) -> CoveragePauses:
         pauses = cls()
-        for key, until, *kinds_refused in saved:
-            pauses._until[_json_key(key)] = float(until)
+        for saved_key, until, *kinds_refused in saved:
+            key = _json_key(saved_key)
+            pauses._until[key] = float(until)
             if kinds_refused == [True]:
-                pauses._kinds_refused.add(_json_key(key))
+                pauses._kinds_refused.add(key)
         return pauses
 
     def keys(self) -> list[CoverageKey]:

@@ -327,10 +327,9 @@ class RelayState:
     precise_probes: int = 0
     # it refused, in words, filters that may bring notes without naming authors, and served
     # the same without them (``protocol.precise``: khatru's AntiSyncBots): its tag and ids
-    # filters ask ``precise.NOTES_EXCLUDED`` (``Refusals.imprecise_refused``); kept over
-    # sessions and restarts, since ``precise_refused_at``, and forgotten at the first daily
-    # sync NOTES_REFUSAL_REMEMBERED_SECS after it (``lifecycle.start_day``)
-    precise_refused: bool = False
+    # filters ask ``precise.NOTES_EXCLUDED`` (``Refusals.imprecise_refused``): when it was
+    # found (``precise_refused``); kept over sessions and restarts, and forgotten at the first
+    # daily sync NOTES_REFUSAL_REMEMBERED_SECS after it (``lifecycle.start_day``)
     precise_refused_at: float | None = None
     # an answer needed two of its REQ's filters: it answers more than one a REQ (``sync.
     # one_filter``): not suspected again, nor probed, before its next daily fresh start
@@ -396,6 +395,11 @@ class RelayState:
     gauge_values: tuple | None = None  # what update_metrics last set of them (unchanged: not set again)
     queued_value: int | None = None  # the same, of STARTS_QUEUED
     status_value: int | None = None  # the same, of RELAY_STATUS (set by update_metrics and the refusals)
+
+    @property
+    def precise_refused(self) -> bool:
+        """Is it asked without notes (``precise_refused_at``)?"""
+        return self.precise_refused_at is not None
 
     @property
     def connected(self) -> bool:

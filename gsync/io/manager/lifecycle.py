@@ -367,7 +367,7 @@ class RelayLifecycle:
         """The relay refused a filter that may bring notes without naming authors, and served
         it without them (``protocol.precise``: khatru's AntiSyncBots): from now on (saved) its
         tag and ids filters ask NIP-34's kinds but notes, and its sync starts again so."""
-        state.precise_refused, state.precise_refused_at = True, self.clock()
+        state.precise_refused_at = self.clock()
         self.fresh_start(state, self.clock())  # (asked so from now: ``ask_precisely``)
 
     def on_relay_disconnected(self, msg: RelayDisconnected) -> None:
@@ -546,11 +546,8 @@ class RelayLifecycle:
         state.reach_proof_slow = 0
         if state.live_dropped_at is not None and now - state.live_dropped_at >= constants.LIVE_DROPS_REMEMBERED_SECS:
             state.live_dropped_at = None
-        if state.precise_refused and state.precise_refused_at is None:
-            state.precise_refused_at = now  # (a memory saved before it was dated)
         if state.precise_refused and now - state.precise_refused_at >= constants.NOTES_REFUSAL_REMEMBERED_SECS:
             log.info("relay_notes_asked_again", relay=state.url)
-            state.precise_refused = False
             state.precise_refused_at = None
         learnt_at = state.subscriptions_learned_at
         if state.max_subscriptions_learned is not None and (
