@@ -75,9 +75,9 @@ Knobs for misbehaviour:
 - ``answers_one_filter``: ``"first"`` or ``"last"``: a REQ's stored answer is that filter's
   alone, the others dropped without a word (ORLY before October 2025 kept the last filter's
   answer; minimal relays read ``filters[0]``); live events still match every filter.
-- ``reads_filters``: N: the first N filters of a REQ are read, the rest dropped without a
-  word, its stored answer and its live subscription alike (a ``max_filters`` a relay
-  enforces and never publishes).
+- ``reads_filters``: N: the first N filters of a REQ are read (-N: the last N), the rest
+  dropped without a word, its stored answer and its live subscription alike (a
+  ``max_filters`` a relay enforces and never publishes).
 - ``drops_limited_live``: once a REQ's stored events are sent, each filter whose ``limit``
   they reached (``limit: 0`` always) is dropped from it without a word, the REQ with its last
   (ORLY's handle-req.go since October 2025); live events match what is left.
@@ -855,7 +855,7 @@ class ScriptedRelay:
             conn.send("CLOSED", sub_id, f"invalid: {exc}")
             return
         if self.reads_filters is not None:
-            filters = filters[:self.reads_filters]
+            filters = filters[:self.reads_filters] if self.reads_filters > 0 else filters[self.reads_filters:]
         conn.subs[sub_id] = filters
         answered = filters
         if self.answers_one_filter is not None:

@@ -1158,23 +1158,27 @@ def test_a_relay_refusing_a_tag_key_by_notice_alone_is_synced_without_stalls(rel
     assert not events_named(gsync, "subscription_stalled", remote.url)
 
 
-def test_a_relay_reading_the_first_three_filters_of_a_req_is_asked_three_a_req(relay_factory, gsync_factory,
-                                                                               scripted):
-    """A relay reading the first three filters of a REQ and dropping the rest without a
-    word, stored answer and live subscription alike: its first answer needs two filters
-    (the state by ``#d``, the issues by ``#a``), so it was taken for one answering all ten
-    gsync packs, and what only a later filter asks (notes quoting the repository, ``#q``,
-    the fourth) never came, stored or live. Its daily proof (at its first live look after
-    its sync) now asks events it served, one a filter: the first three come back, the fourth
-    asked alone comes too, and from then on the relay is asked three filters a REQ."""
+@pytest.mark.parametrize("reads", [3, -3], ids=["first three", "last three"])
+def test_a_relay_reading_three_filters_of_a_req_is_asked_three_a_req(relay_factory, gsync_factory, scripted,
+                                                                     reads):
+    """A relay reading the first three filters of a REQ (or the last three) and dropping the
+    rest without a word, stored answer and live subscription alike: its first answer needs
+    two filters (the state by ``#d``, the issues by ``#a``), so it was taken for one
+    answering all ten gsync packs, and what only another filter asks (notes quoting the
+    repository, ``#q``) never came, stored or live. Its daily proof (at its first live look
+    after its sync) now asks events it served, one a filter: the first three (or the last
+    three) come back, the one next to them asked alone comes too, and from then on the
+    relay is asked three filters a REQ. (A proof answered for its last three alone was taken
+    for seven events gone since: nothing learnt.)"""
     own, remote, repo, bugs = scripted_repository(relay_factory, scripted, "three-filters", 12,
-                                                  reads_filters=3)
-    remote.add(f.state(alice, "three-filters"))
+                                                  reads_filters=reads)
+    state = f.state(alice, "three-filters")
     quotes = [f.quote(bob, repo, content=f"see {i}") for i in range(3)]
-    remote.add(*quotes)
+    remote.add(state, *quotes)
     publish(own.url, [repo])
     gsync = gsync_factory(own, [remote], timers={"LIVE_AUDIT_SECS": 3})  # (the proof: at the first look)
-    assert_arrives(own, [*bugs, *quotes], timeout=40, what="the issues and the notes quoting the repository")
+    assert_arrives(own, [state, *bugs, *quotes], timeout=40,
+                   what="the state, the issues and the notes quoting the repository")
     [learnt] = events_named(gsync, "relay_answers_few_filters", remote.url)
     assert learnt["max_filters"] == 3
     asked = len(remote.reqs())

@@ -102,16 +102,21 @@ def test_a_relay_proven_to_answer_several_filters_is_probed_again_only_after_its
 # -- relays reading the first few filters of a REQ -------------------------------------------
 
 
-@pytest.mark.parametrize("served, answers", [
-    ([True, True, True, False, False], 3),
-    ([True, False, False], 1),
+@pytest.mark.parametrize("served, run", [
+    ([True, True, True, False, False], (3, 3)),
+    ([True, False, False], (1, 1)),
+    ([False, False, True, True], (2, 1)),  # the last two: the one before them is asked alone
+    ([False] * 7 + [True] * 3, (3, 6)),
+    ([False, True], (1, 0)),
+    ([True, False], (1, 1)),
     ([True, True, True], None),  # every one: proven
     ([False, False, False], None),  # none: deleted, or not served by id
     ([True, False, True], None),  # a gap: one event gone since, not a relay reading a few
-    ([False, True, True], None),
+    ([False, True, False], None),
+    ([True, False, True, True], None),
 ])
-def test_a_proof_answered_for_its_first_filters_alone_names_how_many(served, answers):
-    assert one_filter.answered_prefix(served) == answers
+def test_a_proof_answered_for_its_first_or_last_filters_alone_names_how_many_and_which_to_ask(served, run):
+    assert one_filter.answered_run(served) == run
 
 
 class _State:

@@ -459,6 +459,9 @@ class SimRelay:
         # answer and live subscription alike (a ``max_filters`` it enforces and never
         # publishes); None: reads them all
         self.filter_cap: int | None = None
+        # keeps the last ``filter_cap`` filters of a REQ instead of the first (a relay keeping
+        # the newest filters within its cap)
+        self.filter_cap_last = False
         # refuses a filter holding more than this many values in one list (its ids, its authors
         # or one tag's), the REQ or NEG-OPEN as a whole, saying so in words about its size
         # (``VALUE_CAP_WORDS``); None: takes any. ``value_cap_said``: the words name the cap
@@ -640,7 +643,8 @@ class SimRelay:
             session.subs.pop(sub_id, None)
             return self._challenged(session, [self._refused(sub_id, refused)], refused)
         if self.filter_cap is not None:
-            filters = filters[:self.filter_cap]  # (the rest dropped as it is read, live too)
+            # (the rest dropped as it is read, live too)
+            filters = filters[-self.filter_cap:] if self.filter_cap_last else filters[:self.filter_cap]
         session.subs[sub_id] = filters
         head = '["EVENT",' + _json_string(sub_id) + ","  # (_event_frame's start, made once per REQ)
         answered = filters

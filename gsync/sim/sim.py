@@ -135,6 +135,9 @@ class SimOptions:
     # the share of relays reading the first 2, 3 or 5 filters of a REQ and dropping the rest
     # without a word (``SimRelay.filter_cap``), of those answering every filter
     filter_caps: float = 0.0
+    # of those, the share reading the last few filters instead (a relay keeping the REQ's
+    # newest filters within its cap): ``SimRelay.filter_cap_last``
+    filter_caps_last: float = 0.0
     # the share of relays refusing a filter holding more than VALUE_CAPS values in one list
     # (its ids, authors or one tag's), in words about its size: ``SimRelay.value_cap``
     value_caps: float = 0.0
@@ -216,6 +219,7 @@ WORLD_SHARES = (
     ("limit_refusals", "--limit-refusals"),
     ("one_filter", "--one-filter"),
     ("filter_caps", "--filter-caps"),
+    ("filter_caps_last", "--filter-caps-last"),
     ("value_caps", "--value-caps"),
     ("subs_caps_said", "--subs-caps-said"),
     ("drops_live", "--drops-live"),
@@ -530,6 +534,7 @@ class Simulation:
         capped = random.Random(f"{o.seed}:{url}:filter-cap")
         if capped.random() < o.filter_caps and relay.one_filter is None and not relay.names_rs:
             relay.filter_cap = capped.choice(FILTER_CAPS)
+            relay.filter_cap_last = random.Random(f"{o.seed}:{url}:cap-last").random() < o.filter_caps_last
         relay.drops_live = random.Random(f"{o.seed}:{url}:drops-live").random() < o.drops_live
         relay.subs_cap_said = random.Random(f"{o.seed}:{url}:subs-said").random() < o.subs_caps_said
         values = random.Random(f"{o.seed}:{url}:value-cap")

@@ -24,11 +24,11 @@ such a relay has to be caught at:
   once a day, two events it holds (served lately, or found on both sides by a NIP-77
   exchange) in one REQ of two filters of one id each (``Refusals.ask_filters_proof``): its
   answer is judged as any other's above;
-- a relay proven to answer several filters may still read only the first few (a
-  ``max_filters`` it never publishes): once a day it is asked as many events it served as
-  a REQ carries there, one a filter (``reach_to_prove``); the first few served alone
-  (``answered_prefix``), the next is asked alone, and served so, the relay is asked that
-  many filters a REQ.
+- a relay proven to answer several filters may still read only the first few, or the last
+  few (a ``max_filters`` it never publishes): once a day it is asked as many events it
+  served as a REQ carries there, one a filter (``reach_to_prove``); the first few or the
+  last few served alone (``answered_run``), the one next to them is asked alone, and served
+  so, the relay is asked that many filters a REQ.
 
 Pure: seen ids and filters in, indices and filters out.
 """
@@ -132,14 +132,22 @@ def reach_to_prove(state, rejected: Collection[str] = (), now: float = 0.0) -> t
     return ids if len(ids) >= 3 and len(ids) > state.filters_reach else ()
 
 
-def answered_prefix(served: Sequence[bool]) -> int | None:
-    """A proof's answer (``served[i]``: the id its filter ``i`` asked came back): how many of
-    its first filters a relay answering only those answered, when the answer is exactly such
-    a prefix and shorter than the REQ; None otherwise (every filter answered, or a pattern no
-    such relay gives: an event deleted since, hidden on read)."""
-    m = served.index(False) if False in served else len(served)
-    if 1 <= m < len(served) and not any(served[m:]):
-        return m
+def answered_run(served: Sequence[bool]) -> tuple[int, int] | None:
+    """A proof's answer (``served[i]``: the id its filter ``i`` asked came back): how many
+    filters a relay answering only a few of a REQ answered, and which filter it left
+    unanswered next to them (asked alone to confirm it), when the answer is exactly such a
+    run, shorter than the REQ: its first few (a relay reading up to its cap), or its last few
+    (one keeping the REQ's newest filters within its cap: the first proof of such a relay
+    asked three filters of ten, ``FFFFFFFTTT``, and was taken for three events gone since).
+    None otherwise: every filter answered, or a pattern no such relay gives (an event deleted
+    since, hidden on read)."""
+    n, m = len(served), sum(served)
+    if not 1 <= m < n:
+        return None
+    if all(served[:m]):
+        return m, m
+    if all(served[n - m:]):
+        return m, n - m - 1
     return None
 
 

@@ -89,7 +89,7 @@ class FiltersProbe:
     """A probe's mark in ``RelaySession.probes``: a filter of a suspect answer asked alone
     (``check_answer``), with what that answer brought and the filters still to ask;
     ``answers``: the filters a REQ the relay answers if this one brings what the answer
-    lacked (1: the first, or the last, alone; more: the first few of a daily proof's)."""
+    lacked (1: the first, or the last, alone; more: the first or last few of a daily proof's)."""
 
     brought: frozenset[str]
     rest: tuple = ()
@@ -688,8 +688,8 @@ class Refusals:
         and the proof is asked again after its next daily fresh start. A relay proven to
         answer several is asked as many events it served as gsync packs filters into a REQ
         there (``one_filter.reach_to_prove``): every one served proves it answers them all;
-        only the first few, the next is asked alone, and served so, the relay answers that
-        many filters a REQ."""
+        only the first few or the last few, the one next to them is asked alone, and served
+        so, the relay answers that many filters a REQ."""
         batch = PendingBatch(self.historic.queue.batch_id(), PendingItems(), kind=BatchKind.PROBE)
         state.current.pending[batch.batch_id] = batch
         reach = one_filter.reach_to_prove(state, self.rejected, self.clock()) if state.filters_answered else ()
@@ -723,8 +723,9 @@ class Refusals:
     def reach_proof_answered(self, state: RelayState, proof: ReachProof, answer, slow: bool) -> None:
         """The daily proof of a relay proven to answer several filters (``ask_filters_proof``):
         every id served proves it answers that many a REQ (``filters_reach``); only the first
-        few, the next is asked alone (a relay answering the first few filters of a REQ serves
-        it so; an event deleted since, hidden on read, does not), whatever the session's
+        few or the last few (``one_filter.answered_run``), the one next to them is asked alone
+        (a relay answering a few filters of a REQ serves it so; an event deleted since, hidden
+        on read, does not), whatever the session's
         probes spent; anything else proves nothing, and so does an answer that came slowly (a
         relay stopping slow queries cuts anywhere: asked again an hour later, twice at most
         a day, ``RelayState.reach_proof_slow``) or to a piece of the REQ (refused, split)."""
@@ -739,16 +740,17 @@ class Refusals:
         if all(served):
             state.filters_reach = len(served)
             return
-        answers = one_filter.answered_prefix(served)
-        if answers is not None:
-            rest = Filter.make(ids=[proof.ids[answers]])
+        run = one_filter.answered_run(served)
+        if run is not None:
+            answers, next_to = run
+            rest = Filter.make(ids=[proof.ids[next_to]])
             self.probe_filters(state, frozenset(got), (rest,), spare=True, answers=answers)
         else:
             state.forget_proof_ids(i for i, ok in zip(proof.ids, served, strict=True) if not ok)
 
     def few_filters_found(self, state: RelayState, answers: int) -> None:
-        """The relay answered a filter alone that it left unanswered as the next after the
-        first ``answers`` of a REQ: it answers that many a REQ and drops the rest without a
+        """The relay answered a filter alone that it left unanswered next to the first or
+        last ``answers`` of a REQ: it answers that many a REQ and drops the rest without a
         word. From now on (saved) it is asked so, and its sync starts again so."""
         if not state.lower_max_filters(answers):
             return
