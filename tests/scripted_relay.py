@@ -78,6 +78,13 @@ Knobs for misbehaviour:
 - ``reads_filters``: N: the first N filters of a REQ are read (-N: the last N), the rest
   dropped without a word, its stored answer and its live subscription alike (a
   ``max_filters`` a relay enforces and never publishes).
+- ``tag_values_cap=(n, how)``: a filter holding more than ``n`` tag values in all (its
+  tags' lists together) is not queried, as relays on an SQL event store do (fiatjaf's
+  eventstore: ``QueryTagsLimit``, 10 by default on sqlite3): ``how`` is ``"notice"`` (a
+  ``NOTICE`` "too many tag values" for it, the REQ's other filters answered, one ``EOSE``:
+  khatru's handling of a query error) or ``"silent"`` (nothing for it, no word: the older
+  store's empty query); its live subscription still matches it (in memory), and a filter of
+  ``limit: 0`` is not queried at all (khatru).
 - ``drops_limited_live``: once a REQ's stored events are sent, each filter whose ``limit``
   they reached (``limit: 0`` always) is dropped from it without a word, the REQ with its last
   (ORLY's handle-req.go since October 2025); live events match what is left.
@@ -440,12 +447,14 @@ class ScriptedRelay:
         hold_nip11: threading.Event | None = None,
         answers_one_filter: str | None = None,
         reads_filters: int | None = None,
+        tag_values_cap: tuple[int, str] | None = None,
         drops_limited_live: bool = False,
         host: str = "127.0.0.1",
         port: int = 0,
     ):
         self.answers_one_filter = answers_one_filter
         self.reads_filters = reads_filters
+        self.tag_values_cap = tag_values_cap
         self.drops_limited_live = drops_limited_live
         self.page_size = page_size
         self.req_cap = req_cap
@@ -860,6 +869,13 @@ class ScriptedRelay:
         answered = filters
         if self.answers_one_filter is not None:
             answered = filters[:1] if self.answers_one_filter == "first" else filters[-1:]
+        if self.tag_values_cap is not None:
+            most, how = self.tag_values_cap
+            over = [f for f in answered if f.limit != 0 and sum(len(values) for _, values in f.tags) > most]
+            answered = [f for f in answered if f not in over]
+            if how == "notice":
+                for _ in over:
+                    conn.send("NOTICE", "too many tag values")
         stored = self.answer(answered)
         budget = next(self._budgets)
         if self.query_budget is not None and len(stored) > budget:

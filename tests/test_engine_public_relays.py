@@ -1188,6 +1188,35 @@ def test_a_relay_reading_three_filters_of_a_req_is_asked_three_a_req(relay_facto
     assert all(len(filters) <= 3 for _, filters in remote.reqs()[asked:])
 
 
+@pytest.mark.parametrize("how", ["notice", "silent"])
+def test_a_relay_reading_ten_tag_values_a_filter_is_asked_ten(relay_factory, gsync_factory, scripted, how):
+    """A relay on an SQL event store (khatru or relayer on fiatjaf's eventstore, its
+    ``QueryTagsLimit`` 10) does not query a filter of more tag values: a newer store says so
+    in a NOTICE (the REQ's other filters answered, one EOSE), an older one answers nothing
+    without a word. gsync packs the 25 repositories listing it into one ``#a`` filter (and
+    ``#d``, ``#A``, ``#q``): said, the words teach the cap; silent, every issue and reply
+    stayed there. Now a filter wider than any that brought something, come back empty, has
+    the relay asked an event it served (an announcement, by its id and ``d``) among 25
+    values, then fewer, until the width it reads is found, and from then on no list it is
+    asked holds more."""
+    own = relay_factory()
+    remote = scripted(page_size=500, tag_values_cap=(10, how))
+    repos = [our_announcement(own, [remote], d=f"values-{i:02}") for i in range(25)]
+    bugs = [f.issue(bob, repo, subject=f"bug {i}") for i, repo in enumerate(repos)]
+    replies = [f.comment(carol, bug) for bug in bugs]
+    remote.add(*repos, *bugs, *replies)
+    publish(own.url, repos)
+    gsync = gsync_factory(own, [remote])
+    assert_arrives(own, bugs + replies, timeout=30, what="the issues and their replies")
+    if how == "silent":
+        [found] = events_named(gsync, "relay_reads_few_values", remote.url)
+        assert found["max_values"] == 10
+    widths = [sum(len(v) for k, v in flt.items() if k.startswith("#")) for _, filters in remote.reqs()
+              for flt in filters if isinstance(flt, dict) and "#a" in flt and flt.get("limit") != 0]
+    first_within = next(i for i, w in enumerate(widths) if w <= 10)  # (the cap learnt)
+    assert widths[0] == 25 and all(w <= 10 for w in widths[first_within:]), str(widths)
+
+
 @pytest.mark.parametrize("answered", ["first", "last"])
 def test_a_relay_answering_one_filter_a_req_is_asked_one_filter_a_req(relay_factory, gsync_factory, scripted,
                                                                         answered):

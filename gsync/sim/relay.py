@@ -466,6 +466,11 @@ class SimRelay:
         # or one tag's), the REQ or NEG-OPEN as a whole, saying so in words about its size
         # (``VALUE_CAP_WORDS``); None: takes any. ``value_cap_said``: the words name the cap
         self.value_cap: int | None = None
+        # the cap counts a filter's tag values (its tags' lists together) and a filter past
+        # it is not queried, without a word: nothing for it, its NIP-77 exchange over nothing
+        # (an SQL event store's empty query: fiatjaf's eventstore before it said so); its
+        # live subscription still matches it
+        self.value_cap_silent = False
         # its refusal of a subscription past ``max_subs`` names the cap (nostream: "Number of
         # subscriptions must be less than or equal to 10"); else strfry's words, no number
         self.subs_cap_said = False
@@ -603,7 +608,7 @@ class SimRelay:
             if not taken:
                 return "rate-limited: too many queries"
         for f in filters:
-            if self.value_cap is not None and f.most_values() > self.value_cap:
+            if self.value_cap is not None and not self.value_cap_silent and f.most_values() > self.value_cap:
                 return f"{VALUE_CAP_WORDS} (max {self.value_cap})" if self.value_cap_said else VALUE_CAP_WORDS
             for name, _ in f.tags:
                 if name in self.refused_tags:
@@ -611,6 +616,11 @@ class SimRelay:
             if self.anti_sync_bots and f.authors is None and (f.kinds is None or 1 in f.kinds):
                 return "blocked: an author must be specified to get their kind:1 notes"
         return None
+
+    def past_silent_cap(self, f: Filter) -> bool:
+        """Is ``f`` a filter this relay's silent cap leaves unqueried (``value_cap_silent``)?"""
+        return (self.value_cap_silent and f.limit != 0
+                and sum(len(values) for _, values in f.tags) > self.value_cap)
 
     def _refused(self, sub_id: str, reason: str) -> str:
         """A REQ's refusal: its CLOSED, or a NOTICE alone (``notice_refusals``), naming the REQ
@@ -650,6 +660,8 @@ class SimRelay:
         answered = filters
         if self.one_filter is not None:
             answered = filters[:1] if self.one_filter == "first" else filters[-1:]
+        if self.value_cap_silent:
+            answered = [f for f in answered if not self.past_silent_cap(f)]
         frames = [head + e.to_json() + "]" for e in self.answer(answered)]
         if self.slow_rng is not None and any(f.limit != 0 for f in filters):
             frames = self.timed(frames)
@@ -745,6 +757,8 @@ class SimRelay:
         if refused:
             return self._challenged(session, [json.dumps(["NEG-ERR", sub_id, refused])], refused)
         size, storage = self.store.storage(self.as_read(flt).replace(limit=None))
+        if self.past_silent_cap(flt):
+            size, storage = 0, Storage.from_hex(())
         if self.max_sync_events is not None and size > self.max_sync_events:
             return [json.dumps(["NEG-ERR", sub_id, "blocked: too many query results"])]
         if self.neg_silent_cap is not None and size > self.neg_silent_cap:

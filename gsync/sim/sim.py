@@ -141,6 +141,9 @@ class SimOptions:
     # the share of relays refusing a filter holding more than VALUE_CAPS values in one list
     # (its ids, authors or one tag's), in words about its size: ``SimRelay.value_cap``
     value_caps: float = 0.0
+    # of those, the share counting a filter's tag values and answering a filter past the cap
+    # with nothing, without a word: ``SimRelay.value_cap_silent``
+    value_caps_silent: float = 0.0
     # the share of relays whose refusal of a subscription past their cap names it, as
     # nostream's does ("must be less than or equal to 10"): ``SimRelay.subs_cap_said``
     subs_caps_said: float = 0.0
@@ -220,6 +223,7 @@ WORLD_SHARES = (
     ("one_filter", "--one-filter"),
     ("filter_caps", "--filter-caps"),
     ("filter_caps_last", "--filter-caps-last"),
+    ("value_caps_silent", "--value-caps-silent"),
     ("value_caps", "--value-caps"),
     ("subs_caps_said", "--subs-caps-said"),
     ("drops_live", "--drops-live"),
@@ -541,6 +545,7 @@ class Simulation:
         if values.random() < o.value_caps:
             relay.value_cap = values.choice(VALUE_CAPS)
             relay.value_cap_said = values.random() < 0.5
+            relay.value_cap_silent = random.Random(f"{o.seed}:{url}:values-silent").random() < o.value_caps_silent
         slow = random.Random(f"{o.seed}:{url}:slow")
         if slow.random() < o.slow_queries:
             relay.query_budget = slow.choice(SLOW_BUDGETS)

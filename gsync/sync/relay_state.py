@@ -356,6 +356,13 @@ class RelayState:
     # proven by two at day 0, and what the own relay lost at day 0.16 asked of it ten
     # filters a REQ until the next day)
     reach_proof_asked: bool = False
+    # the widest list of tag values of a filter that brought something since its last daily
+    # fresh start: it reads lists that wide (``sync.values_reach``); an event it served with
+    # a tag value, a proof's seed (kept from its first answer after that start); and whether
+    # the proof that a filter wider than the reach brought nothing calls for was asked then
+    values_reach: int = 0
+    values_seed: object = None  # values_reach.ValuesSeed | None
+    values_proof_asked: bool = False
     # answers to that proof that came slowly (a relay stopping slow queries cuts anywhere:
     # they prove nothing) since its last daily fresh start; each is asked again a live look's
     # interval later (``reach_proof_again_at``), ``REACH_PROOF_SLOW_AGAIN`` times at most

@@ -49,7 +49,7 @@ from ...ops.logging import get_logger
 from ...protocol import messages as wire
 from ...protocol import precise
 from ...protocol.filters import Filter
-from ...sync import filter_plan, one_filter, start_queue
+from ...sync import filter_plan, one_filter, start_queue, values_reach
 from ...sync.health import HealthState, Refusal, classify_refusal, refuses_a_shape
 from ...sync.pending import BatchKind, PageCap, PendingBatch
 from ...sync.policy import by_shape, coverage_key, describe, halves
@@ -102,6 +102,18 @@ class ReachProof:
     several filters: ``ids``, one a filter, in the REQ's order (``Refusals.ask_filters_proof``)."""
 
     ids: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ValuesProof:
+    """The mark in ``RelaySession.probes`` of a proof of how wide a list of tag values a
+    relay reads (``sync.values_reach``): its seed asked among ``width`` values; served at
+    ``served_at`` at most so far (0: not yet), not at ``unserved_at``."""
+
+    seed: values_reach.ValuesSeed
+    width: int
+    served_at: int = 0
+    unserved_at: int = 0
 
 
 # The mark in ``RelaySession.probes`` of the REQ asking two events a relay holds in two
@@ -606,6 +618,11 @@ class Refusals:
         self.keep_served_ids(state, answer)
         self.prove_if_due(state)
         probe = session.probes.get(batch.batch_id)
+        if isinstance(probe, ValuesProof):
+            del session.probes[batch.batch_id]
+            self.values_proof_answered(state, probe, answer, slow)
+            return False
+        self.judge_values_reach(state, answer, slow)
         if isinstance(probe, FiltersProbe):
             # judged on its own REQ's answer alone (later pages of its batch, an until probe
             # on a relay reading until as exclusive, go as any batch's)
@@ -748,6 +765,73 @@ class Refusals:
         else:
             state.forget_proof_ids(i for i, ok in zip(proof.ids, served, strict=True) if not ok)
 
+    # -- relays reading few tag values a filter (``sync.values_reach``) ----------------------
+
+    @staticmethod
+    def keep_values_seed(state: RelayState, event) -> None:
+        """A served event: the seed of the relay's next proof of its values' reach, if it
+        has none since its last daily fresh start (``values_reach.seed_of``)."""
+        if state.values_seed is None:
+            state.values_seed = values_reach.seed_of(event)
+
+    def judge_values_reach(self, state: RelayState, answer, slow: bool) -> None:
+        """A historic REQ's answer: each filter that brought something proves the relay
+        reads lists of its tag values that wide; one wider than any so proven that brought
+        nothing calls for the day's proof (an answer a time budget may have cut proves
+        nothing either way; a relay judged not to serve ids is not asked it)."""
+        if slow:
+            return
+        empty = 0
+        for s in answer.filters:
+            width = values_reach.tag_width(s.page_filter)
+            if s.seen:
+                state.values_reach = max(state.values_reach, width)
+            else:
+                empty = max(empty, width)
+        if (empty > max(1, state.values_reach) and not state.values_proof_asked
+                and state.values_seed is not None and state.ids_unserved_at is None):
+            state.values_proof_asked = True
+            self.ask_values_proof(state, ValuesProof(state.values_seed, empty))
+
+    def ask_values_proof(self, state: RelayState, proof: ValuesProof) -> None:
+        """The proof's seed asked among ``proof.width`` tag values, one REQ of one filter."""
+        batch = PendingBatch(self.historic.queue.batch_id(), PendingItems(), kind=BatchKind.PROBE)
+        state.current.pending[batch.batch_id] = batch
+        state.current.probes[batch.batch_id] = proof
+        log.info("values_proof_asked", relay=state.url, values=proof.width)
+        self.historic.queue.add_reqs(state, batch, [values_reach.proof_filter(proof.seed, proof.width)])
+        self.historic.pump(state)
+
+    def values_proof_answered(self, state: RelayState, proof: ValuesProof, answer, slow: bool) -> None:
+        """Served, the relay reads that wide; not, narrower is asked (``values_reach.
+        next_width``), until the width it reads is found: its lists are cut to that from
+        now on, as a refusal of more teaches (kept a week), and its sync starts again. A
+        slow answer (a time budget may have cut it) ends the day's proof: nothing learnt."""
+        if slow:
+            return
+        served = any(event_id == proof.seed.event_id for s in answer.filters for _, event_id in s.seen)
+        if served:
+            state.values_reach = max(state.values_reach, proof.width)
+            served_at, unserved_at = proof.width, proof.unserved_at
+            if not unserved_at:
+                return  # (as wide as gsync asked: proven)
+        else:
+            served_at, unserved_at = proof.served_at, proof.width
+        width = values_reach.next_width(served_at, unserved_at, state.values_reach if not served_at else 0)
+        if width is not None:
+            self.ask_values_proof(state, ValuesProof(proof.seed, width, served_at, unserved_at))
+            return
+        if not served_at:
+            state.values_seed = None  # (deleted since, or hidden: no evidence)
+            return
+        limits = state.current.limits
+        if limits.max_values is not None and limits.max_values <= served_at:
+            return
+        state.current.limits = dataclasses.replace(limits, max_values=served_at)
+        state.max_values_learned, state.values_learned_at = served_at, self.clock()
+        log.warning("relay_reads_few_values", relay=state.url, max_values=served_at, unserved=unserved_at)
+        self.on_one_filter(state)
+
     def few_filters_found(self, state: RelayState, answers: int) -> None:
         """The relay answered a filter alone that it left unanswered next to the first or
         last ``answers`` of a REQ: it answers that many a REQ and drops the rest without a
@@ -766,7 +850,7 @@ class Refusals:
         self.on_one_filter(state)
 
     def probe_answered(self, state: RelayState, key, batch: PendingBatch) -> None:
-        if isinstance(key, (FiltersProbe, ReachProof)) or key is FILTERS_PROOF:
+        if isinstance(key, (FiltersProbe, ReachProof, ValuesProof)) or key is FILTERS_PROOF:
             return  # unanswered (its REQ refused or stalled): no evidence either way
         if isinstance(key, KindsProbe):
             self.kinds_probe_answered(state, key, batch)
