@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gsync.protocol import messages as wire
 from gsync.protocol.filters import Filter
 from gsync.sync import values_reach
 from gsync.sync.values_reach import ValuesSeed
@@ -75,3 +76,54 @@ def test_a_proof_asks_the_seed_by_its_id_among_that_many_values():
     assert values_reach.tag_width(flt) == 25 and "seeded" in flt.tag("d")
     assert values_reach.tag_width(values_reach.proof_filter(seed, 1)) == 1
     assert values_reach.tag_width(Filter.make(kinds=[1], tags={"a": ["x", "y"], "e": ["z"]})) == 3
+
+
+# -- the proof, in the manager (a fake clock, no sockets) -------------------------------------
+
+
+def _wide_and_empty(tmp_path, refused_first: str | None = None):
+    """A relay listed by twelve repositories serving their announcements (the proof's seeds,
+    ``d``) and nothing for the wide filters of its sync; ``refused_first``: a tag it refused
+    a filter of before. (the harness, the relay's url)"""
+    from .manager_harness import ManagerHarness
+
+    url = "wss://values.example"
+    h = ManagerHarness(tmp_path)
+    anns = [f.announcement(alice, f"values-{i:02}", relays=[url]) for i in range(12)]
+    h.own_relay_holds(*anns)
+    h.connect(url)
+    if refused_first is not None:
+        h.state(url).paused.pause(((1621,), (refused_first,), False, False), h.clock())
+    for _ in range(12):
+        h.answer_own_reads()
+        h.advance(1.1)
+        if _values_proofs(h, url):
+            break  # (left unanswered: the test's)
+        for req in h.historic_reqs(url):
+            if any(list(x) == ["kinds", "limit"] for x in req[2:]) and not h.state(url).values_seed:
+                h.relay_sends(url, req[1], *anns)  # (layer 1: the announcements)
+        h.eose_all(url)
+    return h, url
+
+
+def _values_proofs(h, url) -> list:
+    return [r for r in h.historic_reqs(url) if len(r) == 3 and "ids" in r[2] and "#d" in r[2]]
+
+
+def test_a_refused_proof_teaches_nothing_and_pauses_no_coverage(tmp_path):
+    h, url = _wide_and_empty(tmp_path)
+    [proof] = _values_proofs(h, url)
+    assert len(proof[2]["#d"]) == 12 and proof[2]["authors"] == [alice.pubkey]
+    h.relay_says(url, wire.Closed(proof[1], wire.Prefix.BLOCKED, "not allowed"))
+    h.advance(1.1)
+    assert not h.state(url).paused.refuses_tag("d"), "the proof's shape is its own: nothing paused"
+    assert h.state(url).max_values_learned is None and len(_values_proofs(h, url)) == 1
+
+
+def test_no_proof_asks_by_a_tag_the_relay_refused_a_filter_of(tmp_path):
+    """The simulator's seed 899 of the every-behaviour world with silent caps: a relay
+    refusing ``#e`` queries was asked a proof by ``#e`` (its seed a reply) three times."""
+    h, url = _wide_and_empty(tmp_path, refused_first="d")
+    assert h.state(url).values_seed is not None and not _values_proofs(h, url)
+    h2, url2 = _wide_and_empty(tmp_path / "not-refused")
+    assert _values_proofs(h2, url2)

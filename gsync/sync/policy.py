@@ -131,6 +131,10 @@ class CoveragePauses:
     def is_paused(self, key: CoverageKey) -> bool:
         return key in self._until or key in self._probing
 
+    def refuses_tag(self, name: str) -> bool:
+        """Has the relay refused (or is it paused for) a shape asking tag ``name``?"""
+        return any(name in key[1] for keys in (self._until, self._probing, self._refused) for key in keys)
+
     def kinds_refused(self, key: CoverageKey) -> None:
         """Paused ``key``, asked without the notes it may bring, was refused too: its pause is
         about the shape (``Refusals.probe_kinds``); known until the pause ends."""

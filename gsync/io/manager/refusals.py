@@ -330,6 +330,12 @@ class Refusals:
         batch = state.current.pending.get(batch_id)
         if batch is None:
             return
+        if isinstance(state.current.probes.get(batch_id), ValuesProof):
+            # refused: no evidence, and its shape is the proof's own, no coverage to pause
+            del state.current.probes[batch_id]
+            start_queue.finish_subscription(batch, sub_id)
+            self.historic.advance(state, batch)
+            return
         filters = start_queue.filters_of(batch, sub_id)
         if kind not in (CAPACITY, SUBSCRIPTIONS, Refusal.RATE_LIMIT, Refusal.AUTH) and filters and (
                 self.learn_page_limit(state, reason)):
@@ -778,7 +784,8 @@ class Refusals:
         """A historic REQ's answer: each filter that brought something proves the relay
         reads lists of its tag values that wide; one wider than any so proven that brought
         nothing calls for the day's proof (an answer a time budget may have cut proves
-        nothing either way; a relay judged not to serve ids is not asked it)."""
+        nothing either way; a relay judged not to serve ids is not asked it, nor one that
+        refused a filter of the seed's tag)."""
         if slow:
             return
         empty = 0
@@ -788,10 +795,11 @@ class Refusals:
                 state.values_reach = max(state.values_reach, width)
             else:
                 empty = max(empty, width)
-        if (empty > max(1, state.values_reach) and not state.values_proof_asked
-                and state.values_seed is not None and state.ids_unserved_at is None):
+        seed = state.values_seed
+        if (empty > max(1, state.values_reach) and not state.values_proof_asked and seed is not None
+                and state.ids_unserved_at is None and not state.paused.refuses_tag(seed.name)):
             state.values_proof_asked = True
-            self.ask_values_proof(state, ValuesProof(state.values_seed, empty))
+            self.ask_values_proof(state, ValuesProof(seed, empty))
 
     def ask_values_proof(self, state: RelayState, proof: ValuesProof) -> None:
         """The proof's seed asked among ``proof.width`` tag values, one REQ of one filter."""
