@@ -28,6 +28,7 @@ from .status import ConnectionStatus
 from .targets import ConfirmedItems
 from .threads_ahead import ThreadsAhead
 from .unservable import UnservableIds
+from .values_reach import ValuesSeed
 
 _DIGITS = re.compile(r"\d+")  # (``RelayState.said_before``: the numbers of a reason aside)
 SAID_MAX = 16  # reasons said once a relay (``RelayState.said``)
@@ -361,7 +362,7 @@ class RelayState:
     # a tag value, a proof's seed (kept from its first answer after that start); and whether
     # the proof that a filter wider than the reach brought nothing calls for was asked then
     values_reach: int = 0
-    values_seed: object = None  # values_reach.ValuesSeed | None
+    values_seed: ValuesSeed | None = None
     values_proof_asked: bool = False
     # answers to that proof that came slowly (a relay stopping slow queries cuts anywhere:
     # they prove nothing) since its last daily fresh start; each is asked again a live look's
