@@ -358,10 +358,12 @@ class RelayState:
     # filters a REQ until the next day)
     reach_proof_asked: bool = False
     # the widest list of tag values of a filter that brought something since its last daily
-    # fresh start: it reads lists that wide (``sync.values_reach``); an event it served with
-    # a tag value, a proof's seed (kept from its first answer after that start); and whether
-    # the proof that a filter wider than the reach brought nothing calls for was asked then
+    # fresh start (by a REQ, or compared by NIP-77): it reads lists that wide (``sync.
+    # values_reach``); an event it served with a tag value, a proof's seed (kept from its
+    # first answer after that start); and whether the proof that a filter wider than the
+    # reach brought nothing calls for (once its sync completed) was asked then
     values_reach: int = 0
+    values_empty: int = 0  # the widest that brought nothing since then
     values_seed: ValuesSeed | None = None
     values_proof_asked: bool = False
     # answers to that proof that came slowly (a relay stopping slow queries cuts anywhere:

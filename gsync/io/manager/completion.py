@@ -16,8 +16,9 @@ class HistoricCompletion:
     """Whether each relay of ``relays`` is done with historic sync (``sync``: the batch
     window), rechecked through ``effects``; and recovered, as ``recovery`` says."""
 
-    def __init__(self, *, sync, relays, recovery, effects, clock):
+    def __init__(self, *, sync, relays, recovery, effects, clock, on_complete=lambda state: None):
         self.sync = sync
+        self.on_complete = on_complete  # (``Refusals.prove_values_if_due``)
         self.relays = relays
         self.recovery = recovery
         self.effects = effects
@@ -43,6 +44,7 @@ class HistoricCompletion:
         state.historic_sync_completed_at = self.clock()
         log.info("historic_sync_complete", relay=state.url, status=state.status.name)
         self.promote_if_recovered(state.url)  # recovery may have finished before this check
+        self.on_complete(state)
 
     def promote_if_recovered(self, url: str) -> None:
         state = self.relays.get(url)

@@ -154,7 +154,8 @@ class SyncManager:
             start_historic=lambda *args, **kwargs: self.historic.start(*args, **kwargs),
             catch_up=lambda *args: self.historic.catch_up(*args))
         self.completion = HistoricCompletion(sync=config.sync, relays=self.relays, recovery=self.recovery,
-                                             effects=self.effects, clock=self.clock)
+                                             effects=self.effects, clock=self.clock,
+                                             on_complete=lambda state: self.refusals.prove_values_if_due(state))
         self.historic = HistoricSync(
             sync=config.sync, own_relay=config.service.own_relay, relays=self.relays, repos=self.repos,
             health=self.health, live=self.live, lead=self.lead, claims=self.claims, recovery=self.recovery,
@@ -167,7 +168,8 @@ class SyncManager:
             members_of_roots=lambda state, roots: self.descendants.members_of_roots(state, roots),
             check_answer=lambda state, batch, answer, slow: self.refusals.check_answer(state, batch, answer, slow),
             one_filter_found=lambda state: self.refusals.one_filter_found(state),
-            held_on_both=lambda state, ids: self.refusals.keep_held_ids(state, ids))
+            held_on_both=lambda state, ids: self.refusals.keep_held_ids(state, ids),
+            exchange_ended=lambda state, flt, result: self.refusals.judge_exchange_reach(state, flt, result))
         self.refusals = Refusals(relays=self.relays, repos=self.repos, health=self.health, live=self.live,
                                  historic=self.historic, recovery=self.recovery, seen=self.seen,
                                  rejected=self.rejected,
@@ -292,7 +294,8 @@ class SyncManager:
             batch.record_event(msg.sub_id, msg.event, msg.matched)
             if batch.audit_window is not None:
                 self.live.note_audited(state, batch, msg.event, new=not self.own_relay.had(msg.event.id))
-        if state.values_seed is None:  # (a known id too: a seed the relay does not serve proves nothing)
+        seed = state.values_seed
+        if seed is None or seed.name != "d":  # (a known id too: a seed the relay does not serve proves nothing)
             self.refusals.keep_values_seed(state, msg.event)
         if msg.verified or self.own_relay.checked_late(msg.event):
             self.own_relay.consider_for_delivery(msg.event, state)

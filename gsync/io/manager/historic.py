@@ -63,7 +63,7 @@ class HistoricSync:
                  rate_limited, probe_answered, completion, effects, post, clock, ids,
                  members_of_roots=lambda state, roots: None,
                  check_answer=lambda state, batch, answer, slow: False, one_filter_found=lambda state: None,
-                 held_on_both=lambda state, ids: None):
+                 held_on_both=lambda state, ids: None, exchange_ended=lambda state, flt, result: None):
         self.sync = sync  # [sync]: negentropy on or off, the batch window
         self.own_relay = own_relay
         self.relays = relays
@@ -82,6 +82,9 @@ class HistoricSync:
         self.probe_answered = probe_answered
         # ``Refusals.check_answer`` / ``one_filter_found``: a relay answering one filter a REQ
         self.check_answer = check_answer
+        # ``Refusals.judge_exchange_reach``: an exchange that compared something proves how
+        # wide a list of tag values the relay reads
+        self.exchange_ended = exchange_ended
         self.one_filter_found = one_filter_found
         # ``Refusals.keep_held_ids``: events an exchange found on both sides, for that proof
         self.held_on_both = held_on_both
@@ -413,6 +416,7 @@ class HistoricSync:
         if run is None:
             return  # answered already (the manager's deadline, or its greenlet's death)
         batch = batch_end.exchange_finished(self.plan, state, msg, run.epoch, self.clock())
+        self.exchange_ended(state, msg.filter, msg.result)
         self.execute()
         self.advance(state, batch)
         if msg.result.held_both:

@@ -544,7 +544,7 @@ class RelayLifecycle:
         state.filters_reach = 0
         state.reach_proof_asked = False
         state.reach_proof_slow = 0
-        state.values_reach, state.values_seed, state.values_proof_asked = 0, None, False
+        state.values_reach, state.values_empty, state.values_seed, state.values_proof_asked = 0, 0, None, False
         if state.live_dropped_at is not None and now - state.live_dropped_at >= constants.LIVE_DROPS_REMEMBERED_SECS:
             state.live_dropped_at = None
         if state.precise_refused and now - state.precise_refused_at >= constants.NOTES_REFUSAL_REMEMBERED_SECS:

@@ -776,30 +776,48 @@ class Refusals:
     @staticmethod
     def keep_values_seed(state: RelayState, event) -> None:
         """A served event: the seed of the relay's next proof of its values' reach, if it
-        has none since its last daily fresh start (``values_reach.seed_of``)."""
-        if state.values_seed is None:
-            state.values_seed = values_reach.seed_of(event)
+        has none since its last daily fresh start, or none by ``d`` (``values_reach.seed_of``:
+        an announcement's or a state's ``d``, which nothing else a sync asks carries, is
+        the one a proof asks by first)."""
+        seed = values_reach.seed_of(event)
+        if seed is not None and (state.values_seed is None or seed.name == "d"):
+            state.values_seed = seed
 
     def judge_values_reach(self, state: RelayState, answer, slow: bool) -> None:
         """A historic REQ's answer: each filter that brought something proves the relay
-        reads lists of its tag values that wide; one wider than any so proven that brought
-        nothing calls for the day's proof (an answer a time budget may have cut proves
-        nothing either way; a relay judged not to serve ids is not asked it, nor one that
-        refused a filter of the seed's tag)."""
+        reads lists of its tag values that wide; the widest that brought nothing is kept for
+        the proof, asked once the relay's sync has completed (``prove_values_if_due``: by then
+        its NIP-77 exchanges have told their part). An answer a time budget may have cut
+        proves nothing either way."""
         if slow:
             return
-        empty = 0
         for s in answer.filters:
             width = values_reach.tag_width(s.page_filter)
             if s.seen:
                 state.values_reach = max(state.values_reach, width)
             else:
-                empty = max(empty, width)
+                state.values_empty = max(state.values_empty, width)
+        if state.historic_sync_completed_at is not None:
+            self.prove_values_if_due(state)
+
+    @staticmethod
+    def judge_exchange_reach(state: RelayState, flt, result) -> None:
+        """A NIP-77 exchange over ``flt`` that compared something (found the relay holding
+        or lacking what the own relay lacks or holds, not nothing at all) proves the relay
+        reads its list that wide."""
+        if result.ok and (result.need_ids or result.held_both or result.held > len(result.have_ids)):
+            state.values_reach = max(state.values_reach, values_reach.tag_width(flt))
+
+    def prove_values_if_due(self, state: RelayState) -> None:
+        """The day's proof (``sync.values_reach``), when a filter wider than the reach brought
+        nothing: not on a relay judged not to serve ids, nor by a tag the relay refused a
+        filter of, nor with a seed it did not serve by id since."""
         seed = state.values_seed
-        if (empty > max(1, state.values_reach) and not state.values_proof_asked and seed is not None
-                and state.ids_unserved_at is None and not state.paused.refuses_tag(seed.name)):
+        if (state.values_empty > max(1, state.values_reach) and not state.values_proof_asked
+                and seed is not None and state.ids_unserved_at is None and seed.event_id not in state.unservable
+                and not state.paused.refuses_tag(seed.name) and state.current.link is not None):
             state.values_proof_asked = True
-            self.ask_values_proof(state, ValuesProof(seed, empty))
+            self.ask_values_proof(state, ValuesProof(seed, state.values_empty))
 
     def ask_values_proof(self, state: RelayState, proof: ValuesProof) -> None:
         """The proof's seed asked among ``proof.width`` tag values, one REQ of one filter."""
