@@ -1158,6 +1158,7 @@ def test_a_relay_refusing_a_tag_key_by_notice_alone_is_synced_without_stalls(rel
     assert not events_named(gsync, "subscription_stalled", remote.url)
 
 
+@pytest.mark.slow  # (it waits for the relay's first live look (3 s) and its sync again)
 @pytest.mark.parametrize("reads", [3, -3], ids=["first three", "last three"])
 def test_a_relay_reading_three_filters_of_a_req_is_asked_three_a_req(relay_factory, gsync_factory, scripted,
                                                                      reads):
@@ -1264,6 +1265,7 @@ def synced_with_hourly_looks(relay_factory, gsync_factory, scripted, d, **relay_
     return own, remote, repo, gsync
 
 
+@pytest.mark.slow  # (its looks wait on timers of seconds)
 def test_a_relay_seen_dropping_limit_zero_live_subscriptions_keeps_them_asked_with_since(
         relay_factory, gsync_factory, scripted):
     """ORLY (since October 2025) drops, without a CLOSED, every filter of a REQ whose ``limit``
@@ -1289,6 +1291,7 @@ def test_a_relay_seen_dropping_limit_zero_live_subscriptions_keeps_them_asked_wi
     assert_arrives(own, [second], timeout=10, what="a live event")
 
 
+@pytest.mark.slow  # (its looks wait on timers of seconds)
 def test_live_events_a_relay_drops_without_a_word_arrive_by_the_hourly_look(relay_factory, gsync_factory, scripted):
     """A relay that keeps our live subscriptions but sends nothing on them (ORLY drops a live
     REQ carrying ``limit: 0`` without a CLOSED; relays and proxies expire idle ones): what
