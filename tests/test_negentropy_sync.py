@@ -4,11 +4,9 @@ import time
 
 import pytest
 
-from gsync.sync import values_reach
-
 from . import factory as f
 from .relays import ids_on, publish, start_relays, wait_until, write_seed_file
-from .scenario import assert_arrives, our_announcement
+from .scenario import assert_arrives, is_values_proof, our_announcement
 
 alice, bob = f.Author.named("alice"), f.Author.named("bob")
 
@@ -155,7 +153,7 @@ def test_what_nip77_finds_missing_of_a_repository_other_relays_list_is_fetched_b
     assert_arrives(own, issues, timeout=120, what="every issue")
     wait_until(lambda: _synced(gsync), timeout=60, what="historic sync complete on both")
     by_filter = [(relay.url, sub) for relay in relays for sub, filters in relay.reqs()
-                 if any("#a" in flt and flt.get("limit") != 0 and not values_reach.is_proof(flt) for flt in filters)]
+                 if any("#a" in flt and flt.get("limit") != 0 and not is_values_proof(flt) for flt in filters)]
     assert by_filter == [], f"fetched by the filter's pages: {by_filter}"
     twice = [e.id for e in issues[1:] if all(relay.sent_count(e.id) for relay in relays)]
     assert not twice, f"{len(twice)} issues came from both relays"
@@ -451,6 +449,6 @@ def test_a_relay_comparing_only_its_newest_events_is_asked_below_them(relay_fact
     logged = [e for e in gsync.log_events() if e["event"] == "negentropy_silent_cap"]
     assert [(e["relay"], e["compared"], e["found"]) for e in logged] == [(remote.url, cap, found)]
     by_filter = [filters for _, filters in remote.reqs()
-                 if any("#a" in flt and flt.get("limit") != 0 and not values_reach.is_proof(flt) for flt in filters)]
+                 if any("#a" in flt and flt.get("limit") != 0 and not is_values_proof(flt) for flt in filters)]
     assert by_filter == [], "the repository was asked by REQ pages: NIP-77 was not what found them"
     assert all(remote.sent_count(e.id) == 0 for e in issues[-held:]), "held issues were sent again"

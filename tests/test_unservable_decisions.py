@@ -13,13 +13,14 @@ from gsync.ops import metrics
 from gsync.protocol import messages as wire
 from gsync.protocol.filters import Filter
 from gsync.sim.relay import filter_from_json
-from gsync.sync import filter_plan, values_reach
+from gsync.sync import filter_plan
 from gsync.sync.policy import coverage_key
 from gsync.sync.relay_state import ConnectionStatus
 from gsync.sync.start_queue import is_exchange
 
 from .factory import Author, announcement, issue
 from .manager_harness import FakeWs, ManagerHarness, resync_holdings
+from .scenario import is_values_proof
 
 A, B = "wss://a.example", "wss://b.example"
 # the own relay holds enough of every filter that NIP-77 pays at production prices (sync.method)
@@ -89,7 +90,7 @@ def asks(h, url, event, after: int = 0) -> tuple[int, int]:
     for frame in frames[after:]:
         if frame[0] != "REQ" or all(f.get("limit") == 0 for f in frame[2:]):
             continue
-        if any(values_reach.is_proof(f) for f in frame[2:]):
+        if any(is_values_proof(f) for f in frame[2:]):
             continue  # (the daily proof of how wide a list the relay reads: tests/test_values_reach.py)
         filters = [filter_from_json(f) for f in frame[2:]]
         if any(f.ids is not None and event.id in f.ids for f in filters):

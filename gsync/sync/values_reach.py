@@ -67,12 +67,6 @@ def proof_filter(seed: ValuesSeed, width: int) -> Filter:
     return Filter.make(ids=[seed.event_id], kinds=[seed.kind], authors=[seed.author], tags={seed.name: values})
 
 
-def is_proof(raw: dict) -> bool:
-    """Is ``raw`` (a filter as JSON decoded) a proof's (its padding among its values)?"""
-    return any(isinstance(v, list) and any(isinstance(x, str) and x.startswith(PADDING[:-2]) for x in v)
-               for k, v in raw.items() if k.startswith("#"))
-
-
 def next_width(served_at: int, unserved_at: int, reach: int = 0) -> int | None:
     """The width a proof asks next: its seed was served at ``served_at`` values at most (0:
     not yet) and not at ``unserved_at``; ``reach``: the widest list of a filter that brought
