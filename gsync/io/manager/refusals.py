@@ -811,10 +811,12 @@ class Refusals:
     def prove_values_if_due(self, state: RelayState) -> None:
         """The day's proof (``sync.values_reach``), when a filter wider than the reach brought
         nothing: not on a relay judged not to serve ids, nor by a tag the relay refused a
-        filter of, nor with a seed it did not serve by id since."""
+        filter of, nor with a seed it did not serve by id since or one the own relay refused
+        (asked again, it is downloaded again for nothing)."""
         seed = state.values_seed
         if (state.values_empty > max(1, state.values_reach) and not state.values_proof_asked
                 and seed is not None and state.ids_unserved_at is None and seed.event_id not in state.unservable
+                and seed.event_id not in self.rejected
                 and not state.paused.refuses_tag(seed.name) and state.current.link is not None):
             state.values_proof_asked = True
             self.ask_values_proof(state, ValuesProof(seed, state.values_empty))
