@@ -91,6 +91,7 @@ def _wide_and_empty(tmp_path, refused_first: str | None = None):
     h = ManagerHarness(tmp_path)
     anns = [f.announcement(alice, f"values-{i:02}", relays=[url]) for i in range(12)]
     h.own_relay_holds(*anns)
+    h.anns = {a.id: a for a in anns}
     h.connect(url)
     if refused_first is not None:
         h.state(url).paused.pause(((1621,), (refused_first,), False, False), h.clock())
@@ -127,3 +128,31 @@ def test_no_proof_asks_by_a_tag_the_relay_refused_a_filter_of(tmp_path):
     assert h.state(url).values_seed is not None and not _values_proofs(h, url)
     h2, url2 = _wide_and_empty(tmp_path / "not-refused")
     assert _values_proofs(h2, url2)
+
+
+def test_a_proof_answered_slowly_is_asked_again_and_finds_the_width(tmp_path):
+    """The simulator's seed 2195 of the stress world with silent caps: relay4, which stops
+    slow queries at 5 s and has busy moments of seconds, answered one of its proof's asks
+    slowly; that ended the day's proof (a slow answer proves nothing), and nine comments it
+    held waited eleven days. A slow answer is asked again (twice at most a proof)."""
+    h, url = _wide_and_empty(tmp_path)
+    answered: set = set()
+
+    def answer_proofs() -> None:  # (a relay reading six values; its first answer slow)
+        for req in _values_proofs(h, url):
+            if req[1] in answered:
+                continue
+            answered.add(req[1])
+            if len(answered) == 1:
+                h.advance(3)  # past TIME_CUT_SUSPECT_SECS: a time budget may have cut it
+            elif len(req[2]["#d"]) <= 6:
+                h.relay_sends(url, req[1], h.anns[req[2]["ids"][0]])
+            h.relay_says(url, wire.Eose(req[1]))
+
+    for _ in range(30):
+        answer_proofs()
+        h.answer_own_reads()
+        h.advance(1.1)
+        answer_proofs()
+        h.eose_all(url)
+    assert h.state(url).max_values_learned == 6, sorted(len(r[2]["#d"]) for r in _values_proofs(h, url))

@@ -114,6 +114,7 @@ class ValuesProof:
     width: int
     served_at: int = 0
     unserved_at: int = 0
+    slow: int = 0  # answers that came slowly (a time budget may have cut them), asked again
 
 
 # The mark in ``RelaySession.probes`` of the REQ asking two events a relay holds in two
@@ -773,14 +774,15 @@ class Refusals:
 
     # -- relays reading few tag values a filter (``sync.values_reach``) ----------------------
 
-    @staticmethod
-    def keep_values_seed(state: RelayState, event) -> None:
+    def keep_values_seed(self, state: RelayState, event) -> None:
         """A served event: the seed of the relay's next proof of its values' reach, if it
         has none since its last daily fresh start, or none by ``d`` (``values_reach.seed_of``:
         an announcement's or a state's ``d``, which nothing else a sync asks carries, is
-        the one a proof asks by first)."""
+        the one a proof asks by first); not one the own relay refused (asked again, it is
+        downloaded again for nothing)."""
         seed = values_reach.seed_of(event)
-        if seed is not None and (state.values_seed is None or seed.name == "d"):
+        if (seed is not None and (state.values_seed is None or seed.name == "d")
+                and seed.event_id not in self.rejected):
             state.values_seed = seed
 
     def judge_values_reach(self, state: RelayState, answer, slow: bool) -> None:
@@ -803,8 +805,8 @@ class Refusals:
     @staticmethod
     def judge_exchange_reach(state: RelayState, flt, result) -> None:
         """A NIP-77 exchange over ``flt`` that compared something (found the relay holding
-        or lacking what the own relay lacks or holds, not nothing at all) proves the relay
-        reads its list that wide."""
+        what the own relay lacks, or holding some of what it holds) proves the relay reads
+        its list that wide."""
         if result.ok and (result.need_ids or result.held_both or result.held > len(result.have_ids)):
             state.values_reach = max(state.values_reach, values_reach.tag_width(flt))
 
@@ -814,12 +816,14 @@ class Refusals:
         filter of, nor with a seed it did not serve by id since or one the own relay refused
         (asked again, it is downloaded again for nothing)."""
         seed = state.values_seed
-        if (state.values_empty > max(1, state.values_reach) and not state.values_proof_asked
-                and seed is not None and state.ids_unserved_at is None and seed.event_id not in state.unservable
-                and seed.event_id not in self.rejected
-                and not state.paused.refuses_tag(seed.name) and state.current.link is not None):
-            state.values_proof_asked = True
-            self.ask_values_proof(state, ValuesProof(seed, state.values_empty))
+        if (state.values_empty <= max(1, state.values_reach) or state.values_proof_asked or seed is None
+                or state.ids_unserved_at is not None or state.current.link is None):
+            return
+        if seed.event_id in state.unservable or seed.event_id in self.rejected or state.paused.refuses_tag(seed.name):
+            state.values_seed = None  # (the next event served may seed it)
+            return
+        state.values_proof_asked = True
+        self.ask_values_proof(state, ValuesProof(seed, state.values_empty))
 
     def ask_values_proof(self, state: RelayState, proof: ValuesProof) -> None:
         """The proof's seed asked among ``proof.width`` tag values, one REQ of one filter."""
@@ -834,8 +838,10 @@ class Refusals:
         """Served, the relay reads that wide; not, narrower is asked (``values_reach.
         next_width``), until the width it reads is found: its lists are cut to that from
         now on, as a refusal of more teaches (kept a week), and its sync starts again. A
-        slow answer (a time budget may have cut it) ends the day's proof: nothing learnt."""
+        slow answer (a time budget may have cut it) is asked again, twice at most a proof."""
         if slow:
+            if proof.slow < REACH_PROOF_SLOW_AGAIN:
+                self.ask_values_proof(state, dataclasses.replace(proof, slow=proof.slow + 1))
             return
         served = any(event_id == proof.seed.event_id for s in answer.filters for _, event_id in s.seen)
         if served:
