@@ -67,8 +67,8 @@ def is_values_proof(raw: dict) -> bool:
     """Is ``raw`` (a filter as JSON decoded) a proof of how wide a list of tag values the
     relay reads (``gsync.sync.values_reach``: its padding among its values)? Tests counting
     a relay's asks leave it out (``tests/test_values_reach.py`` has its own)."""
-    from gsync.sync.values_reach import PADDING
+    from gsync.sync.values_reach import PADDING_PREFIX
 
-    return any(isinstance(v, list) and any(isinstance(x, str) and x.startswith(PADDING[:-2]) for x in v)
+    return any(isinstance(v, list) and any(isinstance(x, str) and x.startswith(PADDING_PREFIX) for x in v)
                for k, v in raw.items() if k.startswith("#"))
 

@@ -357,6 +357,14 @@ class RelayState:
     # proven by two at day 0, and what the own relay lost at day 0.16 asked of it ten
     # filters a REQ until the next day)
     reach_proof_asked: bool = False
+    # answers to that proof that came slowly (a relay stopping slow queries cuts anywhere:
+    # they prove nothing) since its last daily fresh start; each is asked again a live look's
+    # interval later (``reach_proof_again_at``), ``REACH_PROOF_SLOW_AGAIN`` times at most
+    # (the simulator's seed 865 of the every-behaviour world: relay6, reading three filters
+    # a REQ within a query budget, served one of ten at day 0.075; what the own relay lost at
+    # day 0.27 was asked of it eight and ten filters a REQ, and a state never came back)
+    reach_proof_slow: int = 0
+    reach_proof_again_at: float = 0.0
     # the widest list of tag values of a filter that brought something since its last daily
     # fresh start (by a REQ, or compared by NIP-77): it reads lists that wide (``sync.
     # values_reach``); an event it served with a tag value, a proof's seed (kept from its
@@ -366,14 +374,6 @@ class RelayState:
     values_empty: int = 0  # the widest that brought nothing since then
     values_seed: ValuesSeed | None = None
     values_proof_asked: bool = False
-    # answers to that proof that came slowly (a relay stopping slow queries cuts anywhere:
-    # they prove nothing) since its last daily fresh start; each is asked again a live look's
-    # interval later (``reach_proof_again_at``), ``REACH_PROOF_SLOW_AGAIN`` times at most
-    # (the simulator's seed 865 of the every-behaviour world: relay6, reading three filters
-    # a REQ within a query budget, served one of ten at day 0.075; what the own relay lost at
-    # day 0.27 was asked of it eight and ten filters a REQ, and a state never came back)
-    reach_proof_slow: int = 0
-    reach_proof_again_at: float = 0.0
     # when an hourly live look last found events its live subscriptions missed (the relay, or
     # a proxy before it, drops them without a word: ``LiveCoverage.audited``); kept over
     # sessions and restarts, forgotten LIVE_DROPS_REMEMBERED_SECS after it (``lifecycle.

@@ -9,8 +9,8 @@ filter matched nothing. gsync packs hundreds of roots or repositories into one l
 such a relay every wide filter's events, stored and exchanged by NIP-77 alike, never arrive.
 
 What a relay answers tells how wide a list it reads (``values_reach``: the widest list of a
-filter that brought something). When a filter wider than that brings nothing, the relay is
-asked, once a day, an event it served, by its id and one of its tag values padded with
+filter that brought something). When a filter wider than that brought nothing, the relay
+is asked, once its sync has completed and once a day, an event it served, by its id and one of its tag values padded with
 values nothing matches to the width in doubt (``proof_filter``): served, it reads that wide;
 not served, it is asked narrower, between what it served and what it did not
 (``next_width``), until the width it reads is found: its lists are cut to that from then on
@@ -30,7 +30,7 @@ from ..protocol.filters import Filter
 # tried (``d``: every announcement and state has one, and any string is a ``d``)
 SEED_TAGS = ("d", "a", "e", "E", "A")
 # A proof's padding: values no event carries (a ``d`` tag is any string)
-PADDING = "gsync-values-proof-{}"
+PADDING_PREFIX = "gsync-values-proof-"
 
 
 @dataclass(frozen=True)
@@ -44,10 +44,10 @@ class ValuesSeed:
     author: str = ""
 
 
-def seed_of(event) -> ValuesSeed | None:
+def seed_of(event, names: tuple[str, ...] = SEED_TAGS) -> ValuesSeed | None:
     """A proof's seed from ``event`` (a served ``Event``): its id and its first tag value
-    of ``SEED_TAGS``; None when it has none."""
-    for name in SEED_TAGS:
+    of ``names``, in their order; None when it has none."""
+    for name in names:
         for tag in event.tags:
             if len(tag) >= 2 and tag[0] == name and tag[1]:
                 return ValuesSeed(event.id, name, tag[1], event.kind, event.pubkey)
@@ -63,7 +63,7 @@ def proof_filter(seed: ValuesSeed, width: int) -> Filter:
     """The seed's event asked by its id, its kind, its author and its tag value among
     ``width`` values in all (as precise as a filter gets: a relay refusing filters that name
     no author, or scoring their precision, takes it)."""
-    values = [seed.value, *(PADDING.format(i) for i in range(1, max(1, width)))]
+    values = [seed.value, *(f"{PADDING_PREFIX}{i}" for i in range(1, max(1, width)))]
     return Filter.make(ids=[seed.event_id], kinds=[seed.kind], authors=[seed.author], tags={seed.name: values})
 
 

@@ -294,9 +294,7 @@ class SyncManager:
             batch.record_event(msg.sub_id, msg.event, msg.matched)
             if batch.audit_window is not None:
                 self.live.note_audited(state, batch, msg.event, new=not self.own_relay.had(msg.event.id))
-        seed = state.values_seed
-        if seed is None or seed.name != "d":  # (a known id too: a seed the relay does not serve proves nothing)
-            self.refusals.keep_values_seed(state, msg.event)
+        self.refusals.keep_values_seed(state, msg.event)  # (a known id too: it was served)
         if msg.verified or self.own_relay.checked_late(msg.event):
             self.own_relay.consider_for_delivery(msg.event, state)
             self.descendants.note_direct_member(state, msg.event)

@@ -779,10 +779,12 @@ class Refusals:
         has none since its last daily fresh start, or none by ``d`` (``values_reach.seed_of``:
         an announcement's or a state's ``d``, which nothing else a sync asks carries, is
         the one a proof asks by first); not one the own relay refused (asked again, it is
-        downloaded again for nothing)."""
-        seed = values_reach.seed_of(event)
-        if (seed is not None and (state.values_seed is None or seed.name == "d")
-                and seed.event_id not in self.rejected):
+        downloaded again for nothing). Every served event, until one by ``d`` is kept."""
+        kept = state.values_seed
+        if kept is not None and kept.name == "d":
+            return
+        seed = values_reach.seed_of(event, values_reach.SEED_TAGS if kept is None else ("d",))
+        if seed is not None and seed.event_id not in self.rejected:
             state.values_seed = seed
 
     def judge_values_reach(self, state: RelayState, answer, slow: bool) -> None:
